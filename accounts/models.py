@@ -1,0 +1,37 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+KEY_PREFIX = "ap_"
+
+
+def hash_api_key(raw: str) -> str:
+    # Keys carry 256 bits of randomness, so a fast unsalted hash is enough
+    # and lets authentication look the key up by index.
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def generate_api_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class ApiKey(models.Model):
+    """A caller's credential. Only the hash is stored; the key is shown once."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a key.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.owner})"

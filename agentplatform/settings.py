@@ -1,0 +1,183 @@
+"""Settings, every one from the environment (or `.env`); see `.env.example`."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+# The embedded stack (`python -m devstack`) writes the URLs it started here.
+environ.Env.read_env(BASE_DIR / ".data" / "stack.env", overwrite=False)
+
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me-" + "x" * 40)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Browser origins allowed to open websockets; clients that send no Origin
+# (servers, CLIs) authenticate by key alone.
+WS_ALLOWED_ORIGINS = env.list(
+    "WS_ALLOWED_ORIGINS",
+    default=["http://127.0.0.1:8000", "http://localhost:8000"],
+)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "accounts",
+    "sessions.apps.AgentSessionsConfig",
+    "tools",
+    "memory",
+    "billing",
+    "demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "agentplatform.urls"
+ASGI_APPLICATION = "agentplatform.asgi.application"
+WSGI_APPLICATION = "agentplatform.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")}
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+DATABASES["default"].setdefault("OPTIONS", {})
+if env.bool("DB_POOL", default=True):
+    # psycopg's pool: the worker's many threads borrow a connection only
+    # while they touch the database, never across a model or tool call.
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": env.int("DB_POOL_MIN", default=2),
+        "max_size": env.int("DB_POOL_MAX", default=20),
+        "timeout": env.float("DB_POOL_TIMEOUT", default=30.0),
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        # The Pub/Sub layer held 2,000 idle sockets where the list-based one
+        # failed at 1-2k (DESIGN.md); socket_timeout=None keeps idle
+        # subscriptions from being dropped every few seconds by redis-py 8.
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+    }
+}
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="agentplatform")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+SWEEPER_INTERVAL_S = env.float("SWEEPER_INTERVAL_S", default=1.0)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-sessions": {
+        "task": "sessions.tasks.sweep_sessions",
+        "schedule": SWEEPER_INTERVAL_S,
+        "options": {"expires": max(SWEEPER_INTERVAL_S * 5, 5)},
+    },
+}
+
+# Engine limits and timings.
+SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=10.0)
+# How long a freshly enqueued run may wait for a worker before the sweeper
+# assumes its broker message was lost and enqueues it again.
+SESSION_PICKUP_GRACE_S = env.float("SESSION_PICKUP_GRACE_S", default=10.0)
+MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
+DEFAULT_MAX_ITERATIONS = env.int("DEFAULT_MAX_ITERATIONS", default=8)
+DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
+WS_KEEPALIVE_S = env.float("WS_KEEPALIVE_S", default=20.0)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "staticfiles")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "sessions.api.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent platform API",
+    "DESCRIPTION": "Durable, observable agent runs: sessions, messages, events.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Production hardening, switched on by environment (see README "Deploying").
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("TRUST_X_FORWARDED_PROTO", default=False) else None
+)
+
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,20 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from sessions.api import health
+from sessions.api.errors_http import json_not_found, json_server_error
+from sessions.views import playground
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/v1/", include("sessions.api.urls")),
+    path("playground/", playground, name="playground"),
+]
+
+handler404 = json_not_found
+handler500 = json_server_error

@@ -1,0 +1,41 @@
+"""A tiny order-support business the offline demo agent works on."""
+
+from django.db import models
+
+
+class Customer(models.Model):
+    name = models.CharField(max_length=200)
+    email = models.EmailField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Order(models.Model):
+    number = models.CharField(max_length=30, unique=True)
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="orders")
+    placed_at = models.DateTimeField()
+    amount = models.DecimalField(max_digits=10, decimal_places=2)
+    logistics_status = models.CharField(max_length=20, default="ok")
+    exception_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["logistics_status", "placed_at"], name="order_logistics_placed")]
+
+    def __str__(self) -> str:
+        return self.number
+
+
+class Notification(models.Model):
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="notifications")
+    order = models.ForeignKey(Order, on_delete=models.SET_NULL, null=True, blank=True)
+    message = models.TextField()
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Report(models.Model):
+    title = models.CharField(max_length=200)
+    body = models.TextField()
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)

@@ -1,0 +1,63 @@
+"""Every API error in one shape: {"error": {"code", "message", "details"}}."""
+
+import logging
+from typing import Any
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from ..errors import DomainError
+from ..states import IllegalTransition
+
+logger = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _first_message(detail: Any) -> str:
+    if isinstance(detail, dict):
+        for field, value in detail.items():
+            return f"{field}: {_first_message(value)}"
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0])
+    return str(detail)
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, IllegalTransition):
+        return Response(error_body("illegal_transition", str(exc)), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", "not found"), status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, exceptions.APIException):
+        response = exception_handler(exc, context)
+        if response is None:  # pragma: no cover - DRF handles every APIException
+            return None
+        codes = {
+            exceptions.ParseError: "malformed_json",
+            exceptions.NotAuthenticated: "not_authenticated",
+            exceptions.AuthenticationFailed: "authentication_failed",
+            exceptions.PermissionDenied: "permission_denied",
+            exceptions.NotFound: "not_found",
+            exceptions.MethodNotAllowed: "method_not_allowed",
+            exceptions.UnsupportedMediaType: "unsupported_media_type",
+            exceptions.Throttled: "rate_limited",
+            exceptions.ValidationError: "invalid_input",
+        }
+        code = next((c for cls, c in codes.items() if isinstance(exc, cls)), "error")
+        details = exc.detail if isinstance(exc.detail, dict) else {}
+        message = _first_message(exc.detail)
+        if isinstance(exc, exceptions.ParseError):
+            message = "request body is not valid JSON"
+        response.data = error_body(code, message, details if isinstance(details, dict) else {})
+        return response
+    logger.exception("unhandled API error")
+    return Response(
+        error_body("internal_error", "something went wrong on our side; it has been logged"),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )

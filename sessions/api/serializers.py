@@ -1,0 +1,71 @@
+from rest_framework import serializers
+
+from ..models import Event, Message, Session
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects unknown fields and non-object bodies with a clear message."""
+
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class SessionCreateSerializer(StrictSerializer):
+    agent = serializers.SlugField(max_length=100)
+    role = serializers.CharField(max_length=50, required=False, allow_blank=True)
+    metadata = serializers.DictField(required=False, default=dict)
+
+
+class MessageCreateSerializer(StrictSerializer):
+    # Length is checked by the service so that too long is a 413, not a 400.
+    content = serializers.CharField(trim_whitespace=False, allow_blank=True)
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
+
+
+class UsageSerializer(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost = serializers.DecimalField(max_digits=14, decimal_places=6)
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Session
+        fields = [
+            "id", "agent", "role", "metadata", "state", "version", "turn", "queued_count",
+            "usage", "last_error", "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_usage(self, obj: Session) -> dict[str, object]:
+        return {"input_tokens": obj.input_tokens, "output_tokens": obj.output_tokens, "cost": str(obj.cost)}
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Message
+        fields = ["id", "seq", "turn", "role", "status", "content", "tool_calls", "tool_call_id", "name", "token_count", "idempotency_key", "created_at"]
+        read_only_fields = fields
+
+
+class EventSerializer(serializers.ModelSerializer):
+    session = serializers.UUIDField(source="session_id", read_only=True)
+    ts = serializers.DateTimeField(source="created_at", read_only=True)
+
+    class Meta:
+        model = Event
+        fields = ["seq", "type", "session", "ts", "data"]
+        read_only_fields = fields
+
+
+class CancelResultSerializer(serializers.Serializer):
+    cancelled = serializers.BooleanField()
+    session = SessionSerializer()

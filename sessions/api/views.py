@@ -1,0 +1,109 @@
+"""REST edge: translate HTTP into service calls and back; no business logic here."""
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import selectors, services
+from ..errors import InvalidInput
+from .serializers import (
+    CancelResultSerializer,
+    EventSerializer,
+    MessageCreateSerializer,
+    MessageSerializer,
+    SessionCreateSerializer,
+    SessionSerializer,
+)
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be an integer; got {raw!r}", details={"field": name}) from None
+    if not low <= value <= high:
+        raise InvalidInput(f"{name} must be between {low} and {high}; got {value}", details={"field": name})
+    return value
+
+
+def _key_roles(request: Request) -> list[str]:
+    return list(getattr(request.auth, "roles", None) or [])
+
+
+class SessionListView(APIView):
+    @extend_schema(responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", 20, 1, 200)
+        rows = selectors.session_list_for_owner(owner_id=request.user.pk)[:limit]
+        return Response(SessionSerializer(rows, many=True).data)
+
+    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
+    def post(self, request: Request) -> Response:
+        payload = SessionCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data: dict[str, Any] = payload.validated_data
+        session = services.session_create(
+            owner=request.user,
+            agent_slug=data["agent"],
+            key_roles=_key_roles(request),
+            role=data.get("role") or None,
+            metadata=data.get("metadata") or {},
+        )
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+class SessionDetailView(APIView):
+    @extend_schema(responses=SessionSerializer)
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        return Response(SessionSerializer(session).data)
+
+
+class SessionMessagesView(APIView):
+    @extend_schema(responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        limit = _int_param(request, "limit", 20, 1, 1000)
+        return Response(MessageSerializer(selectors.message_history(session=session, limit=limit), many=True).data)
+
+    @extend_schema(request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer})
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        payload = MessageCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        posted = services.message_post(
+            session=session,
+            content=payload.validated_data["content"],
+            idempotency_key=payload.validated_data.get("idempotency_key"),
+        )
+        code = status.HTTP_202_ACCEPTED if posted.created else status.HTTP_200_OK
+        return Response(MessageSerializer(posted.message).data, status=code)
+
+
+class SessionEventsView(APIView):
+    @extend_schema(
+        responses=EventSerializer(many=True),
+        parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        after = _int_param(request, "after", 0, 0, 2**31 - 1)
+        limit = _int_param(request, "limit", 500, 1, 1000)
+        rows = selectors.events_after(session_id=session.pk, after=after, limit=limit)
+        return Response(EventSerializer(rows, many=True).data)
+
+
+class SessionCancelView(APIView):
+    @extend_schema(request=None, responses=CancelResultSerializer)
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        cancelled = services.session_cancel(session=session, actor=f"api:{request.user}")
+        session.refresh_from_db()
+        return Response({"cancelled": cancelled, "session": SessionSerializer(session).data})

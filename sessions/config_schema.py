@@ -1,0 +1,190 @@
+"""The declarative config file: its schema, and checks that name the wrong entry and field."""
+
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from tools.registry import HANDLERS
+
+NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,99}$"}
+POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+NON_NEGATIVE = {"type": "number", "minimum": 0}
+
+MODEL_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "api"],
+    "properties": {
+        "name": SLUG,
+        "api": {"enum": ["openai", "anthropic", "prompt_tools", "rules"]},
+        "base_url": {"type": "string", "pattern": "^https?://"},
+        "model": {"type": "string"},
+        "api_key_env": {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"},
+        "connect_timeout_s": POSITIVE,
+        "first_token_timeout_s": POSITIVE,
+        "total_timeout_s": POSITIVE,
+        "price_input_per_1k": NON_NEGATIVE,
+        "price_output_per_1k": NON_NEGATIVE,
+        "context_window": {"type": "integer", "minimum": 256},
+        "options": {"type": "object"},
+        "enabled": {"type": "boolean"},
+    },
+}
+
+TOOL_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "description", "kind"],
+    "properties": {
+        "name": NAME,
+        "description": {"type": "string", "minLength": 1},
+        "result_description": {"type": "string"},
+        "kind": {"enum": ["python", "http"]},
+        "handler": {"type": "string"},
+        "url": {"type": "string", "pattern": "^https?://"},
+        "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
+        "headers": {"type": "object"},
+        "parameters": {"type": "object"},
+        "timeout_s": POSITIVE,
+        "side_effects": {"type": "boolean"},
+        "requires_approval": {"type": "boolean"},
+        "risk_level": {"type": "integer", "minimum": 0, "maximum": 3},
+        "roles": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "credit_cost": {"type": "integer", "minimum": 0},
+        "enabled": {"type": "boolean"},
+    },
+}
+
+RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "when": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "user": {"type": "string"},
+                "last_tool": {"type": ["string", "null"]},
+                "result": {"type": "string"},
+                "truthy": {"type": "string"},
+                "falsy": {"type": "string"},
+            },
+        },
+        "answer": {"type": "string"},
+        "for_each": {"type": "string"},
+        "tool_calls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["tool"],
+                "properties": {"tool": NAME, "args": {"type": "object"}},
+            },
+        },
+    },
+    "oneOf": [{"required": ["answer"]}, {"required": ["tool_calls"]}],
+}
+
+AGENT_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["slug", "model"],
+    "properties": {
+        "slug": SLUG,
+        "name": {"type": "string"},
+        "system_prompt": {"type": "string"},
+        "model": SLUG,
+        "fallback_model": {"type": ["string", "null"]},
+        "tools": {"type": "array", "items": NAME},
+        "max_iterations": {"type": "integer", "minimum": 1, "maximum": 100},
+        "context_window": {"type": "integer", "minimum": 256},
+        "rules": {"type": "array", "items": RULE},
+        "busy_message": {"type": "string"},
+        "enabled": {"type": "boolean"},
+    },
+}
+
+DOCUMENT = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "models": {"type": "array", "items": MODEL_ENTRY},
+        "tools": {"type": "array", "items": TOOL_ENTRY},
+        "agents": {"type": "array", "items": AGENT_ENTRY},
+    },
+}
+
+_validator = Draft202012Validator(DOCUMENT)
+
+
+def _where(document: dict[str, Any], path: list[Any]) -> str:
+    """`agents[0] (support).model` from a jsonschema path."""
+    if not path:
+        return "file"
+    out = str(path[0])
+    if len(path) > 1 and isinstance(path[1], int):
+        entry = (document.get(path[0]) or [])[path[1]] if isinstance(document.get(path[0]), list) else None
+        label = entry.get("name") or entry.get("slug") if isinstance(entry, dict) else None
+        out += f"[{path[1]}]" + (f" ({label})" if label else "")
+        rest = path[2:]
+    else:
+        rest = path[1:]
+    for part in rest:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def config_errors(document: Any, *, known_models: set[str], known_tools: set[str]) -> list[str]:
+    """Every problem in the file, each naming its entry and field; empty if it is valid."""
+    if not isinstance(document, dict):
+        return ["file: the top level must be a mapping with models, tools and agents"]
+    errors = [
+        f"{_where(document, list(e.absolute_path))}: {e.message}"
+        for e in sorted(_validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    if errors:
+        return errors
+    for kind, key in (("models", "name"), ("tools", "name"), ("agents", "slug")):
+        seen: set[str] = set()
+        for i, entry in enumerate(document.get(kind) or []):
+            if entry[key] in seen:
+                errors.append(f"{kind}[{i}] ({entry[key]}).{key}: duplicate {key} '{entry[key]}' in this file")
+            seen.add(entry[key])
+    for i, entry in enumerate(document.get("models") or []):
+        if entry["api"] != "rules" and not entry.get("base_url"):
+            errors.append(f"models[{i}] ({entry['name']}).base_url: required for api '{entry['api']}'")
+    for i, entry in enumerate(document.get("tools") or []):
+        where = f"tools[{i}] ({entry['name']})"
+        if entry["kind"] == "python":
+            if not entry.get("handler"):
+                errors.append(f"{where}.handler: required for python tools")
+            elif entry["handler"] not in HANDLERS:
+                errors.append(
+                    f"{where}.handler: no registered Python handler '{entry['handler']}' "
+                    f"(registered: {', '.join(sorted(HANDLERS))})"
+                )
+        if entry["kind"] == "http" and not entry.get("url"):
+            errors.append(f"{where}.url: required for http tools")
+        params = entry.get("parameters")
+        if params is not None:
+            try:
+                Draft202012Validator.check_schema(params)
+            except SchemaError as exc:
+                errors.append(f"{where}.parameters: not a valid JSON Schema: {exc.message}")
+            else:
+                if params.get("type") != "object":
+                    errors.append(f"{where}.parameters: the top level must be {{type: object}}")
+    models = known_models | {m["name"] for m in document.get("models") or []}
+    tools = known_tools | {t["name"] for t in document.get("tools") or []}
+    for i, entry in enumerate(document.get("agents") or []):
+        where = f"agents[{i}] ({entry['slug']})"
+        for field in ("model", "fallback_model"):
+            if entry.get(field) and entry[field] not in models:
+                errors.append(f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})")
+        for j, name in enumerate(entry.get("tools") or []):
+            if name not in tools:
+                errors.append(f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})")
+    return errors

@@ -1,0 +1,154 @@
+"""Websocket edge: replay persisted events after `?after=`, then stream live ones.
+
+Joining the group happens before the replay query, and Channels hands a
+consumer its messages one at a time, so frames published during the replay
+wait in the queue; `last_seq` then drops the ones already sent, and a jump in
+`seq` (a lost notification) is filled from the database. No gap, no duplicate.
+"""
+
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from accounts.services import api_key_lookup
+
+from . import selectors, services
+from .errors import DomainError, NotFound
+from .publisher import Frame, group_name, make_frame
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NOT_FOUND = 4404
+CLOSE_BAD_REQUEST = 4400
+MAX_FRAME_BYTES = 256 * 1024
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class SessionConsumer(AsyncWebsocketConsumer):
+    session_id: str
+    last_seq: int
+    group: str | None = None
+
+    async def connect(self) -> None:
+        origin = _header(self.scope, b"origin")
+        if origin is not None and origin not in settings.WS_ALLOWED_ORIGINS:
+            logger.info("websocket refused: origin %s not allowed", origin)
+            await self.close()  # before accept: the handshake is refused (HTTP 403)
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        token = (query.get("token") or [""])[0]
+        auth = _header(self.scope, b"authorization")
+        if auth and auth.startswith("Bearer "):
+            token = auth[len("Bearer ") :].strip()
+        await self.accept()
+        key = await database_sync_to_async(api_key_lookup)(raw=token)
+        if key is None:
+            await self._fail("not_authenticated", "a valid API key is required", CLOSE_UNAUTHORIZED)
+            return
+        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
+        try:
+            await database_sync_to_async(selectors.session_get_for_owner)(
+                session_id=self.session_id, owner_id=key.owner_id
+            )
+        except NotFound as exc:
+            await self._fail(exc.code, exc.message, CLOSE_NOT_FOUND)
+            return
+        self.owner_id = key.owner_id
+        self.user_label = key.owner.get_username()
+        raw_after = (query.get("after") or ["0"])[0] or "0"
+        try:
+            self.last_seq = max(int(raw_after), 0)
+        except ValueError:
+            await self._fail("invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST)
+            return
+        self.group = group_name(self.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self._catch_up()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def _fail(self, code: str, message: str, close_code: int) -> None:
+        await self._send_error(code, message)
+        await self.close(code=close_code)
+
+    async def _send_error(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        frame = make_frame(getattr(self, "session_id", ""), None, "error", {"code": code, "message": message, "details": details or {}})
+        await self.send(text_data=json.dumps(frame))
+
+    async def _catch_up(self) -> None:
+        while True:
+            rows = await database_sync_to_async(selectors.events_after)(session_id=self.session_id, after=self.last_seq, limit=500)
+            for event in rows:
+                frame = make_frame(event.session_id, event.seq, event.type, event.data, event.created_at)
+                await self.send(text_data=json.dumps(frame))
+                self.last_seq = event.seq
+            if len(rows) < 500:
+                return
+
+    # Frames from the channel group ------------------------------------------------
+
+    async def session_frame(self, message: dict[str, Any]) -> None:
+        frame: Frame = message["frame"]
+        seq = frame["seq"]
+        if seq is None:
+            await self.send(text_data=json.dumps(frame))
+            return
+        if seq <= self.last_seq:
+            return
+        if seq > self.last_seq + 1:
+            await self._catch_up()
+            return
+        await self.send(text_data=json.dumps(frame))
+        self.last_seq = seq
+
+    # Frames from the client -------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None or len(text_data) > MAX_FRAME_BYTES:
+            await self._send_error("malformed_frame", f"send JSON text frames of at most {MAX_FRAME_BYTES} bytes")
+            return
+        try:
+            payload = json.loads(text_data)
+        except ValueError:
+            await self._send_error("malformed_frame", "frame is not valid JSON")
+            return
+        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+            await self._send_error("malformed_frame", 'expected an object with a "type" string')
+            return
+        kind = payload["type"]
+        try:
+            if kind == "user_message":
+                content = payload.get("content")
+                key = payload.get("idempotency_key")
+                if not isinstance(content, str) or (key is not None and not isinstance(key, str)):
+                    await self._send_error("invalid_input", "content must be a string and idempotency_key a string if given")
+                    return
+                await database_sync_to_async(self._post)(content, key)
+            elif kind == "interrupt":
+                await database_sync_to_async(self._interrupt)()
+            else:
+                await self._send_error("unknown_frame_type", f"unknown frame type {kind!r}; use user_message or interrupt")
+        except DomainError as exc:
+            await self._send_error(exc.code, exc.message, exc.details)
+
+    def _post(self, content: str, idempotency_key: str | None) -> None:
+        session = selectors.session_get_for_owner(session_id=self.session_id, owner_id=self.owner_id)
+        services.message_post(session=session, content=content, idempotency_key=idempotency_key)
+
+    def _interrupt(self) -> None:
+        session = selectors.session_get_for_owner(session_id=self.session_id, owner_id=self.owner_id)
+        services.session_cancel(session=session, reason="interrupted by the client", actor=f"ws:{self.user_label}")

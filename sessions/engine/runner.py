@@ -1,0 +1,360 @@
+"""The run loop: take the lease, run steps until nothing is left, give the lease back.
+
+Each step is one of: start the next queued turn, call the model, run the tool
+calls it asked for, or move from tool results back to the model. Each ends in
+exactly one `step_commit`. No database connection is held across a model or
+tool call, and no transaction is open during one.
+"""
+
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from memory.tokens import count_message_tokens
+from tools.execution import ToolInvocation, execute_all, tools_for_agent
+
+from .. import io_loop
+from ..llm import EndpointConfig, ModelError, adapter_for
+from ..llm.types import ChatRequest, ChatResponse
+from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from ..states import RUNNABLE, TURN_ENDED, State, Trigger
+from ..transitions import StaleSession, Step, step_commit
+from .context import build_request, stable_json, tool_calls_json
+from .deltas import DeltaBatcher
+from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
+
+logger = logging.getLogger(__name__)
+
+LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
+
+
+@dataclass(frozen=True)
+class RunResult:
+    steps: int
+    stopped: str  # idle | not_acquired | lease_lost | crashed
+
+
+def session_run(*, session_id: object, owner: str | None = None) -> RunResult:
+    """Run a session's pending work to the end, holding its lease throughout.
+
+    1. Take the lease (or return at once if another worker holds it).
+    2. Repeat: reload the session, run one step.
+    3. When nothing is runnable, release the lease; the release fails if
+       work arrived meanwhile, and the loop goes on.
+    """
+    owner = owner or worker_identity()
+    lease_s = settings.SESSION_LEASE_S
+    if not lease_acquire(session_id=session_id, owner=owner, seconds=lease_s):
+        connection.close()
+        return RunResult(0, "not_acquired")
+    heartbeat.hold(session_id, owner)
+    steps = 0
+    try:
+        while True:
+            session = Session.objects.select_related("agent").filter(pk=session_id).first()
+            if session is None or session.lease_owner != owner:
+                return RunResult(steps, "lease_lost")
+            try:
+                progressed = run_step(session, owner)
+            except StaleSession:
+                logger.info("session %s moved under us; reloading", session_id)
+                continue
+            except Exception:
+                logger.exception("step of session %s crashed", session_id)
+                _record_crash(session_id, owner)
+                return RunResult(steps, "crashed")
+            if progressed:
+                steps += 1
+            elif lease_release(session_id=session_id, owner=owner):
+                return RunResult(steps, "idle")
+    finally:
+        heartbeat.release(session_id)
+        connection.close()
+
+
+def run_step(session: Session, owner: str) -> bool:
+    """Run the one step the session's state calls for; False if there is none."""
+    state = State(session.state)
+    if session.cancel_requested and state in RUNNABLE:
+        _finish_turn(session, owner, Trigger.CANCEL, "cancel requested", stop_reason="cancelled")
+        return True
+    if state in TURN_ENDED:
+        if session.queued_count > 0:
+            return turn_start(session=session, lease_owner=owner)
+        return False
+    if state == State.PROCESSING:
+        model_step(session, owner)
+    elif state == State.TOOL_WAIT:
+        tool_step(session, owner)
+    elif state == State.TOOL_LOOP:
+        step_commit(_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model"))
+    else:
+        return False
+    return True
+
+
+def _step(session: Session, owner: str | None, *, trigger: Trigger | None, phase: str, **kwargs: Any) -> Step:
+    """A Step with the lease guard, lease renewal and a delta checkpoint."""
+    checkpoint = {
+        "turn": kwargs.get("set_fields", {}).get("turn", session.turn),
+        "iteration": kwargs.get("set_fields", {}).get("iteration", session.iteration),
+        "phase": phase,
+        **kwargs.pop("checkpoint", {}),
+    }
+    return Step(
+        session=session,
+        trigger=trigger,
+        lease_owner=owner,
+        lease_seconds=settings.SESSION_LEASE_S if owner else settings.SESSION_PICKUP_GRACE_S,
+        checkpoint=checkpoint,
+        **kwargs,
+    )
+
+
+def turn_start(*, session: Session, lease_owner: str | None) -> bool:
+    """Move the oldest queued user message into the history and start its turn."""
+    message = (
+        Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
+    )
+    if message is None:
+        return False
+    turn = session.turn + 1
+    step_commit(
+        _step(
+            session,
+            lease_owner,
+            trigger=Trigger.USER_MESSAGE,
+            phase="turn_start",
+            reason=f"turn {turn}",
+            activate_message=message,
+            set_fields={"turn": turn, "iteration": 0, "cancel_requested": False, "last_error": ""},
+            add_fields={"queued_count": -1},
+            checkpoint={"user_message": message.pk},
+        )
+    )
+    return True
+
+
+def _endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
+    return EndpointConfig(
+        name=endpoint.name,
+        api=endpoint.api,
+        base_url=endpoint.base_url,
+        model=endpoint.model,
+        api_key_env=endpoint.api_key_env,
+        connect_timeout_s=endpoint.connect_timeout_s,
+        first_token_timeout_s=endpoint.first_token_timeout_s,
+        total_timeout_s=endpoint.total_timeout_s,
+        options=dict(endpoint.options or {}),
+    )
+
+
+def _call_model(session: Session, endpoint: EndpointConfig, request: ChatRequest) -> ChatResponse:
+    batcher = DeltaBatcher(session.pk, session.turn, settings.DELTA_FLUSH_MS)
+    adapter = adapter_for(endpoint)
+
+    async def call() -> ChatResponse:
+        try:
+            return await adapter.complete(request, on_event=batcher.on_event)
+        finally:
+            batcher.flush()
+
+    return io_loop.run(call(), timeout=endpoint.total_timeout_s + endpoint.connect_timeout_s)
+
+
+def model_step(session: Session, owner: str) -> None:
+    """Ask the model, then commit its answer or its tool calls (with their intent rows)."""
+    agent: Agent = Agent.objects.select_related("model").get(pk=session.agent_id)
+    endpoint = agent.model
+    final = session.iteration >= agent.max_iterations
+    tools = {} if final else tools_for_agent(list(agent.tools), session.role)
+    history = list(Message.objects.filter(session=session, status=MessageStatus.FINAL).order_by("seq"))
+    request = build_request(agent=agent, history=history, tools=tools, final=final)
+    config = _endpoint_config(endpoint)
+    prices = (endpoint.price_input_per_1k, endpoint.price_output_per_1k)
+    connection.close()  # never hold a connection across the model call
+
+    try:
+        response = _call_model(session, config, request)
+    except (ModelError, TimeoutError) as exc:
+        reason = f"model '{config.name}' failed: {exc}"
+        _finish_turn(session, owner, Trigger.FAILURE, reason, stop_reason="error", error=str(exc) or type(exc).__name__)
+        return
+
+    usage = response.usage
+    input_tokens = usage.input_tokens if usage else 0
+    output_tokens = usage.output_tokens if usage else 0
+    cost = (Decimal(input_tokens) * prices[0] + Decimal(output_tokens) * prices[1]) / 1000
+    tool_calls = [] if final else response.tool_calls
+    content = response.text
+    if final and not content.strip():
+        content = LIMIT_ANSWER
+    message = Message(
+        turn=session.turn,
+        role="assistant",
+        content=content,
+        tool_calls=tool_calls_json(tool_calls),
+        token_count=count_message_tokens(content, stable_json(tool_calls_json(tool_calls)) if tool_calls else ""),
+    )
+    common: dict[str, Any] = {
+        "messages": [message],
+        "set_fields": {"iteration": session.iteration + 1},
+        "add_fields": {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": cost},
+    }
+    if not tool_calls:
+        trigger = Trigger.LIMIT_REACHED if final else Trigger.ANSWER
+        stop_reason = "max_iterations" if final else "answer"
+        step_commit(
+            _step(
+                session, owner, trigger=trigger, phase="answer", reason=stop_reason,
+                after_events=[("turn.finished", _turn_summary(session, stop_reason, input_tokens, output_tokens, cost))],
+                checkpoint={"model": config.name},
+                **common,
+            )
+        )
+        return
+
+    step_no = session.step + 1
+    calls = [
+        ToolCall(
+            turn=session.turn,
+            step=step_no,
+            position=position,
+            call_id=call.id,
+            tool_name=call.name,
+            input=call.arguments,
+            error=call.arguments_error or "",
+            idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name}",
+        )
+        for position, call in enumerate(tool_calls)
+    ]
+    step_commit(
+        _step(
+            session, owner, trigger=Trigger.TOOL_CALLS, phase="tool_intent",
+            reason=", ".join(c.tool_name for c in calls),
+            new_tool_calls=calls,
+            after_events=[
+                ("tool.started", {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn})
+                for c in calls
+            ],
+            checkpoint={"model": config.name, "pending": [[c.call_id, c.idempotency_key] for c in calls]},
+            **common,
+        )
+    )
+
+
+def tool_step(session: Session, owner: str) -> None:
+    """Run the pending tool calls of this turn and commit their results."""
+    agent: Agent = Agent.objects.get(pk=session.agent_id)
+    calls = list(
+        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
+            "step", "position"
+        )
+    )
+    tools = tools_for_agent(list(agent.tools), session.role)
+    connection.close()
+
+    invocations = [
+        ToolInvocation(
+            call_id=c.call_id,
+            name=c.tool_name,
+            arguments=c.input if isinstance(c.input, dict) else {},
+            idempotency_key=c.idempotency_key,
+            arguments_error=c.error or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
+        )
+        for c in calls
+    ]
+    outcomes = io_loop.run(execute_all(invocations, tools, session.role))
+
+    finished_at = timezone.now()
+    messages: list[Message] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    for call, outcome in zip(calls, outcomes, strict=True):
+        call.status = outcome.status
+        call.output = outcome.output
+        call.error = outcome.error
+        call.elapsed_ms = outcome.elapsed_ms
+        call.finished_at = finished_at
+        messages.append(
+            Message(
+                turn=session.turn,
+                role="tool",
+                content=outcome.content,
+                tool_call_id=call.call_id,
+                name=call.tool_name,
+                data=outcome.output if outcome.output is not None else {"error": outcome.error, "status": outcome.status},
+                token_count=count_message_tokens(outcome.content),
+            )
+        )
+        events.append(
+            (
+                "tool.finished",
+                {
+                    "call_id": call.call_id,
+                    "tool": call.tool_name,
+                    "status": outcome.status,
+                    "elapsed_ms": outcome.elapsed_ms,
+                    "output": outcome.output,
+                    "error": outcome.error,
+                    "turn": call.turn,
+                },
+            )
+        )
+    step_commit(
+        _step(
+            session, owner, trigger=Trigger.TOOL_RESULTS, phase="tool_results",
+            reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
+            messages=messages,
+            updated_tool_calls=calls,
+            events=events,
+            checkpoint={"done": [[c.call_id, c.status] for c in calls]},
+        )
+    )
+
+
+def _turn_summary(session: Session, stop_reason: str, input_tokens: int = 0, output_tokens: int = 0, cost: Decimal = Decimal(0)) -> dict[str, Any]:
+    return {
+        "turn": session.turn,
+        "stop_reason": stop_reason,
+        "iterations": session.iteration,
+        "usage": {
+            "input_tokens": session.input_tokens + input_tokens,
+            "output_tokens": session.output_tokens + output_tokens,
+            "cost": str(session.cost + cost),
+        },
+    }
+
+
+def _finish_turn(session: Session, owner: str | None, trigger: Trigger, reason: str, *, stop_reason: str, error: str = "", actor: str = "") -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    if error:
+        events.append(("error", {"code": "model_failed" if trigger == Trigger.FAILURE else stop_reason, "message": error[:500]}))
+    step_commit(
+        _step(
+            session, owner, trigger=trigger, phase=stop_reason, reason=reason, actor=actor,
+            events=events,
+            after_events=[("turn.finished", {**_turn_summary(session, stop_reason), "reason": reason})],
+            set_fields={"cancel_requested": False, "last_error": error[:2000]},
+        )
+    )
+
+
+def turn_cancel(*, session: Session, reason: str, actor: str = "") -> None:
+    """Cancel a turn no worker is running (waiting on a person or a clock)."""
+    _finish_turn(session, None, Trigger.CANCEL, reason, stop_reason="cancelled", actor=actor)
+
+
+def _record_crash(session_id: object, owner: str) -> None:
+    """Turn an unexpected failure into an `error` state the operator can see."""
+    try:
+        session = Session.objects.get(pk=session_id)
+        if State(session.state) in RUNNABLE and session.lease_owner == owner:
+            _finish_turn(session, owner, Trigger.FAILURE, "internal error", stop_reason="error", error="internal error while running the step")
+    except Exception:  # noqa: BLE001
+        logger.exception("could not record the crash of session %s", session_id)
+        lease_drop(session_id=session_id, owner=owner)

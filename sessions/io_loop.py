@@ -1,0 +1,42 @@
+"""One asyncio loop per process, on its own thread, shared by every run.
+
+Celery runs the engine on worker threads. Model streams, HTTP tools and channel
+publishing are async; handing them to one long-lived loop lets many runs share
+one HTTP connection pool and one Redis connection, instead of each thread
+spinning up (and tearing down) a loop and sockets of its own.
+"""
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_pid: int | None = None
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    global _loop, _pid
+    with _lock:
+        # A forked child inherits the variable but not the thread running it.
+        if _loop is None or _pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="io-loop", daemon=True)
+            thread.start()
+            _loop, _pid = loop, os.getpid()
+        return _loop
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> "Future[T]":
+    """Schedule a coroutine on the shared loop; returns a thread-safe future."""
+    return asyncio.run_coroutine_threadsafe(coro, get_loop())
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run a coroutine on the shared loop and block this (non-loop) thread for its result."""
+    return submit(coro).result(timeout)

@@ -1,0 +1,99 @@
+"""The adapter interface and the registry of wire protocols."""
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .types import (
+    ChatRequest,
+    ChatResponse,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCallFinished,
+    Usage,
+)
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """What an adapter needs to reach a model; built from a ModelEndpoint row."""
+
+    name: str
+    api: str
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    connect_timeout_s: float = 5.0
+    first_token_timeout_s: float = 15.0
+    total_timeout_s: float = 120.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelError(Exception):
+    """A model call failed; `retryable` says whether a fallback may be tried."""
+
+    retryable: bool = True
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ModelConfigError(ModelError):
+    retryable = False
+
+
+class ModelAdapter(ABC):
+    api: ClassVar[str]
+
+    def __init__(self, endpoint: EndpointConfig) -> None:
+        self.endpoint = endpoint
+
+    @abstractmethod
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """Yield typed events; the last two are Usage (if known) and Finish."""
+
+    async def complete(
+        self, request: ChatRequest, on_event: Callable[[StreamEvent], Awaitable[None] | None] | None = None
+    ) -> ChatResponse:
+        """Consume the stream into one response, passing each event to `on_event`."""
+        response = ChatResponse()
+        parts: list[str] = []
+        async for event in self.stream(request):
+            if on_event is not None:
+                maybe = on_event(event)
+                if maybe is not None:
+                    await maybe
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            elif isinstance(event, ToolCallFinished):
+                response.tool_calls.append(event.call)
+            elif isinstance(event, Usage):
+                response.usage = event
+            elif isinstance(event, Finish):
+                response.finish_reason = event.reason
+        response.text = "".join(parts)
+        return response
+
+
+ADAPTERS: dict[str, type[ModelAdapter]] = {}
+
+
+class UnknownAdapter(ModelConfigError):
+    pass
+
+
+def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
+    ADAPTERS[cls.api] = cls
+    return cls
+
+
+def adapter_for(endpoint: EndpointConfig) -> ModelAdapter:
+    try:
+        cls = ADAPTERS[endpoint.api]
+    except KeyError:
+        raise UnknownAdapter(f"no model adapter for api '{endpoint.api}'") from None
+    return cls(endpoint)

@@ -1,0 +1,158 @@
+"""The offline `rules` model: deterministic answers and tool calls from the agent's rules.
+
+It powers the offline demo and is the last-resort fallback. A rule is::
+
+    {"name": "find-orders",
+     "when": {"user": "(?i)logistics", "last_tool": null},
+     "tool_calls": [{"tool": "query_orders", "args": {"days": 7}}],
+     "for_each": "result.orders"}            # optional: one set of calls per item
+    {"name": "done", "when": {"last_tool": "generate_report"},
+     "answer": "Report #{{ tools.generate_report.report_id }} is ready."}
+
+`when` keys (all optional, all must hold): `user` (regex searched in the latest
+user message), `last_tool` (name of the latest tool result in this turn, or
+null for "no tool yet this turn"), `result` (regex over the latest result as
+compact JSON), `truthy` / `falsy` (a path in the template context). Rules are
+tried in order; the first that holds answers. Templates see `user`, `match`
+(regex groups), `result`, `results` (the latest tool results), `tools` (latest
+result per tool this turn), `calls` (number of calls per tool this turn) and,
+inside `for_each`, `item`.
+"""
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from memory.tokens import count_tokens
+
+from .base import ModelAdapter, ModelConfigError, register_adapter
+from .templating import lookup, render
+from .types import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallRequest,
+    ToolCallStarted,
+    Usage,
+)
+
+NO_RULE_ANSWER = "I'm sorry, I can't help with that request."
+
+
+def _turn_slice(messages: tuple[ChatMessage, ...]) -> tuple[str, list[ChatMessage]]:
+    """The latest user text and the messages after it (this turn's work so far)."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "user":
+            return messages[index].content, list(messages[index + 1 :])
+    return "", list(messages)
+
+
+def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
+    user, turn = _turn_slice(messages)
+    tools: dict[str, Any] = {}
+    calls: dict[str, int] = {}
+    trailing: list[ChatMessage] = []
+    for message in turn:
+        if message.role == "tool":
+            result = message.data if message.data is not None else _maybe_json(message.content)
+            tools[message.name] = result
+            calls[message.name] = calls.get(message.name, 0) + 1
+            trailing.append(message)
+        else:
+            trailing = []
+    results = [m.data if m.data is not None else _maybe_json(m.content) for m in trailing]
+    return {
+        "user": user,
+        "last_tool": trailing[-1].name if trailing else None,
+        "result": results[-1] if results else None,
+        "results": results,
+        "tools": tools,
+        "calls": calls,
+        "match": {},
+    }
+
+
+def _maybe_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def _rule_holds(when: dict[str, Any], context: dict[str, Any]) -> bool:
+    if "user" in when:
+        found = re.search(str(when["user"]), context["user"])
+        if not found:
+            return False
+        context["match"] = {"0": found.group(0), **{str(i + 1): g for i, g in enumerate(found.groups())}}
+        context["match"].update(found.groupdict())
+    if "last_tool" in when and when["last_tool"] != context["last_tool"]:
+        return False
+    if "result" in when:
+        text = json.dumps(context["result"], ensure_ascii=False, separators=(",", ":"))
+        if not re.search(str(when["result"]), text):
+            return False
+    if "truthy" in when and not lookup(context, str(when["truthy"])):
+        return False
+    return not ("falsy" in when and lookup(context, str(when["falsy"])))
+
+
+def decide(rules: list[dict[str, Any]], messages: tuple[ChatMessage, ...], fallback: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """Return (answer text, [(tool name, args)]) for the first rule that holds."""
+    context = build_context(messages)
+    for rule in rules:
+        if not _rule_holds(dict(rule.get("when") or {}), context):
+            continue
+        if rule.get("tool_calls"):
+            items = lookup(context, rule["for_each"]) if rule.get("for_each") else [None]
+            calls: list[tuple[str, dict[str, Any]]] = []
+            for item in items or []:
+                scope = {**context, "item": item}
+                for spec in rule["tool_calls"]:
+                    calls.append((str(spec["tool"]), render(spec.get("args") or {}, scope)))
+            if calls:
+                return "", calls
+            continue
+        return str(render(rule.get("answer", ""), context)), []
+    return fallback, []
+
+
+@register_adapter
+class RulesAdapter(ModelAdapter):
+    api = "rules"
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        rules = request.agent_config.get("rules") or []
+        if not isinstance(rules, list):
+            raise ModelConfigError("agent rules must be a list")
+        fallback = request.agent_config.get("fallback_answer") or NO_RULE_ANSWER
+        answer, calls = decide(rules, request.messages, fallback)
+        delay = float(self.endpoint.options.get("latency_s", 0) or 0)
+        if delay:
+            await asyncio.sleep(delay)
+        chunk_delay = float(self.endpoint.options.get("chunk_delay_s", 0) or 0)
+        output_tokens = 0
+        if calls:
+            for index, (name, args) in enumerate(calls):
+                call_id = f"call_rules_{index}"
+                payload = json.dumps(args, ensure_ascii=False)
+                output_tokens += count_tokens(payload)
+                yield ToolCallStarted(index=index, id=call_id, name=name)
+                yield ToolCallArgumentsDelta(index=index, fragment=payload)
+                yield ToolCallFinished(index=index, call=ToolCallRequest(id=call_id, name=name, arguments=args))
+        else:
+            # Stream the answer word by word so clients see it arrive.
+            for piece in re.findall(r"\S+\s*|\s+", answer):
+                if chunk_delay:
+                    await asyncio.sleep(chunk_delay)
+                yield TextDelta(piece)
+            output_tokens = count_tokens(answer)
+        input_tokens = sum(count_tokens(m.content) for m in request.messages)
+        yield Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+        yield Finish("tool_calls" if calls else "stop")

@@ -1,0 +1,32 @@
+import json
+from pathlib import Path
+
+import yaml
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from sessions.services import ConfigInvalid, config_apply
+
+
+class Command(BaseCommand):
+    help = "Create or update model endpoints, tools and agents from a YAML or JSON file, in one transaction."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file")
+
+    def handle(self, *args: object, **options: object) -> None:
+        path = Path(str(options["file"]))
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read ({exc.strerror})") from None
+        try:
+            document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise CommandError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        try:
+            report = config_apply(document=document or {})
+        except ConfigInvalid as exc:
+            lines = "\n".join(f"  - {e}" for e in exc.errors)
+            raise CommandError(f"{path}: nothing was changed; fix these:\n{lines}") from None
+        for line in report:
+            self.stdout.write(line)

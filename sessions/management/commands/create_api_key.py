@@ -1,0 +1,18 @@
+from django.core.management.base import BaseCommand, CommandParser
+
+from accounts.services import api_key_create
+
+
+class Command(BaseCommand):
+    help = "Create an API key for a user (created if missing) and print it once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--user", required=True)
+        parser.add_argument("--roles", default="", help="Comma-separated roles, e.g. support,analyst")
+        parser.add_argument("--name", default="")
+
+    def handle(self, *args: object, **options: object) -> None:
+        roles = [r for r in str(options["roles"]).split(",") if r.strip()]
+        issued = api_key_create(username=str(options["user"]), roles=roles, name=str(options["name"]))
+        self.stdout.write(issued.raw)
+        self.stderr.write(f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]; it is shown only now")

@@ -1,0 +1,252 @@
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+from .states import State
+
+
+class StateField(models.CharField):
+    """The session state column; choices come from the pure-Python enum."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("max_length", 20)
+        kwargs.setdefault("choices", [(s.value, s.value.replace("_", " ")) for s in State])
+        super().__init__(*args, **kwargs)
+
+
+class ModelApi(models.TextChoices):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    PROMPT_TOOLS = "prompt_tools"
+    RULES = "rules"
+
+
+class ModelEndpoint(models.Model):
+    """A model reachable over one wire protocol. The key lives in the environment."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    api = models.CharField(max_length=20, choices=ModelApi.choices)
+    base_url = models.URLField(max_length=500, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Name of the environment variable holding the key."
+    )
+    connect_timeout_s = models.FloatField(default=5.0)
+    first_token_timeout_s = models.FloatField(default=15.0)
+    total_timeout_s = models.FloatField(default=120.0)
+    price_input_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    price_output_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    context_window = models.PositiveIntegerField(default=128000)
+    options = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.api})"
+
+
+class Agent(models.Model):
+    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    system_prompt = models.TextField(blank=True)
+    model = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="agents")
+    fallback_model = models.ForeignKey(
+        ModelEndpoint, on_delete=models.PROTECT, null=True, blank=True, related_name="fallback_for"
+    )
+    tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    max_iterations = models.PositiveSmallIntegerField(default=8)
+    context_window = models.PositiveIntegerField(default=128000)
+    rules = models.JSONField(
+        default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
+    )
+    busy_message = models.TextField(
+        default="The service is busy right now. Please try again in a moment.", blank=True
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Session(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions")
+    role = models.CharField(max_length=50, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    state = StateField(default=State.IDLE.value)
+    version = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=100, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    turn = models.PositiveIntegerField(default=0)
+    step = models.PositiveIntegerField(default=0, help_text="Steps committed over the session's life.")
+    iteration = models.PositiveSmallIntegerField(default=0, help_text="Model calls in the current turn.")
+    message_seq = models.PositiveIntegerField(default=0)
+    event_seq = models.PositiveIntegerField(default=0)
+    queued_count = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="session_owner_created"),
+            models.Index(fields=["agent", "-created_at"], name="session_agent_created"),
+            # The sweeper's two questions: runs whose lease ran out, and
+            # sessions with messages waiting and nobody on them.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="session_runnable_lease",
+                condition=Q(state__in=["processing", "tool_wait", "tool_loop"]),
+            ),
+            models.Index(fields=["lease_expires_at"], name="session_queued_lease", condition=Q(queued_count__gt=0)),
+            models.Index(fields=["state"], name="session_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}:{self.id}"
+
+
+class MessageRole(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class MessageStatus(models.TextChoices):
+    QUEUED = "queued", "queued (waits for its turn)"
+    FINAL = "final"
+
+
+class Message(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    # Assigned when the message enters the history; a user message that waits
+    # for a running turn has none yet, so turns never interleave.
+    seq = models.PositiveIntegerField(null=True, blank=True)
+    turn = models.PositiveIntegerField(default=0)
+    role = models.CharField(max_length=10, choices=MessageRole.choices)
+    status = models.CharField(max_length=10, choices=MessageStatus.choices, default=MessageStatus.FINAL)
+    content = models.TextField(blank=True)
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=100, blank=True)
+    name = models.CharField(max_length=100, blank=True)
+    data = models.JSONField(null=True, blank=True, help_text="Structured tool result, for tool messages.")
+    token_count = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq"),
+            models.UniqueConstraint(
+                fields=["session", "idempotency_key"],
+                name="message_session_idempotency",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["session", "id"], name="message_queued", condition=Q(status="queued")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.role}"
+
+
+class ToolCallStatus(models.TextChoices):
+    EXECUTING = "executing"
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
+class ToolCall(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    turn = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    position = models.PositiveSmallIntegerField(default=0)
+    call_id = models.CharField(max_length=100)
+    tool_name = models.CharField(max_length=100)
+    input = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=10, choices=ToolCallStatus.choices, default=ToolCallStatus.EXECUTING)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    elapsed_ms = models.PositiveIntegerField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["session", "turn", "position"], name="toolcall_session_turn"),
+            models.Index(fields=["session"], name="toolcall_executing", condition=Q(status="executing")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name}({self.call_id})"
+
+
+class Transition(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="transitions")
+    from_state = StateField()
+    to_state = StateField()
+    trigger = models.CharField(max_length=30)
+    reason = models.TextField(blank=True)
+    version = models.PositiveIntegerField(help_text="Session version this move produced.")
+    turn = models.PositiveIntegerField(default=0)
+    actor = models.CharField(max_length=150, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["session", "id"], name="transition_session")]
+
+    def __str__(self) -> str:
+        return f"{self.from_state} -> {self.to_state} ({self.trigger})"
+
+
+class Checkpoint(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    turn = models.PositiveIntegerField()
+    state = StateField()
+    message_seq = models.PositiveIntegerField()
+    # What changed in this step, not the whole history again (DESIGN.md).
+    context = models.JSONField(default=dict)
+    size_bytes = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "step"], name="checkpoint_session_step")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}@{self.step}"
+
+
+class Event(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.type}"

@@ -1,0 +1,59 @@
+"""Publishing session events to websocket listeners (after commit, best effort).
+
+PostgreSQL holds every persisted event; a frame lost here only delays a client,
+which fills the gap from the database by `seq`.
+"""
+
+import logging
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+from channels.layers import get_channel_layer
+
+from . import io_loop
+
+logger = logging.getLogger(__name__)
+
+
+class Frame(TypedDict):
+    seq: int | None
+    type: str
+    session: str
+    ts: str
+    data: dict[str, Any]
+
+
+def group_name(session_id: object) -> str:
+    return f"session.{session_id}"
+
+
+def make_frame(session_id: object, seq: int | None, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Frame:
+    return {
+        "seq": seq,
+        "type": type_,
+        "session": str(session_id),
+        "ts": (ts or datetime.now(UTC)).isoformat(),
+        "data": data,
+    }
+
+
+async def _send(session_id: str, frames: list[Frame]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        for frame in frames:
+            await layer.group_send(group_name(session_id), {"type": "session.frame", "frame": frame})
+    except Exception:  # noqa: BLE001 - a lost notification must never fail a run
+        logger.warning("publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True)
+
+
+def publish(session_id: object, frames: list[Frame]) -> None:
+    """Hand frames to the shared loop without waiting; order is kept per call."""
+    if frames:
+        io_loop.submit(_send(str(session_id), frames))
+
+
+def publish_ephemeral(session_id: object, type_: str, data: dict[str, Any]) -> None:
+    """A frame that is not persisted (`seq: null`): text deltas, progress."""
+    publish(session_id, [make_frame(session_id, None, type_, data)])

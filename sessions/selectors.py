@@ -1,0 +1,32 @@
+"""Named reads of sessions, their history and their events."""
+
+from django.db.models import F, QuerySet
+
+from .models import Event, Message, Session
+from .errors import NotFound
+
+
+def session_get_for_owner(*, session_id: object, owner_id: int) -> Session:
+    """Another owner's session is reported as missing, not forbidden."""
+    try:
+        return Session.objects.select_related("agent").get(pk=session_id, owner_id=owner_id)
+    except (Session.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"session {session_id} not found") from None
+
+
+def session_list_for_owner(*, owner_id: int) -> QuerySet[Session]:
+    return Session.objects.select_related("agent").filter(owner_id=owner_id).order_by("-created_at")
+
+
+def message_history(*, session: Session, limit: int) -> list[Message]:
+    """The last `limit` messages, oldest first; messages waiting for their turn come last."""
+    rows = list(
+        Message.objects.filter(session=session)
+        .order_by(F("seq").desc(nulls_first=True), "-id")[:limit]
+    )
+    rows.reverse()
+    return rows
+
+
+def events_after(*, session_id: object, after: int, limit: int = 1000) -> list[Event]:
+    return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])

@@ -1,0 +1,209 @@
+"""Applying a move of the state machine, and committing a step atomically.
+
+Every write to a session's state goes through `step_commit`: one short
+transaction that moves the state with a conditional UPDATE on `version` (and,
+for a worker, on its lease), allocates message and event sequence numbers in
+that same statement, inserts what the step produced and records the
+`Transition`. Frames are published only after the commit.
+"""
+
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .models import Checkpoint, Event, Message, Session, ToolCall, Transition
+from .publisher import Frame, make_frame, publish
+from .states import State, Trigger, next_state
+
+# Columns a step may set directly or add to; anything else is a programming error.
+SETTABLE = {"cancel_requested", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn"}
+ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
+
+
+class StaleSession(Exception):
+    """The session moved on (another version, or our lease was taken); nothing was written."""
+
+
+@dataclass
+class Step:
+    """What one atomic phase of a run writes."""
+
+    session: Session
+    trigger: Trigger | None = None
+    reason: str = ""
+    actor: str = ""
+    messages: list[Message] = field(default_factory=list)
+    activate_message: Message | None = None
+    new_tool_calls: list[ToolCall] = field(default_factory=list)
+    updated_tool_calls: list[ToolCall] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    after_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None
+    set_fields: dict[str, Any] = field(default_factory=dict)
+    add_fields: dict[str, int | Decimal] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    version: int
+    state: State
+    step: int
+    frames: list[Frame]
+
+
+def _message_event(message: Message) -> tuple[str, dict[str, Any]]:
+    data: dict[str, Any] = {"seq": message.seq, "role": message.role, "content": message.content, "turn": message.turn}
+    if message.tool_calls:
+        data["tool_calls"] = message.tool_calls
+    if message.role == "tool":
+        data["tool_call_id"] = message.tool_call_id
+        data["name"] = message.name
+    return ("message.completed", data)
+
+
+def step_commit(step: Step) -> Committed:
+    """Commit one step, or raise StaleSession (or IllegalTransition) having changed nothing.
+
+    1. Work out the move from the in-memory state (valid because the UPDATE
+       below only matches that exact version).
+    2. One UPDATE moves state and version, renews the lease and allocates the
+       message, event and step numbers; RETURNING gives them back.
+    3. Insert messages, tool calls, events, the transition and the checkpoint.
+    4. After commit, publish the frames.
+    """
+    session = step.session
+    from_state = State(session.state)
+    to_state = next_state(from_state, step.trigger) if step.trigger else from_state
+    new_messages = list(step.messages)
+    activated = [step.activate_message] if step.activate_message is not None else []
+    n_messages = len(activated) + len(new_messages)
+    state_events: list[tuple[str, dict[str, Any]]] = []
+    if step.trigger:
+        state_events.append(
+            ("state.changed", {"from": from_state.value, "to": to_state.value, "trigger": step.trigger.value, "reason": step.reason})
+        )
+    n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
+    with_checkpoint = step.checkpoint is not None
+
+    assignments = [
+        "state = %s",
+        "version = version + 1",
+        "message_seq = message_seq + %s",
+        "event_seq = event_seq + %s",
+        "step = step + %s",
+        "updated_at = now()",
+    ]
+    params: list[Any] = [to_state.value, n_messages, n_events, 1 if with_checkpoint else 0]
+    for name, value in step.set_fields.items():
+        if name not in SETTABLE:
+            raise ValueError(f"step may not set {name}")
+        assignments.append(f"{name} = %s")
+        params.append(value)
+    for name, value in step.add_fields.items():
+        if name not in ADDABLE:
+            raise ValueError(f"step may not add to {name}")
+        assignments.append(f"{name} = {name} + %s")
+        params.append(value)
+    if step.lease_seconds is not None:
+        assignments.append("lease_expires_at = now() + make_interval(secs => %s)")
+        params.append(step.lease_seconds)
+    where = "id = %s AND version = %s"
+    params += [session.pk, session.version]
+    if step.lease_owner is not None:
+        where += " AND lease_owner = %s"
+        params.append(step.lease_owner)
+    sql = (
+        f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
+        "RETURNING version, message_seq, event_seq, step, now()"
+    )
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
+        version, message_seq, event_seq, step_no, now = row
+
+        seq = message_seq - n_messages
+        for message in activated:
+            seq += 1
+            message.seq = seq
+            message.status = "final"
+            message.turn = session.turn if "turn" not in step.set_fields else step.set_fields["turn"]
+            Message.objects.filter(pk=message.pk).update(seq=message.seq, status="final", turn=message.turn)
+        for message in new_messages:
+            seq += 1
+            message.seq = seq
+            message.session = session
+        if new_messages:
+            Message.objects.bulk_create(new_messages)
+        for call in step.new_tool_calls:
+            call.session = session
+        if step.new_tool_calls:
+            ToolCall.objects.bulk_create(step.new_tool_calls)
+        if step.updated_tool_calls:
+            ToolCall.objects.bulk_update(
+                step.updated_tool_calls, ["status", "output", "error", "elapsed_ms", "finished_at"]
+            )
+
+        ordered = [_message_event(m) for m in activated + new_messages]
+        ordered += step.events + state_events + step.after_events
+        first = event_seq - n_events
+        events = [
+            Event(session=session, seq=first + i + 1, type=type_, data=data, created_at=now)
+            for i, (type_, data) in enumerate(ordered)
+        ]
+        Event.objects.bulk_create(events)
+        if step.trigger:
+            Transition.objects.create(
+                session=session,
+                from_state=from_state.value,
+                to_state=to_state.value,
+                trigger=step.trigger.value,
+                reason=step.reason[:2000],
+                version=version,
+                turn=step.set_fields.get("turn", session.turn),
+                actor=step.actor,
+            )
+        if step.checkpoint is not None:
+            context = {**step.checkpoint, "state": to_state.value}
+            size = len(json.dumps(context, separators=(",", ":")))
+            Checkpoint.objects.create(
+                session=session,
+                step=step_no,
+                turn=step.set_fields.get("turn", session.turn),
+                state=to_state.value,
+                message_seq=message_seq,
+                context=context,
+                size_bytes=size,
+            )
+        frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
+        session_id = session.pk
+        transaction.on_commit(lambda: publish(session_id, frames))
+
+    # Keep the caller's copy in step with the row it now matches.
+    session.version = version
+    session.state = to_state.value
+    session.message_seq = message_seq
+    session.event_seq = event_seq
+    session.step = step_no
+    for name, value in step.set_fields.items():
+        setattr(session, name, value)
+    for name, value in step.add_fields.items():
+        setattr(session, name, getattr(session, name) + value)
+    session.updated_at = now or timezone.now()
+    return Committed(version=version, state=to_state, step=step_no, frames=frames)
+
+
+def session_move(
+    *, session: Session, trigger: Trigger, reason: str = "", actor: str = "", lease_owner: str | None = None
+) -> Committed:
+    """Apply one move of the state table (the plain case of `step_commit`)."""
+    return step_commit(Step(session=session, trigger=trigger, reason=reason, actor=actor, lease_owner=lease_owner))

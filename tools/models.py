@@ -1,0 +1,37 @@
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+
+class ToolKind(models.TextChoices):
+    PYTHON = "python", "Python callable"
+    HTTP = "http", "HTTP business API"
+
+
+class Tool(models.Model):
+    """A tool as data: what the model sees and how the executor runs it."""
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField()
+    parameters = models.JSONField(default=dict, help_text="JSON Schema (Draft 2020-12) of the arguments.")
+    result_description = models.TextField(blank=True)
+    kind = models.CharField(max_length=10, choices=ToolKind.choices, default=ToolKind.PYTHON)
+    handler = models.CharField(
+        max_length=200, blank=True, help_text="Registered Python callable name (python tools)."
+    )
+    url = models.URLField(max_length=500, blank=True)
+    method = models.CharField(max_length=10, default="POST", blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    timeout_s = models.FloatField(default=10.0)
+    side_effects = models.BooleanField(default=False)
+    requires_approval = models.BooleanField(default=False)
+    risk_level = models.PositiveSmallIntegerField(default=0)
+    roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    credit_cost = models.PositiveIntegerField(default=0)
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
