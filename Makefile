@@ -31,7 +31,7 @@ BENCH_ARGS ?=
 .PHONY: help venv .venv run test lint fmt bench up down stop status env clean
 
 help:
-	@sed -n '2,12s/^# \{0,1\}//p' Makefile
+	@sed -n '1,11s/^# \{0,1\}//p' Makefile
 
 # ---------------------------------------------------------------- virtualenv
 # Reinstalled only when pyproject.toml changes (or the stamp is missing).
@@ -48,6 +48,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv .venv: $(STAMP)
+	@:
 
 # ---------------------------------------------------------------- run
 run: $(STAMP)

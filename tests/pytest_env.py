@@ -1,0 +1,10 @@
+"""Loaded with `-p` before Django settings: environment for the test run.
+
+A queue of its own keeps a `make run` worker on the same Redis from taking
+the tests' tasks.
+"""
+
+import os
+
+os.environ.setdefault("CELERY_QUEUE", f"agentplatform-test-{os.getpid()}")
+os.environ.setdefault("SESSION_PICKUP_GRACE_S", "3")

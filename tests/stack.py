@@ -1,0 +1,136 @@
+"""Real processes for end-to-end tests: daphne, a Celery worker and beat, on the test database."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_database_url() -> str:
+    """The DATABASE_URL of the test database pytest-django created."""
+    from django.db import connection
+
+    base = os.environ.get("DATABASE_URL") or _stack_env().get("DATABASE_URL", "")
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+
+
+def _stack_env() -> dict[str, str]:
+    path = ROOT / ".data" / "stack.env"
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+@dataclass
+class Stack:
+    port: int
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = ROOT / ".data" / "test-logs" / f"{name}-{os.getpid()}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.logs[name] = log
+        handle = log.open("wb")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str = "worker", concurrency: int = 50) -> subprocess.Popen[bytes]:
+        return self.start(
+            name,
+            [str(BIN / "celery"), "-A", "agentplatform", "worker", "--pool", "threads", "--concurrency", str(concurrency),
+             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"{name}-{os.getpid()}@%h"],
+        )
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs.get(name)
+        if path is None or not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            try:
+                response = httpx.get(f"{self.http}/readyz", timeout=3)
+                if response.status_code == 200:
+                    return
+                last = response.text
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            time.sleep(0.3)
+        raise RuntimeError(f"stack not ready after {timeout} s: {last}")
+
+
+@contextmanager
+def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    port = free_port()
+    env["WS_ALLOWED_ORIGINS"] = f"http://127.0.0.1:{port},http://localhost:{port}"
+    stack = Stack(port=port, env=env)
+    try:
+        stack.start("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--ping-interval", "20", "--ping-timeout", "30", "agentplatform.asgi:application"])
+        stack.start_worker()
+        stack.start("beat", [str(BIN / "celery"), "-A", "agentplatform", "beat", "--loglevel", "INFO",
+                             "--schedule", str(ROOT / ".data" / f"test-beat-{os.getpid()}")])
+        stack.wait_ready()
+        yield stack
+    finally:
+        for name in list(stack.procs):
+            stack.stop(name)
