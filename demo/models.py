@@ -33,9 +33,15 @@ class Notification(models.Model):
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"to {self.customer_id}: {self.message[:40]}"
+
 
 class Report(models.Model):
     title = models.CharField(max_length=200)
     body = models.TextField()
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.title

@@ -4,14 +4,16 @@ The task is looked up by name so that services need not import the Celery
 edge; a lost broker message only delays the run until the sweeper finds it.
 """
 
+from uuid import UUID
+
 from celery import current_app
 
 RUN_TASK = "sessions.tasks.run_session"
 
 
-def run_enqueue_on_commit(session_id: object) -> None:
+def run_enqueue_on_commit(session_id: UUID | str) -> None:
     current_app.tasks[RUN_TASK].delay_on_commit(str(session_id))
 
 
-def run_enqueue(session_id: object) -> None:
+def run_enqueue(session_id: UUID | str) -> None:
     current_app.tasks[RUN_TASK].delay(str(session_id))

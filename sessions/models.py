@@ -87,7 +87,7 @@ class Session(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     state = StateField(default=State.IDLE.value)
     version = models.PositiveIntegerField(default=0)
-    lease_owner = models.CharField(max_length=100, null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001 - NULL is "no lease"
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     turn = models.PositiveIntegerField(default=0)
     step = models.PositiveIntegerField(default=0, help_text="Steps committed over the session's life.")
@@ -148,7 +148,8 @@ class Message(models.Model):
     name = models.CharField(max_length=100, blank=True)
     data = models.JSONField(null=True, blank=True, help_text="Structured tool result, for tool messages.")
     token_count = models.PositiveIntegerField(default=0)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", so the partial unique constraint ignores messages without a key.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -7,6 +7,7 @@ which fills the gap from the database by `seq`.
 import logging
 from datetime import UTC, datetime
 from typing import Any, TypedDict
+from uuid import UUID
 
 from channels.layers import get_channel_layer
 
@@ -23,11 +24,11 @@ class Frame(TypedDict):
     data: dict[str, Any]
 
 
-def group_name(session_id: object) -> str:
+def group_name(session_id: UUID | str) -> str:
     return f"session.{session_id}"
 
 
-def make_frame(session_id: object, seq: int | None, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Frame:
+def make_frame(session_id: UUID | str, seq: int | None, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Frame:
     return {
         "seq": seq,
         "type": type_,
@@ -48,12 +49,12 @@ async def _send(session_id: str, frames: list[Frame]) -> None:
         logger.warning("publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True)
 
 
-def publish(session_id: object, frames: list[Frame]) -> None:
+def publish(session_id: UUID | str, frames: list[Frame]) -> None:
     """Hand frames to the shared loop without waiting; order is kept per call."""
     if frames:
         io_loop.submit(_send(str(session_id), frames))
 
 
-def publish_ephemeral(session_id: object, type_: str, data: dict[str, Any]) -> None:
+def publish_ephemeral(session_id: UUID | str, type_: str, data: dict[str, Any]) -> None:
     """A frame that is not persisted (`seq: null`): text deltas, progress."""
     publish(session_id, [make_frame(session_id, None, type_, data)])

@@ -1,12 +1,14 @@
 """Named reads of sessions, their history and their events."""
 
+from uuid import UUID
+
 from django.db.models import F, QuerySet
 
-from .models import Event, Message, Session
 from .errors import NotFound
+from .models import Event, Message, Session
 
 
-def session_get_for_owner(*, session_id: object, owner_id: int) -> Session:
+def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
     """Another owner's session is reported as missing, not forbidden."""
     try:
         return Session.objects.select_related("agent").get(pk=session_id, owner_id=owner_id)
@@ -28,5 +30,5 @@ def message_history(*, session: Session, limit: int) -> list[Message]:
     return rows
 
 
-def events_after(*, session_id: object, after: int, limit: int = 1000) -> list[Event]:
+def events_after(*, session_id: UUID | str, after: int, limit: int = 1000) -> list[Event]:
     return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])

@@ -7,9 +7,10 @@ long work (model and tool calls) to a worker, woken after commit.
 import logging
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def session_create(
-    *, owner: AbstractBaseUser, agent_slug: str, key_roles: list[str], role: str | None = None, metadata: dict[str, Any] | None = None
+    *, owner: User, agent_slug: str, key_roles: list[str], role: str | None = None, metadata: dict[str, Any] | None = None
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
@@ -114,7 +115,7 @@ def session_cancel(*, session: Session, reason: str = "cancelled by the client",
         return True
 
 
-def session_run_pending(*, session_id: object) -> RunResult:
+def session_run_pending(*, session_id: UUID | str) -> RunResult:
     """The worker's entry point: run whatever the session has to do."""
     return session_run(session_id=session_id)
 
@@ -143,7 +144,7 @@ def sessions_sweep() -> list[str]:
     return ids
 
 
-def session_get(*, session_id: object) -> Session:
+def session_get(*, session_id: UUID | str) -> Session:
     try:
         return Session.objects.select_related("agent").get(pk=session_id)
     except (Session.DoesNotExist, ValueError):

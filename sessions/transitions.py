@@ -136,7 +136,7 @@ def step_commit(step: Step) -> Committed:
             seq += 1
             message.seq = seq
             message.status = "final"
-            message.turn = session.turn if "turn" not in step.set_fields else step.set_fields["turn"]
+            message.turn = step.set_fields.get("turn", session.turn)
             Message.objects.filter(pk=message.pk).update(seq=message.seq, status="final", turn=message.turn)
         for message in new_messages:
             seq += 1

@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Event, Message, Session
@@ -45,6 +46,7 @@ class SessionSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    @extend_schema_field(UsageSerializer)
     def get_usage(self, obj: Session) -> dict[str, object]:
         return {"input_tokens": obj.input_tokens, "output_tokens": obj.output_tokens, "cost": str(obj.cost)}
 

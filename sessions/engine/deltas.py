@@ -7,6 +7,7 @@ at most every DELTA_FLUSH_MS. Tool-call JSON never reaches the user: a
 
 import asyncio
 import time
+from uuid import UUID
 
 from ..llm.types import StreamEvent, TextDelta, ToolCallStarted
 from ..publisher import publish_ephemeral
@@ -15,7 +16,7 @@ from ..publisher import publish_ephemeral
 class DeltaBatcher:
     """Lives on the io loop for the length of one model call."""
 
-    def __init__(self, session_id: object, turn: int, flush_ms: int) -> None:
+    def __init__(self, session_id: UUID | str, turn: int, flush_ms: int) -> None:
         self.session_id = session_id
         self.turn = turn
         self.interval = flush_ms / 1000

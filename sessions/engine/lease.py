@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import uuid
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
@@ -27,7 +28,7 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:6]}"
 
 
-def lease_acquire(*, session_id: object, owner: str, seconds: float) -> bool:
+def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool:
     """Take the lease if it is free, expired or already ours, and there is work."""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -41,7 +42,7 @@ def lease_acquire(*, session_id: object, owner: str, seconds: float) -> bool:
         return cursor.rowcount == 1
 
 
-def lease_release(*, session_id: object, owner: str) -> bool:
+def lease_release(*, session_id: UUID | str, owner: str) -> bool:
     """Give the lease back, but only if the run has truly nothing left to do.
 
     The condition sits on the row itself, so a message that started a turn (or
@@ -58,7 +59,7 @@ def lease_release(*, session_id: object, owner: str) -> bool:
         return cursor.rowcount == 1
 
 
-def lease_drop(*, session_id: object, owner: str) -> None:
+def lease_drop(*, session_id: UUID | str, owner: str) -> None:
     """Give the lease back unconditionally (the run stops; the sweeper decides what next)."""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -76,14 +77,14 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
 
-    def hold(self, session_id: object, owner: str) -> None:
+    def hold(self, session_id: UUID | str, owner: str) -> None:
         with self._lock:
             self._held[str(session_id)] = owner
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
                 self._thread.start()
 
-    def release(self, session_id: object) -> None:
+    def release(self, session_id: UUID | str) -> None:
         with self._lock:
             self._held.pop(str(session_id), None)
 

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
@@ -39,7 +40,7 @@ class RunResult:
     stopped: str  # idle | not_acquired | lease_lost | crashed
 
 
-def session_run(*, session_id: object, owner: str | None = None) -> RunResult:
+def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
     """Run a session's pending work to the end, holding its lease throughout.
 
     1. Take the lease (or return at once if another worker holds it).
@@ -349,7 +350,7 @@ def turn_cancel(*, session: Session, reason: str, actor: str = "") -> None:
     _finish_turn(session, None, Trigger.CANCEL, reason, stop_reason="cancelled", actor=actor)
 
 
-def _record_crash(session_id: object, owner: str) -> None:
+def _record_crash(session_id: UUID | str, owner: str) -> None:
     """Turn an unexpected failure into an `error` state the operator can see."""
     try:
         session = Session.objects.get(pk=session_id)
