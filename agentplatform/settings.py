@@ -125,6 +125,9 @@ SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=10.0)
 SESSION_PICKUP_GRACE_S = env.float("SESSION_PICKUP_GRACE_S", default=10.0)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
 DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
+# A model endpoint is skipped for a cool-down after this many consecutive failures.
+MODEL_BREAKER_THRESHOLD = env.int("MODEL_BREAKER_THRESHOLD", default=5)
+MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -98,6 +98,8 @@ AGENT_ENTRY = {
         "system_prompt": {"type": "string"},
         "model": SLUG,
         "fallback_model": {"type": ["string", "null"]},
+        "candidate_model": {"type": ["string", "null"]},
+        "candidate_percent": {"type": "integer", "minimum": 0, "maximum": 100},
         "tools": {"type": "array", "items": NAME},
         "max_iterations": {"type": "integer", "minimum": 1, "maximum": 100},
         "context_window": {"type": "integer", "minimum": 256},
@@ -181,7 +183,7 @@ def config_errors(document: Any, *, known_models: set[str], known_tools: set[str
     tools = known_tools | {t["name"] for t in document.get("tools") or []}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
-        for field in ("model", "fallback_model"):
+        for field in ("model", "fallback_model", "candidate_model"):
             if entry.get(field) and entry[field] not in models:
                 errors.append(f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})")
         for j, name in enumerate(entry.get("tools") or []):

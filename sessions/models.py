@@ -59,6 +59,12 @@ class Agent(models.Model):
     fallback_model = models.ForeignKey(
         ModelEndpoint, on_delete=models.PROTECT, null=True, blank=True, related_name="fallback_for"
     )
+    # Gradual rollout: this share of sessions (sticky, by a hash of the session
+    # id) use the candidate model instead of `model`.
+    candidate_model = models.ForeignKey(
+        ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="candidate_for"
+    )
+    candidate_percent = models.PositiveSmallIntegerField(default=0, help_text="0-100")
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     max_iterations = models.PositiveSmallIntegerField(default=8)
     context_window = models.PositiveIntegerField(default=128000)
@@ -251,3 +257,48 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} {self.type}"
+
+
+class ModelCallOutcome(models.TextChoices):
+    SUCCESS = "success"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    RATE_LIMITED = "rate_limited"
+    BAD_REQUEST = "bad_request"
+    PROTOCOL_ERROR = "protocol_error"
+    TOO_LARGE = "too_large"
+    BREAKER_OPEN = "breaker_open"
+    FAILED = "failed"
+
+
+class ModelCall(models.Model):
+    """One request to a model endpoint (or one refused before sending), with usage and cost."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_calls")
+    turn = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="calls")
+    endpoint_name = models.CharField(max_length=100)
+    api = models.CharField(max_length=20)
+    model = models.CharField(max_length=200, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    tokens_estimated = models.BooleanField(default=False)
+    first_token_ms = models.PositiveIntegerField(null=True, blank=True)
+    total_ms = models.PositiveIntegerField(default=0)
+    retried = models.BooleanField(default=False, help_text="This call was the retry after a failure.")
+    fallback_used = models.BooleanField(default=False)
+    rollout = models.BooleanField(default=False, help_text="Routed to the agent's candidate model.")
+    outcome = models.CharField(max_length=20, choices=ModelCallOutcome.choices)
+    error = models.TextField(blank=True)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["session", "turn"], name="modelcall_session_turn"),
+            models.Index(fields=["endpoint_name", "-created_at"], name="modelcall_endpoint_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_name} {self.outcome}"

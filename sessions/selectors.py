@@ -2,6 +2,7 @@
 
 from uuid import UUID
 
+from django.core.exceptions import ValidationError
 from django.db.models import F, QuerySet
 
 from .errors import NotFound
@@ -12,7 +13,7 @@ def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
     """Another owner's session is reported as missing, not forbidden."""
     try:
         return Session.objects.select_related("agent").get(pk=session_id, owner_id=owner_id)
-    except (Session.DoesNotExist, ValueError, TypeError):
+    except (Session.DoesNotExist, ValueError, TypeError, ValidationError):
         raise NotFound(f"session {session_id} not found") from None
 
 

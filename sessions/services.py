@@ -11,6 +11,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
@@ -147,7 +148,8 @@ def sessions_sweep() -> list[str]:
 def session_get(*, session_id: UUID | str) -> Session:
     try:
         return Session.objects.select_related("agent").get(pk=session_id)
-    except (Session.DoesNotExist, ValueError):
+    except (Session.DoesNotExist, ValueError, ValidationError):
+        # A malformed id (Django raises ValidationError for it) is just as missing.
         raise NotFound(f"session {session_id} not found") from None
 
 
@@ -165,7 +167,10 @@ TOOL_FIELDS = (
     "description", "result_description", "kind", "handler", "url", "method", "headers", "parameters",
     "timeout_s", "side_effects", "requires_approval", "risk_level", "roles", "credit_cost", "enabled",
 )
-AGENT_FIELDS = ("name", "system_prompt", "tools", "max_iterations", "context_window", "rules", "busy_message", "enabled")
+AGENT_FIELDS = (
+    "name", "system_prompt", "tools", "max_iterations", "context_window", "rules", "busy_message", "enabled",
+    "candidate_percent",
+)
 
 
 def _upsert(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> str:
@@ -222,5 +227,7 @@ def config_apply(*, document: Any) -> list[str]:
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
             fallback = entry.get("fallback_model")
             values["fallback_model"] = ModelEndpoint.objects.get(name=fallback) if fallback else None
+            candidate = entry.get("candidate_model")
+            values["candidate_model"] = ModelEndpoint.objects.get(name=candidate) if candidate else None
             report.append(f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}")
     return report

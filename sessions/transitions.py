@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .models import Checkpoint, Event, Message, Session, ToolCall, Transition
+from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from .publisher import Frame, make_frame, publish
 from .states import State, Trigger, next_state
 
@@ -40,6 +40,7 @@ class Step:
     activate_message: Message | None = None
     new_tool_calls: list[ToolCall] = field(default_factory=list)
     updated_tool_calls: list[ToolCall] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     after_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
@@ -153,6 +154,12 @@ def step_commit(step: Step) -> Committed:
                 step.updated_tool_calls, ["status", "output", "error", "elapsed_ms", "finished_at"]
             )
 
+        for record in step.model_calls:
+            record.session = session
+            record.step = step_no
+        if step.model_calls:
+            ModelCall.objects.bulk_create(step.model_calls)
+
         ordered = [_message_event(m) for m in activated + new_messages]
         ordered += step.events + state_events + step.after_events
         first = event_seq - n_events
@@ -184,7 +191,9 @@ def step_commit(step: Step) -> Committed:
                 context=context,
                 size_bytes=size,
             )
-        frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
+        # `created_at` is auto_now_add: the insert stamped each row with its own
+        # time, so the live frame carries that stored time, as a replay does.
+        frames = [make_frame(session.pk, e.seq, e.type, e.data, e.created_at) for e in events]
         session_id = session.pk
         transaction.on_commit(lambda: publish(session_id, frames))
 

@@ -20,14 +20,12 @@ from memory.tokens import count_message_tokens
 from tools.execution import ToolInvocation, execute_all, tools_for_agent
 
 from .. import io_loop
-from ..llm import EndpointConfig, ModelError, adapter_for
-from ..llm.types import ChatRequest, ChatResponse
-from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from ..models import Agent, Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from ..states import RUNNABLE, TURN_ENDED, State, Trigger
 from ..transitions import StaleSession, Step, step_commit
 from .context import build_request, stable_json, tool_calls_json
-from .deltas import DeltaBatcher
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
+from .routing import call_model
 
 logger = logging.getLogger(__name__)
 
@@ -141,83 +139,47 @@ def turn_start(*, session: Session, lease_owner: str | None) -> bool:
     return True
 
 
-def _endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
-    return EndpointConfig(
-        name=endpoint.name,
-        api=endpoint.api,
-        base_url=endpoint.base_url,
-        model=endpoint.model,
-        api_key_env=endpoint.api_key_env,
-        connect_timeout_s=endpoint.connect_timeout_s,
-        first_token_timeout_s=endpoint.first_token_timeout_s,
-        total_timeout_s=endpoint.total_timeout_s,
-        options=dict(endpoint.options or {}),
-    )
-
-
-def _call_model(session: Session, endpoint: EndpointConfig, request: ChatRequest) -> ChatResponse:
-    batcher = DeltaBatcher(session.pk, session.turn, settings.DELTA_FLUSH_MS)
-    adapter = adapter_for(endpoint)
-
-    async def call() -> ChatResponse:
-        try:
-            return await adapter.complete(request, on_event=batcher.on_event)
-        finally:
-            batcher.flush()
-
-    return io_loop.run(call(), timeout=endpoint.total_timeout_s + endpoint.connect_timeout_s)
-
-
 def model_step(session: Session, owner: str) -> None:
-    """Ask the model, then commit its answer or its tool calls (with their intent rows)."""
-    agent: Agent = Agent.objects.select_related("model").get(pk=session.agent_id)
-    endpoint = agent.model
+    """Ask the model (with fallback), then commit its answer or its tool calls (with their intent rows).
+
+    1. Read the agent, its endpoints and tools fresh: edits in the admin or by
+       apply_config take effect at the next step, without a restart.
+    2. Give the database connection back, then call the model.
+    3. Commit: the assistant message, the ModelCall rows, usage and cost, and
+       either the tool-call intents (-> tool_wait) or the end of the turn.
+    """
+    agent: Agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=session.agent_id)
     final = session.iteration >= agent.max_iterations
     tools = {} if final else tools_for_agent(list(agent.tools), session.role)
     history = list(Message.objects.filter(session=session, status=MessageStatus.FINAL).order_by("seq"))
     request = build_request(agent=agent, history=history, tools=tools, final=final)
-    config = _endpoint_config(endpoint)
-    prices = (endpoint.price_input_per_1k, endpoint.price_output_per_1k)
     connection.close()  # never hold a connection across the model call
 
-    try:
-        response = _call_model(session, config, request)
-    except (ModelError, TimeoutError) as exc:
-        reason = f"model '{config.name}' failed: {exc}"
-        _finish_turn(session, owner, Trigger.FAILURE, reason, stop_reason="error", error=str(exc) or type(exc).__name__)
+    routed = call_model(session, agent, request)
+    usage: dict[str, Any] = {
+        "add_fields": {"input_tokens": routed.input_tokens, "output_tokens": routed.output_tokens, "cost": routed.cost},
+        "model_calls": routed.calls,
+        "set_fields": {"iteration": session.iteration + 1},
+    }
+    used = routed.endpoint.name if routed.endpoint else None
+    if routed.response is None:
+        error = routed.error
+        problem = str(error) if error else "model call failed"
+        if error is not None and not error.retryable:
+            # A configuration error: no retry, and the operator must see it.
+            _finish_turn(session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem, extra=usage)
+            return
+        _answer(session, owner, agent.busy_message or LIMIT_ANSWER, Trigger.ANSWER, "model_unavailable", usage, used, last_error=problem)
         return
 
-    usage = response.usage
-    input_tokens = usage.input_tokens if usage else 0
-    output_tokens = usage.output_tokens if usage else 0
-    cost = (Decimal(input_tokens) * prices[0] + Decimal(output_tokens) * prices[1]) / 1000
+    response = routed.response
     tool_calls = [] if final else response.tool_calls
-    content = response.text
-    if final and not content.strip():
-        content = LIMIT_ANSWER
-    message = Message(
-        turn=session.turn,
-        role="assistant",
-        content=content,
-        tool_calls=tool_calls_json(tool_calls),
-        token_count=count_message_tokens(content, stable_json(tool_calls_json(tool_calls)) if tool_calls else ""),
-    )
-    common: dict[str, Any] = {
-        "messages": [message],
-        "set_fields": {"iteration": session.iteration + 1},
-        "add_fields": {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost": cost},
-    }
     if not tool_calls:
+        content = response.text
+        if final and not content.strip():
+            content = LIMIT_ANSWER
         trigger = Trigger.LIMIT_REACHED if final else Trigger.ANSWER
-        stop_reason = "max_iterations" if final else "answer"
-        step_commit(
-            _step(
-                session, owner, trigger=trigger, phase="answer", reason=stop_reason,
-                after_events=[("turn.finished", _turn_summary(session, stop_reason, input_tokens, output_tokens, cost))],
-                checkpoint={"model": config.name},
-                **common,
-            )
-        )
+        _answer(session, owner, content, trigger, "max_iterations" if final else "answer", usage, used)
         return
 
     step_no = session.step + 1
@@ -234,17 +196,45 @@ def model_step(session: Session, owner: str) -> None:
         )
         for position, call in enumerate(tool_calls)
     ]
+    message = Message(
+        turn=session.turn,
+        role="assistant",
+        content=response.text,
+        tool_calls=tool_calls_json(tool_calls),
+        token_count=count_message_tokens(response.text, stable_json(tool_calls_json(tool_calls))),
+    )
     step_commit(
         _step(
             session, owner, trigger=Trigger.TOOL_CALLS, phase="tool_intent",
             reason=", ".join(c.tool_name for c in calls),
+            messages=[message],
             new_tool_calls=calls,
             after_events=[
                 ("tool.started", {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn})
                 for c in calls
             ],
-            checkpoint={"model": config.name, "pending": [[c.call_id, c.idempotency_key] for c in calls]},
-            **common,
+            checkpoint={"model": used, "pending": [[c.call_id, c.idempotency_key] for c in calls]},
+            **usage,
+        )
+    )
+
+
+def _answer(
+    session: Session, owner: str, content: str, trigger: Trigger, stop_reason: str, usage: dict[str, Any],
+    model: str | None, last_error: str = "",
+) -> None:
+    message = Message(turn=session.turn, role="assistant", content=content, token_count=count_message_tokens(content))
+    add = usage["add_fields"]
+    summary = _turn_summary(session, stop_reason, add["input_tokens"], add["output_tokens"], add["cost"])
+    step_commit(
+        _step(
+            session, owner, trigger=trigger, phase="answer", reason=stop_reason,
+            messages=[message],
+            after_events=[("turn.finished", summary)],
+            checkpoint={"model": model},
+            add_fields=add,
+            model_calls=usage["model_calls"],
+            set_fields={**usage["set_fields"], "last_error": last_error[:2000]},
         )
     )
 
@@ -331,16 +321,22 @@ def _turn_summary(session: Session, stop_reason: str, input_tokens: int = 0, out
     }
 
 
-def _finish_turn(session: Session, owner: str | None, trigger: Trigger, reason: str, *, stop_reason: str, error: str = "", actor: str = "") -> None:
+def _finish_turn(
+    session: Session, owner: str | None, trigger: Trigger, reason: str, *, stop_reason: str, error: str = "",
+    actor: str = "", extra: dict[str, Any] | None = None,
+) -> None:
+    extra = extra or {}
     events: list[tuple[str, dict[str, Any]]] = []
     if error:
-        events.append(("error", {"code": "model_failed" if trigger == Trigger.FAILURE else stop_reason, "message": error[:500]}))
+        events.append(("error", {"code": "model_error" if trigger == Trigger.FAILURE else stop_reason, "message": error[:500]}))
     step_commit(
         _step(
             session, owner, trigger=trigger, phase=stop_reason, reason=reason, actor=actor,
             events=events,
             after_events=[("turn.finished", {**_turn_summary(session, stop_reason), "reason": reason})],
-            set_fields={"cancel_requested": False, "last_error": error[:2000]},
+            set_fields={**extra.get("set_fields", {}), "cancel_requested": False, "last_error": error[:2000]},
+            add_fields=extra.get("add_fields", {}),
+            model_calls=extra.get("model_calls", []),
         )
     )
 

@@ -32,18 +32,55 @@ class EndpointConfig:
 
 
 class ModelError(Exception):
-    """A model call failed; `retryable` says whether a fallback may be tried."""
+    """A model call failed. `outcome` names how (recorded on ModelCall); `retryable`
+    says whether the fallback model may be tried. Messages never carry secrets."""
 
     retryable: bool = True
+    outcome: str = "failed"
 
-    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         if retryable is not None:
             self.retryable = retryable
+        self.retry_after_s = retry_after_s
 
 
 class ModelConfigError(ModelError):
+    """The request can never succeed as configured (bad key, unknown model, 4xx)."""
+
     retryable = False
+    outcome = "bad_request"
+
+
+class ModelTimeout(ModelError):
+    outcome = "timeout"
+
+
+class ModelUnavailable(ModelError):
+    """Connection refused or reset, or a 5xx."""
+
+    outcome = "unavailable"
+
+
+class ModelRateLimited(ModelError):
+    outcome = "rate_limited"
+
+
+class ModelProtocolError(ModelError):
+    """The provider answered something we cannot use: a cut stream, bad JSON, an odd shape."""
+
+    outcome = "protocol_error"
+
+
+class ModelRequestTooLarge(ModelError):
+    """Refused before sending: the request cannot fit the model's context window."""
+
+    retryable = True  # a fallback with a larger window may still take it
+    outcome = "too_large"
+
+
+class ModelCircuitOpen(ModelError):
+    outcome = "breaker_open"
 
 
 class ModelAdapter(ABC):
@@ -77,6 +114,10 @@ class ModelAdapter(ABC):
                 response.finish_reason = event.reason
         response.text = "".join(parts)
         return response
+
+    async def respond(self, request: ChatRequest) -> ChatResponse:
+        """A non-streamed call; adapters whose wire has one override this."""
+        return await self.complete(request)
 
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {}

@@ -28,7 +28,7 @@ from typing import Any
 from memory.tokens import count_tokens
 
 from .base import ModelAdapter, ModelConfigError, register_adapter
-from .templating import lookup, render
+from .templating import lookup, render, render_text
 from .types import (
     ChatMessage,
     ChatRequest,
@@ -119,7 +119,7 @@ def decide(rules: list[dict[str, Any]], messages: tuple[ChatMessage, ...], fallb
             if calls:
                 return "", calls
             continue
-        return str(render(rule.get("answer", ""), context)), []
+        return render_text(rule.get("answer", ""), context), []
     return fallback, []
 
 

@@ -52,3 +52,8 @@ def render(template: Any, context: dict[str, Any]) -> Any:
             return [render(template.get("template", ""), {**context, "item": item}) for item in items]
         return {key: render(value, context) for key, value in template.items()}
     return template
+
+
+def render_text(template: Any, context: dict[str, Any]) -> str:
+    """Render to text (an answer): an unknown path is empty, a structure is JSON, never `None` or a repr."""
+    return _as_text(render(template, context))

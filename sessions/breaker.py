@@ -1,0 +1,91 @@
+"""Circuit breakers shared by every worker process, kept in Redis.
+
+Closed: calls go through and consecutive failures are counted. After
+`threshold` of them (or a 429 with Retry-After) the breaker opens for a
+cool-down: calls fail fast without touching the endpoint. When the cool-down
+ends, exactly one caller wins the trial slot (SET NX); its success closes the
+breaker, its failure opens it again.
+"""
+
+import contextlib
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import redis
+from django.conf import settings
+
+
+@lru_cache(maxsize=1)
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    state: str  # closed | open | half_open
+    failures: int
+    open_until: float
+
+
+class CircuitBreaker:
+    def __init__(self, kind: str, *, threshold: int, cooldown_s: float) -> None:
+        self.kind = kind
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+
+    def _key(self, name: str) -> str:
+        return f"breaker:{self.kind}:{name}"
+
+    def allow(self, name: str) -> bool:
+        """May a call go to this endpoint now? In half-open, only one caller may."""
+        key = self._key(name)
+        try:
+            raw = _redis().hget(key, "open_until")
+            open_until = float(raw) if raw else 0.0
+            if not open_until:
+                return True
+            if time.time() < open_until:
+                return False
+            return bool(_redis().set(key + ":trial", "1", nx=True, ex=max(int(self.cooldown_s), 1)))
+        except redis.RedisError:
+            return True  # without Redis we cannot share state; do not block traffic on it
+
+    def record_success(self, name: str) -> None:
+        with contextlib.suppress(redis.RedisError):
+            _redis().delete(self._key(name), self._key(name) + ":trial")
+
+    def record_failure(self, name: str, *, retry_after_s: float | None = None) -> None:
+        key = self._key(name)
+        try:
+            pipe = _redis().pipeline()
+            pipe.hincrby(key, "failures", 1)
+            pipe.hget(key, "open_until")
+            failures, was_open = pipe.execute()
+            if int(failures) >= self.threshold or was_open or retry_after_s:
+                cooldown = max(self.cooldown_s, retry_after_s or 0.0)
+                pipe = _redis().pipeline()
+                pipe.hset(key, "open_until", str(time.time() + cooldown))
+                pipe.expire(key, int(cooldown) + 3600)
+                pipe.delete(key + ":trial")
+                pipe.execute()
+        except redis.RedisError:
+            pass
+
+    def state(self, name: str) -> BreakerState:
+        try:
+            values = _redis().hgetall(self._key(name))
+        except redis.RedisError:
+            return BreakerState("unknown", 0, 0.0)
+        failures = int(values.get(b"failures", 0) or 0)
+        open_until = float(values.get(b"open_until", 0) or 0)
+        if not open_until:
+            return BreakerState("closed", failures, 0.0)
+        return BreakerState("open" if time.time() < open_until else "half_open", failures, open_until)
+
+    def reset(self, name: str) -> None:
+        self.record_success(name)
+
+
+def model_breaker() -> CircuitBreaker:
+    return CircuitBreaker("model", threshold=settings.MODEL_BREAKER_THRESHOLD, cooldown_s=settings.MODEL_BREAKER_COOLDOWN_S)

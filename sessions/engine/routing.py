@@ -1,0 +1,193 @@
+"""Choosing the model for a step and surviving its failures.
+
+Order of attempts: the agent's model (or its rollout candidate, sticky per
+session), then exactly one retry on the agent's fallback model; if both fail,
+the caller answers with the agent's "service busy" message. Endpoints whose
+breaker is open are skipped without a call; a request that cannot fit an
+endpoint's context window is refused before it is sent.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+
+from memory.tokens import count_tokens
+
+from .. import io_loop
+from ..breaker import model_breaker
+from ..llm import EndpointConfig, adapter_for
+from ..llm.base import (
+    ModelCircuitOpen,
+    ModelError,
+    ModelProtocolError,
+    ModelRequestTooLarge,
+    ModelTimeout,
+)
+from ..llm.types import ChatRequest, ChatResponse, StreamEvent
+from ..models import Agent, ModelCall, ModelEndpoint, Session
+from ..publisher import publish_ephemeral
+from .deltas import DeltaBatcher
+
+
+def rollout_bucket(session_id: object) -> int:
+    """0-99, stable for a session, so it keeps its model for its whole life."""
+    return int(hashlib.sha256(str(session_id).encode()).hexdigest()[:8], 16) % 100
+
+
+def primary_endpoint(agent: Agent, session: Session) -> tuple[ModelEndpoint, bool]:
+    candidate = agent.candidate_model
+    if candidate is not None and candidate.enabled and rollout_bucket(session.pk) < agent.candidate_percent:
+        return candidate, True
+    return agent.model, False
+
+
+def endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
+    return EndpointConfig(
+        name=endpoint.name,
+        api=endpoint.api,
+        base_url=endpoint.base_url,
+        model=endpoint.model,
+        api_key_env=endpoint.api_key_env,
+        connect_timeout_s=endpoint.connect_timeout_s,
+        first_token_timeout_s=endpoint.first_token_timeout_s,
+        total_timeout_s=endpoint.total_timeout_s,
+        options=dict(endpoint.options or {}),
+    )
+
+
+def estimate_request_tokens(request: ChatRequest) -> int:
+    total = 0
+    for m in request.messages:
+        total += 4 + count_tokens(m.content)
+        for c in m.tool_calls:
+            total += count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False))
+    for t in request.tools:
+        total += count_tokens(t.name) + count_tokens(t.description) + count_tokens(json.dumps(t.parameters))
+    return total
+
+
+def estimate_response_tokens(response: ChatResponse) -> int:
+    return count_tokens(response.text) + sum(
+        count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in response.tool_calls
+    )
+
+
+@dataclass
+class Routed:
+    response: ChatResponse | None
+    endpoint: ModelEndpoint | None
+    calls: list[ModelCall] = field(default_factory=list)
+    error: ModelError | None = None
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(c.input_tokens for c in self.calls)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(c.output_tokens for c in self.calls)
+
+    @property
+    def cost(self) -> Decimal:
+        return sum((c.cost for c in self.calls), Decimal(0))
+
+
+def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *, retried: bool, fallback: bool, rollout: bool) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
+    """One call to one endpoint, always described by an (unsaved) ModelCall."""
+    config = endpoint_config(endpoint)
+    record = ModelCall(
+        turn=session.turn, step=0, endpoint=endpoint, endpoint_name=endpoint.name, api=endpoint.api,
+        model=endpoint.model, retried=retried, fallback_used=fallback, rollout=rollout, outcome="success",
+    )
+    estimated_in = estimate_request_tokens(request)
+    breaker = model_breaker()
+    try:
+        if estimated_in > endpoint.context_window:
+            raise ModelRequestTooLarge(
+                f"request of about {estimated_in} tokens does not fit the {endpoint.context_window}-token window of '{endpoint.name}'"
+            )
+        if endpoint.api != "rules" and not breaker.allow(endpoint.name):
+            raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
+        response, first_ms, total_ms = _stream(session, config, request)
+        if not has_text(response):
+            raise ModelProtocolError(f"'{endpoint.name}' returned an empty answer")
+    except ModelError as exc:
+        record.outcome = exc.outcome
+        record.error = str(exc)[:1000]
+        record.input_tokens = 0
+        if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
+            breaker.record_failure(endpoint.name, retry_after_s=exc.retry_after_s)
+        return None, record, exc
+    breaker.record_success(endpoint.name)
+    record.first_token_ms = first_ms
+    record.total_ms = total_ms
+    if response.usage is not None and (response.usage.input_tokens or response.usage.output_tokens):
+        record.input_tokens, record.output_tokens = response.usage.input_tokens, response.usage.output_tokens
+    else:
+        record.input_tokens, record.output_tokens = estimated_in, estimate_response_tokens(response)
+        record.tokens_estimated = True
+    record.cost = (
+        Decimal(record.input_tokens) * endpoint.price_input_per_1k + Decimal(record.output_tokens) * endpoint.price_output_per_1k
+    ) / 1000
+    return response, record, None
+
+
+def _stream(session: Session, config: EndpointConfig, request: ChatRequest) -> tuple[ChatResponse, int | None, int]:
+    batcher = DeltaBatcher(session.pk, session.turn, settings.DELTA_FLUSH_MS)
+    adapter = adapter_for(config)
+    started = time.perf_counter()
+    first: list[float] = []
+
+    def on_event(event: StreamEvent) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        batcher.on_event(event)
+
+    async def call() -> ChatResponse:
+        try:
+            return await adapter.complete(request, on_event=on_event)
+        finally:
+            batcher.flush()
+
+    future = io_loop.submit(call())
+    try:
+        # The adapter enforces the endpoint's timeouts; this is only a backstop.
+        response = future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise ModelTimeout(f"'{config.name}' did not finish within {config.total_timeout_s:g} s") from None
+    except ModelError:
+        if batcher.sent_chars:
+            # The client saw part of an answer that will not enter the history.
+            publish_ephemeral(session.pk, "progress", {"stage": "answer_discarded", "turn": session.turn})
+        raise
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
+        raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
+    first_ms = int((first[0] - started) * 1000) if first else None
+    return response, first_ms, int((time.perf_counter() - started) * 1000)
+
+
+def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:
+    """Primary, then one retry on the fallback; never raises ModelError."""
+    primary, rollout = primary_endpoint(agent, session)
+    response, record, error = _attempt(session, primary, request, retried=False, fallback=False, rollout=rollout)
+    routed = Routed(response=response, endpoint=primary if response else None, calls=[record], error=error)
+    if error is None or not error.retryable:
+        return routed
+    fallback = agent.fallback_model
+    if fallback is None or fallback.pk == primary.pk or not fallback.enabled:
+        return routed
+    response, record, error = _attempt(session, fallback, request, retried=True, fallback=True, rollout=False)
+    routed.calls.append(record)
+    routed.response, routed.endpoint, routed.error = response, (fallback if response else None), error
+    return routed
+
+
+def has_text(response: ChatResponse) -> bool:
+    return bool(response.text.strip()) or bool(response.tool_calls)
+

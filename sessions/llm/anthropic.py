@@ -1,0 +1,187 @@
+"""Anthropic Messages API over Server-Sent Events."""
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .base import ModelProtocolError, ModelUnavailable, register_adapter
+from .http import HttpAdapter, post_json, post_stream, sse_events
+from .openai import parse_arguments
+from .types import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallRequest,
+    ToolCallStarted,
+    Usage,
+)
+
+API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+
+
+def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, Any]]]:
+    """System text goes to the top-level field; tool results become `tool_result`
+    blocks in a user turn; consecutive turns of one role are merged, as the API requires."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": list(blocks)})
+
+    for m in messages:
+        if m.role == "system":
+            system.append(m.content)
+        elif m.role == "tool":
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+            if isinstance(m.data, dict) and m.data.get("status") in ("failed", "timeout", "rejected"):
+                block["is_error"] = True
+            add("user", [block])
+        elif m.role == "assistant":
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+            blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in m.tool_calls]
+            add("assistant", blocks or [{"type": "text", "text": ""}])
+        else:
+            add("user", [{"type": "text", "text": m.content}])
+    return "\n\n".join(s for s in system if s), out
+
+
+@register_adapter
+class AnthropicAdapter(HttpAdapter):
+    api = "anthropic"
+
+    def url(self) -> str:
+        return self.endpoint.base_url.rstrip("/") + "/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION, "Accept": "text/event-stream"}
+        key = self.api_key()
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def payload(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+        system, messages = anthropic_messages(request.messages)
+        body: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "messages": messages,
+            "max_tokens": request.max_tokens or int(self.endpoint.options.get("max_tokens", DEFAULT_MAX_TOKENS)),
+        }
+        if system:
+            body["system"] = system
+        if request.tools and request.tool_choice != "none":
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+            choice = request.tool_choice
+            body["tool_choice"] = (
+                {"type": "auto"} if choice == "auto" else {"type": "any"} if choice == "required" else {"type": "tool", "name": choice}
+            )
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if stream:
+            body["stream"] = True
+        return body
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        blocks: dict[int, dict[str, Any]] = {}
+        input_tokens = output_tokens = 0
+        finish = "stop"
+        stopped = False
+        saw_tool = False
+        chunks = post_stream(self.endpoint, self.url(), self.headers(), self.payload(request, stream=True))
+        async for event, data in sse_events(chunks):
+            try:
+                body = json.loads(data)
+            except ValueError:
+                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event that is not JSON") from None
+            if not isinstance(body, dict):
+                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event of an unexpected shape")
+            kind = body.get("type") or event
+            if kind == "message_start":
+                usage = (body.get("message") or {}).get("usage") or {}
+                input_tokens = int(usage.get("input_tokens") or 0)
+                output_tokens = int(usage.get("output_tokens") or 0)
+            elif kind == "content_block_start":
+                index = int(body.get("index", 0))
+                block = body.get("content_block") or {}
+                if block.get("type") == "tool_use":
+                    saw_tool = True
+                    blocks[index] = {"id": block.get("id") or f"toolu_{index}", "name": block.get("name") or "", "json": []}
+                    yield ToolCallStarted(index=index, id=blocks[index]["id"], name=blocks[index]["name"])
+                elif block.get("type") == "text" and block.get("text"):
+                    yield TextDelta(block["text"])
+            elif kind == "content_block_delta":
+                index = int(body.get("index", 0))
+                delta = body.get("delta") or {}
+                if delta.get("type") == "text_delta" and delta.get("text"):
+                    yield TextDelta(delta["text"])
+                elif delta.get("type") == "input_json_delta" and index in blocks:
+                    piece = delta.get("partial_json") or ""
+                    if piece:
+                        blocks[index]["json"].append(piece)
+                        yield ToolCallArgumentsDelta(index=index, fragment=piece)
+            elif kind == "content_block_stop":
+                index = int(body.get("index", 0))
+                if index in blocks and not blocks[index].get("done"):
+                    blocks[index]["done"] = True
+                    arguments, error = parse_arguments("".join(blocks[index]["json"]))
+                    yield ToolCallFinished(
+                        index=index,
+                        call=ToolCallRequest(id=blocks[index]["id"], name=blocks[index]["name"], arguments=arguments, arguments_error=error),
+                    )
+            elif kind == "message_delta":
+                delta = body.get("delta") or {}
+                if delta.get("stop_reason"):
+                    finish = STOP_REASONS.get(delta["stop_reason"], str(delta["stop_reason"]))
+                usage = body.get("usage") or {}
+                if usage.get("output_tokens") is not None:
+                    output_tokens = int(usage["output_tokens"])
+                if usage.get("input_tokens"):
+                    input_tokens = int(usage["input_tokens"])
+            elif kind == "message_stop":
+                stopped = True
+                break
+            elif kind == "error":
+                problem = body.get("error") or {}
+                message = str(problem.get("message", ""))[:200]
+                if problem.get("type") in ("overloaded_error", "api_error"):
+                    raise ModelUnavailable(f"'{self.endpoint.name}' failed mid-stream: {message}")
+                raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {message}")
+            # ping and unknown event types are ignored on purpose.
+        if not stopped:
+            raise ModelProtocolError(f"'{self.endpoint.name}' ended the stream before message_stop")
+        for index in sorted(blocks):
+            if not blocks[index].get("done"):
+                raise ModelProtocolError("a tool_use block was never closed")
+        yield Usage(input_tokens, output_tokens)
+        yield Finish("tool_calls" if saw_tool else finish)
+
+    async def respond(self, request: ChatRequest) -> ChatResponse:
+        body = await post_json(self.endpoint, self.url(), self.headers(), self.payload(request, stream=False))
+        if not isinstance(body, dict) or not isinstance(body.get("content"), list):
+            raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape")
+        response = ChatResponse(finish_reason=STOP_REASONS.get(body.get("stop_reason") or "end_turn", "stop"))
+        texts: list[str] = []
+        for block in body["content"]:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "text":
+                texts.append(block.get("text") or "")
+            elif block.get("type") == "tool_use":
+                raw = block.get("input")
+                arguments, error = (raw, None) if isinstance(raw, dict) else ({}, "tool input is not an object")
+                response.tool_calls.append(ToolCallRequest(id=block.get("id") or "", name=block.get("name") or "", arguments=arguments, arguments_error=error))
+        response.text = "".join(texts)
+        usage = body.get("usage") or {}
+        response.usage = Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+        if response.tool_calls:
+            response.finish_reason = "tool_calls"
+        return response

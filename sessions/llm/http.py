@@ -1,0 +1,190 @@
+"""HTTP plumbing shared by the wire-protocol adapters: one pooled client per
+event loop, the three timeouts, status mapping and a Server-Sent Events parser."""
+
+import asyncio
+import codecs
+import email.utils
+import json
+import os
+import time
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from .base import (
+    EndpointConfig,
+    ModelAdapter,
+    ModelConfigError,
+    ModelProtocolError,
+    ModelRateLimited,
+    ModelTimeout,
+    ModelUnavailable,
+)
+
+RETRY_AFTER_CAP_S = 60.0
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+
+
+def shared_client() -> httpx.AsyncClient:
+    """One connection pool per event loop (the worker has one long-lived loop)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None or client.is_closed:
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=500, max_keepalive_connections=100),
+            http2=False,
+        )
+        _clients[loop] = client
+    return client
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        seconds = parsed.timestamp() - time.time()
+    return max(0.0, min(seconds, RETRY_AFTER_CAP_S))
+
+
+def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Exception:
+    snippet = body[:300].decode("utf-8", errors="replace").strip()
+    if status == 429:
+        return ModelRateLimited(f"rate limited (HTTP 429): {snippet}", retry_after_s=parse_retry_after(headers.get("retry-after")))
+    if status >= 500 or status == 408:
+        return ModelUnavailable(f"provider error (HTTP {status}): {snippet}")
+    return ModelConfigError(f"request refused (HTTP {status}): {snippet}")
+
+
+async def post_stream(
+    endpoint: EndpointConfig, url: str, headers: dict[str, str], payload: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """POST and yield the body's bytes, enforcing connect, first-byte and total timeouts.
+
+    The timeouts wrap only our own awaits (never a `yield`), so a slow consumer
+    is not mistaken for a slow provider and cancellation stays local.
+    """
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + endpoint.total_timeout_s
+    first_deadline = min(deadline, start + endpoint.first_token_timeout_s)
+    client = shared_client()
+    request = client.build_request(
+        "POST",
+        url,
+        headers=headers,
+        json=payload,
+        timeout=httpx.Timeout(connect=endpoint.connect_timeout_s, read=None, write=endpoint.connect_timeout_s, pool=endpoint.connect_timeout_s),
+    )
+    try:
+        response = await asyncio.wait_for(client.send(request, stream=True), timeout=max(first_deadline - loop.time(), 0.001))
+    except TimeoutError:
+        raise ModelTimeout(f"no answer from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s") from None
+    except httpx.TimeoutException:
+        raise ModelTimeout(f"could not connect to '{endpoint.name}' within {endpoint.connect_timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise ModelUnavailable(f"cannot reach '{endpoint.name}': {type(exc).__name__}") from None
+    try:
+        chunks = response.aiter_bytes()
+        if response.status_code >= 400:
+            try:
+                body = await asyncio.wait_for(response.aread(), timeout=max(deadline - loop.time(), 0.001))
+            except (TimeoutError, httpx.HTTPError):
+                body = b""
+            raise _status_error(response.status_code, body, response.headers)
+        first = True
+        while True:
+            limit = (first_deadline if first else deadline) - loop.time()
+            if limit <= 0:
+                raise _timeout(endpoint, first)
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=limit)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise _timeout(endpoint, first) from None
+            except httpx.HTTPError as exc:
+                raise ModelProtocolError(f"'{endpoint.name}' broke off the answer: {type(exc).__name__}") from None
+            first = False
+            yield chunk
+    finally:
+        await response.aclose()
+
+
+def _timeout(endpoint: EndpointConfig, first: bool) -> ModelTimeout:
+    if first:
+        return ModelTimeout(f"no first token from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s")
+    return ModelTimeout(f"'{endpoint.name}' did not finish within {endpoint.total_timeout_s:g} s")
+
+
+async def post_json(endpoint: EndpointConfig, url: str, headers: dict[str, str], payload: dict[str, Any]) -> Any:
+    """A non-streamed call: the whole body, parsed as JSON, under the same timeouts."""
+    body = b"".join([chunk async for chunk in post_stream(endpoint, url, headers, payload)])
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ModelProtocolError(f"'{endpoint.name}' answered with something that is not JSON") from None
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
+    """Yield (event, data) per Server-Sent Event from raw bytes.
+
+    Bytes are decoded incrementally, so a UTF-8 character split across two
+    network chunks is reassembled; invalid bytes become U+FFFD instead of
+    failing the stream.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    buffer = ""
+    event = ""
+    data: list[str] = []
+
+    def take(line: str) -> tuple[str, str] | None:
+        nonlocal event, data
+        line = line.rstrip("\r")
+        if not line:
+            if data:
+                out = (event or "message", "\n".join(data))
+                event, data = "", []
+                return out
+            event = ""
+            return None
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+        return None
+
+    async for chunk in chunks:
+        buffer += decoder.decode(chunk)
+        if "\n" not in buffer:
+            continue
+        lines = buffer.split("\n")
+        buffer = lines.pop()
+        for line in lines:
+            found = take(line)
+            if found is not None:
+                yield found
+    buffer += decoder.decode(b"", final=True)
+    for line in [*buffer.split("\n"), ""]:
+        found = take(line)
+        if found is not None:
+            yield found
+
+
+class HttpAdapter(ModelAdapter):
+    """Base for adapters that speak HTTP: the key comes from the environment only."""
+
+    def api_key(self) -> str:
+        name = self.endpoint.api_key_env
+        return os.environ.get(name, "") if name else ""
