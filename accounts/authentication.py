@@ -14,7 +14,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
-        if len(parts) != 2 or parts[0] != self.keyword:
+        if len(parts) != 2 or parts[0].lower() != self.keyword.lower():
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
         key: ApiKey | None = api_key_lookup(raw=parts[1])
         if key is None:

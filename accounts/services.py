@@ -20,7 +20,8 @@ def api_key_create(*, username: str, roles: list[str], name: str = "") -> Issued
         name=name,
         prefix=raw[:10],
         key_hash=hash_api_key(raw),
-        roles=sorted({r.strip() for r in roles if r.strip()}),
+        # Keep the caller's order (deduplicated): the first role is a new session's default.
+        roles=list(dict.fromkeys(r.strip() for r in roles if r.strip())),
     )
     return IssuedKey(api_key=key, raw=raw)
 

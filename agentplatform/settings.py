@@ -74,6 +74,9 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")}
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Each test run may name its own test database, so parallel runs never share one.
+if env.str("TEST_DATABASE_NAME", default=""):
+    DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME")}
 DATABASES["default"].setdefault("OPTIONS", {})
 if env.bool("DB_POOL", default=True):
     # psycopg's pool: the worker's many threads borrow a connection only
@@ -142,7 +145,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "staticfiles")
+# Set it where `collectstatic` should write (production); unset, WhiteNoise serves from the apps.
+STATIC_ROOT = env.str("STATIC_ROOT", default="") or None
 # Serve app static straight from the finders, so no collectstatic is needed.
 WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
 WHITENOISE_AUTOREFRESH = env.bool("WHITENOISE_AUTOREFRESH", default=DEBUG)

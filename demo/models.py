@@ -45,3 +45,31 @@ class Report(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+
+class Coupon(models.Model):
+    """Issued by the demo business API (an HTTP tool) exactly once per idempotency key."""
+
+    code = models.CharField(max_length=20, unique=True)
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="coupons")
+    amount = models.DecimalField(max_digits=8, decimal_places=2)
+    reason = models.CharField(max_length=500, blank=True)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    request_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class ApiRequestLog(models.Model):
+    """Every request the demo business API received: attempts, next to the effects (coupons)."""
+
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=200)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    status = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} {self.status}"

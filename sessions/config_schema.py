@@ -129,7 +129,8 @@ def _where(document: dict[str, Any], path: list[Any]) -> str:
     out = str(path[0])
     if len(path) > 1 and isinstance(path[1], int):
         entry = (document.get(path[0]) or [])[path[1]] if isinstance(document.get(path[0]), list) else None
-        label = entry.get("name") or entry.get("slug") if isinstance(entry, dict) else None
+        # An agent is named by its slug (its `name` is a display label), like every other message here.
+        label = (entry.get("slug") or entry.get("name")) if isinstance(entry, dict) else None
         out += f"[{path[1]}]" + (f" ({label})" if label else "")
         rest = path[2:]
     else:

@@ -48,6 +48,9 @@ class Step:
     add_fields: dict[str, int | Decimal] = field(default_factory=dict)
     lease_owner: str | None = None
     lease_seconds: float | None = None
+    # Refuse to commit (StaleSession) if a cancel was requested meanwhile; the
+    # flag is set without a version bump, so only this guard sees it.
+    unless_cancel_requested: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def step_commit(step: Step) -> Committed:
     if step.lease_owner is not None:
         where += " AND lease_owner = %s"
         params.append(step.lease_owner)
+    if step.unless_cancel_requested:
+        where += " AND NOT cancel_requested"
     sql = (
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
         "RETURNING version, message_seq, event_seq, step, now()"

@@ -1,7 +1,37 @@
+from typing import Any
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Event, Message, Session
+
+
+class _StringsOnly:
+    """DRF's text fields turn 123 or 1.5 into "123"; a JSON API should say the type is wrong."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")  # type: ignore[attr-defined]
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class StrictCharField(_StringsOnly, serializers.CharField):
+    pass
+
+
+class StrictSlugField(_StringsOnly, serializers.SlugField):
+    pass
+
+
+def _has_nul(value: Any) -> bool:
+    """PostgreSQL can store no NUL character in text or jsonb (it would be a 500, not a 400)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class StrictSerializer(serializers.Serializer):
@@ -17,15 +47,20 @@ class StrictSerializer(serializers.Serializer):
 
 
 class SessionCreateSerializer(StrictSerializer):
-    agent = serializers.SlugField(max_length=100)
-    role = serializers.CharField(max_length=50, required=False, allow_blank=True)
+    agent = StrictSlugField(max_length=100)
+    role = StrictCharField(max_length=50, required=False, allow_blank=True)
     metadata = serializers.DictField(required=False, default=dict)
+
+    def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
+        if _has_nul(value):
+            raise serializers.ValidationError("must not contain NUL (\\u0000) characters")
+        return value
 
 
 class MessageCreateSerializer(StrictSerializer):
     # Length is checked by the service so that too long is a 413, not a 400.
-    content = serializers.CharField(trim_whitespace=False, allow_blank=True)
-    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
+    content = StrictCharField(trim_whitespace=False, allow_blank=True)
+    idempotency_key = StrictCharField(max_length=200, required=False, allow_blank=False)
 
 
 class UsageSerializer(serializers.Serializer):
@@ -48,7 +83,9 @@ class SessionSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(UsageSerializer)
     def get_usage(self, obj: Session) -> dict[str, object]:
-        return {"input_tokens": obj.input_tokens, "output_tokens": obj.output_tokens, "cost": str(obj.cost)}
+        # Through the serializer, so cost is always "0.000000"-shaped, fresh row or not.
+        usage = {"input_tokens": obj.input_tokens, "output_tokens": obj.output_tokens, "cost": obj.cost}
+        return dict(UsageSerializer(usage).data)
 
 
 class MessageSerializer(serializers.ModelSerializer):

@@ -10,6 +10,7 @@ endpoint's context window is refused before it is sent.
 import concurrent.futures
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -28,6 +29,7 @@ from ..llm.base import (
     ModelRequestTooLarge,
     ModelTimeout,
 )
+from ..llm.http import redact
 from ..llm.types import ChatRequest, ChatResponse, StreamEvent
 from ..models import Agent, ModelCall, ModelEndpoint, Session
 from ..publisher import publish_ephemeral
@@ -97,6 +99,20 @@ class Routed:
         return sum((c.cost for c in self.calls), Decimal(0))
 
 
+@dataclass
+class _Timing:
+    """When the call started and its first event arrived (filled in even when it fails)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    first: float | None = None
+
+    def first_ms(self) -> int | None:
+        return None if self.first is None else int((self.first - self.started) * 1000)
+
+    def total_ms(self) -> int:
+        return int((time.perf_counter() - self.started) * 1000)
+
+
 def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *, retried: bool, fallback: bool, rollout: bool) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall."""
     config = endpoint_config(endpoint)
@@ -106,6 +122,7 @@ def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *,
     )
     estimated_in = estimate_request_tokens(request)
     breaker = model_breaker()
+    timing = _Timing()
     try:
         if estimated_in > endpoint.context_window:
             raise ModelRequestTooLarge(
@@ -113,19 +130,23 @@ def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *,
             )
         if endpoint.api != "rules" and not breaker.allow(endpoint.name):
             raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
-        response, first_ms, total_ms = _stream(session, config, request)
+        timing.started = time.perf_counter()
+        response = _stream(session, config, request, timing)
         if not has_text(response):
             raise ModelProtocolError(f"'{endpoint.name}' returned an empty answer")
     except ModelError as exc:
+        _scrub(exc, config)
         record.outcome = exc.outcome
         record.error = str(exc)[:1000]
         record.input_tokens = 0
+        record.first_token_ms = timing.first_ms()
+        record.total_ms = timing.total_ms()
         if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
             breaker.record_failure(endpoint.name, retry_after_s=exc.retry_after_s)
         return None, record, exc
     breaker.record_success(endpoint.name)
-    record.first_token_ms = first_ms
-    record.total_ms = total_ms
+    record.first_token_ms = timing.first_ms()
+    record.total_ms = timing.total_ms()
     if response.usage is not None and (response.usage.input_tokens or response.usage.output_tokens):
         record.input_tokens, record.output_tokens = response.usage.input_tokens, response.usage.output_tokens
     else:
@@ -137,15 +158,22 @@ def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *,
     return response, record, None
 
 
-def _stream(session: Session, config: EndpointConfig, request: ChatRequest) -> tuple[ChatResponse, int | None, int]:
+def _scrub(exc: ModelError, config: EndpointConfig) -> None:
+    """Last guard: the endpoint's key never leaves in an error (it becomes ModelCall.error,
+    Session.last_error and an `error` event). Adapters already redact what they quote."""
+    key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+    message = str(exc)
+    if key and key in message:
+        exc.args = (redact(message, [key]),)
+
+
+def _stream(session: Session, config: EndpointConfig, request: ChatRequest, timing: _Timing) -> ChatResponse:
     batcher = DeltaBatcher(session.pk, session.turn, settings.DELTA_FLUSH_MS)
     adapter = adapter_for(config)
-    started = time.perf_counter()
-    first: list[float] = []
 
     def on_event(event: StreamEvent) -> None:
-        if not first:
-            first.append(time.perf_counter())
+        if timing.first is None:
+            timing.first = time.perf_counter()
         batcher.on_event(event)
 
     async def call() -> ChatResponse:
@@ -157,7 +185,7 @@ def _stream(session: Session, config: EndpointConfig, request: ChatRequest) -> t
     future = io_loop.submit(call())
     try:
         # The adapter enforces the endpoint's timeouts; this is only a backstop.
-        response = future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
+        return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise ModelTimeout(f"'{config.name}' did not finish within {config.total_timeout_s:g} s") from None
@@ -168,8 +196,6 @@ def _stream(session: Session, config: EndpointConfig, request: ChatRequest) -> t
         raise
     except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
-    first_ms = int((first[0] - started) * 1000) if first else None
-    return response, first_ms, int((time.perf_counter() - started) * 1000)
 
 
 def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:

@@ -30,6 +30,7 @@ from .routing import call_model
 logger = logging.getLogger(__name__)
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
+BUSY_ANSWER = "The service is busy right now. Please try again in a moment."
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def model_step(session: Session, owner: str) -> None:
             # A configuration error: no retry, and the operator must see it.
             _finish_turn(session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem, extra=usage)
             return
-        _answer(session, owner, agent.busy_message or LIMIT_ANSWER, Trigger.ANSWER, "model_unavailable", usage, used, last_error=problem)
+        _answer(session, owner, agent.busy_message or BUSY_ANSWER, Trigger.ANSWER, "model_unavailable", usage, used, last_error=problem)
         return
 
     response = routed.response
@@ -225,18 +226,30 @@ def _answer(
 ) -> None:
     message = Message(turn=session.turn, role="assistant", content=content, token_count=count_message_tokens(content))
     add = usage["add_fields"]
-    summary = _turn_summary(session, stop_reason, add["input_tokens"], add["output_tokens"], add["cost"])
-    step_commit(
-        _step(
-            session, owner, trigger=trigger, phase="answer", reason=stop_reason,
-            messages=[message],
-            after_events=[("turn.finished", summary)],
-            checkpoint={"model": model},
-            add_fields=add,
-            model_calls=usage["model_calls"],
-            set_fields={**usage["set_fields"], "last_error": last_error[:2000]},
-        )
+    summary = _turn_summary(
+        session, stop_reason, add["input_tokens"], add["output_tokens"], add["cost"],
+        iterations=usage["set_fields"]["iteration"],
     )
+    try:
+        step_commit(
+            _step(
+                session, owner, trigger=trigger, phase="answer", reason=stop_reason,
+                messages=[message],
+                after_events=[("turn.finished", summary)],
+                checkpoint={"model": model},
+                add_fields=add,
+                model_calls=usage["model_calls"],
+                set_fields={**usage["set_fields"], "last_error": last_error[:2000]},
+                unless_cancel_requested=True,
+            )
+        )
+    except StaleSession:
+        # An interrupt arrived while the model answered: the turn ends cancelled
+        # (the call's usage is kept); any other conflict goes to the run loop.
+        fresh = Session.objects.filter(pk=session.pk, lease_owner=owner, cancel_requested=True).first()
+        if fresh is None or State(fresh.state) not in RUNNABLE:
+            raise
+        _finish_turn(fresh, owner, Trigger.CANCEL, "cancel requested", stop_reason="cancelled", extra=usage)
 
 
 def tool_step(session: Session, owner: str) -> None:
@@ -308,11 +321,15 @@ def tool_step(session: Session, owner: str) -> None:
     )
 
 
-def _turn_summary(session: Session, stop_reason: str, input_tokens: int = 0, output_tokens: int = 0, cost: Decimal = Decimal(0)) -> dict[str, Any]:
+def _turn_summary(
+    session: Session, stop_reason: str, input_tokens: int = 0, output_tokens: int = 0, cost: Decimal = Decimal(0),
+    iterations: int | None = None,
+) -> dict[str, Any]:
     return {
         "turn": session.turn,
         "stop_reason": stop_reason,
-        "iterations": session.iteration,
+        # Model calls in this turn, counting the one this step commits.
+        "iterations": session.iteration if iterations is None else iterations,
         "usage": {
             "input_tokens": session.input_tokens + input_tokens,
             "output_tokens": session.output_tokens + output_tokens,
@@ -329,11 +346,16 @@ def _finish_turn(
     events: list[tuple[str, dict[str, Any]]] = []
     if error:
         events.append(("error", {"code": "model_error" if trigger == Trigger.FAILURE else stop_reason, "message": error[:500]}))
+    add = extra.get("add_fields", {})
+    summary = _turn_summary(
+        session, stop_reason, add.get("input_tokens", 0), add.get("output_tokens", 0), add.get("cost", Decimal(0)),
+        iterations=extra.get("set_fields", {}).get("iteration"),
+    )
     step_commit(
         _step(
             session, owner, trigger=trigger, phase=stop_reason, reason=reason, actor=actor,
             events=events,
-            after_events=[("turn.finished", {**_turn_summary(session, stop_reason), "reason": reason})],
+            after_events=[("turn.finished", {**summary, "reason": reason})],
             set_fields={**extra.get("set_fields", {}), "cancel_requested": False, "last_error": error[:2000]},
             add_fields=extra.get("add_fields", {}),
             model_calls=extra.get("model_calls", []),

@@ -2,6 +2,7 @@
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelProtocolError, ModelUnavailable, register_adapter
@@ -91,11 +92,9 @@ class AnthropicAdapter(HttpAdapter):
         return body
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        blocks: dict[int, dict[str, Any]] = {}
-        input_tokens = output_tokens = 0
-        finish = "stop"
-        stopped = False
-        saw_tool = False
+        """Translate Messages events into ours. `ping` and unknown event, block and
+        delta types are ignored; an `error` event or a shape we cannot use ends the call."""
+        state = _StreamState()
         chunks = post_stream(self.endpoint, self.url(), self.headers(), self.payload(request, stream=True))
         async for event, data in sse_events(chunks):
             try:
@@ -105,83 +104,136 @@ class AnthropicAdapter(HttpAdapter):
             if not isinstance(body, dict):
                 raise ModelProtocolError(f"'{self.endpoint.name}' sent an event of an unexpected shape")
             kind = body.get("type") or event
-            if kind == "message_start":
-                usage = (body.get("message") or {}).get("usage") or {}
-                input_tokens = int(usage.get("input_tokens") or 0)
-                output_tokens = int(usage.get("output_tokens") or 0)
-            elif kind == "content_block_start":
-                index = int(body.get("index", 0))
-                block = body.get("content_block") or {}
-                if block.get("type") == "tool_use":
-                    saw_tool = True
-                    blocks[index] = {"id": block.get("id") or f"toolu_{index}", "name": block.get("name") or "", "json": []}
-                    yield ToolCallStarted(index=index, id=blocks[index]["id"], name=blocks[index]["name"])
-                elif block.get("type") == "text" and block.get("text"):
-                    yield TextDelta(block["text"])
-            elif kind == "content_block_delta":
-                index = int(body.get("index", 0))
-                delta = body.get("delta") or {}
-                if delta.get("type") == "text_delta" and delta.get("text"):
-                    yield TextDelta(delta["text"])
-                elif delta.get("type") == "input_json_delta" and index in blocks:
-                    piece = delta.get("partial_json") or ""
-                    if piece:
-                        blocks[index]["json"].append(piece)
-                        yield ToolCallArgumentsDelta(index=index, fragment=piece)
-            elif kind == "content_block_stop":
-                index = int(body.get("index", 0))
-                if index in blocks and not blocks[index].get("done"):
-                    blocks[index]["done"] = True
-                    arguments, error = parse_arguments("".join(blocks[index]["json"]))
-                    yield ToolCallFinished(
-                        index=index,
-                        call=ToolCallRequest(id=blocks[index]["id"], name=blocks[index]["name"], arguments=arguments, arguments_error=error),
-                    )
-            elif kind == "message_delta":
-                delta = body.get("delta") or {}
-                if delta.get("stop_reason"):
-                    finish = STOP_REASONS.get(delta["stop_reason"], str(delta["stop_reason"]))
-                usage = body.get("usage") or {}
-                if usage.get("output_tokens") is not None:
-                    output_tokens = int(usage["output_tokens"])
-                if usage.get("input_tokens"):
-                    input_tokens = int(usage["input_tokens"])
-            elif kind == "message_stop":
-                stopped = True
-                break
-            elif kind == "error":
-                problem = body.get("error") or {}
-                message = str(problem.get("message", ""))[:200]
+            if kind == "error":
+                raw_problem = body.get("error")
+                problem: dict[str, Any] = raw_problem if isinstance(raw_problem, dict) else {}
+                message = self.scrub(str(problem.get("message", "")))[:200]
                 if problem.get("type") in ("overloaded_error", "api_error"):
                     raise ModelUnavailable(f"'{self.endpoint.name}' failed mid-stream: {message}")
                 raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {message}")
-            # ping and unknown event types are ignored on purpose.
-        if not stopped:
+            try:
+                events = _read_event(kind, body, state)
+            except (TypeError, ValueError, AttributeError, KeyError):
+                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event of an unexpected shape") from None
+            for item in events:
+                yield item
+            if state.stopped:
+                break
+        if not state.stopped:
             raise ModelProtocolError(f"'{self.endpoint.name}' ended the stream before message_stop")
-        for index in sorted(blocks):
-            if not blocks[index].get("done"):
-                raise ModelProtocolError("a tool_use block was never closed")
-        yield Usage(input_tokens, output_tokens)
-        yield Finish("tool_calls" if saw_tool else finish)
+        for index in sorted(state.blocks):
+            if not state.blocks[index].get("done"):
+                raise ModelProtocolError(f"'{self.endpoint.name}' never closed a tool_use block")
+        yield Usage(state.input_tokens, state.output_tokens)
+        yield Finish("tool_calls" if state.blocks else state.finish)
 
     async def respond(self, request: ChatRequest) -> ChatResponse:
         body = await post_json(self.endpoint, self.url(), self.headers(), self.payload(request, stream=False))
-        if not isinstance(body, dict) or not isinstance(body.get("content"), list):
-            raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape")
-        response = ChatResponse(finish_reason=STOP_REASONS.get(body.get("stop_reason") or "end_turn", "stop"))
-        texts: list[str] = []
-        for block in body["content"]:
-            if not isinstance(block, dict):
-                continue
-            if block.get("type") == "text":
-                texts.append(block.get("text") or "")
-            elif block.get("type") == "tool_use":
-                raw = block.get("input")
-                arguments, error = (raw, None) if isinstance(raw, dict) else ({}, "tool input is not an object")
-                response.tool_calls.append(ToolCallRequest(id=block.get("id") or "", name=block.get("name") or "", arguments=arguments, arguments_error=error))
-        response.text = "".join(texts)
-        usage = body.get("usage") or {}
-        response.usage = Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
-        if response.tool_calls:
-            response.finish_reason = "tool_calls"
-        return response
+        try:
+            return _read_message(body)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape") from None
+
+
+def _read_message(body: Any) -> ChatResponse:
+    """A non-streamed Messages answer; raises TypeError/... on a shape we cannot use."""
+    if not isinstance(body, dict) or not isinstance(body.get("content"), list):
+        raise TypeError("no content list")
+    response = ChatResponse(finish_reason=STOP_REASONS.get(body.get("stop_reason") or "end_turn", "stop"))
+    texts: list[str] = []
+    for block in body["content"]:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            texts.append(str(block.get("text") or ""))
+        elif block.get("type") == "tool_use":
+            raw = block.get("input")
+            arguments, error = (raw, None) if isinstance(raw, dict) else ({}, "tool input is not a JSON object")
+            response.tool_calls.append(
+                ToolCallRequest(id=str(block.get("id") or ""), name=str(block.get("name") or ""), arguments=arguments, arguments_error=error)
+            )
+    response.text = "".join(texts)
+    usage = _object(body.get("usage"))
+    response.usage = Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+    if response.tool_calls:
+        response.finish_reason = "tool_calls"
+    return response
+
+
+@dataclass
+class _StreamState:
+    blocks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish: str = "stop"
+    stopped: bool = False
+
+
+def _index(body: dict[str, Any]) -> int:
+    index = body.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise TypeError("index is not an integer")
+    return index
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    return value
+
+
+def _read_event(kind: Any, body: dict[str, Any], state: _StreamState) -> list[StreamEvent]:
+    """The events one SSE event yields; raises TypeError/ValueError/... on a shape we cannot use."""
+    events: list[StreamEvent] = []
+    if kind == "message_start":
+        usage = _object(_object(body.get("message")).get("usage"))
+        state.input_tokens = int(usage.get("input_tokens") or 0)
+        state.output_tokens = int(usage.get("output_tokens") or 0)
+    elif kind == "content_block_start":
+        index = _index(body)
+        block = _object(body.get("content_block"))
+        if block.get("type") == "tool_use":
+            call_id = str(block.get("id") or f"toolu_{index}")
+            state.blocks[index] = {"id": call_id, "name": str(block.get("name") or ""), "json": []}
+            events.append(ToolCallStarted(index=index, id=call_id, name=state.blocks[index]["name"]))
+        elif block.get("type") == "text" and block.get("text"):
+            events.append(TextDelta(str(block["text"])))
+    elif kind == "content_block_delta":
+        index = _index(body)
+        delta = _object(body.get("delta"))
+        if delta.get("type") == "text_delta" and delta.get("text"):
+            events.append(TextDelta(str(delta["text"])))
+        elif delta.get("type") == "input_json_delta" and index in state.blocks:
+            piece = delta.get("partial_json") or ""
+            if not isinstance(piece, str):
+                raise TypeError("partial_json is not text")
+            if piece:
+                state.blocks[index]["json"].append(piece)
+                events.append(ToolCallArgumentsDelta(index=index, fragment=piece))
+    elif kind == "content_block_stop":
+        index = _index(body)
+        open_block = state.blocks.get(index)
+        if open_block is not None and not open_block.get("done"):
+            open_block["done"] = True
+            arguments, error = parse_arguments("".join(open_block["json"]))
+            events.append(
+                ToolCallFinished(
+                    index=index,
+                    call=ToolCallRequest(id=open_block["id"], name=open_block["name"], arguments=arguments, arguments_error=error),
+                )
+            )
+    elif kind == "message_delta":
+        delta = _object(body.get("delta"))
+        if delta.get("stop_reason"):
+            state.finish = STOP_REASONS.get(delta["stop_reason"], str(delta["stop_reason"]))
+        usage = _object(body.get("usage"))
+        if usage.get("output_tokens") is not None:
+            state.output_tokens = int(usage["output_tokens"])
+        if usage.get("input_tokens"):
+            state.input_tokens = int(usage["input_tokens"])
+    elif kind == "message_stop":
+        state.stopped = True
+    # ping and unknown event types are ignored on purpose.
+    return events

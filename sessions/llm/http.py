@@ -3,6 +3,7 @@ event loop, the three timeouts, status mapping and a Server-Sent Events parser."
 
 import asyncio
 import codecs
+import datetime
 import email.utils
 import json
 import os
@@ -46,15 +47,45 @@ def parse_retry_after(value: str | None) -> float | None:
     try:
         seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
-            return None
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None  # neither seconds nor an HTTP date: ignore it, the 429 still counts
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.UTC)  # HTTP dates are GMT
         seconds = parsed.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
     return max(0.0, min(seconds, RETRY_AFTER_CAP_S))
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Exception:
-    snippet = body[:300].decode("utf-8", errors="replace").strip()
+REDACTED = "[redacted]"
+SECRET_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def redact(text: str, secrets: "list[str] | tuple[str, ...]") -> str:
+    """Remove secrets from text that may end up in an error, a log line or an event."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def header_secrets(headers: dict[str, str]) -> list[str]:
+    """The credential values among request headers (with and without a `Bearer ` prefix)."""
+    found: list[str] = []
+    for name, value in headers.items():
+        if name.lower() in SECRET_HEADERS and value:
+            found.append(value)
+            scheme, _, token = value.partition(" ")
+            if token and scheme.lower() in ("bearer", "basic", "token"):
+                found.append(token)
+    return sorted(found, key=len, reverse=True)
+
+
+def _status_error(status: int, body: bytes, headers: httpx.Headers, secrets: list[str] = []) -> Exception:  # noqa: B006 - read only
+    # A provider may echo the key it refused: never let it into a message.
+    snippet = redact(body[:4000].decode("utf-8", errors="replace"), secrets).strip()[:300]
     if status == 429:
         return ModelRateLimited(f"rate limited (HTTP 429): {snippet}", retry_after_s=parse_retry_after(headers.get("retry-after")))
     if status >= 500 or status == 408:
@@ -97,7 +128,7 @@ async def post_stream(
                 body = await asyncio.wait_for(response.aread(), timeout=max(deadline - loop.time(), 0.001))
             except (TimeoutError, httpx.HTTPError):
                 body = b""
-            raise _status_error(response.status_code, body, response.headers)
+            raise _status_error(response.status_code, body, response.headers, header_secrets(headers))
         first = True
         while True:
             limit = (first_deadline if first else deadline) - loop.time()
@@ -188,3 +219,7 @@ class HttpAdapter(ModelAdapter):
     def api_key(self) -> str:
         name = self.endpoint.api_key_env
         return os.environ.get(name, "") if name else ""
+
+    def scrub(self, text: str) -> str:
+        """Text from the provider, safe to put into an error message."""
+        return redact(text, [self.api_key()])

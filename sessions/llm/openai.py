@@ -25,8 +25,12 @@ from .types import (
 FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length"}
 
 
-def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     """Tool arguments as a dict, or ({}, what is wrong) for the model to fix."""
+    if isinstance(raw, dict):
+        return raw, None  # some OpenAI-compatible servers send an object, not a string
+    if not isinstance(raw, str):
+        return {}, f"expected a JSON object, got {type(raw).__name__}"
     if not raw.strip():
         return {}, None
     try:
@@ -111,11 +115,13 @@ class OpenAIAdapter(HttpAdapter):
 
         Tool-call arguments arrive as fragments keyed by `index`, possibly
         interleaved across calls; `id` and `name` come only in the first
-        fragment. Calls are completed when the stream finishes, in index order.
+        fragment. Calls are completed when the stream finishes, in the order
+        they started. A fragment without `index`, or with a new `id` on an index
+        already in use, starts a new call (servers that do this exist).
+        A chunk of an unexpected shape ends the call as a protocol error.
         """
         calls: dict[int, _PendingCall] = {}
-        finish = "stop"
-        usage: Usage | None = None
+        state = _StreamState()
         done = False
         chunks = post_stream(self.endpoint, self.url(), self.headers(), self.payload(request, stream=True))
         async for _event, data in sse_events(chunks):
@@ -126,59 +132,132 @@ class OpenAIAdapter(HttpAdapter):
                 chunk = json.loads(data)
             except ValueError:
                 raise ModelProtocolError(f"'{self.endpoint.name}' sent a chunk that is not JSON") from None
-            if not isinstance(chunk, dict):
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent a chunk of an unexpected shape")
-            if isinstance(chunk.get("error"), dict):
-                raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {str(chunk['error'].get('message', ''))[:200]}")
-            if isinstance(chunk.get("usage"), dict):
-                usage = Usage(int(chunk["usage"].get("prompt_tokens") or 0), int(chunk["usage"].get("completion_tokens") or 0))
-            for choice in chunk.get("choices") or []:
-                if not isinstance(choice, dict):
-                    continue
-                delta = choice.get("delta") or {}
-                text = delta.get("content")
-                if isinstance(text, str) and text:
-                    yield TextDelta(text)
-                for fragment in delta.get("tool_calls") or []:
-                    index = int(fragment.get("index", 0))
-                    pending = calls.setdefault(index, _PendingCall())
-                    function = fragment.get("function") or {}
-                    pending.id = pending.id or fragment.get("id") or ""
-                    pending.name = pending.name or function.get("name") or ""
-                    if not pending.started and pending.name:
-                        pending.started = True
-                        yield ToolCallStarted(index=index, id=pending.id, name=pending.name)
-                    piece = function.get("arguments")
-                    if isinstance(piece, str) and piece:
-                        pending.arguments.append(piece)
-                        yield ToolCallArgumentsDelta(index=index, fragment=piece)
-                if choice.get("finish_reason"):
-                    finish = FINISH_REASONS.get(choice["finish_reason"], str(choice["finish_reason"]))
+            if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+                message = self.scrub(str(chunk["error"].get("message", "")))[:200]
+                raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {message}")
+            try:
+                events = _read_chunk(chunk, calls, state)
+            except (TypeError, ValueError, AttributeError, KeyError):
+                raise ModelProtocolError(f"'{self.endpoint.name}' sent a chunk of an unexpected shape") from None
+            for event in events:
+                yield event
         if not done:
             raise ModelProtocolError(f"'{self.endpoint.name}' ended the stream before [DONE]")
         for event in _finish_calls(calls):
             yield event
-        if usage is not None:
-            yield usage
-        yield Finish("tool_calls" if calls else finish)
+        if state.usage is not None:
+            yield state.usage
+        yield Finish("tool_calls" if calls else state.finish)
 
     async def respond(self, request: ChatRequest) -> ChatResponse:
         body = await post_json(self.endpoint, self.url(), self.headers(), self.payload(request, stream=False))
         try:
-            message = body["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
+            return _read_completion(body)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError):
             raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape") from None
-        response = ChatResponse(text=message.get("content") or "", finish_reason=FINISH_REASONS.get(body["choices"][0].get("finish_reason") or "stop", "stop"))
-        for raw in message.get("tool_calls") or []:
-            function = raw.get("function") or {}
-            arguments, error = parse_arguments(function.get("arguments") or "")
-            response.tool_calls.append(ToolCallRequest(id=raw.get("id") or "", name=function.get("name") or "", arguments=arguments, arguments_error=error))
-        if response.tool_calls:
-            response.finish_reason = "tool_calls"
-        usage = body.get("usage") or {}
-        if usage:
-            response.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
-        return response
+
+
+@dataclass
+class _StreamState:
+    finish: str = "stop"
+    usage: Usage | None = None
+    # Wire `index` -> our slot, and call id -> slot: some OpenAI-compatible servers
+    # omit `index` (Gemini) or give every call index 0 (Ollama); a new id is a new call.
+    slots: dict[int, int] = field(default_factory=dict)
+    ids: dict[str, int] = field(default_factory=dict)
+    last: int | None = None
+
+    def slot(self, calls: dict[int, "_PendingCall"], wire: Any, call_id: str) -> int:
+        if wire is not None and (not isinstance(wire, int) or isinstance(wire, bool)):
+            raise TypeError("tool call index is not an integer")
+        if call_id and call_id in self.ids:
+            slot = self.ids[call_id]
+        elif wire is None:
+            slot = len(calls) if (call_id or self.last is None) else self.last
+        else:
+            known = self.slots.get(wire)
+            if known is None or (call_id and calls[known].id and calls[known].id != call_id):
+                slot = len(calls)
+            else:
+                slot = known
+            self.slots[wire] = slot
+        if call_id:
+            self.ids.setdefault(call_id, slot)
+        self.last = slot
+        return slot
+
+
+def _usage(raw: dict[str, Any]) -> Usage:
+    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+
+
+def _read_chunk(chunk: Any, calls: dict[int, _PendingCall], state: _StreamState) -> list[StreamEvent]:
+    """The events in one chunk; raises TypeError/ValueError/... on a shape we cannot use."""
+    if not isinstance(chunk, dict):
+        raise TypeError("chunk is not an object")
+    events: list[StreamEvent] = []
+    if isinstance(chunk.get("usage"), dict):
+        state.usage = _usage(chunk["usage"])
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise TypeError("choices is not a list")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise TypeError("choice is not an object")
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise TypeError("delta is not an object")
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            events.append(TextDelta(text))
+        fragments = delta.get("tool_calls") or []
+        if not isinstance(fragments, list):
+            raise TypeError("tool_calls is not a list")
+        for fragment in fragments:
+            if not isinstance(fragment, dict):
+                raise TypeError("tool call fragment is not an object")
+            call_id = str(fragment.get("id") or "")
+            index = state.slot(calls, fragment.get("index"), call_id)
+            pending = calls.setdefault(index, _PendingCall())
+            function = fragment.get("function") or {}
+            if not isinstance(function, dict):
+                raise TypeError("function is not an object")
+            pending.id = pending.id or call_id
+            pending.name = pending.name or str(function.get("name") or "")
+            if not pending.started and pending.name:
+                pending.started = True
+                events.append(ToolCallStarted(index=index, id=pending.id, name=pending.name))
+            piece = function.get("arguments")
+            if isinstance(piece, str) and piece:
+                pending.arguments.append(piece)
+                events.append(ToolCallArgumentsDelta(index=index, fragment=piece))
+        if choice.get("finish_reason"):
+            state.finish = FINISH_REASONS.get(choice["finish_reason"], str(choice["finish_reason"]))
+    return events
+
+
+def _read_completion(body: Any) -> ChatResponse:
+    """A non-streamed completion; raises TypeError/KeyError/... on a shape we cannot use."""
+    choice = body["choices"][0]
+    message = choice["message"]
+    if not isinstance(message, dict):
+        raise TypeError("message is not an object")
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise TypeError("content is not text")
+    response = ChatResponse(text=content, finish_reason=FINISH_REASONS.get(choice.get("finish_reason") or "stop", "stop"))
+    for raw in message.get("tool_calls") or []:
+        function = raw.get("function") or {}
+        arguments, error = parse_arguments(function.get("arguments") or "")
+        response.tool_calls.append(
+            ToolCallRequest(id=str(raw.get("id") or ""), name=str(function.get("name") or ""), arguments=arguments, arguments_error=error)
+        )
+    if response.tool_calls:
+        response.finish_reason = "tool_calls"
+    usage = body.get("usage") or {}
+    if usage:
+        response.usage = _usage(usage)
+    return response
 
 
 def _finish_calls(calls: dict[int, _PendingCall]) -> list[StreamEvent]:

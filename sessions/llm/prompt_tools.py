@@ -123,6 +123,12 @@ class PromptToolsAdapter(OpenAIAdapter):
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Ask, parse, and on a bad reply show the model its reply and the error (at most twice)."""
+        if not request.tools:
+            # Nothing to call (the final step of a turn, or an agent without tools): the
+            # model was told nothing about JSON, so its reply is the answer, streamed as is.
+            async for event in super().stream(self._request(request, [])):
+                yield event
+            return
         known = {t.name for t in request.tools}
         extra: list[ChatMessage] = []
         input_tokens = output_tokens = 0

@@ -1,0 +1,168 @@
+"""Every endpoint of the public REST contract, on its happy path."""
+
+import uuid
+
+import pytest
+
+from sessions.models import Session
+
+from .conftest import assert_error
+
+pytestmark = pytest.mark.django_db
+
+BASE = "/api/v1/sessions/"
+
+
+def test_create_a_session(api):
+    response = api.post(BASE, {"agent": "helper", "metadata": {"ticket": "T-1"}})
+
+    assert response.status_code == 201
+    body = response.json()
+    uuid.UUID(body["id"])
+    assert body["agent"] == "helper"
+    assert body["role"] == "support"  # the key's first role
+    assert body["metadata"] == {"ticket": "T-1"}
+    assert (body["state"], body["version"], body["turn"], body["queued_count"]) == ("idle", 0, 0, 0)
+    assert body["usage"] == {"input_tokens": 0, "output_tokens": 0, "cost": "0.000000"}
+    assert body["created_at"] and body["updated_at"]
+    session = Session.objects.get(pk=body["id"])
+    assert session.owner.username == "alice"
+
+
+def test_create_a_session_with_a_granted_role(api):
+    response = api.post(BASE, {"agent": "helper", "role": "analyst"})
+    assert response.status_code == 201 and response.json()["role"] == "analyst"
+
+
+def test_create_a_session_with_a_role_the_key_lacks_is_400(api):
+    error = assert_error(api.post(BASE, {"agent": "helper", "role": "admin"}), 400, "invalid_input")
+    assert error["details"] == {"field": "role"}
+    assert not Session.objects.exists()
+
+
+def test_list_my_sessions_newest_first(api, other_api):
+    first = api.post(BASE, {"agent": "helper"}).json()["id"]
+    second = api.post(BASE, {"agent": "helper"}).json()["id"]
+    other_api.post(BASE, {"agent": "helper"})
+    assert [s["id"] for s in api.get(BASE).json()] == [second, first]
+    assert [s["id"] for s in api.get(BASE, {"limit": 1}).json()] == [second]
+
+
+def test_get_a_session(api, session_id):
+    response = api.get(f"{BASE}{session_id}/")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == session_id
+    assert {"state", "version", "usage", "created_at", "updated_at", "turn", "last_error"} <= set(
+        body
+    )
+
+
+def test_post_a_message_is_202_and_starts_the_turn(api, session_id):
+    response = api.post(
+        f"{BASE}{session_id}/messages/", {"content": "hello", "idempotency_key": "k-1"}
+    )
+
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert (body["role"], body["content"], body["seq"], body["turn"], body["status"]) == (
+        "user",
+        "hello",
+        1,
+        1,
+        "final",
+    )
+    assert body["idempotency_key"] == "k-1"
+    detail = api.get(f"{BASE}{session_id}/").json()
+    assert (detail["state"], detail["turn"], detail["version"]) == ("processing", 1, 1)
+
+
+def test_an_idempotent_repeat_is_200_with_the_same_message(api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    first = api.post(url, {"content": "hello", "idempotency_key": "k-1"})
+    again = api.post(url, {"content": "hello", "idempotency_key": "k-1"})
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert len(api.get(url).json()) == 1
+
+
+def test_the_same_key_with_other_content_is_409(api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    api.post(url, {"content": "hello", "idempotency_key": "k-1"})
+    assert_error(
+        api.post(url, {"content": "bye", "idempotency_key": "k-1"}), 409, "idempotency_conflict"
+    )
+
+
+def test_a_second_message_while_processing_is_queued(api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    api.post(url, {"content": "one"})
+    response = api.post(url, {"content": "two"})
+    assert response.status_code == 202
+    assert (response.json()["seq"], response.json()["status"]) == (None, "queued")
+    assert api.get(f"{BASE}{session_id}/").json()["queued_count"] == 1
+    assert [m["content"] for m in api.get(url).json()] == ["one", "two"]
+
+
+def test_message_history_is_oldest_first_and_limited(api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    for text in ("one", "two", "three", "four"):
+        api.post(url, {"content": text})
+    assert [m["content"] for m in api.get(url).json()] == ["one", "two", "three", "four"]
+    assert [m["content"] for m in api.get(url, {"limit": 2}).json()] == ["three", "four"]
+    assert [m["content"] for m in api.get(url, {"limit": 1}).json()] == ["four"]
+
+
+def test_events_after_a_sequence_number(api, session_id):
+    api.post(f"{BASE}{session_id}/messages/", {"content": "hello"})
+    url = f"{BASE}{session_id}/events/"
+
+    events = api.get(url, {"after": 0}).json()
+    assert [(e["seq"], e["type"]) for e in events] == [
+        (1, "message.completed"),
+        (2, "state.changed"),
+    ]
+    assert set(events[0]) == {"seq", "type", "session", "ts", "data"}
+    assert events[0]["session"] == session_id
+    assert events[0]["data"]["content"] == "hello"
+    assert events[1]["data"] == {
+        "from": "idle",
+        "to": "processing",
+        "trigger": "user_message",
+        "reason": "turn 1",
+    }
+
+    assert [e["seq"] for e in api.get(url, {"after": 1}).json()] == [2]
+    assert api.get(url, {"after": 2}).json() == []
+    assert [e["seq"] for e in api.get(url).json()] == [1, 2]  # after defaults to 0
+    assert [e["seq"] for e in api.get(url, {"limit": 1}).json()] == [1]
+
+
+def test_cancel_a_running_turn(api, session_id):
+    api.post(f"{BASE}{session_id}/messages/", {"content": "hello"})
+    response = api.post(f"{BASE}{session_id}/cancel/")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["cancelled"] is True
+    assert body["session"]["id"] == session_id
+    assert Session.objects.get(pk=session_id).cancel_requested is True
+
+
+def test_cancel_with_nothing_running(api, session_id):
+    response = api.post(f"{BASE}{session_id}/cancel/")
+    assert response.status_code == 200
+    assert response.json()["cancelled"] is False
+    assert response.json()["session"]["state"] == "idle"
+
+
+def test_cancel_while_awaiting_approval_cancels_at_once(api, session_id):
+    Session.objects.filter(pk=session_id).update(state="awaiting_approval")
+    body = api.post(f"{BASE}{session_id}/cancel/").json()
+    assert body["cancelled"] is True
+    assert body["session"]["state"] == "cancelled"
+
+
+def test_health_probe(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}

@@ -1,0 +1,309 @@
+"""The offline `rules` model: conditions, for_each, templates and the stream it produces."""
+
+import pytest
+
+from sessions.llm.base import EndpointConfig, ModelConfigError, adapter_for
+from sessions.llm.rules import NO_RULE_ANSWER, build_context, decide
+from sessions.llm.templating import lookup, render
+from sessions.llm.types import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallRequest,
+    ToolCallStarted,
+    Usage,
+)
+
+
+def user(text: str) -> ChatMessage:
+    return ChatMessage(role="user", content=text)
+
+
+def tool_result(name: str, data) -> ChatMessage:  # type: ignore[no-untyped-def]
+    return ChatMessage(role="tool", content="", name=name, tool_call_id=f"c-{name}", data=data)
+
+
+def called(*names: str) -> ChatMessage:
+    return ChatMessage(
+        role="assistant",
+        tool_calls=tuple(ToolCallRequest(id=f"c-{n}", name=n, arguments={}) for n in names),
+    )
+
+
+ORDERS = {
+    "count": 2,
+    "days": 7,
+    "orders": [
+        {"order_number": "SO-1", "customer_id": 11, "customer_name": "Ada"},
+        {"order_number": "SO-2", "customer_id": 12, "customer_name": "Grace"},
+    ],
+}
+
+
+# when ----------------------------------------------------------------------------------
+
+
+def test_user_regex_selects_a_rule_and_exposes_its_groups():
+    rules = [
+        {
+            "when": {"user": "(?i)order (?P<number>SO-\\d+)"},
+            "answer": "Looking at {{ match.number }} ({{ match.1 }})",
+        },
+        {"answer": "fallback"},
+    ]
+    assert decide(rules, (user("where is ORDER SO-42?"),), "") == ("Looking at SO-42 (SO-42)", [])
+    assert decide(rules, (user("hello"),), "") == ("fallback", [])
+
+
+def test_the_latest_user_message_is_the_one_matched():
+    rules = [{"when": {"user": "refund"}, "answer": "refund"}, {"answer": "other"}]
+    history = (user("refund please"), ChatMessage(role="assistant", content="ok"), user("thanks"))
+    assert decide(rules, history, "")[0] == "other"
+
+
+def test_last_tool_null_means_no_tool_yet_this_turn():
+    rules = [
+        {"when": {"last_tool": None}, "tool_calls": [{"tool": "query_orders"}]},
+        {"when": {"last_tool": "query_orders"}, "answer": "found {{ result.count }}"},
+    ]
+    assert decide(rules, (user("go"),), "") == ("", [("query_orders", {})])
+    after = (user("go"), called("query_orders"), tool_result("query_orders", ORDERS))
+    assert decide(rules, after, "") == ("found 2", [])
+    # A new user message starts a new turn: no tool yet again.
+    next_turn = (*after, ChatMessage(role="assistant", content="found 2"), user("again"))
+    assert decide(rules, next_turn, "") == ("", [("query_orders", {})])
+
+
+def test_result_regex_is_searched_in_the_latest_result_as_compact_json():
+    rules = [
+        {"when": {"result": '"count":0\\b'}, "answer": "none"},
+        {"when": {"result": '"customer_name":"Grace"'}, "answer": "grace is there"},
+        {"answer": "other"},
+    ]
+    with_grace = (user("x"), called("q"), tool_result("q", ORDERS))
+    assert decide(rules, with_grace, "")[0] == "grace is there"
+    empty = (user("x"), called("q"), tool_result("q", {"count": 0, "orders": []}))
+    assert decide(rules, empty, "")[0] == "none"
+
+
+def test_truthy_and_falsy_follow_a_path_in_the_context():
+    rules = [
+        {"when": {"falsy": "result.count"}, "answer": "nothing"},
+        {"when": {"truthy": "result.orders"}, "answer": "{{ result.orders.length }} orders"},
+    ]
+    assert decide(rules, (user("x"), called("q"), tool_result("q", ORDERS)), "")[0] == "2 orders"
+    assert (
+        decide(rules, (user("x"), called("q"), tool_result("q", {"count": 0})), "")[0] == "nothing"
+    )
+
+
+def test_all_conditions_of_a_rule_must_hold():
+    rules = [
+        {"when": {"user": "report", "last_tool": "q"}, "answer": "both"},
+        {"answer": "not both"},
+    ]
+    assert decide(rules, (user("report"),), "")[0] == "not both"
+    assert decide(rules, (user("report"), called("q"), tool_result("q", {})), "")[0] == "both"
+    assert decide(rules, (user("other"), called("q"), tool_result("q", {})), "")[0] == "not both"
+
+
+def test_no_matching_rule_gives_the_fallback():
+    assert decide([{"when": {"user": "x"}, "answer": "x"}], (user("y"),), "sorry") == ("sorry", [])
+
+
+# tool calls ----------------------------------------------------------------------------------
+
+
+def test_for_each_makes_one_set_of_calls_per_item_with_typed_arguments():
+    rules = [
+        {
+            "when": {"last_tool": "q"},
+            "for_each": "result.orders",
+            "tool_calls": [
+                {
+                    "tool": "notify",
+                    "args": {
+                        "customer_id": "{{ item.customer_id }}",
+                        "message": "Hello {{ item.customer_name }}, about {{ item.order_number }}",
+                    },
+                }
+            ],
+        }
+    ]
+    _, calls = decide(rules, (user("x"), called("q"), tool_result("q", ORDERS)), "")
+    assert calls == [
+        ("notify", {"customer_id": 11, "message": "Hello Ada, about SO-1"}),
+        ("notify", {"customer_id": 12, "message": "Hello Grace, about SO-2"}),
+    ]
+    assert isinstance(calls[0][1]["customer_id"], int)
+
+
+def test_for_each_over_nothing_falls_through_to_the_next_rule():
+    rules = [
+        {
+            "when": {"last_tool": "q"},
+            "for_each": "result.orders",
+            "tool_calls": [{"tool": "notify"}],
+        },
+        {"answer": "nobody to notify"},
+    ]
+    empty = (user("x"), called("q"), tool_result("q", {"orders": []}))
+    assert decide(rules, empty, "") == ("nobody to notify", [])
+
+
+def test_map_template_builds_a_list_from_a_path():
+    rules = [
+        {
+            "when": {"last_tool": "notify"},
+            "tool_calls": [
+                {
+                    "tool": "report",
+                    "args": {
+                        "title": "Report",
+                        "lines": {
+                            "$map": "tools.q.orders",
+                            "template": "{{ item.order_number }}: {{ item.customer_name }}",
+                        },
+                    },
+                }
+            ],
+        }
+    ]
+    history = (
+        user("x"),
+        called("q"),
+        tool_result("q", ORDERS),
+        called("notify", "notify"),
+        tool_result("notify", {"ok": True}),
+        tool_result("notify", {"ok": True}),
+    )
+    _, calls = decide(rules, history, "")
+    assert calls == [("report", {"title": "Report", "lines": ["SO-1: Ada", "SO-2: Grace"]})]
+
+
+def test_context_counts_calls_per_tool_and_keeps_the_latest_result_per_tool():
+    history = (
+        user("x"),
+        called("q"),
+        tool_result("q", ORDERS),
+        called("notify", "notify"),
+        tool_result("notify", {"n": 1}),
+        tool_result("notify", {"n": 2}),
+    )
+    context = build_context(history)
+    assert context["calls"] == {"q": 1, "notify": 2}
+    assert context["tools"]["notify"] == {"n": 2}
+    assert context["results"] == [{"n": 1}, {"n": 2}]
+    assert context["last_tool"] == "notify" and context["result"] == {"n": 2}
+
+
+def test_a_tool_result_without_data_is_read_from_its_json_content():
+    message = ChatMessage(role="tool", content='{"count": 3}', name="q", tool_call_id="c")
+    assert build_context((user("x"), called("q"), message))["result"] == {"count": 3}
+
+
+# templating --------------------------------------------------------------------------------------
+
+
+def test_a_single_placeholder_keeps_the_values_type():
+    context = {"n": 7, "flag": False, "items": [1, 2], "obj": {"a": 1}}
+    assert render("{{ n }}", context) == 7
+    assert render("  {{ n }}  ", context) == 7
+    assert render("{{ flag }}", context) is False
+    assert render("{{ items }}", context) == [1, 2]
+    assert render("{{ obj }}", context) == {"a": 1}
+
+
+def test_embedded_placeholders_render_as_text():
+    context = {"n": 7, "obj": {"a": 1}, "name": "Ada"}
+    assert render("n={{ n }} obj={{ obj }} {{name}}", context) == 'n=7 obj={"a": 1} Ada'
+
+
+def test_unknown_paths_render_empty():
+    context = {"a": {"b": [10, 20]}}
+    assert render("x{{ a.c }}y{{ nope.deeper }}z", context) == "xyz"
+    assert render("{{ a.b.5 }}", context) is None
+    assert lookup(context, "a.b.1") == 20
+    assert lookup(context, "a.b.length") == 2
+    assert lookup(context, "a.b.x") is None
+    # Attributes of Python objects are never followed.
+    assert lookup({"s": "text"}, "s.upper") is None
+
+
+def test_an_answer_that_is_one_unknown_placeholder_is_empty_not_none():
+    assert decide([{"answer": "{{ nothing.here }}"}], (user("x"),), "fallback") == ("", [])
+    answer, _ = decide(
+        [{"answer": "{{ result }}"}], (user("x"), called("q"), tool_result("q", {"a": 1})), ""
+    )
+    assert answer == '{"a": 1}'
+
+
+def test_render_walks_lists_and_dicts():
+    assert render({"a": ["{{ x }}", {"b": "v={{ x }}"}], "c": 3}, {"x": 1}) == {
+        "a": [1, {"b": "v=1"}],
+        "c": 3,
+    }
+
+
+# the adapter's stream --------------------------------------------------------------------------------
+
+
+def _adapter(options=None):  # type: ignore[no-untyped-def]
+    return adapter_for(EndpointConfig(name="rules", api="rules", options=options or {}))
+
+
+async def _collect(request: ChatRequest, options=None) -> list:  # type: ignore[no-untyped-def]
+    return [event async for event in _adapter(options).stream(request)]
+
+
+async def test_the_adapter_streams_text_deltas_then_usage_and_finish():
+    request = ChatRequest(
+        messages=(user("hi there"),), agent_config={"rules": [{"answer": "Echo: {{ user }} !"}]}
+    )
+    events = await _collect(request)
+
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert len(deltas) > 1
+    assert "".join(d.text for d in deltas) == "Echo: hi there !"
+    assert isinstance(events[-2], Usage) and isinstance(events[-1], Finish)
+    assert events[-1].reason == "stop"
+    assert events[-2].output_tokens > 0 and events[-2].input_tokens > 0
+
+    response = await _adapter().complete(request)
+    assert (response.text, response.tool_calls, response.finish_reason) == (
+        "Echo: hi there !",
+        [],
+        "stop",
+    )
+
+
+async def test_the_adapter_streams_tool_calls_then_usage_and_finish():
+    rules = [{"tool_calls": [{"tool": "a", "args": {"x": 1}}, {"tool": "b"}]}]
+    events = await _collect(ChatRequest(messages=(user("go"),), agent_config={"rules": rules}))
+
+    kinds = [type(e) for e in events]
+    assert kinds == [
+        ToolCallStarted, ToolCallArgumentsDelta, ToolCallFinished,
+        ToolCallStarted, ToolCallArgumentsDelta, ToolCallFinished,
+        Usage, Finish,
+    ]  # fmt: skip
+    assert events[-1].reason == "tool_calls"
+    finished = [e.call for e in events if isinstance(e, ToolCallFinished)]
+    assert [(c.name, c.arguments) for c in finished] == [("a", {"x": 1}), ("b", {})]
+    assert len({c.id for c in finished}) == 2
+    assert not any(isinstance(e, TextDelta) for e in events)
+
+
+async def test_the_adapter_answers_with_the_fallback_when_no_rule_holds():
+    response = await _adapter().complete(
+        ChatRequest(messages=(user("x"),), agent_config={"rules": []})
+    )
+    assert response.text == NO_RULE_ANSWER
+
+
+async def test_rules_that_are_not_a_list_are_a_configuration_error():
+    with pytest.raises(ModelConfigError):
+        await _collect(ChatRequest(messages=(user("x"),), agent_config={"rules": {"answer": "x"}}))

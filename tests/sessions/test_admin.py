@@ -1,0 +1,300 @@
+"""The operators' console: pages render, history is read-only, the cancel action works."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from sessions import services
+from sessions.admin import session_timeline
+from sessions.engine.runner import session_run
+from sessions.models import Event, Session
+from tests.demo_setup import DEMO_REQUEST, demo_install
+from tests.factories import SessionFactory, ToolFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+# session_run closes its database connection between steps (it never holds one
+# across a model call), so tests that run a turn need real transactions.
+runs_a_turn = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def operator(client):
+    user = get_user_model().objects.create_superuser(
+        "operator", "operator@example.com", "pw-not-used"
+    )
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def demo_session():
+    """A session on the offline demo agent with one whole turn run in-process."""
+    demo_install()
+    session = SessionFactory(agent__slug="order-support", owner=UserFactory(username="alice"))
+    services.message_post(session=session, content=DEMO_REQUEST)
+    result = session_run(session_id=session.pk)
+    assert result.stopped == "idle"
+    session.refresh_from_db()
+    assert session.state == "finished"
+    return session
+
+
+@runs_a_turn
+def test_session_changelist_renders_with_filters_and_search(client, operator, demo_session):
+    url = reverse("admin:agent_sessions_session_changelist")
+    response = client.get(url)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert str(demo_session.pk)[:8] in page and "order-support" in page and "finished" in page
+    # Search by owner, by agent, by a part of the id and by the full id; filter by state.
+    for term in ("alice", "order-support", str(demo_session.pk)[:8], str(demo_session.pk)):
+        assert str(demo_session.pk)[:8] in client.get(url, {"q": term}).content.decode(), term
+    assert (
+        str(demo_session.pk)[:8] not in client.get(url, {"q": "nobody-like-this"}).content.decode()
+    )
+    assert client.get(url, {"state__exact": "finished"}).status_code == 200
+
+
+@runs_a_turn
+def test_session_change_page_shows_the_merged_timeline(client, operator, demo_session):
+    response = client.get(reverse("admin:agent_sessions_session_change", args=[demo_session.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'id="ap-timeline"' in page
+    timeline = response.context["timeline"]
+    kinds = {item.kind for item in timeline}
+    assert kinds == {"transition", "message", "toolcall", "event", "checkpoint"}
+    # Oldest first, by time.
+    assert [i.at for i in timeline] == sorted(i.at for i in timeline)
+    # Entries from every table are on the page, escaped summaries included.
+    assert "idle → processing (user_message)" in page
+    assert "query_orders" in page and "generate_report" in page and "turn.finished" in page
+    assert not response.context["timeline_truncated"]
+    # A finished session offers no cancel button; its engine fields are not inputs.
+    assert "ap-cancel-form" in page and 'class="ap-cancel"' not in page
+    assert 'name="state"' not in page and 'name="version"' not in page and 'name="cost"' not in page
+
+
+@runs_a_turn
+def test_timeline_is_bounded_and_says_so(demo_session):
+    items, truncated = session_timeline(demo_session.pk, limit=5)
+    assert len(items) == 5 and truncated
+    everything, _ = session_timeline(demo_session.pk)
+    assert [(i.kind, i.order) for i in items] == [(i.kind, i.order) for i in everything[-5:]]
+
+
+@runs_a_turn
+def test_timeline_uses_one_query_per_table(demo_session, django_assert_num_queries):
+    with django_assert_num_queries(5):
+        session_timeline(demo_session.pk)
+
+
+@runs_a_turn
+def test_engine_fields_are_read_only_even_on_post(client, operator, demo_session):
+    url = reverse("admin:agent_sessions_session_change", args=[demo_session.pk])
+    response = client.post(
+        url, {"state": "idle", "version": 0, "cost": "0", "metadata": '{"note": "x"}', "_save": "1"}
+    )
+    assert response.status_code == 302
+    row = Session.objects.get(pk=demo_session.pk)
+    assert row.state == "finished" and row.version == demo_session.version
+    assert row.metadata == {"note": "x"}
+
+
+def test_sessions_cannot_be_added_by_hand(client, operator):
+    assert client.get(reverse("admin:agent_sessions_session_add")).status_code == 403
+
+
+@runs_a_turn
+@pytest.mark.parametrize("model", ["message", "toolcall", "transition", "checkpoint", "event"])
+def test_history_models_are_view_only(client, operator, demo_session, model):
+    changelist = client.get(reverse(f"admin:agent_sessions_{model}_changelist"))
+    assert changelist.status_code == 200
+    assert client.get(reverse(f"admin:agent_sessions_{model}_add")).status_code == 403
+    by_session = client.get(
+        reverse(f"admin:agent_sessions_{model}_changelist"), {"session": str(demo_session.pk)}
+    )
+    assert by_session.status_code == 200
+    assert (
+        client.get(
+            reverse(f"admin:agent_sessions_{model}_changelist"), {"q": str(demo_session.pk)}
+        ).status_code
+        == 200
+    )
+
+
+@runs_a_turn
+def test_an_event_page_is_read_only_and_cannot_be_changed_or_deleted(
+    client, operator, demo_session
+):
+    event = Event.objects.filter(session=demo_session).order_by("seq").first()
+    change_url = reverse("admin:agent_sessions_event_change", args=[event.pk])
+    view = client.get(change_url)
+    assert view.status_code == 200
+    assert b'name="type"' not in view.content and b'name="_save"' not in view.content
+    assert client.post(change_url, {"type": "forged", "seq": 999}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:agent_sessions_event_delete", args=[event.pk]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
+    event.refresh_from_db()
+    assert event.type != "forged"
+
+
+def test_cancel_action_requests_a_cancel_of_a_running_turn(client, operator):
+    running = SessionFactory()
+    ended = SessionFactory()
+    Session.objects.filter(pk=running.pk).update(state="processing")
+    response = client.post(
+        reverse("admin:agent_sessions_session_changelist"),
+        {"action": "cancel_running_turn", "_selected_action": [str(running.pk), str(ended.pk)]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert Session.objects.get(pk=running.pk).cancel_requested is True
+    assert Session.objects.get(pk=ended.pk).cancel_requested is False
+    texts = [str(m) for m in response.context["messages"]]
+    assert "Cancel requested for 1 session(s)." in texts
+    assert "1 session(s) had no running turn to cancel." in texts
+
+
+def test_cancel_button_on_the_change_page(client, operator):
+    running = SessionFactory()
+    Session.objects.filter(pk=running.pk).update(state="tool_wait")
+    change_url = reverse("admin:agent_sessions_session_change", args=[running.pk])
+    assert 'class="ap-cancel"' in client.get(change_url).content.decode()
+    cancel_url = reverse("admin:agent_sessions_session_cancel", args=[running.pk])
+    assert client.get(cancel_url).status_code == 405
+    response = client.post(cancel_url)
+    assert response.status_code == 302 and response["Location"] == change_url
+    assert Session.objects.get(pk=running.pk).cancel_requested is True
+
+
+def test_cancel_is_refused_without_login(client):
+    running = SessionFactory()
+    Session.objects.filter(pk=running.pk).update(state="processing")
+    response = client.post(reverse("admin:agent_sessions_session_cancel", args=[running.pk]))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    assert Session.objects.get(pk=running.pk).cancel_requested is False
+
+
+@runs_a_turn
+def test_agent_and_model_admin_pages(client, operator, demo_session):
+    agents = client.get(reverse("admin:agent_sessions_agent_changelist"))
+    assert agents.status_code == 200
+    row = next(a for a in agents.context["cl"].result_list if a.slug == "order-support")
+    assert row._session_count == 1
+    assert (
+        client.get(reverse("admin:agent_sessions_agent_change", args=[row.pk])).status_code == 200
+    )
+    assert client.get(reverse("admin:agent_sessions_modelendpoint_changelist")).status_code == 200
+
+
+@runs_a_turn
+def test_agent_form_rejects_unknown_tools_and_bad_rules(client, operator, demo_session):
+    agent = demo_session.agent
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug,
+        model=agent.model_id,
+        fallback_model="",
+        tools="query_orders,no_such_tool",
+        rules='[{"when": {}}]',
+        enabled="on",
+    )
+    response = client.post(url, data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "Unknown tool(s): no_such_tool." in errors["tools"]
+    assert errors["rules"] and "Invalid rules" in errors["rules"][0]
+
+
+def _tool_post(**overrides):
+    data = {
+        "name": "lookup",
+        "description": "Look something up.",
+        "result_description": "",
+        "parameters": '{"type": "object", "properties": {"q": {"type": "string"}}}',
+        "kind": "python",
+        "handler": "builtin.current_time",
+        "url": "",
+        "method": "POST",
+        "headers": "{}",
+        "timeout_s": "10",
+        "risk_level": "0",
+        "roles": "support",
+        "credit_cost": "0",
+        "enabled": "on",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_tool_form_rejects_an_invalid_json_schema(client, operator):
+    url = reverse("admin:tools_tool_add")
+    response = client.post(
+        url, _tool_post(parameters='{"type": "object", "properties": {"q": {"type": 12}}}')
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["parameters"]
+    assert errors["parameters"][0].startswith("Not a valid JSON Schema (Draft 2020-12)")
+
+    not_object = client.post(url, _tool_post(parameters='{"type": "string"}'))
+    assert "top level must be" in not_object.context["adminform"].form.errors["parameters"][0]
+
+    bad_handler = client.post(url, _tool_post(handler="nope.nothing"))
+    assert (
+        "No registered handler 'nope.nothing'"
+        in bad_handler.context["adminform"].form.errors["handler"][0]
+    )
+
+    created = client.post(url, _tool_post())
+    assert created.status_code == 302
+
+
+def test_tool_changelist_toggles_enabled_in_place(client, operator):
+    tool = ToolFactory(name="toggle_me")
+    url = reverse("admin:tools_tool_changelist")
+    page = client.get(url)
+    assert page.status_code == 200 and "toggle_me" in page.content.decode()
+    response = client.post(
+        url,
+        {
+            "form-TOTAL_FORMS": "1",
+            "form-INITIAL_FORMS": "1",
+            "form-MIN_NUM_FORMS": "0",
+            "form-MAX_NUM_FORMS": "1000",
+            "form-0-id": str(tool.pk),
+            "_save": "Save",
+        },
+    )
+    assert response.status_code == 302
+    tool.refresh_from_db()
+    assert tool.enabled is False
+
+
+def test_demo_and_other_apps_are_registered(client, operator):
+    for name in (
+        "demo_customer",
+        "demo_order",
+        "demo_notification",
+        "demo_report",
+        "accounts_apikey",
+    ):
+        assert client.get(reverse(f"admin:{name}_changelist")).status_code == 200, name
+    index = client.get(reverse("admin:index")).content.decode()
+    assert "Agent platform" in index
+
+
+def test_admin_static_files_are_served(client):
+    # daphne serves no static files; WhiteNoise does, straight from the app finders.
+    response = client.get("/static/admin/css/base.css")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/css")
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+    assert b"--body-bg" in body

@@ -1,0 +1,313 @@
+"""What the edges call: creating sessions, posting and queueing messages, cancelling, sweeping."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from sessions import selectors, services
+from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from sessions.models import Event, Message, Session, Transition
+from sessions.states import RUNNABLE, State
+
+pytestmark = pytest.mark.django_db
+
+
+def _row(session: Session) -> Session:
+    return Session.objects.get(pk=session.pk)
+
+
+# session_create ----------------------------------------------------------------
+
+
+def test_session_create_defaults_the_role_to_the_keys_first_role(make_agent, owner):
+    agent = make_agent(slug="helper")
+    session = services.session_create(
+        owner=owner, agent_slug="helper", key_roles=["support", "analyst"]
+    )
+    assert session.role == "support"
+    assert session.agent == agent and session.owner == owner
+    assert (session.state, session.version, session.turn) == ("idle", 0, 0)
+
+
+def test_session_create_takes_a_granted_role_and_metadata(make_agent, owner):
+    make_agent(slug="helper")
+    session = services.session_create(
+        owner=owner,
+        agent_slug="helper",
+        key_roles=["support", "analyst"],
+        role="analyst",
+        metadata={"ticket": 7},
+    )
+    assert session.role == "analyst"
+    assert _row(session).metadata == {"ticket": 7}
+
+
+def test_session_create_refuses_a_role_the_key_does_not_grant(make_agent, owner):
+    make_agent(slug="helper")
+    with pytest.raises(InvalidInput) as info:
+        services.session_create(
+            owner=owner, agent_slug="helper", key_roles=["support"], role="admin"
+        )
+    assert info.value.details == {"field": "role"}
+    assert "admin" in info.value.message and "support" in info.value.message
+    assert not Session.objects.exists()
+
+
+def test_session_create_refuses_an_unknown_agent(owner, make_agent):
+    make_agent(slug="helper")
+    with pytest.raises(InvalidInput) as info:
+        services.session_create(owner=owner, agent_slug="nobody", key_roles=["support"])
+    assert info.value.code == "unknown_agent"
+    assert info.value.status == 400
+    assert info.value.details == {"field": "agent"}
+
+
+def test_session_create_refuses_a_disabled_agent(owner, make_agent):
+    make_agent(slug="retired", enabled=False)
+    with pytest.raises(InvalidInput) as info:
+        services.session_create(owner=owner, agent_slug="retired", key_roles=["support"])
+    assert info.value.code == "unknown_agent"
+
+
+def test_session_create_without_roles_has_an_empty_role(owner, make_agent):
+    make_agent(slug="helper")
+    assert services.session_create(owner=owner, agent_slug="helper", key_roles=[]).role == ""
+
+
+# message_post --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["", "   ", "\n\t "])
+def test_message_post_refuses_empty_content(make_session, content):
+    session = make_session()
+    with pytest.raises(InvalidInput) as info:
+        services.message_post(session=session, content=content)
+    assert info.value.details == {"field": "content"}
+    assert not Message.objects.exists()
+    assert _row(session).version == 0
+
+
+@override_settings(MAX_MESSAGE_CHARS=50)
+def test_message_post_refuses_content_over_the_limit(make_session):
+    session = make_session()
+    services.message_post(session=session, content="x" * 50)  # the limit itself is fine
+    with pytest.raises(PayloadTooLarge) as info:
+        services.message_post(session=session, content="x" * 51)
+    assert info.value.status == 413
+    assert info.value.details == {"field": "content", "limit": 50}
+    assert Message.objects.count() == 1
+
+
+def test_a_message_into_an_idle_session_starts_turn_one(make_session):
+    session = make_session()
+    posted = services.message_post(session=session, content="hello")
+
+    assert posted.created is True
+    message = posted.message
+    assert (message.seq, message.turn, message.status, message.role) == (1, 1, "final", "user")
+    row = _row(session)
+    assert row.state == State.PROCESSING.value
+    assert (row.turn, row.queued_count, row.message_seq, row.version, row.iteration) == (
+        1,
+        0,
+        1,
+        1,
+        0,
+    )
+    move = Transition.objects.get(session=session)
+    assert (move.from_state, move.to_state, move.trigger, move.turn) == (
+        "idle",
+        "processing",
+        "user_message",
+        1,
+    )
+    assert list(
+        Event.objects.filter(session=session).order_by("seq").values_list("seq", "type")
+    ) == [
+        (1, "message.completed"),
+        (2, "state.changed"),
+    ]
+    # Nobody holds the lease yet; the sweeper may pick the run up after the grace period.
+    assert row.lease_owner is None and row.lease_expires_at is not None
+
+
+def test_a_message_while_processing_is_queued_and_listed_last(make_session):
+    session = make_session()
+    first = services.message_post(session=session, content="first").message
+    second = services.message_post(session=session, content="second").message
+
+    assert second.seq is None and second.status == "queued"
+    row = _row(session)
+    assert row.state == State.PROCESSING.value
+    assert (row.queued_count, row.turn, row.version) == (1, 1, 1)
+
+    # The running turn's messages come first, then the queued one.
+    Message.objects.create(
+        session=session, seq=2, turn=1, role="assistant", content="working on it"
+    )
+    history = selectors.message_history(session=row, limit=20)
+    assert [m.content for m in history] == ["first", "working on it", "second"]
+    assert history[0].pk == first.pk
+    assert [m.content for m in selectors.message_history(session=row, limit=2)] == [
+        "working on it",
+        "second",
+    ]
+
+
+@pytest.mark.parametrize("state", [State.FINISHED, State.CANCELLED, State.ERROR])
+def test_a_message_after_a_turn_ended_starts_the_next_turn(make_session, state):
+    session = make_session(
+        state=state.value, turn=3, iteration=5, cancel_requested=True, last_error="boom"
+    )
+    posted = services.message_post(session=session, content="again")
+    row = _row(session)
+    assert row.state == State.PROCESSING.value
+    assert (row.turn, row.iteration, row.cancel_requested, row.last_error) == (4, 0, False, "")
+    assert posted.message.turn == 4
+
+
+def test_idempotency_key_repeat_returns_the_same_message(make_session):
+    session = make_session()
+    first = services.message_post(session=session, content="hello", idempotency_key="k1")
+    again = services.message_post(session=session, content="hello", idempotency_key="k1")
+
+    assert first.created is True and again.created is False
+    assert again.message.pk == first.message.pk
+    assert Message.objects.filter(session=session).count() == 1
+    assert _row(session).version == 1
+
+
+def test_idempotency_key_with_different_content_is_a_conflict(make_session):
+    session = make_session()
+    services.message_post(session=session, content="hello", idempotency_key="k1")
+    with pytest.raises(Conflict) as info:
+        services.message_post(session=session, content="something else", idempotency_key="k1")
+    assert info.value.status == 409
+    assert info.value.code == "idempotency_conflict"
+    assert Message.objects.filter(session=session).count() == 1
+
+
+def test_the_same_idempotency_key_in_another_session_is_independent(make_session, make_agent):
+    agent = make_agent()
+    a, b = make_session(agent=agent), make_session(agent=agent)
+    services.message_post(session=a, content="hello", idempotency_key="k1")
+    posted = services.message_post(session=b, content="other", idempotency_key="k1")
+    assert posted.created is True
+
+
+# session_cancel ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", sorted(RUNNABLE))
+def test_cancel_on_a_running_session_sets_the_flag(make_session, state):
+    session = make_session(state=state.value)
+    assert services.session_cancel(session=session) is True
+    row = _row(session)
+    # The worker stops at its next step boundary; the state is not touched here.
+    assert row.cancel_requested is True and row.state == state.value and row.version == 0
+
+
+@pytest.mark.parametrize("state", [State.IDLE, State.FINISHED, State.CANCELLED, State.ERROR])
+def test_cancel_with_nothing_running_returns_false(make_session, state):
+    session = make_session(state=state.value)
+    assert services.session_cancel(session=session) is False
+    row = _row(session)
+    assert row.cancel_requested is False and row.state == state.value and row.version == 0
+    assert not Event.objects.filter(session=session).exists()
+
+
+@pytest.mark.parametrize(
+    "state", [State.AWAITING_APPROVAL, State.WAITING_TIMER, State.PAUSED_FOR_USER]
+)
+def test_cancel_while_waiting_on_a_person_or_clock_cancels_at_once(make_session, state):
+    session = make_session(state=state.value, turn=2)
+    assert (
+        services.session_cancel(session=session, reason="user gave up", actor="api:owner") is True
+    )
+    row = _row(session)
+    assert row.state == State.CANCELLED.value and row.version == 1
+    move = Transition.objects.get(session=session)
+    assert (move.from_state, move.trigger, move.actor) == (state.value, "cancel", "api:owner")
+    last = Event.objects.filter(session=session).order_by("-seq").first()
+    assert last.type == "turn.finished" and last.data["stop_reason"] == "cancelled"
+
+
+# session_get ----------------------------------------------------------------------------
+
+
+def test_session_get_reports_missing_sessions_as_not_found(make_session):
+    session = make_session()
+    assert services.session_get(session_id=session.pk) == session
+    with pytest.raises(NotFound):
+        services.session_get(session_id="00000000-0000-0000-0000-000000000000")
+    with pytest.raises(NotFound):
+        services.session_get(session_id="not-a-uuid")
+
+
+# sessions_sweep ----------------------------------------------------------------------------
+
+
+def _expire(session: Session, seconds_ago: float = 5) -> None:
+    Session.objects.filter(pk=session.pk).update(
+        lease_owner="dead-worker", lease_expires_at=timezone.now() - timedelta(seconds=seconds_ago)
+    )
+
+
+def _db_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def test_sweep_claims_an_expired_runnable_session_once(make_session, settings):
+    expired = make_session(state=State.PROCESSING.value)
+    _expire(expired)
+
+    claimed = services.sessions_sweep()
+
+    assert claimed == [str(expired.pk)]
+    row = _row(expired)
+    assert row.lease_owner is None
+    grace = timedelta(seconds=settings.SESSION_PICKUP_GRACE_S)
+    assert row.lease_expires_at == _db_now() + grace  # same transaction, same now()
+    # Not again right away: its lease now runs for the pickup grace.
+    assert services.sessions_sweep() == []
+
+
+def test_sweep_leaves_live_leases_and_idle_sessions_alone(make_session, make_agent):
+    agent = make_agent()
+    live = make_session(agent=agent, state=State.TOOL_WAIT.value)
+    Session.objects.filter(pk=live.pk).update(
+        lease_owner="busy-worker", lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
+    idle = make_session(agent=agent, state=State.IDLE.value)
+    finished = make_session(agent=agent, state=State.FINISHED.value)
+    _expire(finished)
+    waiting = make_session(agent=agent, state=State.AWAITING_APPROVAL.value)
+    _expire(waiting)
+    queued = make_session(agent=agent, state=State.FINISHED.value, queued_count=1)
+    _expire(queued)
+    never_leased = make_session(agent=agent, state=State.TOOL_LOOP.value)
+
+    claimed = set(services.sessions_sweep())
+
+    assert claimed == {str(queued.pk), str(never_leased.pk)}
+    assert str(live.pk) not in claimed and str(idle.pk) not in claimed
+    assert _row(live).lease_owner == "busy-worker"
+
+
+def test_session_get_for_owner_hides_other_owners_and_bad_ids(make_session):
+    session = make_session()
+    assert (
+        selectors.session_get_for_owner(session_id=session.pk, owner_id=session.owner_id) == session
+    )
+    for session_id, owner_id in [
+        (session.pk, session.owner_id + 1000),
+        ("not-a-uuid", session.owner_id),
+        (None, session.owner_id),
+    ]:
+        with pytest.raises(NotFound):
+            selectors.session_get_for_owner(session_id=session_id, owner_id=owner_id)

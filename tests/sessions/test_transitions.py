@@ -1,0 +1,199 @@
+"""Moves on the database: one version bump, one Transition, one event per legal move; nothing for an illegal one."""
+
+import itertools
+import threading
+
+import pytest
+from django.db import connection
+
+from sessions.models import Checkpoint, Event, Message, Session, Transition
+from sessions.states import TRANSITIONS, IllegalTransition, State, Trigger
+from sessions.transitions import StaleSession, Step, session_move, step_commit
+
+ALLOWED = sorted(TRANSITIONS.items())
+ILLEGAL = [pair for pair in itertools.product(State, Trigger) if pair not in TRANSITIONS]
+
+
+def _snapshot(session: Session) -> tuple:
+    row = Session.objects.get(pk=session.pk)
+    return (
+        row.state,
+        row.version,
+        row.event_seq,
+        row.message_seq,
+        row.step,
+        Transition.objects.filter(session=session).count(),
+        Event.objects.filter(session=session).count(),
+        Checkpoint.objects.filter(session=session).count(),
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("pair", "target"), ALLOWED, ids=[f"{s}-{t}" for (s, t), _ in ALLOWED])
+def test_allowed_move_bumps_version_and_records_transition_and_event(make_session, pair, target):
+    state, trigger = pair
+    session = make_session(state=state.value, version=5, event_seq=2)
+
+    committed = session_move(session=session, trigger=trigger, reason="because", actor="tester")
+
+    row = Session.objects.get(pk=session.pk)
+    assert row.state == target.value
+    assert row.version == 6 == committed.version
+    assert committed.state is target
+    # The caller's copy is in step with the row.
+    assert (session.state, session.version) == (target.value, 6)
+
+    transitions = list(Transition.objects.filter(session=session))
+    assert len(transitions) == 1
+    move = transitions[0]
+    assert (move.from_state, move.to_state, move.trigger) == (
+        state.value,
+        target.value,
+        trigger.value,
+    )
+    assert (move.reason, move.actor, move.version) == ("because", "tester", 6)
+
+    events = list(Event.objects.filter(session=session))
+    assert len(events) == 1
+    assert events[0].type == "state.changed"
+    assert events[0].seq == 3 == row.event_seq
+    assert events[0].data == {
+        "from": state.value,
+        "to": target.value,
+        "trigger": trigger.value,
+        "reason": "because",
+    }
+    # A plain move writes no messages and no checkpoint.
+    assert row.message_seq == 0 and row.step == 0
+    assert not Message.objects.filter(session=session).exists()
+    assert not Checkpoint.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db
+def test_every_illegal_move_changes_nothing(make_session, make_agent):
+    agent = make_agent()
+    for state in State:
+        session = make_session(agent=agent, state=state.value, version=3)
+        before = _snapshot(session)
+        for trigger in Trigger:
+            if (state, trigger) in TRANSITIONS:
+                continue
+            with pytest.raises(IllegalTransition):
+                session_move(session=session, trigger=trigger)
+            assert session.state == state.value and session.version == 3
+        assert _snapshot(session) == before
+    assert not Transition.objects.exists()
+    assert not Event.objects.exists()
+    assert len(ILLEGAL) == len(State) * len(Trigger) - len(TRANSITIONS)
+
+
+@pytest.mark.django_db
+def test_a_stale_version_is_refused_and_changes_nothing(make_session):
+    session = make_session(state=State.IDLE.value)
+    stale = Session.objects.get(pk=session.pk)
+    session_move(session=session, trigger=Trigger.USER_MESSAGE)
+    before = _snapshot(session)
+
+    with pytest.raises(StaleSession):
+        session_move(session=stale, trigger=Trigger.USER_MESSAGE)
+
+    assert _snapshot(session) == before
+    assert stale.version == 0 and stale.state == State.IDLE.value
+
+
+@pytest.mark.django_db
+def test_a_stale_lease_owner_is_refused(make_session):
+    session = make_session(state=State.PROCESSING.value, lease_owner="worker-a")
+    before = _snapshot(session)
+
+    with pytest.raises(StaleSession):
+        step_commit(Step(session=session, trigger=Trigger.ANSWER, lease_owner="worker-b"))
+    assert _snapshot(session) == before
+
+    # The owner of the lease may move it.
+    step_commit(Step(session=session, trigger=Trigger.ANSWER, lease_owner="worker-a"))
+    assert Session.objects.get(pk=session.pk).state == State.FINISHED.value
+
+
+@pytest.mark.django_db
+def test_a_step_may_not_touch_columns_outside_its_whitelist(make_session):
+    session = make_session(state=State.PROCESSING.value)
+    before = _snapshot(session)
+    with pytest.raises(ValueError, match="may not set state"):
+        step_commit(Step(session=session, trigger=Trigger.ANSWER, set_fields={"state": "idle"}))
+    with pytest.raises(ValueError, match="may not add to version"):
+        step_commit(Step(session=session, trigger=Trigger.ANSWER, add_fields={"version": 1}))
+    assert _snapshot(session) == before
+
+
+@pytest.mark.django_db
+def test_a_step_numbers_messages_and_events_without_gaps(make_session):
+    session = make_session(state=State.PROCESSING.value, message_seq=4, event_seq=10)
+    step_commit(
+        Step(
+            session=session,
+            trigger=Trigger.ANSWER,
+            messages=[
+                Message(role="assistant", content="a"),
+                Message(role="assistant", content="b"),
+            ],
+            events=[("progress", {"n": 1})],
+            after_events=[("turn.finished", {"stop_reason": "answer"})],
+            checkpoint={"phase": "answer"},
+        )
+    )
+    assert list(
+        Message.objects.filter(session=session).order_by("seq").values_list("seq", "content")
+    ) == [
+        (5, "a"),
+        (6, "b"),
+    ]
+    events = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "type"))
+    assert events == [
+        (11, "message.completed"),
+        (12, "message.completed"),
+        (13, "progress"),
+        (14, "state.changed"),
+        (15, "turn.finished"),
+    ]
+    checkpoint = Checkpoint.objects.get(session=session)
+    assert checkpoint.step == 1 and checkpoint.message_seq == 6
+    assert checkpoint.context == {"phase": "answer", "state": "finished"}
+    assert checkpoint.size_bytes == len('{"phase":"answer","state":"finished"}')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_movers_exactly_one_wins(make_session):
+    session = make_session(state=State.IDLE.value, version=7)
+    copies = [Session.objects.get(pk=session.pk), Session.objects.get(pk=session.pk)]
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = [None, None]
+
+    def mover(index: int) -> None:
+        try:
+            # Each thread opens its own connection.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            barrier.wait(timeout=10)
+            outcomes[index] = session_move(
+                session=copies[index], trigger=Trigger.USER_MESSAGE, actor=f"t{index}"
+            )
+        except Exception as exc:  # noqa: BLE001 - the outcome is what we check
+            outcomes[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=mover, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+    stale = [o for o in outcomes if isinstance(o, StaleSession)]
+    won = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(stale) == 1 and len(won) == 1, outcomes
+    row = Session.objects.get(pk=session.pk)
+    assert row.version == 8 and row.state == State.PROCESSING.value
+    assert Transition.objects.filter(session=session).count() == 1
+    assert Event.objects.filter(session=session, type="state.changed").count() == 1

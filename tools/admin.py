@@ -1,0 +1,174 @@
+"""Tools as data: operators edit what the model sees and who may call it."""
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.forms.fields import InvalidJSONInput
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from .models import Tool, ToolKind
+from .registry import HANDLERS
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+class PrettyJSONField(forms.JSONField):
+    """JSON shown indented, so schemas and rules are readable and editable."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault(
+            "widget",
+            forms.Textarea(attrs={"rows": 14, "cols": 90, "style": "font-family: monospace"}),
+        )
+        super().__init__(*args, **kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, InvalidJSONInput):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=2, cls=self.encoder)
+
+
+JSON_FIELD = {models.JSONField: {"form_class": PrettyJSONField}}
+
+
+def _schema_path(error: SchemaError) -> str:
+    return "".join(f"[{part!r}]" if isinstance(part, str) else f"[{part}]" for part in error.path)
+
+
+class ToolAdminForm(forms.ModelForm):
+    url = forms.URLField(
+        max_length=500,
+        required=False,
+        assume_scheme="https",
+        help_text="HTTP tools: the business API.",
+    )
+
+    class Meta:
+        model = Tool
+        fields = (
+            "name",
+            "enabled",
+            "description",
+            "result_description",
+            "parameters",
+            "kind",
+            "handler",
+            "url",
+            "method",
+            "headers",
+            "timeout_s",
+            "side_effects",
+            "requires_approval",
+            "risk_level",
+            "roles",
+            "credit_cost",
+        )
+        widgets = {
+            "description": forms.Textarea(attrs={"rows": 4, "cols": 100}),
+            "result_description": forms.Textarea(attrs={"rows": 2, "cols": 100}),
+        }
+
+    def clean_parameters(self) -> Any:
+        schema = self.cleaned_data.get("parameters")
+        if not isinstance(schema, dict):
+            raise forms.ValidationError(
+                'Enter a JSON Schema object, for example {"type": "object", "properties": {}}.'
+            )
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            where = _schema_path(exc)
+            raise forms.ValidationError(
+                f"Not a valid JSON Schema (Draft 2020-12){' at ' + where if where else ''}: {exc.message}"
+            ) from None
+        if schema.get("type") != "object":
+            raise forms.ValidationError(
+                'The top level must be {"type": "object"}: tool arguments are a JSON object.'
+            )
+        return schema
+
+    def clean_headers(self) -> Any:
+        headers = self.cleaned_data.get("headers")
+        if headers in (None, ""):
+            return {}
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise forms.ValidationError(
+                'Enter a JSON object of header names to string values, e.g. {"X-Team": "support"}.'
+            )
+        return headers
+
+    def clean_risk_level(self) -> int:
+        level: int = self.cleaned_data["risk_level"]
+        if level > 3:
+            raise forms.ValidationError("Risk level goes from 0 (harmless) to 3 (highest).")
+        return level
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("kind")
+        if kind == ToolKind.PYTHON:
+            handler = data.get("handler") or ""
+            if not handler:
+                self.add_error("handler", "A Python tool needs the name of a registered handler.")
+            elif handler not in HANDLERS:
+                known = ", ".join(sorted(HANDLERS)) or "none"
+                self.add_error(
+                    "handler", f"No registered handler '{handler}' (registered: {known})."
+                )
+        elif kind == ToolKind.HTTP:
+            if not data.get("url"):
+                self.add_error("url", "An HTTP tool needs the URL of its business API.")
+            method = (data.get("method") or "").upper()
+            if method not in HTTP_METHODS:
+                self.add_error("method", f"Use one of {', '.join(HTTP_METHODS)}.")
+            else:
+                data["method"] = method
+        return data
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    form = ToolAdminForm
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
+    list_display = (
+        "name",
+        "kind",
+        "side_effects",
+        "approval",
+        "risk_level",
+        "roles_display",
+        "credit_cost",
+        "enabled",
+    )
+    list_editable = ("enabled",)
+    list_filter = ("kind", "enabled", "side_effects", "requires_approval", "risk_level")
+    search_fields = ("name", "description", "handler", "url")
+    readonly_fields = ("updated_at",)
+    fieldsets = (
+        (None, {"fields": ("name", "enabled", "description", "result_description")}),
+        (
+            "Arguments",
+            {
+                "fields": ("parameters",),
+                "description": "JSON Schema (Draft 2020-12) with a top-level object type.",
+            },
+        ),
+        ("How it runs", {"fields": ("kind", "handler", "url", "method", "headers", "timeout_s")}),
+        (
+            "Safety and cost",
+            {"fields": ("side_effects", "requires_approval", "risk_level", "roles", "credit_cost")},
+        ),
+        (None, {"fields": ("updated_at",)}),
+    )
+
+    @admin.display(description="approval", boolean=True, ordering="requires_approval")
+    def approval(self, obj: Tool) -> bool:
+        return obj.requires_approval
+
+    @admin.display(description="roles")
+    def roles_display(self, obj: Tool) -> str:
+        return ", ".join(obj.roles) or "—"
