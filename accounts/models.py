@@ -18,6 +18,19 @@ def generate_api_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+class Role(models.Model):
+    """A role a caller's key may hold; tools name the roles that may use them."""
+
+    name = models.SlugField(max_length=50, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ApiKey(models.Model):
     """A caller's credential. Only the hash is stored; the key is shown once."""
 

@@ -131,6 +131,9 @@ DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # A model endpoint is skipped for a cool-down after this many consecutive failures.
 MODEL_BREAKER_THRESHOLD = env.int("MODEL_BREAKER_THRESHOLD", default=5)
 MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)
+# A tool fails fast for a cool-down after this many consecutive failures.
+TOOL_BREAKER_THRESHOLD = env.int("TOOL_BREAKER_THRESHOLD", default=5)
+TOOL_BREAKER_COOLDOWN_S = env.float("TOOL_BREAKER_COOLDOWN_S", default=30.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

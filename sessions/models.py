@@ -66,7 +66,16 @@ class Agent(models.Model):
     )
     candidate_percent = models.PositiveSmallIntegerField(default=0, help_text="0-100")
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
-    max_iterations = models.PositiveSmallIntegerField(default=8)
+    max_iterations = models.PositiveSmallIntegerField(default=8, help_text="Tool rounds per turn.")
+    # Loop guards (see sessions/engine/guards.py) and the three time limits.
+    repeat_call_limit = models.PositiveSmallIntegerField(
+        default=3, help_text="Stop after this many rounds of the same tool call with (nearly) the same arguments."
+    )
+    same_result_limit = models.PositiveSmallIntegerField(
+        default=2, help_text="Stop when a tool's result repeats the previous one this many times in a row."
+    )
+    step_timeout_s = models.FloatField(default=60.0, help_text="All tool calls of one step must finish within this.")
+    turn_timeout_s = models.FloatField(default=600.0, help_text="After this, the turn gets no more tool rounds.")
     context_window = models.PositiveIntegerField(default=128000)
     rules = models.JSONField(
         default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
@@ -98,6 +107,7 @@ class Session(models.Model):
     turn = models.PositiveIntegerField(default=0)
     step = models.PositiveIntegerField(default=0, help_text="Steps committed over the session's life.")
     iteration = models.PositiveSmallIntegerField(default=0, help_text="Model calls in the current turn.")
+    turn_started_at = models.DateTimeField(null=True, blank=True)
     message_seq = models.PositiveIntegerField(default=0)
     event_seq = models.PositiveIntegerField(default=0)
     queued_count = models.PositiveIntegerField(default=0)
@@ -195,6 +205,9 @@ class ToolCall(models.Model):
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     elapsed_ms = models.PositiveIntegerField(null=True, blank=True)
+    coercions = models.JSONField(default=list, blank=True, help_text="Safe argument coercions applied.")
+    cached = models.BooleanField(default=False, help_text="Answered from an identical earlier read-only call.")
+    attempts = models.PositiveSmallIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -169,7 +169,7 @@ TOOL_FIELDS = (
 )
 AGENT_FIELDS = (
     "name", "system_prompt", "tools", "max_iterations", "context_window", "rules", "busy_message", "enabled",
-    "candidate_percent",
+    "candidate_percent", "repeat_call_limit", "same_result_limit", "step_timeout_s", "turn_timeout_s",
 )
 
 

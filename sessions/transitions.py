@@ -20,7 +20,7 @@ from .publisher import Frame, make_frame, publish
 from .states import State, Trigger, next_state
 
 # Columns a step may set directly or add to; anything else is a programming error.
-SETTABLE = {"cancel_requested", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn"}
+SETTABLE = {"cancel_requested", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn", "turn_started_at"}
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
 
@@ -156,7 +156,8 @@ def step_commit(step: Step) -> Committed:
             ToolCall.objects.bulk_create(step.new_tool_calls)
         if step.updated_tool_calls:
             ToolCall.objects.bulk_update(
-                step.updated_tool_calls, ["status", "output", "error", "elapsed_ms", "finished_at"]
+                step.updated_tool_calls,
+                ["status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts"],
             )
 
         for record in step.model_calls:

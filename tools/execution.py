@@ -1,27 +1,35 @@
-"""Executing the model's tool calls: validate, run with a timeout, report clearly.
+"""Executing the model's tool calls: validate, run with limits, report clearly.
 
 Every outcome is data the model can act on (DESIGN.md invariant 6): an unknown
-tool, bad arguments, a timeout or an exception all come back as a failed
-result that starts with a failure marker, never as an exception.
+tool, bad arguments, a timeout, an open breaker or an exception all come back
+as a failed result that starts with a failure marker and says what to do,
+never as an exception.
 """
 
 import asyncio
 import inspect
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.db import connection
 from jsonschema import Draft202012Validator
 
+from sessions.breaker import CircuitBreaker
+
 from .models import Tool
 from .registry import UnknownHandler, get_handler
+from .rendering import FAILURE_MARKER, MAX_CHARS, render_failure, render_success
+from .validation import check_arguments, compile_validator
 
-FAILURE_MARKER = "TOOL CALL FAILED"
-MAX_RESULT_CHARS = 8000
+MAX_RESULT_CHARS = MAX_CHARS
+__all__ = [
+    "FAILURE_MARKER", "MAX_RESULT_CHARS", "ToolInvocation", "ToolOutcome", "ToolSnapshot",
+    "execute_all", "execute_one", "tools_for_agent", "validator_for",
+]
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,16 @@ class ToolSnapshot:
     handler: str
     url: str
     method: str
-    headers: dict[str, str]
+    headers: dict[str, Any]
     timeout_s: float
     side_effects: bool
     roles: tuple[str, ...]
     version: str
+    status_url: str = ""
+    probe_handler: str = ""
+    idempotent: bool = True
+    requires_approval: bool = False
+    risk_level: int = 0
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -56,6 +69,11 @@ class ToolSnapshot:
             side_effects=tool.side_effects,
             roles=tuple(tool.roles or ()),
             version=tool.updated_at.isoformat() if tool.updated_at else "",
+            status_url=tool.status_url,
+            probe_handler=tool.probe_handler,
+            idempotent=tool.idempotent,
+            requires_approval=tool.requires_approval,
+            risk_level=tool.risk_level,
         )
 
     def allows(self, role: str) -> bool:
@@ -78,6 +96,8 @@ class ToolOutcome:
     error: str = ""
     elapsed_ms: int = 0
     content: str = ""
+    coercions: list[str] = field(default_factory=list)
+    attempts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,26 +109,24 @@ def validator_for(tool: ToolSnapshot) -> Draft202012Validator:
     key = (tool.name, tool.version)
     found = _validators.get(key)
     if found is None:
-        found = Draft202012Validator(tool.parameters)
+        found = compile_validator(tool.parameters)
         _validators[key] = found
     return found
 
 
-def _failure(status: str, message: str, started: float) -> ToolOutcome:
+def tool_breaker() -> CircuitBreaker:
+    return CircuitBreaker("tool", threshold=settings.TOOL_BREAKER_THRESHOLD, cooldown_s=settings.TOOL_BREAKER_COOLDOWN_S)
+
+
+def _failure(status: str, message: str, started: float, **kwargs: Any) -> ToolOutcome:
     return ToolOutcome(
         status=status,
         output=None,
         error=message,
         elapsed_ms=int((time.perf_counter() - started) * 1000),
-        content=f"{FAILURE_MARKER} (status: {status}): {message}",
+        content=render_failure(status, message),
+        **kwargs,
     )
-
-
-def render_for_model(output: Any) -> str:
-    text = json.dumps(output, ensure_ascii=False, default=str, separators=(", ", ": "))
-    if len(text) > MAX_RESULT_CHARS:
-        text = text[:MAX_RESULT_CHARS] + f" … [cut: {len(text) - MAX_RESULT_CHARS} more characters]"
-    return text
 
 
 def _call_python_sync(handler_name: str, arguments: dict[str, Any], idempotency_key: str) -> Any:
@@ -123,90 +141,187 @@ def _call_python_sync(handler_name: str, arguments: dict[str, Any], idempotency_
         connection.close()
 
 
-async def _run_python(tool: ToolSnapshot, invocation: ToolInvocation) -> Any:
+async def _run_python(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
     handler = get_handler(tool.handler)
     if inspect.iscoroutinefunction(handler.func):
-        kwargs = dict(invocation.arguments)
+        kwargs = dict(arguments)
         if handler.wants_idempotency_key:
-            kwargs["idempotency_key"] = invocation.idempotency_key
+            kwargs["idempotency_key"] = key
         return await handler.func(**kwargs)
-    return await asyncio.to_thread(_call_python_sync, tool.handler, invocation.arguments, invocation.idempotency_key)
+    return await asyncio.to_thread(_call_python_sync, tool.handler, arguments, key)
 
 
-_http_client: httpx.AsyncClient | None = None
+_http_clients: dict[int, httpx.AsyncClient] = {}
 
 
 def _client() -> httpx.AsyncClient:
-    global _http_client
-    if _http_client is None:
-        _http_client = httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
-    return _http_client
+    loop_id = id(asyncio.get_running_loop())
+    client = _http_clients.get(loop_id)
+    if client is None or client.is_closed:
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+        _http_clients[loop_id] = client
+    return client
 
 
-async def _run_http(tool: ToolSnapshot, invocation: ToolInvocation) -> Any:
-    headers = {"Idempotency-Key": invocation.idempotency_key, "Content-Type": "application/json"}
+def http_headers(tool: ToolSnapshot, key: str) -> dict[str, str]:
+    headers = {"Idempotency-Key": key}
     for name, value in tool.headers.items():
         # `{"env": "NAME"}` takes a secret from the environment, never from the database.
-        headers[name] = os.environ.get(value["env"], "") if isinstance(value, dict) else str(value)
-    response = await _client().request(tool.method, tool.url, json=invocation.arguments, headers=headers)
+        headers[name] = os.environ.get(str(value.get("env", "")), "") if isinstance(value, dict) else str(value)
+    return headers
+
+
+class ToolHttpError(Exception):
+    """The business API answered with an error status; its body is the model's to read."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        detail = body.get("error") if isinstance(body, dict) and body.get("error") else body
+        super().__init__(f"HTTP {status}: {str(detail)[:500]}")
+        self.status = status
+        self.body = body
+
+
+async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
+    headers = http_headers(tool, key)
+    if tool.method in ("GET", "DELETE"):
+        response = await _client().request(tool.method, tool.url, params=arguments, headers=headers)
+    else:
+        response = await _client().request(tool.method, tool.url, json=arguments, headers=headers)
     try:
         body = response.json()
     except ValueError:
         body = {"text": response.text[:2000]}
+    if response.status_code >= 500:
+        raise httpx.HTTPStatusError(f"HTTP {response.status_code}", request=response.request, response=response)
     if response.status_code >= 400:
         raise ToolHttpError(response.status_code, body)
     return body
 
 
-class ToolHttpError(Exception):
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"HTTP {status}: {json.dumps(body, default=str)[:500]}")
-        self.status = status
+def _transport_error(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.TransportError | httpx.HTTPStatusError)
+
+
+async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
+    runner = _run_python(tool, arguments, key) if tool.kind == "python" else _run_http(tool, arguments, key)
+    return await asyncio.wait_for(runner, timeout=tool.timeout_s)
+
+
+def _reject_unknown(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float) -> ToolOutcome:
+    allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
+    shown = invocation.name if invocation.name.replace("_", "").replace("-", "").isalnum() else repr(invocation.name[:64])
+    return _failure("rejected", f"unknown tool '{shown}'. Tools you may use: {allowed}.", started)
 
 
 async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str) -> ToolOutcome:
-    """Run one call; never raises for anything the model or the tool did wrong."""
+    """Run one call; never raises for anything the model or the tool did wrong.
+
+    1. Refuse unknown tools and tools the session's role may not use (alike).
+    2. Check arguments: safe coercions, then every remaining problem at once.
+    3. Fail fast while the tool's breaker is open.
+    4. Run under the call's timeout; a tool without side effects gets one
+       retry after a timeout or a transport error.
+    """
     started = time.perf_counter()
     tool = tools.get(invocation.name)
     if tool is None or not tool.allows(role):
-        allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
-        return _failure("rejected", f"unknown tool '{invocation.name}'. Tools you may use: {allowed}.", started)
+        return _reject_unknown(invocation, tools, role, started)
     if invocation.arguments_error:
         return _failure("failed", f"arguments are not valid JSON ({invocation.arguments_error}); send a JSON object.", started)
-    errors = sorted(validator_for(tool).iter_errors(invocation.arguments), key=lambda e: list(e.path))
-    if errors:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.path) or 'arguments'}: {e.message}" for e in errors
+    checked = check_arguments(validator_for(tool), invocation.arguments)
+    if checked.errors:
+        problems = "; ".join(checked.errors)
+        return _failure(
+            "failed", f"invalid arguments for {tool.name}: {problems}. Fix them and call again.", started,
+            coercions=checked.coercions,
         )
-        return _failure("failed", f"invalid arguments for {tool.name}: {problems}. Fix them and call again.", started)
-    try:
-        runner = _run_python(tool, invocation) if tool.kind == "python" else _run_http(tool, invocation)
-        output = await asyncio.wait_for(runner, timeout=tool.timeout_s)
-    except TimeoutError:
-        return _failure("timeout", f"{tool.name} did not answer within {tool.timeout_s:g} s.", started)
-    except UnknownHandler as exc:
-        return _failure("failed", f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable.", started)
-    except (httpx.HTTPError, ToolHttpError) as exc:
-        return _failure("failed", f"{tool.name} could not be reached or refused the call: {exc}", started)
-    except TypeError as exc:
-        return _failure("failed", f"{tool.name} rejected the arguments: {exc}", started)
-    except Exception as exc:  # noqa: BLE001 - a tool's bug is the model's data, not the run's crash
-        return _failure("failed", f"{tool.name} failed: {type(exc).__name__}: {exc}", started)
+    breaker = tool_breaker()
+    if not breaker.allow(tool.name):
+        return _failure(
+            "failed", f"{tool.name} is temporarily unavailable after repeated failures; continue without it or try later.",
+            started, coercions=checked.coercions,
+        )
+    attempts = 0
+    output: Any = None
+    retries = 0 if tool.side_effects else 1
+    while True:
+        attempts += 1
+        try:
+            output = await _invoke(tool, checked.arguments, invocation.idempotency_key)
+            break
+        except TimeoutError:
+            if attempts <= retries:
+                continue
+            breaker.record_failure(tool.name)
+            return _failure("timeout", f"{tool.name} did not answer within {tool.timeout_s:g} s.", started, coercions=checked.coercions, attempts=attempts)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's data, not the run's crash
+            if _transport_error(exc) and attempts <= retries:
+                continue
+            return _exception_outcome(tool, exc, started, checked.coercions, attempts, breaker)
+    breaker.record_success(tool.name)
     if not isinstance(output, dict):
         output = {"result": output}
     elapsed = int((time.perf_counter() - started) * 1000)
     if output.get("ok") is False:
+        # A business error ("order not found") is a normal result to reason about.
         message = str(output.get("error") or "the tool reported a failure")
         return ToolOutcome(
             status="failed", output=output, error=message, elapsed_ms=elapsed,
-            content=f"{FAILURE_MARKER} (status: failed): {message}",
+            content=render_failure("failed", message), coercions=checked.coercions, attempts=attempts,
         )
-    return ToolOutcome(status="success", output=output, elapsed_ms=elapsed, content=render_for_model(output))
+    return ToolOutcome(
+        status="success", output=output, elapsed_ms=elapsed, content=render_success(output),
+        coercions=checked.coercions, attempts=attempts,
+    )
 
 
-async def execute_all(invocations: list[ToolInvocation], tools: dict[str, ToolSnapshot], role: str) -> list[ToolOutcome]:
-    """Run one response's calls concurrently; results come back in the model's order."""
-    return list(await asyncio.gather(*(execute_one(i, tools, role) for i in invocations)))
+def _exception_outcome(
+    tool: ToolSnapshot, exc: Exception, started: float, coercions: list[str], attempts: int, breaker: CircuitBreaker
+) -> ToolOutcome:
+    if isinstance(exc, UnknownHandler):
+        message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
+    elif isinstance(exc, ToolHttpError):
+        # The API understood and refused: business data, not an outage.
+        return ToolOutcome(
+            status="failed", output=exc.body if isinstance(exc.body, dict) else {"body": exc.body}, error=str(exc),
+            elapsed_ms=int((time.perf_counter() - started) * 1000), content=render_failure("failed", f"{tool.name} refused the call: {exc}"),
+            coercions=coercions, attempts=attempts,
+        )
+    elif _transport_error(exc):
+        breaker.record_failure(tool.name)
+        message = f"{tool.name} could not be reached: {type(exc).__name__}"
+    elif isinstance(exc, TypeError):
+        message = f"{tool.name} rejected the arguments: {exc}"
+    else:
+        breaker.record_failure(tool.name)
+        message = f"{tool.name} failed: {type(exc).__name__}: {exc}"
+    return _failure("failed", message, started, coercions=coercions, attempts=attempts)
+
+
+async def execute_all(
+    invocations: list[ToolInvocation], tools: dict[str, ToolSnapshot], role: str, *, step_timeout_s: float | None = None
+) -> list[ToolOutcome]:
+    """Run one response's calls concurrently; results come back in the model's order.
+
+    The step's time limit bounds them all: a call still running when it ends
+    is reported as a timeout of the step.
+    """
+    tasks = [asyncio.ensure_future(execute_one(i, tools, role)) for i in invocations]
+    if not tasks:
+        return []
+    started = time.perf_counter()
+    done, pending = await asyncio.wait(tasks, timeout=step_timeout_s)
+    for task in pending:
+        task.cancel()
+    outcomes: list[ToolOutcome] = []
+    for task, invocation in zip(tasks, invocations, strict=True):
+        if task in done:
+            outcomes.append(task.result())
+        else:
+            outcomes.append(
+                _failure("timeout", f"{invocation.name} was stopped: the step's time limit of {step_timeout_s:g} s ran out.", started)
+            )
+    return outcomes
 
 
 def tools_for_agent(names: list[str], role: str) -> dict[str, ToolSnapshot]:

@@ -20,7 +20,9 @@ def _scalar(value: Any) -> str:
         text = value
     else:
         text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
-    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
+    if len(text) <= MAX_VALUE_CHARS:
+        return text
+    return text[:MAX_VALUE_CHARS] + f"… [cut: {len(text) - MAX_VALUE_CHARS} more characters]"
 
 
 def _is_scalar(value: Any) -> bool:
@@ -52,7 +54,7 @@ def render_success(output: dict[str, Any], *, cached: bool = False) -> str:
 
 
 def render_failure(status: str, message: str) -> str:
-    return cap(f"{FAILURE_MARKER} status: {status}. {message}")
+    return cap(f"{FAILURE_MARKER} (status: {status}): {message}")
 
 
 def cap(text: str, limit: int = MAX_CHARS) -> str:

@@ -9,10 +9,8 @@ from tools.execution import ToolSnapshot
 from ..llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from ..models import Agent, Message
 
-LIMIT_NOTE = (
-    "You have used all the tool rounds allowed for this request. Do not call tools; "
-    "answer the user now with what you have found so far."
-)
+LIMIT_NOTE = "You have used all the tool rounds allowed for this request."
+FINAL_INSTRUCTION = "Do not call tools; answer the user now with what you have found so far."
 
 
 def to_chat_message(message: Message) -> ChatMessage:
@@ -31,7 +29,7 @@ def to_chat_message(message: Message) -> ChatMessage:
 
 
 def build_request(
-    *, agent: Agent, history: Iterable[Message], tools: dict[str, ToolSnapshot], final: bool
+    *, agent: Agent, history: Iterable[Message], tools: dict[str, ToolSnapshot], final: bool, note: str = LIMIT_NOTE
 ) -> ChatRequest:
     messages: list[ChatMessage] = []
     if agent.system_prompt:
@@ -39,7 +37,7 @@ def build_request(
     messages.extend(to_chat_message(m) for m in history)
     specs: tuple[ToolSpec, ...] = ()
     if final:
-        messages.append(ChatMessage(role="system", content=LIMIT_NOTE))
+        messages.append(ChatMessage(role="system", content=f"{note} {FINAL_INSTRUCTION}"))
     else:
         specs = tuple(
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters)

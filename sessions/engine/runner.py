@@ -17,13 +17,16 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
-from tools.execution import ToolInvocation, execute_all, tools_for_agent
+from tools.execution import ToolInvocation, ToolOutcome, execute_all, tools_for_agent
+from tools.rendering import render_success
 
 from .. import io_loop
 from ..models import Agent, Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from ..states import RUNNABLE, TURN_ENDED, State, Trigger
 from ..transitions import StaleSession, Step, step_commit
-from .context import build_request, stable_json, tool_calls_json
+from . import guards
+from .context import LIMIT_NOTE, build_request, stable_json, tool_calls_json
+from .guards import CallRecord, GuardLimits, GuardVerdict
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
 from .routing import call_model
 
@@ -132,7 +135,9 @@ def turn_start(*, session: Session, lease_owner: str | None) -> bool:
             phase="turn_start",
             reason=f"turn {turn}",
             activate_message=message,
-            set_fields={"turn": turn, "iteration": 0, "cancel_requested": False, "last_error": ""},
+            set_fields={
+                "turn": turn, "iteration": 0, "cancel_requested": False, "last_error": "", "turn_started_at": timezone.now(),
+            },
             add_fields={"queued_count": -1},
             checkpoint={"user_message": message.pk},
         )
@@ -150,10 +155,11 @@ def model_step(session: Session, owner: str) -> None:
        either the tool-call intents (-> tool_wait) or the end of the turn.
     """
     agent: Agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=session.agent_id)
-    final = session.iteration >= agent.max_iterations
+    stop = loop_stop(session, agent)
+    final = stop is not None
     tools = {} if final else tools_for_agent(list(agent.tools), session.role)
     history = list(Message.objects.filter(session=session, status=MessageStatus.FINAL).order_by("seq"))
-    request = build_request(agent=agent, history=history, tools=tools, final=final)
+    request = build_request(agent=agent, history=history, tools=tools, final=final, note=stop.note if stop else "")
     connection.close()  # never hold a connection across the model call
 
     routed = call_model(session, agent, request)
@@ -180,7 +186,7 @@ def model_step(session: Session, owner: str) -> None:
         if final and not content.strip():
             content = LIMIT_ANSWER
         trigger = Trigger.LIMIT_REACHED if final else Trigger.ANSWER
-        _answer(session, owner, content, trigger, "max_iterations" if final else "answer", usage, used)
+        _answer(session, owner, content, trigger, stop.stop_reason if stop else "answer", usage, used)
         return
 
     step_no = session.step + 1
@@ -220,6 +226,28 @@ def model_step(session: Session, owner: str) -> None:
     )
 
 
+def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
+    """Why this turn may not call tools any more, if it may not.
+
+    The iteration limit, the turn's time limit and the loop guards, judged
+    from what the database holds, so a re-run step reaches the same verdict.
+    """
+    if session.iteration >= agent.max_iterations:
+        return GuardVerdict("max_iterations", LIMIT_NOTE)
+    if session.turn_started_at is not None:
+        elapsed = (timezone.now() - session.turn_started_at).total_seconds()
+        if elapsed > agent.turn_timeout_s:
+            return GuardVerdict("turn_timeout", f"This request has run for {int(elapsed)} s, past its limit of {agent.turn_timeout_s:g} s.")
+    if session.iteration < 2:
+        return None
+    rows = ToolCall.objects.filter(session=session, turn=session.turn).order_by("step", "position")
+    steps: dict[int, list[CallRecord]] = {}
+    for row in rows.only("step", "tool_name", "input", "output", "status"):
+        steps.setdefault(row.step, []).append(CallRecord(row.tool_name, row.input, row.output, row.status))
+    limits = GuardLimits(repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit)
+    return guards.check(list(steps.values()), limits)
+
+
 def _answer(
     session: Session, owner: str, content: str, trigger: Trigger, stop_reason: str, usage: dict[str, Any],
     model: str | None, last_error: str = "",
@@ -253,7 +281,15 @@ def _answer(
 
 
 def tool_step(session: Session, owner: str) -> None:
-    """Run the pending tool calls of this turn and commit their results."""
+    """Run the pending tool calls of this turn and commit their results.
+
+    1. Load the calls whose intent was committed, and the tools the role may use.
+    2. Answer read-only calls identical to an earlier successful one in this
+       session from that result (marked cached), without running them again.
+    3. Run the rest concurrently under the agent's step time limit; the
+       connection is given back first.
+    4. Commit results, tool messages and events in one step.
+    """
     agent: Agent = Agent.objects.get(pk=session.agent_id)
     calls = list(
         ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
@@ -261,8 +297,23 @@ def tool_step(session: Session, owner: str) -> None:
         )
     )
     tools = tools_for_agent(list(agent.tools), session.role)
+    outcomes: dict[int, ToolOutcome] = {}
+    for call in calls:
+        snapshot = tools.get(call.tool_name)
+        if snapshot is None or snapshot.side_effects or not isinstance(call.input, dict) or call.error:
+            continue
+        earlier = (
+            ToolCall.objects.filter(session=session, tool_name=call.tool_name, status=ToolCallStatus.SUCCESS, input=call.input)
+            .exclude(pk=call.pk)
+            .order_by("-id")
+            .values_list("output", flat=True)
+            .first()
+        )
+        if earlier is not None:
+            outcomes[call.pk] = ToolOutcome(status="success", output=earlier, content=render_success(earlier, cached=True), extra={"cached": True})
     connection.close()
 
+    to_run = [c for c in calls if c.pk not in outcomes]
     invocations = [
         ToolInvocation(
             call_id=c.call_id,
@@ -271,19 +322,24 @@ def tool_step(session: Session, owner: str) -> None:
             idempotency_key=c.idempotency_key,
             arguments_error=c.error or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
         )
-        for c in calls
+        for c in to_run
     ]
-    outcomes = io_loop.run(execute_all(invocations, tools, session.role))
+    ran = io_loop.run(execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s))
+    outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
 
     finished_at = timezone.now()
     messages: list[Message] = []
     events: list[tuple[str, dict[str, Any]]] = []
-    for call, outcome in zip(calls, outcomes, strict=True):
+    for call in calls:
+        outcome = outcomes[call.pk]
         call.status = outcome.status
         call.output = outcome.output
         call.error = outcome.error
         call.elapsed_ms = outcome.elapsed_ms
         call.finished_at = finished_at
+        call.coercions = outcome.coercions
+        call.attempts = outcome.attempts
+        call.cached = bool(outcome.extra.get("cached"))
         messages.append(
             Message(
                 turn=session.turn,
@@ -305,6 +361,8 @@ def tool_step(session: Session, owner: str) -> None:
                     "elapsed_ms": outcome.elapsed_ms,
                     "output": outcome.output,
                     "error": outcome.error,
+                    "cached": call.cached,
+                    "coercions": call.coercions,
                     "turn": call.turn,
                 },
             )
