@@ -54,7 +54,7 @@ venv .venv: $(STAMP)
 run: $(STAMP)
 	$(PY) -m devstack up
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py apply_config config/demo.yaml
+	$(PY) manage.py apply_config --no-url-check config/demo.yaml
 	$(PY) manage.py bootstrap_demo
 	@echo
 	@echo "  admin       http://127.0.0.1:$(PORT)/admin/"

@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 
-from .models import ApiKey, generate_api_key, hash_api_key
+from .models import ApiKey, Role, generate_api_key, hash_api_key
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,9 @@ class IssuedKey:
 def api_key_create(*, username: str, roles: list[str], name: str = "") -> IssuedKey:
     """Create (or reuse) the user and issue a new key; the raw key is returned once."""
     user, _ = get_user_model().objects.get_or_create(username=username)
+    for role in roles:
+        if role.strip():
+            Role.objects.get_or_create(name=role.strip())
     raw = generate_api_key()
     key = ApiKey.objects.create(
         owner=user,
@@ -34,3 +37,8 @@ def api_key_lookup(*, raw: str) -> ApiKey | None:
         .filter(key_hash=hash_api_key(raw), is_active=True, owner__is_active=True)
         .first()
     )
+
+
+def unknown_roles(roles: list[str]) -> list[str]:
+    known = set(Role.objects.values_list("name", flat=True))
+    return [r for r in roles if r not in known]

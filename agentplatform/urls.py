@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from sessions.api import health
 from sessions.api.errors_http import json_not_found, json_server_error
 from sessions.views import playground
+from tools.api import ToolListView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -13,6 +14,7 @@ urlpatterns = [
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/v1/", include("sessions.api.urls")),
+    path("api/v1/tools/", ToolListView.as_view(), name="tool-list"),
     path("playground/", playground, name="playground"),
 ]
 

@@ -120,6 +120,8 @@ class Handler(BaseHTTPRequestHandler):
                     status, body = issue_coupon(payload, key)
             elif method == "GET" and url.path == "/coupons/status":
                 status, body = coupon_status((query.get("idempotency_key") or [""])[0])
+            elif method == "GET" and url.path == "/orders/lookup":
+                status, body = order_details((query.get("number") or [""])[0])
             elif method == "GET" and url.path.startswith("/orders/"):
                 status, body = order_details(url.path.removeprefix("/orders/"))
             elif method == "GET" and url.path == "/healthz":

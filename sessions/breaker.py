@@ -81,11 +81,17 @@ class CircuitBreaker:
         open_until = float(values.get(b"open_until", 0) or 0)
         if not open_until:
             return BreakerState("closed", failures, 0.0)
-        return BreakerState("open" if time.time() < open_until else "half_open", failures, open_until)
+        return BreakerState(
+            "open" if time.time() < open_until else "half_open", failures, open_until
+        )
 
     def reset(self, name: str) -> None:
         self.record_success(name)
 
 
 def model_breaker() -> CircuitBreaker:
-    return CircuitBreaker("model", threshold=settings.MODEL_BREAKER_THRESHOLD, cooldown_s=settings.MODEL_BREAKER_COOLDOWN_S)
+    return CircuitBreaker(
+        "model",
+        threshold=settings.MODEL_BREAKER_THRESHOLD,
+        cooldown_s=settings.MODEL_BREAKER_COOLDOWN_S,
+    )

@@ -44,6 +44,9 @@ TOOL_ENTRY = {
         "kind": {"enum": ["python", "http"]},
         "handler": {"type": "string"},
         "url": {"type": "string", "pattern": "^https?://"},
+        "status_url": {"type": "string", "pattern": "^https?://"},
+        "probe_handler": {"type": "string"},
+        "idempotent": {"type": "boolean"},
         "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
         "headers": {"type": "object"},
         "parameters": {"type": "object"},
@@ -113,10 +116,18 @@ AGENT_ENTRY = {
     },
 }
 
+ROLE_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name"],
+    "properties": {"name": SLUG, "description": {"type": "string"}},
+}
+
 DOCUMENT = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
+        "roles": {"type": "array", "items": ROLE_ENTRY},
         "models": {"type": "array", "items": MODEL_ENTRY},
         "tools": {"type": "array", "items": TOOL_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
@@ -144,7 +155,24 @@ def _where(document: dict[str, Any], path: list[Any]) -> str:
     return out
 
 
-def config_errors(document: Any, *, known_models: set[str], known_tools: set[str]) -> list[str]:
+def url_problem(url: str, timeout_s: float = 2.0) -> str | None:
+    """Can a TCP connection reach the URL's host and port? None if so."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {parts.hostname}:{port} ({exc.strerror or type(exc).__name__})"
+
+
+def config_errors(
+    document: Any, *, known_models: set[str], known_tools: set[str], known_roles: set[str] | None = None,
+    check_urls: bool = False,
+) -> list[str]:
     """Every problem in the file, each naming its entry and field; empty if it is valid."""
     if not isinstance(document, dict):
         return ["file: the top level must be a mapping with models, tools and agents"]
@@ -154,7 +182,7 @@ def config_errors(document: Any, *, known_models: set[str], known_tools: set[str
     ]
     if errors:
         return errors
-    for kind, key in (("models", "name"), ("tools", "name"), ("agents", "slug")):
+    for kind, key in (("roles", "name"), ("models", "name"), ("tools", "name"), ("agents", "slug")):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
             if entry[key] in seen:
@@ -175,6 +203,19 @@ def config_errors(document: Any, *, known_models: set[str], known_tools: set[str
                 )
         if entry["kind"] == "http" and not entry.get("url"):
             errors.append(f"{where}.url: required for http tools")
+        if entry.get("probe_handler") and entry["probe_handler"] not in HANDLERS:
+            errors.append(f"{where}.probe_handler: no registered Python handler '{entry['probe_handler']}'")
+        if known_roles is not None:
+            roles = known_roles | {r["name"] for r in document.get("roles") or []}
+            for j, role in enumerate(entry.get("roles") or []):
+                if role not in roles:
+                    errors.append(f"{where}.roles[{j}]: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)")
+        if check_urls and entry["kind"] == "http":
+            for field in ("url", "status_url"):
+                if entry.get(field):
+                    problem = url_problem(entry[field])
+                    if problem:
+                        errors.append(f"{where}.{field}: unreachable: {problem}")
         params = entry.get("parameters")
         if params is not None:
             try:

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from accounts.services import api_key_lookup
 
@@ -36,6 +37,17 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
+def _origin_allowed(origin: str, host: str | None) -> bool:
+    """Configured origins, plus the page's own origin (same host and port as the socket)."""
+    if origin in settings.WS_ALLOWED_ORIGINS:
+        return True
+    netloc = origin.split("://", 1)[-1]
+    if host is None or netloc != host:
+        return False
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+
+
 class SessionConsumer(AsyncWebsocketConsumer):
     session_id: str
     last_seq: int
@@ -43,7 +55,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         origin = _header(self.scope, b"origin")
-        if origin is not None and origin not in settings.WS_ALLOWED_ORIGINS:
+        if origin is not None and not _origin_allowed(origin, _header(self.scope, b"host")):
             logger.info("websocket refused: origin %s not allowed", origin)
             await self.close()  # before accept: the handshake is refused (HTTP 403)
             return

@@ -135,7 +135,7 @@ class Session(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.agent_id}:{self.id}"
+        return str(self.id)
 
 
 class MessageRole(models.TextChoices):

@@ -165,6 +165,7 @@ MODEL_FIELDS = (
 )
 TOOL_FIELDS = (
     "description", "result_description", "kind", "handler", "url", "method", "headers", "parameters",
+    "status_url", "probe_handler", "idempotent",
     "timeout_s", "side_effects", "requires_approval", "risk_level", "roles", "credit_cost", "enabled",
 )
 AGENT_FIELDS = (
@@ -188,7 +189,7 @@ def _upsert(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> str:
     return "updated (" + ", ".join(changed) + ")"
 
 
-def config_apply(*, document: Any) -> list[str]:
+def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
     """Create or update models, tools and agents by name, all or nothing.
 
     1. Check the whole file first (structure, references, tool schemas,
@@ -198,6 +199,7 @@ def config_apply(*, document: Any) -> list[str]:
     """
     from decimal import Decimal
 
+    from accounts.models import Role
     from tools.models import Tool
 
     from .config_schema import config_errors
@@ -207,11 +209,16 @@ def config_apply(*, document: Any) -> list[str]:
         document,
         known_models=set(ModelEndpoint.objects.values_list("name", flat=True)),
         known_tools=set(Tool.objects.values_list("name", flat=True)),
+        known_roles=set(Role.objects.values_list("name", flat=True)),
+        check_urls=check_urls,
     )
     if errors:
         raise ConfigInvalid(errors)
     report: list[str] = []
     with transaction.atomic():
+        for entry in document.get("roles") or []:
+            values = {"description": entry.get("description", "")}
+            report.append(f"role {entry['name']}: {_upsert(Role, {'name': entry['name']}, values)}")
         for entry in document.get("models") or []:
             values = {k: entry[k] for k in MODEL_FIELDS if k in entry}
             for price in ("price_input_per_1k", "price_output_per_1k"):

@@ -43,7 +43,11 @@ def rollout_bucket(session_id: object) -> int:
 
 def primary_endpoint(agent: Agent, session: Session) -> tuple[ModelEndpoint, bool]:
     candidate = agent.candidate_model
-    if candidate is not None and candidate.enabled and rollout_bucket(session.pk) < agent.candidate_percent:
+    if (
+        candidate is not None
+        and candidate.enabled
+        and rollout_bucket(session.pk) < agent.candidate_percent
+    ):
         return candidate, True
     return agent.model, False
 
@@ -67,15 +71,22 @@ def estimate_request_tokens(request: ChatRequest) -> int:
     for m in request.messages:
         total += 4 + count_tokens(m.content)
         for c in m.tool_calls:
-            total += count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False))
+            total += count_tokens(c.name) + count_tokens(
+                json.dumps(c.arguments, ensure_ascii=False)
+            )
     for t in request.tools:
-        total += count_tokens(t.name) + count_tokens(t.description) + count_tokens(json.dumps(t.parameters))
+        total += (
+            count_tokens(t.name)
+            + count_tokens(t.description)
+            + count_tokens(json.dumps(t.parameters))
+        )
     return total
 
 
 def estimate_response_tokens(response: ChatResponse) -> int:
     return count_tokens(response.text) + sum(
-        count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in response.tool_calls
+        count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False))
+        for c in response.tool_calls
     )
 
 
@@ -113,12 +124,28 @@ class _Timing:
         return int((time.perf_counter() - self.started) * 1000)
 
 
-def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *, retried: bool, fallback: bool, rollout: bool) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
+def _attempt(
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    *,
+    retried: bool,
+    fallback: bool,
+    rollout: bool,
+) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall."""
     config = endpoint_config(endpoint)
     record = ModelCall(
-        turn=session.turn, step=0, endpoint=endpoint, endpoint_name=endpoint.name, api=endpoint.api,
-        model=endpoint.model, retried=retried, fallback_used=fallback, rollout=rollout, outcome="success",
+        turn=session.turn,
+        step=0,
+        endpoint=endpoint,
+        endpoint_name=endpoint.name,
+        api=endpoint.api,
+        model=endpoint.model,
+        retried=retried,
+        fallback_used=fallback,
+        rollout=rollout,
+        outcome="success",
     )
     estimated_in = estimate_request_tokens(request)
     breaker = model_breaker()
@@ -148,12 +175,16 @@ def _attempt(session: Session, endpoint: ModelEndpoint, request: ChatRequest, *,
     record.first_token_ms = timing.first_ms()
     record.total_ms = timing.total_ms()
     if response.usage is not None and (response.usage.input_tokens or response.usage.output_tokens):
-        record.input_tokens, record.output_tokens = response.usage.input_tokens, response.usage.output_tokens
+        record.input_tokens, record.output_tokens = (
+            response.usage.input_tokens,
+            response.usage.output_tokens,
+        )
     else:
         record.input_tokens, record.output_tokens = estimated_in, estimate_response_tokens(response)
         record.tokens_estimated = True
     record.cost = (
-        Decimal(record.input_tokens) * endpoint.price_input_per_1k + Decimal(record.output_tokens) * endpoint.price_output_per_1k
+        Decimal(record.input_tokens) * endpoint.price_input_per_1k
+        + Decimal(record.output_tokens) * endpoint.price_output_per_1k
     ) / 1000
     return response, record, None
 
@@ -167,7 +198,9 @@ def _scrub(exc: ModelError, config: EndpointConfig) -> None:
         exc.args = (redact(message, [key]),)
 
 
-def _stream(session: Session, config: EndpointConfig, request: ChatRequest, timing: _Timing) -> ChatResponse:
+def _stream(
+    session: Session, config: EndpointConfig, request: ChatRequest, timing: _Timing
+) -> ChatResponse:
     batcher = DeltaBatcher(session.pk, session.turn, settings.DELTA_FLUSH_MS)
     adapter = adapter_for(config)
 
@@ -188,11 +221,15 @@ def _stream(session: Session, config: EndpointConfig, request: ChatRequest, timi
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:
         future.cancel()
-        raise ModelTimeout(f"'{config.name}' did not finish within {config.total_timeout_s:g} s") from None
+        raise ModelTimeout(
+            f"'{config.name}' did not finish within {config.total_timeout_s:g} s"
+        ) from None
     except ModelError:
         if batcher.sent_chars:
             # The client saw part of an answer that will not enter the history.
-            publish_ephemeral(session.pk, "progress", {"stage": "answer_discarded", "turn": session.turn})
+            publish_ephemeral(
+                session.pk, "progress", {"stage": "answer_discarded", "turn": session.turn}
+            )
         raise
     except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
@@ -201,19 +238,28 @@ def _stream(session: Session, config: EndpointConfig, request: ChatRequest, timi
 def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:
     """Primary, then one retry on the fallback; never raises ModelError."""
     primary, rollout = primary_endpoint(agent, session)
-    response, record, error = _attempt(session, primary, request, retried=False, fallback=False, rollout=rollout)
-    routed = Routed(response=response, endpoint=primary if response else None, calls=[record], error=error)
+    response, record, error = _attempt(
+        session, primary, request, retried=False, fallback=False, rollout=rollout
+    )
+    routed = Routed(
+        response=response, endpoint=primary if response else None, calls=[record], error=error
+    )
     if error is None or not error.retryable:
         return routed
     fallback = agent.fallback_model
     if fallback is None or fallback.pk == primary.pk or not fallback.enabled:
         return routed
-    response, record, error = _attempt(session, fallback, request, retried=True, fallback=True, rollout=False)
+    response, record, error = _attempt(
+        session, fallback, request, retried=True, fallback=True, rollout=False
+    )
     routed.calls.append(record)
-    routed.response, routed.endpoint, routed.error = response, (fallback if response else None), error
+    routed.response, routed.endpoint, routed.error = (
+        response,
+        (fallback if response else None),
+        error,
+    )
     return routed
 
 
 def has_text(response: ChatResponse) -> bool:
     return bool(response.text.strip()) or bool(response.tool_calls)
-

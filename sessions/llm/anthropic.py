@@ -24,7 +24,12 @@ from .types import (
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
-STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+}
 
 
 def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, Any]]]:
@@ -43,13 +48,26 @@ def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dic
         if m.role == "system":
             system.append(m.content)
         elif m.role == "tool":
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
-            if isinstance(m.data, dict) and m.data.get("status") in ("failed", "timeout", "rejected"):
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": m.tool_call_id,
+                "content": m.content,
+            }
+            if isinstance(m.data, dict) and m.data.get("status") in (
+                "failed",
+                "timeout",
+                "rejected",
+            ):
                 block["is_error"] = True
             add("user", [block])
         elif m.role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
-            blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in m.tool_calls]
+            blocks: list[dict[str, Any]] = (
+                [{"type": "text", "text": m.content}] if m.content else []
+            )
+            blocks += [
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                for c in m.tool_calls
+            ]
             add("assistant", blocks or [{"type": "text", "text": ""}])
         else:
             add("user", [{"type": "text", "text": m.content}])
@@ -64,7 +82,11 @@ class AnthropicAdapter(HttpAdapter):
         return self.endpoint.base_url.rstrip("/") + "/v1/messages"
 
     def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION, "Accept": "text/event-stream"}
+        headers = {
+            "Content-Type": "application/json",
+            "anthropic-version": API_VERSION,
+            "Accept": "text/event-stream",
+        }
         key = self.api_key()
         if key:
             headers["x-api-key"] = key
@@ -75,15 +97,23 @@ class AnthropicAdapter(HttpAdapter):
         body: dict[str, Any] = {
             "model": self.endpoint.model,
             "messages": messages,
-            "max_tokens": request.max_tokens or int(self.endpoint.options.get("max_tokens", DEFAULT_MAX_TOKENS)),
+            "max_tokens": request.max_tokens
+            or int(self.endpoint.options.get("max_tokens", DEFAULT_MAX_TOKENS)),
         }
         if system:
             body["system"] = system
         if request.tools and request.tool_choice != "none":
-            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
             choice = request.tool_choice
             body["tool_choice"] = (
-                {"type": "auto"} if choice == "auto" else {"type": "any"} if choice == "required" else {"type": "tool", "name": choice}
+                {"type": "auto"}
+                if choice == "auto"
+                else {"type": "any"}
+                if choice == "required"
+                else {"type": "tool", "name": choice}
             )
         if request.temperature is not None:
             body["temperature"] = request.temperature
@@ -95,14 +125,20 @@ class AnthropicAdapter(HttpAdapter):
         """Translate Messages events into ours. `ping` and unknown event, block and
         delta types are ignored; an `error` event or a shape we cannot use ends the call."""
         state = _StreamState()
-        chunks = post_stream(self.endpoint, self.url(), self.headers(), self.payload(request, stream=True))
+        chunks = post_stream(
+            self.endpoint, self.url(), self.headers(), self.payload(request, stream=True)
+        )
         async for event, data in sse_events(chunks):
             try:
                 body = json.loads(data)
             except ValueError:
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event that is not JSON") from None
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' sent an event that is not JSON"
+                ) from None
             if not isinstance(body, dict):
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event of an unexpected shape")
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' sent an event of an unexpected shape"
+                )
             kind = body.get("type") or event
             if kind == "error":
                 raw_problem = body.get("error")
@@ -110,11 +146,15 @@ class AnthropicAdapter(HttpAdapter):
                 message = self.scrub(str(problem.get("message", "")))[:200]
                 if problem.get("type") in ("overloaded_error", "api_error"):
                     raise ModelUnavailable(f"'{self.endpoint.name}' failed mid-stream: {message}")
-                raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {message}")
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' reported an error mid-stream: {message}"
+                )
             try:
                 events = _read_event(kind, body, state)
             except (TypeError, ValueError, AttributeError, KeyError):
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent an event of an unexpected shape") from None
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' sent an event of an unexpected shape"
+                ) from None
             for item in events:
                 yield item
             if state.stopped:
@@ -128,18 +168,24 @@ class AnthropicAdapter(HttpAdapter):
         yield Finish("tool_calls" if state.blocks else state.finish)
 
     async def respond(self, request: ChatRequest) -> ChatResponse:
-        body = await post_json(self.endpoint, self.url(), self.headers(), self.payload(request, stream=False))
+        body = await post_json(
+            self.endpoint, self.url(), self.headers(), self.payload(request, stream=False)
+        )
         try:
             return _read_message(body)
         except (TypeError, ValueError, AttributeError, KeyError):
-            raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape") from None
+            raise ModelProtocolError(
+                f"'{self.endpoint.name}' answered in an unexpected shape"
+            ) from None
 
 
 def _read_message(body: Any) -> ChatResponse:
     """A non-streamed Messages answer; raises TypeError/... on a shape we cannot use."""
     if not isinstance(body, dict) or not isinstance(body.get("content"), list):
         raise TypeError("no content list")
-    response = ChatResponse(finish_reason=STOP_REASONS.get(body.get("stop_reason") or "end_turn", "stop"))
+    response = ChatResponse(
+        finish_reason=STOP_REASONS.get(body.get("stop_reason") or "end_turn", "stop")
+    )
     texts: list[str] = []
     for block in body["content"]:
         if not isinstance(block, dict):
@@ -148,13 +194,22 @@ def _read_message(body: Any) -> ChatResponse:
             texts.append(str(block.get("text") or ""))
         elif block.get("type") == "tool_use":
             raw = block.get("input")
-            arguments, error = (raw, None) if isinstance(raw, dict) else ({}, "tool input is not a JSON object")
+            arguments, error = (
+                (raw, None) if isinstance(raw, dict) else ({}, "tool input is not a JSON object")
+            )
             response.tool_calls.append(
-                ToolCallRequest(id=str(block.get("id") or ""), name=str(block.get("name") or ""), arguments=arguments, arguments_error=error)
+                ToolCallRequest(
+                    id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    arguments=arguments,
+                    arguments_error=error,
+                )
             )
     response.text = "".join(texts)
     usage = _object(body.get("usage"))
-    response.usage = Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+    response.usage = Usage(
+        int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+    )
     if response.tool_calls:
         response.finish_reason = "tool_calls"
     return response
@@ -197,7 +252,9 @@ def _read_event(kind: Any, body: dict[str, Any], state: _StreamState) -> list[St
         if block.get("type") == "tool_use":
             call_id = str(block.get("id") or f"toolu_{index}")
             state.blocks[index] = {"id": call_id, "name": str(block.get("name") or ""), "json": []}
-            events.append(ToolCallStarted(index=index, id=call_id, name=state.blocks[index]["name"]))
+            events.append(
+                ToolCallStarted(index=index, id=call_id, name=state.blocks[index]["name"])
+            )
         elif block.get("type") == "text" and block.get("text"):
             events.append(TextDelta(str(block["text"])))
     elif kind == "content_block_delta":
@@ -221,7 +278,12 @@ def _read_event(kind: Any, body: dict[str, Any], state: _StreamState) -> list[St
             events.append(
                 ToolCallFinished(
                     index=index,
-                    call=ToolCallRequest(id=open_block["id"], name=open_block["name"], arguments=arguments, arguments_error=error),
+                    call=ToolCallRequest(
+                        id=open_block["id"],
+                        name=open_block["name"],
+                        arguments=arguments,
+                        arguments_error=error,
+                    ),
                 )
             )
     elif kind == "message_delta":

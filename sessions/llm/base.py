@@ -38,7 +38,9 @@ class ModelError(Exception):
     retryable: bool = True
     outcome: str = "failed"
 
-    def __init__(self, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         if retryable is not None:
             self.retryable = retryable
@@ -94,7 +96,9 @@ class ModelAdapter(ABC):
         """Yield typed events; the last two are Usage (if known) and Finish."""
 
     async def complete(
-        self, request: ChatRequest, on_event: Callable[[StreamEvent], Awaitable[None] | None] | None = None
+        self,
+        request: ChatRequest,
+        on_event: Callable[[StreamEvent], Awaitable[None] | None] | None = None,
     ) -> ChatResponse:
         """Consume the stream into one response, passing each event to `on_event`."""
         response = ChatResponse()

@@ -25,7 +25,9 @@ from .base import (
 )
 
 RETRY_AFTER_CAP_S = 60.0
-_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def shared_client() -> httpx.AsyncClient:
@@ -83,11 +85,16 @@ def header_secrets(headers: dict[str, str]) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers, secrets: list[str] = []) -> Exception:  # noqa: B006 - read only
+def _status_error(
+    status: int, body: bytes, headers: httpx.Headers, secrets: tuple[str, ...] | list[str] = ()
+) -> Exception:
     # A provider may echo the key it refused: never let it into a message.
     snippet = redact(body[:4000].decode("utf-8", errors="replace"), secrets).strip()[:300]
     if status == 429:
-        return ModelRateLimited(f"rate limited (HTTP 429): {snippet}", retry_after_s=parse_retry_after(headers.get("retry-after")))
+        return ModelRateLimited(
+            f"rate limited (HTTP 429): {snippet}",
+            retry_after_s=parse_retry_after(headers.get("retry-after")),
+        )
     if status >= 500 or status == 408:
         return ModelUnavailable(f"provider error (HTTP {status}): {snippet}")
     return ModelConfigError(f"request refused (HTTP {status}): {snippet}")
@@ -111,24 +118,39 @@ async def post_stream(
         url,
         headers=headers,
         json=payload,
-        timeout=httpx.Timeout(connect=endpoint.connect_timeout_s, read=None, write=endpoint.connect_timeout_s, pool=endpoint.connect_timeout_s),
+        timeout=httpx.Timeout(
+            connect=endpoint.connect_timeout_s,
+            read=None,
+            write=endpoint.connect_timeout_s,
+            pool=endpoint.connect_timeout_s,
+        ),
     )
     try:
-        response = await asyncio.wait_for(client.send(request, stream=True), timeout=max(first_deadline - loop.time(), 0.001))
+        response = await asyncio.wait_for(
+            client.send(request, stream=True), timeout=max(first_deadline - loop.time(), 0.001)
+        )
     except TimeoutError:
-        raise ModelTimeout(f"no answer from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s") from None
+        raise ModelTimeout(
+            f"no answer from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s"
+        ) from None
     except httpx.TimeoutException:
-        raise ModelTimeout(f"could not connect to '{endpoint.name}' within {endpoint.connect_timeout_s:g} s") from None
+        raise ModelTimeout(
+            f"could not connect to '{endpoint.name}' within {endpoint.connect_timeout_s:g} s"
+        ) from None
     except httpx.HTTPError as exc:
         raise ModelUnavailable(f"cannot reach '{endpoint.name}': {type(exc).__name__}") from None
     try:
         chunks = response.aiter_bytes()
         if response.status_code >= 400:
             try:
-                body = await asyncio.wait_for(response.aread(), timeout=max(deadline - loop.time(), 0.001))
+                body = await asyncio.wait_for(
+                    response.aread(), timeout=max(deadline - loop.time(), 0.001)
+                )
             except (TimeoutError, httpx.HTTPError):
                 body = b""
-            raise _status_error(response.status_code, body, response.headers, header_secrets(headers))
+            raise _status_error(
+                response.status_code, body, response.headers, header_secrets(headers)
+            )
         first = True
         while True:
             limit = (first_deadline if first else deadline) - loop.time()
@@ -141,7 +163,9 @@ async def post_stream(
             except TimeoutError:
                 raise _timeout(endpoint, first) from None
             except httpx.HTTPError as exc:
-                raise ModelProtocolError(f"'{endpoint.name}' broke off the answer: {type(exc).__name__}") from None
+                raise ModelProtocolError(
+                    f"'{endpoint.name}' broke off the answer: {type(exc).__name__}"
+                ) from None
             first = False
             yield chunk
     finally:
@@ -150,17 +174,23 @@ async def post_stream(
 
 def _timeout(endpoint: EndpointConfig, first: bool) -> ModelTimeout:
     if first:
-        return ModelTimeout(f"no first token from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s")
+        return ModelTimeout(
+            f"no first token from '{endpoint.name}' within {endpoint.first_token_timeout_s:g} s"
+        )
     return ModelTimeout(f"'{endpoint.name}' did not finish within {endpoint.total_timeout_s:g} s")
 
 
-async def post_json(endpoint: EndpointConfig, url: str, headers: dict[str, str], payload: dict[str, Any]) -> Any:
+async def post_json(
+    endpoint: EndpointConfig, url: str, headers: dict[str, str], payload: dict[str, Any]
+) -> Any:
     """A non-streamed call: the whole body, parsed as JSON, under the same timeouts."""
     body = b"".join([chunk async for chunk in post_stream(endpoint, url, headers, payload)])
     try:
         return json.loads(body)
     except ValueError:
-        raise ModelProtocolError(f"'{endpoint.name}' answered with something that is not JSON") from None
+        raise ModelProtocolError(
+            f"'{endpoint.name}' answered with something that is not JSON"
+        ) from None
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:

@@ -22,7 +22,12 @@ from .types import (
     Usage,
 )
 
-FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length"}
+FINISH_REASONS = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+}
 
 
 def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
@@ -56,7 +61,10 @@ def openai_messages(messages: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
                         {
                             "id": c.id,
                             "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                            "function": {
+                                "name": c.name,
+                                "arguments": json.dumps(c.arguments, ensure_ascii=False),
+                            },
                         }
                         for c in m.tool_calls
                     ],
@@ -90,10 +98,20 @@ class OpenAIAdapter(HttpAdapter):
         return headers
 
     def payload(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.endpoint.model, "messages": openai_messages(request.messages)}
+        body: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "messages": openai_messages(request.messages),
+        }
         if request.tools:
             body["tools"] = [
-                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
                 for t in request.tools
             ]
             body["tool_choice"] = (
@@ -123,7 +141,9 @@ class OpenAIAdapter(HttpAdapter):
         calls: dict[int, _PendingCall] = {}
         state = _StreamState()
         done = False
-        chunks = post_stream(self.endpoint, self.url(), self.headers(), self.payload(request, stream=True))
+        chunks = post_stream(
+            self.endpoint, self.url(), self.headers(), self.payload(request, stream=True)
+        )
         async for _event, data in sse_events(chunks):
             if data.strip() == "[DONE]":
                 done = True
@@ -131,14 +151,20 @@ class OpenAIAdapter(HttpAdapter):
             try:
                 chunk = json.loads(data)
             except ValueError:
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent a chunk that is not JSON") from None
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' sent a chunk that is not JSON"
+                ) from None
             if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
                 message = self.scrub(str(chunk["error"].get("message", "")))[:200]
-                raise ModelProtocolError(f"'{self.endpoint.name}' reported an error mid-stream: {message}")
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' reported an error mid-stream: {message}"
+                )
             try:
                 events = _read_chunk(chunk, calls, state)
             except (TypeError, ValueError, AttributeError, KeyError):
-                raise ModelProtocolError(f"'{self.endpoint.name}' sent a chunk of an unexpected shape") from None
+                raise ModelProtocolError(
+                    f"'{self.endpoint.name}' sent a chunk of an unexpected shape"
+                ) from None
             for event in events:
                 yield event
         if not done:
@@ -150,11 +176,15 @@ class OpenAIAdapter(HttpAdapter):
         yield Finish("tool_calls" if calls else state.finish)
 
     async def respond(self, request: ChatRequest) -> ChatResponse:
-        body = await post_json(self.endpoint, self.url(), self.headers(), self.payload(request, stream=False))
+        body = await post_json(
+            self.endpoint, self.url(), self.headers(), self.payload(request, stream=False)
+        )
         try:
             return _read_completion(body)
         except (TypeError, ValueError, AttributeError, KeyError, IndexError):
-            raise ModelProtocolError(f"'{self.endpoint.name}' answered in an unexpected shape") from None
+            raise ModelProtocolError(
+                f"'{self.endpoint.name}' answered in an unexpected shape"
+            ) from None
 
 
 @dataclass
@@ -191,7 +221,9 @@ def _usage(raw: dict[str, Any]) -> Usage:
     return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
 
 
-def _read_chunk(chunk: Any, calls: dict[int, _PendingCall], state: _StreamState) -> list[StreamEvent]:
+def _read_chunk(
+    chunk: Any, calls: dict[int, _PendingCall], state: _StreamState
+) -> list[StreamEvent]:
     """The events in one chunk; raises TypeError/ValueError/... on a shape we cannot use."""
     if not isinstance(chunk, dict):
         raise TypeError("chunk is not an object")
@@ -245,12 +277,20 @@ def _read_completion(body: Any) -> ChatResponse:
     content = message.get("content") or ""
     if not isinstance(content, str):
         raise TypeError("content is not text")
-    response = ChatResponse(text=content, finish_reason=FINISH_REASONS.get(choice.get("finish_reason") or "stop", "stop"))
+    response = ChatResponse(
+        text=content,
+        finish_reason=FINISH_REASONS.get(choice.get("finish_reason") or "stop", "stop"),
+    )
     for raw in message.get("tool_calls") or []:
         function = raw.get("function") or {}
         arguments, error = parse_arguments(function.get("arguments") or "")
         response.tool_calls.append(
-            ToolCallRequest(id=str(raw.get("id") or ""), name=str(function.get("name") or ""), arguments=arguments, arguments_error=error)
+            ToolCallRequest(
+                id=str(raw.get("id") or ""),
+                name=str(function.get("name") or ""),
+                arguments=arguments,
+                arguments_error=error,
+            )
         )
     if response.tool_calls:
         response.finish_reason = "tool_calls"
@@ -268,5 +308,12 @@ def _finish_calls(calls: dict[int, _PendingCall]) -> list[StreamEvent]:
             raise ModelProtocolError("a tool call arrived without a name")
         arguments, error = parse_arguments("".join(pending.arguments))
         call_id = pending.id or f"call_{index}"
-        events.append(ToolCallFinished(index=index, call=ToolCallRequest(id=call_id, name=pending.name, arguments=arguments, arguments_error=error)))
+        events.append(
+            ToolCallFinished(
+                index=index,
+                call=ToolCallRequest(
+                    id=call_id, name=pending.name, arguments=arguments, arguments_error=error
+                ),
+            )
+        )
     return events

@@ -26,9 +26,7 @@ from .types import (
 )
 
 MAX_CORRECTIONS = 2
-GAVE_UP_ANSWER = (
-    "I'm sorry, I could not produce a valid answer this time. Please rephrase your request or try again."
-)
+GAVE_UP_ANSWER = "I'm sorry, I could not produce a valid answer this time. Please rephrase your request or try again."
 
 FORMAT = """You can use tools. To call tools, reply with ONLY one JSON object and nothing else:
 {{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}}
@@ -87,9 +85,11 @@ def parse_reply(text: str, known: set[str]) -> tuple[str, list[tuple[str, dict[s
     calls: list[tuple[str, dict[str, Any]]] = []
     for i, raw in enumerate(raw_calls):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise ReplyError(f"tool_calls[{i}] must be an object with a string \"name\"")
+            raise ReplyError(f'tool_calls[{i}] must be an object with a string "name"')
         if raw["name"] not in known:
-            raise ReplyError(f"tool_calls[{i}] names no known tool '{raw['name']}' (known: {', '.join(sorted(known)) or 'none'})")
+            raise ReplyError(
+                f"tool_calls[{i}] names no known tool '{raw['name']}' (known: {', '.join(sorted(known)) or 'none'})"
+            )
         arguments = raw.get("arguments", {})
         if isinstance(arguments, str):
             arguments = _loads(arguments) if arguments.strip() else {}
@@ -113,10 +113,18 @@ class PromptToolsAdapter(OpenAIAdapter):
         flat: list[ChatMessage] = []
         for m in messages + extra:
             if m.role == "assistant" and m.tool_calls:
-                payload = {"tool_calls": [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls]}
-                flat.append(ChatMessage(role="assistant", content=json.dumps(payload, ensure_ascii=False)))
+                payload = {
+                    "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls]
+                }
+                flat.append(
+                    ChatMessage(role="assistant", content=json.dumps(payload, ensure_ascii=False))
+                )
             elif m.role == "tool":
-                flat.append(ChatMessage(role="user", content=f"Result of {m.name} ({m.tool_call_id}):\n{m.content}"))
+                flat.append(
+                    ChatMessage(
+                        role="user", content=f"Result of {m.name} ({m.tool_call_id}):\n{m.content}"
+                    )
+                )
             else:
                 flat.append(ChatMessage(role=m.role, content=m.content))
         return replace(request, messages=tuple(flat), tools=(), tool_choice="none")
@@ -149,15 +157,23 @@ class PromptToolsAdapter(OpenAIAdapter):
                 else:
                     extra += [
                         ChatMessage(role="assistant", content=reply),
-                        ChatMessage(role="user", content=f"Your reply could not be used: {exc}. Reply again with only the JSON object described in the instructions."),
+                        ChatMessage(
+                            role="user",
+                            content=f"Your reply could not be used: {exc}. Reply again with only the JSON object described in the instructions.",
+                        ),
                     ]
                     continue
             if calls:
                 for index, (name, arguments) in enumerate(calls):
                     call_id = f"call_p{attempt}_{index}"
                     yield ToolCallStarted(index=index, id=call_id, name=name)
-                    yield ToolCallArgumentsDelta(index=index, fragment=json.dumps(arguments, ensure_ascii=False))
-                    yield ToolCallFinished(index=index, call=ToolCallRequest(id=call_id, name=name, arguments=arguments))
+                    yield ToolCallArgumentsDelta(
+                        index=index, fragment=json.dumps(arguments, ensure_ascii=False)
+                    )
+                    yield ToolCallFinished(
+                        index=index,
+                        call=ToolCallRequest(id=call_id, name=name, arguments=arguments),
+                    )
             else:
                 yield TextDelta(answer)
             yield Usage(input_tokens, output_tokens)

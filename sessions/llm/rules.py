@@ -22,6 +22,7 @@ inside `for_each`, `item`.
 import asyncio
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -90,7 +91,10 @@ def _rule_holds(when: dict[str, Any], context: dict[str, Any]) -> bool:
         found = re.search(str(when["user"]), context["user"])
         if not found:
             return False
-        context["match"] = {"0": found.group(0), **{str(i + 1): g for i, g in enumerate(found.groups())}}
+        context["match"] = {
+            "0": found.group(0),
+            **{str(i + 1): g for i, g in enumerate(found.groups())},
+        }
         context["match"].update(found.groupdict())
     if "last_tool" in when and when["last_tool"] != context["last_tool"]:
         return False
@@ -103,7 +107,9 @@ def _rule_holds(when: dict[str, Any], context: dict[str, Any]) -> bool:
     return not ("falsy" in when and lookup(context, str(when["falsy"])))
 
 
-def decide(rules: list[dict[str, Any]], messages: tuple[ChatMessage, ...], fallback: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+def decide(
+    rules: list[dict[str, Any]], messages: tuple[ChatMessage, ...], fallback: str
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """Return (answer text, [(tool name, args)]) for the first rule that holds."""
     context = build_context(messages)
     for rule in rules:
@@ -140,12 +146,15 @@ class RulesAdapter(ModelAdapter):
         output_tokens = 0
         if calls:
             for index, (name, args) in enumerate(calls):
-                call_id = f"call_rules_{index}"
+                # Unique per call, as providers require ids to be unique within a conversation.
+                call_id = f"call_{uuid.uuid4().hex[:16]}"
                 payload = json.dumps(args, ensure_ascii=False)
                 output_tokens += count_tokens(payload)
                 yield ToolCallStarted(index=index, id=call_id, name=name)
                 yield ToolCallArgumentsDelta(index=index, fragment=payload)
-                yield ToolCallFinished(index=index, call=ToolCallRequest(id=call_id, name=name, arguments=args))
+                yield ToolCallFinished(
+                    index=index, call=ToolCallRequest(id=call_id, name=name, arguments=args)
+                )
         else:
             # Stream the answer word by word so clients see it arrive.
             for piece in re.findall(r"\S+\s*|\s+", answer):

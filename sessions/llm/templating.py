@@ -49,7 +49,9 @@ def render(template: Any, context: dict[str, Any]) -> Any:
     if isinstance(template, dict):
         if "$map" in template:
             items = lookup(context, str(template["$map"])) or []
-            return [render(template.get("template", ""), {**context, "item": item}) for item in items]
+            return [
+                render(template.get("template", ""), {**context, "item": item}) for item in items
+            ]
         return {key: render(value, context) for key, value in template.items()}
     return template
 

@@ -84,7 +84,9 @@ class Finish:
     reason: Literal["stop", "tool_calls", "length", "error"] | str
 
 
-StreamEvent = TextDelta | ToolCallStarted | ToolCallArgumentsDelta | ToolCallFinished | Usage | Finish
+StreamEvent = (
+    TextDelta | ToolCallStarted | ToolCallArgumentsDelta | ToolCallFinished | Usage | Finish
+)
 
 
 @dataclass

@@ -256,7 +256,7 @@ def test_invalid_arguments_fail_the_call_naming_the_field(make_agent, make_sessi
     assert "days" in call.error and "integer" in call.error
     tool_message = Message.objects.get(session=session, role="tool")
     assert tool_message.content.startswith(FAILURE_MARKER)
-    assert "days: 'seven' is not of type 'integer'" in tool_message.content
+    assert 'days must be an integer; got "seven"' in tool_message.content
     assert session.state == "finished"
 
 

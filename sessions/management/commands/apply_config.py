@@ -12,6 +12,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file")
+        parser.add_argument(
+            "--no-url-check", action="store_true",
+            help="Do not check that HTTP tools' URLs accept connections (e.g. their service starts later).",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         path = Path(str(options["file"]))
@@ -24,7 +28,7 @@ class Command(BaseCommand):
         except (ValueError, yaml.YAMLError) as exc:
             raise CommandError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
         try:
-            report = config_apply(document=document or {})
+            report = config_apply(document=document or {}, check_urls=not options["no_url_check"])
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)
             raise CommandError(f"{path}: nothing was changed; fix these:\n{lines}") from None

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandParser
 
-from accounts.services import api_key_create
+from accounts.services import api_key_create, unknown_roles
 
 
 class Command(BaseCommand):
@@ -12,7 +12,11 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="")
 
     def handle(self, *args: object, **options: object) -> None:
-        roles = [r for r in str(options["roles"]).split(",") if r.strip()]
+        roles = [r.strip() for r in str(options["roles"]).split(",") if r.strip()]
+        new_roles = unknown_roles(roles)
         issued = api_key_create(username=str(options["user"]), roles=roles, name=str(options["name"]))
         self.stdout.write(issued.raw)
+        if new_roles:
+            # Said out loud, so a typo ("suport") is noticed rather than silently granting nothing.
+            self.stderr.write(f"note: created new role(s): {', '.join(new_roles)}")
         self.stderr.write(f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]; it is shown only now")
