@@ -1,6 +1,8 @@
 from django.contrib import admin
 
-from .models import ApiKey
+from tools.models import Tool
+
+from .models import ApiKey, Role
 
 
 @admin.register(ApiKey)
@@ -14,3 +16,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
         # A key must be shown exactly once; the create_api_key command does that.
         return False
+
+
+@admin.register(Role)
+class RoleAdmin(admin.ModelAdmin):
+    """Which tools each role reaches; edit a tool's roles on the tool's page."""
+
+    list_display = ("name", "description", "tools_reached")
+    search_fields = ("name", "description")
+    readonly_fields = ("tools_reached",)
+
+    @admin.display(description="tools this role may use")
+    def tools_reached(self, obj: Role) -> str:
+        names = [t.name for t in Tool.objects.filter(enabled=True).only("name", "roles") if not t.roles or obj.name in t.roles]
+        return ", ".join(names) or "none"

@@ -8,11 +8,12 @@ a run here is ask the service layer to cancel its turn.
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Count, QuerySet
@@ -28,8 +29,19 @@ from jsonschema import Draft202012Validator
 from tools.models import Tool
 
 from . import services
+from .breaker import model_breaker
 from .config_schema import RULE
-from .models import Agent, Checkpoint, Event, Message, ModelEndpoint, Session, ToolCall, Transition
+from .models import (
+    Agent,
+    Checkpoint,
+    Event,
+    Message,
+    ModelCall,
+    ModelEndpoint,
+    Session,
+    ToolCall,
+    Transition,
+)
 from .states import TURN_ENDED, State
 
 admin.site.site_header = "Agent platform"
@@ -125,10 +137,26 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         "price_input_per_1k",
         "price_output_per_1k",
         "context_window",
+        "breaker",
         "updated_at",
     )
     list_filter = ("api", "enabled")
     search_fields = ("name", "model", "base_url")
+    actions = ("reset_breaker",)
+
+    @admin.display(description="circuit breaker")
+    def breaker(self, obj: ModelEndpoint) -> str:
+        state = model_breaker().state(obj.name)
+        if state.state == "closed":
+            return f"closed ({state.failures} recent failures)" if state.failures else "closed"
+        until = datetime.fromtimestamp(state.open_until, tz=UTC).strftime("%H:%M:%S UTC")
+        return f"{state.state} until {until} ({state.failures} failures)"
+
+    @admin.action(description="Reset the circuit breaker")
+    def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
+        for endpoint in queryset:
+            model_breaker().reset(endpoint.name)
+        self.message_user(request, f"Reset {queryset.count()} breaker(s).")
     readonly_fields = ("updated_at",)
     fieldsets = (
         (None, {"fields": ("name", "api", "base_url", "model", "api_key_env", "enabled")}),
@@ -154,8 +182,14 @@ class AgentAdminForm(forms.ModelForm):
             "system_prompt",
             "model",
             "fallback_model",
+            "candidate_model",
+            "candidate_percent",
             "context_window",
             "max_iterations",
+            "repeat_call_limit",
+            "same_result_limit",
+            "step_timeout_s",
+            "turn_timeout_s",
             "tools",
             "rules",
             "busy_message",
@@ -198,18 +232,30 @@ class AgentAdmin(admin.ModelAdmin):
         "name",
         "model",
         "fallback_model",
+        "rollout",
         "tool_count",
         "max_iterations",
         "enabled",
         "session_count",
     )
     list_filter = ("enabled", "model")
-    list_select_related = ("model", "fallback_model")
+    list_select_related = ("model", "fallback_model", "candidate_model")
     search_fields = ("slug", "name", "system_prompt")
     readonly_fields = ("created_at", "updated_at")
     fieldsets = (
         (None, {"fields": ("slug", "name", "enabled", "system_prompt")}),
-        ("Model", {"fields": ("model", "fallback_model", "context_window", "max_iterations")}),
+        (
+            "Model",
+            {
+                "fields": ("model", "fallback_model", "candidate_model", "candidate_percent", "context_window"),
+                "description": "Edits apply at the next step of every session. The candidate model gets "
+                "candidate_percent of sessions (sticky per session) for a gradual rollout.",
+            },
+        ),
+        (
+            "Loop guards and time limits",
+            {"fields": ("max_iterations", "repeat_call_limit", "same_result_limit", "step_timeout_s", "turn_timeout_s")},
+        ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
@@ -217,6 +263,12 @@ class AgentAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
         return super().get_queryset(request).annotate(_session_count=Count("sessions"))
+
+    @admin.display(description="rollout")
+    def rollout(self, obj: Agent) -> str:
+        if obj.candidate_model_id and obj.candidate_percent:
+            return f"{obj.candidate_percent}% → {obj.candidate_model}"
+        return "—"
 
     @admin.display(description="tools")
     def tool_count(self, obj: Agent) -> int:
@@ -470,9 +522,10 @@ class SessionAdmin(SessionIdSearch):
         "turns",
         "tokens",
         "cost_display",
+        "models_used",
         "updated",
     )
-    list_filter = ("state", "agent", "role")
+    list_filter = ("state", "agent", "role", "model_calls__endpoint_name")
     # A full id is an exact lookup; a part of one (the short id shown) a text match.
     session_lookup = "pk"
     search_fields = ("id", "owner__username", "agent__slug")
@@ -574,6 +627,16 @@ class SessionAdmin(SessionIdSearch):
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, obj: Session) -> str:
         return f"{obj.cost:.6f}".rstrip("0").rstrip(".")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
+        # One aggregate for the list instead of a query per row.
+        return super().get_queryset(request).annotate(
+            _models=StringAgg("model_calls__endpoint_name", delimiter=", ", distinct=True, default="")
+        )
+
+    @admin.display(description="models used")
+    def models_used(self, obj: Session) -> str:
+        return getattr(obj, "_models", "") or "—"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Sessions are opened through the API, by the key that owns them.
@@ -757,6 +820,9 @@ class ToolCallAdmin(ReadOnlyAdmin):
         "tool_name",
         "status",
         "elapsed_ms",
+        "attempts",
+        "cached",
+        "coercions",
         "input_pretty",
         "output_pretty",
         "error",
@@ -853,3 +919,48 @@ class EventAdmin(ReadOnlyAdmin):
     @admin.display(description="data")
     def data_pretty(self, obj: Event) -> str:
         return pre(obj.data)
+
+
+@admin.register(ModelCall)
+class ModelCallAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "turn",
+        "endpoint_name",
+        "model",
+        "outcome",
+        "input_tokens",
+        "output_tokens",
+        "first_token_ms",
+        "total_ms",
+        "retried",
+        "fallback_used",
+        "rollout",
+        "cost",
+        "created_at",
+    )
+    list_filter = ("outcome", "endpoint_name", "fallback_used", "rollout", "retried")
+    search_fields = ("endpoint_name", "model", "error")
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "turn",
+        "step",
+        "endpoint_name",
+        "api",
+        "model",
+        "outcome",
+        "error",
+        "input_tokens",
+        "output_tokens",
+        "tokens_estimated",
+        "first_token_ms",
+        "total_ms",
+        "retried",
+        "fallback_used",
+        "rollout",
+        "cost",
+        "created_at",
+    )
+    readonly_fields = fields

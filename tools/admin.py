@@ -10,6 +10,7 @@ from django.forms.fields import InvalidJSONInput
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from .execution import tool_breaker
 from .models import Tool, ToolKind
 from .registry import HANDLERS
 
@@ -61,6 +62,9 @@ class ToolAdminForm(forms.ModelForm):
             "method",
             "headers",
             "timeout_s",
+            "status_url",
+            "probe_handler",
+            "idempotent",
             "side_effects",
             "requires_approval",
             "risk_level",
@@ -142,6 +146,7 @@ class ToolAdmin(admin.ModelAdmin):
         "risk_level",
         "roles_display",
         "credit_cost",
+        "breaker",
         "enabled",
     )
     list_editable = ("enabled",)
@@ -159,6 +164,13 @@ class ToolAdmin(admin.ModelAdmin):
         ),
         ("How it runs", {"fields": ("kind", "handler", "url", "method", "headers", "timeout_s")}),
         (
+            "After a crash",
+            {
+                "fields": ("idempotent", "status_url", "probe_handler"),
+                "description": "How an uncertain side-effecting call is checked before it is sent again.",
+            },
+        ),
+        (
             "Safety and cost",
             {"fields": ("side_effects", "requires_approval", "risk_level", "roles", "credit_cost")},
         ),
@@ -171,4 +183,9 @@ class ToolAdmin(admin.ModelAdmin):
 
     @admin.display(description="roles")
     def roles_display(self, obj: Tool) -> str:
-        return ", ".join(obj.roles) or "—"
+        return ", ".join(obj.roles) or "— (every role)"
+
+    @admin.display(description="circuit breaker")
+    def breaker(self, obj: Tool) -> str:
+        state = tool_breaker().state(obj.name)
+        return state.state if not state.failures else f"{state.state} ({state.failures} failures)"
