@@ -89,6 +89,9 @@ if env.bool("DB_POOL", default=True):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# Namespaces the platform's own Redis keys (breakers, cancel signals), so two
+# deployments or test runs can share one Redis.
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="agentplatform")
 
 CHANNEL_LAYERS = {
     "default": {
@@ -112,21 +115,33 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-SWEEPER_INTERVAL_S = env.float("SWEEPER_INTERVAL_S", default=1.0)
+SWEEPER_INTERVAL_S = env.float("SWEEPER_INTERVAL_S", default=0.5)
 CELERY_BEAT_SCHEDULE = {
     "sweep-sessions": {
         "task": "sessions.tasks.sweep_sessions",
         "schedule": SWEEPER_INTERVAL_S,
         "options": {"expires": max(SWEEPER_INTERVAL_S * 5, 5)},
     },
+    "prune-checkpoints": {
+        "task": "sessions.tasks.prune_checkpoints",
+        "schedule": 3600.0,
+    },
 }
 
 # Engine limits and timings.
-SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=10.0)
+# Short leases, renewed by a heartbeat while a run is in flight, let a crashed
+# worker's sessions be taken over within ~3 s (lease + one sweeper period).
+SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)
 # How long a freshly enqueued run may wait for a worker before the sweeper
 # assumes its broker message was lost and enqueues it again.
 SESSION_PICKUP_GRACE_S = env.float("SESSION_PICKUP_GRACE_S", default=10.0)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
+# A run that continues after this long a pause is told what changed in its environment.
+ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
+# Checkpoints of finished turns older than this are pruned (the latest per session is kept).
+CHECKPOINT_RETENTION_DAYS = env.float("CHECKPOINT_RETENTION_DAYS", default=30.0)
+# An idle websocket re-reads the database this often, in case a notification was lost.
+WS_RESYNC_S = env.float("WS_RESYNC_S", default=15.0)
 DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # A model endpoint is skipped for a cool-down after this many consecutive failures.
 MODEL_BREAKER_THRESHOLD = env.int("MODEL_BREAKER_THRESHOLD", default=5)

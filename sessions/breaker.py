@@ -35,7 +35,7 @@ class CircuitBreaker:
         self.cooldown_s = cooldown_s
 
     def _key(self, name: str) -> str:
-        return f"breaker:{self.kind}:{name}"
+        return f"{settings.REDIS_KEY_PREFIX}:breaker:{self.kind}:{name}"
 
     def allow(self, name: str) -> bool:
         """May a call go to this endpoint now? In half-open, only one caller may."""

@@ -6,6 +6,7 @@ wait in the queue; `last_seq` then drops the ones already sent, and a jump in
 `seq` (a lost notification) is filled from the database. No gap, no duplicate.
 """
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -52,6 +53,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     session_id: str
     last_seq: int
     group: str | None = None
+    _last_frame_at: float = 0.0
 
     async def connect(self) -> None:
         origin = _header(self.scope, b"origin")
@@ -86,10 +88,30 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._fail("invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST)
             return
         self.group = group_name(self.session_id)
+        self._lock = asyncio.Lock()
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await self._catch_up()
+        async with self._lock:
+            await self._catch_up()
+        self._resync = asyncio.ensure_future(self._resync_while_idle())
+
+    async def _resync_while_idle(self) -> None:
+        """Re-read the database now and then, so a notification lost between a
+        worker's commit and its publish (a crash) still reaches this client."""
+        period = settings.WS_RESYNC_S
+        while True:
+            await asyncio.sleep(period)
+            if asyncio.get_running_loop().time() - self._last_frame_at < period:
+                continue
+            try:
+                async with self._lock:
+                    await self._catch_up()
+            except Exception:  # noqa: BLE001 - the next period tries again
+                logger.debug("websocket resync failed", exc_info=True)
 
     async def disconnect(self, code: int) -> None:
+        resync = getattr(self, "_resync", None)
+        if resync is not None:
+            resync.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -115,17 +137,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def session_frame(self, message: dict[str, Any]) -> None:
         frame: Frame = message["frame"]
+        self._last_frame_at = asyncio.get_running_loop().time()
         seq = frame["seq"]
         if seq is None:
             await self.send(text_data=json.dumps(frame))
             return
-        if seq <= self.last_seq:
-            return
-        if seq > self.last_seq + 1:
-            await self._catch_up()
-            return
-        await self.send(text_data=json.dumps(frame))
-        self.last_seq = seq
+        async with self._lock:
+            if seq <= self.last_seq:
+                return
+            if seq > self.last_seq + 1:
+                await self._catch_up()
+                return
+            await self.send(text_data=json.dumps(frame))
+            self.last_seq = seq
 
     # Frames from the client -------------------------------------------------------
 

@@ -51,6 +51,12 @@ class ModelEndpoint(models.Model):
         return f"{self.name} ({self.api})"
 
 
+class DoubleTexting(models.TextChoices):
+    ENQUEUE = "enqueue", "enqueue (run after the current turn)"
+    INTERRUPT = "interrupt", "interrupt (stop the current turn, run the new one)"
+    REJECT = "reject", "reject (409 while a turn runs)"
+
+
 class Agent(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200, blank=True)
@@ -79,6 +85,10 @@ class Agent(models.Model):
     context_window = models.PositiveIntegerField(default=128000)
     rules = models.JSONField(
         default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
+    )
+    double_texting = models.CharField(
+        max_length=10, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE,
+        help_text="What a message that arrives while a turn runs does.",
     )
     busy_message = models.TextField(
         default="The service is busy right now. Please try again in a moment.", blank=True
@@ -112,6 +122,17 @@ class Session(models.Model):
     event_seq = models.PositiveIntegerField(default=0)
     queued_count = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.CharField(max_length=200, blank=True)
+    cancel_actor = models.CharField(max_length=150, blank=True)
+    # A durable timer (schedule_followup): the sweeper wakes the session when due.
+    timer_due_at = models.DateTimeField(null=True, blank=True)
+    timer_note = models.TextField(blank=True)
+    # Set by a fork or a resume: the next model step compares the environment
+    # with the checkpoint's and tells the model what changed.
+    resume_check = models.BooleanField(default=False)
+    env_fingerprint = models.CharField(max_length=64, blank=True)
+    forked_from = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks")
+    forked_at_step = models.PositiveIntegerField(null=True, blank=True)
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
@@ -132,6 +153,7 @@ class Session(models.Model):
             ),
             models.Index(fields=["lease_expires_at"], name="session_queued_lease", condition=Q(queued_count__gt=0)),
             models.Index(fields=["state"], name="session_state"),
+            models.Index(fields=["timer_due_at"], name="session_timer_due", condition=Q(state="waiting_timer")),
         ]
 
     def __str__(self) -> str:
@@ -208,6 +230,10 @@ class ToolCall(models.Model):
     coercions = models.JSONField(default=list, blank=True, help_text="Safe argument coercions applied.")
     cached = models.BooleanField(default=False, help_text="Answered from an identical earlier read-only call.")
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Set (and committed) just before a side-effecting call is sent: a call
+    # found executing with this set after a crash is uncertain and is probed.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    probe_outcome = models.CharField(max_length=20, blank=True)
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -248,6 +274,8 @@ class Checkpoint(models.Model):
     message_seq = models.PositiveIntegerField()
     # What changed in this step, not the whole history again (DESIGN.md).
     context = models.JSONField(default=dict)
+    # Hash of the environment the step ran in (agent config, tools, model).
+    fingerprint = models.CharField(max_length=64, blank=True)
     size_bytes = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -281,6 +309,7 @@ class ModelCallOutcome(models.TextChoices):
     PROTOCOL_ERROR = "protocol_error"
     TOO_LARGE = "too_large"
     BREAKER_OPEN = "breaker_open"
+    CANCELLED = "cancelled"
     FAILED = "failed"
 
 

@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import F, QuerySet
 
 from .errors import NotFound
-from .models import Event, Message, Session
+from .models import Checkpoint, Event, Message, Session
 
 
 def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
@@ -33,3 +33,7 @@ def message_history(*, session: Session, limit: int) -> list[Message]:
 
 def events_after(*, session_id: UUID | str, after: int, limit: int = 1000) -> list[Event]:
     return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])
+
+
+def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
+    return list(Checkpoint.objects.filter(session=session).order_by("-step")[:limit])

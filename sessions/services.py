@@ -6,6 +6,7 @@ long work (model and tool calls) to a worker, woken after commit.
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -14,14 +15,18 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from memory.tokens import count_message_tokens
 
+from .cancellation import cancel_signal
 from .dispatch import run_enqueue, run_enqueue_on_commit
-from .engine.runner import RunResult, session_run, turn_cancel, turn_start
+from .engine.runner import STARTS_TURN, RunResult, session_run, timer_fire, turn_cancel, turn_start
+from .engine.steps import INTERRUPT_REASON, build_step
 from .errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from .models import Agent, Message, MessageStatus, Session
-from .states import RUNNABLE, TURN_ENDED, State
+from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
+from .states import RUNNABLE, TURN_ENDED, IllegalTransition, State, Trigger
+from .transitions import StaleSession, step_commit
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +56,16 @@ class PostedMessage:
 
 
 def message_post(*, session: Session, content: str, idempotency_key: str | None = None) -> PostedMessage:
-    """Accept a user message durably, then start its turn or queue it behind the running one.
+    """Accept a user message durably, then start its turn or deal with the running one.
 
     1. Lock the session row for the length of this short transaction, so
        posts into one session are serialised in arrival order.
     2. A repeated idempotency key returns the first message (409 if the body differs).
-    3. Store the message as queued; if no turn is running, start one now.
-    4. After commit, wake a worker.
+    3. While a turn runs, the agent's double-texting policy decides: `enqueue`
+       (wait for the turn, in order), `interrupt` (stop the turn at its next
+       step boundary, then run this one) or `reject` (409).
+    4. Store the message as queued; if no turn is running, start one now.
+    5. After commit, wake a worker (and, on interrupt, close a running stream).
     """
     if not content or not content.strip():
         raise InvalidInput("content must be a non-empty string", details={"field": "content"})
@@ -67,7 +75,7 @@ def message_post(*, session: Session, content: str, idempotency_key: str | None 
             details={"field": "content", "limit": settings.MAX_MESSAGE_CHARS},
         )
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
+        locked = Session.objects.select_for_update().select_related("agent").get(pk=session.pk)
         if idempotency_key:
             existing = Message.objects.filter(session=locked, idempotency_key=idempotency_key).first()
             if existing is not None:
@@ -78,6 +86,15 @@ def message_post(*, session: Session, content: str, idempotency_key: str | None 
                         code="idempotency_conflict",
                     )
                 return PostedMessage(message=existing, created=False)
+        state = State(locked.state)
+        busy = state not in STARTS_TURN
+        policy = locked.agent.double_texting
+        if busy and policy == DoubleTexting.REJECT:
+            raise Conflict(
+                "a turn is still running and this agent does not accept messages until it finishes",
+                details={"state": state.value, "policy": policy},
+                code="turn_in_progress",
+            )
         try:
             with transaction.atomic():
                 message = Message.objects.create(
@@ -92,28 +109,51 @@ def message_post(*, session: Session, content: str, idempotency_key: str | None 
             raise Conflict("idempotency_key was already used", code="idempotency_conflict") from None
         Session.objects.filter(pk=locked.pk).update(queued_count=F("queued_count") + 1)
         locked.queued_count += 1
-        if State(locked.state) in TURN_ENDED:
+        if not busy:
             turn_start(session=locked, lease_owner=None)
+        elif policy == DoubleTexting.INTERRUPT:
+            _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
+            if State(locked.state) in STARTS_TURN:
+                turn_start(session=locked, lease_owner=None)
         run_enqueue_on_commit(locked.pk)
     message.refresh_from_db()
     return PostedMessage(message=message, created=True)
 
 
+def _turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
+    """Stop the locked session's current turn; False if none runs.
+
+    A running turn gets the durable flag (checked at every step boundary) and
+    a signal that closes a model stream in flight; a turn waiting on a person
+    or a clock has no worker, so it is cancelled right here.
+    """
+    state = State(locked.state)
+    if state in RUNNABLE:
+        Session.objects.filter(pk=locked.pk).update(cancel_requested=True, cancel_reason=reason[:200], cancel_actor=actor[:150])
+        locked.cancel_requested, locked.cancel_reason, locked.cancel_actor = True, reason[:200], actor[:150]
+        session_id = locked.pk
+        transaction.on_commit(lambda: cancel_signal(session_id))
+        return True
+    if state in TURN_ENDED:
+        return False
+    turn_cancel(session=locked, reason=reason, actor=actor)
+    return True
+
+
 def session_cancel(*, session: Session, reason: str = "cancelled by the client", actor: str = "") -> bool:
-    """Interrupt the current turn; False if there was nothing to interrupt."""
+    """Interrupt the current turn; False if there was nothing to interrupt.
+
+    A running tool finishes and its result is recorded; a streaming model
+    call is closed; no further step starts; the turn ends `cancelled` with
+    the reason and who asked.
+    """
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
-        state = State(locked.state)
-        if state in RUNNABLE:
-            # The worker stops at its next step boundary; if none holds the
-            # session, the woken run (or the sweeper) finishes the cancel.
-            Session.objects.filter(pk=locked.pk).update(cancel_requested=True)
+        interrupted = _turn_interrupt(locked, reason=reason, actor=actor)
+        if interrupted and State(locked.state) in RUNNABLE:
+            # If no worker holds the session, the woken run finishes the cancel.
             run_enqueue_on_commit(locked.pk)
-            return True
-        if state in TURN_ENDED:
-            return False
-        turn_cancel(session=locked, reason=reason, actor=actor)
-        return True
+        return interrupted
 
 
 def session_run_pending(*, session_id: UUID | str) -> RunResult:
@@ -122,13 +162,14 @@ def session_run_pending(*, session_id: UUID | str) -> RunResult:
 
 
 def sessions_sweep() -> list[str]:
-    """Requeue runs whose lease ran out, and queued turns nobody is running.
+    """Requeue runs whose lease ran out and queued turns nobody runs; wake due timers.
 
     Claiming a session here pushes its lease expiry one pickup grace ahead, so
-    a sweep every second does not enqueue the same session every second.
+    a sweep every half second does not enqueue the same session each time.
     """
+    woken = timers_fire_due()
     runnable = [s.value for s in RUNNABLE]
-    ended = [s.value for s in TURN_ENDED]
+    starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
         cursor.execute(
             f"""UPDATE {Session._meta.db_table}
@@ -136,13 +177,133 @@ def sessions_sweep() -> list[str]:
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
              RETURNING id""",
-            [settings.SESSION_PICKUP_GRACE_S, runnable, ended],
+            [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
         )
         ids = [str(row[0]) for row in cursor.fetchall()]
     for session_id in ids:
         logger.info("sweeper: requeueing session %s", session_id)
         run_enqueue(session_id)
-    return ids
+    return woken + ids
+
+
+def timers_fire_due(*, limit: int = 100) -> list[str]:
+    """Wake sessions whose follow-up is due (the due time lives in the row, not in the broker)."""
+    woken: list[str] = []
+    due = Session.objects.filter(state=State.WAITING_TIMER.value, timer_due_at__lte=timezone.now()).order_by("timer_due_at")[:limit]
+    for session in due:
+        try:
+            with transaction.atomic():
+                timer_fire(session=session)
+                run_enqueue_on_commit(session.pk)
+            woken.append(str(session.pk))
+        except (StaleSession, IllegalTransition):
+            continue  # another sweeper (or a cancel) got there first
+    return woken
+
+
+def session_resume(*, session: Session, actor: str = "") -> Session:
+    """Continue a run that stopped in `error`, from where it stopped."""
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        if State(locked.state) != State.ERROR:
+            raise Conflict(f"only a session in error can be resumed; this one is {locked.state}", code="not_resumable")
+        step_commit(
+            build_step(
+                locked, None, trigger=Trigger.RESUME, phase="resume", reason="resumed", actor=actor,
+                set_fields={"resume_check": True, "last_error": "", "iteration": 0, "turn_started_at": timezone.now()},
+            )
+        )
+        run_enqueue_on_commit(locked.pk)
+    return locked
+
+
+def session_fork(*, session: Session, step: int, owner: User | None = None, actor: str = "") -> Session:
+    """A new session from checkpoint `step` of this one; the original is untouched.
+
+    1. Copy the history the checkpoint covers (messages up to its `message_seq`),
+       dropping a trailing tool request whose results lie beyond it.
+    2. If the copy ends with the user or a tool result, the model decides next
+       (-> tool_loop) and a worker is woken; otherwise it waits for the user.
+    3. The next model step compares the environment recorded at the fork with
+       today's and tells the model what changed.
+    """
+    checkpoint = Checkpoint.objects.filter(session=session, step=step).first()
+    if checkpoint is None:
+        raise NotFound(f"session {session.pk} has no checkpoint {step}", details={"field": "checkpoint"})
+    recorded_env = (
+        Checkpoint.objects.filter(session=session, step__lte=step, context__has_key="env")
+        .order_by("-step")
+        .values_list("context", flat=True)
+        .first()
+    )
+    with transaction.atomic():
+        history = list(
+            Message.objects.filter(session=session, status=MessageStatus.FINAL, seq__lte=checkpoint.message_seq).order_by("seq")
+        )
+        while history and history[-1].role == "assistant" and history[-1].tool_calls:
+            history.pop()
+        fork = Session.objects.create(
+            agent=session.agent,
+            owner=owner or session.owner,
+            role=session.role,
+            metadata={**session.metadata, "forked_from": str(session.pk), "forked_at_step": step},
+            forked_from=session,
+            forked_at_step=step,
+            turn=checkpoint.turn,
+            message_seq=len(history),
+            resume_check=True,
+        )
+        Message.objects.bulk_create(
+            [
+                Message(
+                    session=fork, seq=i, turn=m.turn, role=m.role, status=MessageStatus.FINAL, content=m.content,
+                    tool_calls=m.tool_calls, tool_call_id=m.tool_call_id, name=m.name, data=m.data,
+                    token_count=m.token_count,
+                )
+                for i, m in enumerate(history, start=1)
+            ]
+        )
+        decide = bool(history) and history[-1].role in ("user", "tool", "system")
+        env_context = {"env": recorded_env["env"]} if recorded_env else {}
+        step_commit(
+            build_step(
+                fork, None, trigger=Trigger.FORK if decide else None, phase="fork",
+                reason=f"forked from {session.pk} at checkpoint {step}", actor=actor,
+                set_fields={"turn_started_at": timezone.now(), "iteration": 0},
+                checkpoint={"forked_from": str(session.pk), "at_step": step, "message_seq": len(history), **env_context},
+            )
+        )
+        if decide:
+            run_enqueue_on_commit(fork.pk)
+    return fork
+
+
+def checkpoints_prune(*, older_than_days: float | None = None, batch: int = 5000) -> int:
+    """Delete checkpoints of finished turns older than the retention age, keeping each session's latest.
+
+    History and events are kept; only the step snapshots go. Deletes in
+    batches so no transaction runs long.
+    """
+    days = settings.CHECKPOINT_RETENTION_DAYS if older_than_days is None else older_than_days
+    cutoff = timezone.now() - timedelta(days=days)
+    ended = [s.value for s in STARTS_TURN]
+    total = 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""DELETE FROM {Checkpoint._meta.db_table} WHERE id IN (
+                        SELECT c.id FROM {Checkpoint._meta.db_table} c
+                          JOIN {Session._meta.db_table} s ON s.id = c.session_id
+                         WHERE c.created_at < %s
+                           AND (c.turn < s.turn OR s.state = ANY(%s))
+                           AND c.step < s.step
+                         LIMIT %s)""",
+                [cutoff, ended, batch],
+            )
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch:
+            return total
 
 
 def session_get(*, session_id: UUID | str) -> Session:

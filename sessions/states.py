@@ -36,6 +36,7 @@ class Trigger(StrEnum):
     FAILURE = "failure"
     CANCEL = "cancel"
     RESUME = "resume"
+    FORK = "fork"
 
 
 S, T = State, Trigger
@@ -75,6 +76,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.PAUSED_FOR_USER, T.CANCEL): S.CANCELLED,
     # An operator resumes a failed run where it stopped.
     (S.ERROR, T.RESUME): S.TOOL_LOOP,
+    # A session forked from a checkpoint starts with the model deciding.
+    (S.IDLE, T.FORK): S.TOOL_LOOP,
 }
 
 # States in which a worker has something to do right now.

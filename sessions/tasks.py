@@ -13,3 +13,8 @@ def run_session(session_id: str) -> str:
 @shared_task(name="sessions.tasks.sweep_sessions", ignore_result=True)
 def sweep_sessions() -> int:
     return len(services.sessions_sweep())
+
+
+@shared_task(name="sessions.tasks.prune_checkpoints", ignore_result=True)
+def prune_checkpoints() -> int:
+    return services.checkpoints_prune()

@@ -11,16 +11,21 @@ import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from .faults import fault_point
 from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from .publisher import Frame, make_frame, publish
 from .states import State, Trigger, next_state
 
 # Columns a step may set directly or add to; anything else is a programming error.
-SETTABLE = {"cancel_requested", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn", "turn_started_at"}
+SETTABLE = {
+    "cancel_requested", "cancel_reason", "cancel_actor", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn",
+    "turn_started_at", "timer_due_at", "timer_note", "resume_check", "env_fingerprint",
+}
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
 
@@ -48,6 +53,7 @@ class Step:
     add_fields: dict[str, int | Decimal] = field(default_factory=dict)
     lease_owner: str | None = None
     lease_seconds: float | None = None
+    fingerprint: str = ""
     # Refuse to commit (StaleSession) if a cancel was requested meanwhile; the
     # flag is set without a version bump, so only this guard sees it.
     unless_cancel_requested: bool = False
@@ -69,6 +75,11 @@ def _message_event(message: Message) -> tuple[str, dict[str, Any]]:
         data["tool_call_id"] = message.tool_call_id
         data["name"] = message.name
     return ("message.completed", data)
+
+
+def _publish_after_commit(session_id: UUID | str, frames: list[Frame]) -> None:
+    fault_point("after_commit_before_publish")
+    publish(session_id, frames)
 
 
 def step_commit(step: Step) -> Committed:
@@ -157,7 +168,7 @@ def step_commit(step: Step) -> Committed:
         if step.updated_tool_calls:
             ToolCall.objects.bulk_update(
                 step.updated_tool_calls,
-                ["status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts"],
+                ["status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts", "probe_outcome"],
             )
 
         for record in step.model_calls:
@@ -196,12 +207,13 @@ def step_commit(step: Step) -> Committed:
                 message_seq=message_seq,
                 context=context,
                 size_bytes=size,
+                fingerprint=step.fingerprint,
             )
         # `created_at` is auto_now_add: the insert stamped each row with its own
         # time, so the live frame carries that stored time, as a replay does.
         frames = [make_frame(session.pk, e.seq, e.type, e.data, e.created_at) for e in events]
         session_id = session.pk
-        transaction.on_commit(lambda: publish(session_id, frames))
+        transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
 
     # Keep the caller's copy in step with the row it now matches.
     session.version = version

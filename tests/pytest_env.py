@@ -10,3 +10,5 @@ os.environ.setdefault("CELERY_QUEUE", f"agentplatform-test-{os.getpid()}")
 os.environ.setdefault("SESSION_PICKUP_GRACE_S", "3")
 # A test database per run: two runs at once (or a run beside `make bench`) never collide.
 os.environ.setdefault("TEST_DATABASE_NAME", f"test_agentplatform_{os.getpid()}")
+# Breakers and cancel signals of this run live under their own Redis prefix.
+os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{os.getpid()}")

@@ -8,6 +8,7 @@ never as an exception.
 
 import asyncio
 import inspect
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -209,8 +210,13 @@ async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> An
 
 def _reject_unknown(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float) -> ToolOutcome:
     allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
-    shown = invocation.name if invocation.name.replace("_", "").replace("-", "").isalnum() else repr(invocation.name[:64])
-    return _failure("rejected", f"unknown tool '{shown}'. Tools you may use: {allowed}.", started)
+    name = invocation.name
+    if name.replace("_", "").replace("-", "").isalnum() and len(name) <= 64:
+        shown = f"'{name}'"
+    else:
+        # Odd characters are shown escaped and a long name cut, so the list of usable tools stays in view.
+        shown = json.dumps(name[:64] + ("…" if len(name) > 64 else ""))
+    return _failure("rejected", f"unknown tool {shown}. Tools you may use: {allowed}.", started)
 
 
 async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str) -> ToolOutcome:
@@ -281,7 +287,8 @@ def _exception_outcome(
     if isinstance(exc, UnknownHandler):
         message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
     elif isinstance(exc, ToolHttpError):
-        # The API understood and refused: business data, not an outage.
+        # The API understood and refused: business data, not an outage (it also ends a half-open trial).
+        breaker.record_success(tool.name)
         return ToolOutcome(
             status="failed", output=exc.body if isinstance(exc.body, dict) else {"body": exc.body}, error=str(exc),
             elapsed_ms=int((time.perf_counter() - started) * 1000), content=render_failure("failed", f"{tool.name} refused the call: {exc}"),
@@ -328,3 +335,50 @@ def tools_for_agent(names: list[str], role: str) -> dict[str, ToolSnapshot]:
     """The agent's enabled tools that the session's role may use."""
     rows = Tool.objects.filter(name__in=names, enabled=True)
     return {t.name: ToolSnapshot.from_model(t) for t in rows if not t.roles or role in t.roles}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe learned about an uncertain side-effecting call."""
+
+    verdict: str  # done | not_done | unknown
+    output: dict[str, Any] | None = None
+    detail: str = ""
+
+
+async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
+    """Ask the tool whether a call with this key took effect, without repeating it.
+
+    HTTP tools answer at `status_url?idempotency_key=K` (200 with
+    {"status": "done", "result": {...}}, or 404 when nothing happened);
+    Python tools through their registered probe (a dict when done, None when not).
+    """
+    try:
+        if tool.kind == "http" and tool.status_url:
+            response = await asyncio.wait_for(
+                _client().get(tool.status_url, params={"idempotency_key": idempotency_key}, headers=http_headers(tool, idempotency_key)),
+                timeout=tool.timeout_s,
+            )
+            if response.status_code == 404:
+                return ProbeResult("not_done")
+            body = response.json() if response.status_code == 200 else None
+            if isinstance(body, dict) and body.get("status") == "done":
+                result = body.get("result")
+                return ProbeResult("done", result if isinstance(result, dict) else {"result": result})
+            if isinstance(body, dict) and body.get("status") in ("unknown", "not_found", "none"):
+                return ProbeResult("not_done")
+            return ProbeResult("unknown", detail=f"status URL answered HTTP {response.status_code}")
+        if tool.kind == "python" and tool.probe_handler:
+            handler = get_handler(tool.probe_handler)
+            if inspect.iscoroutinefunction(handler.func):
+                found = await asyncio.wait_for(handler.func(idempotency_key=idempotency_key), timeout=tool.timeout_s)
+            else:
+                found = await asyncio.wait_for(
+                    asyncio.to_thread(_call_python_sync, tool.probe_handler, {}, idempotency_key), timeout=tool.timeout_s
+                )
+            if found is None:
+                return ProbeResult("not_done")
+            return ProbeResult("done", found if isinstance(found, dict) else {"result": found})
+    except Exception as exc:  # noqa: BLE001 - a probe that fails cannot tell
+        return ProbeResult("unknown", detail=f"probe failed: {type(exc).__name__}")
+    return ProbeResult("unknown", detail="the tool has no probe")

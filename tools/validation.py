@@ -7,6 +7,7 @@ and what to send instead, for the model to fix.
 """
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,19 @@ TYPE_NAMES = {
     "object": "an object",
     "null": "null",
 }
+
+BOUNDS = {
+    "minimum": "be at least {}",
+    "maximum": "be at most {}",
+    "exclusiveMinimum": "be greater than {}",
+    "exclusiveMaximum": "be less than {}",
+    "minLength": "have at least {} characters",
+    "maxLength": "have at most {} characters",
+    "minItems": "have at least {} items",
+    "maxItems": "have at most {} items",
+    "pattern": "match the pattern {}",
+}
+SIZED = ("minLength", "maxLength", "minItems", "maxItems")
 
 
 @dataclass
@@ -66,7 +80,7 @@ def _coerce(value: Any, schema: Any, path: list[str | int], notes: list[str]) ->
     if kind == "integer" and isinstance(value, str) and _INTEGER.match(value.strip()):
         notes.append(f"{_path(path)}: {_show(value)} -> {int(value)}")
         return int(value)
-    if kind == "number" and isinstance(value, str) and _NUMBER.match(value.strip()):
+    if kind == "number" and isinstance(value, str) and _NUMBER.match(value.strip()) and math.isfinite(float(value)):
         number = float(value)
         number_out: int | float = int(number) if number.is_integer() and "." not in value else number
         notes.append(f"{_path(path)}: {_show(value)} -> {number_out}")
@@ -106,8 +120,10 @@ def describe(error: ValidationError) -> str:
         allowed = sorted((error.schema.get("properties") or {}).keys())
         extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
         return f"unexpected field(s) {', '.join(extra)} in {where}; allowed: {', '.join(allowed) or 'none'}"
-    if validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "pattern"):
-        return f"{where}: {error.message}"
+    if validator in BOUNDS:
+        # jsonschema's own message repeats the whole value; say the limit and show it short.
+        got = len(error.instance) if validator in SIZED else _show(error.instance)
+        return f"{where} must {BOUNDS[validator].format(expected)}; got {got}"
     return f"{where}: {error.message}"
 
 
@@ -115,7 +131,7 @@ def check_arguments(validator: Draft202012Validator, arguments: Any) -> CheckedA
     """Coerce what is safe, then list every remaining problem at once."""
     if not isinstance(arguments, dict):
         return CheckedArguments({}, errors=[f"arguments must be a JSON object; got {type(arguments).__name__}"])
-    size = len(json.dumps(arguments, ensure_ascii=False, default=str))
+    size = len(json.dumps(arguments, ensure_ascii=False, default=str).encode())
     if size > MAX_ARGUMENT_BYTES:
         return CheckedArguments({}, errors=[f"arguments are {size} bytes; the limit is {MAX_ARGUMENT_BYTES}. Send less data."])
     notes: list[str] = []

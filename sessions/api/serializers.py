@@ -3,7 +3,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import Event, Message, Session
+from ..models import Checkpoint, Event, Message, Session
 
 
 class _StringsOnly:
@@ -108,3 +108,14 @@ class EventSerializer(serializers.ModelSerializer):
 class CancelResultSerializer(serializers.Serializer):
     cancelled = serializers.BooleanField()
     session = SessionSerializer()
+
+
+class ForkSerializer(StrictSerializer):
+    checkpoint = serializers.IntegerField(min_value=1, help_text="Step number of the checkpoint to fork from.")
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["step", "turn", "state", "message_seq", "context", "fingerprint", "size_bytes", "created_at"]
+        read_only_fields = fields

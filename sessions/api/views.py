@@ -12,7 +12,9 @@ from .. import selectors, services
 from ..errors import InvalidInput
 from .serializers import (
     CancelResultSerializer,
+    CheckpointSerializer,
     EventSerializer,
+    ForkSerializer,
     MessageCreateSerializer,
     MessageSerializer,
     SessionCreateSerializer,
@@ -107,3 +109,33 @@ class SessionCancelView(APIView):
         cancelled = services.session_cancel(session=session, actor=f"api:{request.user}")
         session.refresh_from_db()
         return Response({"cancelled": cancelled, "session": SessionSerializer(session).data})
+
+
+class SessionForkView(APIView):
+    @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        payload = ForkSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        fork = services.session_fork(
+            session=session, step=payload.validated_data["checkpoint"], actor=f"api:{request.user}"
+        )
+        return Response(SessionSerializer(fork).data, status=status.HTTP_201_CREATED)
+
+
+class SessionResumeView(APIView):
+    @extend_schema(request=None, responses=SessionSerializer)
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        resumed = services.session_resume(session=session, actor=f"api:{request.user}")
+        resumed.refresh_from_db()
+        return Response(SessionSerializer(resumed).data)
+
+
+class SessionCheckpointsView(APIView):
+    @extend_schema(responses=CheckpointSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        limit = _int_param(request, "limit", 100, 1, 1000)
+        rows = selectors.checkpoints_of(session=session, limit=limit)
+        return Response(CheckpointSerializer(rows, many=True).data)

@@ -2,10 +2,12 @@
 
 A lease is the pair (lease_owner, lease_expires_at) on the session row, taken
 and renewed with conditional UPDATEs against the database clock. While a run is
-in flight a heartbeat thread renews the leases this process holds, so a short
-lease (fast takeover after a crash) does not expire under a long model call.
+in flight a heartbeat thread renews, in one statement, every lease this process
+holds, so a short lease (fast takeover after a crash) does not expire under a
+long model call.
 """
 
+import logging
 import os
 import socket
 import threading
@@ -16,15 +18,18 @@ from django.conf import settings
 from django.db import connection
 
 from ..models import Session
-from ..states import RUNNABLE, TURN_ENDED
+from ..states import RUNNABLE, TURN_ENDED, State
+
+logger = logging.getLogger(__name__)
 
 _TABLE = Session._meta.db_table
 _RUNNABLE = [s.value for s in RUNNABLE]
-_TURN_ENDED = [s.value for s in TURN_ENDED]
+# States a queued message can start a turn from.
+_STARTS_TURN = [s.value for s in TURN_ENDED | {State.PAUSED_FOR_USER}]
 
 
 def worker_identity() -> str:
-    """A lease owner id unique to this process and thread."""
+    """A lease owner id unique to this run (process, thread and a random part)."""
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:6]}"
 
 
@@ -37,7 +42,7 @@ def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool
                  WHERE id = %s
                    AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
                    AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))""",
-            [owner, seconds, session_id, owner, _RUNNABLE, _TURN_ENDED],
+            [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         return cursor.rowcount == 1
 
@@ -54,7 +59,7 @@ def lease_release(*, session_id: UUID | str, owner: str) -> bool:
                    SET lease_owner = NULL, lease_expires_at = NULL
                  WHERE id = %s AND lease_owner = %s
                    AND NOT (state = ANY(%s)) AND NOT (state = ANY(%s) AND queued_count > 0)""",
-            [session_id, owner, _RUNNABLE, _TURN_ENDED],
+            [session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         return cursor.rowcount == 1
 
@@ -68,6 +73,21 @@ def lease_drop(*, session_id: UUID | str, owner: str) -> None:
         )
 
 
+def leases_renew(held: list[tuple[str, str]], seconds: float) -> int:
+    """Renew many leases in one statement; a lease someone else took is left alone."""
+    if not held:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {_TABLE} AS s
+                   SET lease_expires_at = now() + make_interval(secs => %s)
+                  FROM unnest(%s::uuid[], %s::text[]) AS h(id, owner)
+                 WHERE s.id = h.id AND s.lease_owner = h.owner""",
+            [seconds, [sid for sid, _ in held], [owner for _, owner in held]],
+        )
+        return cursor.rowcount
+
+
 class Heartbeat:
     """Renews, from one thread per process, the leases of the runs in flight here."""
 
@@ -75,37 +95,34 @@ class Heartbeat:
         self._held: dict[str, str] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._pid: int | None = None
 
-    def hold(self, session_id: UUID | str, owner: str) -> None:
+    def hold(self, session_id: object, owner: str) -> None:
         with self._lock:
             self._held[str(session_id)] = owner
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
                 self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+                self._pid = os.getpid()
                 self._thread.start()
 
-    def release(self, session_id: UUID | str) -> None:
+    def release(self, session_id: object) -> None:
         with self._lock:
             self._held.pop(str(session_id), None)
 
     def _beat(self) -> None:
         lease = settings.SESSION_LEASE_S
+        interval = max(lease / 4, 0.1)
+        wake = threading.Event()
         while True:
-            self._wake.wait(max(lease / 3, 0.2))
+            wake.wait(interval)
             with self._lock:
                 held = list(self._held.items())
             if not held:
                 continue
             try:
-                with connection.cursor() as cursor:
-                    for session_id, owner in held:
-                        cursor.execute(
-                            f"UPDATE {_TABLE} SET lease_expires_at = now() + make_interval(secs => %s) "
-                            "WHERE id = %s AND lease_owner = %s",
-                            [lease, session_id, owner],
-                        )
+                leases_renew(held, lease)
             except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
-                pass
+                logger.warning("lease heartbeat failed", exc_info=True)
             finally:
                 connection.close()
 

@@ -7,13 +7,16 @@ breaker is open are skipped without a call; a request that cannot fit an
 endpoint's context window is refused before it is sent.
 """
 
+import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 
@@ -21,6 +24,8 @@ from memory.tokens import count_tokens
 
 from .. import io_loop
 from ..breaker import model_breaker
+from ..cancellation import cancel_watch
+from ..faults import fault_point
 from ..llm import EndpointConfig, adapter_for
 from ..llm.base import (
     ModelCircuitOpen,
@@ -161,6 +166,13 @@ def _attempt(
         response = _stream(session, config, request, timing)
         if not has_text(response):
             raise ModelProtocolError(f"'{endpoint.name}' returned an empty answer")
+    except RunCancelled as cancelled:
+        record.outcome = "cancelled"
+        record.error = "the turn was cancelled while the model answered"
+        record.first_token_ms = timing.first_ms()
+        record.total_ms = timing.total_ms()
+        cancelled.calls.append(record)
+        raise
     except ModelError as exc:
         _scrub(exc, config)
         record.outcome = exc.outcome
@@ -207,12 +219,26 @@ def _stream(
     def on_event(event: StreamEvent) -> None:
         if timing.first is None:
             timing.first = time.perf_counter()
+            fault_point("during_stream")
         batcher.on_event(event)
 
     async def call() -> ChatResponse:
+        """Race the model's answer against a cancel of the session's turn."""
+        watch = cancel_watch()
+        cancelled = watch.register(session.pk)
+        answer = asyncio.ensure_future(adapter.complete(request, on_event=on_event))
+        waiter = asyncio.ensure_future(cancelled.wait())
         try:
-            return await adapter.complete(request, on_event=on_event)
+            await asyncio.wait({answer, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if answer.done():
+                return answer.result()
+            answer.cancel()  # closes the HTTP stream
+            with contextlib.suppress(BaseException):
+                await answer
+            raise RunCancelled()
         finally:
+            waiter.cancel()
+            watch.unregister(session.pk, cancelled)
             batcher.flush()
 
     future = io_loop.submit(call())
@@ -224,6 +250,8 @@ def _stream(
         raise ModelTimeout(
             f"'{config.name}' did not finish within {config.total_timeout_s:g} s"
         ) from None
+    except RunCancelled:
+        raise
     except ModelError:
         if batcher.sent_chars:
             # The client saw part of an answer that will not enter the history.
@@ -235,8 +263,23 @@ def _stream(
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
 
 
+class RunCancelled(Exception):
+    """The turn was cancelled while the model answered; the stream was closed."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled")
+        self.calls: list[ModelCall] = []
+
+    def usage_fields(self) -> dict[str, Any]:
+        return {
+            "input_tokens": sum(c.input_tokens for c in self.calls),
+            "output_tokens": sum(c.output_tokens for c in self.calls),
+            "cost": sum((c.cost for c in self.calls), Decimal(0)),
+        }
+
+
 def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:
-    """Primary, then one retry on the fallback; never raises ModelError."""
+    """Primary, then one retry on the fallback; never raises ModelError (RunCancelled ends the turn)."""
     primary, rollout = primary_endpoint(agent, session)
     response, record, error = _attempt(
         session, primary, request, retried=False, fallback=False, rollout=rollout
@@ -249,9 +292,13 @@ def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:
     fallback = agent.fallback_model
     if fallback is None or fallback.pk == primary.pk or not fallback.enabled:
         return routed
-    response, record, error = _attempt(
-        session, fallback, request, retried=True, fallback=True, rollout=False
-    )
+    try:
+        response, record, error = _attempt(
+            session, fallback, request, retried=True, fallback=True, rollout=False
+        )
+    except RunCancelled as cancelled:
+        cancelled.calls[:0] = routed.calls
+        raise
     routed.calls.append(record)
     routed.response, routed.endpoint, routed.error = (
         response,

@@ -1,6 +1,8 @@
 """Anthropic Messages API over Server-Sent Events."""
 
 import json
+import re
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +34,32 @@ STOP_REASONS = {
 }
 
 
+_ID_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
+
+
 def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, Any]]]:
     """System text goes to the top-level field; tool results become `tool_result`
-    blocks in a user turn; consecutive turns of one role are merged, as the API requires."""
+    blocks in a user turn; consecutive turns of one role are merged, as the API requires.
+
+    The API also wants every `tool_use` id unique in the request and made of
+    `[a-zA-Z0-9_-]`. A history written by other models (the offline rules model,
+    prompt-mode tools, an OpenAI-compatible server) may repeat ids across steps or
+    use other characters, so ids are rewritten here, and each tool result points
+    at the rewritten id of the call it answers (the latest one with its id).
+    """
     system: list[str] = []
     out: list[dict[str, Any]] = []
+    used: set[str] = set()
+    current: dict[str, str] = {}  # original id -> wire id, for the latest assistant turn
+
+    def wire_id(original: str) -> str:
+        base = _ID_UNSAFE.sub("_", original)[:60] or "toolu"
+        candidate, n = base, 1
+        while candidate in used:
+            n += 1
+            candidate = f"{base}_{n}"
+        used.add(candidate)
+        return candidate
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
         if out and out[-1]["role"] == role:
@@ -50,7 +73,7 @@ def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dic
         elif m.role == "tool":
             block: dict[str, Any] = {
                 "type": "tool_result",
-                "tool_use_id": m.tool_call_id,
+                "tool_use_id": current.get(m.tool_call_id) or _ID_UNSAFE.sub("_", m.tool_call_id),
                 "content": m.content,
             }
             if isinstance(m.data, dict) and m.data.get("status") in (
@@ -64,11 +87,15 @@ def anthropic_messages(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dic
             blocks: list[dict[str, Any]] = (
                 [{"type": "text", "text": m.content}] if m.content else []
             )
-            blocks += [
-                {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
-                for c in m.tool_calls
-            ]
-            add("assistant", blocks or [{"type": "text", "text": ""}])
+            if m.tool_calls:
+                current = {}
+            for c in m.tool_calls:
+                current[c.id] = wire_id(c.id)
+                blocks.append(
+                    {"type": "tool_use", "id": current[c.id], "name": c.name, "input": c.arguments}
+                )
+            if blocks:  # the API refuses empty text blocks; an empty turn says nothing anyway
+                add("assistant", blocks)
         else:
             add("user", [{"type": "text", "text": m.content}])
     return "\n\n".join(s for s in system if s), out
@@ -250,7 +277,7 @@ def _read_event(kind: Any, body: dict[str, Any], state: _StreamState) -> list[St
         index = _index(body)
         block = _object(body.get("content_block"))
         if block.get("type") == "tool_use":
-            call_id = str(block.get("id") or f"toolu_{index}")
+            call_id = str(block.get("id") or f"toolu_{uuid.uuid4().hex[:16]}")
             state.blocks[index] = {"id": call_id, "name": str(block.get("name") or ""), "json": []}
             events.append(
                 ToolCallStarted(index=index, id=call_id, name=state.blocks[index]["name"])

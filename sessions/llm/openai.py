@@ -2,6 +2,7 @@
 Ollama, LiteLLM proxy), streamed over Server-Sent Events."""
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,7 +308,7 @@ def _finish_calls(calls: dict[int, _PendingCall]) -> list[StreamEvent]:
         if not pending.name:
             raise ModelProtocolError("a tool call arrived without a name")
         arguments, error = parse_arguments("".join(pending.arguments))
-        call_id = pending.id or f"call_{index}"
+        call_id = pending.id or f"call_{uuid.uuid4().hex[:16]}"  # unique across steps
         events.append(
             ToolCallFinished(
                 index=index,

@@ -3,6 +3,7 @@ without tool support): the tools are described in the system prompt, and the
 reply is parsed as JSON, strictly first and then tolerantly."""
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -165,7 +166,7 @@ class PromptToolsAdapter(OpenAIAdapter):
                     continue
             if calls:
                 for index, (name, arguments) in enumerate(calls):
-                    call_id = f"call_p{attempt}_{index}"
+                    call_id = f"call_{uuid.uuid4().hex[:16]}"  # unique across steps
                     yield ToolCallStarted(index=index, id=call_id, name=name)
                     yield ToolCallArgumentsDelta(
                         index=index, fragment=json.dumps(arguments, ensure_ascii=False)
