@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.db.models import Count, QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -532,7 +532,7 @@ class SessionAdmin(SessionIdSearch):
     date_hierarchy = "created_at"
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
-    actions = ("cancel_running_turn",)
+    actions = ("cancel_running_turn", "resume_failed_run")
     formfield_overrides = JSON_FIELD
     readonly_fields = (
         "id",
@@ -556,6 +556,13 @@ class SessionAdmin(SessionIdSearch):
         "event_seq",
         "created_at",
         "updated_at",
+        "checkpoint_stats",
+        "cancel_reason",
+        "cancel_actor",
+        "timer_due_at",
+        "timer_note",
+        "forked_from",
+        "forked_at_step",
     )
     fieldsets = (
         (
@@ -599,6 +606,20 @@ class SessionAdmin(SessionIdSearch):
                     "updated_at",
                 ),
                 "classes": ("collapse",),
+            },
+        ),
+        (
+            "Durability",
+            {
+                "fields": (
+                    "checkpoint_stats",
+                    "cancel_reason",
+                    "cancel_actor",
+                    "timer_due_at",
+                    "timer_note",
+                    "forked_from",
+                    "forked_at_step",
+                )
             },
         ),
         ("Metadata", {"fields": ("metadata",)}),
@@ -653,6 +674,27 @@ class SessionAdmin(SessionIdSearch):
             self.message_user(
                 request, f"{idle} session(s) had no running turn to cancel.", messages.WARNING
             )
+
+    @admin.action(description="Resume a run that stopped in error", permissions=["change"])
+    def resume_failed_run(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        resumed, refused = 0, []
+        for session in queryset:
+            try:
+                services.session_resume(session=session, actor=actor)
+                resumed += 1
+            except services.Conflict as exc:
+                refused.append(f"{str(session.pk)[:8]}: {exc.message}")
+        if resumed:
+            self.message_user(request, f"Resumed {resumed} session(s).", messages.SUCCESS)
+        for line in refused:
+            self.message_user(request, line, messages.WARNING)
+
+    @admin.display(description="checkpoints")
+    def checkpoint_stats(self, obj: Session) -> str:
+        stats = obj.checkpoints.aggregate(count=Count("id"), size=Sum("size_bytes"))
+        url = reverse("admin:agent_sessions_checkpoint_changelist") + f"?q={obj.pk}"
+        return format_html('<a href="{}">{} checkpoints, {} bytes</a>', url, stats["count"], stats["size"] or 0)
 
     def _cancel(self, request: HttpRequest, sessions: list[Session]) -> tuple[int, int]:
         actor = f"admin:{request.user.get_username()}"
@@ -893,10 +935,28 @@ class CheckpointAdmin(ReadOnlyAdmin):
         "state",
         "message_seq",
         "size_bytes",
+        "fingerprint",
         "context_pretty",
         "created_at",
     )
     readonly_fields = fields
+    actions = ("fork_from_checkpoint",)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # History is read-only, but forking writes a new session, not this row.
+        return admin.ModelAdmin.get_actions(self, request)
+
+    @admin.action(description="Fork a new session from this checkpoint")
+    def fork_from_checkpoint(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        for checkpoint in queryset.select_related("session"):
+            fork = services.session_fork(session=checkpoint.session, step=checkpoint.step, actor=actor)
+            url = reverse("admin:agent_sessions_session_change", args=[fork.pk])
+            self.message_user(
+                request,
+                format_html('Forked <a href="{}">{}</a> from step {}.', url, str(fork.pk)[:8], checkpoint.step),
+                messages.SUCCESS,
+            )
 
     @admin.display(description="context (what changed in this step)")
     def context_pretty(self, obj: Checkpoint) -> str:
