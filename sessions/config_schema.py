@@ -70,6 +70,7 @@ RULE = {
             "additionalProperties": False,
             "properties": {
                 "user": {"type": "string"},
+                "note": {"type": "string"},
                 "last_tool": {"type": ["string", "null"]},
                 "result": {"type": "string"},
                 "truthy": {"type": "string"},

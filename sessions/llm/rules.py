@@ -10,7 +10,8 @@ It powers the offline demo and is the last-resort fallback. A rule is::
      "answer": "Report #{{ tools.generate_report.report_id }} is ready."}
 
 `when` keys (all optional, all must hold): `user` (regex searched in the latest
-user message), `last_tool` (name of the latest tool result in this turn, or
+user message), `note` (regex over the latest platform note this turn, e.g. a
+follow-up that came due), `last_tool` (name of the latest tool result in this turn, or
 null for "no tool yet this turn"), `result` (regex over the latest result as
 compact JSON), `truthy` / `falsy` (a path in the template context). Rules are
 tried in order; the first that holds answers. Templates see `user`, `match`
@@ -59,7 +60,13 @@ def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
     tools: dict[str, Any] = {}
     calls: dict[str, int] = {}
     trailing: list[ChatMessage] = []
+    note = ""
     for message in turn:
+        if message.role == "system":
+            # Platform notes (a timer that fired, a changed environment) are
+            # visible as `note` but do not hide the latest tool result.
+            note = message.content
+            continue
         if message.role == "tool":
             result = message.data if message.data is not None else _maybe_json(message.content)
             tools[message.name] = result
@@ -75,6 +82,7 @@ def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
         "results": results,
         "tools": tools,
         "calls": calls,
+        "note": note,
         "match": {},
     }
 
@@ -96,6 +104,8 @@ def _rule_holds(when: dict[str, Any], context: dict[str, Any]) -> bool:
             **{str(i + 1): g for i, g in enumerate(found.groups())},
         }
         context["match"].update(found.groupdict())
+    if "note" in when and not re.search(str(when["note"]), context["note"]):
+        return False
     if "last_tool" in when and when["last_tool"] != context["last_tool"]:
         return False
     if "result" in when:
