@@ -1,0 +1,1 @@
+"""Fakes that speak real wire protocols (model providers) for tests."""

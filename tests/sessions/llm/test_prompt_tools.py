@@ -1,0 +1,259 @@
+"""Tools described in the system prompt, for models without native tool calling (OpenAI wire)."""
+
+import json
+
+import pytest
+
+from sessions.llm.base import ModelUnavailable, adapter_for
+from sessions.llm.prompt_tools import GAVE_UP_ANSWER, MAX_CORRECTIONS, ReplyError, parse_reply
+from sessions.llm.types import (
+    ChatMessage,
+    ChatRequest,
+    Finish,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallRequest,
+    ToolCallStarted,
+    ToolSpec,
+    Usage,
+)
+from tests.fakes.model_servers import Reply
+
+TOOLS = (
+    ToolSpec(
+        name="query_orders",
+        description="Find orders.",
+        parameters={"type": "object", "properties": {"days": {"type": "integer"}}},
+    ),
+    ToolSpec(
+        name="send_notification",
+        description="Notify.",
+        parameters={"type": "object", "properties": {"customer_id": {"type": "integer"}}},
+    ),
+)
+KNOWN = {t.name for t in TOOLS}
+REQUEST = ChatRequest(
+    messages=(
+        ChatMessage(role="system", content="You are an order bot."),
+        ChatMessage(role="user", content="find orders"),
+    ),
+    tools=TOOLS,
+)
+CALL = [("query_orders", {"days": 7})]
+
+MALFORMED = {
+    "plain": '{"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}}]}',
+    "code-fence": '```json\n{"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}}]}\n```',
+    "trailing-commas": '{"tool_calls": [{"name": "query_orders", "arguments": {"days": 7,},},],}',
+    "single-quotes": "{'tool_calls': [{'name': 'query_orders', 'arguments': {'days': 7}}]}",
+    "comments": '{"tool_calls": [ // the lookup\n {"name": "query_orders", /* week */ "arguments": {"days": 7}}]}',
+    "missing-closing-braces": '{"tool_calls": [{"name": "query_orders", "arguments": {"days": 7',
+    "text-around": 'Sure! I will look that up:\n{"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}}]}\nOne moment.',
+    "bare-call": '{"name": "query_orders", "arguments": {"days": 7}}',
+    "arguments-as-string": '{"tool_calls": [{"name": "query_orders", "arguments": "{\\"days\\": 7}"}]}',
+    "everything-at-once": "Here:\n```json\n{'tool_calls': [{'name': 'query_orders', 'arguments': {'days': 7,}, }, // done\n",
+}
+
+
+@pytest.mark.parametrize("reply", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_replies_are_recovered(reply):
+    assert parse_reply(reply, KNOWN) == ("", CALL)
+
+
+def test_answers_plain_prose_and_several_calls():
+    assert parse_reply('{"answer": "All done — 3 orders."}', KNOWN) == ("All done — 3 orders.", [])
+    assert parse_reply("Just prose, no JSON at all.", KNOWN) == ("Just prose, no JSON at all.", [])
+    several = '{"tool_calls": [{"name": "send_notification", "arguments": {"customer_id": 1}}, {"name": "send_notification", "arguments": {"customer_id": 2}}]}'
+    assert parse_reply(several, KNOWN) == (
+        "",
+        [("send_notification", {"customer_id": 1}), ("send_notification", {"customer_id": 2})],
+    )
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ("", "empty"),
+        (
+            '{"tool_calls": [{"name": "drop_database", "arguments": {}}]}',
+            "no known tool 'drop_database'",
+        ),
+        ('{"tool_calls": []}', "expected"),
+        ('{"tool_calls": [{"arguments": {}}]}', 'string "name"'),
+        ('{"tool_calls": [{"name": "query_orders", "arguments": [1]}]}', "must be a JSON object"),
+        ("[1, 2, 3] and {", "not a JSON object"),
+    ],
+)
+def test_unusable_replies_say_what_is_wrong(reply, problem):
+    with pytest.raises(ReplyError) as caught:
+        parse_reply(reply, KNOWN)
+    assert problem in str(caught.value)
+
+
+def test_an_unknown_tool_error_lists_the_known_ones():
+    with pytest.raises(ReplyError) as caught:
+        parse_reply('{"tool_calls": [{"name": "nope"}]}', KNOWN)
+    assert "query_orders, send_notification" in str(caught.value)
+
+
+# Against the server --------------------------------------------------------------------
+
+
+async def test_tools_go_into_the_system_prompt_not_the_tools_field(openai_server, endpoint_for):
+    openai_server.script(Reply(text=MALFORMED["code-fence"], text_splits=5))
+    events = [
+        e
+        async for e in adapter_for(endpoint_for(openai_server, api="prompt_tools")).stream(REQUEST)
+    ]
+
+    assert [type(e) for e in events if not isinstance(e, Usage | Finish)][0] is ToolCallStarted
+    finished = [e.call for e in events if isinstance(e, ToolCallFinished)]
+    assert [(c.name, c.arguments) for c in finished] == CALL
+    assert not any(isinstance(e, TextDelta) for e in events)  # the JSON is never shown as text
+    assert events[-1] == Finish("tool_calls")
+
+    body = openai_server.requests[0].body
+    assert "tools" not in body and "tool_choice" not in body
+    system, instructions, user = body["messages"]
+    assert system == {"role": "system", "content": "You are an order bot."}
+    assert instructions["role"] == "system"
+    assert '{"tool_calls": [{"name": "<tool name>"' in instructions["content"]
+    assert (
+        "- query_orders: Find orders." in instructions["content"]
+        and '"days":{"type":"integer"}' in instructions["content"]
+    )
+    assert user == {"role": "user", "content": "find orders"}
+
+
+async def test_an_answer_is_streamed_as_text_without_its_json_wrapper(openai_server, endpoint_for):
+    openai_server.script(Reply(text='{"answer": "You have 3 delayed orders."}', usage=(100, 12)))
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+    assert response.text == "You have 3 delayed orders." and response.tool_calls == []
+    assert response.usage == Usage(100, 12) and response.finish_reason == "stop"
+
+
+async def test_history_with_tool_calls_and_results_is_replayed_as_text(openai_server, endpoint_for):
+    history = (
+        *REQUEST.messages,
+        ChatMessage(
+            role="assistant",
+            tool_calls=(
+                ToolCallRequest(id="call_p0_0", name="query_orders", arguments={"days": 7}),
+            ),
+        ),
+        ChatMessage(
+            role="tool", content='{"count": 2}', tool_call_id="call_p0_0", name="query_orders"
+        ),
+    )
+    openai_server.script(Reply(text='{"answer": "2 orders"}'))
+    await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(
+        ChatRequest(messages=history, tools=TOOLS)
+    )
+    messages = openai_server.requests[0].body["messages"]
+    assert messages[3] == {
+        "role": "assistant",
+        "content": json.dumps({"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}}]}),
+    }
+    assert messages[4] == {
+        "role": "user",
+        "content": 'Result of query_orders (call_p0_0):\n{"count": 2}',
+    }
+    assert all(m["role"] in ("system", "user", "assistant") for m in messages)
+
+
+async def test_an_unknown_tool_is_fed_back_with_the_raw_reply_and_then_corrected(
+    openai_server, endpoint_for
+):
+    wrong = '{"tool_calls": [{"name": "lookup_orders", "arguments": {"days": 7}}]}'
+    openai_server.script(
+        Reply(text=wrong, usage=(50, 10)), Reply(text=MALFORMED["plain"], usage=(70, 10))
+    )
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+
+    assert [(c.name, c.arguments) for c in response.tool_calls] == CALL
+    assert response.usage == Usage(120, 20)  # both attempts count
+    first, second = openai_server.requests
+    assert second.messages[: len(first.messages)] == first.messages
+    echoed, correction = second.messages[len(first.messages) :]
+    assert echoed == {"role": "assistant", "content": wrong}
+    assert correction["role"] == "user"
+    assert (
+        "no known tool 'lookup_orders'" in correction["content"]
+        and "query_orders, send_notification" in correction["content"]
+    )
+
+
+async def test_an_unparseable_reply_is_fed_back(openai_server, endpoint_for):
+    garbage = "{{{ this is :: not [ json"
+    openai_server.script(Reply(text=garbage), Reply(text='{"answer": "fixed"}'))
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+    assert response.text == "fixed"
+    correction = openai_server.requests[1].messages[-1]
+    assert openai_server.requests[1].messages[-2] == {"role": "assistant", "content": garbage}
+    assert correction["content"].startswith("Your reply could not be used:")
+
+
+async def test_an_empty_reply_is_fed_back(openai_server, endpoint_for):
+    openai_server.script(Reply(text=""), Reply(text='{"answer": "here"}'))
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+    assert response.text == "here"
+    assert "empty" in openai_server.requests[1].messages[-1]["content"]
+
+
+async def test_gives_up_after_two_corrections_with_a_clear_answer(openai_server, endpoint_for):
+    bad = '{"tool_calls": [{"name": "hack_the_planet"}]}'
+    openai_server.script(*[Reply(text=bad) for _ in range(5)])
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+    assert MAX_CORRECTIONS == 2
+    assert len(openai_server.requests) == 3  # the first try and two corrections, no more
+    assert openai_server.pending == 2
+    assert (
+        response.text == GAVE_UP_ANSWER
+        and response.tool_calls == []
+        and response.finish_reason == "stop"
+    )
+    corrections = [
+        m
+        for m in openai_server.requests[2].messages
+        if m["content"].startswith("Your reply could not be used")
+    ]
+    assert len(corrections) == 2
+
+
+async def test_a_transport_failure_during_a_correction_is_a_model_error(
+    openai_server, endpoint_for
+):
+    openai_server.script(Reply(text="{broken"), Reply(status=503))
+    with pytest.raises(ModelUnavailable):
+        await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(REQUEST)
+
+
+async def test_without_tools_a_plain_answer_passes_through(openai_server, endpoint_for):
+    openai_server.script(Reply(text="Hello! No tools today."))
+    request = ChatRequest(messages=REQUEST.messages)
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(request)
+    assert response.text == "Hello! No tools today."
+    assert len(openai_server.requests[0].messages) == 2  # no instructions added
+
+
+async def test_without_tools_prose_with_braces_is_the_answer_not_a_broken_reply(
+    openai_server, endpoint_for
+):
+    # The final step of a turn (max iterations) sends no tools: the model was told
+    # nothing about JSON, so braces in its prose must not trigger corrections.
+    prose = 'Set it like this: {"retries": 3, "mode": "fast"} and restart.'
+    openai_server.script(Reply(text=prose))
+    history = (
+        *REQUEST.messages,
+        ChatMessage(
+            role="assistant",
+            tool_calls=(ToolCallRequest(id="c1", name="query_orders", arguments={"days": 7}),),
+        ),
+        ChatMessage(role="tool", content='{"count": 2}', tool_call_id="c1", name="query_orders"),
+    )
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(
+        ChatRequest(messages=history, tool_choice="none")
+    )
+    assert response.text == prose
+    assert len(openai_server.requests) == 1
+    assert all(m["role"] != "tool" for m in openai_server.requests[0].messages)  # still flattened
