@@ -1,0 +1,330 @@
+"""`python -m bench [--quick] [--only NAME ...]`: run the benchmarks, print, save, update the README."""
+
+import argparse
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from . import environment
+
+BENCHMARKS = ("engine", "worker", "e2e", "inflight")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    engine_sessions: int
+    engine_turns: int
+    engine_warmup: int
+    worker_sessions: int
+    e2e_sessions: int
+    e2e_turns: int
+    inflight_sessions: int
+
+
+FULL = Sizes(
+    engine_sessions=20,
+    engine_turns=5,
+    engine_warmup=3,
+    worker_sessions=100,
+    e2e_sessions=10,
+    e2e_turns=10,
+    inflight_sessions=200,
+)
+QUICK = Sizes(
+    engine_sessions=5,
+    engine_turns=3,
+    engine_warmup=2,
+    worker_sessions=20,
+    e2e_sessions=3,
+    e2e_turns=5,
+    inflight_sessions=200,
+)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller counts: a smoke run in under a minute"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=BENCHMARKS,
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--readme",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rewrite the figures section of bench/README.md (default: only on a full run)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the engine benchmark; writes bench/results/engine-<ts>.pstats",
+    )
+    parser.add_argument(
+        "--pyspy",
+        action="store_true",
+        help="sample the measured windows with py-spy (GIL holders); collapsed stacks in bench/results/",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="before each benchmark, wait up to SECONDS for other processes to leave the CPUs "
+        "(under 25%% busy); for shared machines",
+    )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=100,
+        help="threads of the worker in the worker and e2e benchmarks (default 100, as the Procfile)",
+    )
+    parser.add_argument(
+        "--inflight-concurrency",
+        type=int,
+        default=250,
+        help="threads of the worker in the in-flight benchmark (default 250)",
+    )
+    parser.add_argument(
+        "--inflight-workers",
+        type=int,
+        default=1,
+        help="worker processes in the in-flight benchmark, sharing --inflight-concurrency threads (default 1)",
+    )
+    parser.add_argument(
+        "--post-live",
+        action="store_true",
+        help="worker and inflight: post the turns while the worker runs, instead of pausing its "
+        "queue while posting and then releasing it",
+    )
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the processes the benchmarks start, e.g. DB_POOL_MAX=50",
+    )
+    return parser.parse_args(argv)
+
+
+def _raise_on_signal(signum: int, _frame: Any) -> None:
+    from .procs import stop_everything
+
+    stop_everything()
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    sizes = QUICK if args.quick else FULL
+    selected = [b for b in BENCHMARKS if not args.only or b in args.only]
+    extra_env = dict(item.split("=", 1) for item in args.worker_env)
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    signal.signal(signal.SIGINT, _raise_on_signal)
+    queue = f"bench-{os.getpid()}"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    started = time.perf_counter()
+
+    with environment.exclusive():
+        background = _background_load()
+        if background["busy_pct"] > 25:
+            print(
+                f"bench: WARNING the machine is busy before the run ({background['busy_pct']:.0f}% of all CPUs, "
+                f"load average {background['loadavg_1m']:.2f}); the figures will be pessimistic",
+                flush=True,
+            )
+        env, recreate_s = environment.prepare(queue)
+        os.environ.update(extra_env)
+        print(
+            f"bench: database {environment.BENCH_DB} recreated in {recreate_s:.2f} s; queue {queue}",
+            flush=True,
+        )
+        migrate_s = environment.django_setup()
+        print(f"bench: django set up and migrated in {migrate_s:.1f} s", flush=True)
+
+        from . import fixtures, report
+        from .procs import STOP, Processes
+
+        fixtures.install()
+        procs = Processes({**env, **extra_env})
+        if args.pyspy:
+            procs.pyspy_prefix = str(environment.ROOT / "bench" / "results" / f"pyspy-{stamp}")
+        results = []
+        try:
+            for name in selected:
+                if STOP.is_set():
+                    raise KeyboardInterrupt("stopping")
+                quiet = _wait_quiet(args.wait_quiet)
+                print(
+                    f"bench: machine {quiet['busy_pct']:.0f}% busy before {name} "
+                    f"(CPU reference loop {quiet['cpu_reference_ms']} ms)",
+                    flush=True,
+                )
+                print(f"bench: running {name} ...", flush=True)
+                t0 = time.perf_counter()
+                try:
+                    result = _run_one(name, sizes, args, procs, stamp)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - report it, run the rest
+                    from .results_model import Result
+
+                    traceback.print_exc()
+                    result = Result(name=name, title=name, error=f"{type(exc).__name__}: {exc}")
+                finally:
+                    procs.stop_all()
+                    _purge_queue(queue, everything=False)
+                result.seconds = time.perf_counter() - t0
+                result.details["background_before"] = quiet
+                results.append(result)
+                print(report.result_lines(result), flush=True)
+        except KeyboardInterrupt:
+            print("bench: interrupted; stopping processes", file=sys.stderr)
+            procs.stop_all()
+            _purge_queue(queue)
+            return 130
+        finally:
+            procs.stop_all()
+        _purge_queue(queue)
+
+        total = time.perf_counter() - started
+        doc = report.document(
+            results,
+            args=vars(args),
+            stamp=stamp,
+            seconds=total,
+            setup={
+                "recreate_s": round(recreate_s, 2),
+                "migrate_s": round(migrate_s, 2),
+                "background_load_before_run": background,
+            },
+        )
+        print()
+        print(report.table(results))
+        paths = report.save(doc, stamp)
+        print(f"\nbench: wrote {', '.join(str(p) for p in paths)} ({total:.0f} s in all)")
+        complete = not args.quick and not args.only and not any(r.error for r in results)
+        update_readme = args.readme if args.readme is not None else complete
+        if update_readme:
+            report.readme_update(doc)
+            print("bench: updated the figures in bench/README.md")
+        else:
+            print(
+                "bench: bench/README.md left alone (only a full run without errors rewrites it;"
+                " --readme forces it)"
+            )
+    failed = [r.name for r in results if r.error]
+    return 1 if failed else 0
+
+
+def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stamp: str) -> Any:
+    if name == "engine":
+        from . import engine_step
+
+        profile = (
+            str(environment.ROOT / "bench" / "results" / f"engine-{stamp}.pstats")
+            if args.profile
+            else None
+        )
+        return engine_step.run(
+            sessions=sizes.engine_sessions,
+            turns=sizes.engine_turns,
+            warmup_turns=sizes.engine_warmup,
+            profile_path=profile,
+            spy=procs.spy,
+        )
+    if name == "worker":
+        from . import worker_rate
+
+        return worker_rate.run(
+            procs,
+            sessions=sizes.worker_sessions,
+            concurrency=args.worker_concurrency,
+            live=args.post_live,
+        )
+    if name == "e2e":
+        from . import e2e_latency
+
+        return e2e_latency.run(
+            procs,
+            sessions=sizes.e2e_sessions,
+            turns=sizes.e2e_turns,
+            concurrency=args.worker_concurrency,
+        )
+    if name == "inflight":
+        from . import in_flight
+
+        return in_flight.run(
+            procs,
+            sessions=sizes.inflight_sessions,
+            concurrency=args.inflight_concurrency,
+            workers=args.inflight_workers,
+            live=args.post_live,
+        )
+    raise ValueError(name)
+
+
+def _background_load(seconds: float = 1.0) -> dict[str, float]:
+    """How busy the machine is before the benchmark starts anything (other people's work)."""
+    from .runs import MachineLoad
+
+    load = MachineLoad()
+    load.start()
+    time.sleep(seconds)
+    busy = load.stop()["machine_cpu_busy_pct"] or 0.0
+    return {"busy_pct": busy, "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def cpu_reference_ms() -> float:
+    """A fixed pure-Python loop, best of 3, in CPU ms: how fast this CPU runs Python right now.
+
+    About 30-60 ms on a quiet machine; it grows when other processes share the
+    cores (hyperthreads, a busy host), and CPU-time figures grow with it.
+    """
+    best = float("inf")
+    for _ in range(3):
+        started = time.thread_time()
+        total = 0
+        for i in range(300_000):
+            total += i * i % 7
+        best = min(best, (time.thread_time() - started) * 1000)
+    return round(best, 1)
+
+
+def _wait_quiet(limit_s: float, threshold: float = 25.0) -> dict[str, float]:
+    deadline = time.monotonic() + limit_s
+    while True:
+        load = _background_load()
+        if load["busy_pct"] < threshold or time.monotonic() >= deadline:
+            load["cpu_reference_ms"] = cpu_reference_ms()
+            return load
+
+
+def _purge_queue(queue: str, everything: bool = True) -> None:
+    """Drop the tasks left on the bench queue (benchmark 1 enqueues runs no worker takes).
+
+    Between benchmarks only the queue's lists go (kombu's `queue` and
+    `queue\x06\x16<priority>` keys); at the end its binding keys too.
+    """
+    try:
+        import redis
+        from django.conf import settings
+
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3)
+        if everything:
+            keys = list(client.scan_iter(match=f"*{queue}*", count=500))
+        else:
+            keys = [queue, *client.scan_iter(match=f"{queue}\x06\x16*", count=500)]
+        if keys:
+            client.delete(*keys)
+        client.close()
+    except Exception as exc:  # noqa: BLE001
+        print(f"bench: could not purge queue {queue}: {exc}", file=sys.stderr)

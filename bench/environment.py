@@ -1,0 +1,114 @@
+"""The benchmark's own database and queue, set up before Django is imported.
+
+The base URL comes from the environment, `.env` or `.data/stack.env` (the same
+order the settings use); the benchmark swaps its database name for
+`agentplatform_bench`, drops and recreates that database on the same server,
+and points this process (and every subprocess it starts) at it.
+"""
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / ".data"
+BENCH_DB = "agentplatform_bench"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                key = key.removeprefix("export ").strip()
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                    value = value[1:-1]
+                values[key] = value
+    return values
+
+
+def setting(name: str, default: str = "") -> str:
+    """A URL as the settings would see it: environment, then .env, then .data/stack.env."""
+    return (
+        os.environ.get(name)
+        or _env_file(ROOT / ".env").get(name)
+        or _env_file(DATA / "stack.env").get(name)
+        or default
+    )
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def database_recreate(base_url: str) -> str:
+    """Drop and create the bench database; return its URL."""
+    import psycopg
+
+    admin = with_database(base_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+    return with_database(base_url, BENCH_DB)
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """One benchmark run at a time on this checkout (they share the bench database)."""
+    DATA.mkdir(parents=True, exist_ok=True)
+    with open(DATA / "bench.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                "another `python -m bench` is running on this checkout (.data/bench.lock)"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def prepare(queue: str) -> tuple[dict[str, str], float]:
+    """Create the database, export the environment this process and its children use.
+
+    Returns the exported variables and the seconds the drop + create took.
+    """
+    base = setting("DATABASE_URL")
+    redis_url = setting("REDIS_URL")
+    if not base or not redis_url:
+        raise SystemExit(
+            "DATABASE_URL / REDIS_URL not set; run `.venv/bin/python -m devstack up` (make bench does)"
+        )
+    started = time.perf_counter()
+    url = database_recreate(base)
+    values = {
+        "DATABASE_URL": url,
+        "REDIS_URL": redis_url,
+        "CELERY_QUEUE": queue,
+        "DJANGO_SETTINGS_MODULE": "agentplatform.settings",
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update(values)
+    return values, time.perf_counter() - started
+
+
+def django_setup() -> float:
+    """django.setup() against the bench database, then migrate it; returns seconds."""
+    import django
+    from django.core.management import call_command
+
+    started = time.perf_counter()
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+    from django.db import connection
+
+    connection.close()
+    return time.perf_counter() - started

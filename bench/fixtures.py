@@ -1,0 +1,127 @@
+"""What the benchmarks run: the demo's tools and agent on instant and slow `rules` models.
+
+Everything goes through the real `config_apply` service, as `apply_config` does.
+
+- `bench-demo`: the offline demo agent (config/demo.yaml) on an instant model.
+  One request = turn start + 10 worker steps (4 model calls, the last one
+  answering; 3 tool steps of 1, 3 and 1 calls; 3 tool-loop moves).
+- `bench-echo`: answers at once, no tools (turn start + 1 worker step).
+- `bench-one-round`: one tool round with the built-in clock tool
+  (turn start + 4 worker steps: model -> tool -> tool-loop move -> model).
+- `bench-one-round-2s`: the same on a rules model that sleeps 2 s per call.
+"""
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_CONFIG = ROOT / "config" / "demo.yaml"
+DEMO_REQUEST = (
+    "find last week's orders with logistics exceptions, notify each customer, then write a report"
+)
+ROLE = "support"
+
+INSTANT = "bench-instant"
+SLOW = "bench-slow-2s"
+SLOW_LATENCY_S = 2.0
+
+ONE_ROUND_RULES = [
+    {
+        "name": "ask-clock",
+        "when": {"last_tool": None},
+        "tool_calls": [{"tool": "bench_clock", "args": {}}],
+    },
+    {"name": "answer", "when": {"last_tool": "bench_clock"}, "answer": "It is {{ result.now }}."},
+]
+
+
+def config_document() -> dict[str, Any]:
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
+    demo_agent = next(a for a in demo["agents"] if a["slug"] == "order-support")
+    agents = [
+        {
+            **copy.deepcopy(demo_agent),
+            "slug": "bench-demo",
+            "name": "bench: demo agent, instant model",
+            "model": INSTANT,
+        },
+        {
+            "slug": "bench-echo",
+            "name": "bench: echo, instant model",
+            "system_prompt": "Echo the user.",
+            "model": INSTANT,
+            "tools": [],
+            "rules": [{"name": "echo", "answer": "Echo: {{ user }}"}],
+        },
+        {
+            "slug": "bench-one-round",
+            "name": "bench: one tool round, instant model",
+            "system_prompt": "Tell the time.",
+            "model": INSTANT,
+            "tools": ["bench_clock"],
+            "rules": ONE_ROUND_RULES,
+        },
+        {
+            "slug": "bench-one-round-2s",
+            "name": "bench: one tool round, 2 s model",
+            "system_prompt": "Tell the time.",
+            "model": SLOW,
+            "tools": ["bench_clock"],
+            "rules": ONE_ROUND_RULES,
+        },
+    ]
+    for agent in agents:
+        agent.pop("fallback_model", None)
+    # Whatever else the demo file declares (roles, ...) comes along unchanged.
+    passthrough = {k: v for k, v in demo.items() if k not in ("models", "tools", "agents")}
+    return {
+        **passthrough,
+        "models": [
+            {"name": INSTANT, "api": "rules", "options": {}},
+            {"name": SLOW, "api": "rules", "options": {"latency_s": SLOW_LATENCY_S}},
+        ],
+        "tools": [
+            *demo["tools"],
+            {
+                "name": "bench_clock",
+                "description": "The current time (UTC).",
+                "kind": "python",
+                "handler": "builtin.current_time",
+                "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+                "roles": [ROLE],
+            },
+        ],
+        "agents": agents,
+    }
+
+
+def install() -> list[str]:
+    from demo.services import demo_data_seed
+    from sessions.services import config_apply
+
+    report = config_apply(document=config_document())
+    demo_data_seed()
+    return report
+
+
+def owner(username: str = "bench") -> Any:
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    return user
+
+
+def sessions_create(agent: str, count: int, username: str = "bench") -> list[Any]:
+    from sessions.services import session_create
+
+    user = owner(username)
+    return [session_create(owner=user, agent_slug=agent, key_roles=[ROLE]) for _ in range(count)]
+
+
+def api_key(username: str = "bench") -> str:
+    from accounts.services import api_key_create
+
+    return api_key_create(username=username, roles=[ROLE], name="bench").raw

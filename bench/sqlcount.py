@@ -1,0 +1,208 @@
+"""Counting what the engine sends to PostgreSQL, per thread.
+
+- Statements: a Django `execute_wrapper` on every connection, installed from
+  the `connection_created` signal (with the psycopg pool a thread's wrapper
+  reconnects after each `connection.close()`, and tool handlers run on helper
+  threads with connections of their own). Each `execute` / `executemany` is
+  one statement (one round trip, apart from executemany batches).
+- Rows written: `cursor.rowcount` after each INSERT / UPDATE / DELETE.
+- Commits: explicit ones are counted by wrapping `DatabaseWrapper.commit`,
+  which `transaction.atomic` calls when its outermost block exits. A write
+  statement run outside any atomic block is its own transaction in
+  autocommit mode, so it counts as one (implicit) commit too. Reads outside
+  a transaction are round trips, not commits.
+
+Nothing here sees statements that psycopg or the pool send by themselves
+(none are configured: no `check`, no `reset`), nor the Celery broker and
+channel-layer traffic to Redis.
+"""
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+WRITE_VERBS = {"INSERT", "UPDATE", "DELETE"}
+
+
+_DICTS = ("by_verb", "rows_by_table", "seconds_by_table")
+
+
+@dataclass
+class Tally:
+    statements: int = 0
+    reads: int = 0
+    writes: int = 0
+    rows_written: int = 0
+    explicit_commits: int = 0
+    autocommit_writes: int = 0
+    rollbacks: int = 0
+    savepoints: int = 0
+    db_seconds: float = 0.0
+    by_verb: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    rows_by_table: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds_by_table: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def commits(self) -> int:
+        return self.explicit_commits + self.autocommit_writes
+
+    def _combine(self, other: "Tally", sign: int) -> "Tally":
+        out = Tally(
+            **{
+                k: getattr(self, k) + sign * getattr(other, k)
+                for k in self.__dict__
+                if k not in _DICTS
+            }
+        )
+        for name in _DICTS:
+            mine, theirs, target = getattr(self, name), getattr(other, name), getattr(out, name)
+            for key in set(mine) | set(theirs):
+                target[key] = mine.get(key, 0) + sign * theirs.get(key, 0)
+        return out
+
+    def copy(self) -> "Tally":
+        return self._combine(Tally(), 1)
+
+    def plus(self, other: "Tally") -> "Tally":
+        return self._combine(other, 1)
+
+    def minus(self, before: "Tally") -> "Tally":
+        return self._combine(before, -1)
+
+
+def _table(sql: str, verb: str) -> str:
+    words = sql.split(None, 6)
+    try:
+        if verb == "INSERT":
+            name = words[2]
+        elif verb == "UPDATE":
+            name = words[1]
+        elif verb == "DELETE":
+            name = words[2]
+        else:
+            return ""
+    except IndexError:
+        return ""
+    return name.strip('"').split("(")[0].strip('"')
+
+
+class SqlCounter:
+    """Tallies per thread name class: 'engine' (the thread that runs steps), 'heartbeat', 'other'."""
+
+    def __init__(self, engine_thread: threading.Thread | None = None) -> None:
+        self.engine_ident = (engine_thread or threading.current_thread()).ident
+        self.lock = threading.Lock()
+        self.tallies: dict[str, Tally] = defaultdict(Tally)
+        self._installed = False
+        self.active = False
+        self._original_commit: Callable[..., Any] | None = None
+        self._original_rollback: Callable[..., Any] | None = None
+
+    def _bucket(self) -> str:
+        thread = threading.current_thread()
+        if thread.ident == self.engine_ident:
+            return "engine"
+        if thread.name == "lease-heartbeat":
+            return "heartbeat"
+        return "other"
+
+    def __call__(
+        self,
+        execute: Callable[..., Any],
+        sql: str,
+        params: Any,
+        many: bool,
+        context: dict[str, Any],
+    ) -> Any:
+        if not self.active:
+            return execute(sql, params, many, context)
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            elapsed = time.perf_counter() - started
+            verb = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else "?"
+            cursor = context.get("cursor")
+            conn = context.get("connection")
+            rowcount = getattr(cursor, "rowcount", -1) or 0
+            in_atomic = bool(getattr(conn, "in_atomic_block", False))
+            with self.lock:
+                tally = self.tallies[self._bucket()]
+                tally.statements += 1
+                tally.db_seconds += elapsed
+                tally.by_verb[verb] += 1
+                if verb in WRITE_VERBS:
+                    tally.writes += 1
+                    rows = max(rowcount, 0)
+                    tally.rows_written += rows
+                    table = _table(sql, verb)
+                    tally.rows_by_table[table] += rows
+                    tally.seconds_by_table[table] += elapsed
+                    if not in_atomic:
+                        tally.autocommit_writes += 1
+                elif verb in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
+                    tally.savepoints += 1
+                else:
+                    tally.reads += 1
+
+    # ------------------------------------------------------------------ install
+    def _on_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        if self not in connection.execute_wrappers:
+            connection.execute_wrappers.append(self)
+
+    def install(self) -> None:
+        from django.db import connections
+        from django.db.backends.postgresql.base import DatabaseWrapper
+        from django.db.backends.signals import connection_created
+
+        counter = self
+        original_commit = DatabaseWrapper.commit
+        original_rollback = DatabaseWrapper.rollback
+
+        def commit(wrapper: Any) -> Any:
+            if not counter.active:
+                return original_commit(wrapper)
+            with counter.lock:
+                counter.tallies[counter._bucket()].explicit_commits += 1
+            return original_commit(wrapper)
+
+        def rollback(wrapper: Any) -> Any:
+            if not counter.active:
+                return original_rollback(wrapper)
+            with counter.lock:
+                counter.tallies[counter._bucket()].rollbacks += 1
+            return original_rollback(wrapper)
+
+        self._original_commit, self._original_rollback = original_commit, original_rollback
+        DatabaseWrapper.commit = commit  # type: ignore[method-assign]
+        DatabaseWrapper.rollback = rollback  # type: ignore[method-assign]
+        connection_created.connect(
+            self._on_connection, weak=False, dispatch_uid=f"bench-sql-{id(self)}"
+        )
+        for conn in connections.all(initialized_only=True):
+            self._on_connection(None, conn)
+        self._installed = True
+        self.active = True
+
+    def uninstall(self) -> None:
+        from django.db import connections
+        from django.db.backends.postgresql.base import DatabaseWrapper
+        from django.db.backends.signals import connection_created
+
+        self.active = False
+        if not self._installed:
+            return
+        DatabaseWrapper.commit = self._original_commit  # type: ignore[method-assign]
+        DatabaseWrapper.rollback = self._original_rollback  # type: ignore[method-assign]
+        connection_created.disconnect(dispatch_uid=f"bench-sql-{id(self)}")
+        for conn in connections.all(initialized_only=True):
+            if self in conn.execute_wrappers:
+                conn.execute_wrappers.remove(self)
+        self._installed = False
+
+    def snapshot(self, bucket: str = "engine") -> Tally:
+        with self.lock:
+            return self.tallies[bucket].copy()
