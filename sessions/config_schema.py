@@ -48,7 +48,20 @@ TOOL_ENTRY = {
         "probe_handler": {"type": "string"},
         "idempotent": {"type": "boolean"},
         "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
-        "headers": {"type": "object"},
+        "headers": {
+            "type": "object",
+            "additionalProperties": {
+                "oneOf": [
+                    {"type": "string"},
+                    {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["env"],
+                        "properties": {"env": {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"}},
+                    },
+                ]
+            },
+        },
         "parameters": {"type": "object"},
         "timeout_s": POSITIVE,
         "side_effects": {"type": "boolean"},

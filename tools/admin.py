@@ -99,9 +99,14 @@ class ToolAdminForm(forms.ModelForm):
         headers = self.cleaned_data.get("headers")
         if headers in (None, ""):
             return {}
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        def secret_ref(value: Any) -> bool:
+            # {"env": "NAME"}: the secret is read from the environment when the tool is called.
+            return isinstance(value, dict) and set(value) == {"env"} and isinstance(value["env"], str) and bool(value["env"])
+
+        if not isinstance(headers, dict) or not all(isinstance(v, str) or secret_ref(v) for v in headers.values()):
             raise forms.ValidationError(
-                'Enter a JSON object of header names to string values, e.g. {"X-Team": "support"}.'
+                'Enter a JSON object of header names to string values, e.g. {"X-Team": "support"}, '
+                'or to {"env": "NAME"} for a secret read from an environment variable.'
             )
         return headers
 

@@ -20,6 +20,7 @@ from django.db import connection
 from jsonschema import Draft202012Validator
 
 from sessions.breaker import CircuitBreaker
+from sessions.faults import fault_point
 
 from .models import Tool
 from .registry import UnknownHandler, get_handler
@@ -130,10 +131,12 @@ def _failure(status: str, message: str, started: float, **kwargs: Any) -> ToolOu
     )
 
 
-def _call_python_sync(handler_name: str, arguments: dict[str, Any], idempotency_key: str) -> Any:
+def _call_python_sync(
+    handler_name: str, arguments: dict[str, Any], idempotency_key: str, *, always_key: bool = False
+) -> Any:
     handler = get_handler(handler_name)
     kwargs = dict(arguments)
-    if handler.wants_idempotency_key:
+    if handler.wants_idempotency_key or always_key:
         kwargs["idempotency_key"] = idempotency_key
     try:
         return handler.func(**kwargs)
@@ -188,6 +191,8 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
         response = await _client().request(tool.method, tool.url, params=arguments, headers=headers)
     else:
         response = await _client().request(tool.method, tool.url, json=arguments, headers=headers)
+    # Crash tests: the request took effect but its result is not recorded yet.
+    fault_point("after_tool_sent")
     try:
         body = response.json()
     except ValueError:
@@ -373,8 +378,10 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
             if inspect.iscoroutinefunction(handler.func):
                 found = await asyncio.wait_for(handler.func(idempotency_key=idempotency_key), timeout=tool.timeout_s)
             else:
+                # A probe is asked about a key, so it always gets it (as the async path does).
                 found = await asyncio.wait_for(
-                    asyncio.to_thread(_call_python_sync, tool.probe_handler, {}, idempotency_key), timeout=tool.timeout_s
+                    asyncio.to_thread(_call_python_sync, tool.probe_handler, {}, idempotency_key, always_key=True),
+                    timeout=tool.timeout_s,
                 )
             if found is None:
                 return ProbeResult("not_done")

@@ -144,12 +144,14 @@ def model_step(session: Session, owner: str) -> None:
             turn=session.turn,
             step=step_no,
             position=position,
-            call_id=call.id,
-            tool_name=call.name,
+            # Column limits: a model may send anything; the tool layer rejects the
+            # odd name with a clear result rather than the step crashing on it.
+            call_id=call.id[:100],
+            tool_name=call.name[:100],
             input=call.arguments,
             error=call.arguments_error or "",
             # Stable per logical call: a re-run of this step reuses the stored row and key.
-            idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name}",
+            idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name[:100]}",
         )
         for position, call in enumerate(tool_calls)
     ]

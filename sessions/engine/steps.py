@@ -7,6 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from memory.tokens import count_message_tokens
+from tools.rendering import render_failure
+
 from ..models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from ..states import Trigger
 from ..transitions import Step, step_commit
@@ -103,7 +106,10 @@ def finish_turn(
     """End the turn (cancelled, error, ...) with its events, in one step.
 
     Calls of the turn that never started are closed as rejected, so no
-    ToolCall is left `executing` once its turn is over.
+    ToolCall is left `executing` once its turn is over. Each closed call also
+    gets its tool result message saying so: the history stays well formed (a
+    model API refuses tool calls without results) and a resumed run, or the
+    next turn, tells the model what became of the call.
     """
     extra = extra or {}
     events: list[tuple[str, dict[str, Any]]] = []
@@ -116,7 +122,9 @@ def finish_turn(
         iterations=extra.get("set_fields", {}).get("iteration"),
     )
     open_calls = list(
-        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING)
+        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
+            "step", "position"
+        )
     )
     now = timezone.now()
     for call in open_calls:
@@ -128,9 +136,15 @@ def finish_turn(
             f"(idempotency key {call.idempotency_key})"
         )
         call.finished_at = now
+    results = [_closed_call_result(session, call) for call in open_calls]
+    events[:0] = [
+        ("tool.finished", {"call_id": c.call_id, "tool": c.tool_name, "status": c.status, "error": c.error, "turn": c.turn})
+        for c in open_calls
+    ]
     step_commit(
         build_step(
             session, owner, trigger=trigger, phase=stop_reason, reason=reason, actor=actor,
+            messages=results,
             events=events,
             updated_tool_calls=open_calls,
             after_events=[("turn.finished", {**summary, "reason": reason})],
@@ -146,6 +160,14 @@ def finish_turn(
             add_fields=extra.get("add_fields", {}),
             model_calls=extra.get("model_calls", []),
         )
+    )
+
+
+def _closed_call_result(session: Session, call: ToolCall) -> Message:
+    content = render_failure(call.status, call.error)
+    return Message(
+        turn=session.turn, role="tool", content=content, tool_call_id=call.call_id, name=call.tool_name,
+        data={"error": call.error, "status": call.status}, token_count=count_message_tokens(content),
     )
 
 

@@ -31,7 +31,7 @@ from .. import io_loop
 from ..faults import fault_point
 from ..models import Agent, Message, Session, ToolCall, ToolCallStatus
 from ..states import Trigger
-from ..transitions import step_commit
+from ..transitions import StaleSession, step_commit
 from .environment import environment
 from .steps import build_step, finish_turn
 
@@ -59,11 +59,21 @@ def _cached_outcomes(session: Session, calls: list[ToolCall], tools: dict[str, T
     return outcomes
 
 
-def _mark_dispatched(calls: list[ToolCall]) -> None:
-    """Commit, before sending, that these side-effecting calls are about to go out."""
+def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
+    """Commit, before sending, that these side-effecting calls are about to go out.
+
+    Only while this worker still holds the lease and the calls are still
+    open: a worker that was paused past its lease (and replaced) must not send
+    a side effect the replacement owns now; it raises StaleSession instead.
+    """
     if calls:
         now = timezone.now()
-        ToolCall.objects.filter(pk__in=[c.pk for c in calls]).update(dispatched_at=now)
+        claimed = ToolCall.objects.filter(
+            pk__in=[c.pk for c in calls], status=ToolCallStatus.EXECUTING,
+            session__lease_owner=owner, session__version=session.version,
+        ).update(dispatched_at=now)
+        if claimed != len(calls):
+            raise StaleSession(f"session {session.pk} was taken over before its tool calls were sent")
         for call in calls:
             call.dispatched_at = now
 
@@ -114,7 +124,8 @@ def tool_step(session: Session, owner: str) -> None:
                 return
 
     to_run = [c for c in calls if c.pk not in outcomes]
-    _mark_dispatched([c for c in to_run if c.dispatched_at is None and c.tool_name in tools and tools[c.tool_name].side_effects])
+    # Fresh calls and uncertain ones sent again after their probe alike.
+    _mark_dispatched(session, owner, [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects])
     env = environment(agent, tools, agent.model.name)
     connection.close()
 

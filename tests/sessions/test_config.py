@@ -3,15 +3,20 @@
 import copy
 import io
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
+from accounts.models import Role
+from accounts.services import api_key_create
 from sessions.models import Agent, ModelEndpoint
 from sessions.services import ConfigInvalid, config_apply
 from tests.demo_setup import DEMO_CONFIG
+from tests.stack import free_port
 from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
@@ -19,9 +24,9 @@ pytestmark = pytest.mark.django_db
 DEMO = yaml.safe_load(DEMO_CONFIG.read_text())
 
 
-def _apply(path: Path) -> list[str]:
+def _apply(path: Path, *options: str) -> list[str]:
     out = io.StringIO()
-    call_command("apply_config", str(path), stdout=out)
+    call_command("apply_config", str(path), *options, stdout=out)
     return out.getvalue().splitlines()
 
 
@@ -34,6 +39,7 @@ def _write(tmp_path: Path, document, name: str = "config.yaml") -> Path:  # type
 def _state() -> tuple:
     """Everything apply_config may write, to prove a failed apply wrote nothing."""
     return (
+        sorted(Role.objects.values_list("name", "description")),
         sorted(ModelEndpoint.objects.values_list("name", "api", "options", "updated_at")),
         sorted(Tool.objects.values_list("name", "description", "parameters", "updated_at")),
         sorted(
@@ -63,33 +69,66 @@ def _base() -> dict:
 
 
 def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path):
-    lines = _apply(DEMO_CONFIG)
+    # The demo business API may not be running: its HTTP tools' URLs are not checked here.
+    lines = _apply(DEMO_CONFIG, "--no-url-check")
     assert lines == [
-        "model rules: created",
-        "tool query_orders: created",
-        "tool send_notification: created",
-        "tool generate_report: created",
-        "agent order-support: created",
+        *[f"role {r['name']}: created" for r in DEMO["roles"]],
+        *[f"model {m['name']}: created" for m in DEMO["models"]],
+        *[f"tool {t['name']}: created" for t in DEMO["tools"]],
+        *[f"agent {a['slug']}: created" for a in DEMO["agents"]],
     ]
+    assert lines[:3] == ["role support: created", "role analyst: created", "model rules: created"]
+    for name in (
+        "query_orders",
+        "send_notification",
+        "generate_report",
+        "issue_coupon",
+        "get_order",
+    ):
+        assert f"tool {name}: created" in lines
     agent = Agent.objects.get(slug="order-support")
     assert agent.model.name == "rules" and agent.max_iterations == 8
-    assert agent.tools == ["query_orders", "send_notification", "generate_report"]
+    assert agent.tools == DEMO["agents"][0]["tools"]
+    assert {
+        "query_orders",
+        "send_notification",
+        "generate_report",
+        "issue_coupon",
+        "get_order",
+    } <= set(agent.tools)
     assert Tool.objects.get(name="send_notification").side_effects is True
+    coupon = Tool.objects.get(name="issue_coupon")
+    assert (coupon.kind, coupon.method, coupon.url) == (
+        "http",
+        "POST",
+        "http://127.0.0.1:8765/coupons",
+    )
+    assert (coupon.side_effects, coupon.risk_level, coupon.credit_cost, coupon.roles) == (
+        True,
+        2,
+        100,
+        ["support"],
+    )
+    assert coupon.status_url == "http://127.0.0.1:8765/coupons/status"
+    assert Tool.objects.get(name="get_order").roles == ["support", "analyst"]
     assert ModelEndpoint.objects.get(name="rules").options == {"chunk_delay_s": 0.02}
+    assert list(Role.objects.values_list("name", flat=True)) == ["analyst", "support"]
 
     before = _state()
-    assert _apply(DEMO_CONFIG) == [line.replace("created", "unchanged") for line in lines]
+    assert _apply(DEMO_CONFIG, "--no-url-check") == [
+        line.replace("created", "unchanged") for line in lines
+    ]
     assert _state() == before
 
 
 def test_a_change_is_reported_as_updated_with_the_field_names(tmp_path):
-    _apply(DEMO_CONFIG)
+    _apply(DEMO_CONFIG, "--no-url-check")
     changed = copy.deepcopy(DEMO)
     changed["agents"][0]["max_iterations"] = 4
     changed["agents"][0]["system_prompt"] = "Be brief."
     changed["tools"][0]["timeout_s"] = 3
 
-    lines = _apply(_write(tmp_path, changed))
+    lines = _apply(_write(tmp_path, changed), "--no-url-check")
 
     assert "agent order-support: updated (system_prompt, max_iterations)" in lines
     assert "tool query_orders: updated (timeout_s)" in lines
@@ -178,6 +217,31 @@ def _mutations():  # type: ignore[no-untyped-def]
     def bad_rule(d):  # type: ignore[no-untyped-def]
         d["agents"][0]["rules"] = [{"when": {"user": "x"}}]
 
+    def unknown_role(d):  # type: ignore[no-untyped-def]
+        d["roles"] = [{"name": "support"}]
+        d["tools"][0]["roles"] = ["support", "suport"]
+
+    def duplicate_role(d):  # type: ignore[no-untyped-def]
+        d["roles"] = [{"name": "support"}, {"name": "support", "description": "again"}]
+
+    def bad_role_name(d):  # type: ignore[no-untyped-def]
+        d["roles"] = [{"name": "Support Staff"}]
+
+    def unreachable_url(d):  # type: ignore[no-untyped-def]
+        d["tools"][0].update(kind="http", url=f"http://127.0.0.1:{free_port()}/coupons")
+        del d["tools"][0]["handler"]
+
+    def url_not_http(d):  # type: ignore[no-untyped-def]
+        d["tools"][0].update(kind="http", url="ftp://127.0.0.1/coupons")
+        del d["tools"][0]["handler"]
+
+    def bad_risk_level(d):  # type: ignore[no-untyped-def]
+        d["tools"][0]["risk_level"] = 4
+
+    def bad_tool_name(d):  # type: ignore[no-untyped-def]
+        d["tools"][0]["name"] = "clock; rm -rf"
+        d["agents"][0]["tools"] = []
+
     return [
         (unknown_model, "agents[0] (support).model: unknown model 'gpt-9'"),
         (unknown_fallback, "agents[0] (support).fallback_model: unknown model 'backup'"),
@@ -206,6 +270,16 @@ def _mutations():  # type: ignore[no-untyped-def]
         (bad_api, "models[0] (main).api: 'telepathy' is not one of"),
         (remote_model_without_url, "models[0] (main).base_url: required for api 'openai'"),
         (bad_rule, "agents[0] (support).rules[0]"),
+        (
+            unknown_role,
+            "tools[0] (clock).roles[1]: unknown role 'suport' (known: support; declare it under roles:)",
+        ),
+        (duplicate_role, "roles[1] (support).name: duplicate name 'support'"),
+        (bad_role_name, "roles[0] (Support Staff).name: 'Support Staff' does not match"),
+        (unreachable_url, "tools[0] (clock).url: unreachable: cannot connect to 127.0.0.1:"),
+        (url_not_http, "tools[0] (clock).url: 'ftp://127.0.0.1/coupons' does not match"),
+        (bad_risk_level, "tools[0] (clock).risk_level: 4 is greater than the maximum of 3"),
+        (bad_tool_name, "tools[0] (clock; rm -rf).name: 'clock; rm -rf' does not match"),
     ]
 
 
@@ -253,9 +327,128 @@ def test_unreadable_files_are_refused(tmp_path, name, text, expected):
     path.write_text(text)
     with pytest.raises(CommandError, match=expected):
         _apply(path)
-    assert _state() == ([], [], [])
+    assert _state() == ([], [], [], [])
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(CommandError, match="cannot read"):
         _apply(tmp_path / "nope.yaml")
+
+
+# roles ----------------------------------------------------------------------------------------
+
+
+def _with_roles() -> dict:
+    document = _base()
+    document["roles"] = [
+        {"name": "support", "description": "Support staff"},
+        {"name": "analyst"},
+    ]
+    document["tools"][0]["roles"] = ["support", "analyst"]
+    return document
+
+
+def test_the_roles_section_creates_roles_that_tools_may_name():
+    assert config_apply(document=_with_roles()) == [
+        "role support: created",
+        "role analyst: created",
+        "model main: created",
+        "tool clock: created",
+        "agent support: created",
+    ]
+    assert list(Role.objects.values_list("name", "description")) == [
+        ("analyst", ""),
+        ("support", "Support staff"),
+    ]
+    assert Tool.objects.get(name="clock").roles == ["support", "analyst"]
+
+    changed = _with_roles()
+    changed["roles"][1]["description"] = "Read-only reporting"
+    changed["tools"][0]["roles"] = ["analyst"]
+    report = config_apply(document=changed)
+    assert "role analyst: updated (description)" in report
+    assert "role support: unchanged" in report
+    assert "tool clock: updated (roles)" in report
+
+
+def test_a_role_already_in_the_database_may_be_named_without_declaring_it():
+    api_key_create(username="ops", roles=["billing"])  # creates the role
+    document = _base()
+    document["tools"][0]["roles"] = ["billing"]
+    assert "tool clock: created" in config_apply(document=document)
+
+
+def test_a_tool_with_an_unknown_role_changes_nothing():
+    document = _with_roles()
+    document["tools"][0]["roles"] = ["support", "admins"]
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors == [
+        "tools[0] (clock).roles[1]: unknown role 'admins' (known: analyst, support; declare it under roles:)"
+    ]
+    assert _state() == ([], [], [], [])
+
+
+# URL reachability -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listening_url() -> Iterator[str]:
+    """A URL on which something accepts TCP connections."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/coupons"
+
+
+def _http_tool(url: str, **fields: str) -> dict:
+    document = _base()
+    tool = document["tools"][0]
+    del tool["handler"]
+    tool.update(kind="http", url=url, method="POST", **fields)
+    return document
+
+
+def test_http_tool_urls_are_checked_when_asked(listening_url):
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert "tool clock: created" in config_apply(
+        document=_http_tool(listening_url), check_urls=True
+    )
+
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(
+            document=_http_tool(listening_url, status_url=f"{dead}/status"), check_urls=True
+        )
+    (error,) = info.value.errors
+    assert error.startswith(
+        f"tools[0] (clock).status_url: unreachable: cannot connect to {dead[7:]} ("
+    )
+    assert Tool.objects.get(name="clock").status_url == ""  # unchanged
+
+    # Not asked: an unreachable URL is accepted (its service may start later).
+    report = config_apply(document=_http_tool(f"{dead}/coupons"))
+    assert "tool clock: updated (url)" in report
+
+
+def test_the_command_checks_urls_unless_told_not_to(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/coupons"
+    path = _write(tmp_path, _http_tool(dead))
+
+    with pytest.raises(CommandError) as info:
+        _apply(path)
+    message = str(info.value)
+    assert "nothing was changed" in message
+    assert "tools[0] (clock).url: unreachable: cannot connect to 127.0.0.1:" in message
+    assert "Connection refused" in message
+    assert _state() == ([], [], [], [])
+
+    assert _apply(path, "--no-url-check") == [
+        "model main: created",
+        "tool clock: created",
+        "agent support: created",
+    ]
+    assert Tool.objects.get(name="clock").url == dead
+
+
+def test_python_tools_have_no_url_to_check():
+    assert "tool clock: created" in config_apply(document=_base(), check_urls=True)

@@ -6,6 +6,7 @@ database connections, which must see the committed demo data.
 
 import asyncio
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -184,7 +185,9 @@ def test_max_iterations_stops_a_model_that_always_calls_a_tool(make_agent, make_
     session = _run(session)
 
     assert session.state == "finished"
-    assert ToolCall.objects.filter(session=session).count() == 3
+    calls = list(ToolCall.objects.filter(session=session).order_by("step"))
+    # The same read-only call three times: run once, then answered from the cache.
+    assert [c.cached for c in calls] == [False, True, True]
     assert session.iteration == 4  # three tool rounds, then the final answer without tools
     last = _events(session)[-1]
     assert last.type == "turn.finished" and last.data["stop_reason"] == "max_iterations"
@@ -261,12 +264,14 @@ def test_invalid_arguments_fail_the_call_naming_the_field(make_agent, make_sessi
 
 
 def test_a_handler_that_raises_fails_the_call_and_the_run_continues(make_agent, make_session):
-    ToolFactory(name="boom", handler="tests.engine.boom", roles=["support"])
+    # Failures count in the tool's breaker (shared, in Redis): a name of its own per run.
+    boom = f"boom_{uuid.uuid4().hex[:8]}"
+    ToolFactory(name=boom, handler="tests.engine.boom", roles=["support"])
     agent = make_agent(
-        tools=["boom"],
+        tools=[boom],
         rules=[
-            {"when": {"last_tool": None}, "tool_calls": [{"tool": "boom"}]},
-            {"when": {"last_tool": "boom", "result": "failed"}, "answer": "the tool broke"},
+            {"when": {"last_tool": None}, "tool_calls": [{"tool": boom}]},
+            {"when": {"last_tool": boom, "result": "failed"}, "answer": "the tool broke"},
             {"answer": "unexpected"},
         ],
     )
@@ -277,9 +282,12 @@ def test_a_handler_that_raises_fails_the_call_and_the_run_continues(make_agent, 
 
     call = ToolCall.objects.get(session=session)
     assert call.status == "failed" and "kaboom" in call.error
+    assert call.attempts == 1  # an error inside the tool is not retried
     tool_message = Message.objects.get(session=session, role="tool")
-    assert tool_message.content.startswith(f"{FAILURE_MARKER} (status: failed)")
-    assert "RuntimeError: kaboom" in tool_message.content
+    assert (
+        tool_message.content
+        == f"{FAILURE_MARKER} (status: failed): {boom} failed: RuntimeError: kaboom"
+    )
     assert session.state == "finished"
     answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
     assert answer.content == "the tool broke"
@@ -328,11 +336,12 @@ def test_a_slow_async_handler_times_out_in_a_real_run(make_agent, make_session):
         await asyncio.sleep(5)
         return {"slept": True}
 
-    ToolFactory(name="sleepy", handler="tests.engine.sleepy", roles=["support"], timeout_s=0.1)
+    name = f"sleepy_{uuid.uuid4().hex[:8]}"
+    ToolFactory(name=name, handler="tests.engine.sleepy", roles=["support"], timeout_s=0.1)
     agent = make_agent(
-        tools=["sleepy"],
+        tools=[name],
         rules=[
-            {"when": {"last_tool": None}, "tool_calls": [{"tool": "sleepy"}]},
+            {"when": {"last_tool": None}, "tool_calls": [{"tool": name}]},
             {"answer": "{{ result.status }}"},
         ],
     )
@@ -344,9 +353,9 @@ def test_a_slow_async_handler_times_out_in_a_real_run(make_agent, make_session):
 
     assert time.monotonic() - started < 3
     call = ToolCall.objects.get(session=session)
-    assert call.status == "timeout"
-    assert Message.objects.get(session=session, role="tool").content.startswith(
-        f"{FAILURE_MARKER} (status: timeout)"
+    assert (call.status, call.attempts) == ("timeout", 2)  # read-only: retried once
+    assert Message.objects.get(session=session, role="tool").content == (
+        f"{FAILURE_MARKER} (status: timeout): {name} did not answer within 0.1 s."
     )
     assert (
         Message.objects.filter(session=session, role="assistant").order_by("-seq").first().content

@@ -1,13 +1,21 @@
-"""Executing tool calls: validation compiled once, role gating, timeouts, and every failure as data."""
+"""Executing tool calls: validation compiled once, role gating, time limits, retries, the breaker,
+HTTP tools (secrets from the environment, Idempotency-Key), and every failure as data."""
 
 import asyncio
 import threading
 import time
+import uuid
+from collections import Counter
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from django.test import override_settings
 
+from sessions import io_loop
 from tests.factories import ToolFactory
+from tools import execution
 from tools.execution import (
     FAILURE_MARKER,
     MAX_RESULT_CHARS,
@@ -15,12 +23,18 @@ from tools.execution import (
     ToolSnapshot,
     execute_all,
     execute_one,
+    tool_breaker,
     tools_for_agent,
     validator_for,
 )
 from tools.registry import HANDLERS, UnknownHandler, get_handler, tool_handler
+from tools.validation import MAX_ARGUMENT_BYTES
+
+from .http_server import Answer, Drop, ScriptedApi
 
 SEEN_KEYS: list[str] = []
+CALLS: Counter[str] = Counter()
+FAILING: set[str] = set()
 
 
 @tool_handler("tests.exec.echo")
@@ -37,6 +51,24 @@ async def async_echo(text: str) -> dict:
 async def sleepy(seconds: float) -> dict:
     await asyncio.sleep(seconds)
     return {"slept": seconds}
+
+
+@tool_handler("tests.exec.slow_once")
+async def slow_once(token: str) -> dict:
+    """Hangs on its first call for a token, answers at once after that."""
+    CALLS[token] += 1
+    if CALLS[token] == 1:
+        await asyncio.sleep(5)
+    return {"token": token, "call": CALLS[token]}
+
+
+@tool_handler("tests.exec.flaky")
+def flaky(token: str) -> dict:
+    """Raises while its token is in FAILING; counts every call."""
+    CALLS[token] += 1
+    if token in FAILING:
+        raise RuntimeError("the ledger is down")
+    return {"token": token}
 
 
 @tool_handler("tests.exec.raises")
@@ -65,8 +97,8 @@ def keyed(idempotency_key: str) -> dict:
     return {"key": idempotency_key}
 
 
-def snapshot(name: str = "echo", **fields) -> ToolSnapshot:  # type: ignore[no-untyped-def]
-    values = {
+def snapshot(name: str = "echo", **fields: Any) -> ToolSnapshot:
+    values: dict[str, Any] = {
         "name": name,
         "description": "a test tool",
         "parameters": {
@@ -89,28 +121,66 @@ def snapshot(name: str = "echo", **fields) -> ToolSnapshot:  # type: ignore[no-u
     return ToolSnapshot(**values)
 
 
-def call(name: str = "echo", arguments=None, **fields) -> ToolInvocation:  # type: ignore[no-untyped-def]
+def token_tool(name: str, handler: str, **fields: Any) -> ToolSnapshot:
+    schema = {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}
+    return snapshot(name, handler=handler, parameters=schema, **fields)
+
+
+def http_tool(name: str, url: str, **fields: Any) -> ToolSnapshot:
+    schema = {
+        "type": "object",
+        "properties": {"number": {"type": "string"}, "amount": {"type": "number"}},
+    }
+    return snapshot(name, kind="http", handler="", url=url, parameters=schema, **fields)
+
+
+def call(
+    name: str = "echo", arguments: Any = None, key: str | None = None, **fields: Any
+) -> ToolInvocation:
     return ToolInvocation(
         call_id="c1", name=name, arguments={"text": "hi"} if arguments is None else arguments,
-        idempotency_key="s:1:1:0:" + name, **fields,
+        idempotency_key=key or "s:1:1:0:" + name, **fields,
     )  # fmt: skip
 
 
+def on_loop(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run on the process's shared I/O loop, as the engine does."""
+    return io_loop.run(coro, timeout=30)
+
+
 def run(invocation: ToolInvocation, *tools: ToolSnapshot, role: str = "support"):  # type: ignore[no-untyped-def]
-    return asyncio.run(execute_one(invocation, {t.name: t for t in tools}, role))
+    return on_loop(execute_one(invocation, {t.name: t for t in tools}, role))
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
 # validation ---------------------------------------------------------------------------------
 
 
-def test_the_validator_is_compiled_once_per_tool_version():
-    tool = snapshot(version="2025-01-01")
+def test_the_validator_is_compiled_once_per_tool_version(monkeypatch):
+    compiled: list[dict] = []
+    real = execution.compile_validator
+    monkeypatch.setattr(
+        execution, "compile_validator", lambda schema: compiled.append(schema) or real(schema)
+    )
+    name = unique("compiled")
+    tool = snapshot(name, version="2025-01-01")
+
     first = validator_for(tool)
+    for _ in range(5):
+        assert run(call(name), tool).status == "success"
     assert validator_for(tool) is first
-    assert validator_for(snapshot(version="2025-01-01")) is first  # an equal snapshot, same version
-    changed = snapshot(version="2025-02-01", parameters={"type": "object", "properties": {}})
+    assert (
+        validator_for(snapshot(name, version="2025-01-01")) is first
+    )  # an equal snapshot, same version
+    assert len(compiled) == 1
+
+    changed = snapshot(name, version="2025-02-01", parameters={"type": "object", "properties": {}})
     assert validator_for(changed) is not first
     assert validator_for(changed) is validator_for(changed)
+    assert len(compiled) == 2
 
 
 @pytest.mark.django_db
@@ -132,30 +202,74 @@ def test_a_saved_tool_gets_a_new_validator_version():
 @pytest.mark.parametrize(
     ("arguments", "expected"),
     [
-        ({}, "arguments: 'text' is a required property"),
-        ({"text": 5}, "text: 5 is not of type 'string'"),
-        ({"text": ""}, "text: '' should be non-empty"),
-        (
-            {"text": "hi", "extra": 1},
-            "Additional properties are not allowed ('extra' was unexpected)",
-        ),
+        ({}, "text is required but missing"),
+        ({"text": True}, "text must be a string; got true"),
+        ({"text": ""}, "text must have at least 1 characters; got 0"),
+        ({"text": "hi", "extra": 1}, "unexpected field(s) extra in arguments; allowed: text"),
     ],
 )
 def test_invalid_arguments_fail_with_a_message_naming_the_field(arguments, expected):
     outcome = run(call(arguments=arguments), snapshot())
     assert outcome.status == "failed"
     assert outcome.output is None
-    assert expected in outcome.error
-    assert outcome.content.startswith(
-        f"{FAILURE_MARKER} (status: failed): invalid arguments for echo"
+    assert outcome.attempts == 0  # the tool never ran
+    assert outcome.content == (
+        f"{FAILURE_MARKER} (status: failed): invalid arguments for echo: {expected}. Fix them and call again."
     )
-    assert "Fix them and call again." in outcome.content
+
+
+def test_all_wrong_fields_are_reported_in_one_result():
+    tool = snapshot(
+        "dates",
+        parameters={
+            "type": "object",
+            "properties": {
+                "days": {"type": "integer"},
+                "end_date": {"type": "string", "format": "date"},
+            },
+            "required": ["days", "end_date"],
+            "additionalProperties": False,
+        },
+    )
+    outcome = run(call("dates", {"days": "seven", "end_date": "2025/1/15", "colour": "red"}), tool)
+    assert outcome.status == "failed"
+    assert outcome.error == (
+        "invalid arguments for dates: unexpected field(s) colour in arguments; allowed: days, end_date; "
+        'days must be an integer; got "seven"; '
+        'end_date must be a date in YYYY-MM-DD format; got "2025/1/15". Fix them and call again.'
+    )
+
+
+def test_coercions_are_applied_and_reported_on_the_outcome():
+    tool = snapshot(
+        "count", handler="tests.exec.sleepy",
+        parameters={"type": "object", "properties": {"seconds": {"type": "integer"}}, "required": ["seconds"]},
+    )  # fmt: skip
+    outcome = run(call("count", {"seconds": "0"}), tool)
+    assert outcome.status == "success"
+    assert outcome.output == {"slept": 0}
+    assert outcome.coercions == ['seconds: "0" -> 0']
 
 
 def test_arguments_that_were_not_json_are_reported_back():
     outcome = run(call(arguments={}, arguments_error="Expecting value at 1:1"), snapshot())
     assert outcome.status == "failed"
-    assert "not valid JSON (Expecting value at 1:1)" in outcome.content
+    assert outcome.content == (
+        f"{FAILURE_MARKER} (status: failed): arguments are not valid JSON (Expecting value at 1:1); send a JSON object."
+    )
+
+
+def test_arguments_that_are_not_an_object_are_refused():
+    outcome = run(call(arguments=["hi"]), snapshot())
+    assert outcome.status == "failed"
+    assert "arguments must be a JSON object; got list" in outcome.content
+
+
+def test_huge_arguments_are_refused_without_running_the_tool():
+    outcome = run(call(arguments={"text": "x" * (MAX_ARGUMENT_BYTES + 1)}), snapshot())
+    assert outcome.status == "failed" and outcome.attempts == 0
+    assert f"the limit is {MAX_ARGUMENT_BYTES}. Send less data." in outcome.content
+    assert len(outcome.content) < 300
 
 
 # role gating ----------------------------------------------------------------------------------
@@ -169,24 +283,46 @@ def test_an_unknown_tool_is_rejected_listing_the_allowed_ones():
     )
 
 
-def test_a_tool_whose_roles_exclude_the_session_role_is_unknown():
-    admin_only = snapshot("wipe", roles=("admin",))
-    outcome = run(
-        call(name="wipe", arguments={"text": "all"}), admin_only, snapshot("echo"), role="support"
+def test_a_hidden_tool_gets_exactly_the_answer_an_unknown_one_gets_and_never_runs():
+    SEEN_KEYS.clear()
+    hidden = snapshot(
+        "wipe", handler="tests.exec.keyed", parameters={"type": "object"}, roles=("admin",)
     )
-    assert outcome.status == "rejected"
-    assert "unknown tool 'wipe'" in outcome.content
-    assert "Tools you may use: echo." in outcome.content
+    tools = (hidden, snapshot("echo", roles=("support",)))
+    refused = run(call("wipe", {}), *tools, role="support")
+    unknown = run(call("wipe_all", {}), *tools, role="support")
+    assert refused.status == unknown.status == "rejected"
+    assert refused.content == unknown.content.replace("wipe_all", "wipe")
+    assert refused.content.endswith("Tools you may use: echo.")
+    assert SEEN_KEYS == []
     # The same call from an admin session runs.
-    assert (
-        run(call(name="wipe", arguments={"text": "all"}), admin_only, role="admin").status
-        == "success"
-    )
+    assert run(call("wipe", {}), *tools, role="admin").status == "success"
+    assert SEEN_KEYS == ["s:1:1:0:wipe"]
 
 
 def test_a_tool_without_roles_is_open_to_every_role():
     assert snapshot(roles=()).allows("anyone")
     assert run(call(), snapshot(roles=()), role="").status == "success"
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("rm -rf /", '"rm -rf /"'),
+        ("functions.get_order", '"functions.get_order"'),
+        ("", '""'),
+        ("x\ny", '"x\\ny"'),
+        ("a" * 300, '"' + "a" * 64 + '\\u2026"'),
+        ("订单查询", "'订单查询'"),
+    ],
+)
+def test_a_tool_name_with_odd_characters_is_refused_and_shown_safely(name, shown):
+    outcome = run(call(name=name, arguments={}), snapshot("echo"))
+    assert outcome.status == "rejected"
+    assert (
+        outcome.content
+        == f"{FAILURE_MARKER} (status: rejected): unknown tool {shown}. Tools you may use: echo."
+    )
 
 
 @pytest.mark.django_db
@@ -205,46 +341,72 @@ def test_tools_for_agent_keeps_enabled_tools_the_role_may_use():
 # running --------------------------------------------------------------------------------------
 
 
-def test_a_sync_handler_runs_off_the_loop_and_succeeds():
+def test_a_sync_handler_runs_off_the_loop_and_its_result_is_compact_text():
     outcome = run(call(), snapshot())
-    assert outcome.status == "success"
+    assert outcome.status == "success" and outcome.attempts == 1
     assert outcome.output["echo"] == "hi"
-    assert outcome.output["thread"] != threading.main_thread().name
-    assert outcome.content.startswith('{"echo": "hi"')
+    assert outcome.output["thread"] not in (threading.main_thread().name, "io-loop")
+    assert outcome.content == f"echo: hi, thread: {outcome.output['thread']}"
     assert outcome.error == ""
 
 
 def test_an_async_handler_runs_on_the_loop():
     outcome = run(call(), snapshot(handler="tests.exec.async_echo"))
-    assert (outcome.status, outcome.output) == ("success", {"echo": "hi"})
+    assert (outcome.status, outcome.output, outcome.content) == (
+        "success",
+        {"echo": "hi"},
+        "echo: hi",
+    )
 
 
-def test_a_slow_async_handler_times_out():
+def test_a_slow_read_only_call_times_out_after_one_retry():
+    # Failures count in the tool's (shared, Redis) breaker: a name of its own per test.
+    name = unique("sleepy")
     tool = snapshot(
-        "sleepy", handler="tests.exec.sleepy", timeout_s=0.05,
+        name, handler="tests.exec.sleepy", timeout_s=0.05,
         parameters={"type": "object", "properties": {"seconds": {"type": "number"}}},
     )  # fmt: skip
     started = time.perf_counter()
-    outcome = run(call("sleepy", {"seconds": 5}), tool)
+    outcome = run(call(name, {"seconds": 5}), tool)
     assert time.perf_counter() - started < 2
     assert outcome.status == "timeout"
+    assert outcome.attempts == 2
     assert (
         outcome.content
-        == f"{FAILURE_MARKER} (status: timeout): sleepy did not answer within 0.05 s."
+        == f"{FAILURE_MARKER} (status: timeout): {name} did not answer within 0.05 s."
     )
-    assert 40 <= outcome.elapsed_ms < 2000
+    assert 90 <= outcome.elapsed_ms < 2000  # two attempts of 50 ms
 
-    fast = run(call("sleepy", {"seconds": 0}), tool)
-    assert fast.status == "success"
+    fast = run(call(name, {"seconds": 0}), tool)
+    assert (fast.status, fast.attempts) == ("success", 1)
+
+
+def test_a_read_only_call_that_timed_out_once_is_retried_and_succeeds():
+    token = unique("slow")
+    tool = token_tool(unique("lookup"), "tests.exec.slow_once", timeout_s=0.1)
+    outcome = run(call(tool.name, {"token": token}), tool)
+    assert (outcome.status, outcome.attempts) == ("success", 2)
+    assert outcome.output == {"token": token, "call": 2}
+    assert CALLS[token] == 2
+
+
+def test_a_side_effect_call_that_times_out_is_not_retried():
+    token = unique("slow")
+    tool = token_tool(unique("charge"), "tests.exec.slow_once", timeout_s=0.1, side_effects=True)
+    outcome = run(call(tool.name, {"token": token}), tool)
+    assert (outcome.status, outcome.attempts) == ("timeout", 1)
+    assert CALLS[token] == 1
 
 
 def test_a_handler_that_raises_is_a_failed_result_not_an_exception():
-    tool = snapshot("raises", handler="tests.exec.raises", parameters={"type": "object"})
-    outcome = run(call("raises", {}), tool)
+    name = unique("raises")
+    tool = snapshot(name, handler="tests.exec.raises", parameters={"type": "object"})
+    outcome = run(call(name, {}), tool)
     assert outcome.status == "failed"
+    assert outcome.attempts == 1  # an error inside the tool is not retried
     assert (
         outcome.content
-        == f"{FAILURE_MARKER} (status: failed): raises failed: ValueError: the ledger is locked"
+        == f"{FAILURE_MARKER} (status: failed): {name} failed: ValueError: the ledger is locked"
     )
 
 
@@ -269,13 +431,13 @@ def test_an_unregistered_handler_is_a_failed_result():
 
 
 def test_a_scalar_result_is_wrapped_and_a_huge_one_is_cut():
-    assert run(
-        call("s", {}), snapshot("s", handler="tests.exec.scalar", parameters={"type": "object"})
-    ).output == {"result": 42}
+    scalar_tool = snapshot("s", handler="tests.exec.scalar", parameters={"type": "object"})
+    assert run(call("s", {}), scalar_tool).output == {"result": 42}
     outcome = run(
         call("h", {}), snapshot("h", handler="tests.exec.huge", parameters={"type": "object"})
     )
     assert outcome.status == "success"
+    assert outcome.output == {"blob": "x" * (MAX_RESULT_CHARS * 2)}  # stored whole
     assert len(outcome.content) < MAX_RESULT_CHARS + 100
     assert "[cut:" in outcome.content
 
@@ -300,28 +462,285 @@ def test_execute_all_runs_calls_concurrently_and_keeps_the_models_order():
         for i, s in enumerate([0.5, 0.2, 0.4])
     ]
     started = time.perf_counter()
-    outcomes = asyncio.run(execute_all(invocations, {"sleepy": tool}, "support"))
+    outcomes = on_loop(execute_all(invocations, {"sleepy": tool}, "support"))
     assert time.perf_counter() - started < 1.0  # one after the other would take 1.1 s
     assert [o.output["slept"] for o in outcomes] == [0.5, 0.2, 0.4]
 
 
-def test_snapshot_version_follows_updated_at():
+def test_the_step_time_limit_reports_calls_still_running_as_timeouts():
+    tool = snapshot(
+        "sleepy", handler="tests.exec.sleepy", timeout_s=10,
+        parameters={"type": "object", "properties": {"seconds": {"type": "number"}}},
+    )  # fmt: skip
+    invocations = [
+        ToolInvocation(
+            call_id="slow", name="sleepy", arguments={"seconds": 5}, idempotency_key="k1"
+        ),
+        ToolInvocation(
+            call_id="fast", name="sleepy", arguments={"seconds": 0}, idempotency_key="k2"
+        ),
+        ToolInvocation(call_id="bad", name="nope", arguments={}, idempotency_key="k3"),
+    ]
+    started = time.perf_counter()
+    slow, fast, bad = on_loop(
+        execute_all(invocations, {"sleepy": tool}, "support", step_timeout_s=0.3)
+    )
+    assert time.perf_counter() - started < 1.5
+    assert slow.status == "timeout"
+    assert slow.content == (
+        f"{FAILURE_MARKER} (status: timeout): sleepy was stopped: the step's time limit of 0.3 s ran out."
+    )
+    assert 250 <= slow.elapsed_ms < 1500
+    assert (fast.status, fast.output) == ("success", {"slept": 0})
+    assert bad.status == "rejected"
+
+
+def test_execute_all_with_nothing_to_do():
+    assert on_loop(execute_all([], {}, "support")) == []
+
+
+def test_snapshot_version_follows_updated_at_and_it_carries_every_field():
     class Row:
         name = "t"
         description = "d"
         parameters = None
-        kind = "python"
-        handler = "h"
-        url = ""
+        kind = "http"
+        handler = ""
+        url = "http://api.example/things"
         method = ""
         headers = None
+        status_url = "http://api.example/things/status"
+        probe_handler = ""
+        idempotent = False
         timeout_s = 1.0
-        side_effects = False
+        side_effects = True
+        requires_approval = True
+        risk_level = 3
         roles = None
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
+    assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
+        "http://api.example/things/status", False, True, 3,
+    )  # fmt: skip
     Row.updated_at += timedelta(seconds=1)
     assert ToolSnapshot.from_model(Row()).version != snap.version  # type: ignore[arg-type]
+
+
+# HTTP tools -----------------------------------------------------------------------------------
+
+
+def test_an_http_tool_sends_the_idempotency_key_and_secret_headers_from_the_environment(
+    monkeypatch,
+):
+    monkeypatch.setenv("TESTS_EXEC_API_TOKEN", "s3cret-token")
+    with ScriptedApi(Answer(201, {"ok": True, "coupon_code": "CPN-1", "amount": "10.00"})) as api:
+        tool = http_tool(
+            unique("issue"), api.url("/coupons"), side_effects=True,
+            headers={"Authorization": {"env": "TESTS_EXEC_API_TOKEN"}, "X-Client": "agentplatform"},
+        )  # fmt: skip
+        outcome = run(call(tool.name, {"amount": "10"}, key="sess:1:2:0:issue"), tool)
+        (seen,) = api.requests
+    assert outcome.status == "success"
+    assert outcome.output == {"ok": True, "coupon_code": "CPN-1", "amount": "10.00"}
+    assert outcome.content == "ok: true, coupon_code: CPN-1, amount: 10.00"
+    assert (seen.method, seen.path, seen.body) == ("POST", "/coupons", {"amount": 10})
+    assert outcome.coercions == ['amount: "10" -> 10']
+    assert seen.headers["idempotency-key"] == "sess:1:2:0:issue"
+    assert seen.headers["authorization"] == "s3cret-token"
+    assert seen.headers["x-client"] == "agentplatform"
+    # The secret lives in the environment only: the definition names the variable.
+    assert "s3cret-token" not in repr(tool)
+
+
+def test_a_get_tool_sends_its_arguments_as_the_query():
+    with ScriptedApi(Answer(200, {"ok": True, "order_number": "SO-1001"})) as api:
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        outcome = run(call(tool.name, {"number": "SO-1001"}), tool)
+        (seen,) = api.requests
+    assert outcome.status == "success"
+    assert (seen.method, seen.path, seen.query, seen.body) == (
+        "GET",
+        "/orders/lookup",
+        {"number": "SO-1001"},
+        None,
+    )
+    assert seen.headers["idempotency-key"] == f"s:1:1:0:{tool.name}"
+
+
+def test_a_business_error_from_the_api_is_a_failed_result_for_the_model():
+    with ScriptedApi(
+        Answer(404, {"ok": False, "error": "order SO-9 not found; check the order number"})
+    ) as api:
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        outcome = run(call(tool.name, {"number": "SO-9"}), tool)
+        assert len(api.requests) == 1  # the API answered: no retry
+    assert outcome.status == "failed" and outcome.attempts == 1
+    assert outcome.output == {"ok": False, "error": "order SO-9 not found; check the order number"}
+    assert outcome.content == (
+        f"{FAILURE_MARKER} (status: failed): {tool.name} refused the call: "
+        "HTTP 404: order SO-9 not found; check the order number"
+    )
+    assert tool_breaker().state(tool.name).failures == 0  # not an outage
+
+
+def test_a_read_only_http_tool_is_retried_once_after_a_transport_error():
+    with ScriptedApi() as api:
+        api.script(Drop(), Answer(200, {"ok": True, "order_number": "SO-1"}))
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        outcome = run(call(tool.name, {"number": "SO-1"}), tool)
+        seen = api.requests
+    assert (outcome.status, outcome.attempts) == ("success", 2)
+    assert outcome.output == {"ok": True, "order_number": "SO-1"}
+    assert len(seen) == 2
+    assert seen[0].headers["idempotency-key"] == seen[1].headers["idempotency-key"]
+
+
+def test_a_read_only_http_tool_is_retried_once_after_a_server_error_then_gives_up():
+    with ScriptedApi(Answer(503, {"error": "maintenance"})) as api:
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        outcome = run(call(tool.name, {"number": "SO-1"}), tool)
+        assert len(api.requests) == 2
+    assert (outcome.status, outcome.attempts) == ("failed", 2)
+    assert outcome.content.startswith(
+        f"{FAILURE_MARKER} (status: failed): {tool.name} could not be reached"
+    )
+
+
+def test_a_read_only_http_tool_is_retried_once_after_a_timeout():
+    with ScriptedApi() as api:
+        api.script(Answer(200, {"late": True}, delay_s=1.0), Answer(200, {"ok": True}))
+        tool = http_tool(
+            unique("get_order"), api.url("/orders/lookup"), method="GET", timeout_s=0.3
+        )
+        outcome = run(call(tool.name, {"number": "SO-1"}), tool)
+        assert len(api.requests) == 2
+    assert (outcome.status, outcome.attempts, outcome.output) == ("success", 2, {"ok": True})
+
+
+def test_a_side_effect_http_tool_is_not_retried_after_a_transport_error():
+    with ScriptedApi() as api:
+        api.script(Drop(), Answer(201, {"ok": True}))
+        tool = http_tool(unique("issue"), api.url("/coupons"), side_effects=True)
+        outcome = run(call(tool.name, {"amount": 5}), tool)
+        assert len(api.requests) == 1
+    assert (outcome.status, outcome.attempts) == ("failed", 1)
+    assert outcome.content == (
+        f"{FAILURE_MARKER} (status: failed): {tool.name} could not be reached: RemoteProtocolError"
+    )
+
+
+def test_a_side_effect_http_tool_is_not_retried_after_a_timeout():
+    with ScriptedApi(Answer(201, {"ok": True}, delay_s=1.0)) as api:
+        tool = http_tool(unique("issue"), api.url("/coupons"), side_effects=True, timeout_s=0.2)
+        outcome = run(call(tool.name, {"amount": 5}), tool)
+        assert len(api.requests) == 1
+    assert (outcome.status, outcome.attempts) == ("timeout", 1)
+
+
+def test_an_unreachable_http_tool_is_a_failed_result():
+    from tests.stack import free_port
+
+    tool = http_tool(unique("get_order"), f"http://127.0.0.1:{free_port()}/orders", method="GET")
+    outcome = run(call(tool.name, {"number": "SO-1"}), tool)
+    assert (outcome.status, outcome.attempts) == ("failed", 2)
+    assert (
+        outcome.content
+        == f"{FAILURE_MARKER} (status: failed): {tool.name} could not be reached: ConnectError"
+    )
+
+
+# circuit breaker -------------------------------------------------------------------------------
+
+
+@override_settings(TOOL_BREAKER_THRESHOLD=2, TOOL_BREAKER_COOLDOWN_S=0.4)
+def test_the_breaker_opens_fails_fast_then_a_trial_call_closes_it():
+    token = unique("ledger")
+    tool = token_tool(unique("ledger"), "tests.exec.flaky")
+    FAILING.add(token)
+    try:
+        for _ in range(2):
+            assert run(call(tool.name, {"token": token}), tool).status == "failed"
+        assert CALLS[token] == 2
+        assert tool_breaker().state(tool.name).state == "open"
+
+        fast = run(call(tool.name, {"token": token}), tool)
+        assert fast.status == "failed" and fast.attempts == 0
+        assert fast.content == (
+            f"{FAILURE_MARKER} (status: failed): {tool.name} is temporarily unavailable after repeated failures; "
+            "continue without it or try later."
+        )
+        assert CALLS[token] == 2  # failed fast: the tool was not called
+    finally:
+        FAILING.discard(token)
+
+    time.sleep(0.5)
+    assert tool_breaker().state(tool.name).state == "half_open"
+    trial = run(call(tool.name, {"token": token}), tool)
+    assert trial.status == "success" and CALLS[token] == 3
+    assert tool_breaker().state(tool.name).state == "closed"
+    assert run(call(tool.name, {"token": token}), tool).status == "success"
+    assert CALLS[token] == 4
+
+
+@override_settings(TOOL_BREAKER_THRESHOLD=1, TOOL_BREAKER_COOLDOWN_S=0.3)
+def test_a_failed_trial_opens_the_breaker_again_and_only_one_caller_gets_the_trial():
+    token = unique("ledger")
+    tool = token_tool(unique("ledger"), "tests.exec.flaky")
+    FAILING.add(token)
+    try:
+        assert run(call(tool.name, {"token": token}), tool).status == "failed"
+        time.sleep(0.4)
+        invocations = [
+            ToolInvocation(
+                call_id=f"c{i}", name=tool.name, arguments={"token": token}, idempotency_key=f"k{i}"
+            )
+            for i in range(3)
+        ]
+        outcomes = on_loop(execute_all(invocations, {tool.name: tool}, "support"))
+        assert CALLS[token] == 2  # one trial call among three
+        assert sorted(o.attempts for o in outcomes) == [0, 0, 1]
+        assert all("temporarily unavailable" in o.content for o in outcomes if o.attempts == 0)
+        # The trial failed: open again, failing fast at once.
+        assert tool_breaker().state(tool.name).state == "open"
+        assert run(call(tool.name, {"token": token}), tool).attempts == 0
+        assert CALLS[token] == 2
+    finally:
+        FAILING.discard(token)
+
+
+@override_settings(TOOL_BREAKER_THRESHOLD=2, TOOL_BREAKER_COOLDOWN_S=0.3)
+def test_a_business_error_during_the_trial_closes_the_breaker():
+    with ScriptedApi(Answer(503, {"error": "down"})) as api:
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        for _ in range(2):
+            assert run(call(tool.name, {"number": "SO-1"}), tool).status == "failed"
+        assert tool_breaker().state(tool.name).state == "open"
+        assert run(call(tool.name, {"number": "SO-1"}), tool).attempts == 0
+        requests_before = len(api.requests)
+
+        time.sleep(0.4)
+        api.default = Answer(404, {"ok": False, "error": "order SO-1 not found"})
+        trial = run(call(tool.name, {"number": "SO-1"}), tool)
+        assert trial.status == "failed" and "order SO-1 not found" in trial.content
+        # The API answered: it is up, so the next call goes through at once.
+        assert tool_breaker().state(tool.name).state == "closed"
+        assert run(call(tool.name, {"number": "SO-1"}), tool).attempts == 1
+        assert len(api.requests) == requests_before + 2
+
+
+@override_settings(TOOL_BREAKER_THRESHOLD=2, TOOL_BREAKER_COOLDOWN_S=30)
+def test_the_breaker_is_per_tool():
+    token = unique("ledger")
+    broken = token_tool(unique("broken"), "tests.exec.flaky")
+    healthy = token_tool(unique("healthy"), "tests.exec.flaky")
+    FAILING.add(token)
+    try:
+        for _ in range(2):
+            run(call(broken.name, {"token": token}), broken)
+    finally:
+        FAILING.discard(token)
+    assert run(call(broken.name, {"token": token}), broken).attempts == 0
+    assert run(call(healthy.name, {"token": token}), healthy).status == "success"
