@@ -19,7 +19,31 @@ from django.utils import timezone
 from .faults import fault_point
 from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from .publisher import Frame, make_frame, publish
+from .rows import insert_rows, update_rows
 from .states import State, Trigger, next_state
+
+MESSAGE_COLUMNS = (
+    "session", "seq", "turn", "role", "status", "content", "tool_calls", "tool_call_id", "name", "data",
+    "token_count", "idempotency_key", "created_at",
+)
+TOOL_CALL_COLUMNS = (
+    "session", "turn", "step", "position", "call_id", "tool_name", "input", "status", "output", "error",
+    "elapsed_ms", "coercions", "cached", "attempts", "dispatched_at", "probe_outcome", "idempotency_key",
+    "created_at", "finished_at",
+)
+TOOL_CALL_RESULT_COLUMNS = (
+    "status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts", "probe_outcome",
+)
+MODEL_CALL_COLUMNS = (
+    "session", "turn", "step", "endpoint", "endpoint_name", "api", "model", "input_tokens", "output_tokens",
+    "tokens_estimated", "first_token_ms", "total_ms", "retried", "fallback_used", "rollout", "outcome", "error",
+    "cost", "created_at",
+)
+EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
+TRANSITION_COLUMNS = ("session", "from_state", "to_state", "trigger", "reason", "version", "turn", "actor", "at")
+CHECKPOINT_COLUMNS = (
+    "session", "step", "turn", "state", "message_seq", "context", "size_bytes", "fingerprint", "created_at",
+)
 
 # Columns a step may set directly or add to; anything else is a programming error.
 SETTABLE = {
@@ -137,94 +161,96 @@ def step_commit(step: Step) -> Committed:
         where += " AND NOT cancel_requested"
     sql = (
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
-        "RETURNING version, message_seq, event_seq, step, now()"
+        "RETURNING version, message_seq, event_seq, step, now(), cancel_requested, queued_count, lease_owner"
     )
 
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
-        if row is None:
-            raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
-        version, message_seq, event_seq, step_no, now = row
+            if row is None:
+                raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
+            version, message_seq, event_seq, step_no, now, cancel_requested, queued_count, lease_owner = row
+            turn = step.set_fields.get("turn", session.turn)
 
-        seq = message_seq - n_messages
-        for message in activated:
-            seq += 1
-            message.seq = seq
-            message.status = "final"
-            message.turn = step.set_fields.get("turn", session.turn)
-            Message.objects.filter(pk=message.pk).update(seq=message.seq, status="final", turn=message.turn)
+            seq = message_seq - n_messages
+            for message in activated:
+                seq += 1
+                message.seq, message.status, message.turn = seq, "final", turn
+                cursor.execute(
+                    f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
+                    [seq, "final", turn, message.pk],
+                )
         for message in new_messages:
             seq += 1
             message.seq = seq
-            message.session = session
-        if new_messages:
-            Message.objects.bulk_create(new_messages)
+            message.session_id = session.pk
+            message.created_at = now
+        insert_rows(Message, new_messages, MESSAGE_COLUMNS)
         for call in step.new_tool_calls:
-            call.session = session
-        if step.new_tool_calls:
-            ToolCall.objects.bulk_create(step.new_tool_calls)
-        if step.updated_tool_calls:
-            ToolCall.objects.bulk_update(
-                step.updated_tool_calls,
-                ["status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts", "probe_outcome"],
-            )
-
+            call.session_id = session.pk
+            call.created_at = now
+        insert_rows(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS)
+        update_rows(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
         for record in step.model_calls:
-            record.session = session
+            record.session_id = session.pk
             record.step = step_no
-        if step.model_calls:
-            ModelCall.objects.bulk_create(step.model_calls)
+            record.created_at = now
+        insert_rows(ModelCall, step.model_calls, MODEL_CALL_COLUMNS)
 
         ordered = [_message_event(m) for m in activated + new_messages]
         ordered += step.events + state_events + step.after_events
         first = event_seq - n_events
         events = [
-            Event(session=session, seq=first + i + 1, type=type_, data=data, created_at=now)
+            Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)
             for i, (type_, data) in enumerate(ordered)
         ]
-        Event.objects.bulk_create(events)
+        insert_rows(Event, events, EVENT_COLUMNS)
         if step.trigger:
-            Transition.objects.create(
-                session=session,
+            transition = Transition(
+                session_id=session.pk,
                 from_state=from_state.value,
                 to_state=to_state.value,
                 trigger=step.trigger.value,
                 reason=step.reason[:2000],
                 version=version,
-                turn=step.set_fields.get("turn", session.turn),
-                actor=step.actor,
+                turn=turn,
+                actor=step.actor[:150],
+                at=now,
             )
+            insert_rows(Transition, [transition], TRANSITION_COLUMNS)
         if step.checkpoint is not None:
             context = {**step.checkpoint, "state": to_state.value}
-            size = len(json.dumps(context, separators=(",", ":")))
-            Checkpoint.objects.create(
-                session=session,
+            checkpoint = Checkpoint(
+                session_id=session.pk,
                 step=step_no,
-                turn=step.set_fields.get("turn", session.turn),
+                turn=turn,
                 state=to_state.value,
                 message_seq=message_seq,
                 context=context,
-                size_bytes=size,
+                size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
                 fingerprint=step.fingerprint,
+                created_at=now,
             )
-        # `created_at` is auto_now_add: the insert stamped each row with its own
-        # time, so the live frame carries that stored time, as a replay does.
-        frames = [make_frame(session.pk, e.seq, e.type, e.data, e.created_at) for e in events]
+            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS)
+        frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
         session_id = session.pk
         transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
 
     # Keep the caller's copy in step with the row it now matches.
     session.version = version
     session.state = to_state.value
+    session.cancel_requested = cancel_requested
+    session.queued_count = queued_count
+    session.lease_owner = lease_owner
     session.message_seq = message_seq
     session.event_seq = event_seq
     session.step = step_no
     for name, value in step.set_fields.items():
         setattr(session, name, value)
     for name, value in step.add_fields.items():
-        setattr(session, name, getattr(session, name) + value)
+        if name != "queued_count":  # already the committed value, from RETURNING
+            setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
     return Committed(version=version, state=to_state, step=step_no, frames=frames)
 
