@@ -7,6 +7,7 @@ never as an exception.
 """
 
 import asyncio
+import hashlib
 import inspect
 import json
 import os
@@ -70,7 +71,8 @@ class ToolSnapshot:
             timeout_s=tool.timeout_s,
             side_effects=tool.side_effects,
             roles=tuple(tool.roles or ()),
-            version=tool.updated_at.isoformat() if tool.updated_at else "",
+            # The schema's own hash: the compiled validator follows any change to it.
+            version=hashlib.sha256(json.dumps(tool.parameters or {}, sort_keys=True).encode()).hexdigest()[:16],
             status_url=tool.status_url,
             probe_handler=tool.probe_handler,
             idempotent=tool.idempotent,

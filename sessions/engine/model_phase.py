@@ -9,10 +9,9 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
-from tools.execution import tools_for_agent
 
 from ..faults import fault_point
-from ..models import Agent, Checkpoint, Message, MessageStatus, Session, ToolCall
+from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..states import RUNNABLE, State, Trigger
 from ..transitions import StaleSession, step_commit
 from . import guards
@@ -20,6 +19,7 @@ from .context import LIMIT_NOTE, build_request, stable_json, tool_calls_json
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
 from .routing import RunCancelled, call_model
+from .runtime_cache import RunContext, agent_runtime
 from .steps import build_step, cancel_stop_reason, finish_turn, turn_summary
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
@@ -72,7 +72,7 @@ def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
     return Message(turn=session.turn, role="system", content=text, token_count=count_message_tokens(text))
 
 
-def model_step(session: Session, owner: str) -> None:
+def model_step(session: Session, owner: str, run: RunContext | None = None) -> None:
     """Ask the model (with fallback), then commit its answer or its tool calls (with their intent rows).
 
     1. Read the agent, its endpoints and tools fresh: edits in the admin or by
@@ -84,13 +84,14 @@ def model_step(session: Session, owner: str) -> None:
     4. Commit: the assistant message, the ModelCall rows, usage and cost, and
        either the tool-call intents (-> tool_wait) or the end of the turn.
     """
-    agent: Agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=session.agent_id)
+    runtime = agent_runtime(session.agent_id)
+    agent = runtime.agent
     stop = loop_stop(session, agent)
     final = stop is not None
-    tools = tools_for_agent(list(agent.tools), session.role)
+    tools = runtime.tools_for(session.role)
     env = environment(agent, tools, agent.model.name)
     note = environment_note(session, env)
-    history = list(Message.objects.filter(session=session, status=MessageStatus.FINAL).order_by("seq"))
+    history = (run or RunContext()).history(session)
     if note is not None:
         history.append(note)
     request = build_request(

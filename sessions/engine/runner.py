@@ -20,6 +20,7 @@ from ..states import RUNNABLE, TURN_ENDED, State, Trigger
 from ..transitions import StaleSession, step_commit
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
 from .model_phase import BUSY_ANSWER, LIMIT_ANSWER, loop_stop, model_step
+from .runtime_cache import RunContext
 from .steps import build_step, cancel_stop_reason, finish_turn, turn_cancel, turn_start
 from .tool_phase import tool_step
 
@@ -55,17 +56,20 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
         return RunResult(0, "not_acquired")
     heartbeat.hold(session_id, owner)
     steps = 0
+    run = RunContext()
+    session: Session | None = None
     try:
         while True:
-            session = Session.objects.filter(pk=session_id).first()
+            session = _refresh(session_id, session)
             if session is None or session.lease_owner != owner:
                 # Taken over after our lease ran out (a pause, a slow database):
                 # our last commit was refused, so nothing ran twice.
                 return RunResult(steps, "lease_lost")
             try:
-                progressed = run_step(session, owner)
+                progressed = run_step(session, owner, run)
             except StaleSession:
                 logger.info("session %s moved under us; reloading", session_id)
+                session = None
                 continue
             except Exception:
                 logger.exception("step of session %s crashed", session_id)
@@ -80,7 +84,26 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
         connection.close()
 
 
-def run_step(session: Session, owner: str) -> bool:
+def _refresh(session_id: UUID | str, session: Session | None) -> Session | None:
+    """The session as of now, cheaply: the row is read whole only when its
+    version moved; otherwise only the columns others may change without a
+    version bump (a cancel, queued messages, the lease)."""
+    if session is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'SELECT version, cancel_requested, queued_count, lease_owner FROM "{Session._meta.db_table}" WHERE id = %s',
+                [session_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        if row[0] == session.version:
+            session.cancel_requested, session.queued_count, session.lease_owner = row[1], row[2], row[3]
+            return session
+    return Session.objects.filter(pk=session_id).first()
+
+
+def run_step(session: Session, owner: str, run: RunContext | None = None) -> bool:
     """Run the one step the session's state calls for; False if there is none."""
     state = State(session.state)
     if session.cancel_requested and state in RUNNABLE:
@@ -94,7 +117,7 @@ def run_step(session: Session, owner: str) -> bool:
             return turn_start(session=session, lease_owner=owner)
         return False
     if state == State.PROCESSING:
-        model_step(session, owner)
+        model_step(session, owner, run)
     elif state == State.TOOL_WAIT:
         tool_step(session, owner)
     elif state == State.TOOL_LOOP:

@@ -23,16 +23,16 @@ from tools.execution import (
     ToolSnapshot,
     execute_all,
     probe,
-    tools_for_agent,
 )
 from tools.rendering import render_success
 
 from .. import io_loop
 from ..faults import fault_point
-from ..models import Agent, Message, Session, ToolCall, ToolCallStatus
+from ..models import Message, Session, ToolCall, ToolCallStatus
 from ..states import Trigger
 from ..transitions import StaleSession, step_commit
 from .environment import environment
+from .runtime_cache import agent_runtime
 from .steps import build_step, finish_turn
 
 TIMER_HANDLER = "builtin.schedule_followup"
@@ -90,13 +90,14 @@ def tool_step(session: Session, owner: str) -> None:
     6. Commit results, tool messages and events in one step; a scheduled
        follow-up moves the session to `waiting_timer` instead.
     """
-    agent: Agent = Agent.objects.select_related("model").get(pk=session.agent_id)
+    runtime = agent_runtime(session.agent_id)
+    agent = runtime.agent
     calls = list(
         ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
             "step", "position"
         )
     )
-    tools = tools_for_agent(list(agent.tools), session.role)
+    tools = runtime.tools_for(session.role)
     outcomes = _cached_outcomes(session, calls, tools)
 
     uncertain = [

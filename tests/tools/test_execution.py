@@ -499,7 +499,7 @@ def test_execute_all_with_nothing_to_do():
     assert on_loop(execute_all([], {}, "support")) == []
 
 
-def test_snapshot_version_follows_updated_at_and_it_carries_every_field():
+def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
     class Row:
         name = "t"
         description = "d"
@@ -525,7 +525,11 @@ def test_snapshot_version_follows_updated_at_and_it_carries_every_field():
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
         "http://api.example/things/status", False, True, 3,
     )  # fmt: skip
+    # The version (the compiled validator's cache key) follows the schema itself,
+    # even when a change leaves updated_at alone (a queryset update).
     Row.updated_at += timedelta(seconds=1)
+    assert ToolSnapshot.from_model(Row()).version == snap.version  # type: ignore[arg-type]
+    Row.parameters = {"type": "object", "properties": {"n": {"type": "integer"}}}
     assert ToolSnapshot.from_model(Row()).version != snap.version  # type: ignore[arg-type]
 
 

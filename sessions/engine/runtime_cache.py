@@ -1,0 +1,82 @@
+"""Per-process caches that keep a step's reads to a minimum without going stale.
+
+An agent's configuration (its model endpoints and tools) is re-validated at
+every step by one small query hashing those rows, so an edit
+in the admin or by apply_config takes effect at the next step; only a changed
+stamp reloads the rows. A run's history is read once, then only its new
+messages.
+"""
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+
+from tools.execution import ToolSnapshot
+from tools.models import Tool
+
+from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
+
+
+@dataclass(frozen=True)
+class AgentRuntime:
+    agent: Agent
+    tools: dict[str, ToolSnapshot]
+    stamp: tuple[Any, ...]
+
+    def tools_for(self, role: str) -> dict[str, ToolSnapshot]:
+        return {name: tool for name, tool in self.tools.items() if tool.allows(role)}
+
+
+# Hashes of the rows themselves, so any change is seen, even one made with a
+# queryset update() that leaves `updated_at` alone.
+_STAMP_SQL = f"""
+SELECT md5(a::text), md5(m::text), md5(f::text), md5(c::text),
+       (SELECT string_agg(md5(t::text), ',' ORDER BY t.id)
+          FROM "{Tool._meta.db_table}" t WHERE t.name = ANY(a.tools))
+  FROM "{Agent._meta.db_table}" a
+  JOIN "{ModelEndpoint._meta.db_table}" m ON m.id = a.model_id
+  LEFT JOIN "{ModelEndpoint._meta.db_table}" f ON f.id = a.fallback_model_id
+  LEFT JOIN "{ModelEndpoint._meta.db_table}" c ON c.id = a.candidate_model_id
+ WHERE a.id = %s"""
+
+_agents: dict[int, AgentRuntime] = {}
+_lock = threading.Lock()
+
+
+def agent_runtime(agent_id: int) -> AgentRuntime:
+    """The agent with its endpoints and enabled tools, fresh as of this step."""
+    with connection.cursor() as cursor:
+        cursor.execute(_STAMP_SQL, [agent_id])
+        row = cursor.fetchone()
+    stamp = tuple(row) if row else ()
+    cached = _agents.get(agent_id)
+    if cached is not None and cached.stamp == stamp:
+        return cached
+    agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=agent_id)
+    tools = {t.name: ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=agent.tools, enabled=True)}
+    runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
+    with _lock:
+        _agents[agent_id] = runtime
+    return runtime
+
+
+@dataclass
+class RunContext:
+    """What one `session_run` keeps between its steps."""
+
+    history_cache: list[Message] = field(default_factory=list)
+
+    def history(self, session: Session) -> list[Message]:
+        """The session's history, read incrementally: messages never change once in it."""
+        last = self.history_cache[-1].seq if self.history_cache else 0
+        if last != session.message_seq:
+            new = list(
+                Message.objects.filter(session=session, status=MessageStatus.FINAL, seq__gt=last).order_by("seq")
+            )
+            if new and last and new[0].seq != (last or 0) + 1:
+                self.history_cache = []
+                return self.history(session)
+            self.history_cache.extend(new)
+        return list(self.history_cache)
