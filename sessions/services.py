@@ -13,7 +13,7 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -95,28 +95,31 @@ def message_post(*, session: Session, content: str, idempotency_key: str | None 
                 details={"state": state.value, "policy": policy},
                 code="turn_in_progress",
             )
-        try:
-            with transaction.atomic():
-                message = Message.objects.create(
-                    session=locked,
-                    role="user",
-                    status=MessageStatus.QUEUED,
-                    content=content,
-                    idempotency_key=idempotency_key or None,
-                    token_count=count_message_tokens(content),
-                )
-        except IntegrityError:
-            raise Conflict("idempotency_key was already used", code="idempotency_conflict") from None
-        Session.objects.filter(pk=locked.pk).update(queued_count=F("queued_count") + 1)
-        locked.queued_count += 1
-        if not busy:
-            turn_start(session=locked, lease_owner=None)
-        elif policy == DoubleTexting.INTERRUPT:
-            _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
-            if State(locked.state) in STARTS_TURN:
+        message = Message(
+            session=locked,
+            role="user",
+            content=content,
+            idempotency_key=idempotency_key or None,
+            token_count=count_message_tokens(content),
+        )
+        if not busy and locked.queued_count == 0:
+            # The common case: straight into the history, in the turn-start step itself.
+            message.status = MessageStatus.FINAL
+            turn_start(session=locked, lease_owner=None, message=message)
+        else:
+            # The row lock serialises posts and the key was checked above, so
+            # the insert cannot conflict.
+            message.status = MessageStatus.QUEUED
+            message.save(force_insert=True)
+            Session.objects.filter(pk=locked.pk).update(queued_count=F("queued_count") + 1)
+            locked.queued_count += 1
+            if not busy:
                 turn_start(session=locked, lease_owner=None)
+            elif policy == DoubleTexting.INTERRUPT:
+                _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
+                if State(locked.state) in STARTS_TURN:
+                    turn_start(session=locked, lease_owner=None)
         run_enqueue_on_commit(locked.pk)
-    message.refresh_from_db()
     return PostedMessage(message=message, created=True)
 
 

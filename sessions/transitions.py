@@ -164,12 +164,15 @@ def step_commit(step: Step) -> Committed:
         "RETURNING version, message_seq, event_seq, step, now(), cancel_requested, queued_count, lease_owner"
     )
 
-    with transaction.atomic():
+    # No savepoint when nested (message_post, fork): the step is all of the
+    # caller's transaction or none of it.
+    with transaction.atomic(savepoint=False):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
-            if row is None:
-                raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
+        # A refused move leaves the block normally: nothing was written, and a
+        # caller's own transaction stays usable after it catches StaleSession.
+        if row is not None:
             version, message_seq, event_seq, step_no, now, cancel_requested, queued_count, lease_owner = row
             turn = step.set_fields.get("turn", session.turn)
 
@@ -177,65 +180,68 @@ def step_commit(step: Step) -> Committed:
             for message in activated:
                 seq += 1
                 message.seq, message.status, message.turn = seq, "final", turn
-                cursor.execute(
-                    f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
-                    [seq, "final", turn, message.pk],
-                )
-        for message in new_messages:
-            seq += 1
-            message.seq = seq
-            message.session_id = session.pk
-            message.created_at = now
-        insert_rows(Message, new_messages, MESSAGE_COLUMNS)
-        for call in step.new_tool_calls:
-            call.session_id = session.pk
-            call.created_at = now
-        insert_rows(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS)
-        update_rows(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
-        for record in step.model_calls:
-            record.session_id = session.pk
-            record.step = step_no
-            record.created_at = now
-        insert_rows(ModelCall, step.model_calls, MODEL_CALL_COLUMNS)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
+                        [seq, "final", turn, message.pk],
+                    )
+            for message in new_messages:
+                seq += 1
+                message.seq = seq
+                message.session_id = session.pk
+                message.created_at = now
+            insert_rows(Message, new_messages, MESSAGE_COLUMNS)
+            for call in step.new_tool_calls:
+                call.session_id = session.pk
+                call.created_at = now
+            insert_rows(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS)
+            update_rows(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
+            for record in step.model_calls:
+                record.session_id = session.pk
+                record.step = step_no
+                record.created_at = now
+            insert_rows(ModelCall, step.model_calls, MODEL_CALL_COLUMNS)
 
-        ordered = [_message_event(m) for m in activated + new_messages]
-        ordered += step.events + state_events + step.after_events
-        first = event_seq - n_events
-        events = [
-            Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)
-            for i, (type_, data) in enumerate(ordered)
-        ]
-        insert_rows(Event, events, EVENT_COLUMNS)
-        if step.trigger:
-            transition = Transition(
-                session_id=session.pk,
-                from_state=from_state.value,
-                to_state=to_state.value,
-                trigger=step.trigger.value,
-                reason=step.reason[:2000],
-                version=version,
-                turn=turn,
-                actor=step.actor[:150],
-                at=now,
-            )
-            insert_rows(Transition, [transition], TRANSITION_COLUMNS)
-        if step.checkpoint is not None:
-            context = {**step.checkpoint, "state": to_state.value}
-            checkpoint = Checkpoint(
-                session_id=session.pk,
-                step=step_no,
-                turn=turn,
-                state=to_state.value,
-                message_seq=message_seq,
-                context=context,
-                size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
-                fingerprint=step.fingerprint,
-                created_at=now,
-            )
-            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS)
-        frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
-        session_id = session.pk
-        transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+            ordered = [_message_event(m) for m in activated + new_messages]
+            ordered += step.events + state_events + step.after_events
+            first = event_seq - n_events
+            events = [
+                Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)
+                for i, (type_, data) in enumerate(ordered)
+            ]
+            insert_rows(Event, events, EVENT_COLUMNS)
+            if step.trigger:
+                transition = Transition(
+                    session_id=session.pk,
+                    from_state=from_state.value,
+                    to_state=to_state.value,
+                    trigger=step.trigger.value,
+                    reason=step.reason[:2000],
+                    version=version,
+                    turn=turn,
+                    actor=step.actor[:150],
+                    at=now,
+                )
+                insert_rows(Transition, [transition], TRANSITION_COLUMNS)
+            if step.checkpoint is not None:
+                context = {**step.checkpoint, "state": to_state.value}
+                checkpoint = Checkpoint(
+                    session_id=session.pk,
+                    step=step_no,
+                    turn=turn,
+                    state=to_state.value,
+                    message_seq=message_seq,
+                    context=context,
+                    size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
+                    fingerprint=step.fingerprint,
+                    created_at=now,
+                )
+                insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS)
+            frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
+            session_id = session.pk
+            transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+    if row is None:
+        raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
 
     # Keep the caller's copy in step with the row it now matches.
     session.version = version

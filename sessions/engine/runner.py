@@ -12,6 +12,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from memory.tokens import count_message_tokens
 
@@ -128,14 +129,18 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
 
 
 def timer_fire(*, session: Session) -> None:
-    """Wake a session whose follow-up is due: the model gets the note and decides."""
+    """Wake a session whose follow-up is due: the model gets the note and decides.
+
+    The turn's clock starts again: waiting for the timer was not running, so
+    a follow-up due after the turn's time limit still gets a turn to act in.
+    """
     note = session.timer_note or "(no note)"
     text = f"The follow-up you scheduled is due now. Your note: {note}"
     step_commit(
         build_step(
             session, None, trigger=Trigger.TIMER_FIRED, phase="timer", reason="follow-up due",
             messages=[Message(turn=session.turn, role="system", content=text, token_count=count_message_tokens(text))],
-            set_fields={"timer_due_at": None, "timer_note": ""},
+            set_fields={"timer_due_at": None, "timer_note": "", "turn_started_at": timezone.now()},
         )
     )
 

@@ -52,12 +52,17 @@ def build_step(
     )
 
 
-def turn_start(*, session: Session, lease_owner: str | None) -> bool:
-    """Move the oldest queued user message into the history and start its turn."""
-    message = Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
+def turn_start(*, session: Session, lease_owner: str | None, message: Message | None = None) -> bool:
+    """Start the next turn: with the oldest queued user message, or with
+    `message`, a new one that was never queued (it is inserted by this step)."""
+    fresh = message is not None
+    if message is None:
+        message = Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
     if message is None:
         return False
     turn = session.turn + 1
+    if fresh:
+        message.turn = turn
     step_commit(
         build_step(
             session,
@@ -65,7 +70,8 @@ def turn_start(*, session: Session, lease_owner: str | None) -> bool:
             trigger=Trigger.USER_MESSAGE,
             phase="turn_start",
             reason=f"turn {turn}",
-            activate_message=message,
+            activate_message=None if fresh else message,
+            messages=[message] if fresh else [],
             set_fields={
                 "turn": turn,
                 "iteration": 0,
@@ -75,8 +81,8 @@ def turn_start(*, session: Session, lease_owner: str | None) -> bool:
                 "last_error": "",
                 "turn_started_at": timezone.now(),
             },
-            add_fields={"queued_count": -1},
-            checkpoint={"user_message": message.pk, "message_seq": session.message_seq + 1},
+            add_fields={} if fresh else {"queued_count": -1},
+            checkpoint={"message_seq": session.message_seq + 1},
         )
     )
     return True
