@@ -86,9 +86,9 @@ class Probe:
         original_complete = ModelAdapter.complete
         original_step_commit = transitions.step_commit
 
-        def run_step(session: Any, owner: str) -> bool:
+        def run_step(session: Any, owner: str, run: Any = None) -> bool:
             state = session.state
-            progressed = original_run_step(session, owner)
+            progressed = original_run_step(session, owner, run)
             now = time.perf_counter()
             cpu = time.thread_time()
             sql = probe.counter.snapshot()

@@ -11,9 +11,11 @@ import math
 def count_tokens(text: str) -> int:
     if not text:
         return 0
-    ascii_chars = sum(1 for ch in text if ord(ch) < 128)
-    other = len(text) - ascii_chars
-    return math.ceil(ascii_chars / 4) + other
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    # Counting in C: encoding to ASCII with errors ignored keeps exactly the ASCII characters.
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
 
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role and separators, as chat formats add

@@ -3,8 +3,9 @@
 The ORM's bulk_create/bulk_update spend most of a step's CPU building queries
 (DESIGN.md: ~3 ms a step through the ORM against ~0.8 ms in raw SQL). These
 helpers build each statement's text once per model and field list, convert
-values with the fields' own `get_db_prep_save`, and send one statement per
-table.
+values with the fields' own `get_db_prep_save`, and `execute_batch` sends all
+of a step's writes in one round trip (psycopg binds client-side by default in
+Django, so several statements can share one execute).
 """
 
 from collections.abc import Sequence
@@ -13,6 +14,8 @@ from typing import Any
 
 from django.db import connection, models
 
+Statement = tuple[str, list[Any]]
+
 
 @lru_cache(maxsize=64)
 def _columns(model: type[models.Model], names: tuple[str, ...]) -> tuple[list[Any], str]:
@@ -20,32 +23,30 @@ def _columns(model: type[models.Model], names: tuple[str, ...]) -> tuple[list[An
     return fields, ", ".join(f'"{f.column}"' for f in fields)
 
 
-def insert_rows(model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...]) -> None:
-    """INSERT the objects in one statement and set their primary keys."""
+def insert_statement(
+    model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...], *, returning: bool = False
+) -> Statement | None:
+    """One multi-row INSERT for the objects; with `returning`, it yields their primary keys."""
     if not objs:
-        return
+        return None
     fields, columns = _columns(model, names)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params: list[Any] = []
     for obj in objs:
         params.extend(f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields)
-    pk = model._meta.pk.column
-    sql = f'INSERT INTO "{model._meta.db_table}" ({columns}) VALUES {", ".join([row] * len(objs))} RETURNING "{pk}"'
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
-            obj.pk = value
+    sql = f'INSERT INTO "{model._meta.db_table}" ({columns}) VALUES {", ".join([row] * len(objs))}'
+    if returning:
+        sql += f' RETURNING "{model._meta.pk.column}"'  # type: ignore[union-attr]
+    return sql, params
 
 
-def update_rows(model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...]) -> None:
-    """UPDATE several rows, each with its own values, in one statement."""
+def update_statement(model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...]) -> Statement | None:
+    """One UPDATE of several rows, each with its own values."""
     if not objs:
-        return
+        return None
     fields, _ = _columns(model, names)
-    table = model._meta.db_table
-    casts = [_cast(f) for f in fields]
-    pk = model._meta.pk.column
-    row = "(%s::bigint, " + ", ".join(f"%s::{cast}" for cast in casts) + ")"
+    pk = model._meta.pk.column  # type: ignore[union-attr]
+    row = "(%s::bigint, " + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
     params: list[Any] = []
     for obj in objs:
         params.append(obj.pk)
@@ -53,12 +54,26 @@ def update_rows(model: type[models.Model], objs: Sequence[models.Model], names: 
     assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
     value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
     sql = (
-        f'UPDATE "{table}" AS t SET {assignments} '
+        f'UPDATE "{model._meta.db_table}" AS t SET {assignments} '
         f'FROM (VALUES {", ".join([row] * len(objs))}) AS v({value_columns}) WHERE t."{pk}" = v."__pk"'
     )
+    return sql, params
+
+
+def execute_batch(statements: Sequence[Statement | None]) -> list[tuple[Any, ...]]:
+    """Run the statements in as few round trips as the driver allows; return
+    the rows of the first statement (put an INSERT ... RETURNING first)."""
+    real = [s for s in statements if s is not None]
+    if not real:
+        return []
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def _cast(field: Any) -> str:
-    return str(field.db_type(connection))
+        if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+            # Server-side binding allows one statement per execute.
+            rows: list[tuple[Any, ...]] = []
+            for i, (sql, params) in enumerate(real):
+                cursor.execute(sql, params)
+                if i == 0 and cursor.description is not None:
+                    rows = list(cursor.fetchall())
+            return rows
+        cursor.execute(";\n".join(sql for sql, _ in real), [p for _, params in real for p in params])
+        return list(cursor.fetchall()) if cursor.description is not None else []

@@ -19,7 +19,7 @@ from django.utils import timezone
 from .faults import fault_point
 from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from .publisher import Frame, make_frame, publish
-from .rows import insert_rows, update_rows
+from .rows import Statement, execute_batch, insert_statement, update_statement
 from .states import State, Trigger, next_state
 
 MESSAGE_COLUMNS = (
@@ -180,27 +180,30 @@ def step_commit(step: Step) -> Committed:
             for message in activated:
                 seq += 1
                 message.seq, message.status, message.turn = seq, "final", turn
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
-                        [seq, "final", turn, message.pk],
-                    )
             for message in new_messages:
                 seq += 1
                 message.seq = seq
                 message.session_id = session.pk
                 message.created_at = now
-            insert_rows(Message, new_messages, MESSAGE_COLUMNS)
+            # New messages first: their ids come back from the batch's first result.
+            writes: list[Statement | None] = [insert_statement(Message, new_messages, MESSAGE_COLUMNS, returning=True)]
+            writes += [
+                (
+                    f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
+                    [message.seq, "final", turn, message.pk],
+                )
+                for message in activated
+            ]
             for call in step.new_tool_calls:
                 call.session_id = session.pk
                 call.created_at = now
-            insert_rows(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS)
-            update_rows(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
+            writes.append(insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS))
+            writes.append(update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS))
             for record in step.model_calls:
                 record.session_id = session.pk
                 record.step = step_no
                 record.created_at = now
-            insert_rows(ModelCall, step.model_calls, MODEL_CALL_COLUMNS)
+            writes.append(insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS))
 
             ordered = [_message_event(m) for m in activated + new_messages]
             ordered += step.events + state_events + step.after_events
@@ -209,7 +212,7 @@ def step_commit(step: Step) -> Committed:
                 Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)
                 for i, (type_, data) in enumerate(ordered)
             ]
-            insert_rows(Event, events, EVENT_COLUMNS)
+            writes.append(insert_statement(Event, events, EVENT_COLUMNS))
             if step.trigger:
                 transition = Transition(
                     session_id=session.pk,
@@ -222,7 +225,7 @@ def step_commit(step: Step) -> Committed:
                     actor=step.actor[:150],
                     at=now,
                 )
-                insert_rows(Transition, [transition], TRANSITION_COLUMNS)
+                writes.append(insert_statement(Transition, [transition], TRANSITION_COLUMNS))
             if step.checkpoint is not None:
                 context = {**step.checkpoint, "state": to_state.value}
                 checkpoint = Checkpoint(
@@ -236,7 +239,10 @@ def step_commit(step: Step) -> Committed:
                     fingerprint=step.fingerprint,
                     created_at=now,
                 )
-                insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS)
+                writes.append(insert_statement(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS))
+            ids = execute_batch(writes)
+            for message, (pk,) in zip(new_messages, ids[: len(new_messages)], strict=True):
+                message.pk = pk
             frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
             session_id = session.pk
             transaction.on_commit(lambda: _publish_after_commit(session_id, frames))

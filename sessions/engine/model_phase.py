@@ -56,8 +56,10 @@ def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
     The reference is the environment recorded by the session's latest
     checkpoint that recorded one (a fork copies its source's).
     """
-    latest = Checkpoint.objects.filter(session=session).order_by("-step").only("created_at").first()
-    paused = latest is not None and timezone.now() - latest.created_at > timedelta(seconds=settings.ENV_CHECK_PAUSE_S)
+    # The row's updated_at is the last step's commit: no query to tell a pause.
+    paused = session.updated_at is not None and timezone.now() - session.updated_at > timedelta(
+        seconds=settings.ENV_CHECK_PAUSE_S
+    )
     if not (session.resume_check or paused):
         return None
     recorded = (
