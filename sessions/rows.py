@@ -8,6 +8,7 @@ of a step's writes in one round trip (psycopg binds client-side by default in
 Django, so several statements can share one execute).
 """
 
+import json
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 from django.db import connection, models
 
 Statement = tuple[str, list[Any]]
+
+
+def json_value(value: Any) -> Any:
+    """A jsonb column read with a raw cursor: Django's driver setup hands it over as text."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 @lru_cache(maxsize=64)

@@ -12,6 +12,7 @@ from memory.tokens import count_message_tokens
 
 from ..faults import fault_point
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
+from ..rows import json_value
 from ..states import RUNNABLE, State, Trigger
 from ..transitions import StaleSession, step_commit
 from . import guards
@@ -42,10 +43,15 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
             )
     if session.iteration < 2:
         return None
-    rows = ToolCall.objects.filter(session=session, turn=session.turn).order_by("step", "position")
     steps: dict[int, list[CallRecord]] = {}
-    for row in rows.only("step", "tool_name", "input", "output", "status"):
-        steps.setdefault(row.step, []).append(CallRecord(row.tool_name, row.input, row.output, row.status))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT step, tool_name, input, output, status FROM "{ToolCall._meta.db_table}" '
+            "WHERE session_id = %s AND turn = %s ORDER BY step, position",
+            [session.pk, session.turn],
+        )
+        for step, name, raw_input, raw_output, status in cursor.fetchall():
+            steps.setdefault(step, []).append(CallRecord(name, json_value(raw_input), json_value(raw_output), status))
     limits = GuardLimits(repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit)
     return guards.check(list(steps.values()), limits)
 

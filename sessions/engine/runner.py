@@ -88,18 +88,23 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
 def _refresh(session_id: UUID | str, session: Session | None) -> Session | None:
     """The session as of now, cheaply: the row is read whole only when its
     version moved; otherwise only the columns others may change without a
-    version bump (a cancel, queued messages, the lease)."""
+    version bump (a cancel with its reason and who asked, queued messages,
+    the lease)."""
     if session is not None:
         with connection.cursor() as cursor:
             cursor.execute(
-                f'SELECT version, cancel_requested, queued_count, lease_owner FROM "{Session._meta.db_table}" WHERE id = %s',
+                "SELECT version, cancel_requested, cancel_reason, cancel_actor, queued_count, lease_owner "
+                f'FROM "{Session._meta.db_table}" WHERE id = %s',
                 [session_id],
             )
             row = cursor.fetchone()
         if row is None:
             return None
         if row[0] == session.version:
-            session.cancel_requested, session.queued_count, session.lease_owner = row[1], row[2], row[3]
+            (
+                session.cancel_requested, session.cancel_reason, session.cancel_actor,
+                session.queued_count, session.lease_owner,
+            ) = row[1:]  # fmt: skip
             return session
     return Session.objects.filter(pk=session_id).first()
 

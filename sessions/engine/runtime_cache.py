@@ -73,7 +73,11 @@ class RunContext:
         last = self.history_cache[-1].seq if self.history_cache else 0
         if last != session.message_seq:
             new = list(
-                Message.objects.filter(session=session, status=MessageStatus.FINAL, seq__gt=last).order_by("seq")
+                Message.objects.raw(
+                    f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '
+                    "ORDER BY seq",
+                    [session.pk, MessageStatus.FINAL.value, last],
+                )
             )
             if new and last and new[0].seq != (last or 0) + 1:
                 self.history_cache = []

@@ -9,6 +9,7 @@ session in `error` for an operator instead of guessing.
 """
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from tools.rendering import render_success
 from .. import io_loop
 from ..faults import fault_point
 from ..models import Message, Session, ToolCall, ToolCallStatus
+from ..rows import json_value
 from ..states import Trigger
 from ..transitions import StaleSession, step_commit
 from .environment import environment
@@ -39,24 +41,40 @@ TIMER_HANDLER = "builtin.schedule_followup"
 
 
 def _cached_outcomes(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> dict[int, ToolOutcome]:
-    """Read-only calls identical to an earlier successful one in this session reuse its result."""
-    outcomes: dict[int, ToolOutcome] = {}
-    for call in calls:
-        snapshot = tools.get(call.tool_name)
-        if snapshot is None or snapshot.side_effects or not isinstance(call.input, dict) or call.error:
-            continue
-        earlier = (
-            ToolCall.objects.filter(session=session, tool_name=call.tool_name, status=ToolCallStatus.SUCCESS, input=call.input)
-            .exclude(pk=call.pk)
-            .order_by("-id")
-            .values_list("output", flat=True)
-            .first()
+    """Read-only calls identical to an earlier successful one in this session reuse its result.
+
+    One query for all of the step's read-only calls; arguments are compared as
+    canonical JSON.
+    """
+    readonly = [
+        c for c in calls
+        if (t := tools.get(c.tool_name)) is not None and not t.side_effects and isinstance(c.input, dict) and not c.error
+    ]
+    if not readonly:
+        return {}
+    earlier: dict[tuple[str, str], Any] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT tool_name, input, output FROM "{ToolCall._meta.db_table}"
+                 WHERE session_id = %s AND status = 'success' AND tool_name = ANY(%s) AND NOT (id = ANY(%s))
+                 ORDER BY id DESC LIMIT 500""",
+            [session.pk, sorted({c.tool_name for c in readonly}), [c.pk for c in readonly]],
         )
-        if earlier is not None:
+        for name, raw_input, raw_output in cursor.fetchall():
+            key = (name, _canonical(json_value(raw_input)))
+            earlier.setdefault(key, json_value(raw_output))
+    outcomes: dict[int, ToolOutcome] = {}
+    for call in readonly:
+        found = earlier.get((call.tool_name, _canonical(call.input)))
+        if found is not None:
             outcomes[call.pk] = ToolOutcome(
-                status="success", output=earlier, content=render_success(earlier, cached=True), extra={"cached": True}
+                status="success", output=found, content=render_success(found, cached=True), extra={"cached": True}
             )
     return outcomes
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
@@ -93,8 +111,10 @@ def tool_step(session: Session, owner: str) -> None:
     runtime = agent_runtime(session.agent_id)
     agent = runtime.agent
     calls = list(
-        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
-            "step", "position"
+        ToolCall.objects.raw(
+            f'SELECT * FROM "{ToolCall._meta.db_table}" WHERE session_id = %s AND turn = %s AND status = %s '
+            "ORDER BY step, position",
+            [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
         )
     )
     tools = runtime.tools_for(session.role)

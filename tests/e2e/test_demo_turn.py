@@ -35,7 +35,11 @@ def test_demo_request_streams_every_step(live_stack):
             url = f"{live_stack.ws}/ws/sessions/{session_id}/?after=0"
             task = asyncio.create_task(_collect_until_turn_finished(url, key))
             await asyncio.sleep(0.3)
-            posted = await asyncio.to_thread(client.post, f"/api/v1/sessions/{session_id}/messages/", json={"content": DEMO_REQUEST})
+            posted = await asyncio.to_thread(
+                client.post,
+                f"/api/v1/sessions/{session_id}/messages/",
+                json={"content": DEMO_REQUEST},
+            )
             assert posted.status_code == 202, posted.text
             return await task
 
