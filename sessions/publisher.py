@@ -33,7 +33,8 @@ def make_frame(session_id: UUID | str, seq: int | None, type_: str, data: dict[s
         "seq": seq,
         "type": type_,
         "session": str(session_id),
-        "ts": (ts or datetime.now(UTC)).isoformat(),
+        # The same form as the REST API's timestamps (DRF writes UTC as "Z").
+        "ts": (ts or datetime.now(UTC)).isoformat().replace("+00:00", "Z"),
         "data": data,
     }
 

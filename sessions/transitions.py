@@ -205,8 +205,10 @@ def step_commit(step: Step) -> Committed:
                 record.created_at = now
             writes.append(insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS))
 
-            ordered = [_message_event(m) for m in activated + new_messages]
-            ordered += step.events + state_events + step.after_events
+            # The move first, then what it brought: a turn's stream opens with
+            # state.changed and closes with turn.finished.
+            ordered = state_events + [_message_event(m) for m in activated + new_messages]
+            ordered += step.events + step.after_events
             first = event_seq - n_events
             events = [
                 Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)

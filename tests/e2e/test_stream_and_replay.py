@@ -61,15 +61,15 @@ def test_demo_turn_stream_matches_persisted_history(live_stack):
     debug = "\n".join(f"{f['seq']} {f['type']} {f['data']}" for f in frames)
 
     assert all(f["session"] == session_id for f in frames)
-    # Order of the turn: the user's message enters the history and starts the
-    # turn (its message.completed, then state.changed idle -> processing), ...
+    # Order of the turn: it opens with state.changed idle -> processing, then the
+    # user's message entering the history, ...
     stream = persisted(frames)
-    assert stream[0]["type"] == "message.completed", debug
-    assert stream[0]["data"]["role"] == "user" and stream[0]["data"]["content"] == DEMO_REQUEST
-    first_state = next(f for f in frames if f["type"] == "state.changed")
+    first_state = stream[0]
+    assert first_state["type"] == "state.changed", debug
     assert first_state["data"]["from"] == "idle" and first_state["data"]["to"] == "processing"
     assert first_state["data"]["trigger"] == "user_message"
-    assert stream[1] is first_state, debug
+    assert stream[1]["type"] == "message.completed", debug
+    assert stream[1]["data"]["role"] == "user" and stream[1]["data"]["content"] == DEMO_REQUEST
     # ... and turn.finished is the very last frame.
     assert frames[-1]["type"] == "turn.finished", debug
     assert frames[-1]["data"]["stop_reason"] == "answer", debug

@@ -127,8 +127,8 @@ def test_a_message_into_an_idle_session_starts_turn_one(make_session):
     assert list(
         Event.objects.filter(session=session).order_by("seq").values_list("seq", "type")
     ) == [
-        (1, "message.completed"),
-        (2, "state.changed"),
+        (1, "state.changed"),
+        (2, "message.completed"),
     ]
     # Nobody holds the lease yet; the sweeper may pick the run up after the grace period.
     assert row.lease_owner is None and row.lease_expires_at is not None

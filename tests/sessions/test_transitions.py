@@ -150,10 +150,10 @@ def test_a_step_numbers_messages_and_events_without_gaps(make_session):
     ]
     events = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "type"))
     assert events == [
-        (11, "message.completed"),
+        (11, "state.changed"),
         (12, "message.completed"),
-        (13, "progress"),
-        (14, "state.changed"),
+        (13, "message.completed"),
+        (14, "progress"),
         (15, "turn.finished"),
     ]
     checkpoint = Checkpoint.objects.get(session=session)

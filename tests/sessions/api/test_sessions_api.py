@@ -119,13 +119,13 @@ def test_events_after_a_sequence_number(api, session_id):
 
     events = api.get(url, {"after": 0}).json()
     assert [(e["seq"], e["type"]) for e in events] == [
-        (1, "message.completed"),
-        (2, "state.changed"),
+        (1, "state.changed"),
+        (2, "message.completed"),
     ]
-    assert set(events[0]) == {"seq", "type", "session", "ts", "data"}
-    assert events[0]["session"] == session_id
-    assert events[0]["data"]["content"] == "hello"
-    assert events[1]["data"] == {
+    assert set(events[1]) == {"seq", "type", "session", "ts", "data"}
+    assert events[1]["session"] == session_id
+    assert events[1]["data"]["content"] == "hello"
+    assert events[0]["data"] == {
         "from": "idle",
         "to": "processing",
         "trigger": "user_message",
