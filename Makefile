@@ -24,6 +24,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
+# Worker processes: the loop is I/O-bound but each step costs CPU, so one process per core.
+WORKER_PROCESSES ?= 2
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
@@ -62,7 +64,7 @@ run: $(STAMP)
 	@echo "  playground  http://127.0.0.1:$(PORT)/playground/"
 	@echo "  (Ctrl-C stops web, worker and beat; 'make down' stops PostgreSQL and Valkey)"
 	@echo
-	PORT=$(PORT) HOST=$(HOST) exec $(VENV)/bin/honcho start -f Procfile
+	PORT=$(PORT) HOST=$(HOST) exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 
 # ---------------------------------------------------------------- checks
 test: $(STAMP)
@@ -84,6 +86,11 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m devstack up
 	$(PY) -m bench $(BENCH_ARGS)
+
+# Crash soak (not in CI): the random-kill test of tests/e2e/test_faults.py with 200 runs.
+soak: $(STAMP)
+	$(PY) -m devstack up
+	FAULT_RUNS=$${FAULT_RUNS:-200} $(PY) -m pytest tests/e2e/test_faults.py -k random_points -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- embedded stack
 up: $(STAMP)
