@@ -17,7 +17,6 @@ from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Count, QuerySet, Sum
-from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -26,6 +25,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 
+from tools.forms import JSON_FIELD
 from tools.models import Tool
 
 from . import services
@@ -96,23 +96,7 @@ def pre(value: Any) -> str:
     )
 
 
-class PrettyJSONField(forms.JSONField):
-    """JSON shown indented, so schemas and rules are readable and editable."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault(
-            "widget",
-            forms.Textarea(attrs={"rows": 14, "cols": 90, "style": "font-family: monospace"}),
-        )
-        super().__init__(*args, **kwargs)
-
-    def prepare_value(self, value: Any) -> Any:
-        if isinstance(value, InvalidJSONInput):
-            return value
-        return json.dumps(value, ensure_ascii=False, indent=2, cls=self.encoder)
-
-
-JSON_FIELD = {models.JSONField: {"form_class": PrettyJSONField}}
 
 
 def session_link(session_id: object) -> str:
