@@ -1,0 +1,52 @@
+"""`manage.py chat`: an operator's terminal view of a turn run by the real worker."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sessions.models import Session
+from tests.demo_setup import DEMO_REQUEST, demo_install
+from tests.stack import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def _chat(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "chat", *args],
+        cwd=ROOT, env=live_stack.env, capture_output=True, text=True, timeout=90,
+    )
+
+
+def test_chat_runs_the_demo_turn_through_the_worker_and_prints_its_events(live_stack):
+    demo_install()
+    done = _chat(live_stack, "--agent", "order-support", "--json", DEMO_REQUEST)
+    assert done.returncode == 0, done.stderr + live_stack.log_tail("worker")
+    frames = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    persisted = [f["seq"] for f in frames if f["seq"] is not None]
+    assert persisted == sorted(persisted) and len(persisted) == len(set(persisted))
+    assert frames[-1]["type"] == "turn.finished" and frames[-1]["data"]["stop_reason"] == "answer"
+    tools = [f["data"]["tool"] for f in frames if f["type"] == "tool.finished"]
+    assert tools.count("send_notification") == 3 and tools[-1] == "generate_report"
+    # The turn really ran on the worker: the session it opened is finished in the database.
+    session = Session.objects.get(pk=frames[-1]["session"])
+    assert session.state == "finished" and session.turn == 1
+
+
+def test_chat_continues_a_session_and_prints_a_readable_view(live_stack):
+    demo_install()
+    first = _chat(live_stack, "--agent", "order-support", "hello")
+    assert first.returncode == 0, first.stderr
+    session_id = first.stderr.split("session ", 1)[1].split()[0]
+    again = _chat(live_stack, "--agent", "order-support", "--session", session_id, "hi again")
+    assert again.returncode == 0, again.stderr
+    assert "turn.finished" in again.stdout and "state.changed: finished -> processing" in again.stdout
+    assert Session.objects.get(pk=session_id).turn == 2
+
+
+def test_chat_with_an_unknown_agent_fails_clearly(live_stack):
+    done = _chat(live_stack, "--agent", "nope", "hello")
+    assert done.returncode != 0
+    assert "unknown agent 'nope'" in done.stderr and "Traceback" not in done.stderr
