@@ -11,7 +11,16 @@ from typing import Any
 
 from . import environment
 
-BENCHMARKS = ("engine", "worker", "e2e", "inflight")
+BENCHMARKS = (
+    "engine",
+    "checkpoint",
+    "tools",
+    "adapters",
+    "worker",
+    "e2e",
+    "inflight",
+    "recovery",
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,15 @@ class Sizes:
     e2e_sessions: int
     e2e_turns: int
     inflight_sessions: int
+    checkpoint_demo_sessions: int
+    checkpoint_cycles: int
+    checkpoint_insert_reps: int
+    tools_executor_reps: int
+    tools_sessions: int
+    adapters_reps: int
+    adapters_paced_reps: int
+    recovery_kills: int
+    recovery_standby_kills: int
 
 
 FULL = Sizes(
@@ -33,6 +51,15 @@ FULL = Sizes(
     e2e_sessions=10,
     e2e_turns=10,
     inflight_sessions=200,
+    checkpoint_demo_sessions=6,
+    checkpoint_cycles=400,
+    checkpoint_insert_reps=500,
+    tools_executor_reps=300,
+    tools_sessions=40,
+    adapters_reps=40,
+    adapters_paced_reps=4,
+    recovery_kills=20,
+    recovery_standby_kills=10,
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -42,13 +69,22 @@ QUICK = Sizes(
     e2e_sessions=3,
     e2e_turns=5,
     inflight_sessions=200,
+    checkpoint_demo_sessions=2,
+    checkpoint_cycles=100,
+    checkpoint_insert_reps=150,
+    tools_executor_reps=100,
+    tools_sessions=8,
+    adapters_reps=10,
+    adapters_paced_reps=1,
+    recovery_kills=3,
+    recovery_standby_kills=0,
 )
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "--quick", action="store_true", help="smaller counts: a smoke run in under a minute"
+        "--quick", action="store_true", help="smaller counts: a smoke run in about 90 s"
     )
     parser.add_argument(
         "--only",
@@ -268,6 +304,31 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
             concurrency=args.inflight_concurrency,
             workers=args.inflight_workers,
             live=args.post_live,
+        )
+    if name == "checkpoint":
+        from . import checkpoint
+
+        return checkpoint.run(
+            demo_sessions=sizes.checkpoint_demo_sessions,
+            demo_turns=2,
+            cycles=sizes.checkpoint_cycles,
+            insert_reps=sizes.checkpoint_insert_reps,
+        )
+    if name == "tools":
+        from . import tool_dispatch
+
+        return tool_dispatch.run(
+            executor_reps=sizes.tools_executor_reps, sessions=sizes.tools_sessions
+        )
+    if name == "adapters":
+        from . import adapters
+
+        return adapters.run(procs, reps=sizes.adapters_reps, paced_reps=sizes.adapters_paced_reps)
+    if name == "recovery":
+        from . import recovery
+
+        return recovery.run(
+            procs, kills=sizes.recovery_kills, standby_kills=sizes.recovery_standby_kills
         )
     raise ValueError(name)
 

@@ -9,6 +9,11 @@ Everything goes through the real `config_apply` service, as `apply_config` does.
 - `bench-one-round`: one tool round with the built-in clock tool
   (turn start + 4 worker steps: model -> tool -> tool-loop move -> model).
 - `bench-one-round-2s`: the same on a rules model that sleeps 2 s per call.
+- `bench-recovery`: the same on a rules model that sleeps 1 s per call (the
+  `recovery` benchmark kills its worker mid-turn).
+- `bench-noop`: an agent whose one tool, `bench_noop`, does nothing (the
+  handler `bench.noop`, registered by this module, so only in this process:
+  the `tools` benchmark runs its tool steps here, never in a worker).
 """
 
 import copy
@@ -27,6 +32,10 @@ ROLE = "support"
 INSTANT = "bench-instant"
 SLOW = "bench-slow-2s"
 SLOW_LATENCY_S = 2.0
+RECOVERY_MODEL = "bench-slow-1s"
+RECOVERY_LATENCY_S = 1.0
+NOOP_HANDLER = "bench.noop"
+NOOP_TOOL = "bench_noop"
 
 ONE_ROUND_RULES = [
     {
@@ -36,6 +45,16 @@ ONE_ROUND_RULES = [
     },
     {"name": "answer", "when": {"last_tool": "bench_clock"}, "answer": "It is {{ result.now }}."},
 ]
+
+
+def _register_noop() -> None:
+    from tools.registry import HANDLERS, tool_handler
+
+    if NOOP_HANDLER not in HANDLERS:
+
+        @tool_handler(NOOP_HANDLER)
+        def noop(**_arguments: Any) -> dict[str, Any]:
+            return {"ok": True}
 
 
 def config_document() -> dict[str, Any]:
@@ -72,6 +91,22 @@ def config_document() -> dict[str, Any]:
             "tools": ["bench_clock"],
             "rules": ONE_ROUND_RULES,
         },
+        {
+            "slug": "bench-recovery",
+            "name": "bench: one tool round, 1 s model",
+            "system_prompt": "Tell the time.",
+            "model": RECOVERY_MODEL,
+            "tools": ["bench_clock"],
+            "rules": ONE_ROUND_RULES,
+        },
+        {
+            "slug": "bench-noop",
+            "name": "bench: a tool that does nothing",
+            "system_prompt": "Call the no-op tool.",
+            "model": INSTANT,
+            "tools": [NOOP_TOOL],
+            "rules": [{"name": "answer", "answer": "done"}],
+        },
     ]
     for agent in agents:
         agent.pop("fallback_model", None)
@@ -82,6 +117,7 @@ def config_document() -> dict[str, Any]:
         "models": [
             {"name": INSTANT, "api": "rules", "options": {}},
             {"name": SLOW, "api": "rules", "options": {"latency_s": SLOW_LATENCY_S}},
+            {"name": RECOVERY_MODEL, "api": "rules", "options": {"latency_s": RECOVERY_LATENCY_S}},
         ],
         "tools": [
             *demo["tools"],
@@ -93,6 +129,19 @@ def config_document() -> dict[str, Any]:
                 "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
                 "roles": [ROLE],
             },
+            {
+                "name": NOOP_TOOL,
+                "description": "Does nothing (benchmark).",
+                "kind": "python",
+                "handler": NOOP_HANDLER,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"i": {"type": "integer"}, "tag": {"type": "string"}},
+                    "required": ["i"],
+                    "additionalProperties": False,
+                },
+                "roles": [ROLE],
+            },
         ],
         "agents": agents,
     }
@@ -102,6 +151,7 @@ def install() -> list[str]:
     from demo.services import demo_data_seed
     from sessions.services import config_apply
 
+    _register_noop()
     report = config_apply(document=config_document())
     demo_data_seed()
     return report
