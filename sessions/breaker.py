@@ -28,6 +28,14 @@ class BreakerState:
     open_until: float
 
 
+# What this process last read of each breaker: (read at, open_until, failures).
+# A closed breaker with no failures is re-read at most every LOCAL_TTL_S, so a
+# healthy endpoint or tool costs no Redis round trip per call; any failure
+# goes to Redis at once, and another process's opening is seen within the TTL.
+LOCAL_TTL_S = 1.0
+_local: dict[str, tuple[float, float, int]] = {}
+
+
 class CircuitBreaker:
     def __init__(self, kind: str, *, threshold: int, cooldown_s: float) -> None:
         self.kind = kind
@@ -40,9 +48,14 @@ class CircuitBreaker:
     def allow(self, name: str) -> bool:
         """May a call go to this endpoint now? In half-open, only one caller may."""
         key = self._key(name)
+        now = time.time()
+        seen = _local.get(key)
+        if seen is not None and now - seen[0] < LOCAL_TTL_S and not seen[1] and not seen[2]:
+            return True
         try:
-            raw = _redis().hget(key, "open_until")
-            open_until = float(raw) if raw else 0.0
+            values = _redis().hmget(key, ["open_until", "failures"])
+            open_until = float(values[0]) if values[0] else 0.0
+            _local[key] = (now, open_until, int(values[1] or 0))
             if not open_until:
                 return True
             if time.time() < open_until:
@@ -52,11 +65,17 @@ class CircuitBreaker:
             return True  # without Redis we cannot share state; do not block traffic on it
 
     def record_success(self, name: str) -> None:
+        key = self._key(name)
+        seen = _local.get(key)
+        if seen is not None and time.time() - seen[0] < LOCAL_TTL_S and not seen[1] and not seen[2]:
+            return  # closed, and no failure to clear
         with contextlib.suppress(redis.RedisError):
-            _redis().delete(self._key(name), self._key(name) + ":trial")
+            _redis().delete(key, key + ":trial")
+            _local[key] = (time.time(), 0.0, 0)
 
     def record_failure(self, name: str, *, retry_after_s: float | None = None) -> None:
         key = self._key(name)
+        _local.pop(key, None)
         try:
             pipe = _redis().pipeline()
             pipe.hincrby(key, "failures", 1)
@@ -86,6 +105,7 @@ class CircuitBreaker:
         )
 
     def reset(self, name: str) -> None:
+        _local.pop(self._key(name), None)
         self.record_success(name)
 
 
