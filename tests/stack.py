@@ -51,6 +51,8 @@ class Stack:
     env: dict[str, str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
+    # How each process was started, so `restart(name)` can start it again.
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
     def http(self) -> str:
@@ -60,21 +62,51 @@ class Stack:
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = ROOT / ".data" / "test-logs" / f"{name}-{os.getpid()}.log"
+    def start(
+        self, name: str, argv: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a process of the stack; `extra_env` is added to the stack's environment for it alone."""
+        # Per stack (port) as well as per run: a test's own `running_stack()` must
+        # not truncate the log files the session's `live_stack` is writing to.
+        log = ROOT / ".data" / "test-logs" / f"{name}-{os.getpid()}-{self.port}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.logs[name] = log
+        env = {**self.env, **(extra_env or {})}
+        self.commands[name] = (list(argv), dict(extra_env or {}))
         handle = log.open("wb")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, name: str = "worker", concurrency: int = 50) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str = "worker", concurrency: int = 50, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A Celery worker (threads pool); `extra_env` (e.g. FAULT_POINTS) applies to it alone."""
         return self.start(
             name,
             [str(BIN / "celery"), "-A", "agentplatform", "worker", "--pool", "threads", "--concurrency", str(concurrency),
              "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"{name}-{os.getpid()}@%h"],
+            extra_env,
         )
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start a stopped (or dead) process again, as it was started before."""
+        argv, extra_env = self.commands[name]
+        self.stop(name)
+        return self.start(name, argv, extra_env)
+
+    def wait_worker_ready(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until the worker `name` says it is ready to take tasks."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                raise RuntimeError(f"{name} is not running:\n{self.log_tail(name)}")
+            log = self.logs.get(name)
+            if log is not None and log.exists() and " ready." in log.read_text(errors="replace"):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} not ready after {timeout} s:\n{self.log_tail(name)}")
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         proc = self.procs.pop(name, None)
@@ -124,13 +156,16 @@ def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
     port = free_port()
     env["WS_ALLOWED_ORIGINS"] = f"http://127.0.0.1:{port},http://localhost:{port}"
     stack = Stack(port=port, env=env)
+    schedule = ROOT / ".data" / f"test-beat-{os.getpid()}-{port}"
     try:
         stack.start("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--ping-interval", "20", "--ping-timeout", "30", "agentplatform.asgi:application"])
         stack.start_worker()
         stack.start("beat", [str(BIN / "celery"), "-A", "agentplatform", "beat", "--loglevel", "INFO",
-                             "--schedule", str(ROOT / ".data" / f"test-beat-{os.getpid()}")])
+                             "--schedule", str(schedule)])
         stack.wait_ready()
         yield stack
     finally:
         for name in list(stack.procs):
             stack.stop(name)
+        for path in schedule.parent.glob(schedule.name + "*"):
+            path.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -71,12 +71,12 @@ def _grant(amount: int, idempotency_key: str) -> dict[str, Any]:
 
 # Registered as a plain handler: a probe takes the key by definition.
 @tool_handler("tests.durability.grant_probe")
-def _grant_probe(idempotency_key: str) -> dict[str, Any] | None:
+def _grant_probe(idempotency_key: str) -> Any:
     return EFFECTS.get(idempotency_key)
 
 
 @tool_handler("tests.durability.broken_probe")
-def _broken_probe(idempotency_key: str) -> dict[str, Any] | None:
+def _broken_probe(idempotency_key: str) -> Any:
     raise ConnectionError("the ledger is down")
 
 
@@ -119,7 +119,7 @@ def _rules(tool: str, args: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _agent_with(tool: Tool, model: ModelEndpoint, **fields: Any) -> Agent:
     fields.setdefault("rules", _rules(tool.name, {"amount": 5}))
-    agent: Agent = AgentFactory(
+    agent: Agent = AgentFactory.create(
         slug=f"durable-{uuid.uuid4().hex[:8]}", model=model, tools=[tool.name], **fields
     )
     return agent
@@ -155,6 +155,11 @@ def _recover(session: Session) -> Session:
     return Session.objects.get(pk=session.pk)
 
 
+def _when(value: datetime | None) -> datetime:
+    assert value is not None
+    return value
+
+
 def _checkpoint_steps(session: Session) -> list[int]:
     return list(
         Checkpoint.objects.filter(session=session).order_by("id").values_list("step", flat=True)
@@ -162,7 +167,7 @@ def _checkpoint_steps(session: Session) -> list[int]:
 
 
 def _http_tool(api: ScriptedApi, *, idempotent: bool, probe: bool = True) -> Tool:
-    tool: Tool = ToolFactory(
+    tool: Tool = ToolFactory.create(
         name=f"pay_{uuid.uuid4().hex[:8]}",
         kind="http",
         url=api.url("/pay"),
@@ -181,7 +186,7 @@ def _http_tool(api: ScriptedApi, *, idempotent: bool, probe: bool = True) -> Too
 
 
 def _python_tool(*, idempotent: bool, probe: str) -> Tool:
-    tool: Tool = ToolFactory(
+    tool: Tool = ToolFactory.create(
         name=f"grant_{uuid.uuid4().hex[:8]}",
         kind="python",
         handler="tests.durability.grant",
@@ -223,9 +228,13 @@ def test_a_probe_that_says_done_gives_the_result_without_sending_again(
         ]
     assert seen == [("GET", "/pay/status", call.idempotency_key, call.idempotency_key)]
     call.refresh_from_db()
-    assert (call.status, call.probe_outcome, call.output["code"]) == ("success", "done", "C-1")
+    assert (call.status, call.probe_outcome, (call.output or {})["code"]) == (
+        "success",
+        "done",
+        "C-1",
+    )
     assert session.state == "finished"
-    answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content == "done: C-1"
     probed = [e.data for e in Event.objects.filter(session=session, type="tool.finished")]
     assert [(d["status"], d["probed"]) for d in probed] == [("success", "done")]
@@ -250,7 +259,7 @@ def test_a_probe_that_says_not_done_sends_again_with_the_same_key(
     ]
     assert api.requests[1].body == {"amount": 5}
     call.refresh_from_db()
-    assert (call.status, call.probe_outcome, call.output["code"], call.attempts) == (
+    assert (call.status, call.probe_outcome, (call.output or {})["code"], call.attempts) == (
         "success",
         "not_done",
         "C-2",
@@ -303,7 +312,7 @@ def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_stops_the_session_in
     result = Message.objects.get(session=session, role="tool")
     assert (result.tool_call_id, result.name) == (call.call_id, tool.name)
     assert "outcome is unknown" in result.content and call.idempotency_key in result.content
-    last = Event.objects.filter(session=session).order_by("-seq").first()
+    last = Event.objects.filter(session=session).latest("seq")
     assert last.type == "turn.finished" and last.data["stop_reason"] == "error"
     assert _checkpoint_steps(session) == list(range(1, session.step + 1))
 
@@ -338,14 +347,14 @@ def test_a_python_probe_that_finds_the_effect_returns_its_result(make_session, r
 
     assert list(EFFECTS) == [call.idempotency_key]  # not executed again
     call.refresh_from_db()
-    assert (call.status, call.probe_outcome, call.output["code"]) == (
+    assert (call.status, call.probe_outcome, (call.output or {})["code"]) == (
         "success",
         "done",
         "G-before-crash",
     )
-    assert Message.objects.filter(session=session, role="assistant").order_by(
-        "-seq"
-    ).first().content == ("done: G-before-crash")
+    assert Message.objects.filter(session=session, role="assistant").latest("seq").content == (
+        "done: G-before-crash"
+    )
 
 
 @pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
@@ -417,7 +426,7 @@ def test_a_resumed_error_session_continues_with_a_well_formed_history(
     tool_messages = [m for m in request.messages if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == ["call_pay_1"]
     assert call.idempotency_key in tool_messages[0]["content"]
-    answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content.startswith("I could not confirm")
     moves = list(
         Transition.objects.filter(session=session)
@@ -497,7 +506,9 @@ def test_a_stolen_lease_stops_the_run_and_its_commit_is_refused(
 
 @pytest.mark.parametrize("how", ["cancel", "double_texting"])
 def test_a_cancel_during_a_tool_keeps_its_reason_and_actor(make_session, rules_model, how):
-    tool: Tool = ToolFactory(name=f"gated_{uuid.uuid4().hex[:8]}", handler="tests.durability.gated")
+    tool: Tool = ToolFactory.create(
+        name=f"gated_{uuid.uuid4().hex[:8]}", handler="tests.durability.gated"
+    )
     agent = _agent_with(tool, rules_model, rules=_rules(tool.name, {}), double_texting="interrupt")
     session = _session(make_session, agent)
     message_post(session=session, content="go")
@@ -528,7 +539,7 @@ def test_a_cancel_during_a_tool_keeps_its_reason_and_actor(make_session, rules_m
 
     assert [r.stopped for r in results] == ["idle"]
     call = ToolCall.objects.get(session=session)
-    assert (call.status, call.output["code"]) == (
+    assert (call.status, (call.output or {})["code"]) == (
         "success",
         "gated",
     )  # the running tool finished, recorded
@@ -618,7 +629,7 @@ def test_every_step_checkpoints_a_compact_execution_context(make_session, rules_
     assert intent["pending"] == [[call.call_id, call.idempotency_key]]
     assert intent["model"] == rules_model.name and intent["iteration"] == 1 and intent["turn"] == 1
     assert intent["deadline"] == pytest.approx(
-        session.turn_started_at.timestamp() + agent.turn_timeout_s
+        _when(session.turn_started_at).timestamp() + agent.turn_timeout_s
     )
     assert set(intent["env"]) == {"agent", "tools", "model"}  # the environment, first time only
     assert "env" not in by_phase["answer"].context
@@ -691,7 +702,7 @@ def timer_agent(rules_model: ModelEndpoint) -> Agent:
             "required": ["after_seconds", "note"],
         },
     )
-    agent: Agent = AgentFactory(
+    agent: Agent = AgentFactory.create(
         slug=f"timer-{uuid.uuid4().hex[:8]}",
         model=rules_model,
         tools=["schedule_followup"],
@@ -711,7 +722,7 @@ def test_a_timer_waits_in_the_database_and_the_sweeper_wakes_it(make_session, ti
     message_post(session=session, content="remind me in 600 seconds to call the courier")
     session = _recover(session)
     assert session.state == "waiting_timer" and session.lease_owner is None
-    assert session.timer_due_at > timezone.now() + timedelta(seconds=590)
+    assert _when(session.timer_due_at) > timezone.now() + timedelta(seconds=590)
     assert session.timer_note == "call the courier"
     assert timers_fire_due() == []  # not due yet
 
@@ -721,7 +732,7 @@ def test_a_timer_waits_in_the_database_and_the_sweeper_wakes_it(make_session, ti
     session = _recover(session)
 
     assert session.state == "finished" and session.timer_due_at is None and session.timer_note == ""
-    answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content == "Reminder: call the courier"
     note = Message.objects.get(session=session, role="system")
     assert "call the courier" in note.content
@@ -756,7 +767,7 @@ def test_a_timer_due_long_after_the_turn_began_still_gets_a_full_turn(make_sessi
 
     finished = Event.objects.filter(session=session, type="turn.finished").get()
     assert finished.data["stop_reason"] == "answer", finished.data
-    answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content == "Reminder: call the courier"
 
 
@@ -772,7 +783,7 @@ def test_cancel_clears_a_waiting_timer(make_session, timer_agent):
     assert (session.state, session.timer_due_at, session.timer_note) == ("cancelled", None, "")
     time.sleep(1.2)
     assert timers_fire_due() == []
-    move = Transition.objects.filter(session=session).order_by("-id").first()
+    move = Transition.objects.filter(session=session).latest("id")
     assert (move.trigger, move.to_state, move.actor) == ("cancel", "cancelled", "api:owner")
 
 
