@@ -48,7 +48,8 @@ def _runtime(session: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, list[Any]]:
     """The Step a model step commits when the model asks for `calls` no-op tool calls."""
     from memory.tokens import count_message_tokens
-    from sessions.engine.context import stable_json, tool_calls_json
+    from sessions.engine.context import tool_calls_json
+    from sessions.engine.guards import canonical_json
     from sessions.engine.steps import build_step
     from sessions.llm.types import ToolCallRequest
     from sessions.models import Message, ToolCall
@@ -85,7 +86,7 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
         role="assistant",
         content="",
         tool_calls=tool_calls_json(requests),
-        token_count=count_message_tokens("", stable_json(tool_calls_json(requests))),
+        token_count=count_message_tokens("", canonical_json(tool_calls_json(requests))),
     )
     step = build_step(
         session,

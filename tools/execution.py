@@ -338,10 +338,10 @@ async def execute_all(
     return outcomes
 
 
-def tools_for_agent(names: list[str], role: str) -> dict[str, ToolSnapshot]:
-    """The agent's enabled tools that the session's role may use."""
-    rows = Tool.objects.filter(name__in=names, enabled=True)
-    return {t.name: ToolSnapshot.from_model(t) for t in rows if not t.roles or role in t.roles}
+def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, ToolSnapshot]:
+    """The agent's enabled tools; with a role, only those that role may use."""
+    snapshots = (ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=names, enabled=True))
+    return {t.name: t for t in snapshots if role is None or t.allows(role)}
 
 
 @dataclass(frozen=True)

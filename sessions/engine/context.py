@@ -1,6 +1,5 @@
 """Assembling what the model sees for one step."""
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,6 +50,3 @@ def build_request(
 def tool_calls_json(calls: Iterable[ToolCallRequest]) -> list[dict[str, Any]]:
     return [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
 
-
-def stable_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))

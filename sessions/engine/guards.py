@@ -36,12 +36,13 @@ class GuardLimits:
     max_cycle: int = 4
 
 
-def _canonical(value: Any) -> str:
+def canonical_json(value: Any) -> str:
+    """One text per value: keys sorted, no spaces. Arguments compare, hash and cache by it."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(_canonical(value).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
 def nearly_same(a: Any, b: Any) -> bool:
@@ -57,11 +58,11 @@ def nearly_same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(nearly_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, str) and isinstance(b, str):
         return a == b or difflib.SequenceMatcher(None, a, b).ratio() >= NEAR_SAME_RATIO
-    return _canonical(a) == _canonical(b)
+    return canonical_json(a) == canonical_json(b)
 
 
 def _signature(step: Sequence[CallRecord]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((c.tool, _canonical(c.arguments)) for c in step))
+    return tuple(sorted((c.tool, canonical_json(c.arguments)) for c in step))
 
 
 def _steps_nearly_same(a: Sequence[CallRecord], b: Sequence[CallRecord]) -> bool:

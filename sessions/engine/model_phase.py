@@ -16,9 +16,9 @@ from ..rows import json_value
 from ..states import RUNNABLE, State, Trigger
 from ..transitions import StaleSession, step_commit
 from . import guards
-from .context import LIMIT_NOTE, build_request, stable_json, tool_calls_json
+from .context import LIMIT_NOTE, build_request, tool_calls_json
 from .environment import describe_changes, environment
-from .guards import CallRecord, GuardLimits, GuardVerdict
+from .guards import CallRecord, GuardLimits, GuardVerdict, canonical_json
 from .routing import RunCancelled, call_model
 from .runtime_cache import RunContext, agent_runtime
 from .steps import build_step, cancel_stop_reason, finish_turn, turn_summary
@@ -169,7 +169,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         role="assistant",
         content=response.text,
         tool_calls=tool_calls_json(tool_calls),
-        token_count=count_message_tokens(response.text, stable_json(tool_calls_json(tool_calls))),
+        token_count=count_message_tokens(response.text, canonical_json(tool_calls_json(tool_calls))),
     )
     checkpoint = {**common["checkpoint"], "pending": [[c.call_id, c.idempotency_key] for c in calls]}
     step_commit(

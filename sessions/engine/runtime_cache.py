@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection
 
-from tools.execution import ToolSnapshot
+from tools.execution import ToolSnapshot, tools_for_agent
 from tools.models import Tool
 
 from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
@@ -55,7 +55,7 @@ def agent_runtime(agent_id: int) -> AgentRuntime:
     if cached is not None and cached.stamp == stamp:
         return cached
     agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=agent_id)
-    tools = {t.name: ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=agent.tools, enabled=True)}
+    tools = tools_for_agent(list(agent.tools))
     runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
     with _lock:
         _agents[agent_id] = runtime

@@ -9,7 +9,6 @@ session in `error` for an operator instead of guessing.
 """
 
 import asyncio
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..rows import json_value
 from ..states import Trigger
 from ..transitions import StaleSession, step_commit
 from .environment import environment
+from .guards import canonical_json
 from .runtime_cache import agent_runtime
 from .steps import build_step, finish_turn
 
@@ -61,20 +61,16 @@ def _cached_outcomes(session: Session, calls: list[ToolCall], tools: dict[str, T
             [session.pk, sorted({c.tool_name for c in readonly}), [c.pk for c in readonly]],
         )
         for name, raw_input, raw_output in cursor.fetchall():
-            key = (name, _canonical(json_value(raw_input)))
+            key = (name, canonical_json(json_value(raw_input)))
             earlier.setdefault(key, json_value(raw_output))
     outcomes: dict[int, ToolOutcome] = {}
     for call in readonly:
-        found = earlier.get((call.tool_name, _canonical(call.input)))
+        found = earlier.get((call.tool_name, canonical_json(call.input)))
         if found is not None:
             outcomes[call.pk] = ToolOutcome(
                 status="success", output=found, content=render_success(found, cached=True), extra={"cached": True}
             )
     return outcomes
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:

@@ -1,0 +1,96 @@
+"""The operator's admin actions and views added for models, tools and durability."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from sessions import services
+from sessions.breaker import model_breaker
+from sessions.engine.runner import session_run
+from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, Transition
+from tests.demo_setup import DEMO_REQUEST, demo_install
+from tests.factories import SessionFactory, UserFactory
+
+# session_run closes its connection between steps, so these tests need real transactions.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def operator(client):
+    user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-not-used")
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def finished_session():
+    demo_install()
+    session = SessionFactory(agent__slug="order-support", owner=UserFactory(username="alice"))
+    services.message_post(session=session, content=DEMO_REQUEST)
+    assert session_run(session_id=session.pk).stopped == "idle"
+    session.refresh_from_db()
+    return session
+
+
+def test_the_session_list_shows_which_models_each_session_used(client, operator, finished_session):
+    page = client.get(reverse("admin:agent_sessions_session_changelist"))
+    assert page.status_code == 200
+    row = next(s for s in page.context["cl"].result_list if s.pk == finished_session.pk)
+    assert page.context["cl"].model_admin.models_used(row) == "rules"
+    # ...and it can be filtered by model.
+    filtered = client.get(reverse("admin:agent_sessions_session_changelist"), {"model_calls__endpoint_name": "rules"})
+    assert [s.pk for s in filtered.context["cl"].result_list] == [finished_session.pk]
+
+
+def test_model_calls_are_listed_read_only(client, operator, finished_session):
+    page = client.get(reverse("admin:agent_sessions_modelcall_changelist"))
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == ModelCall.objects.filter(session=finished_session).count() == 4
+    call = ModelCall.objects.filter(session=finished_session).first()
+    assert client.get(reverse("admin:agent_sessions_modelcall_change", args=[call.pk])).status_code == 200
+    assert client.get(reverse("admin:agent_sessions_modelcall_add")).status_code == 403
+
+
+def test_the_endpoint_list_shows_and_resets_the_circuit_breaker(client, operator):
+    endpoint = ModelEndpoint.objects.create(name="flaky-endpoint", api="openai", base_url="http://127.0.0.1:9/v1")
+    breaker = model_breaker()
+    for _ in range(breaker.threshold):
+        breaker.record_failure(endpoint.name)
+    url = reverse("admin:agent_sessions_modelendpoint_changelist")
+    page = client.get(url)
+    assert page.context["cl"].model_admin.breaker(endpoint).startswith("open until")
+    client.post(url, {"action": "reset_breaker", "_selected_action": [endpoint.pk]})
+    assert breaker.state(endpoint.name).state == "closed"
+    assert client.get(url).context["cl"].model_admin.breaker(endpoint) == "closed"
+
+
+def test_fork_from_a_checkpoint_in_the_admin(client, operator, finished_session):
+    middle = Checkpoint.objects.filter(session=finished_session, state="tool_loop").order_by("step").first()
+    client.post(
+        reverse("admin:agent_sessions_checkpoint_changelist"),
+        {"action": "fork_from_checkpoint", "_selected_action": [middle.pk]},
+    )
+    fork = Session.objects.get(forked_from=finished_session)
+    assert fork.forked_at_step == middle.step
+    assert Transition.objects.get(session=fork, trigger="fork").actor == "admin:op"
+    # The original is untouched.
+    assert Session.objects.get(pk=finished_session.pk).version == finished_session.version
+
+
+def test_resume_a_failed_run_in_the_admin(client, operator, finished_session):
+    Session.objects.filter(pk=finished_session.pk).update(state="error")
+    url = reverse("admin:agent_sessions_session_changelist")
+    client.post(url, {"action": "resume_failed_run", "_selected_action": [finished_session.pk]})
+    resumed = Session.objects.get(pk=finished_session.pk)
+    assert resumed.state == "tool_loop" and resumed.resume_check
+    assert Transition.objects.filter(session=resumed, trigger="resume", actor="admin:op").exists()
+    # A session not in error is refused with a message, and nothing changes.
+    page = client.post(url, {"action": "resume_failed_run", "_selected_action": [resumed.pk]}, follow=True)
+    assert "only a session in error can be resumed" in page.content.decode()
+    assert Session.objects.get(pk=resumed.pk).version == resumed.version
+
+
+def test_the_session_page_shows_checkpoint_counts_and_sizes(client, operator, finished_session):
+    page = client.get(reverse("admin:agent_sessions_session_change", args=[finished_session.pk]))
+    count = Checkpoint.objects.filter(session=finished_session).count()
+    assert f"{count} checkpoints" in page.content.decode()
