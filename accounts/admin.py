@@ -11,7 +11,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ("is_active",)
     search_fields = ("prefix", "name", "owner__username")
     readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
-    fields = ("owner", "name", "roles", "is_active", "prefix", "key_hash", "created_at", "last_used_at")
+    fields = (
+        "owner",
+        "name",
+        "roles",
+        "is_active",
+        "prefix",
+        "key_hash",
+        "created_at",
+        "last_used_at",
+    )
 
     def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
         # A key must be shown exactly once; the create_api_key command does that.
@@ -28,5 +37,9 @@ class RoleAdmin(admin.ModelAdmin):
 
     @admin.display(description="tools this role may use")
     def tools_reached(self, obj: Role) -> str:
-        names = [t.name for t in Tool.objects.filter(enabled=True).only("name", "roles") if not t.roles or obj.name in t.roles]
+        names = [
+            t.name
+            for t in Tool.objects.filter(enabled=True).only("name", "roles")
+            if not t.roles or obj.name in t.roles
+        ]
         return ", ".join(names) or "none"

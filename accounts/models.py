@@ -34,7 +34,9 @@ class Role(models.Model):
 class ApiKey(models.Model):
     """A caller's credential. Only the hash is stored; the key is shown once."""
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
     name = models.CharField(max_length=100, blank=True)
     prefix = models.CharField(max_length=12, help_text="First characters, to recognise a key.")
     key_hash = models.CharField(max_length=64, unique=True)

@@ -8,4 +8,8 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
     name = "ApiKey"
 
     def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
-        return {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <api key>"}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Authorization: Bearer <api key>",
+        }

@@ -72,7 +72,9 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")}
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")
+}
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # Each test run may name its own test database, so parallel runs never share one.
 if env.str("TEST_DATABASE_NAME", default=""):
@@ -110,7 +112,9 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="agentplatform")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
@@ -194,7 +198,9 @@ SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("TRUST_X_FORWARDED_PROTO", default=False) else None
+    ("HTTP_X_FORWARDED_PROTO", "https")
+    if env.bool("TRUST_X_FORWARDED_PROTO", default=False)
+    else None
 )
 
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")

@@ -42,9 +42,16 @@ def issue_coupon(payload: Any, key: str) -> tuple[int, dict[str, Any]]:
     existing = Coupon.objects.filter(idempotency_key=key).first()
     if existing is not None:
         if existing.request_hash != digest:
-            return 409, {"ok": False, "error": "this Idempotency-Key was used with a different request"}
+            return 409, {
+                "ok": False,
+                "error": "this Idempotency-Key was used with a different request",
+            }
         return 200, _coupon_body(existing, duplicate=True)
-    customer = Customer.objects.filter(pk=payload.get("customer_id")).first() if isinstance(payload.get("customer_id"), int) else None
+    customer = (
+        Customer.objects.filter(pk=payload.get("customer_id")).first()
+        if isinstance(payload.get("customer_id"), int)
+        else None
+    )
     if customer is None:
         return 404, {"ok": False, "error": f"customer {payload.get('customer_id')!r} not found"}
     try:
@@ -128,10 +135,15 @@ class Handler(BaseHTTPRequestHandler):
                 status, body = 200, {"status": "ok"}
             else:
                 status, body = 404, {"ok": False, "error": f"no route {method} {url.path}"}
-            ApiRequestLog.objects.create(method=method, path=url.path[:200], idempotency_key=key[:200], status=status)
+            ApiRequestLog.objects.create(
+                method=method, path=url.path[:200], idempotency_key=key[:200], status=status
+            )
         except Exception:  # noqa: BLE001 - a demo server answers 500 rather than dying
             logger.exception("demo business API failed")
-            status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"ok": False, "error": "internal error"}
+            status, body = (
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"ok": False, "error": "internal error"},
+            )
         finally:
             close_old_connections()
         self._reply(int(status), body)

@@ -44,7 +44,12 @@ def send_notification(
         idempotency_key=idempotency_key,
         defaults={"customer": customer, "order": order, "message": message},
     )
-    return {"ok": True, "notification_id": note.pk, "customer": customer.name, "duplicate": not created}
+    return {
+        "ok": True,
+        "notification_id": note.pk,
+        "customer": customer.name,
+        "duplicate": not created,
+    }
 
 
 @tool_handler("demo.generate_report", wants_idempotency_key=True)

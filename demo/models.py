@@ -20,7 +20,9 @@ class Order(models.Model):
     exception_reason = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["logistics_status", "placed_at"], name="order_logistics_placed")]
+        indexes = [
+            models.Index(fields=["logistics_status", "placed_at"], name="order_logistics_placed")
+        ]
 
     def __str__(self) -> str:
         return self.number

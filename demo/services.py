@@ -52,7 +52,9 @@ def demo_operator_ensure() -> str | None:
     if users.objects.filter(username="operator").exists():
         return None
     password = secrets.token_urlsafe(12)
-    users.objects.create_superuser(username="operator", email="operator@example.com", password=password)
+    users.objects.create_superuser(
+        username="operator", email="operator@example.com", password=password
+    )
     return password
 
 

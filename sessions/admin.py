@@ -96,9 +96,6 @@ def pre(value: Any) -> str:
     )
 
 
-
-
-
 def session_link(session_id: object) -> str:
     url = reverse("admin:agent_sessions_session_change", args=[session_id])
     return format_html(
@@ -141,6 +138,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         for endpoint in queryset:
             model_breaker().reset(endpoint.name)
         self.message_user(request, f"Reset {queryset.count()} breaker(s).")
+
     readonly_fields = ("updated_at",)
     fieldsets = (
         (None, {"fields": ("name", "api", "base_url", "model", "api_key_env", "enabled")}),
@@ -231,14 +229,28 @@ class AgentAdmin(admin.ModelAdmin):
         (
             "Model",
             {
-                "fields": ("model", "fallback_model", "candidate_model", "candidate_percent", "context_window"),
+                "fields": (
+                    "model",
+                    "fallback_model",
+                    "candidate_model",
+                    "candidate_percent",
+                    "context_window",
+                ),
                 "description": "Edits apply at the next step of every session. The candidate model gets "
                 "candidate_percent of sessions (sticky per session) for a gradual rollout.",
             },
         ),
         (
             "Loop guards and time limits",
-            {"fields": ("max_iterations", "repeat_call_limit", "same_result_limit", "step_timeout_s", "turn_timeout_s")},
+            {
+                "fields": (
+                    "max_iterations",
+                    "repeat_call_limit",
+                    "same_result_limit",
+                    "step_timeout_s",
+                    "turn_timeout_s",
+                )
+            },
         ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
@@ -635,8 +647,14 @@ class SessionAdmin(SessionIdSearch):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
         # One aggregate for the list instead of a query per row.
-        return super().get_queryset(request).annotate(
-            _models=StringAgg("model_calls__endpoint_name", delimiter=", ", distinct=True, default="")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _models=StringAgg(
+                    "model_calls__endpoint_name", delimiter=", ", distinct=True, default=""
+                )
+            )
         )
 
     @admin.display(description="models used")
@@ -678,7 +696,9 @@ class SessionAdmin(SessionIdSearch):
     def checkpoint_stats(self, obj: Session) -> str:
         stats = obj.checkpoints.aggregate(count=Count("id"), size=Sum("size_bytes"))
         url = reverse("admin:agent_sessions_checkpoint_changelist") + f"?q={obj.pk}"
-        return format_html('<a href="{}">{} checkpoints, {} bytes</a>', url, stats["count"], stats["size"] or 0)
+        return format_html(
+            '<a href="{}">{} checkpoints, {} bytes</a>', url, stats["count"], stats["size"] or 0
+        )
 
     def _cancel(self, request: HttpRequest, sessions: list[Session]) -> tuple[int, int]:
         actor = f"admin:{request.user.get_username()}"
@@ -934,11 +954,18 @@ class CheckpointAdmin(ReadOnlyAdmin):
     def fork_from_checkpoint(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
         actor = f"admin:{request.user.get_username()}"
         for checkpoint in queryset.select_related("session"):
-            fork = services.session_fork(session=checkpoint.session, step=checkpoint.step, actor=actor)
+            fork = services.session_fork(
+                session=checkpoint.session, step=checkpoint.step, actor=actor
+            )
             url = reverse("admin:agent_sessions_session_change", args=[fork.pk])
             self.message_user(
                 request,
-                format_html('Forked <a href="{}">{}</a> from step {}.', url, str(fork.pk)[:8], checkpoint.step),
+                format_html(
+                    'Forked <a href="{}">{}</a> from step {}.',
+                    url,
+                    str(fork.pk)[:8],
+                    checkpoint.step,
+                ),
                 messages.SUCCESS,
             )
 

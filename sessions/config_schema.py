@@ -157,7 +157,11 @@ def _where(document: dict[str, Any], path: list[Any]) -> str:
         return "file"
     out = str(path[0])
     if len(path) > 1 and isinstance(path[1], int):
-        entry = (document.get(path[0]) or [])[path[1]] if isinstance(document.get(path[0]), list) else None
+        entry = (
+            (document.get(path[0]) or [])[path[1]]
+            if isinstance(document.get(path[0]), list)
+            else None
+        )
         # An agent is named by its slug (its `name` is a display label), like every other message here.
         label = (entry.get("slug") or entry.get("name")) if isinstance(entry, dict) else None
         out += f"[{path[1]}]" + (f" ({label})" if label else "")
@@ -184,7 +188,11 @@ def url_problem(url: str, timeout_s: float = 2.0) -> str | None:
 
 
 def config_errors(
-    document: Any, *, known_models: set[str], known_tools: set[str], known_roles: set[str] | None = None,
+    document: Any,
+    *,
+    known_models: set[str],
+    known_tools: set[str],
+    known_roles: set[str] | None = None,
     check_urls: bool = False,
 ) -> list[str]:
     """Every problem in the file, each naming its entry and field; empty if it is valid."""
@@ -192,7 +200,9 @@ def config_errors(
         return ["file: the top level must be a mapping with models, tools and agents"]
     errors = [
         f"{_where(document, list(e.absolute_path))}: {e.message}"
-        for e in sorted(_validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+        for e in sorted(
+            _validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path))
+        )
     ]
     if errors:
         return errors
@@ -200,11 +210,15 @@ def config_errors(
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
             if entry[key] in seen:
-                errors.append(f"{kind}[{i}] ({entry[key]}).{key}: duplicate {key} '{entry[key]}' in this file")
+                errors.append(
+                    f"{kind}[{i}] ({entry[key]}).{key}: duplicate {key} '{entry[key]}' in this file"
+                )
             seen.add(entry[key])
     for i, entry in enumerate(document.get("models") or []):
         if entry["api"] != "rules" and not entry.get("base_url"):
-            errors.append(f"models[{i}] ({entry['name']}).base_url: required for api '{entry['api']}'")
+            errors.append(
+                f"models[{i}] ({entry['name']}).base_url: required for api '{entry['api']}'"
+            )
     for i, entry in enumerate(document.get("tools") or []):
         where = f"tools[{i}] ({entry['name']})"
         if entry["kind"] == "python":
@@ -218,12 +232,16 @@ def config_errors(
         if entry["kind"] == "http" and not entry.get("url"):
             errors.append(f"{where}.url: required for http tools")
         if entry.get("probe_handler") and entry["probe_handler"] not in HANDLERS:
-            errors.append(f"{where}.probe_handler: no registered Python handler '{entry['probe_handler']}'")
+            errors.append(
+                f"{where}.probe_handler: no registered Python handler '{entry['probe_handler']}'"
+            )
         if known_roles is not None:
             roles = known_roles | {r["name"] for r in document.get("roles") or []}
             for j, role in enumerate(entry.get("roles") or []):
                 if role not in roles:
-                    errors.append(f"{where}.roles[{j}]: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)")
+                    errors.append(
+                        f"{where}.roles[{j}]: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)"
+                    )
         if check_urls and entry["kind"] == "http":
             for field in ("url", "status_url"):
                 if entry.get(field):
@@ -245,8 +263,12 @@ def config_errors(
         where = f"agents[{i}] ({entry['slug']})"
         for field in ("model", "fallback_model", "candidate_model"):
             if entry.get(field) and entry[field] not in models:
-                errors.append(f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})")
+                errors.append(
+                    f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})"
+                )
         for j, name in enumerate(entry.get("tools") or []):
             if name not in tools:
-                errors.append(f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})")
+                errors.append(
+                    f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})"
+                )
     return errors

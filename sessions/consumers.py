@@ -85,7 +85,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
         try:
             self.last_seq = max(int(raw_after), 0)
         except ValueError:
-            await self._fail("invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST)
+            await self._fail(
+                "invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST
+            )
             return
         self.group = group_name(self.session_id)
         self._lock = asyncio.Lock()
@@ -119,15 +121,26 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self._send_error(code, message)
         await self.close(code=close_code)
 
-    async def _send_error(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        frame = make_frame(getattr(self, "session_id", ""), None, "error", {"code": code, "message": message, "details": details or {}})
+    async def _send_error(
+        self, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        frame = make_frame(
+            getattr(self, "session_id", ""),
+            None,
+            "error",
+            {"code": code, "message": message, "details": details or {}},
+        )
         await self.send(text_data=json.dumps(frame))
 
     async def _catch_up(self) -> None:
         while True:
-            rows = await database_sync_to_async(selectors.events_after)(session_id=self.session_id, after=self.last_seq, limit=500)
+            rows = await database_sync_to_async(selectors.events_after)(
+                session_id=self.session_id, after=self.last_seq, limit=500
+            )
             for event in rows:
-                frame = make_frame(event.session_id, event.seq, event.type, event.data, event.created_at)
+                frame = make_frame(
+                    event.session_id, event.seq, event.type, event.data, event.created_at
+                )
                 await self.send(text_data=json.dumps(frame))
                 self.last_seq = event.seq
             if len(rows) < 500:
@@ -155,7 +168,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None or len(text_data) > MAX_FRAME_BYTES:
-            await self._send_error("malformed_frame", f"send JSON text frames of at most {MAX_FRAME_BYTES} bytes")
+            await self._send_error(
+                "malformed_frame", f"send JSON text frames of at most {MAX_FRAME_BYTES} bytes"
+            )
             return
         try:
             payload = json.loads(text_data)
@@ -171,20 +186,32 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 content = payload.get("content")
                 key = payload.get("idempotency_key")
                 if not isinstance(content, str) or (key is not None and not isinstance(key, str)):
-                    await self._send_error("invalid_input", "content must be a string and idempotency_key a string if given")
+                    await self._send_error(
+                        "invalid_input",
+                        "content must be a string and idempotency_key a string if given",
+                    )
                     return
                 await database_sync_to_async(self._post)(content, key)
             elif kind == "interrupt":
                 await database_sync_to_async(self._interrupt)()
             else:
-                await self._send_error("unknown_frame_type", f"unknown frame type {kind!r}; use user_message or interrupt")
+                await self._send_error(
+                    "unknown_frame_type",
+                    f"unknown frame type {kind!r}; use user_message or interrupt",
+                )
         except DomainError as exc:
             await self._send_error(exc.code, exc.message, exc.details)
 
     def _post(self, content: str, idempotency_key: str | None) -> None:
-        session = selectors.session_get_for_owner(session_id=self.session_id, owner_id=self.owner_id)
+        session = selectors.session_get_for_owner(
+            session_id=self.session_id, owner_id=self.owner_id
+        )
         services.message_post(session=session, content=content, idempotency_key=idempotency_key)
 
     def _interrupt(self) -> None:
-        session = selectors.session_get_for_owner(session_id=self.session_id, owner_id=self.owner_id)
-        services.session_cancel(session=session, reason="interrupted by the client", actor=f"ws:{self.user_label}")
+        session = selectors.session_get_for_owner(
+            session_id=self.session_id, owner_id=self.owner_id
+        )
+        services.session_cancel(
+            session=session, reason="interrupted by the client", actor=f"ws:{self.user_label}"
+        )

@@ -7,7 +7,9 @@ class DomainError(Exception):
     code = "error"
     status = 400
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, details: dict[str, Any] | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details or {}

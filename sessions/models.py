@@ -68,26 +68,38 @@ class Agent(models.Model):
     # Gradual rollout: this share of sessions (sticky, by a hash of the session
     # id) use the candidate model instead of `model`.
     candidate_model = models.ForeignKey(
-        ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="candidate_for"
+        ModelEndpoint,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="candidate_for",
     )
     candidate_percent = models.PositiveSmallIntegerField(default=0, help_text="0-100")
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     max_iterations = models.PositiveSmallIntegerField(default=8, help_text="Tool rounds per turn.")
     # Loop guards (see sessions/engine/guards.py) and the three time limits.
     repeat_call_limit = models.PositiveSmallIntegerField(
-        default=3, help_text="Stop after this many rounds of the same tool call with (nearly) the same arguments."
+        default=3,
+        help_text="Stop after this many rounds of the same tool call with (nearly) the same arguments.",
     )
     same_result_limit = models.PositiveSmallIntegerField(
-        default=2, help_text="Stop when a tool's result repeats the previous one this many times in a row."
+        default=2,
+        help_text="Stop when a tool's result repeats the previous one this many times in a row.",
     )
-    step_timeout_s = models.FloatField(default=60.0, help_text="All tool calls of one step must finish within this.")
-    turn_timeout_s = models.FloatField(default=600.0, help_text="After this, the turn gets no more tool rounds.")
+    step_timeout_s = models.FloatField(
+        default=60.0, help_text="All tool calls of one step must finish within this."
+    )
+    turn_timeout_s = models.FloatField(
+        default=600.0, help_text="After this, the turn gets no more tool rounds."
+    )
     context_window = models.PositiveIntegerField(default=128000)
     rules = models.JSONField(
         default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
     )
     double_texting = models.CharField(
-        max_length=10, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE,
+        max_length=10,
+        choices=DoubleTexting.choices,
+        default=DoubleTexting.ENQUEUE,
         help_text="What a message that arrives while a turn runs does.",
     )
     busy_message = models.TextField(
@@ -107,7 +119,9 @@ class Agent(models.Model):
 class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions"
+    )
     role = models.CharField(max_length=50, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     state = StateField(default=State.IDLE.value)
@@ -115,8 +129,12 @@ class Session(models.Model):
     lease_owner = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001 - NULL is "no lease"
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     turn = models.PositiveIntegerField(default=0)
-    step = models.PositiveIntegerField(default=0, help_text="Steps committed over the session's life.")
-    iteration = models.PositiveSmallIntegerField(default=0, help_text="Model calls in the current turn.")
+    step = models.PositiveIntegerField(
+        default=0, help_text="Steps committed over the session's life."
+    )
+    iteration = models.PositiveSmallIntegerField(
+        default=0, help_text="Model calls in the current turn."
+    )
     turn_started_at = models.DateTimeField(null=True, blank=True)
     message_seq = models.PositiveIntegerField(default=0)
     event_seq = models.PositiveIntegerField(default=0)
@@ -131,7 +149,9 @@ class Session(models.Model):
     # with the checkpoint's and tells the model what changed.
     resume_check = models.BooleanField(default=False)
     env_fingerprint = models.CharField(max_length=64, blank=True)
-    forked_from = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks")
+    forked_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks"
+    )
     forked_at_step = models.PositiveIntegerField(null=True, blank=True)
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
@@ -151,9 +171,17 @@ class Session(models.Model):
                 name="session_runnable_lease",
                 condition=Q(state__in=["processing", "tool_wait", "tool_loop"]),
             ),
-            models.Index(fields=["lease_expires_at"], name="session_queued_lease", condition=Q(queued_count__gt=0)),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="session_queued_lease",
+                condition=Q(queued_count__gt=0),
+            ),
             models.Index(fields=["state"], name="session_state"),
-            models.Index(fields=["timer_due_at"], name="session_timer_due", condition=Q(state="waiting_timer")),
+            models.Index(
+                fields=["timer_due_at"],
+                name="session_timer_due",
+                condition=Q(state="waiting_timer"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -179,12 +207,16 @@ class Message(models.Model):
     seq = models.PositiveIntegerField(null=True, blank=True)
     turn = models.PositiveIntegerField(default=0)
     role = models.CharField(max_length=10, choices=MessageRole.choices)
-    status = models.CharField(max_length=10, choices=MessageStatus.choices, default=MessageStatus.FINAL)
+    status = models.CharField(
+        max_length=10, choices=MessageStatus.choices, default=MessageStatus.FINAL
+    )
     content = models.TextField(blank=True)
     tool_calls = models.JSONField(default=list, blank=True)
     tool_call_id = models.CharField(max_length=100, blank=True)
     name = models.CharField(max_length=100, blank=True)
-    data = models.JSONField(null=True, blank=True, help_text="Structured tool result, for tool messages.")
+    data = models.JSONField(
+        null=True, blank=True, help_text="Structured tool result, for tool messages."
+    )
     token_count = models.PositiveIntegerField(default=0)
     # NULL, not "", so the partial unique constraint ignores messages without a key.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -200,7 +232,9 @@ class Message(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["session", "id"], name="message_queued", condition=Q(status="queued")),
+            models.Index(
+                fields=["session", "id"], name="message_queued", condition=Q(status="queued")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -223,12 +257,18 @@ class ToolCall(models.Model):
     call_id = models.CharField(max_length=100)
     tool_name = models.CharField(max_length=100)
     input = models.JSONField(default=dict, blank=True)
-    status = models.CharField(max_length=10, choices=ToolCallStatus.choices, default=ToolCallStatus.EXECUTING)
+    status = models.CharField(
+        max_length=10, choices=ToolCallStatus.choices, default=ToolCallStatus.EXECUTING
+    )
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     elapsed_ms = models.PositiveIntegerField(null=True, blank=True)
-    coercions = models.JSONField(default=list, blank=True, help_text="Safe argument coercions applied.")
-    cached = models.BooleanField(default=False, help_text="Answered from an identical earlier read-only call.")
+    coercions = models.JSONField(
+        default=list, blank=True, help_text="Safe argument coercions applied."
+    )
+    cached = models.BooleanField(
+        default=False, help_text="Answered from an identical earlier read-only call."
+    )
     attempts = models.PositiveSmallIntegerField(default=0)
     # Set (and committed) just before a side-effecting call is sent: a call
     # found executing with this set after a crash is uncertain and is probed.
@@ -241,7 +281,9 @@ class ToolCall(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["session", "turn", "position"], name="toolcall_session_turn"),
-            models.Index(fields=["session"], name="toolcall_executing", condition=Q(status="executing")),
+            models.Index(
+                fields=["session"], name="toolcall_executing", condition=Q(status="executing")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -280,7 +322,9 @@ class Checkpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["session", "step"], name="checkpoint_session_step")]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "step"], name="checkpoint_session_step")
+        ]
 
     def __str__(self) -> str:
         return f"{self.session_id}@{self.step}"
@@ -319,7 +363,9 @@ class ModelCall(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_calls")
     turn = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
-    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="calls")
+    endpoint = models.ForeignKey(
+        ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="calls"
+    )
     endpoint_name = models.CharField(max_length=100)
     api = models.CharField(max_length=20)
     model = models.CharField(max_length=200, blank=True)
@@ -328,7 +374,9 @@ class ModelCall(models.Model):
     tokens_estimated = models.BooleanField(default=False)
     first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     total_ms = models.PositiveIntegerField(default=0)
-    retried = models.BooleanField(default=False, help_text="This call was the retry after a failure.")
+    retried = models.BooleanField(
+        default=False, help_text="This call was the retry after a failure."
+    )
     fallback_used = models.BooleanField(default=False)
     rollout = models.BooleanField(default=False, help_text="Routed to the agent's candidate model.")
     outcome = models.CharField(max_length=20, choices=ModelCallOutcome.choices)
@@ -339,7 +387,9 @@ class ModelCall(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["session", "turn"], name="modelcall_session_turn"),
-            models.Index(fields=["endpoint_name", "-created_at"], name="modelcall_endpoint_created"),
+            models.Index(
+                fields=["endpoint_name", "-created_at"], name="modelcall_endpoint_created"
+            ),
         ]
 
     def __str__(self) -> str:

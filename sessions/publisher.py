@@ -28,7 +28,13 @@ def group_name(session_id: UUID | str) -> str:
     return f"session.{session_id}"
 
 
-def make_frame(session_id: UUID | str, seq: int | None, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Frame:
+def make_frame(
+    session_id: UUID | str,
+    seq: int | None,
+    type_: str,
+    data: dict[str, Any],
+    ts: datetime | None = None,
+) -> Frame:
     return {
         "seq": seq,
         "type": type_,
@@ -45,9 +51,13 @@ async def _send(session_id: str, frames: list[Frame]) -> None:
         return
     try:
         for frame in frames:
-            await layer.group_send(group_name(session_id), {"type": "session.frame", "frame": frame})
+            await layer.group_send(
+                group_name(session_id), {"type": "session.frame", "frame": frame}
+            )
     except Exception:  # noqa: BLE001 - a lost notification must never fail a run
-        logger.warning("publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True)
+        logger.warning(
+            "publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True
+        )
 
 
 def publish(session_id: UUID | str, frames: list[Frame]) -> None:

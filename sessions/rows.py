@@ -30,7 +30,11 @@ def _columns(model: type[models.Model], names: tuple[str, ...]) -> tuple[list[An
 
 
 def insert_statement(
-    model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...], *, returning: bool = False
+    model: type[models.Model],
+    objs: Sequence[models.Model],
+    names: tuple[str, ...],
+    *,
+    returning: bool = False,
 ) -> Statement | None:
     """One multi-row INSERT for the objects; with `returning`, it yields their primary keys."""
     if not objs:
@@ -46,7 +50,9 @@ def insert_statement(
     return sql, params
 
 
-def update_statement(model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...]) -> Statement | None:
+def update_statement(
+    model: type[models.Model], objs: Sequence[models.Model], names: tuple[str, ...]
+) -> Statement | None:
     """One UPDATE of several rows, each with its own values."""
     if not objs:
         return None
@@ -81,5 +87,7 @@ def execute_batch(statements: Sequence[Statement | None]) -> list[tuple[Any, ...
                 if i == 0 and cursor.description is not None:
                     rows = list(cursor.fetchall())
             return rows
-        cursor.execute(";\n".join(sql for sql, _ in real), [p for _, params in real for p in params])
+        cursor.execute(
+            ";\n".join(sql for sql, _ in real), [p for _, params in real for p in params]
+        )
         return list(cursor.fetchall()) if cursor.description is not None else []

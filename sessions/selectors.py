@@ -24,8 +24,9 @@ def session_list_for_owner(*, owner_id: int) -> QuerySet[Session]:
 def message_history(*, session: Session, limit: int) -> list[Message]:
     """The last `limit` messages, oldest first; messages waiting for their turn come last."""
     rows = list(
-        Message.objects.filter(session=session)
-        .order_by(F("seq").desc(nulls_first=True), "-id")[:limit]
+        Message.objects.filter(session=session).order_by(F("seq").desc(nulls_first=True), "-id")[
+            :limit
+        ]
     )
     rows.reverse()
     return rows

@@ -32,12 +32,19 @@ logger = logging.getLogger(__name__)
 
 
 def session_create(
-    *, owner: User, agent_slug: str, key_roles: list[str], role: str | None = None, metadata: dict[str, Any] | None = None
+    *,
+    owner: User,
+    agent_slug: str,
+    key_roles: list[str],
+    role: str | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
     if agent is None:
-        raise InvalidInput(f"unknown agent '{agent_slug}'", details={"field": "agent"}, code="unknown_agent")
+        raise InvalidInput(
+            f"unknown agent '{agent_slug}'", details={"field": "agent"}, code="unknown_agent"
+        )
     if role:
         if role not in key_roles:
             raise InvalidInput(
@@ -55,7 +62,9 @@ class PostedMessage:
     created: bool
 
 
-def message_post(*, session: Session, content: str, idempotency_key: str | None = None) -> PostedMessage:
+def message_post(
+    *, session: Session, content: str, idempotency_key: str | None = None
+) -> PostedMessage:
     """Accept a user message durably, then start its turn or deal with the running one.
 
     1. Lock the session row for the length of this short transaction, so
@@ -77,7 +86,9 @@ def message_post(*, session: Session, content: str, idempotency_key: str | None 
     with transaction.atomic():
         locked = Session.objects.select_for_update().select_related("agent").get(pk=session.pk)
         if idempotency_key:
-            existing = Message.objects.filter(session=locked, idempotency_key=idempotency_key).first()
+            existing = Message.objects.filter(
+                session=locked, idempotency_key=idempotency_key
+            ).first()
             if existing is not None:
                 if existing.content != content:
                     raise Conflict(
@@ -132,8 +143,14 @@ def _turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
     """
     state = State(locked.state)
     if state in RUNNABLE:
-        Session.objects.filter(pk=locked.pk).update(cancel_requested=True, cancel_reason=reason[:200], cancel_actor=actor[:150])
-        locked.cancel_requested, locked.cancel_reason, locked.cancel_actor = True, reason[:200], actor[:150]
+        Session.objects.filter(pk=locked.pk).update(
+            cancel_requested=True, cancel_reason=reason[:200], cancel_actor=actor[:150]
+        )
+        locked.cancel_requested, locked.cancel_reason, locked.cancel_actor = (
+            True,
+            reason[:200],
+            actor[:150],
+        )
         session_id = locked.pk
         transaction.on_commit(lambda: cancel_signal(session_id))
         return True
@@ -143,7 +160,9 @@ def _turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
     return True
 
 
-def session_cancel(*, session: Session, reason: str = "cancelled by the client", actor: str = "") -> bool:
+def session_cancel(
+    *, session: Session, reason: str = "cancelled by the client", actor: str = ""
+) -> bool:
     """Interrupt the current turn; False if there was nothing to interrupt.
 
     A running tool finishes and its result is recorded; a streaming model
@@ -192,7 +211,9 @@ def sessions_sweep() -> list[str]:
 def timers_fire_due(*, limit: int = 100) -> list[str]:
     """Wake sessions whose follow-up is due (the due time lives in the row, not in the broker)."""
     woken: list[str] = []
-    due = Session.objects.filter(state=State.WAITING_TIMER.value, timer_due_at__lte=timezone.now()).order_by("timer_due_at")[:limit]
+    due = Session.objects.filter(
+        state=State.WAITING_TIMER.value, timer_due_at__lte=timezone.now()
+    ).order_by("timer_due_at")[:limit]
     for session in due:
         try:
             with transaction.atomic():
@@ -209,18 +230,33 @@ def session_resume(*, session: Session, actor: str = "") -> Session:
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
         if State(locked.state) != State.ERROR:
-            raise Conflict(f"only a session in error can be resumed; this one is {locked.state}", code="not_resumable")
+            raise Conflict(
+                f"only a session in error can be resumed; this one is {locked.state}",
+                code="not_resumable",
+            )
         step_commit(
             build_step(
-                locked, None, trigger=Trigger.RESUME, phase="resume", reason="resumed", actor=actor,
-                set_fields={"resume_check": True, "last_error": "", "iteration": 0, "turn_started_at": timezone.now()},
+                locked,
+                None,
+                trigger=Trigger.RESUME,
+                phase="resume",
+                reason="resumed",
+                actor=actor,
+                set_fields={
+                    "resume_check": True,
+                    "last_error": "",
+                    "iteration": 0,
+                    "turn_started_at": timezone.now(),
+                },
             )
         )
         run_enqueue_on_commit(locked.pk)
     return locked
 
 
-def session_fork(*, session: Session, step: int, owner: User | None = None, actor: str = "") -> Session:
+def session_fork(
+    *, session: Session, step: int, owner: User | None = None, actor: str = ""
+) -> Session:
     """A new session from checkpoint `step` of this one; the original is untouched.
 
     1. Copy the history the checkpoint covers (messages up to its `message_seq`),
@@ -232,7 +268,9 @@ def session_fork(*, session: Session, step: int, owner: User | None = None, acto
     """
     checkpoint = Checkpoint.objects.filter(session=session, step=step).first()
     if checkpoint is None:
-        raise NotFound(f"session {session.pk} has no checkpoint {step}", details={"field": "checkpoint"})
+        raise NotFound(
+            f"session {session.pk} has no checkpoint {step}", details={"field": "checkpoint"}
+        )
     recorded_env = (
         Checkpoint.objects.filter(session=session, step__lte=step, context__has_key="env")
         .order_by("-step")
@@ -241,7 +279,9 @@ def session_fork(*, session: Session, step: int, owner: User | None = None, acto
     )
     with transaction.atomic():
         history = list(
-            Message.objects.filter(session=session, status=MessageStatus.FINAL, seq__lte=checkpoint.message_seq).order_by("seq")
+            Message.objects.filter(
+                session=session, status=MessageStatus.FINAL, seq__lte=checkpoint.message_seq
+            ).order_by("seq")
         )
         while history and history[-1].role == "assistant" and history[-1].tool_calls:
             history.pop()
@@ -259,8 +299,16 @@ def session_fork(*, session: Session, step: int, owner: User | None = None, acto
         Message.objects.bulk_create(
             [
                 Message(
-                    session=fork, seq=i, turn=m.turn, role=m.role, status=MessageStatus.FINAL, content=m.content,
-                    tool_calls=m.tool_calls, tool_call_id=m.tool_call_id, name=m.name, data=m.data,
+                    session=fork,
+                    seq=i,
+                    turn=m.turn,
+                    role=m.role,
+                    status=MessageStatus.FINAL,
+                    content=m.content,
+                    tool_calls=m.tool_calls,
+                    tool_call_id=m.tool_call_id,
+                    name=m.name,
+                    data=m.data,
                     token_count=m.token_count,
                 )
                 for i, m in enumerate(history, start=1)
@@ -270,10 +318,19 @@ def session_fork(*, session: Session, step: int, owner: User | None = None, acto
         env_context = {"env": recorded_env["env"]} if recorded_env else {}
         step_commit(
             build_step(
-                fork, None, trigger=Trigger.FORK if decide else None, phase="fork",
-                reason=f"forked from {session.pk} at checkpoint {step}", actor=actor,
+                fork,
+                None,
+                trigger=Trigger.FORK if decide else None,
+                phase="fork",
+                reason=f"forked from {session.pk} at checkpoint {step}",
+                actor=actor,
                 set_fields={"turn_started_at": timezone.now(), "iteration": 0},
-                checkpoint={"forked_from": str(session.pk), "at_step": step, "message_seq": len(history), **env_context},
+                checkpoint={
+                    "forked_from": str(session.pk),
+                    "at_step": step,
+                    "message_seq": len(history),
+                    **env_context,
+                },
             )
         )
         if decide:
@@ -324,17 +381,53 @@ class ConfigInvalid(Exception):
 
 
 MODEL_FIELDS = (
-    "api", "base_url", "model", "api_key_env", "connect_timeout_s", "first_token_timeout_s",
-    "total_timeout_s", "price_input_per_1k", "price_output_per_1k", "context_window", "options", "enabled",
+    "api",
+    "base_url",
+    "model",
+    "api_key_env",
+    "connect_timeout_s",
+    "first_token_timeout_s",
+    "total_timeout_s",
+    "price_input_per_1k",
+    "price_output_per_1k",
+    "context_window",
+    "options",
+    "enabled",
 )
 TOOL_FIELDS = (
-    "description", "result_description", "kind", "handler", "url", "method", "headers", "parameters",
-    "status_url", "probe_handler", "idempotent",
-    "timeout_s", "side_effects", "requires_approval", "risk_level", "roles", "credit_cost", "enabled",
+    "description",
+    "result_description",
+    "kind",
+    "handler",
+    "url",
+    "method",
+    "headers",
+    "parameters",
+    "status_url",
+    "probe_handler",
+    "idempotent",
+    "timeout_s",
+    "side_effects",
+    "requires_approval",
+    "risk_level",
+    "roles",
+    "credit_cost",
+    "enabled",
 )
 AGENT_FIELDS = (
-    "name", "system_prompt", "tools", "max_iterations", "context_window", "rules", "busy_message", "enabled",
-    "candidate_percent", "repeat_call_limit", "same_result_limit", "step_timeout_s", "turn_timeout_s",
+    "name",
+    "system_prompt",
+    "tools",
+    "max_iterations",
+    "context_window",
+    "rules",
+    "busy_message",
+    "enabled",
+    "candidate_percent",
+    "repeat_call_limit",
+    "same_result_limit",
+    "step_timeout_s",
+    "turn_timeout_s",
 )
 
 
@@ -388,7 +481,9 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             for price in ("price_input_per_1k", "price_output_per_1k"):
                 if price in values:
                     values[price] = Decimal(str(values[price]))
-            report.append(f"model {entry['name']}: {_upsert(ModelEndpoint, {'name': entry['name']}, values)}")
+            report.append(
+                f"model {entry['name']}: {_upsert(ModelEndpoint, {'name': entry['name']}, values)}"
+            )
         for entry in document.get("tools") or []:
             values = {k: entry[k] for k in TOOL_FIELDS if k in entry}
             values.setdefault("parameters", {"type": "object", "properties": {}})
@@ -397,8 +492,14 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             values = {k: entry[k] for k in AGENT_FIELDS if k in entry}
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
             fallback = entry.get("fallback_model")
-            values["fallback_model"] = ModelEndpoint.objects.get(name=fallback) if fallback else None
+            values["fallback_model"] = (
+                ModelEndpoint.objects.get(name=fallback) if fallback else None
+            )
             candidate = entry.get("candidate_model")
-            values["candidate_model"] = ModelEndpoint.objects.get(name=candidate) if candidate else None
-            report.append(f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}")
+            values["candidate_model"] = (
+                ModelEndpoint.objects.get(name=candidate) if candidate else None
+            )
+            report.append(
+                f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}"
+            )
     return report

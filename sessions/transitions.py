@@ -23,32 +23,112 @@ from .rows import Statement, execute_batch, insert_statement, update_statement
 from .states import State, Trigger, next_state
 
 MESSAGE_COLUMNS = (
-    "session", "seq", "turn", "role", "status", "content", "tool_calls", "tool_call_id", "name", "data",
-    "token_count", "idempotency_key", "created_at",
+    "session",
+    "seq",
+    "turn",
+    "role",
+    "status",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+    "data",
+    "token_count",
+    "idempotency_key",
+    "created_at",
 )
 TOOL_CALL_COLUMNS = (
-    "session", "turn", "step", "position", "call_id", "tool_name", "input", "status", "output", "error",
-    "elapsed_ms", "coercions", "cached", "attempts", "dispatched_at", "probe_outcome", "idempotency_key",
-    "created_at", "finished_at",
+    "session",
+    "turn",
+    "step",
+    "position",
+    "call_id",
+    "tool_name",
+    "input",
+    "status",
+    "output",
+    "error",
+    "elapsed_ms",
+    "coercions",
+    "cached",
+    "attempts",
+    "dispatched_at",
+    "probe_outcome",
+    "idempotency_key",
+    "created_at",
+    "finished_at",
 )
 TOOL_CALL_RESULT_COLUMNS = (
-    "status", "output", "error", "elapsed_ms", "finished_at", "coercions", "cached", "attempts", "probe_outcome",
+    "status",
+    "output",
+    "error",
+    "elapsed_ms",
+    "finished_at",
+    "coercions",
+    "cached",
+    "attempts",
+    "probe_outcome",
 )
 MODEL_CALL_COLUMNS = (
-    "session", "turn", "step", "endpoint", "endpoint_name", "api", "model", "input_tokens", "output_tokens",
-    "tokens_estimated", "first_token_ms", "total_ms", "retried", "fallback_used", "rollout", "outcome", "error",
-    "cost", "created_at",
+    "session",
+    "turn",
+    "step",
+    "endpoint",
+    "endpoint_name",
+    "api",
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "tokens_estimated",
+    "first_token_ms",
+    "total_ms",
+    "retried",
+    "fallback_used",
+    "rollout",
+    "outcome",
+    "error",
+    "cost",
+    "created_at",
 )
 EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
-TRANSITION_COLUMNS = ("session", "from_state", "to_state", "trigger", "reason", "version", "turn", "actor", "at")
+TRANSITION_COLUMNS = (
+    "session",
+    "from_state",
+    "to_state",
+    "trigger",
+    "reason",
+    "version",
+    "turn",
+    "actor",
+    "at",
+)
 CHECKPOINT_COLUMNS = (
-    "session", "step", "turn", "state", "message_seq", "context", "size_bytes", "fingerprint", "created_at",
+    "session",
+    "step",
+    "turn",
+    "state",
+    "message_seq",
+    "context",
+    "size_bytes",
+    "fingerprint",
+    "created_at",
 )
 
 # Columns a step may set directly or add to; anything else is a programming error.
 SETTABLE = {
-    "cancel_requested", "cancel_reason", "cancel_actor", "iteration", "last_error", "lease_owner", "lease_expires_at", "turn",
-    "turn_started_at", "timer_due_at", "timer_note", "resume_check", "env_fingerprint",
+    "cancel_requested",
+    "cancel_reason",
+    "cancel_actor",
+    "iteration",
+    "last_error",
+    "lease_owner",
+    "lease_expires_at",
+    "turn",
+    "turn_started_at",
+    "timer_due_at",
+    "timer_note",
+    "resume_check",
+    "env_fingerprint",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
@@ -92,7 +172,12 @@ class Committed:
 
 
 def _message_event(message: Message) -> tuple[str, dict[str, Any]]:
-    data: dict[str, Any] = {"seq": message.seq, "role": message.role, "content": message.content, "turn": message.turn}
+    data: dict[str, Any] = {
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "turn": message.turn,
+    }
     if message.tool_calls:
         data["tool_calls"] = message.tool_calls
     if message.role == "tool":
@@ -125,7 +210,15 @@ def step_commit(step: Step) -> Committed:
     state_events: list[tuple[str, dict[str, Any]]] = []
     if step.trigger:
         state_events.append(
-            ("state.changed", {"from": from_state.value, "to": to_state.value, "trigger": step.trigger.value, "reason": step.reason})
+            (
+                "state.changed",
+                {
+                    "from": from_state.value,
+                    "to": to_state.value,
+                    "trigger": step.trigger.value,
+                    "reason": step.reason,
+                },
+            )
         )
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
     with_checkpoint = step.checkpoint is not None
@@ -173,7 +266,16 @@ def step_commit(step: Step) -> Committed:
         # A refused move leaves the block normally: nothing was written, and a
         # caller's own transaction stays usable after it catches StaleSession.
         if row is not None:
-            version, message_seq, event_seq, step_no, now, cancel_requested, queued_count, lease_owner = row
+            (
+                version,
+                message_seq,
+                event_seq,
+                step_no,
+                now,
+                cancel_requested,
+                queued_count,
+                lease_owner,
+            ) = row
             turn = step.set_fields.get("turn", session.turn)
 
             seq = message_seq - n_messages
@@ -186,7 +288,9 @@ def step_commit(step: Step) -> Committed:
                 message.session_id = session.pk
                 message.created_at = now
             # New messages first: their ids come back from the batch's first result.
-            writes: list[Statement | None] = [insert_statement(Message, new_messages, MESSAGE_COLUMNS, returning=True)]
+            writes: list[Statement | None] = [
+                insert_statement(Message, new_messages, MESSAGE_COLUMNS, returning=True)
+            ]
             writes += [
                 (
                     f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
@@ -198,7 +302,9 @@ def step_commit(step: Step) -> Committed:
                 call.session_id = session.pk
                 call.created_at = now
             writes.append(insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS))
-            writes.append(update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS))
+            writes.append(
+                update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
+            )
             for record in step.model_calls:
                 record.session_id = session.pk
                 record.step = step_no
@@ -211,7 +317,9 @@ def step_commit(step: Step) -> Committed:
             ordered += step.events + step.after_events
             first = event_seq - n_events
             events = [
-                Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now)
+                Event(
+                    session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now
+                )
                 for i, (type_, data) in enumerate(ordered)
             ]
             writes.append(insert_statement(Event, events, EVENT_COLUMNS))
@@ -270,7 +378,14 @@ def step_commit(step: Step) -> Committed:
 
 
 def session_move(
-    *, session: Session, trigger: Trigger, reason: str = "", actor: str = "", lease_owner: str | None = None
+    *,
+    session: Session,
+    trigger: Trigger,
+    reason: str = "",
+    actor: str = "",
+    lease_owner: str | None = None,
 ) -> Committed:
     """Apply one move of the state table (the plain case of `step_commit`)."""
-    return step_commit(Step(session=session, trigger=trigger, reason=reason, actor=actor, lease_owner=lease_owner))
+    return step_commit(
+        Step(session=session, trigger=trigger, reason=reason, actor=actor, lease_owner=lease_owner)
+    )

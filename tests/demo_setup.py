@@ -8,7 +8,9 @@ from demo.services import demo_data_seed
 from sessions.services import config_apply
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
-DEMO_REQUEST = "find last week's orders with logistics exceptions, notify each customer, then write a report"
+DEMO_REQUEST = (
+    "find last week's orders with logistics exceptions, notify each customer, then write a report"
+)
 
 
 def demo_install() -> None:

@@ -32,7 +32,9 @@ class ToolFactory(factory.django.DjangoModelFactory):
     description = "A test tool."
     kind = "python"
     handler = "builtin.current_time"
-    parameters = factory.LazyFunction(lambda: {"type": "object", "properties": {}, "additionalProperties": False})
+    parameters = factory.LazyFunction(
+        lambda: {"type": "object", "properties": {}, "additionalProperties": False}
+    )
 
 
 class AgentFactory(factory.django.DjangoModelFactory):

@@ -74,7 +74,9 @@ class Stack:
         env = {**self.env, **(extra_env or {})}
         self.commands[name] = (list(argv), dict(extra_env or {}))
         handle = log.open("wb")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs[name] = proc
         return proc
 
@@ -84,8 +86,22 @@ class Stack:
         """A Celery worker (threads pool); `extra_env` (e.g. FAULT_POINTS) applies to it alone."""
         return self.start(
             name,
-            [str(BIN / "celery"), "-A", "agentplatform", "worker", "--pool", "threads", "--concurrency", str(concurrency),
-             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"{name}-{os.getpid()}@%h"],
+            [
+                str(BIN / "celery"),
+                "-A",
+                "agentplatform",
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                f"{name}-{os.getpid()}@%h",
+            ],
             extra_env,
         )
 
@@ -131,7 +147,9 @@ class Stack:
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}"
+                    )
             try:
                 response = httpx.get(f"{self.http}/readyz", timeout=3)
                 if response.status_code == 200:
@@ -158,10 +176,35 @@ def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
     stack = Stack(port=port, env=env)
     schedule = ROOT / ".data" / f"test-beat-{os.getpid()}-{port}"
     try:
-        stack.start("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--ping-interval", "20", "--ping-timeout", "30", "agentplatform.asgi:application"])
+        stack.start(
+            "web",
+            [
+                str(BIN / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--ping-interval",
+                "20",
+                "--ping-timeout",
+                "30",
+                "agentplatform.asgi:application",
+            ],
+        )
         stack.start_worker()
-        stack.start("beat", [str(BIN / "celery"), "-A", "agentplatform", "beat", "--loglevel", "INFO",
-                             "--schedule", str(schedule)])
+        stack.start(
+            "beat",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "agentplatform",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(schedule),
+            ],
+        )
         stack.wait_ready()
         yield stack
     finally:

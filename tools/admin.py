@@ -16,9 +16,6 @@ from .registry import HANDLERS
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
-
-
-
 def _schema_path(error: SchemaError) -> str:
     return "".join(f"[{part!r}]" if isinstance(part, str) else f"[{part}]" for part in error.path)
 
@@ -82,11 +79,19 @@ class ToolAdminForm(forms.ModelForm):
         headers = self.cleaned_data.get("headers")
         if headers in (None, ""):
             return {}
+
         def secret_ref(value: Any) -> bool:
             # {"env": "NAME"}: the secret is read from the environment when the tool is called.
-            return isinstance(value, dict) and set(value) == {"env"} and isinstance(value["env"], str) and bool(value["env"])
+            return (
+                isinstance(value, dict)
+                and set(value) == {"env"}
+                and isinstance(value["env"], str)
+                and bool(value["env"])
+            )
 
-        if not isinstance(headers, dict) or not all(isinstance(v, str) or secret_ref(v) for v in headers.values()):
+        if not isinstance(headers, dict) or not all(
+            isinstance(v, str) or secret_ref(v) for v in headers.values()
+        ):
             raise forms.ValidationError(
                 'Enter a JSON object of header names to string values, e.g. {"X-Team": "support"}, '
                 'or to {"env": "NAME"} for a secret read from an environment variable.'

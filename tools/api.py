@@ -14,8 +14,17 @@ class ToolSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tool
         fields = [
-            "name", "description", "parameters", "result_description", "kind", "timeout_s",
-            "side_effects", "requires_approval", "risk_level", "roles", "credit_cost",
+            "name",
+            "description",
+            "parameters",
+            "result_description",
+            "kind",
+            "timeout_s",
+            "side_effects",
+            "requires_approval",
+            "risk_level",
+            "roles",
+            "credit_cost",
         ]
         read_only_fields = fields
 

@@ -30,8 +30,15 @@ from .validation import check_arguments, compile_validator
 
 MAX_RESULT_CHARS = MAX_CHARS
 __all__ = [
-    "FAILURE_MARKER", "MAX_RESULT_CHARS", "ToolInvocation", "ToolOutcome", "ToolSnapshot",
-    "execute_all", "execute_one", "tools_for_agent", "validator_for",
+    "FAILURE_MARKER",
+    "MAX_RESULT_CHARS",
+    "ToolInvocation",
+    "ToolOutcome",
+    "ToolSnapshot",
+    "execute_all",
+    "execute_one",
+    "tools_for_agent",
+    "validator_for",
 ]
 
 
@@ -72,7 +79,9 @@ class ToolSnapshot:
             side_effects=tool.side_effects,
             roles=tuple(tool.roles or ()),
             # The schema's own hash: the compiled validator follows any change to it.
-            version=hashlib.sha256(json.dumps(tool.parameters or {}, sort_keys=True).encode()).hexdigest()[:16],
+            version=hashlib.sha256(
+                json.dumps(tool.parameters or {}, sort_keys=True).encode()
+            ).hexdigest()[:16],
             status_url=tool.status_url,
             probe_handler=tool.probe_handler,
             idempotent=tool.idempotent,
@@ -119,7 +128,11 @@ def validator_for(tool: ToolSnapshot) -> Draft202012Validator:
 
 
 def tool_breaker() -> CircuitBreaker:
-    return CircuitBreaker("tool", threshold=settings.TOOL_BREAKER_THRESHOLD, cooldown_s=settings.TOOL_BREAKER_COOLDOWN_S)
+    return CircuitBreaker(
+        "tool",
+        threshold=settings.TOOL_BREAKER_THRESHOLD,
+        cooldown_s=settings.TOOL_BREAKER_COOLDOWN_S,
+    )
 
 
 def _failure(status: str, message: str, started: float, **kwargs: Any) -> ToolOutcome:
@@ -164,7 +177,9 @@ def _client() -> httpx.AsyncClient:
     loop_id = id(asyncio.get_running_loop())
     client = _http_clients.get(loop_id)
     if client is None or client.is_closed:
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        )
         _http_clients[loop_id] = client
     return client
 
@@ -173,7 +188,9 @@ def http_headers(tool: ToolSnapshot, key: str) -> dict[str, str]:
     headers = {"Idempotency-Key": key}
     for name, value in tool.headers.items():
         # `{"env": "NAME"}` takes a secret from the environment, never from the database.
-        headers[name] = os.environ.get(str(value.get("env", "")), "") if isinstance(value, dict) else str(value)
+        headers[name] = (
+            os.environ.get(str(value.get("env", "")), "") if isinstance(value, dict) else str(value)
+        )
     return headers
 
 
@@ -200,7 +217,9 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
     except ValueError:
         body = {"text": response.text[:2000]}
     if response.status_code >= 500:
-        raise httpx.HTTPStatusError(f"HTTP {response.status_code}", request=response.request, response=response)
+        raise httpx.HTTPStatusError(
+            f"HTTP {response.status_code}", request=response.request, response=response
+        )
     if response.status_code >= 400:
         raise ToolHttpError(response.status_code, body)
     return body
@@ -211,11 +230,17 @@ def _transport_error(exc: BaseException) -> bool:
 
 
 async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
-    runner = _run_python(tool, arguments, key) if tool.kind == "python" else _run_http(tool, arguments, key)
+    runner = (
+        _run_python(tool, arguments, key)
+        if tool.kind == "python"
+        else _run_http(tool, arguments, key)
+    )
     return await asyncio.wait_for(runner, timeout=tool.timeout_s)
 
 
-def _reject_unknown(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float) -> ToolOutcome:
+def _reject_unknown(
+    invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float
+) -> ToolOutcome:
     allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
     name = invocation.name
     if name.replace("_", "").replace("-", "").isalnum() and len(name) <= 64:
@@ -226,7 +251,9 @@ def _reject_unknown(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], 
     return _failure("rejected", f"unknown tool {shown}. Tools you may use: {allowed}.", started)
 
 
-async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str) -> ToolOutcome:
+async def execute_one(
+    invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str
+) -> ToolOutcome:
     """Run one call; never raises for anything the model or the tool did wrong.
 
     1. Refuse unknown tools and tools the session's role may not use (alike).
@@ -240,19 +267,27 @@ async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot]
     if tool is None or not tool.allows(role):
         return _reject_unknown(invocation, tools, role, started)
     if invocation.arguments_error:
-        return _failure("failed", f"arguments are not valid JSON ({invocation.arguments_error}); send a JSON object.", started)
+        return _failure(
+            "failed",
+            f"arguments are not valid JSON ({invocation.arguments_error}); send a JSON object.",
+            started,
+        )
     checked = check_arguments(validator_for(tool), invocation.arguments)
     if checked.errors:
         problems = "; ".join(checked.errors)
         return _failure(
-            "failed", f"invalid arguments for {tool.name}: {problems}. Fix them and call again.", started,
+            "failed",
+            f"invalid arguments for {tool.name}: {problems}. Fix them and call again.",
+            started,
             coercions=checked.coercions,
         )
     breaker = tool_breaker()
     if not breaker.allow(tool.name):
         return _failure(
-            "failed", f"{tool.name} is temporarily unavailable after repeated failures; continue without it or try later.",
-            started, coercions=checked.coercions,
+            "failed",
+            f"{tool.name} is temporarily unavailable after repeated failures; continue without it or try later.",
+            started,
+            coercions=checked.coercions,
         )
     attempts = 0
     output: Any = None
@@ -266,7 +301,13 @@ async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot]
             if attempts <= retries:
                 continue
             breaker.record_failure(tool.name)
-            return _failure("timeout", f"{tool.name} did not answer within {tool.timeout_s:g} s.", started, coercions=checked.coercions, attempts=attempts)
+            return _failure(
+                "timeout",
+                f"{tool.name} did not answer within {tool.timeout_s:g} s.",
+                started,
+                coercions=checked.coercions,
+                attempts=attempts,
+            )
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's data, not the run's crash
             if _transport_error(exc) and attempts <= retries:
                 continue
@@ -279,17 +320,31 @@ async def execute_one(invocation: ToolInvocation, tools: dict[str, ToolSnapshot]
         # A business error ("order not found") is a normal result to reason about.
         message = str(output.get("error") or "the tool reported a failure")
         return ToolOutcome(
-            status="failed", output=output, error=message, elapsed_ms=elapsed,
-            content=render_failure("failed", message), coercions=checked.coercions, attempts=attempts,
+            status="failed",
+            output=output,
+            error=message,
+            elapsed_ms=elapsed,
+            content=render_failure("failed", message),
+            coercions=checked.coercions,
+            attempts=attempts,
         )
     return ToolOutcome(
-        status="success", output=output, elapsed_ms=elapsed, content=render_success(output),
-        coercions=checked.coercions, attempts=attempts,
+        status="success",
+        output=output,
+        elapsed_ms=elapsed,
+        content=render_success(output),
+        coercions=checked.coercions,
+        attempts=attempts,
     )
 
 
 def _exception_outcome(
-    tool: ToolSnapshot, exc: Exception, started: float, coercions: list[str], attempts: int, breaker: CircuitBreaker
+    tool: ToolSnapshot,
+    exc: Exception,
+    started: float,
+    coercions: list[str],
+    attempts: int,
+    breaker: CircuitBreaker,
 ) -> ToolOutcome:
     if isinstance(exc, UnknownHandler):
         message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
@@ -297,9 +352,13 @@ def _exception_outcome(
         # The API understood and refused: business data, not an outage (it also ends a half-open trial).
         breaker.record_success(tool.name)
         return ToolOutcome(
-            status="failed", output=exc.body if isinstance(exc.body, dict) else {"body": exc.body}, error=str(exc),
-            elapsed_ms=int((time.perf_counter() - started) * 1000), content=render_failure("failed", f"{tool.name} refused the call: {exc}"),
-            coercions=coercions, attempts=attempts,
+            status="failed",
+            output=exc.body if isinstance(exc.body, dict) else {"body": exc.body},
+            error=str(exc),
+            elapsed_ms=int((time.perf_counter() - started) * 1000),
+            content=render_failure("failed", f"{tool.name} refused the call: {exc}"),
+            coercions=coercions,
+            attempts=attempts,
         )
     elif _transport_error(exc):
         breaker.record_failure(tool.name)
@@ -313,7 +372,11 @@ def _exception_outcome(
 
 
 async def execute_all(
-    invocations: list[ToolInvocation], tools: dict[str, ToolSnapshot], role: str, *, step_timeout_s: float | None = None
+    invocations: list[ToolInvocation],
+    tools: dict[str, ToolSnapshot],
+    role: str,
+    *,
+    step_timeout_s: float | None = None,
 ) -> list[ToolOutcome]:
     """Run one response's calls concurrently; results come back in the model's order.
 
@@ -333,14 +396,20 @@ async def execute_all(
             outcomes.append(task.result())
         else:
             outcomes.append(
-                _failure("timeout", f"{invocation.name} was stopped: the step's time limit of {step_timeout_s:g} s ran out.", started)
+                _failure(
+                    "timeout",
+                    f"{invocation.name} was stopped: the step's time limit of {step_timeout_s:g} s ran out.",
+                    started,
+                )
             )
     return outcomes
 
 
 def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, ToolSnapshot]:
     """The agent's enabled tools; with a role, only those that role may use."""
-    snapshots = (ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=names, enabled=True))
+    snapshots = (
+        ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=names, enabled=True)
+    )
     return {t.name: t for t in snapshots if role is None or t.allows(role)}
 
 
@@ -363,7 +432,11 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
     try:
         if tool.kind == "http" and tool.status_url:
             response = await asyncio.wait_for(
-                _client().get(tool.status_url, params={"idempotency_key": idempotency_key}, headers=http_headers(tool, idempotency_key)),
+                _client().get(
+                    tool.status_url,
+                    params={"idempotency_key": idempotency_key},
+                    headers=http_headers(tool, idempotency_key),
+                ),
                 timeout=tool.timeout_s,
             )
             if response.status_code == 404:
@@ -371,18 +444,24 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
             body = response.json() if response.status_code == 200 else None
             if isinstance(body, dict) and body.get("status") == "done":
                 result = body.get("result")
-                return ProbeResult("done", result if isinstance(result, dict) else {"result": result})
+                return ProbeResult(
+                    "done", result if isinstance(result, dict) else {"result": result}
+                )
             if isinstance(body, dict) and body.get("status") in ("unknown", "not_found", "none"):
                 return ProbeResult("not_done")
             return ProbeResult("unknown", detail=f"status URL answered HTTP {response.status_code}")
         if tool.kind == "python" and tool.probe_handler:
             handler = get_handler(tool.probe_handler)
             if inspect.iscoroutinefunction(handler.func):
-                found = await asyncio.wait_for(handler.func(idempotency_key=idempotency_key), timeout=tool.timeout_s)
+                found = await asyncio.wait_for(
+                    handler.func(idempotency_key=idempotency_key), timeout=tool.timeout_s
+                )
             else:
                 # A probe is asked about a key, so it always gets it (as the async path does).
                 found = await asyncio.wait_for(
-                    asyncio.to_thread(_call_python_sync, tool.probe_handler, {}, idempotency_key, always_key=True),
+                    asyncio.to_thread(
+                        _call_python_sync, tool.probe_handler, {}, idempotency_key, always_key=True
+                    ),
                     timeout=tool.timeout_s,
                 )
             if found is None:

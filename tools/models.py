@@ -12,7 +12,9 @@ class Tool(models.Model):
 
     name = models.CharField(max_length=64, unique=True)
     description = models.TextField()
-    parameters = models.JSONField(default=dict, help_text="JSON Schema (Draft 2020-12) of the arguments.")
+    parameters = models.JSONField(
+        default=dict, help_text="JSON Schema (Draft 2020-12) of the arguments."
+    )
     result_description = models.TextField(blank=True)
     kind = models.CharField(max_length=10, choices=ToolKind.choices, default=ToolKind.PYTHON)
     handler = models.CharField(
@@ -21,17 +23,23 @@ class Tool(models.Model):
     url = models.URLField(max_length=500, blank=True)
     method = models.CharField(max_length=10, default="POST", blank=True)
     headers = models.JSONField(
-        default=dict, blank=True, help_text='Extra headers; {"env": "NAME"} takes the value from an environment variable.'
+        default=dict,
+        blank=True,
+        help_text='Extra headers; {"env": "NAME"} takes the value from an environment variable.',
     )
     status_url = models.URLField(
-        max_length=500, blank=True,
+        max_length=500,
+        blank=True,
         help_text="GET with ?idempotency_key=K tells whether an uncertain call took effect (HTTP tools).",
     )
     probe_handler = models.CharField(
-        max_length=200, blank=True, help_text="Registered Python probe for an uncertain call (python tools)."
+        max_length=200,
+        blank=True,
+        help_text="Registered Python probe for an uncertain call (python tools).",
     )
     idempotent = models.BooleanField(
-        default=True, help_text="The tool honours the idempotency key, so a call may safely be sent again."
+        default=True,
+        help_text="The tool honours the idempotency key, so a call may safely be sent again.",
     )
     timeout_s = models.FloatField(default=10.0)
     side_effects = models.BooleanField(default=False)
@@ -56,9 +64,11 @@ class Tool(models.Model):
         try:
             Draft202012Validator.check_schema(self.parameters or {})
         except SchemaError as exc:
-            raise ValidationError({"parameters": f"not a valid JSON Schema: {exc.message}"}) from None
+            raise ValidationError(
+                {"parameters": f"not a valid JSON Schema: {exc.message}"}
+            ) from None
         if (self.parameters or {}).get("type") != "object":
-            raise ValidationError({"parameters": "the top level must be {\"type\": \"object\"}"})
+            raise ValidationError({"parameters": 'the top level must be {"type": "object"}'})
         if self.kind == ToolKind.HTTP and not self.url:
             raise ValidationError({"url": "required for HTTP tools"})
         if self.kind == ToolKind.PYTHON and not self.handler:

@@ -35,7 +35,9 @@ HANDLERS: dict[str, RegisteredHandler] = {}
 
 def tool_handler(name: str, *, wants_idempotency_key: bool = False) -> Callable[[Handler], Handler]:
     def register(func: Handler) -> Handler:
-        HANDLERS[name] = RegisteredHandler(name=name, func=func, wants_idempotency_key=wants_idempotency_key)
+        HANDLERS[name] = RegisteredHandler(
+            name=name, func=func, wants_idempotency_key=wants_idempotency_key
+        )
         return func
 
     return register

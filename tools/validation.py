@@ -80,9 +80,16 @@ def _coerce(value: Any, schema: Any, path: list[str | int], notes: list[str]) ->
     if kind == "integer" and isinstance(value, str) and _INTEGER.match(value.strip()):
         notes.append(f"{_path(path)}: {_show(value)} -> {int(value)}")
         return int(value)
-    if kind == "number" and isinstance(value, str) and _NUMBER.match(value.strip()) and math.isfinite(float(value)):
+    if (
+        kind == "number"
+        and isinstance(value, str)
+        and _NUMBER.match(value.strip())
+        and math.isfinite(float(value))
+    ):
         number = float(value)
-        number_out: int | float = int(number) if number.is_integer() and "." not in value else number
+        number_out: int | float = (
+            int(number) if number.is_integer() and "." not in value else number
+        )
         notes.append(f"{_path(path)}: {_show(value)} -> {number_out}")
         return number_out
     if kind == "string" and isinstance(value, int | float) and not isinstance(value, bool):
@@ -93,7 +100,9 @@ def _coerce(value: Any, schema: Any, path: list[str | int], notes: list[str]) ->
             notes.append(f"{_path(path)}: single value -> one-element array")
             value = [value]
         if isinstance(value, list) and isinstance(schema.get("items"), dict):
-            return [_coerce(item, schema["items"], [*path, i], notes) for i, item in enumerate(value)]
+            return [
+                _coerce(item, schema["items"], [*path, i], notes) for i, item in enumerate(value)
+            ]
         return value
     if kind == "object" and isinstance(value, dict):
         properties = schema.get("properties") or {}
@@ -118,7 +127,9 @@ def describe(error: ValidationError) -> str:
         return f"{where} must be one of {', '.join(_show(v) for v in expected)}; got {_show(error.instance)}"
     if validator == "additionalProperties":
         allowed = sorted((error.schema.get("properties") or {}).keys())
-        extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        extra = (
+            sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        )
         return f"unexpected field(s) {', '.join(extra)} in {where}; allowed: {', '.join(allowed) or 'none'}"
     if validator in BOUNDS:
         # jsonschema's own message repeats the whole value; say the limit and show it short.
@@ -130,10 +141,17 @@ def describe(error: ValidationError) -> str:
 def check_arguments(validator: Draft202012Validator, arguments: Any) -> CheckedArguments:
     """Coerce what is safe, then list every remaining problem at once."""
     if not isinstance(arguments, dict):
-        return CheckedArguments({}, errors=[f"arguments must be a JSON object; got {type(arguments).__name__}"])
+        return CheckedArguments(
+            {}, errors=[f"arguments must be a JSON object; got {type(arguments).__name__}"]
+        )
     size = len(json.dumps(arguments, ensure_ascii=False, default=str).encode())
     if size > MAX_ARGUMENT_BYTES:
-        return CheckedArguments({}, errors=[f"arguments are {size} bytes; the limit is {MAX_ARGUMENT_BYTES}. Send less data."])
+        return CheckedArguments(
+            {},
+            errors=[
+                f"arguments are {size} bytes; the limit is {MAX_ARGUMENT_BYTES}. Send less data."
+            ],
+        )
     notes: list[str] = []
     coerced = _coerce(arguments, validator.schema, [], notes)
     errors = sorted(validator.iter_errors(coerced), key=lambda e: [str(p) for p in e.absolute_path])

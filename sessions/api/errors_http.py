@@ -10,4 +10,7 @@ def json_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 
 def json_server_error(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(error_body("internal_error", "something went wrong on our side; it has been logged"), status=500)
+    return JsonResponse(
+        error_body("internal_error", "something went wrong on our side; it has been logged"),
+        status=500,
+    )

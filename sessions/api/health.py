@@ -24,7 +24,9 @@ def _check_database() -> str | None:
 
 def _check_redis() -> str | None:
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1
+        )
         client.ping()
         client.close()
         return None

@@ -76,22 +76,49 @@ class SessionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Session
         fields = [
-            "id", "agent", "role", "metadata", "state", "version", "turn", "queued_count",
-            "usage", "last_error", "created_at", "updated_at",
+            "id",
+            "agent",
+            "role",
+            "metadata",
+            "state",
+            "version",
+            "turn",
+            "queued_count",
+            "usage",
+            "last_error",
+            "created_at",
+            "updated_at",
         ]
         read_only_fields = fields
 
     @extend_schema_field(UsageSerializer)
     def get_usage(self, obj: Session) -> dict[str, object]:
         # Through the serializer, so cost is always "0.000000"-shaped, fresh row or not.
-        usage = {"input_tokens": obj.input_tokens, "output_tokens": obj.output_tokens, "cost": obj.cost}
+        usage = {
+            "input_tokens": obj.input_tokens,
+            "output_tokens": obj.output_tokens,
+            "cost": obj.cost,
+        }
         return dict(UsageSerializer(usage).data)
 
 
 class MessageSerializer(serializers.ModelSerializer):
     class Meta:
         model = Message
-        fields = ["id", "seq", "turn", "role", "status", "content", "tool_calls", "tool_call_id", "name", "token_count", "idempotency_key", "created_at"]
+        fields = [
+            "id",
+            "seq",
+            "turn",
+            "role",
+            "status",
+            "content",
+            "tool_calls",
+            "tool_call_id",
+            "name",
+            "token_count",
+            "idempotency_key",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -111,11 +138,22 @@ class CancelResultSerializer(serializers.Serializer):
 
 
 class ForkSerializer(StrictSerializer):
-    checkpoint = serializers.IntegerField(min_value=1, help_text="Step number of the checkpoint to fork from.")
+    checkpoint = serializers.IntegerField(
+        min_value=1, help_text="Step number of the checkpoint to fork from."
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Checkpoint
-        fields = ["step", "turn", "state", "message_seq", "context", "fingerprint", "size_bytes", "created_at"]
+        fields = [
+            "step",
+            "turn",
+            "state",
+            "message_seq",
+            "context",
+            "fingerprint",
+            "size_bytes",
+            "created_at",
+        ]
         read_only_fields = fields

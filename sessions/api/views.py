@@ -29,9 +29,13 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidInput(f"{name} must be an integer; got {raw!r}", details={"field": name}) from None
+        raise InvalidInput(
+            f"{name} must be an integer; got {raw!r}", details={"field": name}
+        ) from None
     if not low <= value <= high:
-        raise InvalidInput(f"{name} must be between {low} and {high}; got {value}", details={"field": name})
+        raise InvalidInput(
+            f"{name} must be between {low} and {high}; got {value}", details={"field": name}
+        )
     return value
 
 
@@ -40,7 +44,9 @@ def _key_roles(request: Request) -> list[str]:
 
 
 class SessionListView(APIView):
-    @extend_schema(responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    @extend_schema(
+        responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
+    )
     def get(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 20, 1, 200)
         rows = selectors.session_list_for_owner(owner_id=request.user.pk)[:limit]
@@ -69,13 +75,21 @@ class SessionDetailView(APIView):
 
 
 class SessionMessagesView(APIView):
-    @extend_schema(responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    @extend_schema(
+        responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
+    )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         limit = _int_param(request, "limit", 20, 1, 1000)
-        return Response(MessageSerializer(selectors.message_history(session=session, limit=limit), many=True).data)
+        return Response(
+            MessageSerializer(
+                selectors.message_history(session=session, limit=limit), many=True
+            ).data
+        )
 
-    @extend_schema(request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer})
+    @extend_schema(
+        request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer}
+    )
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         payload = MessageCreateSerializer(data=request.data)
@@ -133,7 +147,9 @@ class SessionResumeView(APIView):
 
 
 class SessionCheckpointsView(APIView):
-    @extend_schema(responses=CheckpointSerializer(many=True), parameters=[OpenApiParameter("limit", int)])
+    @extend_schema(
+        responses=CheckpointSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
+    )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         limit = _int_param(request, "limit", 100, 1, 1000)

@@ -28,7 +28,12 @@ def to_chat_message(message: Message) -> ChatMessage:
 
 
 def build_request(
-    *, agent: Agent, history: Iterable[Message], tools: dict[str, ToolSnapshot], final: bool, note: str = LIMIT_NOTE
+    *,
+    agent: Agent,
+    history: Iterable[Message],
+    tools: dict[str, ToolSnapshot],
+    final: bool,
+    note: str = LIMIT_NOTE,
 ) -> ChatRequest:
     messages: list[ChatMessage] = []
     if agent.system_prompt:
@@ -44,9 +49,13 @@ def build_request(
             if name in agent.tools
         )
     config: dict[str, Any] = {"rules": agent.rules, "fallback_answer": ""}
-    return ChatRequest(messages=tuple(messages), tools=specs, tool_choice="none" if final else "auto", agent_config=config)
+    return ChatRequest(
+        messages=tuple(messages),
+        tools=specs,
+        tool_choice="none" if final else "auto",
+        agent_config=config,
+    )
 
 
 def tool_calls_json(calls: Iterable[ToolCallRequest]) -> list[dict[str, Any]]:
     return [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
-

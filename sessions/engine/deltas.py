@@ -37,7 +37,9 @@ class DeltaBatcher:
         elif isinstance(event, ToolCallStarted):
             self.flush()
             publish_ephemeral(
-                self.session_id, "progress", {"stage": "preparing_tool", "tool": event.name, "turn": self.turn}
+                self.session_id,
+                "progress",
+                {"stage": "preparing_tool", "tool": event.name, "turn": self.turn},
             )
 
     def flush(self) -> None:

@@ -29,7 +29,10 @@ def agent_config_hash(agent: Agent) -> str:
 def environment(agent: Agent, tools: dict[str, ToolSnapshot], model: str | None) -> dict[str, Any]:
     return {
         "agent": agent_config_hash(agent),
-        "tools": {name: hashlib.sha256(f"{t.version}{t.parameters}".encode()).hexdigest()[:8] for name, t in sorted(tools.items())},
+        "tools": {
+            name: hashlib.sha256(f"{t.version}{t.parameters}".encode()).hexdigest()[:8]
+            for name, t in sorted(tools.items())
+        },
         "model": model or "",
     }
 

@@ -72,7 +72,9 @@ def _steps_nearly_same(a: Sequence[CallRecord], b: Sequence[CallRecord]) -> bool
     )
 
 
-def check(steps: Sequence[Sequence[CallRecord]], limits: GuardLimits = GuardLimits()) -> GuardVerdict | None:
+def check(
+    steps: Sequence[Sequence[CallRecord]], limits: GuardLimits = GuardLimits()
+) -> GuardVerdict | None:
     """Judge the turn's tool steps so far (each the calls of one model response), oldest first.
 
     Steps, not single calls, are compared: notifying five customers in one
@@ -108,5 +110,8 @@ def check(steps: Sequence[Sequence[CallRecord]], limits: GuardLimits = GuardLimi
         block = window[:period]
         if len(set(block)) > 1 and all(window[i] == block[i % period] for i in range(span)):
             names = " -> ".join("+".join(tool for tool, _ in sig) for sig in block)
-            return GuardVerdict("cycle", f"Your tool calls are going round in a cycle ({names}), repeating without progress.")
+            return GuardVerdict(
+                "cycle",
+                f"Your tool calls are going round in a cycle ({names}), repeating without progress.",
+            )
     return None

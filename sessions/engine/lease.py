@@ -101,7 +101,9 @@ class Heartbeat:
         with self._lock:
             self._held[str(session_id)] = owner
             if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-                self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._beat, name="lease-heartbeat", daemon=True
+                )
                 self._pid = os.getpid()
                 self._thread.start()
 

@@ -39,7 +39,8 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
         elapsed = (timezone.now() - session.turn_started_at).total_seconds()
         if elapsed > agent.turn_timeout_s:
             return GuardVerdict(
-                "turn_timeout", f"This request has run for {int(elapsed)} s, past its limit of {agent.turn_timeout_s:g} s."
+                "turn_timeout",
+                f"This request has run for {int(elapsed)} s, past its limit of {agent.turn_timeout_s:g} s.",
             )
     if session.iteration < 2:
         return None
@@ -51,8 +52,12 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
             [session.pk, session.turn],
         )
         for step, name, raw_input, raw_output, status in cursor.fetchall():
-            steps.setdefault(step, []).append(CallRecord(name, json_value(raw_input), json_value(raw_output), status))
-    limits = GuardLimits(repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit)
+            steps.setdefault(step, []).append(
+                CallRecord(name, json_value(raw_input), json_value(raw_output), status)
+            )
+    limits = GuardLimits(
+        repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit
+    )
     return guards.check(list(steps.values()), limits)
 
 
@@ -69,15 +74,24 @@ def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
     if not (session.resume_check or paused):
         return None
     recorded = (
-        Checkpoint.objects.filter(session=session, context__has_key="env").order_by("-step").values_list("context", flat=True).first()
+        Checkpoint.objects.filter(session=session, context__has_key="env")
+        .order_by("-step")
+        .values_list("context", flat=True)
+        .first()
     )
     if not recorded:
         return None
     changes = describe_changes(recorded["env"], env)
     if not changes:
         return None
-    text = "Note from the platform: since this conversation was paused, " + "; ".join(changes) + ". Take this into account."
-    return Message(turn=session.turn, role="system", content=text, token_count=count_message_tokens(text))
+    text = (
+        "Note from the platform: since this conversation was paused, "
+        + "; ".join(changes)
+        + ". Take this into account."
+    )
+    return Message(
+        turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
+    )
 
 
 def model_step(session: Session, owner: str, run: RunContext | None = None) -> None:
@@ -103,9 +117,17 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     if note is not None:
         history.append(note)
     request = build_request(
-        agent=agent, history=history, tools={} if final else tools, final=final, note=stop.note if stop else ""
+        agent=agent,
+        history=history,
+        tools={} if final else tools,
+        final=final,
+        note=stop.note if stop else "",
     )
-    deadline = session.turn_started_at.timestamp() + agent.turn_timeout_s if session.turn_started_at else None
+    deadline = (
+        session.turn_started_at.timestamp() + agent.turn_timeout_s
+        if session.turn_started_at
+        else None
+    )
     connection.close()  # never hold a connection across the model call
 
     fault_point("before_model_call")
@@ -113,14 +135,27 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         routed = call_model(session, agent, request)
     except RunCancelled as cancelled:
         fresh = Session.objects.get(pk=session.pk)
-        spent = {"add_fields": cancelled.usage_fields(), "model_calls": cancelled.calls, "set_fields": {"iteration": session.iteration + 1}}
+        spent = {
+            "add_fields": cancelled.usage_fields(),
+            "model_calls": cancelled.calls,
+            "set_fields": {"iteration": session.iteration + 1},
+        }
         finish_turn(
-            fresh, owner, Trigger.CANCEL, fresh.cancel_reason or "cancel requested",
-            stop_reason=cancel_stop_reason(fresh), actor=fresh.cancel_actor, extra=spent,
+            fresh,
+            owner,
+            Trigger.CANCEL,
+            fresh.cancel_reason or "cancel requested",
+            stop_reason=cancel_stop_reason(fresh),
+            actor=fresh.cancel_actor,
+            extra=spent,
         )
         return
     usage: dict[str, Any] = {
-        "add_fields": {"input_tokens": routed.input_tokens, "output_tokens": routed.output_tokens, "cost": routed.cost},
+        "add_fields": {
+            "input_tokens": routed.input_tokens,
+            "output_tokens": routed.output_tokens,
+            "cost": routed.cost,
+        },
         "model_calls": routed.calls,
         "set_fields": {"iteration": session.iteration + 1, "resume_check": False},
     }
@@ -132,9 +167,27 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         problem = str(error) if error else "model call failed"
         if error is not None and not error.retryable:
             # A configuration error: no retry, and the operator must see it.
-            finish_turn(session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem, extra=usage)
+            finish_turn(
+                session,
+                owner,
+                Trigger.FAILURE,
+                problem,
+                stop_reason="error",
+                error=problem,
+                extra=usage,
+            )
             return
-        _answer(session, owner, agent.busy_message or BUSY_ANSWER, Trigger.ANSWER, "model_unavailable", usage, common, notes, last_error=problem)
+        _answer(
+            session,
+            owner,
+            agent.busy_message or BUSY_ANSWER,
+            Trigger.ANSWER,
+            "model_unavailable",
+            usage,
+            common,
+            notes,
+            last_error=problem,
+        )
         return
 
     response = routed.response
@@ -144,7 +197,16 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         if final and not content.strip():
             content = LIMIT_ANSWER
         trigger = Trigger.LIMIT_REACHED if final else Trigger.ANSWER
-        _answer(session, owner, content, trigger, stop.stop_reason if stop else "answer", usage, common, notes)
+        _answer(
+            session,
+            owner,
+            content,
+            trigger,
+            stop.stop_reason if stop else "answer",
+            usage,
+            common,
+            notes,
+        )
         return
 
     step_no = session.step + 1
@@ -169,17 +231,28 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         role="assistant",
         content=response.text,
         tool_calls=tool_calls_json(tool_calls),
-        token_count=count_message_tokens(response.text, canonical_json(tool_calls_json(tool_calls))),
+        token_count=count_message_tokens(
+            response.text, canonical_json(tool_calls_json(tool_calls))
+        ),
     )
-    checkpoint = {**common["checkpoint"], "pending": [[c.call_id, c.idempotency_key] for c in calls]}
+    checkpoint = {
+        **common["checkpoint"],
+        "pending": [[c.call_id, c.idempotency_key] for c in calls],
+    }
     step_commit(
         build_step(
-            session, owner, trigger=Trigger.TOOL_CALLS, phase="tool_intent",
+            session,
+            owner,
+            trigger=Trigger.TOOL_CALLS,
+            phase="tool_intent",
             reason=", ".join(c.tool_name for c in calls),
             messages=[*notes, message],
             new_tool_calls=calls,
             after_events=[
-                ("tool.started", {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn})
+                (
+                    "tool.started",
+                    {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn},
+                )
                 for c in calls
             ],
             env=env,
@@ -190,19 +263,39 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
 
 
 def _answer(
-    session: Session, owner: str, content: str, trigger: Trigger, stop_reason: str, usage: dict[str, Any],
-    common: dict[str, Any], notes: list[Message], last_error: str = "",
+    session: Session,
+    owner: str,
+    content: str,
+    trigger: Trigger,
+    stop_reason: str,
+    usage: dict[str, Any],
+    common: dict[str, Any],
+    notes: list[Message],
+    last_error: str = "",
 ) -> None:
-    message = Message(turn=session.turn, role="assistant", content=content, token_count=count_message_tokens(content))
+    message = Message(
+        turn=session.turn,
+        role="assistant",
+        content=content,
+        token_count=count_message_tokens(content),
+    )
     add = usage["add_fields"]
     summary = turn_summary(
-        session, stop_reason, add["input_tokens"], add["output_tokens"], add["cost"],
+        session,
+        stop_reason,
+        add["input_tokens"],
+        add["output_tokens"],
+        add["cost"],
         iterations=usage["set_fields"]["iteration"],
     )
     try:
         step_commit(
             build_step(
-                session, owner, trigger=trigger, phase="answer", reason=stop_reason,
+                session,
+                owner,
+                trigger=trigger,
+                phase="answer",
+                reason=stop_reason,
                 messages=[*notes, message],
                 after_events=[("turn.finished", summary)],
                 env=common["env"],
@@ -216,10 +309,17 @@ def _answer(
     except StaleSession:
         # An interrupt arrived while the model answered: the turn ends cancelled
         # (the call's usage is kept); any other conflict goes to the run loop.
-        fresh = Session.objects.filter(pk=session.pk, lease_owner=owner, cancel_requested=True).first()
+        fresh = Session.objects.filter(
+            pk=session.pk, lease_owner=owner, cancel_requested=True
+        ).first()
         if fresh is None or State(fresh.state) not in RUNNABLE:
             raise
         finish_turn(
-            fresh, owner, Trigger.CANCEL, fresh.cancel_reason or "cancel requested",
-            stop_reason=cancel_stop_reason(fresh), actor=fresh.cancel_actor, extra=usage,
+            fresh,
+            owner,
+            Trigger.CANCEL,
+            fresh.cancel_reason or "cancel requested",
+            stop_reason=cancel_stop_reason(fresh),
+            actor=fresh.cancel_actor,
+            extra=usage,
         )

@@ -28,8 +28,17 @@ from .tool_phase import tool_step
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BUSY_ANSWER", "LIMIT_ANSWER", "RunResult", "loop_stop", "model_step", "run_step", "session_run",
-    "timer_fire", "tool_step", "turn_cancel", "turn_start",
+    "BUSY_ANSWER",
+    "LIMIT_ANSWER",
+    "RunResult",
+    "loop_stop",
+    "model_step",
+    "run_step",
+    "session_run",
+    "timer_fire",
+    "tool_step",
+    "turn_cancel",
+    "turn_start",
 ]
 
 # States in which a new user message starts a turn right away.
@@ -115,7 +124,12 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
     if session.cancel_requested and state in RUNNABLE:
         reason = session.cancel_reason or "cancel requested"
         finish_turn(
-            session, owner, Trigger.CANCEL, reason, stop_reason=cancel_stop_reason(session), actor=session.cancel_actor
+            session,
+            owner,
+            Trigger.CANCEL,
+            reason,
+            stop_reason=cancel_stop_reason(session),
+            actor=session.cancel_actor,
         )
         return True
     if state in STARTS_TURN:
@@ -143,8 +157,19 @@ def timer_fire(*, session: Session) -> None:
     text = f"The follow-up you scheduled is due now. Your note: {note}"
     step_commit(
         build_step(
-            session, None, trigger=Trigger.TIMER_FIRED, phase="timer", reason="follow-up due",
-            messages=[Message(turn=session.turn, role="system", content=text, token_count=count_message_tokens(text))],
+            session,
+            None,
+            trigger=Trigger.TIMER_FIRED,
+            phase="timer",
+            reason="follow-up due",
+            messages=[
+                Message(
+                    turn=session.turn,
+                    role="system",
+                    content=text,
+                    token_count=count_message_tokens(text),
+                )
+            ],
             set_fields={"timer_due_at": None, "timer_note": "", "turn_started_at": timezone.now()},
         )
     )
@@ -156,7 +181,11 @@ def _record_crash(session_id: UUID | str, owner: str) -> None:
         session = Session.objects.get(pk=session_id)
         if State(session.state) in RUNNABLE and session.lease_owner == owner:
             finish_turn(
-                session, owner, Trigger.FAILURE, "internal error", stop_reason="error",
+                session,
+                owner,
+                Trigger.FAILURE,
+                "internal error",
+                stop_reason="error",
                 error="internal error while running the step",
             )
     except Exception:  # noqa: BLE001

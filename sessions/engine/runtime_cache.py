@@ -54,7 +54,9 @@ def agent_runtime(agent_id: int) -> AgentRuntime:
     cached = _agents.get(agent_id)
     if cached is not None and cached.stamp == stamp:
         return cached
-    agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(pk=agent_id)
+    agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(
+        pk=agent_id
+    )
     tools = tools_for_agent(list(agent.tools))
     runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
     with _lock:

@@ -19,7 +19,12 @@ INTERRUPT_REASON = "interrupted by a new message"
 
 
 def build_step(
-    session: Session, owner: str | None, *, trigger: Trigger | None, phase: str, env: dict[str, Any] | None = None,
+    session: Session,
+    owner: str | None,
+    *,
+    trigger: Trigger | None,
+    phase: str,
+    env: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> Step:
     """A Step with the lease guard, lease renewal and a delta checkpoint.
@@ -52,12 +57,18 @@ def build_step(
     )
 
 
-def turn_start(*, session: Session, lease_owner: str | None, message: Message | None = None) -> bool:
+def turn_start(
+    *, session: Session, lease_owner: str | None, message: Message | None = None
+) -> bool:
     """Start the next turn: with the oldest queued user message, or with
     `message`, a new one that was never queued (it is inserted by this step)."""
     fresh = message is not None
     if message is None:
-        message = Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
+        message = (
+            Message.objects.filter(session=session, status=MessageStatus.QUEUED)
+            .order_by("id")
+            .first()
+        )
     if message is None:
         return False
     turn = session.turn + 1
@@ -89,7 +100,11 @@ def turn_start(*, session: Session, lease_owner: str | None, message: Message | 
 
 
 def turn_summary(
-    session: Session, stop_reason: str, input_tokens: int = 0, output_tokens: int = 0, cost: Decimal = Decimal(0),
+    session: Session,
+    stop_reason: str,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cost: Decimal = Decimal(0),
     iterations: int | None = None,
 ) -> dict[str, Any]:
     return {
@@ -106,8 +121,15 @@ def turn_summary(
 
 
 def finish_turn(
-    session: Session, owner: str | None, trigger: Trigger, reason: str, *, stop_reason: str, error: str = "",
-    actor: str = "", extra: dict[str, Any] | None = None,
+    session: Session,
+    owner: str | None,
+    trigger: Trigger,
+    reason: str,
+    *,
+    stop_reason: str,
+    error: str = "",
+    actor: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """End the turn (cancelled, error, ...) with its events, in one step.
 
@@ -124,17 +146,23 @@ def finish_turn(
         events.append(("error", {"code": code, "message": error[:500]}))
     add = extra.get("add_fields", {})
     summary = turn_summary(
-        session, stop_reason, add.get("input_tokens", 0), add.get("output_tokens", 0), add.get("cost", Decimal(0)),
+        session,
+        stop_reason,
+        add.get("input_tokens", 0),
+        add.get("output_tokens", 0),
+        add.get("cost", Decimal(0)),
         iterations=extra.get("set_fields", {}).get("iteration"),
     )
     open_calls = list(
-        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING).order_by(
-            "step", "position"
-        )
+        ToolCall.objects.filter(
+            session=session, turn=session.turn, status=ToolCallStatus.EXECUTING
+        ).order_by("step", "position")
     )
     now = timezone.now()
     for call in open_calls:
-        call.status = ToolCallStatus.REJECTED if call.dispatched_at is None else ToolCallStatus.FAILED
+        call.status = (
+            ToolCallStatus.REJECTED if call.dispatched_at is None else ToolCallStatus.FAILED
+        )
         call.error = (
             f"the turn ended ({stop_reason}) before this call ran"
             if call.dispatched_at is None
@@ -144,12 +172,26 @@ def finish_turn(
         call.finished_at = now
     results = [_closed_call_result(session, call) for call in open_calls]
     events[:0] = [
-        ("tool.finished", {"call_id": c.call_id, "tool": c.tool_name, "status": c.status, "error": c.error, "turn": c.turn})
+        (
+            "tool.finished",
+            {
+                "call_id": c.call_id,
+                "tool": c.tool_name,
+                "status": c.status,
+                "error": c.error,
+                "turn": c.turn,
+            },
+        )
         for c in open_calls
     ]
     step_commit(
         build_step(
-            session, owner, trigger=trigger, phase=stop_reason, reason=reason, actor=actor,
+            session,
+            owner,
+            trigger=trigger,
+            phase=stop_reason,
+            reason=reason,
+            actor=actor,
             messages=results,
             events=events,
             updated_tool_calls=open_calls,
@@ -172,8 +214,13 @@ def finish_turn(
 def _closed_call_result(session: Session, call: ToolCall) -> Message:
     content = render_failure(call.status, call.error)
     return Message(
-        turn=session.turn, role="tool", content=content, tool_call_id=call.call_id, name=call.tool_name,
-        data={"error": call.error, "status": call.status}, token_count=count_message_tokens(content),
+        turn=session.turn,
+        role="tool",
+        content=content,
+        tool_call_id=call.call_id,
+        name=call.tool_name,
+        data={"error": call.error, "status": call.status},
+        token_count=count_message_tokens(content),
     )
 
 

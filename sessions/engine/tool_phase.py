@@ -40,15 +40,21 @@ from .steps import build_step, finish_turn
 TIMER_HANDLER = "builtin.schedule_followup"
 
 
-def _cached_outcomes(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> dict[int, ToolOutcome]:
+def _cached_outcomes(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> dict[int, ToolOutcome]:
     """Read-only calls identical to an earlier successful one in this session reuse its result.
 
     One query for all of the step's read-only calls; arguments are compared as
     canonical JSON.
     """
     readonly = [
-        c for c in calls
-        if (t := tools.get(c.tool_name)) is not None and not t.side_effects and isinstance(c.input, dict) and not c.error
+        c
+        for c in calls
+        if (t := tools.get(c.tool_name)) is not None
+        and not t.side_effects
+        and isinstance(c.input, dict)
+        and not c.error
     ]
     if not readonly:
         return {}
@@ -68,7 +74,10 @@ def _cached_outcomes(session: Session, calls: list[ToolCall], tools: dict[str, T
         found = earlier.get((call.tool_name, canonical_json(call.input)))
         if found is not None:
             outcomes[call.pk] = ToolOutcome(
-                status="success", output=found, content=render_success(found, cached=True), extra={"cached": True}
+                status="success",
+                output=found,
+                content=render_success(found, cached=True),
+                extra={"cached": True},
             )
     return outcomes
 
@@ -83,11 +92,15 @@ def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> Non
     if calls:
         now = timezone.now()
         claimed = ToolCall.objects.filter(
-            pk__in=[c.pk for c in calls], status=ToolCallStatus.EXECUTING,
-            session__lease_owner=owner, session__version=session.version,
+            pk__in=[c.pk for c in calls],
+            status=ToolCallStatus.EXECUTING,
+            session__lease_owner=owner,
+            session__version=session.version,
         ).update(dispatched_at=now)
         if claimed != len(calls):
-            raise StaleSession(f"session {session.pk} was taken over before its tool calls were sent")
+            raise StaleSession(
+                f"session {session.pk} was taken over before its tool calls were sent"
+            )
         for call in calls:
             call.dispatched_at = now
 
@@ -117,8 +130,12 @@ def tool_step(session: Session, owner: str) -> None:
     outcomes = _cached_outcomes(session, calls, tools)
 
     uncertain = [
-        c for c in calls
-        if c.pk not in outcomes and c.dispatched_at is not None and c.tool_name in tools and tools[c.tool_name].side_effects
+        c
+        for c in calls
+        if c.pk not in outcomes
+        and c.dispatched_at is not None
+        and c.tool_name in tools
+        and tools[c.tool_name].side_effects
     ]
     if uncertain:
         probes = io_loop.run(_probe_all(uncertain, tools))
@@ -128,7 +145,9 @@ def tool_step(session: Session, owner: str) -> None:
             if result.verdict == "done":
                 output = result.output or {}
                 outcomes[call.pk] = ToolOutcome(
-                    status="success", output=output, content=render_success(output),
+                    status="success",
+                    output=output,
+                    content=render_success(output),
                     extra={"probed": True},
                 )
             elif result.verdict == "unknown" and not tools[call.tool_name].idempotent:
@@ -137,12 +156,18 @@ def tool_step(session: Session, owner: str) -> None:
                     f"(idempotency key {call.idempotency_key}); it does not support idempotent retries and "
                     f"{result.detail or 'has no probe'}, so an operator must check before the run goes on"
                 )
-                finish_turn(session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem)
+                finish_turn(
+                    session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem
+                )
                 return
 
     to_run = [c for c in calls if c.pk not in outcomes]
     # Fresh calls and uncertain ones sent again after their probe alike.
-    _mark_dispatched(session, owner, [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects])
+    _mark_dispatched(
+        session,
+        owner,
+        [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects],
+    )
     env = environment(agent, tools, agent.model.name)
     connection.close()
 
@@ -152,23 +177,32 @@ def tool_step(session: Session, owner: str) -> None:
             name=c.tool_name,
             arguments=c.input if isinstance(c.input, dict) else {},
             idempotency_key=c.idempotency_key,
-            arguments_error=c.error or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
+            arguments_error=c.error
+            or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
         )
         for c in to_run
     ]
-    ran = io_loop.run(execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s))
+    ran = io_loop.run(
+        execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s)
+    )
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
     _commit_results(session, owner, calls, outcomes, tools, env)
 
 
 async def _probe_all(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[ProbeResult]:
-    return list(await asyncio.gather(*(probe(tools[c.tool_name], c.idempotency_key) for c in calls)))
+    return list(
+        await asyncio.gather(*(probe(tools[c.tool_name], c.idempotency_key) for c in calls))
+    )
 
 
 def _commit_results(
-    session: Session, owner: str, calls: list[ToolCall], outcomes: dict[int, ToolOutcome],
-    tools: dict[str, ToolSnapshot], env: dict[str, Any],
+    session: Session,
+    owner: str,
+    calls: list[ToolCall],
+    outcomes: dict[int, ToolOutcome],
+    tools: dict[str, ToolSnapshot],
+    env: dict[str, Any],
 ) -> None:
     finished_at = timezone.now()
     messages: list[Message] = []
@@ -185,8 +219,16 @@ def _commit_results(
         call.attempts = max(call.attempts, 0) + outcome.attempts
         call.cached = bool(outcome.extra.get("cached"))
         snapshot = tools.get(call.tool_name)
-        if snapshot is not None and snapshot.handler == TIMER_HANDLER and outcome.status == "success" and outcome.output:
-            timer = (int(outcome.output.get("after_seconds", 0)), str(outcome.output.get("note", "")))
+        if (
+            snapshot is not None
+            and snapshot.handler == TIMER_HANDLER
+            and outcome.status == "success"
+            and outcome.output
+        ):
+            timer = (
+                int(outcome.output.get("after_seconds", 0)),
+                str(outcome.output.get("note", "")),
+            )
         messages.append(
             Message(
                 turn=session.turn,
@@ -194,7 +236,9 @@ def _commit_results(
                 content=outcome.content,
                 tool_call_id=call.call_id,
                 name=call.tool_name,
-                data=outcome.output if outcome.output is not None else {"error": outcome.error, "status": outcome.status},
+                data=outcome.output
+                if outcome.output is not None
+                else {"error": outcome.error, "status": outcome.status},
                 token_count=count_message_tokens(outcome.content),
             )
         )
@@ -220,10 +264,16 @@ def _commit_results(
     if timer is not None:
         # No worker waits on a clock: the due time lives in the row; the sweeper wakes it.
         trigger = Trigger.TIMER_SET
-        set_fields = {"timer_due_at": timezone.now() + timedelta(seconds=timer[0]), "timer_note": timer[1]}
+        set_fields = {
+            "timer_due_at": timezone.now() + timedelta(seconds=timer[0]),
+            "timer_note": timer[1],
+        }
     step_commit(
         build_step(
-            session, owner, trigger=trigger, phase="tool_results",
+            session,
+            owner,
+            trigger=trigger,
+            phase="tool_results",
             reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
             messages=messages,
             updated_tool_calls=calls,

@@ -16,7 +16,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 def _chat(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", "chat", *args],
-        cwd=ROOT, env=live_stack.env, capture_output=True, text=True, timeout=90,
+        cwd=ROOT,
+        env=live_stack.env,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
 
 
@@ -42,7 +46,9 @@ def test_chat_continues_a_session_and_prints_a_readable_view(live_stack):
     session_id = first.stderr.split("session ", 1)[1].split()[0]
     again = _chat(live_stack, "--agent", "order-support", "--session", session_id, "hi again")
     assert again.returncode == 0, again.stderr
-    assert "turn.finished" in again.stdout and "state.changed: finished -> processing" in again.stdout
+    assert (
+        "turn.finished" in again.stdout and "state.changed: finished -> processing" in again.stdout
+    )
     assert Session.objects.get(pk=session_id).turn == 2
 
 

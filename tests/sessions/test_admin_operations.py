@@ -38,21 +38,32 @@ def test_the_session_list_shows_which_models_each_session_used(client, operator,
     row = next(s for s in page.context["cl"].result_list if s.pk == finished_session.pk)
     assert page.context["cl"].model_admin.models_used(row) == "rules"
     # ...and it can be filtered by model.
-    filtered = client.get(reverse("admin:agent_sessions_session_changelist"), {"model_calls__endpoint_name": "rules"})
+    filtered = client.get(
+        reverse("admin:agent_sessions_session_changelist"), {"model_calls__endpoint_name": "rules"}
+    )
     assert [s.pk for s in filtered.context["cl"].result_list] == [finished_session.pk]
 
 
 def test_model_calls_are_listed_read_only(client, operator, finished_session):
     page = client.get(reverse("admin:agent_sessions_modelcall_changelist"))
     assert page.status_code == 200
-    assert page.context["cl"].result_count == ModelCall.objects.filter(session=finished_session).count() == 4
+    assert (
+        page.context["cl"].result_count
+        == ModelCall.objects.filter(session=finished_session).count()
+        == 4
+    )
     call = ModelCall.objects.filter(session=finished_session).first()
-    assert client.get(reverse("admin:agent_sessions_modelcall_change", args=[call.pk])).status_code == 200
+    assert (
+        client.get(reverse("admin:agent_sessions_modelcall_change", args=[call.pk])).status_code
+        == 200
+    )
     assert client.get(reverse("admin:agent_sessions_modelcall_add")).status_code == 403
 
 
 def test_the_endpoint_list_shows_and_resets_the_circuit_breaker(client, operator):
-    endpoint = ModelEndpoint.objects.create(name="flaky-endpoint", api="openai", base_url="http://127.0.0.1:9/v1")
+    endpoint = ModelEndpoint.objects.create(
+        name="flaky-endpoint", api="openai", base_url="http://127.0.0.1:9/v1"
+    )
     breaker = model_breaker()
     for _ in range(breaker.threshold):
         breaker.record_failure(endpoint.name)
@@ -65,7 +76,11 @@ def test_the_endpoint_list_shows_and_resets_the_circuit_breaker(client, operator
 
 
 def test_fork_from_a_checkpoint_in_the_admin(client, operator, finished_session):
-    middle = Checkpoint.objects.filter(session=finished_session, state="tool_loop").order_by("step").first()
+    middle = (
+        Checkpoint.objects.filter(session=finished_session, state="tool_loop")
+        .order_by("step")
+        .first()
+    )
     client.post(
         reverse("admin:agent_sessions_checkpoint_changelist"),
         {"action": "fork_from_checkpoint", "_selected_action": [middle.pk]},
@@ -85,7 +100,9 @@ def test_resume_a_failed_run_in_the_admin(client, operator, finished_session):
     assert resumed.state == "tool_loop" and resumed.resume_check
     assert Transition.objects.filter(session=resumed, trigger="resume", actor="admin:op").exists()
     # A session not in error is refused with a message, and nothing changes.
-    page = client.post(url, {"action": "resume_failed_run", "_selected_action": [resumed.pk]}, follow=True)
+    page = client.post(
+        url, {"action": "resume_failed_run", "_selected_action": [resumed.pk]}, follow=True
+    )
     assert "only a session in error can be resumed" in page.content.decode()
     assert Session.objects.get(pk=resumed.pk).version == resumed.version
 

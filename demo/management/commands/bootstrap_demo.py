@@ -12,11 +12,17 @@ class Command(BaseCommand):
             self.stdout.write(f"demo data: {added} orders created")
         password = demo_operator_ensure()
         if password:
-            self.stdout.write(f"operator account (admin): username 'operator', password '{password}'  <- shown once")
+            self.stdout.write(
+                f"operator account (admin): username 'operator', password '{password}'  <- shown once"
+            )
         else:
-            self.stdout.write("operator account 'operator' already exists (reset: manage.py changepassword operator)")
+            self.stdout.write(
+                "operator account 'operator' already exists (reset: manage.py changepassword operator)"
+            )
         key = demo_api_key_ensure()
         if key:
             self.stdout.write(f"demo API key (user 'demo', role 'support'): {key}  <- shown once")
         else:
-            self.stdout.write("demo API key already issued (new one: manage.py create_api_key --user demo --roles support)")
+            self.stdout.write(
+                "demo API key already issued (new one: manage.py create_api_key --user demo --roles support)"
+            )

@@ -13,7 +13,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file")
         parser.add_argument(
-            "--no-url-check", action="store_true",
+            "--no-url-check",
+            action="store_true",
             help="Do not check that HTTP tools' URLs accept connections (e.g. their service starts later).",
         )
 
@@ -26,7 +27,9 @@ class Command(BaseCommand):
         try:
             document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:
-            raise CommandError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+            raise CommandError(
+                f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+            ) from None
         try:
             report = config_apply(document=document or {}, check_urls=not options["no_url_check"])
         except ConfigInvalid as exc:

@@ -17,14 +17,22 @@ from tools.models import Tool
 
 
 class Command(BaseCommand):
-    help = 'Run a turn through the real worker and print the streamed events: chat --agent SLUG "text"'
+    help = (
+        'Run a turn through the real worker and print the streamed events: chat --agent SLUG "text"'
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("text")
         parser.add_argument("--agent", required=True)
         parser.add_argument("--session", help="Continue this session instead of opening a new one.")
-        parser.add_argument("--user", default="cli", help="Owner of a new session (created if missing).")
-        parser.add_argument("--role", default="", help="Role of a new session (default: the agent's tools' first role).")
+        parser.add_argument(
+            "--user", default="cli", help="Owner of a new session (created if missing)."
+        )
+        parser.add_argument(
+            "--role",
+            default="",
+            help="Role of a new session (default: the agent's tools' first role).",
+        )
         parser.add_argument("--timeout", type=float, default=120.0)
         parser.add_argument("--json", action="store_true", help="Print raw frames as JSON lines.")
 
@@ -33,13 +41,17 @@ class Command(BaseCommand):
             session = self._session(options)
         except DomainError as exc:
             raise CommandError(exc.message) from None
-        self.stderr.write(f"session {session.pk} (agent {session.agent.slug}, role '{session.role}')")
+        self.stderr.write(
+            f"session {session.pk} (agent {session.agent.slug}, role '{session.role}')"
+        )
         try:
             ok = asyncio.run(self._run(session, options))
         except DomainError as exc:
             raise CommandError(exc.message) from None
         if not ok:
-            raise CommandError(f"no turn.finished within {options['timeout']} s (is a worker running?)")
+            raise CommandError(
+                f"no turn.finished within {options['timeout']} s (is a worker running?)"
+            )
 
     def _session(self, options: dict[str, Any]):  # type: ignore[no-untyped-def]
         if options.get("session"):
@@ -53,14 +65,21 @@ class Command(BaseCommand):
             names = list(agent.tools) if agent else []
             roles = [r for t in Tool.objects.filter(name__in=names) for r in t.roles]
             role = roles[0] if roles else ""
-        return services.session_create(owner=owner, agent_slug=options["agent"], key_roles=[role] if role else [], role=role or None)
+        return services.session_create(
+            owner=owner,
+            agent_slug=options["agent"],
+            key_roles=[role] if role else [],
+            role=role or None,
+        )
 
     async def _run(self, session: Any, options: dict[str, Any]) -> bool:
         layer = get_channel_layer()
         channel = await layer.new_channel()
         await layer.group_add(group_name(session.pk), channel)
         last_seq = session.event_seq
-        posted = await database_sync_to_async(services.message_post)(session=session, content=options["text"])
+        posted = await database_sync_to_async(services.message_post)(
+            session=session, content=options["text"]
+        )
         turn: int | None = posted.message.turn or None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + options["timeout"]
@@ -73,8 +92,12 @@ class Command(BaseCommand):
                     frames = []
                 # Anything the channel missed is in the database, in order.
                 if not frames or (frames[0]["seq"] is not None and frames[0]["seq"] > last_seq + 1):
-                    rows = await database_sync_to_async(selectors.events_after)(session_id=session.pk, after=last_seq)
-                    frames = [{"seq": e.seq, "type": e.type, "data": e.data} for e in rows] + [f for f in frames if f["seq"] is None]
+                    rows = await database_sync_to_async(selectors.events_after)(
+                        session_id=session.pk, after=last_seq
+                    )
+                    frames = [{"seq": e.seq, "type": e.type, "data": e.data} for e in rows] + [
+                        f for f in frames if f["seq"] is None
+                    ]
                 for frame in frames:
                     seq = frame["seq"]
                     if seq is not None:
@@ -83,9 +106,16 @@ class Command(BaseCommand):
                         last_seq = seq
                     self._print(frame, options["json"])
                     data = frame.get("data") or {}
-                    if frame["type"] == "message.completed" and data.get("role") == "user" and data.get("content") == options["text"] and turn is None:
+                    if (
+                        frame["type"] == "message.completed"
+                        and data.get("role") == "user"
+                        and data.get("content") == options["text"]
+                        and turn is None
+                    ):
                         turn = data.get("turn")
-                    if frame["type"] == "turn.finished" and (turn is None or data.get("turn") == turn):
+                    if frame["type"] == "turn.finished" and (
+                        turn is None or data.get("turn") == turn
+                    ):
                         return True
             return False
         finally:
@@ -107,9 +137,18 @@ class Command(BaseCommand):
         elif kind == "message.completed":
             detail = f"{data.get('role')}: {str(data.get('content', ''))[:200]}"
             if data.get("tool_calls"):
-                detail += " " + ", ".join(f"{c['name']}({json.dumps(c.get('arguments'), ensure_ascii=False)[:80]})" for c in data["tool_calls"])
+                detail += " " + ", ".join(
+                    f"{c['name']}({json.dumps(c.get('arguments'), ensure_ascii=False)[:80]})"
+                    for c in data["tool_calls"]
+                )
         elif kind in ("tool.started", "tool.finished"):
-            detail = f"{data.get('tool')} {data.get('status', '')} {data.get('elapsed_ms', '')}".strip()
+            detail = (
+                f"{data.get('tool')} {data.get('status', '')} {data.get('elapsed_ms', '')}".strip()
+            )
         else:
             detail = json.dumps(data, ensure_ascii=False)[:200]
-        self.stdout.write(f"\n{label}: {detail}" if kind != "message.completed" or data.get("role") != "assistant" else f"\n{label}: {detail}")
+        self.stdout.write(
+            f"\n{label}: {detail}"
+            if kind != "message.completed" or data.get("role") != "assistant"
+            else f"\n{label}: {detail}"
+        )

@@ -8,15 +8,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--user", required=True)
-        parser.add_argument("--roles", default="", help="Comma-separated roles, e.g. support,analyst")
+        parser.add_argument(
+            "--roles", default="", help="Comma-separated roles, e.g. support,analyst"
+        )
         parser.add_argument("--name", default="")
 
     def handle(self, *args: object, **options: object) -> None:
         roles = [r.strip() for r in str(options["roles"]).split(",") if r.strip()]
         new_roles = unknown_roles(roles)
-        issued = api_key_create(username=str(options["user"]), roles=roles, name=str(options["name"]))
+        issued = api_key_create(
+            username=str(options["user"]), roles=roles, name=str(options["name"])
+        )
         self.stdout.write(issued.raw)
         if new_roles:
             # Said out loud, so a typo ("suport") is noticed rather than silently granting nothing.
             self.stderr.write(f"note: created new role(s): {', '.join(new_roles)}")
-        self.stderr.write(f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]; it is shown only now")
+        self.stderr.write(
+            f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]; it is shown only now"
+        )

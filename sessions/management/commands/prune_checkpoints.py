@@ -9,7 +9,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--older-than-days", type=float, default=None,
+            "--older-than-days",
+            type=float,
+            default=None,
             help=f"Default: CHECKPOINT_RETENTION_DAYS ({settings.CHECKPOINT_RETENTION_DAYS:g}).",
         )
 
