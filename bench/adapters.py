@@ -5,7 +5,7 @@ pre-rendered answer of 2,000 text chunks in OpenAI or Anthropic format. This
 process reads it, on one asyncio loop, three ways, interleaved in every
 repetition (the order rotates):
 
-- `adapter`: `sessions.llm.adapter_for(EndpointConfig(...)).stream(request)`,
+- `adapter`: `llm.adapter_for(EndpointConfig(...)).stream(request)`,
   every event consumed (the adapter's own HTTP plumbing: the shared client,
   the per-read timeouts, the SSE parser and the translation into typed events);
 - `complete`: `adapter.complete(request)`, the same plus assembling the
@@ -56,7 +56,7 @@ def _wait_port(port: int, procs: Processes, timeout: float = 30.0) -> None:
 
 
 def _request() -> Any:
-    from sessions.llm.types import ChatMessage, ChatRequest
+    from llm.types import ChatMessage, ChatRequest
 
     return ChatRequest(
         messages=(
@@ -98,7 +98,7 @@ async def _adapter_complete(adapter: Any, request: Any) -> int:
 async def _measure(
     base: str, reps: int, mode: str, variants: tuple[str, ...]
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]], dict[str, Any]]:
-    from sessions.llm import EndpointConfig, adapter_for
+    from llm import EndpointConfig, adapter_for
 
     request = _request()
     query = "?mode=burst" if mode == "burst" else f"?mode=paced&gap_us={PACED_GAP_US}"

@@ -75,9 +75,9 @@ class Probe:
         self.sql_mark = self.counter.snapshot()
 
     def install(self) -> None:
+        from llm.base import ModelAdapter
         from sessions import transitions
         from sessions.engine import runner
-        from sessions.llm.base import ModelAdapter
         from tools import execution
 
         probe = self

@@ -47,11 +47,11 @@ def _runtime(session: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
 def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, list[Any]]:
     """The Step a model step commits when the model asks for `calls` no-op tool calls."""
+    from llm.types import ToolCallRequest
     from memory.tokens import count_message_tokens
     from sessions.engine.context import tool_calls_json
     from sessions.engine.guards import canonical_json
     from sessions.engine.steps import build_step
-    from sessions.llm.types import ToolCallRequest
     from sessions.models import Message, ToolCall
     from sessions.states import Trigger
 

@@ -5,7 +5,7 @@ The tool `bench_noop` (handler `bench.noop`: returns `{"ok": true}`, read-only,
 once, or 10 times in parallel in one step. Two measurements:
 
 - **executor**: `tools.execution.execute_all(invocations, tools, role)` on the
-  shared io loop (`sessions.io_loop`), as the tool step calls it: argument
+  shared io loop (`runtime.io_loop`), as the tool step calls it: argument
   validation (compiled schema), the tool breaker (Redis), the handler on a
   helper thread (`asyncio.to_thread`) and the result rendering. Timed inside
   the loop (`executor`), and from the calling thread including the hop onto
@@ -36,7 +36,7 @@ ROUNDS_PER_SESSION = 5
 
 
 def _executor(reps: int, calls: int) -> dict[str, list[float]]:
-    from sessions import io_loop
+    from runtime import io_loop
     from sessions.engine.runtime_cache import agent_runtime
     from sessions.models import Agent
     from tools.execution import ToolInvocation, execute_all

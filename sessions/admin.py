@@ -25,11 +25,11 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 
+from runtime.breaker import model_breaker
 from tools.forms import JSON_FIELD
 from tools.models import Tool
 
 from . import services
-from .breaker import model_breaker
 from .config_schema import RULE
 from .models import (
     Agent,

@@ -11,7 +11,7 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 
-from . import io_loop
+from runtime import io_loop
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
+from runtime.cancellation import cancel_signal
 
-from .cancellation import cancel_signal
 from .dispatch import run_enqueue, run_enqueue_on_commit
 from .engine.runner import STARTS_TURN, RunResult, session_run, timer_fire, turn_cancel, turn_start
 from .engine.steps import INTERRUPT_REASON, build_step

@@ -16,7 +16,8 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .faults import fault_point
+from runtime.faults import fault_point
+
 from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from .publisher import Frame, make_frame, publish
 from .rows import Statement, execute_batch, insert_statement, update_statement

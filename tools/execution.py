@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import connection
 from jsonschema import Draft202012Validator
 
-from sessions.breaker import CircuitBreaker
-from sessions.faults import fault_point
+from runtime.breaker import CircuitBreaker
+from runtime.faults import fault_point
 
 from .models import Tool
 from .registry import UnknownHandler, get_handler

@@ -3,9 +3,9 @@
 from collections.abc import Iterable
 from typing import Any
 
+from llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from tools.execution import ToolSnapshot
 
-from ..llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from ..models import Agent, Message
 
 LIMIT_NOTE = "You have used all the tool rounds allowed for this request."

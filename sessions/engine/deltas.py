@@ -9,7 +9,8 @@ import asyncio
 import time
 from uuid import UUID
 
-from ..llm.types import StreamEvent, TextDelta, ToolCallStarted
+from llm.types import StreamEvent, TextDelta, ToolCallStarted
+
 from ..publisher import publish_ephemeral
 
 

@@ -9,8 +9,8 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
+from runtime.faults import fault_point
 
-from ..faults import fault_point
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
 from ..states import RUNNABLE, State, Trigger
@@ -19,7 +19,7 @@ from . import guards
 from .context import LIMIT_NOTE, build_request, tool_calls_json
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict, canonical_json
-from .routing import RunCancelled, call_model
+from .model_calls import RunCancelled, call_model
 from .runtime_cache import RunContext, agent_runtime
 from .steps import build_step, cancel_stop_reason, finish_turn, turn_summary
 

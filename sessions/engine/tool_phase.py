@@ -16,6 +16,8 @@ from django.db import connection
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
+from runtime import io_loop
+from runtime.faults import fault_point
 from tools.execution import (
     ProbeResult,
     ToolInvocation,
@@ -26,8 +28,6 @@ from tools.execution import (
 )
 from tools.rendering import render_success
 
-from .. import io_loop
-from ..faults import fault_point
 from ..models import Message, Session, ToolCall, ToolCallStatus
 from ..rows import json_value
 from ..states import Trigger

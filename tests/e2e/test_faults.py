@@ -40,7 +40,7 @@ import pytest
 from django.db import connection
 
 from demo.models import ApiRequestLog, Coupon, Customer
-from sessions.faults import POINTS
+from runtime.faults import POINTS
 from sessions.models import (
     Agent,
     Checkpoint,

@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from runtime.breaker import model_breaker
 from sessions import services
-from sessions.breaker import model_breaker
 from sessions.engine.runner import session_run
 from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from sessions import io_loop
+from runtime import io_loop
 from tests.factories import ToolFactory
 from tools import execution
 from tools.execution import (

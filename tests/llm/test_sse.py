@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sessions.llm.base import ModelTimeout, ModelUnavailable, adapter_for
-from sessions.llm.http import header_secrets, parse_retry_after, redact, sse_events
-from sessions.llm.types import ChatMessage, ChatRequest
+from llm.base import ModelTimeout, ModelUnavailable, adapter_for
+from llm.http import header_secrets, parse_retry_after, redact, sse_events
+from llm.types import ChatMessage, ChatRequest
 from tests.fakes.model_servers import Reply
 
 HELLO = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from llm.base import ModelUnavailable
+from llm.prompt_tools import GAVE_UP_ANSWER
 from memory.tokens import count_tokens
-from sessions.engine.routing import _scrub, endpoint_config, primary_endpoint, rollout_bucket
+from sessions.engine.model_calls import _scrub, endpoint_config, primary_endpoint, rollout_bucket
 from sessions.engine.runner import BUSY_ANSWER, session_run
-from sessions.llm.base import ModelUnavailable
-from sessions.llm.prompt_tools import GAVE_UP_ANSWER
 from sessions.models import (
     Agent,
     Checkpoint,

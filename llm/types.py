@@ -1,4 +1,4 @@
-"""Provider-neutral chat types. Nothing above `sessions/llm/` sees a wire format."""
+"""Provider-neutral chat types. Nothing above `llm/` sees a wire format."""
 
 from dataclasses import dataclass, field
 from typing import Any, Literal

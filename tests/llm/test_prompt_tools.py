@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from sessions.llm.base import ModelUnavailable, adapter_for
-from sessions.llm.prompt_tools import GAVE_UP_ANSWER, MAX_CORRECTIONS, ReplyError, parse_reply
-from sessions.llm.types import (
+from llm.base import ModelUnavailable, adapter_for
+from llm.prompt_tools import GAVE_UP_ANSWER, MAX_CORRECTIONS, ReplyError, parse_reply
+from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,

@@ -2,10 +2,10 @@
 
 import pytest
 
-from sessions.llm.base import EndpointConfig, ModelConfigError, adapter_for
-from sessions.llm.rules import NO_RULE_ANSWER, build_context, decide
-from sessions.llm.templating import lookup, render
-from sessions.llm.types import (
+from llm.base import EndpointConfig, ModelConfigError, adapter_for
+from llm.rules import NO_RULE_ANSWER, build_context, decide
+from llm.templating import lookup, render
+from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,

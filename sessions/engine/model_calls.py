@@ -20,22 +20,22 @@ from typing import Any
 
 from django.conf import settings
 
-from memory.tokens import count_tokens
-
-from .. import io_loop
-from ..breaker import model_breaker
-from ..cancellation import cancel_watch
-from ..faults import fault_point
-from ..llm import EndpointConfig, adapter_for
-from ..llm.base import (
+from llm import EndpointConfig, adapter_for
+from llm.base import (
     ModelCircuitOpen,
     ModelError,
     ModelProtocolError,
     ModelRequestTooLarge,
     ModelTimeout,
 )
-from ..llm.http import redact
-from ..llm.types import ChatRequest, ChatResponse, StreamEvent
+from llm.http import redact
+from llm.types import ChatRequest, ChatResponse, StreamEvent
+from memory.tokens import count_tokens
+from runtime import io_loop
+from runtime.breaker import model_breaker
+from runtime.cancellation import cancel_watch
+from runtime.faults import fault_point
+
 from ..models import Agent, ModelCall, ModelEndpoint, Session
 from ..publisher import publish_ephemeral
 from .deltas import DeltaBatcher

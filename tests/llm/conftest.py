@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessions.llm.base import EndpointConfig
+from llm.base import EndpointConfig
 from tests.fakes.fixtures import anthropic_server, fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import FakeModelServer
 from tests.stack import free_port

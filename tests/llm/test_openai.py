@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sessions.llm.base import (
+from llm.base import (
     ModelConfigError,
     ModelError,
     ModelProtocolError,
@@ -15,7 +15,7 @@ from sessions.llm.base import (
     ModelUnavailable,
     adapter_for,
 )
-from sessions.llm.types import (
+from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,

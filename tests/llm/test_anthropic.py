@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from sessions.llm.anthropic import API_VERSION, DEFAULT_MAX_TOKENS
-from sessions.llm.base import (
+from llm.anthropic import API_VERSION, DEFAULT_MAX_TOKENS
+from llm.base import (
     ModelConfigError,
     ModelError,
     ModelProtocolError,
@@ -15,7 +15,7 @@ from sessions.llm.base import (
     ModelUnavailable,
     adapter_for,
 )
-from sessions.llm.types import (
+from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,
