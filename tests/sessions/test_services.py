@@ -1,5 +1,7 @@
 """What the edges call: creating sessions, posting and queueing messages, cancelling, sweeping."""
 
+import logging
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,6 +13,7 @@ from sessions import selectors, services
 from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from sessions.models import Event, Message, Session, Transition
 from sessions.states import RUNNABLE, State
+from sessions.sweep_status import sweep_age_s, sweep_mark_completed
 
 pytestmark = pytest.mark.django_db
 
@@ -311,3 +314,32 @@ def test_session_get_for_owner_hides_other_owners_and_bad_ids(make_session):
     ]:
         with pytest.raises(NotFound):
             selectors.session_get_for_owner(session_id=session_id, owner_id=owner_id)
+
+
+def test_a_sweep_that_finds_nothing_logs_nothing_at_info(make_session, caplog):
+    make_session(state=State.IDLE.value)
+    with caplog.at_level(logging.DEBUG, logger="sessions.services"):
+        assert services.sessions_sweep() == []
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_a_sweep_that_requeues_logs_one_info_line(make_session, caplog):
+    first = make_session(state=State.PROCESSING.value)
+    second = make_session(state=State.TOOL_LOOP.value)
+    _expire(first)
+    _expire(second)
+    with caplog.at_level(logging.INFO, logger="sessions.services"):
+        claimed = services.sessions_sweep()
+    assert set(claimed) == {str(first.pk), str(second.pk)}
+    lines = [r.getMessage() for r in caplog.records if r.name == "sessions.services"]
+    assert len(lines) == 1, lines
+    assert "requeued 2 session(s)" in lines[0]
+    assert str(first.pk) in lines[0] and str(second.pk) in lines[0]
+
+
+def test_a_sweep_records_its_completion_for_readyz(make_session):
+    stale = time.time() - 3600
+    sweep_mark_completed(at=stale)
+    assert sweep_age_s() >= 3599
+    services.sessions_sweep()
+    assert sweep_age_s() < 5

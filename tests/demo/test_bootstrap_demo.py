@@ -1,0 +1,37 @@
+"""bootstrap_demo --credentials-file: new secrets go to a private file, not to the terminal."""
+
+import io
+import stat
+
+import pytest
+from django.core.management import call_command
+
+from devstack.paths import read_env_file
+
+pytestmark = pytest.mark.django_db
+
+
+def test_new_credentials_are_written_mode_600_and_not_printed(tmp_path):
+    target = tmp_path / "credentials"
+    out = io.StringIO()
+    call_command("bootstrap_demo", credentials_file=str(target), stdout=out)
+
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    values = read_env_file(target)
+    assert values["OPERATOR_USERNAME"] == "operator"
+    assert values["OPERATOR_PASSWORD"] and values["DEMO_API_KEY"].startswith("ap_")
+    assert values["OPERATOR_PASSWORD"] not in out.getvalue()
+    assert values["DEMO_API_KEY"] not in out.getvalue()
+    assert str(target) in out.getvalue()
+
+    # A second run creates nothing, so the file keeps the first secrets.
+    call_command("bootstrap_demo", credentials_file=str(target), stdout=io.StringIO())
+    assert read_env_file(target) == values
+
+
+def test_without_a_file_the_secrets_are_printed_once():
+    first, second = io.StringIO(), io.StringIO()
+    call_command("bootstrap_demo", stdout=first)
+    call_command("bootstrap_demo", stdout=second)
+    assert "password '" in first.getvalue() and "shown once" in first.getvalue()
+    assert "password '" not in second.getvalue()
