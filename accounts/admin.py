@@ -1,8 +1,12 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
 
 from tools.models import Tool
 
 from .models import ApiKey, Role
+from .services import api_key_revoke
 
 
 @admin.register(ApiKey)
@@ -25,6 +29,25 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
         # A key must be shown exactly once; the create_api_key command does that.
         return False
+
+    actions = ["revoke_keys"]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:
+        # Unticking "is active" is a revocation: it goes through the service, which
+        # also closes the key's open websockets and logs who did it.
+        revoking = change and "is_active" in form.changed_data and not obj.is_active
+        if revoking:
+            obj.is_active = True
+        super().save_model(request, obj, form, change)
+        if revoking:
+            api_key_revoke(api_key=obj, actor=f"admin:{request.user}")
+
+    @admin.action(description="Revoke selected keys (closes their websockets)")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        revoked = sum(
+            api_key_revoke(api_key=key, actor=f"admin:{request.user}") for key in queryset
+        )
+        self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)
 
 
 @admin.register(Role)

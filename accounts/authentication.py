@@ -1,7 +1,7 @@
 from rest_framework import authentication, exceptions
 
-from .models import ApiKey
-from .services import api_key_lookup
+from . import limits
+from .services import api_key_authenticate
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -16,10 +16,20 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         parts = header.split()
         if len(parts) != 2 or parts[0].lower() != self.keyword.lower():
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        key: ApiKey | None = api_key_lookup(raw=parts[1])
-        if key is None:
+        address = limits.client_address(
+            peer=request.META.get("REMOTE_ADDR"),
+            forwarded_for=request.META.get("HTTP_X_FORWARDED_FOR"),
+        )
+        result = api_key_authenticate(raw=parts[1], address=address)
+        if result.retry_after_s is not None:
+            raise exceptions.Throttled(
+                wait=result.retry_after_s,
+                detail="too many failed authentication attempts from your address; "
+                f"retry in {result.retry_after_s} s",
+            )
+        if result.api_key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
-        return (key.owner, key)
+        return (result.api_key.owner, result.api_key)
 
     def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
         return self.keyword

@@ -6,6 +6,8 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 KEY_PREFIX = "ap_"
+# How many leading characters of a key are stored to recognise it.
+PREFIX_CHARS = 10
 
 
 def hash_api_key(raw: str) -> str:

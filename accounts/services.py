@@ -1,8 +1,22 @@
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
 
-from .models import ApiKey, Role, generate_api_key, hash_api_key
+from . import limits
+from .models import PREFIX_CHARS, ApiKey, Role, generate_api_key, hash_api_key
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,7 +35,7 @@ def api_key_create(*, username: str, roles: list[str], name: str = "") -> Issued
     key = ApiKey.objects.create(
         owner=user,
         name=name,
-        prefix=raw[:10],
+        prefix=raw[:PREFIX_CHARS],
         key_hash=hash_api_key(raw),
         # Keep the caller's order (deduplicated): the first role is a new session's default.
         roles=list(dict.fromkeys(r.strip() for r in roles if r.strip())),
@@ -42,3 +56,112 @@ def api_key_lookup(*, raw: str) -> ApiKey | None:
 def unknown_roles(roles: list[str]) -> list[str]:
     known = set(Role.objects.values_list("name", flat=True))
     return [r for r in roles if r not in known]
+
+
+@dataclass(frozen=True)
+class Authentication:
+    """The key a caller presented, or why not: `retry_after_s` set means slowed down (429)."""
+
+    api_key: ApiKey | None
+    retry_after_s: int | None = None
+
+
+def api_key_authenticate(*, raw: str, address: str) -> Authentication:
+    """Check a presented key for a caller at `address` (REST and websocket alike).
+
+    An address that failed too often is told to wait before its key is even
+    looked up, so guessing keys gets no faster with more attempts. Only a key
+    that was presented and is wrong counts as a failure.
+    """
+    if raw:
+        retry_after = limits.auth_retry_after(address=address)
+        if retry_after is not None:
+            return Authentication(api_key=None, retry_after_s=retry_after)
+    key = api_key_lookup(raw=raw)
+    if key is None:
+        if raw:
+            limits.auth_failure_record(address=address)
+        return Authentication(api_key=None)
+    api_key_touch(api_key=key)
+    return Authentication(api_key=key)
+
+
+# last_used_at: written at most once a minute per key, on a thread of its own, so
+# no request waits for the UPDATE. A process-local note skips even the Redis
+# round trip for a key this process touched lately.
+_touch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api-key-touch")
+_touched_at: dict[int, float] = {}
+
+
+def api_key_touch(*, api_key: ApiKey) -> None:
+    now = time.monotonic()
+    if now - _touched_at.get(api_key.pk, -math.inf) < limits.LAST_USED_INTERVAL_S:
+        return
+    _touched_at[api_key.pk] = now
+    if limits.last_used_claim(key_id=api_key.pk):
+        _touch_pool.submit(_last_used_write_in_background, api_key.pk)
+
+
+def _last_used_write_in_background(key_id: int) -> None:
+    close_old_connections()
+    try:
+        api_key_last_used_write(key_id=key_id)
+    except Exception:  # noqa: BLE001 - a missed stamp is harmless; the next minute writes it
+        logger.warning("could not write last_used_at of key %s", key_id, exc_info=True)
+    finally:
+        connection.close()  # back to the pool; this thread may idle for long
+
+
+def api_key_last_used_write(*, key_id: int, now: datetime | None = None) -> int:
+    """Stamp the key used; the WHERE keeps it to one write a minute even if Redis forgot."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=limits.LAST_USED_INTERVAL_S)
+    return (
+        ApiKey.objects.filter(pk=key_id)
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=cutoff))
+        .update(last_used_at=now)
+    )
+
+
+# Revocation -------------------------------------------------------------------------
+
+
+def key_group_name(key_id: int) -> str:
+    """The channel group every open websocket of this key joins."""
+    return f"apikey.{key_id}"
+
+
+def api_key_revoke(*, api_key: ApiKey, actor: str) -> bool:
+    """Deactivate a key and close its open websockets; True if it was active until now.
+
+    Revoking an inactive key again is allowed and closes any socket still open
+    (one left from a change made behind the platform's back, for instance).
+    """
+    # Marked before the commit: a socket that sees the mark re-reads the key from
+    # the database, so a frame arriving after the commit, even before the close
+    # reaches its socket, is refused. A failed commit leaves only a harmless mark.
+    limits.revocation_mark(key_id=api_key.pk)
+    with transaction.atomic():
+        changed = ApiKey.objects.filter(pk=api_key.pk, is_active=True).update(is_active=False)
+        transaction.on_commit(partial(_close_key_sockets, api_key.pk))
+    api_key.is_active = False
+    logger.info(
+        "api key %s revoked by %s%s", api_key.prefix, actor, "" if changed else " (was inactive)"
+    )
+    return bool(changed)
+
+
+def api_keys_revoke_for_user(*, username: str, actor: str) -> list[tuple[ApiKey, bool]]:
+    """Revoke every key of a user: each key, and whether it was active until now."""
+    keys = ApiKey.objects.filter(owner__username=username).order_by("pk")
+    return [(key, api_key_revoke(api_key=key, actor=actor)) for key in keys]
+
+
+def _close_key_sockets(key_id: int) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(key_group_name(key_id), {"type": "apikey.revoked"})
+    except Exception:  # noqa: BLE001 - the sockets still refuse every frame (the mark, the recheck)
+        logger.warning("could not close the websockets of key %s", key_id, exc_info=True)

@@ -164,6 +164,24 @@ MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)
 TOOL_BREAKER_THRESHOLD = env.int("TOOL_BREAKER_THRESHOLD", default=5)
 TOOL_BREAKER_COOLDOWN_S = env.float("TOOL_BREAKER_COOLDOWN_S", default=30.0)
 
+# Limits that protect the API itself, shared by every process through Redis
+# (README "Limits"); 0 switches a limit off.
+# Open websockets per API key; a crashed process's slots lapse after WS_SLOT_TTL_S.
+WS_MAX_SOCKETS_PER_KEY = env.int("WS_MAX_SOCKETS_PER_KEY", default=500)
+WS_SLOT_TTL_S = env.int("WS_SLOT_TTL_S", default=60)
+# Sessions one key may create per window (POST /sessions/ and forks).
+SESSION_CREATE_LIMIT = env.int("SESSION_CREATE_LIMIT", default=120)
+SESSION_CREATE_WINDOW_S = env.int("SESSION_CREATE_WINDOW_S", default=60)
+# Failed authentications from one client address per window, before it gets 429.
+AUTH_FAIL_LIMIT = env.int("AUTH_FAIL_LIMIT", default=20)
+AUTH_FAIL_WINDOW_S = env.int("AUTH_FAIL_WINDOW_S", default=60)
+# Proxies in front of the platform that append to X-Forwarded-For; 0 trusts none
+# and the socket's peer address is the client's.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+# An open websocket re-reads its key and session from the database at most this
+# often (a revocation through the platform is seen at once, via Redis).
+WS_AUTH_RECHECK_S = env.float("WS_AUTH_RECHECK_S", default=2.0)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -9,6 +9,8 @@ wait in the queue; `last_seq` then drops the ones already sent, and a jump in
 import asyncio
 import json
 import logging
+import time
+import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -17,7 +19,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from accounts.services import api_key_lookup
+from accounts import limits
+from accounts.selectors import api_key_is_active
+from accounts.services import api_key_authenticate, key_group_name
 
 from . import selectors, services
 from .errors import DomainError, NotFound
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+# Too many failed authentications from this address, or too many open sockets for this key.
+CLOSE_RATE_LIMITED = 4429
 MAX_FRAME_BYTES = 256 * 1024
 
 
@@ -54,6 +60,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
     last_seq: int
     group: str | None = None
     _last_frame_at: float = 0.0
+    key_id: int | None = None
+    key_group: str | None = None
+    slot_id: str | None = None
+    _access_checked_at: float = 0.0
+    _closing: bool = False
 
     async def connect(self) -> None:
         origin = _header(self.scope, b"origin")
@@ -67,7 +78,20 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if auth and auth.startswith("Bearer "):
             token = auth[len("Bearer ") :].strip()
         await self.accept()
-        key = await database_sync_to_async(api_key_lookup)(raw=token)
+        client = self.scope.get("client") or (None, None)
+        address = limits.client_address(
+            peer=client[0], forwarded_for=_header(self.scope, b"x-forwarded-for")
+        )
+        authn = await database_sync_to_async(api_key_authenticate)(raw=token, address=address)
+        if authn.retry_after_s is not None:
+            await self._refuse(
+                "rate_limited",
+                "too many failed authentication attempts from your address; "
+                f"retry in {authn.retry_after_s} s",
+                {"retry_after_s": authn.retry_after_s},
+            )
+            return
+        key = authn.api_key
         if key is None:
             await self._fail("not_authenticated", "a valid API key is required", CLOSE_UNAUTHORIZED)
             return
@@ -89,6 +113,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 "invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST
             )
             return
+        slot_id = uuid.uuid4().hex
+        if not await limits.socket_slots.acquire(key_id=key.pk, socket_id=slot_id):
+            await self._refuse(
+                "too_many_sockets",
+                f"this API key already has {settings.WS_MAX_SOCKETS_PER_KEY} websockets open",
+                {"limit": settings.WS_MAX_SOCKETS_PER_KEY},
+            )
+            return
+        self.key_id, self.slot_id = key.pk, slot_id
+        self._access_checked_at = time.monotonic()
+        # Revoking the key tells this group, and every socket of the key closes at once.
+        self.key_group = key_group_name(key.pk)
+        await self.channel_layer.group_add(self.key_group, self.channel_name)
         self.group = group_name(self.session_id)
         self._lock = asyncio.Lock()
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -116,6 +153,15 @@ class SessionConsumer(AsyncWebsocketConsumer):
             resync.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.key_group is not None:
+            await self.channel_layer.group_discard(self.key_group, self.channel_name)
+        if self.key_id is not None and self.slot_id is not None:
+            await limits.socket_slots.release(key_id=self.key_id, socket_id=self.slot_id)
+            self.slot_id = None
+
+    async def _refuse(self, code: str, message: str, details: dict[str, Any]) -> None:
+        await self._send_error(code, message, details)
+        await self.close(code=CLOSE_RATE_LIMITED)
 
     async def _fail(self, code: str, message: str, close_code: int) -> None:
         await self._send_error(code, message)
@@ -163,6 +209,53 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 return
             await self.send(text_data=json.dumps(frame))
             self.last_seq = seq
+
+    # Access, re-checked while the socket is open -----------------------------------
+
+    async def apikey_revoked(self, message: dict[str, Any]) -> None:
+        """The key was revoked (accounts.services.api_key_revoke): close at once."""
+        await self._close_revoked()
+
+    async def _close_revoked(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        await self._send_error("key_revoked", "this API key has been revoked")
+        await self.close(code=CLOSE_UNAUTHORIZED)
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        """Every client frame first proves the key is still valid and the session still its owner's."""
+        if self._closing or self.key_id is None:
+            return
+        access = await database_sync_to_async(self._access)()
+        if access == "revoked":
+            await self._close_revoked()
+            return
+        if access == "not_found":
+            self._closing = True
+            await self._fail("not_found", "session not found", CLOSE_NOT_FOUND)
+            return
+        await super().websocket_receive(message)
+
+    def _access(self) -> str:
+        """'ok', 'revoked' or 'not_found'. The database is read when the key carries a
+        revocation mark (set before a revocation commits) or WS_AUTH_RECHECK_S passed,
+        so a revocation by the platform is never missed and any other change is seen soon."""
+        assert self.key_id is not None
+        now = time.monotonic()
+        if (
+            now - self._access_checked_at < settings.WS_AUTH_RECHECK_S
+            and not limits.revocation_marked(key_id=self.key_id)
+        ):
+            return "ok"
+        if not api_key_is_active(key_id=self.key_id):
+            return "revoked"
+        try:
+            selectors.session_get_for_owner(session_id=self.session_id, owner_id=self.owner_id)
+        except NotFound:
+            return "not_found"
+        self._access_checked_at = now
+        return "ok"
 
     # Frames from the client -------------------------------------------------------
 

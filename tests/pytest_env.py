@@ -12,3 +12,6 @@ os.environ.setdefault("SESSION_PICKUP_GRACE_S", "3")
 os.environ.setdefault("TEST_DATABASE_NAME", f"test_agentplatform_{os.getpid()}")
 # Breakers and cancel signals of this run live under their own Redis prefix.
 os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{os.getpid()}")
+# Every test calls from 127.0.0.1, so the whole run's wrong keys would add up to
+# a slow-down of that one address; tests of the slow-down set their own limit.
+os.environ.setdefault("AUTH_FAIL_LIMIT", "100000")

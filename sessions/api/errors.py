@@ -1,6 +1,7 @@
 """Every API error in one shape: {"error": {"code", "message", "details"}}."""
 
 import logging
+import math
 from typing import Any
 
 from django.http import Http404
@@ -52,6 +53,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         code = next((c for cls, c in codes.items() if isinstance(exc, cls)), "error")
         details = exc.detail if isinstance(exc.detail, dict) else {}
         message = _first_message(exc.detail)
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            # The same figure as the Retry-After header DRF sets, for clients that read the body.
+            details = {"retry_after_s": math.ceil(exc.wait)}
         if isinstance(exc, exceptions.ParseError):
             message = "request body is not valid JSON"
         response.data = error_body(code, message, details if isinstance(details, dict) else {})

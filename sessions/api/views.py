@@ -8,6 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.throttling import SessionCreateThrottle
+
 from .. import selectors, services
 from ..errors import InvalidInput
 from .serializers import (
@@ -44,6 +46,8 @@ def _key_roles(request: Request) -> list[str]:
 
 
 class SessionListView(APIView):
+    throttle_classes = [SessionCreateThrottle]  # POST only: creating sessions
+
     @extend_schema(
         responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
     )
@@ -126,6 +130,8 @@ class SessionCancelView(APIView):
 
 
 class SessionForkView(APIView):
+    throttle_classes = [SessionCreateThrottle]  # a fork is a new session
+
     @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)

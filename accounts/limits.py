@@ -1,0 +1,245 @@
+"""Limits that protect the API itself, kept in Redis so every web process shares them.
+
+- failed authentications per client address (a fixed window; over the limit the
+  address gets 429 before its key is even looked up),
+- sessions created per API key (a fixed window),
+- open websockets per API key (a sorted set of socket ids scored by a deadline
+  that the socket's heartbeat pushes forward, so a crashed process's slots lapse),
+- a revocation marker per key, which open sockets check on every client frame.
+
+Redis being down must not take the API down with it: every limit then lets the
+request through, and the revocation marker answers "look in the database".
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from functools import lru_cache
+
+import redis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+# Revocation also closes the key's sockets at once; the marker only has to
+# outlive the moment between the database commit and that close arriving.
+REVOCATION_MARK_S = 3600
+LAST_USED_INTERVAL_S = 60
+
+# INCR and set the window's expiry in one step, so no crash between the two can
+# leave a counter without a TTL; returns the count and the seconds left.
+_WINDOW_HIT = """
+local n = redis.call('INCR', KEYS[1])
+local ttl = redis.call('TTL', KEYS[1])
+if ttl < 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+  ttl = tonumber(ARGV[1])
+end
+return {n, ttl}
+"""
+
+# Drop lapsed slots, then take one if fewer than the limit are held.
+_SLOT_ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  return 1
+end
+return 0
+"""
+
+
+@lru_cache(maxsize=1)
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _key(*parts: object) -> str:
+    return ":".join([settings.REDIS_KEY_PREFIX, "limits", *map(str, parts)])
+
+
+def _window_hit(key: str, window_s: int) -> tuple[int, int]:
+    count, ttl = _redis().eval(_WINDOW_HIT, 1, key, max(int(window_s), 1))
+    return int(count), max(int(ttl), 1)
+
+
+def client_address(*, peer: str | None, forwarded_for: str | None) -> str:
+    """The caller's address: the peer's, or (behind trusted proxies) the one they recorded.
+
+    Each trusted proxy appends the address it saw, so with N of them the
+    client is the N-th entry from the right; anything further left is the
+    client's own claim and is not trusted.
+    """
+    proxies = settings.TRUSTED_PROXY_COUNT
+    if proxies > 0 and forwarded_for:
+        hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
+        if hops:
+            return hops[-min(proxies, len(hops))]
+    return peer or "unknown"
+
+
+# Failed authentication --------------------------------------------------------------
+
+
+def auth_retry_after(*, address: str) -> int | None:
+    """Seconds this address must wait, if it failed authentication too often."""
+    limit = settings.AUTH_FAIL_LIMIT
+    if limit <= 0:
+        return None
+    key = _key("authfail", address)
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        pipe.get(key)
+        pipe.ttl(key)
+        count, ttl = pipe.execute()
+    except redis.RedisError:
+        logger.warning("auth slow-down unavailable (Redis)", exc_info=True)
+        return None
+    if count is None or int(count) < limit:
+        return None
+    return max(int(ttl), 1)
+
+
+def auth_failure_record(*, address: str) -> None:
+    if settings.AUTH_FAIL_LIMIT <= 0:
+        return
+    try:
+        _window_hit(_key("authfail", address), settings.AUTH_FAIL_WINDOW_S)
+    except redis.RedisError:
+        logger.warning("could not count a failed authentication (Redis)", exc_info=True)
+
+
+# Session creation -------------------------------------------------------------------
+
+
+def session_create_retry_after(*, key_id: int) -> int | None:
+    """Count one session creation by this key; seconds to wait if over the limit."""
+    limit = settings.SESSION_CREATE_LIMIT
+    if limit <= 0:
+        return None
+    try:
+        count, ttl = _window_hit(_key("sessions", key_id), settings.SESSION_CREATE_WINDOW_S)
+    except redis.RedisError:
+        logger.warning("session creation limit unavailable (Redis)", exc_info=True)
+        return None
+    return ttl if count > limit else None
+
+
+# Open websockets --------------------------------------------------------------------
+
+
+def socket_slot_acquire(*, key_id: int, socket_id: str) -> bool:
+    limit = settings.WS_MAX_SOCKETS_PER_KEY
+    if limit <= 0:
+        return True
+    now = time.time()
+    ttl = max(settings.WS_SLOT_TTL_S, 1)
+    try:
+        taken = _redis().eval(
+            _SLOT_ACQUIRE, 1, _key("sockets", key_id), now, now + ttl, socket_id, limit, ttl * 2
+        )
+    except redis.RedisError:
+        logger.warning("socket limit unavailable (Redis)", exc_info=True)
+        return True
+    return bool(taken)
+
+
+def socket_slots_refresh(*, slots: Iterable[tuple[int, str]]) -> None:
+    """The heartbeat of open sockets: push their slots' deadlines forward, in one round trip."""
+    ttl = max(settings.WS_SLOT_TTL_S, 1)
+    deadline = time.time() + ttl
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for key_id, socket_id in slots:
+            pipe.zadd(_key("sockets", key_id), {socket_id: deadline}, xx=True)
+            pipe.expire(_key("sockets", key_id), ttl * 2)
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("socket slot refresh failed; retrying next period", exc_info=True)
+
+
+def socket_slot_release(*, key_id: int, socket_id: str) -> None:
+    try:
+        _redis().zrem(_key("sockets", key_id), socket_id)
+    except redis.RedisError:
+        logger.debug("socket slot release failed; it lapses by itself", exc_info=True)
+
+
+def socket_slots_held(*, key_id: int) -> int:
+    try:
+        return int(_redis().zcount(_key("sockets", key_id), time.time(), "+inf"))
+    except redis.RedisError:
+        return 0
+
+
+class SocketSlots:
+    """The slots this process's sockets hold, kept alive by one task for all of them.
+
+    One pipelined refresh per period for the whole process, rather than a timer
+    and a round trip per socket: thousands of idle sockets stay nearly free.
+    """
+
+    def __init__(self) -> None:
+        self._held: set[tuple[int, str]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def acquire(self, *, key_id: int, socket_id: str) -> bool:
+        if settings.WS_MAX_SOCKETS_PER_KEY <= 0:
+            return True
+        taken = await sync_to_async(socket_slot_acquire, thread_sensitive=False)(
+            key_id=key_id, socket_id=socket_id
+        )
+        if taken:
+            self._held.add((key_id, socket_id))
+            if self._task is None or self._task.done():
+                self._task = asyncio.ensure_future(self._refresh_while_held())
+        return taken
+
+    async def release(self, *, key_id: int, socket_id: str) -> None:
+        if (key_id, socket_id) not in self._held:
+            return
+        self._held.discard((key_id, socket_id))
+        await sync_to_async(socket_slot_release, thread_sensitive=False)(
+            key_id=key_id, socket_id=socket_id
+        )
+
+    async def _refresh_while_held(self) -> None:
+        while self._held:
+            await asyncio.sleep(max(settings.WS_SLOT_TTL_S, 1) / 3)
+            with contextlib.suppress(Exception):
+                await sync_to_async(socket_slots_refresh, thread_sensitive=False)(
+                    slots=list(self._held)
+                )
+
+
+socket_slots = SocketSlots()
+
+
+# Revocation and last use ------------------------------------------------------------
+
+
+def revocation_mark(*, key_id: int) -> None:
+    try:
+        _redis().set(_key("revoked", key_id), "1", ex=REVOCATION_MARK_S)
+    except redis.RedisError:
+        logger.warning("could not mark key %s revoked in Redis", key_id, exc_info=True)
+
+
+def revocation_marked(*, key_id: int) -> bool:
+    """True when the key may have been revoked lately (or Redis cannot say): check the database."""
+    try:
+        return bool(_redis().exists(_key("revoked", key_id)))
+    except redis.RedisError:
+        return True
+
+
+def last_used_claim(*, key_id: int) -> bool:
+    """True for at most one caller per key per LAST_USED_INTERVAL_S, across all processes."""
+    try:
+        return bool(_redis().set(_key("lastused", key_id), "1", nx=True, ex=LAST_USED_INTERVAL_S))
+    except redis.RedisError:
+        return False

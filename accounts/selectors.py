@@ -1,0 +1,24 @@
+"""Named reads of API keys."""
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from .models import PREFIX_CHARS, ApiKey
+
+
+def api_keys_with_prefix(*, prefix: str) -> QuerySet[ApiKey]:
+    """Keys whose stored prefix starts with `prefix` (a whole key given counts as its prefix)."""
+    return (
+        ApiKey.objects.select_related("owner")
+        .filter(prefix__startswith=prefix[:PREFIX_CHARS])
+        .order_by("pk")
+    )
+
+
+def user_exists(*, username: str) -> bool:
+    return get_user_model().objects.filter(username=username).exists()
+
+
+def api_key_is_active(*, key_id: int) -> bool:
+    """Active, and its owner too (what authentication requires)."""
+    return ApiKey.objects.filter(pk=key_id, is_active=True, owner__is_active=True).exists()
