@@ -163,6 +163,10 @@ MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)
 # A tool fails fast for a cool-down after this many consecutive failures.
 TOOL_BREAKER_THRESHOLD = env.int("TOOL_BREAKER_THRESHOLD", default=5)
 TOOL_BREAKER_COOLDOWN_S = env.float("TOOL_BREAKER_COOLDOWN_S", default=30.0)
+# A tool header `{env: NAME}` may read only these variables: the worker's
+# environment also holds the database URL and every model key.
+TOOL_SECRET_ENV_PREFIXES = env.list("TOOL_SECRET_ENV_PREFIXES", default=["TOOL_SECRET_"])
+TOOL_SECRET_ENV_ALLOW = env.list("TOOL_SECRET_ENV_ALLOW", default=[])
 
 # Limits that protect the API itself, shared by every process through Redis
 # (README "Limits"); 0 switches a limit off.

@@ -39,12 +39,19 @@ class ModelError(Exception):
     outcome: str = "failed"
 
     def __init__(
-        self, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        retry_after_s: float | None = None,
+        status: int | None = None,
     ) -> None:
         super().__init__(message)
         if retryable is not None:
             self.retryable = retryable
         self.retry_after_s = retry_after_s
+        # The provider's HTTP status, when it answered with one (for the operator's log line).
+        self.status = status
 
 
 class ModelConfigError(ModelError):
@@ -52,6 +59,15 @@ class ModelConfigError(ModelError):
 
     retryable = False
     outcome = "bad_request"
+
+
+class ModelKeyMissing(ModelConfigError):
+    """The endpoint names a key variable that is not set: refused before sending.
+
+    Another endpoint has its own key, so the fallback may still answer.
+    """
+
+    retryable = True
 
 
 class ModelTimeout(ModelError):

@@ -94,10 +94,11 @@ def _status_error(
         return ModelRateLimited(
             f"rate limited (HTTP 429): {snippet}",
             retry_after_s=parse_retry_after(headers.get("retry-after")),
+            status=status,
         )
     if status >= 500 or status == 408:
-        return ModelUnavailable(f"provider error (HTTP {status}): {snippet}")
-    return ModelConfigError(f"request refused (HTTP {status}): {snippet}")
+        return ModelUnavailable(f"provider error (HTTP {status}): {snippet}", status=status)
+    return ModelConfigError(f"request refused (HTTP {status}): {snippet}", status=status)
 
 
 async def post_stream(

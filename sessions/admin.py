@@ -119,6 +119,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         "price_output_per_1k",
         "context_window",
         "breaker",
+        "key_status",
         "updated_at",
     )
     list_filter = ("api", "enabled")
@@ -133,15 +134,38 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         until = datetime.fromtimestamp(state.open_until, tz=UTC).strftime("%H:%M:%S UTC")
         return f"{state.state} until {until} ({state.failures} failures)"
 
+    @admin.display(description="API key")
+    def key_status(self, obj: ModelEndpoint) -> str:
+        # The endpoint is misconfigured: its calls are refused until the variable is set.
+        if obj.missing_key_env:
+            return format_html(
+                '<strong style="color:#dc2626">misconfigured: {} is not set</strong>',
+                obj.missing_key_env,
+            )
+        return f"from {obj.api_key_env}" if obj.api_key_env else "none"
+
     @admin.action(description="Reset the circuit breaker")
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
         for endpoint in queryset:
             model_breaker().reset(endpoint.name)
         self.message_user(request, f"Reset {queryset.count()} breaker(s).")
 
-    readonly_fields = ("updated_at",)
+    readonly_fields = ("updated_at", "key_status")
     fieldsets = (
-        (None, {"fields": ("name", "api", "base_url", "model", "api_key_env", "enabled")}),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "api",
+                    "base_url",
+                    "model",
+                    "api_key_env",
+                    "key_status",
+                    "enabled",
+                )
+            },
+        ),
         ("Timeouts", {"fields": ("connect_timeout_s", "first_token_timeout_s", "total_timeout_s")}),
         (
             "Prices and limits",

@@ -1,16 +1,43 @@
 """The declarative config file: its schema, and checks that name the wrong entry and field."""
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 
+from tools.env_access import header_env_allowed, header_env_rule
 from tools.registry import HANDLERS
+
+from .models import DoubleTexting
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,99}$"}
 POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 NON_NEGATIVE = {"type": "number", "minimum": 0}
+ENV_NAME = {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"}
+HTTP_URL = {"type": "string", "pattern": "^https?://"}
+# A URL, or `{env: NAME, default: "...", path: "..."}` resolved when the file is applied.
+URL = {
+    "oneOf": [
+        HTTP_URL,
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["env"],
+            "properties": {
+                "env": ENV_NAME,
+                "default": HTTP_URL,
+                "path": {"type": "string"},
+            },
+        },
+    ]
+}
+URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url")}
+URL_MAX_CHARS = 500  # the columns' max_length
 
 MODEL_ENTRY = {
     "type": "object",
@@ -19,7 +46,7 @@ MODEL_ENTRY = {
     "properties": {
         "name": SLUG,
         "api": {"enum": ["openai", "anthropic", "prompt_tools", "rules"]},
-        "base_url": {"type": "string", "pattern": "^https?://"},
+        "base_url": URL,
         "model": {"type": "string"},
         "api_key_env": {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"},
         "connect_timeout_s": POSITIVE,
@@ -43,8 +70,8 @@ TOOL_ENTRY = {
         "result_description": {"type": "string"},
         "kind": {"enum": ["python", "http"]},
         "handler": {"type": "string"},
-        "url": {"type": "string", "pattern": "^https?://"},
-        "status_url": {"type": "string", "pattern": "^https?://"},
+        "url": URL,
+        "status_url": URL,
         "probe_handler": {"type": "string"},
         "idempotent": {"type": "boolean"},
         "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
@@ -57,7 +84,7 @@ TOOL_ENTRY = {
                         "type": "object",
                         "additionalProperties": False,
                         "required": ["env"],
-                        "properties": {"env": {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"}},
+                        "properties": {"env": ENV_NAME},
                     },
                 ]
             },
@@ -126,6 +153,7 @@ AGENT_ENTRY = {
         "context_window": {"type": "integer", "minimum": 256},
         "rules": {"type": "array", "items": RULE},
         "busy_message": {"type": "string"},
+        "double_texting": {"enum": [choice.value for choice in DoubleTexting]},
         "enabled": {"type": "boolean"},
     },
 }
@@ -173,10 +201,83 @@ def _where(document: dict[str, Any], path: list[Any]) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class ResolvedUrl:
+    """A URL field's value as stored, and where it came from (None: written out in the file)."""
+
+    value: str
+    env: str | None = None
+    from_env: bool = False
+
+    def describe(self) -> str:
+        if self.env is None:
+            return self.value
+        origin = f"from {self.env}" if self.from_env else f"{self.env} not set: default"
+        return f"{self.value} ({origin})"
+
+
+def resolve_url(spec: str | Mapping[str, Any], environ: Mapping[str, str]) -> ResolvedUrl:
+    """`{env, default, path}` -> the URL: the variable's value if set (non-empty), else the default,
+    then `path` appended. ValueError says what is wrong."""
+    if isinstance(spec, str):
+        return ResolvedUrl(spec)
+    name = spec["env"]
+    value = environ.get(name, "").strip()
+    from_env = bool(value)
+    if not value:
+        if "default" not in spec:
+            raise ValueError(f"environment variable {name} is not set and no default is given")
+        value = spec["default"]
+    path = spec.get("path", "")
+    url = value.rstrip("/") + "/" + path.lstrip("/") if path else value
+    if from_env:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{name}={value!r} is not an http(s) URL")
+    if len(url) > URL_MAX_CHARS:
+        raise ValueError(f"the URL has {len(url)} characters; at most {URL_MAX_CHARS} fit")
+    return ResolvedUrl(url, env=name, from_env=from_env)
+
+
+def resolve_urls(
+    document: dict[str, Any], environ: Mapping[str, str] | None = None
+) -> tuple[dict[tuple[str, int, str], ResolvedUrl], list[str]]:
+    """Every URL field of a schema-valid file, resolved; and the problems, each naming entry and field.
+
+    The environment is read here, once, at apply time: the resolved URL is what
+    is stored. It is an address, not a secret, so any variable may be named.
+    """
+    environ = os.environ if environ is None else environ
+    resolved: dict[tuple[str, int, str], ResolvedUrl] = {}
+    errors: list[str] = []
+    for kind, fields in URL_FIELDS.items():
+        for i, entry in enumerate(document.get(kind) or []):
+            for field in fields:
+                if field not in entry:
+                    continue
+                try:
+                    resolved[(kind, i, field)] = resolve_url(entry[field], environ)
+                except ValueError as exc:
+                    errors.append(f"{_where(document, [kind, i, field])}: {exc}")
+    return resolved, errors
+
+
+def _specific(error: ValidationError) -> ValidationError:
+    """For a value that fits no branch of a oneOf (a URL or `{env: ...}`), the branch of its own
+    type says what is wrong ("does not match '^https?://'"), not "not valid under any of the given schemas"."""
+    if error.validator != "oneOf":
+        return error
+    fitting = [e for e in error.context or () if e.validator != "type"]
+    return fitting[0] if fitting else error
+
+
+def _message(document: dict[str, Any], error: ValidationError) -> str:
+    return f"{_where(document, list(error.absolute_path))}: {error.message}"
+
+
 def url_problem(url: str, timeout_s: float = 2.0) -> str | None:
     """Can a TCP connection reach the URL's host and port? None if so."""
     import socket
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -199,7 +300,7 @@ def config_errors(
     if not isinstance(document, dict):
         return ["file: the top level must be a mapping with models, tools and agents"]
     errors = [
-        f"{_where(document, list(e.absolute_path))}: {e.message}"
+        _message(document, _specific(e))
         for e in sorted(
             _validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path))
         )
@@ -219,8 +320,16 @@ def config_errors(
             errors.append(
                 f"models[{i}] ({entry['name']}).base_url: required for api '{entry['api']}'"
             )
+    urls, url_errors = resolve_urls(document)
+    errors.extend(url_errors)
     for i, entry in enumerate(document.get("tools") or []):
         where = f"tools[{i}] ({entry['name']})"
+        for header, value in (entry.get("headers") or {}).items():
+            if isinstance(value, dict) and not header_env_allowed(value["env"]):
+                errors.append(
+                    f"{where}.headers.{header}: environment variable {value['env']} may not be read; "
+                    f"{header_env_rule()}"
+                )
         if entry["kind"] == "python":
             if not entry.get("handler"):
                 errors.append(f"{where}.handler: required for python tools")
@@ -244,8 +353,8 @@ def config_errors(
                     )
         if check_urls and entry["kind"] == "http":
             for field in ("url", "status_url"):
-                if entry.get(field):
-                    problem = url_problem(entry[field])
+                if ("tools", i, field) in urls:
+                    problem = url_problem(urls[("tools", i, field)].value)
                     if problem:
                         errors.append(f"{where}.{field}: unreachable: {problem}")
         params = entry.get("parameters")

@@ -1,3 +1,4 @@
+import os
 import uuid
 
 from django.conf import settings
@@ -49,6 +50,12 @@ class ModelEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.api})"
+
+    @property
+    def missing_key_env(self) -> str:
+        """The key variable this endpoint names but this process's environment lacks; '' if none."""
+        name = self.api_key_env
+        return name if name and not os.environ.get(name) else ""
 
 
 class DoubleTexting(models.TextChoices):

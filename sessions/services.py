@@ -5,6 +5,7 @@ long work (model and tool calls) to a worker, woken after commit.
 """
 
 import logging
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -86,7 +87,13 @@ def message_post(
             details={"field": "content", "limit": settings.MAX_MESSAGE_CHARS},
         )
     with transaction.atomic():
-        locked = Session.objects.select_for_update().select_related("agent").get(pk=session.pk)
+        # Only the session row: posts to other sessions of the agent and an
+        # admin edit of the agent must not wait for this one.
+        locked = (
+            Session.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("agent")
+            .get(pk=session.pk)
+        )
         if idempotency_key:
             existing = Message.objects.filter(
                 session=locked, idempotency_key=idempotency_key
@@ -172,7 +179,7 @@ def session_cancel(
     the reason and who asked.
     """
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
         interrupted = _turn_interrupt(locked, reason=reason, actor=actor)
         if interrupted and State(locked.state) in RUNNABLE:
             # If no worker holds the session, the woken run finishes the cancel.
@@ -244,7 +251,7 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
 def session_resume(*, session: Session, actor: str = "") -> Session:
     """Continue a run that stopped in `error`, from where it stopped."""
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
         if State(locked.state) != State.ERROR:
             raise Conflict(
                 f"only a session in error can be resumed; this one is {locked.state}",
@@ -438,6 +445,7 @@ AGENT_FIELDS = (
     "context_window",
     "rules",
     "busy_message",
+    "double_texting",
     "enabled",
     "candidate_percent",
     "repeat_call_limit",
@@ -466,16 +474,20 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
     """Create or update models, tools and agents by name, all or nothing.
 
     1. Check the whole file first (structure, references, tool schemas,
-       handlers); any problem raises ConfigInvalid and nothing is written.
-    2. In one transaction, upsert models, then tools, then agents.
-    3. Return one line per entry saying what changed.
+       handlers, URLs from the environment); any problem raises ConfigInvalid
+       and nothing is written.
+    2. In one transaction, upsert models, then tools, then agents; a URL
+       written `{env: NAME, default, path}` is stored resolved.
+    3. Return one line per entry saying what changed (and the URL each
+       `{env: ...}` form resolved to), then a `warning:` line per model whose
+       key variable is not set here.
     """
     from decimal import Decimal
 
     from accounts.models import Role
     from tools.models import Tool
 
-    from .config_schema import config_errors
+    from .config_schema import config_errors, resolve_urls
     from .models import ModelEndpoint
 
     errors = config_errors(
@@ -487,23 +499,46 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
     )
     if errors:
         raise ConfigInvalid(errors)
+    urls, _ = resolve_urls(document)
+
+    def resolved(kind: str, index: int, values: dict[str, Any]) -> str:
+        """Put the resolved URLs into `values`; describe those that came from an `{env: ...}` form."""
+        notes = []
+        for (k, i, field), url in urls.items():
+            if (k, i) == (kind, index):
+                values[field] = url.value
+                if url.env is not None:
+                    notes.append(f"; {field} {url.describe()}")
+        return "".join(notes)
+
     report: list[str] = []
+    warnings: list[str] = []
     with transaction.atomic():
         for entry in document.get("roles") or []:
             values = {"description": entry.get("description", "")}
             report.append(f"role {entry['name']}: {_upsert(Role, {'name': entry['name']}, values)}")
-        for entry in document.get("models") or []:
+        for i, entry in enumerate(document.get("models") or []):
             values = {k: entry[k] for k in MODEL_FIELDS if k in entry}
             for price in ("price_input_per_1k", "price_output_per_1k"):
                 if price in values:
                     values[price] = Decimal(str(values[price]))
+            notes = resolved("models", i, values)
             report.append(
-                f"model {entry['name']}: {_upsert(ModelEndpoint, {'name': entry['name']}, values)}"
+                f"model {entry['name']}: {_upsert(ModelEndpoint, {'name': entry['name']}, values)}{notes}"
             )
-        for entry in document.get("tools") or []:
+            key_env = entry.get("api_key_env")
+            if key_env and not os.environ.get(key_env):
+                warnings.append(
+                    f"warning: model {entry['name']}: api_key_env {key_env} is not set in this "
+                    "environment; its calls are refused until the worker has it"
+                )
+        for i, entry in enumerate(document.get("tools") or []):
             values = {k: entry[k] for k in TOOL_FIELDS if k in entry}
             values.setdefault("parameters", {"type": "object", "properties": {}})
-            report.append(f"tool {entry['name']}: {_upsert(Tool, {'name': entry['name']}, values)}")
+            notes = resolved("tools", i, values)
+            report.append(
+                f"tool {entry['name']}: {_upsert(Tool, {'name': entry['name']}, values)}{notes}"
+            )
         for entry in document.get("agents") or []:
             values = {k: entry[k] for k in AGENT_FIELDS if k in entry}
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
@@ -518,4 +553,4 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             report.append(
                 f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}"
             )
-    return report
+    return report + warnings

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,12 +24,14 @@ from jsonschema import Draft202012Validator
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 
+from .env_access import header_env_rule, refused_header_envs
 from .models import Tool
 from .registry import UnknownHandler, get_handler
 from .rendering import FAILURE_MARKER, MAX_CHARS, render_failure, render_success
 from .validation import check_arguments, compile_validator
 
 MAX_RESULT_CHARS = MAX_CHARS
+logger = logging.getLogger(__name__)
 __all__ = [
     "FAILURE_MARKER",
     "MAX_RESULT_CHARS",
@@ -63,6 +66,7 @@ class ToolSnapshot:
     idempotent: bool = True
     requires_approval: bool = False
     risk_level: int = 0
+    result_description: str = ""
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -87,7 +91,19 @@ class ToolSnapshot:
             idempotent=tool.idempotent,
             requires_approval=tool.requires_approval,
             risk_level=tool.risk_level,
+            result_description=tool.result_description,
         )
+
+    @property
+    def model_description(self) -> str:
+        """The description the model receives: what the tool does, then what it returns."""
+        result = " ".join(self.result_description.split())
+        if not result:
+            return self.description
+        # One line, so it reads the same in every wire format (the prompt-mode list included).
+        description = self.description.rstrip()
+        joint = " " if description.endswith((".", "!", "?", ":")) else ". "
+        return f"{description}{joint}Returns: {result}"
 
     def allows(self, role: str) -> bool:
         return not self.roles or role in self.roles
@@ -184,7 +200,15 @@ def _client() -> httpx.AsyncClient:
     return client
 
 
+class ToolMisconfigured(Exception):
+    """The tool's definition cannot be used as stored (checked at call time too: the admin can edit it)."""
+
+
 def http_headers(tool: ToolSnapshot, key: str) -> dict[str, str]:
+    refused = refused_header_envs(tool.headers)
+    if refused:
+        names = ", ".join(f"{header} reads {name}" for header, name in refused)
+        raise ToolMisconfigured(f"header {names}, but {header_env_rule()}")
     headers = {"Idempotency-Key": key}
     for name, value in tool.headers.items():
         # `{"env": "NAME"}` takes a secret from the environment, never from the database.
@@ -192,6 +216,18 @@ def http_headers(tool: ToolSnapshot, key: str) -> dict[str, str]:
             os.environ.get(str(value.get("env", "")), "") if isinstance(value, dict) else str(value)
         )
     return headers
+
+
+def url_with_arguments(url: str, arguments: dict[str, Any]) -> tuple[httpx.URL, httpx.QueryParams]:
+    """The URL without its query, and its own query followed by the arguments.
+
+    httpx replaces a URL's query with `params`, so a configured `?fixed=1` would
+    be lost; an argument never overrides a configured parameter.
+    """
+    parsed = httpx.URL(url)
+    configured = parsed.params
+    extra = {name: value for name, value in arguments.items() if name not in configured}
+    return parsed.copy_with(query=None), configured.merge(extra)
 
 
 class ToolHttpError(Exception):
@@ -207,7 +243,8 @@ class ToolHttpError(Exception):
 async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
     headers = http_headers(tool, key)
     if tool.method in ("GET", "DELETE"):
-        response = await _client().request(tool.method, tool.url, params=arguments, headers=headers)
+        url, params = url_with_arguments(tool.url, arguments)
+        response = await _client().request(tool.method, url, params=params, headers=headers)
     else:
         response = await _client().request(tool.method, tool.url, json=arguments, headers=headers)
     # Crash tests: the request took effect but its result is not recorded yet.
@@ -283,6 +320,7 @@ async def execute_one(
         )
     breaker = tool_breaker()
     if not breaker.allow(tool.name):
+        log_tool_failure(tool, "breaker_open", "cooling down after repeated failures")
         return _failure(
             "failed",
             f"{tool.name} is temporarily unavailable after repeated failures; continue without it or try later.",
@@ -301,6 +339,7 @@ async def execute_one(
             if attempts <= retries:
                 continue
             breaker.record_failure(tool.name)
+            log_tool_failure(tool, "timeout", f"no answer within {tool.timeout_s:g} s")
             return _failure(
                 "timeout",
                 f"{tool.name} did not answer within {tool.timeout_s:g} s.",
@@ -319,6 +358,7 @@ async def execute_one(
     if output.get("ok") is False:
         # A business error ("order not found") is a normal result to reason about.
         message = str(output.get("error") or "the tool reported a failure")
+        log_tool_failure(tool, "business_error", message)
         return ToolOutcome(
             status="failed",
             output=output,
@@ -338,6 +378,39 @@ async def execute_one(
     )
 
 
+def _failure_status(exc: BaseException) -> str:
+    if isinstance(exc, ToolHttpError):
+        return str(exc.status)
+    if isinstance(exc, httpx.HTTPStatusError):
+        return str(exc.response.status_code)
+    if isinstance(exc, UnknownHandler | ToolMisconfigured):
+        return "misconfigured"
+    if isinstance(exc, httpx.TransportError):
+        return "unreachable"
+    return "exception"
+
+
+def log_tool_failure(tool: ToolSnapshot, status: str, reason: str) -> None:
+    """One WARNING line per failed call, for the operator: tool, URL, status, reason.
+
+    The URL is the configured one (arguments may hold personal data), and the
+    values of the tool's secret headers are cut out of the reason.
+    """
+    where = tool.url if tool.kind == "http" else f"python:{tool.handler}"
+    secrets = [
+        os.environ.get(str(v.get("env", "")), "")
+        for v in tool.headers.values()
+        if isinstance(v, dict)
+    ] + [str(v) for v in tool.headers.values() if not isinstance(v, dict)]
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            reason = reason.replace(secret, "[redacted]")
+    reason = " ".join(reason.split())[:300]
+    logger.warning(
+        "tool call failed: tool=%s url=%s status=%s reason=%s", tool.name, where, status, reason
+    )
+
+
 def _exception_outcome(
     tool: ToolSnapshot,
     exc: Exception,
@@ -346,7 +419,8 @@ def _exception_outcome(
     attempts: int,
     breaker: CircuitBreaker,
 ) -> ToolOutcome:
-    if isinstance(exc, UnknownHandler):
+    log_tool_failure(tool, _failure_status(exc), str(exc) or type(exc).__name__)
+    if isinstance(exc, UnknownHandler | ToolMisconfigured):
         message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
     elif isinstance(exc, ToolHttpError):
         # The API understood and refused: business data, not an outage (it also ends a half-open trial).
@@ -431,12 +505,9 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
     """
     try:
         if tool.kind == "http" and tool.status_url:
+            url, params = url_with_arguments(tool.status_url, {"idempotency_key": idempotency_key})
             response = await asyncio.wait_for(
-                _client().get(
-                    tool.status_url,
-                    params={"idempotency_key": idempotency_key},
-                    headers=http_headers(tool, idempotency_key),
-                ),
+                _client().get(url, params=params, headers=http_headers(tool, idempotency_key)),
                 timeout=tool.timeout_s,
             )
             if response.status_code == 404:

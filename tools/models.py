@@ -73,3 +73,9 @@ class Tool(models.Model):
             raise ValidationError({"url": "required for HTTP tools"})
         if self.kind == ToolKind.PYTHON and not self.handler:
             raise ValidationError({"handler": "required for Python tools"})
+        from .env_access import header_env_rule, refused_header_envs
+
+        refused = refused_header_envs(self.headers)
+        if refused:
+            names = ", ".join(f"{header} reads {name}" for header, name in refused)
+            raise ValidationError({"headers": f"{names}, but {header_env_rule()}"})

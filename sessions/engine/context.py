@@ -44,7 +44,7 @@ def build_request(
         messages.append(ChatMessage(role="system", content=f"{note} {FINAL_INSTRUCTION}"))
     else:
         specs = tuple(
-            ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+            ToolSpec(name=t.name, description=t.model_description, parameters=t.parameters)
             for name, t in sorted(tools.items())
             if name in agent.tools
         )

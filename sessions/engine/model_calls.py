@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from llm import EndpointConfig, adapter_for
 from llm.base import (
     ModelCircuitOpen,
     ModelError,
+    ModelKeyMissing,
     ModelProtocolError,
     ModelRequestTooLarge,
     ModelTimeout,
@@ -39,6 +41,8 @@ from runtime.faults import fault_point
 from ..models import Agent, ModelCall, ModelEndpoint, Session
 from ..publisher import publish_ephemeral
 from .deltas import DeltaBatcher
+
+logger = logging.getLogger(__name__)
 
 
 def rollout_bucket(session_id: object) -> int:
@@ -160,6 +164,12 @@ def _attempt(
             raise ModelRequestTooLarge(
                 f"request of about {estimated_in} tokens does not fit the {endpoint.context_window}-token window of '{endpoint.name}'"
             )
+        if endpoint.missing_key_env:
+            # Sent without its key, the request would only be refused (or worse, answered
+            # by a proxy that does not check): say which variable is missing instead.
+            raise ModelKeyMissing(
+                f"'{endpoint.name}' has no API key: environment variable {endpoint.missing_key_env} is not set"
+            )
         if endpoint.api != "rules" and not breaker.allow(endpoint.name):
             raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
         timing.started = time.perf_counter()
@@ -175,6 +185,7 @@ def _attempt(
         raise
     except ModelError as exc:
         _scrub(exc, config)
+        _log_failure(endpoint, exc)
         record.outcome = exc.outcome
         record.error = str(exc)[:1000]
         record.input_tokens = 0
@@ -199,6 +210,19 @@ def _attempt(
         + Decimal(record.output_tokens) * endpoint.price_output_per_1k
     ) / 1000
     return response, record, None
+
+
+def _log_failure(endpoint: ModelEndpoint, exc: ModelError) -> None:
+    """One WARNING line per failed call for the operator (the message is already scrubbed of the key)."""
+    status = exc.status if exc.status is not None else exc.outcome
+    reason = " ".join(str(exc).split())[:300]
+    logger.warning(
+        "model call failed: endpoint=%s url=%s status=%s reason=%s",
+        endpoint.name,
+        endpoint.base_url or f"({endpoint.api})",
+        status,
+        reason,
+    )
 
 
 def _scrub(exc: ModelError, config: EndpointConfig) -> None:

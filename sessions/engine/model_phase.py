@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
 from runtime.faults import fault_point
 
@@ -165,28 +166,22 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     if routed.response is None:
         error = routed.error
         problem = str(error) if error else "model call failed"
-        if error is not None and not error.retryable:
-            # A configuration error: no retry, and the operator must see it.
-            finish_turn(
-                session,
-                owner,
-                Trigger.FAILURE,
-                problem,
-                stop_reason="error",
-                error=problem,
-                extra=usage,
-            )
-            return
+        # The user gets the busy message either way; a refusal (a 4xx such as an
+        # unknown model, a missing key) is told apart for the operator, who also
+        # finds the reason in the ModelCall rows, last_error, the transition and the log.
+        refused = isinstance(error, ModelConfigError)
+        stop_reason = "model_refused" if refused else "model_unavailable"
         _answer(
             session,
             owner,
             agent.busy_message or BUSY_ANSWER,
             Trigger.ANSWER,
-            "model_unavailable",
+            stop_reason,
             usage,
             common,
             notes,
             last_error=problem,
+            reason=f"{stop_reason}: {problem}" if refused else "",
         )
         return
 
@@ -272,6 +267,7 @@ def _answer(
     common: dict[str, Any],
     notes: list[Message],
     last_error: str = "",
+    reason: str = "",
 ) -> None:
     message = Message(
         turn=session.turn,
@@ -295,7 +291,7 @@ def _answer(
                 owner,
                 trigger=trigger,
                 phase="answer",
-                reason=stop_reason,
+                reason=reason or stop_reason,
                 messages=[*notes, message],
                 after_events=[("turn.finished", summary)],
                 env=common["env"],

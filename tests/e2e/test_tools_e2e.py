@@ -65,11 +65,17 @@ def business_api(live_stack: Stack) -> Iterator[str]:
             proc.wait(5)
 
 
-def test_a_coupon_request_through_the_worker_issues_exactly_one_coupon(live_stack, business_api):
+def test_a_coupon_request_through_the_worker_issues_exactly_one_coupon(
+    live_stack, business_api, monkeypatch
+):
+    # The demo config's HTTP tools follow DEMO_API_URL, resolved and stored by apply_config.
+    monkeypatch.setenv("DEMO_API_URL", business_api)
     demo_install()
     set_model_options("rules", chunk_delay_s=0)
-    Tool.objects.filter(name="issue_coupon").update(
-        url=f"{business_api}/coupons", status_url=f"{business_api}/coupons/status"
+    coupon_tool = Tool.objects.get(name="issue_coupon")
+    assert (coupon_tool.url, coupon_tool.status_url) == (
+        f"{business_api}/coupons",
+        f"{business_api}/coupons/status",
     )
     customer = Customer.objects.order_by("id").first()
     ApiRequestLog.objects.all().delete()  # the readiness probe

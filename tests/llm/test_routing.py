@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
 from llm.base import ModelUnavailable
 from llm.prompt_tools import GAVE_UP_ANSWER
@@ -236,28 +237,92 @@ def test_a_blank_busy_message_still_gives_a_busy_answer(
     assert assistant_texts(session) == [BUSY_ANSWER]
 
 
-def test_a_400_is_not_retried_and_the_turn_ends_in_error(
-    openai_server, anthropic_server, make_endpoint, make_agent, owner
+def test_a_400_is_not_retried_and_the_user_gets_the_busy_message_with_the_reason_recorded(
+    openai_server, anthropic_server, make_endpoint, make_agent, owner, caplog
 ):
     primary, fallback = make_endpoint(openai_server), make_endpoint(anthropic_server)
     session = new_session(make_agent(primary, fallback_model=fallback), owner)
     openai_server.script(Reply(status=400, error_message="Unknown model 'openai-model'"))
 
-    session = run_turn(session)
+    with caplog.at_level(logging.WARNING, logger="sessions.engine.routing"):
+        session = run_turn(session)
 
-    assert session.state == "error"
-    assert anthropic_server.requests == []
+    # The user is not left in silence: the agent's busy message ends the turn normally.
+    assert session.state == "finished"
+    assert assistant_texts(session) == [BUSY]
+    assert events(session, "turn.finished")[-1].data["stop_reason"] == "model_refused"
+    assert anthropic_server.requests == []  # a refusal is not retried
+    # The operator sees why: the call, the session, the transition and one log line.
     assert [(c.outcome, c.retried) for c in calls(session)] == [("bad_request", False)]
-    (error,) = events(session, "error")
-    assert error.data["code"] == "model_error" and "HTTP 400" in error.data["message"]
-    assert "Unknown model" in session.last_error
-    assert events(session, "turn.finished")[-1].data["stop_reason"] == "error"
-    assert assistant_texts(session) == []
+    assert "HTTP 400" in calls(session)[0].error and "Unknown model" in session.last_error
+    last = Transition.objects.filter(session=session).order_by("-id").first()
+    assert last is not None and last.reason.startswith("model_refused: request refused (HTTP 400)")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.routing"]
+    assert line.startswith(
+        f"model call failed: endpoint={primary.name} url={primary.base_url} status=400 "
+        "reason=request refused (HTTP 400)"
+    )
+    assert "Unknown model" in line
 
     # The next message starts a new turn normally once the operator fixed things.
     openai_server.script(Reply(text="Fixed now."))
     session = run_turn(session, "again")
-    assert session.state == "finished" and assistant_texts(session) == ["Fixed now."]
+    assert session.state == "finished" and assistant_texts(session) == [BUSY, "Fixed now."]
+    assert session.last_error == ""
+
+
+def test_a_missing_key_is_never_sent_the_fallback_answers_and_the_operator_is_told(
+    openai_server, make_endpoint, make_agent, owner, monkeypatch, caplog
+):
+    monkeypatch.delenv("UNSET_TEST_MODEL_KEY", raising=False)
+    primary = make_endpoint(openai_server, api_key_env="UNSET_TEST_MODEL_KEY")
+    assert primary.missing_key_env == "UNSET_TEST_MODEL_KEY"  # what the admin shows
+    fallback = make_endpoint(None, api="rules", api_key_env="")
+    agent = make_agent(primary, fallback_model=fallback, rules=[{"answer": "From the rules."}])
+
+    with caplog.at_level(logging.WARNING, logger="sessions.engine.routing"):
+        session = run_turn(new_session(agent, owner))
+
+    assert openai_server.requests == []  # no request went out without its key
+    assert assistant_texts(session) == ["From the rules."]
+    (refused, answered) = calls(session)
+    assert (refused.outcome, answered.outcome, answered.fallback_used) == (
+        "bad_request",
+        "success",
+        True,
+    )
+    assert refused.error == (
+        f"'{primary.name}' has no API key: environment variable UNSET_TEST_MODEL_KEY is not set"
+    )
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.routing"]
+    assert line == (
+        f"model call failed: endpoint={primary.name} url={primary.base_url} status=bad_request "
+        f"reason={refused.error}"
+    )
+
+    # Without a fallback the user gets the busy message, the operator the variable's name.
+    session = run_turn(new_session(make_agent(primary), owner))
+    assert assistant_texts(session) == [BUSY] and openai_server.requests == []
+    assert events(session, "turn.finished")[-1].data["stop_reason"] == "model_refused"
+    assert "UNSET_TEST_MODEL_KEY is not set" in session.last_error
+
+
+def test_the_admin_marks_an_endpoint_whose_key_variable_is_unset(
+    admin_client, make_endpoint, monkeypatch
+):
+    monkeypatch.delenv("UNSET_TEST_MODEL_KEY", raising=False)
+    make_endpoint(None, api="openai", name="keyless", api_key_env="UNSET_TEST_MODEL_KEY")
+    make_endpoint(None, api="openai", name="keyed")  # its variable is set by the fixture
+    page = admin_client.get(
+        reverse("admin:agent_sessions_modelendpoint_changelist")
+    ).content.decode()
+    assert "misconfigured: UNSET_TEST_MODEL_KEY is not set" in page
+    assert f"from {KEY_ENV}" in page
+    endpoint = ModelEndpoint.objects.get(name="keyless")
+    page = admin_client.get(
+        reverse("admin:agent_sessions_modelendpoint_change", args=[endpoint.pk])
+    ).content.decode()
+    assert "misconfigured: UNSET_TEST_MODEL_KEY is not set" in page
 
 
 def test_a_request_too_large_for_the_window_is_refused_before_sending(
@@ -575,10 +640,19 @@ def test_the_api_key_never_reaches_a_record_an_event_a_message_or_a_log(
     openai_server.script(Reply(status=429, echo_key=True, headers={"Retry-After": "0"}))
     anthropic_server.script(Reply(status=529, echo_key=True))
     session = run_turn(session, "two")
-    # Turn 3: a 401 that echoes it (not retried: the turn ends in error).
+    # Turn 3: a 401 that echoes it (not retried: the busy message answers).
     openai_server.script(Reply(status=401, echo_key=True, error_message="Incorrect API key"))
     session = run_turn(session, "three")
-    assert session.state == "error"
+    assert session.state == "finished" and assistant_texts(session)[-1] == BUSY
+    assert events(session, "turn.finished")[-1].data["stop_reason"] == "model_refused"
+    # Every failure was logged, once, naming the endpoint.
+    failures = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("model call failed")
+    ]
+    assert len(failures) == 5 and all(
+        f"endpoint={e.name} " in f
+        for e, f in zip([primary, fallback, primary, fallback, primary], failures, strict=True)
+    )
 
     # The providers did receive the key, in their own headers...
     assert {r.headers["authorization"] for r in openai_server.requests} == {f"Bearer {secret}"}

@@ -68,13 +68,21 @@ def _base() -> dict:
     }
 
 
-def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path):
+DEMO_URL_NOTES = {
+    "issue_coupon": "; url http://127.0.0.1:8765/coupons (DEMO_API_URL not set: default)"
+    "; status_url http://127.0.0.1:8765/coupons/status (DEMO_API_URL not set: default)",
+    "get_order": "; url http://127.0.0.1:8765/orders/lookup (DEMO_API_URL not set: default)",
+}
+
+
+def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEMO_API_URL", raising=False)
     # The demo business API may not be running: its HTTP tools' URLs are not checked here.
     lines = _apply(DEMO_CONFIG, "--no-url-check")
     assert lines == [
         *[f"role {r['name']}: created" for r in DEMO["roles"]],
         *[f"model {m['name']}: created" for m in DEMO["models"]],
-        *[f"tool {t['name']}: created" for t in DEMO["tools"]],
+        *[f"tool {t['name']}: created{DEMO_URL_NOTES.get(t['name'], '')}" for t in DEMO["tools"]],
         *[f"agent {a['slug']}: created" for a in DEMO["agents"]],
     ]
     assert lines[:3] == ["role support: created", "role analyst: created", "model rules: created"]
@@ -85,7 +93,7 @@ def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path):
         "issue_coupon",
         "get_order",
     ):
-        assert f"tool {name}: created" in lines
+        assert f"tool {name}: created{DEMO_URL_NOTES.get(name, '')}" in lines
     agent = Agent.objects.get(slug="order-support")
     assert agent.model.name == "rules" and agent.max_iterations == 8
     assert agent.tools == DEMO["agents"][0]["tools"]
@@ -119,6 +127,29 @@ def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path):
         line.replace("created", "unchanged") for line in lines
     ]
     assert _state() == before
+
+
+def test_the_demo_tools_follow_demo_api_url(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEMO_API_URL", raising=False)
+    _apply(DEMO_CONFIG, "--no-url-check")
+    monkeypatch.setenv("DEMO_API_URL", "http://127.0.0.1:9911/")  # a trailing slash is fine
+
+    lines = _apply(DEMO_CONFIG, "--no-url-check")
+
+    assert (
+        "tool issue_coupon: updated (url, status_url)"
+        "; url http://127.0.0.1:9911/coupons (from DEMO_API_URL)"
+        "; status_url http://127.0.0.1:9911/coupons/status (from DEMO_API_URL)"
+    ) in lines
+    assert (
+        "tool get_order: updated (url); url http://127.0.0.1:9911/orders/lookup (from DEMO_API_URL)"
+    ) in lines
+    coupon = Tool.objects.get(name="issue_coupon")
+    assert (coupon.url, coupon.status_url) == (
+        "http://127.0.0.1:9911/coupons",
+        "http://127.0.0.1:9911/coupons/status",
+    )
+    assert Tool.objects.get(name="get_order").url == "http://127.0.0.1:9911/orders/lookup"
 
 
 def test_a_change_is_reported_as_updated_with_the_field_names(tmp_path):
@@ -452,3 +483,179 @@ def test_the_command_checks_urls_unless_told_not_to(tmp_path):
 
 def test_python_tools_have_no_url_to_check():
     assert "tool clock: created" in config_apply(document=_base(), check_urls=True)
+
+
+# URLs from the environment ------------------------------------------------------------------------
+
+
+def test_a_url_env_form_uses_the_variable_then_the_default_and_appends_the_path(monkeypatch):
+    monkeypatch.delenv("ORDERS_API_URL", raising=False)
+    monkeypatch.delenv("LLM_URL", raising=False)
+    document = _http_tool(
+        {"env": "ORDERS_API_URL", "default": "http://127.0.0.1:8765", "path": "/lookup?fixed=1"}
+    )
+    document["models"].append(
+        {"name": "llm", "api": "openai", "base_url": {"env": "LLM_URL", "default": "http://x/v1"}}
+    )
+    report = config_apply(document=document)
+    assert (
+        "tool clock: created; url http://127.0.0.1:8765/lookup?fixed=1 (ORDERS_API_URL not set: default)"
+        in report
+    )
+    assert "model llm: created; base_url http://x/v1 (LLM_URL not set: default)" in report
+    assert Tool.objects.get(name="clock").url == "http://127.0.0.1:8765/lookup?fixed=1"
+
+    # The URL is an address, not a secret: any variable may be named, with or without a prefix.
+    monkeypatch.setenv("ORDERS_API_URL", "https://orders.internal/api")
+    monkeypatch.setenv("LLM_URL", "http://10.0.0.5:9000/v1")
+    report = config_apply(document=document)
+    assert (
+        "tool clock: updated (url); url https://orders.internal/api/lookup?fixed=1 (from ORDERS_API_URL)"
+        in report
+    )
+    assert (
+        "model llm: updated (base_url); base_url http://10.0.0.5:9000/v1 (from LLM_URL)" in report
+    )
+    assert ModelEndpoint.objects.get(name="llm").base_url == "http://10.0.0.5:9000/v1"
+
+
+@pytest.mark.parametrize(
+    ("env", "spec", "expected"),
+    [
+        (
+            {},
+            {"env": "ORDERS_API_URL", "path": "/coupons"},
+            "tools[0] (clock).url: environment variable ORDERS_API_URL is not set and no default is given",
+        ),
+        (
+            {"ORDERS_API_URL": "orders.internal:8765"},
+            {"env": "ORDERS_API_URL", "default": "http://127.0.0.1:8765"},
+            "tools[0] (clock).url: ORDERS_API_URL='orders.internal:8765' is not an http(s) URL",
+        ),
+        (
+            {},
+            {"env": "ORDERS_API_URL", "default": "ftp://127.0.0.1"},
+            "tools[0] (clock).url.default: 'ftp://127.0.0.1' does not match '^https?://'",
+        ),
+        (
+            {},
+            {"env": "orders url", "default": "http://127.0.0.1"},
+            "tools[0] (clock).url.env: 'orders url' does not match",
+        ),
+        (
+            {},
+            {"env": "ORDERS_API_URL", "host": "127.0.0.1"},
+            "tools[0] (clock).url: Additional properties are not allowed ('host' was unexpected)",
+        ),
+    ],
+)
+def test_a_wrong_url_env_form_names_entry_and_field_and_changes_nothing(
+    tmp_path, monkeypatch, env, spec, expected
+):
+    monkeypatch.delenv("ORDERS_API_URL", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(CommandError) as info:
+        _apply(_write(tmp_path, _http_tool(spec)), "--no-url-check")
+    assert expected in str(info.value), str(info.value)
+    assert _state() == ([], [], [], [])
+
+
+def test_the_url_check_uses_the_resolved_url(listening_url, monkeypatch):
+    monkeypatch.setenv("ORDERS_API_URL", listening_url.removesuffix("/coupons"))
+    document = _http_tool({"env": "ORDERS_API_URL", "path": "/coupons"})
+    assert any(
+        line.startswith("tool clock: created; url ")
+        for line in config_apply(document=document, check_urls=True)
+    )
+    assert Tool.objects.get(name="clock").url == listening_url
+
+
+# secrets in tool headers --------------------------------------------------------------------------
+
+
+def test_a_tool_header_may_read_only_allowed_variables(settings):
+    document = _http_tool(
+        "http://127.0.0.1:9/x",
+        headers={"X-Env-Leak": {"env": "DATABASE_URL"}, "Authorization": {"env": "TOOL_SECRET_X"}},
+    )
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors == [
+        "tools[0] (clock).headers.X-Env-Leak: environment variable DATABASE_URL may not be read; "
+        "tool headers may read only names starting with TOOL_SECRET_"
+    ]
+    assert _state() == ([], [], [], [])
+
+    settings.TOOL_SECRET_ENV_ALLOW = ["ORDERS_TOKEN"]
+    document["tools"][0]["headers"] = {"X-Token": {"env": "ORDERS_TOKEN"}}
+    assert "tool clock: created" in config_apply(document=document)
+
+    settings.TOOL_SECRET_ENV_PREFIXES = ["ACME_"]
+    document["tools"][0]["headers"] = {"X-Token": {"env": "TOOL_SECRET_X"}}
+    with pytest.raises(
+        ConfigInvalid,
+        match="TOOL_SECRET_X may not be read; tool headers may read "
+        r"only names starting with ACME_ or the names listed in TOOL_SECRET_ENV_ALLOW \(ORDERS_TOKEN\)",
+    ):
+        config_apply(document=document)
+
+
+# every agent setting ------------------------------------------------------------------------------
+
+
+def test_every_field_the_admin_can_set_is_in_the_config_file():
+    from sessions.config_schema import AGENT_ENTRY, MODEL_ENTRY, TOOL_ENTRY
+
+    def editable(model: type) -> set[str]:
+        return {
+            f.name
+            for f in model._meta.concrete_fields
+            if f.editable and not f.primary_key and f.name not in ("created_at", "updated_at")
+        }
+
+    assert editable(Agent) == set(AGENT_ENTRY["properties"])
+    assert editable(ModelEndpoint) == set(MODEL_ENTRY["properties"])
+    assert editable(Tool) == set(TOOL_ENTRY["properties"])
+
+
+def test_double_texting_is_set_from_the_file():
+    document = _base()
+    document["agents"][0]["double_texting"] = "interrupt"
+    assert "agent support: created" in config_apply(document=document)
+    assert Agent.objects.get(slug="support").double_texting == "interrupt"
+
+    document["agents"][0]["double_texting"] = "reject"
+    assert "agent support: updated (double_texting)" in config_apply(document=document)
+
+    document["agents"][0]["double_texting"] = "queue"
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors[0].startswith(
+        "agents[0] (support).double_texting: 'queue' is not one of ['enqueue', 'interrupt', 'reject']"
+    )
+
+
+# missing secrets ------------------------------------------------------------------------------------
+
+
+def test_a_model_whose_key_variable_is_unset_is_applied_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAIN_API_KEY", raising=False)
+    document = _base()
+    document["models"].append(
+        {"name": "llm", "api": "openai", "base_url": "http://x/v1", "api_key_env": "MAIN_API_KEY"}
+    )
+    out, err = io.StringIO(), io.StringIO()
+    call_command("apply_config", str(_write(tmp_path, document)), stdout=out, stderr=err)
+
+    assert "model llm: created" in out.getvalue().splitlines()
+    assert err.getvalue().strip() == (
+        "warning: model llm: api_key_env MAIN_API_KEY is not set in this environment; "
+        "its calls are refused until the worker has it"
+    )
+    endpoint = ModelEndpoint.objects.get(name="llm")
+    assert endpoint.missing_key_env == "MAIN_API_KEY"
+
+    monkeypatch.setenv("MAIN_API_KEY", "sk-set-now")
+    assert not any(line.startswith("warning") for line in config_apply(document=document))
+    assert endpoint.missing_key_env == ""

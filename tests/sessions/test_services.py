@@ -1,17 +1,18 @@
 """What the edges call: creating sessions, posting and queueing messages, cancelling, sweeping."""
 
 import logging
+import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
 from sessions import selectors, services
 from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from sessions.models import Event, Message, Session, Transition
+from sessions.models import Agent, Event, Message, Session, Transition
 from sessions.states import RUNNABLE, State
 from sessions.sweep_status import sweep_age_s, sweep_mark_completed
 
@@ -343,3 +344,102 @@ def test_a_sweep_records_its_completion_for_readyz(make_session):
     assert sweep_age_s() >= 3599
     services.sessions_sweep()
     assert sweep_age_s() < 5
+
+
+# row locks ----------------------------------------------------------------------------------------
+
+
+def _in_thread(work, *, hold: threading.Event | None = None, done: threading.Event | None = None):  # type: ignore[no-untyped-def]
+    """Run `work` on its own connection, in a transaction that fails on a lock wait over 3 s
+    and, with `hold`, stays open (its locks held) until `hold` is set."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '3s'")
+                outcome["value"] = work()
+                if done is not None:
+                    done.set()
+                if hold is not None:
+                    hold.wait(30)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+            outcome["error"] = exc
+            if done is not None:
+                done.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_posts_lock_only_their_session_row_not_the_agent(make_agent, make_session):
+    agent = make_agent()
+    first, second, third = (make_session(agent=agent) for _ in range(3))
+    release = threading.Event()
+    first_posted = threading.Event()
+    threads = []
+    try:
+        # 1. A post into the first session whose transaction stays open.
+        holder, held = _in_thread(
+            lambda: services.message_post(session=first, content="one"),
+            hold=release,
+            done=first_posted,
+        )
+        threads.append(holder)
+        assert first_posted.wait(10) and "error" not in held, held
+        # 2. A post into another session of the same agent does not wait for it.
+        other, posted = _in_thread(lambda: services.message_post(session=second, content="two"))
+        threads.append(other)
+        other.join(10)
+        assert not other.is_alive() and "error" not in posted, posted
+        # 3. An admin edit of the agent does not wait for the open post either, and
+        # 4. while that edit is uncommitted (the agent row locked), a third session posts.
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            assert Agent.objects.filter(pk=agent.pk).update(name="edited") == 1
+            late, late_posted = _in_thread(
+                lambda: services.message_post(session=third, content="three")
+            )
+            threads.append(late)
+            late.join(10)
+            assert not late.is_alive() and "error" not in late_posted, late_posted
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert "error" not in held, held
+    assert [Message.objects.get(session=s).content for s in (first, second, third)] == [
+        "one",
+        "two",
+        "three",
+    ]
+    assert Agent.objects.get(pk=agent.pk).name == "edited"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_posts_into_one_session_still_wait_for_each_other(make_session):
+    session = make_session()
+    release, first_posted = threading.Event(), threading.Event()
+    holder, held = _in_thread(
+        lambda: services.message_post(session=session, content="one"),
+        hold=release,
+        done=first_posted,
+    )
+    try:
+        assert first_posted.wait(10) and "error" not in held, held
+        waiting, outcome = _in_thread(lambda: services.message_post(session=session, content="two"))
+        waiting.join(10)
+        # The session row is locked by the open post: the second one hit the lock timeout.
+        assert "lock timeout" in str(outcome.get("error", "")), outcome
+    finally:
+        release.set()
+        holder.join(30)
+    assert list(Message.objects.filter(session=session).values_list("content", flat=True)) == [
+        "one"
+    ]

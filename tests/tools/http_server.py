@@ -39,6 +39,7 @@ class Seen:
     query: dict[str, str]
     headers: dict[str, str]  # lower-cased names
     body: Any
+    raw_query: str = ""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -57,6 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
             query={k: v[0] for k, v in parse_qs(url.query).items()},
             headers={k.lower(): v for k, v in self.headers.items()},
             body=json.loads(raw) if raw else None,
+            raw_query=url.query,
         )
         action = self.server.api.next(seen)
         if isinstance(action, Drop):

@@ -58,7 +58,7 @@ def test_the_listing_shows_only_the_callers_roles_tools_and_open_ones(tools, rol
 def test_the_listing_describes_each_tool_without_how_it_runs(tools):
     ToolFactory(
         name="issue_coupon", kind="http", handler="", url="http://127.0.0.1:9/coupons", roles=["support"],
-        headers={"Authorization": {"env": "COUPON_API_TOKEN"}}, side_effects=True, requires_approval=True,
+        headers={"Authorization": {"env": "TOOL_SECRET_COUPON_API_TOKEN"}}, side_effects=True, requires_approval=True,
         risk_level=2, credit_cost=100, timeout_s=4, result_description="The coupon code.",
     )  # fmt: skip
     (coupon,) = [t for t in _client(("support",)).get(URL).json() if t["name"] == "issue_coupon"]
@@ -176,7 +176,7 @@ def _http_post(**overrides: str) -> dict[str, str]:
         "handler": "",
         "url": "http://127.0.0.1:8765/coupons",
         "method": "post",
-        "headers": '{"Authorization": {"env": "COUPON_API_TOKEN"}, "X-Team": "support"}',
+        "headers": '{"Authorization": {"env": "TOOL_SECRET_COUPON_API_TOKEN"}, "X-Team": "support"}',
         "timeout_s": "10",
         "risk_level": "2",
         "roles": "support",
@@ -195,7 +195,10 @@ def test_the_admin_saves_an_http_tool_whose_secret_header_comes_from_the_environ
     response = client.post(reverse("admin:tools_tool_add"), _http_post())
     assert response.status_code == 302, response.context["adminform"].form.errors
     tool = Tool.objects.get(name="issue_coupon")
-    assert tool.headers == {"Authorization": {"env": "COUPON_API_TOKEN"}, "X-Team": "support"}
+    assert tool.headers == {
+        "Authorization": {"env": "TOOL_SECRET_COUPON_API_TOKEN"},
+        "X-Team": "support",
+    }
     assert tool.method == "POST" and tool.side_effects and tool.roles == ["support"]
 
 
@@ -208,6 +211,7 @@ def test_the_admin_saves_an_http_tool_whose_secret_header_comes_from_the_environ
         ({"url": ""}, "url"),
         ({"method": "FETCH"}, "method"),
         ({"risk_level": "4"}, "risk_level"),
+        ({"headers": '{"X-Env-Leak": {"env": "DATABASE_URL"}}'}, "headers"),
     ],
 )
 def test_the_admin_refuses_a_wrong_http_tool(client, operator, overrides, field):
@@ -215,3 +219,13 @@ def test_the_admin_refuses_a_wrong_http_tool(client, operator, overrides, field)
     assert response.status_code == 200
     assert field in response.context["adminform"].form.errors
     assert not Tool.objects.filter(name="issue_coupon").exists()
+
+
+def test_the_admin_says_which_variable_a_header_may_not_read(client, operator):
+    response = client.post(
+        reverse("admin:tools_tool_add"),
+        _http_post(headers='{"X-Env-Leak": {"env": "DATABASE_URL"}}'),
+    )
+    assert response.context["adminform"].form.errors["headers"] == [
+        "X-Env-Leak reads DATABASE_URL, but tool headers may read only names starting with TOOL_SECRET_"
+    ]

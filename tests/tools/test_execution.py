@@ -517,9 +517,11 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         requires_approval = True
         risk_level = 3
         roles = None
+        result_description = "The things."
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
+    assert snap.result_description == "The things."
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
@@ -539,11 +541,11 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
 def test_an_http_tool_sends_the_idempotency_key_and_secret_headers_from_the_environment(
     monkeypatch,
 ):
-    monkeypatch.setenv("TESTS_EXEC_API_TOKEN", "s3cret-token")
+    monkeypatch.setenv("TOOL_SECRET_TESTS_EXEC_API_TOKEN", "s3cret-token")
     with ScriptedApi(Answer(201, {"ok": True, "coupon_code": "CPN-1", "amount": "10.00"})) as api:
         tool = http_tool(
             unique("issue"), api.url("/coupons"), side_effects=True,
-            headers={"Authorization": {"env": "TESTS_EXEC_API_TOKEN"}, "X-Client": "agentplatform"},
+            headers={"Authorization": {"env": "TOOL_SECRET_TESTS_EXEC_API_TOKEN"}, "X-Client": "agentplatform"},
         )  # fmt: skip
         outcome = run(call(tool.name, {"amount": "10"}, key="sess:1:2:0:issue"), tool)
         (seen,) = api.requests
@@ -748,3 +750,121 @@ def test_the_breaker_is_per_tool():
         FAILING.discard(token)
     assert run(call(broken.name, {"token": token}), broken).attempts == 0
     assert run(call(healthy.name, {"token": token}), healthy).status == "success"
+
+
+# configured query strings, secret headers, failure log lines --------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_a_get_or_delete_tool_keeps_its_configured_query_and_arguments_never_override_it(method):
+    with ScriptedApi(Answer(200, {"ok": True})) as api:
+        tool = http_tool(unique("lookup"), api.url("/lookup?fixed=1&number=SO-0"), method=method)
+        outcome = run(call(tool.name, {"number": "SO-7", "amount": 3}), tool)
+        (seen,) = api.requests
+    assert outcome.status == "success"
+    assert (seen.method, seen.path) == (method, "/lookup")
+    # The URL's own parameters first and unchanged; the model's `number` is not sent twice.
+    assert seen.raw_query == "fixed=1&number=SO-0&amount=3"
+
+
+def test_a_probe_keeps_the_status_urls_configured_query():
+    with ScriptedApi(Answer(200, {"status": "done", "result": {"ok": True}})) as api:
+        tool = http_tool(
+            unique("issue"), api.url("/coupons"), status_url=api.url("/coupons/status?v=2")
+        )
+        result = on_loop(execution.probe(tool, "k-1"))
+        (seen,) = api.requests
+    assert result.verdict == "done"
+    assert (seen.path, seen.raw_query) == ("/coupons/status", "v=2&idempotency_key=k-1")
+
+
+def test_a_header_naming_a_variable_outside_the_allow_list_is_refused_at_call_time(
+    monkeypatch, caplog
+):
+    # A row edited in the admin's raw JSON, or written before the rule, must not leak either.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://app:db-password-123@db/app")
+    with ScriptedApi(Answer(200, {"ok": True})) as api:
+        tool = http_tool(
+            unique("leaky"), api.url("/x"), headers={"X-Env-Leak": {"env": "DATABASE_URL"}}
+        )
+        with caplog.at_level("WARNING", logger="tools.execution"):
+            outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert api.requests == []  # nothing was sent
+    assert outcome.status == "failed"
+    assert "is misconfigured" in outcome.error and "X-Env-Leak reads DATABASE_URL" in outcome.error
+    assert "may read only names starting with TOOL_SECRET_" in outcome.error
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"tool call failed: tool={tool.name} url={api.url('/x')} ")
+    assert "status=misconfigured" in line
+    assert "db-password-123" not in line + outcome.error + outcome.content
+
+
+def test_an_allow_listed_variable_may_be_read_by_a_header(monkeypatch, settings):
+    settings.TOOL_SECRET_ENV_ALLOW = ["ORDERS_TOKEN"]
+    monkeypatch.setenv("ORDERS_TOKEN", "tok-42")
+    with ScriptedApi(Answer(200, {"ok": True})) as api:
+        tool = http_tool(unique("ok"), api.url("/x"), headers={"X-Token": {"env": "ORDERS_TOKEN"}})
+        assert run(call(tool.name, {"number": "1"}), tool).status == "success"
+        (seen,) = api.requests
+    assert seen.headers["x-token"] == "tok-42"
+
+
+def test_every_tool_failure_logs_one_line_with_tool_url_status_and_reason_never_the_key(
+    monkeypatch, caplog
+):
+    secret = "tool-key-" + uuid.uuid4().hex
+    monkeypatch.setenv("TOOL_SECRET_LOG_TEST", secret)
+    headers = {"Authorization": {"env": "TOOL_SECRET_LOG_TEST"}}
+    with ScriptedApi() as api:
+        # The API echoes the key it was sent, in a 500 and in a 4xx refusal.
+        api.script(
+            Answer(500, {"error": f"bad key {secret}"}),
+            Answer(422, {"error": f"refused for {secret}: amount too high"}),
+        )
+        broken = http_tool(unique("broken"), api.url("/b"), side_effects=True, headers=headers)
+        refused = http_tool(unique("refused"), api.url("/r"), side_effects=True, headers=headers)
+        slow = snapshot(unique("slow"), handler="tests.exec.sleepy", side_effects=True,
+                        parameters={"type": "object"}, timeout_s=0.2)  # fmt: skip
+        with caplog.at_level("WARNING", logger="tools.execution"):
+            outcomes = [
+                run(call(broken.name, {"amount": 1}), broken),
+                run(call(refused.name, {"amount": 1}), refused),
+                run(call(slow.name, {"seconds": 2}), slow),
+                run(call(unique("nope"), {}), broken),  # the model's mistake, not a tool failure
+            ]
+    assert [o.status for o in outcomes] == ["failed", "failed", "timeout", "rejected"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(
+        f"tool call failed: tool={broken.name} url={api.url('/b')} status=500 "
+    )
+    assert lines[1].startswith(
+        f"tool call failed: tool={refused.name} url={api.url('/r')} status=422 "
+    )
+    assert "amount too high" in lines[1] and "[redacted]" in lines[1]
+    assert lines[2] == (
+        f"tool call failed: tool={slow.name} url=python:tests.exec.sleepy status=timeout "
+        "reason=no answer within 0.2 s"
+    )
+    assert not [line for line in lines if secret in line]
+
+
+def test_the_model_reads_the_result_description_with_the_tool_description():
+    from sessions.engine.context import build_request
+    from sessions.models import Agent
+
+    described = snapshot(
+        "lookup", description="Find an order.", result_description="The order's\nstatus."
+    )
+    plain = snapshot("echo", description="Echo the text")
+    agent = Agent(slug="a", tools=["lookup", "echo"], rules=[])
+    request = build_request(
+        agent=agent, history=[], tools={"lookup": described, "echo": plain}, final=False
+    )
+    assert {t.name: t.description for t in request.tools} == {
+        "echo": "Echo the text",
+        "lookup": "Find an order. Returns: The order's status.",
+    }
+    assert snapshot("x", description="Look up", result_description="A row").model_description == (
+        "Look up. Returns: A row"
+    )

@@ -36,4 +36,7 @@ class Command(BaseCommand):
             lines = "\n".join(f"  - {e}" for e in exc.errors)
             raise CommandError(f"{path}: nothing was changed; fix these:\n{lines}") from None
         for line in report:
-            self.stdout.write(line)
+            if line.startswith("warning: "):
+                self.stderr.write(self.style.WARNING(line))
+            else:
+                self.stdout.write(line)
