@@ -214,9 +214,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # API keys in `?token=` / `?key=` never reach a log (agentplatform/access_log.py).
+    "filters": {"redact_keys": {"()": "agentplatform.access_log.RedactQueryFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "django.channels.server": {"filters": ["redact_keys"]},
         "django.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
     },
