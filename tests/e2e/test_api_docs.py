@@ -30,3 +30,40 @@ def test_every_file_a_docs_page_loads_is_served_locally(live_stack: Stack, page:
                 assert response.headers["content-type"].startswith("text/css"), url
         # The schema the page loads, too.
         assert client.get("/api/v1/schema/").status_code == 200
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("chromium")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium and the playwright package")
+def test_swagger_ui_renders_the_operations_with_the_internet_cut_off(live_stack: Stack) -> None:
+    from playwright.sync_api import sync_playwright
+
+    blocked: list[str] = []
+
+    def only_local(route) -> None:  # type: ignore[no-untyped-def]
+        if route.request.url.startswith(live_stack.http):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", only_local)
+            page.goto(f"{live_stack.http}/api/v1/docs/")
+            page.wait_for_selector(".opblock", timeout=20_000)
+            paths = page.locator(".opblock-summary-path").all_inner_texts()
+        finally:
+            browser.close()
+    assert blocked == []
+    assert any("/api/v1/sessions/{session_id}/messages/" in p for p in paths), paths
