@@ -2,6 +2,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from agentplatform import access_log
+
+# Before daphne's CLI builds its access logger (it imports this module first).
+access_log.install()
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
 django_asgi_app = get_asgi_application()
 

@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI and Redoc as static files: the docs work without internet.
+    "drf_spectacular_sidecar",
     "channels",
     "accounts",
     "sessions.apps.AgentSessionsConfig",
@@ -208,7 +210,7 @@ WHITENOISE_AUTOREFRESH = env.bool("WHITENOISE_AUTOREFRESH", default=DEBUG)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "sessions.api.schema.ErrorDocumentingAutoSchema",
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "sessions.api.errors.api_exception_handler",
@@ -220,6 +222,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Served by WhiteNoise from drf-spectacular-sidecar, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Production hardening, switched on by environment (see README "Deploying").
@@ -240,12 +246,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # API keys in `?token=` / `?key=` never reach a log (agentplatform/access_log.py).
+    "filters": {"redact_keys": {"()": "agentplatform.access_log.RedactQueryFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     # Celery logs every sweep (every SWEEPER_INTERVAL_S) at INFO three times
     # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
     "filters": {"quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "django.channels.server": {"filters": ["redact_keys"]},
         "django.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "celery.beat": {"filters": ["quiet_sweeps"]},

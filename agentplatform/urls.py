@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from django.views.generic import TemplateView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from sessions.api import health
 from sessions.api.errors_http import json_not_found, json_server_error
@@ -8,11 +9,18 @@ from sessions.views import playground
 from tools.api import ToolListView
 
 urlpatterns = [
+    # The admin's "View site" link (site_url "/") leads here.
+    path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path(
+        "api/v1/redoc/",
+        SpectacularRedocView.as_view(url_name="schema", template_name="docs/redoc.html"),
+        name="redoc",
+    ),
     path("api/v1/", include("sessions.api.urls")),
     path("api/v1/tools/", ToolListView.as_view(), name="tool-list"),
     path("playground/", playground, name="playground"),

@@ -1,5 +1,7 @@
 """The OpenAPI document is valid OpenAPI 3 and describes the public contract; Swagger UI is served."""
 
+import re
+
 import pytest
 from openapi_spec_validator import validate
 
@@ -56,3 +58,27 @@ def test_swagger_ui_is_served(client):
     response = client.get("/api/v1/docs/")
     assert response.status_code == 200
     assert b"swagger" in response.content.lower()
+
+
+def _referenced_urls(html: str) -> list[str]:
+    return re.findall(r'(?:src|href)="([^"]*)"', html)
+
+
+@pytest.mark.parametrize("page", ["/api/v1/docs/", "/api/v1/redoc/"])
+def test_the_docs_pages_load_nothing_from_the_internet(client, page):
+    response = client.get(page)
+    assert response.status_code == 200
+    html = response.content.decode()
+    urls = _referenced_urls(html)
+    scripts = [u for u in urls if u.endswith(".js")]
+    assert scripts, html
+    for url in urls:
+        # Site-relative static files only: no CDN, no protocol-relative URL, no fonts service.
+        assert url.startswith("/static/drf_spectacular_sidecar/"), url
+    assert "https://" not in html and "http://" not in html and "//cdn" not in html
+
+
+def test_redoc_is_served(client):
+    response = client.get("/api/v1/redoc/")
+    assert response.status_code == 200
+    assert b'<redoc spec-url="/api/v1/schema/"' in response.content

@@ -1,0 +1,90 @@
+"""OpenAPI: every operation documents the error responses it can really give, in one place.
+
+Errors share one shape (`sessions.api.errors.error_body`); which statuses an
+operation can answer follows from what it is, so the rules live here rather
+than in a decorator on each view:
+
+- 400 when it takes a request body or query parameters (bad input);
+- 401 when it requires an API key;
+- 403 when a permission class other than "is authenticated" guards it;
+- 404 when its path names a resource (an id that does not exist or is not yours);
+- 409 when it POSTs to an existing resource (its state does not allow the action);
+- 413 and 415 when it takes a request body (too large, not JSON);
+- 429 when it is throttled.
+"""
+
+from typing import Any
+
+from drf_spectacular.openapi import AutoSchema
+from rest_framework import permissions, serializers
+
+ERROR_DESCRIPTIONS = {
+    400: "Bad input: malformed JSON, a wrong or unknown field, a parameter out of range.",
+    401: "No API key, a malformed Authorization header, or an invalid or revoked key.",
+    403: "The API key may not do this.",
+    404: "No such resource, or it belongs to another user.",
+    409: "The resource's current state does not allow this (e.g. a turn is running).",
+    413: "The request body or a field in it is too large.",
+    415: "The request body is not application/json.",
+    429: "Too many requests; retry after the number of seconds in Retry-After.",
+}
+
+# Permission classes that only say "an API key is required" (covered by 401).
+_KEY_ONLY_PERMISSIONS = (permissions.AllowAny, permissions.IsAuthenticated)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable, machine-readable error code.")
+    message = serializers.CharField(help_text="What went wrong, for a person.")
+    details = serializers.DictField(help_text="Structured context, e.g. the offending field.")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one shape of every API error."""
+
+    error = ErrorDetailSerializer()
+
+
+class ErrorDocumentingAutoSchema(AutoSchema):
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation = super().get_operation(*args, **kwargs)
+        if operation is None:
+            return None
+        responses = operation.setdefault("responses", {})
+        ref = self.resolve_serializer(ErrorSerializer, "response").ref
+        for status in self._error_statuses(operation):
+            response: dict[str, Any] = {
+                "description": ERROR_DESCRIPTIONS[status],
+                "content": {"application/json": {"schema": ref}},
+            }
+            if status == 429:
+                response["headers"] = {
+                    "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds."}
+                }
+            responses.setdefault(str(status), response)
+        return operation
+
+    def _error_statuses(self, operation: dict[str, Any]) -> list[int]:
+        parameters = operation.get("parameters", [])
+        has_body = "requestBody" in operation
+        has_query = any(p.get("in") == "query" for p in parameters)
+        has_path = any(p.get("in") == "path" for p in parameters)
+        security = operation.get("security")
+        needs_key = bool(security) and {} not in security
+        view_permissions = self.view.get_permissions()
+        statuses = []
+        if has_body or has_query:
+            statuses.append(400)
+        if needs_key:
+            statuses.append(401)
+        if any(not isinstance(p, _KEY_ONLY_PERMISSIONS) for p in view_permissions):
+            statuses.append(403)
+        if has_path:
+            statuses.append(404)
+        if has_path and self.method == "POST":
+            statuses.append(409)
+        if has_body:
+            statuses += [413, 415]
+        if self.view.get_throttles():
+            statuses.append(429)
+        return statuses
