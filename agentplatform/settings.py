@@ -49,6 +49,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # A NUL in a query parameter is a 400 before any view filters on it.
+    "sessions.api.middleware.RejectNulInQueryMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -152,6 +154,12 @@ SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)
 # assumes its broker message was lost and enqueues it again.
 SESSION_PICKUP_GRACE_S = env.float("SESSION_PICKUP_GRACE_S", default=10.0)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
+# Bounds on caller JSON (sessions/json_limits.py): nesting of any body, frame or
+# metadata, and the compact UTF-8 size of a session's metadata.
+JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=32)
+METADATA_MAX_BYTES = env.int("METADATA_MAX_BYTES", default=16384)
+# A larger request body is refused with 413 before it is parsed (Django's setting).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2621440)
 # A run that continues after this long a pause is told what changed in its environment.
 ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
 # Checkpoints of finished turns older than this are pruned (the latest per session is kept).
@@ -211,7 +219,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "sessions.api.schema.ErrorDocumentingAutoSchema",
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["sessions.api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "sessions.api.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,

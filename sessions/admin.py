@@ -17,7 +17,13 @@ from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Count, QuerySet, Sum
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
@@ -747,7 +753,11 @@ class SessionAdmin(SessionIdSearch):
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        session = get_object_or_404(Session, pk=object_id)
+        try:
+            session_id = uuid.UUID(object_id)
+        except ValueError:  # the lookup would raise it: no such session, not a 500
+            raise Http404("no such session") from None
+        session = get_object_or_404(Session, pk=session_id)
         if not self.has_change_permission(request, session):
             raise PermissionDenied
         cancelled, _ = self._cancel(request, [session])

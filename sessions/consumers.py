@@ -24,7 +24,9 @@ from accounts.selectors import api_key_is_active
 from accounts.services import api_key_authenticate, key_group_name
 
 from . import selectors, services
+from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
+from .json_limits import JsonRejected, json_loads
 from .publisher import Frame, group_name, make_frame
 
 logger = logging.getLogger(__name__)
@@ -260,13 +262,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
     # Frames from the client -------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.group is None:
+            # connect() refused this socket (it is closing): nothing it sends counts.
+            return
         if text_data is None or len(text_data) > MAX_FRAME_BYTES:
             await self._send_error(
                 "malformed_frame", f"send JSON text frames of at most {MAX_FRAME_BYTES} bytes"
             )
             return
         try:
-            payload = json.loads(text_data)
+            payload = json_loads(text_data)
+        except JsonRejected as exc:
+            await self._send_error("invalid_input", exc.message, exc.details)
+            return
         except ValueError:
             await self._send_error("malformed_frame", "frame is not valid JSON")
             return
@@ -276,15 +284,21 @@ class SessionConsumer(AsyncWebsocketConsumer):
         kind = payload["type"]
         try:
             if kind == "user_message":
-                content = payload.get("content")
-                key = payload.get("idempotency_key")
-                if not isinstance(content, str) or (key is not None and not isinstance(key, str)):
-                    await self._send_error(
-                        "invalid_input",
-                        "content must be a string and idempotency_key a string if given",
-                    )
+                # The REST serializer, so a frame and a POST obey the same rules.
+                fields = {name: value for name, value in payload.items() if name != "type"}
+                message = MessageCreateSerializer(data=fields)
+                if not message.is_valid():
+                    errors = {
+                        name: [str(p) for p in problems]
+                        for name, problems in message.errors.items()
+                    }
+                    name, problems = next(iter(errors.items()))
+                    await self._send_error("invalid_input", f"{name}: {problems[0]}", errors)
                     return
-                await database_sync_to_async(self._post)(content, key)
+                await database_sync_to_async(self._post)(
+                    message.validated_data["content"],
+                    message.validated_data.get("idempotency_key"),
+                )
             elif kind == "interrupt":
                 await database_sync_to_async(self._interrupt)()
             else:
@@ -308,3 +322,22 @@ class SessionConsumer(AsyncWebsocketConsumer):
         services.session_cancel(
             session=session, reason="interrupted by the client", actor=f"ws:{self.user_label}"
         )
+
+
+class UnknownRouteConsumer(AsyncWebsocketConsumer):
+    """Every websocket path no route matches: an error frame, then close 4404
+    (without it, Channels raises "No route found" and daphne answers a 500)."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        frame = make_frame(
+            "",
+            None,
+            "error",
+            {"code": "not_found", "message": "no websocket at this path", "details": {}},
+        )
+        await self.send(text_data=json.dumps(frame))
+        await self.close(code=CLOSE_NOT_FOUND)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        return  # the socket is closing

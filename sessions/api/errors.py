@@ -4,12 +4,15 @@ import logging
 import math
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from ..errors import DomainError
+from ..json_limits import JsonRejected
 from ..states import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,26 @@ def _first_message(detail: Any) -> str:
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, JsonRejected):
+        if exc.too_large:
+            return Response(
+                error_body("payload_too_large", exc.message, exc.details),
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
+        return Response(
+            error_body("invalid_input", exc.message, exc.details),
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body(
+                "payload_too_large",
+                f"request body is larger than {limit} bytes",
+                {"limit": limit},
+            ),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, IllegalTransition):
         return Response(error_body("illegal_transition", str(exc)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, Http404):

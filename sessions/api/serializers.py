@@ -1,8 +1,11 @@
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..errors import PayloadTooLarge
+from ..json_limits import JsonRejected, json_check
 from ..models import Checkpoint, Event, Message, Session
 
 
@@ -23,17 +26,6 @@ class StrictSlugField(_StringsOnly, serializers.SlugField):
     pass
 
 
-def _has_nul(value: Any) -> bool:
-    """PostgreSQL can store no NUL character in text or jsonb (it would be a 500, not a 400)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
 class StrictSerializer(serializers.Serializer):
     """Rejects unknown fields and non-object bodies with a clear message."""
 
@@ -52,8 +44,15 @@ class SessionCreateSerializer(StrictSerializer):
     metadata = serializers.DictField(required=False, default=dict)
 
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
-        if _has_nul(value):
-            raise serializers.ValidationError("must not contain NUL (\\u0000) characters")
+        limit = settings.METADATA_MAX_BYTES
+        try:
+            json_check(value, root="$.metadata", max_bytes=limit)
+        except JsonRejected as exc:
+            if exc.too_large:  # too big is a 413, as for a message's content
+                raise PayloadTooLarge(
+                    f"metadata: {exc.reason}", details={"field": "metadata", "limit": limit}
+                ) from None
+            raise serializers.ValidationError(exc.message) from None
         return value
 
 
