@@ -254,12 +254,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    # API keys in `?token=` / `?key=` never reach a log (agentplatform/access_log.py).
-    "filters": {"redact_keys": {"()": "agentplatform.access_log.RedactQueryFilter"}},
+    "filters": {
+        # API keys in `?token=` / `?key=` never reach a log (agentplatform/access_log.py).
+        "redact_keys": {"()": "agentplatform.access_log.RedactQueryFilter"},
+        # Celery logs every sweep (every SWEEPER_INTERVAL_S) at INFO three times
+        # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
+        "quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    # Celery logs every sweep (every SWEEPER_INTERVAL_S) at INFO three times
-    # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
-    "filters": {"quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.channels.server": {"filters": ["redact_keys"]},
