@@ -1,0 +1,269 @@
+"""Every import-linter contract in pyproject.toml fails on a deliberately wrong import.
+
+A contract that never fails proves nothing (the old ones passed while `tools` imported
+`sessions.services`). For each contract, the product packages and pyproject.toml are copied
+to a temporary directory, one wrong import is planted in the copy, and `lint-imports` run on
+the copy must report that contract broken. A contract added to pyproject.toml without a
+planted case here fails `test_every_contract_has_a_planted_violation`.
+"""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPORTLINTER = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+ROOT_PACKAGES: list[str] = IMPORTLINTER["root_packages"]
+CONTRACT_NAMES: list[str] = [contract["name"] for contract in IMPORTLINTER["contracts"]]
+
+# Top-level packages outside the product's import rules: the tests, the benchmarks and the
+# embedded development servers may reach into anything.
+NOT_PRODUCT = {"tests", "bench", "devstack"}
+
+# The engine: the step loop and the step commit.
+ENGINE_PATHS = ["sessions/engine", "sessions/transitions.py"]
+
+LAYERS = "sessions layers follow the import direction"
+
+
+@dataclass(frozen=True)
+class Plant:
+    """One wrong import: `line` appended to `path` (a file that exists, unless `new`)."""
+
+    path: str
+    line: str
+    new: bool = False
+
+
+PLANTS: dict[str, list[Plant]] = {
+    LAYERS: [
+        # A port calling up into the services (what went unnoticed before rows was a layer).
+        Plant("sessions/rows.py", "from sessions import services"),
+        Plant("sessions/engine/steps.py", "import sessions.services"),
+        # Edges are independent of each other.
+        Plant("sessions/tasks.py", "from sessions import consumers"),
+        Plant("sessions/models.py", "from sessions import publisher"),
+        # A module no layer names.
+        Plant("sessions/stray.py", "STRAY = 1", new=True),
+    ],
+    "Ports, runtime and accounts never import sessions": [
+        Plant("tools/execution.py", "import sessions.services"),
+        Plant("memory/tokens.py", "from sessions import models"),
+        Plant("llm/base.py", "from sessions.states import State"),
+        Plant("billing/apps.py", "import sessions.models"),
+        Plant("runtime/faults.py", "import sessions.errors"),
+        Plant("accounts/models.py", "from sessions.models import Session"),
+    ],
+    "runtime imports no app": [
+        Plant("runtime/faults.py", "import tools.registry"),
+        Plant("runtime/breaker.py", "from accounts import models"),
+    ],
+    "llm imports no other port but the token counter": [
+        Plant("llm/base.py", "import tools.registry"),
+        Plant("llm/openai.py", "from memory import apps"),
+        Plant("llm/rules.py", "import billing.apps"),
+    ],
+    "The token counter is pure Python": [
+        Plant("memory/tokens.py", "from django.conf import settings"),
+        Plant("memory/tokens.py", "import llm.types"),
+    ],
+    "The state table is pure Python": [
+        Plant("sessions/states.py", "from django.db import models"),
+    ],
+    "Session models know no ports": [
+        Plant("sessions/models.py", "from tools.models import Tool"),
+        Plant("sessions/errors.py", "import llm.types"),
+    ],
+    "The engine and services know no edges": [
+        Plant("sessions/engine/steps.py", "from rest_framework import serializers"),
+        Plant("sessions/services.py", "from sessions.api import views"),
+        Plant("llm/base.py", "import drf_spectacular"),
+        # Indirectly: the engine imports rows, which would import the consumer.
+        Plant("sessions/rows.py", "from sessions import consumers"),
+    ],
+    "The engine reaches Channels only through the publisher": [
+        Plant("sessions/engine/deltas.py", "from channels.layers import get_channel_layer"),
+        Plant("sessions/transitions.py", "import channels"),
+    ],
+    "Only the edges and the dispatch port import Celery": [
+        Plant("llm/base.py", "import celery"),
+        Plant("sessions/services.py", "from celery import shared_task"),
+        Plant("tools/execution.py", "from celery import current_app"),
+    ],
+    "No app imports agentplatform": [
+        Plant("sessions/services.py", "from agentplatform import settings"),
+        Plant("tools/execution.py", "import agentplatform.celery"),
+    ],
+}
+
+
+@dataclass(frozen=True)
+class LintReport:
+    returncode: int
+    kept: set[str]
+    broken: set[str]
+    output: str
+
+
+_VERDICT = re.compile(r"^(?P<name>.+?) (?P<verdict>KEPT|BROKEN)(?: \(.*\))?$")
+
+
+def _copy_project(destination: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in ROOT_PACKAGES:
+        shutil.copytree(ROOT / package, destination / package, ignore=ignore)
+    shutil.copy2(ROOT / "pyproject.toml", destination / "pyproject.toml")
+
+
+def _lint_imports(project: Path) -> LintReport:
+    executable = Path(sys.executable).with_name("lint-imports")
+    command = [str(executable)] if executable.exists() else ["lint-imports"]
+    env = {
+        **os.environ,
+        # The copy, not the checkout, is what grimp must find.
+        "PYTHONPATH": str(project),
+        # Contract names must stay on one line to be read back.
+        "COLUMNS": "1000",
+    }
+    result = subprocess.run(
+        [*command, "--config", str(project / "pyproject.toml"), "--no-cache"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    kept: set[str] = set()
+    broken: set[str] = set()
+    for line in output.splitlines():
+        match = _VERDICT.match(line.strip())
+        if match and match["name"] in CONTRACT_NAMES:
+            (kept if match["verdict"] == "KEPT" else broken).add(match["name"])
+    return LintReport(result.returncode, kept, broken, output)
+
+
+def _plant(project: Path, plant: Plant) -> None:
+    target = project / plant.path
+    if plant.new:
+        assert not target.exists(), f"{plant.path} exists; pick another name for the new module"
+        target.write_text(plant.line + "\n")
+        return
+    assert target.is_file(), (
+        f"{plant.path} is gone: point this planted import at the module that replaced it"
+    )
+    with target.open("a") as source:
+        source.write(f"\n{plant.line}  # planted by tests/architecture\n")
+
+
+def test_every_contract_has_a_planted_violation() -> None:
+    assert set(PLANTS) == set(CONTRACT_NAMES)
+    assert all(PLANTS[name] for name in CONTRACT_NAMES)
+
+
+def test_every_top_level_package_is_linted() -> None:
+    packages = {
+        path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name[0] != "."
+    }
+    assert packages - NOT_PRODUCT - set(ROOT_PACKAGES) == set()
+    assert set(ROOT_PACKAGES) <= packages
+
+
+def test_unmodified_copy_keeps_every_contract(tmp_path: Path) -> None:
+    _copy_project(tmp_path)
+
+    report = _lint_imports(tmp_path)
+
+    assert report.returncode == 0, report.output
+    assert report.kept == set(CONTRACT_NAMES), report.output
+    assert report.broken == set()
+
+
+@pytest.mark.parametrize(
+    ("contract", "plant"),
+    [
+        pytest.param(contract, plant, id=f"{contract} <- {plant.path}: {plant.line}")
+        for contract, plants in PLANTS.items()
+        for plant in plants
+    ],
+)
+def test_planted_import_breaks_its_contract(tmp_path: Path, contract: str, plant: Plant) -> None:
+    _copy_project(tmp_path)
+    _plant(tmp_path, plant)
+
+    report = _lint_imports(tmp_path)
+
+    assert report.returncode == 1, report.output
+    assert contract in report.broken, report.output
+
+
+# import-linter can forbid only whole external packages (django, not django.contrib.admin),
+# so the rule "the engine never imports the admin" for Django's admin is read from the
+# engine's import statements here.
+
+
+def _django_admin_imports(source: str) -> list[int]:
+    """Line numbers of imports of django.contrib.admin (or its submodules) in `source`."""
+    lines: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        if any(
+            name == "django.contrib.admin" or name.startswith("django.contrib.admin.")
+            for name in names
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def _engine_files() -> list[Path]:
+    files: list[Path] = []
+    for relative in ENGINE_PATHS:
+        path = ROOT / relative
+        assert path.exists(), f"{relative} is gone: update ENGINE_PATHS"
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return files
+
+
+def test_engine_never_imports_the_django_admin() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): lines
+        for path in _engine_files()
+        if (lines := _django_admin_imports(path.read_text()))
+    }
+
+    assert offenders == {}
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "from django.contrib import admin",
+        "import django.contrib.admin",
+        "from django.contrib.admin import ModelAdmin",
+        "from django.contrib.admin.views.decorators import staff_member_required",
+        "def f():\n    from django.contrib import admin\n",
+    ],
+)
+def test_django_admin_check_sees_a_planted_import(planted: str) -> None:
+    engine_module = (ROOT / "sessions/engine/steps.py").read_text()
+
+    assert _django_admin_imports(engine_module + "\n" + planted + "\n") != []
+
+
+def test_django_admin_check_ignores_other_contrib_imports() -> None:
+    assert (
+        _django_admin_imports("from django.contrib import auth\nimport django.contrib.auth\n") == []
+    )
