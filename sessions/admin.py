@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -491,6 +491,105 @@ def session_timeline(
     return items, truncated
 
 
+# ---------------------------------------------------------------- the session summary
+
+OUTCOME_COLOURS = {
+    "answer": "#15803d",
+    "cancelled": "#374151",
+    "interrupted": "#374151",
+    "max_iterations": "#b45309",
+    "error": "#dc2626",
+}
+
+
+def format_cost(value: Any) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def last_stop_reason(session_ref: Any) -> Subquery:
+    """The stop reason of a session's last finished turn (an indexed, backwards scan)."""
+    return Subquery(
+        Event.objects.filter(session=session_ref, type="turn.finished")
+        .order_by("-seq")
+        .values("data__stop_reason")[:1]
+    )
+
+
+def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
+    if not stop_reason:
+        return "—"
+    colour = OUTCOME_COLOURS.get(stop_reason, "#6b7280")
+    return format_html(
+        '<span class="ap-outcome" style="color:{};font-weight:600" title="{}">{}</span>',
+        colour,
+        short(last_error, 300) if stop_reason == "error" else "",
+        stop_reason.replace("_", " "),
+    )
+
+
+@dataclass
+class SessionSummary:
+    """What an operator reads first on a session's page."""
+
+    session: Session
+    stop_reason: str | None
+    stop_turn: int | None
+    finished_at: datetime | None
+    model_calls: int
+    model_failures: int
+    models: str
+    tool_calls: int
+    tool_failures: int
+
+    @property
+    def state_badge(self) -> str:
+        return state_badge(self.session.state)
+
+    @property
+    def outcome(self) -> str:
+        return outcome_badge(self.stop_reason)
+
+    @property
+    def cost(self) -> str:
+        return format_cost(self.session.cost)
+
+    @property
+    def running(self) -> bool:
+        return self.session.state not in TURN_ENDED and self.session.state != State.IDLE
+
+
+def session_summary(session: Session) -> SessionSummary:
+    """Three small reads: the last finished turn, and the model and tool call counts."""
+    last = (
+        Event.objects.filter(session=session, type="turn.finished")
+        .order_by("-seq")
+        .values("data", "created_at")
+        .first()
+    )
+    data = last["data"] if last and isinstance(last["data"], dict) else {}
+    calls = ModelCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=~Q(outcome="success")),
+        models=StringAgg("endpoint_name", delimiter=", ", distinct=True, default=""),
+    )
+    tools = ToolCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=Q(status__in=("failed", "timeout", "rejected"))),
+    )
+    return SessionSummary(
+        session=session,
+        stop_reason=data.get("stop_reason"),
+        stop_turn=data.get("turn"),
+        finished_at=last["created_at"] if last else None,
+        model_calls=calls["count"],
+        model_failures=calls["failures"],
+        models=calls["models"],
+        tool_calls=tools["count"],
+        tool_failures=tools["failures"],
+    )
+
+
 class SessionIdSearch(admin.ModelAdmin):
     """A full session id in the search box is an exact, indexed lookup."""
 
@@ -511,13 +610,14 @@ class SessionAdmin(SessionIdSearch):
     change_form_template = "admin/agent_sessions/session/change_form.html"
     list_display = (
         "short_id",
+        "state_display",
+        "outcome",
+        "cost_display",
+        "tokens",
+        "turns",
         "agent",
         "owner",
         "role",
-        "state_display",
-        "turns",
-        "tokens",
-        "cost_display",
         "models_used",
         "updated",
     )
@@ -529,7 +629,6 @@ class SessionAdmin(SessionIdSearch):
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
-    formfield_overrides = JSON_FIELD
     readonly_fields = (
         "id",
         "agent",
@@ -559,7 +658,10 @@ class SessionAdmin(SessionIdSearch):
         "timer_note",
         "forked_from",
         "forked_at_step",
+        "metadata_pretty",
     )
+    # The summary and the timeline lead the page (see the template); these are
+    # the raw columns, for when an operator needs one.
     fieldsets = (
         (
             None,
@@ -572,7 +674,8 @@ class SessionAdmin(SessionIdSearch):
                     "state_display",
                     "cancel_requested",
                     "last_error",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
         (
@@ -586,7 +689,8 @@ class SessionAdmin(SessionIdSearch):
                     "input_tokens",
                     "output_tokens",
                     "cost",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
         (
@@ -615,10 +719,11 @@ class SessionAdmin(SessionIdSearch):
                     "timer_note",
                     "forked_from",
                     "forked_at_step",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
-        ("Metadata", {"fields": ("metadata",)}),
+        ("Metadata", {"fields": ("metadata_pretty",), "classes": ("collapse",)}),
     )
 
     @admin.display(description="id", ordering="id")
@@ -643,17 +748,26 @@ class SessionAdmin(SessionIdSearch):
 
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, obj: Session) -> str:
-        return f"{obj.cost:.6f}".rstrip("0").rstrip(".")
+        return format_cost(obj.cost)
+
+    @admin.display(description="last turn")
+    def outcome(self, obj: Session) -> str:
+        return outcome_badge(getattr(obj, "_stop_reason", None), obj.last_error)
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, obj: Session) -> str:
+        return pre(obj.metadata)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
-        # One aggregate for the list instead of a query per row.
+        # One aggregate and one indexed subquery for the list instead of queries per row.
         return (
             super()
             .get_queryset(request)
             .annotate(
                 _models=StringAgg(
                     "model_calls__endpoint_name", delimiter=", ", distinct=True, default=""
-                )
+                ),
+                _stop_reason=last_stop_reason(OuterRef("pk")),
             )
         )
 
@@ -665,7 +779,20 @@ class SessionAdmin(SessionIdSearch):
         # Sessions are opened through the API, by the key that owns them.
         return False
 
-    @admin.action(description="Cancel the running turn", permissions=["change"])
+    # A session is a record of what the engine did: nobody edits or deletes it
+    # here. Its state moves only through the services (cancel, resume), which
+    # need the "change session" permission (`has_operate_permission`).
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Cancel the running turn", permissions=["operate"])
     def cancel_running_turn(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         cancelled, idle = self._cancel(request, list(queryset))
         if cancelled:
@@ -677,7 +804,7 @@ class SessionAdmin(SessionIdSearch):
                 request, f"{idle} session(s) had no running turn to cancel.", messages.WARNING
             )
 
-    @admin.action(description="Resume a run that stopped in error", permissions=["change"])
+    @admin.action(description="Resume a run that stopped in error", permissions=["operate"])
     def resume_failed_run(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         actor = f"admin:{request.user.get_username()}"
         resumed, refused = 0, []
@@ -724,7 +851,7 @@ class SessionAdmin(SessionIdSearch):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         session = get_object_or_404(Session, pk=object_id)
-        if not self.has_change_permission(request, session):
+        if not self.has_operate_permission(request, session):
             raise PermissionDenied
         cancelled, _ = self._cancel(request, [session])
         if cancelled:
@@ -752,7 +879,11 @@ class SessionAdmin(SessionIdSearch):
         except ValueError:  # not a UUID: the admin itself says the object does not exist
             return super().change_view(request, object_id, form_url, extra_context=extra_context)
         items, truncated = session_timeline(session_id)
+        session = Session.objects.select_related("agent", "owner").filter(pk=session_id).first()
+        if session is not None:
+            extra_context["summary"] = session_summary(session)
         extra_context.update(
+            can_operate=self.has_operate_permission(request),
             timeline=items,
             timeline_truncated=truncated,
             timeline_limit=TIMELINE_LIMIT,
