@@ -25,7 +25,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 
-from tools.forms import JSON_FIELD
+from tools.forms import JSON_FIELD, breaker_badge
 from tools.models import Tool
 
 from . import services
@@ -82,6 +82,11 @@ def short(value: Any, length: int = 120) -> str:
     return Truncator(" ".join(text.split())).chars(length)
 
 
+def format_cost(value: Any) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
 def pretty_json(value: Any, limit: int = DETAIL_CHARS) -> str:
     text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
     if len(text) > limit:
@@ -111,27 +116,34 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
     list_display = (
         "name",
-        "api",
-        "base_url",
-        "model",
         "enabled",
-        "price_input_per_1k",
-        "price_output_per_1k",
-        "context_window",
         "breaker",
+        "api",
+        "model",
+        "prices",
+        "context_window",
+        "base_url_short",
         "updated_at",
     )
     list_filter = ("api", "enabled")
     search_fields = ("name", "model", "base_url")
     actions = ("reset_breaker",)
 
-    @admin.display(description="circuit breaker")
+    @admin.display(description="breaker")
     def breaker(self, obj: ModelEndpoint) -> str:
         state = model_breaker().state(obj.name)
         if state.state == "closed":
-            return f"closed ({state.failures} recent failures)" if state.failures else "closed"
+            return breaker_badge(state.state, state.failures)
         until = datetime.fromtimestamp(state.open_until, tz=UTC).strftime("%H:%M:%S UTC")
-        return f"{state.state} until {until} ({state.failures} failures)"
+        return breaker_badge(state.state, state.failures, until)
+
+    @admin.display(description="price in / out per 1k", ordering="price_input_per_1k")
+    def prices(self, obj: ModelEndpoint) -> str:
+        return f"{format_cost(obj.price_input_per_1k)} / {format_cost(obj.price_output_per_1k)}"
+
+    @admin.display(description="base url", ordering="base_url")
+    def base_url_short(self, obj: ModelEndpoint) -> str:
+        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 40))
 
     @admin.action(description="Reset the circuit breaker")
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
@@ -500,11 +512,6 @@ OUTCOME_COLOURS = {
     "max_iterations": "#b45309",
     "error": "#dc2626",
 }
-
-
-def format_cost(value: Any) -> str:
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text or "0"
 
 
 def last_stop_reason(session_ref: Any) -> Subquery:
@@ -1128,19 +1135,15 @@ class ModelCallAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "session_short",
-        "turn",
+        "outcome_display",
+        "cost_display",
         "endpoint_name",
         "model",
-        "outcome",
-        "input_tokens",
-        "output_tokens",
-        "first_token_ms",
-        "total_ms",
-        "retried",
-        "fallback_used",
-        "rollout",
-        "cost",
-        "created_at",
+        "turn",
+        "tokens",
+        "timing",
+        "routing",
+        "created",
     )
     list_filter = ("outcome", "endpoint_name", "fallback_used", "rollout", "retried")
     search_fields = ("endpoint_name", "model", "error")
@@ -1166,3 +1169,43 @@ class ModelCallAdmin(ReadOnlyAdmin):
         "created_at",
     )
     readonly_fields = fields
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_display(self, obj: ModelCall) -> str:
+        colour = "#15803d" if obj.outcome == "success" else "#dc2626"
+        return format_html(
+            '<span style="color:{};font-weight:600" title="{}">{}</span>',
+            colour,
+            short(obj.error, 300),
+            obj.outcome.replace("_", " "),
+        )
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_display(self, obj: ModelCall) -> str:
+        return format_cost(obj.cost)
+
+    @admin.display(description="tokens in / out", ordering="input_tokens")
+    def tokens(self, obj: ModelCall) -> str:
+        return f"{obj.input_tokens} / {obj.output_tokens}" + ("*" if obj.tokens_estimated else "")
+
+    @admin.display(description="first token / total", ordering="total_ms")
+    def timing(self, obj: ModelCall) -> str:
+        first = f"{obj.first_token_ms} ms" if obj.first_token_ms is not None else "—"
+        return f"{first} / {obj.total_ms} ms"
+
+    @admin.display(description="routing")
+    def routing(self, obj: ModelCall) -> str:
+        flags = [
+            name
+            for name, on in (
+                ("retry", obj.retried),
+                ("fallback", obj.fallback_used),
+                ("rollout", obj.rollout),
+            )
+            if on
+        ]
+        return ", ".join(flags) or "—"
+
+    @admin.display(description="at", ordering="created_at")
+    def created(self, obj: ModelCall) -> str:
+        return timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")

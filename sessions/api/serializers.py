@@ -3,7 +3,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import Checkpoint, Event, Message, Session
+from ..models import Agent, Checkpoint, Event, Message, Session
 
 
 class _StringsOnly:
@@ -157,3 +157,9 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Agent
+        fields = ("slug", "name")

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from .. import selectors, services
 from ..errors import InvalidInput
 from .serializers import (
+    AgentSerializer,
     CancelResultSerializer,
     CheckpointSerializer,
     EventSerializer,
@@ -155,3 +156,9 @@ class SessionCheckpointsView(APIView):
         limit = _int_param(request, "limit", 100, 1, 1000)
         rows = selectors.checkpoints_of(session=session, limit=limit)
         return Response(CheckpointSerializer(rows, many=True).data)
+
+
+class AgentListView(APIView):
+    @extend_schema(responses=AgentSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(AgentSerializer(selectors.agents_enabled(), many=True).data)
