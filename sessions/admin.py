@@ -47,6 +47,9 @@ from .states import TURN_ENDED, State
 admin.site.site_header = "Agent platform"
 admin.site.site_title = "Agent platform"
 admin.site.index_title = "Operations"
+# The app list beside every page would leave the operator's tables a third of a
+# 1400 px screen; the breadcrumbs and the index page lead everywhere.
+admin.site.enable_nav_sidebar = False
 
 TIMELINE_LIMIT = 500
 DETAIL_CHARS = 4000
@@ -123,7 +126,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         "prices",
         "context_window",
         "base_url_short",
-        "updated_at",
+        "updated",
     )
     list_filter = ("api", "enabled")
     search_fields = ("name", "model", "base_url")
@@ -143,7 +146,11 @@ class ModelEndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="base url", ordering="base_url")
     def base_url_short(self, obj: ModelEndpoint) -> str:
-        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 40))
+        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 36))
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: ModelEndpoint) -> str:
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M")
 
     @admin.action(description="Reset the circuit breaker")
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
@@ -509,9 +516,11 @@ OUTCOME_COLOURS = {
     "answer": "#15803d",
     "cancelled": "#374151",
     "interrupted": "#374151",
-    "max_iterations": "#b45309",
     "error": "#dc2626",
+    "model_unavailable": "#dc2626",
 }
+# Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
+GUARD_COLOUR = "#b45309"
 
 
 def last_stop_reason(session_ref: Any) -> Subquery:
@@ -526,11 +535,11 @@ def last_stop_reason(session_ref: Any) -> Subquery:
 def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
     if not stop_reason:
         return "—"
-    colour = OUTCOME_COLOURS.get(stop_reason, "#6b7280")
+    colour = OUTCOME_COLOURS.get(stop_reason, GUARD_COLOUR)
     return format_html(
         '<span class="ap-outcome" style="color:{};font-weight:600" title="{}">{}</span>',
         colour,
-        short(last_error, 300) if stop_reason == "error" else "",
+        short(last_error, 300) if OUTCOME_COLOURS.get(stop_reason) == "#dc2626" else "",
         stop_reason.replace("_", " "),
     )
 
@@ -671,7 +680,7 @@ class SessionAdmin(SessionIdSearch):
     # the raw columns, for when an operator needs one.
     fieldsets = (
         (
-            None,
+            "Session",
             {
                 "fields": (
                     "id",
