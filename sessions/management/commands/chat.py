@@ -159,7 +159,7 @@ class Command(BaseCommand):
     def _end_stream(self) -> None:
         if self._streaming:
             self.stdout.write("")
-            self._streaming = self._streamed = False
+            self._streaming = False
 
     def _print(self, frame: dict[str, Any], raw: bool) -> None:
         if raw:
@@ -177,7 +177,11 @@ class Command(BaseCommand):
             self._streamed = True
             self.stdout.flush()
             return
-        streamed = self._streaming and self._streamed
+        # Streamed text belongs to the next assistant message, even when a state
+        # change is printed between the two.
+        streamed = self._streamed
+        if kind == "message.completed" and data.get("role") == "assistant":
+            self._streamed = False
         self._end_stream()
         self.stdout.write(
             f"[{frame['seq'] if frame['seq'] is not None else '-'}] {kind}: {self._detail(kind, data, streamed)}"
