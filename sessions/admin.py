@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.http import (
     Http404,
     HttpRequest,
@@ -32,7 +32,7 @@ from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 
 from runtime.breaker import model_breaker
-from tools.forms import JSON_FIELD
+from tools.forms import JSON_FIELD, breaker_badge
 from tools.models import Tool
 
 from . import services
@@ -53,6 +53,9 @@ from .states import TURN_ENDED, State
 admin.site.site_header = "Agent platform"
 admin.site.site_title = "Agent platform"
 admin.site.index_title = "Operations"
+# The app list beside every page would leave the operator's tables a third of a
+# 1400 px screen; the breadcrumbs and the index page lead everywhere.
+admin.site.enable_nav_sidebar = False
 
 TIMELINE_LIMIT = 500
 DETAIL_CHARS = 4000
@@ -88,6 +91,11 @@ def short(value: Any, length: int = 120) -> str:
     return Truncator(" ".join(text.split())).chars(length)
 
 
+def format_cost(value: Any) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
 def pretty_json(value: Any, limit: int = DETAIL_CHARS) -> str:
     text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
     if len(text) > limit:
@@ -117,28 +125,39 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
     list_display = (
         "name",
-        "api",
-        "base_url",
-        "model",
         "enabled",
-        "price_input_per_1k",
-        "price_output_per_1k",
-        "context_window",
         "breaker",
         "key_status",
-        "updated_at",
+        "api",
+        "model",
+        "prices",
+        "context_window",
+        "base_url_short",
+        "updated",
     )
     list_filter = ("api", "enabled")
     search_fields = ("name", "model", "base_url")
     actions = ("reset_breaker",)
 
-    @admin.display(description="circuit breaker")
+    @admin.display(description="breaker")
     def breaker(self, obj: ModelEndpoint) -> str:
         state = model_breaker().state(obj.name)
         if state.state == "closed":
-            return f"closed ({state.failures} recent failures)" if state.failures else "closed"
+            return breaker_badge(state.state, state.failures)
         until = datetime.fromtimestamp(state.open_until, tz=UTC).strftime("%H:%M:%S UTC")
-        return f"{state.state} until {until} ({state.failures} failures)"
+        return breaker_badge(state.state, state.failures, until)
+
+    @admin.display(description="price in / out per 1k", ordering="price_input_per_1k")
+    def prices(self, obj: ModelEndpoint) -> str:
+        return f"{format_cost(obj.price_input_per_1k)} / {format_cost(obj.price_output_per_1k)}"
+
+    @admin.display(description="base url", ordering="base_url")
+    def base_url_short(self, obj: ModelEndpoint) -> str:
+        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 36))
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: ModelEndpoint) -> str:
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M")
 
     @admin.display(description="API key")
     def key_status(self, obj: ModelEndpoint) -> str:
@@ -521,6 +540,102 @@ def session_timeline(
     return items, truncated
 
 
+# ---------------------------------------------------------------- the session summary
+
+OUTCOME_COLOURS = {
+    "answer": "#15803d",
+    "cancelled": "#374151",
+    "interrupted": "#374151",
+    "error": "#dc2626",
+    "model_unavailable": "#dc2626",
+}
+# Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
+GUARD_COLOUR = "#b45309"
+
+
+def last_stop_reason(session_ref: Any) -> Subquery:
+    """The stop reason of a session's last finished turn (an indexed, backwards scan)."""
+    return Subquery(
+        Event.objects.filter(session=session_ref, type="turn.finished")
+        .order_by("-seq")
+        .values("data__stop_reason")[:1]
+    )
+
+
+def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
+    if not stop_reason:
+        return "—"
+    colour = OUTCOME_COLOURS.get(stop_reason, GUARD_COLOUR)
+    return format_html(
+        '<span class="ap-outcome" style="color:{};font-weight:600" title="{}">{}</span>',
+        colour,
+        short(last_error, 300) if OUTCOME_COLOURS.get(stop_reason) == "#dc2626" else "",
+        stop_reason.replace("_", " "),
+    )
+
+
+@dataclass
+class SessionSummary:
+    """What an operator reads first on a session's page."""
+
+    session: Session
+    stop_reason: str | None
+    stop_turn: int | None
+    finished_at: datetime | None
+    model_calls: int
+    model_failures: int
+    models: str
+    tool_calls: int
+    tool_failures: int
+
+    @property
+    def state_badge(self) -> str:
+        return state_badge(self.session.state)
+
+    @property
+    def outcome(self) -> str:
+        return outcome_badge(self.stop_reason)
+
+    @property
+    def cost(self) -> str:
+        return format_cost(self.session.cost)
+
+    @property
+    def running(self) -> bool:
+        return self.session.state not in TURN_ENDED and self.session.state != State.IDLE
+
+
+def session_summary(session: Session) -> SessionSummary:
+    """Three small reads: the last finished turn, and the model and tool call counts."""
+    last = (
+        Event.objects.filter(session=session, type="turn.finished")
+        .order_by("-seq")
+        .values("data", "created_at")
+        .first()
+    )
+    data = last["data"] if last and isinstance(last["data"], dict) else {}
+    calls = ModelCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=~Q(outcome="success")),
+        models=StringAgg("endpoint_name", delimiter=", ", distinct=True, default=""),
+    )
+    tools = ToolCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=Q(status__in=("failed", "timeout", "rejected"))),
+    )
+    return SessionSummary(
+        session=session,
+        stop_reason=data.get("stop_reason"),
+        stop_turn=data.get("turn"),
+        finished_at=last["created_at"] if last else None,
+        model_calls=calls["count"],
+        model_failures=calls["failures"],
+        models=calls["models"],
+        tool_calls=tools["count"],
+        tool_failures=tools["failures"],
+    )
+
+
 class SessionIdSearch(admin.ModelAdmin):
     """A full session id in the search box is an exact, indexed lookup."""
 
@@ -541,13 +656,14 @@ class SessionAdmin(SessionIdSearch):
     change_form_template = "admin/agent_sessions/session/change_form.html"
     list_display = (
         "short_id",
+        "state_display",
+        "outcome",
+        "cost_display",
+        "tokens",
+        "turns",
         "agent",
         "owner",
         "role",
-        "state_display",
-        "turns",
-        "tokens",
-        "cost_display",
         "models_used",
         "updated",
     )
@@ -559,7 +675,6 @@ class SessionAdmin(SessionIdSearch):
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
-    formfield_overrides = JSON_FIELD
     readonly_fields = (
         "id",
         "agent",
@@ -589,10 +704,13 @@ class SessionAdmin(SessionIdSearch):
         "timer_note",
         "forked_from",
         "forked_at_step",
+        "metadata_pretty",
     )
+    # The summary and the timeline lead the page (see the template); these are
+    # the raw columns, for when an operator needs one.
     fieldsets = (
         (
-            None,
+            "Session",
             {
                 "fields": (
                     "id",
@@ -602,7 +720,8 @@ class SessionAdmin(SessionIdSearch):
                     "state_display",
                     "cancel_requested",
                     "last_error",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
         (
@@ -616,7 +735,8 @@ class SessionAdmin(SessionIdSearch):
                     "input_tokens",
                     "output_tokens",
                     "cost",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
         (
@@ -645,10 +765,11 @@ class SessionAdmin(SessionIdSearch):
                     "timer_note",
                     "forked_from",
                     "forked_at_step",
-                )
+                ),
+                "classes": ("collapse",),
             },
         ),
-        ("Metadata", {"fields": ("metadata",)}),
+        ("Metadata", {"fields": ("metadata_pretty",), "classes": ("collapse",)}),
     )
 
     @admin.display(description="id", ordering="id")
@@ -673,17 +794,26 @@ class SessionAdmin(SessionIdSearch):
 
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, obj: Session) -> str:
-        return f"{obj.cost:.6f}".rstrip("0").rstrip(".")
+        return format_cost(obj.cost)
+
+    @admin.display(description="last turn")
+    def outcome(self, obj: Session) -> str:
+        return outcome_badge(getattr(obj, "_stop_reason", None), obj.last_error)
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, obj: Session) -> str:
+        return pre(obj.metadata)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
-        # One aggregate for the list instead of a query per row.
+        # One aggregate and one indexed subquery for the list instead of queries per row.
         return (
             super()
             .get_queryset(request)
             .annotate(
                 _models=StringAgg(
                     "model_calls__endpoint_name", delimiter=", ", distinct=True, default=""
-                )
+                ),
+                _stop_reason=last_stop_reason(OuterRef("pk")),
             )
         )
 
@@ -695,7 +825,20 @@ class SessionAdmin(SessionIdSearch):
         # Sessions are opened through the API, by the key that owns them.
         return False
 
-    @admin.action(description="Cancel the running turn", permissions=["change"])
+    # A session is a record of what the engine did: nobody edits or deletes it
+    # here. Its state moves only through the services (cancel, resume), which
+    # need the "change session" permission (`has_operate_permission`).
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Cancel the running turn", permissions=["operate"])
     def cancel_running_turn(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         cancelled, idle = self._cancel(request, list(queryset))
         if cancelled:
@@ -707,7 +850,7 @@ class SessionAdmin(SessionIdSearch):
                 request, f"{idle} session(s) had no running turn to cancel.", messages.WARNING
             )
 
-    @admin.action(description="Resume a run that stopped in error", permissions=["change"])
+    @admin.action(description="Resume a run that stopped in error", permissions=["operate"])
     def resume_failed_run(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         actor = f"admin:{request.user.get_username()}"
         resumed, refused = 0, []
@@ -758,7 +901,7 @@ class SessionAdmin(SessionIdSearch):
         except ValueError:  # the lookup would raise it: no such session, not a 500
             raise Http404("no such session") from None
         session = get_object_or_404(Session, pk=session_id)
-        if not self.has_change_permission(request, session):
+        if not self.has_operate_permission(request, session):
             raise PermissionDenied
         cancelled, _ = self._cancel(request, [session])
         if cancelled:
@@ -786,7 +929,11 @@ class SessionAdmin(SessionIdSearch):
         except ValueError:  # not a UUID: the admin itself says the object does not exist
             return super().change_view(request, object_id, form_url, extra_context=extra_context)
         items, truncated = session_timeline(session_id)
+        session = Session.objects.select_related("agent", "owner").filter(pk=session_id).first()
+        if session is not None:
+            extra_context["summary"] = session_summary(session)
         extra_context.update(
+            can_operate=self.has_operate_permission(request),
             timeline=items,
             timeline_truncated=truncated,
             timeline_limit=TIMELINE_LIMIT,
@@ -1031,19 +1178,15 @@ class ModelCallAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "session_short",
-        "turn",
+        "outcome_display",
+        "cost_display",
         "endpoint_name",
         "model",
-        "outcome",
-        "input_tokens",
-        "output_tokens",
-        "first_token_ms",
-        "total_ms",
-        "retried",
-        "fallback_used",
-        "rollout",
-        "cost",
-        "created_at",
+        "turn",
+        "tokens",
+        "timing",
+        "routing",
+        "created",
     )
     list_filter = ("outcome", "endpoint_name", "fallback_used", "rollout", "retried")
     search_fields = ("endpoint_name", "model", "error")
@@ -1069,3 +1212,43 @@ class ModelCallAdmin(ReadOnlyAdmin):
         "created_at",
     )
     readonly_fields = fields
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_display(self, obj: ModelCall) -> str:
+        colour = "#15803d" if obj.outcome == "success" else "#dc2626"
+        return format_html(
+            '<span style="color:{};font-weight:600" title="{}">{}</span>',
+            colour,
+            short(obj.error, 300),
+            obj.outcome.replace("_", " "),
+        )
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_display(self, obj: ModelCall) -> str:
+        return format_cost(obj.cost)
+
+    @admin.display(description="tokens in / out", ordering="input_tokens")
+    def tokens(self, obj: ModelCall) -> str:
+        return f"{obj.input_tokens} / {obj.output_tokens}" + ("*" if obj.tokens_estimated else "")
+
+    @admin.display(description="first token / total", ordering="total_ms")
+    def timing(self, obj: ModelCall) -> str:
+        first = f"{obj.first_token_ms} ms" if obj.first_token_ms is not None else "—"
+        return f"{first} / {obj.total_ms} ms"
+
+    @admin.display(description="routing")
+    def routing(self, obj: ModelCall) -> str:
+        flags = [
+            name
+            for name, on in (
+                ("retry", obj.retried),
+                ("fallback", obj.fallback_used),
+                ("rollout", obj.rollout),
+            )
+            if on
+        ]
+        return ", ".join(flags) or "—"
+
+    @admin.display(description="at", ordering="created_at")
+    def created(self, obj: ModelCall) -> str:
+        return timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")

@@ -37,6 +37,11 @@ CLOSE_BAD_REQUEST = 4400
 # Too many failed authentications from this address, or too many open sockets for this key.
 CLOSE_RATE_LIMITED = 4429
 MAX_FRAME_BYTES = 256 * 1024
+# Browsers cannot set headers on a websocket, and a key in the URL ends up in
+# access logs: a browser offers the subprotocols [WS_SUBPROTOCOL, "bearer.<key>"];
+# the server answers WS_SUBPROTOCOL and never echoes the key.
+WS_SUBPROTOCOL = "agentplatform.v1"
+KEY_SUBPROTOCOL_PREFIX = "bearer."
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -44,6 +49,16 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def _subprotocol_auth(scope: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the subprotocol to answer, the key a browser offered as one)."""
+    offered = [str(p) for p in scope.get("subprotocols") or []]
+    key = next(
+        (p[len(KEY_SUBPROTOCOL_PREFIX) :] for p in offered if p.startswith(KEY_SUBPROTOCOL_PREFIX)),
+        None,
+    )
+    return (WS_SUBPROTOCOL if WS_SUBPROTOCOL in offered else None), key
 
 
 def _origin_allowed(origin: str, host: str | None) -> bool:
@@ -76,10 +91,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         token = (query.get("token") or [""])[0]
+        subprotocol, offered_key = _subprotocol_auth(self.scope)
+        if offered_key:
+            token = offered_key
         auth = _header(self.scope, b"authorization")
         if auth and auth.startswith("Bearer "):
             token = auth[len("Bearer ") :].strip()
-        await self.accept()
+        await self.accept(subprotocol=subprotocol)
         client = self.scope.get("client") or (None, None)
         address = limits.client_address(
             peer=client[0], forwarded_for=_header(self.scope, b"x-forwarded-for")

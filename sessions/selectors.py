@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import F, QuerySet
 
 from .errors import NotFound
-from .models import Checkpoint, Event, Message, Session
+from .models import Agent, Checkpoint, Event, Message, Session
 
 
 def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
@@ -38,3 +38,8 @@ def events_after(*, session_id: UUID | str, after: int, limit: int = 1000) -> li
 
 def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
     return list(Checkpoint.objects.filter(session=session).order_by("-step")[:limit])
+
+
+def agents_enabled() -> QuerySet[Agent]:
+    """The agents a key may open sessions on (every enabled one; tools are gated by role)."""
+    return Agent.objects.filter(enabled=True).order_by("slug")

@@ -5,11 +5,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db import models
+from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from .execution import tool_breaker
-from .forms import JSON_FIELD
+from .forms import JSON_FIELD, breaker_badge
 from .models import Tool, ToolKind
 from .registry import HANDLERS
 
@@ -133,14 +134,15 @@ class ToolAdmin(admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
     list_display = (
         "name",
+        "enabled",
+        "breaker",
         "kind",
         "side_effects",
         "approval",
         "risk_level",
         "roles_display",
         "credit_cost",
-        "breaker",
-        "enabled",
+        "description_short",
     )
     list_editable = ("enabled",)
     list_filter = ("kind", "enabled", "side_effects", "requires_approval", "risk_level")
@@ -178,7 +180,11 @@ class ToolAdmin(admin.ModelAdmin):
     def roles_display(self, obj: Tool) -> str:
         return ", ".join(obj.roles) or "— (every role)"
 
-    @admin.display(description="circuit breaker")
+    @admin.display(description="breaker")
     def breaker(self, obj: Tool) -> str:
         state = tool_breaker().state(obj.name)
-        return state.state if not state.failures else f"{state.state} ({state.failures} failures)"
+        return breaker_badge(state.state, state.failures)
+
+    @admin.display(description="description")
+    def description_short(self, obj: Tool) -> str:
+        return Truncator(" ".join(obj.description.split())).chars(70)

@@ -6,6 +6,7 @@ from typing import Any
 from django import forms
 from django.db import models
 from django.forms.fields import InvalidJSONInput
+from django.utils.html import format_html
 
 
 class PrettyJSONField(forms.JSONField):
@@ -25,3 +26,18 @@ class PrettyJSONField(forms.JSONField):
 
 
 JSON_FIELD = {models.JSONField: {"form_class": PrettyJSONField}}
+
+
+BREAKER_COLOURS = {"closed": "#15803d", "half_open": "#b45309", "open": "#dc2626"}
+
+
+def breaker_badge(state: str, failures: int, until: str = "") -> str:
+    """A circuit breaker's state as a coloured word, the details in its tooltip."""
+    title = f"{failures} recent failure(s)" + (f"; open until {until}" if until else "")
+    label = state.replace("_", "-") + (f" ({failures})" if failures and state == "closed" else "")
+    return format_html(
+        '<span class="ap-breaker" title="{}" style="color:{};font-weight:600;white-space:nowrap">{}</span>',
+        title,
+        BREAKER_COLOURS.get(state, "#6b7280"),
+        label + (f" until {until}" if until else ""),
+    )

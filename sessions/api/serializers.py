@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from ..errors import PayloadTooLarge
 from ..json_limits import JsonRejected, json_check
-from ..models import Checkpoint, Event, Message, Session
+from ..models import Agent, Checkpoint, Event, Message, Session
 
 
 class _StringsOnly:
@@ -156,3 +156,9 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Agent
+        fields = ("slug", "name")

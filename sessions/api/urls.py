@@ -3,6 +3,7 @@ from django.urls import path
 from . import views
 
 urlpatterns = [
+    path("agents/", views.AgentListView.as_view(), name="agent-list"),
     path("sessions/", views.SessionListView.as_view(), name="session-list"),
     path("sessions/<uuid:session_id>/", views.SessionDetailView.as_view(), name="session-detail"),
     path(

@@ -13,6 +13,7 @@ from accounts.throttling import SessionCreateThrottle
 from .. import selectors, services
 from ..errors import InvalidInput
 from .serializers import (
+    AgentSerializer,
     CancelResultSerializer,
     CheckpointSerializer,
     EventSerializer,
@@ -161,3 +162,9 @@ class SessionCheckpointsView(APIView):
         limit = _int_param(request, "limit", 100, 1, 1000)
         rows = selectors.checkpoints_of(session=session, limit=limit)
         return Response(CheckpointSerializer(rows, many=True).data)
+
+
+class AgentListView(APIView):
+    @extend_schema(responses=AgentSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(AgentSerializer(selectors.agents_enabled(), many=True).data)

@@ -41,15 +41,43 @@ def test_chat_runs_the_demo_turn_through_the_worker_and_prints_its_events(live_s
 
 def test_chat_continues_a_session_and_prints_a_readable_view(live_stack):
     demo_install()
-    first = _chat(live_stack, "--agent", "order-support", "hello")
+    first = _chat(live_stack, "--agent", "order-support", DEMO_REQUEST)
     assert first.returncode == 0, first.stderr
     session_id = first.stderr.split("session ", 1)[1].split()[0]
-    again = _chat(live_stack, "--agent", "order-support", "--session", session_id, "hi again")
+    # Sessions belong to the `cli` user unless --user says otherwise; the stderr line says so.
+    assert "owner cli" in first.stderr
+    lines = first.stdout.splitlines()
+    assert lines and all(line.strip() for line in lines), first.stdout  # no blank lines
+    finished = [line for line in lines if "tool.finished: send_notification success in " in line]
+    assert len(finished) == 3 and all(line.endswith(" ms") for line in finished), finished
+    # Long arguments are cut with an ellipsis, not mid-character.
+    started = [line for line in lines if "tool.started: generate_report(" in line]
+    assert started and started[0].endswith("…)"), started
+    # The final answer appears once (streamed, then only referred to).
+    answer = "I found 3 orders with logistics exceptions"
+    assert first.stdout.count(answer) == 1, first.stdout
+    assert lines[-1].startswith("[") and "turn.finished: turn 1 answer" in lines[-1]
+
+    # --session alone continues it: no --agent needed.
+    again = _chat(live_stack, "--session", session_id, "hi again")
     assert again.returncode == 0, again.stderr
-    assert (
-        "turn.finished" in again.stdout and "state.changed: finished -> processing" in again.stdout
-    )
+    assert "state.changed: finished -> processing" in again.stdout
+    assert "turn.finished: turn 2" in again.stdout
     assert Session.objects.get(pk=session_id).turn == 2
+
+    mismatch = _chat(live_stack, "--session", session_id, "--user", "demo", "hello")
+    assert mismatch.returncode != 0 and "belongs to 'cli'" in mismatch.stderr
+
+
+def test_chat_opens_a_session_for_the_user_named(live_stack):
+    demo_install()
+    done = _chat(live_stack, "--agent", "order-support", "--user", "demo", "hello")
+    assert done.returncode == 0, done.stderr
+    session_id = done.stderr.split("session ", 1)[1].split()[0]
+    assert Session.objects.get(pk=session_id).owner.username == "demo"
+    neither = _chat(live_stack, "hello")
+    assert neither.returncode != 0 and "--agent SLUG" in neither.stderr
+    assert "Traceback" not in neither.stderr
 
 
 def test_chat_with_an_unknown_agent_fails_clearly(live_stack):

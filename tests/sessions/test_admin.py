@@ -90,15 +90,53 @@ def test_timeline_uses_one_query_per_table(demo_session, django_assert_num_queri
 
 
 @runs_a_turn
-def test_engine_fields_are_read_only_even_on_post(client, operator, demo_session):
+def test_session_page_opens_with_the_summary_and_offers_no_save_or_delete(
+    client, operator, demo_session
+):
+    Session.objects.filter(pk=demo_session.pk).update(last_error="model 'main' timed out <b>")
+    response = client.get(reverse("admin:agent_sessions_session_change", args=[demo_session.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    summary = response.context["summary"]
+    assert summary.stop_reason == "answer" and summary.stop_turn == 1
+    assert summary.tool_calls == 5 and summary.tool_failures == 0
+    assert summary.model_calls == 4 and summary.models == "rules"
+    # The summary comes first, then the timeline, then the raw fields.
+    assert page.index('id="ap-summary"') < page.index('id="ap-timeline"') < page.index("Details")
+    for label in ("State", "Turn", "Stop reason", "Cost", "Usage (tokens)", "Last error"):
+        assert f">{label}<" in page, label
+    assert "model &#x27;main&#x27; timed out &lt;b&gt;" in page
+    # A record, not a form: no Save, no Delete, no inputs for metadata.
+    assert 'name="_save"' not in page and 'name="_continue"' not in page
+    assert "deletelink" not in page and 'name="metadata"' not in page
+
+
+@runs_a_turn
+def test_sessions_cannot_be_changed_or_deleted_even_on_post(client, operator, demo_session):
+    from django.contrib import admin as django_admin
+
     url = reverse("admin:agent_sessions_session_change", args=[demo_session.pk])
     response = client.post(
         url, {"state": "idle", "version": 0, "cost": "0", "metadata": '{"note": "x"}', "_save": "1"}
     )
-    assert response.status_code == 302
+    assert response.status_code == 403
+    delete = client.post(
+        reverse("admin:agent_sessions_session_delete", args=[demo_session.pk]), {"post": "yes"}
+    )
+    assert delete.status_code == 403
+    bulk = client.post(
+        reverse("admin:agent_sessions_session_changelist"),
+        {"action": "delete_selected", "_selected_action": [str(demo_session.pk)], "post": "yes"},
+    )
+    assert bulk.status_code in (200, 302)
     row = Session.objects.get(pk=demo_session.pk)
     assert row.state == "finished" and row.version == demo_session.version
-    assert row.metadata == {"note": "x"}
+    assert row.metadata == demo_session.metadata
+    model_admin = django_admin.site._registry[Session]
+    request = response.wsgi_request
+    assert not model_admin.has_change_permission(request, row)
+    assert not model_admin.has_delete_permission(request, row)
+    assert model_admin.has_view_permission(request, row)
 
 
 def test_sessions_cannot_be_added_by_hand(client, operator):

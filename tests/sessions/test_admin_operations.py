@@ -69,10 +69,10 @@ def test_the_endpoint_list_shows_and_resets_the_circuit_breaker(client, operator
         breaker.record_failure(endpoint.name)
     url = reverse("admin:agent_sessions_modelendpoint_changelist")
     page = client.get(url)
-    assert page.context["cl"].model_admin.breaker(endpoint).startswith("open until")
+    assert ">open until " in page.context["cl"].model_admin.breaker(endpoint)
     client.post(url, {"action": "reset_breaker", "_selected_action": [endpoint.pk]})
     assert breaker.state(endpoint.name).state == "closed"
-    assert client.get(url).context["cl"].model_admin.breaker(endpoint) == "closed"
+    assert ">closed<" in client.get(url).context["cl"].model_admin.breaker(endpoint)
 
 
 def test_fork_from_a_checkpoint_in_the_admin(client, operator, finished_session):
