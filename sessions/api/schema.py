@@ -10,7 +10,8 @@ than in a decorator on each view:
 - 404 when its path names a resource (an id that does not exist or is not yours);
 - 409 when it POSTs to an existing resource (its state does not allow the action);
 - 413 and 415 when it takes a request body (too large, not JSON);
-- 429 when it is throttled.
+- 429 when it requires an API key (an address with repeated failed
+  authentication is slowed down before its key is read) or is throttled.
 """
 
 from typing import Any
@@ -85,6 +86,6 @@ class ErrorDocumentingAutoSchema(AutoSchema):
             statuses.append(409)
         if has_body:
             statuses += [413, 415]
-        if self.view.get_throttles():
+        if needs_key or self.view.get_throttles():
             statuses.append(429)
         return statuses

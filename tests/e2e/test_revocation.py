@@ -1,6 +1,7 @@
 """Revoking a key reaches its open websockets; the API's own limits on a real stack."""
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -53,7 +54,9 @@ def test_revoking_a_key_closes_its_open_websockets_and_refuses_their_frames(live
             await expect_silence(ws1, 0.3)  # connected and idle
             await asyncio.to_thread(call_command, "revoke_api_key", issued.api_key.prefix)
             # Sent after the revocation, possibly before its close arrives: never stored.
-            await ws1.send(json.dumps({"type": "user_message", "content": "too late"}))
+            # If the close won the race, the send itself fails, which is just as good.
+            with contextlib.suppress(ConnectionClosed):
+                await ws1.send(json.dumps({"type": "user_message", "content": "too late"}))
             results = [await _closed_with(ws1), await _closed_with(ws2)]
             await expect_silence(other, 0.5)  # still open
             await other.send(json.dumps({"type": "user_message", "content": "still fine"}))
