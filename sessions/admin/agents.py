@@ -10,10 +10,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
+from configuration.schema import RULE
 from tools.forms import JSON_FIELD
 from tools.models import Tool
 
-from ..config_schema import RULE
 from ..models import Agent
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
