@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "channels",
     "accounts",
     "sessions.apps.AgentSessionsConfig",
+    "configuration",
     "tools",
     "memory",
     "billing",

@@ -148,8 +148,8 @@ def config_document() -> dict[str, Any]:
 
 
 def install() -> list[str]:
+    from configuration.services import config_apply
     from demo.services import demo_data_seed
-    from sessions.services import config_apply
 
     _register_noop()
     report = config_apply(document=config_document())

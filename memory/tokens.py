@@ -5,7 +5,10 @@ other non-ASCII characters are closer to one token each. We round up so a
 budget built on the estimate errs on the safe side.
 """
 
+import json
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 
 def count_tokens(text: str) -> int:
@@ -23,3 +26,69 @@ MESSAGE_OVERHEAD_TOKENS = 4  # role and separators, as chat formats add
 
 def count_message_tokens(content: str, extra: str = "") -> int:
     return MESSAGE_OVERHEAD_TOKENS + count_tokens(content) + count_tokens(extra)
+
+
+# The shapes of llm.types (ChatRequest, ChatResponse) that the estimates read. They are
+# described here, not imported: the model adapters use this module, so it imports nothing.
+
+
+class _ToolCall(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> Mapping[str, Any]: ...
+
+
+class _Message(Protocol):
+    @property
+    def content(self) -> str: ...
+    @property
+    def tool_calls(self) -> Sequence[_ToolCall]: ...
+
+
+class _Tool(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+class _Request(Protocol):
+    @property
+    def messages(self) -> Sequence[_Message]: ...
+    @property
+    def tools(self) -> Sequence[_Tool]: ...
+
+
+class _Response(Protocol):
+    @property
+    def text(self) -> str: ...
+    @property
+    def tool_calls(self) -> Sequence[_ToolCall]: ...
+
+
+def _call_tokens(call: _ToolCall) -> int:
+    return count_tokens(call.name) + count_tokens(json.dumps(call.arguments, ensure_ascii=False))
+
+
+def estimate_request_tokens(request: _Request) -> int:
+    """What a chat request will cost in input tokens: messages, tool calls and tool schemas."""
+    total = 0
+    for m in request.messages:
+        total += MESSAGE_OVERHEAD_TOKENS + count_tokens(m.content)
+        for c in m.tool_calls:
+            total += _call_tokens(c)
+    for t in request.tools:
+        total += (
+            count_tokens(t.name)
+            + count_tokens(t.description)
+            + count_tokens(json.dumps(t.parameters))
+        )
+    return total
+
+
+def estimate_response_tokens(response: _Response) -> int:
+    """What an answer cost in output tokens, for a provider that reports no usage."""
+    return count_tokens(response.text) + sum(_call_tokens(c) for c in response.tool_calls)

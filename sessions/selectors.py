@@ -1,12 +1,16 @@
 """Named reads of sessions, their history and their events."""
 
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 from uuid import UUID
 
+from django.contrib.postgres.aggregates import StringAgg
 from django.core.exceptions import ValidationError
-from django.db.models import F, QuerySet
+from django.db.models import Count, F, Q, QuerySet, Subquery
 
 from .errors import NotFound
-from .models import Agent, Checkpoint, Event, Message, Session
+from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 
 
 def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
@@ -43,3 +47,176 @@ def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
 def agents_enabled() -> QuerySet[Agent]:
     """The agents a key may open sessions on (every enabled one; tools are gated by role)."""
     return Agent.objects.filter(enabled=True).order_by("slug")
+
+
+TimelineKind = Literal["transition", "message", "toolcall", "event", "checkpoint"]
+# The order a step writes its rows in: rows of one instant keep it on the timeline.
+TIMELINE_KINDS: tuple[TimelineKind, ...] = (
+    "transition",
+    "message",
+    "toolcall",
+    "event",
+    "checkpoint",
+)
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One row of a session's history as stored; how it reads is the caller's business."""
+
+    kind: TimelineKind
+    pk: int
+    at: datetime
+    # The row's place in its own table (id, event seq or checkpoint step): breaks time ties.
+    order: int
+    seq: int | None
+    # The state moved to (transitions) or saved (checkpoints); "" for the others.
+    state: str
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SessionTimeline:
+    entries: list[TimelineEntry]
+    # Older entries exist than those returned.
+    truncated: bool
+
+
+def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
+    """The last `limit` things that happened to a session, oldest first.
+
+    One bounded query per table (each ordered by an indexed column), then a
+    merge by time; ties keep the order a step writes them in.
+    """
+    entries: list[TimelineEntry] = []
+    truncated = False
+
+    def bounded(rows: QuerySet[Any, Any]) -> list[dict[str, Any]]:
+        nonlocal truncated
+        fetched = list(rows[: limit + 1])
+        truncated |= len(fetched) > limit
+        return fetched[:limit]
+
+    for r in bounded(
+        Transition.objects.filter(session_id=session_id)
+        .order_by("-id")
+        .values(
+            "id", "at", "from_state", "to_state", "trigger", "reason", "actor", "version", "turn"
+        )
+    ):
+        entries.append(
+            TimelineEntry("transition", r["id"], r["at"], r["id"], None, r["to_state"], r)
+        )
+    for r in bounded(
+        Message.objects.filter(session_id=session_id)
+        .order_by("-id")
+        .values(
+            "id",
+            "created_at",
+            "seq",
+            "turn",
+            "role",
+            "status",
+            "content",
+            "tool_calls",
+            "tool_call_id",
+            "name",
+            "data",
+            "token_count",
+        )
+    ):
+        entries.append(TimelineEntry("message", r["id"], r["created_at"], r["id"], r["seq"], "", r))
+    for r in bounded(
+        ToolCall.objects.filter(session_id=session_id)
+        .order_by("-id")
+        .values(
+            "id",
+            "created_at",
+            "finished_at",
+            "turn",
+            "step",
+            "position",
+            "call_id",
+            "tool_name",
+            "input",
+            "status",
+            "output",
+            "error",
+            "elapsed_ms",
+            "idempotency_key",
+        )
+    ):
+        entries.append(TimelineEntry("toolcall", r["id"], r["created_at"], r["id"], None, "", r))
+    for r in bounded(
+        Event.objects.filter(session_id=session_id)
+        .order_by("-seq")
+        .values("id", "created_at", "seq", "type", "data")
+    ):
+        entries.append(TimelineEntry("event", r["id"], r["created_at"], r["seq"], r["seq"], "", r))
+    for r in bounded(
+        Checkpoint.objects.filter(session_id=session_id)
+        .order_by("-step")
+        .values("id", "created_at", "step", "turn", "state", "message_seq", "size_bytes", "context")
+    ):
+        entries.append(
+            TimelineEntry("checkpoint", r["id"], r["created_at"], r["step"], None, r["state"], r)
+        )
+
+    entries.sort(key=lambda e: (e.at, TIMELINE_KINDS.index(e.kind), e.order))
+    if len(entries) > limit:
+        truncated = True
+        entries = entries[-limit:]
+    return SessionTimeline(entries=entries, truncated=truncated)
+
+
+def last_stop_reason(session_ref: Any) -> Subquery:
+    """The stop reason of a session's last finished turn (an indexed, backwards scan)."""
+    return Subquery(
+        Event.objects.filter(session=session_ref, type="turn.finished")
+        .order_by("-seq")
+        .values("data__stop_reason")[:1]
+    )
+
+
+@dataclass(frozen=True)
+class SessionActivity:
+    """How a session's last turn ended, and how its model and tool calls went."""
+
+    stop_reason: str | None
+    stop_turn: int | None
+    finished_at: datetime | None
+    model_calls: int
+    model_failures: int
+    models: str
+    tool_calls: int
+    tool_failures: int
+
+
+def session_activity(*, session: Session) -> SessionActivity:
+    """Three small reads: the last finished turn, and the model and tool call counts."""
+    last = (
+        Event.objects.filter(session=session, type="turn.finished")
+        .order_by("-seq")
+        .values("data", "created_at")
+        .first()
+    )
+    data = last["data"] if last and isinstance(last["data"], dict) else {}
+    calls = ModelCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=~Q(outcome="success")),
+        models=StringAgg("endpoint_name", delimiter=", ", distinct=True, default=""),
+    )
+    tools = ToolCall.objects.filter(session=session).aggregate(
+        count=Count("id"),
+        failures=Count("id", filter=Q(status__in=("failed", "timeout", "rejected"))),
+    )
+    return SessionActivity(
+        stop_reason=data.get("stop_reason"),
+        stop_turn=data.get("turn"),
+        finished_at=last["created_at"] if last else None,
+        model_calls=calls["count"],
+        model_failures=calls["failures"],
+        models=calls["models"],
+        tool_calls=tools["count"],
+        tool_failures=tools["failures"],
+    )

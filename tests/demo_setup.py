@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
+from configuration.services import config_apply
 from demo.services import demo_data_seed
-from sessions.services import config_apply
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
 DEMO_REQUEST = (

@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
+from billing.pricing import model_call_cost
 from llm import EndpointConfig, adapter_for
 from llm.base import (
     ModelCircuitOpen,
@@ -32,7 +32,7 @@ from llm.base import (
 )
 from llm.http import redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
-from memory.tokens import count_tokens
+from memory.tokens import estimate_request_tokens, estimate_response_tokens
 from runtime import io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
@@ -72,30 +72,6 @@ def endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
         first_token_timeout_s=endpoint.first_token_timeout_s,
         total_timeout_s=endpoint.total_timeout_s,
         options=dict(endpoint.options or {}),
-    )
-
-
-def estimate_request_tokens(request: ChatRequest) -> int:
-    total = 0
-    for m in request.messages:
-        total += 4 + count_tokens(m.content)
-        for c in m.tool_calls:
-            total += count_tokens(c.name) + count_tokens(
-                json.dumps(c.arguments, ensure_ascii=False)
-            )
-    for t in request.tools:
-        total += (
-            count_tokens(t.name)
-            + count_tokens(t.description)
-            + count_tokens(json.dumps(t.parameters))
-        )
-    return total
-
-
-def estimate_response_tokens(response: ChatResponse) -> int:
-    return count_tokens(response.text) + sum(
-        count_tokens(c.name) + count_tokens(json.dumps(c.arguments, ensure_ascii=False))
-        for c in response.tool_calls
     )
 
 
@@ -205,10 +181,12 @@ def _attempt(
     else:
         record.input_tokens, record.output_tokens = estimated_in, estimate_response_tokens(response)
         record.tokens_estimated = True
-    record.cost = (
-        Decimal(record.input_tokens) * endpoint.price_input_per_1k
-        + Decimal(record.output_tokens) * endpoint.price_output_per_1k
-    ) / 1000
+    record.cost = model_call_cost(
+        input_tokens=record.input_tokens,
+        output_tokens=record.output_tokens,
+        price_input_per_1k=endpoint.price_input_per_1k,
+        price_output_per_1k=endpoint.price_output_per_1k,
+    )
     return response, record, None
 
 

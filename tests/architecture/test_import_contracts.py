@@ -65,6 +65,7 @@ PLANTS: dict[str, list[Plant]] = {
     "runtime imports no app": [
         Plant("runtime/faults.py", "import tools.registry"),
         Plant("runtime/breaker.py", "from accounts import models"),
+        Plant("runtime/faults.py", "import configuration.schema"),
     ],
     "llm imports no other port but the token counter": [
         Plant("llm/base.py", "import tools.registry"),
@@ -85,6 +86,8 @@ PLANTS: dict[str, list[Plant]] = {
     "The engine and services know no edges": [
         Plant("sessions/engine/steps.py", "from rest_framework import serializers"),
         Plant("sessions/services.py", "from sessions.api import views"),
+        # Applying a config file is an edge too (configuration/), not session logic.
+        Plant("sessions/services.py", "from configuration import services"),
         Plant("llm/base.py", "import drf_spectacular"),
         # Indirectly: the engine imports rows, which would import the consumer.
         Plant("sessions/rows.py", "from sessions import consumers"),

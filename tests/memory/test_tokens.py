@@ -1,6 +1,15 @@
-"""The offline token estimate: monotone, CJK-aware, rounds up."""
+"""The offline token estimate: monotone, CJK-aware, rounds up; requests and answers too."""
 
-from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_message_tokens, count_tokens
+import json
+
+from llm.types import ChatMessage, ChatRequest, ChatResponse, ToolCallRequest, ToolSpec
+from memory.tokens import (
+    MESSAGE_OVERHEAD_TOKENS,
+    count_message_tokens,
+    count_tokens,
+    estimate_request_tokens,
+    estimate_response_tokens,
+)
 
 
 def test_empty_text_is_zero_tokens():
@@ -30,3 +39,52 @@ def test_longer_text_never_counts_fewer_tokens():
 def test_a_message_adds_its_overhead_and_extra():
     assert count_message_tokens("") == MESSAGE_OVERHEAD_TOKENS
     assert count_message_tokens("abcd", "abcdefgh") == MESSAGE_OVERHEAD_TOKENS + 1 + 2
+
+
+LOOKUP = ToolCallRequest(id="c1", name="lookup", arguments={"order": "A-1", "note": "订单"})
+LOOKUP_TOKENS = count_tokens("lookup") + count_tokens(
+    json.dumps({"order": "A-1", "note": "订单"}, ensure_ascii=False)
+)
+
+
+def test_a_request_counts_each_message_with_its_overhead():
+    request = ChatRequest(
+        messages=(
+            ChatMessage(role="system", content="abcd" * 10),
+            ChatMessage(role="user", content="订单异常"),
+        )
+    )
+    assert estimate_request_tokens(request) == 2 * MESSAGE_OVERHEAD_TOKENS + 10 + 4
+
+
+def test_a_request_counts_tool_calls_and_tool_schemas():
+    parameters = {"type": "object", "properties": {"order": {"type": "string"}}}
+    request = ChatRequest(
+        messages=(ChatMessage(role="assistant", tool_calls=(LOOKUP,)),),
+        tools=(ToolSpec(name="lookup", description="Find an order.", parameters=parameters),),
+    )
+    schema_tokens = (
+        count_tokens("lookup")
+        + count_tokens("Find an order.")
+        + count_tokens(json.dumps(parameters))
+    )
+    assert estimate_request_tokens(request) == (
+        MESSAGE_OVERHEAD_TOKENS + LOOKUP_TOKENS + schema_tokens
+    )
+
+
+def test_an_empty_request_is_zero_tokens():
+    assert estimate_request_tokens(ChatRequest(messages=())) == 0
+
+
+def test_a_response_counts_its_text_and_tool_calls_without_overhead():
+    assert estimate_response_tokens(ChatResponse(text="abcdefgh")) == 2
+    assert estimate_response_tokens(ChatResponse(text="", tool_calls=[LOOKUP])) == LOOKUP_TOKENS
+    both = ChatResponse(text="abcd", tool_calls=[LOOKUP, LOOKUP])
+    assert estimate_response_tokens(both) == 1 + 2 * LOOKUP_TOKENS
+
+
+def test_a_longer_answer_never_estimates_fewer_tokens():
+    texts = ["", "ok", "ok, done", "ok, done: 订单已发货"]
+    counts = [estimate_response_tokens(ChatResponse(text=t)) for t in texts]
+    assert counts == sorted(counts) and counts[0] == 0

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from sessions import services
-from sessions.admin import session_timeline
+from sessions.admin.timeline import session_timeline
 from sessions.engine.runner import session_run
 from sessions.models import Event, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from sessions.services import config_apply
+from configuration.services import config_apply
 from tests.demo_setup import DEMO_CONFIG
 from tests.factories import ToolFactory, api_key_for
 from tools.models import Tool

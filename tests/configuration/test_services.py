@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 
 from accounts.models import Role
 from accounts.services import api_key_create
+from configuration.services import ConfigInvalid, config_apply
 from sessions.models import Agent, ModelEndpoint
-from sessions.services import ConfigInvalid, config_apply
 from tests.demo_setup import DEMO_CONFIG
 from tests.stack import free_port
 from tools.models import Tool
@@ -605,7 +605,7 @@ def test_a_tool_header_may_read_only_allowed_variables(settings):
 
 
 def test_every_field_the_admin_can_set_is_in_the_config_file():
-    from sessions.config_schema import AGENT_ENTRY, MODEL_ENTRY, TOOL_ENTRY
+    from configuration.schema import AGENT_ENTRY, MODEL_ENTRY, TOOL_ENTRY
 
     def editable(model: type) -> set[str]:
         return {

@@ -4,7 +4,7 @@ from pathlib import Path
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from sessions.services import ConfigInvalid, config_apply
+from configuration.services import ConfigInvalid, config_apply
 
 
 class Command(BaseCommand):

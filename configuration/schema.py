@@ -9,10 +9,9 @@ from urllib.parse import urlsplit
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.registry import HANDLERS
-
-from .models import DoubleTexting
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,99}$"}

@@ -1,0 +1,142 @@
+"""Agents: their model and rollout, loop guards, tools and offline rules."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from jsonschema import Draft202012Validator
+
+from configuration.schema import RULE
+from tools.forms import JSON_FIELD
+from tools.models import Tool
+
+from ..models import Agent
+
+_rules_validator = Draft202012Validator({"type": "array", "items": RULE})
+
+
+class AgentAdminForm(forms.ModelForm):
+    class Meta:
+        model = Agent
+        fields = (
+            "slug",
+            "name",
+            "enabled",
+            "system_prompt",
+            "model",
+            "fallback_model",
+            "candidate_model",
+            "candidate_percent",
+            "context_window",
+            "max_iterations",
+            "repeat_call_limit",
+            "same_result_limit",
+            "step_timeout_s",
+            "turn_timeout_s",
+            "tools",
+            "rules",
+            "busy_message",
+        )
+        widgets = {
+            "system_prompt": forms.Textarea(attrs={"rows": 8, "cols": 100}),
+            "tools": forms.TextInput(attrs={"size": 90}),
+        }
+
+    def clean_tools(self) -> list[str]:
+        names: list[str] = self.cleaned_data.get("tools") or []
+        known = set(Tool.objects.filter(name__in=names).values_list("name", flat=True))
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise forms.ValidationError(f"Unknown tool(s): {', '.join(unknown)}.")
+        if len(set(names)) != len(names):
+            raise forms.ValidationError("A tool is listed twice.")
+        return names
+
+    def clean_rules(self) -> Any:
+        rules = self.cleaned_data.get("rules")
+        if rules in (None, ""):
+            return []
+        errors = sorted(
+            _rules_validator.iter_errors(rules), key=lambda e: list(map(str, e.absolute_path))
+        )
+        if errors:
+            first = errors[0]
+            where = "".join(f"[{p}]" for p in first.absolute_path) or "(top level)"
+            raise forms.ValidationError(f"Invalid rules at {where}: {first.message}")
+        return rules
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    form = AgentAdminForm
+    formfield_overrides = JSON_FIELD
+    list_display = (
+        "slug",
+        "name",
+        "model",
+        "fallback_model",
+        "rollout",
+        "tool_count",
+        "max_iterations",
+        "enabled",
+        "session_count",
+    )
+    list_filter = ("enabled", "model")
+    list_select_related = ("model", "fallback_model", "candidate_model")
+    search_fields = ("slug", "name", "system_prompt")
+    readonly_fields = ("created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "enabled", "system_prompt")}),
+        (
+            "Model",
+            {
+                "fields": (
+                    "model",
+                    "fallback_model",
+                    "candidate_model",
+                    "candidate_percent",
+                    "context_window",
+                ),
+                "description": "Edits apply at the next step of every session. The candidate model gets "
+                "candidate_percent of sessions (sticky per session) for a gradual rollout.",
+            },
+        ),
+        (
+            "Loop guards and time limits",
+            {
+                "fields": (
+                    "max_iterations",
+                    "repeat_call_limit",
+                    "same_result_limit",
+                    "step_timeout_s",
+                    "turn_timeout_s",
+                )
+            },
+        ),
+        ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
+        ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
+        ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
+        return super().get_queryset(request).annotate(_session_count=Count("sessions"))
+
+    @admin.display(description="rollout")
+    def rollout(self, obj: Agent) -> str:
+        if obj.candidate_model_id and obj.candidate_percent:
+            return f"{obj.candidate_percent}% → {obj.candidate_model}"
+        return "—"
+
+    @admin.display(description="tools")
+    def tool_count(self, obj: Agent) -> int:
+        return len(obj.tools or [])
+
+    @admin.display(description="sessions", ordering="_session_count")
+    def session_count(self, obj: Agent) -> str:
+        count = getattr(obj, "_session_count", 0)
+        url = reverse("admin:agent_sessions_session_changelist") + f"?agent__id__exact={obj.pk}"
+        return format_html('<a href="{}">{}</a>', url, count)

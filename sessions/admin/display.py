@@ -1,0 +1,117 @@
+"""How the console shows values: badges, short text, JSON and links."""
+
+import json
+from typing import Any
+
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+DETAIL_CHARS = 4000
+
+STATE_COLOURS = {
+    "idle": "#6b7280",
+    "processing": "#2563eb",
+    "tool_wait": "#7c3aed",
+    "tool_loop": "#4f46e5",
+    "paused_for_user": "#b45309",
+    "awaiting_approval": "#c2410c",
+    "waiting_timer": "#0f766e",
+    "error": "#dc2626",
+    "finished": "#15803d",
+    "cancelled": "#374151",
+}
+
+
+def state_badge(state: str) -> str:
+    colour = STATE_COLOURS.get(state, "#6b7280")
+    return format_html(
+        '<span class="ap-state" style="background:{};color:#fff;padding:1px 7px;border-radius:9px;'
+        'font-size:11px;white-space:nowrap">{}</span>',
+        colour,
+        state.replace("_", " "),
+    )
+
+
+def short(value: Any, length: int = 120) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return Truncator(" ".join(text.split())).chars(length)
+
+
+def format_cost(value: Any) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def pretty_json(value: Any, limit: int = DETAIL_CHARS) -> str:
+    text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    if len(text) > limit:
+        text = text[:limit] + f"\n… ({len(text) - limit} more characters)"
+    return text
+
+
+def pre(value: Any) -> str:
+    return format_html(
+        '<pre style="margin:0;white-space:pre-wrap;max-width:90ch">{}</pre>',
+        pretty_json(value, 50000),
+    )
+
+
+def session_link(session_id: object) -> str:
+    url = reverse("admin:agent_sessions_session_change", args=[session_id])
+    return format_html(
+        '<a href="{}" title="{}"><code>{}</code></a>', url, session_id, str(session_id)[:8]
+    )
+
+
+OUTCOME_COLOURS = {
+    "answer": "#15803d",
+    "cancelled": "#374151",
+    "interrupted": "#374151",
+    "error": "#dc2626",
+    "model_unavailable": "#dc2626",
+}
+# Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
+GUARD_COLOUR = "#b45309"
+
+
+def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
+    if not stop_reason:
+        return "—"
+    colour = OUTCOME_COLOURS.get(stop_reason, GUARD_COLOUR)
+    return format_html(
+        '<span class="ap-outcome" style="color:{};font-weight:600" title="{}">{}</span>',
+        colour,
+        short(last_error, 300) if OUTCOME_COLOURS.get(stop_reason) == "#dc2626" else "",
+        stop_reason.replace("_", " "),
+    )
+
+
+def event_summary(type_: str, data: dict[str, Any]) -> str:
+    if not isinstance(data, dict):
+        return short(data)
+    if type_ == "state.changed":
+        return f"{data.get('from')} → {data.get('to')} ({data.get('trigger')})"
+    if type_ == "message.completed":
+        calls = ", ".join(
+            str(c.get("name", "?")) for c in data.get("tool_calls") or [] if isinstance(c, dict)
+        )
+        text = short(data.get("content"), 160)
+        return f"{data.get('role')}: {text}" + (f" → {calls}" if calls else "")
+    if type_ == "tool.started":
+        return f"{data.get('tool')}({short(data.get('input'), 100)})"
+    if type_ == "tool.finished":
+        return f"{data.get('tool')} {data.get('status')} in {data.get('elapsed_ms')} ms" + (
+            f": {short(data.get('error'), 100)}" if data.get("error") else ""
+        )
+    if type_ == "turn.finished":
+        usage = data.get("usage") or {}
+        return (
+            f"turn {data.get('turn')} {data.get('stop_reason')}, {data.get('iterations')} model call(s), "
+            f"{usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tokens, cost {usage.get('cost', 0)}"
+        )
+    if type_ == "error":
+        return f"{data.get('code')}: {short(data.get('message'), 160)}"
+    return short(data, 160)

@@ -1,0 +1,178 @@
+"""Model endpoints (prices, keys, the circuit breaker) and the calls made to them."""
+
+from datetime import UTC, datetime
+
+from django.contrib import admin
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+
+from runtime.breaker import model_breaker
+from tools.forms import JSON_FIELD, breaker_badge
+
+from ..models import ModelCall, ModelEndpoint
+from .base import ReadOnlyAdmin
+from .display import format_cost, short
+
+
+@admin.register(ModelEndpoint)
+class ModelEndpointAdmin(admin.ModelAdmin):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
+    list_display = (
+        "name",
+        "enabled",
+        "breaker",
+        "key_status",
+        "api",
+        "model",
+        "prices",
+        "context_window",
+        "base_url_short",
+        "updated",
+    )
+    list_filter = ("api", "enabled")
+    search_fields = ("name", "model", "base_url")
+    actions = ("reset_breaker",)
+
+    @admin.display(description="breaker")
+    def breaker(self, obj: ModelEndpoint) -> str:
+        state = model_breaker().state(obj.name)
+        if state.state == "closed":
+            return breaker_badge(state.state, state.failures)
+        until = datetime.fromtimestamp(state.open_until, tz=UTC).strftime("%H:%M:%S UTC")
+        return breaker_badge(state.state, state.failures, until)
+
+    @admin.display(description="price in / out per 1k", ordering="price_input_per_1k")
+    def prices(self, obj: ModelEndpoint) -> str:
+        return f"{format_cost(obj.price_input_per_1k)} / {format_cost(obj.price_output_per_1k)}"
+
+    @admin.display(description="base url", ordering="base_url")
+    def base_url_short(self, obj: ModelEndpoint) -> str:
+        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 36))
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: ModelEndpoint) -> str:
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M")
+
+    @admin.display(description="API key")
+    def key_status(self, obj: ModelEndpoint) -> str:
+        # The endpoint is misconfigured: its calls are refused until the variable is set.
+        if obj.missing_key_env:
+            return format_html(
+                '<strong style="color:#dc2626">misconfigured: {} is not set</strong>',
+                obj.missing_key_env,
+            )
+        return f"from {obj.api_key_env}" if obj.api_key_env else "none"
+
+    @admin.action(description="Reset the circuit breaker")
+    def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
+        for endpoint in queryset:
+            model_breaker().reset(endpoint.name)
+        self.message_user(request, f"Reset {queryset.count()} breaker(s).")
+
+    readonly_fields = ("updated_at", "key_status")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "api",
+                    "base_url",
+                    "model",
+                    "api_key_env",
+                    "key_status",
+                    "enabled",
+                )
+            },
+        ),
+        ("Timeouts", {"fields": ("connect_timeout_s", "first_token_timeout_s", "total_timeout_s")}),
+        (
+            "Prices and limits",
+            {"fields": ("price_input_per_1k", "price_output_per_1k", "context_window")},
+        ),
+        ("Options", {"fields": ("options", "updated_at")}),
+    )
+
+
+@admin.register(ModelCall)
+class ModelCallAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "outcome_display",
+        "cost_display",
+        "endpoint_name",
+        "model",
+        "turn",
+        "tokens",
+        "timing",
+        "routing",
+        "created",
+    )
+    list_filter = ("outcome", "endpoint_name", "fallback_used", "rollout", "retried")
+    search_fields = ("endpoint_name", "model", "error")
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "turn",
+        "step",
+        "endpoint_name",
+        "api",
+        "model",
+        "outcome",
+        "error",
+        "input_tokens",
+        "output_tokens",
+        "tokens_estimated",
+        "first_token_ms",
+        "total_ms",
+        "retried",
+        "fallback_used",
+        "rollout",
+        "cost",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_display(self, obj: ModelCall) -> str:
+        colour = "#15803d" if obj.outcome == "success" else "#dc2626"
+        return format_html(
+            '<span style="color:{};font-weight:600" title="{}">{}</span>',
+            colour,
+            short(obj.error, 300),
+            obj.outcome.replace("_", " "),
+        )
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_display(self, obj: ModelCall) -> str:
+        return format_cost(obj.cost)
+
+    @admin.display(description="tokens in / out", ordering="input_tokens")
+    def tokens(self, obj: ModelCall) -> str:
+        return f"{obj.input_tokens} / {obj.output_tokens}" + ("*" if obj.tokens_estimated else "")
+
+    @admin.display(description="first token / total", ordering="total_ms")
+    def timing(self, obj: ModelCall) -> str:
+        first = f"{obj.first_token_ms} ms" if obj.first_token_ms is not None else "—"
+        return f"{first} / {obj.total_ms} ms"
+
+    @admin.display(description="routing")
+    def routing(self, obj: ModelCall) -> str:
+        flags = [
+            name
+            for name, on in (
+                ("retry", obj.retried),
+                ("fallback", obj.fallback_used),
+                ("rollout", obj.rollout),
+            )
+            if on
+        ]
+        return ", ".join(flags) or "—"
+
+    @admin.display(description="at", ordering="created_at")
+    def created(self, obj: ModelCall) -> str:
+        return timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")

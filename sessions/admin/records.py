@@ -1,0 +1,212 @@
+"""A session's stored history, one list per table: messages, tool calls, transitions,
+checkpoints (forkable) and events."""
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .. import services
+from ..models import Checkpoint, Event, Message, ToolCall, Transition
+from .base import ReadOnlyAdmin
+from .display import event_summary, pre, short
+
+
+@admin.register(Message)
+class MessageAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "seq",
+        "turn",
+        "role",
+        "status",
+        "content_short",
+        "token_count",
+        "created_at",
+    )
+    list_filter = ("role", "status")
+    search_fields = ("content", "name", "idempotency_key")
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "seq",
+        "turn",
+        "role",
+        "status",
+        "name",
+        "tool_call_id",
+        "content",
+        "tool_calls_pretty",
+        "data_pretty",
+        "token_count",
+        "idempotency_key",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="content")
+    def content_short(self, obj: Message) -> str:
+        return short(obj.content, 100)
+
+    @admin.display(description="tool calls")
+    def tool_calls_pretty(self, obj: Message) -> str:
+        return pre(obj.tool_calls)
+
+    @admin.display(description="data")
+    def data_pretty(self, obj: Message) -> str:
+        return pre(obj.data)
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "turn",
+        "step",
+        "tool_name",
+        "status",
+        "elapsed_ms",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("status", "tool_name")
+    search_fields = ("tool_name", "call_id", "idempotency_key")
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "turn",
+        "step",
+        "position",
+        "call_id",
+        "tool_name",
+        "status",
+        "elapsed_ms",
+        "attempts",
+        "cached",
+        "coercions",
+        "input_pretty",
+        "output_pretty",
+        "error",
+        "idempotency_key",
+        "created_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="input")
+    def input_pretty(self, obj: ToolCall) -> str:
+        return pre(obj.input)
+
+    @admin.display(description="output")
+    def output_pretty(self, obj: ToolCall) -> str:
+        return pre(obj.output)
+
+
+@admin.register(Transition)
+class TransitionAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "from_state",
+        "to_state",
+        "trigger",
+        "turn",
+        "version",
+        "actor",
+        "at",
+    )
+    list_filter = ("to_state", "trigger")
+    search_fields = ("actor", "reason")
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "from_state",
+        "to_state",
+        "trigger",
+        "reason",
+        "turn",
+        "version",
+        "actor",
+        "at",
+    )
+    readonly_fields = fields
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "session_short",
+        "step",
+        "turn",
+        "state",
+        "message_seq",
+        "size_bytes",
+        "created_at",
+    )
+    list_filter = ("state",)
+    search_fields = ("=state",)
+    ordering = ("-id",)
+    fields = (
+        "session_short",
+        "step",
+        "turn",
+        "state",
+        "message_seq",
+        "size_bytes",
+        "fingerprint",
+        "context_pretty",
+        "created_at",
+    )
+    readonly_fields = fields
+    actions = ("fork_from_checkpoint",)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # History is read-only, but forking writes a new session, not this row.
+        return admin.ModelAdmin.get_actions(self, request)
+
+    @admin.action(description="Fork a new session from this checkpoint")
+    def fork_from_checkpoint(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        for checkpoint in queryset.select_related("session"):
+            fork = services.session_fork(
+                session=checkpoint.session, step=checkpoint.step, actor=actor
+            )
+            url = reverse("admin:agent_sessions_session_change", args=[fork.pk])
+            self.message_user(
+                request,
+                format_html(
+                    'Forked <a href="{}">{}</a> from step {}.',
+                    url,
+                    str(fork.pk)[:8],
+                    checkpoint.step,
+                ),
+                messages.SUCCESS,
+            )
+
+    @admin.display(description="context (what changed in this step)")
+    def context_pretty(self, obj: Checkpoint) -> str:
+        return pre(obj.context)
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ("id", "session_short", "seq", "type", "summary", "created_at")
+    list_filter = ("type",)
+    search_fields = ("type",)
+    ordering = ("-id",)
+    fields = ("session_short", "seq", "type", "data_pretty", "created_at")
+    readonly_fields = fields
+
+    @admin.display(description="summary")
+    def summary(self, obj: Event) -> str:
+        return event_summary(obj.type, obj.data)
+
+    @admin.display(description="data")
+    def data_pretty(self, obj: Event) -> str:
+        return pre(obj.data)

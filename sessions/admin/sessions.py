@@ -1,0 +1,374 @@
+"""The session list and a session's page: its summary, timeline, cancel and resume."""
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.postgres.aggregates import StringAgg
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, QuerySet, Sum
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from .. import selectors, services
+from ..models import Session
+from ..states import TURN_ENDED, State
+from .base import SessionIdSearch
+from .display import format_cost, outcome_badge, pre, state_badge
+from .timeline import KINDS, TIMELINE_LIMIT, session_timeline
+
+
+@dataclass
+class SessionSummary:
+    """What an operator reads first on a session's page."""
+
+    session: Session
+    stop_reason: str | None
+    stop_turn: int | None
+    finished_at: datetime | None
+    model_calls: int
+    model_failures: int
+    models: str
+    tool_calls: int
+    tool_failures: int
+
+    @property
+    def state_badge(self) -> str:
+        return state_badge(self.session.state)
+
+    @property
+    def outcome(self) -> str:
+        return outcome_badge(self.stop_reason)
+
+    @property
+    def cost(self) -> str:
+        return format_cost(self.session.cost)
+
+    @property
+    def running(self) -> bool:
+        return self.session.state not in TURN_ENDED and self.session.state != State.IDLE
+
+
+def session_summary(session: Session) -> SessionSummary:
+    activity = selectors.session_activity(session=session)
+    return SessionSummary(
+        session=session,
+        stop_reason=activity.stop_reason,
+        stop_turn=activity.stop_turn,
+        finished_at=activity.finished_at,
+        model_calls=activity.model_calls,
+        model_failures=activity.model_failures,
+        models=activity.models,
+        tool_calls=activity.tool_calls,
+        tool_failures=activity.tool_failures,
+    )
+
+
+@admin.register(Session)
+class SessionAdmin(SessionIdSearch):
+    change_form_template = "admin/agent_sessions/session/change_form.html"
+    list_display = (
+        "short_id",
+        "state_display",
+        "outcome",
+        "cost_display",
+        "tokens",
+        "turns",
+        "agent",
+        "owner",
+        "role",
+        "models_used",
+        "updated",
+    )
+    list_filter = ("state", "agent", "role", "model_calls__endpoint_name")
+    # A full id is an exact lookup; a part of one (the short id shown) a text match.
+    session_lookup = "pk"
+    search_fields = ("id", "owner__username", "agent__slug")
+    date_hierarchy = "created_at"
+    list_select_related = ("agent", "owner")
+    ordering = ("-created_at",)
+    actions = ("cancel_running_turn", "resume_failed_run")
+    readonly_fields = (
+        "id",
+        "agent",
+        "owner",
+        "role",
+        "state_display",
+        "cancel_requested",
+        "last_error",
+        "turn",
+        "step",
+        "iteration",
+        "queued_count",
+        "input_tokens",
+        "output_tokens",
+        "cost",
+        "version",
+        "lease_owner",
+        "lease_expires_at",
+        "message_seq",
+        "event_seq",
+        "created_at",
+        "updated_at",
+        "checkpoint_stats",
+        "cancel_reason",
+        "cancel_actor",
+        "timer_due_at",
+        "timer_note",
+        "forked_from",
+        "forked_at_step",
+        "metadata_pretty",
+    )
+    # The summary and the timeline lead the page (see the template); these are
+    # the raw columns, for when an operator needs one.
+    fieldsets = (
+        (
+            "Session",
+            {
+                "fields": (
+                    "id",
+                    "agent",
+                    "owner",
+                    "role",
+                    "state_display",
+                    "cancel_requested",
+                    "last_error",
+                ),
+                "classes": ("collapse",),
+            },
+        ),
+        (
+            "Usage",
+            {
+                "fields": (
+                    "turn",
+                    "step",
+                    "iteration",
+                    "queued_count",
+                    "input_tokens",
+                    "output_tokens",
+                    "cost",
+                ),
+                "classes": ("collapse",),
+            },
+        ),
+        (
+            "Engine bookkeeping",
+            {
+                "fields": (
+                    "version",
+                    "lease_owner",
+                    "lease_expires_at",
+                    "message_seq",
+                    "event_seq",
+                    "created_at",
+                    "updated_at",
+                ),
+                "classes": ("collapse",),
+            },
+        ),
+        (
+            "Durability",
+            {
+                "fields": (
+                    "checkpoint_stats",
+                    "cancel_reason",
+                    "cancel_actor",
+                    "timer_due_at",
+                    "timer_note",
+                    "forked_from",
+                    "forked_at_step",
+                ),
+                "classes": ("collapse",),
+            },
+        ),
+        ("Metadata", {"fields": ("metadata_pretty",), "classes": ("collapse",)}),
+    )
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj: Session) -> str:
+        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
+
+    @admin.display(description="state", ordering="state")
+    def state_display(self, obj: Session) -> str:
+        return state_badge(obj.state)
+
+    @admin.display(description="turns", ordering="turn")
+    def turns(self, obj: Session) -> int:
+        return obj.turn
+
+    @admin.display(description="tokens in / out", ordering="input_tokens")
+    def tokens(self, obj: Session) -> str:
+        return f"{obj.input_tokens} / {obj.output_tokens}"
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: Session) -> str:
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_display(self, obj: Session) -> str:
+        return format_cost(obj.cost)
+
+    @admin.display(description="last turn")
+    def outcome(self, obj: Session) -> str:
+        return outcome_badge(getattr(obj, "_stop_reason", None), obj.last_error)
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, obj: Session) -> str:
+        return pre(obj.metadata)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
+        # One aggregate and one indexed subquery for the list instead of queries per row.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _models=StringAgg(
+                    "model_calls__endpoint_name", delimiter=", ", distinct=True, default=""
+                ),
+                _stop_reason=selectors.last_stop_reason(OuterRef("pk")),
+            )
+        )
+
+    @admin.display(description="models used")
+    def models_used(self, obj: Session) -> str:
+        return getattr(obj, "_models", "") or "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Sessions are opened through the API, by the key that owns them.
+        return False
+
+    # A session is a record of what the engine did: nobody edits or deletes it
+    # here. Its state moves only through the services (cancel, resume), which
+    # need the "change session" permission (`has_operate_permission`).
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Cancel the running turn", permissions=["operate"])
+    def cancel_running_turn(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        cancelled, idle = self._cancel(request, list(queryset))
+        if cancelled:
+            self.message_user(
+                request, f"Cancel requested for {cancelled} session(s).", messages.SUCCESS
+            )
+        if idle:
+            self.message_user(
+                request, f"{idle} session(s) had no running turn to cancel.", messages.WARNING
+            )
+
+    @admin.action(description="Resume a run that stopped in error", permissions=["operate"])
+    def resume_failed_run(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        resumed, refused = 0, []
+        for session in queryset:
+            try:
+                services.session_resume(session=session, actor=actor)
+                resumed += 1
+            except services.Conflict as exc:
+                refused.append(f"{str(session.pk)[:8]}: {exc.message}")
+        if resumed:
+            self.message_user(request, f"Resumed {resumed} session(s).", messages.SUCCESS)
+        for line in refused:
+            self.message_user(request, line, messages.WARNING)
+
+    @admin.display(description="checkpoints")
+    def checkpoint_stats(self, obj: Session) -> str:
+        stats = obj.checkpoints.aggregate(count=Count("id"), size=Sum("size_bytes"))
+        url = reverse("admin:agent_sessions_checkpoint_changelist") + f"?q={obj.pk}"
+        return format_html(
+            '<a href="{}">{} checkpoints, {} bytes</a>', url, stats["count"], stats["size"] or 0
+        )
+
+    def _cancel(self, request: HttpRequest, sessions: list[Session]) -> tuple[int, int]:
+        actor = f"admin:{request.user.get_username()}"
+        done = 0
+        for session in sessions:
+            if services.session_cancel(
+                session=session, reason="cancelled by operator", actor=actor
+            ):
+                done += 1
+        return done, len(sessions) - done
+
+    def get_urls(self) -> list[Any]:
+        urls = [
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_view),
+                name="agent_sessions_session_cancel",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        try:
+            session_id = uuid.UUID(object_id)
+        except ValueError:  # the lookup would raise it: no such session, not a 500
+            raise Http404("no such session") from None
+        session = get_object_or_404(Session, pk=session_id)
+        if not self.has_operate_permission(request, session):
+            raise PermissionDenied
+        cancelled, _ = self._cancel(request, [session])
+        if cancelled:
+            self.message_user(
+                request, "Cancel requested; the run stops at its next step.", messages.SUCCESS
+            )
+        else:
+            self.message_user(
+                request, "This session has no running turn to cancel.", messages.WARNING
+            )
+        return HttpResponseRedirect(
+            reverse("admin:agent_sessions_session_change", args=[session.pk])
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        try:
+            session_id = uuid.UUID(str(object_id))
+        except ValueError:  # not a UUID: the admin itself says the object does not exist
+            return super().change_view(request, object_id, form_url, extra_context=extra_context)
+        items, truncated = session_timeline(session_id)
+        session = Session.objects.select_related("agent", "owner").filter(pk=session_id).first()
+        if session is not None:
+            extra_context["summary"] = session_summary(session)
+        extra_context.update(
+            can_operate=self.has_operate_permission(request),
+            timeline=items,
+            timeline_truncated=truncated,
+            timeline_limit=TIMELINE_LIMIT,
+            timeline_kinds=[(kind, label) for kind, (label, _) in KINDS.items()],
+            history_links=[
+                (
+                    label,
+                    reverse(f"admin:agent_sessions_{kind}_changelist") + f"?session={session_id}",
+                )
+                for kind, (label, _) in KINDS.items()
+            ],
+            cancellable_states=[s.value for s in State if s not in TURN_ENDED],
+        )
+        return super().change_view(request, object_id, form_url, extra_context=extra_context)

@@ -1,0 +1,102 @@
+"""A session's timeline as the operator reads it: one line per stored row, merged by time."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.urls import reverse
+from django.utils import timezone
+
+from .. import selectors
+from .display import event_summary, pretty_json, short
+
+TIMELINE_LIMIT = 500
+
+
+@dataclass
+class TimelineItem:
+    at: datetime
+    rank: int
+    order: int
+    kind: str
+    label: str
+    seq: int | None
+    summary: str
+    detail: str
+    url: str
+    state: str = ""
+    day_label: str = ""
+
+    @property
+    def time_label(self) -> str:
+        local = timezone.localtime(self.at)
+        return local.strftime("%H:%M:%S.") + f"{local.microsecond // 1000:03d}"
+
+
+KINDS = {
+    "transition": ("Transition", 0),
+    "message": ("Message", 1),
+    "toolcall": ("Tool call", 2),
+    "event": ("Event", 3),
+    "checkpoint": ("Checkpoint", 4),
+}
+
+
+def _summary(entry: selectors.TimelineEntry) -> str:
+    r = entry.row
+    if entry.kind == "transition":
+        summary = f"{r['from_state']} → {r['to_state']} ({r['trigger']})"
+        if r["reason"]:
+            summary += f": {short(r['reason'], 120)}"
+        if r["actor"]:
+            summary += f" by {r['actor']}"
+        return summary
+    if entry.kind == "message":
+        who = r["role"] + (f" ({r['name']})" if r["name"] else "")
+        summary = f"{who}: {short(r['content'], 200)}"
+        calls = [c.get("name", "?") for c in r["tool_calls"] or [] if isinstance(c, dict)]
+        if calls:
+            summary += " → " + ", ".join(map(str, calls))
+        if r["status"] == "queued":
+            summary += " [queued]"
+        return summary
+    if entry.kind == "toolcall":
+        summary = f"{r['tool_name']}({short(r['input'], 100)}) {r['status']}"
+        if r["elapsed_ms"] is not None:
+            summary += f" in {r['elapsed_ms']} ms"
+        if r["error"]:
+            summary += f": {short(r['error'], 100)}"
+        return summary
+    if entry.kind == "event":
+        return f"{r['type']} · {event_summary(r['type'], r['data'])}"
+    phase = (r["context"] or {}).get("phase", "") if isinstance(r["context"], dict) else ""
+    return f"step {r['step']} · {r['state']} · {phase} · {r['size_bytes']} bytes"
+
+
+def session_timeline(
+    session_id: Any, limit: int = TIMELINE_LIMIT
+) -> tuple[list[TimelineItem], bool]:
+    """The last `limit` things that happened to a session, oldest first; True if older ones exist."""
+    timeline = selectors.session_timeline(session_id=session_id, limit=limit)
+    urls = {kind: reverse(f"admin:agent_sessions_{kind}_changelist") for kind in KINDS}
+    items: list[TimelineItem] = []
+    day = ""
+    for entry in timeline.entries:
+        label, rank = KINDS[entry.kind]
+        item = TimelineItem(
+            at=entry.at,
+            rank=rank,
+            order=entry.order,
+            kind=entry.kind,
+            label=label,
+            seq=entry.seq,
+            summary=_summary(entry),
+            detail=pretty_json(entry.row),
+            url=f"{urls[entry.kind]}{entry.pk}/change/",
+            state=entry.state,
+        )
+        this_day = timezone.localtime(item.at).strftime("%Y-%m-%d")
+        if this_day != day:
+            item.day_label = day = this_day
+        items.append(item)
+    return items, timeline.truncated
