@@ -76,15 +76,14 @@ class Probe:
 
     def install(self) -> None:
         from llm.base import ModelAdapter
-        from sessions import transitions
-        from sessions.engine import runner
+        from sessions.engine import commit, runner
         from tools import execution
 
         probe = self
         original_run_step = runner.run_step
         original_execute_all = execution.execute_all
         original_complete = ModelAdapter.complete
-        original_step_commit = transitions.step_commit
+        original_step_commit = commit.step_commit
 
         def run_step(session: Any, owner: str, run: Any = None) -> bool:
             state = session.state

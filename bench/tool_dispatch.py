@@ -84,7 +84,7 @@ def _patch(module: Any, name: str, wrap: Callable[[Any], Any]) -> Callable[[], N
 
 def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:
     from sessions.engine import tool_phase
-    from sessions.transitions import step_commit
+    from sessions.engine.commit import step_commit
 
     parts = {"execute_all": 0.0, "step_commit": 0.0}
 

@@ -23,13 +23,13 @@ from memory.tokens import count_message_tokens
 from runtime.cancellation import cancel_signal
 
 from .dispatch import run_enqueue, run_enqueue_on_commit
-from .engine.runner import STARTS_TURN, RunResult, session_run, timer_fire, turn_cancel, turn_start
+from .engine.commit import StaleSession, step_commit
+from .engine.runner import RunResult, session_run, timer_fire, turn_cancel, turn_start
 from .engine.steps import INTERRUPT_REASON, build_step
 from .errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
-from .states import RUNNABLE, TURN_ENDED, IllegalTransition, State, Trigger
+from .states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State, Trigger
 from .sweep_status import sweep_mark_completed
-from .transitions import StaleSession, step_commit
 
 logger = logging.getLogger(__name__)
 

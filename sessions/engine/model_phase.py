@@ -15,8 +15,8 @@ from runtime.faults import fault_point
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
 from ..states import RUNNABLE, State, Trigger
-from ..transitions import StaleSession, step_commit
 from . import guards
+from .commit import StaleSession, step_commit
 from .context import LIMIT_NOTE, build_request, tool_calls_json
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict, canonical_json

@@ -17,8 +17,8 @@ from django.utils import timezone
 from memory.tokens import count_message_tokens
 
 from ..models import Message, Session
-from ..states import RUNNABLE, TURN_ENDED, State, Trigger
-from ..transitions import StaleSession, step_commit
+from ..states import RUNNABLE, STARTS_TURN, State, Trigger
+from .commit import StaleSession, step_commit
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
 from .model_phase import BUSY_ANSWER, LIMIT_ANSWER, loop_stop, model_step
 from .runtime_cache import RunContext
@@ -40,9 +40,6 @@ __all__ = [
     "turn_cancel",
     "turn_start",
 ]
-
-# States in which a new user message starts a turn right away.
-STARTS_TURN = TURN_ENDED | {State.PAUSED_FOR_USER}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from tools.rendering import render_failure
 
 from ..models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from ..states import Trigger
-from ..transitions import Step, step_commit
+from .commit import Step, step_commit
 from .environment import fingerprint as env_fingerprint
 
 INTERRUPT_REASON = "interrupted by a new message"

@@ -31,7 +31,7 @@ from tools.rendering import render_success
 from ..models import Message, Session, ToolCall, ToolCallStatus
 from ..rows import json_value
 from ..states import Trigger
-from ..transitions import StaleSession, step_commit
+from .commit import StaleSession, step_commit
 from .environment import environment
 from .guards import canonical_json
 from .runtime_cache import agent_runtime

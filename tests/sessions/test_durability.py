@@ -21,6 +21,7 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions import tasks
+from sessions.engine.commit import StaleSession
 from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
 from sessions.engine.model_phase import model_step
 from sessions.engine.runner import session_run
@@ -44,7 +45,6 @@ from sessions.services import (
     session_resume,
     timers_fire_due,
 )
-from sessions.transitions import StaleSession
 from tests.factories import AgentFactory, ToolFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

@@ -1,4 +1,4 @@
-"""Applying a move of the state machine, and committing a step atomically.
+"""The step commit: one atomic write of everything a step produced.
 
 Every write to a session's state goes through `step_commit`: one short
 transaction that moves the state with a conditional UPDATE on `version` (and,
@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from runtime.faults import fault_point
 
-from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
-from .publisher import Frame, make_frame, publish
-from .rows import Statement, execute_batch, insert_statement, update_statement
-from .states import State, Trigger, next_state
+from ..models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
+from ..publisher import Frame, make_frame, publish
+from ..rows import Statement, execute_batch, insert_statement, update_statement
+from ..states import State, Trigger, next_state
 
 MESSAGE_COLUMNS = (
     "session",
@@ -376,17 +376,3 @@ def step_commit(step: Step) -> Committed:
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
     return Committed(version=version, state=to_state, step=step_no, frames=frames)
-
-
-def session_move(
-    *,
-    session: Session,
-    trigger: Trigger,
-    reason: str = "",
-    actor: str = "",
-    lease_owner: str | None = None,
-) -> Committed:
-    """Apply one move of the state table (the plain case of `step_commit`)."""
-    return step_commit(
-        Step(session=session, trigger=trigger, reason=reason, actor=actor, lease_owner=lease_owner)
-    )
