@@ -33,7 +33,7 @@ from .stats import percentile, summary
 
 
 def _demo_checkpoints(sessions: int, turns: int) -> list[dict[str, Any]]:
-    from sessions.engine.runner import session_run
+    from sessions.engine import session_run
     from sessions.models import Checkpoint, Session
     from sessions.services import message_post
 

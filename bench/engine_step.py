@@ -199,7 +199,7 @@ def _flush_backends() -> None:
 
 
 def _turn(session: Any, probe: Probe) -> tuple[float, int]:
-    from sessions.engine.runner import session_run
+    from sessions.engine import session_run
     from sessions.services import message_post
 
     before = probe.counter.snapshot()

@@ -15,8 +15,9 @@ from django.urls import reverse
 from llm.base import ModelUnavailable
 from llm.prompt_tools import GAVE_UP_ANSWER
 from memory.tokens import count_tokens
+from sessions.engine import session_run
 from sessions.engine.model_calls import _scrub, endpoint_config, primary_endpoint, rollout_bucket
-from sessions.engine.runner import BUSY_ANSWER, session_run
+from sessions.engine.model_phase import BUSY_ANSWER
 from sessions.models import (
     Agent,
     Checkpoint,
@@ -244,7 +245,7 @@ def test_a_400_is_not_retried_and_the_user_gets_the_busy_message_with_the_reason
     session = new_session(make_agent(primary, fallback_model=fallback), owner)
     openai_server.script(Reply(status=400, error_message="Unknown model 'openai-model'"))
 
-    with caplog.at_level(logging.WARNING, logger="sessions.engine.routing"):
+    with caplog.at_level(logging.WARNING, logger="sessions.engine.model_calls"):
         session = run_turn(session)
 
     # The user is not left in silence: the agent's busy message ends the turn normally.
@@ -257,7 +258,7 @@ def test_a_400_is_not_retried_and_the_user_gets_the_busy_message_with_the_reason
     assert "HTTP 400" in calls(session)[0].error and "Unknown model" in session.last_error
     last = Transition.objects.filter(session=session).order_by("-id").first()
     assert last is not None and last.reason.startswith("model_refused: request refused (HTTP 400)")
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.routing"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.model_calls"]
     assert line.startswith(
         f"model call failed: endpoint={primary.name} url={primary.base_url} status=400 "
         "reason=request refused (HTTP 400)"
@@ -280,7 +281,7 @@ def test_a_missing_key_is_never_sent_the_fallback_answers_and_the_operator_is_to
     fallback = make_endpoint(None, api="rules", api_key_env="")
     agent = make_agent(primary, fallback_model=fallback, rules=[{"answer": "From the rules."}])
 
-    with caplog.at_level(logging.WARNING, logger="sessions.engine.routing"):
+    with caplog.at_level(logging.WARNING, logger="sessions.engine.model_calls"):
         session = run_turn(new_session(agent, owner))
 
     assert openai_server.requests == []  # no request went out without its key
@@ -294,7 +295,7 @@ def test_a_missing_key_is_never_sent_the_fallback_answers_and_the_operator_is_to
     assert refused.error == (
         f"'{primary.name}' has no API key: environment variable UNSET_TEST_MODEL_KEY is not set"
     )
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.routing"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sessions.engine.model_calls"]
     assert line == (
         f"model call failed: endpoint={primary.name} url={primary.base_url} status=bad_request "
         f"reason={refused.error}"

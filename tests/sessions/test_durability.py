@@ -21,10 +21,9 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions import tasks
-from sessions.engine.commit import StaleSession
+from sessions.engine import StaleSession, session_run
 from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
 from sessions.engine.model_phase import model_step
-from sessions.engine.runner import session_run
 from sessions.engine.tool_phase import tool_step
 from sessions.models import (
     Agent,

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from sessions import selectors, services
 from sessions.errors import DomainError
+from sessions.events import EventType
 from sessions.publisher import group_name
 from tools.models import Tool
 
@@ -107,13 +108,13 @@ class Command(BaseCommand):
                     self._print(frame, options["json"])
                     data = frame.get("data") or {}
                     if (
-                        frame["type"] == "message.completed"
+                        frame["type"] == EventType.MESSAGE_COMPLETED
                         and data.get("role") == "user"
                         and data.get("content") == options["text"]
                         and turn is None
                     ):
                         turn = data.get("turn")
-                    if frame["type"] == "turn.finished" and (
+                    if frame["type"] == EventType.TURN_FINISHED and (
                         turn is None or data.get("turn") == turn
                     ):
                         return True
@@ -127,21 +128,21 @@ class Command(BaseCommand):
             return
         data = frame.get("data") or {}
         kind = frame["type"]
-        if kind == "message.delta":
+        if kind == EventType.MESSAGE_DELTA:
             sys.stdout.write(data.get("text", ""))
             sys.stdout.flush()
             return
         label = f"[{frame['seq']}] {kind}" if frame["seq"] is not None else f"[-] {kind}"
-        if kind == "state.changed":
+        if kind == EventType.STATE_CHANGED:
             detail = f"{data.get('from')} -> {data.get('to')} ({data.get('trigger')})"
-        elif kind == "message.completed":
+        elif kind == EventType.MESSAGE_COMPLETED:
             detail = f"{data.get('role')}: {str(data.get('content', ''))[:200]}"
             if data.get("tool_calls"):
                 detail += " " + ", ".join(
                     f"{c['name']}({json.dumps(c.get('arguments'), ensure_ascii=False)[:80]})"
                     for c in data["tool_calls"]
                 )
-        elif kind in ("tool.started", "tool.finished"):
+        elif kind in (EventType.TOOL_STARTED, EventType.TOOL_FINISHED):
             detail = (
                 f"{data.get('tool')} {data.get('status', '')} {data.get('elapsed_ms', '')}".strip()
             )
@@ -149,6 +150,6 @@ class Command(BaseCommand):
             detail = json.dumps(data, ensure_ascii=False)[:200]
         self.stdout.write(
             f"\n{label}: {detail}"
-            if kind != "message.completed" or data.get("role") != "assistant"
+            if kind != EventType.MESSAGE_COMPLETED or data.get("role") != "assistant"
             else f"\n{label}: {detail}"
         )

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 
 from sessions.engine.commit import Committed, StaleSession, Step, step_commit
+from sessions.events import EventSpec, EventType, StopReason
 from sessions.models import Checkpoint, Event, Message, Session, Transition
 from sessions.states import TRANSITIONS, IllegalTransition, State, Trigger
 
@@ -144,8 +145,18 @@ def test_a_step_numbers_messages_and_events_without_gaps(make_session):
                 Message(role="assistant", content="a"),
                 Message(role="assistant", content="b"),
             ],
-            events=[("progress", {"n": 1})],
-            after_events=[("turn.finished", {"stop_reason": "answer"})],
+            events=[EventSpec(EventType.PROGRESS, {"stage": "preparing_tool", "turn": 0})],
+            after_events=[
+                EventSpec(
+                    EventType.TURN_FINISHED,
+                    {
+                        "turn": 0,
+                        "stop_reason": StopReason.ANSWER,
+                        "iterations": 1,
+                        "usage": {"input_tokens": 0, "output_tokens": 0, "cost": "0"},
+                    },
+                )
+            ],
             checkpoint={"phase": "answer"},
         )
     )
