@@ -2,7 +2,7 @@
 
 The demo agent's request (find orders, notify each customer, write a report)
 runs turn after turn: `services.message_post` (which also commits the turn
-start), then `runner.session_run(session_id=...)` in this process, no worker.
+start), then `sessions.engine.session_run(session_id=...)` in this process, no worker.
 
 A *step* is a `run_step` call that committed something. Its wall time runs
 from the end of the previous step (or from the call of `session_run`, so the
