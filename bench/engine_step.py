@@ -2,7 +2,7 @@
 
 The demo agent's request (find orders, notify each customer, write a report)
 runs turn after turn: `services.message_post` (which also commits the turn
-start), then `runner.session_run(session_id=...)` in this process, no worker.
+start), then `sessions.engine.session_run(session_id=...)` in this process, no worker.
 
 A *step* is a `run_step` call that committed something. Its wall time runs
 from the end of the previous step (or from the call of `session_run`, so the
@@ -76,15 +76,14 @@ class Probe:
 
     def install(self) -> None:
         from llm.base import ModelAdapter
-        from sessions import transitions
-        from sessions.engine import runner
+        from sessions.engine import commit, runner
         from tools import execution
 
         probe = self
         original_run_step = runner.run_step
         original_execute_all = execution.execute_all
         original_complete = ModelAdapter.complete
-        original_step_commit = transitions.step_commit
+        original_step_commit = commit.step_commit
 
         def run_step(session: Any, owner: str, run: Any = None) -> bool:
             state = session.state
@@ -200,7 +199,7 @@ def _flush_backends() -> None:
 
 
 def _turn(session: Any, probe: Probe) -> tuple[float, int]:
-    from sessions.engine.runner import session_run
+    from sessions.engine import session_run
     from sessions.services import message_post
 
     before = probe.counter.snapshot()

@@ -6,7 +6,7 @@ engine's own pieces (`build_step` + `step_commit`), mirroring what
 `model_step` writes for a model that asks for tools (the assistant message,
 the ToolCall intent rows, `tool.started` events, the delta checkpoint), then
 the tool step (the real `tool_step`, or its results committed as
-`_commit_results` does), then the tool-loop move back to the model. No model
+the `tool_results` move does), then the tool-loop move back to the model. No model
 is called; everything else is the engine's code.
 """
 
@@ -51,7 +51,8 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
     from memory.tokens import count_message_tokens
     from sessions.engine.context import tool_calls_json
     from sessions.engine.guards import canonical_json
-    from sessions.engine.steps import build_step
+    from sessions.engine.moves import build_step
+    from sessions.events import EventSpec, EventType
     from sessions.models import Message, ToolCall
     from sessions.states import Trigger
 
@@ -97,8 +98,8 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
         messages=[message],
         new_tool_calls=rows,
         after_events=[
-            (
-                "tool.started",
+            EventSpec(
+                EventType.TOOL_STARTED,
                 {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn},
             )
             for c in rows
@@ -117,11 +118,12 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
 
 
 def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
-    """The Step the tool step commits when every call succeeded (as `_commit_results` builds it)."""
+    """The Step the tool step commits when every call succeeded (as the `tool_results` move builds it)."""
     from django.utils import timezone
 
     from memory.tokens import count_message_tokens
-    from sessions.engine.steps import build_step
+    from sessions.engine.moves import build_step
+    from sessions.events import EventSpec, EventType
     from sessions.models import Message
     from sessions.states import Trigger
     from tools.rendering import render_success
@@ -147,8 +149,8 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
             )
         )
         events.append(
-            (
-                "tool.finished",
+            EventSpec(
+                EventType.TOOL_FINISHED,
                 {
                     "call_id": call.call_id,
                     "tool": call.tool_name,
@@ -180,7 +182,7 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
 
 def loop_step(session: Any, owner: str) -> Any:
     """The tool-loop move back to the model (the runner's own one-liner)."""
-    from sessions.engine.steps import build_step
+    from sessions.engine.moves import build_step
     from sessions.states import Trigger
 
     return build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model")

@@ -83,8 +83,8 @@ def _patch(module: Any, name: str, wrap: Callable[[Any], Any]) -> Callable[[], N
 
 
 def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:
-    from sessions.engine import tool_phase
-    from sessions.transitions import step_commit
+    from sessions.engine import moves, tool_phase
+    from sessions.engine.commit import step_commit
 
     parts = {"execute_all": 0.0, "step_commit": 0.0}
 
@@ -118,7 +118,8 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
     }
     undo = [
         _patch(tool_phase, "execute_all", timing("execute_all")),
-        _patch(tool_phase, "step_commit", timing("step_commit")),
+        # The tool phase commits through its move (sessions/engine/moves.py).
+        _patch(moves, "step_commit", timing("step_commit")),
     ]
     try:
         for index in range(sessions):

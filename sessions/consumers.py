@@ -26,6 +26,7 @@ from accounts.services import api_key_authenticate, key_group_name
 from . import selectors, services
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
+from .events import EventType
 from .json_limits import JsonRejected, json_loads
 from .publisher import Frame, group_name, make_frame
 
@@ -193,7 +194,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         frame = make_frame(
             getattr(self, "session_id", ""),
             None,
-            "error",
+            EventType.ERROR,
             {"code": code, "message": message, "details": details or {}},
         )
         await self.send(text_data=json.dumps(frame))
@@ -351,7 +352,7 @@ class UnknownRouteConsumer(AsyncWebsocketConsumer):
         frame = make_frame(
             "",
             None,
-            "error",
+            EventType.ERROR,
             {"code": "not_found", "message": "no websocket at this path", "details": {}},
         )
         await self.send(text_data=json.dumps(frame))

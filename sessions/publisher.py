@@ -5,6 +5,7 @@ which fills the gap from the database by `seq`.
 """
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 from uuid import UUID
@@ -13,15 +14,17 @@ from channels.layers import get_channel_layer
 
 from runtime import io_loop
 
+from .events import EventType
+
 logger = logging.getLogger(__name__)
 
 
 class Frame(TypedDict):
     seq: int | None
-    type: str
+    type: str  # an EventType (or, read back from the database, its value)
     session: str
     ts: str
-    data: dict[str, Any]
+    data: Mapping[str, Any]  # the type's payload (sessions/events.py)
 
 
 def group_name(session_id: UUID | str) -> str:
@@ -31,8 +34,8 @@ def group_name(session_id: UUID | str) -> str:
 def make_frame(
     session_id: UUID | str,
     seq: int | None,
-    type_: str,
-    data: dict[str, Any],
+    type_: EventType | str,
+    data: Mapping[str, Any],
     ts: datetime | None = None,
 ) -> Frame:
     return {
@@ -66,6 +69,6 @@ def publish(session_id: UUID | str, frames: list[Frame]) -> None:
         io_loop.submit(_send(str(session_id), frames))
 
 
-def publish_ephemeral(session_id: UUID | str, type_: str, data: dict[str, Any]) -> None:
+def publish_ephemeral(session_id: UUID | str, type_: EventType, data: Mapping[str, Any]) -> None:
     """A frame that is not persisted (`seq: null`): text deltas, progress."""
     publish(session_id, [make_frame(session_id, None, type_, data)])

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, F, Q, QuerySet, Subquery
 
 from .errors import NotFound
+from .events import EventType
 from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 
 
@@ -172,7 +173,7 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
 def last_stop_reason(session_ref: Any) -> Subquery:
     """The stop reason of a session's last finished turn (an indexed, backwards scan)."""
     return Subquery(
-        Event.objects.filter(session=session_ref, type="turn.finished")
+        Event.objects.filter(session=session_ref, type=EventType.TURN_FINISHED)
         .order_by("-seq")
         .values("data__stop_reason")[:1]
     )
@@ -195,7 +196,7 @@ class SessionActivity:
 def session_activity(*, session: Session) -> SessionActivity:
     """Three small reads: the last finished turn, and the model and tool call counts."""
     last = (
-        Event.objects.filter(session=session, type="turn.finished")
+        Event.objects.filter(session=session, type=EventType.TURN_FINISHED)
         .order_by("-seq")
         .values("data", "created_at")
         .first()

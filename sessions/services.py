@@ -22,13 +22,21 @@ from memory.tokens import count_message_tokens
 from runtime.cancellation import cancel_signal
 
 from .dispatch import run_enqueue, run_enqueue_on_commit
-from .engine.runner import STARTS_TURN, RunResult, session_run, timer_fire, turn_cancel, turn_start
-from .engine.steps import INTERRUPT_REASON, build_step
+from .engine import (
+    INTERRUPT_REASON,
+    RunResult,
+    StaleSession,
+    fork_start,
+    run_resume,
+    session_run,
+    timer_fire,
+    turn_cancel,
+    turn_start,
+)
 from .errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
-from .states import RUNNABLE, TURN_ENDED, IllegalTransition, State, Trigger
+from .states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from .sweep_status import sweep_mark_completed
-from .transitions import StaleSession, step_commit
 
 logger = logging.getLogger(__name__)
 
@@ -256,22 +264,7 @@ def session_resume(*, session: Session, actor: str = "") -> Session:
                 f"only a session in error can be resumed; this one is {locked.state}",
                 code="not_resumable",
             )
-        step_commit(
-            build_step(
-                locked,
-                None,
-                trigger=Trigger.RESUME,
-                phase="resume",
-                reason="resumed",
-                actor=actor,
-                set_fields={
-                    "resume_check": True,
-                    "last_error": "",
-                    "iteration": 0,
-                    "turn_started_at": timezone.now(),
-                },
-            )
-        )
+        run_resume(session=locked, actor=actor)
         run_enqueue_on_commit(locked.pk)
     return locked
 
@@ -337,23 +330,14 @@ def session_fork(
             ]
         )
         decide = bool(history) and history[-1].role in ("user", "tool", "system")
-        env_context = {"env": recorded_env["env"]} if recorded_env else {}
-        step_commit(
-            build_step(
-                fork,
-                None,
-                trigger=Trigger.FORK if decide else None,
-                phase="fork",
-                reason=f"forked from {session.pk} at checkpoint {step}",
-                actor=actor,
-                set_fields={"turn_started_at": timezone.now(), "iteration": 0},
-                checkpoint={
-                    "forked_from": str(session.pk),
-                    "at_step": step,
-                    "message_seq": len(history),
-                    **env_context,
-                },
-            )
+        fork_start(
+            fork=fork,
+            source=session,
+            at_step=step,
+            message_seq=len(history),
+            env=recorded_env["env"] if recorded_env else None,
+            decide=decide,
+            actor=actor,
         )
         if decide:
             run_enqueue_on_commit(fork.pk)

@@ -84,6 +84,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
 RUNNABLE: frozenset[State] = frozenset({S.PROCESSING, S.TOOL_WAIT, S.TOOL_LOOP})
 # States that end a turn; the next user message starts a new one.
 TURN_ENDED: frozenset[State] = frozenset({S.IDLE, S.FINISHED, S.CANCELLED, S.ERROR})
+# States in which a new user message starts a turn right away.
+STARTS_TURN: frozenset[State] = TURN_ENDED | {S.PAUSED_FOR_USER}
 
 
 class IllegalTransition(Exception):

@@ -1,7 +1,11 @@
+from collections.abc import Generator
+
 import pytest
 import redis
 from django.conf import settings
+from django.db import DatabaseError
 
+from tests.event_shapes import payload_problems
 from tests.stack import Stack, running_stack
 
 
@@ -25,3 +29,30 @@ def live_stack(django_db_setup, django_db_blocker) -> Stack:  # type: ignore[no-
     client.close()
     with django_db_blocker.unblock(), running_stack() as stack:
         yield stack
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Every event a test wrote matches its payload type (sessions/events.py).
+
+    Checked after the test body, while its database is still there; the engine
+    itself never validates payloads (the step path stays cheap).
+    """
+    result = yield
+    if "_django_db_helper" in getattr(item, "fixturenames", ()):
+        from sessions.models import Event
+
+        try:
+            rows = list(Event.objects.values_list("session_id", "seq", "type", "data"))
+        except DatabaseError:
+            # The test left its transaction unusable on purpose; it checked its own outcome.
+            return result
+        problems = [
+            f"event {session}#{seq} {type_}: {problem}"
+            for session, seq, type_, data in rows
+            for problem in payload_problems(type_, data)
+        ]
+        assert not problems, "events that do not match sessions/events.py:\n" + "\n".join(
+            problems[:20]
+        )
+    return result

@@ -7,6 +7,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
+from sessions.events import EventType
+
 DETAIL_CHARS = 4000
 
 STATE_COLOURS = {
@@ -92,26 +94,26 @@ def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
 def event_summary(type_: str, data: dict[str, Any]) -> str:
     if not isinstance(data, dict):
         return short(data)
-    if type_ == "state.changed":
+    if type_ == EventType.STATE_CHANGED:
         return f"{data.get('from')} → {data.get('to')} ({data.get('trigger')})"
-    if type_ == "message.completed":
+    if type_ == EventType.MESSAGE_COMPLETED:
         calls = ", ".join(
             str(c.get("name", "?")) for c in data.get("tool_calls") or [] if isinstance(c, dict)
         )
         text = short(data.get("content"), 160)
         return f"{data.get('role')}: {text}" + (f" → {calls}" if calls else "")
-    if type_ == "tool.started":
+    if type_ == EventType.TOOL_STARTED:
         return f"{data.get('tool')}({short(data.get('input'), 100)})"
-    if type_ == "tool.finished":
+    if type_ == EventType.TOOL_FINISHED:
         return f"{data.get('tool')} {data.get('status')} in {data.get('elapsed_ms')} ms" + (
             f": {short(data.get('error'), 100)}" if data.get("error") else ""
         )
-    if type_ == "turn.finished":
+    if type_ == EventType.TURN_FINISHED:
         usage = data.get("usage") or {}
         return (
             f"turn {data.get('turn')} {data.get('stop_reason')}, {data.get('iterations')} model call(s), "
             f"{usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tokens, cost {usage.get('cost', 0)}"
         )
-    if type_ == "error":
+    if type_ == EventType.ERROR:
         return f"{data.get('code')}: {short(data.get('message'), 160)}"
     return short(data, 160)

@@ -1,0 +1,23 @@
+"""The engine: runs a session's steps and makes every change of its state.
+
+This is its whole public surface; the services (and only they, among the
+edges' callers) use it. Inside: `runner` (the run loop and lease), the phases
+(`model_phase`, `tool_phase`) that decide, `moves` that make every state
+change, and `commit` that writes a step atomically.
+"""
+
+from .commit import StaleSession
+from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
+from .runner import RunResult, session_run
+
+__all__ = [
+    "INTERRUPT_REASON",
+    "RunResult",
+    "StaleSession",
+    "fork_start",
+    "run_resume",
+    "session_run",
+    "timer_fire",
+    "turn_cancel",
+    "turn_start",
+]

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from llm.types import StreamEvent, TextDelta, ToolCallStarted
 
+from ..events import EventType, MessageDelta, Progress
 from ..publisher import publish_ephemeral
 
 
@@ -37,11 +38,8 @@ class DeltaBatcher:
                 self._timer = loop.call_later(self.interval - (now - self._last_flush), self.flush)
         elif isinstance(event, ToolCallStarted):
             self.flush()
-            publish_ephemeral(
-                self.session_id,
-                "progress",
-                {"stage": "preparing_tool", "tool": event.name, "turn": self.turn},
-            )
+            preparing: Progress = {"stage": "preparing_tool", "tool": event.name, "turn": self.turn}
+            publish_ephemeral(self.session_id, EventType.PROGRESS, preparing)
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -53,4 +51,5 @@ class DeltaBatcher:
         self._pending.clear()
         self._last_flush = time.monotonic()
         self.sent_chars += len(text)
-        publish_ephemeral(self.session_id, "message.delta", {"text": text, "turn": self.turn})
+        delta: MessageDelta = {"text": text, "turn": self.turn}
+        publish_ephemeral(self.session_id, EventType.MESSAGE_DELTA, delta)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..events import StopReason
+
 NEAR_SAME_RATIO = 0.9
 
 
@@ -24,7 +26,7 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class GuardVerdict:
-    stop_reason: str  # repeated_call | no_new_information | cycle
+    stop_reason: StopReason
     note: str  # told to the model when it is asked for a final answer
 
 
@@ -87,7 +89,7 @@ def check(
         if all(_steps_nearly_same(tail[0], s) for s in tail[1:]):
             tools = ", ".join(sorted({c.tool for c in tail[0]}))
             return GuardVerdict(
-                "repeated_call",
+                StopReason.REPEATED_CALL,
                 f"You called {tools} {n} times in a row with (nearly) the same arguments. "
                 "That is not making progress: do not call it again.",
             )
@@ -98,7 +100,7 @@ def check(
         if len(results) == 1 and all(c.status == "success" for c in tail[0]):
             tools = ", ".join(sorted({c.tool for c in tail[0]}))
             return GuardVerdict(
-                "no_new_information",
+                StopReason.NO_NEW_INFORMATION,
                 f"The last {k + 1} results of {tools} were identical, so further calls bring no new information.",
             )
     keys = [_signature(s) for s in steps]
@@ -111,7 +113,7 @@ def check(
         if len(set(block)) > 1 and all(window[i] == block[i % period] for i in range(span)):
             names = " -> ".join("+".join(tool for tool, _ in sig) for sig in block)
             return GuardVerdict(
-                "cycle",
+                StopReason.CYCLE,
                 f"Your tool calls are going round in a cycle ({names}), repeating without progress.",
             )
     return None

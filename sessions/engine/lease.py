@@ -18,14 +18,14 @@ from django.conf import settings
 from django.db import connection
 
 from ..models import Session
-from ..states import RUNNABLE, TURN_ENDED, State
+from ..states import RUNNABLE, STARTS_TURN
 
 logger = logging.getLogger(__name__)
 
 _TABLE = Session._meta.db_table
 _RUNNABLE = [s.value for s in RUNNABLE]
 # States a queued message can start a turn from.
-_STARTS_TURN = [s.value for s in TURN_ENDED | {State.PAUSED_FOR_USER}]
+_STARTS_TURN = [s.value for s in STARTS_TURN]
 
 
 def worker_identity() -> str:

@@ -15,8 +15,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any
 
 from django.conf import settings
 
@@ -38,6 +36,7 @@ from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
 from runtime.faults import fault_point
 
+from ..events import EventType, Progress
 from ..models import Agent, ModelCall, ModelEndpoint, Session
 from ..publisher import publish_ephemeral
 from .deltas import DeltaBatcher
@@ -81,18 +80,6 @@ class Routed:
     endpoint: ModelEndpoint | None
     calls: list[ModelCall] = field(default_factory=list)
     error: ModelError | None = None
-
-    @property
-    def input_tokens(self) -> int:
-        return sum(c.input_tokens for c in self.calls)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(c.output_tokens for c in self.calls)
-
-    @property
-    def cost(self) -> Decimal:
-        return sum((c.cost for c in self.calls), Decimal(0))
 
 
 @dataclass
@@ -257,9 +244,8 @@ def _stream(
     except ModelError:
         if batcher.sent_chars:
             # The client saw part of an answer that will not enter the history.
-            publish_ephemeral(
-                session.pk, "progress", {"stage": "answer_discarded", "turn": session.turn}
-            )
+            discarded: Progress = {"stage": "answer_discarded", "turn": session.turn}
+            publish_ephemeral(session.pk, EventType.PROGRESS, discarded)
         raise
     except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
@@ -271,13 +257,6 @@ class RunCancelled(Exception):
     def __init__(self) -> None:
         super().__init__("cancelled")
         self.calls: list[ModelCall] = []
-
-    def usage_fields(self) -> dict[str, Any]:
-        return {
-            "input_tokens": sum(c.input_tokens for c in self.calls),
-            "output_tokens": sum(c.output_tokens for c in self.calls),
-            "cost": sum((c.cost for c in self.calls), Decimal(0)),
-        }
 
 
 def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:

@@ -1,5 +1,6 @@
 """The model phase of a step: decide whether tools are still allowed, ask the
-model (with fallback), and commit its answer or its tool-call intents."""
+model (with fallback), and make the move its outcome calls for (an answer, or
+tool-call intents)."""
 
 from datetime import timedelta
 from typing import Any
@@ -12,17 +13,18 @@ from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
 from runtime.faults import fault_point
 
+from ..events import StopReason
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
-from ..states import RUNNABLE, State, Trigger
-from ..transitions import StaleSession, step_commit
+from ..states import Trigger
 from . import guards
-from .context import LIMIT_NOTE, build_request, tool_calls_json
+from .context import LIMIT_NOTE, build_request
 from .environment import describe_changes, environment
-from .guards import CallRecord, GuardLimits, GuardVerdict, canonical_json
+from .guards import CallRecord, GuardLimits, GuardVerdict
 from .model_calls import RunCancelled, call_model
+from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .runtime_cache import RunContext, agent_runtime
-from .steps import build_step, cancel_stop_reason, finish_turn, turn_summary
+from .usage import ModelSpend
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
 BUSY_ANSWER = "The service is busy right now. Please try again in a moment."
@@ -35,12 +37,12 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
     from what the database holds, so a re-run step reaches the same verdict.
     """
     if session.iteration >= agent.max_iterations:
-        return GuardVerdict("max_iterations", LIMIT_NOTE)
+        return GuardVerdict(StopReason.MAX_ITERATIONS, LIMIT_NOTE)
     if session.turn_started_at is not None:
         elapsed = (timezone.now() - session.turn_started_at).total_seconds()
         if elapsed > agent.turn_timeout_s:
             return GuardVerdict(
-                "turn_timeout",
+                StopReason.TURN_TIMEOUT,
                 f"This request has run for {int(elapsed)} s, past its limit of {agent.turn_timeout_s:g} s.",
             )
     if session.iteration < 2:
@@ -132,37 +134,22 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     connection.close()  # never hold a connection across the model call
 
     fault_point("before_model_call")
+    iteration = session.iteration + 1
     try:
         routed = call_model(session, agent, request)
     except RunCancelled as cancelled:
+        # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)
-        spent = {
-            "add_fields": cancelled.usage_fields(),
-            "model_calls": cancelled.calls,
-            "set_fields": {"iteration": session.iteration + 1},
-        }
-        finish_turn(
-            fresh,
-            owner,
-            Trigger.CANCEL,
-            fresh.cancel_reason or "cancel requested",
-            stop_reason=cancel_stop_reason(fresh),
-            actor=fresh.cancel_actor,
-            extra=spent,
-        )
+        spent = ModelSpend(calls=cancelled.calls, iteration=iteration, answered=False)
+        turn_cancel(session=fresh, owner=owner, spend=spent)
         return
-    usage: dict[str, Any] = {
-        "add_fields": {
-            "input_tokens": routed.input_tokens,
-            "output_tokens": routed.output_tokens,
-            "cost": routed.cost,
-        },
-        "model_calls": routed.calls,
-        "set_fields": {"iteration": session.iteration + 1, "resume_check": False},
-    }
-    used = routed.endpoint.name if routed.endpoint else None
-    notes = [note] if note is not None else []
-    common = {"env": env, "checkpoint": {"model": used, "deadline": deadline}}
+    spend = ModelSpend(calls=routed.calls, iteration=iteration)
+    context = ModelContext(
+        env=env,
+        model=routed.endpoint.name if routed.endpoint else None,
+        deadline=deadline,
+        notes=[note] if note is not None else [],
+    )
     if routed.response is None:
         error = routed.error
         problem = str(error) if error else "model call failed"
@@ -170,16 +157,15 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         # unknown model, a missing key) is told apart for the operator, who also
         # finds the reason in the ModelCall rows, last_error, the transition and the log.
         refused = isinstance(error, ModelConfigError)
-        stop_reason = "model_refused" if refused else "model_unavailable"
-        _answer(
+        stop_reason = StopReason.MODEL_REFUSED if refused else StopReason.MODEL_UNAVAILABLE
+        answer(
             session,
             owner,
-            agent.busy_message or BUSY_ANSWER,
-            Trigger.ANSWER,
-            stop_reason,
-            usage,
-            common,
-            notes,
+            content=agent.busy_message or BUSY_ANSWER,
+            trigger=Trigger.ANSWER,
+            stop_reason=stop_reason,
+            spend=spend,
+            context=context,
             last_error=problem,
             reason=f"{stop_reason}: {problem}" if refused else "",
         )
@@ -191,131 +177,21 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         content = response.text
         if final and not content.strip():
             content = LIMIT_ANSWER
-        trigger = Trigger.LIMIT_REACHED if final else Trigger.ANSWER
-        _answer(
+        answer(
             session,
             owner,
-            content,
-            trigger,
-            stop.stop_reason if stop else "answer",
-            usage,
-            common,
-            notes,
+            content=content,
+            trigger=Trigger.LIMIT_REACHED if final else Trigger.ANSWER,
+            stop_reason=stop.stop_reason if stop else StopReason.ANSWER,
+            spend=spend,
+            context=context,
         )
         return
-
-    step_no = session.step + 1
-    calls = [
-        ToolCall(
-            turn=session.turn,
-            step=step_no,
-            position=position,
-            # Column limits: a model may send anything; the tool layer rejects the
-            # odd name with a clear result rather than the step crashing on it.
-            call_id=call.id[:100],
-            tool_name=call.name[:100],
-            input=call.arguments,
-            error=call.arguments_error or "",
-            # Stable per logical call: a re-run of this step reuses the stored row and key.
-            idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name[:100]}",
-        )
-        for position, call in enumerate(tool_calls)
-    ]
-    message = Message(
-        turn=session.turn,
-        role="assistant",
-        content=response.text,
-        tool_calls=tool_calls_json(tool_calls),
-        token_count=count_message_tokens(
-            response.text, canonical_json(tool_calls_json(tool_calls))
-        ),
-    )
-    checkpoint = {
-        **common["checkpoint"],
-        "pending": [[c.call_id, c.idempotency_key] for c in calls],
-    }
-    step_commit(
-        build_step(
-            session,
-            owner,
-            trigger=Trigger.TOOL_CALLS,
-            phase="tool_intent",
-            reason=", ".join(c.tool_name for c in calls),
-            messages=[*notes, message],
-            new_tool_calls=calls,
-            after_events=[
-                (
-                    "tool.started",
-                    {"call_id": c.call_id, "tool": c.tool_name, "input": c.input, "turn": c.turn},
-                )
-                for c in calls
-            ],
-            env=env,
-            checkpoint=checkpoint,
-            **usage,
-        )
-    )
-
-
-def _answer(
-    session: Session,
-    owner: str,
-    content: str,
-    trigger: Trigger,
-    stop_reason: str,
-    usage: dict[str, Any],
-    common: dict[str, Any],
-    notes: list[Message],
-    last_error: str = "",
-    reason: str = "",
-) -> None:
-    message = Message(
-        turn=session.turn,
-        role="assistant",
-        content=content,
-        token_count=count_message_tokens(content),
-    )
-    add = usage["add_fields"]
-    summary = turn_summary(
+    tool_intents(
         session,
-        stop_reason,
-        add["input_tokens"],
-        add["output_tokens"],
-        add["cost"],
-        iterations=usage["set_fields"]["iteration"],
+        owner,
+        text=response.text,
+        tool_calls=list(tool_calls),
+        spend=spend,
+        context=context,
     )
-    try:
-        step_commit(
-            build_step(
-                session,
-                owner,
-                trigger=trigger,
-                phase="answer",
-                reason=reason or stop_reason,
-                messages=[*notes, message],
-                after_events=[("turn.finished", summary)],
-                env=common["env"],
-                checkpoint=common["checkpoint"],
-                add_fields=add,
-                model_calls=usage["model_calls"],
-                set_fields={**usage["set_fields"], "last_error": last_error[:2000]},
-                unless_cancel_requested=True,
-            )
-        )
-    except StaleSession:
-        # An interrupt arrived while the model answered: the turn ends cancelled
-        # (the call's usage is kept); any other conflict goes to the run loop.
-        fresh = Session.objects.filter(
-            pk=session.pk, lease_owner=owner, cancel_requested=True
-        ).first()
-        if fresh is None or State(fresh.state) not in RUNNABLE:
-            raise
-        finish_turn(
-            fresh,
-            owner,
-            Trigger.CANCEL,
-            fresh.cancel_reason or "cancel requested",
-            stop_reason=cancel_stop_reason(fresh),
-            actor=fresh.cancel_actor,
-            extra=usage,
-        )

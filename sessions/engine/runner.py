@@ -2,53 +2,34 @@
 
 Each step is one of: start the next queued turn, call the model, run the tool
 calls it asked for, or move from tool results back to the model. Each ends in
-exactly one `step_commit`. No database connection is held across a model or
+exactly one move (sessions/engine/moves.py). No database connection is held across a model or
 tool call, and no transaction is open during one.
 """
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
-from memory.tokens import count_message_tokens
-
-from ..models import Message, Session
-from ..states import RUNNABLE, TURN_ENDED, State, Trigger
-from ..transitions import StaleSession, step_commit
+from ..models import Session
+from ..states import RUNNABLE, STARTS_TURN, State
+from .commit import StaleSession
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
-from .model_phase import BUSY_ANSWER, LIMIT_ANSWER, loop_stop, model_step
+from .model_phase import model_step
+from .moves import tool_loop_next, turn_cancel, turn_fail, turn_start
 from .runtime_cache import RunContext
-from .steps import build_step, cancel_stop_reason, finish_turn, turn_cancel, turn_start
 from .tool_phase import tool_step
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "BUSY_ANSWER",
-    "LIMIT_ANSWER",
-    "RunResult",
-    "loop_stop",
-    "model_step",
-    "run_step",
-    "session_run",
-    "timer_fire",
-    "tool_step",
-    "turn_cancel",
-    "turn_start",
-]
-
-# States in which a new user message starts a turn right away.
-STARTS_TURN = TURN_ENDED | {State.PAUSED_FOR_USER}
 
 
 @dataclass(frozen=True)
 class RunResult:
     steps: int
-    stopped: str  # idle | not_acquired | lease_lost | crashed
+    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed"]
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
@@ -122,15 +103,7 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
     """Run the one step the session's state calls for; False if there is none."""
     state = State(session.state)
     if session.cancel_requested and state in RUNNABLE:
-        reason = session.cancel_reason or "cancel requested"
-        finish_turn(
-            session,
-            owner,
-            Trigger.CANCEL,
-            reason,
-            stop_reason=cancel_stop_reason(session),
-            actor=session.cancel_actor,
-        )
+        turn_cancel(session=session, owner=owner)
         return True
     if state in STARTS_TURN:
         if session.queued_count > 0:
@@ -141,38 +114,10 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
     elif state == State.TOOL_WAIT:
         tool_step(session, owner)
     elif state == State.TOOL_LOOP:
-        step_commit(build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model"))
+        tool_loop_next(session, owner)
     else:
         return False
     return True
-
-
-def timer_fire(*, session: Session) -> None:
-    """Wake a session whose follow-up is due: the model gets the note and decides.
-
-    The turn's clock starts again: waiting for the timer was not running, so
-    a follow-up due after the turn's time limit still gets a turn to act in.
-    """
-    note = session.timer_note or "(no note)"
-    text = f"The follow-up you scheduled is due now. Your note: {note}"
-    step_commit(
-        build_step(
-            session,
-            None,
-            trigger=Trigger.TIMER_FIRED,
-            phase="timer",
-            reason="follow-up due",
-            messages=[
-                Message(
-                    turn=session.turn,
-                    role="system",
-                    content=text,
-                    token_count=count_message_tokens(text),
-                )
-            ],
-            set_fields={"timer_due_at": None, "timer_note": "", "turn_started_at": timezone.now()},
-        )
-    )
 
 
 def _record_crash(session_id: UUID | str, owner: str) -> None:
@@ -180,13 +125,8 @@ def _record_crash(session_id: UUID | str, owner: str) -> None:
     try:
         session = Session.objects.get(pk=session_id)
         if State(session.state) in RUNNABLE and session.lease_owner == owner:
-            finish_turn(
-                session,
-                owner,
-                Trigger.FAILURE,
-                "internal error",
-                stop_reason="error",
-                error="internal error while running the step",
+            turn_fail(
+                session, owner, "internal error while running the step", reason="internal error"
             )
     except Exception:  # noqa: BLE001
         logger.exception("could not record the crash of session %s", session_id)

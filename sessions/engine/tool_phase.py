@@ -9,13 +9,11 @@ session in `error` for an operator instead of guessing.
 """
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 from django.db import connection
 from django.utils import timezone
 
-from memory.tokens import count_message_tokens
 from runtime import io_loop
 from runtime.faults import fault_point
 from tools.execution import (
@@ -28,16 +26,13 @@ from tools.execution import (
 )
 from tools.rendering import render_success
 
-from ..models import Message, Session, ToolCall, ToolCallStatus
+from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
-from ..states import Trigger
-from ..transitions import StaleSession, step_commit
+from .commit import StaleSession
 from .environment import environment
 from .guards import canonical_json
+from .moves import tool_results, turn_fail
 from .runtime_cache import agent_runtime
-from .steps import build_step, finish_turn
-
-TIMER_HANDLER = "builtin.schedule_followup"
 
 
 def _cached_outcomes(
@@ -74,7 +69,7 @@ def _cached_outcomes(
         found = earlier.get((call.tool_name, canonical_json(call.input)))
         if found is not None:
             outcomes[call.pk] = ToolOutcome(
-                status="success",
+                status=ToolCallStatus.SUCCESS,
                 output=found,
                 content=render_success(found, cached=True),
                 extra={"cached": True},
@@ -114,8 +109,8 @@ def tool_step(session: Session, owner: str) -> None:
     4. Mark the side-effecting calls about to be sent as dispatched (commit).
     5. Run the rest concurrently under the agent's step time limit, without
        holding a database connection.
-    6. Commit results, tool messages and events in one step; a scheduled
-       follow-up moves the session to `waiting_timer` instead.
+    6. Commit results, tool messages and events in one step (the
+       `tool_results` move); a scheduled follow-up waits for its timer.
     """
     runtime = agent_runtime(session.agent_id)
     agent = runtime.agent
@@ -145,7 +140,7 @@ def tool_step(session: Session, owner: str) -> None:
             if result.verdict == "done":
                 output = result.output or {}
                 outcomes[call.pk] = ToolOutcome(
-                    status="success",
+                    status=ToolCallStatus.SUCCESS,
                     output=output,
                     content=render_success(output),
                     extra={"probed": True},
@@ -156,9 +151,7 @@ def tool_step(session: Session, owner: str) -> None:
                     f"(idempotency key {call.idempotency_key}); it does not support idempotent retries and "
                     f"{result.detail or 'has no probe'}, so an operator must check before the run goes on"
                 )
-                finish_turn(
-                    session, owner, Trigger.FAILURE, problem, stop_reason="error", error=problem
-                )
+                turn_fail(session, owner, problem)
                 return
 
     to_run = [c for c in calls if c.pk not in outcomes]
@@ -187,102 +180,10 @@ def tool_step(session: Session, owner: str) -> None:
     )
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
-    _commit_results(session, owner, calls, outcomes, tools, env)
+    tool_results(session, owner, calls=calls, outcomes=outcomes, tools=tools, env=env)
 
 
 async def _probe_all(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[ProbeResult]:
     return list(
         await asyncio.gather(*(probe(tools[c.tool_name], c.idempotency_key) for c in calls))
-    )
-
-
-def _commit_results(
-    session: Session,
-    owner: str,
-    calls: list[ToolCall],
-    outcomes: dict[int, ToolOutcome],
-    tools: dict[str, ToolSnapshot],
-    env: dict[str, Any],
-) -> None:
-    finished_at = timezone.now()
-    messages: list[Message] = []
-    events: list[tuple[str, dict[str, Any]]] = []
-    timer: tuple[int, str] | None = None
-    for call in calls:
-        outcome = outcomes[call.pk]
-        call.status = outcome.status
-        call.output = outcome.output
-        call.error = outcome.error
-        call.elapsed_ms = outcome.elapsed_ms
-        call.finished_at = finished_at
-        call.coercions = outcome.coercions
-        call.attempts = max(call.attempts, 0) + outcome.attempts
-        call.cached = bool(outcome.extra.get("cached"))
-        snapshot = tools.get(call.tool_name)
-        if (
-            snapshot is not None
-            and snapshot.handler == TIMER_HANDLER
-            and outcome.status == "success"
-            and outcome.output
-        ):
-            timer = (
-                int(outcome.output.get("after_seconds", 0)),
-                str(outcome.output.get("note", "")),
-            )
-        messages.append(
-            Message(
-                turn=session.turn,
-                role="tool",
-                content=outcome.content,
-                tool_call_id=call.call_id,
-                name=call.tool_name,
-                data=outcome.output
-                if outcome.output is not None
-                else {"error": outcome.error, "status": outcome.status},
-                token_count=count_message_tokens(outcome.content),
-            )
-        )
-        events.append(
-            (
-                "tool.finished",
-                {
-                    "call_id": call.call_id,
-                    "tool": call.tool_name,
-                    "status": outcome.status,
-                    "elapsed_ms": outcome.elapsed_ms,
-                    "output": outcome.output,
-                    "error": outcome.error,
-                    "cached": call.cached,
-                    "coercions": call.coercions,
-                    "probed": call.probe_outcome or None,
-                    "turn": call.turn,
-                },
-            )
-        )
-    set_fields: dict[str, Any] = {}
-    trigger = Trigger.TOOL_RESULTS
-    if timer is not None:
-        # No worker waits on a clock: the due time lives in the row; the sweeper wakes it.
-        trigger = Trigger.TIMER_SET
-        set_fields = {
-            "timer_due_at": timezone.now() + timedelta(seconds=timer[0]),
-            "timer_note": timer[1],
-        }
-    step_commit(
-        build_step(
-            session,
-            owner,
-            trigger=trigger,
-            phase="tool_results",
-            reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
-            messages=messages,
-            updated_tool_calls=calls,
-            events=events,
-            env=env,
-            set_fields=set_fields,
-            checkpoint={
-                "done": [[c.call_id, c.status, c.attempts] for c in calls],
-                **({"timer_due": set_fields["timer_due_at"].isoformat()} if timer else {}),
-            },
-        )
     )

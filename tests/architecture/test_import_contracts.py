@@ -29,7 +29,7 @@ CONTRACT_NAMES: list[str] = [contract["name"] for contract in IMPORTLINTER["cont
 NOT_PRODUCT = {"tests", "bench", "devstack"}
 
 # The engine: the step loop and the step commit.
-ENGINE_PATHS = ["sessions/engine", "sessions/transitions.py"]
+ENGINE_PATHS = ["sessions/engine"]
 
 LAYERS = "sessions layers follow the import direction"
 
@@ -47,7 +47,7 @@ PLANTS: dict[str, list[Plant]] = {
     LAYERS: [
         # A port calling up into the services (what went unnoticed before rows was a layer).
         Plant("sessions/rows.py", "from sessions import services"),
-        Plant("sessions/engine/steps.py", "import sessions.services"),
+        Plant("sessions/engine/moves.py", "import sessions.services"),
         # Edges are independent of each other.
         Plant("sessions/tasks.py", "from sessions import consumers"),
         Plant("sessions/models.py", "from sessions import publisher"),
@@ -84,7 +84,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/errors.py", "import llm.types"),
     ],
     "The engine and services know no edges": [
-        Plant("sessions/engine/steps.py", "from rest_framework import serializers"),
+        Plant("sessions/engine/moves.py", "from rest_framework import serializers"),
         Plant("sessions/services.py", "from sessions.api import views"),
         # Applying a config file is an edge too (configuration/), not session logic.
         Plant("sessions/services.py", "from configuration import services"),
@@ -94,7 +94,7 @@ PLANTS: dict[str, list[Plant]] = {
     ],
     "The engine reaches Channels only through the publisher": [
         Plant("sessions/engine/deltas.py", "from channels.layers import get_channel_layer"),
-        Plant("sessions/transitions.py", "import channels"),
+        Plant("sessions/engine/commit.py", "import channels"),
     ],
     "Only the edges and the dispatch port import Celery": [
         Plant("llm/base.py", "import celery"),
@@ -261,7 +261,7 @@ def test_engine_never_imports_the_django_admin() -> None:
     ],
 )
 def test_django_admin_check_sees_a_planted_import(planted: str) -> None:
-    engine_module = (ROOT / "sessions/engine/steps.py").read_text()
+    engine_module = (ROOT / "sessions/engine/moves.py").read_text()
 
     assert _django_admin_imports(engine_module + "\n" + planted + "\n") != []
 

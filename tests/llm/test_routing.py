@@ -15,8 +15,9 @@ from django.urls import reverse
 from llm.base import ModelUnavailable
 from llm.prompt_tools import GAVE_UP_ANSWER
 from memory.tokens import count_tokens
+from sessions.engine import session_run
 from sessions.engine.model_calls import _scrub, endpoint_config, primary_endpoint, rollout_bucket
-from sessions.engine.runner import BUSY_ANSWER, session_run
+from sessions.engine.model_phase import BUSY_ANSWER
 from sessions.models import (
     Agent,
     Checkpoint,

@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.engine.runner import session_run
+from sessions.engine import session_run
 from sessions.models import Event, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory

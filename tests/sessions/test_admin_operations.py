@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from runtime.breaker import model_breaker
 from sessions import services
-from sessions.engine.runner import session_run
+from sessions.engine import session_run
 from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory

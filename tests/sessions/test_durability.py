@@ -21,9 +21,9 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions import tasks
+from sessions.engine import StaleSession, session_run
 from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
 from sessions.engine.model_phase import model_step
-from sessions.engine.runner import session_run
 from sessions.engine.tool_phase import tool_step
 from sessions.models import (
     Agent,
@@ -44,7 +44,6 @@ from sessions.services import (
     session_resume,
     timers_fire_due,
 )
-from sessions.transitions import StaleSession
 from tests.factories import AgentFactory, ToolFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

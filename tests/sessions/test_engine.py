@@ -13,7 +13,8 @@ import pytest
 from django.db.models.functions import Now
 
 from demo.models import Notification, Report
-from sessions.engine.runner import LIMIT_ANSWER, session_run
+from sessions.engine import session_run
+from sessions.engine.model_phase import LIMIT_ANSWER
 from sessions.models import (
     Agent,
     Checkpoint,

@@ -636,9 +636,9 @@ def _crash_once_after_the_tool_ran(
         raise SimulatedCrash
 
     with monkeypatch.context() as patch:
-        patch.setattr(tool_phase, "_commit_results", crash)
+        patch.setattr(tool_phase, "tool_results", crash)
         with pytest.raises(SimulatedCrash):
-            runner.tool_step(session, owner)
+            tool_phase.tool_step(session, owner)
     session = Session.objects.get(pk=session.pk)
     assert session.state == "tool_wait"
     assert ToolCall.objects.get(session=session).status == "executing"
@@ -673,7 +673,7 @@ def test_a_re_executed_http_tool_step_sends_the_same_idempotency_key_and_issues_
 
     session = _crash_once_after_the_tool_ran(session, owner, monkeypatch)
     assert Coupon.objects.count() == 1  # the first attempt took effect
-    runner.tool_step(session, owner)  # the step runs again
+    tool_phase.tool_step(session, owner)  # the step runs again
     session = _finish(session, owner)
 
     call = ToolCall.objects.get(session=session)
@@ -707,7 +707,7 @@ def test_a_re_executed_http_tool_step_with_a_status_url_asks_instead_of_sending_
     owner = "tests-tool-loop"
 
     session = _crash_once_after_the_tool_ran(session, owner, monkeypatch)
-    runner.tool_step(session, owner)
+    tool_phase.tool_step(session, owner)
     session = _finish(session, owner)
 
     call = ToolCall.objects.get(session=session)

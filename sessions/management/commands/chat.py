@@ -12,6 +12,7 @@ from django.utils.text import Truncator
 
 from sessions import selectors, services
 from sessions.errors import DomainError
+from sessions.events import EventType
 from sessions.models import Agent, Session
 from sessions.publisher import group_name
 from tools.models import Tool
@@ -142,13 +143,13 @@ class Command(BaseCommand):
                     self._print(frame, options["json"])
                     data = frame.get("data") or {}
                     if (
-                        frame["type"] == "message.completed"
+                        frame["type"] == EventType.MESSAGE_COMPLETED
                         and data.get("role") == "user"
                         and data.get("content") == options["text"]
                         and turn is None
                     ):
                         turn = data.get("turn")
-                    if frame["type"] == "turn.finished" and (
+                    if frame["type"] == EventType.TURN_FINISHED and (
                         turn is None or data.get("turn") == turn
                     ):
                         return True
@@ -167,7 +168,7 @@ class Command(BaseCommand):
             return
         data = frame.get("data") or {}
         kind = frame["type"]
-        if kind == "message.delta":
+        if kind == EventType.MESSAGE_DELTA:
             # Streamed text goes on one line as it arrives; the completed message
             # then does not print it a second time.
             if not self._streaming:
@@ -180,7 +181,7 @@ class Command(BaseCommand):
         # Streamed text belongs to the next assistant message, even when a state
         # change is printed between the two.
         streamed = self._streamed
-        if kind == "message.completed" and data.get("role") == "assistant":
+        if kind == EventType.MESSAGE_COMPLETED and data.get("role") == "assistant":
             self._streamed = False
         self._end_stream()
         self.stdout.write(
@@ -188,9 +189,9 @@ class Command(BaseCommand):
         )
 
     def _detail(self, kind: str, data: dict[str, Any], streamed: bool) -> str:
-        if kind == "state.changed":
+        if kind == EventType.STATE_CHANGED:
             return f"{data.get('from')} -> {data.get('to')} ({data.get('trigger')})"
-        if kind == "message.completed":
+        if kind == EventType.MESSAGE_COMPLETED:
             role = data.get("role")
             calls = [
                 f"{c.get('name')}({_cut(c.get('arguments'), ARGS_CHARS)})"
@@ -204,9 +205,9 @@ class Command(BaseCommand):
             else:
                 text = _cut(data.get("content") or "", TEXT_CHARS)
             return " ".join(part for part in (f"{role}:", text, ", ".join(calls)) if part)
-        if kind == "tool.started":
+        if kind == EventType.TOOL_STARTED:
             return f"{data.get('tool')}({_cut(data.get('input'), ARGS_CHARS)})"
-        if kind == "tool.finished":
+        if kind == EventType.TOOL_FINISHED:
             elapsed = _ms(data.get("elapsed_ms"))
             detail = f"{data.get('tool')} {data.get('status', '')}" + (
                 f" in {elapsed}" if elapsed else ""
@@ -214,15 +215,15 @@ class Command(BaseCommand):
             if data.get("error"):
                 detail += f": {_cut(data['error'], TEXT_CHARS)}"
             return detail
-        if kind == "turn.finished":
+        if kind == EventType.TURN_FINISHED:
             usage = data.get("usage") or {}
             return (
                 f"turn {data.get('turn')} {data.get('stop_reason')}, "
                 f"{usage.get('input_tokens', 0)} in + {usage.get('output_tokens', 0)} out tokens, "
                 f"cost {usage.get('cost', 0)}"
             )
-        if kind == "error":
+        if kind == EventType.ERROR:
             return f"{data.get('code')}: {_cut(data.get('message') or '', TEXT_CHARS)}"
-        if kind == "progress":
+        if kind == EventType.PROGRESS:
             return " ".join(str(v) for v in (data.get("stage"), data.get("tool")) if v)
         return _cut(data, TEXT_CHARS)

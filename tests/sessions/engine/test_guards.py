@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from sessions.engine.guards import CallRecord, GuardLimits, check, nearly_same
-from sessions.engine.runner import loop_stop
+from sessions.engine.model_phase import loop_stop
 from sessions.models import ToolCall
 
 

@@ -1,4 +1,4 @@
-"""Applying a move of the state machine, and committing a step atomically.
+"""The step commit: one atomic write of everything a step produced.
 
 Every write to a session's state goes through `step_commit`: one short
 transaction that moves the state with a conditional UPDATE on `version` (and,
@@ -10,7 +10,7 @@ that same statement, inserts what the step produced and records the
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -18,10 +18,20 @@ from django.utils import timezone
 
 from runtime.faults import fault_point
 
-from .models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
-from .publisher import Frame, make_frame, publish
-from .rows import Statement, execute_batch, insert_statement, update_statement
-from .states import State, Trigger, next_state
+from ..events import EventSpec, EventType, MessageCompleted, StateChanged
+from ..models import (
+    Checkpoint,
+    Event,
+    Message,
+    MessageStatus,
+    ModelCall,
+    Session,
+    ToolCall,
+    Transition,
+)
+from ..publisher import Frame, make_frame, publish
+from ..rows import Statement, execute_batch, insert_statement, update_statement
+from ..states import State, Trigger, next_state
 
 MESSAGE_COLUMNS = (
     "session",
@@ -151,8 +161,8 @@ class Step:
     new_tool_calls: list[ToolCall] = field(default_factory=list)
     updated_tool_calls: list[ToolCall] = field(default_factory=list)
     model_calls: list[ModelCall] = field(default_factory=list)
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    after_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
+    after_events: list[EventSpec] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
     set_fields: dict[str, Any] = field(default_factory=dict)
     add_fields: dict[str, int | Decimal] = field(default_factory=dict)
@@ -172,9 +182,9 @@ class Committed:
     frames: list[Frame]
 
 
-def _message_event(message: Message) -> tuple[str, dict[str, Any]]:
-    data: dict[str, Any] = {
-        "seq": message.seq,
+def _message_event(message: Message) -> EventSpec:
+    data: MessageCompleted = {
+        "seq": cast(int, message.seq),  # numbered by the step that completes it
         "role": message.role,
         "content": message.content,
         "turn": message.turn,
@@ -184,7 +194,7 @@ def _message_event(message: Message) -> tuple[str, dict[str, Any]]:
     if message.role == "tool":
         data["tool_call_id"] = message.tool_call_id
         data["name"] = message.name
-    return ("message.completed", data)
+    return EventSpec(EventType.MESSAGE_COMPLETED, data)
 
 
 def _publish_after_commit(session_id: UUID | str, frames: list[Frame]) -> None:
@@ -208,19 +218,15 @@ def step_commit(step: Step) -> Committed:
     new_messages = list(step.messages)
     activated = [step.activate_message] if step.activate_message is not None else []
     n_messages = len(activated) + len(new_messages)
-    state_events: list[tuple[str, dict[str, Any]]] = []
+    state_events: list[EventSpec] = []
     if step.trigger:
-        state_events.append(
-            (
-                "state.changed",
-                {
-                    "from": from_state.value,
-                    "to": to_state.value,
-                    "trigger": step.trigger.value,
-                    "reason": step.reason,
-                },
-            )
-        )
+        moved: StateChanged = {
+            "from": from_state.value,
+            "to": to_state.value,
+            "trigger": step.trigger.value,
+            "reason": step.reason,
+        }
+        state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
     with_checkpoint = step.checkpoint is not None
 
@@ -282,7 +288,7 @@ def step_commit(step: Step) -> Committed:
             seq = message_seq - n_messages
             for message in activated:
                 seq += 1
-                message.seq, message.status, message.turn = seq, "final", turn
+                message.seq, message.status, message.turn = seq, MessageStatus.FINAL, turn
             for message in new_messages:
                 seq += 1
                 message.seq = seq
@@ -295,7 +301,7 @@ def step_commit(step: Step) -> Committed:
             writes += [
                 (
                     f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
-                    [message.seq, "final", turn, message.pk],
+                    [message.seq, MessageStatus.FINAL.value, turn, message.pk],
                 )
                 for message in activated
             ]
@@ -376,17 +382,3 @@ def step_commit(step: Step) -> Committed:
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
     return Committed(version=version, state=to_state, step=step_no, frames=frames)
-
-
-def session_move(
-    *,
-    session: Session,
-    trigger: Trigger,
-    reason: str = "",
-    actor: str = "",
-    lease_owner: str | None = None,
-) -> Committed:
-    """Apply one move of the state table (the plain case of `step_commit`)."""
-    return step_commit(
-        Step(session=session, trigger=trigger, reason=reason, actor=actor, lease_owner=lease_owner)
-    )

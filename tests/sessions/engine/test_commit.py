@@ -1,4 +1,4 @@
-"""Moves on the database: one version bump, one Transition, one event per legal move; nothing for an illegal one."""
+"""The step commit on the database: one version bump, one Transition, one event per legal move; nothing for an illegal one."""
 
 import itertools
 import threading
@@ -6,11 +6,19 @@ import threading
 import pytest
 from django.db import connection
 
+from sessions.engine.commit import Committed, StaleSession, Step, step_commit
+from sessions.events import EventSpec, EventType, StopReason
 from sessions.models import Checkpoint, Event, Message, Session, Transition
 from sessions.states import TRANSITIONS, IllegalTransition, State, Trigger
-from sessions.transitions import StaleSession, Step, session_move, step_commit
 
 ALLOWED = sorted(TRANSITIONS.items())
+
+
+def _move(session: Session, trigger: Trigger, reason: str = "", actor: str = "") -> Committed:
+    """The plain case of a step: a move of the state table and nothing else."""
+    return step_commit(Step(session=session, trigger=trigger, reason=reason, actor=actor))
+
+
 ILLEGAL = [pair for pair in itertools.product(State, Trigger) if pair not in TRANSITIONS]
 
 
@@ -34,7 +42,7 @@ def test_allowed_move_bumps_version_and_records_transition_and_event(make_sessio
     state, trigger = pair
     session = make_session(state=state.value, version=5, event_seq=2)
 
-    committed = session_move(session=session, trigger=trigger, reason="because", actor="tester")
+    committed = _move(session, trigger, reason="because", actor="tester")
 
     row = Session.objects.get(pk=session.pk)
     assert row.state == target.value
@@ -79,7 +87,7 @@ def test_every_illegal_move_changes_nothing(make_session, make_agent):
             if (state, trigger) in TRANSITIONS:
                 continue
             with pytest.raises(IllegalTransition):
-                session_move(session=session, trigger=trigger)
+                _move(session, trigger)
             assert session.state == state.value and session.version == 3
         assert _snapshot(session) == before
     assert not Transition.objects.exists()
@@ -91,11 +99,11 @@ def test_every_illegal_move_changes_nothing(make_session, make_agent):
 def test_a_stale_version_is_refused_and_changes_nothing(make_session):
     session = make_session(state=State.IDLE.value)
     stale = Session.objects.get(pk=session.pk)
-    session_move(session=session, trigger=Trigger.USER_MESSAGE)
+    _move(session, Trigger.USER_MESSAGE)
     before = _snapshot(session)
 
     with pytest.raises(StaleSession):
-        session_move(session=stale, trigger=Trigger.USER_MESSAGE)
+        _move(stale, Trigger.USER_MESSAGE)
 
     assert _snapshot(session) == before
     assert stale.version == 0 and stale.state == State.IDLE.value
@@ -137,8 +145,18 @@ def test_a_step_numbers_messages_and_events_without_gaps(make_session):
                 Message(role="assistant", content="a"),
                 Message(role="assistant", content="b"),
             ],
-            events=[("progress", {"n": 1})],
-            after_events=[("turn.finished", {"stop_reason": "answer"})],
+            events=[EventSpec(EventType.PROGRESS, {"stage": "preparing_tool", "turn": 0})],
+            after_events=[
+                EventSpec(
+                    EventType.TURN_FINISHED,
+                    {
+                        "turn": 0,
+                        "stop_reason": StopReason.ANSWER,
+                        "iterations": 1,
+                        "usage": {"input_tokens": 0, "output_tokens": 0, "cost": "0"},
+                    },
+                )
+            ],
             checkpoint={"phase": "answer"},
         )
     )
@@ -175,9 +193,7 @@ def test_concurrent_movers_exactly_one_wins(make_session):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
             barrier.wait(timeout=10)
-            outcomes[index] = session_move(
-                session=copies[index], trigger=Trigger.USER_MESSAGE, actor=f"t{index}"
-            )
+            outcomes[index] = _move(copies[index], Trigger.USER_MESSAGE, actor=f"t{index}")
         except Exception as exc:  # noqa: BLE001 - the outcome is what we check
             outcomes[index] = exc
         finally:

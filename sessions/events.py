@@ -1,0 +1,157 @@
+"""The events of a session's stream: their types and the shape of each payload.
+
+One place names every type string the engine, the publisher, the consumer and
+the admin use; the wire format (type strings, payload keys) is the public
+contract in DESIGN.md. Payloads are TypedDicts: checked by mypy where they are
+built, and by a test against what the suite writes, never at run time (the
+step path stays as cheap as a tuple).
+"""
+
+from enum import StrEnum
+from typing import Any, NamedTuple, NotRequired, TypedDict
+
+
+class EventType(StrEnum):
+    STATE_CHANGED = "state.changed"
+    MESSAGE_DELTA = "message.delta"
+    MESSAGE_COMPLETED = "message.completed"
+    PROGRESS = "progress"
+    TOOL_STARTED = "tool.started"
+    TOOL_FINISHED = "tool.finished"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_RESOLVED = "approval.resolved"
+    TURN_FINISHED = "turn.finished"
+    ERROR = "error"
+
+
+class StopReason(StrEnum):
+    """Why a turn ended (`turn.finished` `stop_reason`)."""
+
+    ANSWER = "answer"
+    MAX_ITERATIONS = "max_iterations"
+    TURN_TIMEOUT = "turn_timeout"
+    # Loop guards (sessions/engine/guards.py).
+    REPEATED_CALL = "repeated_call"
+    NO_NEW_INFORMATION = "no_new_information"
+    CYCLE = "cycle"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    MODEL_REFUSED = "model_refused"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+
+# "from" is a keyword: the functional form keeps the wire key.
+StateChanged = TypedDict("StateChanged", {"from": str, "to": str, "trigger": str, "reason": str})
+
+
+class MessageDelta(TypedDict):
+    text: str
+    turn: int
+
+
+class MessageCompleted(TypedDict):
+    seq: int
+    role: str
+    content: str
+    turn: int
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
+
+
+class Progress(TypedDict):
+    stage: str  # preparing_tool | answer_discarded
+    turn: int
+    tool: NotRequired[str]
+
+
+class ToolStarted(TypedDict):
+    call_id: str
+    tool: str
+    input: Any  # what the model sent; not always an object
+    turn: int
+
+
+class ToolFinished(TypedDict):
+    call_id: str
+    tool: str
+    status: str
+    error: str
+    turn: int
+    # Only for a call that ran (a call closed by the end of its turn has none).
+    elapsed_ms: NotRequired[int]
+    output: NotRequired[Any]
+    cached: NotRequired[bool]
+    coercions: NotRequired[list[Any]]
+    probed: NotRequired[str | None]
+
+
+class ApprovalRequested(TypedDict):
+    approval_id: str
+    tool: str
+    arguments: dict[str, Any]
+    risk_level: int
+    deadline: str
+
+
+class ApprovalResolved(TypedDict):
+    approval_id: str
+    outcome: str  # approved | rejected | expired | escalated
+    by: str
+    comment: str
+
+
+class UsageTotals(TypedDict):
+    input_tokens: int
+    output_tokens: int
+    cost: str  # a decimal, as a string
+
+
+class TurnFinished(TypedDict):
+    turn: int
+    stop_reason: str
+    iterations: int
+    usage: UsageTotals
+    reason: NotRequired[str]
+
+
+class Error(TypedDict):
+    code: str
+    message: str
+    # Only on frames the websocket sends about the socket itself (never persisted).
+    details: NotRequired[dict[str, Any]]
+
+
+Payload = (
+    StateChanged
+    | MessageDelta
+    | MessageCompleted
+    | Progress
+    | ToolStarted
+    | ToolFinished
+    | ApprovalRequested
+    | ApprovalResolved
+    | TurnFinished
+    | Error
+)
+
+PAYLOADS: dict[EventType, type] = {
+    EventType.STATE_CHANGED: StateChanged,
+    EventType.MESSAGE_DELTA: MessageDelta,
+    EventType.MESSAGE_COMPLETED: MessageCompleted,
+    EventType.PROGRESS: Progress,
+    EventType.TOOL_STARTED: ToolStarted,
+    EventType.TOOL_FINISHED: ToolFinished,
+    EventType.APPROVAL_REQUESTED: ApprovalRequested,
+    EventType.APPROVAL_RESOLVED: ApprovalResolved,
+    EventType.TURN_FINISHED: TurnFinished,
+    EventType.ERROR: Error,
+}
+
+
+class EventSpec(NamedTuple):
+    """An event a step writes (or a frame sends): its type and its payload."""
+
+    type: EventType
+    data: Payload

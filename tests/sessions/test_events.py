@@ -1,0 +1,175 @@
+"""Every event the engine writes or streams has the shape sessions/events.py declares.
+
+A demo turn with tools, a cancel that closes a call, and a failed turn, all on
+the real database and the real channel layer; the validator itself is checked
+on payloads that are wrong in each way it must catch.
+"""
+
+import asyncio
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+
+from sessions.engine import session_run
+from sessions.engine.lease import lease_acquire, lease_drop
+from sessions.engine.moves import turn_fail
+from sessions.engine.runner import run_step
+from sessions.events import PAYLOADS, EventType
+from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
+from sessions.publisher import group_name
+from sessions.services import message_post, session_cancel
+from tests.demo_setup import DEMO_REQUEST, demo_install
+from tests.event_shapes import payload_problems
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The types DESIGN.md lists for the websocket stream, in its order.
+DESIGN_TYPES = [
+    "state.changed",
+    "message.delta",
+    "message.completed",
+    "progress",
+    "tool.started",
+    "tool.finished",
+    "approval.requested",
+    "approval.resolved",
+    "turn.finished",
+    "error",
+]
+
+
+def test_every_type_of_the_contract_has_one_payload_type():
+    assert [t.value for t in EventType] == DESIGN_TYPES
+    assert set(PAYLOADS) == set(EventType)
+
+
+@pytest.mark.parametrize(
+    ("type_", "data", "problem"),
+    [
+        ("tool.started", {"call_id": "c", "tool": "t", "turn": 1}, "missing 'input'"),
+        ("message.delta", {"text": "hi", "turn": 1, "extra": 1}, "unexpected key 'extra'"),
+        ("message.delta", {"text": "hi", "turn": "1"}, "turn: expected an integer"),
+        ("message.delta", {"text": "hi", "turn": True}, "turn: expected an integer"),
+        (
+            "turn.finished",
+            {
+                "turn": 1,
+                "stop_reason": "answer",
+                "iterations": 1,
+                "usage": {"input_tokens": 1, "output_tokens": 1, "cost": 0},
+            },
+            "usage.cost: expected str",
+        ),
+        (
+            "tool.finished",
+            {"call_id": "c", "tool": "t", "status": "s", "error": "", "turn": 1, "probed": 3},
+            "probed",
+        ),
+        ("message.completed", [], "expected an object"),
+        ("tool.exploded", {}, "unknown event type"),
+    ],
+)
+def test_the_validator_catches_a_wrong_payload(type_: str, data: Any, problem: str):
+    problems = payload_problems(type_, data)
+    assert problems and problem in problems[0], problems
+
+
+def test_the_validator_accepts_optional_keys_left_out_and_nullable_ones_null():
+    assert payload_problems("progress", {"stage": "answer_discarded", "turn": 2}) == []
+    closed = {"call_id": "c", "tool": "t", "status": "rejected", "error": "x", "turn": 1}
+    assert payload_problems("tool.finished", closed) == []
+    assert payload_problems("tool.finished", {**closed, "probed": None, "output": None}) == []
+
+
+def _streamed(session: Session, run: Any) -> list[dict[str, Any]]:
+    """Run `run()` while listening on the session's group; the frames it streamed."""
+
+    async def listen() -> list[dict[str, Any]]:
+        # One event loop throughout: the layer keeps its channels per loop.
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(group_name(session.pk), channel)
+        try:
+            await sync_to_async(run, thread_sensitive=False)()
+            frames = []
+            while True:
+                try:
+                    message = await asyncio.wait_for(layer.receive(channel), timeout=1.0)
+                except TimeoutError:
+                    return frames
+                frames.append(message["frame"])
+        finally:
+            await layer.group_discard(group_name(session.pk), channel)
+
+    return async_to_sync(listen)()
+
+
+def _persisted(session: Session) -> list[Event]:
+    return list(Event.objects.filter(session=session).order_by("seq"))
+
+
+def _assert_all_match(frames: list[tuple[str, Any]]) -> None:
+    problems = [(t, p) for t, data in frames for p in payload_problems(t, data)]
+    assert problems == []
+
+
+@pytest.fixture
+def demo_session(make_session) -> Session:
+    demo_install()
+    ModelEndpoint.objects.filter(name="rules").update(options={})
+    return make_session(agent=Agent.objects.get(slug="order-support"), role="support")
+
+
+def test_a_demo_turn_with_tools_writes_and_streams_only_declared_payloads(demo_session):
+    message_post(session=demo_session, content=DEMO_REQUEST)
+
+    frames = _streamed(demo_session, lambda: session_run(session_id=demo_session.pk))
+
+    events = _persisted(demo_session)
+    _assert_all_match([(e.type, e.data) for e in events])
+    assert {e.type for e in events} >= {
+        "state.changed",
+        "message.completed",
+        "tool.started",
+        "tool.finished",
+        "turn.finished",
+    }
+    _assert_all_match([(f["type"], f["data"]) for f in frames])
+    # The stream carries what is not persisted too: the answer's text as it comes.
+    assert "message.delta" in {f["type"] for f in frames if f["seq"] is None}
+
+
+def test_a_cancel_that_closes_a_call_and_a_failed_turn_write_declared_payloads(demo_session):
+    message_post(session=demo_session, content=DEMO_REQUEST)
+    owner = "tests-events"
+    assert lease_acquire(session_id=demo_session.pk, owner=owner, seconds=60)
+    # message_post started the turn; the model asks for tools.
+    assert run_step(Session.objects.get(pk=demo_session.pk), owner)
+    assert Session.objects.get(pk=demo_session.pk).state == "tool_wait"
+    lease_drop(session_id=demo_session.pk, owner=owner)
+
+    assert session_cancel(session=demo_session, actor="tester")
+    session_run(session_id=demo_session.pk)
+
+    session = Session.objects.get(pk=demo_session.pk)
+    assert session.state == "cancelled"
+    assert set(ToolCall.objects.filter(session=session).values_list("status", flat=True)) == {
+        "rejected"
+    }
+    # A failed turn: the `error` event, before its turn.finished.
+    message_post(session=session, content="again")
+    assert lease_acquire(session_id=session.pk, owner=owner, seconds=60)
+    session = Session.objects.get(pk=session.pk)
+    assert session.state == "processing"  # message_post started the new turn
+    turn_fail(session, owner, "the tool may have run twice")
+
+    events = _persisted(session)
+    _assert_all_match([(e.type, e.data) for e in events])
+    kinds = [e.type for e in events]
+    assert "tool.finished" in kinds and "error" in kinds
+    closed = next(e.data for e in events if e.type == "tool.finished")
+    assert closed["status"] == "rejected" and "elapsed_ms" not in closed
+    finished = [e.data for e in events if e.type == "turn.finished"]
+    assert [f["stop_reason"] for f in finished] == ["cancelled", "error"]
