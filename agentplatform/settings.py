@@ -271,5 +271,7 @@ LOGGING = {
         "celery.beat": {"filters": ["quiet_sweeps"]},
         "celery.worker.strategy": {"filters": ["quiet_sweeps"]},
         "celery.app.trace": {"filters": ["quiet_sweeps"]},
+        # A sweep that waited past its expiry while no worker ran is discarded, noisily.
+        "celery.worker.request": {"filters": ["quiet_sweeps"]},
     },
 }

@@ -28,7 +28,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         "api",
         "model",
         "prices",
-        "context_window",
+        "window",
         "base_url_short",
         "updated",
     )
@@ -48,9 +48,13 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     def prices(self, obj: ModelEndpoint) -> str:
         return f"{format_cost(obj.price_input_per_1k)} / {format_cost(obj.price_output_per_1k)}"
 
+    @admin.display(description="window", ordering="context_window")
+    def window(self, obj: ModelEndpoint) -> str:
+        return f"{obj.context_window:,}"
+
     @admin.display(description="base url", ordering="base_url")
     def base_url_short(self, obj: ModelEndpoint) -> str:
-        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 36))
+        return format_html('<span title="{}">{}</span>', obj.base_url, short(obj.base_url, 30))
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: ModelEndpoint) -> str:
@@ -59,12 +63,15 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     @admin.display(description="API key")
     def key_status(self, obj: ModelEndpoint) -> str:
         # The endpoint is misconfigured: its calls are refused until the variable is set.
+        # Compact in the list (the full sentence is the tooltip and on the change page).
         if obj.missing_key_env:
             return format_html(
-                '<strong style="color:#dc2626">misconfigured: {} is not set</strong>',
+                '<strong style="color:#dc2626" title="misconfigured: {} is not set">missing</strong>',
                 obj.missing_key_env,
             )
-        return f"from {obj.api_key_env}" if obj.api_key_env else "none"
+        if obj.api_key_env:
+            return format_html('<span title="from {}">set</span>', obj.api_key_env)
+        return "none"
 
     @admin.action(description="Reset the circuit breaker")
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
