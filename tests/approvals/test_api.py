@@ -118,3 +118,15 @@ def test_an_approver_of_another_group_may_not_decide(pending):
     response = _client(bob).post(f"/api/v1/approvals/{pending.pk}/approve/", {}, format="json")
     assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
     assert _client(bob).get("/api/v1/approvals/").json() == []
+
+
+def test_the_admin_approves_and_remembers(pending, admin_client):
+    response = admin_client.post(
+        "/admin/approvals/approval/",
+        {"action": "approve_and_remember", "_selected_action": [str(pending.pk)]},
+    )
+    assert response.status_code == 302
+    pending.refresh_from_db()
+    assert pending.status == "approved" and pending.remember is True
+    assert pending.decided_by_name == "admin"
+    assert admin_client.get(f"/admin/approvals/approval/{pending.pk}/change/").status_code == 200
