@@ -5,7 +5,7 @@ from django.http import HttpRequest
 
 from tools.models import Tool
 
-from .models import ApiKey, Role
+from .models import ApiKey, Approver, Role
 from .services import api_key_revoke
 
 
@@ -66,3 +66,12 @@ class RoleAdmin(admin.ModelAdmin):
             if not t.roles or obj.name in t.roles
         ]
         return ", ".join(names) or "none"
+
+
+@admin.register(Approver)
+class ApproverAdmin(admin.ModelAdmin):
+    """Users whose keys may decide approvals; `groups` are what tools escalate to."""
+
+    list_display = ("user", "groups", "is_active", "created_at")
+    list_filter = ("is_active",)
+    search_fields = ("user__username",)

@@ -52,3 +52,22 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.owner})"
+
+
+class Approver(models.Model):
+    """A user whose keys may decide approvals, for the groups named here."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approver"
+    )
+    groups = ArrayField(
+        models.CharField(max_length=50),
+        default=list,
+        blank=True,
+        help_text="Approver groups (a tool's approval_escalate_to names one); empty means 'approvers'.",
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"approver {self.user} ({', '.join(self.groups) or 'approvers'})"

@@ -22,3 +22,17 @@ def user_exists(*, username: str) -> bool:
 def api_key_is_active(*, key_id: int) -> bool:
     """Active, and its owner too (what authentication requires)."""
     return ApiKey.objects.filter(pk=key_id, is_active=True, owner__is_active=True).exists()
+
+
+def approver_groups(*, user_id: int) -> list[str] | None:
+    """The approver groups of an active approver; None for a user who is not one."""
+    from .models import Approver
+
+    row = (
+        Approver.objects.filter(user_id=user_id, is_active=True, user__is_active=True)
+        .values_list("groups", flat=True)
+        .first()
+    )
+    if row is None:
+        return None
+    return list(row) or ["approvers"]

@@ -165,3 +165,16 @@ def _close_key_sockets(key_id: int) -> None:
         async_to_sync(layer.group_send)(key_group_name(key_id), {"type": "apikey.revoked"})
     except Exception:  # noqa: BLE001 - the sockets still refuse every frame (the mark, the recheck)
         logger.warning("could not close the websockets of key %s", key_id, exc_info=True)
+
+
+def approver_grant(*, username: str, groups: list[str] | None = None) -> None:
+    """Make a user an approver (created if missing); `groups` adds to the ones already held."""
+    from .models import Approver
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    wanted = [g.strip() for g in (groups or ["approvers"]) if g.strip()]
+    approver, created = Approver.objects.get_or_create(user=user, defaults={"groups": wanted})
+    if not created:
+        approver.groups = list(dict.fromkeys([*approver.groups, *wanted]))
+        approver.is_active = True
+        approver.save(update_fields=["groups", "is_active"])

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "tools",
     "memory",
     "billing",
+    "approvals",
     "demo",
 ]
 
@@ -148,6 +149,13 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # Engine limits and timings.
+# Approvals (approvals/): an optional webhook told of every requested and resolved
+# approval, signed with HMAC-SHA256 when a secret is set; retried with backoff.
+APPROVAL_WEBHOOK_URL = env.str("APPROVAL_WEBHOOK_URL", default="")
+APPROVAL_WEBHOOK_SECRET = env.str("APPROVAL_WEBHOOK_SECRET", default="")
+APPROVAL_WEBHOOK_RETRIES = env.int("APPROVAL_WEBHOOK_RETRIES", default=8)
+APPROVAL_WEBHOOK_TIMEOUT_S = env.float("APPROVAL_WEBHOOK_TIMEOUT_S", default=10.0)
+
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
 # worker's sessions be taken over within ~3 s (lease + one sweeper period).
 SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)

@@ -23,6 +23,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("sessions.api.urls")),
     path("api/v1/tools/", ToolListView.as_view(), name="tool-list"),
+    path("api/v1/approvals/", include("approvals.urls")),
     path("playground/", playground, name="playground"),
 ]
 

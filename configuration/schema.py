@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from approvals.conditions import ConditionError
+from approvals.conditions import validate as validate_condition
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.registry import HANDLERS
@@ -93,6 +95,10 @@ TOOL_ENTRY = {
         "side_effects": {"type": "boolean"},
         "requires_approval": {"type": "boolean"},
         "risk_level": {"type": "integer", "minimum": 0, "maximum": 3},
+        "approval_when": {"type": ["object", "null"]},
+        "approval_timeout_s": {"type": "integer", "minimum": 1},
+        "approval_on_timeout": {"enum": ["reject", "approve", "escalate"]},
+        "approval_escalate_to": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,50}$"},
         "roles": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "credit_cost": {"type": "integer", "minimum": 0},
         "enabled": {"type": "boolean"},
@@ -350,6 +356,15 @@ def config_errors(
                     errors.append(
                         f"{where}.roles[{j}]: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)"
                     )
+        try:
+            validate_condition(entry.get("approval_when"))
+        except ConditionError as exc:
+            inner = f".{exc.path.rstrip('.')}" if exc.path else ""
+            errors.append(f"{where}.approval_when{inner}: {exc.message}")
+        if entry.get("approval_on_timeout") == "escalate" and not entry.get("approval_escalate_to"):
+            errors.append(
+                f"{where}.approval_escalate_to: required when approval_on_timeout is escalate"
+            )
         if check_urls and entry["kind"] == "http":
             for field in ("url", "status_url"):
                 if ("tools", i, field) in urls:

@@ -35,3 +35,8 @@ class Conflict(DomainError):
 class PayloadTooLarge(DomainError):
     code = "payload_too_large"
     status = 413
+
+
+class Forbidden(DomainError):
+    code = "forbidden"
+    status = 403

@@ -18,14 +18,25 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.models import Approval
+from approvals.selectors import approval_get, approval_pending_exists, approvals_due
+from approvals.services import (
+    SYSTEM_ACTOR,
+    approval_arguments_check,
+    approval_resolve,
+    approvals_cancel,
+)
+from approvals.states import Outcome
 from memory.tokens import count_message_tokens
 from runtime.cancellation import cancel_signal
+from tools.execution import tools_for_agent
 
 from .dispatch import run_enqueue, run_enqueue_on_commit
 from .engine import (
     INTERRUPT_REASON,
     RunResult,
     StaleSession,
+    approval_recorded,
     fork_start,
     run_resume,
     session_run,
@@ -33,7 +44,7 @@ from .engine import (
     turn_cancel,
     turn_start,
 )
-from .errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
 from .states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from .sweep_status import sweep_mark_completed
@@ -172,6 +183,9 @@ def _turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
         return True
     if state in TURN_ENDED:
         return False
+    if state == State.AWAITING_APPROVAL:
+        # None of its gated calls may run once the turn is over.
+        approvals_cancel(session_id=locked.pk, actor=actor or SYSTEM_ACTOR, reason=reason)
     turn_cancel(session=locked, reason=reason, actor=actor)
     return True
 
@@ -205,7 +219,7 @@ def sessions_sweep() -> list[str]:
     Claiming a session here pushes its lease expiry one pickup grace ahead, so
     a sweep every half second does not enqueue the same session each time.
     """
-    woken = timers_fire_due()
+    woken = timers_fire_due() + approvals_expire_due()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
@@ -253,6 +267,137 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
         except (StaleSession, IllegalTransition):
             continue  # another sweeper (or a cancel) got there first
     return woken
+
+
+def _approval_apply(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None = None,
+    comment: str = "",
+    edited_arguments: dict[str, Any] | None = None,
+    remember: bool = False,
+    escalate_to: str = "",
+    deadline: Any = None,
+) -> Approval | None:
+    """Resolve one approval and record it on its session, in one short transaction.
+
+    The session row is locked first (decisions on one session's approvals
+    queue behind each other), then the approval moves by a conditional
+    UPDATE: of two racing deciders exactly one gets a row back. When the
+    step has nothing pending any more, the session goes back to `tool_wait`
+    and a worker is woken after commit.
+    """
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
+            pk=approval.session_id
+        )
+        resolved = approval_resolve(
+            approval=approval,
+            outcome=outcome,
+            actor=actor,
+            user=user,
+            comment=comment,
+            edited_arguments=edited_arguments,
+            remember=remember,
+            escalate_to=escalate_to,
+            deadline=deadline,
+        )
+        if resolved is None:
+            return None
+        if State(locked.state) == State.AWAITING_APPROVAL:
+            resume = not approval_pending_exists(session_id=locked.pk)
+            approval_recorded(
+                session=locked, approval=resolved, outcome=outcome, by=actor, resume=resume
+            )
+            if resume:
+                run_enqueue_on_commit(locked.pk)
+    return resolved
+
+
+def approval_decide(
+    *,
+    approval_id: UUID | str,
+    approve: bool,
+    user: User,
+    groups: list[str],
+    comment: str = "",
+    arguments: dict[str, Any] | None = None,
+    remember: bool = False,
+) -> Approval:
+    """An approver's decision: approve (maybe with edited arguments), or reject with a comment.
+
+    403 if the approval is not for one of the approver's groups, 400 if edited
+    arguments fail the tool's schema, 409 `approval_resolved` if it is no longer
+    pending (another approver or the deadline was first).
+    """
+    approval = approval_get(approval_id=approval_id)
+    if approval is None:
+        raise NotFound(f"approval {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    if approval.status != "pending":
+        raise _resolved_conflict(approval)
+    edited = None
+    if approve and arguments is not None:
+        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
+        edited = approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+    resolved = _approval_apply(
+        approval=approval,
+        outcome=Outcome.APPROVED if approve else Outcome.REJECTED,
+        actor=user.get_username(),
+        user=user,
+        comment=comment,
+        edited_arguments=edited,
+        remember=remember and approve,
+    )
+    if resolved is None:
+        fresh = approval_get(approval_id=approval.pk)
+        raise _resolved_conflict(fresh or approval)
+    return resolved
+
+
+def _resolved_conflict(approval: Approval) -> Conflict:
+    return Conflict(
+        f"approval {approval.pk} is already {approval.status}",
+        details={"status": approval.status, "decided_by": approval.decided_by_name},
+        code="approval_resolved",
+    )
+
+
+def approvals_expire_due(*, limit: int = 100) -> list[str]:
+    """Apply each overdue approval's default policy, with the system as the actor.
+
+    `reject` (expired), `approve`, or `escalate` once to the tool's other
+    group with a fresh deadline (a second deadline then expires it). A
+    decision that lands first wins; this then changes nothing.
+    """
+    done: list[str] = []
+    for approval in approvals_due(limit=limit):
+        policy = approval.on_timeout
+        if policy == "approve":
+            outcome, comment = Outcome.APPROVED, "approved by the deadline policy"
+        elif policy == "escalate" and approval.escalate_to and approval.escalations == 0:
+            outcome, comment = Outcome.ESCALATED, f"escalated to {approval.escalate_to}"
+        else:
+            outcome, comment = Outcome.EXPIRED, "no decision before the deadline"
+        resolved = _approval_apply(
+            approval=approval,
+            outcome=outcome,
+            actor=SYSTEM_ACTOR,
+            comment=comment,
+            escalate_to=approval.escalate_to,
+            deadline=timezone.now() + timedelta(seconds=approval.timeout_s)
+            if outcome == Outcome.ESCALATED
+            else None,
+        )
+        if resolved is not None:
+            done.append(str(approval.pk))
+    return done
 
 
 def session_resume(*, session: Session, actor: str = "") -> Session:

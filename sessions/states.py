@@ -69,7 +69,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.TOOL_LOOP, T.CANCEL): S.CANCELLED,
     # Waiting on people and clocks; no worker is held meanwhile.
     (S.AWAITING_APPROVAL, T.APPROVED): S.TOOL_WAIT,
-    (S.AWAITING_APPROVAL, T.REJECTED): S.TOOL_LOOP,
+    # Either way the tool phase writes every result in the model's order.
+    (S.AWAITING_APPROVAL, T.REJECTED): S.TOOL_WAIT,
     (S.AWAITING_APPROVAL, T.CANCEL): S.CANCELLED,
     (S.WAITING_TIMER, T.TIMER_FIRED): S.TOOL_LOOP,
     (S.WAITING_TIMER, T.CANCEL): S.CANCELLED,

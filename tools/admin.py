@@ -49,6 +49,10 @@ class ToolAdminForm(forms.ModelForm):
             "side_effects",
             "requires_approval",
             "risk_level",
+            "approval_when",
+            "approval_timeout_s",
+            "approval_on_timeout",
+            "approval_escalate_to",
             "roles",
             "credit_cost",
         )
@@ -168,6 +172,19 @@ class ToolAdmin(admin.ModelAdmin):
         (
             "Safety and cost",
             {"fields": ("side_effects", "requires_approval", "risk_level", "roles", "credit_cost")},
+        ),
+        (
+            "Approval",
+            {
+                "fields": (
+                    "approval_when",
+                    "approval_timeout_s",
+                    "approval_on_timeout",
+                    "approval_escalate_to",
+                ),
+                "description": "When a person must approve a call (requires_approval and risk level 3 "
+                "always do), how long they have, and what the deadline does.",
+            },
         ),
         (None, {"fields": ("updated_at",)}),
     )

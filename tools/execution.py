@@ -67,6 +67,10 @@ class ToolSnapshot:
     requires_approval: bool = False
     risk_level: int = 0
     result_description: str = ""
+    approval_when: dict[str, Any] | None = None
+    approval_timeout_s: int = 1800
+    approval_on_timeout: str = "reject"
+    approval_escalate_to: str = ""
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -92,6 +96,10 @@ class ToolSnapshot:
             requires_approval=tool.requires_approval,
             risk_level=tool.risk_level,
             result_description=tool.result_description,
+            approval_when=tool.approval_when or None,
+            approval_timeout_s=tool.approval_timeout_s,
+            approval_on_timeout=tool.approval_on_timeout,
+            approval_escalate_to=tool.approval_escalate_to,
         )
 
     @property

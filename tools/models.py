@@ -44,7 +44,26 @@ class Tool(models.Model):
     timeout_s = models.FloatField(default=10.0)
     side_effects = models.BooleanField(default=False)
     requires_approval = models.BooleanField(default=False)
-    risk_level = models.PositiveSmallIntegerField(default=0)
+    risk_level = models.PositiveSmallIntegerField(
+        default=0, help_text="0 (harmless) to 3: 3 always asks a person."
+    )
+    approval_when = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='Ask a person when this holds for the arguments, e.g. {"field": "amount", "op": "gt", "value": 50}.',
+    )
+    approval_timeout_s = models.PositiveIntegerField(
+        default=1800, help_text="How long an approval of this tool waits for a person."
+    )
+    approval_on_timeout = models.CharField(
+        max_length=10,
+        choices=[("reject", "reject"), ("approve", "approve"), ("escalate", "escalate")],
+        default="reject",
+        help_text="What the deadline does: reject, approve, or escalate to approval_escalate_to.",
+    )
+    approval_escalate_to = models.CharField(
+        max_length=50, blank=True, help_text="The approver group an escalation goes to."
+    )
     roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
     credit_cost = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
@@ -73,6 +92,19 @@ class Tool(models.Model):
             raise ValidationError({"url": "required for HTTP tools"})
         if self.kind == ToolKind.PYTHON and not self.handler:
             raise ValidationError({"handler": "required for Python tools"})
+        from approvals.conditions import ConditionError
+        from approvals.conditions import validate as validate_condition
+
+        try:
+            validate_condition(self.approval_when)
+        except ConditionError as exc:
+            raise ValidationError({"approval_when": str(exc)}) from None
+        if self.risk_level > 3:
+            raise ValidationError({"risk_level": "goes from 0 (harmless) to 3 (highest)"})
+        if self.approval_on_timeout == "escalate" and not self.approval_escalate_to:
+            raise ValidationError(
+                {"approval_escalate_to": "required when approval_on_timeout is escalate"}
+            )
         from .env_access import header_env_rule, refused_header_envs
 
         refused = refused_header_envs(self.headers)

@@ -6,6 +6,7 @@ edges' callers) use it. Inside: `runner` (the run loop and lease), the phases
 change, and `commit` that writes a step atomically.
 """
 
+from .approval_gate import approval_recorded
 from .commit import StaleSession
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
@@ -13,6 +14,7 @@ from .runner import RunResult, session_run
 __all__ = [
     "INTERRUPT_REASON",
     "RunResult",
+    "approval_recorded",
     "StaleSession",
     "fork_start",
     "run_resume",

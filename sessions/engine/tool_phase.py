@@ -28,6 +28,7 @@ from tools.rendering import render_success
 
 from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
+from .approval_gate import approval_gate
 from .commit import StaleSession
 from .environment import environment
 from .guards import canonical_json
@@ -122,7 +123,11 @@ def tool_step(session: Session, owner: str) -> None:
         )
     )
     tools = runtime.tools_for(session.role)
-    outcomes = _cached_outcomes(session, calls, tools)
+    gate = approval_gate(session, owner, calls, tools)
+    if gate.paused:
+        return
+    outcomes = _cached_outcomes(session, [c for c in calls if c.pk not in gate.outcomes], tools)
+    outcomes.update(gate.outcomes)
 
     uncertain = [
         c

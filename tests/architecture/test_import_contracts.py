@@ -62,6 +62,10 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("runtime/faults.py", "import sessions.errors"),
         Plant("accounts/models.py", "from sessions.models import Session"),
     ],
+    "The approvals port knows no engine, services or edges of sessions": [
+        Plant("approvals/services.py", "import sessions.services"),
+        Plant("approvals/policy.py", "from sessions.engine import session_run"),
+    ],
     "runtime imports no app": [
         Plant("runtime/faults.py", "import tools.registry"),
         Plant("runtime/breaker.py", "from accounts import models"),

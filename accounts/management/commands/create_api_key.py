@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandParser
 
-from accounts.services import api_key_create, unknown_roles
+from accounts.services import api_key_create, approver_grant, unknown_roles
 
 
 class Command(BaseCommand):
@@ -12,6 +12,16 @@ class Command(BaseCommand):
             "--roles", default="", help="Comma-separated roles, e.g. support,analyst"
         )
         parser.add_argument("--name", default="")
+        parser.add_argument(
+            "--approver",
+            action="store_true",
+            help="Make the user an approver: their keys may decide approvals.",
+        )
+        parser.add_argument(
+            "--approver-groups",
+            default="approvers",
+            help="Comma-separated approver groups (with --approver), default 'approvers'.",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         roles = [r.strip() for r in str(options["roles"]).split(",") if r.strip()]
@@ -19,10 +29,14 @@ class Command(BaseCommand):
         issued = api_key_create(
             username=str(options["user"]), roles=roles, name=str(options["name"])
         )
+        if options["approver"]:
+            groups = [g.strip() for g in str(options["approver_groups"]).split(",") if g.strip()]
+            approver_grant(username=str(options["user"]), groups=groups)
         self.stdout.write(issued.raw)
         if new_roles:
             # Said out loud, so a typo ("suport") is noticed rather than silently granting nothing.
             self.stderr.write(f"note: created new role(s): {', '.join(new_roles)}")
         self.stderr.write(
-            f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]; it is shown only now"
+            f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]"
+            f"{' (approver)' if options['approver'] else ''}; it is shown only now"
         )

@@ -1,0 +1,120 @@
+"""REST edge of approvals: approvers list pending approvals and decide them."""
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.selectors import approver_groups
+from sessions import services
+from sessions.errors import InvalidInput
+
+from .models import Approval
+from .selectors import approvals_list
+from .states import ApprovalStatus
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    session = serializers.UUIDField(source="session_id", read_only=True)
+    tool = serializers.CharField(source="tool_name", read_only=True)
+    decided_by = serializers.CharField(source="decided_by_name", read_only=True)
+
+    class Meta:
+        model = Approval
+        fields = [
+            "id",
+            "session",
+            "kind",
+            "tool",
+            "arguments",
+            "edited_arguments",
+            "risk_level",
+            "reason",
+            "status",
+            "group",
+            "requested_at",
+            "deadline",
+            "decided_by",
+            "decided_at",
+            "comment",
+        ]
+        read_only_fields = fields
+
+
+class ApproveSerializer(serializers.Serializer):
+    arguments = serializers.DictField(required=False, help_text="Edited arguments (what runs).")
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
+
+
+class RejectSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=4000, help_text="The model receives it.")
+
+
+def _groups(request: Request) -> list[str]:
+    groups = approver_groups(user_id=request.user.pk)
+    if groups is None:
+        raise PermissionDenied("this API key belongs to a user who is not an approver")
+    return groups
+
+
+class ApprovalListView(APIView):
+    @extend_schema(
+        responses=ApprovalSerializer(many=True),
+        parameters=[
+            OpenApiParameter("status", str, enum=[s.value for s in ApprovalStatus]),
+            OpenApiParameter("limit", int),
+        ],
+    )
+    def get(self, request: Request) -> Response:
+        groups = _groups(request)
+        status = request.query_params.get("status") or None
+        if status is not None and status not in {s.value for s in ApprovalStatus}:
+            raise InvalidInput(
+                f"status must be one of {', '.join(s.value for s in ApprovalStatus)}",
+                details={"field": "status"},
+            )
+        raw_limit = request.query_params.get("limit") or "100"
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+            raise InvalidInput(
+                "limit must be an integer from 1 to 1000", details={"field": "limit"}
+            )
+        rows = approvals_list(status=status, groups=groups)[: int(raw_limit)]
+        return Response(ApprovalSerializer(rows, many=True).data)
+
+
+class ApprovalApproveView(APIView):
+    @extend_schema(request=ApproveSerializer, responses=ApprovalSerializer)
+    def post(self, request: Request, approval_id: str) -> Response:
+        groups = _groups(request)
+        payload = ApproveSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data: dict[str, Any] = payload.validated_data
+        approval = services.approval_decide(
+            approval_id=approval_id,
+            approve=True,
+            user=request.user,
+            groups=groups,
+            comment=data.get("comment") or "",
+            arguments=data.get("arguments"),
+        )
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalRejectView(APIView):
+    @extend_schema(request=RejectSerializer, responses=ApprovalSerializer)
+    def post(self, request: Request, approval_id: str) -> Response:
+        groups = _groups(request)
+        payload = RejectSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        approval = services.approval_decide(
+            approval_id=approval_id,
+            approve=False,
+            user=request.user,
+            groups=groups,
+            comment=payload.validated_data["comment"],
+        )
+        return Response(ApprovalSerializer(approval).data)

@@ -1,0 +1,114 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .states import ApprovalStatus, Outcome
+
+DEFAULT_GROUP = "approvers"
+
+
+class ApprovalKind(models.TextChoices):
+    TOOL_CALL = "tool_call", "tool call"
+    RECOVERY_REVIEW = "recovery_review", "recovery review"
+
+
+class OnTimeout(models.TextChoices):
+    REJECT = "reject"
+    APPROVE = "approve"
+    ESCALATE = "escalate"
+
+
+class Approval(models.Model):
+    """One decision a person owes: today a gated tool call (one approval per call)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(
+        "agent_sessions.Session", on_delete=models.CASCADE, related_name="approvals"
+    )
+    tool_call = models.OneToOneField(
+        "agent_sessions.ToolCall",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="approval",
+    )
+    kind = models.CharField(
+        max_length=20, choices=ApprovalKind.choices, default=ApprovalKind.TOOL_CALL
+    )
+    turn = models.PositiveIntegerField(default=0)
+    step = models.PositiveIntegerField(default=0, help_text="The session step that made the call.")
+    tool_name = models.CharField(max_length=100, blank=True)
+    arguments = models.JSONField(default=dict, blank=True, help_text="As the model sent them.")
+    edited_arguments = models.JSONField(
+        null=True, blank=True, help_text="As the approver changed them (what runs)."
+    )
+    risk_level = models.PositiveSmallIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, help_text="Why a person must decide.")
+    status = models.CharField(
+        max_length=10,
+        choices=[(s.value, s.value) for s in ApprovalStatus],
+        default=ApprovalStatus.PENDING.value,
+    )
+    group = models.CharField(max_length=50, default=DEFAULT_GROUP)
+    on_timeout = models.CharField(
+        max_length=10, choices=OnTimeout.choices, default=OnTimeout.REJECT
+    )
+    escalate_to = models.CharField(max_length=50, blank=True)
+    escalations = models.PositiveSmallIntegerField(default=0)
+    timeout_s = models.PositiveIntegerField(default=1800, help_text="Each deadline's length.")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    deadline = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="approvals_decided",
+    )
+    decided_by_name = models.CharField(
+        max_length=150, blank=True, help_text="Who decided; 'system' for a deadline policy."
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True)
+    remember = models.BooleanField(
+        default=False, help_text="Approved for the rest of the session: same tool, same arguments."
+    )
+    version = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["requested_at"]
+        indexes = [
+            models.Index(
+                fields=["deadline"], name="approval_pending_deadline", condition=Q(status="pending")
+            ),
+            models.Index(fields=["session", "turn", "step"], name="approval_session_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name or self.kind} ({self.status})"
+
+
+class ApprovalTransition(models.Model):
+    """Every move of an approval: who (or the system), when, what they said and changed."""
+
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="transitions")
+    from_status = models.CharField(max_length=10)
+    to_status = models.CharField(max_length=10)
+    outcome = models.CharField(max_length=10, choices=[(o.value, o.value) for o in Outcome])
+    actor = models.CharField(max_length=150)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    comment = models.TextField(blank=True)
+    arguments = models.JSONField(null=True, blank=True, help_text="Edited arguments, if any.")
+    group = models.CharField(max_length=50, blank=True)
+    version = models.PositiveIntegerField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_status} -> {self.to_status} ({self.outcome} by {self.actor})"

@@ -1,0 +1,31 @@
+"""Whether a call waits for a person: pure functions of the tool and the arguments."""
+
+from typing import Any
+
+from tools.execution import ToolSnapshot, validator_for
+from tools.validation import check_arguments
+
+from .conditions import ConditionError, evaluate
+
+HIGHEST_RISK = 3
+
+
+def approval_reason(tool: ToolSnapshot, arguments: Any) -> str | None:
+    """Why this call needs approval, or None when it may run."""
+    if tool.requires_approval:
+        return f"{tool.name} always requires approval"
+    if tool.risk_level >= HIGHEST_RISK:
+        return f"{tool.name} has risk level {tool.risk_level}"
+    if tool.approval_when:
+        # Judged on what would run: the schema's safe coercions ("80" -> 80) first.
+        checked = check_arguments(validator_for(tool), arguments)
+        try:
+            holds = evaluate(
+                tool.approval_when, checked.arguments if not checked.errors else arguments
+            )
+        except (ConditionError, KeyError, TypeError):
+            # A condition that cannot be read (edited into the row by hand) errs on the safe side.
+            return f"{tool.name}: its approval condition could not be evaluated"
+        if holds:
+            return f"{tool.name}: the approval condition holds for these arguments"
+    return None

@@ -1,0 +1,63 @@
+"""Named reads of approvals."""
+
+from typing import Any
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .models import Approval
+from .states import ApprovalStatus
+
+
+def approval_get(*, approval_id: UUID | str) -> Approval | None:
+    try:
+        return Approval.objects.filter(pk=approval_id).first()
+    except (ValueError, ValidationError):
+        return None
+
+
+def approvals_list(
+    *, status: str | None = None, groups: list[str] | None = None
+) -> QuerySet[Approval]:
+    rows = Approval.objects.all().order_by("requested_at")
+    if status:
+        rows = rows.filter(status=status)
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return rows
+
+
+def approvals_for_calls(*, call_ids: list[int]) -> dict[int, Approval]:
+    """The approval of each of these tool calls that has one."""
+    if not call_ids:
+        return {}
+    return {
+        a.tool_call_id: a
+        for a in Approval.objects.filter(tool_call_id__in=call_ids)
+        if a.tool_call_id
+    }
+
+
+def approval_pending_exists(*, session_id: UUID | str) -> bool:
+    return Approval.objects.filter(session_id=session_id, status=ApprovalStatus.PENDING).exists()
+
+
+def approval_remembered(*, session_id: UUID | str, tool_name: str, arguments: Any) -> bool:
+    """An approver said "approve and remember" for this tool with these arguments in this session."""
+    return Approval.objects.filter(
+        session_id=session_id,
+        tool_name=tool_name,
+        status=ApprovalStatus.APPROVED,
+        remember=True,
+        arguments=arguments,
+    ).exists()
+
+
+def approvals_due(*, limit: int = 100) -> list[Approval]:
+    return list(
+        Approval.objects.filter(
+            status=ApprovalStatus.PENDING, deadline__lte=timezone.now()
+        ).order_by("deadline")[:limit]
+    )

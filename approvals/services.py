@@ -1,0 +1,154 @@
+"""Writes of approvals: request them, resolve them exactly once, cancel them.
+
+The session side of each move (its state, the events on its stream) is the
+engine's; these functions run inside the caller's transaction, and announce
+to approvers (websocket, webhook) only after it commits.
+"""
+
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from sessions.errors import InvalidInput
+from tools.execution import ToolSnapshot, validator_for
+from tools.validation import check_arguments
+
+from .models import Approval, ApprovalKind, ApprovalTransition
+from .notify import announce_on_commit
+from .states import ApprovalStatus, Outcome, approval_next
+
+SYSTEM_ACTOR = "system"
+
+
+def approval_request(
+    *,
+    session_id: UUID | str,
+    turn: int,
+    step: int,
+    tool_call_id: int,
+    call_position: int,
+    tool: ToolSnapshot,
+    arguments: Any,
+    reason: str,
+    now: datetime | None = None,
+) -> Approval:
+    """An approval for one gated call, not yet saved (`approvals_insert` saves the step's)."""
+    now = now or timezone.now()
+    return Approval(
+        session_id=session_id,
+        tool_call_id=tool_call_id,
+        kind=ApprovalKind.TOOL_CALL,
+        turn=turn,
+        step=step,
+        tool_name=tool.name,
+        arguments=arguments if isinstance(arguments, dict) else {},
+        risk_level=tool.risk_level,
+        reason=reason,
+        on_timeout=tool.approval_on_timeout,
+        escalate_to=tool.approval_escalate_to,
+        timeout_s=tool.approval_timeout_s,
+        requested_at=now + timedelta(microseconds=call_position),  # keeps the model's order
+        deadline=now + timedelta(seconds=tool.approval_timeout_s),
+    )
+
+
+def approvals_insert(*, approvals: list[Approval]) -> None:
+    """Save a step's approvals (in the step's transaction) and tell approvers after commit."""
+    if not approvals:
+        return
+    Approval.objects.bulk_create(approvals)
+    announce_on_commit([("approval.requested", a) for a in approvals])
+
+
+def approval_arguments_check(
+    *, approval: Approval, tool: ToolSnapshot | None, arguments: Any
+) -> dict[str, Any]:
+    """Edited arguments, validated against the tool's schema again (InvalidInput: 400)."""
+    if tool is None:
+        raise InvalidInput(
+            f"tool {approval.tool_name} no longer exists; approve without edits or reject",
+            details={"field": "arguments"},
+        )
+    checked = check_arguments(validator_for(tool), arguments)
+    if checked.errors:
+        raise InvalidInput(
+            f"the edited arguments do not match the schema of {tool.name}: {'; '.join(checked.errors)}",
+            details={"field": "arguments", "errors": checked.errors},
+            code="invalid_arguments",
+        )
+    return dict(checked.arguments)
+
+
+def approval_resolve(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None = None,
+    comment: str = "",
+    edited_arguments: dict[str, Any] | None = None,
+    remember: bool = False,
+    escalate_to: str = "",
+    deadline: datetime | None = None,
+) -> Approval | None:
+    """Move a pending approval, or return None if someone (or the deadline) got there first.
+
+    One conditional UPDATE on (id, status pending, version): of two racing
+    deciders exactly one changes the row; the other learns it was too late.
+    """
+    to_status = approval_next(ApprovalStatus.PENDING, outcome)
+    now = timezone.now()
+    fields: dict[str, Any] = {"status": to_status.value, "version": F("version") + 1}
+    if outcome == Outcome.ESCALATED:
+        fields.update(group=escalate_to, deadline=deadline, escalations=F("escalations") + 1)
+    else:
+        fields.update(decided_by=user, decided_by_name=actor[:150], decided_at=now, comment=comment)
+        if edited_arguments is not None:
+            fields["edited_arguments"] = edited_arguments
+        if remember:
+            fields["remember"] = True
+    changed = Approval.objects.filter(
+        pk=approval.pk, status=ApprovalStatus.PENDING, version=approval.version
+    ).update(**fields)
+    if changed != 1:
+        return None
+    fresh = Approval.objects.get(pk=approval.pk)
+    ApprovalTransition.objects.create(
+        approval=fresh,
+        from_status=ApprovalStatus.PENDING.value,
+        to_status=to_status.value,
+        outcome=outcome.value,
+        actor=actor[:150],
+        user=user,
+        comment=comment,
+        arguments=edited_arguments,
+        group=fresh.group,
+        version=fresh.version,
+    )
+    announce_on_commit([("approval.resolved", fresh)], outcome=outcome.value, by=actor)
+    if outcome == Outcome.ESCALATED:
+        announce_on_commit([("approval.requested", fresh)])
+    return fresh
+
+
+def approvals_cancel(*, session_id: UUID | str, actor: str, reason: str) -> list[Approval]:
+    """Close a session's pending approvals (its turn was cancelled): none of them runs."""
+    closed: list[Approval] = []
+    with transaction.atomic(savepoint=False):
+        for approval in Approval.objects.filter(
+            session_id=session_id, status=ApprovalStatus.PENDING
+        ):
+            done = approval_resolve(
+                approval=approval,
+                outcome=Outcome.CANCELLED,
+                actor=actor or SYSTEM_ACTOR,
+                comment=reason,
+            )
+            if done is not None:
+                closed.append(done)
+    return closed

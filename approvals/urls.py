@@ -1,0 +1,9 @@
+from django.urls import path
+
+from .api import ApprovalApproveView, ApprovalListView, ApprovalRejectView
+
+urlpatterns = [
+    path("", ApprovalListView.as_view(), name="approval-list"),
+    path("<uuid:approval_id>/approve/", ApprovalApproveView.as_view(), name="approval-approve"),
+    path("<uuid:approval_id>/reject/", ApprovalRejectView.as_view(), name="approval-reject"),
+]

@@ -1,0 +1,132 @@
+"""The approvals REST API: who may use it, and its 400/403/404/409 answers."""
+
+import uuid
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.services import api_key_create, approver_grant
+from approvals.models import Approval
+from sessions.engine import session_run
+from sessions.models import Session
+from sessions.services import message_post
+from tests.approvals.conftest import EFFECTS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _client(key: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+@pytest.fixture
+def pending(make_session) -> Approval:  # type: ignore[no-untyped-def]
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session_run(session_id=session.pk)
+    return Approval.objects.get(session=session)
+
+
+def test_an_approver_lists_pending_approvals_in_the_contract_shape(approver, pending):
+    _, key = approver
+    response = _client(key).get("/api/v1/approvals/", {"status": "pending"})
+    assert response.status_code == 200
+    [row] = response.json()
+    assert {
+        "id",
+        "session",
+        "tool",
+        "arguments",
+        "risk_level",
+        "reason",
+        "status",
+        "requested_at",
+        "deadline",
+    } <= set(row)
+    assert row["id"] == str(pending.pk) and row["session"] == str(pending.session_id)
+    assert row["tool"] == "refund" and row["status"] == "pending"
+    assert _client(key).get("/api/v1/approvals/", {"status": "approved"}).json() == []
+    bad = _client(key).get("/api/v1/approvals/", {"status": "nope"})
+    assert bad.status_code == 400 and bad.json()["error"]["details"] == {"field": "status"}
+
+
+@pytest.mark.parametrize("path", ["", "{id}/approve/", "{id}/reject/"])
+def test_a_customer_key_and_a_key_without_approver_rights_are_refused(pending, path):
+    customer = api_key_create(username="customer", roles=["support"]).raw
+    staff = api_key_create(username="operator", roles=["support", "admin"]).raw
+    url = "/api/v1/approvals/" + path.format(id=pending.pk)
+    for key in (customer, staff):
+        client = _client(key)
+        response = (
+            client.get(url) if not path else client.post(url, {"comment": "x"}, format="json")
+        )
+        assert response.status_code == 403, response.content
+        assert response.json()["error"]["code"] == "permission_denied"
+    assert APIClient().get(url).status_code == 401
+    pending.refresh_from_db()
+    assert pending.status == "pending"
+
+
+def test_approve_then_a_second_decision_is_409_approval_resolved(approver, pending):
+    _, key = approver
+    client = _client(key)
+    first = client.post(
+        f"/api/v1/approvals/{pending.pk}/approve/", {"comment": "ok"}, format="json"
+    )
+    assert first.status_code == 200, first.content
+    assert first.json()["status"] == "approved" and first.json()["decided_by"] == "alice"
+    again = client.post(f"/api/v1/approvals/{pending.pk}/reject/", {"comment": "no"}, format="json")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "approval_resolved"
+    assert Session.objects.get(pk=pending.session_id).state == "tool_wait"
+
+
+def test_edited_arguments_that_fail_the_schema_are_400_and_change_nothing(approver, pending):
+    _, key = approver
+    response = _client(key).post(
+        f"/api/v1/approvals/{pending.pk}/approve/",
+        {"arguments": {"order": "A1", "amount": 5000}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_arguments"
+    pending.refresh_from_db()
+    assert pending.status == "pending" and pending.edited_arguments is None
+
+
+def test_reject_needs_a_comment_and_unknown_ids_are_404(approver, pending):
+    _, key = approver
+    client = _client(key)
+    assert (
+        client.post(f"/api/v1/approvals/{pending.pk}/reject/", {}, format="json").status_code == 400
+    )
+    missing = client.post(f"/api/v1/approvals/{uuid.uuid4()}/approve/", {}, format="json")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    rejected = client.post(
+        f"/api/v1/approvals/{pending.pk}/reject/", {"comment": "too much"}, format="json"
+    )
+    assert rejected.status_code == 200 and rejected.json()["comment"] == "too much"
+    session_run(session_id=pending.session_id)
+    assert EFFECTS == []
+
+
+def test_an_approver_of_another_group_may_not_decide(pending):
+    bob = api_key_create(username="bob", roles=[]).raw
+    approver_grant(username="bob", groups=["managers"])
+    response = _client(bob).post(f"/api/v1/approvals/{pending.pk}/approve/", {}, format="json")
+    assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    assert _client(bob).get("/api/v1/approvals/").json() == []
+
+
+def test_the_admin_approves_and_remembers(pending, admin_client):
+    response = admin_client.post(
+        "/admin/approvals/approval/",
+        {"action": "approve_and_remember", "_selected_action": [str(pending.pk)]},
+    )
+    assert response.status_code == 302
+    pending.refresh_from_db()
+    assert pending.status == "approved" and pending.remember is True
+    assert pending.decided_by_name == "admin"
+    assert admin_client.get(f"/admin/approvals/approval/{pending.pk}/change/").status_code == 200

@@ -1,0 +1,263 @@
+"""The engine with approvals, in process: gated calls wait, decisions resume the same step."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Approval, ApprovalTransition
+from sessions.engine import session_run
+from sessions.models import Event, Message, Session, ToolCall, Transition
+from sessions.services import (
+    approval_decide,
+    approvals_expire_due,
+    message_post,
+    session_cancel,
+)
+from tests.approvals.conftest import EFFECTS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _run(session: Session) -> Session:
+    result = session_run(session_id=session.pk)
+    assert result.stopped == "idle", result
+    return Session.objects.get(pk=session.pk)
+
+
+def _answer(session: Session) -> str:
+    return Message.objects.filter(session=session, role="assistant").latest("seq").content
+
+
+def test_a_gated_call_waits_without_a_worker_and_runs_once_approved(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+
+    assert session.state == "awaiting_approval" and session.lease_owner is None
+    assert EFFECTS == []
+    approval = Approval.objects.get(session=session)
+    assert approval.status == "pending" and approval.tool_name == "refund"
+    assert approval.arguments == {"order": "A1", "amount": "80"}  # as the model sent them
+    assert "condition holds" in approval.reason
+    assert approval.deadline > timezone.now() + timedelta(seconds=590)
+    requested = Event.objects.get(session=session, type="approval.requested").data
+    assert requested["approval_id"] == str(approval.pk) and requested["tool"] == "refund"
+    # A stray run (a redelivered task) finds nothing to do.
+    assert session_run(session_id=session.pk).stopped == "not_acquired"
+    assert EFFECTS == []
+
+    approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+    session = Session.objects.get(pk=session.pk)
+    assert session.state == "tool_wait"
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert _answer(session) == "Refunded 80 on A1"
+    assert [e["amount"] for e in EFFECTS] == [80]
+    resolved = Event.objects.get(session=session, type="approval.resolved").data
+    assert resolved == {
+        "approval_id": str(approval.pk), "outcome": "approved", "by": "alice", "comment": ""
+    }  # fmt: skip
+    triggers = list(
+        Transition.objects.filter(session=session).order_by("id").values_list("trigger", flat=True)
+    )
+    assert triggers == [
+        "user_message",
+        "tool_calls",
+        "approval_needed",
+        "approved",
+        "tool_results",
+        "model_call",
+        "answer",
+    ]
+    approval.refresh_from_db()
+    assert approval.decided_by == user and approval.decided_at is not None
+
+
+def test_a_call_below_the_condition_runs_without_approval(make_session):
+    session = make_session()
+    message_post(session=session, content="refund A1 20")
+    session = _run(session)
+    assert session.state == "finished" and _answer(session) == "Refunded 20 on A1"
+    assert not Approval.objects.exists()
+
+
+def test_approve_with_edited_arguments_runs_exactly_once_with_the_edit(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval = Approval.objects.get(session=session)
+
+    decided = approval_decide(
+        approval_id=approval.pk, approve=True, user=user, groups=["approvers"],
+        arguments={"order": "A1", "amount": "40"}, comment="half is enough",
+    )  # fmt: skip
+    assert decided.arguments == {"order": "A1", "amount": "80"}
+    assert decided.edited_arguments == {"order": "A1", "amount": 40}  # coerced by the schema
+    session = _run(session)
+    assert session_run(session_id=session.pk).stopped == "not_acquired"  # nothing left to do
+
+    assert [(e["order"], e["amount"]) for e in EFFECTS] == [("A1", 40)]
+    assert _answer(session) == "Refunded 40 on A1"
+    transition = ApprovalTransition.objects.get(approval=approval)
+    assert transition.arguments == {"order": "A1", "amount": 40} and transition.actor == "alice"
+
+
+def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval = Approval.objects.get(session=session)
+
+    approval_decide(
+        approval_id=approval.pk, approve=False, user=user, groups=["approvers"],
+        comment="order already refunded",
+    )  # fmt: skip
+    session = _run(session)
+
+    assert EFFECTS == []
+    assert session.state == "finished"
+    answer = _answer(session)
+    assert answer.startswith("Not refunded: alice rejected this call")
+    assert "order already refunded" in answer
+    call = ToolCall.objects.get(session=session)
+    assert call.status == "rejected"
+
+
+def test_ungated_calls_of_the_response_wait_and_results_keep_the_models_order(
+    make_session, approver
+):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund B2 99 and look up")
+    session = _run(session)
+    assert session.state == "awaiting_approval"
+    assert not Message.objects.filter(session=session, role="tool").exists()
+
+    approval = Approval.objects.get(session=session)
+    approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+    session = _run(session)
+
+    tool_messages = list(Message.objects.filter(session=session, role="tool").order_by("seq"))
+    assert [m.name for m in tool_messages] == ["lookup", "refund", "lookup"]
+    assert [m.tool_call_id for m in tool_messages] == list(
+        ToolCall.objects.filter(session=session)
+        .order_by("position")
+        .values_list("call_id", flat=True)
+    )
+    assert len(EFFECTS) == 1
+
+
+def test_approve_and_remember_is_not_asked_again_for_the_same_arguments(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval = Approval.objects.get(session=session)
+    approval_decide(
+        approval_id=approval.pk, approve=True, user=user, groups=["approvers"], remember=True
+    )
+    session = _run(session)
+
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    assert session.state == "finished" and len(EFFECTS) == 2
+    message_post(session=session, content="refund A1 81")  # other arguments: asked again
+    session = _run(session)
+    assert session.state == "awaiting_approval"
+    assert Approval.objects.filter(session=session).count() == 2
+
+
+def test_the_deadline_rejects_by_default_and_the_model_is_told(make_session):
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval = Approval.objects.get(session=session)
+    assert approvals_expire_due() == []
+    Approval.objects.filter(pk=approval.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+
+    assert approvals_expire_due() == [str(approval.pk)]
+    assert approvals_expire_due() == []
+    session = _run(session)
+
+    assert EFFECTS == []
+    approval.refresh_from_db()
+    assert approval.status == "expired" and approval.decided_by_name == "system"
+    assert "before its deadline" in _answer(session)
+    resolved = Event.objects.get(session=session, type="approval.resolved").data
+    assert resolved["outcome"] == "expired" and resolved["by"] == "system"
+
+
+def test_the_deadline_can_approve(make_session, refund_tool):
+    refund_tool.approval_on_timeout = "approve"
+    refund_tool.save()
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    Approval.objects.filter(session=session).update(deadline=timezone.now() - timedelta(seconds=1))
+    approvals_expire_due()
+    session = _run(session)
+    assert [e["amount"] for e in EFFECTS] == [80]
+    assert _answer(session) == "Refunded 80 on A1"
+
+
+def test_the_deadline_escalates_once_then_expires(make_session, refund_tool, approver):
+    user, _ = approver
+    refund_tool.approval_on_timeout = "escalate"
+    refund_tool.approval_escalate_to = "managers"
+    refund_tool.save()
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval = Approval.objects.get(session=session)
+    Approval.objects.filter(pk=approval.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+
+    approvals_expire_due()
+    approval.refresh_from_db()
+    assert approval.status == "pending" and approval.group == "managers"
+    assert approval.deadline > timezone.now() + timedelta(seconds=590)
+    assert Session.objects.get(pk=session.pk).state == "awaiting_approval"
+    types = list(
+        Event.objects.filter(session=session, type__startswith="approval.")
+        .order_by("seq")
+        .values_list("type", "data__outcome")
+    )
+    assert types == [
+        ("approval.requested", None),
+        ("approval.resolved", "escalated"),
+        ("approval.requested", None),
+    ]
+    # The default group may no longer decide it.
+    from sessions.errors import Forbidden
+
+    with pytest.raises(Forbidden):
+        approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+
+    Approval.objects.filter(pk=approval.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    approvals_expire_due()
+    approval.refresh_from_db()
+    assert approval.status == "expired"
+    assert _run(session).state == "finished" and EFFECTS == []
+
+
+def test_cancel_closes_pending_approvals(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    assert session_cancel(session=session, actor="bob") is True
+
+    session = Session.objects.get(pk=session.pk)
+    assert session.state == "cancelled"
+    approval = Approval.objects.get(session=session)
+    assert approval.status == "cancelled"
+    from sessions.errors import Conflict
+
+    with pytest.raises(Conflict) as refused:
+        approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+    assert refused.value.code == "approval_resolved"
+    assert EFFECTS == []
