@@ -50,7 +50,8 @@ class ApprovalAdmin(admin.ModelAdmin):
     def _decide(
         self, request: HttpRequest, queryset: QuerySet[Approval], *, approve: bool, remember: bool
     ) -> None:
-        groups = approver_groups(user_id=request.user.pk) or []
+        user_id = request.user.pk
+        groups = (approver_groups(user_id=user_id) or []) if user_id is not None else []
         done = 0
         for approval in queryset:
             allowed = [approval.group] if request.user.is_superuser else groups
