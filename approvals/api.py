@@ -3,7 +3,7 @@
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
+from rest_framework import permissions, serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -54,6 +54,18 @@ class RejectSerializer(serializers.Serializer):
     comment = serializers.CharField(max_length=4000, help_text="The model receives it.")
 
 
+class IsApprover(permissions.BasePermission):
+    """Only keys of users made approvers (create_api_key --approver, or the admin)."""
+
+    message = "this API key belongs to a user who is not an approver"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return approver_groups(user_id=request.user.pk) is not None
+
+
+APPROVER_ONLY = [permissions.IsAuthenticated, IsApprover]
+
+
 def _groups(request: Request) -> list[str]:
     groups = approver_groups(user_id=request.user.pk)
     if groups is None:
@@ -62,6 +74,8 @@ def _groups(request: Request) -> list[str]:
 
 
 class ApprovalListView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(
         responses=ApprovalSerializer(many=True),
         parameters=[
@@ -87,6 +101,8 @@ class ApprovalListView(APIView):
 
 
 class ApprovalApproveView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(request=ApproveSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -105,6 +121,8 @@ class ApprovalApproveView(APIView):
 
 
 class ApprovalRejectView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(request=RejectSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)

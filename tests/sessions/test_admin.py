@@ -264,6 +264,8 @@ def _tool_post(**overrides):
         "headers": "{}",
         "timeout_s": "10",
         "risk_level": "0",
+        "approval_timeout_s": "1800",
+        "approval_on_timeout": "reject",
         "roles": "support",
         "credit_cost": "0",
         "enabled": "on",

@@ -179,6 +179,8 @@ def _http_post(**overrides: str) -> dict[str, str]:
         "headers": '{"Authorization": {"env": "TOOL_SECRET_COUPON_API_TOKEN"}, "X-Team": "support"}',
         "timeout_s": "10",
         "risk_level": "2",
+        "approval_timeout_s": "1800",
+        "approval_on_timeout": "reject",
         "roles": "support",
         "credit_cost": "100",
         "side_effects": "on",
