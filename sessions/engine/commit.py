@@ -154,6 +154,9 @@ class Step:
 
     session: Session
     trigger: Trigger | None = None
+    # A second move made in the same commit (tool results -> the model decides
+    # again): its own transition and state.changed, no commit of its own.
+    then: Trigger | None = None
     reason: str = ""
     actor: str = ""
     messages: list[Message] = field(default_factory=list)
@@ -215,16 +218,22 @@ def step_commit(step: Step) -> Committed:
     session = step.session
     from_state = State(session.state)
     to_state = next_state(from_state, step.trigger) if step.trigger else from_state
+    moves: list[tuple[State, State, Trigger]] = []
+    if step.trigger:
+        moves.append((from_state, to_state, step.trigger))
+        if step.then:
+            moves.append((to_state, next_state(to_state, step.then), step.then))
+            to_state = moves[-1][1]
     new_messages = list(step.messages)
     activated = [step.activate_message] if step.activate_message is not None else []
     n_messages = len(activated) + len(new_messages)
     state_events: list[EventSpec] = []
-    if step.trigger:
+    for i, (before, after, trigger) in enumerate(moves):
         moved: StateChanged = {
-            "from": from_state.value,
-            "to": to_state.value,
-            "trigger": step.trigger.value,
-            "reason": step.reason,
+            "from": before.value,
+            "to": after.value,
+            "trigger": trigger.value,
+            "reason": step.reason if i == 0 else "",
         }
         state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
@@ -232,13 +241,19 @@ def step_commit(step: Step) -> Committed:
 
     assignments = [
         "state = %s",
-        "version = version + 1",
+        "version = version + %s",
         "message_seq = message_seq + %s",
         "event_seq = event_seq + %s",
         "step = step + %s",
         "updated_at = now()",
     ]
-    params: list[Any] = [to_state.value, n_messages, n_events, 1 if with_checkpoint else 0]
+    params: list[Any] = [
+        to_state.value,
+        max(len(moves), 1),
+        n_messages,
+        n_events,
+        1 if with_checkpoint else 0,
+    ]
     for name, value in step.set_fields.items():
         if name not in SETTABLE:
             raise ValueError(f"step may not set {name}")
@@ -330,19 +345,22 @@ def step_commit(step: Step) -> Committed:
                 for i, (type_, data) in enumerate(ordered)
             ]
             writes.append(insert_statement(Event, events, EVENT_COLUMNS))
-            if step.trigger:
-                transition = Transition(
+            transitions = [
+                Transition(
                     session_id=session.pk,
-                    from_state=from_state.value,
-                    to_state=to_state.value,
-                    trigger=step.trigger.value,
-                    reason=step.reason[:2000],
-                    version=version,
+                    from_state=before.value,
+                    to_state=after.value,
+                    trigger=trigger.value,
+                    reason=step.reason[:2000] if i == 0 else "",
+                    # Each move its own version: the last one is the row's.
+                    version=version - len(moves) + 1 + i,
                     turn=turn,
-                    actor=step.actor[:150],
+                    actor=step.actor[:150] if i == 0 else "",
                     at=now,
                 )
-                writes.append(insert_statement(Transition, [transition], TRANSITION_COLUMNS))
+                for i, (before, after, trigger) in enumerate(moves)
+            ]
+            writes.append(insert_statement(Transition, transitions, TRANSITION_COLUMNS))
             if step.checkpoint is not None:
                 context = {**step.checkpoint, "state": to_state.value}
                 checkpoint = Checkpoint(
