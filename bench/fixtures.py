@@ -7,7 +7,7 @@ Everything goes through the real `config_apply` service, as `apply_config` does.
   answering; 3 tool steps of 1, 3 and 1 calls; 3 tool-loop moves).
 - `bench-echo`: answers at once, no tools (turn start + 1 worker step).
 - `bench-one-round`: one tool round with the built-in clock tool
-  (turn start + 4 worker steps: model -> tool -> tool-loop move -> model).
+  (turn start + 3 worker steps: model -> tool (+ tool-loop move) -> model).
 - `bench-one-round-2s`: the same on a rules model that sleeps 2 s per call.
 - `bench-recovery`: the same on a rules model that sleeps 1 s per call (the
   `recovery` benchmark kills its worker mid-turn).
