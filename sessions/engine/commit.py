@@ -193,12 +193,12 @@ class Committed:
     frames: list[Frame]
 
 
-def _message_event(message: Message, seq: int) -> EventSpec:
+def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
     data: MessageCompleted = {
         "seq": seq,  # numbered by the step that completes it
         "role": message.role,
         "content": message.content,
-        "turn": message.turn,
+        "turn": turn,
     }
     if message.tool_calls:
         data["tool_calls"] = message.tool_calls
@@ -335,8 +335,12 @@ def step_commit(step: Step) -> Committed:
     # The move first, then what it brought: a turn's stream opens with
     # state.changed and closes with turn.finished.
     ordered = state_events + [
-        _message_event(m, s)
-        for s, m in enumerate(activated + new_messages, start=message_seq - n_messages + 1)
+        # An activated (queued) message joins the step's turn; the object itself
+        # changes only once the commit went through.
+        _message_event(m, s, turn if i < len(activated) else m.turn)
+        for i, (s, m) in enumerate(
+            enumerate(activated + new_messages, start=message_seq - n_messages + 1)
+        )
     ]
     ordered += step.events + step.after_events
     first = event_seq - n_events
