@@ -94,6 +94,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 bench: $(STAMP)
+	@$(PY) -c 'import langgraph.checkpoint.postgres' 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q 'langgraph>=1.2' 'langgraph-checkpoint-postgres>=2.0'
 	$(PY) -m devstack up
 	$(PY) -m bench $(BENCH_ARGS)
 

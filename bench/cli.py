@@ -13,6 +13,7 @@ from . import environment
 
 BENCHMARKS = (
     "engine",
+    "langgraph",
     "checkpoint",
     "tools",
     "adapters",
@@ -41,6 +42,7 @@ class Sizes:
     adapters_paced_reps: int
     recovery_kills: int
     recovery_standby_kills: int
+    langgraph_runs: int = 40
 
 
 FULL = Sizes(
@@ -78,6 +80,7 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=3,
     recovery_standby_kills=0,
+    langgraph_runs=12,
 )
 
 
@@ -277,6 +280,10 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
             profile_path=profile,
             spy=procs.spy,
         )
+    if name == "langgraph":
+        from . import langgraph_compare
+
+        return langgraph_compare.run(runs=sizes.langgraph_runs)
     if name == "worker":
         from . import worker_rate
 

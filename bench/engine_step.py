@@ -301,6 +301,7 @@ def run(
     commits = sum(s.sql.commits for s in steps)
     rows = sum(s.sql.rows_written for s in steps)
     statements = sum(s.sql.statements for s in steps)
+    round_trips = sum(s.sql.all_round_trips for s in steps)
     turns_done = len(post_times)
     # What the turn start costs: message_post commits it (one transaction of its own).
     post_sql = probe.post_sql
@@ -327,7 +328,12 @@ def run(
         ),
         figure("commits_per_step", "commits per step", commits / n),
         figure("rows_per_step", "rows written per step", rows / n),
-        figure("statements_per_step", "SQL statements (round trips) per step", statements / n),
+        figure("statements_per_step", "SQL statements per step", statements / n),
+        figure(
+            "round_trips_per_step",
+            "round trips per step (executes + BEGIN/COMMIT)",
+            round_trips / n,
+        ),
         figure(
             "post_p50_ms",
             "message_post incl. turn-start commit, p50",
@@ -390,6 +396,7 @@ def run(
         "by_kind": by_kind,
         "sql_per_step": {
             "statements": round(steps_sql.statements / n, 2),
+            "round_trips": round(steps_sql.all_round_trips / n, 2),
             "reads": round(steps_sql.reads / n, 2),
             "writes": round(steps_sql.writes / n, 2),
             "savepoints": round(steps_sql.savepoints / n, 2),

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".data"
-BENCH_DB = "agentplatform_bench"
+# Several checkouts may bench against one server: give each its own database.
+BENCH_DB = os.environ.get("BENCH_DATABASE_NAME") or "agentplatform_bench"
 
 
 def _env_file(path: Path) -> dict[str, str]:

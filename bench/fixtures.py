@@ -7,7 +7,7 @@ Everything goes through the real `config_apply` service, as `apply_config` does.
   answering; 3 tool steps of 1, 3 and 1 calls; 3 tool-loop moves).
 - `bench-echo`: answers at once, no tools (turn start + 1 worker step).
 - `bench-one-round`: one tool round with the built-in clock tool
-  (turn start + 4 worker steps: model -> tool -> tool-loop move -> model).
+  (turn start + 3 worker steps: model -> tool (+ tool-loop move) -> model).
 - `bench-one-round-2s`: the same on a rules model that sleeps 2 s per call.
 - `bench-recovery`: the same on a rules model that sleeps 1 s per call (the
   `recovery` benchmark kills its worker mid-turn).
@@ -36,6 +36,17 @@ RECOVERY_MODEL = "bench-slow-1s"
 RECOVERY_LATENCY_S = 1.0
 NOOP_HANDLER = "bench.noop"
 NOOP_TOOL = "bench_noop"
+LOREM_HANDLER = "bench.lorem"
+LOREM_TOOL = "bench_lorem"
+LOOP_CALLS = 10
+# The scripted loop of the LangGraph comparison: one read-only call per model
+# step, each with the previous result's counter (so no call repeats and none
+# is answered from the cache), ten of them, then the answer.
+LOOP_RULES = [
+    {"name": "answer", "when": {"result": f'"n":{LOOP_CALLS}[,}}]'}, "answer": "done"},
+    {"name": "call", "tool_calls": [{"tool": LOREM_TOOL, "args": {"n": "{{ result.n }}"}}]},
+]
+LOREM_TEXT = ("lorem ipsum dolor sit amet " * 16)[:400]
 
 ONE_ROUND_RULES = [
     {
@@ -55,6 +66,12 @@ def _register_noop() -> None:
         @tool_handler(NOOP_HANDLER)
         def noop(**_arguments: Any) -> dict[str, Any]:
             return {"ok": True}
+
+    if LOREM_HANDLER not in HANDLERS:
+
+        @tool_handler(LOREM_HANDLER)
+        def lorem(n: int | None = None, **_arguments: Any) -> dict[str, Any]:
+            return {"n": (n or 0) + 1, "text": LOREM_TEXT}
 
 
 def config_document() -> dict[str, Any]:
@@ -107,6 +124,15 @@ def config_document() -> dict[str, Any]:
             "tools": [NOOP_TOOL],
             "rules": [{"name": "answer", "answer": "done"}],
         },
+        {
+            "slug": "bench-loop",
+            "name": "bench: ten read-only tool rounds, instant model (LangGraph comparison)",
+            "system_prompt": "Call the tool ten times.",
+            "model": INSTANT,
+            "tools": [LOREM_TOOL],
+            "max_iterations": LOOP_CALLS + 2,
+            "rules": LOOP_RULES,
+        },
     ]
     for agent in agents:
         agent.pop("fallback_model", None)
@@ -138,6 +164,18 @@ def config_document() -> dict[str, Any]:
                     "type": "object",
                     "properties": {"i": {"type": "integer"}, "tag": {"type": "string"}},
                     "required": ["i"],
+                    "additionalProperties": False,
+                },
+                "roles": [ROLE],
+            },
+            {
+                "name": LOREM_TOOL,
+                "description": "Returns about 400 characters and a counter (benchmark).",
+                "kind": "python",
+                "handler": LOREM_HANDLER,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"n": {"type": ["integer", "null"]}},
                     "additionalProperties": False,
                 },
                 "roles": [ROLE],

@@ -3,9 +3,9 @@
 200 sessions each start one turn at once (posted from 16 threads through
 `services.message_post` while the worker's consumer is paused, then released
 at once; `--post-live` posts while it runs); the agent does one tool round on a `rules` model
-endpoint with `options: {latency_s: 2}`, so a turn is 4 worker steps: model
-call (2 s) -> tool (the built-in clock) -> tool-loop move -> model call (2 s)
-and answer. One Celery worker process with a threads pool of 250 runs them.
+endpoint with `options: {latency_s: 2}`, so a turn is 3 worker steps: model
+call (2 s) -> tool (the built-in clock; the same commit makes the tool-loop
+move) -> model call (2 s) and answer. One Celery worker process with a threads pool of 250 runs them.
 
 The issue asks for "a model that takes 2 s per call (a local fake server)";
 the OpenAI-compatible adapter does not exist yet, so the 2 s is the rules

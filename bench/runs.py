@@ -1,8 +1,9 @@
 """Shared by the worker benchmarks: post many turns at once, watch them, read back their steps.
 
 Steps and their times come from the `Transition` rows the worker wrote: every
-`step_commit` of a run writes exactly one, stamped (`at`) inside the step's
-transaction, so the gap between a session's consecutive transitions is the
+`step_commit` of a run writes one (the tool results' commit two, tool results
+and the move back to the model, with the same `at`: counted as one step),
+stamped (`at`) inside the step's transaction, so the gap between a session's consecutive transitions is the
 latency of a step as the session saw it (queue wait and model time included).
 Runs in flight are sampled every 50 ms from the session rows: a session whose
 lease a worker holds (`lease_owner` set; a turn started by `message_post` has
@@ -170,9 +171,12 @@ def transitions(ids: list[str]) -> list[StepRow]:
     import psycopg
 
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        # One row per commit: the moves of one step share its transaction's `at`.
         rows = conn.execute(
-            "SELECT session_id::text, version, trigger, from_state, to_state, extract(epoch FROM at)::float8 "
-            "  FROM agent_sessions_transition WHERE session_id = ANY(%s::uuid[]) ORDER BY session_id, version",
+            "SELECT * FROM (SELECT DISTINCT ON (session_id, at) session_id::text, version, trigger, "
+            "       from_state, to_state, extract(epoch FROM at)::float8 AS at_s "
+            "  FROM agent_sessions_transition WHERE session_id = ANY(%s::uuid[]) "
+            " ORDER BY session_id, at, version) AS steps ORDER BY session_id, version",
             [ids],
         ).fetchall()
     return [StepRow(*row) for row in rows]

@@ -1,16 +1,29 @@
 """Counting what the engine sends to PostgreSQL, per thread.
 
-- Statements: a Django `execute_wrapper` on every connection, installed from
+Four separate counts (issue 10 item 7: a batched write is one round trip but
+several statements, and the driver's `rowcount` only covers the last one):
+
+- Round trips: a Django `execute_wrapper` on every connection, installed from
   the `connection_created` signal (with the psycopg pool a thread's wrapper
   reconnects after each `connection.close()`, and tool handlers run on helper
   threads with connections of their own). Each `execute` / `executemany` is
-  one statement (one round trip, apart from executemany batches).
-- Rows written: `cursor.rowcount` after each INSERT / UPDATE / DELETE.
+  one round trip; so is each COMMIT / ROLLBACK, and the BEGIN psycopg sends
+  before a transaction's first statement (`tx_round_trips`).
+- Statements: each statement of an `execute` (a batch from
+  `sessions.rows.execute_batch` is several, joined by ";\n"; one result set
+  each); `executemany` counts one per parameter set.
+- Rows written: the affected-row count of every result of the execute (each
+  statement of a batch, read from psycopg's results), by table.
 - Commits: explicit ones are counted by wrapping `DatabaseWrapper.commit`,
   which `transaction.atomic` calls when its outermost block exits. A write
   statement run outside any atomic block is its own transaction in
   autocommit mode, so it counts as one (implicit) commit too. Reads outside
-  a transaction are round trips, not commits.
+  a transaction are round trips, not commits here; the server counts each as
+  a transaction (`xact_commit`), which `server_counters` reports.
+
+Cross-check: `server_counters(database)` reads `pg_stat_database` (transactions,
+rows) and `pg_stat_user_tables` (rows inserted / updated / deleted per table)
+for a database; the benchmarks print both.
 
 Nothing here sees statements that psycopg or the pool send by themselves
 (none are configured: no `check`, no `reset`), nor the Celery broker and
@@ -33,6 +46,7 @@ _DICTS = ("by_verb", "rows_by_table", "seconds_by_table")
 @dataclass
 class Tally:
     statements: int = 0
+    round_trips: int = 0
     reads: int = 0
     writes: int = 0
     rows_written: int = 0
@@ -48,6 +62,11 @@ class Tally:
     @property
     def commits(self) -> int:
         return self.explicit_commits + self.autocommit_writes
+
+    @property
+    def all_round_trips(self) -> int:
+        """Executes plus each transaction's BEGIN and COMMIT / ROLLBACK."""
+        return self.round_trips + 2 * (self.explicit_commits + self.rollbacks)
 
     def _combine(self, other: "Tally", sign: int) -> "Tally":
         out = Tally(
@@ -71,6 +90,75 @@ class Tally:
 
     def minus(self, before: "Tally") -> "Tally":
         return self._combine(before, -1)
+
+
+def _writes(sql: str) -> bool:
+    upper = sql.upper()
+    return any(f"{verb} " in upper for verb in ("INSERT", "UPDATE ", "DELETE"))
+
+
+def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[str, int]]:
+    """Each statement the execute ran, with the rows it affected.
+
+    psycopg keeps one result per statement of a multi-statement execute; the
+    DB-API `rowcount` is only the current (first unread or last) one's.
+    """
+    if many:
+        count = len(params) if isinstance(params, list | tuple) else 1
+        rows = max(getattr(cursor, "rowcount", -1) or 0, 0)
+        return [(sql, rows // max(count, 1))] * max(count, 1)
+    parts = [p for p in sql.split(";\n") if p.strip()] or [sql]
+    raw = getattr(cursor, "cursor", cursor)
+    results = getattr(raw, "_results", None) or []
+    if len(results) == len(parts):
+        return [
+            (part, max(result.command_tuples or 0, 0))
+            for part, result in zip(parts, results, strict=True)
+        ]
+    rows = max(getattr(cursor, "rowcount", -1) or 0, 0)
+    return [(part, rows if i == len(parts) - 1 else 0) for i, part in enumerate(parts)]
+
+
+def server_counters(database: str) -> dict[str, int]:
+    """What the server itself counted for a database (all its backends), for deltas.
+
+    Backends report their statistics when a transaction ends, at most about
+    once a second while busy, and when they exit: close the clients' connections
+    (and wait a moment) before reading a delta.
+    """
+    import os
+
+    import psycopg
+
+    from .environment import with_database
+
+    with psycopg.connect(
+        with_database(os.environ["DATABASE_URL"], database), autocommit=True
+    ) as conn:
+        # One statement, so this read is one transaction of the server's count.
+        row = conn.execute(
+            "SELECT d.xact_commit, d.xact_rollback, d.tup_inserted, d.tup_updated, d.tup_deleted, "
+            "(SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables), "
+            "(SELECT coalesce(sum(n_tup_upd), 0) FROM pg_stat_user_tables), "
+            "(SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables) "
+            "FROM pg_stat_database d WHERE d.datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    names = ["xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted"]
+    names += ["tables_inserted", "tables_updated", "tables_deleted"]
+    out = dict(zip(names, (int(v) for v in row), strict=True))
+    # This read is a transaction too: a delta includes the `before` read's
+    # (subtracted by `server_delta`).
+    return out
+
+
+def server_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    delta["xact_commit"] -= 1  # the reading connection's own read of `before`
+    delta["rows_written"] = (
+        delta["tables_inserted"] + delta["tables_updated"] + delta["tables_deleted"]
+    )
+    return delta
 
 
 def _table(sql: str, verb: str) -> str:
@@ -124,29 +212,32 @@ class SqlCounter:
             return execute(sql, params, many, context)
         finally:
             elapsed = time.perf_counter() - started
-            verb = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else "?"
             cursor = context.get("cursor")
             conn = context.get("connection")
-            rowcount = getattr(cursor, "rowcount", -1) or 0
             in_atomic = bool(getattr(conn, "in_atomic_block", False))
+            parts = _statements(sql, params, many, cursor)
             with self.lock:
                 tally = self.tallies[self._bucket()]
-                tally.statements += 1
+                tally.round_trips += 1
                 tally.db_seconds += elapsed
-                tally.by_verb[verb] += 1
-                if verb in WRITE_VERBS:
-                    tally.writes += 1
-                    rows = max(rowcount, 0)
-                    tally.rows_written += rows
-                    table = _table(sql, verb)
-                    tally.rows_by_table[table] += rows
-                    tally.seconds_by_table[table] += elapsed
-                    if not in_atomic:
-                        tally.autocommit_writes += 1
-                elif verb in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
-                    tally.savepoints += 1
-                else:
-                    tally.reads += 1
+                wrote = False
+                for part, rows in parts:
+                    verb = part.lstrip().split(None, 1)[0].upper() if part.strip() else "?"
+                    tally.statements += 1
+                    tally.by_verb[verb] += 1
+                    if verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
+                        wrote = True
+                        tally.writes += 1
+                        tally.rows_written += rows
+                        table = _table(part, verb)
+                        tally.rows_by_table[table] += rows
+                        tally.seconds_by_table[table] += elapsed / len(parts)
+                    elif verb in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
+                        tally.savepoints += 1
+                    else:
+                        tally.reads += 1
+                if wrote and not in_atomic:
+                    tally.autocommit_writes += 1
 
     # ------------------------------------------------------------------ install
     def _on_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:

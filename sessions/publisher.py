@@ -2,8 +2,14 @@
 
 PostgreSQL holds every persisted event; a frame lost here only delays a client,
 which fills the gap from the database by `seq`.
+
+Each frame is built once (by the step that commits it) and serialised once,
+here: the group message is `{"type": "session.frame", "frame": <Frame>,
+"text": json.dumps(frame)}`, so a consumer can send `text` to each of its
+sockets as is instead of serialising the same frame per socket.
 """
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -48,25 +54,33 @@ def make_frame(
     }
 
 
-async def _send(session_id: str, frames: list[Frame]) -> None:
+async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        for frame in frames:
-            await layer.group_send(
-                group_name(session_id), {"type": "session.frame", "frame": frame}
-            )
+        for message in messages:
+            await layer.group_send(group_name(session_id), message)
     except Exception:  # noqa: BLE001 - a lost notification must never fail a run
         logger.warning(
-            "publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True
+            "publish failed for session %s (%d frames)", session_id, len(messages), exc_info=True
         )
+
+
+def frame_message(frame: Frame) -> dict[str, Any]:
+    """The channel-layer message of a frame, serialised once for every socket."""
+    return {"type": "session.frame", "frame": frame, "text": json.dumps(frame)}
 
 
 def publish(session_id: UUID | str, frames: list[Frame]) -> None:
     """Hand frames to the shared loop without waiting; order is kept per call."""
     if frames:
-        io_loop.submit(_send(str(session_id), frames))
+        try:
+            messages = [frame_message(frame) for frame in frames]
+        except (TypeError, ValueError):  # never fail a run over a notification
+            logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
+            return
+        io_loop.submit(_send(str(session_id), messages))
 
 
 def publish_ephemeral(session_id: UUID | str, type_: EventType, data: Mapping[str, Any]) -> None:

@@ -7,10 +7,11 @@ that same statement, inserts what the step produced and records the
 `Transition`. Frames are published only after the commit.
 """
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -30,8 +31,9 @@ from ..models import (
     Transition,
 )
 from ..publisher import Frame, make_frame, publish
-from ..rows import Statement, execute_batch, insert_statement, update_statement
+from ..rows import Statement, execute_batch, insert_statement, one_round_trip, update_statement
 from ..states import State, Trigger, next_state
+from .runtime_cache import STAMP_RETURNING
 
 MESSAGE_COLUMNS = (
     "session",
@@ -125,6 +127,12 @@ CHECKPOINT_COLUMNS = (
     "created_at",
 )
 
+# Columns set to the step transaction's now().
+NOW = ("created_at",)
+# Distinct per step in this process; the guard only has to tell this step's
+# transaction from none (the setting is transaction-local).
+_tokens = itertools.count(1)
+
 # Columns a step may set directly or add to; anything else is a programming error.
 SETTABLE = {
     "cancel_requested",
@@ -154,6 +162,9 @@ class Step:
 
     session: Session
     trigger: Trigger | None = None
+    # A second move made in the same commit (tool results -> the model decides
+    # again): its own transition and state.changed, no commit of its own.
+    then: Trigger | None = None
     reason: str = ""
     actor: str = ""
     messages: list[Message] = field(default_factory=list)
@@ -182,12 +193,12 @@ class Committed:
     frames: list[Frame]
 
 
-def _message_event(message: Message) -> EventSpec:
+def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
     data: MessageCompleted = {
-        "seq": cast(int, message.seq),  # numbered by the step that completes it
+        "seq": seq,  # numbered by the step that completes it
         "role": message.role,
         "content": message.content,
-        "turn": message.turn,
+        "turn": turn,
     }
     if message.tool_calls:
         data["tool_calls"] = message.tool_calls
@@ -215,30 +226,50 @@ def step_commit(step: Step) -> Committed:
     session = step.session
     from_state = State(session.state)
     to_state = next_state(from_state, step.trigger) if step.trigger else from_state
+    moves: list[tuple[State, State, Trigger]] = []
+    if step.trigger:
+        moves.append((from_state, to_state, step.trigger))
+        if step.then:
+            moves.append((to_state, next_state(to_state, step.then), step.then))
+            to_state = moves[-1][1]
     new_messages = list(step.messages)
     activated = [step.activate_message] if step.activate_message is not None else []
     n_messages = len(activated) + len(new_messages)
     state_events: list[EventSpec] = []
-    if step.trigger:
+    for i, (before, after, trigger) in enumerate(moves):
         moved: StateChanged = {
-            "from": from_state.value,
-            "to": to_state.value,
-            "trigger": step.trigger.value,
-            "reason": step.reason,
+            "from": before.value,
+            "to": after.value,
+            "trigger": trigger.value,
+            "reason": step.reason if i == 0 else "",
         }
         state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
     with_checkpoint = step.checkpoint is not None
 
+    # What the row's counters become if the UPDATE matches: the WHERE below
+    # pins their current values, so every number is known before the one
+    # round trip and no write has to wait for RETURNING.
+    n_moves = max(len(moves), 1)
+    version = session.version + n_moves
+    message_seq = session.message_seq + n_messages
+    event_seq = session.event_seq + n_events
+    step_no = session.step + (1 if with_checkpoint else 0)
+    turn = step.set_fields.get("turn", session.turn)
+    # Set by the UPDATE only when it matched; every other statement of the
+    # batch writes only while it holds (the batch is one transaction).
+    token = next(_tokens)
+    guard = f"current_setting('agentplatform.step', true) = '{token}'"
+
     assignments = [
         "state = %s",
-        "version = version + 1",
-        "message_seq = message_seq + %s",
-        "event_seq = event_seq + %s",
-        "step = step + %s",
+        "version = %s",
+        "message_seq = %s",
+        "event_seq = %s",
+        "step = %s",
         "updated_at = now()",
     ]
-    params: list[Any] = [to_state.value, n_messages, n_events, 1 if with_checkpoint else 0]
+    params: list[Any] = [to_state.value, version, message_seq, event_seq, step_no]
     for name, value in step.set_fields.items():
         if name not in SETTABLE:
             raise ValueError(f"step may not set {name}")
@@ -252,119 +283,146 @@ def step_commit(step: Step) -> Committed:
     if step.lease_seconds is not None:
         assignments.append("lease_expires_at = now() + make_interval(secs => %s)")
         params.append(step.lease_seconds)
-    where = "id = %s AND version = %s"
-    params += [session.pk, session.version]
+    where = "id = %s AND version = %s AND message_seq = %s AND event_seq = %s AND step = %s"
+    params += [session.pk, session.version, session.message_seq, session.event_seq, session.step]
     if step.lease_owner is not None:
         where += " AND lease_owner = %s"
         params.append(step.lease_owner)
     if step.unless_cancel_requested:
         where += " AND NOT cancel_requested"
-    sql = (
+    update = (
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
-        "RETURNING version, message_seq, event_seq, step, now(), cancel_requested, queued_count, lease_owner"
+        "RETURNING now(), cancel_requested, queued_count, lease_owner, "
+        f"set_config('agentplatform.step', '{token}', true), {STAMP_RETURNING}",
+        params,
     )
 
-    # No savepoint when nested (message_post, fork): the step is all of the
-    # caller's transaction or none of it.
-    with transaction.atomic(savepoint=False):
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        # A refused move leaves the block normally: nothing was written, and a
-        # caller's own transaction stays usable after it catches StaleSession.
-        if row is not None:
+    for seq, message in enumerate(new_messages, start=message_seq - len(new_messages) + 1):
+        message.seq = seq
+        message.session_id = session.pk
+    # New messages right after the UPDATE: their ids come back from that result.
+    writes: list[Statement | None] = [
+        update,
+        insert_statement(
+            Message, new_messages, MESSAGE_COLUMNS, returning=True, guard=guard, now=NOW
+        ),
+    ]
+    seq = message_seq - n_messages
+    for message in activated:
+        seq += 1
+        writes.append(
             (
-                version,
-                message_seq,
-                event_seq,
-                step_no,
-                now,
-                cancel_requested,
-                queued_count,
-                lease_owner,
-            ) = row
-            turn = step.set_fields.get("turn", session.turn)
-
-            seq = message_seq - n_messages
-            for message in activated:
-                seq += 1
-                message.seq, message.status, message.turn = seq, MessageStatus.FINAL, turn
-            for message in new_messages:
-                seq += 1
-                message.seq = seq
-                message.session_id = session.pk
-                message.created_at = now
-            # New messages first: their ids come back from the batch's first result.
-            writes: list[Statement | None] = [
-                insert_statement(Message, new_messages, MESSAGE_COLUMNS, returning=True)
-            ]
-            writes += [
-                (
-                    f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s WHERE id = %s',
-                    [message.seq, MessageStatus.FINAL.value, turn, message.pk],
-                )
-                for message in activated
-            ]
-            for call in step.new_tool_calls:
-                call.session_id = session.pk
-                call.created_at = now
-            writes.append(insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS))
-            writes.append(
-                update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS)
+                f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
+                f"WHERE id = %s AND {guard}",
+                [seq, MessageStatus.FINAL.value, turn, message.pk],
             )
-            for record in step.model_calls:
-                record.session_id = session.pk
-                record.step = step_no
-                record.created_at = now
-            writes.append(insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS))
+        )
+    for call in step.new_tool_calls:
+        call.session_id = session.pk
+    writes.append(
+        insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS, guard=guard, now=NOW)
+    )
+    writes.append(
+        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=guard)
+    )
+    for record in step.model_calls:
+        record.session_id = session.pk
+        record.step = step_no
+    writes.append(
+        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=guard, now=NOW)
+    )
 
-            # The move first, then what it brought: a turn's stream opens with
-            # state.changed and closes with turn.finished.
-            ordered = state_events + [_message_event(m) for m in activated + new_messages]
-            ordered += step.events + step.after_events
-            first = event_seq - n_events
-            events = [
-                Event(
-                    session_id=session.pk, seq=first + i + 1, type=type_, data=data, created_at=now
-                )
-                for i, (type_, data) in enumerate(ordered)
-            ]
-            writes.append(insert_statement(Event, events, EVENT_COLUMNS))
-            if step.trigger:
-                transition = Transition(
-                    session_id=session.pk,
-                    from_state=from_state.value,
-                    to_state=to_state.value,
-                    trigger=step.trigger.value,
-                    reason=step.reason[:2000],
-                    version=version,
-                    turn=turn,
-                    actor=step.actor[:150],
-                    at=now,
-                )
-                writes.append(insert_statement(Transition, [transition], TRANSITION_COLUMNS))
-            if step.checkpoint is not None:
-                context = {**step.checkpoint, "state": to_state.value}
-                checkpoint = Checkpoint(
-                    session_id=session.pk,
-                    step=step_no,
-                    turn=turn,
-                    state=to_state.value,
-                    message_seq=message_seq,
-                    context=context,
-                    size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
-                    fingerprint=step.fingerprint,
-                    created_at=now,
-                )
-                writes.append(insert_statement(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS))
-            ids = execute_batch(writes)
-            for message, (pk,) in zip(new_messages, ids[: len(new_messages)], strict=True):
-                message.pk = pk
-            frames = [make_frame(session.pk, e.seq, e.type, e.data, now) for e in events]
-            session_id = session.pk
-            transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+    # The move first, then what it brought: a turn's stream opens with
+    # state.changed and closes with turn.finished.
+    ordered = state_events + [
+        # An activated (queued) message joins the step's turn; the object itself
+        # changes only once the commit went through.
+        _message_event(m, s, turn if i < len(activated) else m.turn)
+        for i, (s, m) in enumerate(
+            enumerate(activated + new_messages, start=message_seq - n_messages + 1)
+        )
+    ]
+    ordered += step.events + step.after_events
+    first = event_seq - n_events
+    events = [
+        Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data)
+        for i, (type_, data) in enumerate(ordered)
+    ]
+    writes.append(insert_statement(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
+    transitions = [
+        Transition(
+            session_id=session.pk,
+            from_state=before.value,
+            to_state=after.value,
+            trigger=trigger.value,
+            reason=step.reason[:2000] if i == 0 else "",
+            # Each move its own version: the last one is the row's.
+            version=version - len(moves) + 1 + i,
+            turn=turn,
+            actor=step.actor[:150] if i == 0 else "",
+        )
+        for i, (before, after, trigger) in enumerate(moves)
+    ]
+    writes.append(
+        insert_statement(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
+    )
+    if step.checkpoint is not None:
+        context = {**step.checkpoint, "state": to_state.value}
+        checkpoint = Checkpoint(
+            session_id=session.pk,
+            step=step_no,
+            turn=turn,
+            state=to_state.value,
+            message_seq=message_seq,
+            context=context,
+            size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
+            fingerprint=step.fingerprint,
+        )
+        writes.append(
+            insert_statement(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
+        )
+
+    # One round trip. Outside a transaction the server runs the batch as one
+    # implicit transaction (all of it commits, or none); nested (message_post,
+    # fork), the step is all of the caller's transaction or none of it.
+    if connection.in_atomic_block or not one_round_trip():
+        with transaction.atomic(savepoint=False):
+            results = execute_batch(writes)
+            row = results[0][0] if results[0] else None
+            if row is not None:
+                frames = [make_frame(session.pk, e.seq, e.type, e.data, row[0]) for e in events]
+                session_id = session.pk
+                transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+    else:
+        results = execute_batch(writes)
+        row = results[0][0] if results[0] else None
+        if row is not None:
+            frames = [make_frame(session.pk, e.seq, e.type, e.data, row[0]) for e in events]
+            _publish_after_commit(session.pk, frames)
+    # A refused move wrote nothing, and a caller's own transaction stays
+    # usable after it catches StaleSession.
     if row is None:
         raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
+    now, cancel_requested, queued_count, lease_owner, _, stamp = row
+
+    seq = message_seq - n_messages
+    for message in activated:
+        seq += 1
+        message.seq, message.status, message.turn = seq, MessageStatus.FINAL, turn
+    if new_messages:
+        for message, (pk,) in zip(new_messages, results[1] or [], strict=True):
+            message.pk = pk
+            message.created_at = now
+    for call in step.new_tool_calls:
+        call.created_at = now
+    for record in step.model_calls:
+        record.created_at = now
+    # For the run's history (runtime_cache.RunContext): no re-read of what it just wrote.
+    session.committed_messages = [  # type: ignore[attr-defined]
+        *getattr(session, "committed_messages", ())[-100:],
+        *activated,
+        *new_messages,
+    ]
 
     # Keep the caller's copy in step with the row it now matches.
     session.version = version
@@ -381,4 +439,5 @@ def step_commit(step: Step) -> Committed:
         if name != "queued_count":  # already the committed value, from RETURNING
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
+    session.config_stamp = (version, stamp)  # type: ignore[attr-defined]
     return Committed(version=version, state=to_state, step=step_no, frames=frames)

@@ -109,7 +109,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     4. Commit: the assistant message, the ModelCall rows, usage and cost, and
        either the tool-call intents (-> tool_wait) or the end of the turn.
     """
-    runtime = agent_runtime(session.agent_id)
+    runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
     stop = loop_stop(session, agent)
     final = stop is not None

@@ -290,8 +290,13 @@ def tool_results(
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
 ) -> None:
-    """Commit the calls' results, their tool messages and events (-> tool_loop); a
-    scheduled follow-up moves the session to `waiting_timer` instead."""
+    """Commit the calls' results, their tool messages and events, and move on to
+    the model (-> tool_loop -> processing, both moves in this one commit); a
+    scheduled follow-up moves the session to `waiting_timer` instead.
+
+    A cancel requested while the tools ran stops at `tool_loop` (the results
+    are kept), where the run loop carries the cancel out.
+    """
     finished_at = timezone.now()
     messages: list[Message] = []
     events: list[EventSpec] = []
@@ -356,8 +361,10 @@ def tool_results(
             "timer_due_at": timezone.now() + timedelta(seconds=timer[0]),
             "timer_note": timer[1],
         }
-    step_commit(
-        build_step(
+    fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
+
+    def commit(fold: bool) -> None:
+        step = build_step(
             session,
             owner,
             trigger=trigger,
@@ -367,13 +374,35 @@ def tool_results(
             updated_tool_calls=calls,
             events=events,
             env=env,
-            set_fields=set_fields,
+            set_fields=dict(set_fields),
             checkpoint={
                 "done": [[c.call_id, c.status, c.attempts] for c in calls],
                 **({"timer_due": set_fields["timer_due_at"].isoformat()} if timer else {}),
             },
+            unless_cancel_requested=fold,
         )
-    )
+        step.then = Trigger.MODEL_CALL if fold else None
+        step_commit(step)
+
+    try:
+        commit(fold)
+    except StaleSession:
+        if not fold:
+            raise
+        # Refused for a cancel that came while the tools ran? Then keep the
+        # results and stop at tool_loop; anything else goes to the run loop.
+        fresh = (
+            Session.objects.filter(
+                pk=session.pk, version=session.version, lease_owner=owner, cancel_requested=True
+            )
+            .values_list("cancel_reason", "cancel_actor")
+            .first()
+        )
+        if fresh is None:
+            raise
+        session.cancel_requested = True
+        session.cancel_reason, session.cancel_actor = fresh
+        commit(False)
 
 
 def tool_loop_next(session: Session, owner: str) -> None:

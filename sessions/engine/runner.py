@@ -49,13 +49,16 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
     steps = 0
     run = RunContext()
     session: Session | None = None
+    current = False  # `session` is the row as our own last commit returned it
     try:
         while True:
-            session = _refresh(session_id, session)
+            if not current:
+                session = _refresh(session_id, session)
             if session is None or session.lease_owner != owner:
                 # Taken over after our lease ran out (a pause, a slow database):
                 # our last commit was refused, so nothing ran twice.
                 return RunResult(steps, "lease_lost")
+            version = session.version
             try:
                 progressed = run_step(session, owner, run)
             except StaleSession:
@@ -66,10 +69,18 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 logger.exception("step of session %s crashed", session_id)
                 _record_crash(session_id, owner)
                 return RunResult(steps, "crashed")
+            # Our commit's RETURNING gave back what others change without a
+            # version bump (cancel flag, queued count, lease owner): no re-read
+            # before the next step unless a cancel needs its reason and actor.
+            # Anything that lands after the commit is seen by the next commit's
+            # conditions (version, lease, cancel guard) or by lease_release.
+            current = session.version != version and not session.cancel_requested
             if progressed:
                 steps += 1
             elif lease_release(session_id=session_id, owner=owner):
                 return RunResult(steps, "idle")
+            else:
+                current = False
     finally:
         heartbeat.release(session_id)
         connection.close()

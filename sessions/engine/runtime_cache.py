@@ -30,27 +30,39 @@ class AgentRuntime:
 
 
 # Hashes of the rows themselves, so any change is seen, even one made with a
-# queryset update() that leaves `updated_at` alone.
-_STAMP_SQL = f"""
-SELECT md5(a::text), md5(m::text), md5(f::text), md5(c::text),
+# queryset update() that leaves `updated_at` alone. `{agent}` is the agent's
+# id: a parameter here, the session row's column in the step commit's
+# RETURNING (which validates the cache for the next step without a query).
+_STAMP_EXPR = f"""(
+SELECT concat_ws('|', md5(a::text), md5(m::text), md5(f::text), md5(c::text),
        (SELECT string_agg(md5(t::text), ',' ORDER BY t.id)
-          FROM "{Tool._meta.db_table}" t WHERE t.name = ANY(a.tools))
+          FROM "{Tool._meta.db_table}" t WHERE t.name = ANY(a.tools)))
   FROM "{Agent._meta.db_table}" a
   JOIN "{ModelEndpoint._meta.db_table}" m ON m.id = a.model_id
   LEFT JOIN "{ModelEndpoint._meta.db_table}" f ON f.id = a.fallback_model_id
   LEFT JOIN "{ModelEndpoint._meta.db_table}" c ON c.id = a.candidate_model_id
- WHERE a.id = %s"""
+ WHERE a.id = {{agent}})"""
+_STAMP_SQL = "SELECT " + _STAMP_EXPR.format(agent="%s")
+STAMP_RETURNING = _STAMP_EXPR.format(agent=f'"{Session._meta.db_table}"."agent_id"')
 
 _agents: dict[int, AgentRuntime] = {}
 _lock = threading.Lock()
 
 
-def agent_runtime(agent_id: int) -> AgentRuntime:
-    """The agent with its endpoints and enabled tools, fresh as of this step."""
-    with connection.cursor() as cursor:
-        cursor.execute(_STAMP_SQL, [agent_id])
-        row = cursor.fetchone()
-    stamp = tuple(row) if row else ()
+def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime:
+    """The agent with its endpoints and enabled tools, fresh as of this step.
+
+    With `session`: the stamp its last commit returned stands for this step's
+    (validated as of that commit), if the session has not moved since.
+    """
+    known = getattr(session, "config_stamp", None) if session is not None else None
+    if known is not None and known[0] == session.version:  # type: ignore[union-attr]
+        stamp: tuple[Any, ...] = (known[1],)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_STAMP_SQL, [agent_id])
+            row = cursor.fetchone()
+        stamp = tuple(row) if row else ()
     cached = _agents.get(agent_id)
     if cached is not None and cached.stamp == stamp:
         return cached
@@ -73,7 +85,12 @@ class RunContext:
     def history(self, session: Session) -> list[Message]:
         """The session's history, read incrementally: messages never change once in it."""
         last = self.history_cache[-1].seq if self.history_cache else 0
-        if last != session.message_seq:
+        # What this run's own last commit added is already in memory.
+        committed = [m for m in getattr(session, "committed_messages", ()) if m.seq > last]
+        session.committed_messages = []  # type: ignore[attr-defined]
+        if last and [m.seq for m in committed] == list(range(last + 1, session.message_seq + 1)):
+            self.history_cache.extend(committed)
+        elif last != session.message_seq:
             new = list(
                 Message.objects.raw(
                     f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '

@@ -9,7 +9,6 @@ session in `error` for an operator instead of guessing.
 """
 
 import asyncio
-from typing import Any
 
 from django.db import connection
 from django.utils import timezone
@@ -31,7 +30,6 @@ from ..rows import json_value
 from .approval_gate import approval_gate
 from .commit import StaleSession
 from .environment import environment
-from .guards import canonical_json
 from .moves import tool_results, turn_fail
 from .runtime_cache import agent_runtime
 
@@ -41,8 +39,9 @@ def _cached_outcomes(
 ) -> dict[int, ToolOutcome]:
     """Read-only calls identical to an earlier successful one in this session reuse its result.
 
-    One query for all of the step's read-only calls; arguments are compared as
-    canonical JSON.
+    The earlier result comes with the call itself (`cached_output`, read by
+    `_open_calls`); arguments are compared as jsonb (canonical: key order and
+    spacing do not matter).
     """
     readonly = [
         c
@@ -52,22 +51,9 @@ def _cached_outcomes(
         and isinstance(c.input, dict)
         and not c.error
     ]
-    if not readonly:
-        return {}
-    earlier: dict[tuple[str, str], Any] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""SELECT tool_name, input, output FROM "{ToolCall._meta.db_table}"
-                 WHERE session_id = %s AND status = 'success' AND tool_name = ANY(%s) AND NOT (id = ANY(%s))
-                 ORDER BY id DESC LIMIT 500""",
-            [session.pk, sorted({c.tool_name for c in readonly}), [c.pk for c in readonly]],
-        )
-        for name, raw_input, raw_output in cursor.fetchall():
-            key = (name, canonical_json(json_value(raw_input)))
-            earlier.setdefault(key, json_value(raw_output))
     outcomes: dict[int, ToolOutcome] = {}
     for call in readonly:
-        found = earlier.get((call.tool_name, canonical_json(call.input)))
+        found = json_value(getattr(call, "cached_output", None))
         if found is not None:
             outcomes[call.pk] = ToolOutcome(
                 status=ToolCallStatus.SUCCESS,
@@ -76,6 +62,24 @@ def _cached_outcomes(
                 extra={"cached": True},
             )
     return outcomes
+
+
+def _open_calls(session: Session) -> list[ToolCall]:
+    """This turn's calls still executing, each with the output of the latest
+    earlier successful call of the same tool with the same arguments in the
+    session (`cached_output`; used for read-only tools only): one query."""
+    table = ToolCall._meta.db_table
+    return list(
+        ToolCall.objects.raw(
+            f"""SELECT c.*, (SELECT e.output FROM "{table}" e
+                              WHERE e.session_id = c.session_id AND e.status = 'success'
+                                AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
+                              ORDER BY e.id DESC LIMIT 1) AS cached_output
+                  FROM "{table}" c WHERE c.session_id = %s AND c.turn = %s AND c.status = %s
+                 ORDER BY c.step, c.position""",
+            [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
+        )
+    )
 
 
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
@@ -113,15 +117,9 @@ def tool_step(session: Session, owner: str) -> None:
     6. Commit results, tool messages and events in one step (the
        `tool_results` move); a scheduled follow-up waits for its timer.
     """
-    runtime = agent_runtime(session.agent_id)
+    runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
-    calls = list(
-        ToolCall.objects.raw(
-            f'SELECT * FROM "{ToolCall._meta.db_table}" WHERE session_id = %s AND turn = %s AND status = %s '
-            "ORDER BY step, position",
-            [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
-        )
-    )
+    calls = _open_calls(session)
     tools = runtime.tools_for(session.role)
     gate = approval_gate(session, owner, calls, tools)
     if gate.paused:

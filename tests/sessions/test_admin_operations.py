@@ -77,7 +77,7 @@ def test_the_endpoint_list_shows_and_resets_the_circuit_breaker(client, operator
 
 def test_fork_from_a_checkpoint_in_the_admin(client, operator, finished_session):
     middle = (
-        Checkpoint.objects.filter(session=finished_session, state="tool_loop")
+        Checkpoint.objects.filter(session=finished_session, context__phase="tool_results")
         .order_by("step")
         .first()
     )

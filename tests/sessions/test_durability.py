@@ -619,9 +619,18 @@ def test_every_step_checkpoints_a_compact_execution_context(make_session, rules_
 
     checkpoints = list(Checkpoint.objects.filter(session=session).order_by("step"))
     assert [c.step for c in checkpoints] == list(range(1, session.step + 1))
-    assert Transition.objects.filter(session=session).count() == len(checkpoints)
+    # The tool results' commit also makes the move back to the model (two
+    # transitions, one commit, one checkpoint).
+    moves = Transition.objects.filter(session=session).order_by("id")
+    assert [(t.trigger, t.version) for t in moves] == [
+        ("user_message", 1),
+        ("tool_calls", 2),
+        ("tool_results", 3),
+        ("model_call", 4),
+        ("answer", 5),
+    ]
     phases = [c.context["phase"] for c in checkpoints]
-    assert phases == ["turn_start", "tool_intent", "tool_results", "model", "answer"]
+    assert phases == ["turn_start", "tool_intent", "tool_results", "answer"]
     by_phase = {c.context["phase"]: c for c in checkpoints}
     call = ToolCall.objects.get(session=session)
     intent = by_phase["tool_intent"].context
@@ -633,14 +642,8 @@ def test_every_step_checkpoints_a_compact_execution_context(make_session, rules_
     assert set(intent["env"]) == {"agent", "tools", "model"}  # the environment, first time only
     assert "env" not in by_phase["answer"].context
     assert by_phase["tool_results"].context["done"] == [[call.call_id, "success", 1]]
-    assert [c.message_seq for c in checkpoints] == [1, 2, 3, 3, 4]
-    assert [c.state for c in checkpoints] == [
-        "processing",
-        "tool_wait",
-        "tool_loop",
-        "processing",
-        "finished",
-    ]
+    assert [c.message_seq for c in checkpoints] == [1, 2, 3, 4]
+    assert [c.state for c in checkpoints] == ["processing", "tool_wait", "processing", "finished"]
     assert all(c.fingerprint == by_phase["tool_intent"].fingerprint for c in checkpoints[1:])
     assert len(by_phase["tool_intent"].fingerprint) == 64
     assert max(c.size_bytes for c in checkpoints) <= 2048

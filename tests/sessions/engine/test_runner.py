@@ -1,0 +1,156 @@
+"""What a step costs the database, counted (not timed): commits and round trips per step.
+
+A read-only tool iteration (the model asks for a call, the call runs) is two
+commits: the model step's and the tool results' (which also makes the move
+back to the model). Each step writes in one round trip, and its reads are
+the few it cannot take from the run's memory.
+"""
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.backends.postgresql.base import DatabaseWrapper
+
+from sessions.engine import runner, session_run
+from sessions.models import ModelEndpoint, Session, Transition
+from sessions.services import message_post
+from tests.factories import AgentFactory, ToolFactory
+from tools.registry import tool_handler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS = 3
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+def _writes(sql: str) -> bool:
+    return sql.lstrip().split(None, 1)[0].upper() in WRITES
+
+
+@tool_handler("tests.runner.count")
+def count(n: int | None = None) -> dict[str, Any]:
+    return {"n": (n or 0) + 1, "text": "x" * 400}
+
+
+@dataclass
+class StepCount:
+    state: str
+    round_trips: int = 0
+    commits: int = 0
+    statements: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[StepCount]]:
+    """Per run_step of the engine thread: round trips (executes, BEGIN and
+    COMMIT) and commits (a write run outside a transaction is one; so is an
+    explicit COMMIT)."""
+    steps: list[StepCount] = []
+    current: list[StepCount] = []
+    original_run_step = runner.run_step
+    original_commit = DatabaseWrapper.commit
+
+    def run_step(session: Session, owner: str, run: Any = None) -> bool:
+        current[:] = [StepCount(session.state)]
+        progressed = original_run_step(session, owner, run)
+        if progressed:
+            steps.append(current[0])
+        current.clear()
+        return progressed
+
+    def commit(wrapper: Any) -> Any:
+        if current:
+            current[0].commits += 1
+            current[0].round_trips += 2  # BEGIN (sent with the first statement) and COMMIT
+        return original_commit(wrapper)
+
+    def execute(run: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if current:
+            current[0].round_trips += 1
+            current[0].statements.append(sql)
+            if not connection.in_atomic_block and _writes(sql):
+                current[0].commits += 1
+        return run(sql, params, many, context)
+
+    monkeypatch.setattr(runner, "run_step", run_step)
+    monkeypatch.setattr(DatabaseWrapper, "commit", commit)
+    with connection.execute_wrapper(execute):
+        yield steps
+
+
+def _loop_agent(model: ModelEndpoint) -> Any:
+    tool = ToolFactory.create(
+        name=f"count_{uuid.uuid4().hex[:8]}",
+        handler="tests.runner.count",
+        side_effects=False,
+        parameters={"type": "object", "properties": {"n": {"type": ["integer", "null"]}}},
+    )
+    return AgentFactory.create(
+        slug=f"loop-{uuid.uuid4().hex[:8]}",
+        model=model,
+        tools=[tool.name],
+        max_iterations=CALLS + 2,
+        rules=[
+            {"name": "answer", "when": {"result": f'"n":{CALLS}[,}}]'}, "answer": "done"},
+            {"name": "call", "tool_calls": [{"tool": tool.name, "args": {"n": "{{ result.n }}"}}]},
+        ],
+    )
+
+
+def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, counted):
+    session = make_session(agent=_loop_agent(rules_model))
+    message_post(session=session, content="go")
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    kinds = [s.state for s in counted]
+    assert kinds == ["processing", "tool_wait"] * CALLS + ["processing"]
+    assert all(s.commits == 1 for s in counted), [(s.state, s.statements) for s in counted]
+    # One round trip writes the step (no BEGIN / COMMIT of its own).
+    for step in counted:
+        writes = [sql for sql in step.statements if _writes(sql)]
+        assert len(writes) == 1, writes
+    # Reads: the tool step reads its calls (with any cached result) in one;
+    # model steps after the first read nothing but the loop guards' calls.
+    tools = [s for s in counted if s.state == "tool_wait"]
+    assert [s.round_trips for s in tools] == [2] * CALLS
+    later_models = [s for s in counted if s.state == "processing"][1:]
+    assert all(s.round_trips <= 2 for s in later_models), [s.statements for s in later_models]
+    # Both moves of each tool-results commit are recorded.
+    moves = list(
+        Transition.objects.filter(session=session).order_by("id").values_list("trigger", flat=True)
+    )
+    assert moves == ["user_message"] + ["tool_calls", "tool_results", "model_call"] * CALLS + [
+        "answer"
+    ]
+
+
+def test_a_cancel_during_the_tools_stops_at_tool_loop(make_session, rules_model, monkeypatch):
+    session = make_session(agent=_loop_agent(rules_model))
+    message_post(session=session, content="go")
+    original = runner.tool_step
+
+    def tool_step(session: Session, owner: str) -> None:
+        # A client cancels while the tool runs: after the step read the session.
+        Session.objects.filter(pk=session.pk).update(
+            cancel_requested=True, cancel_reason="stop", cancel_actor="api:someone"
+        )
+        original(session, owner)
+
+    monkeypatch.setattr(runner, "tool_step", tool_step)
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    moves = list(
+        Transition.objects.filter(session=session)
+        .order_by("id")
+        .values_list("from_state", "trigger", "to_state", "actor")
+    )
+    assert moves[-2:] == [
+        ("tool_wait", "tool_results", "tool_loop", ""),
+        ("tool_loop", "cancel", "cancelled", "api:someone"),
+    ]
