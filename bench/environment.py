@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".data"
-BENCH_DB = "agentplatform_bench"
+# Another checkout's bench on the same server must not drop this one's database.
+BENCH_DB = os.environ.get("BENCH_DATABASE_NAME", "agentplatform_bench")
 
 
 def _env_file(path: Path) -> dict[str, str]:
