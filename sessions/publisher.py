@@ -2,8 +2,12 @@
 
 PostgreSQL holds every persisted event; a frame lost here only delays a client,
 which fills the gap from the database by `seq`.
+
+A frame is serialised to JSON once, here: the group message carries the text,
+and every socket of the group forwards it as is (500 watchers, one json.dumps).
 """
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -48,15 +52,29 @@ def make_frame(
     }
 
 
+def frame_text(frame: Frame) -> str:
+    """The JSON text of a frame, as a websocket sends it."""
+    return json.dumps(frame)
+
+
+def group_message(frame: Frame) -> dict[str, Any]:
+    """The channel-layer message of a frame: its seq (for gap detection) and its text."""
+    return {"type": "session.frame", "seq": frame["seq"], "text": frame_text(frame)}
+
+
+def frame_of(message: Mapping[str, Any]) -> Frame:
+    """The frame a group message carries (for listeners that want the object back)."""
+    frame: Frame = json.loads(message["text"])
+    return frame
+
+
 async def _send(session_id: str, frames: list[Frame]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
         for frame in frames:
-            await layer.group_send(
-                group_name(session_id), {"type": "session.frame", "frame": frame}
-            )
+            await layer.group_send(group_name(session_id), group_message(frame))
     except Exception:  # noqa: BLE001 - a lost notification must never fail a run
         logger.warning(
             "publish failed for session %s (%d frames)", session_id, len(frames), exc_info=True
