@@ -199,7 +199,7 @@ WS_AUTH_RECHECK_S = env.float("WS_AUTH_RECHECK_S", default=2.0)
 # daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
 # set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
 GC_FREEZE = env.bool("GC_FREEZE", default=True)
-GC_THRESHOLD0 = env.int("GC_THRESHOLD0", default=0)
+GC_THRESHOLD0 = env.int("GC_THRESHOLD0", default=50_000)
 GC_LOG_PAUSES = env.bool("GC_LOG_PAUSES", default=False)
 
 AUTH_PASSWORD_VALIDATORS = [
