@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 CONNECT_CONCURRENCY = 20
+CONNECT_ATTEMPTS = 3
 
 
 async def _hold(
@@ -35,20 +36,26 @@ async def _hold(
     import websockets
 
     async with gate:
-        try:
-            ws = await websockets.connect(
-                url,
-                additional_headers={"Authorization": f"Bearer {key}"},
-                max_queue=None,
-                ping_interval=None,  # the server pings; the client only answers
-                open_timeout=60,
-            )
-        except Exception as exc:  # noqa: BLE001 - reported to the driver
-            failures.append(f"connect: {exc!r}")
-            counter[0] += 1
-            if counter[0] == total:
-                opened.set()
-            return
+        # A handshake can fail on a machine other work keeps busy: a few attempts.
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                ws = await websockets.connect(
+                    url,
+                    additional_headers={"Authorization": f"Bearer {key}"},
+                    max_queue=None,
+                    ping_interval=None,  # the server pings; the client only answers
+                    open_timeout=60,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - reported to the driver
+                if attempt + 1 < CONNECT_ATTEMPTS:
+                    await asyncio.sleep(0.5 * (attempt + 1))
+                    continue
+                failures.append(f"connect: {exc!r}")
+                counter[0] += 1
+                if counter[0] == total:
+                    opened.set()
+                return
     counter[0] += 1
     if counter[0] == total:
         opened.set()
