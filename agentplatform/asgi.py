@@ -25,3 +25,13 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+from django.conf import settings  # noqa: E402
+
+from agentplatform import gc_tuning  # noqa: E402
+
+if settings.GC_LOG_PAUSES:
+    gc_tuning.log_pauses()
+if settings.GC_FREEZE:
+    # The application is loaded: what exists now lives as long as the process.
+    gc_tuning.freeze_after_start(threshold0=settings.GC_THRESHOLD0)

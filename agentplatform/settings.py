@@ -204,6 +204,11 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # An open websocket re-reads its key and session from the database at most this
 # often (a revocation through the platform is seen at once, via Redis).
 WS_AUTH_RECHECK_S = env.float("WS_AUTH_RECHECK_S", default=2.0)
+# daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
+# set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
+GC_FREEZE = env.bool("GC_FREEZE", default=True)
+GC_THRESHOLD0 = env.int("GC_THRESHOLD0", default=50_000)
+GC_LOG_PAUSES = env.bool("GC_LOG_PAUSES", default=False)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -21,6 +21,7 @@ BENCHMARKS = (
     "e2e",
     "inflight",
     "recovery",
+    "fanout",
 )
 
 
@@ -42,6 +43,8 @@ class Sizes:
     adapters_paced_reps: int
     recovery_kills: int
     recovery_standby_kills: int
+    fanout_rounds: int
+    fanout_idle_s: float
     langgraph_runs: int = 40
 
 
@@ -62,6 +65,8 @@ FULL = Sizes(
     adapters_paced_reps=4,
     recovery_kills=20,
     recovery_standby_kills=10,
+    fanout_rounds=12,
+    fanout_idle_s=45.0,
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -80,6 +85,8 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=3,
     recovery_standby_kills=0,
+    fanout_rounds=4,
+    fanout_idle_s=16.0,
     langgraph_runs=12,
 )
 
@@ -337,6 +344,10 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         return recovery.run(
             procs, kills=sizes.recovery_kills, standby_kills=sizes.recovery_standby_kills
         )
+    if name == "fanout":
+        from . import fanout
+
+        return fanout.run(procs, rounds=sizes.fanout_rounds, idle_s=sizes.fanout_idle_s)
     raise ValueError(name)
 
 

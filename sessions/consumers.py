@@ -4,6 +4,12 @@ Joining the group happens before the replay query, and Channels hands a
 consumer its messages one at a time, so frames published during the replay
 wait in the queue; `last_seq` then drops the ones already sent, and a jump in
 `seq` (a lost notification) is filled from the database. No gap, no duplicate.
+
+Fan-out cost: the publisher serialises a frame once and every socket forwards
+that text. Database reads are per session, not per socket: the sockets of one
+session in this process share each read of missing events (`_Watchers.rows_after`),
+and one task per process re-reads the sessions' last seq every `WS_RESYNC_S`
+(one query for all of them) and wakes only the sockets that are behind.
 """
 
 import asyncio
@@ -11,6 +17,8 @@ import json
 import logging
 import time
 import uuid
+import weakref
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -28,7 +36,7 @@ from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
 from .events import EventType
 from .json_limits import JsonRejected, json_loads
-from .publisher import Frame, group_name, make_frame
+from .publisher import frame_text, group_name, make_frame
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +51,109 @@ MAX_FRAME_BYTES = 256 * 1024
 # the server answers WS_SUBPROTOCOL and never echoes the key.
 WS_SUBPROTOCOL = "agentplatform.v1"
 KEY_SUBPROTOCOL_PREFIX = "bearer."
+
+
+# One read of missing events returns at most this many; a socket further behind reads on.
+CATCH_UP_PAGE = 500
+Row = tuple[int, str]  # (seq, the frame's JSON text)
+
+
+def _rows_after(session_id: str, after: int) -> list[Row]:
+    """Persisted events after `after`, each serialised once for every socket that needs it."""
+    return [
+        (e.seq, frame_text(make_frame(e.session_id, e.seq, e.type, e.data, e.created_at)))
+        for e in selectors.events_after(session_id=session_id, after=after, limit=CATCH_UP_PAGE)
+    ]
+
+
+@dataclass
+class _Read:
+    after: int
+    started: float  # loop time; the read sees every event committed before it
+    rows: "asyncio.Future[list[Row]]"
+
+
+class _Watchers:
+    """The open sockets of this process (one event loop), by session."""
+
+    def __init__(self) -> None:
+        self.by_session: dict[str, set[SessionConsumer]] = {}
+        self._reads: dict[str, _Read] = {}
+        self._resync: asyncio.Task[None] | None = None
+
+    def add(self, consumer: "SessionConsumer") -> None:
+        self.by_session.setdefault(consumer.session_id, set()).add(consumer)
+        if self._resync is None:
+            self._resync = asyncio.ensure_future(self._resync_while_watched())
+
+    def discard(self, consumer: "SessionConsumer") -> None:
+        sockets = self.by_session.get(consumer.session_id)
+        if sockets is not None:
+            sockets.discard(consumer)
+            if not sockets:
+                del self.by_session[consumer.session_id]
+                self._reads.pop(consumer.session_id, None)
+
+    async def rows_after(self, session_id: str, after: int, not_before: float) -> list[Row]:
+        """Events of the session after `after`, from a read that started at or after
+        `not_before` (so it saw everything committed before then): a read another
+        socket started is shared when it qualifies, else a new one starts."""
+        read = self._reads.get(session_id)
+        if read is None or read.after > after or read.started < not_before:
+            read = _Read(
+                after=after,
+                started=asyncio.get_running_loop().time(),
+                rows=asyncio.ensure_future(database_sync_to_async(_rows_after)(session_id, after)),
+            )
+            if session_id in self.by_session:
+                self._reads[session_id] = read
+        return await asyncio.shield(read.rows)
+
+    async def _resync_while_watched(self) -> None:
+        """Re-read the database now and then, so a notification lost between a
+        worker's commit and its publish (a crash) still reaches every client."""
+        try:
+            while self.by_session:
+                await asyncio.sleep(settings.WS_RESYNC_S)
+                try:
+                    await self._resync_once()
+                except Exception:  # noqa: BLE001 - the next period tries again
+                    logger.debug("websocket resync failed", exc_info=True)
+        finally:
+            self._resync = None
+
+    async def _resync_once(self) -> None:
+        if not self.by_session:
+            return
+        started = asyncio.get_running_loop().time()
+        heads = await database_sync_to_async(selectors.sessions_event_seq)(
+            session_ids=list(self.by_session)
+        )
+        behind = [
+            consumer
+            for session_id, head in heads.items()
+            for consumer in self.by_session.get(session_id, ())
+            # A socket that got a frame since the read began is streaming: a gap
+            # it has shows up as a jump in seq and is filled then.
+            if consumer.last_seq < head and consumer._last_frame_at < started
+        ]
+        if behind:
+            await asyncio.gather(
+                *(consumer._resync_from(started) for consumer in behind), return_exceptions=True
+            )
+
+
+_WATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchers]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _watchers() -> _Watchers:
+    loop = asyncio.get_running_loop()
+    watchers = _WATCHERS.get(loop)
+    if watchers is None:
+        watchers = _WATCHERS[loop] = _Watchers()
+    return watchers
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -150,28 +261,20 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.group = group_name(self.session_id)
         self._lock = asyncio.Lock()
         await self.channel_layer.group_add(self.group, self.channel_name)
+        joined = asyncio.get_running_loop().time()
+        self._watchers = _watchers()
+        self._watchers.add(self)
         async with self._lock:
-            await self._catch_up()
-        self._resync = asyncio.ensure_future(self._resync_while_idle())
+            await self._catch_up(not_before=joined)
 
-    async def _resync_while_idle(self) -> None:
-        """Re-read the database now and then, so a notification lost between a
-        worker's commit and its publish (a crash) still reaches this client."""
-        period = settings.WS_RESYNC_S
-        while True:
-            await asyncio.sleep(period)
-            if asyncio.get_running_loop().time() - self._last_frame_at < period:
-                continue
-            try:
-                async with self._lock:
-                    await self._catch_up()
-            except Exception:  # noqa: BLE001 - the next period tries again
-                logger.debug("websocket resync failed", exc_info=True)
+    async def _resync_from(self, started: float) -> None:
+        async with self._lock:
+            await self._catch_up(not_before=started)
 
     async def disconnect(self, code: int) -> None:
-        resync = getattr(self, "_resync", None)
-        if resync is not None:
-            resync.cancel()
+        watchers = getattr(self, "_watchers", None)
+        if watchers is not None:
+            watchers.discard(self)
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.key_group is not None:
@@ -199,36 +302,48 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
         await self.send(text_data=json.dumps(frame))
 
-    async def _catch_up(self) -> None:
+    async def _catch_up(self, not_before: float) -> None:
+        """Send every persisted event after `last_seq` committed before `not_before`
+        (and any later one the read happens to see)."""
         while True:
-            rows = await database_sync_to_async(selectors.events_after)(
-                session_id=self.session_id, after=self.last_seq, limit=500
-            )
-            for event in rows:
-                frame = make_frame(
-                    event.session_id, event.seq, event.type, event.data, event.created_at
-                )
-                await self.send(text_data=json.dumps(frame))
-                self.last_seq = event.seq
-            if len(rows) < 500:
+            rows = await self._watchers.rows_after(self.session_id, self.last_seq, not_before)
+            for seq, text in rows:
+                if seq > self.last_seq:
+                    await self.send(text_data=text)
+                    self.last_seq = seq
+            if len(rows) < CATCH_UP_PAGE:
                 return
+            # A full page: read the next one (a fresh read, after what was just sent).
+            not_before = asyncio.get_running_loop().time()
 
     # Frames from the channel group ------------------------------------------------
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels closes stale database connections (a thread hop) before every
+        handler; a live frame touches no database, so it skips that: 500 watchers of
+        a session would otherwise queue 500 hops on the one sync thread per frame.
+        Every database read here goes through database_sync_to_async, which
+        closes stale connections itself."""
+        if message["type"] == "session.frame":
+            await self.session_frame(message)
+            return
+        await super().dispatch(message)
+
     async def session_frame(self, message: dict[str, Any]) -> None:
-        frame: Frame = message["frame"]
+        text: str = message["text"]
+        seq: int | None = message["seq"]
         self._last_frame_at = asyncio.get_running_loop().time()
-        seq = frame["seq"]
         if seq is None:
-            await self.send(text_data=json.dumps(frame))
+            await self.send(text_data=text)
             return
         async with self._lock:
             if seq <= self.last_seq:
                 return
             if seq > self.last_seq + 1:
-                await self._catch_up()
+                # The frame was committed before it arrived: a read from now on has it.
+                await self._catch_up(not_before=self._last_frame_at)
                 return
-            await self.send(text_data=json.dumps(frame))
+            await self.send(text_data=text)
             self.last_seq = seq
 
     # Access, re-checked while the socket is open -----------------------------------

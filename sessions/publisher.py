@@ -3,10 +3,9 @@
 PostgreSQL holds every persisted event; a frame lost here only delays a client,
 which fills the gap from the database by `seq`.
 
-Each frame is built once (by the step that commits it) and serialised once,
-here: the group message is `{"type": "session.frame", "frame": <Frame>,
-"text": json.dumps(frame)}`, so a consumer can send `text` to each of its
-sockets as is instead of serialising the same frame per socket.
+A frame is built once (by the step that commits it) and serialised to JSON once,
+on the committing thread: the group message carries its seq and its text, and
+every socket of the group forwards the text as is (500 watchers, one json.dumps).
 """
 
 import json
@@ -54,6 +53,22 @@ def make_frame(
     }
 
 
+def frame_text(frame: Frame) -> str:
+    """The JSON text of a frame, as a websocket sends it."""
+    return json.dumps(frame)
+
+
+def group_message(frame: Frame) -> dict[str, Any]:
+    """The channel-layer message of a frame: its seq (for gap detection) and its text."""
+    return {"type": "session.frame", "seq": frame["seq"], "text": frame_text(frame)}
+
+
+def frame_of(message: Mapping[str, Any]) -> Frame:
+    """The frame a group message carries (for listeners that want the object back)."""
+    frame: Frame = json.loads(message["text"])
+    return frame
+
+
 async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
     layer = get_channel_layer()
     if layer is None:
@@ -67,16 +82,11 @@ async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
         )
 
 
-def frame_message(frame: Frame) -> dict[str, Any]:
-    """The channel-layer message of a frame, serialised once for every socket."""
-    return {"type": "session.frame", "frame": frame, "text": json.dumps(frame)}
-
-
 def publish(session_id: UUID | str, frames: list[Frame]) -> None:
     """Hand frames to the shared loop without waiting; order is kept per call."""
     if frames:
         try:
-            messages = [frame_message(frame) for frame in frames]
+            messages = [group_message(frame) for frame in frames]
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return

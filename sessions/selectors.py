@@ -41,6 +41,12 @@ def events_after(*, session_id: UUID | str, after: int, limit: int = 1000) -> li
     return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])
 
 
+def sessions_event_seq(*, session_ids: list[str]) -> dict[str, int]:
+    """The last event seq of each session (a missing one was deleted): one query for all."""
+    rows = Session.objects.filter(pk__in=session_ids).values_list("pk", "event_seq")
+    return {str(pk): seq for pk, seq in rows}
+
+
 def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
     return list(Checkpoint.objects.filter(session=session).order_by("-step")[:limit])
 

@@ -18,7 +18,7 @@ from sessions.engine.moves import turn_fail
 from sessions.engine.runner import run_step
 from sessions.events import PAYLOADS, EventType
 from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
-from sessions.publisher import group_name
+from sessions.publisher import frame_of, group_name
 from sessions.services import message_post, session_cancel
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.event_shapes import payload_problems
@@ -99,7 +99,7 @@ def _streamed(session: Session, run: Any) -> list[dict[str, Any]]:
                     message = await asyncio.wait_for(layer.receive(channel), timeout=1.0)
                 except TimeoutError:
                     return frames
-                frames.append(message["frame"])
+                frames.append(frame_of(message))
         finally:
             await layer.group_discard(group_name(session.pk), channel)
 
