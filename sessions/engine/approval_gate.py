@@ -73,7 +73,11 @@ def approval_gate(
     session: Session, owner: str, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
 ) -> Gate:
     """Decide which of the step's calls wait for a person; pause the session if any do."""
-    decided = approvals_for_calls(call_ids=[c.pk for c in calls])
+    # Only calls a person was asked about have an approval to read (the tool
+    # step's one query says which), so an ungated step pays no extra round trip.
+    decided = approvals_for_calls(
+        call_ids=[c.pk for c in calls if getattr(c, "has_approval", True)]
+    )
     gate = Gate(paused=False)
     pending = False
     fresh: list[Approval] = []

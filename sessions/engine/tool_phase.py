@@ -13,6 +13,7 @@ import asyncio
 from django.db import connection
 from django.utils import timezone
 
+from approvals.models import Approval
 from runtime import io_loop
 from runtime.faults import fault_point
 from tools.execution import (
@@ -67,14 +68,18 @@ def _cached_outcomes(
 def _open_calls(session: Session) -> list[ToolCall]:
     """This turn's calls still executing, each with the output of the latest
     earlier successful call of the same tool with the same arguments in the
-    session (`cached_output`; used for read-only tools only): one query."""
+    session (`cached_output`; used for read-only tools only) and whether a
+    person was asked about it (`has_approval`): one query."""
     table = ToolCall._meta.db_table
+    approvals = Approval._meta.db_table
     return list(
         ToolCall.objects.raw(
             f"""SELECT c.*, (SELECT e.output FROM "{table}" e
                               WHERE e.session_id = c.session_id AND e.status = 'success'
                                 AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
-                              ORDER BY e.id DESC LIMIT 1) AS cached_output
+                              ORDER BY e.id DESC LIMIT 1) AS cached_output,
+                       EXISTS (SELECT 1 FROM "{approvals}" a WHERE a.tool_call_id = c.id)
+                         AS has_approval
                   FROM "{table}" c WHERE c.session_id = %s AND c.turn = %s AND c.status = %s
                  ORDER BY c.step, c.position""",
             [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
