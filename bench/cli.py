@@ -20,6 +20,7 @@ BENCHMARKS = (
     "e2e",
     "inflight",
     "recovery",
+    "load",
 )
 
 
@@ -41,6 +42,7 @@ class Sizes:
     adapters_paced_reps: int
     recovery_kills: int
     recovery_standby_kills: int
+    load_sessions: int
 
 
 FULL = Sizes(
@@ -60,6 +62,7 @@ FULL = Sizes(
     adapters_paced_reps=4,
     recovery_kills=20,
     recovery_standby_kills=10,
+    load_sessions=200,
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -78,6 +81,7 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=3,
     recovery_standby_kills=0,
+    load_sessions=200,
 )
 
 
@@ -330,6 +334,10 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         return recovery.run(
             procs, kills=sizes.recovery_kills, standby_kills=sizes.recovery_standby_kills
         )
+    if name == "load":
+        from . import load
+
+        return load.run(procs, sessions=sizes.load_sessions)
     raise ValueError(name)
 
 

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".data"
-BENCH_DB = "agentplatform_bench"
+# BENCH_DATABASE_NAME: another name, so two checkouts can run the bench on one server.
+BENCH_DB = os.environ.get("BENCH_DATABASE_NAME") or "agentplatform_bench"
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -93,6 +94,9 @@ def prepare(queue: str) -> tuple[dict[str, str], float]:
         "DATABASE_URL": url,
         "REDIS_URL": redis_url,
         "CELERY_QUEUE": queue,
+        # Limits, breakers and socket slots of its own: other runs on this Redis
+        # (another checkout's bench, the tests) count against theirs, not ours.
+        "REDIS_KEY_PREFIX": queue,
         "DJANGO_SETTINGS_MODULE": "agentplatform.settings",
         "PYTHONUNBUFFERED": "1",
     }
