@@ -21,6 +21,7 @@ BENCHMARKS = (
     "inflight",
     "recovery",
     "load",
+    "http",
 )
 
 
@@ -43,6 +44,7 @@ class Sizes:
     recovery_kills: int
     recovery_standby_kills: int
     load_sessions: int
+    http_seconds: float
 
 
 FULL = Sizes(
@@ -63,6 +65,7 @@ FULL = Sizes(
     recovery_kills=20,
     recovery_standby_kills=10,
     load_sessions=200,
+    http_seconds=10.0,
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -82,6 +85,7 @@ QUICK = Sizes(
     recovery_kills=3,
     recovery_standby_kills=0,
     load_sessions=200,
+    http_seconds=4.0,
 )
 
 
@@ -338,6 +342,10 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import load
 
         return load.run(procs, sessions=sizes.load_sessions)
+    if name == "http":
+        from . import http_serving
+
+        return http_serving.run(procs, seconds=sizes.http_seconds, layouts=(1, 2))
     raise ValueError(name)
 
 

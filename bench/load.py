@@ -33,6 +33,7 @@ worker's `Transition` rows of each step, and the client's arrival of
   channel layer, daphne's fan-out).
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -104,9 +105,7 @@ def _client(base: str, key: str, ids: list[str], label: str) -> dict[str, Any]:
     spec = DATA / f"bench-load-{os.getpid()}-{label}.json"
     out = DATA / f"bench-load-{os.getpid()}-{label}-out.json"
     spec.write_text(
-        json.dumps(
-            {"base": base, "key": key, "sessions": ids, "content": CONTENT, "timeout": 180}
-        )
+        json.dumps({"base": base, "key": key, "sessions": ids, "content": CONTENT, "timeout": 180})
     )
     try:
         subprocess.run(
@@ -201,7 +200,15 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     model_port = free_port()
     model = procs.start(
         "model",
-        [sys.executable, "-m", "bench.model_server", "--port", str(model_port), "--latency", str(LATENCY_S)],
+        [
+            sys.executable,
+            "-m",
+            "bench.model_server",
+            "--port",
+            str(model_port),
+            "--latency",
+            str(LATENCY_S),
+        ],
     )
     _wait_port(model_port, model)
     _configure(model_port)
@@ -277,11 +284,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         "phases_ms": {name: summary([v * 1000 for v in values]) for name, values in phases.items()},
         "model_calls": len(calls),
         "process_cpu_s": cpu,
-        "procfile": {
-            name: line
-            for name, line in procfile().items()
-            if name in ("web", "worker")
-        },
+        "procfile": {name: line for name, line in procfile().items() if name in ("web", "worker")},
         **machine,
     }
     result.notes.append(
@@ -295,10 +298,8 @@ def _tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and its children (a web master and its workers)."""
     total = 0.0
     for child in [pid, *_children(pid)]:
-        try:
+        with contextlib.suppress(OSError):
             total += process_cpu_s(child)
-        except OSError:
-            pass
     return total
 
 

@@ -72,7 +72,8 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
             sample = samples[session_id]
             sample["post"] = time.time()
             response = await http.post(
-                f"/api/v1/sessions/{session_id}/messages/", json={"content": f"{spec['content']} {session_id}"}
+                f"/api/v1/sessions/{session_id}/messages/",
+                json={"content": f"{spec['content']} {session_id}"},
             )
             sample["answered"] = time.time()
             sample["status"] = response.status_code
@@ -93,7 +94,8 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    spec = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as fh:
+        spec = json.loads(fh.read())
     result = asyncio.run(_main(spec))
     with open(sys.argv[2], "w") as fh:
         json.dump(result, fh)

@@ -154,7 +154,9 @@ class Processes:
         )
         return self.port
 
-    def start_procfile(self, entry: str, name: str | None = None, env: dict[str, str] | None = None) -> None:
+    def start_procfile(
+        self, entry: str, name: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         """Start the Procfile's `entry` line exactly as written (through `sh -c`, as honcho does)."""
         command = procfile()[entry]
         self.start(name or entry, ["/bin/sh", "-c", f"exec {command}"], env)
