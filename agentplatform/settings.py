@@ -106,7 +106,12 @@ CHANNEL_LAYERS = {
         # failed at 1-2k (DESIGN.md); socket_timeout=None keeps idle
         # subscriptions from being dropped every few seconds by redis-py 8.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+            # Group names hold database ids (a key's group): two deployments or
+            # bench runs sharing one Redis need prefixes of their own.
+            "prefix": env.str("CHANNEL_LAYER_PREFIX", default="asgi"),
+        },
     }
 }
 

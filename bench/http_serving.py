@@ -25,6 +25,7 @@ from typing import Any
 
 from . import fixtures
 from .environment import DATA, ROOT
+from .load import tree_cpu_s
 from .procs import Processes, free_port, procfile
 from .results_model import Result, figure
 from .runs import MachineLoad
@@ -73,7 +74,12 @@ async def _throughput(
         per = max(len(ids) // CLIENTS, 1)
         await asyncio.gather(*(client(ids[c * per : (c + 1) * per] or ids) for c in range(CLIENTS)))
         wall = time.perf_counter() - started
-    return {"per_s": len(latencies) / wall, "latency_ms": summary(latencies), "errors": errors}
+    return {
+        "per_s": len(latencies) / wall,
+        "count": len(latencies),
+        "latency_ms": summary(latencies),
+        "errors": errors,
+    }
 
 
 async def _sequential_posts(base: str, key: str, ids: list[str], seconds: float) -> list[float]:
@@ -201,10 +207,16 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
         procs.wait_web()
         base = f"http://127.0.0.1:{port}"
         asyncio.run(_throughput(base, key, ids, 2, post=False))  # warm-up: every daphne, the pools
+        web_pid = procs.procs["web"].pid
         load = MachineLoad()
         load.start()
+        cpu0 = tree_cpu_s(web_pid)
         posts = asyncio.run(_throughput(base, key, ids, seconds, post=True))
+        cpu1 = tree_cpu_s(web_pid)
         gets = asyncio.run(_throughput(base, key, ids, seconds, post=False))
+        cpu2 = tree_cpu_s(web_pid)
+        post_cpu_ms = (cpu1 - cpu0) / max(posts["count"], 1) * 1000
+        get_cpu_ms = (cpu2 - cpu1) / max(gets["count"], 1) * 1000
         quiet = asyncio.run(_sequential_posts(base, key, ids, seconds))
         broadcast = _during_broadcast(base, key, ids, watched, seconds)
         machine = load.stop()
@@ -213,6 +225,8 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
             "post_per_s": round(posts["per_s"], 1),
             "post_latency_ms": posts["latency_ms"],
             "get_per_s": round(gets["per_s"], 1),
+            "web_cpu_ms_per_post": round(post_cpu_ms, 2),
+            "web_cpu_ms_per_get": round(get_cpu_ms, 2),
             "get_latency_ms": gets["latency_ms"],
             "errors": {"post": posts["errors"], "get": gets["errors"]},
             "post_alone_ms": summary(quiet),
@@ -230,6 +244,15 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
                 f"post_per_s_{n}", f"{label}: POST messages/s, 50 clients", posts["per_s"], "req/s"
             ),
             figure(f"get_per_s_{n}", f"{label}: GET session/s, 50 clients", gets["per_s"], "req/s"),
+            figure(
+                f"post_cpu_ms_{n}",
+                f"{label}: web CPU per POST (all its processes)",
+                post_cpu_ms,
+                "ms",
+            ),
+            figure(
+                f"get_cpu_ms_{n}", f"{label}: web CPU per GET (all its processes)", get_cpu_ms, "ms"
+            ),
             figure(
                 f"post_alone_p95_ms_{n}",
                 f"{label}: POST p95, one at a time, no broadcast",

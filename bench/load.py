@@ -35,10 +35,12 @@ worker's `Transition` rows of each step, and the client's arrival of
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,20 +102,47 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) ->
     raise RuntimeError("model server not listening")
 
 
-def _client(base: str, key: str, ids: list[str], label: str) -> dict[str, Any]:
-    """Run the users in a process of their own; returns what `load_client` wrote."""
+def _client(
+    base: str,
+    key: str,
+    ids: list[str],
+    label: str,
+    on_phase: Callable[[str], None] = lambda _phase: None,
+) -> dict[str, Any]:
+    """Run the users in a process of their own; returns what `load_client` wrote.
+
+    `on_phase` is called with "connected" (every websocket open, nothing posted yet),
+    "posted" (every 202 in) and "finished" (every turn.finished in).
+    """
     spec = DATA / f"bench-load-{os.getpid()}-{label}.json"
     out = DATA / f"bench-load-{os.getpid()}-{label}-out.json"
     spec.write_text(
         json.dumps({"base": base, "key": key, "sessions": ids, "content": CONTENT, "timeout": 180})
     )
     try:
-        subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "bench.load_client", str(spec), str(out)],
-            check=True,
             cwd=Path(__file__).resolve().parent.parent,
-            timeout=300,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            if proc.stdout.readline().strip() != "connected":
+                raise RuntimeError("load_client: the websockets did not connect")
+            on_phase("connected")
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            if proc.stdout.readline().strip() == "posted":
+                on_phase("posted")
+            if proc.wait(timeout=300) != 0:
+                raise RuntimeError(f"load_client exited with {proc.returncode}")
+            on_phase("finished")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
         data: dict[str, Any] = json.loads(out.read_text())
     finally:
         spec.unlink(missing_ok=True)
@@ -234,12 +263,29 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     ids = create(sessions)
     stats_before = httpx.get(f"http://127.0.0.1:{model_port}/stats", timeout=10).json()
     pids = {name: procs.procs[name].pid for name in ["web", *workers]}
-    cpu_before = {name: _tree_cpu_s(pid) for name, pid in pids.items()}
+    cpu_before = {name: tree_cpu_s(pid) for name, pid in pids.items()}
+    marks: dict[str, dict[str, float]] = {}
+
+    def mark(phase: str) -> None:
+        marks[phase] = {name: tree_cpu_s(pid) for name, pid in pids.items()}
+        marks[phase]["wall"] = time.time()
+
     load = MachineLoad()
     load.start()
-    data = _client(base, key, ids, "run")
+    data = _client(base, key, ids, "run", on_phase=mark)
     machine = load.stop()
-    cpu = {name: round(_tree_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
+    cpu = {name: round(tree_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
+    # CPU per phase: the posts (first POST -> last 202), then the turns.
+    phase_cpu = {
+        f"{a}->{b}": {
+            name: round(marks[b][name] - marks[a][name], 3) for name in marks[a] if name != "wall"
+        }
+        | {"wall_s": round(marks[b]["wall"] - marks[a]["wall"], 3)}
+        for a, b in (("connected", "posted"), ("posted", "finished"))
+        if a in marks and b in marks
+    }
+    platform_cpu_s = sum(cpu.values())
+    cores = os.cpu_count() or 1
     calls = httpx.get(f"http://127.0.0.1:{model_port}/stats", timeout=10).json()[
         len(stats_before) :
     ]
@@ -265,6 +311,32 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             le=500,
         ),
     ]
+    result.figures += [
+        figure(
+            "web_cpu_ms_per_user",
+            "web CPU per user (websocket connect, POST, frames)",
+            cpu["web"] / sessions * 1000,
+            "ms",
+        ),
+        figure(
+            "web_cpu_ms_per_post",
+            "web CPU per POST (first POST -> last 202, all web processes)",
+            phase_cpu.get("connected->posted", {}).get("web", math.nan) / sessions * 1000,
+            "ms",
+        ),
+        figure(
+            "worker_cpu_ms_per_turn",
+            "worker CPU per turn (both workers)",
+            sum(cpu[w] for w in workers) / sessions * 1000,
+            "ms",
+        ),
+        figure(
+            "cpu_floor_s",
+            f"web + worker CPU of the burst / {cores} cores (its wall-time floor on an idle machine)",
+            platform_cpu_s / cores,
+            "s",
+        ),
+    ]
     for name, values in phases.items():
         result.figures.append(
             figure(
@@ -284,6 +356,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         "phases_ms": {name: summary([v * 1000 for v in values]) for name, values in phases.items()},
         "model_calls": len(calls),
         "process_cpu_s": cpu,
+        "process_cpu_s_by_phase": phase_cpu,
         "procfile": {name: line for name, line in procfile().items() if name in ("web", "worker")},
         **machine,
     }
@@ -294,7 +367,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     return result
 
 
-def _tree_cpu_s(pid: int) -> float:
+def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and its children (a web master and its workers)."""
     total = 0.0
     for child in [pid, *_children(pid)]:

@@ -78,8 +78,12 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
             sample["answered"] = time.time()
             sample["status"] = response.status_code
 
-        await asyncio.sleep(0.5)  # let the servers settle after the connects
+        # The bench samples the servers' CPU between the phases: "connected" -> it answers
+        # (stdin) -> the posts -> "posted".
+        print("connected", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         await asyncio.gather(*(post(s) for s in ids))
+        print("posted", flush=True)
         errors = []
         async with asyncio.timeout(spec.get("timeout", 120)):
             for sid, (_ws, _task, finished) in zip(ids, sockets, strict=True):
