@@ -45,6 +45,7 @@ class Sizes:
     recovery_standby_kills: int
     load_sessions: int
     http_seconds: float
+    http_layouts: tuple[int, ...]  # WEB_PROCESSES values compared
 
 
 FULL = Sizes(
@@ -66,6 +67,7 @@ FULL = Sizes(
     recovery_standby_kills=10,
     load_sessions=200,
     http_seconds=10.0,
+    http_layouts=(1, 2),
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -84,8 +86,9 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=3,
     recovery_standby_kills=0,
-    load_sessions=200,
-    http_seconds=4.0,
+    load_sessions=100,
+    http_seconds=2.0,
+    http_layouts=(2,),
 )
 
 
@@ -345,7 +348,7 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
     if name == "http":
         from . import http_serving
 
-        return http_serving.run(procs, seconds=sizes.http_seconds, layouts=(1, 2))
+        return http_serving.run(procs, seconds=sizes.http_seconds, layouts=sizes.http_layouts)
     raise ValueError(name)
 
 
