@@ -12,11 +12,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from agentplatform.request_gate import bounded  # noqa: E402
 from sessions.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": bounded(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -100,6 +100,11 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 # deployments or test runs can share one Redis.
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="agentplatform")
 
+# HTTP requests one web process runs at once (agentplatform/request_gate.py); the
+# rest wait on its loop. Below DB_POOL_MAX, so a running request never waits for
+# a connection; 0 = no gate.
+WEB_MAX_CONCURRENT_REQUESTS = env.int("WEB_MAX_CONCURRENT_REQUESTS", default=16)
+
 CHANNEL_LAYERS = {
     "default": {
         # The Pub/Sub layer held 2,000 idle sockets where the list-based one
