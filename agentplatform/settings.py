@@ -101,13 +101,23 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 # deployments or test runs can share one Redis.
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="agentplatform")
 
+# HTTP requests one web process runs at once (agentplatform/request_gate.py); the
+# rest wait on its loop. Below DB_POOL_MAX, so a running request never waits for
+# a connection; 0 = no gate.
+WEB_MAX_CONCURRENT_REQUESTS = env.int("WEB_MAX_CONCURRENT_REQUESTS", default=16)
+
 CHANNEL_LAYERS = {
     "default": {
         # The Pub/Sub layer held 2,000 idle sockets where the list-based one
         # failed at 1-2k (DESIGN.md); socket_timeout=None keeps idle
         # subscriptions from being dropped every few seconds by redis-py 8.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+            # Group names hold database ids (a key's group): two deployments or
+            # bench runs sharing one Redis need prefixes of their own.
+            "prefix": env.str("CHANNEL_LAYER_PREFIX", default="asgi"),
+        },
     }
 }
 

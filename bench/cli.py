@@ -22,6 +22,8 @@ BENCHMARKS = (
     "inflight",
     "recovery",
     "fanout",
+    "load",
+    "http",
 )
 
 
@@ -45,6 +47,9 @@ class Sizes:
     recovery_standby_kills: int
     fanout_rounds: int
     fanout_idle_s: float
+    load_sessions: int
+    http_seconds: float
+    http_layouts: tuple[int, ...]  # WEB_PROCESSES values compared
     langgraph_runs: int = 40
 
 
@@ -67,6 +72,9 @@ FULL = Sizes(
     recovery_standby_kills=10,
     fanout_rounds=12,
     fanout_idle_s=45.0,
+    load_sessions=200,
+    http_seconds=10.0,
+    http_layouts=(1, 2),
 )
 QUICK = Sizes(
     engine_sessions=5,
@@ -88,6 +96,9 @@ QUICK = Sizes(
     fanout_rounds=4,
     fanout_idle_s=16.0,
     langgraph_runs=12,
+    load_sessions=100,
+    http_seconds=2.0,
+    http_layouts=(2,),
 )
 
 
@@ -348,6 +359,14 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import fanout
 
         return fanout.run(procs, rounds=sizes.fanout_rounds, idle_s=sizes.fanout_idle_s)
+    if name == "load":
+        from . import load
+
+        return load.run(procs, sessions=sizes.load_sessions)
+    if name == "http":
+        from . import http_serving
+
+        return http_serving.run(procs, seconds=sizes.http_seconds, layouts=sizes.http_layouts)
     raise ValueError(name)
 
 

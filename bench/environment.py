@@ -94,6 +94,10 @@ def prepare(queue: str) -> tuple[dict[str, str], float]:
         "DATABASE_URL": url,
         "REDIS_URL": redis_url,
         "CELERY_QUEUE": queue,
+        # Limits, breakers and socket slots of its own: other runs on this Redis
+        # (another checkout's bench, the tests) count against theirs, not ours.
+        "REDIS_KEY_PREFIX": queue,
+        "CHANNEL_LAYER_PREFIX": queue,
         "DJANGO_SETTINGS_MODULE": "agentplatform.settings",
         "PYTHONUNBUFFERED": "1",
     }

@@ -40,6 +40,16 @@ def stop_everything() -> None:
                     os.killpg(proc.pid, signal.SIGTERM)
 
 
+def procfile() -> dict[str, str]:
+    """The Procfile's process types and their command lines."""
+    entries: dict[str, str] = {}
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and ":" in line:
+            name, _, command = line.partition(":")
+            entries[name.strip()] = command.strip()
+    return entries
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -144,6 +154,24 @@ class Processes:
         )
         return self.port
 
+    def start_procfile(
+        self, entry: str, name: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """Start the Procfile's `entry` line exactly as written (through `sh -c`, as honcho does)."""
+        command = procfile()[entry]
+        self.start(name or entry, ["/bin/sh", "-c", f"exec {command}"], env)
+
+    def wait_log(self, name: str, text: str, timeout: float = 60.0) -> float:
+        """Wait until the log of `name` contains `text` (e.g. a worker's " ready.")."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            self._check_alive()
+            log = self.logs.get(name)
+            if log is not None and log.exists() and text in log.read_text(errors="replace"):
+                return time.monotonic() - started
+            time.sleep(0.1)
+        raise RuntimeError(f"{name}: no {text!r} within {timeout} s:\n{self.log_tail(name)}")
+
     def spy(self, pid: int, label: str) -> Callable[[], str | None]:
         """Sample `pid` with py-spy (GIL holders only) until the returned function is called.
 
@@ -214,6 +242,7 @@ class Processes:
         )
 
     def wait_web(self, timeout: float = 60.0) -> float:
+        """Wait until the web process on `self.port` answers /healthz."""
         started = time.monotonic()
         last = ""
         while time.monotonic() - started < timeout:

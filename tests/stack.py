@@ -1,4 +1,4 @@
-"""Real processes for end-to-end tests: daphne, a Celery worker and beat, on the test database."""
+"""Real processes for end-to-end tests: the web (daphnes), a Celery worker and beat, on the test database."""
 
 import os
 import signal
@@ -183,10 +183,15 @@ def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
     stack = Stack(port=port, env=env)
     schedule = ROOT / ".data" / f"test-beat-{os.getpid()}-{port}"
     try:
+        # As the Procfile's `web`: several daphnes sharing the port (agentplatform/web.py).
         stack.start(
             "web",
             [
-                str(BIN / "daphne"),
+                sys.executable,
+                "-m",
+                "agentplatform.web",
+                "--processes",
+                env.get("WEB_PROCESSES") or "2",
                 "-b",
                 "127.0.0.1",
                 "-p",

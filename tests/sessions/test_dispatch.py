@@ -1,0 +1,68 @@
+"""sessions.dispatch: the run's broker publish happens after commit, off the committing thread."""
+
+import logging
+import threading
+
+import pytest
+from django.db import transaction
+
+from sessions import dispatch
+
+
+class _Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.fail = fail
+        self.done = threading.Event()
+
+    def delay(self, session_id: str) -> None:
+        self.sent.append((session_id, threading.current_thread().name))
+        self.done.set()
+        if self.fail:
+            raise ConnectionError("broker down")
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    rec = _Recorder()
+    monkeypatch.setitem(dispatch.current_app.tasks, dispatch.RUN_TASK, rec)
+    return rec
+
+
+@pytest.mark.django_db
+def test_publish_waits_for_commit_and_runs_on_the_sender_thread(
+    recorder: _Recorder, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        dispatch.run_enqueue_on_commit("s-1")
+        assert recorder.sent == []
+    assert recorder.done.wait(5)
+    (session_id, thread), *rest = recorder.sent
+    assert (session_id, rest) == ("s-1", [])
+    assert thread.startswith("run-enqueue")
+    assert thread != threading.current_thread().name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rollback_publishes_nothing(recorder: _Recorder) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        dispatch.run_enqueue_on_commit("s-2")
+        raise RuntimeError("rolled back")
+    dispatch._sender.submit(lambda: None).result(5)  # everything queued before has run
+    assert recorder.sent == []
+
+
+@pytest.mark.django_db
+def test_a_failed_publish_is_logged_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks,
+) -> None:
+    rec = _Recorder(fail=True)
+    monkeypatch.setitem(dispatch.current_app.tasks, dispatch.RUN_TASK, rec)
+    with caplog.at_level(logging.WARNING, logger="sessions.dispatch"):
+        with django_capture_on_commit_callbacks(execute=True):
+            dispatch.run_enqueue_on_commit("s-3")
+        dispatch._sender.submit(lambda: None).result(5)
+    assert rec.sent and rec.sent[0][0] == "s-3"
+    assert "could not enqueue the run of session s-3" in caplog.text
