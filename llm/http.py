@@ -200,7 +200,8 @@ async def post_json(
 
 # json.loads re-checks its argument and runs two whitespace regexes around the
 # C scanner on every call: 1 us of a 2.5 us parse of a typical stream chunk.
-_scan_json = make_scanner(json.JSONDecoder())
+# typeshed wants a `make_scanner` as the context; at run time it is any JSONDecoder.
+_scan_json = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def json_value(text: str) -> Any:
