@@ -1,6 +1,5 @@
 """Anthropic Messages API over Server-Sent Events."""
 
-import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -8,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelProtocolError, ModelUnavailable, register_adapter
-from .http import HttpAdapter, post_json, post_stream, sse_events
+from .http import HttpAdapter, json_value, post_json, post_stream, sse_batches
 from .openai import parse_arguments
 from .types import (
     ChatMessage,
@@ -155,35 +154,44 @@ class AnthropicAdapter(HttpAdapter):
         chunks = post_stream(
             self.endpoint, self.url(), self.headers(), self.payload(request, stream=True)
         )
-        async for event, data in sse_events(chunks):
-            try:
-                body = json.loads(data)
-            except ValueError:
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' sent an event that is not JSON"
-                ) from None
-            if not isinstance(body, dict):
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' sent an event of an unexpected shape"
-                )
-            kind = body.get("type") or event
-            if kind == "error":
-                raw_problem = body.get("error")
-                problem: dict[str, Any] = raw_problem if isinstance(raw_problem, dict) else {}
-                message = self.scrub(str(problem.get("message", "")))[:200]
-                if problem.get("type") in ("overloaded_error", "api_error"):
-                    raise ModelUnavailable(f"'{self.endpoint.name}' failed mid-stream: {message}")
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' reported an error mid-stream: {message}"
-                )
-            try:
-                events = _read_event(kind, body, state)
-            except (TypeError, ValueError, AttributeError, KeyError):
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' sent an event of an unexpected shape"
-                ) from None
-            for item in events:
-                yield item
+        async for batch in sse_batches(chunks):
+            for event, data in batch:
+                try:
+                    body = json_value(data)
+                except ValueError:
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' sent an event that is not JSON"
+                    ) from None
+                text = _plain_text(body)
+                if text is not None:
+                    yield TextDelta(text)
+                    continue
+                if not isinstance(body, dict):
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' sent an event of an unexpected shape"
+                    )
+                kind = body.get("type") or event
+                if kind == "error":
+                    raw_problem = body.get("error")
+                    problem: dict[str, Any] = raw_problem if isinstance(raw_problem, dict) else {}
+                    message = self.scrub(str(problem.get("message", "")))[:200]
+                    if problem.get("type") in ("overloaded_error", "api_error"):
+                        raise ModelUnavailable(
+                            f"'{self.endpoint.name}' failed mid-stream: {message}"
+                        )
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' reported an error mid-stream: {message}"
+                    )
+                try:
+                    events = _read_event(kind, body, state)
+                except (TypeError, ValueError, AttributeError, KeyError):
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' sent an event of an unexpected shape"
+                    ) from None
+                for item in events:
+                    yield item
+                if state.stopped:
+                    break
             if state.stopped:
                 break
         if not state.stopped:
@@ -264,6 +272,20 @@ def _object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError("expected an object")
     return value
+
+
+def _plain_text(body: Any) -> str | None:
+    """The text of a `content_block_delta` that carries a plain text delta (nearly every
+    event of an answer), or None for anything else, which `_read_event` then takes apart."""
+    if type(body) is not dict or body.get("type") != "content_block_delta":
+        return None
+    if type(body.get("index", 0)) is not int:
+        return None
+    delta = body.get("delta")
+    if type(delta) is not dict or delta.get("type") != "text_delta":
+        return None
+    text = delta.get("text")
+    return text if type(text) is str and text else None
 
 
 def _read_event(kind: Any, body: dict[str, Any], state: _StreamState) -> list[StreamEvent]:

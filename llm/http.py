@@ -10,6 +10,7 @@ import os
 import time
 import weakref
 from collections.abc import AsyncIterator
+from json.scanner import make_scanner
 from typing import Any
 
 import httpx
@@ -197,54 +198,109 @@ async def post_json(
         ) from None
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
-    """Yield (event, data) per Server-Sent Event from raw bytes.
+# json.loads re-checks its argument and runs two whitespace regexes around the
+# C scanner on every call: 1 us of a 2.5 us parse of a typical stream chunk.
+# typeshed wants a `make_scanner` as the context; at run time it is any JSONDecoder.
+_scan_json = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def json_value(text: str) -> Any:
+    """`json.loads(text)`, the same result and the same errors, faster on a bare document."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace, or not JSON: let loads decide or raise
+    if end != len(text):
+        return json.loads(text)  # trailing whitespace is fine, anything else is an error
+    return value
+
+
+class _SSELines:
+    """The general line-by-line Server-Sent Events state machine (comments, `\\r\\n`,
+    multi-line data, other fields); `sse_batches` uses it when its fast path cannot."""
+
+    __slots__ = ("data", "event")
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def take(self, lines: list[str], out: list[tuple[str, str]]) -> None:
+        for line in lines:
+            line = line.rstrip("\r")
+            if not line:
+                if self.data:
+                    out.append((self.event or "message", "\n".join(self.data)))
+                    self.data = []
+                self.event = ""
+                continue
+            if line[0] == ":":
+                continue
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                self.data.append(value)
+            elif name == "event":
+                self.event = value
+
+
+async def sse_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[tuple[str, str]]]:
+    """Yield the (event, data) pairs of the complete Server-Sent Events in each network
+    read, as one list per read (one generator hop per read instead of per event).
 
     Bytes are decoded incrementally, so a UTF-8 character split across two
     network chunks is reassembled; invalid bytes become U+FFFD instead of
     failing the stream.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    general = _SSELines()
     buffer = ""
-    event = ""
-    data: list[str] = []
-
-    def take(line: str) -> tuple[str, str] | None:
-        nonlocal event, data
-        line = line.rstrip("\r")
-        if not line:
-            if data:
-                out = (event or "message", "\n".join(data))
-                event, data = "", []
-                return out
-            event = ""
-            return None
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-        return None
-
     async for chunk in chunks:
-        buffer += decoder.decode(chunk)
-        if "\n" not in buffer:
-            continue
-        lines = buffer.split("\n")
-        buffer = lines.pop()
-        for line in lines:
-            found = take(line)
-            if found is not None:
-                yield found
-    buffer += decoder.decode(b"", final=True)
-    for line in [*buffer.split("\n"), ""]:
-        found = take(line)
-        if found is not None:
-            yield found
+        # A blank line can only end in the new text (or its first character).
+        seen = len(buffer) - 1
+        buffer += decode(chunk)
+        batch: list[tuple[str, str]] = []
+        if general.data or general.event or "\r" in buffer:
+            # Mid-event in the general parser, or CRLF line ends: line by line.
+            if "\n" not in buffer:
+                continue
+            lines = buffer.split("\n")
+            buffer = lines.pop()
+            general.take(lines, batch)
+        else:
+            # Every provider's events are `data: ...` or `event: ...` + `data: ...`
+            # separated by blank lines: cut the buffer at its last blank line and
+            # take those two shapes without looking at every line.
+            end = buffer.rfind("\n\n", max(seen, 0))
+            if end < 0:
+                continue
+            blocks = buffer[:end].split("\n\n")
+            buffer = buffer[end + 2 :]
+            for block in blocks:
+                if block[:6] == "data: " and "\n" not in block:
+                    batch.append(("message", block[6:]))
+                    continue
+                if block[:7] == "event: ":
+                    cut = block.find("\n")
+                    if block[cut + 1 : cut + 7] == "data: " and block.find("\n", cut + 1) < 0:
+                        batch.append((block[7:cut] or "message", block[cut + 7 :]))
+                        continue
+                general.take([*block.split("\n"), ""], batch)
+        if batch:
+            yield batch
+    buffer += decode(b"", final=True)
+    batch = []
+    general.take([*buffer.split("\n"), ""], batch)
+    if batch:
+        yield batch
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
+    """Yield (event, data) per Server-Sent Event from raw bytes (see `sse_batches`)."""
+    async for batch in sse_batches(chunks):
+        for item in batch:
+            yield item
 
 
 class HttpAdapter(ModelAdapter):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelProtocolError, register_adapter
-from .http import HttpAdapter, post_json, post_stream, sse_events
+from .http import HttpAdapter, json_value, post_json, post_stream, sse_batches
 from .types import (
     ChatMessage,
     ChatRequest,
@@ -145,29 +145,36 @@ class OpenAIAdapter(HttpAdapter):
         chunks = post_stream(
             self.endpoint, self.url(), self.headers(), self.payload(request, stream=True)
         )
-        async for _event, data in sse_events(chunks):
-            if data.strip() == "[DONE]":
-                done = True
+        async for batch in sse_batches(chunks):
+            for _event, data in batch:
+                if data[-1:] != "}" and data.strip() == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json_value(data)
+                except ValueError:
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' sent a chunk that is not JSON"
+                    ) from None
+                text = _plain_text(chunk)
+                if text is not None:
+                    yield TextDelta(text)
+                    continue
+                if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+                    message = self.scrub(str(chunk["error"].get("message", "")))[:200]
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' reported an error mid-stream: {message}"
+                    )
+                try:
+                    events = _read_chunk(chunk, calls, state)
+                except (TypeError, ValueError, AttributeError, KeyError):
+                    raise ModelProtocolError(
+                        f"'{self.endpoint.name}' sent a chunk of an unexpected shape"
+                    ) from None
+                for event in events:
+                    yield event
+            if done:
                 break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' sent a chunk that is not JSON"
-                ) from None
-            if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-                message = self.scrub(str(chunk["error"].get("message", "")))[:200]
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' reported an error mid-stream: {message}"
-                )
-            try:
-                events = _read_chunk(chunk, calls, state)
-            except (TypeError, ValueError, AttributeError, KeyError):
-                raise ModelProtocolError(
-                    f"'{self.endpoint.name}' sent a chunk of an unexpected shape"
-                ) from None
-            for event in events:
-                yield event
         if not done:
             raise ModelProtocolError(f"'{self.endpoint.name}' ended the stream before [DONE]")
         for event in _finish_calls(calls):
@@ -220,6 +227,24 @@ class _StreamState:
 
 def _usage(raw: dict[str, Any]) -> Usage:
     return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+
+
+def _plain_text(chunk: Any) -> str | None:
+    """The text of a chunk that carries nothing but a text delta (nearly every chunk of
+    an answer), or None for anything else, which `_read_chunk` then takes apart."""
+    if type(chunk) is not dict or chunk.get("usage") is not None or "error" in chunk:
+        return None
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("finish_reason"):
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or delta.get("tool_calls"):
+        return None
+    text = delta.get("content")
+    return text if type(text) is str and text else None
 
 
 def _read_chunk(

@@ -74,6 +74,19 @@ async def test_unknown_events_blocks_and_pings_are_ignored(anthropic_server, end
     assert anthropic_server.requests[0].stream
 
 
+async def test_a_text_delta_named_only_by_its_sse_event_line_is_still_text(
+    anthropic_server, endpoint_for
+):
+    # Plain text deltas take a short path keyed on the body's `type`; without one,
+    # the SSE `event:` line names the event, as before.
+    untyped = sse(
+        {"index": 0, "delta": {"type": "text_delta", "text": " more"}}, "content_block_delta"
+    )
+    anthropic_server.script(Reply(text="hello", insert=[(4, untyped)]))
+    response = await adapter_for(endpoint_for(anthropic_server)).complete(HELLO)
+    assert response.text == "hello more"
+
+
 async def test_non_streamed_text_and_tool_use_with_respond(anthropic_server, endpoint_for):
     anthropic_server.script(
         Reply(
@@ -330,11 +343,18 @@ async def test_an_event_that_is_not_json_is_a_protocol_error(anthropic_server, e
                 "delta": {"type": "text_delta", "text": "x"},
             }
         ),
+        sse(
+            {
+                "type": "content_block_delta",
+                "index": True,
+                "delta": {"type": "text_delta", "text": "x"},
+            }
+        ),
         sse({"type": "content_block_start", "index": 0, "content_block": "text"}),
         sse({"type": "message_delta", "delta": {}, "usage": {"output_tokens": "lots"}}),
         sse({"type": "error", "error": "just a string"}),
     ],
-    ids=["list", "index-string", "block-string", "usage-string", "error-string"],
+    ids=["list", "index-string", "index-bool", "block-string", "usage-string", "error-string"],
 )
 async def test_events_of_an_unexpected_shape_are_protocol_errors(
     anthropic_server, endpoint_for, event

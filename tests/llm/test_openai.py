@@ -107,6 +107,38 @@ async def test_length_finish_reason_is_reported(openai_server, endpoint_for):
     assert response.finish_reason == "length"
 
 
+@pytest.mark.parametrize(
+    ("chunk", "expected"),
+    [
+        (
+            {"choices": [{"delta": {"content": "last"}, "finish_reason": "length"}]},
+            [TextDelta("last"), Finish("length")],
+        ),
+        (
+            {
+                "choices": [{"delta": {"content": "counted"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+            },
+            [TextDelta("counted"), Usage(3, 4), Finish("stop")],
+        ),
+        (
+            {"choices": [{"delta": {"content": "a"}}, {"delta": {"content": "b"}}]},
+            [TextDelta("a"), TextDelta("b"), Finish("stop")],
+        ),
+        ({"choices": [{"delta": {"content": ""}}]}, [Finish("stop")]),
+    ],
+    ids=["text-and-finish", "text-and-usage", "two-choices", "empty-text"],
+)
+async def test_text_chunks_that_carry_more_than_text_lose_nothing(
+    openai_server, endpoint_for, chunk, expected
+):
+    # Plain text deltas take a short path; a chunk with anything else must not.
+    wire = b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n'
+    wire += ("data: " + json.dumps(chunk) + "\n\ndata: [DONE]\n\n").encode()
+    openai_server.script(Reply(raw_body=wire))
+    assert await collect(adapter_for(endpoint_for(openai_server))) == expected
+
+
 # Tool calls ---------------------------------------------------------------------------
 
 

@@ -1,13 +1,21 @@
 """The HTTP plumbing under the adapters: the SSE parser, Retry-After, secret redaction, the timeouts."""
 
 import email.utils
+import json
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from llm.base import ModelTimeout, ModelUnavailable, adapter_for
-from llm.http import header_secrets, parse_retry_after, redact, sse_events
+from llm.http import (
+    header_secrets,
+    json_value,
+    parse_retry_after,
+    redact,
+    sse_batches,
+    sse_events,
+)
 from llm.types import ChatMessage, ChatRequest
 from tests.fakes.model_servers import Reply
 
@@ -65,6 +73,63 @@ async def test_blank_lines_and_an_event_name_without_data_dispatch_nothing():
 
 async def test_a_last_event_without_the_blank_line_is_still_delivered():
     assert await parse(b"data: one\n\ndata: [DONE]") == [("message", "one"), ("message", "[DONE]")]
+
+
+async def test_the_events_of_one_network_read_come_as_one_batch():
+    batches = [
+        batch
+        async for batch in sse_batches(
+            chunks_of(b"data: a\n\nevent: e\ndata: b\n\nda", b"ta: c\n\n", b"data: d")
+        )
+    ]
+    assert batches == [[("message", "a"), ("e", "b")], [("message", "c")], [("message", "d")]]
+
+
+async def test_crlf_and_lf_streams_mixed_and_split_anywhere():
+    # The parser switches between its block fast path and the line-by-line one
+    # (CRLF, comments, multi-line data); the events must not depend on where reads end.
+    wire = (
+        b'data: {"a": 1}\n\n'
+        b"event: e1\r\ndata: x\r\n\r\n"
+        b"event: e2\ndata: y\n\n"
+        b": note\ndata: p\ndata: q\n\n"
+        b"event: \ndata: z\n\n"
+        b"\n\nid: 1\ndata:  spaced\n\n"
+        b"data: last\r\n\r\n"
+        b"data: end"
+    )
+    expected = [
+        ("message", '{"a": 1}'),
+        ("e1", "x"),
+        ("e2", "y"),
+        ("message", "p\nq"),
+        ("message", "z"),
+        ("message", " spaced"),
+        ("message", "last"),
+        ("message", "end"),
+    ]
+    for cut in range(len(wire) + 1):
+        assert await parse(wire[:cut], wire[cut:]) == expected, cut
+    for size in (1, 2, 3, 5, 7, 11):
+        pieces = [wire[i : i + size] for i in range(0, len(wire), size)]
+        assert await parse(*pieces) == expected, size
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": [1, 2.5, "x"]}', ' {"a": 1}', '{"a": 1}\n ', '"s"', "NaN", "[]", "-0"],
+)
+def test_json_value_parses_what_json_loads_parses(text):
+    assert repr(json_value(text)) == repr(json.loads(text))  # repr: NaN != NaN
+
+
+@pytest.mark.parametrize("text", ["", "  ", '{"a": 1} x', '{"a":', "{'a': 1}", "[1,]", "[DONE]"])
+def test_json_value_refuses_what_json_loads_refuses(text):
+    with pytest.raises(ValueError) as expected:
+        json.loads(text)
+    with pytest.raises(ValueError) as caught:
+        json_value(text)
+    assert str(caught.value) == str(expected.value)
 
 
 async def test_a_stream_written_one_byte_at_a_time_over_a_real_socket(openai_server, endpoint_for):
