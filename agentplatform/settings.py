@@ -204,6 +204,19 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # An open websocket re-reads its key and session from the database at most this
 # often (a revocation through the platform is seen at once, via Redis).
 WS_AUTH_RECHECK_S = env.float("WS_AUTH_RECHECK_S", default=2.0)
+# Requests per API key per window on every REST endpoint (429 with Retry-After beyond).
+API_RATE_LIMIT = env.int("API_RATE_LIMIT", default=600)
+API_RATE_WINDOW_S = env.int("API_RATE_WINDOW_S", default=60)
+
+# Budgets, rate limits and degradation (README "Budgets, rate limits and degradation").
+# Output tokens a model call is assumed to produce when the budget check estimates it.
+BUDGET_OUTPUT_ESTIMATE_TOKENS = env.int("BUDGET_OUTPUT_ESTIMATE_TOKENS", default=512)
+# A rate-limited model call waits this long in the worker at most; a longer wait parks
+# the session and re-enqueues it for when the window turns, holding no worker.
+RATE_LIMIT_INLINE_WAIT_S = env.float("RATE_LIMIT_INLINE_WAIT_S", default=2.0)
+# Degradation levels 1, 2, 3 from the share of a budget spent and from queued runs.
+DEGRADE_BUDGET_SHARES = env.list("DEGRADE_BUDGET_SHARES", cast=float, default=[0.8, 0.9, 0.97])
+DEGRADE_QUEUE_DEPTHS = env.list("DEGRADE_QUEUE_DEPTHS", cast=float, default=[500, 2000, 10000])
 # daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
 # set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
 GC_FREEZE = env.bool("GC_FREEZE", default=True)

@@ -148,6 +148,7 @@ SETTABLE = {
     "timer_note",
     "resume_check",
     "env_fingerprint",
+    "degradation_level",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
