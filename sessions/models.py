@@ -141,6 +141,10 @@ class Agent(models.Model):
         max_digits=14, decimal_places=6, null=True, blank=True
     )
     enabled = models.BooleanField(default=True)
+    value = models.FloatField(
+        default=1.0,
+        help_text="What a session is worth by default: calls competing for points are served highest value per point first.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -191,6 +195,9 @@ class Session(models.Model):
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    value = models.FloatField(
+        default=1.0, help_text="Set at creation (default: the agent's value)."
+    )
     degradation_level = models.PositiveSmallIntegerField(
         default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
     )

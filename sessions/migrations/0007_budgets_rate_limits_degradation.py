@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0005_durable_execution'),
+        ('agent_sessions', '0006_agent_value_session_value'),
     ]
 
     operations = [
