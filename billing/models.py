@@ -192,3 +192,22 @@ class ToolUsageDaily(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool}/{self.owner_id}/{self.day}"
+
+
+class OwnerBudget(models.Model):
+    """An owner's budgets over all their agents (billing/budgets.py); empty = no limit.
+    The agent's own budgets are fields of the agent; a model call must fit both."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="budget"
+    )
+    turn_tokens = models.BigIntegerField(null=True, blank=True)
+    turn_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    session_tokens = models.BigIntegerField(null=True, blank=True)
+    session_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    day_tokens = models.BigIntegerField(null=True, blank=True)
+    day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"budget of {self.owner_id}"

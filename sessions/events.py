@@ -37,6 +37,8 @@ class StopReason(StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     MODEL_REFUSED = "model_refused"
     CANCELLED = "cancelled"
+    # A budget of the agent or the owner (billing/budgets.py) does not cover another model call.
+    BUDGET_EXCEEDED = "budget_exceeded"
     INTERRUPTED = "interrupted"
     ERROR = "error"
 
@@ -61,9 +63,10 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded
+    stage: str  # preparing_tool | answer_discarded | degradation
     turn: int
     tool: NotRequired[str]
+    level: NotRequired[int]  # stage degradation: the session's new level (0-3)
 
 
 class ToolStarted(TypedDict):

@@ -22,6 +22,7 @@ from tools.rendering import render_failure
 from ..events import (
     EventSpec,
     EventType,
+    Progress,
     StopReason,
     ToolFinished,
     ToolStarted,
@@ -157,9 +158,17 @@ class ModelContext:
     model: str | None  # the endpoint that answered, if one did
     deadline: float | None  # the turn's time limit, as a timestamp
     notes: list[Message]  # platform notes the model saw (environment changes)
+    degradation: int | None = None  # the level this step ran at (billing/degradation.py)
 
     def checkpoint(self) -> dict[str, Any]:
         return {"model": self.model, "deadline": self.deadline}
+
+    def degradation_change(self, session: Session) -> tuple[dict[str, Any], list[EventSpec]]:
+        """The session's new degradation level and its `progress` event, if it changed."""
+        if self.degradation is None or self.degradation == session.degradation_level:
+            return {}, []
+        data: Progress = {"stage": "degradation", "turn": session.turn, "level": self.degradation}
+        return {"degradation_level": self.degradation}, [EventSpec(EventType.PROGRESS, data)]
 
 
 def tool_intents(
@@ -204,6 +213,7 @@ def tool_intents(
         )
         for c in calls
     ]
+    level_fields, level_events = context.degradation_change(session)
     step_commit(
         build_step(
             session,
@@ -213,6 +223,7 @@ def tool_intents(
             reason=", ".join(c.tool_name for c in calls),
             messages=[*context.notes, message],
             new_tool_calls=calls,
+            events=level_events,
             after_events=started,
             env=context.env,
             checkpoint={
@@ -221,7 +232,7 @@ def tool_intents(
             },
             add_fields=spend.usage.add_fields(),
             model_calls=spend.calls,
-            set_fields=spend.set_fields(),
+            set_fields={**spend.set_fields(), **level_fields},
         )
     )
 
@@ -251,6 +262,7 @@ def answer(
     )
     usage = spend.usage
     summary = turn_summary(session, stop_reason, usage, iterations=spend.iteration)
+    level_fields, level_events = context.degradation_change(session)
     try:
         step_commit(
             build_step(
@@ -260,12 +272,13 @@ def answer(
                 phase="answer",
                 reason=reason or stop_reason,
                 messages=[*context.notes, message],
+                events=level_events,
                 after_events=[EventSpec(EventType.TURN_FINISHED, summary)],
                 env=context.env,
                 checkpoint=context.checkpoint(),
                 add_fields=usage.add_fields(),
                 model_calls=spend.calls,
-                set_fields={**spend.set_fields(), "last_error": last_error[:2000]},
+                set_fields={**spend.set_fields(), "last_error": last_error[:2000], **level_fields},
                 unless_cancel_requested=True,
             )
         )

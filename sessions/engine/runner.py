@@ -14,10 +14,12 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
+from ..dispatch import run_enqueue_later
 from ..models import Session
 from ..states import RUNNABLE, STARTS_TURN, State
+from .budget_gate import StepDeferred
 from .commit import StaleSession
-from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
+from .lease import heartbeat, lease_acquire, lease_drop, lease_park, lease_release, worker_identity
 from .model_phase import model_step
 from .moves import tool_loop_next, turn_cancel, turn_fail, turn_start
 from .runtime_cache import RunContext
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunResult:
     steps: int
-    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed"]
+    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed", "deferred"]
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
@@ -65,6 +67,12 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 logger.info("session %s moved under us; reloading", session_id)
                 session = None
                 continue
+            except StepDeferred as deferred:
+                # A rate limit: hold no worker while the window turns.
+                heartbeat.release(session_id)
+                lease_park(session_id=session_id, owner=owner, seconds=deferred.seconds)
+                run_enqueue_later(session_id, deferred.seconds)
+                return RunResult(steps, "deferred")
             except Exception:
                 logger.exception("step of session %s crashed", session_id)
                 _record_crash(session_id, owner)

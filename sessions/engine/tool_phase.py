@@ -32,6 +32,7 @@ from .commit import StaleSession
 from .environment import environment
 from .moves import tool_results, turn_fail
 from .runtime_cache import agent_runtime
+from .tool_gates import tool_gates
 
 
 def _cached_outcomes(
@@ -157,6 +158,7 @@ def tool_step(session: Session, owner: str) -> None:
                 turn_fail(session, owner, problem)
                 return
 
+    outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
     to_run = [c for c in calls if c.pk not in outcomes]
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(
