@@ -39,6 +39,8 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+    # Tool calls the owner's credit points could not pay for, twice in a turn.
+    INSUFFICIENT_CREDITS = "insufficient_credits"
 
 
 # "from" is a keyword: the functional form keeps the wire key.
@@ -61,9 +63,13 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded
+    stage: str  # preparing_tool | answer_discarded | credits_low
     turn: int
     tool: NotRequired[str]
+    # credits_low: the owner's balance dropped below its low-water mark.
+    kind: NotRequired[str]  # "credits.low"
+    balance: NotRequired[int]
+    low_water_mark: NotRequired[int]
 
 
 class ToolStarted(TypedDict):

@@ -71,6 +71,7 @@ class ToolSnapshot:
     approval_timeout_s: int = 1800
     approval_on_timeout: str = "reject"
     approval_escalate_to: str = ""
+    credit_cost: int = 0
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -100,6 +101,7 @@ class ToolSnapshot:
             approval_timeout_s=tool.approval_timeout_s,
             approval_on_timeout=tool.approval_on_timeout,
             approval_escalate_to=tool.approval_escalate_to,
+            credit_cost=tool.credit_cost,
         )
 
     @property
