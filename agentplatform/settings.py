@@ -156,6 +156,14 @@ APPROVAL_WEBHOOK_SECRET = env.str("APPROVAL_WEBHOOK_SECRET", default="")
 APPROVAL_WEBHOOK_RETRIES = env.int("APPROVAL_WEBHOOK_RETRIES", default=8)
 APPROVAL_WEBHOOK_TIMEOUT_S = env.float("APPROVAL_WEBHOOK_TIMEOUT_S", default=10.0)
 
+# Credits (billing/): an owner without a credit account is not metered unless
+# CREDITS_REQUIRED; a call whose points are held by in-flight calls waits for
+# them up to CREDITS_WAIT_S; daily caps and usage days follow BILLING_TIME_ZONE.
+CREDITS_REQUIRED = env.bool("CREDITS_REQUIRED", default=False)
+CREDITS_WAIT_S = env.float("CREDITS_WAIT_S", default=10.0)
+CREDITS_WAIT_RETRY_S = env.float("CREDITS_WAIT_RETRY_S", default=0.5)
+BILLING_TIME_ZONE = env.str("BILLING_TIME_ZONE", default="UTC")
+
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
 # worker's sessions be taken over within ~3 s (lease + one sweeper period).
 SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)

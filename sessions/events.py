@@ -41,6 +41,8 @@ class StopReason(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+    # Tool calls the owner's credit points could not pay for, twice in a turn.
+    INSUFFICIENT_CREDITS = "insufficient_credits"
 
 
 # "from" is a keyword: the functional form keeps the wire key.
@@ -63,10 +65,14 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded | degradation
+    stage: str  # preparing_tool | answer_discarded | credits_low | degradation
     turn: int
     tool: NotRequired[str]
     level: NotRequired[int]  # stage degradation: the session's new level (0-3)
+    # credits_low: the owner's balance dropped below its low-water mark.
+    kind: NotRequired[str]  # "credits.low"
+    balance: NotRequired[int]
+    low_water_mark: NotRequired[int]
 
 
 class ToolStarted(TypedDict):

@@ -68,6 +68,7 @@ class SessionListView(APIView):
             key_roles=_key_roles(request),
             role=data.get("role") or None,
             metadata=data.get("metadata") or {},
+            value=data.get("value"),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 

@@ -64,26 +64,14 @@ def lease_release(*, session_id: UUID | str, owner: str) -> bool:
         return cursor.rowcount == 1
 
 
-def lease_park(*, session_id: UUID | str, owner: str, seconds: float) -> None:
-    """Give the lease back for a step that cannot run for `seconds` (a rate limit).
-
-    The expiry in the future keeps the sweeper away until then; a wake-up (the run
-    re-enqueued for that moment, a cancel) may take the free lease at once.
-    """
+def lease_drop(*, session_id: UUID | str, owner: str, after_s: float = 0.0) -> None:
+    """Give the lease back unconditionally (the run stops; the sweeper decides what next,
+    `after_s` from now at the earliest)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s) "
             "WHERE id = %s AND lease_owner = %s",
-            [seconds, session_id, owner],
-        )
-
-
-def lease_drop(*, session_id: UUID | str, owner: str) -> None:
-    """Give the lease back unconditionally (the run stops; the sweeper decides what next)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() WHERE id = %s AND lease_owner = %s",
-            [session_id, owner],
+            [after_s, session_id, owner],
         )
 
 

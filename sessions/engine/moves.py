@@ -302,10 +302,15 @@ def tool_results(
     outcomes: dict[int, ToolOutcome],
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
+    extra_events: list[EventSpec] | None = None,
+    stop: StopReason | None = None,
+    stop_note: str = "",
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
-    scheduled follow-up moves the session to `waiting_timer` instead.
+    scheduled follow-up moves the session to `waiting_timer` instead, and
+    `stop` ends the turn there (-> tool_loop -> finished) with `stop_note` as
+    the agent's partial answer.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
     are kept), where the run loop carries the cancel out.
@@ -375,6 +380,18 @@ def tool_results(
             "timer_note": timer[1],
         }
     fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
+    events += extra_events or []
+    finish: list[EventSpec] = []
+    if stop is not None and fold:
+        messages.append(
+            Message(
+                turn=session.turn,
+                role="assistant",
+                content=stop_note,
+                token_count=count_message_tokens(stop_note),
+            )
+        )
+        finish = [EventSpec(EventType.TURN_FINISHED, turn_summary(session, stop))]
 
     def commit(fold: bool) -> None:
         step = build_step(
@@ -383,9 +400,10 @@ def tool_results(
             trigger=trigger,
             phase="tool_results",
             reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
-            messages=messages,
+            messages=messages if fold or not finish else messages[:-1],
             updated_tool_calls=calls,
             events=events,
+            after_events=finish if fold else [],
             env=env,
             set_fields=dict(set_fields),
             checkpoint={
@@ -394,7 +412,7 @@ def tool_results(
             },
             unless_cancel_requested=fold,
         )
-        step.then = Trigger.MODEL_CALL if fold else None
+        step.then = (Trigger.LIMIT_REACHED if finish else Trigger.MODEL_CALL) if fold else None
         step_commit(step)
 
     try:
