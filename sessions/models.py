@@ -137,9 +137,7 @@ class Agent(models.Model):
     budget_day_tokens = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Per owner of a session, this agent's tokens a day."
     )
-    budget_day_cost = models.DecimalField(
-        max_digits=14, decimal_places=6, null=True, blank=True
-    )
+    budget_day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     enabled = models.BooleanField(default=True)
     value = models.FloatField(
         default=1.0,
