@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .models import CreditAccount, CreditLedger, OwnerBudget, UsageDaily
-from .rankings import GROUPS, METRICS, RankRow, cost_rankings
+from .rankings import GROUPS, METRICS, RankRow, cost_rankings, degradation_levels
 from .services import CreditError, account_settings_update, credits_adjust, credits_grant
 
 CHART_BARS = 20
@@ -102,6 +102,7 @@ class CostRankingsAdmin(admin.ModelAdmin):
             rows = cost_rankings(group=group, start=start, end=end, order=order, limit=CSV_LIMIT)
             return _csv(rows, group, start, end)
         rows = cost_rankings(group=group, start=start, end=end, order=order, limit=100)
+        levels = degradation_levels(group=group, keys=[r.key for r in rows])
         query = {"group": group, "start": start.isoformat(), "end": end.isoformat()}
         columns = [
             (m, "-" + m if order != "-" + m else m, m == metric, order.startswith("-"))
@@ -112,7 +113,8 @@ class CostRankingsAdmin(admin.ModelAdmin):
             "title": "Cost rankings",
             "opts": self.model._meta,
             "form": PeriodForm(initial={**query, "o": order}),
-            "rows": rows,
+            "rows": [(row, levels.get(row.key)) for row in rows],
+            "levels": group in ("user", "agent"),
             "group": group,
             "groups": GROUPS,
             "start": start,

@@ -6,13 +6,15 @@ their own running totals; a session ranks in the period it was created in.
 """
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Max
+from django.utils import timezone
 
 from .models import UsageDaily
 
@@ -88,6 +90,22 @@ def cost_rankings(
         )
         for r in rows
     ]
+
+
+def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[str, int]:
+    """The highest degradation level among each owner's or agent's sessions active in the
+    last `hours` (the level is set at every model step)."""
+    if group not in ("user", "agent") or not keys:
+        return {}
+    column = "owner_id" if group == "user" else "agent_id"
+    session = apps.get_model("agent_sessions", "Session")
+    since = timezone.now() - timedelta(hours=hours)
+    rows = (
+        session.objects.filter(**{f"{column}__in": keys}, updated_at__gte=since)
+        .values(column)
+        .annotate(level=Max("degradation_level"))
+    )
+    return {str(r[column]): int(r["level"]) for r in rows}
 
 
 def _labels(group: str, keys: list[Any]) -> dict[Any, str]:

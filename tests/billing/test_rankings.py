@@ -85,11 +85,15 @@ def test_session_rankings_follow_the_sessions_totals(usage) -> None:  # type: ig
 
 
 def test_the_rankings_page_has_a_sortable_table_a_chart_and_csv(usage, admin_client) -> None:  # type: ignore[no-untyped-def]
+    Session.objects.filter(owner__username="bob").update(degradation_level=2)
     page = admin_client.get("/admin/billing/usagedaily/", {"group": "user", "o": "-cost"})
     assert page.status_code == 200
     html = page.content.decode()
     assert "<svg" in html and html.count("<rect") == 3
     assert 'id="rankings"' in html and "o=-input_tokens" in html
+    # The current degradation level per owner: bob's sessions run at level 2.
+    bob = html.index("<td>bob</td>")
+    assert html.index('class="degradation-level">2<', bob) < html.index("</tr>", bob)
     # The top row is the owner the brute force says spent most.
     top = max(_brute_force("user").items(), key=lambda kv: kv[1])[0]
     name = Session.objects.filter(owner_id=int(top)).first().owner.username
