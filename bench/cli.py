@@ -22,6 +22,7 @@ BENCHMARKS = (
     "inflight",
     "recovery",
     "fanout",
+    "billing",
 )
 
 
@@ -46,6 +47,8 @@ class Sizes:
     fanout_rounds: int
     fanout_idle_s: float
     langgraph_runs: int = 40
+    billing_gate_reps: int = 300
+    billing_ranking_reps: int = 10
 
 
 FULL = Sizes(
@@ -88,6 +91,8 @@ QUICK = Sizes(
     fanout_rounds=4,
     fanout_idle_s=16.0,
     langgraph_runs=12,
+    billing_gate_reps=100,
+    billing_ranking_reps=5,
 )
 
 
@@ -348,6 +353,12 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import fanout
 
         return fanout.run(procs, rounds=sizes.fanout_rounds, idle_s=sizes.fanout_idle_s)
+    if name == "billing":
+        from . import billing
+
+        return billing.run(
+            gate_reps=sizes.billing_gate_reps, ranking_reps=sizes.billing_ranking_reps
+        )
     raise ValueError(name)
 
 
