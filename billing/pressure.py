@@ -19,6 +19,10 @@ from .models import CreditAccount, OwnerBudget, UsageDaily
 
 QUEUE_DEPTH_TTL_S = 1.0
 _queue_seen: list[float] = [0.0, 0.0]  # read at, depth
+# Whether an owner has budgets or a watched credit account, remembered per process this
+# long: an owner with neither costs a model step no query (a new budget applies within it).
+OWNER_WATCH_TTL_S = 2.0
+_watched: dict[int, tuple[float, bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,31 @@ SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_token
                 FROM "{model_call_table}" WHERE session_id = %s AND turn = %s) t
   LEFT JOIN "{OwnerBudget._meta.db_table}" b ON b.owner_id = %s
   LEFT JOIN "{CreditAccount._meta.db_table}" c ON c.owner_id = %s"""
+
+
+def owner_watched(*, owner_id: int) -> bool:
+    """Does the owner have a budget or a credit account with a low-water mark?"""
+    now = time.monotonic()
+    seen = _watched.get(owner_id)
+    if seen is not None and now - seen[0] < OWNER_WATCH_TTL_S:
+        return seen[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = %s)
+                    OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}"
+                                WHERE owner_id = %s AND low_water_mark > 0)""",
+            [owner_id, owner_id],
+        )
+        watched = bool(cursor.fetchone()[0])
+    if len(_watched) > 100_000:
+        _watched.clear()
+    _watched[owner_id] = (now, watched)
+    return watched
+
+
+def owner_watch_reset() -> None:
+    """Forget what this process remembered (a budget just set here applies at once)."""
+    _watched.clear()
 
 
 def owner_figures(

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check
 from billing.degradation import CHEAPER, Pressure, degradation_level
-from billing.pressure import owner_figures, queue_depth
+from billing.pressure import OwnerFigures, owner_figures, owner_watched, queue_depth
 from billing.ratelimit import RateLimit, rate_limit_take
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
@@ -69,16 +69,32 @@ def agent_budgets(
     ]
 
 
+AGENT_BUDGETS = (
+    "budget_turn_tokens",
+    "budget_turn_cost",
+    "budget_session_tokens",
+    "budget_session_cost",
+    "budget_day_tokens",
+    "budget_day_cost",
+)
+
+
 def model_gate(session: Session, agent: Agent, request: ChatRequest) -> ModelGate:
     session_spent = Spent(session.input_tokens + session.output_tokens, session.cost)
-    figures = owner_figures(
-        owner_id=session.owner_id,
-        agent_id=agent.pk,
-        session_id=session.pk,
-        turn=session.turn,
-        session_spent=session_spent,
-        model_call_table=ModelCall._meta.db_table,
-    )
+    if any(getattr(agent, name) is not None for name in AGENT_BUDGETS) or owner_watched(
+        owner_id=session.owner_id
+    ):
+        figures = owner_figures(
+            owner_id=session.owner_id,
+            agent_id=agent.pk,
+            session_id=session.pk,
+            turn=session.turn,
+            session_spent=session_spent,
+            model_call_table=ModelCall._meta.db_table,
+        )
+    else:
+        # Nothing to check against: no query on the step's path.
+        figures = OwnerFigures(budgets=[], agent_day=Spent(), turn=Spent(), credits_left=None)
     budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
     estimate_in = estimate_request_tokens(request)
     first = budget_check(budgets=budgets, call=CallEstimate(estimate_in, 0))

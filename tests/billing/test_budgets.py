@@ -13,6 +13,7 @@ from billing.budgets import (
     budget_check,
 )
 from billing.models import OwnerBudget
+from billing.pressure import owner_watch_reset, owner_watched
 from sessions.engine import session_run
 from sessions.engine.budget_gate import BUDGET_NOTE, partial_answer
 from sessions.models import Event, Message, ModelCall, Session
@@ -136,6 +137,9 @@ def test_an_owner_session_budget_refuses_the_next_turn(make_agent, make_session,
     used = session.input_tokens + session.output_tokens
     assert used > 0
     OwnerBudget.objects.create(owner=owner, session_tokens=used + 10)
+    # This process remembered for OWNER_WATCH_TTL_S that the owner had no budget.
+    assert owner_watched(owner_id=owner.pk) is False
+    owner_watch_reset()
 
     message_post(session=session, content="hello again")
     session = _run(session)
