@@ -129,6 +129,19 @@ def session_create_retry_after(*, key_id: int) -> int | None:
     return ttl if count > limit else None
 
 
+def api_request_retry_after(*, key_id: int) -> int | None:
+    """Count one REST request by this key; seconds to wait if over API_RATE_LIMIT."""
+    limit = settings.API_RATE_LIMIT
+    if limit <= 0:
+        return None
+    try:
+        count, ttl = _window_hit(_key("requests", key_id), settings.API_RATE_WINDOW_S)
+    except redis.RedisError:
+        logger.warning("API request limit unavailable (Redis)", exc_info=True)
+        return None
+    return ttl if count > limit else None
+
+
 # Open websockets --------------------------------------------------------------------
 
 

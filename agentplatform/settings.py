@@ -166,6 +166,14 @@ APPROVAL_WEBHOOK_SECRET = env.str("APPROVAL_WEBHOOK_SECRET", default="")
 APPROVAL_WEBHOOK_RETRIES = env.int("APPROVAL_WEBHOOK_RETRIES", default=8)
 APPROVAL_WEBHOOK_TIMEOUT_S = env.float("APPROVAL_WEBHOOK_TIMEOUT_S", default=10.0)
 
+# Credits (billing/): an owner without a credit account is not metered unless
+# CREDITS_REQUIRED; a call whose points are held by in-flight calls waits for
+# them up to CREDITS_WAIT_S; daily caps and usage days follow BILLING_TIME_ZONE.
+CREDITS_REQUIRED = env.bool("CREDITS_REQUIRED", default=False)
+CREDITS_WAIT_S = env.float("CREDITS_WAIT_S", default=10.0)
+CREDITS_WAIT_RETRY_S = env.float("CREDITS_WAIT_RETRY_S", default=0.5)
+BILLING_TIME_ZONE = env.str("BILLING_TIME_ZONE", default="UTC")
+
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
 # worker's sessions be taken over within ~3 s (lease + one sweeper period).
 SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)
@@ -214,6 +222,19 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # An open websocket re-reads its key and session from the database at most this
 # often (a revocation through the platform is seen at once, via Redis).
 WS_AUTH_RECHECK_S = env.float("WS_AUTH_RECHECK_S", default=2.0)
+# Requests per API key per window on every REST endpoint (429 with Retry-After beyond).
+API_RATE_LIMIT = env.int("API_RATE_LIMIT", default=600)
+API_RATE_WINDOW_S = env.int("API_RATE_WINDOW_S", default=60)
+
+# Budgets, rate limits and degradation (README "Budgets, rate limits and degradation").
+# Output tokens a model call is assumed to produce when the budget check estimates it.
+BUDGET_OUTPUT_ESTIMATE_TOKENS = env.int("BUDGET_OUTPUT_ESTIMATE_TOKENS", default=512)
+# A rate-limited model call waits this long in the worker at most; a longer wait parks
+# the session and re-enqueues it for when the window turns, holding no worker.
+RATE_LIMIT_INLINE_WAIT_S = env.float("RATE_LIMIT_INLINE_WAIT_S", default=2.0)
+# Degradation levels 1, 2, 3 from the share of a budget spent and from queued runs.
+DEGRADE_BUDGET_SHARES = env.list("DEGRADE_BUDGET_SHARES", cast=float, default=[0.8, 0.9, 0.97])
+DEGRADE_QUEUE_DEPTHS = env.list("DEGRADE_QUEUE_DEPTHS", cast=float, default=[500, 2000, 10000])
 # daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
 # set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
 GC_FREEZE = env.bool("GC_FREEZE", default=True)
@@ -242,6 +263,7 @@ WHITENOISE_AUTOREFRESH = env.bool("WHITENOISE_AUTOREFRESH", default=DEBUG)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.ApiKeyRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "sessions.api.schema.ErrorDocumentingAutoSchema",
     "DEFAULT_PARSER_CLASSES": ["sessions.api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],

@@ -3,6 +3,7 @@ from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from billing.api import UsageView
 from sessions.api import health
 from sessions.api.errors_http import json_not_found, json_server_error
 from sessions.views import playground
@@ -23,6 +24,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("sessions.api.urls")),
     path("api/v1/tools/", ToolListView.as_view(), name="tool-list"),
+    path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/approvals/", include("approvals.urls")),
     path("playground/", playground, name="playground"),
 ]

@@ -24,6 +24,7 @@ BENCHMARKS = (
     "fanout",
     "load",
     "http",
+    "billing",
 )
 
 
@@ -51,6 +52,8 @@ class Sizes:
     http_seconds: float
     http_layouts: tuple[int, ...]  # WEB_PROCESSES values compared
     langgraph_runs: int = 40
+    billing_gate_reps: int = 300
+    billing_ranking_reps: int = 10
 
 
 FULL = Sizes(
@@ -99,6 +102,8 @@ QUICK = Sizes(
     load_sessions=100,
     http_seconds=2.0,
     http_layouts=(2,),
+    billing_gate_reps=100,
+    billing_ranking_reps=5,
 )
 
 
@@ -367,6 +372,12 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import http_serving
 
         return http_serving.run(procs, seconds=sizes.http_seconds, layouts=sizes.http_layouts)
+    if name == "billing":
+        from . import billing
+
+        return billing.run(
+            gate_reps=sizes.billing_gate_reps, ranking_reps=sizes.billing_ranking_reps
+        )
     raise ValueError(name)
 
 

@@ -57,6 +57,8 @@ MODEL_ENTRY = {
         "price_output_per_1k": NON_NEGATIVE,
         "context_window": {"type": "integer", "minimum": 256},
         "options": {"type": "object"},
+        "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
+        "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
         "enabled": {"type": "boolean"},
     },
 }
@@ -101,6 +103,9 @@ TOOL_ENTRY = {
         "approval_escalate_to": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,50}$"},
         "roles": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "credit_cost": {"type": "integer", "minimum": 0},
+        "critical": {"type": "boolean"},
+        "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
+        "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
         "enabled": {"type": "boolean"},
     },
 }
@@ -159,6 +164,14 @@ AGENT_ENTRY = {
         "rules": {"type": "array", "items": RULE},
         "busy_message": {"type": "string"},
         "double_texting": {"enum": [choice.value for choice in DoubleTexting]},
+        "cheap_model": {"type": ["string", "null"]},
+        "degraded_max_tokens": {"type": "integer", "minimum": 1},
+        "budget_turn_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "budget_turn_cost": {"type": ["number", "null"], "minimum": 0},
+        "budget_session_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "budget_session_cost": {"type": ["number", "null"], "minimum": 0},
+        "budget_day_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "budget_day_cost": {"type": ["number", "null"], "minimum": 0},
         "enabled": {"type": "boolean"},
     },
 }
@@ -384,7 +397,7 @@ def config_errors(
     tools = known_tools | {t["name"] for t in document.get("tools") or []}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
-        for field in ("model", "fallback_model", "candidate_model"):
+        for field in ("model", "fallback_model", "candidate_model", "cheap_model"):
             if entry.get(field) and entry[field] not in models:
                 errors.append(
                     f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})"

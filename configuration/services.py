@@ -35,6 +35,8 @@ MODEL_FIELDS = (
     "price_output_per_1k",
     "context_window",
     "options",
+    "rate_limit_calls_per_min",
+    "rate_limit_tokens_per_min",
     "enabled",
 )
 TOOL_FIELDS = (
@@ -59,6 +61,9 @@ TOOL_FIELDS = (
     "approval_escalate_to",
     "roles",
     "credit_cost",
+    "critical",
+    "rate_limit_calls_per_min",
+    "rate_limit_tokens_per_min",
     "enabled",
 )
 AGENT_FIELDS = (
@@ -76,7 +81,12 @@ AGENT_FIELDS = (
     "same_result_limit",
     "step_timeout_s",
     "turn_timeout_s",
+    "degraded_max_tokens",
+    "budget_turn_tokens",
+    "budget_session_tokens",
+    "budget_day_tokens",
 )
+AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")
 
 
 def _upsert(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> str:
@@ -157,6 +167,13 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             )
         for entry in document.get("agents") or []:
             values = {k: entry[k] for k in AGENT_FIELDS if k in entry}
+            for budget in AGENT_COST_FIELDS:
+                if budget in entry:
+                    cost = entry[budget]
+                    values[budget] = None if cost is None else Decimal(str(cost))
+            if "cheap_model" in entry:
+                cheap = entry["cheap_model"]
+                values["cheap_model"] = ModelEndpoint.objects.get(name=cheap) if cheap else None
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
             fallback = entry.get("fallback_model")
             values["fallback_model"] = (

@@ -42,3 +42,7 @@ def run_enqueue_on_commit(session_id: UUID | str) -> None:
 
 def run_enqueue(session_id: UUID | str) -> None:
     current_app.tasks[RUN_TASK].delay(str(session_id))
+
+
+def run_enqueue_later(session_id: UUID | str, seconds: float) -> None:
+    current_app.tasks[RUN_TASK].apply_async((str(session_id),), countdown=seconds)

@@ -37,8 +37,12 @@ class StopReason(StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     MODEL_REFUSED = "model_refused"
     CANCELLED = "cancelled"
+    # A budget of the agent or the owner (billing/budgets.py) does not cover another model call.
+    BUDGET_EXCEEDED = "budget_exceeded"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+    # Tool calls the owner's credit points could not pay for, twice in a turn.
+    INSUFFICIENT_CREDITS = "insufficient_credits"
 
 
 # "from" is a keyword: the functional form keeps the wire key.
@@ -61,9 +65,14 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded
+    stage: str  # preparing_tool | answer_discarded | credits_low | degradation
     turn: int
     tool: NotRequired[str]
+    level: NotRequired[int]  # stage degradation: the session's new level (0-3)
+    # credits_low: the owner's balance dropped below its low-water mark.
+    kind: NotRequired[str]  # "credits.low"
+    balance: NotRequired[int]
+    low_water_mark: NotRequired[int]
 
 
 class ToolStarted(TypedDict):

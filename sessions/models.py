@@ -42,6 +42,9 @@ class ModelEndpoint(models.Model):
     price_output_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     context_window = models.PositiveIntegerField(default=128000)
     options = models.JSONField(default=dict, blank=True)
+    # Per owner, shared by every worker process through Redis (billing/ratelimit.py); 0 = no limit.
+    rate_limit_calls_per_min = models.PositiveIntegerField(default=0)
+    rate_limit_tokens_per_min = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -112,7 +115,34 @@ class Agent(models.Model):
     busy_message = models.TextField(
         default="The service is busy right now. Please try again in a moment.", blank=True
     )
+    # Degradation level 1 and up (billing/degradation.py): the cheaper tier and a lower output cap.
+    cheap_model = models.ForeignKey(
+        ModelEndpoint,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="Used from degradation level 1 (defaults to the fallback model).",
+    )
+    degraded_max_tokens = models.PositiveIntegerField(
+        default=512, help_text="Output limit of a model call from degradation level 1."
+    )
+    # Budgets (billing/budgets.py); empty = no limit. The day is the owner's (BILLING_TIME_ZONE).
+    budget_turn_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    budget_turn_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    budget_session_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    budget_session_cost = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    budget_day_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Per owner of a session, this agent's tokens a day."
+    )
+    budget_day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     enabled = models.BooleanField(default=True)
+    value = models.FloatField(
+        default=1.0,
+        help_text="What a session is worth by default: calls competing for points are served highest value per point first.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -163,6 +193,12 @@ class Session(models.Model):
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    value = models.FloatField(
+        default=1.0, help_text="Set at creation (default: the agent's value)."
+    )
+    degradation_level = models.PositiveSmallIntegerField(
+        default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
+    )
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

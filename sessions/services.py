@@ -27,6 +27,8 @@ from approvals.services import (
     approvals_cancel,
 )
 from approvals.states import Outcome
+from billing.selectors import reservations_open
+from billing.services import credits_close, waiting_expire
 from memory.tokens import count_message_tokens
 from runtime.cancellation import cancel_signal
 from tools.execution import tools_for_agent
@@ -45,7 +47,16 @@ from .engine import (
     turn_start,
 )
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
-from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
+from .models import (
+    Agent,
+    Checkpoint,
+    DoubleTexting,
+    Message,
+    MessageStatus,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
 from .states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from .sweep_status import sweep_mark_completed
 
@@ -59,8 +70,10 @@ def session_create(
     key_roles: list[str],
     role: str | None = None,
     metadata: dict[str, Any] | None = None,
+    value: float | None = None,
 ) -> Session:
-    """Open a session on an agent; its role is fixed now from what the caller's key allows."""
+    """Open a session on an agent; its role is fixed now from what the caller's key allows,
+    its value (priority for credits) from the caller or else the agent."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
     if agent is None:
         raise InvalidInput(
@@ -74,7 +87,13 @@ def session_create(
             )
     else:
         role = key_roles[0] if key_roles else ""
-    return Session.objects.create(agent=agent, owner=owner, role=role, metadata=metadata or {})
+    return Session.objects.create(
+        agent=agent,
+        owner=owner,
+        role=role,
+        metadata=metadata or {},
+        value=agent.value if value is None else value,
+    )
 
 
 @dataclass(frozen=True)
@@ -220,6 +239,7 @@ def sessions_sweep() -> list[str]:
     a sweep every half second does not enqueue the same session each time.
     """
     woken = timers_fire_due() + approvals_expire_due()
+    credits_reconcile()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
@@ -250,6 +270,34 @@ def sessions_sweep() -> list[str]:
         # /readyz turns unready when no completion is recorded; the sweep itself did its work.
         logger.warning("sweeper: could not record the completed sweep: %s", type(exc).__name__)
     return woken + ids
+
+
+def credits_reconcile(*, older_than_s: float | None = None) -> int:
+    """Close reservations a crash or an ended turn left open, from their calls' final status.
+
+    A call still executing is in flight (or its run will be taken over): left
+    alone. One that succeeded is settled; one that failed, was rejected or
+    whose session is gone is released.
+    """
+    older = settings.SESSION_LEASE_S * 2 if older_than_s is None else older_than_s
+    keys = reservations_open(older_than_s=older)
+    waiting_expire()
+    if not keys:
+        return 0
+    statuses = dict(
+        ToolCall.objects.filter(idempotency_key__in=keys).values_list("idempotency_key", "status")
+    )
+    settle = [k for k in keys if statuses.get(k) == ToolCallStatus.SUCCESS]
+    release = [
+        k for k in keys if statuses.get(k) not in (ToolCallStatus.SUCCESS, ToolCallStatus.EXECUTING)
+    ]
+    credits_close(keys=settle, settle=True, actor="sweeper")
+    credits_close(keys=release, settle=False, actor="sweeper")
+    if settle or release:
+        logger.info(
+            "sweeper: settled %d and released %d orphaned reservation(s)", len(settle), len(release)
+        )
+    return len(settle) + len(release)
 
 
 def timers_fire_due(*, limit: int = 100) -> list[str]:

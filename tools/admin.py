@@ -5,12 +5,13 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db import models
+from django.http import HttpRequest
 from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from .execution import tool_breaker
-from .forms import JSON_FIELD, breaker_badge
+from .forms import JSON_FIELD, breaker_badge, optional_count_field
 from .models import Tool, ToolKind
 from .registry import HANDLERS
 
@@ -55,6 +56,9 @@ class ToolAdminForm(forms.ModelForm):
             "approval_escalate_to",
             "roles",
             "credit_cost",
+            "critical",
+            "rate_limit_calls_per_min",
+            "rate_limit_tokens_per_min",
         )
         widgets = {
             "description": forms.Textarea(attrs={"rows": 4, "cols": 100}),
@@ -174,6 +178,14 @@ class ToolAdmin(admin.ModelAdmin):
             {"fields": ("side_effects", "requires_approval", "risk_level", "roles", "credit_cost")},
         ),
         (
+            "Degradation and rate limits",
+            {
+                "fields": ("critical", "rate_limit_calls_per_min", "rate_limit_tokens_per_min"),
+                "description": "Critical tools still run at degradation level 3. Limits are per "
+                "owner per minute, shared by all workers; 0 = no limit.",
+            },
+        ),
+        (
             "Approval",
             {
                 "fields": (
@@ -188,6 +200,11 @@ class ToolAdmin(admin.ModelAdmin):
         ),
         (None, {"fields": ("updated_at",)}),
     )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return optional_count_field(db_field) or super().formfield_for_dbfield(
+            db_field, request, **kwargs
+        )
 
     @admin.display(description="approval", boolean=True, ordering="requires_approval")
     def approval(self, obj: Tool) -> bool:

@@ -71,6 +71,10 @@ class ToolSnapshot:
     approval_timeout_s: int = 1800
     approval_on_timeout: str = "reject"
     approval_escalate_to: str = ""
+    credit_cost: int = 0
+    critical: bool = False
+    rate_limit_calls_per_min: int = 0
+    rate_limit_tokens_per_min: int = 0
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -100,6 +104,10 @@ class ToolSnapshot:
             approval_timeout_s=tool.approval_timeout_s,
             approval_on_timeout=tool.approval_on_timeout,
             approval_escalate_to=tool.approval_escalate_to,
+            credit_cost=tool.credit_cost,
+            critical=tool.critical,
+            rate_limit_calls_per_min=tool.rate_limit_calls_per_min,
+            rate_limit_tokens_per_min=tool.rate_limit_tokens_per_min,
         )
 
     @property

@@ -41,3 +41,29 @@ def breaker_badge(state: str, failures: int, until: str = "") -> str:
         BREAKER_COLOURS.get(state, "#6b7280"),
         label + (f" until {until}" if until else ""),
     )
+
+
+class CountOrDefault(forms.IntegerField):
+    """A count whose empty input keeps the column's default (0 = no limit), so forms
+    posted without the newer limit fields still save."""
+
+    def __init__(self, *, default: int, **kwargs: Any) -> None:
+        kwargs.pop("required", None)
+        kwargs.setdefault("min_value", 0)
+        super().__init__(required=False, **kwargs)
+        self.default = default
+
+    def clean(self, value: Any) -> int:
+        cleaned = super().clean(value)
+        return self.default if cleaned is None else int(cleaned)
+
+
+def optional_count_field(db_field: models.Field, **kwargs: Any) -> forms.Field | None:
+    """The form field of a rate limit or a degraded output limit: empty keeps the default."""
+    if db_field.name.startswith("rate_limit_") or db_field.name == "degraded_max_tokens":
+        return CountOrDefault(
+            default=int(db_field.default),
+            label=db_field.verbose_name.capitalize(),
+            help_text=db_field.help_text,
+        )
+    return None

@@ -66,6 +66,12 @@ class Tool(models.Model):
     )
     roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
     credit_cost = models.PositiveIntegerField(default=0)
+    critical = models.BooleanField(
+        default=False, help_text="Still runs at degradation level 3 (only critical tools do)."
+    )
+    # Per owner, shared by every worker process through Redis (billing/ratelimit.py); 0 = no limit.
+    rate_limit_calls_per_min = models.PositiveIntegerField(default=0)
+    rate_limit_tokens_per_min = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -11,7 +11,7 @@ from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
 from configuration.schema import RULE
-from tools.forms import JSON_FIELD
+from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
 from ..models import Agent
@@ -40,6 +40,14 @@ class AgentAdminForm(forms.ModelForm):
             "tools",
             "rules",
             "busy_message",
+            "cheap_model",
+            "degraded_max_tokens",
+            "budget_turn_tokens",
+            "budget_turn_cost",
+            "budget_session_tokens",
+            "budget_session_cost",
+            "budget_day_tokens",
+            "budget_day_cost",
         )
         widgets = {
             "system_prompt": forms.Textarea(attrs={"rows": 8, "cols": 100}),
@@ -117,10 +125,30 @@ class AgentAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        (
+            "Budgets and degradation",
+            {
+                "fields": (
+                    ("budget_turn_tokens", "budget_turn_cost"),
+                    ("budget_session_tokens", "budget_session_cost"),
+                    ("budget_day_tokens", "budget_day_cost"),
+                    "cheap_model",
+                    "degraded_max_tokens",
+                ),
+                "description": "Empty budgets do not limit. A call that would cross one ends the "
+                "turn with budget_exceeded. From degradation level 1 the cheap model (else the "
+                "fallback) answers with at most degraded_max_tokens.",
+            },
+        ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
     )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return optional_count_field(db_field) or super().formfield_for_dbfield(
+            db_field, request, **kwargs
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
         return super().get_queryset(request).annotate(_session_count=Count("sessions"))

@@ -1,6 +1,7 @@
 """Model endpoints (prices, keys, the circuit breaker) and the calls made to them."""
 
 from datetime import UTC, datetime
+from typing import Any
 
 from django.contrib import admin
 from django.db import models
@@ -10,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from runtime.breaker import model_breaker
-from tools.forms import JSON_FIELD, breaker_badge
+from tools.forms import JSON_FIELD, breaker_badge, optional_count_field
 
 from ..models import ModelCall, ModelEndpoint
 from .base import ReadOnlyAdmin
@@ -35,6 +36,11 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     list_filter = ("api", "enabled")
     search_fields = ("name", "model", "base_url")
     actions = ("reset_breaker",)
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return optional_count_field(db_field) or super().formfield_for_dbfield(
+            db_field, request, **kwargs
+        )
 
     @admin.display(description="breaker")
     def breaker(self, obj: ModelEndpoint) -> str:
@@ -99,6 +105,10 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         (
             "Prices and limits",
             {"fields": ("price_input_per_1k", "price_output_per_1k", "context_window")},
+        ),
+        (
+            "Rate limits (per owner per minute, all workers; 0 = no limit)",
+            {"fields": ("rate_limit_calls_per_min", "rate_limit_tokens_per_min")},
         ),
         ("Options", {"fields": ("options", "updated_at")}),
     )

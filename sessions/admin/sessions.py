@@ -83,6 +83,7 @@ class SessionAdmin(SessionIdSearch):
         "state_display",
         "outcome",
         "cost_display",
+        "degradation_level",
         "tokens",
         "turns",
         "agent",
@@ -91,7 +92,14 @@ class SessionAdmin(SessionIdSearch):
         "models_used",
         "updated",
     )
-    list_filter = ("state", "agent", "role", "model_calls__endpoint_name")
+    list_filter = (
+        "state",
+        "degradation_level",
+        "agent",
+        "owner",
+        "role",
+        "model_calls__endpoint_name",
+    )
     # A full id is an exact lookup; a part of one (the short id shown) a text match.
     session_lookup = "pk"
     search_fields = ("id", "owner__username", "agent__slug")
@@ -114,6 +122,7 @@ class SessionAdmin(SessionIdSearch):
         "input_tokens",
         "output_tokens",
         "cost",
+        "degradation_level",
         "version",
         "lease_owner",
         "lease_expires_at",
@@ -159,6 +168,7 @@ class SessionAdmin(SessionIdSearch):
                     "input_tokens",
                     "output_tokens",
                     "cost",
+                    "degradation_level",
                 ),
                 "classes": ("collapse",),
             },

@@ -42,6 +42,9 @@ class SessionCreateSerializer(StrictSerializer):
     agent = StrictSlugField(max_length=100)
     role = StrictCharField(max_length=50, required=False, allow_blank=True)
     metadata = serializers.DictField(required=False, default=dict)
+    # What the session is worth to the customer app: calls competing for points
+    # are served highest value per point first (default: the agent's value).
+    value = serializers.FloatField(required=False, min_value=0, max_value=1e12)
 
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
         limit = settings.METADATA_MAX_BYTES
@@ -83,6 +86,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "version",
             "turn",
             "queued_count",
+            "value",
             "usage",
             "last_error",
             "created_at",

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.throttling import SessionCreateThrottle
+from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
 
 from .. import selectors, services
 from ..errors import InvalidInput
@@ -47,7 +47,7 @@ def _key_roles(request: Request) -> list[str]:
 
 
 class SessionListView(APIView):
-    throttle_classes = [SessionCreateThrottle]  # POST only: creating sessions
+    throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # POST only: creating sessions
 
     @extend_schema(
         responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
@@ -68,6 +68,7 @@ class SessionListView(APIView):
             key_roles=_key_roles(request),
             role=data.get("role") or None,
             metadata=data.get("metadata") or {},
+            value=data.get("value"),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
@@ -131,7 +132,7 @@ class SessionCancelView(APIView):
 
 
 class SessionForkView(APIView):
-    throttle_classes = [SessionCreateThrottle]  # a fork is a new session
+    throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a fork is a new session
 
     @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
     def post(self, request: Request, session_id: str) -> Response:

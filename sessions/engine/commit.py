@@ -33,6 +33,7 @@ from ..models import (
 from ..publisher import Frame, make_frame, publish
 from ..rows import Statement, execute_batch, insert_statement, one_round_trip, update_statement
 from ..states import State, Trigger, next_state
+from .metering import step_metering
 from .runtime_cache import STAMP_RETURNING
 
 MESSAGE_COLUMNS = (
@@ -148,6 +149,7 @@ SETTABLE = {
     "timer_note",
     "resume_check",
     "env_fingerprint",
+    "degradation_level",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
@@ -331,6 +333,8 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=guard, now=NOW)
     )
+    # Usage rollups and credit settlements ride in the same transaction.
+    writes += step_metering(session, step.model_calls, step.updated_tool_calls, guard)
 
     # The move first, then what it brought: a turn's stream opens with
     # state.changed and closes with turn.finished.

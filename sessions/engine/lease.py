@@ -64,12 +64,14 @@ def lease_release(*, session_id: UUID | str, owner: str) -> bool:
         return cursor.rowcount == 1
 
 
-def lease_drop(*, session_id: UUID | str, owner: str) -> None:
-    """Give the lease back unconditionally (the run stops; the sweeper decides what next)."""
+def lease_drop(*, session_id: UUID | str, owner: str, after_s: float = 0.0) -> None:
+    """Give the lease back unconditionally (the run stops; the sweeper decides what next,
+    `after_s` from now at the earliest)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() WHERE id = %s AND lease_owner = %s",
-            [session_id, owner],
+            f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s) "
+            "WHERE id = %s AND lease_owner = %s",
+            [after_s, session_id, owner],
         )
 
 

@@ -259,9 +259,12 @@ class RunCancelled(Exception):
         self.calls: list[ModelCall] = []
 
 
-def call_model(session: Session, agent: Agent, request: ChatRequest) -> Routed:
-    """Primary, then one retry on the fallback; never raises ModelError (RunCancelled ends the turn)."""
-    primary, rollout = primary_endpoint(agent, session)
+def call_model(
+    session: Session, agent: Agent, request: ChatRequest, *, tier: ModelEndpoint | None = None
+) -> Routed:
+    """Primary (or `tier`, the cheaper model of a degraded session), then one retry on the
+    fallback; never raises ModelError (RunCancelled ends the turn)."""
+    primary, rollout = (tier, False) if tier is not None else primary_endpoint(agent, session)
     response, record, error = _attempt(
         session, primary, request, retried=False, fallback=False, rollout=rollout
     )

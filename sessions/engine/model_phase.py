@@ -18,6 +18,7 @@ from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
 from ..states import Trigger
 from . import guards
+from .budget_gate import model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, build_request
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
@@ -131,12 +132,30 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         if session.turn_started_at
         else None
     )
+    gate = model_gate(session, agent, request)
+    request = gate.request
+    if not gate.verdict.allowed:
+        answer(
+            session,
+            owner,
+            content=partial_answer(history, session.turn),
+            trigger=Trigger.LIMIT_REACHED,
+            stop_reason=StopReason.BUDGET_EXCEEDED,
+            spend=ModelSpend(iteration=session.iteration),
+            context=ModelContext(
+                env=env, model=None, deadline=deadline, notes=[], degradation=gate.level
+            ),
+            reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
+        )
+        return
     connection.close()  # never hold a connection across the model call
+    model_rate_limit(session, gate.endpoint, request)
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
+    tier = gate.endpoint if gate.endpoint.pk != agent.model_id else None
     try:
-        routed = call_model(session, agent, request)
+        routed = call_model(session, agent, request, tier=tier)
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)
@@ -149,6 +168,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         model=routed.endpoint.name if routed.endpoint else None,
         deadline=deadline,
         notes=[note] if note is not None else [],
+        degradation=gate.level,
     )
     if routed.response is None:
         error = routed.error

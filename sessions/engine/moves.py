@@ -22,6 +22,7 @@ from tools.rendering import render_failure
 from ..events import (
     EventSpec,
     EventType,
+    Progress,
     StopReason,
     ToolFinished,
     ToolStarted,
@@ -157,9 +158,17 @@ class ModelContext:
     model: str | None  # the endpoint that answered, if one did
     deadline: float | None  # the turn's time limit, as a timestamp
     notes: list[Message]  # platform notes the model saw (environment changes)
+    degradation: int | None = None  # the level this step ran at (billing/degradation.py)
 
     def checkpoint(self) -> dict[str, Any]:
         return {"model": self.model, "deadline": self.deadline}
+
+    def degradation_change(self, session: Session) -> tuple[dict[str, Any], list[EventSpec]]:
+        """The session's new degradation level and its `progress` event, if it changed."""
+        if self.degradation is None or self.degradation == session.degradation_level:
+            return {}, []
+        data: Progress = {"stage": "degradation", "turn": session.turn, "level": self.degradation}
+        return {"degradation_level": self.degradation}, [EventSpec(EventType.PROGRESS, data)]
 
 
 def tool_intents(
@@ -204,6 +213,7 @@ def tool_intents(
         )
         for c in calls
     ]
+    level_fields, level_events = context.degradation_change(session)
     step_commit(
         build_step(
             session,
@@ -213,6 +223,7 @@ def tool_intents(
             reason=", ".join(c.tool_name for c in calls),
             messages=[*context.notes, message],
             new_tool_calls=calls,
+            events=level_events,
             after_events=started,
             env=context.env,
             checkpoint={
@@ -221,7 +232,7 @@ def tool_intents(
             },
             add_fields=spend.usage.add_fields(),
             model_calls=spend.calls,
-            set_fields=spend.set_fields(),
+            set_fields={**spend.set_fields(), **level_fields},
         )
     )
 
@@ -251,6 +262,7 @@ def answer(
     )
     usage = spend.usage
     summary = turn_summary(session, stop_reason, usage, iterations=spend.iteration)
+    level_fields, level_events = context.degradation_change(session)
     try:
         step_commit(
             build_step(
@@ -260,12 +272,13 @@ def answer(
                 phase="answer",
                 reason=reason or stop_reason,
                 messages=[*context.notes, message],
+                events=level_events,
                 after_events=[EventSpec(EventType.TURN_FINISHED, summary)],
                 env=context.env,
                 checkpoint=context.checkpoint(),
                 add_fields=usage.add_fields(),
                 model_calls=spend.calls,
-                set_fields={**spend.set_fields(), "last_error": last_error[:2000]},
+                set_fields={**spend.set_fields(), "last_error": last_error[:2000], **level_fields},
                 unless_cancel_requested=True,
             )
         )
@@ -289,10 +302,15 @@ def tool_results(
     outcomes: dict[int, ToolOutcome],
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
+    extra_events: list[EventSpec] | None = None,
+    stop: StopReason | None = None,
+    stop_note: str = "",
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
-    scheduled follow-up moves the session to `waiting_timer` instead.
+    scheduled follow-up moves the session to `waiting_timer` instead, and
+    `stop` ends the turn there (-> tool_loop -> finished) with `stop_note` as
+    the agent's partial answer.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
     are kept), where the run loop carries the cancel out.
@@ -362,6 +380,18 @@ def tool_results(
             "timer_note": timer[1],
         }
     fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
+    events += extra_events or []
+    finish: list[EventSpec] = []
+    if stop is not None and fold:
+        messages.append(
+            Message(
+                turn=session.turn,
+                role="assistant",
+                content=stop_note,
+                token_count=count_message_tokens(stop_note),
+            )
+        )
+        finish = [EventSpec(EventType.TURN_FINISHED, turn_summary(session, stop))]
 
     def commit(fold: bool) -> None:
         step = build_step(
@@ -370,9 +400,10 @@ def tool_results(
             trigger=trigger,
             phase="tool_results",
             reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
-            messages=messages,
+            messages=messages if fold or not finish else messages[:-1],
             updated_tool_calls=calls,
             events=events,
+            after_events=finish if fold else [],
             env=env,
             set_fields=dict(set_fields),
             checkpoint={
@@ -381,7 +412,7 @@ def tool_results(
             },
             unless_cancel_requested=fold,
         )
-        step.then = Trigger.MODEL_CALL if fold else None
+        step.then = (Trigger.LIMIT_REACHED if finish else Trigger.MODEL_CALL) if fold else None
         step_commit(step)
 
     try:

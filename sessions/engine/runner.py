@@ -14,10 +14,13 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
+from ..dispatch import run_enqueue_later
 from ..models import Session
 from ..states import RUNNABLE, STARTS_TURN, State
+from .budget_gate import StepDeferred
 from .commit import StaleSession
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
+from .metering import CreditsWait
 from .model_phase import model_step
 from .moves import tool_loop_next, turn_cancel, turn_fail, turn_start
 from .runtime_cache import RunContext
@@ -29,7 +32,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunResult:
     steps: int
-    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed"]
+    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed", "waiting", "deferred"]
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
@@ -65,6 +68,20 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 logger.info("session %s moved under us; reloading", session_id)
                 session = None
                 continue
+            except StepDeferred as deferred:
+                # A rate limit: hold no worker while the window turns; the run is
+                # enqueued for then, and the sweeper stays away until then.
+                heartbeat.release(session_id)
+                lease_drop(session_id=session_id, owner=owner, after_s=deferred.seconds)
+                run_enqueue_later(session_id, deferred.seconds)
+                return RunResult(steps, "deferred")
+            except CreditsWait:
+                # Points held by in-flight calls: no worker waits for them; the
+                # sweeper picks the run up again once the short lease runs out.
+                lease_drop(
+                    session_id=session_id, owner=owner, after_s=settings.CREDITS_WAIT_RETRY_S
+                )
+                return RunResult(steps, "waiting")
             except Exception:
                 logger.exception("step of session %s crashed", session_id)
                 _record_crash(session_id, owner)

@@ -66,9 +66,9 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     cached = _agents.get(agent_id)
     if cached is not None and cached.stamp == stamp:
         return cached
-    agent = Agent.objects.select_related("model", "fallback_model", "candidate_model").get(
-        pk=agent_id
-    )
+    agent = Agent.objects.select_related(
+        "model", "fallback_model", "candidate_model", "cheap_model"
+    ).get(pk=agent_id)
     tools = tools_for_agent(list(agent.tools))
     runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
     with _lock:

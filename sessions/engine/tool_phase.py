@@ -26,13 +26,16 @@ from tools.execution import (
 )
 from tools.rendering import render_success
 
+from ..events import StopReason
 from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
 from .approval_gate import approval_gate
 from .commit import StaleSession
 from .environment import environment
+from .metering import credits_reserve, insufficient_before
 from .moves import tool_results, turn_fail
 from .runtime_cache import agent_runtime
+from .tool_gates import tool_gates
 
 
 def _cached_outcomes(
@@ -162,7 +165,11 @@ def tool_step(session: Session, owner: str) -> None:
                 turn_fail(session, owner, problem)
                 return
 
+    outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
     to_run = [c for c in calls if c.pk not in outcomes]
+    credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
+    outcomes.update(credits.refused)
+    to_run = [c for c in to_run if c.pk not in credits.refused]
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(
         session,
@@ -188,7 +195,30 @@ def tool_step(session: Session, owner: str) -> None:
     )
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
-    tool_results(session, owner, calls=calls, outcomes=outcomes, tools=tools, env=env)
+    for call in calls:
+        # Settled or released by the results' commit (a call never reserved is left alone).
+        if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
+            call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
+    stop, note = None, ""
+    if credits.refused and insufficient_before(session, calls[0].step):
+        # The model was told once and tried again: end the turn with what it has.
+        stop = StopReason.INSUFFICIENT_CREDITS
+        refused = next(iter(credits.refused.values())).output or {}
+        note = (
+            "I could not finish this: the next step needs "
+            f"{refused.get('points_needed')} credit points and only {refused.get('points_left')} are left."
+        )
+    tool_results(
+        session,
+        owner,
+        calls=calls,
+        outcomes=outcomes,
+        tools=tools,
+        env=env,
+        extra_events=credits.events,
+        stop=stop,
+        stop_note=note,
+    )
 
 
 async def _probe_all(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[ProbeResult]:

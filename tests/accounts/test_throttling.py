@@ -87,3 +87,15 @@ def test_behind_a_trusted_proxy_the_forwarded_address_is_counted(settings):
     # The proxy itself (other clients behind it) is not blocked.
     fine = _client(good, "10.0.0.1").get("/api/v1/sessions/", HTTP_X_FORWARDED_FOR="203.0.113.6")
     assert fine.status_code == 200, fine.content
+
+
+def test_every_rest_request_counts_against_the_keys_rate(settings):
+    settings.API_RATE_LIMIT = 3
+    settings.API_RATE_WINDOW_S = 40
+    key, other = api_key_for("carol"), api_key_for("carol")
+    for _ in range(3):
+        assert _client(key).get("/api/v1/sessions/").status_code == 200
+    assert _assert_429(_client(key).get("/api/v1/sessions/")) <= 40
+    # Creating a session counts too, and is refused with the same shape.
+    _assert_429(_client(key).post("/api/v1/sessions/", {"agent": "echo"}, format="json"))
+    assert _client(other).get("/api/v1/sessions/").status_code == 200

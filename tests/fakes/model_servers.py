@@ -814,6 +814,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Dozens of runs may connect at once (tests/billing/test_concurrency.py): the
+    # default backlog of 5 resets connections a real provider would accept.
+    request_queue_size = 128
     fake: "FakeModelServer"
 
 

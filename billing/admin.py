@@ -1,0 +1,274 @@
+"""The billing pages of the admin: cost rankings (table, chart, CSV), credit accounts with
+their ledger and grant/adjust actions, and owner budgets.
+
+Pages read through billing/rankings.py and write through billing/services.py only.
+"""
+
+import csv
+from datetime import date, timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .models import CreditAccount, CreditLedger, OwnerBudget, UsageDaily
+from .rankings import GROUPS, METRICS, RankRow, cost_rankings, degradation_levels
+from .services import CreditError, account_settings_update, credits_adjust, credits_grant
+
+CHART_BARS = 20
+CSV_LIMIT = 10_000
+
+
+class PeriodForm(forms.Form):
+    group = forms.ChoiceField(choices=[(g, g) for g in GROUPS], initial="user", required=False)
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    o = forms.CharField(required=False)
+
+
+def bar_chart(rows: list[RankRow], metric: str) -> SafeString:
+    """A horizontal SVG bar chart of the top rows, drawn here: no script, no CDN."""
+    rows = rows[:CHART_BARS]
+    values = [float(r.value(metric) or 0) for r in rows]
+    top = max(values, default=0) or 1.0
+    height, width, label_w = 18, 640, 220
+    bars = format_html_join(
+        "",
+        '<g transform="translate(0,{})"><text x="{}" y="13" text-anchor="end" font-size="11">{}</text>'
+        '<rect x="{}" y="2" height="14" width="{}" fill="#417690"><title>{}: {}</title></rect>'
+        '<text x="{}" y="13" font-size="11">{}</text></g>',
+        (
+            (
+                i * height,
+                label_w - 6,
+                row.label[:32],
+                label_w,
+                round((width - label_w - 80) * value / top, 1),
+                row.label,
+                value,
+                label_w + round((width - label_w - 80) * value / top, 1) + 4,
+                f"{value:g}",
+            )
+            for i, (row, value) in enumerate(zip(rows, values, strict=True))
+        ),
+    )
+    return format_html(
+        '<svg role="img" aria-label="{} by {}" width="{}" height="{}" '
+        'xmlns="http://www.w3.org/2000/svg">{}</svg>',
+        metric,
+        "row",
+        width,
+        max(len(rows), 1) * height,
+        bars,
+    )
+
+
+@admin.register(UsageDaily)
+class CostRankingsAdmin(admin.ModelAdmin):
+    """The rollup table's page is the rankings page: users, agents, sessions or days
+    over a chosen period, sortable by any metric, as a table, a chart and CSV."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        form = PeriodForm(request.GET or None)
+        today = timezone.localdate()
+        group, start, end, order = "user", today - timedelta(days=29), today, "-cost"
+        if form.is_valid():
+            group = form.cleaned_data["group"] or group
+            start = form.cleaned_data["start"] or start
+            end = form.cleaned_data["end"] or end
+            order = form.cleaned_data["o"] or order
+        if start > end:
+            start, end = end, start
+        metric = order.lstrip("-") if order.lstrip("-") in METRICS else "cost"
+        if request.GET.get("format") == "csv":
+            rows = cost_rankings(group=group, start=start, end=end, order=order, limit=CSV_LIMIT)
+            return _csv(rows, group, start, end)
+        rows = cost_rankings(group=group, start=start, end=end, order=order, limit=100)
+        levels = degradation_levels(group=group, keys=[r.key for r in rows])
+        query = {"group": group, "start": start.isoformat(), "end": end.isoformat()}
+        columns = [
+            (m, "-" + m if order != "-" + m else m, m == metric, order.startswith("-"))
+            for m in METRICS
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Cost rankings",
+            "opts": self.model._meta,
+            "form": PeriodForm(initial={**query, "o": order}),
+            "rows": [(row, levels.get(row.key)) for row in rows],
+            "levels": group in ("user", "agent"),
+            "group": group,
+            "groups": GROUPS,
+            "start": start,
+            "end": end,
+            "order": order,
+            "columns": columns,
+            "query": query,
+            "chart": bar_chart(rows, metric),
+            "metric": metric,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/billing/rankings.html", context)
+
+
+def _csv(rows: list[RankRow], group: str, start: date, end: date) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = (
+        f'attachment; filename="cost-{group}-{start.isoformat()}-{end.isoformat()}.csv"'
+    )
+    writer = csv.writer(response)
+    writer.writerow([group, "key", *METRICS])
+    for row in rows:
+        writer.writerow([row.label, row.key, *(row.value(m) for m in METRICS)])
+    return response
+
+
+class LedgerInline(admin.TabularInline):
+    model = CreditLedger
+    fields = ("created_at", "kind", "points", "delta", "balance_after", "actor", "note", "tool")
+    readonly_fields = fields
+    ordering = ("-id",)
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).order_by("-id")
+
+
+class PointsForm(forms.Form):
+    points = forms.IntegerField(help_text="Grant: points to add (>= 0). Adjust: +/- points.")
+    daily_cap = forms.IntegerField(required=False, min_value=0, help_text="Grant only: new cap.")
+    note = forms.CharField(required=False, max_length=500)
+
+
+@admin.register(CreditAccount)
+class CreditAccountAdmin(admin.ModelAdmin):
+    list_display = (
+        "owner",
+        "balance",
+        "reserved",
+        "daily_cap",
+        "spent_today",
+        "low_water_mark",
+        "updated_at",
+    )
+    search_fields = ("owner__username",)
+    readonly_fields = ("owner", "balance", "reserved", "spent_today", "spent_day", "actions_links")
+    fields = (
+        "owner",
+        "balance",
+        "reserved",
+        "daily_cap",
+        "spent_today",
+        "spent_day",
+        "low_water_mark",
+        "actions_links",
+    )
+    inlines = [LedgerInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # accounts open with their first grant
+
+    def save_model(self, request: HttpRequest, obj: CreditAccount, form: Any, change: bool) -> None:
+        # Only the settings are editable here; points move through grant and adjust.
+        account_settings_update(
+            owner_id=obj.owner_id, daily_cap=obj.daily_cap, low_water_mark=obj.low_water_mark
+        )
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="points")
+    def actions_links(self, obj: CreditAccount) -> str:
+        return format_html(
+            '<a class="button" href="{}">Grant</a> <a class="button" href="{}">Adjust</a>',
+            reverse("admin:billing_creditaccount_points", args=[obj.pk, "grant"]),
+            reverse("admin:billing_creditaccount_points", args=[obj.pk, "adjust"]),
+        )
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<int:pk>/points/<str:action>/",
+                self.admin_site.admin_view(self.points_view),
+                name="billing_creditaccount_points",
+            ),
+            *super().get_urls(),
+        ]
+
+    def points_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
+        account = get_object_or_404(CreditAccount, pk=pk)
+        if action not in ("grant", "adjust") or not self.has_change_permission(request, account):
+            return HttpResponseRedirect(reverse("admin:billing_creditaccount_change", args=[pk]))
+        form = PointsForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            actor = f"admin:{request.user.get_username()}"
+            try:
+                if action == "grant":
+                    credits_grant(
+                        owner_id=account.owner_id,
+                        points=data["points"],
+                        actor=actor,
+                        daily_cap=data["daily_cap"],
+                        set_daily_cap=data["daily_cap"] is not None,
+                        note=data["note"],
+                    )
+                else:
+                    credits_adjust(
+                        owner_id=account.owner_id,
+                        delta=data["points"],
+                        actor=actor,
+                        note=data["note"],
+                    )
+            except CreditError as exc:
+                form.add_error("points", str(exc))
+            else:
+                messages.success(request, f"{action}: {data['points']} points for {account.owner}")
+                return HttpResponseRedirect(
+                    reverse("admin:billing_creditaccount_change", args=[pk])
+                )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{action.title()} points: {account.owner}",
+            "opts": self.model._meta,
+            "original": account,
+            "form": form,
+            "action": action,
+        }
+        return TemplateResponse(request, "admin/billing/points.html", context)
+
+
+@admin.register(OwnerBudget)
+class OwnerBudgetAdmin(admin.ModelAdmin):
+    list_display = (
+        "owner",
+        "turn_tokens",
+        "turn_cost",
+        "session_tokens",
+        "session_cost",
+        "day_tokens",
+        "day_cost",
+    )
+    search_fields = ("owner__username",)
+    autocomplete_fields = ("owner",)

@@ -1,0 +1,213 @@
+"""Credit accounts, their ledger and reservations, and the daily usage rollups.
+
+Every change of a balance is one guarded UPDATE plus one ledger row in the same
+transaction (billing/services.py); the CHECK constraints are the last line of
+defence, never the mechanism. The rollups are kept incrementally by upserts in
+the step's own transaction, so rankings read a few rows per owner and day,
+never the raw calls.
+
+Sessions are referenced by plain id columns: billing never imports sessions
+(import-linter), and a ledger outlives the sessions it charged.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class CreditAccount(models.Model):
+    """An owner's points. `balance` is what is free to reserve; points held by
+    in-flight calls sit in `reserved` until they are settled (spent) or released
+    (given back to `balance`). `spent_today` counts reserved and settled points of
+    `spent_day` (the owner's day in BILLING_TIME_ZONE) against `daily_cap`."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="credit_account"
+    )
+    balance = models.BigIntegerField(default=0)
+    reserved = models.BigIntegerField(default=0)
+    daily_cap = models.BigIntegerField(
+        null=True, blank=True, help_text="Points per day at most; empty: no cap."
+    )
+    spent_today = models.BigIntegerField(default=0)
+    spent_day = models.DateField(null=True, blank=True)
+    low_water_mark = models.BigIntegerField(
+        default=0, help_text="A `credits.low` progress event fires when the balance drops below it."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(balance__gte=0), name="credit_balance_not_negative"),
+            models.CheckConstraint(
+                condition=Q(reserved__gte=0), name="credit_reserved_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(spent_today__gte=0), name="credit_spent_today_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"credits of {self.owner_id}: {self.balance}"
+
+
+class LedgerKind(models.TextChoices):
+    GRANT = "grant"
+    RESERVE = "reserve"
+    SETTLE = "settle"
+    RELEASE = "release"
+    ADJUST = "adjust"
+
+
+class CreditLedger(models.Model):
+    """One row per change. `delta` is the signed change of `balance` (grant and
+    release add, reserve takes, settle moves reserved points to spent and leaves
+    the balance alone, adjust either way): the deltas of an account sum to its balance."""
+
+    account = models.ForeignKey(CreditAccount, on_delete=models.CASCADE, related_name="ledger")
+    kind = models.CharField(max_length=10, choices=LedgerKind.choices)
+    points = models.BigIntegerField(help_text="The amount the entry is about (always >= 0).")
+    delta = models.BigIntegerField(help_text="Signed change of the balance.")
+    balance_after = models.BigIntegerField()
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    note = models.CharField(max_length=500, blank=True)
+    session_id = models.UUIDField(null=True, blank=True)
+    agent_id = models.BigIntegerField(null=True, blank=True)
+    tool = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # A re-run after a crash cannot reserve, settle or release a call twice.
+            models.UniqueConstraint(
+                fields=["kind", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="credit_ledger_once_per_key",
+            ),
+            models.CheckConstraint(condition=Q(points__gte=0), name="credit_ledger_points_gte_0"),
+        ]
+        indexes = [models.Index(fields=["account", "-id"], name="credit_ledger_account")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.points}"
+
+
+class ReservationStatus(models.TextChoices):
+    WAITING = "waiting"  # queued for points held by in-flight calls; nothing deducted
+    RESERVED = "reserved"
+    SETTLED = "settled"
+    RELEASED = "released"
+    REFUSED = "refused"  # waited in vain (or could never be paid): nothing was deducted
+
+
+class CreditReservation(models.Model):
+    """The points of one tool call, keyed by the call's idempotency key."""
+
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    account = models.ForeignKey(
+        CreditAccount, on_delete=models.CASCADE, related_name="reservations"
+    )
+    session_id = models.UUIDField(null=True, blank=True)
+    agent_id = models.BigIntegerField(null=True, blank=True)
+    tool = models.CharField(max_length=100, blank=True)
+    points = models.BigIntegerField()
+    status = models.CharField(max_length=10, choices=ReservationStatus.choices)
+    value_per_point = models.FloatField(
+        default=0.0,
+        help_text="The session's value divided by the points: waiters are served highest first.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    wait_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A waiting call gives up (insufficient_credits) after this.",
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["account", "-value_per_point"],
+                condition=Q(status="waiting"),
+                name="credit_reservation_waiting",
+            ),
+            models.Index(
+                fields=["created_at"],
+                condition=Q(status="reserved"),
+                name="credit_reservation_open",
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(points__gt=0), name="credit_reservation_points_gt_0")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key}: {self.points} {self.status}"
+
+
+class UsageDaily(models.Model):
+    """Per owner, agent and day (BILLING_TIME_ZONE): what the agent spent for the owner."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey("agent_sessions.Agent", on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    model_calls = models.BigIntegerField(default=0)
+    tool_calls = models.BigIntegerField(default=0)
+    credits_spent = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "agent", "day"], name="usage_daily_key")
+        ]
+        indexes = [
+            models.Index(fields=["day", "owner"], name="usage_daily_day_owner"),
+            models.Index(fields=["day", "agent"], name="usage_daily_day_agent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}/{self.agent_id}/{self.day}"
+
+
+class ToolUsageDaily(models.Model):
+    """Per tool, owner and day: calls, failures, time and points."""
+
+    tool = models.CharField(max_length=100)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    calls = models.BigIntegerField(default=0)
+    failures = models.BigIntegerField(default=0)
+    total_ms = models.BigIntegerField(default=0)
+    credits_spent = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tool", "owner", "day"], name="tool_usage_daily_key")
+        ]
+        indexes = [models.Index(fields=["day", "tool"], name="tool_usage_daily_day_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.tool}/{self.owner_id}/{self.day}"
+
+
+class OwnerBudget(models.Model):
+    """An owner's budgets over all their agents (billing/budgets.py); empty = no limit.
+    The agent's own budgets are fields of the agent; a model call must fit both."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="budget"
+    )
+    turn_tokens = models.BigIntegerField(null=True, blank=True)
+    turn_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    session_tokens = models.BigIntegerField(null=True, blank=True)
+    session_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    day_tokens = models.BigIntegerField(null=True, blank=True)
+    day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"budget of {self.owner_id}"

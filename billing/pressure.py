@@ -1,0 +1,133 @@
+"""What the engine needs to judge budgets and degradation before a model call, in one
+round trip: the owner's budgets, what the owner and the agent spent today, the turn's
+spend so far, and the owner's credits against their low-water mark. Plus the two
+pressures that live in Redis (the worker queue's depth, read at most once a second per
+process)."""
+
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+from uuid import UUID
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from .budgets import Budget, Spent
+from .models import CreditAccount, OwnerBudget, UsageDaily
+
+QUEUE_DEPTH_TTL_S = 1.0
+_queue_seen: list[float] = [0.0, 0.0]  # read at, depth
+# Whether an owner has budgets or a watched credit account, remembered per process this
+# long: an owner with neither costs a model step no query (a new budget applies within it).
+OWNER_WATCH_TTL_S = 2.0
+_watched: dict[int, tuple[float, bool]] = {}
+
+
+@dataclass(frozen=True)
+class OwnerFigures:
+    budgets: list[tuple[Budget, Spent]]  # the owner's (agent budgets are added by the caller)
+    agent_day: Spent
+    turn: Spent
+    credits_left: float | None  # balance / low-water mark; None when not watched
+
+
+def _sql(model_call_table: str) -> str:
+    return f"""
+SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_tokens, b.day_cost,
+       c.balance, c.low_water_mark,
+       d.agent_tokens, d.agent_cost, d.owner_tokens, d.owner_cost,
+       t.tokens, t.cost
+  FROM (SELECT coalesce(sum(input_tokens + output_tokens) FILTER (WHERE agent_id = %s), 0) AS agent_tokens,
+               coalesce(sum(cost) FILTER (WHERE agent_id = %s), 0) AS agent_cost,
+               coalesce(sum(input_tokens + output_tokens), 0) AS owner_tokens,
+               coalesce(sum(cost), 0) AS owner_cost
+          FROM "{UsageDaily._meta.db_table}"
+         WHERE owner_id = %s AND day = (now() AT TIME ZONE %s)::date) d
+  CROSS JOIN (SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
+                     coalesce(sum(cost), 0) AS cost
+                FROM "{model_call_table}" WHERE session_id = %s AND turn = %s) t
+  LEFT JOIN "{OwnerBudget._meta.db_table}" b ON b.owner_id = %s
+  LEFT JOIN "{CreditAccount._meta.db_table}" c ON c.owner_id = %s"""
+
+
+def owner_watched(*, owner_id: int) -> bool:
+    """Does the owner have a budget or a credit account with a low-water mark?"""
+    now = time.monotonic()
+    seen = _watched.get(owner_id)
+    if seen is not None and now - seen[0] < OWNER_WATCH_TTL_S:
+        return seen[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = %s)
+                    OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}"
+                                WHERE owner_id = %s AND low_water_mark > 0)""",
+            [owner_id, owner_id],
+        )
+        watched = bool(cursor.fetchone()[0])
+    if len(_watched) > 100_000:
+        _watched.clear()
+    _watched[owner_id] = (now, watched)
+    return watched
+
+
+def owner_watch_reset() -> None:
+    """Forget what this process remembered (a budget just set here applies at once)."""
+    _watched.clear()
+
+
+def owner_figures(
+    *,
+    owner_id: int,
+    agent_id: int,
+    session_id: UUID | str,
+    turn: int,
+    session_spent: Spent,
+    model_call_table: str,
+) -> OwnerFigures:
+    """One query. `model_call_table` is the engine's (billing never imports sessions)."""
+    tz = str(getattr(settings, "BILLING_TIME_ZONE", settings.TIME_ZONE))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _sql(model_call_table),
+            [agent_id, agent_id, owner_id, tz, session_id, turn, owner_id, owner_id],
+        )
+        row = cursor.fetchone()
+    (tt, tc, st, sc, dt, dc, balance, low_water, at, ac, ot, oc, turn_t, turn_c) = row
+    owner_day = Spent(int(ot), Decimal(oc))
+    turn_spent = Spent(int(turn_t), Decimal(turn_c))
+    budgets = [
+        (Budget("owner", "turn", tt, tc), turn_spent),
+        (Budget("owner", "session", st, sc), session_spent),
+        (Budget("owner", "day", dt, dc), owner_day),
+    ]
+    credits_left = None
+    if balance is not None and low_water:
+        credits_left = balance / low_water
+    return OwnerFigures(
+        budgets=budgets,
+        agent_day=Spent(int(at), Decimal(ac)),
+        turn=turn_spent,
+        credits_left=credits_left,
+    )
+
+
+@lru_cache(maxsize=1)
+def _broker() -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
+    )
+
+
+def queue_depth() -> int:
+    """Runs waiting in the worker queue (Redis broker), at most one read a second per process."""
+    now = time.monotonic()
+    if now - _queue_seen[0] < QUEUE_DEPTH_TTL_S:
+        return int(_queue_seen[1])
+    try:
+        depth = int(_broker().llen(settings.CELERY_TASK_DEFAULT_QUEUE))
+    except (redis.RedisError, ValueError):
+        depth = 0
+    _queue_seen[:] = [now, float(depth)]
+    return depth

@@ -1,0 +1,146 @@
+"""Cost rankings per user, agent, session or day over a period: named reads for the admin.
+
+Users, agents and days come from the daily rollups (UsageDaily: one row per owner, agent
+and day), so a ranking costs the same however many calls the period saw. Sessions carry
+their own running totals; a session ranks in the period it was created in.
+"""
+
+from dataclasses import dataclass
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.apps import apps
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Max
+from django.utils import timezone
+
+from .models import UsageDaily
+
+GROUPS = ("user", "agent", "session", "day")
+METRICS = ("cost", "input_tokens", "output_tokens", "model_calls", "tool_calls", "credits_spent")
+_KEY = {"user": "owner_id", "agent": "agent_id", "day": "day"}
+# The metric's column in the rollup query below.
+_COLUMN = {
+    "input_tokens": 2,
+    "output_tokens": 3,
+    "cost": 4,
+    "model_calls": 5,
+    "tool_calls": 6,
+    "credits_spent": 7,
+}
+
+
+@dataclass(frozen=True)
+class RankRow:
+    key: str
+    label: str
+    input_tokens: int
+    output_tokens: int
+    cost: Decimal
+    model_calls: int | None
+    tool_calls: int | None
+    credits_spent: int | None
+
+    def value(self, metric: str) -> Any:
+        return getattr(self, metric)
+
+
+def _order(order: str) -> tuple[str, bool]:
+    metric = order.lstrip("-")
+    if metric not in METRICS:
+        metric, order = "cost", "-cost"
+    return metric, order.startswith("-")
+
+
+def cost_rankings(
+    *, group: str, start: date, end: date, order: str = "-cost", limit: int = 100
+) -> list[RankRow]:
+    """The top `limit` of `group` over [start, end] (days inclusive), sorted by `order`
+    (a metric, `-` first for descending)."""
+    metric, descending = _order(order)
+    if group == "session":
+        return _session_rankings(start, end, metric, descending, limit)
+    key = _KEY.get(group, "owner_id")
+    direction = "DESC" if descending else "ASC"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
+                       sum(tool_calls), sum(credits_spent)
+                  FROM "{UsageDaily._meta.db_table}"
+                 WHERE day BETWEEN %s AND %s
+                 GROUP BY {key}
+                 ORDER BY {_COLUMN[metric]} {direction}, {key}
+                 LIMIT %s""",
+            [start, end, limit],
+        )
+        rows = cursor.fetchall()
+    labels = _labels(group, [r[0] for r in rows])
+    return [
+        RankRow(
+            key=str(r[0]),
+            label=labels.get(r[0], str(r[0])),
+            input_tokens=int(r[1]),
+            output_tokens=int(r[2]),
+            cost=Decimal(r[3]),
+            model_calls=int(r[4]),
+            tool_calls=int(r[5]),
+            credits_spent=int(r[6]),
+        )
+        for r in rows
+    ]
+
+
+def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[str, int]:
+    """The highest degradation level among each owner's or agent's sessions active in the
+    last `hours` (the level is set at every model step)."""
+    if group not in ("user", "agent") or not keys:
+        return {}
+    column = "owner_id" if group == "user" else "agent_id"
+    session = apps.get_model("agent_sessions", "Session")
+    since = timezone.now() - timedelta(hours=hours)
+    rows = (
+        session.objects.filter(**{f"{column}__in": keys}, updated_at__gte=since)
+        .values(column)
+        .annotate(level=Max("degradation_level"))
+    )
+    return {str(r[column]): int(r["level"]) for r in rows}
+
+
+def _labels(group: str, keys: list[Any]) -> dict[Any, str]:
+    if group == "agent":
+        agent = apps.get_model("agent_sessions", "Agent")
+        return dict(agent.objects.filter(pk__in=keys).values_list("pk", "slug"))
+    if group == "day":
+        return {k: k.isoformat() for k in keys}
+    user = get_user_model()
+    return dict(user.objects.filter(pk__in=keys).values_list("pk", user.USERNAME_FIELD))
+
+
+def _session_rankings(
+    start: date, end: date, metric: str, descending: bool, limit: int
+) -> list[RankRow]:
+    # Looked up by name: billing never imports sessions.
+    session = apps.get_model("agent_sessions", "Session")
+    field = metric if metric in ("cost", "input_tokens", "output_tokens") else "cost"
+    rows = (
+        session.objects.filter(created_at__date__gte=start, created_at__date__lte=end)
+        .order_by(f"-{field}" if descending else field, "pk")
+        .values_list(
+            "pk", "owner__username", "agent__slug", "input_tokens", "output_tokens", "cost"
+        )
+    )[:limit]
+    return [
+        RankRow(
+            key=str(pk),
+            label=f"{str(pk)[:8]} ({owner}, {agent})",
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            cost=cost,
+            model_calls=None,
+            tool_calls=None,
+            credits_spent=None,
+        )
+        for pk, owner, agent, tokens_in, tokens_out, cost in rows
+    ]

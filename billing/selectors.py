@@ -1,0 +1,57 @@
+"""Named reads of credits and usage."""
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Sum
+
+from .models import CreditAccount, CreditReservation, ReservationStatus, UsageDaily
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    balance: int
+    reserved: int
+    daily_cap: int | None
+    spent_today: int
+    input_tokens: int
+    output_tokens: int
+    cost: Decimal
+
+
+def usage_for_owner(*, owner_id: int) -> OwnerUsage:
+    """The owner's credits now and all-time usage (from the daily rollups: a few rows, no raw calls)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT balance, reserved, daily_cap,
+                       CASE WHEN spent_day = (now() AT TIME ZONE %s)::date THEN spent_today ELSE 0 END
+                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",
+            [settings.BILLING_TIME_ZONE, owner_id],
+        )
+        account = cursor.fetchone() or (0, 0, None, 0)
+    totals = UsageDaily.objects.filter(owner_id=owner_id).aggregate(
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), cost=Sum("cost")
+    )
+    return OwnerUsage(
+        balance=account[0],
+        reserved=account[1],
+        daily_cap=account[2],
+        spent_today=account[3],
+        input_tokens=totals["input_tokens"] or 0,
+        output_tokens=totals["output_tokens"] or 0,
+        cost=totals["cost"] or Decimal(0),
+    )
+
+
+def reservations_open(*, older_than_s: float, limit: int = 500) -> list[str]:
+    """Keys of reservations still held after `older_than_s`: candidates for reconciliation."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT idempotency_key FROM {CreditReservation._meta.db_table}
+                 WHERE status = %s AND created_at < now() - make_interval(secs => %s)
+                 ORDER BY created_at LIMIT %s""",
+            [ReservationStatus.RESERVED.value, older_than_s, limit],
+        )
+        return [row[0] for row in cursor.fetchall()]

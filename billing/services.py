@@ -1,0 +1,503 @@
+"""Writes to credit accounts and usage rollups.
+
+Balances change only through guarded UPDATEs (`... WHERE balance >= %s`) whose
+row count says whether they happened, each with its ledger row in the same
+transaction; a reservation, its settlement and its release are keyed by the
+tool call's idempotency key (a unique ledger index per kind and key), so a
+re-run after a crash can never charge twice.
+
+The engine calls these with plain values (owner id, agent id, session id,
+points, keys): billing never imports sessions. The settle, release and rollup
+writes come as SQL statements the engine adds to its step transaction (one
+round trip, no second commit); each carries the step's `guard` so it writes
+only if the step's own UPDATE matched.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any, Literal
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .models import (
+    CreditAccount,
+    CreditLedger,
+    CreditReservation,
+    LedgerKind,
+    ReservationStatus,
+    ToolUsageDaily,
+    UsageDaily,
+)
+
+Statement = tuple[str, list[Any]]
+
+_ACCOUNT = CreditAccount._meta.db_table
+_LEDGER = CreditLedger._meta.db_table
+_RESERVATION = CreditReservation._meta.db_table
+_USAGE = UsageDaily._meta.db_table
+_TOOL_USAGE = ToolUsageDaily._meta.db_table
+
+# The owner's day, on the database clock: the same for every process.
+_TODAY = "(now() AT TIME ZONE %s)::date"
+_SPENT_TODAY = f"(CASE WHEN spent_day = {_TODAY} THEN spent_today ELSE 0 END)"
+
+
+class CreditError(Exception):
+    """A grant or adjustment that cannot be made (unknown user, balance would go negative)."""
+
+
+def _tz() -> str:
+    return str(settings.BILLING_TIME_ZONE)
+
+
+# --- Operators: grants and adjustments ----------------------------------------------
+
+
+def account_ensure(*, owner_id: int) -> CreditAccount:
+    account, _ = CreditAccount.objects.get_or_create(owner_id=owner_id)
+    return account
+
+
+def credits_grant(
+    *,
+    owner_id: int,
+    points: int,
+    actor: str,
+    daily_cap: int | None = None,
+    set_daily_cap: bool = False,
+    note: str = "",
+) -> CreditAccount:
+    """Add points to the owner's account (creating it), and optionally set its daily cap."""
+    if points < 0:
+        raise CreditError("a grant cannot be negative; use an adjustment")
+    with transaction.atomic():
+        account_ensure(owner_id=owner_id)
+        return _balance_change(
+            owner_id=owner_id,
+            delta=points,
+            kind=LedgerKind.GRANT,
+            actor=actor,
+            note=note,
+            daily_cap=daily_cap,
+            set_daily_cap=set_daily_cap,
+        )
+
+
+def credits_adjust(*, owner_id: int, delta: int, actor: str, note: str = "") -> CreditAccount:
+    """Correct a balance up or down (never below zero)."""
+    with transaction.atomic():
+        account_ensure(owner_id=owner_id)
+        return _balance_change(
+            owner_id=owner_id, delta=delta, kind=LedgerKind.ADJUST, actor=actor, note=note
+        )
+
+
+def account_settings_update(
+    *, owner_id: int, daily_cap: int | None, low_water_mark: int | None = None
+) -> CreditAccount:
+    account = account_ensure(owner_id=owner_id)
+    fields = {"daily_cap": daily_cap}
+    if low_water_mark is not None:
+        fields["low_water_mark"] = low_water_mark
+    CreditAccount.objects.filter(pk=account.pk).update(**fields)
+    account.refresh_from_db()
+    return account
+
+
+def _balance_change(
+    *,
+    owner_id: int,
+    delta: int,
+    kind: LedgerKind,
+    actor: str,
+    note: str,
+    daily_cap: int | None = None,
+    set_daily_cap: bool = False,
+) -> CreditAccount:
+    cap_sql = ", daily_cap = %s" if set_daily_cap else ""
+    params: list[Any] = [delta]
+    if set_daily_cap:
+        params.append(daily_cap)
+    params += [owner_id, -delta]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {_ACCOUNT} SET balance = balance + %s, updated_at = now(){cap_sql}
+                 WHERE owner_id = %s AND balance >= %s RETURNING id, balance""",
+            params,
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise CreditError("the balance cannot go below zero")
+    CreditLedger.objects.create(
+        account_id=row[0],
+        kind=kind,
+        points=abs(delta),
+        delta=delta,
+        balance_after=row[1],
+        actor=actor[:150],
+        note=note[:500],
+    )
+    return CreditAccount.objects.get(pk=row[0])
+
+
+# --- A tool call's points -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What `credit_reserve` decided.
+
+    `reserved`: the points are held (now, or by an earlier run of the same call);
+    `unmetered`: the owner has no account and credits are not required;
+    `insufficient`: the call must not run (`points_left` says what is free);
+    `wait`: the points are held by in-flight calls that may still release them:
+    try again shortly (until `CREDITS_WAIT_S` after the first try)."""
+
+    outcome: Literal["reserved", "unmetered", "insufficient", "wait"]
+    points: int
+    points_left: int = 0
+    reason: str = ""  # for `insufficient`: balance | daily_cap | no_account
+    balance: int = 0
+    low_water_crossed: bool = False
+    low_water_mark: int = 0
+
+
+def credit_reserve(
+    *,
+    owner_id: int,
+    idempotency_key: str,
+    points: int,
+    session_id: UUID | str | None,
+    agent_id: int,
+    tool: str,
+    value: float = 1.0,
+    wait_s: float | None = None,
+) -> Reservation:
+    """Hold a call's points before it runs; idempotent per key.
+
+    1. An existing reservation of this key wins (a re-run after a crash).
+    2. One guarded UPDATE takes the points if the balance and the daily cap
+       allow and no waiting call of higher value per point is ahead.
+    3. Otherwise: a call that only in-flight reservations stand in the way of
+       waits (a `waiting` row, served by value per point); any other is refused.
+    """
+    tz = _tz()
+    wait_s = settings.CREDITS_WAIT_S if wait_s is None else wait_s
+    value_per_point = float(value) / points
+    with transaction.atomic():
+        existing = (
+            CreditReservation.objects.select_for_update(of=("self",), no_key=True)
+            .filter(idempotency_key=idempotency_key)
+            .values_list("id", "status", "wait_until")
+            .first()
+        )
+        if existing is not None and existing[1] in (
+            ReservationStatus.RESERVED,
+            ReservationStatus.SETTLED,
+        ):
+            return Reservation("reserved", points)
+        if existing is not None and existing[1] in (
+            ReservationStatus.RELEASED,
+            ReservationStatus.REFUSED,
+        ):
+            left = CreditAccount.objects.filter(owner_id=owner_id).values_list("balance", flat=True)
+            return Reservation(
+                "insufficient", points, points_left=left.first() or 0, reason="balance"
+            )
+        waiting_id = existing[0] if existing is not None else None
+        # Waiters ahead: higher value per point, or the same and queued earlier.
+        ahead = (
+            "w.value_per_point > %s OR (w.value_per_point = %s AND w.id < %s)"
+            if waiting_id is not None
+            else "w.value_per_point >= %s"
+        )
+        ahead_params: list[Any] = (
+            [value_per_point, value_per_point, waiting_id]
+            if waiting_id is not None
+            else [value_per_point]
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""UPDATE {_ACCOUNT} AS a
+                       SET balance = balance - %s, reserved = reserved + %s,
+                           spent_today = {_SPENT_TODAY} + %s, spent_day = {_TODAY},
+                           updated_at = now()
+                     WHERE owner_id = %s AND balance >= %s
+                       AND (daily_cap IS NULL OR {_SPENT_TODAY} + %s <= daily_cap)
+                       AND NOT EXISTS (
+                           SELECT 1 FROM {_RESERVATION} w
+                            WHERE w.account_id = a.id AND w.status = 'waiting'
+                              AND w.wait_until > now() AND ({ahead}))
+                 RETURNING id, balance, low_water_mark""",
+                [points, points, tz, points, tz, owner_id, points, tz, points, *ahead_params],
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            account_id, balance, low_water = row
+            _reservation_hold(
+                key=idempotency_key,
+                account_id=account_id,
+                points=points,
+                session_id=session_id,
+                agent_id=agent_id,
+                tool=tool,
+                value_per_point=value_per_point,
+                waiting_id=waiting_id,
+            )
+            CreditLedger.objects.create(
+                account_id=account_id,
+                kind=LedgerKind.RESERVE,
+                points=points,
+                delta=-points,
+                balance_after=balance,
+                idempotency_key=idempotency_key,
+                session_id=session_id,
+                agent_id=agent_id,
+                tool=tool[:100],
+            )
+            return Reservation(
+                "reserved",
+                points,
+                points_left=balance,
+                balance=balance,
+                low_water_crossed=balance < low_water <= balance + points,
+                low_water_mark=low_water,
+            )
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""SELECT id, balance, reserved, daily_cap, {_SPENT_TODAY}, now()
+                      FROM {_ACCOUNT} WHERE owner_id = %s""",
+                [tz, owner_id],
+            )
+            account = cursor.fetchone()
+        if account is None:
+            if settings.CREDITS_REQUIRED:
+                return Reservation("insufficient", points, 0, reason="no_account")
+            return Reservation("unmetered", points)
+        account_id, balance, reserved, cap, spent_today, now = account
+        if cap is not None and spent_today + points > cap:
+            # In-flight calls already count against the cap: waiting cannot help.
+            return _refuse(waiting_id, points, max(min(balance, cap - spent_today), 0), "daily_cap")
+        if points > balance + reserved:
+            return _refuse(waiting_id, points, balance, "balance")
+        if existing is not None and existing[2] is not None and existing[2] <= now:
+            return _refuse(waiting_id, points, balance, "balance")
+        if waiting_id is None:
+            CreditReservation.objects.create(
+                idempotency_key=idempotency_key,
+                account_id=account_id,
+                session_id=session_id,
+                agent_id=agent_id,
+                tool=tool[:100],
+                points=points,
+                status=ReservationStatus.WAITING,
+                value_per_point=value_per_point,
+                wait_until=now + timedelta(seconds=wait_s),
+            )
+        return Reservation("wait", points, points_left=balance, balance=balance)
+
+
+def _refuse(waiting_id: int | None, points: int, left: int, reason: str) -> Reservation:
+    if waiting_id is not None:
+        CreditReservation.objects.filter(pk=waiting_id).update(
+            status=ReservationStatus.REFUSED, finished_at=timezone.now()
+        )
+    return Reservation("insufficient", points, points_left=left, reason=reason)
+
+
+def _reservation_hold(
+    *,
+    key: str,
+    account_id: int,
+    points: int,
+    session_id: UUID | str | None,
+    agent_id: int,
+    tool: str,
+    value_per_point: float,
+    waiting_id: int | None,
+) -> None:
+    if waiting_id is not None:
+        CreditReservation.objects.filter(pk=waiting_id).update(
+            status=ReservationStatus.RESERVED, points=points
+        )
+        return
+    CreditReservation.objects.create(
+        idempotency_key=key,
+        account_id=account_id,
+        session_id=session_id,
+        agent_id=agent_id,
+        tool=tool[:100],
+        points=points,
+        status=ReservationStatus.RESERVED,
+        value_per_point=value_per_point,
+    )
+
+
+def credits_close_statement(
+    *, keys: Sequence[str], settle: bool, guard: str = "", actor: str = ""
+) -> Statement | None:
+    """One statement that settles (the call ran) or releases (it did not) the
+    reservations of these keys still open, with their ledger rows, the
+    account's counters and the `credits_spent` rollups. Reservations already
+    closed are left alone, so running it twice changes nothing."""
+    if not keys:
+        return None
+    tz = _tz()
+    status = ReservationStatus.SETTLED if settle else ReservationStatus.RELEASED
+    kind = LedgerKind.SETTLE if settle else LedgerKind.RELEASE
+    where_guard = f" AND {guard}" if guard else ""
+    if settle:
+        account_set = "reserved = c.reserved - t.p"
+        delta = "0"
+    else:
+        # Given back: free again, and no longer counted against today's cap.
+        account_set = (
+            "reserved = c.reserved - t.p, balance = c.balance + t.p, "
+            f"spent_today = CASE WHEN c.spent_day = {_TODAY} "
+            "THEN GREATEST(c.spent_today - t.p_today, 0) ELSE c.spent_today END"
+        )
+        delta = "r.points"
+    sql = f"""WITH r AS (
+        UPDATE {_RESERVATION} SET status = %s, finished_at = now()
+         WHERE idempotency_key = ANY(%s::varchar[]) AND status = 'reserved'{where_guard}
+     RETURNING account_id, points, idempotency_key, session_id, agent_id, tool, created_at),
+    t AS (
+        SELECT account_id, sum(points)::bigint AS p,
+               sum(CASE WHEN (created_at AT TIME ZONE %s)::date = {_TODAY} THEN points ELSE 0 END)::bigint AS p_today
+          FROM r GROUP BY account_id),
+    a AS (
+        UPDATE {_ACCOUNT} c SET {account_set}, updated_at = now()
+          FROM t WHERE c.id = t.account_id
+     RETURNING c.id, c.balance, c.owner_id)"""
+    params: list[Any] = [status.value, list(keys), tz, tz]
+    if not settle:
+        params.append(tz)
+    if settle:
+        sql += f""",
+    u AS (
+        INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
+                              model_calls, tool_calls, credits_spent)
+        SELECT a.owner_id, r.agent_id, {_TODAY}, 0, 0, 0, 0, 0, sum(r.points)
+          FROM r JOIN a ON a.id = r.account_id WHERE r.agent_id IS NOT NULL
+         GROUP BY a.owner_id, r.agent_id
+        ON CONFLICT (owner_id, agent_id, day) DO UPDATE
+           SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
+     RETURNING 1),
+    v AS (
+        INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms, credits_spent)
+        SELECT r.tool, a.owner_id, {_TODAY}, 0, 0, 0, sum(r.points)
+          FROM r JOIN a ON a.id = r.account_id
+         GROUP BY r.tool, a.owner_id
+        ON CONFLICT (tool, owner_id, day) DO UPDATE
+           SET credits_spent = {_TOOL_USAGE}.credits_spent + EXCLUDED.credits_spent
+     RETURNING 1)"""
+        params += [tz, tz]
+    sql += f"""
+    INSERT INTO {_LEDGER} (account_id, kind, points, delta, balance_after, idempotency_key,
+                           actor, note, session_id, agent_id, tool, created_at)
+    SELECT r.account_id, %s, r.points, {delta}, a.balance, r.idempotency_key, %s, '',
+           r.session_id, r.agent_id, r.tool, now()
+      FROM r JOIN a ON a.id = r.account_id"""
+    params += [kind.value, actor[:150]]
+    return sql, params
+
+
+def credits_close(*, keys: Sequence[str], settle: bool, actor: str = "") -> None:
+    """`credits_close_statement` on its own (the sweeper's reconciliation)."""
+    statement = credits_close_statement(keys=keys, settle=settle, actor=actor)
+    if statement is None:
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(*statement)
+
+
+def waiting_refuse(*, session_id: UUID | str) -> int:
+    """Drop a session's waiting calls (its turn ended): they no longer hold up others."""
+    return CreditReservation.objects.filter(
+        session_id=session_id, status=ReservationStatus.WAITING
+    ).update(status=ReservationStatus.REFUSED, finished_at=timezone.now())
+
+
+def waiting_expire() -> int:
+    """Waiting rows past their deadline whose run never came back for them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_RESERVATION} SET status = 'refused', finished_at = now() "
+            "WHERE status = 'waiting' AND wait_until < now() - interval '1 minute'"
+        )
+        return cursor.rowcount
+
+
+# --- Usage rollups ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    tool: str
+    failed: bool
+    elapsed_ms: int
+
+
+def usage_statement(
+    *,
+    owner_id: int,
+    agent_id: int,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cost: Decimal = Decimal(0),
+    model_calls: int = 0,
+    tool_calls: int = 0,
+    guard: str = "",
+) -> Statement | None:
+    """Add to the owner's, agent's and day's rollup (an upsert: no lost update under concurrency)."""
+    if not (model_calls or tool_calls or input_tokens or output_tokens or cost):
+        return None
+    where = f" WHERE {guard}" if guard else ""
+    return (
+        f"""INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
+                                  model_calls, tool_calls, credits_spent)
+            SELECT %s, %s, {_TODAY}, %s, %s, %s, %s, %s, 0{where}
+            ON CONFLICT (owner_id, agent_id, day) DO UPDATE SET
+                input_tokens = {_USAGE}.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = {_USAGE}.output_tokens + EXCLUDED.output_tokens,
+                cost = {_USAGE}.cost + EXCLUDED.cost,
+                model_calls = {_USAGE}.model_calls + EXCLUDED.model_calls,
+                tool_calls = {_USAGE}.tool_calls + EXCLUDED.tool_calls""",
+        [owner_id, agent_id, _tz(), input_tokens, output_tokens, cost, model_calls, tool_calls],
+    )
+
+
+def tool_usage_statement(
+    *, owner_id: int, runs: Iterable[ToolRun], guard: str = ""
+) -> Statement | None:
+    """Add calls, failures and time per tool to the owner's day (one multi-row upsert)."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for run in runs:
+        row = totals[run.tool[:100]]
+        row[0] += 1
+        row[1] += int(run.failed)
+        row[2] += max(run.elapsed_ms, 0)
+    if not totals:
+        return None
+    values = ", ".join(["(%s::varchar, %s::bigint, %s::bigint, %s::bigint)"] * len(totals))
+    params: list[Any] = [owner_id, _tz()]
+    for tool, (calls, failures, ms) in totals.items():
+        params += [tool, calls, failures, ms]
+    where = f" WHERE {guard}" if guard else ""
+    return (
+        f"""INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms, credits_spent)
+            SELECT v.tool, %s, {_TODAY}, v.calls, v.failures, v.ms, 0
+              FROM (VALUES {values}) AS v(tool, calls, failures, ms){where}
+            ON CONFLICT (tool, owner_id, day) DO UPDATE SET
+                calls = {_TOOL_USAGE}.calls + EXCLUDED.calls,
+                failures = {_TOOL_USAGE}.failures + EXCLUDED.failures,
+                total_ms = {_TOOL_USAGE}.total_ms + EXCLUDED.total_ms""",
+        params,
+    )

@@ -1,0 +1,152 @@
+"""Before a model call: the degradation level, the budgets and the endpoint's rate limit.
+
+1. Pressure (budget spent, credits against the low-water mark, the model's breaker,
+   queue depth) sets the session's degradation level; from level 1 the call goes to the
+   agent's cheaper model with a lower output limit.
+2. The call's estimate (memory.tokens, the endpoint's prices) is checked against every
+   budget of the agent and the owner: it runs, runs with a lower output limit, or is
+   refused (the turn ends with `budget_exceeded`).
+3. The endpoint's per-owner rate limit: a short wait sleeps, a long one parks the session
+   (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check
+from billing.degradation import CHEAPER, Pressure, degradation_level
+from billing.pressure import OwnerFigures, owner_figures, owner_watched, queue_depth
+from billing.ratelimit import RateLimit, rate_limit_take
+from llm.types import ChatRequest
+from memory.tokens import estimate_request_tokens
+from runtime.breaker import model_breaker
+
+from ..models import Agent, ModelCall, ModelEndpoint, Session
+
+BREAKER_TTL_S = 1.0
+_breakers: dict[str, tuple[float, bool]] = {}
+
+BUDGET_NOTE = "I had to stop here: the budget for this request is used up."
+
+
+class StepDeferred(Exception):
+    """The step cannot run before `seconds` (a rate limit): park the session meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deferred {seconds:.1f} s")
+        self.seconds = seconds
+
+
+@dataclass(frozen=True)
+class ModelGate:
+    level: int
+    endpoint: ModelEndpoint
+    request: ChatRequest
+    verdict: BudgetVerdict
+
+
+def _model_failing(endpoint: ModelEndpoint) -> bool:
+    now = time.monotonic()
+    seen = _breakers.get(endpoint.name)
+    if seen is not None and now - seen[0] < BREAKER_TTL_S:
+        return seen[1]
+    failing = model_breaker().state(endpoint.name).state == "open"
+    _breakers[endpoint.name] = (now, failing)
+    return failing
+
+
+def agent_budgets(
+    agent: Agent, session: Session, turn: Spent, day: Spent
+) -> list[tuple[Budget, Spent]]:
+    spent = Spent(session.input_tokens + session.output_tokens, session.cost)
+    return [
+        (Budget("agent", "turn", agent.budget_turn_tokens, agent.budget_turn_cost), turn),
+        (Budget("agent", "session", agent.budget_session_tokens, agent.budget_session_cost), spent),
+        (Budget("agent", "day", agent.budget_day_tokens, agent.budget_day_cost), day),
+    ]
+
+
+AGENT_BUDGETS = (
+    "budget_turn_tokens",
+    "budget_turn_cost",
+    "budget_session_tokens",
+    "budget_session_cost",
+    "budget_day_tokens",
+    "budget_day_cost",
+)
+
+
+def model_gate(session: Session, agent: Agent, request: ChatRequest) -> ModelGate:
+    session_spent = Spent(session.input_tokens + session.output_tokens, session.cost)
+    if any(getattr(agent, name) is not None for name in AGENT_BUDGETS) or owner_watched(
+        owner_id=session.owner_id
+    ):
+        figures = owner_figures(
+            owner_id=session.owner_id,
+            agent_id=agent.pk,
+            session_id=session.pk,
+            turn=session.turn,
+            session_spent=session_spent,
+            model_call_table=ModelCall._meta.db_table,
+        )
+    else:
+        # Nothing to check against: no query on the step's path.
+        figures = OwnerFigures(budgets=[], agent_day=Spent(), turn=Spent(), credits_left=None)
+    budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
+    estimate_in = estimate_request_tokens(request)
+    first = budget_check(budgets=budgets, call=CallEstimate(estimate_in, 0))
+    level = degradation_level(
+        Pressure(
+            budget_used=first.used,
+            credits_left=figures.credits_left,
+            model_failing=_model_failing(agent.model),
+            queue_depth=queue_depth(),
+        )
+    )
+    endpoint = agent.model
+    if level >= CHEAPER:
+        endpoint = agent.cheap_model or agent.fallback_model or agent.model
+        limit = min(request.max_tokens or agent.degraded_max_tokens, agent.degraded_max_tokens)
+        request = dataclasses.replace(request, max_tokens=limit)
+    verdict = budget_check(
+        budgets=budgets,
+        call=CallEstimate(
+            estimate_in,
+            request.max_tokens or settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+            endpoint.price_input_per_1k,
+            endpoint.price_output_per_1k,
+        ),
+    )
+    if verdict.max_tokens is not None:
+        request = dataclasses.replace(request, max_tokens=verdict.max_tokens)
+    return ModelGate(level=level, endpoint=endpoint, request=request, verdict=verdict)
+
+
+def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatRequest) -> None:
+    """Wait for the endpoint's per-owner rate limit; raise StepDeferred for a long wait."""
+    limit = RateLimit(endpoint.rate_limit_calls_per_min, endpoint.rate_limit_tokens_per_min)
+    if not limit.active:
+        return
+    tokens = estimate_request_tokens(request) + (request.max_tokens or 0)
+    while True:
+        wait = rate_limit_take(
+            kind="model", name=endpoint.name, owner_id=session.owner_id, limit=limit, tokens=tokens
+        )
+        if wait is None:
+            return
+        if wait > settings.RATE_LIMIT_INLINE_WAIT_S:
+            raise StepDeferred(wait)
+        time.sleep(wait)
+
+
+def partial_answer(history: list, turn: int) -> str:
+    """What the agent has so far this turn: its last words to the user, or a short note."""
+    for message in reversed(history):
+        if message.turn != turn:
+            break
+        if message.role == "assistant" and message.content.strip():
+            return f"{message.content.strip()}\n\n({BUDGET_NOTE})"
+    return BUDGET_NOTE

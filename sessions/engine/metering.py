@@ -1,0 +1,168 @@
+"""Metering in the step loop: credit points around tool calls, usage rollups in the step commit.
+
+- Before a tool that costs points runs, its points are reserved (billing),
+  keyed by the call's idempotency key: a re-run after a crash finds its
+  reservation and is not charged again. A call the account cannot pay for does
+  not run; the model gets a result with `insufficient_credits`, the points
+  needed and left. A call whose points are held by in-flight calls waits
+  (`CreditsWait`: the run gives its lease back for a moment and holds no worker).
+- The step that commits the results settles (success) or releases (anything
+  else) the reservations in its own transaction, and adds the step's tokens,
+  cost and calls to the daily rollups there too: no second commit.
+- Reservations a crash or an ended turn left open are reconciled by the sweeper
+  from the calls' final status (sessions/services.py).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from billing.services import (
+    Reservation,
+    Statement,
+    ToolRun,
+    credit_reserve,
+    credits_close_statement,
+    tool_usage_statement,
+    usage_statement,
+)
+from tools.execution import ToolOutcome, ToolSnapshot
+from tools.rendering import render_failure
+
+from ..events import EventSpec, EventType, Progress
+from ..models import Session, ToolCall, ToolCallStatus
+
+INSUFFICIENT = "insufficient_credits"
+
+
+class CreditsWait(Exception):
+    """A call waits for points held by in-flight calls: try the step again shortly."""
+
+
+@dataclass
+class Credits:
+    refused: dict[int, ToolOutcome] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+
+
+def credits_reserve(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Credits:
+    """Reserve the points of the calls about to run (each call marks itself
+    `credit_points` for the commit that settles it); raise CreditsWait if one
+    has to wait. Calls already refused stay refused on the next try."""
+    result = Credits()
+    waiting = False
+    for call in calls:
+        tool = tools.get(call.tool_name)
+        points = tool.credit_cost if tool is not None else 0
+        if points <= 0 or call.error or not isinstance(call.input, dict):
+            continue
+        reservation = credit_reserve(
+            owner_id=session.owner_id,
+            idempotency_key=call.idempotency_key,
+            points=points,
+            session_id=session.pk,
+            agent_id=session.agent_id,
+            tool=call.tool_name,
+            value=session.value,
+        )
+        if reservation.outcome == "reserved":
+            call.credit_points = points  # type: ignore[attr-defined]
+            if reservation.low_water_crossed:
+                result.events.append(_low_water_event(session, reservation))
+        elif reservation.outcome == "insufficient":
+            result.refused[call.pk] = insufficient_outcome(reservation)
+        elif reservation.outcome == "wait":
+            waiting = True
+    if waiting:
+        raise CreditsWait(f"session {session.pk} waits for points held by in-flight calls")
+    return result
+
+
+def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
+    needed, left = reservation.points, reservation.points_left
+    why = (
+        "today's credit cap is reached"
+        if reservation.reason == "daily_cap"
+        else "not enough credit points"
+    )
+    if reservation.reason == "no_account":
+        why = "the user has no credit account"
+    message = (
+        f"{INSUFFICIENT}: {why}; this call needs {needed} points and {left} are left. "
+        "It did not run. Choose a cheaper way, or answer with what you have."
+    )
+    return ToolOutcome(
+        status=ToolCallStatus.REJECTED,
+        output={"code": INSUFFICIENT, "points_needed": needed, "points_left": left},
+        error=message,
+        content=render_failure(ToolCallStatus.REJECTED, message),
+    )
+
+
+def is_insufficient(outcome: ToolOutcome) -> bool:
+    return bool(outcome.output) and outcome.output.get("code") == INSUFFICIENT  # type: ignore[union-attr]
+
+
+def insufficient_before(session: Session, step: int) -> bool:
+    """Did an earlier step of this turn already get `insufficient_credits`?"""
+    return ToolCall.objects.filter(
+        session=session,
+        turn=session.turn,
+        step__lt=step,
+        status=ToolCallStatus.REJECTED,
+        error__startswith=INSUFFICIENT,
+    ).exists()
+
+
+def _low_water_event(session: Session, reservation: Reservation) -> EventSpec:
+    data: Progress = {
+        "stage": "credits_low",
+        "kind": "credits.low",
+        "turn": session.turn,
+        "balance": reservation.balance,
+        "low_water_mark": reservation.low_water_mark,
+    }
+    return EventSpec(EventType.PROGRESS, data)
+
+
+def step_metering(
+    session: Session,
+    model_calls: list[Any],
+    tool_calls: list[ToolCall],
+    guard: str,
+) -> list[Statement | None]:
+    """The rollup upserts and credit settlements of one step, for its batch."""
+    finished = [c for c in tool_calls if c.status != ToolCallStatus.EXECUTING]
+    ran = [c for c in finished if c.status != ToolCallStatus.REJECTED]
+    if not model_calls and not finished:
+        return []
+    writes: list[Statement | None] = [
+        usage_statement(
+            owner_id=session.owner_id,
+            agent_id=session.agent_id,
+            input_tokens=sum(m.input_tokens for m in model_calls),
+            output_tokens=sum(m.output_tokens for m in model_calls),
+            cost=sum((m.cost for m in model_calls), start=0),
+            model_calls=len(model_calls),
+            tool_calls=len(ran),
+            guard=guard,
+        )
+    ]
+    if ran:
+        writes.append(
+            tool_usage_statement(
+                owner_id=session.owner_id,
+                runs=[
+                    ToolRun(c.tool_name, c.status != ToolCallStatus.SUCCESS, c.elapsed_ms or 0)
+                    for c in ran
+                ],
+                guard=guard,
+            )
+        )
+    metered = [c for c in finished if getattr(c, "credit_points", 0)]
+    settled = [c.idempotency_key for c in metered if c.status == ToolCallStatus.SUCCESS]
+    released = [c.idempotency_key for c in metered if c.status != ToolCallStatus.SUCCESS]
+    writes.append(credits_close_statement(keys=settled, settle=True, guard=guard))
+    writes.append(credits_close_statement(keys=released, settle=False, guard=guard))
+    return writes

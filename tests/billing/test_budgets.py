@@ -1,0 +1,150 @@
+"""Budgets: the pre-call check (unit) and a budget ending a real turn cleanly (engine)."""
+
+import time
+from decimal import Decimal
+
+import pytest
+
+from billing.budgets import (
+    MIN_OUTPUT_TOKENS,
+    Budget,
+    CallEstimate,
+    Spent,
+    budget_check,
+)
+from billing.models import OwnerBudget
+from billing.pressure import owner_watch_reset, owner_watched
+from sessions.engine import session_run
+from sessions.engine.budget_gate import BUDGET_NOTE, partial_answer
+from sessions.models import Event, Message, ModelCall, Session
+from sessions.services import message_post
+from tests.factories import ToolFactory
+from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401
+
+
+def test_a_call_that_fits_every_budget_runs_unchanged() -> None:
+    verdict = budget_check(
+        budgets=[(Budget("agent", "turn", tokens=1000), Spent(100))],
+        call=CallEstimate(input_tokens=300, output_tokens=500),
+    )
+    assert verdict.allowed and verdict.max_tokens is None
+    assert verdict.used == pytest.approx(0.1)
+
+
+def test_a_call_whose_output_would_cross_a_budget_is_made_smaller() -> None:
+    verdict = budget_check(
+        budgets=[(Budget("owner", "day", tokens=1000), Spent(400))],
+        call=CallEstimate(input_tokens=300, output_tokens=500),
+    )
+    assert verdict.allowed and verdict.max_tokens == 300
+
+
+def test_a_call_the_budget_cannot_cover_is_refused_naming_the_budget() -> None:
+    verdict = budget_check(
+        budgets=[
+            (Budget("agent", "session", tokens=10_000), Spent(0)),
+            (Budget("owner", "turn", cost=Decimal("0.01")), Spent(0, Decimal("0.009"))),
+        ],
+        call=CallEstimate(
+            input_tokens=100,
+            output_tokens=100,
+            price_input_per_1k=Decimal("0.01"),
+            price_output_per_1k=Decimal("0.02"),
+        ),
+    )
+    assert not verdict.allowed
+    assert verdict.exceeded == Budget("owner", "turn", cost=Decimal("0.01"))
+    assert "owner turn budget" in verdict.message
+
+
+def test_room_below_the_useful_minimum_refuses() -> None:
+    verdict = budget_check(
+        budgets=[(Budget("agent", "turn", tokens=300 + MIN_OUTPUT_TOKENS - 1), Spent(0))],
+        call=CallEstimate(input_tokens=300, output_tokens=500),
+    )
+    assert not verdict.allowed
+
+
+def test_no_budgets_means_no_limit() -> None:
+    verdict = budget_check(
+        budgets=[(Budget("agent", "turn"), Spent(10**9))],
+        call=CallEstimate(input_tokens=10**6, output_tokens=10**6),
+    )
+    assert verdict.allowed and verdict.max_tokens is None
+
+
+def test_the_partial_answer_is_the_last_assistant_text_of_the_turn() -> None:
+    history = [
+        Message(turn=1, role="assistant", content="old turn"),
+        Message(turn=2, role="user", content="q"),
+        Message(turn=2, role="assistant", content="Found 3 orders so far."),
+        Message(turn=2, role="tool", content="{}"),
+    ]
+    assert partial_answer(history, 2).startswith("Found 3 orders so far.")
+    assert partial_answer(history[:2], 2) == BUDGET_NOTE
+
+
+# --- In the engine -------------------------------------------------------------------
+
+
+def _run(session: Session) -> Session:
+    started = time.monotonic()
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert time.monotonic() - started < 20
+    return Session.objects.get(pk=session.pk)
+
+
+def _looping_agent(agent_factory, **budgets):
+    ToolFactory(name="clock", roles=["support"])
+    return agent_factory(
+        tools=["clock"],
+        max_iterations=8,
+        rules=[{"tool_calls": [{"tool": "clock"}]}],
+        **budgets,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_budget_ends_the_turn_cleanly_with_budget_exceeded(make_agent, make_session):  # noqa: F811
+    # Measure the first call of this loop without a budget, then allow a little more.
+    probe = make_session(agent=_looping_agent(make_agent))
+    message_post(session=probe, content="loop")
+    _run(probe)
+    first = ModelCall.objects.filter(session=probe).order_by("id").first()
+    budget = first.input_tokens + 100
+
+    agent = _looping_agent(make_agent, slug="budgeted", budget_turn_tokens=budget)
+    session = make_session(agent=agent)
+    message_post(session=session, content="loop")
+    session = _run(session)
+
+    assert session.state == "finished"
+    calls = list(ModelCall.objects.filter(session=session))
+    assert len(calls) == 1  # the second call was refused before it was sent
+    assert calls[0].input_tokens + calls[0].output_tokens <= budget
+    finished = Event.objects.filter(session=session, type="turn.finished").get()
+    assert finished.data["stop_reason"] == "budget_exceeded"
+    final = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    assert final.content == BUDGET_NOTE
+    assert session.input_tokens + session.output_tokens <= budget
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_owner_session_budget_refuses_the_next_turn(make_agent, make_session, owner):  # noqa: F811
+    session = make_session(agent=make_agent())
+    message_post(session=session, content="hello")
+    session = _run(session)
+    used = session.input_tokens + session.output_tokens
+    assert used > 0
+    OwnerBudget.objects.create(owner=owner, session_tokens=used + 10)
+    # This process remembered for OWNER_WATCH_TTL_S that the owner had no budget.
+    assert owner_watched(owner_id=owner.pk) is False
+    owner_watch_reset()
+
+    message_post(session=session, content="hello again")
+    session = _run(session)
+
+    assert ModelCall.objects.filter(session=session).count() == 1
+    last = Event.objects.filter(session=session, type="turn.finished").order_by("-seq").first()
+    assert last.data["stop_reason"] == "budget_exceeded"
+    assert "owner session" in session.transitions.order_by("-id").first().reason

@@ -1,0 +1,86 @@
+"""Degradation levels: from pressure (unit), and what each level does to a real turn."""
+
+import time
+
+import pytest
+
+from billing.degradation import Pressure, degradation_level
+from sessions.engine import session_run
+from sessions.models import Event, ModelCall, Session, ToolCall
+from sessions.services import message_post
+from tests.factories import ModelEndpointFactory, ToolFactory
+from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    ("pressure", "level"),
+    [
+        (Pressure(), 0),
+        (Pressure(budget_used=0.85), 1),
+        (Pressure(budget_used=0.95), 2),
+        (Pressure(budget_used=0.99), 3),
+        (Pressure(model_failing=True), 1),
+        (Pressure(queue_depth=3000), 2),
+        (Pressure(credits_left=0.7), 1),
+        (Pressure(credits_left=0.2), 2),
+        (Pressure(credits_left=0.0), 3),
+        (Pressure(budget_used=0.85, credits_left=0.2), 2),
+    ],
+)
+def test_the_level_is_the_highest_any_pressure_calls_for(pressure: Pressure, level: int) -> None:
+    assert degradation_level(pressure) == level
+
+
+def _run(session: Session) -> Session:
+    started = time.monotonic()
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert time.monotonic() - started < 20
+    return Session.objects.get(pk=session.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_level_three_runs_only_critical_tools_and_says_so(make_agent, make_session):  # noqa: F811
+    ToolFactory(name="clock", roles=[])
+    ToolFactory(name="vital_clock", roles=[], critical=True)
+    # 99% of the session budget spent: level 3 (DEGRADE_BUDGET_SHARES).
+    agent = make_agent(
+        tools=["clock", "vital_clock"],
+        budget_session_tokens=10**9,
+        rules=[
+            {
+                "when": {"last_tool": None},
+                "tool_calls": [{"tool": "clock"}, {"tool": "vital_clock"}],
+            },
+            {"answer": "done"},
+        ],
+    )
+    session = make_session(agent=agent, input_tokens=99 * 10**7)
+    message_post(session=session, content="go")
+    session = _run(session)
+
+    assert session.degradation_level == 3
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(session=session)}
+    assert calls["vital_clock"].status == "success"
+    assert calls["clock"].status == "failed"
+    assert calls["clock"].output["error"]["code"] == "degraded"
+    changed = Event.objects.filter(session=session, type="progress", data__stage="degradation")
+    assert [e.data["level"] for e in changed] == [3]  # one event: the level changed once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, make_session):  # noqa: F811
+    cheap = ModelEndpointFactory(name="cheap-rules", api="rules", options={})
+    agent = make_agent(
+        cheap_model=cheap,
+        degraded_max_tokens=200,
+        budget_session_tokens=10**9,
+        rules=[{"answer": "ok"}],
+    )
+    session = make_session(agent=agent, input_tokens=85 * 10**7)
+    message_post(session=session, content="hi")
+    session = _run(session)
+
+    assert session.degradation_level == 1
+    call = ModelCall.objects.get(session=session)
+    assert call.endpoint_name == "cheap-rules"
+    assert Event.objects.filter(session=session, type="progress", data__level=1).count() == 1

@@ -1,0 +1,133 @@
+"""Cost rankings equal a brute-force SQL sum over the raw model calls; the admin pages
+(table, chart, CSV, grant and adjust) work through the services."""
+
+import csv
+import io
+import time
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from billing.models import CreditAccount, CreditLedger
+from billing.rankings import cost_rankings
+from sessions.engine import session_run
+from sessions.models import ModelCall, ModelEndpoint, Session
+from sessions.services import message_post
+from tests.factories import AgentFactory, SessionFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _brute_force(key: str) -> dict[str, Decimal]:
+    """Sum every model call's cost straight from the raw rows."""
+    expr = {
+        "user": "s.owner_id::text",
+        "agent": "s.agent_id::text",
+        "day": "((m.created_at AT TIME ZONE %s)::date)::text",
+    }[key]
+    params = [str(settings.BILLING_TIME_ZONE)] if key == "day" else []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT {expr}, sum(m.cost) FROM "{ModelCall._meta.db_table}" m '
+            f'JOIN "{Session._meta.db_table}" s ON s.id = m.session_id GROUP BY 1',
+            params,
+        )
+        return {k: Decimal(v) for k, v in cursor.fetchall()}
+
+
+@pytest.fixture
+def usage() -> list[Session]:
+    """Real turns for three owners on two priced agents (the engine keeps the rollups)."""
+    endpoint = ModelEndpoint.objects.create(
+        name="priced-rules",
+        api="rules",
+        options={},
+        price_input_per_1k=Decimal("0.5"),
+        price_output_per_1k=Decimal("1.5"),
+    )
+    agents = [
+        AgentFactory(slug=f"rank-{i}", model=endpoint, rules=[{"answer": "word " * (5 + 20 * i)}])
+        for i in range(2)
+    ]
+    sessions = []
+    for n, name in enumerate(["ann", "bob", "cy"]):
+        owner = UserFactory(username=name)
+        for agent in agents[: 1 + n % 2]:
+            session = SessionFactory(owner=owner, agent=agent)
+            for turn in range(n + 1):
+                message_post(session=session, content=f"question {turn} " * (n + 1))
+            started = time.monotonic()
+            assert session_run(session_id=session.pk).stopped == "idle"
+            assert time.monotonic() - started < 20
+            sessions.append(session)
+    return sessions
+
+
+@pytest.mark.parametrize("group", ["user", "agent", "day"])
+def test_rankings_equal_a_brute_force_sum_over_the_raw_calls(usage, group) -> None:  # type: ignore[no-untyped-def]
+    today = timezone.localdate()
+    rows = cost_rankings(group=group, start=today.replace(day=1), end=today, order="-cost")
+    expected = _brute_force(group)
+    assert {r.key: r.cost for r in rows} == expected
+    assert [r.cost for r in rows] == sorted(expected.values(), reverse=True)
+    assert sum(r.model_calls for r in rows) == ModelCall.objects.count()
+
+
+def test_session_rankings_follow_the_sessions_totals(usage) -> None:  # type: ignore[no-untyped-def]
+    today = timezone.localdate()
+    rows = cost_rankings(group="session", start=today, end=today, order="input_tokens")
+    totals = {str(s.pk): s.input_tokens for s in Session.objects.all()}
+    assert [r.input_tokens for r in rows] == sorted(totals.values())
+    assert {r.key for r in rows} == set(totals)
+
+
+def test_the_rankings_page_has_a_sortable_table_a_chart_and_csv(usage, admin_client) -> None:  # type: ignore[no-untyped-def]
+    Session.objects.filter(owner__username="bob").update(degradation_level=2)
+    page = admin_client.get("/admin/billing/usagedaily/", {"group": "user", "o": "-cost"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<svg" in html and html.count("<rect") == 3
+    assert 'id="rankings"' in html and "o=-input_tokens" in html
+    # The current degradation level per owner: bob's sessions run at level 2.
+    bob = html.index("<td>bob</td>")
+    assert html.index('class="degradation-level">2<', bob) < html.index("</tr>", bob)
+    # The top row is the owner the brute force says spent most.
+    top = max(_brute_force("user").items(), key=lambda kv: kv[1])[0]
+    name = Session.objects.filter(owner_id=int(top)).first().owner.username
+    assert html.index(f"<td>{name}</td>") < min(
+        html.index(f"<td>{n}</td>") for n in {"ann", "bob", "cy"} - {name}
+    )
+
+    exported = admin_client.get("/admin/billing/usagedaily/", {"group": "agent", "format": "csv"})
+    assert exported["Content-Type"] == "text/csv"
+    lines = list(csv.reader(io.StringIO(exported.content.decode())))
+    assert lines[0][:3] == ["agent", "key", "cost"]
+    assert {(line[1], Decimal(line[2])) for line in lines[1:]} == set(_brute_force("agent").items())
+
+
+def test_grant_and_adjust_from_the_admin_go_through_the_ledger(admin_client) -> None:  # type: ignore[no-untyped-def]
+    owner = UserFactory(username="dora")
+    account = CreditAccount.objects.create(owner=owner)
+    url = f"/admin/billing/creditaccount/{account.pk}/"
+    assert (
+        admin_client.post(url + "points/grant/", {"points": 100, "daily_cap": 30}).status_code
+        == 302
+    )
+    assert (
+        admin_client.post(url + "points/adjust/", {"points": -40, "note": "refund"}).status_code
+        == 302
+    )
+    # An adjustment below zero is refused with the reason, and changes nothing.
+    refused = admin_client.post(url + "points/adjust/", {"points": -500})
+    assert refused.status_code == 200 and b"errorlist" in refused.content
+    account.refresh_from_db()
+    assert (account.balance, account.daily_cap) == (60, 30)
+    ledger = list(CreditLedger.objects.filter(account=account).order_by("id"))
+    assert [(e.kind, e.delta) for e in ledger] == [("grant", 100), ("adjust", -40)]
+    assert all(e.actor == "admin:admin" for e in ledger)
+    assert sum(e.delta for e in ledger) == account.balance
+    page = admin_client.get(url + "change/")
+    assert page.status_code == 200 and b"refund" in page.content

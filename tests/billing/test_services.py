@@ -1,0 +1,257 @@
+"""Credit accounts: grants, reservations, settlements, releases, daily caps and rollups."""
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Sum
+from django.test import override_settings
+
+from billing.models import (
+    CreditAccount,
+    CreditLedger,
+    CreditReservation,
+    ToolUsageDaily,
+    UsageDaily,
+)
+from billing.services import (
+    CreditError,
+    ToolRun,
+    credit_reserve,
+    credits_adjust,
+    credits_close,
+    credits_grant,
+    tool_usage_statement,
+    usage_statement,
+)
+from tests.factories import AgentFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def reserve(owner_id: int, key: str, points: int = 10, agent_id: int = 0, **kwargs):
+    return credit_reserve(
+        owner_id=owner_id,
+        idempotency_key=key,
+        points=points,
+        session_id=uuid.uuid4(),
+        agent_id=agent_id,
+        tool="coupon",
+        **kwargs,
+    )
+
+
+def assert_ledger_matches(account: CreditAccount) -> None:
+    account.refresh_from_db()
+    rows = CreditLedger.objects.filter(account=account)
+    assert (rows.aggregate(s=Sum("delta"))["s"] or 0) == account.balance
+    held = sum(
+        r.points if r.kind == "reserve" else -r.points
+        for r in rows.filter(kind__in=["reserve", "settle", "release"])
+    )
+    assert held == account.reserved
+    assert account.balance >= 0 and account.reserved >= 0
+
+
+def set_clock(when: datetime) -> None:
+    """Pin the transaction's now() (the database clock every billing day comes from)."""
+    # now() is the transaction's start: only a fresh transaction can move it, so
+    # the tests move the clock by faking it with a search_path'd function.
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SCHEMA IF NOT EXISTS fakeclock")
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION fakeclock.now() RETURNS timestamptz "
+            f"LANGUAGE sql AS $$ SELECT '{when.isoformat()}'::timestamptz $$"
+        )
+        cursor.execute("SET search_path = fakeclock, pg_catalog, public")
+
+
+def test_grant_creates_the_account_and_writes_the_ledger():
+    user = UserFactory()
+    account = credits_grant(
+        owner_id=user.pk, points=100, actor="ops", daily_cap=50, set_daily_cap=True
+    )
+    assert (account.balance, account.daily_cap) == (100, 50)
+    entry = CreditLedger.objects.get(account=account)
+    assert (entry.kind, entry.delta, entry.balance_after, entry.actor) == ("grant", 100, 100, "ops")
+
+
+def test_an_adjustment_never_takes_the_balance_below_zero():
+    user = UserFactory()
+    credits_grant(owner_id=user.pk, points=30, actor="ops")
+    with pytest.raises(CreditError):
+        credits_adjust(owner_id=user.pk, delta=-31, actor="ops")
+    account = credits_adjust(owner_id=user.pk, delta=-30, actor="ops", note="refund")
+    assert account.balance == 0
+    assert_ledger_matches(account)
+
+
+def test_the_database_refuses_a_negative_balance_even_without_the_guard():
+    user = UserFactory()
+    credits_grant(owner_id=user.pk, points=5, actor="ops")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CreditAccount.objects.filter(owner_id=user.pk).update(balance=-1)
+
+
+def test_reserve_settle_moves_points_to_spent_once():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="ops")
+    first = reserve(user.pk, "k1", agent_id=agent.pk)
+    again = reserve(user.pk, "k1", agent_id=agent.pk)  # a re-run after a crash
+    assert (first.outcome, first.points_left, again.outcome) == ("reserved", 90, "reserved")
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.reserved, account.spent_today) == (90, 10, 10)
+    credits_close(keys=["k1"], settle=True)
+    credits_close(keys=["k1"], settle=True)  # twice: no second charge
+    account.refresh_from_db()
+    assert (account.balance, account.reserved) == (90, 0)
+    assert CreditReservation.objects.get(idempotency_key="k1").status == "settled"
+    assert CreditLedger.objects.filter(idempotency_key="k1").count() == 2
+    usage = UsageDaily.objects.get(owner=user, agent=agent)
+    assert usage.credits_spent == 10
+    assert ToolUsageDaily.objects.get(owner=user, tool="coupon").credits_spent == 10
+    assert_ledger_matches(account)
+
+
+def test_release_gives_the_points_back_and_uncounts_them_from_today():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="ops")
+    reserve(user.pk, "k1", points=40, agent_id=agent.pk)
+    credits_close(keys=["k1"], settle=False)
+    credits_close(keys=["k1"], settle=True)  # closed already: nothing happens
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.reserved, account.spent_today) == (100, 0, 0)
+    assert not UsageDaily.objects.filter(owner=user).exists()
+    assert_ledger_matches(account)
+
+
+def test_the_ledger_refuses_a_second_settlement_of_one_key():
+    user = UserFactory()
+    account = credits_grant(owner_id=user.pk, points=10, actor="ops")
+    CreditLedger.objects.create(
+        account=account, kind="settle", points=1, delta=0, balance_after=10, idempotency_key="x"
+    )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CreditLedger.objects.create(
+            account=account, kind="settle", points=1, delta=0, balance_after=10, idempotency_key="x"
+        )
+
+
+def test_an_unaffordable_call_is_refused_with_what_is_left():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=25, actor="ops")
+    refused = reserve(user.pk, "k1", points=30, agent_id=agent.pk)
+    assert (refused.outcome, refused.points, refused.points_left) == ("insufficient", 30, 25)
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.reserved) == (25, 0)
+    assert_ledger_matches(account)
+
+
+def test_a_call_only_in_flight_points_stand_in_the_way_of_waits_then_gives_up():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=10, actor="ops")
+    assert reserve(user.pk, "a", agent_id=agent.pk).outcome == "reserved"
+    waiting = reserve(user.pk, "b", agent_id=agent.pk, wait_s=30)
+    assert waiting.outcome == "wait"
+    # The in-flight call fails: its points come back and the waiter gets them.
+    credits_close(keys=["a"], settle=False)
+    assert reserve(user.pk, "b", agent_id=agent.pk).outcome == "reserved"
+    # A third waits; the second settles: nothing can come back any more.
+    assert reserve(user.pk, "c", agent_id=agent.pk, wait_s=30).outcome == "wait"
+    credits_close(keys=["b"], settle=True)
+    refused = reserve(user.pk, "c", agent_id=agent.pk)
+    assert (refused.outcome, refused.points_left) == ("insufficient", 0)
+    assert CreditReservation.objects.get(idempotency_key="c").status == "refused"
+
+
+def test_a_waiter_past_its_deadline_is_refused():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=10, actor="ops")
+    reserve(user.pk, "a", agent_id=agent.pk)
+    assert reserve(user.pk, "b", agent_id=agent.pk, wait_s=0).outcome == "wait"
+    assert reserve(user.pk, "b", agent_id=agent.pk, wait_s=0).outcome == "insufficient"
+
+
+def test_waiters_are_served_highest_value_per_point_first():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=10, actor="ops")
+    reserve(user.pk, "held", agent_id=agent.pk)
+    assert reserve(user.pk, "low", agent_id=agent.pk, value=1, wait_s=30).outcome == "wait"
+    assert reserve(user.pk, "high", agent_id=agent.pk, value=5, wait_s=30).outcome == "wait"
+    credits_close(keys=["held"], settle=False)
+    # The low-value call comes back first but must let the high-value one go ahead.
+    assert reserve(user.pk, "low", agent_id=agent.pk, value=1).outcome == "wait"
+    assert reserve(user.pk, "high", agent_id=agent.pk, value=5).outcome == "reserved"
+
+
+def test_no_account_means_unmetered_unless_credits_are_required():
+    user = UserFactory()
+    assert reserve(user.pk, "k").outcome == "unmetered"
+    with override_settings(CREDITS_REQUIRED=True):
+        refused = reserve(user.pk, "k2")
+    assert (refused.outcome, refused.reason, refused.points_left) == (
+        "insufficient",
+        "no_account",
+        0,
+    )
+
+
+def test_the_daily_cap_refuses_beyond_it_and_resets_at_the_owners_midnight():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="ops", daily_cap=20, set_daily_cap=True)
+    with override_settings(BILLING_TIME_ZONE="Asia/Shanghai"):
+        # 15:30 UTC is 23:30 in Shanghai: the owner's day ends in half an hour.
+        set_clock(datetime(2025, 3, 1, 15, 30, tzinfo=UTC))
+        assert reserve(user.pk, "d1-a", agent_id=agent.pk).outcome == "reserved"
+        assert reserve(user.pk, "d1-b", agent_id=agent.pk).outcome == "reserved"
+        capped = reserve(user.pk, "d1-c", agent_id=agent.pk)
+        assert (capped.outcome, capped.reason, capped.points_left) == (
+            "insufficient",
+            "daily_cap",
+            0,
+        )
+        credits_close(keys=["d1-a", "d1-b"], settle=True)
+        # 16:10 UTC is already the next day in Shanghai (still 1 March in UTC).
+        set_clock(datetime(2025, 3, 1, 16, 10, tzinfo=UTC))
+        assert reserve(user.pk, "d2-a", agent_id=agent.pk).outcome == "reserved"
+        account = CreditAccount.objects.get(owner=user)
+        assert (account.spent_today, str(account.spent_day)) == (10, "2025-03-02")
+    assert_ledger_matches(account)
+
+
+def test_usage_upserts_add_up_per_owner_agent_and_day():
+    user, agent = UserFactory(), AgentFactory()
+    for _ in range(3):
+        statements = [
+            usage_statement(
+                owner_id=user.pk,
+                agent_id=agent.pk,
+                input_tokens=100,
+                output_tokens=20,
+                cost=Decimal("0.001500"),
+                model_calls=1,
+                tool_calls=2,
+            ),
+            tool_usage_statement(
+                owner_id=user.pk,
+                runs=[ToolRun("a", False, 5), ToolRun("a", True, 7), ToolRun("b", False, 1)],
+            ),
+        ]
+        with connection.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+    usage = UsageDaily.objects.get(owner=user, agent=agent)
+    assert (usage.input_tokens, usage.output_tokens, usage.cost) == (300, 60, Decimal("0.0045"))
+    assert (usage.model_calls, usage.tool_calls) == (3, 6)
+    a = ToolUsageDaily.objects.get(owner=user, tool="a")
+    assert (a.calls, a.failures, a.total_ms) == (6, 3, 36)
+
+
+def test_a_guard_that_does_not_hold_writes_nothing():
+    user, agent = UserFactory(), AgentFactory()
+    sql, params = usage_statement(owner_id=user.pk, agent_id=agent.pk, model_calls=1, guard="false")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    assert not UsageDaily.objects.exists()
