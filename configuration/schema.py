@@ -164,6 +164,8 @@ AGENT_ENTRY = {
         "rules": {"type": "array", "items": RULE},
         "busy_message": {"type": "string"},
         "double_texting": {"enum": [choice.value for choice in DoubleTexting]},
+        # What a session of this agent is worth by default (priority by value per point).
+        "value": {"type": "number", "exclusiveMinimum": 0},
         "cheap_model": {"type": ["string", "null"]},
         "degraded_max_tokens": {"type": "integer", "minimum": 1},
         "budget_turn_tokens": {"type": ["integer", "null"], "minimum": 0},

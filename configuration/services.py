@@ -75,6 +75,7 @@ AGENT_FIELDS = (
     "rules",
     "busy_message",
     "double_texting",
+    "value",
     "enabled",
     "candidate_percent",
     "repeat_call_limit",
