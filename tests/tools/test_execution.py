@@ -522,10 +522,12 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         approval_timeout_s = 1800
         approval_on_timeout = "reject"
         approval_escalate_to = ""
+        credit_cost = 25
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
     assert snap.result_description == "The things."
+    assert snap.credit_cost == 25
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
