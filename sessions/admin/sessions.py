@@ -83,7 +83,7 @@ class SessionAdmin(SessionIdSearch):
         "state_display",
         "outcome",
         "cost_display",
-        "degradation_level",
+        "degraded",
         "tokens",
         "turns",
         "agent",
@@ -225,6 +225,11 @@ class SessionAdmin(SessionIdSearch):
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: Session) -> str:
         return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="degraded", ordering="degradation_level")
+    def degraded(self, obj: Session) -> str:
+        # Level 0 is the normal case: only a degraded session draws the eye.
+        return f"level {obj.degradation_level}" if obj.degradation_level else "–"
 
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, obj: Session) -> str:

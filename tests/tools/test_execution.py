@@ -523,6 +523,9 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         approval_on_timeout = "reject"
         approval_escalate_to = ""
         credit_cost = 25
+        critical = False
+        rate_limit_calls_per_min = 0
+        rate_limit_tokens_per_min = 0
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
