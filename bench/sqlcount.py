@@ -30,6 +30,7 @@ Nothing here sees statements that psycopg or the pool send by themselves
 channel-layer traffic to Redis.
 """
 
+import re
 import threading
 import time
 from collections import defaultdict
@@ -97,6 +98,9 @@ def _writes(sql: str) -> bool:
     return any(f"{verb} " in upper for verb in ("INSERT", "UPDATE ", "DELETE"))
 
 
+_BATCH_SEPARATOR = re.compile(r";\n(?=(?:INSERT|UPDATE|DELETE|SELECT|WITH) )")
+
+
 def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[str, int]]:
     """Each statement the execute ran, with the rows it affected.
 
@@ -107,7 +111,8 @@ def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[st
         count = len(params) if isinstance(params, list | tuple) else 1
         rows = max(getattr(cursor, "rowcount", -1) or 0, 0)
         return [(sql, rows // max(count, 1))] * max(count, 1)
-    parts = [p for p in sql.split(";\n") if p.strip()] or [sql]
+    # `execute_batch` binds values into the text: split only where a statement starts.
+    parts = [p for p in _BATCH_SEPARATOR.split(sql) if p.strip()] or [sql]
     raw = getattr(cursor, "cursor", cursor)
     results = getattr(raw, "_results", None) or []
     if len(results) == len(parts):

@@ -11,6 +11,7 @@ session in `error` for an operator instead of guessing.
 import asyncio
 
 from django.db import connection
+from django.db.models import JSONField
 from django.utils import timezone
 
 from approvals.models import Approval
@@ -72,12 +73,18 @@ def _open_calls(session: Session) -> list[ToolCall]:
     """This turn's calls still executing, each with the output of the latest
     earlier successful call of the same tool with the same arguments in the
     session (`cached_output`; used for read-only tools only) and whether a
-    person was asked about it (`has_approval`): one query."""
+    person was asked about it (`has_approval`): one query.
+
+    A plain cursor and `from_db`: a RawQuerySet re-resolves its columns
+    against the model on every call, several times this step's other reads.
+    """
     table = ToolCall._meta.db_table
     approvals = Approval._meta.db_table
-    return list(
-        ToolCall.objects.raw(
-            f"""SELECT c.*, (SELECT e.output FROM "{table}" e
+    fields = ToolCall._meta.concrete_fields
+    columns = ", ".join(f'c."{f.column}"' for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT {columns}, (SELECT e.output FROM "{table}" e
                               WHERE e.session_id = c.session_id AND e.status = 'success'
                                 AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
                               ORDER BY e.id DESC LIMIT 1) AS cached_output,
@@ -87,7 +94,16 @@ def _open_calls(session: Session) -> list[ToolCall]:
                  ORDER BY c.step, c.position""",
             [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
         )
-    )
+        rows = cursor.fetchall()
+    names = [f.attname for f in fields]
+    is_json = [isinstance(f, JSONField) for f in fields]
+    calls = []
+    for row in rows:
+        values = [json_value(v) if j else v for j, v in zip(is_json, row, strict=False)]
+        call = ToolCall.from_db(connection.alias, names, values)
+        call.cached_output, call.has_approval = row[-2], row[-1]  # type: ignore[attr-defined]
+        calls.append(call)
+    return calls
 
 
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
