@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import Approval
+from .models import Approval, ApprovalKind
 from .states import ApprovalStatus
 
 
@@ -35,9 +35,22 @@ def approvals_for_calls(*, call_ids: list[int]) -> dict[int, Approval]:
         return {}
     return {
         a.tool_call_id: a
-        for a in Approval.objects.filter(tool_call_id__in=call_ids)
+        for a in Approval.objects.filter(tool_call_id__in=call_ids, kind=ApprovalKind.TOOL_CALL)
         if a.tool_call_id
     }
+
+
+def reviews_for_calls(*, call_ids: list[int]) -> dict[int, Approval]:
+    """The latest recovery review of each of these calls that has one."""
+    if not call_ids:
+        return {}
+    latest: dict[int, Approval] = {}
+    for review in Approval.objects.filter(
+        tool_call_id__in=call_ids, kind=ApprovalKind.RECOVERY_REVIEW
+    ).order_by("requested_at"):
+        if review.tool_call_id:
+            latest[review.tool_call_id] = review
+    return latest
 
 
 def approval_pending_exists(*, session_id: UUID | str) -> bool:

@@ -94,7 +94,7 @@ TOOL_ENTRY = {
         "timeout_s": POSITIVE,
         "side_effects": {"type": "boolean"},
         "requires_approval": {"type": "boolean"},
-        "risk_level": {"type": "integer", "minimum": 0, "maximum": 3},
+        "risk_level": {"type": ["integer", "null"], "minimum": 0, "maximum": 3},
         "approval_when": {"type": ["object", "null"]},
         "approval_timeout_s": {"type": "integer", "minimum": 1},
         "approval_on_timeout": {"enum": ["reject", "approve", "escalate"]},

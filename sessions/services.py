@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import Approval
+from approvals.models import Approval, ApprovalKind, ReviewAnswer
 from approvals.selectors import approval_get, approval_pending_exists, approvals_due
 from approvals.services import (
     SYSTEM_ACTOR,
@@ -280,6 +280,8 @@ def _approval_apply(
     remember: bool = False,
     escalate_to: str = "",
     deadline: Any = None,
+    answer: str = "",
+    answer_result: Any = None,
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -303,6 +305,8 @@ def _approval_apply(
             remember=remember,
             escalate_to=escalate_to,
             deadline=deadline,
+            answer=answer,
+            answer_result=answer_result,
         )
         if resolved is None:
             return None
@@ -342,6 +346,12 @@ def approval_decide(
         )
     if approval.status != "pending":
         raise _resolved_conflict(approval)
+    if approval.kind == ApprovalKind.RECOVERY_REVIEW and approve:
+        raise InvalidInput(
+            "this is a recovery review: answer whether the call took effect "
+            f"(POST .../review/ with answer {', '.join(ReviewAnswer.values)})",
+            code="review_needs_answer",
+        )
     edited = None
     if approve and arguments is not None:
         tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
@@ -354,6 +364,53 @@ def approval_decide(
         comment=comment,
         edited_arguments=edited,
         remember=remember and approve,
+    )
+    if resolved is None:
+        fresh = approval_get(approval_id=approval.pk)
+        raise _resolved_conflict(fresh or approval)
+    return resolved
+
+
+def review_answer(
+    *,
+    approval_id: UUID | str,
+    answer: str,
+    user: User,
+    groups: list[str],
+    result: Any = None,
+    comment: str = "",
+) -> Approval:
+    """A person's answer to "did this uncertain call take effect?"; the run goes on.
+
+    `took_effect` (with the call's `result`, what the model reads), `not_taken`
+    (the model is told it did not happen; nothing is sent) or `send_again`
+    (sent once more with the same idempotency key).
+    """
+    approval = approval_get(approval_id=approval_id)
+    if approval is None or approval.kind != ApprovalKind.RECOVERY_REVIEW:
+        raise NotFound(f"recovery review {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this review is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    if answer not in ReviewAnswer.values:
+        raise InvalidInput(
+            f"answer must be one of {', '.join(ReviewAnswer.values)}", details={"field": "answer"}
+        )
+    if answer != ReviewAnswer.TOOK_EFFECT and result is not None:
+        raise InvalidInput("a result goes only with took_effect", details={"field": "result"})
+    if approval.status != "pending":
+        raise _resolved_conflict(approval)
+    resolved = _approval_apply(
+        approval=approval,
+        # The call goes on (as it was, or sent again) or is closed as not having happened.
+        outcome=Outcome.REJECTED if answer == ReviewAnswer.NOT_TAKEN else Outcome.APPROVED,
+        actor=user.get_username(),
+        user=user,
+        comment=comment,
+        answer=answer,
+        answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)

@@ -65,7 +65,8 @@ class ToolSnapshot:
     probe_handler: str = ""
     idempotent: bool = True
     requires_approval: bool = False
-    risk_level: int = 0
+    # None: not declared, assessed per call (tools/risk.py).
+    risk_level: int | None = None
     result_description: str = ""
     approval_when: dict[str, Any] | None = None
     approval_timeout_s: int = 1800

@@ -518,6 +518,10 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         risk_level = 3
         roles = None
         result_description = "The things."
+        approval_when = None
+        approval_timeout_s = 1800
+        approval_on_timeout = "reject"
+        approval_escalate_to = ""
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
