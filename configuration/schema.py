@@ -381,7 +381,8 @@ def config_errors(
                 if params.get("type") != "object":
                     errors.append(f"{where}.parameters: the top level must be {{type: object}}")
     models = known_models | {m["name"] for m in document.get("models") or []}
-    tools = known_tools | {t["name"] for t in document.get("tools") or []}
+    # `ask_user` is built in: an agent lists it by name without an entry under tools.
+    tools = known_tools | {t["name"] for t in document.get("tools") or []} | {"ask_user"}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
         for field in ("model", "fallback_model", "candidate_model"):

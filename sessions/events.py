@@ -61,9 +61,14 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded
+    stage: str  # preparing_tool | answer_discarded | question
     turn: int
     tool: NotRequired[str]
+    # stage "question" (the model's ask_user): what the user is asked; their next message answers.
+    question: NotRequired[str]
+    options: NotRequired[list[str]]
+    call_id: NotRequired[str]
+    deadline: NotRequired[str | None]
 
 
 class ToolStarted(TypedDict):

@@ -145,6 +145,8 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "error",
             "elapsed_ms",
             "idempotency_key",
+            "risk_level",
+            "risk_reason",
         )
     ):
         entries.append(TimelineEntry("toolcall", r["id"], r["created_at"], r["id"], None, "", r))

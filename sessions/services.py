@@ -38,11 +38,13 @@ from .engine import (
     StaleSession,
     approval_recorded,
     fork_start,
+    open_question,
     run_resume,
     session_run,
     timer_fire,
     turn_cancel,
     turn_start,
+    user_answer,
 )
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from .models import Agent, Checkpoint, DoubleTexting, Message, MessageStatus, Session
@@ -125,6 +127,14 @@ def message_post(
                     )
                 return PostedMessage(message=existing, created=False)
         state = State(locked.state)
+        question = open_question(locked) if state == State.PAUSED_FOR_USER else None
+        if question is not None:
+            # The answer to the model's ask_user: that call's result; the same turn goes on.
+            answer = user_answer(session=locked, call=question, answer=content, by="user")
+            if idempotency_key:
+                Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
+            run_enqueue_on_commit(locked.pk)
+            return PostedMessage(message=answer, created=True)
         busy = state not in STARTS_TURN
         policy = locked.agent.double_texting
         if busy and policy == DoubleTexting.REJECT:
@@ -219,7 +229,7 @@ def sessions_sweep() -> list[str]:
     Claiming a session here pushes its lease expiry one pickup grace ahead, so
     a sweep every half second does not enqueue the same session each time.
     """
-    woken = timers_fire_due() + approvals_expire_due()
+    woken = timers_fire_due() + approvals_expire_due() + questions_expire_due()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
@@ -266,6 +276,36 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
             woken.append(str(session.pk))
         except (StaleSession, IllegalTransition):
             continue  # another sweeper (or a cancel) got there first
+    return woken
+
+
+def questions_expire_due(*, limit: int = 100) -> list[str]:
+    """Answer overdue `ask_user` questions with their default answer (the system answers)."""
+    woken: list[str] = []
+    due = Session.objects.filter(
+        state=State.PAUSED_FOR_USER.value, timer_due_at__lte=timezone.now()
+    ).order_by("timer_due_at")[:limit]
+    for session in due:
+        with transaction.atomic():
+            locked = (
+                Session.objects.select_for_update(of=("self",), no_key=True)
+                .filter(pk=session.pk, state=State.PAUSED_FOR_USER.value)
+                .first()
+            )
+            question = open_question(locked) if locked is not None else None
+            if locked is None or question is None:
+                continue  # answered (or cancelled) meanwhile
+            default = (
+                question.input.get("default_answer") if isinstance(question.input, dict) else None
+            )
+            answer = (
+                str(default)
+                if default
+                else "(the user did not answer before the deadline; no default answer was given)"
+            )
+            user_answer(session=locked, call=question, answer=answer, by=SYSTEM_ACTOR)
+            run_enqueue_on_commit(locked.pk)
+        woken.append(str(session.pk))
     return woken
 
 

@@ -27,6 +27,7 @@ class Trigger(StrEnum):
     TOOL_RESULTS = "tool_results"
     MODEL_CALL = "model_call"
     ASK_USER = "ask_user"
+    USER_ANSWER = "user_answer"
     APPROVAL_NEEDED = "approval_needed"
     APPROVED = "approved"
     REJECTED = "rejected"
@@ -59,6 +60,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     # Tools ran (or wait on a human or a clock).
     (S.TOOL_WAIT, T.TOOL_RESULTS): S.TOOL_LOOP,
     (S.TOOL_WAIT, T.APPROVAL_NEEDED): S.AWAITING_APPROVAL,
+    # The model's `ask_user` call stays open until the user answers it.
+    (S.TOOL_WAIT, T.ASK_USER): S.PAUSED_FOR_USER,
     (S.TOOL_WAIT, T.TIMER_SET): S.WAITING_TIMER,
     (S.TOOL_WAIT, T.FAILURE): S.ERROR,
     (S.TOOL_WAIT, T.CANCEL): S.CANCELLED,
@@ -75,6 +78,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.WAITING_TIMER, T.TIMER_FIRED): S.TOOL_LOOP,
     (S.WAITING_TIMER, T.CANCEL): S.CANCELLED,
     (S.PAUSED_FOR_USER, T.CANCEL): S.CANCELLED,
+    # The user's next message answers the open question; the same turn goes on.
+    (S.PAUSED_FOR_USER, T.USER_ANSWER): S.TOOL_LOOP,
     # An operator resumes a failed run where it stopped.
     (S.ERROR, T.RESUME): S.TOOL_LOOP,
     # A session forked from a checkpoint starts with the model deciding.

@@ -62,6 +62,8 @@ def _summary(entry: selectors.TimelineEntry) -> str:
         return summary
     if entry.kind == "toolcall":
         summary = f"{r['tool_name']}({short(r['input'], 100)}) {r['status']}"
+        if r.get("risk_level") is not None:
+            summary += f" · risk {r['risk_level']} ({r['risk_reason']})"
         if r["elapsed_ms"] is not None:
             summary += f" in {r['elapsed_ms']} ms"
         if r["error"]:

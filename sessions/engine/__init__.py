@@ -7,6 +7,7 @@ change, and `commit` that writes a step atomically.
 """
 
 from .approval_gate import approval_recorded
+from .ask_user import open_question, user_answer
 from .commit import StaleSession
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
@@ -17,9 +18,11 @@ __all__ = [
     "approval_recorded",
     "StaleSession",
     "fork_start",
+    "open_question",
     "run_resume",
     "session_run",
     "timer_fire",
     "turn_cancel",
     "turn_start",
+    "user_answer",
 ]

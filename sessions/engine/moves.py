@@ -9,7 +9,7 @@ session's state.
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -34,6 +34,9 @@ from .context import tool_calls_json
 from .environment import fingerprint as env_fingerprint
 from .guards import canonical_json
 from .usage import ModelSpend, Usage
+
+if TYPE_CHECKING:
+    from .ask_user import Question
 
 INTERRUPT_REASON = "interrupted by a new message"
 TIMER_HANDLER = "builtin.schedule_followup"
@@ -289,9 +292,11 @@ def tool_results(
     outcomes: dict[int, ToolOutcome],
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
+    ask: "Question | None" = None,
 ) -> None:
     """Commit the calls' results, their tool messages and events (-> tool_loop); a
-    scheduled follow-up moves the session to `waiting_timer` instead."""
+    scheduled follow-up moves the session to `waiting_timer` instead, and an open
+    question (`ask_user`) to `paused_for_user`."""
     finished_at = timezone.now()
     messages: list[Message] = []
     events: list[EventSpec] = []
@@ -356,6 +361,9 @@ def tool_results(
             "timer_due_at": timezone.now() + timedelta(seconds=timer[0]),
             "timer_note": timer[1],
         }
+    if ask is not None:
+        trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": ask.due_at, "timer_note": ""}
+        events.append(ask.event(session.turn))
     step_commit(
         build_step(
             session,
@@ -370,7 +378,12 @@ def tool_results(
             set_fields=set_fields,
             checkpoint={
                 "done": [[c.call_id, c.status, c.attempts] for c in calls],
-                **({"timer_due": set_fields["timer_due_at"].isoformat()} if timer else {}),
+                **(
+                    {"timer_due": set_fields["timer_due_at"].isoformat()}
+                    if timer and not ask
+                    else {}
+                ),
+                **({"question": ask.call.call_id} if ask is not None else {}),
             },
         )
     )

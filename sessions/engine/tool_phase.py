@@ -29,6 +29,7 @@ from tools.rendering import render_success
 from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
 from .approval_gate import approval_gate, recovery_reviews_open, review_outcomes
+from .ask_user import questions_of
 from .commit import StaleSession
 from .environment import environment
 from .guards import canonical_json
@@ -164,7 +165,10 @@ def tool_step(session: Session, owner: str) -> None:
             recovery_reviews_open(session, owner, to_review, tools)
             return
 
-    to_run = [c for c in calls if c.pk not in outcomes]
+    # A question to the user stays open: their next message is its result.
+    questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
+    asked = {q.call.pk for q in questions}
+    to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
     pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(
@@ -191,7 +195,15 @@ def tool_step(session: Session, owner: str) -> None:
     )
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
-    tool_results(session, owner, calls=calls, outcomes=outcomes, tools=tools, env=env)
+    tool_results(
+        session,
+        owner,
+        calls=[c for c in calls if c.pk not in asked],
+        outcomes=outcomes,
+        tools=tools,
+        env=env,
+        ask=questions[0] if questions else None,
+    )
 
 
 async def _probe_all(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[ProbeResult]:
