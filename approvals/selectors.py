@@ -74,3 +74,20 @@ def approvals_due(*, limit: int = 100) -> list[Approval]:
             status=ApprovalStatus.PENDING, deadline__lte=timezone.now()
         ).order_by("deadline")[:limit]
     )
+
+
+def approvals_queue(*, groups: list[str] | None, limit: int = 100) -> list[Approval]:
+    """Pending approvals of these groups (None: all), oldest first, with their sessions."""
+    rows = Approval.objects.filter(status=ApprovalStatus.PENDING).select_related(
+        "session", "session__agent", "session__owner", "tool_call"
+    )
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return list(rows.order_by("requested_at")[:limit])
+
+
+def approvals_recently_decided(*, groups: list[str] | None, limit: int = 10) -> list[Approval]:
+    rows = Approval.objects.exclude(status=ApprovalStatus.PENDING).filter(decided_at__isnull=False)
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return list(rows.order_by("-decided_at")[:limit])
