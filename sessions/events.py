@@ -39,6 +39,7 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+    OPERATOR = "operator"  # an operator ended the turn with their own answer
 
 
 # "from" is a keyword: the functional form keeps the wire key.

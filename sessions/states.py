@@ -37,6 +37,8 @@ class Trigger(StrEnum):
     FAILURE = "failure"
     CANCEL = "cancel"
     RESUME = "resume"
+    OPERATOR_ANSWER = "operator_answer"
+    HAND_BACK = "hand_back"
     FORK = "fork"
 
 
@@ -82,6 +84,15 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.PAUSED_FOR_USER, T.USER_ANSWER): S.TOOL_LOOP,
     # An operator resumes a failed run where it stopped.
     (S.ERROR, T.RESUME): S.TOOL_LOOP,
+    # An operator ends a waiting (or failed) turn with their own answer.
+    (S.AWAITING_APPROVAL, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.PAUSED_FOR_USER, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.WAITING_TIMER, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.ERROR, T.OPERATOR_ANSWER): S.FINISHED,
+    # After a takeover the agent goes on from the history as it now stands.
+    (S.IDLE, T.HAND_BACK): S.TOOL_LOOP,
+    (S.FINISHED, T.HAND_BACK): S.TOOL_LOOP,
+    (S.CANCELLED, T.HAND_BACK): S.TOOL_LOOP,
     # A session forked from a checkpoint starts with the model deciding.
     (S.IDLE, T.FORK): S.TOOL_LOOP,
 }

@@ -453,8 +453,10 @@ def turn_finish(
     error: str = "",
     actor: str = "",
     spend: ModelSpend | None = None,
+    answer: Message | None = None,
 ) -> None:
-    """End the turn (cancelled, error, ...) with its events, in one step.
+    """End the turn (cancelled, error, ...) with its events, in one step; `answer`
+    (an operator's) comes after the closed calls' results.
 
     Calls of the turn that never started are closed as rejected, so no
     ToolCall is left `executing` once its turn is over. Each closed call also
@@ -505,7 +507,7 @@ def turn_finish(
             phase=stop_reason,
             reason=reason,
             actor=actor,
-            messages=results,
+            messages=results + ([answer] if answer is not None else []),
             events=events,
             updated_tool_calls=open_calls,
             after_events=[EventSpec(EventType.TURN_FINISHED, {**summary, "reason": reason})],
