@@ -266,7 +266,8 @@ def _tool_post(**overrides):
         "risk_level": "0",
         "roles": "support",
         "credit_cost": "0",
-        "enabled": "on",        "approval_timeout_s": "1800",
+        "enabled": "on",
+        "approval_timeout_s": "1800",
         "approval_on_timeout": "reject",
     }
     data.update(overrides)

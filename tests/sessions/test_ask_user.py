@@ -83,9 +83,7 @@ def test_the_users_next_message_answers_and_the_same_turn_goes_on(session):
 def test_the_deadline_answers_with_the_default(session):
     session = _asked(session)
     assert questions_expire_due() == []  # not due yet
-    Session.objects.filter(pk=session.pk).update(
-        timer_due_at=timezone.now() - timedelta(seconds=1)
-    )
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now() - timedelta(seconds=1))
 
     assert questions_expire_due() == [str(session.pk)]
     assert questions_expire_due() == []  # answered once

@@ -27,6 +27,7 @@ from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
 from sessions.engine.model_phase import model_step
 from sessions.engine.moves import turn_fail
 from sessions.engine.tool_phase import tool_step
+from sessions.errors import Conflict
 from sessions.models import (
     Agent,
     Checkpoint,
@@ -38,7 +39,6 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
-from sessions.errors import Conflict
 from sessions.services import (
     checkpoints_prune,
     message_post,

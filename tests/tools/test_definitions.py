@@ -183,7 +183,8 @@ def _http_post(**overrides: str) -> dict[str, str]:
         "credit_cost": "100",
         "side_effects": "on",
         "idempotent": "on",
-        "enabled": "on",        "approval_timeout_s": "1800",
+        "enabled": "on",
+        "approval_timeout_s": "1800",
         "approval_on_timeout": "reject",
     }
     data.update(overrides)

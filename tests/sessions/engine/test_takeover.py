@@ -99,7 +99,7 @@ def test_takeover_reply_and_tool_run_then_hand_back(session):
     )
     call.refresh_from_db()
     assert (call.status, call.output) == ("success", {"noted": "by hand"})
-    assert SENT == [{"text": "by hand", "key": call.idempotency_key}]
+    assert [{"text": "by hand", "key": call.idempotency_key}] == SENT
     assert call.idempotency_key.endswith(call.call_id) and call.dispatched_at is not None
     history = list(Message.objects.filter(session=session).order_by("seq"))
     assert [(m.role, (m.data or {}).get("from")) for m in history[-3:]] == [
