@@ -20,6 +20,7 @@ BENCHMARKS = (
     "e2e",
     "inflight",
     "recovery",
+    "approvals",
 )
 
 
@@ -41,6 +42,7 @@ class Sizes:
     adapters_paced_reps: int
     recovery_kills: int
     recovery_standby_kills: int
+    approvals_samples: int = 30
 
 
 FULL = Sizes(
@@ -78,6 +80,7 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=3,
     recovery_standby_kills=0,
+    approvals_samples=8,
 )
 
 
@@ -324,6 +327,12 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import adapters
 
         return adapters.run(procs, reps=sizes.adapters_reps, paced_reps=sizes.adapters_paced_reps)
+    if name == "approvals":
+        from . import approvals
+
+        return approvals.run(
+            procs, sessions=sizes.approvals_samples, concurrency=args.worker_concurrency
+        )
     if name == "recovery":
         from . import recovery
 
