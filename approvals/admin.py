@@ -23,7 +23,7 @@ from sessions.models import Message
 from sessions.selectors import messages_recent
 
 from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer
-from .selectors import approvals_queue, approvals_recently_decided
+from .selectors import approvals_count, approvals_queue, approvals_recently_decided
 
 
 def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
@@ -266,13 +266,12 @@ def _index(request: HttpRequest, extra_context: dict[str, Any] | None = None) ->
         return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
     extra = dict(extra_context or {})
     user_id = request.user.pk
-    if request.user.is_superuser or (
-        user_id is not None and approver_groups(user_id=user_id) is not None
-    ):
-        groups = None if request.user.is_superuser else approver_groups(user_id=user_id)
-        extra["approvals_pending"] = len(approvals_queue(groups=groups, limit=1000))
+    groups = approver_groups(user_id=user_id) if user_id is not None else None
+    if request.user.is_superuser or groups is not None:
+        mine = None if request.user.is_superuser else groups
+        extra["approvals_pending"] = approvals_count(groups=mine)
     return _stock_index(request, extra_context=extra)
 
 
 # The stock index is bound at URL build time, after this module registers its pages.
-admin.site.index = _index  # type: ignore[method-assign]
+admin.site.index = _index  # type: ignore[method-assign,assignment]

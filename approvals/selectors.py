@@ -91,3 +91,10 @@ def approvals_recently_decided(*, groups: list[str] | None, limit: int = 10) -> 
     if groups is not None:
         rows = rows.filter(group__in=groups)
     return list(rows.order_by("-decided_at")[:limit])
+
+
+def approvals_count(*, groups: list[str] | None) -> int:
+    rows = Approval.objects.filter(status=ApprovalStatus.PENDING)
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return rows.count()
