@@ -3,7 +3,7 @@
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
+from rest_framework import permissions, serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -64,6 +64,19 @@ class ReviewSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
 
 
+class IsApprover(permissions.BasePermission):
+    """Only approvers' keys (403 otherwise); the OpenAPI schema documents it from here."""
+
+    message = "this API key belongs to a user who is not an approver"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user_id = request.user.pk if request.user else None
+        return user_id is not None and approver_groups(user_id=user_id) is not None
+
+
+APPROVER_ONLY = [permissions.IsAuthenticated, IsApprover]
+
+
 def _groups(request: Request) -> list[str]:
     groups = approver_groups(user_id=request.user.pk)
     if groups is None:
@@ -72,6 +85,8 @@ def _groups(request: Request) -> list[str]:
 
 
 class ApprovalListView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(
         responses=ApprovalSerializer(many=True),
         parameters=[
@@ -97,6 +112,8 @@ class ApprovalListView(APIView):
 
 
 class ApprovalApproveView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(request=ApproveSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -115,6 +132,8 @@ class ApprovalApproveView(APIView):
 
 
 class ApprovalRejectView(APIView):
+    permission_classes = APPROVER_ONLY
+
     @extend_schema(request=RejectSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -132,6 +151,8 @@ class ApprovalRejectView(APIView):
 
 class ApprovalReviewView(APIView):
     """Answer a recovery review: did the uncertain call take effect?"""
+
+    permission_classes = APPROVER_ONLY
 
     @extend_schema(request=ReviewSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
