@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from memory.tokens import count_message_tokens
@@ -19,7 +20,7 @@ from tools.execution import ToolSnapshot
 from tools.rendering import render_success
 
 from ..events import EventSpec, EventType, Progress
-from ..models import Message, Session, ToolCall, ToolCallStatus
+from ..models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from ..states import Trigger
 from .commit import step_commit
 from .moves import build_step
@@ -77,7 +78,15 @@ def open_question(session: Session) -> ToolCall | None:
     )
 
 
-def user_answer(*, session: Session, call: ToolCall, answer: str, by: str) -> Message:
+def user_answer(
+    *,
+    session: Session,
+    call: ToolCall,
+    answer: str,
+    by: str,
+    owner: str | None = None,
+    add_fields: dict[str, Any] | None = None,
+) -> Message:
     """Write the answer as the call's result and continue the turn (-> tool_loop)."""
     output: dict[str, Any] = {"answer": answer, "by": by}
     content = render_success(output)
@@ -98,7 +107,7 @@ def user_answer(*, session: Session, call: ToolCall, answer: str, by: str) -> Me
     step_commit(
         build_step(
             session,
-            None,
+            owner,
             trigger=Trigger.USER_ANSWER,
             phase="user_answer",
             reason=f"answered by {by}",
@@ -106,7 +115,30 @@ def user_answer(*, session: Session, call: ToolCall, answer: str, by: str) -> Me
             messages=[message],
             updated_tool_calls=[call],
             set_fields={"timer_due_at": None, "turn_started_at": timezone.now()},
+            add_fields=add_fields,
             checkpoint={"answered": call.call_id},
         )
     )
     return message
+
+
+def queued_answer(session: Session, owner: str) -> bool:
+    """The oldest queued user message answers the open question (it leaves the queue; its text
+    is the call's result, so the history keeps each tool request next to its result)."""
+    call = open_question(session)
+    queued = (
+        Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
+    )
+    if call is None or queued is None:
+        return False
+    with transaction.atomic():
+        Message.objects.filter(pk=queued.pk).delete()
+        user_answer(
+            session=session,
+            call=call,
+            answer=queued.content,
+            by="user",
+            owner=owner,
+            add_fields={"queued_count": -1},
+        )
+    return True

@@ -16,6 +16,7 @@ from django.db import connection
 
 from ..models import Session
 from ..states import RUNNABLE, STARTS_TURN, State
+from .ask_user import queued_answer
 from .commit import StaleSession
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
 from .model_phase import model_step
@@ -107,6 +108,9 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
         return True
     if state in STARTS_TURN:
         if session.queued_count > 0:
+            # A message queued while the turn ran answers the question it then asked.
+            if state == State.PAUSED_FOR_USER and queued_answer(session, owner):
+                return True
             return turn_start(session=session, lease_owner=owner)
         return False
     if state == State.PROCESSING:

@@ -105,3 +105,19 @@ def test_a_cancelled_question_is_closed_and_the_next_message_starts_a_new_turn(s
 
     message_post(session=session, content="hello")
     assert Session.objects.get(pk=session.pk).turn == session.turn + 1
+
+
+def test_a_message_queued_while_the_turn_ran_answers_the_question_it_then_asked(session):
+    message_post(session=session, content="ship it")
+    queued = message_post(session=session, content="fast")  # the turn is running: queued
+    assert queued.message.status == "queued"
+
+    session = _run(session)
+
+    assert (session.state, session.turn, session.queued_count) == ("finished", 1, 0)
+    assert Message.objects.filter(session=session, role="assistant").latest("seq").content == (
+        "Shipping fast"
+    )
+    assert not Message.objects.filter(session=session, status="queued").exists()
+    call = ToolCall.objects.get(session=session)
+    assert (call.status, call.output) == ("success", {"answer": "fast", "by": "user"})
