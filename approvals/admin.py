@@ -1,18 +1,91 @@
-"""Admin of approvals: look up any approval and its history; decide pending ones.
+"""Admin of approvals: the approvers' queue (their home page), and every approval's history.
 
-The full approver queue page (filters, takeover) is a later piece of work; these
-actions go through the same service as the REST API.
+Decisions go through the same services as the REST API (races, validation,
+the session's resumption); these views only translate.
 """
 
+import json
+from dataclasses import dataclass
+from typing import Any
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
 
 from accounts.selectors import approver_groups
 from sessions import services
-from sessions.errors import DomainError
+from sessions.errors import DomainError, InvalidInput
+from sessions.models import Message
+from sessions.selectors import messages_recent
 
-from .models import Approval, ApprovalTransition
+from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer
+from .selectors import approvals_count, approvals_queue, approvals_recently_decided
+
+
+def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
+    """(argument, as the model sent it, as the approver changed it) for each changed one."""
+    old = before if isinstance(before, dict) else {}
+    new = after if isinstance(after, dict) else {}
+
+    def show(values: dict[str, Any], key: str) -> str:
+        return json.dumps(values[key], ensure_ascii=False) if key in values else "(absent)"
+
+    return [
+        (key, show(old, key), show(new, key))
+        for key in sorted(set(old) | set(new))
+        if show(old, key) != show(new, key)
+    ]
+
+
+@dataclass
+class QueueCard:
+    approval: Approval
+    recent: list[Message]
+
+    @property
+    def age(self) -> str:
+        seconds = int((timezone.now() - self.approval.requested_at).total_seconds())
+        if seconds < 60:
+            return f"{seconds}s"
+        if seconds < 3600:
+            return f"{seconds // 60}m"
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.approval.arguments, indent=2, ensure_ascii=False)
+
+    @property
+    def is_review(self) -> bool:
+        return self.approval.kind == ApprovalKind.RECOVERY_REVIEW
+
+    @property
+    def overdue_in(self) -> str:
+        seconds = int((self.approval.deadline - timezone.now()).total_seconds())
+        return "overdue" if seconds <= 0 else f"{seconds // 60}m left"
+
+
+def queue_groups(request: HttpRequest) -> list[str] | None:
+    """The groups whose approvals this user decides; None for a superuser (all). 403 otherwise."""
+    if request.user.is_superuser:
+        return None
+    user_id = request.user.pk
+    groups = approver_groups(user_id=user_id) if user_id is not None else None
+    if groups is None:
+        raise PermissionDenied
+    return groups
+
+
+def approver_only(request: HttpRequest) -> bool:
+    """An approver who is not an operator: the queue is all they see."""
+    user = request.user
+    if not user.is_active or not user.is_staff or user.is_superuser or user.pk is None:
+        return False
+    return approver_groups(user_id=user.pk) is not None and not user.get_all_permissions()
 
 
 class ApprovalTransitionInline(admin.TabularInline):
@@ -47,6 +120,107 @@ class ApprovalAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def get_urls(self) -> list[Any]:
+        queue = path(
+            "queue/", self.admin_site.admin_view(self.queue_view), name="approvals_approval_queue"
+        )
+        return [queue, *super().get_urls()]
+
+    def queue_view(self, request: HttpRequest) -> HttpResponse:
+        """Pending approvals and reviews, oldest first: decide each in one click, or reject many."""
+        groups = queue_groups(request)
+        if request.method == "POST":
+            self._queue_post(request, groups)
+            return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
+        pending = approvals_queue(groups=groups)
+        recent = messages_recent(session_ids=list({a.session_id for a in pending}))
+        cards = [QueueCard(a, recent.get(a.session_id, [])) for a in pending]
+        decided = [
+            (a, arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [])
+            for a in approvals_recently_decided(groups=groups)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Approvals queue",
+            "opts": self.opts,
+            "cards": cards,
+            "oldest": cards[0].age if cards else "",
+            "decided": decided,
+            "review_answers": ReviewAnswer.choices,
+            "approver_only": approver_only(request),
+        }
+        return TemplateResponse(request, "admin/approvals/queue.html", context)
+
+    def _queue_post(self, request: HttpRequest, groups: list[str] | None) -> None:
+        action = request.POST.get("action", "")
+        ids = (
+            request.POST.getlist("ids")
+            if action == "reject_selected"
+            else [request.POST.get("id", "")]
+        )
+        comment = request.POST.get("comment", "").strip()
+        done = 0
+        for approval_id in ids:
+            approval = Approval.objects.filter(pk=approval_id).first() if approval_id else None
+            if approval is None:
+                self.message_user(request, "No such approval.", messages.WARNING)
+                continue
+            allowed = [approval.group] if groups is None else groups
+            try:
+                if action == "approve":
+                    services.approval_decide(
+                        approval_id=approval.pk,
+                        approve=True,
+                        user=request.user,  # type: ignore[arg-type]
+                        groups=allowed,
+                        comment=comment,
+                        arguments=self._edited(request, approval),
+                    )
+                elif action in ("reject", "reject_selected"):
+                    services.approval_decide(
+                        approval_id=approval.pk,
+                        approve=False,
+                        user=request.user,  # type: ignore[arg-type]
+                        groups=allowed,
+                        comment=comment or f"rejected in the queue by {request.user}",
+                    )
+                elif action == "review":
+                    answer = request.POST.get("answer", "")
+                    services.review_answer(
+                        approval_id=approval.pk,
+                        answer=answer,
+                        result=self._json(request, "result") if answer == "took_effect" else None,
+                        user=request.user,  # type: ignore[arg-type]
+                        groups=allowed,
+                        comment=comment,
+                    )
+                else:
+                    self.message_user(request, f"Unknown action {action!r}.", messages.ERROR)
+                    return
+                done += 1
+            except DomainError as exc:
+                self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
+        if done:
+            self.message_user(request, f"Decided {done} approval(s).", messages.SUCCESS)
+
+    def _json(self, request: HttpRequest, field: str) -> Any:
+        raw = request.POST.get(field, "").strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise InvalidInput(f"{field} is not valid JSON: {exc}") from None
+
+    def _edited(self, request: HttpRequest, approval: Approval) -> dict[str, Any] | None:
+        """The arguments as edited on the card, or None when left as the model sent them."""
+        edited = self._json(request, "arguments")
+        if edited is None or edited == approval.arguments:
+            return None
+        if not isinstance(edited, dict):
+            raise InvalidInput("arguments must be a JSON object")
+        return edited
+
     def _decide(
         self, request: HttpRequest, queryset: QuerySet[Approval], *, approve: bool, remember: bool
     ) -> None:
@@ -80,3 +254,24 @@ class ApprovalAdmin(admin.ModelAdmin):
     @admin.action(description="Reject")
     def reject(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=False, remember=False)
+
+
+_stock_index = admin.site.index
+
+
+def _index(request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    """The admin's home: an approver who is not an operator lands on the queue; everyone
+    who may approve sees how many approvals wait."""
+    if approver_only(request):
+        return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
+    extra = dict(extra_context or {})
+    user_id = request.user.pk
+    groups = approver_groups(user_id=user_id) if user_id is not None else None
+    if request.user.is_superuser or groups is not None:
+        mine = None if request.user.is_superuser else groups
+        extra["approvals_pending"] = approvals_count(groups=mine)
+    return _stock_index(request, extra_context=extra)
+
+
+# The stock index is bound at URL build time, after this module registers its pages.
+admin.site.index = _index  # type: ignore[method-assign,assignment]

@@ -13,7 +13,7 @@ from accounts.selectors import approver_groups
 from sessions import services
 from sessions.errors import InvalidInput
 
-from .models import Approval
+from .models import Approval, ReviewAnswer
 from .selectors import approvals_list
 from .states import ApprovalStatus
 
@@ -41,6 +41,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "decided_by",
             "decided_at",
             "comment",
+            "answer",
+            "answer_result",
         ]
         read_only_fields = fields
 
@@ -54,13 +56,22 @@ class RejectSerializer(serializers.Serializer):
     comment = serializers.CharField(max_length=4000, help_text="The model receives it.")
 
 
+class ReviewSerializer(serializers.Serializer):
+    answer = serializers.ChoiceField(choices=ReviewAnswer.choices)
+    result = serializers.JSONField(
+        required=False, help_text="With took_effect: the call's result, as the model will read it."
+    )
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
+
+
 class IsApprover(permissions.BasePermission):
-    """Only keys of users made approvers (create_api_key --approver, or the admin)."""
+    """Only approvers' keys (403 otherwise); the OpenAPI schema documents it from here."""
 
     message = "this API key belongs to a user who is not an approver"
 
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        return approver_groups(user_id=request.user.pk) is not None
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user_id = request.user.pk if request.user else None
+        return user_id is not None and approver_groups(user_id=user_id) is not None
 
 
 APPROVER_ONLY = [permissions.IsAuthenticated, IsApprover]
@@ -134,5 +145,27 @@ class ApprovalRejectView(APIView):
             user=request.user,
             groups=groups,
             comment=payload.validated_data["comment"],
+        )
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalReviewView(APIView):
+    """Answer a recovery review: did the uncertain call take effect?"""
+
+    permission_classes = APPROVER_ONLY
+
+    @extend_schema(request=ReviewSerializer, responses=ApprovalSerializer)
+    def post(self, request: Request, approval_id: str) -> Response:
+        groups = _groups(request)
+        payload = ReviewSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data: dict[str, Any] = payload.validated_data
+        approval = services.review_answer(
+            approval_id=approval_id,
+            answer=data["answer"],
+            result=data.get("result"),
+            user=request.user,
+            groups=groups,
+            comment=data.get("comment") or "",
         )
         return Response(ApprovalSerializer(approval).data)

@@ -14,6 +14,14 @@ class ApprovalKind(models.TextChoices):
     RECOVERY_REVIEW = "recovery_review", "recovery review"
 
 
+class ReviewAnswer(models.TextChoices):
+    """A person's answer to a recovery review: did the uncertain call take effect?"""
+
+    TOOK_EFFECT = "took_effect", "it took effect"
+    NOT_TAKEN = "not_taken", "it did not take effect"
+    SEND_AGAIN = "send_again", "send it again"
+
+
 class OnTimeout(models.TextChoices):
     REJECT = "reject"
     APPROVE = "approve"
@@ -21,18 +29,19 @@ class OnTimeout(models.TextChoices):
 
 
 class Approval(models.Model):
-    """One decision a person owes: today a gated tool call (one approval per call)."""
+    """One decision a person owes: a gated tool call, or a review of an uncertain one."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(
         "agent_sessions.Session", on_delete=models.CASCADE, related_name="approvals"
     )
-    tool_call = models.OneToOneField(
+    # A call has at most one gating approval, and a review each time it turned out uncertain.
+    tool_call = models.ForeignKey(
         "agent_sessions.ToolCall",
         on_delete=models.CASCADE,
         null=True,
         blank=True,
-        related_name="approval",
+        related_name="approvals",
     )
     kind = models.CharField(
         max_length=20, choices=ApprovalKind.choices, default=ApprovalKind.TOOL_CALL
@@ -76,6 +85,15 @@ class Approval(models.Model):
         default=False, help_text="Approved for the rest of the session: same tool, same arguments."
     )
     version = models.PositiveIntegerField(default=0)
+    answer = models.CharField(
+        max_length=20,
+        choices=ReviewAnswer.choices,
+        blank=True,
+        help_text="A recovery review's answer.",
+    )
+    answer_result = models.JSONField(
+        null=True, blank=True, help_text="The call's result, as the reviewer gave it (took effect)."
+    )
 
     class Meta:
         ordering = ["requested_at"]
@@ -84,6 +102,11 @@ class Approval(models.Model):
                 fields=["deadline"], name="approval_pending_deadline", condition=Q(status="pending")
             ),
             models.Index(fields=["session", "turn", "step"], name="approval_session_step"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tool_call"], condition=Q(kind="tool_call"), name="approval_one_per_call"
+            )
         ]
 
     def __str__(self) -> str:

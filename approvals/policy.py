@@ -10,12 +10,18 @@ from .conditions import ConditionError, evaluate
 HIGHEST_RISK = 3
 
 
-def approval_reason(tool: ToolSnapshot, arguments: Any) -> str | None:
-    """Why this call needs approval, or None when it may run."""
+def approval_reason(
+    tool: ToolSnapshot, arguments: Any, level: int | None = None, why: str = ""
+) -> str | None:
+    """Why this call needs approval, or None when it may run.
+
+    `level` is the call's risk level (declared or assessed, tools/risk.py).
+    """
     if tool.requires_approval:
         return f"{tool.name} always requires approval"
-    if tool.risk_level >= HIGHEST_RISK:
-        return f"{tool.name} has risk level {tool.risk_level}"
+    level = tool.risk_level if level is None else level
+    if level is not None and level >= HIGHEST_RISK:
+        return f"{tool.name} has risk level {level}" + (f" ({why})" if why else "")
     if tool.approval_when:
         # Judged on what would run: the schema's safe coercions ("80" -> 80) first.
         checked = check_arguments(validator_for(tool), arguments)

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import Approval
+from .models import Approval, ApprovalKind
 from .states import ApprovalStatus
 
 
@@ -35,9 +35,22 @@ def approvals_for_calls(*, call_ids: list[int]) -> dict[int, Approval]:
         return {}
     return {
         a.tool_call_id: a
-        for a in Approval.objects.filter(tool_call_id__in=call_ids)
+        for a in Approval.objects.filter(tool_call_id__in=call_ids, kind=ApprovalKind.TOOL_CALL)
         if a.tool_call_id
     }
+
+
+def reviews_for_calls(*, call_ids: list[int]) -> dict[int, Approval]:
+    """The latest recovery review of each of these calls that has one."""
+    if not call_ids:
+        return {}
+    latest: dict[int, Approval] = {}
+    for review in Approval.objects.filter(
+        tool_call_id__in=call_ids, kind=ApprovalKind.RECOVERY_REVIEW
+    ).order_by("requested_at"):
+        if review.tool_call_id:
+            latest[review.tool_call_id] = review
+    return latest
 
 
 def approval_pending_exists(*, session_id: UUID | str) -> bool:
@@ -61,3 +74,27 @@ def approvals_due(*, limit: int = 100) -> list[Approval]:
             status=ApprovalStatus.PENDING, deadline__lte=timezone.now()
         ).order_by("deadline")[:limit]
     )
+
+
+def approvals_queue(*, groups: list[str] | None, limit: int = 100) -> list[Approval]:
+    """Pending approvals of these groups (None: all), oldest first, with their sessions."""
+    rows = Approval.objects.filter(status=ApprovalStatus.PENDING).select_related(
+        "session", "session__agent", "session__owner", "tool_call"
+    )
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return list(rows.order_by("requested_at")[:limit])
+
+
+def approvals_recently_decided(*, groups: list[str] | None, limit: int = 10) -> list[Approval]:
+    rows = Approval.objects.exclude(status=ApprovalStatus.PENDING).filter(decided_at__isnull=False)
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return list(rows.order_by("-decided_at")[:limit])
+
+
+def approvals_count(*, groups: list[str] | None) -> int:
+    rows = Approval.objects.filter(status=ApprovalStatus.PENDING)
+    if groups is not None:
+        rows = rows.filter(group__in=groups)
+    return rows.count()

@@ -36,18 +36,21 @@ def approval_request(
     arguments: Any,
     reason: str,
     now: datetime | None = None,
+    risk_level: int | None = None,
+    kind: str = ApprovalKind.TOOL_CALL,
 ) -> Approval:
-    """An approval for one gated call, not yet saved (`approvals_insert` saves the step's)."""
+    """An approval for one gated call (or a review of an uncertain one), not yet saved
+    (`approvals_insert` saves the step's)."""
     now = now or timezone.now()
     return Approval(
         session_id=session_id,
         tool_call_id=tool_call_id,
-        kind=ApprovalKind.TOOL_CALL,
+        kind=kind,
         turn=turn,
         step=step,
         tool_name=tool.name,
         arguments=arguments if isinstance(arguments, dict) else {},
-        risk_level=tool.risk_level,
+        risk_level=tool.risk_level if risk_level is None else risk_level,
         reason=reason,
         on_timeout=tool.approval_on_timeout,
         escalate_to=tool.approval_escalate_to,
@@ -95,6 +98,8 @@ def approval_resolve(
     remember: bool = False,
     escalate_to: str = "",
     deadline: datetime | None = None,
+    answer: str = "",
+    answer_result: Any = None,
 ) -> Approval | None:
     """Move a pending approval, or return None if someone (or the deadline) got there first.
 
@@ -112,6 +117,8 @@ def approval_resolve(
             fields["edited_arguments"] = edited_arguments
         if remember:
             fields["remember"] = True
+        if answer:
+            fields.update(answer=answer, answer_result=answer_result)
     changed = Approval.objects.filter(
         pk=approval.pk, status=ApprovalStatus.PENDING, version=approval.version
     ).update(**fields)

@@ -25,6 +25,7 @@ BENCHMARKS = (
     "load",
     "http",
     "billing",
+    "approvals",
 )
 
 
@@ -54,6 +55,7 @@ class Sizes:
     langgraph_runs: int = 40
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
+    approvals_samples: int = 30
 
 
 FULL = Sizes(
@@ -104,6 +106,7 @@ QUICK = Sizes(
     http_layouts=(2,),
     billing_gate_reps=100,
     billing_ranking_reps=5,
+    approvals_samples=8,
 )
 
 
@@ -354,6 +357,12 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import adapters
 
         return adapters.run(procs, reps=sizes.adapters_reps, paced_reps=sizes.adapters_paced_reps)
+    if name == "approvals":
+        from . import approvals
+
+        return approvals.run(
+            procs, sessions=sizes.approvals_samples, concurrency=args.worker_concurrency
+        )
     if name == "recovery":
         from . import recovery
 

@@ -96,7 +96,7 @@ TOOL_ENTRY = {
         "timeout_s": POSITIVE,
         "side_effects": {"type": "boolean"},
         "requires_approval": {"type": "boolean"},
-        "risk_level": {"type": "integer", "minimum": 0, "maximum": 3},
+        "risk_level": {"type": ["integer", "null"], "minimum": 0, "maximum": 3},
         "approval_when": {"type": ["object", "null"]},
         "approval_timeout_s": {"type": "integer", "minimum": 1},
         "approval_on_timeout": {"enum": ["reject", "approve", "escalate"]},
@@ -396,7 +396,8 @@ def config_errors(
                 if params.get("type") != "object":
                     errors.append(f"{where}.parameters: the top level must be {{type: object}}")
     models = known_models | {m["name"] for m in document.get("models") or []}
-    tools = known_tools | {t["name"] for t in document.get("tools") or []}
+    # `ask_user` is built in: an agent lists it by name without an entry under tools.
+    tools = known_tools | {t["name"] for t in document.get("tools") or []} | {"ask_user"}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
         for field in ("model", "fallback_model", "candidate_model", "cheap_model"):

@@ -43,6 +43,7 @@ class StopReason(StrEnum):
     ERROR = "error"
     # Tool calls the owner's credit points could not pay for, twice in a turn.
     INSUFFICIENT_CREDITS = "insufficient_credits"
+    OPERATOR = "operator"  # an operator ended the turn with their own answer
 
 
 # "from" is a keyword: the functional form keeps the wire key.
@@ -65,7 +66,7 @@ class MessageCompleted(TypedDict):
 
 
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded | credits_low | degradation
+    stage: str  # preparing_tool | answer_discarded | credits_low | degradation | question
     turn: int
     tool: NotRequired[str]
     level: NotRequired[int]  # stage degradation: the session's new level (0-3)
@@ -73,6 +74,11 @@ class Progress(TypedDict):
     kind: NotRequired[str]  # "credits.low"
     balance: NotRequired[int]
     low_water_mark: NotRequired[int]
+    # stage "question" (the model's ask_user): what the user is asked; their next message answers.
+    question: NotRequired[str]
+    options: NotRequired[list[str]]
+    call_id: NotRequired[str]
+    deadline: NotRequired[str | None]
 
 
 class ToolStarted(TypedDict):

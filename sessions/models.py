@@ -317,6 +317,9 @@ class ToolCall(models.Model):
     # found executing with this set after a crash is uncertain and is probed.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     probe_outcome = models.CharField(max_length=20, blank=True)
+    # The call's risk level (declared by its tool or assessed) and why: tools/risk.py.
+    risk_level = models.PositiveSmallIntegerField(null=True, blank=True)
+    risk_reason = models.CharField(max_length=200, blank=True, db_default="")
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -327,6 +330,8 @@ class ToolCall(models.Model):
             models.Index(
                 fields=["session"], name="toolcall_executing", condition=Q(status="executing")
             ),
+            # A tool's recent failure rate (risk assessment) reads its latest calls.
+            models.Index(fields=["tool_name", "-id"], name="toolcall_tool_recent"),
         ]
 
     def __str__(self) -> str:

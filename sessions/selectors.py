@@ -151,6 +151,8 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "error",
             "elapsed_ms",
             "idempotency_key",
+            "risk_level",
+            "risk_reason",
         )
     ):
         entries.append(TimelineEntry("toolcall", r["id"], r["created_at"], r["id"], None, "", r))
@@ -227,3 +229,25 @@ def session_activity(*, session: Session) -> SessionActivity:
         tool_calls=tools["count"],
         tool_failures=tools["failures"],
     )
+
+
+def messages_recent(*, session_ids: list[Any], per_session: int = 4) -> dict[Any, list[Message]]:
+    """Each session's last few user and assistant messages, oldest first (one query)."""
+    from django.db.models import Window
+    from django.db.models.functions import RowNumber
+
+    if not session_ids:
+        return {}
+    rows = (
+        Message.objects.filter(session_id__in=session_ids, role__in=["user", "assistant"])
+        .exclude(content="")
+        .annotate(
+            recent=Window(RowNumber(), partition_by=[F("session_id")], order_by=F("id").desc())
+        )
+        .filter(recent__lte=per_session)
+        .only("session_id", "role", "content", "created_at", "seq")
+    )
+    found: dict[Any, list[Message]] = {}
+    for message in sorted(rows, key=lambda m: m.pk):
+        found.setdefault(message.session_id, []).append(message)
+    return found

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import Approval
+from approvals.models import Approval, ApprovalKind, ReviewAnswer
 from approvals.selectors import approval_get, approval_pending_exists, approvals_due
 from approvals.services import (
     SYSTEM_ACTOR,
@@ -30,8 +30,9 @@ from approvals.states import Outcome
 from billing.selectors import reservations_open
 from billing.services import credits_close, waiting_expire
 from memory.tokens import count_message_tokens
+from runtime import io_loop
 from runtime.cancellation import cancel_signal
-from tools.execution import tools_for_agent
+from tools.execution import ToolInvocation, execute_all, tools_for_agent
 
 from .dispatch import run_enqueue, run_enqueue_on_commit
 from .engine import (
@@ -40,11 +41,18 @@ from .engine import (
     StaleSession,
     approval_recorded,
     fork_start,
+    hand_back,
+    open_question,
+    operator_finish,
+    operator_reply,
+    operator_tool_intent,
+    operator_tool_result,
     run_resume,
     session_run,
     timer_fire,
     turn_cancel,
     turn_start,
+    user_answer,
 )
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from .models import (
@@ -144,6 +152,14 @@ def message_post(
                     )
                 return PostedMessage(message=existing, created=False)
         state = State(locked.state)
+        question = open_question(locked) if state == State.PAUSED_FOR_USER else None
+        if question is not None:
+            # The answer to the model's ask_user: that call's result; the same turn goes on.
+            answer = user_answer(session=locked, call=question, answer=content, by="user")
+            if idempotency_key:
+                Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
+            run_enqueue_on_commit(locked.pk)
+            return PostedMessage(message=answer, created=True)
         busy = state not in STARTS_TURN
         policy = locked.agent.double_texting
         if busy and policy == DoubleTexting.REJECT:
@@ -238,7 +254,7 @@ def sessions_sweep() -> list[str]:
     Claiming a session here pushes its lease expiry one pickup grace ahead, so
     a sweep every half second does not enqueue the same session each time.
     """
-    woken = timers_fire_due() + approvals_expire_due()
+    woken = timers_fire_due() + approvals_expire_due() + questions_expire_due()
     credits_reconcile()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
@@ -317,6 +333,36 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
     return woken
 
 
+def questions_expire_due(*, limit: int = 100) -> list[str]:
+    """Answer overdue `ask_user` questions with their default answer (the system answers)."""
+    woken: list[str] = []
+    due = Session.objects.filter(
+        state=State.PAUSED_FOR_USER.value, timer_due_at__lte=timezone.now()
+    ).order_by("timer_due_at")[:limit]
+    for session in due:
+        with transaction.atomic():
+            locked = (
+                Session.objects.select_for_update(of=("self",), no_key=True)
+                .filter(pk=session.pk, state=State.PAUSED_FOR_USER.value)
+                .first()
+            )
+            question = open_question(locked) if locked is not None else None
+            if locked is None or question is None:
+                continue  # answered (or cancelled) meanwhile
+            default = (
+                question.input.get("default_answer") if isinstance(question.input, dict) else None
+            )
+            answer = (
+                str(default)
+                if default
+                else "(the user did not answer before the deadline; no default answer was given)"
+            )
+            user_answer(session=locked, call=question, answer=answer, by=SYSTEM_ACTOR)
+            run_enqueue_on_commit(locked.pk)
+        woken.append(str(session.pk))
+    return woken
+
+
 def _approval_apply(
     *,
     approval: Approval,
@@ -328,6 +374,8 @@ def _approval_apply(
     remember: bool = False,
     escalate_to: str = "",
     deadline: Any = None,
+    answer: str = "",
+    answer_result: Any = None,
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -351,6 +399,8 @@ def _approval_apply(
             remember=remember,
             escalate_to=escalate_to,
             deadline=deadline,
+            answer=answer,
+            answer_result=answer_result,
         )
         if resolved is None:
             return None
@@ -390,6 +440,12 @@ def approval_decide(
         )
     if approval.status != "pending":
         raise _resolved_conflict(approval)
+    if approval.kind == ApprovalKind.RECOVERY_REVIEW and approve:
+        raise InvalidInput(
+            "this is a recovery review: answer whether the call took effect "
+            f"(POST .../review/ with answer {', '.join(ReviewAnswer.values)})",
+            code="review_needs_answer",
+        )
     edited = None
     if approve and arguments is not None:
         tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
@@ -402,6 +458,53 @@ def approval_decide(
         comment=comment,
         edited_arguments=edited,
         remember=remember and approve,
+    )
+    if resolved is None:
+        fresh = approval_get(approval_id=approval.pk)
+        raise _resolved_conflict(fresh or approval)
+    return resolved
+
+
+def review_answer(
+    *,
+    approval_id: UUID | str,
+    answer: str,
+    user: User,
+    groups: list[str],
+    result: Any = None,
+    comment: str = "",
+) -> Approval:
+    """A person's answer to "did this uncertain call take effect?"; the run goes on.
+
+    `took_effect` (with the call's `result`, what the model reads), `not_taken`
+    (the model is told it did not happen; nothing is sent) or `send_again`
+    (sent once more with the same idempotency key).
+    """
+    approval = approval_get(approval_id=approval_id)
+    if approval is None or approval.kind != ApprovalKind.RECOVERY_REVIEW:
+        raise NotFound(f"recovery review {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this review is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    if answer not in ReviewAnswer.values:
+        raise InvalidInput(
+            f"answer must be one of {', '.join(ReviewAnswer.values)}", details={"field": "answer"}
+        )
+    if answer != ReviewAnswer.TOOK_EFFECT and result is not None:
+        raise InvalidInput("a result goes only with took_effect", details={"field": "result"})
+    if approval.status != "pending":
+        raise _resolved_conflict(approval)
+    resolved = _approval_apply(
+        approval=approval,
+        # The call goes on (as it was, or sent again) or is closed as not having happened.
+        outcome=Outcome.REJECTED if answer == ReviewAnswer.NOT_TAKEN else Outcome.APPROVED,
+        actor=user.get_username(),
+        user=user,
+        comment=comment,
+        answer=answer,
+        answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)
@@ -458,6 +561,122 @@ def session_resume(*, session: Session, actor: str = "") -> Session:
                 code="not_resumable",
             )
         run_resume(session=locked, actor=actor)
+        run_enqueue_on_commit(locked.pk)
+    return locked
+
+
+# --- Human takeover: an operator answers, runs a tool by hand, hands back ------------
+
+WAITING: frozenset[State] = frozenset(
+    {State.AWAITING_APPROVAL, State.PAUSED_FOR_USER, State.WAITING_TIMER, State.ERROR}
+)
+
+
+def _operator_content(content: str) -> str:
+    if not content or not content.strip():
+        raise InvalidInput("write the message first", details={"field": "content"})
+    if len(content) > settings.MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the message has {len(content)} characters; the limit is {settings.MAX_MESSAGE_CHARS}",
+            details={"field": "content"},
+        )
+    return content.strip()
+
+
+def session_force_finish(*, session: Session, content: str, actor: str) -> Session:
+    """End a turn that waits (on a person, the user, a clock) or failed, with the operator's
+    message as the answer. A running step must be cancelled first (409)."""
+    content = _operator_content(content)
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        state = State(locked.state)
+        if state not in WAITING:
+            raise Conflict(
+                f"a session that is {state.value} cannot be force-finished"
+                + (" while a step runs; cancel it first" if state in RUNNABLE else ""),
+                details={"state": state.value},
+                code="not_finishable",
+            )
+        if state == State.AWAITING_APPROVAL:
+            approvals_cancel(
+                session_id=locked.pk, actor=actor, reason="force-finished by an operator"
+            )
+        operator_finish(session=locked, content=content, actor=actor)
+        if locked.queued_count:
+            run_enqueue_on_commit(locked.pk)
+    return locked
+
+
+def _taken_over(session: Session) -> Session:
+    """The locked session, if no turn runs or waits (takeover happens between turns)."""
+    locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+    if State(locked.state) not in TURN_ENDED:
+        raise Conflict(
+            f"the session is {locked.state}: cancel or force-finish its turn before taking over",
+            details={"state": locked.state},
+            code="turn_in_progress",
+        )
+    return locked
+
+
+def session_operator_reply(*, session: Session, content: str, actor: str) -> Message:
+    """The operator answers the user in the agent's place (recorded as from the operator)."""
+    content = _operator_content(content)
+    with transaction.atomic():
+        return operator_reply(session=_taken_over(session), content=content, actor=actor)
+
+
+def session_operator_tool_run(
+    *, session: Session, tool_name: str, arguments: Any, actor: str
+) -> ToolCall:
+    """Run one of the agent's tools by hand: the session's role gating, schema validation,
+    an idempotency key and the same records (call row, messages, events) as a model's call."""
+    if not isinstance(arguments, dict):
+        raise InvalidInput("arguments must be a JSON object", details={"field": "arguments"})
+    tools = tools_for_agent(list(session.agent.tools), role=session.role)
+    if tool_name not in tools:
+        raise Forbidden(
+            f"tool {tool_name!r} is not available to this session's agent and role",
+            details={"field": "tool", "available": sorted(tools)},
+        )
+    with transaction.atomic():
+        intent = operator_tool_intent(
+            session=_taken_over(session), tool_name=tool_name, arguments=arguments, actor=actor
+        )
+    # The step inserts rows in bulk; the stored row (with its id) is the one to update.
+    call = ToolCall.objects.get(idempotency_key=intent.idempotency_key)
+    if tools[tool_name].side_effects:
+        ToolCall.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
+    # Outside any transaction: the tool may be an HTTP call.
+    [outcome] = io_loop.run(
+        execute_all(
+            [
+                ToolInvocation(
+                    call_id=call.call_id,
+                    name=tool_name,
+                    arguments=arguments,
+                    idempotency_key=call.idempotency_key,
+                )
+            ],
+            tools,
+            session.role,
+            step_timeout_s=session.agent.step_timeout_s,
+        )
+    )
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        operator_tool_result(session=locked, call=call, outcome=outcome, actor=actor)
+    return call
+
+
+def session_hand_back(*, session: Session, actor: str) -> Session:
+    """Give the session back to the agent: the model decides from the history as it stands."""
+    with transaction.atomic():
+        locked = _taken_over(session)
+        if State(locked.state) == State.ERROR:
+            run_resume(session=locked, actor=actor)
+        else:
+            hand_back(session=locked, actor=actor)
         run_enqueue_on_commit(locked.pk)
     return locked
 

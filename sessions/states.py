@@ -27,6 +27,7 @@ class Trigger(StrEnum):
     TOOL_RESULTS = "tool_results"
     MODEL_CALL = "model_call"
     ASK_USER = "ask_user"
+    USER_ANSWER = "user_answer"
     APPROVAL_NEEDED = "approval_needed"
     APPROVED = "approved"
     REJECTED = "rejected"
@@ -36,6 +37,8 @@ class Trigger(StrEnum):
     FAILURE = "failure"
     CANCEL = "cancel"
     RESUME = "resume"
+    OPERATOR_ANSWER = "operator_answer"
+    HAND_BACK = "hand_back"
     FORK = "fork"
 
 
@@ -59,6 +62,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     # Tools ran (or wait on a human or a clock).
     (S.TOOL_WAIT, T.TOOL_RESULTS): S.TOOL_LOOP,
     (S.TOOL_WAIT, T.APPROVAL_NEEDED): S.AWAITING_APPROVAL,
+    # The model's `ask_user` call stays open until the user answers it.
+    (S.TOOL_WAIT, T.ASK_USER): S.PAUSED_FOR_USER,
     (S.TOOL_WAIT, T.TIMER_SET): S.WAITING_TIMER,
     (S.TOOL_WAIT, T.FAILURE): S.ERROR,
     (S.TOOL_WAIT, T.CANCEL): S.CANCELLED,
@@ -75,8 +80,19 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.WAITING_TIMER, T.TIMER_FIRED): S.TOOL_LOOP,
     (S.WAITING_TIMER, T.CANCEL): S.CANCELLED,
     (S.PAUSED_FOR_USER, T.CANCEL): S.CANCELLED,
+    # The user's next message answers the open question; the same turn goes on.
+    (S.PAUSED_FOR_USER, T.USER_ANSWER): S.TOOL_LOOP,
     # An operator resumes a failed run where it stopped.
     (S.ERROR, T.RESUME): S.TOOL_LOOP,
+    # An operator ends a waiting (or failed) turn with their own answer.
+    (S.AWAITING_APPROVAL, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.PAUSED_FOR_USER, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.WAITING_TIMER, T.OPERATOR_ANSWER): S.FINISHED,
+    (S.ERROR, T.OPERATOR_ANSWER): S.FINISHED,
+    # After a takeover the agent goes on from the history as it now stands.
+    (S.IDLE, T.HAND_BACK): S.TOOL_LOOP,
+    (S.FINISHED, T.HAND_BACK): S.TOOL_LOOP,
+    (S.CANCELLED, T.HAND_BACK): S.TOOL_LOOP,
     # A session forked from a checkpoint starts with the model deciding.
     (S.IDLE, T.FORK): S.TOOL_LOOP,
 }

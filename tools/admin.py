@@ -107,9 +107,9 @@ class ToolAdminForm(forms.ModelForm):
             )
         return headers
 
-    def clean_risk_level(self) -> int:
-        level: int = self.cleaned_data["risk_level"]
-        if level > 3:
+    def clean_risk_level(self) -> int | None:
+        level: int | None = self.cleaned_data["risk_level"]
+        if level is not None and level > 3:
             raise forms.ValidationError("Risk level goes from 0 (harmless) to 3 (highest).")
         return level
 

@@ -16,3 +16,27 @@ def schedule_followup(after_seconds: int, note: str) -> dict[str, object]:
     if after_seconds < 1 or after_seconds > 30 * 24 * 3600:
         return {"ok": False, "error": "after_seconds must be between 1 and 2592000 (30 days)"}
     return {"ok": True, "after_seconds": after_seconds, "note": note, "scheduled": True}
+
+
+ASK_USER = "ask_user"
+ASK_USER_HANDLER = "builtin.ask_user"
+ASK_USER_PARAMETERS: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "question": {"type": "string", "minLength": 1, "maxLength": 2000},
+        "options": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
+        "deadline_s": {"type": "integer", "minimum": 1, "maximum": 30 * 24 * 3600},
+        "default_answer": {"type": "string", "maxLength": 2000},
+    },
+    "required": ["question"],
+    "additionalProperties": False,
+}
+
+
+@tool_handler(ASK_USER_HANDLER)
+def ask_user(**arguments: object) -> dict[str, object]:
+    """Runs only for a second question in one step: the engine asks the user the first one."""
+    return {
+        "ok": False,
+        "error": "one question at a time: ask this after the user answered the first",
+    }

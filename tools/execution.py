@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 
+from . import builtin
 from .env_access import header_env_rule, refused_header_envs
 from .models import Tool
 from .registry import UnknownHandler, get_handler
@@ -65,7 +66,8 @@ class ToolSnapshot:
     probe_handler: str = ""
     idempotent: bool = True
     requires_approval: bool = False
-    risk_level: int = 0
+    # None: not declared, assessed per call (tools/risk.py).
+    risk_level: int | None = None
     result_description: str = ""
     approval_when: dict[str, Any] | None = None
     approval_timeout_s: int = 1800
@@ -147,6 +149,28 @@ class ToolOutcome:
 
 
 _validators: dict[tuple[str, str], Draft202012Validator] = {}
+
+
+ASK_USER_TOOL = ToolSnapshot(
+    name=builtin.ASK_USER,
+    description=(
+        "Ask the user a question and wait for the answer (their next message). "
+        "Give options when the answer is one of a few; deadline_s and default_answer "
+        "answer for them if they do not reply in time."
+    ),
+    parameters=builtin.ASK_USER_PARAMETERS,
+    kind="python",
+    handler=builtin.ASK_USER_HANDLER,
+    url="",
+    method="",
+    headers={},
+    timeout_s=1.0,
+    side_effects=False,
+    roles=(),
+    version="builtin-1",
+    risk_level=0,
+    result_description="The user's answer, as {answer, by}.",
+)
 
 
 def validator_for(tool: ToolSnapshot) -> Draft202012Validator:
@@ -500,7 +524,10 @@ def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, Tool
     snapshots = (
         ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=names, enabled=True)
     )
-    return {t.name: t for t in snapshots if role is None or t.allows(role)}
+    found = {t.name: t for t in snapshots if role is None or t.allows(role)}
+    if builtin.ASK_USER in names and builtin.ASK_USER not in found:
+        found[builtin.ASK_USER] = ASK_USER_TOOL  # built in: listed by name, no row
+    return found
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ class Tool(models.Model):
     side_effects = models.BooleanField(default=False)
     requires_approval = models.BooleanField(default=False)
     risk_level = models.PositiveSmallIntegerField(
-        default=0, help_text="0 (harmless) to 3: 3 always asks a person."
+        null=True,
+        blank=True,
+        help_text="0 (harmless) to 3: 3 always asks a person. Empty: assessed per call.",
     )
     approval_when = models.JSONField(
         null=True,
@@ -105,7 +107,7 @@ class Tool(models.Model):
             validate_condition(self.approval_when)
         except ConditionError as exc:
             raise ValidationError({"approval_when": str(exc)}) from None
-        if self.risk_level > 3:
+        if self.risk_level is not None and self.risk_level > 3:
             raise ValidationError({"risk_level": "goes from 0 (harmless) to 3 (highest)"})
         if self.approval_on_timeout == "escalate" and not self.approval_escalate_to:
             raise ValidationError(

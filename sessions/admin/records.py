@@ -70,11 +70,12 @@ class ToolCallAdmin(ReadOnlyAdmin):
         "step",
         "tool_name",
         "status",
+        "risk",
         "elapsed_ms",
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "tool_name")
+    list_filter = ("status", "risk_level", "tool_name")
     search_fields = ("tool_name", "call_id", "idempotency_key")
     ordering = ("-id",)
     fields = (
@@ -92,11 +93,22 @@ class ToolCallAdmin(ReadOnlyAdmin):
         "input_pretty",
         "output_pretty",
         "error",
+        "risk_level",
+        "risk_reason",
         "idempotency_key",
+        "dispatched_at",
+        "probe_outcome",
         "created_at",
         "finished_at",
     )
     readonly_fields = fields
+
+    @admin.display(description="risk", ordering="risk_level")
+    def risk(self, obj: ToolCall) -> str:
+        # The level and, on hover, why (declared, or what the assessment saw).
+        if obj.risk_level is None:
+            return "–"
+        return format_html('<span title="{}">{}</span>', obj.risk_reason, obj.risk_level)
 
     @admin.display(description="input")
     def input_pretty(self, obj: ToolCall) -> str:

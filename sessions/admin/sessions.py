@@ -1,5 +1,7 @@
-"""The session list and a session's page: its summary, timeline, cancel and resume."""
+"""The session list and a session's page: its summary, timeline (approvals inline), and the
+operator's controls: cancel, resume, force-finish, fork, and human takeover."""
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +23,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from tools.execution import tools_for_agent
+
 from .. import selectors, services
+from ..errors import DomainError, InvalidInput
 from ..models import Session
 from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
@@ -73,6 +78,39 @@ def session_summary(session: Session) -> SessionSummary:
         tool_calls=activity.tool_calls,
         tool_failures=activity.tool_failures,
     )
+
+
+def _json_or_invalid(raw: str) -> Any:
+    try:
+        return json.loads(raw or "{}")
+    except ValueError as exc:
+        raise InvalidInput(f"the arguments are not valid JSON: {exc}") from None
+
+
+def takeover_context(session: Session) -> dict[str, Any]:
+    """Which of the operator's controls apply to the session as it is now."""
+    state = State(session.state)
+    tools = tools_for_agent(list(session.agent.tools), role=session.role)
+    return {
+        "force_finish": state in services.WAITING,
+        "resume": state == State.ERROR,
+        "takeover": state in TURN_ENDED,
+        "fork": session.step > 0,
+        "tools": [
+            (name, json.dumps(_example(t.parameters)), t.side_effects)
+            for name, t in sorted(tools.items())
+        ],
+    }
+
+
+def _example(schema: dict[str, Any]) -> dict[str, Any]:
+    """A skeleton of the required arguments, for the operator to fill in."""
+    props = schema.get("properties") or {}
+    blank = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+    return {
+        name: blank.get(str((props.get(name) or {}).get("type")))
+        for name in schema.get("required") or []
+    }
 
 
 @admin.register(Session)
@@ -328,9 +366,63 @@ class SessionAdmin(SessionIdSearch):
                 "<path:object_id>/cancel/",
                 self.admin_site.admin_view(self.cancel_view),
                 name="agent_sessions_session_cancel",
-            )
+            ),
+            path(
+                "<path:object_id>/operate/",
+                self.admin_site.admin_view(self.operate_view),
+                name="agent_sessions_session_operate",
+            ),
         ]
         return urls + super().get_urls()
+
+    def operate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The session page's controls: resume, force-finish, fork, and human takeover."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        try:
+            session_id = uuid.UUID(object_id)
+        except ValueError:
+            raise Http404("no such session") from None
+        session = get_object_or_404(Session.objects.select_related("agent"), pk=session_id)
+        if not self.has_operate_permission(request, session):
+            raise PermissionDenied
+        actor = f"admin:{request.user.get_username()}"
+        action = request.POST.get("action", "")
+        content = request.POST.get("content", "")
+        target = session
+        try:
+            if action == "resume":
+                services.session_resume(session=session, actor=actor)
+                done = "Resumed: the run goes on from where it stopped."
+            elif action == "force_finish":
+                services.session_force_finish(session=session, content=content, actor=actor)
+                done = "The turn ended with your answer."
+            elif action == "reply":
+                services.session_operator_reply(session=session, content=content, actor=actor)
+                done = "Your reply was recorded as from the operator."
+            elif action == "run_tool":
+                call = services.session_operator_tool_run(
+                    session=session,
+                    tool_name=request.POST.get("tool", ""),
+                    arguments=_json_or_invalid(request.POST.get("arguments", "")),
+                    actor=actor,
+                )
+                call.refresh_from_db()
+                done = f"{call.tool_name} ran by hand: {call.status}."
+            elif action == "hand_back":
+                services.session_hand_back(session=session, actor=actor)
+                done = "Handed back: the agent decides next."
+            elif action == "fork":
+                target = services.session_fork(session=session, step=session.step, actor=actor)
+                done = f"Forked at step {session.step}: this is the new session."
+            else:
+                raise InvalidInput(f"unknown action {action!r}")
+            self.message_user(request, done, messages.SUCCESS)
+        except DomainError as exc:
+            self.message_user(request, exc.message, messages.WARNING)
+        return HttpResponseRedirect(
+            reverse("admin:agent_sessions_session_change", args=[target.pk])
+        )
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if request.method != "POST":
@@ -386,4 +478,7 @@ class SessionAdmin(SessionIdSearch):
             ],
             cancellable_states=[s.value for s in State if s not in TURN_ENDED],
         )
+        if session is not None:
+            extra_context["takeover"] = takeover_context(session)
+            extra_context["timeline_kinds"].append(("approval", "Approval"))
         return super().change_view(request, object_id, form_url, extra_context=extra_context)

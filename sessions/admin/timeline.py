@@ -62,6 +62,8 @@ def _summary(entry: selectors.TimelineEntry) -> str:
         return summary
     if entry.kind == "toolcall":
         summary = f"{r['tool_name']}({short(r['input'], 100)}) {r['status']}"
+        if r.get("risk_level") is not None:
+            summary += f" · risk {r['risk_level']} ({r['risk_reason']})"
         if r["elapsed_ms"] is not None:
             summary += f" in {r['elapsed_ms']} ms"
         if r["error"]:
@@ -80,7 +82,6 @@ def session_timeline(
     timeline = selectors.session_timeline(session_id=session_id, limit=limit)
     urls = {kind: reverse(f"admin:agent_sessions_{kind}_changelist") for kind in KINDS}
     items: list[TimelineItem] = []
-    day = ""
     for entry in timeline.entries:
         label, rank = KINDS[entry.kind]
         item = TimelineItem(
@@ -95,8 +96,50 @@ def session_timeline(
             url=f"{urls[entry.kind]}{entry.pk}/change/",
             state=entry.state,
         )
+        items.append(item)
+    # Approvals and reviews sit inline, where they were asked for and decided.
+    since = items[0].at if timeline.truncated and items else None
+    items += approval_items(session_id, since)
+    items.sort(key=lambda i: (i.at, i.rank, i.order))
+    day = ""
+    for item in items:
         this_day = timezone.localtime(item.at).strftime("%Y-%m-%d")
         if this_day != day:
             item.day_label = day = this_day
-        items.append(item)
     return items, timeline.truncated
+
+
+def approval_items(session_id: Any, since: Any = None) -> list[TimelineItem]:
+    """One line per approval asked for, and one per decision."""
+    from approvals.models import Approval
+
+    rows = Approval.objects.filter(session_id=session_id).order_by("requested_at")
+    if since is not None:
+        rows = rows.filter(requested_at__gte=since)
+    items: list[TimelineItem] = []
+    for a in rows[:TIMELINE_LIMIT]:
+        url = reverse("admin:approvals_approval_change", args=[a.pk])
+        what = "review: did it take effect?" if a.kind == "recovery_review" else "approval"
+        detail = pretty_json(
+            {"arguments": a.arguments, "edited_arguments": a.edited_arguments, "reason": a.reason}
+        )
+        items.append(
+            TimelineItem(
+                at=a.requested_at, rank=5, order=0, kind="approval", label="Approval", seq=None,
+                summary=f"{what} {a.tool_name}({short(a.arguments, 80)}) · risk {a.risk_level} "
+                f"· group {a.group} · {a.status}",
+                detail=detail, url=url,
+            )
+        )  # fmt: skip
+        if a.decided_at is not None:
+            outcome = a.status + (f" ({a.get_answer_display()})" if a.answer else "")
+            edits = " with edited arguments" if a.edited_arguments is not None else ""
+            comment = f': "{short(a.comment, 80)}"' if a.comment else ""
+            items.append(
+                TimelineItem(
+                    at=a.decided_at, rank=5, order=1, kind="approval", label="Approval", seq=None,
+                    summary=f"{a.tool_name} {outcome}{edits} by {a.decided_by_name}{comment}",
+                    detail=detail, url=url,
+                )
+            )  # fmt: skip
+    return items

@@ -7,9 +7,17 @@ change, and `commit` that writes a step atomically.
 """
 
 from .approval_gate import approval_recorded
+from .ask_user import open_question, user_answer
 from .commit import StaleSession
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
+from .takeover import (
+    hand_back,
+    operator_finish,
+    operator_reply,
+    operator_tool_intent,
+    operator_tool_result,
+)
 
 __all__ = [
     "INTERRUPT_REASON",
@@ -17,9 +25,16 @@ __all__ = [
     "approval_recorded",
     "StaleSession",
     "fork_start",
+    "hand_back",
+    "operator_finish",
+    "operator_reply",
+    "operator_tool_intent",
+    "operator_tool_result",
+    "open_question",
     "run_resume",
     "session_run",
     "timer_fire",
     "turn_cancel",
     "turn_start",
+    "user_answer",
 ]

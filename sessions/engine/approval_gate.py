@@ -18,19 +18,20 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import Approval
+from approvals.models import Approval, ApprovalKind, ReviewAnswer
 from approvals.policy import approval_reason
-from approvals.selectors import approval_remembered, approvals_for_calls
+from approvals.selectors import approval_remembered, approvals_for_calls, reviews_for_calls
 from approvals.services import approval_request, approvals_insert
 from approvals.states import ApprovalStatus, Outcome
 from tools.execution import ToolOutcome, ToolSnapshot
-from tools.rendering import render_failure
+from tools.rendering import render_failure, render_success
 
 from ..events import ApprovalRequested, ApprovalResolved, EventSpec, EventType
 from ..models import Session, ToolCall, ToolCallStatus
 from ..states import Trigger
 from .commit import step_commit
 from .moves import build_step
+from .risk import calls_assess
 
 
 @dataclass
@@ -73,6 +74,7 @@ def approval_gate(
     session: Session, owner: str, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
 ) -> Gate:
     """Decide which of the step's calls wait for a person; pause the session if any do."""
+    calls_assess(calls, tools)
     # Only calls a person was asked about have an approval to read (the tool
     # step's one query says which), so an ungated step pays no extra round trip.
     decided = approvals_for_calls(
@@ -97,7 +99,7 @@ def approval_gate(
         tool = tools.get(call.tool_name)
         if tool is None or call.error or not isinstance(call.input, dict):
             continue  # the executor reports an unknown tool or bad arguments to the model
-        reason = approval_reason(tool, call.input)
+        reason = approval_reason(tool, call.input, call.risk_level, call.risk_reason)
         if reason is None or approval_remembered(
             session_id=session.pk, tool_name=tool.name, arguments=call.input
         ):
@@ -113,6 +115,7 @@ def approval_gate(
                 arguments=call.input,
                 reason=reason,
                 now=now,
+                risk_level=call.risk_level,
             )
         )
     if not fresh and not pending:
@@ -165,3 +168,104 @@ def approval_recorded(
             set_fields={"turn_started_at": timezone.now()} if resume else None,
         )
     )
+
+
+# --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
+
+
+@dataclass
+class Reviewed:
+    # Calls a person settled (took effect / did not / nobody could tell): they are not sent.
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    # Calls a person said to send again with the same key, without another probe.
+    resend: set[int] = field(default_factory=set)
+    pending: bool = False
+
+
+def review_outcomes(calls: list[ToolCall]) -> Reviewed:
+    """What the people asked about this step's uncertain calls answered."""
+    reviewed = Reviewed()
+    uncertain = [c for c in calls if c.dispatched_at is not None]
+    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in uncertain]).items():
+        call = next(c for c in uncertain if c.pk == call_id)
+        if review.status == ApprovalStatus.PENDING:
+            reviewed.pending = True
+        elif review.answer == ReviewAnswer.SEND_AGAIN:
+            # Sent again after the answer and uncertain once more: probe (and ask) anew.
+            if review.decided_at is not None and call.dispatched_at <= review.decided_at:  # type: ignore[operator]
+                reviewed.resend.add(call_id)
+        elif review.answer == ReviewAnswer.TOOK_EFFECT:
+            output = review.answer_result if review.answer_result is not None else {}
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.SUCCESS,
+                output=output,
+                content=render_success(output),
+                extra={"reviewed": str(review.pk)},
+            )
+        else:
+            by = review.decided_by_name or "an operator"
+            if review.answer == ReviewAnswer.NOT_TAKEN:
+                message = f"{by} checked: this call did not take effect, and it was not sent again."
+            else:
+                message = (
+                    "no one could tell whether this call took effect before a crash "
+                    f"(review {review.status}); it was not sent again."
+                )
+            if review.comment:
+                message += f' Comment: "{review.comment}"'
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.FAILED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.FAILED, message),
+                extra={"reviewed": str(review.pk)},
+            )
+    return reviewed
+
+
+def recovery_reviews_open(
+    session: Session,
+    owner: str,
+    uncertain: list[tuple[ToolCall, str]],
+    tools: dict[str, ToolSnapshot],
+) -> None:
+    """Ask a person whether each call took effect (-> awaiting_approval), in one commit."""
+    now = timezone.now()
+    reviews = [
+        approval_request(
+            session_id=session.pk,
+            turn=session.turn,
+            step=call.step,
+            tool_call_id=call.pk,
+            call_position=call.position,
+            tool=tools[call.tool_name],
+            arguments=call.input,
+            reason=(
+                f"Did this call take effect? {call.tool_name} was sent with idempotency key "
+                f"{call.idempotency_key} before a crash; it cannot safely be sent again and "
+                f"the probe said: {said}."
+            ),
+            now=now,
+            risk_level=call.risk_level,
+            kind=ApprovalKind.RECOVERY_REVIEW,
+        )
+        for call, said in uncertain
+    ]
+    with transaction.atomic():
+        approvals_insert(approvals=reviews)
+        step_commit(
+            build_step(
+                session,
+                owner,
+                trigger=Trigger.APPROVAL_NEEDED,
+                phase="recovery_review",
+                reason="did it take effect? " + ", ".join(c.tool_name for c, _ in uncertain),
+                events=[requested_event(a) for a in reviews],
+                checkpoint={
+                    "reviews": [
+                        [str(a.pk), c.idempotency_key, said]
+                        for a, (c, said) in zip(reviews, uncertain, strict=True)
+                    ]
+                },
+            )
+        )

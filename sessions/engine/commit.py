@@ -82,6 +82,9 @@ TOOL_CALL_RESULT_COLUMNS = (
     "cached",
     "attempts",
     "probe_outcome",
+    # The call's assessed risk rides on the results' commit (no write of its own).
+    "risk_level",
+    "risk_reason",
 )
 MODEL_CALL_COLUMNS = (
     "session",

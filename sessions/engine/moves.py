@@ -9,7 +9,7 @@ session's state.
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -35,6 +35,9 @@ from .context import tool_calls_json
 from .environment import fingerprint as env_fingerprint
 from .guards import canonical_json
 from .usage import ModelSpend, Usage
+
+if TYPE_CHECKING:
+    from .ask_user import Question
 
 INTERRUPT_REASON = "interrupted by a new message"
 TIMER_HANDLER = "builtin.schedule_followup"
@@ -305,12 +308,14 @@ def tool_results(
     extra_events: list[EventSpec] | None = None,
     stop: StopReason | None = None,
     stop_note: str = "",
+    ask: "Question | None" = None,
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
     scheduled follow-up moves the session to `waiting_timer` instead, and
     `stop` ends the turn there (-> tool_loop -> finished) with `stop_note` as
-    the agent's partial answer.
+    the agent's partial answer. An open question (`ask_user`) moves it to
+    `paused_for_user` instead.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
     are kept), where the run loop carries the cancel out.
@@ -379,6 +384,9 @@ def tool_results(
             "timer_due_at": timezone.now() + timedelta(seconds=timer[0]),
             "timer_note": timer[1],
         }
+    if ask is not None:
+        trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": ask.due_at, "timer_note": ""}
+        events.append(ask.event(session.turn))
     fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
     events += extra_events or []
     finish: list[EventSpec] = []
@@ -408,7 +416,12 @@ def tool_results(
             set_fields=dict(set_fields),
             checkpoint={
                 "done": [[c.call_id, c.status, c.attempts] for c in calls],
-                **({"timer_due": set_fields["timer_due_at"].isoformat()} if timer else {}),
+                **(
+                    {"timer_due": set_fields["timer_due_at"].isoformat()}
+                    if timer and not ask
+                    else {}
+                ),
+                **({"question": ask.call.call_id} if ask is not None else {}),
             },
             unless_cancel_requested=fold,
         )
@@ -500,8 +513,10 @@ def turn_finish(
     error: str = "",
     actor: str = "",
     spend: ModelSpend | None = None,
+    answer: Message | None = None,
 ) -> None:
-    """End the turn (cancelled, error, ...) with its events, in one step.
+    """End the turn (cancelled, error, ...) with its events, in one step; `answer`
+    (an operator's) comes after the closed calls' results.
 
     Calls of the turn that never started are closed as rejected, so no
     ToolCall is left `executing` once its turn is over. Each closed call also
@@ -552,7 +567,7 @@ def turn_finish(
             phase=stop_reason,
             reason=reason,
             actor=actor,
-            messages=results,
+            messages=results + ([answer] if answer is not None else []),
             events=events,
             updated_tool_calls=open_calls,
             after_events=[EventSpec(EventType.TURN_FINISHED, {**summary, "reason": reason})],

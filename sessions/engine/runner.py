@@ -17,6 +17,7 @@ from django.db import connection
 from ..dispatch import run_enqueue_later
 from ..models import Session
 from ..states import RUNNABLE, STARTS_TURN, State
+from .ask_user import queued_answer
 from .budget_gate import StepDeferred
 from .commit import StaleSession
 from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
@@ -135,6 +136,9 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
         return True
     if state in STARTS_TURN:
         if session.queued_count > 0:
+            # A message queued while the turn ran answers the question it then asked.
+            if state == State.PAUSED_FOR_USER and queued_answer(session, owner):
+                return True
             return turn_start(session=session, lease_owner=owner)
         return False
     if state == State.PROCESSING:

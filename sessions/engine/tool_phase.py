@@ -4,8 +4,8 @@ Side-effecting calls are marked dispatched (committed) just before they are
 sent. A call found still executing and dispatched after a crash is uncertain:
 the tool's probe is asked with the idempotency key; if it took effect its
 result is used, if not (or the probe cannot tell and the tool is idempotent)
-it is sent again with the same key; a tool that is not idempotent stops the
-session in `error` for an operator instead of guessing.
+it is sent again with the same key; for a tool that is not idempotent a
+person is asked instead of guessing (a recovery review in the approvals queue).
 """
 
 import asyncio
@@ -30,11 +30,13 @@ from tools.rendering import render_success
 from ..events import StopReason
 from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
-from .approval_gate import approval_gate
+from .approval_gate import approval_gate, recovery_reviews_open, review_outcomes
+from .ask_user import questions_of
 from .commit import StaleSession
 from .environment import environment
 from .metering import credits_reserve, insufficient_before
-from .moves import tool_results, turn_fail
+from .moves import tool_results
+from .risk import pre_run_checkpoint
 from .runtime_cache import agent_runtime
 from .tool_gates import tool_gates
 
@@ -151,15 +153,21 @@ def tool_step(session: Session, owner: str) -> None:
     outcomes = _cached_outcomes(session, [c for c in calls if c.pk not in gate.outcomes], tools)
     outcomes.update(gate.outcomes)
 
+    reviewed = review_outcomes([c for c in calls if c.pk not in outcomes])
+    if reviewed.pending:
+        return  # a person is still looking at it; their answer wakes the run
+    outcomes.update(reviewed.outcomes)
     uncertain = [
         c
         for c in calls
         if c.pk not in outcomes
+        and c.pk not in reviewed.resend
         and c.dispatched_at is not None
         and c.tool_name in tools
         and tools[c.tool_name].side_effects
     ]
     if uncertain:
+        to_review: list[tuple[ToolCall, str]] = []
         probes = io_loop.run(_probe_all(uncertain, tools))
         for call, result in zip(uncertain, probes, strict=True):
             call.probe_outcome = result.verdict
@@ -173,19 +181,21 @@ def tool_step(session: Session, owner: str) -> None:
                     extra={"probed": True},
                 )
             elif result.verdict == "unknown" and not tools[call.tool_name].idempotent:
-                problem = (
-                    f"tool {call.tool_name} may or may not have taken effect before a crash "
-                    f"(idempotency key {call.idempotency_key}); it does not support idempotent retries and "
-                    f"{result.detail or 'has no probe'}, so an operator must check before the run goes on"
-                )
-                turn_fail(session, owner, problem)
-                return
+                # Not safe to send again, and no probe could tell: a person decides.
+                to_review.append((call, result.detail or "the tool has no probe"))
+        if to_review:
+            recovery_reviews_open(session, owner, to_review, tools)
+            return
 
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
-    to_run = [c for c in calls if c.pk not in outcomes]
+    # A question to the user stays open: their next message is its result.
+    questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
+    asked = {q.call.pk for q in questions}
+    to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
     outcomes.update(credits.refused)
     to_run = [c for c in to_run if c.pk not in credits.refused]
+    pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(
         session,
@@ -227,13 +237,14 @@ def tool_step(session: Session, owner: str) -> None:
     tool_results(
         session,
         owner,
-        calls=calls,
+        calls=[c for c in calls if c.pk not in asked],
         outcomes=outcomes,
         tools=tools,
         env=env,
         extra_events=credits.events,
         stop=stop,
         stop_note=note,
+        ask=questions[0] if questions else None,
     )
 
 

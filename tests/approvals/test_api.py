@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from sessions.engine import session_run
-from sessions.models import Session
+from sessions.models import Message, Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS
 
@@ -130,3 +130,69 @@ def test_the_admin_approves_and_remembers(pending, admin_client):
     assert pending.status == "approved" and pending.remember is True
     assert pending.decided_by_name == "admin"
     assert admin_client.get(f"/admin/approvals/approval/{pending.pk}/change/").status_code == 200
+
+
+@pytest.fixture
+def review(approver, pending) -> Approval:  # type: ignore[no-untyped-def]
+    """A recovery review: the approved refund was sent, then the worker died (no result)."""
+    from django.utils import timezone
+
+    from sessions.models import ToolCall
+    from tools.models import Tool
+
+    _, key = approver
+    assert (
+        _client(key).post(f"/api/v1/approvals/{pending.pk}/approve/", {}, format="json").status_code
+        == 200
+    )
+    Tool.objects.filter(name="refund").update(idempotent=False)
+    ToolCall.objects.filter(pk=pending.tool_call_id).update(dispatched_at=timezone.now())
+    assert session_run(session_id=pending.session_id).stopped == "idle"
+    found = Approval.objects.get(session_id=pending.session_id, kind="recovery_review")
+    assert found.tool_call_id == pending.tool_call_id and found.status == "pending"
+    return found
+
+
+def test_a_review_is_answered_over_rest_and_the_run_goes_on(approver, review):
+    _, key = approver
+    client = _client(key)
+    listed = client.get("/api/v1/approvals/", {"status": "pending"}).json()
+    assert [(r["id"], r["kind"]) for r in listed] == [(str(review.pk), "recovery_review")]
+    # Approve/reject are for gated calls; a review needs an answer.
+    refused = client.post(f"/api/v1/approvals/{review.pk}/approve/", {}, format="json")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "review_needs_answer")
+    bad = client.post(f"/api/v1/approvals/{review.pk}/review/", {"answer": "maybe"}, format="json")
+    assert bad.status_code == 400
+    stray = client.post(
+        f"/api/v1/approvals/{review.pk}/review/",
+        {"answer": "not_taken", "result": {"x": 1}},
+        format="json",
+    )
+    assert stray.status_code == 400
+
+    answered = client.post(
+        f"/api/v1/approvals/{review.pk}/review/",
+        {"answer": "took_effect", "result": {"refunded": 80, "order": "A1"}},
+        format="json",
+    )
+    assert answered.status_code == 200, answered.json()
+    assert (answered.json()["answer"], answered.json()["status"]) == ("took_effect", "approved")
+    again = client.post(
+        f"/api/v1/approvals/{review.pk}/review/", {"answer": "not_taken"}, format="json"
+    )
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "approval_resolved")
+
+    assert session_run(session_id=review.session_id).stopped == "idle"
+    session = Session.objects.get(pk=review.session_id)
+    assert session.state == "finished"
+    assert EFFECTS == []  # the reviewer said it took effect: it is not sent again
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
+    assert answer.content == "Refunded 80 on A1"
+
+
+def test_a_key_without_approver_rights_cannot_answer_a_review(review):
+    key = api_key_create(username=f"u-{uuid.uuid4().hex[:6]}", roles=["support"]).raw
+    response = _client(key).post(
+        f"/api/v1/approvals/{review.pk}/review/", {"answer": "send_again"}, format="json"
+    )
+    assert response.status_code == 403

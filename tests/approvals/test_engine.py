@@ -261,3 +261,60 @@ def test_cancel_closes_pending_approvals(make_session, approver):
         approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
     assert refused.value.code == "approval_resolved"
     assert EFFECTS == []
+
+
+def _failures(session: Session, tool: str, count: int) -> None:
+    ToolCall.objects.bulk_create(
+        [
+            ToolCall(
+                session=session, turn=0, step=0, position=i, call_id=f"old{i}", tool_name=tool,
+                status="failed", error="upstream down", idempotency_key=f"old-{session.pk}-{i}",
+            )
+            for i in range(count)
+        ]
+    )  # fmt: skip
+
+
+def test_an_assessed_level_2_call_runs_after_a_pre_run_checkpoint(make_session, refund_tool):
+    from sessions.models import Checkpoint
+
+    refund_tool.approval_when = None
+    refund_tool.save()
+    session = make_session()
+    message_post(session=session, content="refund A1 20")
+    session = _run(session)
+
+    assert session.state == "finished" and not Approval.objects.filter(session=session).exists()
+    call = ToolCall.objects.get(session=session)
+    assert (call.risk_level, call.risk_reason) == (2, "side effect with money-like amount")
+    [pre_run] = [
+        c.context["pre_run"]
+        for c in Checkpoint.objects.filter(session=session)
+        if "pre_run" in c.context
+    ]
+    assert pre_run[0]["idempotency_key"] == call.idempotency_key and pre_run[0]["risk_level"] == 2
+
+
+def test_a_tool_that_failed_often_lately_goes_to_level_3_and_asks_a_person(
+    make_session, refund_tool, approver
+):
+    user, _ = approver
+    refund_tool.approval_when = None
+    refund_tool.save()
+    _failures(make_session(), "refund", 4)
+    session = make_session()
+    message_post(session=session, content="refund A1 20")
+    session = _run(session)
+
+    assert session.state == "awaiting_approval" and EFFECTS == []
+    approval = Approval.objects.get(session=session)
+    assert approval.risk_level == 3
+    assert approval.reason == (
+        "refund has risk level 3 (side effect with money-like amount; "
+        "+1: 4 of its last 4 calls failed)"
+    )
+    requested = Event.objects.get(session=session, type="approval.requested").data
+    assert requested["risk_level"] == 3
+    approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+    session = _run(Session.objects.get(pk=session.pk))
+    assert session.state == "finished" and [e["amount"] for e in EFFECTS] == [20]

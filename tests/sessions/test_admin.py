@@ -85,7 +85,8 @@ def test_timeline_is_bounded_and_says_so(demo_session):
 
 @runs_a_turn
 def test_timeline_uses_one_query_per_table(demo_session, django_assert_num_queries):
-    with django_assert_num_queries(5):
+    # Transitions, messages, tool calls, events, checkpoints, and approvals.
+    with django_assert_num_queries(6):
         session_timeline(demo_session.pk)
 
 

@@ -20,11 +20,14 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from approvals.models import Approval
 from sessions import tasks
 from sessions.engine import StaleSession, session_run
 from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
 from sessions.engine.model_phase import model_step
+from sessions.engine.moves import turn_fail
 from sessions.engine.tool_phase import tool_step
+from sessions.errors import Conflict
 from sessions.models import (
     Agent,
     Checkpoint,
@@ -39,12 +42,13 @@ from sessions.models import (
 from sessions.services import (
     checkpoints_prune,
     message_post,
+    review_answer,
     session_cancel,
     session_fork,
     session_resume,
     timers_fire_due,
 )
-from tests.factories import AgentFactory, ToolFactory
+from tests.factories import AgentFactory, ToolFactory, UserFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tests.tools.http_server import Answer, ScriptedApi
@@ -289,7 +293,7 @@ def test_an_idempotent_tool_whose_probe_cannot_tell_is_sent_again_with_the_same_
 
 
 @pytest.mark.parametrize("probe", [True, False], ids=["probe-fails", "no-probe"])
-def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_stops_the_session_in_error(
+def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_goes_to_a_person(
     make_session, rules_model, probe
 ):
     with ScriptedApi() as api:
@@ -302,18 +306,67 @@ def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_stops_the_session_in
 
         posts = [r for r in api.requests if r.method == "POST"]
     assert posts == []  # never re-sent blindly
-    assert session.state == "error"
-    assert call.idempotency_key in session.last_error and "operator" in session.last_error
+    assert (session.state, session.lease_owner) == ("awaiting_approval", None)
+    review = Approval.objects.get(session=session)
+    assert (review.kind, review.status, review.tool_call_id) == (
+        "recovery_review",
+        "pending",
+        call.pk,
+    )
+    assert call.idempotency_key in review.reason and "take effect" in review.reason
+    assert ("HTTP 503" if probe else "has no probe") in review.reason
     call.refresh_from_db()
-    assert (call.status, call.probe_outcome) == ("failed", "unknown")
-    assert "outcome is unknown" in call.error
-    # The history stays well formed: the call the model asked for has a result saying so.
-    result = Message.objects.get(session=session, role="tool")
-    assert (result.tool_call_id, result.name) == (call.call_id, tool.name)
-    assert "outcome is unknown" in result.content and call.idempotency_key in result.content
-    last = Event.objects.filter(session=session).latest("seq")
-    assert last.type == "turn.finished" and last.data["stop_reason"] == "error"
+    assert (call.status, call.probe_outcome) == ("executing", "unknown")
+    requested = Event.objects.filter(session=session).latest("seq")
+    assert requested.type == "approval.requested" and requested.data["approval_id"] == str(
+        review.pk
+    )
     assert _checkpoint_steps(session) == list(range(1, session.step + 1))
+
+
+@pytest.mark.parametrize(
+    ("answer", "result", "posts", "reply"),
+    [
+        ("took_effect", {"ok": True, "code": "C-by-hand"}, 0, "done: C-by-hand"),
+        ("not_taken", None, 0, "not done: alice checked: this call did not take effect"),
+        ("send_again", None, 1, "done: C-2"),
+    ],
+)
+def test_the_reviewers_answer_continues_the_run(
+    make_session, rules_model, answer, result, posts, reply
+):
+    reviewer = UserFactory(username="alice")
+    with ScriptedApi() as api:
+        api.script(CANNOT_TELL, SENT)
+        tool = _http_tool(api, idempotent=False)
+        session = _session(make_session, _agent_with(tool, rules_model))
+        call = _crash_after_dispatch(session)
+        session = _recover(session)
+        review = Approval.objects.get(session=session)
+
+        review_answer(
+            approval_id=review.pk,
+            answer=answer,
+            result=result,
+            user=reviewer,
+            groups=["approvers"],
+        )
+        assert Session.objects.get(pk=session.pk).state == "tool_wait"
+        session = _recover(session)
+
+        sent = [
+            (r.path, r.headers.get("idempotency-key")) for r in api.requests if r.method == "POST"
+        ]
+    assert sent == [("/pay", call.idempotency_key)] * posts
+    assert session.state == "finished"
+    answer_text = Message.objects.filter(session=session, role="assistant").latest("seq").content
+    assert answer_text.startswith(reply)
+    review.refresh_from_db()
+    assert (review.answer, review.decided_by_name) == (answer, "alice")
+    with pytest.raises(Conflict):
+        review_answer(
+            approval_id=review.pk, answer="not_taken", user=reviewer, groups=["approvers"]
+        )
 
 
 def test_a_call_never_dispatched_is_simply_run_without_a_probe(make_session, rules_model):
@@ -374,7 +427,7 @@ def test_a_python_probe_that_finds_nothing_runs_the_call_once_with_its_key(
 
 @pytest.mark.parametrize(
     ("idempotent", "state", "effects"),
-    [(True, "finished", 1), (False, "error", 0)],
+    [(True, "finished", 1), (False, "awaiting_approval", 0)],
     ids=["idempotent", "not-idempotent"],
 )
 def test_a_python_probe_that_fails_cannot_tell(
@@ -390,8 +443,8 @@ def test_a_python_probe_that_fails_cannot_tell(
     call.refresh_from_db()
     assert call.probe_outcome == "unknown"
     assert session.state == state
-    if state == "error":
-        assert "probe failed: ConnectionError" in session.last_error
+    if state == "awaiting_approval":
+        assert "probe failed: ConnectionError" in Approval.objects.get(session=session).reason
 
 
 # Resume of a session that stopped in error, against a real (fake) OpenAI wire format ------------
@@ -413,7 +466,15 @@ def test_a_resumed_error_session_continues_with_a_well_formed_history(
     session = _session(make_session, agent)
     openai_server.script(Reply(calls=[Call(tool.name, {"amount": 5}, id="call_pay_1")]))
     call = _crash_after_dispatch(session)
-    session = _recover(session)
+    # An operator stopped the uncertain run rather than answer its review.
+    assert lease_acquire(session_id=session.pk, owner="operator:1", seconds=30)
+    turn_fail(
+        Session.objects.get(pk=session.pk),
+        "operator:1",
+        f"stopped by an operator: {call.idempotency_key} is uncertain",
+    )
+    Session.objects.filter(pk=session.pk).update(lease_owner=None, lease_expires_at=None)
+    session = Session.objects.get(pk=session.pk)
     assert session.state == "error" and EFFECTS == {}
 
     openai_server.script(Reply(text="I could not confirm the grant; an operator will check it."))
@@ -619,18 +680,20 @@ def test_every_step_checkpoints_a_compact_execution_context(make_session, rules_
 
     checkpoints = list(Checkpoint.objects.filter(session=session).order_by("step"))
     assert [c.step for c in checkpoints] == list(range(1, session.step + 1))
-    # The tool results' commit also makes the move back to the model (two
-    # transitions, one commit, one checkpoint).
+    # The grant moves money (`amount`): risk level 2, so a checkpoint commits before it
+    # runs (that step moves no state); the tool results' commit also makes the move back
+    # to the model (two transitions, one commit, one checkpoint).
     moves = Transition.objects.filter(session=session).order_by("id")
     assert [(t.trigger, t.version) for t in moves] == [
         ("user_message", 1),
         ("tool_calls", 2),
-        ("tool_results", 3),
-        ("model_call", 4),
-        ("answer", 5),
+        # version 3 is the pre_run checkpoint's step
+        ("tool_results", 4),
+        ("model_call", 5),
+        ("answer", 6),
     ]
     phases = [c.context["phase"] for c in checkpoints]
-    assert phases == ["turn_start", "tool_intent", "tool_results", "answer"]
+    assert phases == ["turn_start", "tool_intent", "pre_run", "tool_results", "answer"]
     by_phase = {c.context["phase"]: c for c in checkpoints}
     call = ToolCall.objects.get(session=session)
     intent = by_phase["tool_intent"].context
@@ -642,8 +705,28 @@ def test_every_step_checkpoints_a_compact_execution_context(make_session, rules_
     assert set(intent["env"]) == {"agent", "tools", "model"}  # the environment, first time only
     assert "env" not in by_phase["answer"].context
     assert by_phase["tool_results"].context["done"] == [[call.call_id, "success", 1]]
-    assert [c.message_seq for c in checkpoints] == [1, 2, 3, 4]
-    assert [c.state for c in checkpoints] == ["processing", "tool_wait", "processing", "finished"]
+    assert (call.risk_level, call.risk_reason) == (2, "side effect with money-like amount")
+    assert by_phase["pre_run"].context["pre_run"] == [
+        {
+            "call_id": call.call_id,
+            "tool": tool.name,
+            "risk_level": 2,
+            "why": "side effect with money-like amount",
+            "arguments": {"amount": 5},
+            "idempotency_key": call.idempotency_key,
+            "idempotent": True,
+            "probe": {"kind": "none"},
+            "env_fingerprint": by_phase["tool_intent"].fingerprint,
+        }
+    ]
+    assert [c.message_seq for c in checkpoints] == [1, 2, 2, 3, 4]
+    assert [c.state for c in checkpoints] == [
+        "processing",
+        "tool_wait",
+        "tool_wait",
+        "processing",
+        "finished",
+    ]
     assert all(c.fingerprint == by_phase["tool_intent"].fingerprint for c in checkpoints[1:])
     assert len(by_phase["tool_intent"].fingerprint) == 64
     assert max(c.size_bytes for c in checkpoints) <= 2048

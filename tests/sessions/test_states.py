@@ -26,7 +26,7 @@ def test_the_table_only_names_known_states_and_triggers():
         )
     # The pairs split cleanly into allowed and illegal.
     assert len(ALLOWED) + len(ILLEGAL) == len(State) * len(Trigger)
-    assert len(ALLOWED) == 28
+    assert len(ALLOWED) == 37
 
 
 @pytest.mark.parametrize(("pair", "target"), ALLOWED, ids=[f"{s}-{t}" for (s, t), _ in ALLOWED])
@@ -70,10 +70,10 @@ def test_every_runnable_state_can_be_cancelled_and_can_fail():
         assert next_state(state, Trigger.FAILURE) is State.ERROR
 
 
-def test_terminal_states_only_leave_through_a_new_turn():
+def test_terminal_states_only_leave_through_a_new_turn_or_an_operators_hand_back():
     for state in (State.FINISHED, State.CANCELLED):
         leaving = {t for (s, t) in TRANSITIONS if s == state}
-        assert leaving == {Trigger.USER_MESSAGE}
+        assert leaving == {Trigger.USER_MESSAGE, Trigger.HAND_BACK}
 
 
 def test_every_state_is_reachable_from_idle():

@@ -141,7 +141,7 @@ def test_a_valid_definition_passes_and_has_the_documented_defaults():
         10.0,
         False,
         False,
-        0,
+        None,  # not declared: assessed per call (tools/risk.py)
     )
     assert (tool.roles, tool.credit_cost, tool.enabled, tool.method) == ([], 0, True, "POST")
 

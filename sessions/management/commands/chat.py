@@ -225,5 +225,8 @@ class Command(BaseCommand):
         if kind == EventType.ERROR:
             return f"{data.get('code')}: {_cut(data.get('message') or '', TEXT_CHARS)}"
         if kind == EventType.PROGRESS:
+            if data.get("stage") == "question":  # ask_user: the next line you type answers it
+                options = " / ".join(str(o) for o in data.get("options") or [])
+                return f"question: {data.get('question')}" + (f" ({options})" if options else "")
             return " ".join(str(v) for v in (data.get("stage"), data.get("tool")) if v)
         return _cut(data, TEXT_CHARS)

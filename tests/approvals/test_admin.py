@@ -1,0 +1,135 @@
+"""The approvers' queue in the admin: their home page, one-click decisions, bulk reject, reviews."""
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from accounts.services import approver_grant
+from approvals.admin import arguments_diff
+from approvals.models import Approval
+from sessions.engine import session_run
+from sessions.models import Session
+from sessions.services import message_post
+from tests.approvals.conftest import EFFECTS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "/admin/approvals/approval/queue/"
+
+
+@pytest.fixture(autouse=True)
+def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda session_id: None)
+
+
+def _pending(make_session, content: str = "refund A1 80") -> Session:
+    session = make_session()
+    message_post(session=session, content=content)
+    assert session_run(session_id=session.pk).stopped == "idle"
+    session = Session.objects.get(pk=session.pk)
+    assert session.state == "awaiting_approval"
+    return session
+
+
+@pytest.fixture
+def operator(client):  # type: ignore[no-untyped-def]
+    user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-not-used")
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def approver_only(client):  # type: ignore[no-untyped-def]
+    """A staff user with no model permissions who approves for the 'managers' group."""
+    user = get_user_model().objects.create_user("bob", password="pw-not-used", is_staff=True)
+    approver_grant(username="bob", groups=["managers"])
+    client.force_login(user)
+    return user
+
+
+def test_the_queue_shows_each_pending_call_with_its_context_and_approves_in_one_click(
+    client, operator, make_session
+):
+    session = _pending(make_session)
+    page = client.get(QUEUE)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "1 pending" in html and "refund" in html and "risk" in html
+    assert "refund A1 80" in html  # the session's recent messages
+    approval = Approval.objects.get(session=session)
+
+    response = client.post(QUEUE, {"id": approval.pk, "action": "approve", "comment": ""})
+    assert response.status_code == 302
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name) == ("approved", "op")
+    assert Session.objects.get(pk=session.pk).state == "tool_wait"
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert [e["amount"] for e in EFFECTS] == [80]
+    assert "0 pending" in client.get(QUEUE).content.decode()
+
+
+def test_edited_arguments_are_validated_and_shown_as_a_diff(client, operator, make_session):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    bad = {"id": approval.pk, "action": "approve", "arguments": '{"order": "A1", "amount": 5000}'}
+    client.post(QUEUE, bad)
+    approval.refresh_from_db()
+    assert approval.status == "pending"  # 5000 is above the schema's maximum
+
+    edited = json.dumps({"order": "A1", "amount": 40})
+    client.post(QUEUE, {"id": approval.pk, "action": "approve", "arguments": edited})
+    approval.refresh_from_db()
+    assert (approval.status, approval.edited_arguments) == (
+        "approved",
+        {"order": "A1", "amount": 40},
+    )
+    html = client.get(QUEUE).content.decode()
+    assert "<del>&quot;80&quot;</del> → <ins>40</ins>" in html
+
+
+def test_bulk_reject_rejects_the_selected_with_the_comment(client, operator, make_session):
+    first, second, third = (_pending(make_session) for _ in range(3))
+    ids = [Approval.objects.get(session=s).pk for s in (first, second)]
+    client.post(QUEUE, {"action": "reject_selected", "ids": ids, "comment": "fraud wave"})
+    statuses = {a.session_id: (a.status, a.comment) for a in Approval.objects.all()}
+    assert statuses[first.pk] == statuses[second.pk] == ("rejected", "fraud wave")
+    assert statuses[third.pk] == ("pending", "")
+
+
+def test_an_approver_who_is_not_an_operator_sees_only_the_queue_of_their_groups(
+    client, approver_only, make_session, refund_tool
+):
+    mine = _pending(make_session)
+    Approval.objects.filter(session=mine).update(group="managers")
+    _pending(make_session)  # the default group's: not bob's
+    index = client.get("/admin/")
+    assert index.status_code == 302 and index.url == QUEUE
+    html = client.get(QUEUE).content.decode()
+    assert "1 pending" in html and str(mine.pk)[:8] in html
+    assert client.get(reverse("admin:agent_sessions_session_changelist")).status_code == 403
+
+    approval = Approval.objects.get(session=mine)
+    client.post(QUEUE, {"id": approval.pk, "action": "reject", "comment": "no"})
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name) == ("rejected", "bob")
+
+
+def test_a_staff_user_who_is_not_an_approver_cannot_open_the_queue(client):
+    user = get_user_model().objects.create_user("carol", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get(QUEUE).status_code == 403
+    assert client.get("/admin/").status_code == 200
+
+
+def test_the_operators_index_links_the_queue_with_its_count(client, operator, make_session):
+    _pending(make_session)
+    html = client.get("/admin/").content.decode()
+    assert "Approvals queue" in html and "1 pending" in html
+
+
+def test_arguments_diff():
+    assert arguments_diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": None}) == [
+        ("b", "2", "3"),
+        ("c", "(absent)", "null"),
+    ]
