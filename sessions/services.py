@@ -100,8 +100,11 @@ def message_post(
     5. After commit, wake a worker (and, on interrupt, close a running stream).
     """
     _content_check(content)
+    pk = session_id_parse(session.pk)
     with transaction.atomic():
-        locked = _session_lock().get(pk=session.pk)
+        locked = None if pk is None else _session_locked.first(pk)
+        if locked is None:
+            raise Session.DoesNotExist(f"session {session.pk} is gone")
         return _message_accept(locked, content=content, idempotency_key=idempotency_key)
 
 
@@ -127,7 +130,10 @@ def _session_lock() -> QuerySet[Session]:
     return Session.objects.select_for_update(of=("self",), no_key=True).select_related("agent")
 
 
-# Every POST of a message: compiled once (runtime/prepared.py).
+# Every posted message (REST, websocket): compiled once (runtime/prepared.py).
+_session_locked: PreparedQuery[Session] = PreparedQuery(
+    lambda pk: _session_lock().filter(pk=pk), example=[UUID(int=0)]
+)
 _session_of_owner_locked: PreparedQuery[Session] = PreparedQuery(
     lambda pk, owner_id: _session_lock().filter(pk=pk, owner_id=owner_id),
     example=[UUID(int=0), 0],
