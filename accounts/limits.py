@@ -92,14 +92,13 @@ def auth_retry_after(*, address: str) -> int | None:
         return None
     key = _key("authfail", address)
     try:
-        pipe = _redis().pipeline(transaction=False)
-        pipe.get(key)
-        pipe.ttl(key)
-        count, ttl = pipe.execute()
+        # Every request asks; only an address over the limit needs the second round trip.
+        count = _redis().get(key)
+        if count is None or int(count) < limit:
+            return None
+        ttl = _redis().ttl(key)
     except redis.RedisError:
         logger.warning("auth slow-down unavailable (Redis)", exc_info=True)
-        return None
-    if count is None or int(count) < limit:
         return None
     return max(int(ttl), 1)
 

@@ -1,6 +1,6 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 from agentplatform import access_log
 
@@ -8,7 +8,11 @@ from agentplatform import access_log
 access_log.install()
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application()
+
+from agentplatform.asgi_http import SyncChainASGIHandler  # noqa: E402
+
+django_asgi_app = SyncChainASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402

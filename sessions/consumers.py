@@ -444,10 +444,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._send_error(exc.code, exc.message, exc.details)
 
     def _post(self, content: str, idempotency_key: str | None) -> None:
-        session = selectors.session_get_for_owner(
-            session_id=self.session_id, owner_id=self.owner_id
+        # The ownership check is the post's locking query, as for REST.
+        services.message_post_for_owner(
+            session_id=self.session_id,
+            owner_id=self.owner_id,
+            content=content,
+            idempotency_key=idempotency_key,
         )
-        services.message_post(session=session, content=content, idempotency_key=idempotency_key)
 
     def _interrupt(self) -> None:
         session = selectors.session_get_for_owner(

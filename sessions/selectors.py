@@ -6,20 +6,38 @@ from typing import Any, Literal
 from uuid import UUID
 
 from django.contrib.postgres.aggregates import StringAgg
-from django.core.exceptions import ValidationError
 from django.db.models import Count, F, Q, QuerySet, Subquery
+
+from runtime.prepared import PreparedQuery
 
 from .errors import NotFound
 from .events import EventType
 from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 
+# The API's session read (every GET of a session): compiled once (runtime/prepared.py).
+_session_of_owner: PreparedQuery[Session] = PreparedQuery(
+    lambda pk, owner_id: Session.objects.select_related("agent").filter(pk=pk, owner_id=owner_id),
+    example=[UUID(int=0), 0],
+)
+
+
+def session_id_parse(session_id: UUID | str) -> UUID | None:
+    """The id as the database takes it; None if it cannot name a session."""
+    if isinstance(session_id, UUID):
+        return session_id
+    try:
+        return UUID(str(session_id))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
 
 def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
     """Another owner's session is reported as missing, not forbidden."""
-    try:
-        return Session.objects.select_related("agent").get(pk=session_id, owner_id=owner_id)
-    except (Session.DoesNotExist, ValueError, TypeError, ValidationError):
-        raise NotFound(f"session {session_id} not found") from None
+    pk = session_id_parse(session_id)
+    session = None if pk is None else _session_of_owner.first(pk, owner_id)
+    if session is None:
+        raise NotFound(f"session {session_id} not found")
+    return session
 
 
 def session_list_for_owner(*, owner_id: int) -> QuerySet[Session]:

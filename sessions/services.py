@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalKind, ReviewAnswer
@@ -32,6 +32,7 @@ from billing.services import credits_close, waiting_expire
 from memory.tokens import count_message_tokens
 from runtime import io_loop
 from runtime.cancellation import cancel_signal
+from runtime.prepared import PreparedQuery
 from tools.execution import ToolInvocation, execute_all, tools_for_agent
 
 from .dispatch import run_enqueue, run_enqueue_on_commit
@@ -65,6 +66,7 @@ from .models import (
     ToolCall,
     ToolCallStatus,
 )
+from .selectors import session_id_parse
 from .states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from .sweep_status import sweep_mark_completed
 
@@ -124,6 +126,48 @@ def message_post(
     4. Store the message as queued; if no turn is running, start one now.
     5. After commit, wake a worker (and, on interrupt, close a running stream).
     """
+    _content_check(content)
+    pk = session_id_parse(session.pk)
+    with transaction.atomic():
+        locked = None if pk is None else _session_locked.first(pk)
+        if locked is None:
+            raise Session.DoesNotExist(f"session {session.pk} is gone")
+        return _message_accept(locked, content=content, idempotency_key=idempotency_key)
+
+
+def message_post_for_owner(
+    *, session_id: UUID | str, owner_id: int, content: str, idempotency_key: str | None = None
+) -> PostedMessage:
+    """`message_post` for an API caller: the session is looked up and locked in one
+    statement, and another owner's session is missing (NotFound), as in
+    `selectors.session_get_for_owner`. A missing session is reported before
+    anything wrong with the content, as when the two were checked apart."""
+    pk = session_id_parse(session_id)
+    with transaction.atomic():
+        locked = None if pk is None else _session_of_owner_locked.first(pk, owner_id)
+        if locked is None:
+            raise NotFound(f"session {session_id} not found")
+        _content_check(content)
+        return _message_accept(locked, content=content, idempotency_key=idempotency_key)
+
+
+def _session_lock() -> QuerySet[Session]:
+    # Only the session row: posts to other sessions of the agent and an
+    # admin edit of the agent must not wait for this one.
+    return Session.objects.select_for_update(of=("self",), no_key=True).select_related("agent")
+
+
+# Every posted message (REST, websocket): compiled once (runtime/prepared.py).
+_session_locked: PreparedQuery[Session] = PreparedQuery(
+    lambda pk: _session_lock().filter(pk=pk), example=[UUID(int=0)]
+)
+_session_of_owner_locked: PreparedQuery[Session] = PreparedQuery(
+    lambda pk, owner_id: _session_lock().filter(pk=pk, owner_id=owner_id),
+    example=[UUID(int=0), 0],
+)
+
+
+def _content_check(content: str) -> None:
     if not content or not content.strip():
         raise InvalidInput("content must be a non-empty string", details={"field": "content"})
     if len(content) > settings.MAX_MESSAGE_CHARS:
@@ -131,68 +175,62 @@ def message_post(
             f"content has {len(content)} characters; the limit is {settings.MAX_MESSAGE_CHARS}",
             details={"field": "content", "limit": settings.MAX_MESSAGE_CHARS},
         )
-    with transaction.atomic():
-        # Only the session row: posts to other sessions of the agent and an
-        # admin edit of the agent must not wait for this one.
-        locked = (
-            Session.objects.select_for_update(of=("self",), no_key=True)
-            .select_related("agent")
-            .get(pk=session.pk)
-        )
+
+
+def _message_accept(locked: Session, *, content: str, idempotency_key: str | None) -> PostedMessage:
+    """message_post's steps 2-5, inside its transaction, with the session row locked."""
+    if idempotency_key:
+        existing = Message.objects.filter(session=locked, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.content != content:
+                raise Conflict(
+                    "idempotency_key was already used with a different content",
+                    details={"idempotency_key": idempotency_key},
+                    code="idempotency_conflict",
+                )
+            return PostedMessage(message=existing, created=False)
+    state = State(locked.state)
+    question = open_question(locked) if state == State.PAUSED_FOR_USER else None
+    if question is not None:
+        # The answer to the model's ask_user: that call's result; the same turn goes on.
+        answer = user_answer(session=locked, call=question, answer=content, by="user")
         if idempotency_key:
-            existing = Message.objects.filter(
-                session=locked, idempotency_key=idempotency_key
-            ).first()
-            if existing is not None:
-                if existing.content != content:
-                    raise Conflict(
-                        "idempotency_key was already used with a different content",
-                        details={"idempotency_key": idempotency_key},
-                        code="idempotency_conflict",
-                    )
-                return PostedMessage(message=existing, created=False)
-        state = State(locked.state)
-        question = open_question(locked) if state == State.PAUSED_FOR_USER else None
-        if question is not None:
-            # The answer to the model's ask_user: that call's result; the same turn goes on.
-            answer = user_answer(session=locked, call=question, answer=content, by="user")
-            if idempotency_key:
-                Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
-            run_enqueue_on_commit(locked.pk)
-            return PostedMessage(message=answer, created=True)
-        busy = state not in STARTS_TURN
-        policy = locked.agent.double_texting
-        if busy and policy == DoubleTexting.REJECT:
-            raise Conflict(
-                "a turn is still running and this agent does not accept messages until it finishes",
-                details={"state": state.value, "policy": policy},
-                code="turn_in_progress",
-            )
-        message = Message(
-            session=locked,
-            role="user",
-            content=content,
-            idempotency_key=idempotency_key or None,
-            token_count=count_message_tokens(content),
-        )
-        if not busy and locked.queued_count == 0:
-            # The common case: straight into the history, in the turn-start step itself.
-            message.status = MessageStatus.FINAL
-            turn_start(session=locked, lease_owner=None, message=message)
-        else:
-            # The row lock serialises posts and the key was checked above, so
-            # the insert cannot conflict.
-            message.status = MessageStatus.QUEUED
-            message.save(force_insert=True)
-            Session.objects.filter(pk=locked.pk).update(queued_count=F("queued_count") + 1)
-            locked.queued_count += 1
-            if not busy:
-                turn_start(session=locked, lease_owner=None)
-            elif policy == DoubleTexting.INTERRUPT:
-                _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
-                if State(locked.state) in STARTS_TURN:
-                    turn_start(session=locked, lease_owner=None)
+            Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
         run_enqueue_on_commit(locked.pk)
+        return PostedMessage(message=answer, created=True)
+    busy = state not in STARTS_TURN
+    policy = locked.agent.double_texting
+    if busy and policy == DoubleTexting.REJECT:
+        raise Conflict(
+            "a turn is still running and this agent does not accept messages until it finishes",
+            details={"state": state.value, "policy": policy},
+            code="turn_in_progress",
+        )
+    message = Message(
+        session=locked,
+        role="user",
+        content=content,
+        idempotency_key=idempotency_key or None,
+        token_count=count_message_tokens(content),
+    )
+    if not busy and locked.queued_count == 0:
+        # The common case: straight into the history, in the turn-start step itself.
+        message.status = MessageStatus.FINAL
+        turn_start(session=locked, lease_owner=None, message=message)
+    else:
+        # The row lock serialises posts and the key was checked above, so
+        # the insert cannot conflict.
+        message.status = MessageStatus.QUEUED
+        message.save(force_insert=True)
+        Session.objects.filter(pk=locked.pk).update(queued_count=F("queued_count") + 1)
+        locked.queued_count += 1
+        if not busy:
+            turn_start(session=locked, lease_owner=None)
+        elif policy == DoubleTexting.INTERRUPT:
+            _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
+            if State(locked.state) in STARTS_TURN:
+                turn_start(session=locked, lease_owner=None)
+    run_enqueue_on_commit(locked.pk)
     return PostedMessage(message=message, created=True)
 
 

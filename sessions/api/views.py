@@ -97,11 +97,17 @@ class SessionMessagesView(APIView):
         request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer}
     )
     def post(self, request: Request, session_id: str) -> Response:
-        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        payload = MessageCreateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        posted = services.message_post(
-            session=session,
+        try:
+            payload = MessageCreateSerializer(data=request.data)
+            payload.is_valid(raise_exception=True)
+        except Exception:
+            # A missing session is a 404 whatever the body, as it always was.
+            selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+            raise
+        # The ownership check is the service's locking SELECT: one query, not two.
+        posted = services.message_post_for_owner(
+            session_id=session_id,
+            owner_id=request.user.pk,
             content=payload.validated_data["content"],
             idempotency_key=payload.validated_data.get("idempotency_key"),
         )

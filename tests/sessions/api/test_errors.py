@@ -51,6 +51,24 @@ def test_a_session_that_does_not_exist_is_404(api):
         assert_error(response, 404, "not_found")
 
 
+def test_a_post_to_a_session_not_yours_is_404_whatever_its_body(api, other_api, session_id):
+    # The ownership check sits in the post's locking query; a bad body must not
+    # tell a stranger (or a typo) more than "not found", as before.
+    missing = uuid.uuid4()
+    for client, sid in [(api, missing), (other_api, session_id)]:
+        url = f"{BASE}{sid}/messages/"
+        for response in [
+            client.post(url, {"content": ""}),
+            client.post(url, {"content": 5}),
+            client.post(url, {"content": "x", "extra": 1}),
+            client.post(url, {"content": "x" * 1_000_000}),
+            client.post_raw(url, "{not json"),
+            client.post_raw(url, "[" * 5000 + "]" * 5000),
+        ]:
+            assert_error(response, 404, "not_found")
+    assert not Message.objects.exists()
+
+
 @pytest.mark.parametrize(
     "path", ["not-a-uuid/", "123/", "not-a-uuid/messages/", "x/events/", "x/cancel/"]
 )
