@@ -54,6 +54,7 @@ class Sizes:
     langgraph_runs: int = 40
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
+    billing_ab_cycles: int = 300
 
 
 FULL = Sizes(
@@ -104,6 +105,7 @@ QUICK = Sizes(
     http_layouts=(2,),
     billing_gate_reps=100,
     billing_ranking_reps=5,
+    billing_ab_cycles=60,
 )
 
 
@@ -376,7 +378,9 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import billing
 
         return billing.run(
-            gate_reps=sizes.billing_gate_reps, ranking_reps=sizes.billing_ranking_reps
+            gate_reps=sizes.billing_gate_reps,
+            ranking_reps=sizes.billing_ranking_reps,
+            ab_cycles=sizes.billing_ab_cycles,
         )
     raise ValueError(name)
 

@@ -542,12 +542,14 @@ def model_charge_statement(
         value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
     guard_sql = f" AND {guard}" if guard else ""
     # `o` locks the account and reads its newest balance, so `o.balance - c.balance` is
-    # exactly what this statement took (the least of the balance and the points).
+    # exactly what this statement took (the least of the balance and the points). The
+    # `<> ''` lets the planner use the ledger's partial unique index on the key.
     sql = f"""WITH o AS (
         SELECT id, owner_id, balance FROM {_ACCOUNT}
          WHERE owner_id = %s{guard_sql}
            AND NOT EXISTS (SELECT 1 FROM {_LEDGER}
-                            WHERE kind = 'charge' AND idempotency_key = ANY(%s::varchar[]))
+                            WHERE kind = 'charge' AND idempotency_key <> ''
+                              AND idempotency_key = ANY(%s::varchar[]))
            FOR NO KEY UPDATE),
     a AS (
         UPDATE {_ACCOUNT} c
