@@ -176,7 +176,7 @@ def message_post(
                 _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
                 if State(locked.state) in STARTS_TURN:
                     turn_start(session=locked, lease_owner=None)
-        run_enqueue_on_commit(locked.pk)
+        run_enqueue_on_commit(locked.pk, locked.value)
     return PostedMessage(message=message, created=True)
 
 
@@ -223,7 +223,7 @@ def session_cancel(
         interrupted = _turn_interrupt(locked, reason=reason, actor=actor)
         if interrupted and State(locked.state) in RUNNABLE:
             # If no worker holds the session, the woken run finishes the cancel.
-            run_enqueue_on_commit(locked.pk)
+            run_enqueue_on_commit(locked.pk, locked.value)
         return interrupted
 
 
@@ -248,12 +248,14 @@ def sessions_sweep() -> list[str]:
                    SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s)
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING id""",
+             RETURNING id, value""",
             [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
         )
-        ids = [str(row[0]) for row in cursor.fetchall()]
-    for session_id in ids:
-        run_enqueue(session_id)
+        # Highest value first: with a worker free, the first sent is the first taken.
+        found = sorted(cursor.fetchall(), key=lambda row: -row[1])
+    ids = [str(session_id) for session_id, _ in found]
+    for session_id, value in found:
+        run_enqueue(session_id, value)
     # One INFO line when the sweeper acts; a sweep that finds nothing is silent
     # (it runs every SWEEPER_INTERVAL_S).
     if ids or woken:
@@ -310,7 +312,7 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
         try:
             with transaction.atomic():
                 timer_fire(session=session)
-                run_enqueue_on_commit(session.pk)
+                run_enqueue_on_commit(session.pk, session.value)
             woken.append(str(session.pk))
         except (StaleSession, IllegalTransition):
             continue  # another sweeper (or a cancel) got there first
@@ -360,7 +362,7 @@ def _approval_apply(
                 session=locked, approval=resolved, outcome=outcome, by=actor, resume=resume
             )
             if resume:
-                run_enqueue_on_commit(locked.pk)
+                run_enqueue_on_commit(locked.pk, locked.value)
     return resolved
 
 
@@ -458,7 +460,7 @@ def session_resume(*, session: Session, actor: str = "") -> Session:
                 code="not_resumable",
             )
         run_resume(session=locked, actor=actor)
-        run_enqueue_on_commit(locked.pk)
+        run_enqueue_on_commit(locked.pk, locked.value)
     return locked
 
 
@@ -533,7 +535,7 @@ def session_fork(
             actor=actor,
         )
         if decide:
-            run_enqueue_on_commit(fork.pk)
+            run_enqueue_on_commit(fork.pk, fork.value)
     return fork
 
 
