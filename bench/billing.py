@@ -8,7 +8,11 @@
      is skipped;
    - the usage rollup upsert, run alone in a rolled-back transaction (an upper bound:
      in `step_commit` it rides the step's one batched round trip).
-   The figure with the target is the gate plus the upsert alone, p50.
+   - an A/B on real engine-built steps (`bench/stepkit.py`, one session, arms rotated
+     per cycle): `step_commit` of a model step (one ModelCall) and of a tool-results
+     step with `step_metering` as shipped ("on"; "paid": the endpoint costs points, so
+     the charge statement rides along too) and patched to add nothing ("off").
+   The figures with the target: gate p50 + (commit p50 on - commit p50 off) per step.
 2. **Rankings** (target <= 200 ms): 1,000,000 model calls of 10,000 users as daily
    rollups: each user active every other day of 30 with both agents (300,000 rows, ~3.3
    calls each), written with one `generate_series` INSERT; then the top 100 users, agents and days of the 30 days,
@@ -83,6 +87,73 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     return {"gate_ms": gate_ms, "upsert_ms": upsert_ms}
 
 
+ARMS = ("off", "on", "paid")
+
+
+def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
+    """`step_commit` wall time per arm and step kind, on real engine-built steps.
+
+    - off: `step_metering` patched to add nothing (the engine without metering);
+    - on: as shipped, the model on an unpaid endpoint: the usage upsert on the model
+      step, the usage and tool-usage upserts on the tool step;
+    - paid: as `on`, the endpoint costing credit points: plus the model call's charge.
+    The arms rotate per cycle, so drift on a shared machine hits all three alike."""
+    import copy
+
+    from billing.models import CreditAccount
+    from sessions.engine import commit as commit_module
+    from sessions.engine.commit import step_commit
+    from sessions.models import ModelCall
+
+    from . import stepkit
+
+    real = commit_module.step_metering
+    ((session, owner),) = stepkit.leased_sessions("bench-noop", 1)
+    CreditAccount.objects.update_or_create(
+        owner_id=session.owner_id, defaults={"balance": 10**12, "daily_cap": None}
+    )
+    endpoint = session.agent.model
+    paid = copy.copy(endpoint)
+    paid.credits_per_1k_tokens = Decimal(1)
+    out: dict[str, dict[str, list[float]]] = {
+        arm: {"model_step_ms": [], "tool_step_ms": []} for arm in ARMS
+    }
+
+    def timed(step: Any) -> float:
+        started = time.perf_counter()
+        step_commit(step)
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        for cycle in range(cycles + 30):
+            arm = ARMS[(cycle + cycle // len(ARMS)) % len(ARMS)]
+            commit_module.step_metering = real if arm != "off" else (lambda *a, **k: [])  # type: ignore[assignment]
+            step, rows = stepkit.intents_step(session, owner, 1, f"m{cycle}")
+            step.model_calls.append(
+                ModelCall(
+                    turn=session.turn,
+                    step=0,
+                    endpoint=paid if arm == "paid" else endpoint,
+                    endpoint_name=endpoint.name,
+                    api=endpoint.api,
+                    model=endpoint.model,
+                    input_tokens=1200,
+                    output_tokens=40,
+                    cost=Decimal("0.0012"),
+                    outcome="success",
+                )
+            )
+            model_ms = timed(step)
+            tool_ms = timed(stepkit.results_step(session, owner, rows))
+            step_commit(stepkit.loop_step(session, owner))
+            if cycle >= 30:  # warm-up
+                out[arm]["model_step_ms"].append(model_ms)
+                out[arm]["tool_step_ms"].append(tool_ms)
+    finally:
+        commit_module.step_metering = real
+    return out
+
+
 def _rollups() -> dict[str, Any]:
     """10,000 users and their 30 days of rollups on two agents, 1,000,000 calls in all."""
     from django.contrib.auth import get_user_model
@@ -151,24 +222,56 @@ def _rankings(reps: int) -> dict[str, list[float]]:
     return times
 
 
-def run(*, gate_reps: int = 300, ranking_reps: int = 10) -> Result:
+def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -> Result:
     result = Result(
         name="billing",
         title="Metering per step and cost rankings over 1M calls",
-        params={"gate_reps": gate_reps, "ranking_reps": ranking_reps, "users": USERS, "days": DAYS},
+        params={
+            "gate_reps": gate_reps,
+            "ranking_reps": ranking_reps,
+            "ab_cycles": ab_cycles,
+            "users": USERS,
+            "days": DAYS,
+        },
     )
     metering = _gate_and_upsert(gate_reps)
     both = [g + u for g, u in zip(metering["gate_ms"], metering["upsert_ms"], strict=True)]
+    ab = _metering_ab(ab_cycles)
+    q = percentile
+
+    def added(arm: str, kind: str) -> float:
+        return q(ab[arm][kind], 50) - q(ab["off"][kind], 50)
+
+    gate = q(metering["gate_ms"], 50)
     data = _rollups()
     rankings = _rankings(ranking_reps)
-    q = percentile
     result.figures = [
+        figure(
+            "metering_model_step_p50_ms",
+            "metering in a real model step: gate + commit with minus without metering, p50",
+            gate + added("on", "model_step_ms"),
+            "ms",
+            le=0.5,
+        ),
+        figure(
+            "metering_paid_model_step_p50_ms",
+            "the same, the endpoint costing points (plus the charge statement), p50",
+            gate + added("paid", "model_step_ms"),
+            "ms",
+            le=0.5,
+        ),
+        figure(
+            "metering_tool_step_p50_ms",
+            "metering in a real tool step: commit with minus without metering, p50",
+            added("on", "tool_step_ms"),
+            "ms",
+            le=0.5,
+        ),
         figure(
             "metering_p50_ms",
             "metering per step (gate + usage upsert alone), p50",
             q(both, 50),
             "ms",
-            le=0.5,
         ),
         figure(
             "metering_p95_ms",
@@ -210,6 +313,10 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10) -> Result:
         "rollups": data,
         "gate_ms": summary(metering["gate_ms"]),
         "upsert_ms": summary(metering["upsert_ms"]),
+        "step_commit_ms": {
+            arm: {kind: summary(values) for kind, values in kinds.items()}
+            for arm, kinds in ab.items()
+        },
         "rankings_ms": {k: summary(v) for k, v in rankings.items()},
     }
     return result

@@ -56,6 +56,7 @@ class Sizes:
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
     approvals_samples: int = 30
+    billing_ab_cycles: int = 300
 
 
 FULL = Sizes(
@@ -107,6 +108,7 @@ QUICK = Sizes(
     billing_gate_reps=100,
     billing_ranking_reps=5,
     approvals_samples=8,
+    billing_ab_cycles=60,
 )
 
 
@@ -385,7 +387,9 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import billing
 
         return billing.run(
-            gate_reps=sizes.billing_gate_reps, ranking_reps=sizes.billing_ranking_reps
+            gate_reps=sizes.billing_gate_reps,
+            ranking_reps=sizes.billing_ranking_reps,
+            ab_cycles=sizes.billing_ab_cycles,
         )
     raise ValueError(name)
 

@@ -58,12 +58,14 @@ class LedgerKind(models.TextChoices):
     SETTLE = "settle"
     RELEASE = "release"
     ADJUST = "adjust"
+    CHARGE = "charge"  # a model call's tokens, taken after the call (no reservation)
 
 
 class CreditLedger(models.Model):
     """One row per change. `delta` is the signed change of `balance` (grant and
-    release add, reserve takes, settle moves reserved points to spent and leaves
-    the balance alone, adjust either way): the deltas of an account sum to its balance."""
+    release add, reserve and charge take, settle moves reserved points to spent and
+    leaves the balance alone, adjust either way): the deltas of an account sum to its
+    balance."""
 
     account = models.ForeignKey(CreditAccount, on_delete=models.CASCADE, related_name="ledger")
     kind = models.CharField(max_length=10, choices=LedgerKind.choices)

@@ -18,6 +18,7 @@ from .budgets import Budget, Spent
 from .models import CreditAccount, OwnerBudget, UsageDaily
 
 QUEUE_DEPTH_TTL_S = 1.0
+PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: `<queue><sep><priority>`
 _queue_seen: list[float] = [0.0, 0.0]  # read at, depth
 # Whether an owner has budgets or a watched credit account, remembered per process this
 # long: an owner with neither costs a model step no query (a new budget applies within it).
@@ -120,13 +121,25 @@ def _broker() -> redis.Redis:
     )
 
 
+def _broker_lengths() -> list[int]:
+    """The lengths of the worker queue's priority lists (one per step, `<queue><sep><n>`)."""
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    sep = options.get("sep", PRIORITY_SEP)
+    names = [queue if p == 0 else f"{queue}{sep}{p}" for p in options.get("priority_steps", [0])]
+    with _broker().pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(name)
+        return pipe.execute()
+
+
 def queue_depth() -> int:
     """Runs waiting in the worker queue (Redis broker), at most one read a second per process."""
     now = time.monotonic()
     if now - _queue_seen[0] < QUEUE_DEPTH_TTL_S:
         return int(_queue_seen[1])
     try:
-        depth = int(_broker().llen(settings.CELERY_TASK_DEFAULT_QUEUE))
+        depth = sum(int(n) for n in _broker_lengths())
     except (redis.RedisError, ValueError):
         depth = 0
     _queue_seen[:] = [now, float(depth)]

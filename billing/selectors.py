@@ -55,3 +55,40 @@ def reservations_open(*, older_than_s: float, limit: int = 500) -> list[str]:
             [ReservationStatus.RESERVED.value, older_than_s, limit],
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class CreditsCheck:
+    """Whether the owner can pay `points` now: `unmetered` (no account, credits not
+    required), `ok`, or `insufficient` with the points left and why (balance | daily_cap
+    | no_account)."""
+
+    outcome: str
+    points: int
+    points_left: int = 0
+    reason: str = ""
+
+
+def credits_cover(*, owner_id: int, points: int) -> CreditsCheck:
+    """Can the owner's free balance and today's cap cover `points`? A read, no hold:
+    a model call is charged after it ran, for the tokens it used."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT balance, daily_cap,
+                       CASE WHEN spent_day = (now() AT TIME ZONE %s)::date THEN spent_today ELSE 0 END
+                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",
+            [settings.BILLING_TIME_ZONE, owner_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        if settings.CREDITS_REQUIRED:
+            return CreditsCheck("insufficient", points, 0, "no_account")
+        return CreditsCheck("unmetered", points)
+    balance, cap, spent_today = row
+    if cap is not None and spent_today + points > cap:
+        return CreditsCheck(
+            "insufficient", points, max(min(balance, cap - spent_today), 0), "daily_cap"
+        )
+    if balance < points:
+        return CreditsCheck("insufficient", points, balance, "balance")
+    return CreditsCheck("ok", points, balance)

@@ -501,3 +501,92 @@ def tool_usage_statement(
                 total_ms = {_TOOL_USAGE}.total_ms + EXCLUDED.total_ms""",
         params,
     )
+
+
+# --- A model call's points ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelCharge:
+    """The points one model call's tokens cost, keyed by the call (session, step, position)."""
+
+    idempotency_key: str
+    points: int
+    note: str = ""
+
+
+def model_charge_statement(
+    *,
+    owner_id: int,
+    agent_id: int,
+    session_id: UUID | str,
+    charges: Sequence[ModelCharge],
+    guard: str = "",
+) -> Statement | None:
+    """One statement that takes a step's model-call points from the owner's balance, with a
+    `charge` ledger row per call and the `credits_spent` rollup, for the step's batch.
+
+    Charged after the call (the tokens are known only then), so it cannot be refused: if
+    concurrent calls left less than the points, the balance goes to zero, never below, and
+    the ledger shows what was taken. An owner without an account is not charged. A key
+    already in the ledger (the step's calls were charged) makes it change nothing."""
+    charges = [c for c in charges if c.points > 0]
+    if not charges:
+        return None
+    tz = _tz()
+    total = sum(c.points for c in charges)
+    keys = [c.idempotency_key for c in charges]
+    values = ", ".join(["(%s::int, %s::varchar, %s::bigint, %s::varchar)"] * len(charges))
+    value_params: list[Any] = []
+    for i, charge in enumerate(charges):
+        value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
+    guard_sql = f" AND {guard}" if guard else ""
+    # `o` locks the account and reads its newest balance, so `o.balance - c.balance` is
+    # exactly what this statement took (the least of the balance and the points). The
+    # `<> ''` lets the planner use the ledger's partial unique index on the key.
+    sql = f"""WITH o AS (
+        SELECT id, owner_id, balance FROM {_ACCOUNT}
+         WHERE owner_id = %s{guard_sql}
+           AND NOT EXISTS (SELECT 1 FROM {_LEDGER}
+                            WHERE kind = 'charge' AND idempotency_key <> ''
+                              AND idempotency_key = ANY(%s::varchar[]))
+           FOR NO KEY UPDATE),
+    a AS (
+        UPDATE {_ACCOUNT} c
+           SET balance = o.balance - LEAST(o.balance, %s),
+               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(o.balance, %s),
+               spent_day = {_TODAY}, updated_at = now()
+          FROM o WHERE c.id = o.id
+     RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),
+    u AS (
+        INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
+                              model_calls, tool_calls, credits_spent)
+        SELECT a.owner_id, %s, {_TODAY}, 0, 0, 0, 0, 0, a.taken FROM a WHERE a.taken > 0
+        ON CONFLICT (owner_id, agent_id, day) DO UPDATE
+           SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
+     RETURNING 1),
+    v AS (
+        SELECT v.*, coalesce(sum(v.points) OVER (ORDER BY v.i
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_me
+          FROM (VALUES {values}) AS v(i, k, points, note))
+    INSERT INTO {_LEDGER} (account_id, kind, points, delta, balance_after, idempotency_key,
+                           actor, note, session_id, agent_id, tool, created_at)
+    SELECT a.id, 'charge', x.taken, -x.taken, a.before - (v.before_me + x.taken), v.k, '',
+           v.note, %s, %s, '', now()
+      FROM a CROSS JOIN v
+      CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
+     WHERE x.taken > 0"""
+    params: list[Any] = [
+        owner_id,
+        keys,
+        total,
+        tz,
+        total,
+        tz,
+        agent_id,
+        tz,
+        *value_params,
+        session_id,
+        agent_id,
+    ]
+    return sql, params

@@ -55,6 +55,7 @@ MODEL_ENTRY = {
         "total_timeout_s": POSITIVE,
         "price_input_per_1k": NON_NEGATIVE,
         "price_output_per_1k": NON_NEGATIVE,
+        "credits_per_1k_tokens": NON_NEGATIVE,
         "context_window": {"type": "integer", "minimum": 256},
         "options": {"type": "object"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},

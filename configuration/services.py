@@ -33,6 +33,7 @@ MODEL_FIELDS = (
     "total_timeout_s",
     "price_input_per_1k",
     "price_output_per_1k",
+    "credits_per_1k_tokens",
     "context_window",
     "options",
     "rate_limit_calls_per_min",
@@ -146,7 +147,7 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             report.append(f"role {entry['name']}: {_upsert(Role, {'name': entry['name']}, values)}")
         for i, entry in enumerate(document.get("models") or []):
             values = {k: entry[k] for k in MODEL_FIELDS if k in entry}
-            for price in ("price_input_per_1k", "price_output_per_1k"):
+            for price in ("price_input_per_1k", "price_output_per_1k", "credits_per_1k_tokens"):
                 if price in values:
                     values[price] = Decimal(str(values[price]))
             notes = resolved("models", i, values)

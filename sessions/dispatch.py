@@ -2,9 +2,15 @@
 
 The task is looked up by name so that services need not import the Celery
 edge; a lost broker message only delays the run until the sweeper finds it.
+
+Runs carry a broker priority from the session's value (`run_priority`): the
+Redis transport keeps one list per priority and a worker takes from the most
+urgent non-empty one, so when runs queue up, higher-value sessions start first.
+A run already prefetched by a worker is not overtaken.
 """
 
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from uuid import UUID
@@ -13,6 +19,10 @@ from celery import current_app
 from django.db import transaction
 
 RUN_TASK = "sessions.tasks.run_session"
+# Redis broker priorities: 0 is taken first. Tasks sent without one (the beat's
+# sweeps) sit at 0; runs use 1-9: value 1.0 (the default) is 5, each doubling of
+# the value one step sooner, each halving one step later.
+DEFAULT_RUN_PRIORITY = 5
 
 logger = logging.getLogger(__name__)
 
@@ -25,24 +35,35 @@ logger = logging.getLogger(__name__)
 _sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-enqueue")
 
 
-def _send(session_id: str) -> None:
+def run_priority(value: float | None) -> int:
+    """The broker priority of a session's run (1 = soonest .. 9) from its value."""
+    if value is None:
+        return DEFAULT_RUN_PRIORITY
+    if value <= 0:
+        return 9
+    return min(9, max(1, DEFAULT_RUN_PRIORITY - round(math.log2(value))))
+
+
+def _send(session_id: str, priority: int) -> None:
     try:
-        current_app.tasks[RUN_TASK].delay(session_id)
+        current_app.tasks[RUN_TASK].apply_async((session_id,), priority=priority)
     except Exception:  # noqa: BLE001 - the sweeper re-enqueues a run nobody woke
         logger.warning("could not enqueue the run of session %s", session_id, exc_info=True)
 
 
-def _submit(session_id: str) -> None:
-    _sender.submit(_send, session_id)
+def _submit(session_id: str, priority: int) -> None:
+    _sender.submit(_send, session_id, priority)
 
 
-def run_enqueue_on_commit(session_id: UUID | str) -> None:
-    transaction.on_commit(partial(_submit, str(session_id)))
+def run_enqueue_on_commit(session_id: UUID | str, value: float | None = None) -> None:
+    transaction.on_commit(partial(_submit, str(session_id), run_priority(value)))
 
 
-def run_enqueue(session_id: UUID | str) -> None:
-    current_app.tasks[RUN_TASK].delay(str(session_id))
+def run_enqueue(session_id: UUID | str, value: float | None = None) -> None:
+    current_app.tasks[RUN_TASK].apply_async((str(session_id),), priority=run_priority(value))
 
 
-def run_enqueue_later(session_id: UUID | str, seconds: float) -> None:
-    current_app.tasks[RUN_TASK].apply_async((str(session_id),), countdown=seconds)
+def run_enqueue_later(session_id: UUID | str, seconds: float, value: float | None = None) -> None:
+    current_app.tasks[RUN_TASK].apply_async(
+        (str(session_id),), countdown=seconds, priority=run_priority(value)
+    )

@@ -40,6 +40,13 @@ class ModelEndpoint(models.Model):
     total_timeout_s = models.FloatField(default=120.0)
     price_input_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     price_output_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    # Credit points per 1,000 tokens (input + output), charged to the owner's account; 0 = free.
+    credits_per_1k_tokens = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        default=0,
+        help_text="Credit points per 1,000 tokens (input + output); 0: calls cost no points.",
+    )
     context_window = models.PositiveIntegerField(default=128000)
     options = models.JSONField(default=dict, blank=True)
     # Per owner, shared by every worker process through Redis (billing/ratelimit.py); 0 = no limit.

@@ -196,7 +196,7 @@ def _message_accept(locked: Session, *, content: str, idempotency_key: str | Non
         answer = user_answer(session=locked, call=question, answer=content, by="user")
         if idempotency_key:
             Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
-        run_enqueue_on_commit(locked.pk)
+        run_enqueue_on_commit(locked.pk, locked.value)
         return PostedMessage(message=answer, created=True)
     busy = state not in STARTS_TURN
     policy = locked.agent.double_texting
@@ -230,7 +230,7 @@ def _message_accept(locked: Session, *, content: str, idempotency_key: str | Non
             _turn_interrupt(locked, reason=INTERRUPT_REASON, actor="")
             if State(locked.state) in STARTS_TURN:
                 turn_start(session=locked, lease_owner=None)
-    run_enqueue_on_commit(locked.pk)
+    run_enqueue_on_commit(locked.pk, locked.value)
     return PostedMessage(message=message, created=True)
 
 
@@ -277,7 +277,7 @@ def session_cancel(
         interrupted = _turn_interrupt(locked, reason=reason, actor=actor)
         if interrupted and State(locked.state) in RUNNABLE:
             # If no worker holds the session, the woken run finishes the cancel.
-            run_enqueue_on_commit(locked.pk)
+            run_enqueue_on_commit(locked.pk, locked.value)
         return interrupted
 
 
@@ -302,12 +302,14 @@ def sessions_sweep() -> list[str]:
                    SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s)
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING id""",
+             RETURNING id, value""",
             [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
         )
-        ids = [str(row[0]) for row in cursor.fetchall()]
-    for session_id in ids:
-        run_enqueue(session_id)
+        # Highest value first: with a worker free, the first sent is the first taken.
+        found = sorted(cursor.fetchall(), key=lambda row: -row[1])
+    ids = [str(session_id) for session_id, _ in found]
+    for session_id, value in found:
+        run_enqueue(session_id, value)
     # One INFO line when the sweeper acts; a sweep that finds nothing is silent
     # (it runs every SWEEPER_INTERVAL_S).
     if ids or woken:
@@ -364,7 +366,7 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
         try:
             with transaction.atomic():
                 timer_fire(session=session)
-                run_enqueue_on_commit(session.pk)
+                run_enqueue_on_commit(session.pk, session.value)
             woken.append(str(session.pk))
         except (StaleSession, IllegalTransition):
             continue  # another sweeper (or a cancel) got there first
@@ -396,7 +398,7 @@ def questions_expire_due(*, limit: int = 100) -> list[str]:
                 else "(the user did not answer before the deadline; no default answer was given)"
             )
             user_answer(session=locked, call=question, answer=answer, by=SYSTEM_ACTOR)
-            run_enqueue_on_commit(locked.pk)
+            run_enqueue_on_commit(locked.pk, locked.value)
         woken.append(str(session.pk))
     return woken
 
@@ -448,7 +450,7 @@ def _approval_apply(
                 session=locked, approval=resolved, outcome=outcome, by=actor, resume=resume
             )
             if resume:
-                run_enqueue_on_commit(locked.pk)
+                run_enqueue_on_commit(locked.pk, locked.value)
     return resolved
 
 
@@ -599,7 +601,7 @@ def session_resume(*, session: Session, actor: str = "") -> Session:
                 code="not_resumable",
             )
         run_resume(session=locked, actor=actor)
-        run_enqueue_on_commit(locked.pk)
+        run_enqueue_on_commit(locked.pk, locked.value)
     return locked
 
 
@@ -641,7 +643,7 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
             )
         operator_finish(session=locked, content=content, actor=actor)
         if locked.queued_count:
-            run_enqueue_on_commit(locked.pk)
+            run_enqueue_on_commit(locked.pk, locked.value)
     return locked
 
 
@@ -715,7 +717,7 @@ def session_hand_back(*, session: Session, actor: str) -> Session:
             run_resume(session=locked, actor=actor)
         else:
             hand_back(session=locked, actor=actor)
-        run_enqueue_on_commit(locked.pk)
+        run_enqueue_on_commit(locked.pk, locked.value)
     return locked
 
 
@@ -790,7 +792,7 @@ def session_fork(
             actor=actor,
         )
         if decide:
-            run_enqueue_on_commit(fork.pk)
+            run_enqueue_on_commit(fork.pk, fork.value)
     return fork
 
 

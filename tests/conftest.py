@@ -25,7 +25,8 @@ def live_stack(django_db_setup, django_db_blocker) -> Stack:  # type: ignore[no-
     # Runs that earlier in-process tests enqueued point at sessions long gone;
     # the worker need not wade through them.
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    client.delete(queue, *(f"{queue}\x06\x16{p}" for p in range(1, 10)))  # and its priority lists
     client.close()
     with django_db_blocker.unblock(), running_stack() as stack:
         yield stack

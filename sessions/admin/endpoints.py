@@ -104,7 +104,14 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         ("Timeouts", {"fields": ("connect_timeout_s", "first_token_timeout_s", "total_timeout_s")}),
         (
             "Prices and limits",
-            {"fields": ("price_input_per_1k", "price_output_per_1k", "context_window")},
+            {
+                "fields": (
+                    "price_input_per_1k",
+                    "price_output_per_1k",
+                    "credits_per_1k_tokens",
+                    "context_window",
+                )
+            },
         ),
         (
             "Rate limits (per owner per minute, all workers; 0 = no limit)",

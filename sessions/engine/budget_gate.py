@@ -142,11 +142,11 @@ def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatReq
         time.sleep(wait)
 
 
-def partial_answer(history: list, turn: int) -> str:
+def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
     """What the agent has so far this turn: its last words to the user, or a short note."""
     for message in reversed(history):
         if message.turn != turn:
             break
         if message.role == "assistant" and message.content.strip():
-            return f"{message.content.strip()}\n\n({BUDGET_NOTE})"
-    return BUDGET_NOTE
+            return f"{message.content.strip()}\n\n({note})"
+    return note

@@ -11,25 +11,36 @@
   cost and calls to the daily rollups there too: no second commit.
 - Reservations a crash or an ended turn left open are reconciled by the sweeper
   from the calls' final status (sessions/services.py).
+- A model call on an endpoint with `credits_per_1k_tokens` is checked before it
+  runs (its estimated tokens must fit the free balance and today's cap, else the
+  turn ends with `insufficient_credits`) and charged for the tokens it used in the
+  step's commit, keyed by session, step and position: a re-run never charges twice.
 """
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from billing.pricing import model_call_points
+from billing.selectors import CreditsCheck, credits_cover
 from billing.services import (
+    ModelCharge,
     Reservation,
     Statement,
     ToolRun,
     credit_reserve,
     credits_close_statement,
+    model_charge_statement,
     tool_usage_statement,
     usage_statement,
 )
+from llm.types import ChatRequest
+from memory.tokens import estimate_request_tokens
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
 from ..events import EventSpec, EventType, Progress
-from ..models import Session, ToolCall, ToolCallStatus
+from ..models import ModelEndpoint, Session, ToolCall, ToolCallStatus
 
 INSUFFICIENT = "insufficient_credits"
 
@@ -160,9 +171,58 @@ def step_metering(
                 guard=guard,
             )
         )
+    writes.append(model_charges(session, model_calls, guard))
     metered = [c for c in finished if getattr(c, "credit_points", 0)]
     settled = [c.idempotency_key for c in metered if c.status == ToolCallStatus.SUCCESS]
     released = [c.idempotency_key for c in metered if c.status != ToolCallStatus.SUCCESS]
     writes.append(credits_close_statement(keys=settled, settle=True, guard=guard))
     writes.append(credits_close_statement(keys=released, settle=False, guard=guard))
     return writes
+
+
+def model_credits_check(
+    session: Session, endpoint: ModelEndpoint, request: ChatRequest, output_estimate: int
+) -> CreditsCheck | None:
+    """Before a model call on a paid endpoint: can the owner pay for its estimated tokens?
+    None when the endpoint costs no points (no query)."""
+    if not endpoint.credits_per_1k_tokens:
+        return None
+    tokens = estimate_request_tokens(request) + (request.max_tokens or output_estimate)
+    points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
+    return credits_cover(owner_id=session.owner_id, points=points)
+
+
+def credits_note(check: CreditsCheck) -> str:
+    why = (
+        "today's credit cap is reached" if check.reason == "daily_cap" else "credit points ran out"
+    )
+    if check.reason == "no_account":
+        why = "there is no credit account for this user"
+    return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
+
+
+def model_charges(session: Session, model_calls: list[Any], guard: str) -> Statement | None:
+    """The points of the step's model calls on paid endpoints, for the step's batch."""
+    charges = []
+    for position, call in enumerate(model_calls):
+        endpoint = call.endpoint
+        tokens = call.input_tokens + call.output_tokens
+        rate = endpoint.credits_per_1k_tokens if endpoint is not None else Decimal(0)
+        points = model_call_points(tokens=tokens, credits_per_1k_tokens=rate)
+        if points:
+            charges.append(
+                ModelCharge(
+                    f"model:{session.pk}:{call.step}:{position}",
+                    points,
+                    f"{call.endpoint_name}: {tokens} tokens",
+                )
+            )
+    if not charges:
+        return None
+    return model_charge_statement(
+        owner_id=session.owner_id,
+        agent_id=session.agent_id,
+        session_id=session.pk,
+        charges=charges,
+        guard=guard,
+    )

@@ -22,6 +22,7 @@ from .budget_gate import model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, build_request
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
+from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model
 from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .runtime_cache import RunContext, agent_runtime
@@ -146,6 +147,24 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
                 env=env, model=None, deadline=deadline, notes=[], degradation=gate.level
             ),
             reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
+        )
+        return
+    credits = model_credits_check(
+        session, gate.endpoint, request, settings.BUDGET_OUTPUT_ESTIMATE_TOKENS
+    )
+    if credits is not None and credits.outcome == "insufficient":
+        answer(
+            session,
+            owner,
+            content=partial_answer(history, session.turn, note=credits_note(credits)),
+            trigger=Trigger.LIMIT_REACHED,
+            stop_reason=StopReason.INSUFFICIENT_CREDITS,
+            spend=ModelSpend(iteration=session.iteration),
+            context=ModelContext(
+                env=env, model=None, deadline=deadline, notes=[], degradation=gate.level
+            ),
+            reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
+            f"{credits.points} points, {credits.points_left} left ({credits.reason})",
         )
         return
     connection.close()  # never hold a connection across the model call

@@ -74,7 +74,7 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 # enqueued for then, and the sweeper stays away until then.
                 heartbeat.release(session_id)
                 lease_drop(session_id=session_id, owner=owner, after_s=deferred.seconds)
-                run_enqueue_later(session_id, deferred.seconds)
+                run_enqueue_later(session_id, deferred.seconds, session.value)
                 return RunResult(steps, "deferred")
             except CreditsWait:
                 # Points held by in-flight calls: no worker waits for them; the

@@ -19,11 +19,12 @@ from billing.models import (
     UsageDaily,
 )
 from billing.services import credits_grant
-from sessions.engine import runner, tool_phase
+from sessions.engine import commit, runner, tool_phase
 from sessions.models import Event, Message, ModelCall, Session, ToolCall
 from sessions.services import credits_reconcile, message_post
 from tests.billing.conftest import always_call, call_then_answer
 from tests.factories import SessionFactory, UserFactory
+from tests.fakes.model_servers import Recorded, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -226,3 +227,97 @@ def test_the_sweeper_closes_reservations_an_ended_turn_left_open(
     assert credits_reconcile(older_than_s=0) == 0
     account = assert_books_balance(owner.pk)
     assert (account.balance, account.reserved, account.spent_today) == (100, 0, 0)
+
+
+def answer_only(recorded: Recorded) -> Reply:
+    return Reply(text="the answer", usage=(10, 5))
+
+
+@pytest.fixture
+def paid_model(paid_agent, fake_endpoint):
+    """An agent whose model costs one point per token (15 points for the fake's 10 + 5)."""
+    fake_endpoint.credits_per_1k_tokens = Decimal(1000)
+    fake_endpoint.save(update_fields=["credits_per_1k_tokens"])
+    return paid_agent(points=10)
+
+
+def test_a_model_call_is_charged_for_its_tokens_in_the_step_commit(paid_model, openai_server):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=1000, actor="test")
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    session = run(session)
+
+    assert turn_finished(session)["stop_reason"] == "answer"
+    account = assert_books_balance(owner.pk)
+    assert (account.balance, account.spent_today) == (985, 15)
+    charge = CreditLedger.objects.get(kind="charge")
+    assert (charge.points, charge.session_id, charge.agent_id) == (15, session.pk, paid_model.pk)
+    call = ModelCall.objects.get(session=session)
+    assert charge.idempotency_key == f"model:{session.pk}:{call.step}:0"
+    assert UsageDaily.objects.get(owner=owner).credits_spent == 15
+
+
+def test_a_crash_after_the_step_commit_does_not_charge_the_model_call_again(
+    paid_model, openai_server, monkeypatch, effects
+):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=1000, actor="test")
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(call_then_answer, call_then_answer, call_then_answer)
+    crashed = []
+
+    def fault(name: str) -> None:
+        if name == "after_commit_before_publish" and not crashed:
+            crashed.append(True)
+            raise SimulatedCrash
+
+    message_post(session=session, content="charge me")
+    monkeypatch.setattr(commit, "fault_point", fault)
+    with pytest.raises(SimulatedCrash):
+        runner.session_run(session_id=session.pk)
+    assert CreditLedger.objects.filter(kind="charge").count() == 1  # committed with the step
+
+    expire_lease(session)  # the sweeper's takeover re-runs from the committed step
+    session = run(session)
+    assert session.state == "finished"
+    assert effects() == 1
+    calls = ModelCall.objects.filter(session=session).count()
+    assert calls == 2  # the tool-calling step and the answer
+    assert CreditLedger.objects.filter(kind="charge").count() == calls
+    account = assert_books_balance(owner.pk)
+    assert account.balance == 1000 - 10 - 15 * calls  # the tool's 10 and 15 per model call
+
+
+def test_a_model_call_the_account_cannot_cover_is_not_sent(paid_model, openai_server):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")  # the estimate is > 512 points
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    session = run(session)
+
+    assert not openai_server.requests
+    finished = turn_finished(session)
+    assert finished["stop_reason"] == "insufficient_credits"
+    partial = Message.objects.filter(session=session, role="assistant").get()
+    assert "credit points ran out" in partial.content and "100 left" in partial.content
+    assert not ModelCall.objects.filter(session=session).exists()
+    assert assert_books_balance(owner.pk).balance == 100
+
+
+def test_model_calls_of_an_owner_without_an_account_are_not_metered_unless_required(
+    paid_model, openai_server, settings
+):
+    session = SessionFactory(agent=paid_model)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    assert turn_finished(run(session))["stop_reason"] == "answer"
+    assert not CreditAccount.objects.exists() and not CreditLedger.objects.exists()
+
+    settings.CREDITS_REQUIRED = True
+    required = SessionFactory(agent=paid_model)
+    message_post(session=required, content="hello")
+    assert turn_finished(run(required))["stop_reason"] == "insufficient_credits"
+    assert len(openai_server.requests) == 1

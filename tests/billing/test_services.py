@@ -16,13 +16,16 @@ from billing.models import (
     ToolUsageDaily,
     UsageDaily,
 )
+from billing.selectors import credits_cover
 from billing.services import (
     CreditError,
+    ModelCharge,
     ToolRun,
     credit_reserve,
     credits_adjust,
     credits_close,
     credits_grant,
+    model_charge_statement,
     tool_usage_statement,
     usage_statement,
 )
@@ -255,3 +258,75 @@ def test_a_guard_that_does_not_hold_writes_nothing():
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
     assert not UsageDaily.objects.exists()
+
+
+def charge(owner_id: int, agent_id: int, session_id: uuid.UUID, *charges: ModelCharge) -> None:
+    statement = model_charge_statement(
+        owner_id=owner_id, agent_id=agent_id, session_id=session_id, charges=charges
+    )
+    assert statement is not None
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+
+
+def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_rollup():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="test")
+    session_id = uuid.uuid4()
+    calls = (ModelCharge("model:s:3:0", 7, "a: 700 tokens"), ModelCharge("model:s:3:1", 5))
+    charge(user.pk, agent.pk, session_id, *calls)
+    charge(user.pk, agent.pk, session_id, *calls)  # the same calls again: already charged
+
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.reserved, account.spent_today) == (88, 0, 12)
+    rows = list(CreditLedger.objects.filter(kind="charge").order_by("id"))
+    assert [(r.idempotency_key, r.points, r.delta, r.balance_after) for r in rows] == [
+        ("model:s:3:0", 7, -7, 93),
+        ("model:s:3:1", 5, -5, 88),
+    ]
+    assert rows[0].session_id == session_id and rows[0].note == "a: 700 tokens"
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 12
+    assert_ledger_matches(account)
+
+
+def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=9, actor="test")
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:0", 6), ModelCharge("m:1", 6))
+    account = CreditAccount.objects.get(owner=user)
+    assert account.balance == 0
+    rows = CreditLedger.objects.filter(kind="charge").order_by("id")
+    assert [(r.points, r.balance_after) for r in rows] == [(6, 3), (3, 0)]
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 9
+    assert_ledger_matches(account)
+
+
+def test_a_model_charge_without_an_account_or_guard_writes_nothing():
+    user, agent = UserFactory(), AgentFactory()
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:0", 6))
+    assert not CreditLedger.objects.exists() and not UsageDaily.objects.exists()
+    credits_grant(owner_id=user.pk, points=10, actor="test")
+    sql, params = model_charge_statement(
+        owner_id=user.pk,
+        agent_id=agent.pk,
+        session_id=uuid.uuid4(),
+        charges=[ModelCharge("m:1", 6)],
+        guard="false",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    assert CreditAccount.objects.get(owner=user).balance == 10
+
+
+def test_credits_cover_checks_the_balance_the_cap_and_a_missing_account():
+    user = UserFactory()
+    assert credits_cover(owner_id=user.pk, points=5).outcome == "unmetered"
+    with override_settings(CREDITS_REQUIRED=True):
+        assert credits_cover(owner_id=user.pk, points=5).reason == "no_account"
+    credits_grant(owner_id=user.pk, points=10, actor="test", daily_cap=8, set_daily_cap=True)
+    assert credits_cover(owner_id=user.pk, points=8).outcome == "ok"
+    capped = credits_cover(owner_id=user.pk, points=9)
+    assert (capped.outcome, capped.reason, capped.points_left) == ("insufficient", "daily_cap", 8)
+    credits_grant(owner_id=user.pk, points=0, actor="test", daily_cap=None, set_daily_cap=True)
+    short = credits_cover(owner_id=user.pk, points=11)
+    assert (short.outcome, short.reason, short.points_left) == ("insufficient", "balance", 10)

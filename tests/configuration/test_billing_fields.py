@@ -12,7 +12,12 @@ pytestmark = pytest.mark.django_db
 
 DOCUMENT = {
     "models": [
-        {"name": "main", "api": "rules", "rate_limit_calls_per_min": 30},
+        {
+            "name": "main",
+            "api": "rules",
+            "rate_limit_calls_per_min": 30,
+            "credits_per_1k_tokens": 2.5,
+        },
         {"name": "small", "api": "rules", "rate_limit_tokens_per_min": 50000},
     ],
     "tools": [
@@ -43,6 +48,8 @@ def test_billing_fields_apply() -> None:
     config_apply(document=DOCUMENT)
     assert ModelEndpoint.objects.get(name="main").rate_limit_calls_per_min == 30
     assert ModelEndpoint.objects.get(name="small").rate_limit_tokens_per_min == 50000
+    assert ModelEndpoint.objects.get(name="main").credits_per_1k_tokens == Decimal("2.5")
+    assert ModelEndpoint.objects.get(name="small").credits_per_1k_tokens == 0
     tool = Tool.objects.get(name="refund")
     assert (tool.critical, tool.rate_limit_calls_per_min) == (True, 5)
     agent = Agent.objects.get(slug="support")

@@ -12,11 +12,13 @@ from sessions import dispatch
 class _Recorder:
     def __init__(self, fail: bool = False) -> None:
         self.sent: list[tuple[str, str]] = []
+        self.priorities: list[int] = []
         self.fail = fail
         self.done = threading.Event()
 
-    def delay(self, session_id: str) -> None:
-        self.sent.append((session_id, threading.current_thread().name))
+    def apply_async(self, args: tuple[str], priority: int) -> None:
+        self.sent.append((args[0], threading.current_thread().name))
+        self.priorities.append(priority)
         self.done.set()
         if self.fail:
             raise ConnectionError("broker down")
@@ -66,3 +68,14 @@ def test_a_failed_publish_is_logged_not_raised(
         dispatch._sender.submit(lambda: None).result(5)
     assert rec.sent and rec.sent[0][0] == "s-3"
     assert "could not enqueue the run of session s-3" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_run_carries_a_priority_from_the_sessions_value(
+    recorder: _Recorder, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        for value in (1.0, 16.0, 0.25, 1000.0, 0.0, None):
+            dispatch.run_enqueue_on_commit("s-4", value)
+    dispatch._sender.submit(lambda: None).result(5)
+    assert recorder.priorities == [5, 1, 7, 1, 9, 5]
