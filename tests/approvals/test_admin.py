@@ -20,7 +20,7 @@ QUEUE = "/admin/approvals/approval/queue/"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda session_id: None)
+    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
 
 
 def _pending(make_session, content: str = "refund A1 80") -> Session:

@@ -37,8 +37,10 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 
+from approvals.models import Approval
 from demo.models import ApiRequestLog, Coupon, Customer
 from runtime.faults import POINTS
 from sessions.models import (
@@ -52,6 +54,7 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
+from sessions.services import review_answer
 from sessions.states import RUNNABLE
 from tests.demo_setup import demo_install
 from tests.e2e.support import Frame, api, collect_until, create_session, persisted, ws_connect
@@ -452,9 +455,12 @@ def check_runs(runs: list[Run]) -> dict[str, int]:
             Checkpoint.objects.filter(session=session).order_by("id").values_list("step", flat=True)
         )
         assert steps == list(range(1, session.step + 1)), (where, steps)
-        assert session.step == 4 * turns, (where, steps)
-        # The tool results' commit also records the move back to the model.
-        assert Transition.objects.filter(session=session).count() == session.step + turns, where
+        # Turn start, tool intent, the pre-run checkpoint (the coupon moves money: risk
+        # level 2), the tool results, the answer.
+        assert session.step == 5 * turns, (where, steps)
+        # The pre-run step moves no state; the tool results' commit also records the
+        # move back to the model: as many transitions as steps.
+        assert Transition.objects.filter(session=session).count() == session.step, where
         model_calls = list(
             ModelCall.objects.filter(session=session).values_list("outcome", flat=True)
         )
@@ -710,14 +716,15 @@ def test_a_stale_worker_paused_past_its_lease_cannot_commit(coupon_world: Coupon
     )
 
 
-def test_an_uncertain_call_to_a_non_idempotent_tool_stops_for_an_operator_then_resumes(
+def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_continues_the_run(
     coupon_world: CouponWorld,
     openai_server: FakeModelServer,  # noqa: F811
     tmp_path: Path,
 ):
     """The worker dies right after the coupon API answered; the tool is not idempotent and has no
-    probe, so the replacement stops the run in `error` instead of sending it again. An operator
-    resumes it: the model is told the outcome is unknown and answers."""
+    probe, so the replacement does not send it again: it opens a recovery review ("did this call
+    take effect?") and the session waits in `awaiting_approval`. The reviewer answers that it
+    did, with the result: the model reads that result and answers; nothing is sent again."""
     fs = coupon_world.fs
     customer = coupon_world.customers[0]
     Tool.objects.create(
@@ -746,7 +753,7 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_stops_for_an_operator_then_r
         )
         assert response.status_code == 202
         deadline = time.monotonic() + 30
-        while Session.objects.get(pk=session_id).state != "error":
+        while Session.objects.get(pk=session_id).state != "awaiting_approval":
             assert time.monotonic() < deadline, (
                 Session.objects.get(pk=session_id).state,
                 logs(fs, dog),
@@ -756,8 +763,14 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_stops_for_an_operator_then_r
         session = Session.objects.get(pk=session_id)
         call = ToolCall.objects.get(session_id=session_id)
         assert [d.returncode for d in dog.deaths] == [-signal.SIGKILL]
-        assert (call.status, call.probe_outcome) == ("failed", "unknown")
-        assert call.idempotency_key in session.last_error
+        assert session.lease_owner is None  # no worker waits on the reviewer
+        review = Approval.objects.get(session_id=session_id)
+        assert (review.kind, review.status, review.tool_call_id) == (
+            "recovery_review",
+            "pending",
+            call.pk,
+        )
+        assert call.idempotency_key in review.reason
         # The coupon exists once, and the API saw exactly one request for it.
         assert list(Coupon.objects.values_list("idempotency_key", flat=True)) == [
             call.idempotency_key
@@ -766,13 +779,18 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_stops_for_an_operator_then_r
 
         def answer(recorded: Recorded) -> Reply:
             results = [m["content"] for m in recorded.messages if m["role"] == "tool"]
-            assert len(results) == 1 and "outcome is unknown" in results[0], results
-            return Reply(text="I could not confirm the coupon; an operator will check it.")
+            assert len(results) == 1 and "C-ONCE-1" in results[0], results
+            return Reply(text="I could not confirm the coupon at first; it was issued: C-ONCE-1.")
 
         openai_server.script(answer)
-        resumed = coupon_world.client.post(f"/api/v1/sessions/{session_id}/resume/")
-        assert resumed.status_code == 200, resumed.text
-        assert resumed.json()["state"] == "tool_loop"
+        reviewer = User.objects.create(username="reviewer")
+        review_answer(
+            approval_id=review.pk,
+            answer="took_effect",
+            result={"code": "C-ONCE-1"},
+            user=reviewer,
+            groups=[review.group],
+        )
         deadline = time.monotonic() + 30
         while Session.objects.get(pk=session_id).state != "finished":
             assert time.monotonic() < deadline, (
@@ -785,11 +803,11 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_stops_for_an_operator_then_r
     messages = list(Message.objects.filter(session_id=session_id).order_by("seq"))
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[-1].content.startswith("I could not confirm")
-    resume = Transition.objects.get(session_id=session_id, trigger="resume")
-    assert (resume.from_state, resume.to_state, resume.actor) == (
-        "error",
-        "tool_loop",
-        "api:faults",
+    review.refresh_from_db()
+    assert (review.status, review.answer, review.decided_by_name) == (
+        "approved",
+        "took_effect",
+        "reviewer",
     )
     assert (
         Coupon.objects.count() == 1

@@ -38,7 +38,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda session_id: None)
+    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
     SENT.clear()
 
 
