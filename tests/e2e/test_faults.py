@@ -456,11 +456,19 @@ def check_runs(runs: list[Run]) -> dict[str, int]:
         )
         assert steps == list(range(1, session.step + 1)), (where, steps)
         # Turn start, tool intent, the pre-run checkpoint (the coupon moves money: risk
-        # level 2), the tool results, the answer.
-        assert session.step == 5 * turns, (where, steps)
+        # level 2), the tool results, the answer. A worker killed after the pre-run
+        # checkpoint but before the call went out commits that checkpoint once more.
+        phases = [
+            c["phase"]
+            for c in Checkpoint.objects.filter(session=session)
+            .order_by("id")
+            .values_list("context", flat=True)
+        ]
+        assert session.step - phases.count("pre_run") == 4 * turns, (where, phases)
+        assert phases.count("pre_run") >= turns, (where, phases)
         # The pre-run step moves no state; the tool results' commit also records the
-        # move back to the model: as many transitions as steps.
-        assert Transition.objects.filter(session=session).count() == session.step, where
+        # move back to the model: five transitions a turn.
+        assert Transition.objects.filter(session=session).count() == 5 * turns, where
         model_calls = list(
             ModelCall.objects.filter(session=session).values_list("outcome", flat=True)
         )
