@@ -724,9 +724,18 @@ def test_a_stale_worker_paused_past_its_lease_cannot_commit(coupon_world: Coupon
     )
 
 
+@pytest.fixture
+def own_openai_server() -> Iterator[FakeModelServer]:
+    """A model server of the test's own: a run left over from another test cannot take
+    its scripted replies (the shared server's script is first come, first served)."""
+    with FakeModelServer("openai") as server:
+        yield server
+    assert not server.errors, server.errors
+
+
 def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_continues_the_run(
     coupon_world: CouponWorld,
-    openai_server: FakeModelServer,  # noqa: F811
+    own_openai_server: FakeModelServer,
     tmp_path: Path,
 ):
     """The worker dies right after the coupon API answered; the tool is not idempotent and has no
@@ -741,12 +750,12 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_
         parameters={"type": "object", "properties": {"customer_id": {"type": "integer"}, "amount": {"type": "number"}, "reason": {"type": "string"}}},
     )  # fmt: skip
     endpoint = ModelEndpoint.objects.create(
-        name="faults-openai", api="openai", base_url=openai_server.base_url, model="fake-model-1",
+        name="faults-openai", api="openai", base_url=own_openai_server.base_url, model="fake-model-1",
         api_key_env=MODEL_KEY_ENV, first_token_timeout_s=5, total_timeout_s=10,
     )  # fmt: skip
     Agent.objects.create(slug="coupon-once", model=endpoint, tools=["issue_coupon_once"])
     args = {"customer_id": customer, "amount": 7, "reason": "late parcel"}
-    openai_server.script(Reply(calls=[Call("issue_coupon_once", args, id="call_once_1")]))
+    own_openai_server.script(Reply(calls=[Call("issue_coupon_once", args, id="call_once_1")]))
 
     # Only workers that die after sending (once, between them): whoever sends, dies.
     fs.stack.stop("worker")
@@ -790,7 +799,7 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_
             assert len(results) == 1 and "C-ONCE-1" in results[0], results
             return Reply(text="I could not confirm the coupon at first; it was issued: C-ONCE-1.")
 
-        openai_server.script(answer)
+        own_openai_server.script(answer)
         reviewer = User.objects.create(username="reviewer")
         review_answer(
             approval_id=review.pk,
@@ -807,10 +816,12 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_
             )
             time.sleep(0.1)
 
-    assert openai_server.invalid == []
+    assert own_openai_server.invalid == []
     messages = list(Message.objects.filter(session_id=session_id).order_by("seq"))
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
-    assert messages[-1].content.startswith("I could not confirm")
+    assert messages[-1].content.startswith("I could not confirm"), list(
+        ModelCall.objects.filter(session_id=session_id).values_list("outcome", "error")
+    )
     review.refresh_from_db()
     assert (review.status, review.answer, review.decided_by_name) == (
         "approved",
