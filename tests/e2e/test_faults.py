@@ -37,9 +37,9 @@ from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 
+from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from demo.models import ApiRequestLog, Coupon, Customer
 from runtime.faults import POINTS
@@ -54,7 +54,6 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
-from sessions.services import review_answer
 from sessions.states import RUNNABLE
 from tests.demo_setup import demo_install
 from tests.e2e.support import Frame, api, collect_until, create_session, persisted, ws_connect
@@ -800,14 +799,15 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_
             return Reply(text="I could not confirm the coupon at first; it was issued: C-ONCE-1.")
 
         own_openai_server.script(answer)
-        reviewer = User.objects.create(username="reviewer")
-        review_answer(
-            approval_id=review.pk,
-            answer="took_effect",
-            result={"code": "C-ONCE-1"},
-            user=reviewer,
-            groups=[review.group],
-        )
+        # The reviewer answers over REST on this stack (its web wakes this stack's workers).
+        reviewer_key = api_key_create(username="reviewer", roles=[]).raw
+        approver_grant(username="reviewer")
+        with api(fs.stack, reviewer_key) as reviewer:
+            answered = reviewer.post(
+                f"/api/v1/approvals/{review.pk}/review/",
+                json={"answer": "took_effect", "result": {"code": "C-ONCE-1"}},
+            )
+        assert answered.status_code == 200, answered.text
         deadline = time.monotonic() + 30
         while Session.objects.get(pk=session_id).state != "finished":
             assert time.monotonic() < deadline, (
