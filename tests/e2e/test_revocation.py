@@ -151,7 +151,7 @@ def _from(address: str) -> dict[str, str]:
 def _assert_429(response: httpx.Response) -> None:
     assert response.status_code == 429, response.text
     retry_after = int(response.headers["Retry-After"])
-    assert 1 <= retry_after <= 30
+    assert retry_after in range(1, 31), retry_after
     error = response.json()["error"]
     assert error["code"] == "rate_limited" and error["details"] == {"retry_after_s": retry_after}
 
@@ -219,7 +219,7 @@ def test_failed_authentication_slows_the_address_down(limited_stack: Stack):
         assert [code for _frames, code in outcomes] == [4401, 4401, 4401, 4429], outcomes
         frames = outcomes[-1][0]
         assert _error_codes(frames) == ["rate_limited"]
-        assert 1 <= frames[0]["data"]["details"]["retry_after_s"] <= 30
+        assert frames[0]["data"]["details"]["retry_after_s"] in range(1, 31), frames
         # Over REST as well: the address is slowed down, another is not.
         _assert_429(call(good, attacker))
         assert call(good, _from("198.51.100.8")).status_code == 200
