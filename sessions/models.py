@@ -5,6 +5,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
+from pgvector.django import VectorField
 
 from .states import State
 
@@ -110,6 +111,14 @@ class Agent(models.Model):
         default=600.0, help_text="After this, the turn gets no more tool rounds."
     )
     context_window = models.PositiveIntegerField(default=128000)
+    # Context budget (sessions/engine/context.py): partition overrides, e.g. {"history": 32000}.
+    context_budget = models.JSONField(default=dict, blank=True)
+    # Summaries of the oldest history (the 90% watermark); empty = the cheap or fallback model.
+    summary_model = models.ForeignKey(
+        ModelEndpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # Long-term memory (memory/): top_k, tags, extraction on/off.
+    memory = models.JSONField(default=dict, blank=True)
     rules = models.JSONField(
         default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
     )
@@ -166,6 +175,8 @@ class Session(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions"
     )
+    # Dialogue state (intent and slots) extracted per user turn, shown to the model compactly.
+    dialogue_state = models.JSONField(default=dict, blank=True)
     role = models.CharField(max_length=50, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     state = StateField(default=State.IDLE.value)
@@ -270,6 +281,12 @@ class Message(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     # NULL, not "", so the partial unique constraint ignores messages without a key.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # The customer app's extra_context for a user message: data for the model, never instructions.
+    extra_context = models.JSONField(null=True, blank=True)
+    # Set when a summary replaced this message in the context; archived, never deleted.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    # For recall over archived messages; any dimension (the embeddings endpoint decides).
+    embedding = VectorField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
