@@ -105,7 +105,12 @@ class CostRankingsAdmin(admin.ModelAdmin):
         levels = degradation_levels(group=group, keys=[r.key for r in rows])
         query = {"group": group, "start": start.isoformat(), "end": end.isoformat()}
         columns = [
-            (m, "-" + m if order != "-" + m else m, m == metric, order.startswith("-"))
+            (
+                METRIC_LABELS[m],
+                "-" + m if order != "-" + m else m,
+                m == metric,
+                order.startswith("-"),
+            )
             for m in METRICS
         ]
         context = {
@@ -123,10 +128,21 @@ class CostRankingsAdmin(admin.ModelAdmin):
             "columns": columns,
             "query": query,
             "chart": bar_chart(rows, metric),
-            "metric": metric,
+            "metric": METRIC_LABELS[metric],
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/billing/rankings.html", context)
+
+
+# Column headings a person reads; the CSV keeps the field names for spreadsheets and scripts.
+METRIC_LABELS = {
+    "cost": "cost",
+    "input_tokens": "input tokens",
+    "output_tokens": "output tokens",
+    "model_calls": "model calls",
+    "tool_calls": "tool calls",
+    "credits_spent": "credits spent",
+}
 
 
 def _csv(rows: list[RankRow], group: str, start: date, end: date) -> HttpResponse:

@@ -91,6 +91,8 @@ def test_the_rankings_page_has_a_sortable_table_a_chart_and_csv(usage, admin_cli
     html = page.content.decode()
     assert "<svg" in html and html.count("<rect") == 3
     assert 'id="rankings"' in html and "o=-input_tokens" in html
+    # Headings read as words, the sort keys stay field names.
+    assert ">input tokens</a>" in html and ">input_tokens<" not in html
     # The current degradation level per owner: bob's sessions run at level 2.
     bob = html.index("<td>bob</td>")
     assert html.index('class="degradation-level">2<', bob) < html.index("</tr>", bob)
