@@ -3,6 +3,10 @@ a full turn with tool calls, typed events and responses, errors as exceptions, a
 and a websocket that drops (or whose server restarts) in the middle of a turn."""
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -30,7 +34,7 @@ from accounts.services import api_key_create, approver_grant
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import set_model_options, stack_logs
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
-from tests.stack import Stack
+from tests.stack import ROOT, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -304,3 +308,38 @@ def test_a_daphne_restart_mid_turn_resumes_with_no_gap_and_no_duplicate(live_sta
         assert reconnects >= 1
         _assert_whole_history(client, session.id, seen)
     assert [e.tool for e in seen if isinstance(e, ToolFinished)] == DEMO_TOOLS
+
+
+def _readme_examples() -> list[tuple[str, str]]:
+    """The Python programs of the README's "Python client" section: (the line that runs it, code)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Python client\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^(.*)<<'PY'\n(.*?)^PY$", section, flags=re.M | re.S)
+
+
+def test_the_readme_examples_run_against_the_live_stack(live_stack: Stack):
+    demo_install()
+    customer = api_key_for("alice")
+    approver = api_key_create(username="bob", roles=[]).raw
+    approver_grant(username="bob")
+    examples = _readme_examples()
+    assert len(examples) == 4, [line for line, _ in examples]
+    outputs = []
+    for line, code in examples:
+        key = approver if "APPROVER_KEY" in line else customer
+        env = {
+            **os.environ,
+            "AGENTPLATFORM_URL": live_stack.http,
+            "AGENTPLATFORM_API_KEY": key,
+        }
+        run = subprocess.run(
+            [sys.executable, "-"], input=code, text=True, capture_output=True, env=env, timeout=180
+        )
+        assert run.returncode == 0, f"{line}\n{code}\n--- stderr\n{run.stderr}"
+        assert "Traceback" not in run.stderr, run.stderr
+        outputs.append(run.stdout)
+    turn, streamed, errors, _approvals = outputs
+    assert "Done. I found 3 orders" in turn and "ran send_notification success" in turn, turn
+    assert "answer after 0 reconnects" in streamed, streamed
+    assert errors.splitlines()[0].startswith("404 not_found"), errors
+    assert "invalid_input" in errors and "conflict" in errors.lower(), errors

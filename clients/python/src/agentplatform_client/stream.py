@@ -98,6 +98,12 @@ class _Tracker:
     def missing_before(self, event: Event) -> bool:
         return event.seq is not None and event.seq > self.last_seq + 1
 
+    @staticmethod
+    def before(event: Event, rows: list[Event]) -> list[Event]:
+        """The rows of a gap read that come before `event` (a later read sees more)."""
+        assert event.seq is not None
+        return [row for row in rows if row.seq is not None and row.seq < event.seq]
+
     def accept(self, event: Event) -> Event | None:
         """Hand out `event` unless an earlier one already covered its seq."""
         if event.seq is not None:
@@ -149,6 +155,7 @@ class AsyncEventStream:
         self._tracker = _Tracker(after)
         self._ws: AsyncConnection | None = None
         self._pending: deque[Event] = deque()
+        self._filled_for: Event | None = None  # the event whose gap was last read from REST
         self._closed = False
         self.reconnects = 0  # sockets opened after the first
 
@@ -170,7 +177,17 @@ class AsyncEventStream:
     async def __anext__(self) -> Event:
         while True:
             if self._pending:
-                return self._pending.popleft()
+                head = self._pending[0]
+                if self._tracker.missing_before(head) and head is not self._filled_for:
+                    # Marked only once read: a read cancelled by a timeout is done again.
+                    earlier = self._tracker.before(head, await self._fetch_after(self.last_seq))
+                    self._filled_for = head
+                    self._pending.extendleft(reversed(earlier))
+                    continue
+                self._pending.popleft()
+                if self._tracker.accept(head) is not None:
+                    return head
+                continue
             if self._closed:
                 raise StopAsyncIteration
             if self._ws is None:
@@ -187,14 +204,8 @@ class AsyncEventStream:
                     raise refused from None
                 continue
             event = self._tracker.parse(raw)
-            if event is None:
-                continue
-            if self._tracker.missing_before(event):
-                for earlier in await self._fetch_after(self._tracker.last_seq):
-                    if earlier.seq is not None and earlier.seq < event.seq:  # type: ignore[operator]
-                        self._pending.append(earlier)
-            self._pending.append(event)
-            self._pending = deque(e for e in self._pending if self._tracker.accept(e) is not None)
+            if event is not None:
+                self._pending.append(event)
 
     async def receive(self, timeout: float | None = None) -> Event:
         """The next event; TimeoutError after `timeout` seconds without one."""
@@ -272,6 +283,7 @@ class EventStream:
         self._tracker = _Tracker(after)
         self._ws: SyncConnection | None = None
         self._pending: deque[Event] = deque()
+        self._filled_for: Event | None = None  # the event whose gap was last read from REST
         self._closed = False
         self.reconnects = 0
 
@@ -302,7 +314,16 @@ class EventStream:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._pending:
-                return self._pending.popleft()
+                head = self._pending[0]
+                if self._tracker.missing_before(head) and head is not self._filled_for:
+                    earlier = self._tracker.before(head, self._fetch_after(self.last_seq))
+                    self._filled_for = head
+                    self._pending.extendleft(reversed(earlier))
+                    continue
+                self._pending.popleft()
+                if self._tracker.accept(head) is not None:
+                    return head
+                continue
             if self._closed:
                 raise APIConnectionError("the stream is closed")
             if self._ws is None:
@@ -320,14 +341,8 @@ class EventStream:
                     raise refused from None
                 continue
             event = self._tracker.parse(raw)
-            if event is None:
-                continue
-            if self._tracker.missing_before(event):
-                for earlier in self._fetch_after(self._tracker.last_seq):
-                    if earlier.seq is not None and earlier.seq < event.seq:  # type: ignore[operator]
-                        self._pending.append(earlier)
-            self._pending.append(event)
-            self._pending = deque(e for e in self._pending if self._tracker.accept(e) is not None)
+            if event is not None:
+                self._pending.append(event)
 
     def send_message(self, content: str, *, idempotency_key: str | None = None) -> None:
         """See AsyncEventStream.send_message."""
