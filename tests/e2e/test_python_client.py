@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -23,6 +24,7 @@ from agentplatform_client import (
     NotFoundError,
     PermissionDeniedError,
     ReconnectPolicy,
+    Session,
     StateChanged,
     ToolFinished,
     ToolStarted,
@@ -310,11 +312,20 @@ def test_a_daphne_restart_mid_turn_resumes_with_no_gap_and_no_duplicate(live_sta
     assert [e.tool for e in seen if isinstance(e, ToolFinished)] == DEMO_TOOLS
 
 
+def _wait_for_state(client: Client, session_id: str, state: str, timeout: float = 30) -> Session:
+    deadline = time.monotonic() + timeout
+    while True:
+        session = client.get_session(session_id)
+        if session.state == state or time.monotonic() > deadline:
+            return session
+        time.sleep(0.1)
+
+
 def _readme_examples() -> list[tuple[str, str]]:
     """The Python programs of the README's "Python client" section: (the line that runs it, code)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Python client\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^(.*)<<'PY'\n(.*?)^PY$", section, flags=re.M | re.S)
+    return re.findall(r"^([^\n]*)<<'PY'\n(.*?)^PY$", section, flags=re.M | re.S)
 
 
 def test_the_readme_examples_run_against_the_live_stack(live_stack: Stack):
@@ -322,6 +333,13 @@ def test_the_readme_examples_run_against_the_live_stack(live_stack: Stack):
     customer = api_key_for("alice")
     approver = api_key_create(username="bob", roles=[]).raw
     approver_grant(username="bob")
+    # A call waiting for a person, for the approvals example to approve.
+    with Client(live_stack.http, customer) as client:
+        waiting = client.create_session(_approval_agent())
+        client.send_message(waiting.id, "stamp R1")
+        _wait_for_state(client, waiting.id, "awaiting_approval")
+    with Client(live_stack.http, approver) as approving:
+        [gated] = [a.id for a in approving.approvals() if a.session == waiting.id]
     examples = _readme_examples()
     assert len(examples) == 4, [line for line, _ in examples]
     outputs = []
@@ -342,4 +360,13 @@ def test_the_readme_examples_run_against_the_live_stack(live_stack: Stack):
     assert "Done. I found 3 orders" in turn and "ran send_notification success" in turn, turn
     assert "answer after 0 reconnects" in streamed, streamed
     assert errors.splitlines()[0].startswith("404 not_found"), errors
-    assert "invalid_input" in errors and "conflict" in errors.lower(), errors
+    assert errors.splitlines()[1].startswith("invalid_input {'agent': "), errors
+    assert errors.splitlines()[2] == "409 not_resumable", errors
+    # The approvals example approved the pending call; its turn ran the tool and finished.
+    assert f"{gated} stamp {{}}" in _approvals, _approvals
+    with Client(live_stack.http, customer) as client:
+        finished = _wait_for_state(client, waiting.id, "finished")
+        assert finished.state == "finished"
+        assert [e.tool for e in client.iter_events(waiting.id) if isinstance(e, ToolFinished)] == [
+            "stamp"
+        ]
