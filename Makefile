@@ -43,8 +43,10 @@ help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
 
 # ---------------------------------------------------------------- virtualenv
-# Reinstalled only when pyproject.toml changes (or the stamp is missing).
-$(STAMP): pyproject.toml
+# Reinstalled only when a pyproject.toml changes (or the stamp is missing). The Python
+# client (clients/python) is installed editable too, so the tests exercise it.
+CLIENT := clients/python
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml
 	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
 	@echo "installing dependencies from pyproject.toml into $(VENV)"
 	@if $(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'; then \
@@ -54,6 +56,7 @@ $(STAMP): pyproject.toml
 		$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(VENV)/requirements.txt; \
 		$(PY) -m pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt; \
 	fi
+	@$(PY) -m pip install --disable-pip-version-check -q -e $(CLIENT)
 	@touch $@
 
 venv .venv: $(STAMP)

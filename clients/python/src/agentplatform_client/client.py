@@ -1,0 +1,580 @@
+"""`Client` (blocking) and `AsyncClient` (asyncio) for the platform's REST API and websocket.
+
+Both are built from one table of calls (`_Calls`): each method describes its
+request and how to read the answer, and the two clients only differ in how they
+send it, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from .errors import APIConnectionError, error_from_response
+from .events import Event, MessageCompleted, TurnFinished, parse_event
+from .models import (
+    Agent,
+    Approval,
+    CancelResult,
+    Checkpoint,
+    Message,
+    OwnerUsage,
+    PostedMessage,
+    Session,
+    Tool,
+)
+from .stream import AsyncEventStream, EventStream, ReconnectPolicy
+
+T = TypeVar("T")
+EVENTS_PAGE = 1000  # the server's largest page of `GET .../events/`
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    params: dict[str, Any] | None = None
+    body: Any = None
+    has_body: bool = False
+
+
+def _list(cls: Any) -> Callable[[httpx.Response], list[Any]]:
+    return lambda response: [cls.from_dict(row) for row in response.json()]
+
+
+def _one(cls: Any) -> Callable[[httpx.Response], Any]:
+    return lambda response: cls.from_dict(response.json())
+
+
+def _events(response: httpx.Response) -> list[Event]:
+    return [parse_event(row) for row in response.json()]
+
+
+def _posted(response: httpx.Response) -> PostedMessage:
+    return PostedMessage(
+        message=Message.from_dict(response.json()), created=response.status_code == 202
+    )
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+class _Calls:
+    """Every REST operation of `/api/v1/` (the OpenAPI schema's paths)."""
+
+    @staticmethod
+    def agents() -> _Call[list[Agent]]:
+        return _Call("GET", "agents/", _list(Agent))
+
+    @staticmethod
+    def create_session(
+        agent: str, metadata: dict[str, Any] | None, role: str | None, value: float | None
+    ) -> _Call[Session]:
+        body: dict[str, Any] = {
+            "agent": agent,
+            **_params(metadata=metadata, role=role, value=value),
+        }
+        return _Call("POST", "sessions/", _one(Session), body=body, has_body=True)
+
+    @staticmethod
+    def list_sessions(limit: int | None) -> _Call[list[Session]]:
+        return _Call("GET", "sessions/", _list(Session), params=_params(limit=limit))
+
+    @staticmethod
+    def get_session(session_id: str) -> _Call[Session]:
+        return _Call("GET", f"sessions/{session_id}/", _one(Session))
+
+    @staticmethod
+    def send_message(
+        session_id: str, content: str, idempotency_key: str | None
+    ) -> _Call[PostedMessage]:
+        body = {"content": content, **_params(idempotency_key=idempotency_key)}
+        return _Call("POST", f"sessions/{session_id}/messages/", _posted, body=body, has_body=True)
+
+    @staticmethod
+    def list_messages(session_id: str, limit: int | None) -> _Call[list[Message]]:
+        return _Call(
+            "GET", f"sessions/{session_id}/messages/", _list(Message), params=_params(limit=limit)
+        )
+
+    @staticmethod
+    def list_events(session_id: str, after: int, limit: int | None) -> _Call[list[Event]]:
+        return _Call(
+            "GET",
+            f"sessions/{session_id}/events/",
+            _events,
+            params=_params(after=after, limit=limit),
+        )
+
+    @staticmethod
+    def cancel(session_id: str) -> _Call[CancelResult]:
+        return _Call("POST", f"sessions/{session_id}/cancel/", _one(CancelResult))
+
+    @staticmethod
+    def fork(session_id: str, checkpoint: int) -> _Call[Session]:
+        return _Call(
+            "POST",
+            f"sessions/{session_id}/fork/",
+            _one(Session),
+            body={"checkpoint": checkpoint},
+            has_body=True,
+        )
+
+    @staticmethod
+    def resume(session_id: str) -> _Call[Session]:
+        return _Call("POST", f"sessions/{session_id}/resume/", _one(Session))
+
+    @staticmethod
+    def checkpoints(session_id: str, limit: int | None) -> _Call[list[Checkpoint]]:
+        return _Call(
+            "GET",
+            f"sessions/{session_id}/checkpoints/",
+            _list(Checkpoint),
+            params=_params(limit=limit),
+        )
+
+    @staticmethod
+    def tools() -> _Call[list[Tool]]:
+        return _Call("GET", "tools/", _list(Tool))
+
+    @staticmethod
+    def usage() -> _Call[OwnerUsage]:
+        return _Call("GET", "usage/", _one(OwnerUsage))
+
+    @staticmethod
+    def approvals(status: str | None, limit: int | None) -> _Call[list[Approval]]:
+        return _Call(
+            "GET", "approvals/", _list(Approval), params=_params(status=status, limit=limit)
+        )
+
+    @staticmethod
+    def approve(
+        approval_id: str, arguments: dict[str, Any] | None, comment: str | None
+    ) -> _Call[Approval]:
+        body = _params(arguments=arguments, comment=comment)
+        return _Call(
+            "POST", f"approvals/{approval_id}/approve/", _one(Approval), body=body, has_body=True
+        )
+
+    @staticmethod
+    def reject(approval_id: str, comment: str) -> _Call[Approval]:
+        return _Call(
+            "POST",
+            f"approvals/{approval_id}/reject/",
+            _one(Approval),
+            body={"comment": comment},
+            has_body=True,
+        )
+
+    @staticmethod
+    def review(approval_id: str, answer: str, result: Any, comment: str | None) -> _Call[Approval]:
+        body = {"answer": answer, **_params(result=result, comment=comment)}
+        return _Call(
+            "POST", f"approvals/{approval_id}/review/", _one(Approval), body=body, has_body=True
+        )
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What `run_turn` saw: every event of the turn, in order, and its end."""
+
+    events: list[Event]
+    finished: TurnFinished
+
+    @property
+    def answer(self) -> str:
+        """The turn's last assistant message ("" when it ended without one)."""
+        for event in reversed(self.events):
+            if isinstance(event, MessageCompleted) and event.role == "assistant":
+                return event.content
+        return ""
+
+    @property
+    def tool_calls(self) -> list[str]:
+        """The tools the turn ran, in order (from its `tool.finished` events)."""
+        return [e.data.get("tool", "") for e in self.events if e.type == "tool.finished"]
+
+
+def _settings(base_url: str | None, api_key: str | None) -> tuple[str, str, str]:
+    """(REST root ending in /api/v1/, websocket root, key), from arguments or the environment."""
+    base = base_url or os.environ.get("AGENTPLATFORM_URL") or "http://127.0.0.1:8000"
+    key = api_key or os.environ.get("AGENTPLATFORM_API_KEY")
+    if not key:
+        raise ValueError("an API key is required: pass api_key= or set AGENTPLATFORM_API_KEY")
+    root = base.rstrip("/")
+    if root.endswith("/api/v1"):
+        root = root[: -len("/api/v1")]
+    if root.startswith("https://"):
+        ws_root = "wss://" + root[len("https://") :]
+    elif root.startswith("http://"):
+        ws_root = "ws://" + root[len("http://") :]
+    else:
+        raise ValueError(f"base_url must start with http:// or https://; got {base!r}")
+    return root + "/api/v1/", ws_root, key
+
+
+def _request_kwargs(call: _Call[Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"params": call.params}
+    if call.has_body:
+        kwargs["json"] = call.body
+    return kwargs
+
+
+class Client:
+    """Blocking client. `Client(base_url, api_key)`; both default to the environment
+    (`AGENTPLATFORM_URL`, `AGENTPLATFORM_API_KEY`). Use as a context manager or call `close()`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        reconnect: ReconnectPolicy | None = None,
+        http: httpx.Client | None = None,
+    ) -> None:
+        rest_root, self._ws_root, self._key = _settings(base_url, api_key)
+        self.reconnect = reconnect or ReconnectPolicy()
+        self._http = http or httpx.Client(timeout=timeout)
+        self._rest_root = rest_root
+        self._headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json"}
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _run(self, call: _Call[T]) -> T:
+        try:
+            response = self._http.request(
+                call.method,
+                self._rest_root + call.path,
+                headers=self._headers,
+                **_request_kwargs(call),
+            )
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"{call.method} {call.path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return call.read(response)
+
+    # Sessions -------------------------------------------------------------------
+
+    def agents(self) -> list[Agent]:
+        return self._run(_Calls.agents())
+
+    def create_session(
+        self,
+        agent: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        role: str | None = None,
+        value: float | None = None,
+    ) -> Session:
+        return self._run(_Calls.create_session(agent, metadata, role, value))
+
+    def list_sessions(self, *, limit: int | None = None) -> list[Session]:
+        """Your sessions, newest first."""
+        return self._run(_Calls.list_sessions(limit))
+
+    def get_session(self, session_id: str) -> Session:
+        return self._run(_Calls.get_session(session_id))
+
+    def cancel(self, session_id: str) -> CancelResult:
+        return self._run(_Calls.cancel(session_id))
+
+    def fork(self, session_id: str, *, checkpoint: int) -> Session:
+        """A new session from checkpoint step `checkpoint` (see `checkpoints`)."""
+        return self._run(_Calls.fork(session_id, checkpoint))
+
+    def resume(self, session_id: str) -> Session:
+        """Continue a run that stopped in `error` (ConflictError otherwise)."""
+        return self._run(_Calls.resume(session_id))
+
+    def checkpoints(self, session_id: str, *, limit: int | None = None) -> list[Checkpoint]:
+        return self._run(_Calls.checkpoints(session_id, limit))
+
+    # Messages and events ----------------------------------------------------------
+
+    def send_message(
+        self, session_id: str, content: str, *, idempotency_key: str | None = None
+    ) -> PostedMessage:
+        return self._run(_Calls.send_message(session_id, content, idempotency_key))
+
+    def list_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+        """History, oldest first (the last `limit`, server default 20)."""
+        return self._run(_Calls.list_messages(session_id, limit))
+
+    def list_events(
+        self, session_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """One page of persisted events after `after` (server default 500, at most 1000)."""
+        return self._run(_Calls.list_events(session_id, after, limit))
+
+    def iter_events(self, session_id: str, *, after: int = 0) -> Iterator[Event]:
+        """Every persisted event after `after`, page by page."""
+        while True:
+            page = self.list_events(session_id, after=after, limit=EVENTS_PAGE)
+            yield from page
+            if len(page) < EVENTS_PAGE:
+                return
+            after = page[-1].seq or after
+
+    def stream(self, session_id: str, *, after: int = 0) -> EventStream:
+        """The session's events over the websocket from `after` on, reconnecting as needed."""
+        return EventStream(
+            ws_base=self._ws_root,
+            session_id=session_id,
+            api_key=self._key,
+            after=after,
+            policy=self.reconnect,
+            fetch_after=lambda seq: list(self.iter_events(session_id, after=seq)),
+        )
+
+    def last_seq(self, session_id: str) -> int:
+        """The seq of the session's newest persisted event (0 for none)."""
+        last = 0
+        for event in self.iter_events(session_id):
+            last = event.seq or last
+        return last
+
+    def run_turn(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> TurnResult:
+        """Send `content` and wait for the turn it starts to finish.
+
+        1. Open the stream after the session's newest event (so only this turn's come).
+        2. Post the message over REST.
+        3. Collect events until `turn.finished` (TimeoutError after `timeout` seconds).
+        For an idle session; while another turn runs, the first to finish ends the wait.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.stream(session_id, after=self.last_seq(session_id)) as events:
+            self.send_message(session_id, content, idempotency_key=idempotency_key)
+            seen: list[Event] = []
+            while True:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
+                event = events.receive(timeout=left)
+                seen.append(event)
+                if on_event is not None:
+                    on_event(event)
+                if isinstance(event, TurnFinished):
+                    return TurnResult(events=seen, finished=event)
+
+    # Tools, usage, approvals ----------------------------------------------------------
+
+    def tools(self) -> list[Tool]:
+        """The tools your key's roles may use."""
+        return self._run(_Calls.tools())
+
+    def usage(self) -> OwnerUsage:
+        return self._run(_Calls.usage())
+
+    def approvals(
+        self, *, status: str | None = "pending", limit: int | None = None
+    ) -> list[Approval]:
+        """Approvals of your approver groups (PermissionDeniedError for a non-approver key)."""
+        return self._run(_Calls.approvals(status, limit))
+
+    def approve(
+        self,
+        approval_id: str,
+        *,
+        arguments: dict[str, Any] | None = None,
+        comment: str | None = None,
+    ) -> Approval:
+        """Approve (optionally with edited `arguments`, validated against the tool's schema)."""
+        return self._run(_Calls.approve(approval_id, arguments, comment))
+
+    def reject(self, approval_id: str, *, comment: str) -> Approval:
+        """Reject; the model receives `comment`."""
+        return self._run(_Calls.reject(approval_id, comment))
+
+    def review(
+        self, approval_id: str, *, answer: str, result: Any = None, comment: str | None = None
+    ) -> Approval:
+        """Answer a recovery review: `took_effect` (with `result`), `not_taken` or `send_again`."""
+        return self._run(_Calls.review(approval_id, answer, result, comment))
+
+
+class AsyncClient:
+    """The asyncio twin of `Client`: the same methods, awaited; `stream()` is an async
+    context manager and iterator."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        reconnect: ReconnectPolicy | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        rest_root, self._ws_root, self._key = _settings(base_url, api_key)
+        self.reconnect = reconnect or ReconnectPolicy()
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._rest_root = rest_root
+        self._headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json"}
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _run(self, call: _Call[T]) -> T:
+        try:
+            response = await self._http.request(
+                call.method,
+                self._rest_root + call.path,
+                headers=self._headers,
+                **_request_kwargs(call),
+            )
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"{call.method} {call.path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return call.read(response)
+
+    async def agents(self) -> list[Agent]:
+        return await self._run(_Calls.agents())
+
+    async def create_session(
+        self,
+        agent: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        role: str | None = None,
+        value: float | None = None,
+    ) -> Session:
+        return await self._run(_Calls.create_session(agent, metadata, role, value))
+
+    async def list_sessions(self, *, limit: int | None = None) -> list[Session]:
+        return await self._run(_Calls.list_sessions(limit))
+
+    async def get_session(self, session_id: str) -> Session:
+        return await self._run(_Calls.get_session(session_id))
+
+    async def cancel(self, session_id: str) -> CancelResult:
+        return await self._run(_Calls.cancel(session_id))
+
+    async def fork(self, session_id: str, *, checkpoint: int) -> Session:
+        return await self._run(_Calls.fork(session_id, checkpoint))
+
+    async def resume(self, session_id: str) -> Session:
+        return await self._run(_Calls.resume(session_id))
+
+    async def checkpoints(self, session_id: str, *, limit: int | None = None) -> list[Checkpoint]:
+        return await self._run(_Calls.checkpoints(session_id, limit))
+
+    async def send_message(
+        self, session_id: str, content: str, *, idempotency_key: str | None = None
+    ) -> PostedMessage:
+        return await self._run(_Calls.send_message(session_id, content, idempotency_key))
+
+    async def list_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+        return await self._run(_Calls.list_messages(session_id, limit))
+
+    async def list_events(
+        self, session_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        return await self._run(_Calls.list_events(session_id, after, limit))
+
+    async def iter_events(self, session_id: str, *, after: int = 0) -> AsyncIterator[Event]:
+        while True:
+            page = await self.list_events(session_id, after=after, limit=EVENTS_PAGE)
+            for event in page:
+                yield event
+            if len(page) < EVENTS_PAGE:
+                return
+            after = page[-1].seq or after
+
+    async def _all_after(self, session_id: str, after: int) -> list[Event]:
+        return [event async for event in self.iter_events(session_id, after=after)]
+
+    def stream(self, session_id: str, *, after: int = 0) -> AsyncEventStream:
+        return AsyncEventStream(
+            ws_base=self._ws_root,
+            session_id=session_id,
+            api_key=self._key,
+            after=after,
+            policy=self.reconnect,
+            fetch_after=lambda seq: self._all_after(session_id, seq),
+        )
+
+    async def last_seq(self, session_id: str) -> int:
+        last = 0
+        async for event in self.iter_events(session_id):
+            last = event.seq or last
+        return last
+
+    async def run_turn(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> TurnResult:
+        """See `Client.run_turn`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        async with self.stream(session_id, after=await self.last_seq(session_id)) as events:
+            await self.send_message(session_id, content, idempotency_key=idempotency_key)
+            seen: list[Event] = []
+            while True:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
+                event = await events.receive(timeout=left)
+                seen.append(event)
+                if on_event is not None:
+                    on_event(event)
+                if isinstance(event, TurnFinished):
+                    return TurnResult(events=seen, finished=event)
+
+    async def tools(self) -> list[Tool]:
+        return await self._run(_Calls.tools())
+
+    async def usage(self) -> OwnerUsage:
+        return await self._run(_Calls.usage())
+
+    async def approvals(
+        self, *, status: str | None = "pending", limit: int | None = None
+    ) -> list[Approval]:
+        return await self._run(_Calls.approvals(status, limit))
+
+    async def approve(
+        self,
+        approval_id: str,
+        *,
+        arguments: dict[str, Any] | None = None,
+        comment: str | None = None,
+    ) -> Approval:
+        return await self._run(_Calls.approve(approval_id, arguments, comment))
+
+    async def reject(self, approval_id: str, *, comment: str) -> Approval:
+        return await self._run(_Calls.reject(approval_id, comment))
+
+    async def review(
+        self, approval_id: str, *, answer: str, result: Any = None, comment: str | None = None
+    ) -> Approval:
+        return await self._run(_Calls.review(approval_id, answer, result, comment))
