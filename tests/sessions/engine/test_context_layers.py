@@ -27,6 +27,7 @@ from memory.layers import EXTRA_CONTEXT_HEAD
 from runtime.breaker import model_breaker
 from sessions.engine import model_phase, runner
 from sessions.models import Agent, Checkpoint, Message, ModelEndpoint, Session, ToolCall
+from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tools.registry import tool_handler
@@ -356,3 +357,31 @@ async def test_a_websocket_frame_carries_extra_context_to_the_model(client, agen
     assert len(system) == 4
     assert json.loads(system[3].split("\n")[2]) == extra
     assert session.dialogue_state["slots"] == {"order": "SO-42"}
+
+
+def test_the_offline_rules_model_answers_from_the_dialogue_state(make_agent, make_session):
+    """What the offline demo shows: a follow-up without the order number is answered with
+    the one the user gave a turn earlier (a slot carried over in the dialogue state)."""
+    agent = make_agent(
+        dialogue=DIALOGUE,
+        rules=[
+            {
+                "when": {"truthy": "dialogue.slots.order"},
+                "answer": "{{ dialogue.intent }}: order {{ dialogue.slots.order }} "
+                "via {{ dialogue.slots.carrier }}",
+            },
+            {"answer": "Which order?"},
+        ],
+    )
+    session = make_session(agent=agent)
+    answers = []
+    for text in ("hello", "where is SO-9 (sf express)?", "then I want a refund"):
+        message_post(session=session, content=text)
+        session = _run(str(session.pk))
+        answers.append(Message.objects.filter(session=session, role="assistant").last().content)
+    assert answers == [
+        "Which order?",
+        "track: order SO-9 via SF",
+        "refund: order SO-9 via SF",
+    ]
+    assert session.dialogue_state["slot_turns"] == {"order": 2, "carrier": 2}
