@@ -95,7 +95,7 @@ def turn_extra_context(history: list[Message], turn: int) -> dict[str, Any] | No
 def _zone(name: str) -> ZoneInfo | None:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # not a zone name (or a directory)
         return None
 
 

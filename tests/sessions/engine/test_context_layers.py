@@ -26,6 +26,7 @@ from llm.types import ChatRequest
 from memory.layers import EXTRA_CONTEXT_HEAD
 from runtime.breaker import model_breaker
 from sessions.engine import model_phase, runner
+from sessions.engine.context_layers import session_time_zone
 from sessions.models import Agent, Checkpoint, Message, ModelEndpoint, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
@@ -385,3 +386,20 @@ def test_the_offline_rules_model_answers_from_the_dialogue_state(make_agent, mak
         "refund: order SO-9 via SF",
     ]
     assert session.dialogue_state["slot_turns"] == {"order": 2, "carrier": 2}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"timezone": "Europe/Paris"}, "Europe/Paris"),
+        ({"timezone": "Mars/Olympus"}, "UTC"),
+        ({"timezone": "../../etc/passwd"}, "UTC"),
+        ({"timezone": "America"}, "UTC"),  # a directory of zones, not a zone
+        ({"timezone": 3}, "UTC"),
+        ({}, "UTC"),
+    ],
+)
+def test_the_time_zone_is_the_sessions_if_it_names_one(settings, metadata, expected):
+    settings.BILLING_TIME_ZONE = "UTC"
+    name, zone = session_time_zone(Session(metadata=metadata))
+    assert name == expected and str(zone) == expected
