@@ -192,6 +192,7 @@ def dialogue_config_problem(config: Any) -> str | None:
 
 
 _compiled: dict[str, Extractor] = {}
+_by_identity: dict[int, tuple[Any, Extractor]] = {}
 _COMPILED_MAX = 256
 
 
@@ -200,6 +201,10 @@ def extractor_for(config: Any) -> Extractor:
     a broken config (only possible by bypassing apply_config) extracts nothing."""
     if not config:
         return Extractor((), ())
+    # The same config object (an agent cached by the engine between its edits): no re-encoding.
+    known = _by_identity.get(id(config))
+    if known is not None and known[0] is config:
+        return known[1]
     key = json.dumps(config, sort_keys=True, default=str)
     found = _compiled.get(key)
     if found is None:
@@ -210,6 +215,10 @@ def extractor_for(config: Any) -> Extractor:
         if len(_compiled) >= _COMPILED_MAX:
             _compiled.clear()
         _compiled[key] = found
+    if len(_by_identity) >= _COMPILED_MAX:
+        _by_identity.clear()
+    # Holding the config keeps its id from being reused by another object.
+    _by_identity[id(config)] = (config, found)
     return found
 
 

@@ -70,12 +70,19 @@ def dialogue_update(
     previous = session.dialogue_state or {}
     read_up_to = int(previous.get("seq") or 0)
     texts = []
-    for message in history:
+    # From the end back to the last message read: the cost follows the new messages, not
+    # the history (a platform note at the end has no seq yet).
+    for message in reversed(history):
+        if message.seq is None:
+            continue
+        if message.seq <= read_up_to:
+            break
         text = _user_text(message)
-        if text is not None and message.seq and message.seq > read_up_to:
+        if text is not None:
             texts.append((message.seq, text))
     if not texts:
         return None
+    texts.reverse()
     return dict(extract(extractor, previous, texts, turn=session.turn))
 
 
