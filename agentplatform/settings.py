@@ -189,6 +189,10 @@ MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
 # metadata, and the compact UTF-8 size of a session's metadata.
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=32)
 METADATA_MAX_BYTES = env.int("METADATA_MAX_BYTES", default=16384)
+# A message's extra_context (data for the model from the customer app): an object of at
+# most this compact UTF-8 size (413 beyond) and nesting depth (400 beyond).
+EXTRA_CONTEXT_MAX_BYTES = env.int("EXTRA_CONTEXT_MAX_BYTES", default=8192)
+EXTRA_CONTEXT_MAX_DEPTH = env.int("EXTRA_CONTEXT_MAX_DEPTH", default=8)
 # A larger request body is refused with 413 before it is parsed (Django's setting).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2621440)
 # A run that continues after this long a pause is told what changed in its environment.

@@ -32,12 +32,16 @@ class OwnerFigures:
     agent_day: Spent
     turn: Spent
     credits_left: float | None  # balance / low-water mark; None when not watched
+    # The owner's credit account (balance, reserved, daily cap, spent today), if there is one:
+    # the environment block shows it to the model at no extra query.
+    credits: tuple[int, int, int | None, int] | None = None
 
 
 def _sql(model_call_table: str) -> str:
     return f"""
 SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_tokens, b.day_cost,
-       c.balance, c.low_water_mark,
+       c.balance, c.low_water_mark, c.reserved, c.daily_cap,
+       CASE WHEN c.spent_day = (now() AT TIME ZONE %s)::date THEN c.spent_today ELSE 0 END,
        d.agent_tokens, d.agent_cost, d.owner_tokens, d.owner_cost,
        t.tokens, t.cost
   FROM (SELECT coalesce(sum(input_tokens + output_tokens) FILTER (WHERE agent_id = %s), 0) AS agent_tokens,
@@ -54,7 +58,9 @@ SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_token
 
 
 def owner_watched(*, owner_id: int) -> bool:
-    """Does the owner have a budget or a credit account with a low-water mark?"""
+    """Does the owner have a budget or a credit account? (Either is read before a model call:
+    budgets and the low-water mark judge the call, the account's figures go to the model's
+    environment block.)"""
     now = time.monotonic()
     seen = _watched.get(owner_id)
     if seen is not None and now - seen[0] < OWNER_WATCH_TTL_S:
@@ -63,7 +69,7 @@ def owner_watched(*, owner_id: int) -> bool:
         cursor.execute(
             f"""SELECT EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = %s)
                     OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}"
-                                WHERE owner_id = %s AND low_water_mark > 0)""",
+                                WHERE owner_id = %s)""",
             [owner_id, owner_id],
         )
         watched = bool(cursor.fetchone()[0])
@@ -92,10 +98,11 @@ def owner_figures(
     with connection.cursor() as cursor:
         cursor.execute(
             _sql(model_call_table),
-            [agent_id, agent_id, owner_id, tz, session_id, turn, owner_id, owner_id],
+            [tz, agent_id, agent_id, owner_id, tz, session_id, turn, owner_id, owner_id],
         )
         row = cursor.fetchone()
-    (tt, tc, st, sc, dt, dc, balance, low_water, at, ac, ot, oc, turn_t, turn_c) = row
+    (tt, tc, st, sc, dt, dc, balance, low_water, reserved, cap, spent, *rest) = row
+    (at, ac, ot, oc, turn_t, turn_c) = rest
     owner_day = Spent(int(ot), Decimal(oc))
     turn_spent = Spent(int(turn_t), Decimal(turn_c))
     budgets = [
@@ -111,6 +118,7 @@ def owner_figures(
         agent_day=Spent(int(at), Decimal(ac)),
         turn=turn_spent,
         credits_left=credits_left,
+        credits=None if balance is None else (int(balance), int(reserved), cap, int(spent)),
     )
 
 

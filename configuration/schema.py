@@ -11,6 +11,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
+from memory.dialogue import dialogue_config_problem
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.registry import HANDLERS
@@ -163,6 +164,8 @@ AGENT_ENTRY = {
         "turn_timeout_s": POSITIVE,
         "context_window": {"type": "integer", "minimum": 256},
         "rules": {"type": "array", "items": RULE},
+        # Intents and slots (memory/dialogue.py checks the details: regexes, names).
+        "dialogue": {"type": "object"},
         "busy_message": {"type": "string"},
         "double_texting": {"enum": [choice.value for choice in DoubleTexting]},
         # What a session of this agent is worth by default (priority by value per point).
@@ -406,6 +409,9 @@ def config_errors(
                 errors.append(
                     f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})"
                 )
+        problem = dialogue_config_problem(entry.get("dialogue"))
+        if problem:
+            errors.append(f"{where}.{problem}")
         for j, name in enumerate(entry.get("tools") or []):
             if name not in tools:
                 errors.append(

@@ -74,6 +74,7 @@ AGENT_FIELDS = (
     "max_iterations",
     "context_window",
     "rules",
+    "dialogue",
     "busy_message",
     "double_texting",
     "value",

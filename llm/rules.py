@@ -17,7 +17,10 @@ compact JSON), `truthy` / `falsy` (a path in the template context). Rules are
 tried in order; the first that holds answers. Templates see `user`, `match`
 (regex groups), `result`, `results` (the latest tool results), `tools` (latest
 result per tool this turn), `calls` (number of calls per tool this turn) and,
-inside `for_each`, `item`.
+inside `for_each`, `item`. The context layers the engine adds are there too:
+`dialogue` (`intent`, `slots`), `environment` (time, budgets, credits, degraded
+services) and `extra_context` (what the customer app sent with this turn), e.g.
+`{"truthy": "dialogue.slots.order"}` or `{{ dialogue.slots.order }}`.
 """
 
 import asyncio
@@ -117,11 +120,20 @@ def _rule_holds(when: dict[str, Any], context: dict[str, Any]) -> bool:
     return not ("falsy" in when and lookup(context, str(when["falsy"])))
 
 
+# Keys of ChatRequest.agent_config the engine's context layers fill (rule templates see them).
+LAYER_KEYS = ("dialogue", "environment", "extra_context")
+
+
 def decide(
-    rules: list[dict[str, Any]], messages: tuple[ChatMessage, ...], fallback: str
+    rules: list[dict[str, Any]],
+    messages: tuple[ChatMessage, ...],
+    fallback: str,
+    layers: dict[str, Any] | None = None,
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """Return (answer text, [(tool name, args)]) for the first rule that holds."""
     context = build_context(messages)
+    for key in LAYER_KEYS:
+        context[key] = (layers or {}).get(key)
     for rule in rules:
         if not _rule_holds(dict(rule.get("when") or {}), context):
             continue
@@ -148,7 +160,7 @@ class RulesAdapter(ModelAdapter):
         if not isinstance(rules, list):
             raise ModelConfigError("agent rules must be a list")
         fallback = request.agent_config.get("fallback_answer") or NO_RULE_ANSWER
-        answer, calls = decide(rules, request.messages, fallback)
+        answer, calls = decide(rules, request.messages, fallback, request.agent_config)
         delay = float(self.endpoint.options.get("latency_s", 0) or 0)
         if delay:
             await asyncio.sleep(delay)

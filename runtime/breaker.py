@@ -9,6 +9,7 @@ breaker, its failure opens it again.
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -83,13 +84,30 @@ class CircuitBreaker:
             failures, was_open = pipe.execute()
             if int(failures) >= self.threshold or was_open or retry_after_s:
                 cooldown = max(self.cooldown_s, retry_after_s or 0.0)
+                open_until = time.time() + cooldown
                 pipe = _redis().pipeline()
-                pipe.hset(key, "open_until", str(time.time() + cooldown))
+                pipe.hset(key, "open_until", str(open_until))
                 pipe.expire(key, int(cooldown) + 3600)
                 pipe.delete(key + ":trial")
                 pipe.execute()
+                # Known here at once (known_open); allow() still asks Redis while open.
+                _local[key] = (time.time(), open_until, int(failures))
         except redis.RedisError:
             pass
+
+    def known_open(self, names: Iterable[str]) -> list[str]:
+        """Which of `names` this process last saw open (no Redis round trip).
+
+        For a cheap, per-step picture of degraded services: a breaker another process
+        opened shows here once this process has tried that endpoint or tool since.
+        """
+        now = time.time()
+        found = []
+        for name in names:
+            seen = _local.get(self._key(name))
+            if seen is not None and seen[1] > now:
+                found.append(name)
+        return found
 
     def state(self, name: str) -> BreakerState:
         try:

@@ -432,6 +432,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await database_sync_to_async(self._post)(
                     message.validated_data["content"],
                     message.validated_data.get("idempotency_key"),
+                    message.validated_data.get("extra_context"),
                 )
             elif kind == "interrupt":
                 await database_sync_to_async(self._interrupt)()
@@ -443,13 +444,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
         except DomainError as exc:
             await self._send_error(exc.code, exc.message, exc.details)
 
-    def _post(self, content: str, idempotency_key: str | None) -> None:
+    def _post(self, content: str, idempotency_key: str | None, extra_context: Any = None) -> None:
         # The ownership check is the post's locking query, as for REST.
         services.message_post_for_owner(
             session_id=self.session_id,
             owner_id=self.owner_id,
             content=content,
             idempotency_key=idempotency_key,
+            extra_context=extra_context,
         )
 
     def _interrupt(self) -> None:

@@ -119,6 +119,14 @@ class Agent(models.Model):
     )
     # Long-term memory (memory/): top_k, tags, extraction on/off.
     memory = models.JSONField(default=dict, blank=True)
+    # Dialogue state extraction (memory/dialogue.py): intents and slots with keywords/patterns.
+    dialogue = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Intents and slots extracted per user turn, e.g. {"intents": [{"name": '
+        '"refund", "keywords": ["refund"]}], "slots": [{"name": "order", "patterns": '
+        '["(SO-\\d+)"]}]} (see README, "Context layers").',
+    )
     rules = models.JSONField(
         default=list, blank=True, help_text="Rules for the offline 'rules' model (see README)."
     )

@@ -56,6 +56,7 @@ from .engine import (
     user_answer,
 )
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
+from .json_limits import JsonRejected, json_check
 from .models import (
     Agent,
     Checkpoint,
@@ -113,7 +114,11 @@ class PostedMessage:
 
 
 def message_post(
-    *, session: Session, content: str, idempotency_key: str | None = None
+    *,
+    session: Session,
+    content: str,
+    idempotency_key: str | None = None,
+    extra_context: dict[str, Any] | None = None,
 ) -> PostedMessage:
     """Accept a user message durably, then start its turn or deal with the running one.
 
@@ -123,20 +128,29 @@ def message_post(
     3. While a turn runs, the agent's double-texting policy decides: `enqueue`
        (wait for the turn, in order), `interrupt` (stop the turn at its next
        step boundary, then run this one) or `reject` (409).
-    4. Store the message as queued; if no turn is running, start one now.
+    4. Store the message (with its `extra_context`, data for the model) as queued; if
+       no turn is running, start one now.
     5. After commit, wake a worker (and, on interrupt, close a running stream).
     """
     _content_check(content)
+    extra_context_check(extra_context)
     pk = session_id_parse(session.pk)
     with transaction.atomic():
         locked = None if pk is None else _session_locked.first(pk)
         if locked is None:
             raise Session.DoesNotExist(f"session {session.pk} is gone")
-        return _message_accept(locked, content=content, idempotency_key=idempotency_key)
+        return _message_accept(
+            locked, content=content, idempotency_key=idempotency_key, extra_context=extra_context
+        )
 
 
 def message_post_for_owner(
-    *, session_id: UUID | str, owner_id: int, content: str, idempotency_key: str | None = None
+    *,
+    session_id: UUID | str,
+    owner_id: int,
+    content: str,
+    idempotency_key: str | None = None,
+    extra_context: dict[str, Any] | None = None,
 ) -> PostedMessage:
     """`message_post` for an API caller: the session is looked up and locked in one
     statement, and another owner's session is missing (NotFound), as in
@@ -148,7 +162,10 @@ def message_post_for_owner(
         if locked is None:
             raise NotFound(f"session {session_id} not found")
         _content_check(content)
-        return _message_accept(locked, content=content, idempotency_key=idempotency_key)
+        extra_context_check(extra_context)
+        return _message_accept(
+            locked, content=content, idempotency_key=idempotency_key, extra_context=extra_context
+        )
 
 
 def _session_lock() -> QuerySet[Session]:
@@ -177,14 +194,62 @@ def _content_check(content: str) -> None:
         )
 
 
-def _message_accept(locked: Session, *, content: str, idempotency_key: str | None) -> PostedMessage:
+def extra_context_check(extra_context: Any) -> None:
+    """A message's `extra_context` is a JSON object within EXTRA_CONTEXT_MAX_DEPTH and
+    EXTRA_CONTEXT_MAX_BYTES (as compact UTF-8 JSON), or absent (None)."""
+    if extra_context is None:
+        return
+    if not isinstance(extra_context, dict):
+        raise InvalidInput(
+            f"extra_context must be a JSON object, not {_json_type(extra_context)}",
+            details={"field": "extra_context"},
+        )
+    limit = settings.EXTRA_CONTEXT_MAX_BYTES
+    try:
+        json_check(
+            extra_context,
+            root="$.extra_context",
+            max_depth=settings.EXTRA_CONTEXT_MAX_DEPTH,
+            max_bytes=limit,
+        )
+    except JsonRejected as exc:
+        if exc.too_large:  # too big is a 413, as for content and metadata
+            raise PayloadTooLarge(
+                f"extra_context: {exc.reason}", details={"field": "extra_context", "limit": limit}
+            ) from None
+        raise InvalidInput(
+            f"extra_context: {exc.message}", details={"field": "extra_context", **exc.details}
+        ) from None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+def _message_accept(
+    locked: Session,
+    *,
+    content: str,
+    idempotency_key: str | None,
+    extra_context: dict[str, Any] | None = None,
+) -> PostedMessage:
     """message_post's steps 2-5, inside its transaction, with the session row locked."""
     if idempotency_key:
         existing = Message.objects.filter(session=locked, idempotency_key=idempotency_key).first()
         if existing is not None:
-            if existing.content != content:
+            if existing.content != content or existing.extra_context != extra_context:
                 raise Conflict(
-                    "idempotency_key was already used with a different content",
+                    "idempotency_key was already used with a different content or extra_context",
                     details={"idempotency_key": idempotency_key},
                     code="idempotency_conflict",
                 )
@@ -193,7 +258,9 @@ def _message_accept(locked: Session, *, content: str, idempotency_key: str | Non
     question = open_question(locked) if state == State.PAUSED_FOR_USER else None
     if question is not None:
         # The answer to the model's ask_user: that call's result; the same turn goes on.
-        answer = user_answer(session=locked, call=question, answer=content, by="user")
+        answer = user_answer(
+            session=locked, call=question, answer=content, by="user", extra_context=extra_context
+        )
         if idempotency_key:
             Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
         run_enqueue_on_commit(locked.pk, locked.value)
@@ -212,6 +279,7 @@ def _message_accept(locked: Session, *, content: str, idempotency_key: str | Non
         content=content,
         idempotency_key=idempotency_key or None,
         token_count=count_message_tokens(content),
+        extra_context=extra_context,
     )
     if not busy and locked.queued_count == 0:
         # The common case: straight into the history, in the turn-start step itself.

@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
 from configuration.schema import RULE
+from memory.dialogue import dialogue_config_problem
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
@@ -39,6 +40,7 @@ class AgentAdminForm(forms.ModelForm):
             "turn_timeout_s",
             "tools",
             "rules",
+            "dialogue",
             "busy_message",
             "cheap_model",
             "degraded_max_tokens",
@@ -63,6 +65,15 @@ class AgentAdminForm(forms.ModelForm):
         if len(set(names)) != len(names):
             raise forms.ValidationError("A tool is listed twice.")
         return names
+
+    def clean_dialogue(self) -> Any:
+        dialogue = self.cleaned_data.get("dialogue")
+        if dialogue in (None, ""):
+            return {}
+        problem = dialogue_config_problem(dialogue)
+        if problem:
+            raise forms.ValidationError(f"Invalid dialogue config at {problem}")
+        return dialogue
 
     def clean_rules(self) -> Any:
         rules = self.cleaned_data.get("rules")
@@ -142,6 +153,7 @@ class AgentAdmin(admin.ModelAdmin):
         ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
+        ("Dialogue state", {"fields": ("dialogue",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
     )
 

@@ -64,6 +64,25 @@ class SessionSummary:
     def running(self) -> bool:
         return self.session.state not in TURN_ENDED and self.session.state != State.IDLE
 
+    @property
+    def dialogue(self) -> str:
+        """The dialogue state in one line: intent and slots, each with the turn that set it."""
+        return dialogue_line(self.session.dialogue_state)
+
+
+def dialogue_line(state: Any) -> str:
+    if not isinstance(state, dict) or not (state.get("intent") or state.get("slots")):
+        return ""
+    parts = []
+    if state.get("intent"):
+        parts.append(f"intent {state['intent']} (turn {state.get('intent_turn', '?')})")
+    turns = state.get("slot_turns") or {}
+    parts += [
+        f"{name} = {json.dumps(value, ensure_ascii=False)} (turn {turns.get(name, '?')})"
+        for name, value in sorted((state.get("slots") or {}).items())
+    ]
+    return "; ".join(parts)
+
 
 def session_summary(session: Session) -> SessionSummary:
     activity = selectors.session_activity(session=session)
@@ -176,6 +195,7 @@ class SessionAdmin(SessionIdSearch):
         "forked_from",
         "forked_at_step",
         "metadata_pretty",
+        "dialogue_pretty",
     )
     # The summary and the timeline lead the page (see the template); these are
     # the raw columns, for when an operator needs one.
@@ -242,6 +262,7 @@ class SessionAdmin(SessionIdSearch):
             },
         ),
         ("Metadata", {"fields": ("metadata_pretty",), "classes": ("collapse",)}),
+        ("Dialogue state", {"fields": ("dialogue_pretty",), "classes": ("collapse",)}),
     )
 
     @admin.display(description="id", ordering="id")
@@ -280,6 +301,10 @@ class SessionAdmin(SessionIdSearch):
     @admin.display(description="metadata")
     def metadata_pretty(self, obj: Session) -> str:
         return pre(obj.metadata)
+
+    @admin.display(description="dialogue state")
+    def dialogue_pretty(self, obj: Session) -> str:
+        return pre(obj.dialogue_state)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
         # One aggregate and one indexed subquery for the list instead of queries per row.

@@ -59,10 +59,31 @@ class SessionCreateSerializer(StrictSerializer):
         return value
 
 
+EXTRA_CONTEXT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": True,
+    "nullable": True,
+    "description": (
+        "Optional data from your app for this turn (the page the user is on, their cart, "
+        "...). The model sees it as data, never as instructions. A JSON object of at most "
+        "EXTRA_CONTEXT_MAX_BYTES (default 8192) bytes as compact UTF-8 JSON (413 beyond) and "
+        "EXTRA_CONTEXT_MAX_DEPTH (default 8) levels of nesting (400 beyond)."
+    ),
+    "example": {"page": "orders/SO-1001", "plan": "gold"},
+}
+
+
+@extend_schema_field(EXTRA_CONTEXT_SCHEMA)
+class ExtraContextField(serializers.JSONField):
+    """Any JSON here; the service says what is wrong with it (an object only, its size and
+    depth), so a websocket frame and a POST get the same answer."""
+
+
 class MessageCreateSerializer(StrictSerializer):
     # Length is checked by the service so that too long is a 413, not a 400.
     content = StrictCharField(trim_whitespace=False, allow_blank=True)
     idempotency_key = StrictCharField(max_length=200, required=False, allow_blank=False)
+    extra_context = ExtraContextField(required=False, allow_null=True)
 
 
 _built_fields: dict[type, list[serializers.Field]] = {}
@@ -143,6 +164,7 @@ class MessageSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
             "name",
             "token_count",
             "idempotency_key",
+            "extra_context",
             "created_at",
         ]
         read_only_fields = fields

@@ -110,6 +110,7 @@ class SessionMessagesView(APIView):
             owner_id=request.user.pk,
             content=payload.validated_data["content"],
             idempotency_key=payload.validated_data.get("idempotency_key"),
+            extra_context=payload.validated_data.get("extra_context"),
         )
         code = status.HTTP_202_ACCEPTED if posted.created else status.HTTP_200_OK
         return Response(MessageSerializer(posted.message).data, status=code)

@@ -86,8 +86,10 @@ def user_answer(
     by: str,
     owner: str | None = None,
     add_fields: dict[str, Any] | None = None,
+    extra_context: dict[str, Any] | None = None,
 ) -> Message:
-    """Write the answer as the call's result and continue the turn (-> tool_loop)."""
+    """Write the answer as the call's result and continue the turn (-> tool_loop); the
+    customer app's `extra_context` sent with it is kept on the result's message."""
     output: dict[str, Any] = {"answer": answer, "by": by}
     content = render_success(output)
     call.status = ToolCallStatus.SUCCESS
@@ -103,6 +105,7 @@ def user_answer(
         name=call.tool_name,
         data=output,
         token_count=count_message_tokens(content),
+        extra_context=extra_context,
     )
     step_commit(
         build_step(
@@ -140,5 +143,6 @@ def queued_answer(session: Session, owner: str) -> bool:
             by="user",
             owner=owner,
             add_fields={"queued_count": -1},
+            extra_context=queued.extra_context,
         )
     return True

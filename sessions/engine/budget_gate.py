@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check
+from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check, used_share
 from billing.degradation import CHEAPER, Pressure, degradation_level
 from billing.pressure import OwnerFigures, owner_figures, owner_watched, queue_depth
 from billing.ratelimit import RateLimit, rate_limit_take
@@ -79,7 +79,19 @@ AGENT_BUDGETS = (
 )
 
 
-def model_gate(session: Session, agent: Agent, request: ChatRequest) -> ModelGate:
+@dataclass(frozen=True)
+class GateRead:
+    """What the gate reads before a model call, before the request exists: the budgets
+    with their spend, the owner's figures (credits too) and the degradation level.
+    The environment block is made from it, so it costs the step no read of its own."""
+
+    budgets: list[tuple[Budget, Spent]]
+    figures: OwnerFigures
+    level: int
+    model_failing: bool
+
+
+def gate_read(session: Session, agent: Agent) -> GateRead:
     session_spent = Spent(session.input_tokens + session.output_tokens, session.cost)
     if any(getattr(agent, name) is not None for name in AGENT_BUDGETS) or owner_watched(
         owner_id=session.owner_id
@@ -96,16 +108,24 @@ def model_gate(session: Session, agent: Agent, request: ChatRequest) -> ModelGat
         # Nothing to check against: no query on the step's path.
         figures = OwnerFigures(budgets=[], agent_day=Spent(), turn=Spent(), credits_left=None)
     budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
-    estimate_in = estimate_request_tokens(request)
-    first = budget_check(budgets=budgets, call=CallEstimate(estimate_in, 0))
+    failing = _model_failing(agent.model)
     level = degradation_level(
         Pressure(
-            budget_used=first.used,
+            budget_used=used_share(budgets),
             credits_left=figures.credits_left,
-            model_failing=_model_failing(agent.model),
+            model_failing=failing,
             queue_depth=queue_depth(),
         )
     )
+    return GateRead(budgets=budgets, figures=figures, level=level, model_failing=failing)
+
+
+def model_gate(
+    session: Session, agent: Agent, request: ChatRequest, read: GateRead | None = None
+) -> ModelGate:
+    read = read or gate_read(session, agent)
+    budgets, level = read.budgets, read.level
+    estimate_in = estimate_request_tokens(request)
     endpoint = agent.model
     if level >= CHEAPER:
         endpoint = agent.cheap_model or agent.fallback_model or agent.model

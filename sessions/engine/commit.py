@@ -16,6 +16,7 @@ from uuid import UUID
 
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from runtime.faults import fault_point
 
@@ -49,6 +50,7 @@ MESSAGE_COLUMNS = (
     "data",
     "token_count",
     "idempotency_key",
+    "extra_context",
     "created_at",
 )
 TOOL_CALL_COLUMNS = (
@@ -153,6 +155,7 @@ SETTABLE = {
     "resume_check",
     "env_fingerprint",
     "degradation_level",
+    "dialogue_state",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
@@ -279,7 +282,8 @@ def step_commit(step: Step) -> Committed:
         if name not in SETTABLE:
             raise ValueError(f"step may not set {name}")
         assignments.append(f"{name} = %s")
-        params.append(value)
+        # A JSON column's value (dialogue_state) is sent as jsonb.
+        params.append(Jsonb(value) if isinstance(value, dict) else value)
     for name, value in step.add_fields.items():
         if name not in ADDABLE:
             raise ValueError(f"step may not add to {name}")

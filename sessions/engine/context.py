@@ -1,6 +1,6 @@
 """Assembling what the model sees for one step."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
@@ -34,10 +34,13 @@ def build_request(
     tools: dict[str, ToolSnapshot],
     final: bool,
     note: str = LIMIT_NOTE,
+    context_blocks: Sequence[str] = (),
 ) -> ChatRequest:
     messages: list[ChatMessage] = []
     if agent.system_prompt:
         messages.append(ChatMessage(role="system", content=agent.system_prompt))
+    # The context layers (context_layers.py): each its own system message, before the history.
+    messages.extend(ChatMessage(role="system", content=block) for block in context_blocks)
     messages.extend(to_chat_message(m) for m in history)
     specs: tuple[ToolSpec, ...] = ()
     if final:

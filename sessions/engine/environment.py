@@ -23,6 +23,8 @@ def agent_config_hash(agent: Agent) -> str:
         "model": agent.model_id,
         "fallback": agent.fallback_model_id,
     }
+    if agent.dialogue:  # only when set: the hash of an agent without one stays as it was
+        config["dialogue"] = agent.dialogue
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

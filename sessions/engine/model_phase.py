@@ -18,8 +18,9 @@ from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
 from ..states import Trigger
 from . import guards
-from .budget_gate import model_gate, model_rate_limit, partial_answer
+from .budget_gate import gate_read, model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, build_request
+from .context_layers import context_layers
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
 from .metering import credits_note, model_credits_check
@@ -106,10 +107,13 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
        apply_config take effect at the next step, without a restart.
     2. Judge the loop guards and limits; after a fork, resume or long pause,
        note what changed in the environment.
-    3. Give the database connection back, then call the model (a cancel
+    3. Add the context layers (context_layers.py): the environment, the dialogue
+       state (updated from the user's new messages) and this turn's extra_context.
+    4. Give the database connection back, then call the model (a cancel
        closes the stream).
-    4. Commit: the assistant message, the ModelCall rows, usage and cost, and
-       either the tool-call intents (-> tool_wait) or the end of the turn.
+    5. Commit: the assistant message, the ModelCall rows, usage and cost, the new
+       dialogue state, and either the tool-call intents (-> tool_wait) or the end of
+       the turn.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
@@ -121,19 +125,23 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     history = (run or RunContext()).history(session)
     if note is not None:
         history.append(note)
+    read = gate_read(session, agent)
+    layers = context_layers(session, agent, history, read, tools)
     request = build_request(
         agent=agent,
         history=history,
         tools={} if final else tools,
         final=final,
         note=stop.note if stop else "",
+        context_blocks=layers.blocks,
     )
+    request.agent_config.update(layers.config)
     deadline = (
         session.turn_started_at.timestamp() + agent.turn_timeout_s
         if session.turn_started_at
         else None
     )
-    gate = model_gate(session, agent, request)
+    gate = model_gate(session, agent, request, read)
     request = gate.request
     if not gate.verdict.allowed:
         answer(
@@ -144,7 +152,12 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             stop_reason=StopReason.BUDGET_EXCEEDED,
             spend=ModelSpend(iteration=session.iteration),
             context=ModelContext(
-                env=env, model=None, deadline=deadline, notes=[], degradation=gate.level
+                env=env,
+                model=None,
+                deadline=deadline,
+                notes=[],
+                degradation=gate.level,
+                dialogue_state=layers.dialogue_state,
             ),
             reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
         )
@@ -161,7 +174,12 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             stop_reason=StopReason.INSUFFICIENT_CREDITS,
             spend=ModelSpend(iteration=session.iteration),
             context=ModelContext(
-                env=env, model=None, deadline=deadline, notes=[], degradation=gate.level
+                env=env,
+                model=None,
+                deadline=deadline,
+                notes=[],
+                degradation=gate.level,
+                dialogue_state=layers.dialogue_state,
             ),
             reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
             f"{credits.points} points, {credits.points_left} left ({credits.reason})",
@@ -188,6 +206,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         deadline=deadline,
         notes=[note] if note is not None else [],
         degradation=gate.level,
+        dialogue_state=layers.dialogue_state,
     )
     if routed.response is None:
         error = routed.error

@@ -162,9 +162,14 @@ class ModelContext:
     deadline: float | None  # the turn's time limit, as a timestamp
     notes: list[Message]  # platform notes the model saw (environment changes)
     degradation: int | None = None  # the level this step ran at (billing/degradation.py)
+    # The session's dialogue state after this step's user messages; None: unchanged.
+    dialogue_state: dict[str, Any] | None = None
 
     def checkpoint(self) -> dict[str, Any]:
         return {"model": self.model, "deadline": self.deadline}
+
+    def dialogue_fields(self) -> dict[str, Any]:
+        return {} if self.dialogue_state is None else {"dialogue_state": self.dialogue_state}
 
     def degradation_change(self, session: Session) -> tuple[dict[str, Any], list[EventSpec]]:
         """The session's new degradation level and its `progress` event, if it changed."""
@@ -235,7 +240,7 @@ def tool_intents(
             },
             add_fields=spend.usage.add_fields(),
             model_calls=spend.calls,
-            set_fields={**spend.set_fields(), **level_fields},
+            set_fields={**spend.set_fields(), **level_fields, **context.dialogue_fields()},
         )
     )
 
@@ -281,7 +286,12 @@ def answer(
                 checkpoint=context.checkpoint(),
                 add_fields=usage.add_fields(),
                 model_calls=spend.calls,
-                set_fields={**spend.set_fields(), "last_error": last_error[:2000], **level_fields},
+                set_fields={
+                    **spend.set_fields(),
+                    "last_error": last_error[:2000],
+                    **level_fields,
+                    **context.dialogue_fields(),
+                },
                 unless_cancel_requested=True,
             )
         )

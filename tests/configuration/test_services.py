@@ -659,3 +659,22 @@ def test_a_model_whose_key_variable_is_unset_is_applied_with_a_warning(tmp_path,
     monkeypatch.setenv("MAIN_API_KEY", "sk-set-now")
     assert not any(line.startswith("warning") for line in config_apply(document=document))
     assert endpoint.missing_key_env == ""
+
+
+def test_an_agents_dialogue_config_is_applied_and_a_wrong_one_named():
+    document = _base()
+    dialogue = {
+        "intents": [{"name": "refund", "keywords": ["refund"]}],
+        "slots": [{"name": "order", "patterns": [r"\b(SO-\d+)\b"]}],
+    }
+    document["agents"][0]["dialogue"] = dialogue
+    assert "agent support: created" in config_apply(document=document)
+    assert Agent.objects.get(slug="support").dialogue == dialogue
+
+    document["agents"][0]["dialogue"] = {"slots": [{"name": "order", "patterns": ["(SO-"]}]}
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors[0].startswith(
+        "agents[0] (support).dialogue.slots[0].patterns[0]: not a valid regular expression"
+    ), info.value.errors
+    assert Agent.objects.get(slug="support").dialogue == dialogue  # nothing changed

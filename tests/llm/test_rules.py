@@ -307,3 +307,49 @@ async def test_the_adapter_answers_with_the_fallback_when_no_rule_holds():
 async def test_rules_that_are_not_a_list_are_a_configuration_error():
     with pytest.raises(ModelConfigError):
         await _collect(ChatRequest(messages=(user("x"),), agent_config={"rules": {"answer": "x"}}))
+
+
+# context layers ------------------------------------------------------------------------
+
+
+def test_rules_read_the_context_layers_from_agent_config():
+    rules = [
+        {
+            "when": {"truthy": "dialogue.slots.order", "user": "(?i)any news"},
+            "answer": "{{ dialogue.intent }} {{ dialogue.slots.order }} "
+            "({{ environment.time_zone }}, page {{ extra_context.page }})",
+        },
+        {"answer": "which order?"},
+    ]
+    layers = {
+        "dialogue": {"intent": "track", "slots": {"order": "SO-7"}},
+        "environment": {"time_zone": "Asia/Shanghai"},
+        "extra_context": {"page": "orders"},
+        "rules": rules,
+    }
+    assert decide(rules, (user("any news?"),), "", layers) == (
+        "track SO-7 (Asia/Shanghai, page orders)",
+        [],
+    )
+    # Without the layers (or without the slot) the rule does not hold.
+    assert decide(rules, (user("any news?"),), "")[0] == "which order?"
+    assert decide(rules, (user("any news?"),), "", {"dialogue": {"slots": {}}})[0] == (
+        "which order?"
+    )
+
+
+def test_the_demo_follows_up_on_the_order_in_the_dialogue_state():
+    from pathlib import Path
+
+    import yaml
+
+    demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+    rules = yaml.safe_load(demo.read_text())["agents"][0]["rules"]
+    layers = {"dialogue": {"intent": "order_status", "slots": {"order_number": "SO-1001"}}}
+    assert decide(rules, (user("Any news?"),), "", layers) == (
+        "",
+        [("get_order", {"number": "SO-1001"})],
+    )
+    # With no order remembered, the same words get the demo's fallback answer.
+    answer, calls = decide(rules, (user("Any news?"),), "", {"dialogue": {"slots": {}}})
+    assert calls == [] and answer.startswith("I can look up orders")

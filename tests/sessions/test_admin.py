@@ -339,3 +339,33 @@ def test_admin_static_files_are_served(client):
     assert response["Content-Type"].startswith("text/css")
     body = b"".join(response.streaming_content) if response.streaming else response.content
     assert b"--body-bg" in body
+
+
+def test_session_page_shows_the_dialogue_state(client, operator):
+    session = SessionFactory(
+        dialogue_state={
+            "intent": "refund",
+            "intent_turn": 2,
+            "slots": {"order": "SO-7", "note": "<b>x</b>"},
+            "slot_turns": {"order": 1, "note": 2},
+            "turn": 2,
+            "seq": 3,
+        }
+    )
+    page = client.get(
+        reverse("admin:agent_sessions_session_change", args=[session.pk])
+    ).content.decode()
+    line = page.split('id="ap-summary-dialogue">', 1)[1].split("</dd>", 1)[0]
+    assert line == (
+        "intent refund (turn 2); note = &quot;&lt;b&gt;x&lt;/b&gt;&quot; (turn 2); "
+        "order = &quot;SO-7&quot; (turn 1)"
+    )
+    assert "Dialogue state" in page  # the raw JSON, in its own (collapsed) fieldset
+
+
+def test_session_page_without_a_dialogue_state_has_no_dialogue_line(client, operator):
+    session = SessionFactory()
+    page = client.get(
+        reverse("admin:agent_sessions_session_change", args=[session.pk])
+    ).content.decode()
+    assert 'id="ap-summary-dialogue"' not in page

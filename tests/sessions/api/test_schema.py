@@ -74,3 +74,18 @@ def test_success_responses_stay_as_the_views_declare_them(schema):
         "$ref": "#/components/schemas/Message"
     }
     assert "201" in schema["paths"]["/api/v1/sessions/"]["post"]["responses"]
+
+
+def test_a_messages_extra_context_is_documented_as_an_optional_object(schema):
+    components = schema["components"]["schemas"]
+    create = components["MessageCreateRequest"]
+    extra = create["properties"]["extra_context"]
+    assert extra["type"] == "object" and extra["nullable"] is True
+    assert (
+        "not as instructions" in extra["description"]
+        or "never as instructions" in (extra["description"])
+    )
+    assert "extra_context" not in create.get("required", [])
+    assert "extra_context" in components["Message"]["properties"]
+    post = schema["paths"]["/api/v1/sessions/{session_id}/messages/"]["post"]
+    assert {"400", "413"} <= set(post["responses"])

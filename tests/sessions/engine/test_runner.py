@@ -154,3 +154,31 @@ def test_a_cancel_during_the_tools_stops_at_tool_loop(make_session, rules_model,
         ("tool_wait", "tool_results", "tool_loop", ""),
         ("tool_loop", "cancel", "cancelled", "api:someone"),
     ]
+
+
+def test_the_context_layers_cost_a_step_no_read(make_session, rules_model, counted):
+    """Dialogue state, environment and extra_context ride on what the step reads anyway:
+    every step costs what it costs without them, and the new dialogue state is in the
+    step's one write."""
+    # The first run warms this process's caches (the owner's watch, compiled statements).
+    for _ in range(2):
+        counted.clear()
+        plain = make_session(agent=_loop_agent(rules_model))
+        message_post(session=plain, content="go n=7")
+        assert session_run(session_id=plain.pk).stopped == "idle"
+    without = [(s.state, s.round_trips, s.commits) for s in counted]
+    counted.clear()
+
+    agent = _loop_agent(rules_model)
+    agent.dialogue = {"slots": [{"name": "n", "patterns": [r"n=(\d+)"]}]}
+    agent.save()
+    session = make_session(agent=agent)
+    message_post(session=session, content="go n=7", extra_context={"page": "loop"})
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    assert [(s.state, s.round_trips, s.commits) for s in counted] == without
+    for step in counted:
+        assert len([sql for sql in step.statements if _writes(sql)]) == 1
+    session.refresh_from_db()
+    assert session.dialogue_state["slots"] == {"n": "7"}
+    assert session.dialogue_state["turn"] == 1
