@@ -22,6 +22,7 @@ from django.db import connection
 from django.db.models import Q
 from jsonschema import Draft202012Validator
 
+from llm.wire_names import wire_name
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 
@@ -336,7 +337,10 @@ async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> An
 def _reject_unknown(
     invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float
 ) -> ToolOutcome:
-    allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
+    # Named as the model sees them (`parcels__track_parcel` for `parcels.track_parcel`).
+    allowed = (
+        ", ".join(sorted(wire_name(t.name) for t in tools.values() if t.allows(role))) or "none"
+    )
     name = invocation.name
     if name.replace("_", "").replace("-", "").isalnum() and len(name) <= 64:
         shown = f"'{name}'"

@@ -254,6 +254,8 @@ def test_a_turn_calls_an_mcp_tool_under_a_name_valid_for_the_wire(
     assert second.messages[-2]["tool_calls"][0]["function"]["name"] == wire
     assert "in transit" in second.last_tool_result()
     assert third.last_tool_result().startswith(f"{FAILURE_MARKER} (status: rejected): unknown tool")
+    # The refusal names the usable tools as the model sees them.
+    assert third.last_tool_result().endswith(f"Tools you may use: {wire}.")
     calls = list(ToolCall.objects.filter(session=session).order_by("step", "position"))
     # A name never offered maps back to nothing: recorded as the model sent it, and refused.
     assert [(c.tool_name, c.status) for c in calls] == [
