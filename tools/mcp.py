@@ -96,8 +96,10 @@ async def _connected(endpoint: McpEndpoint) -> AsyncIterator["Client"]:
     from .env_access import header_values
 
     if endpoint.url:
+        # Slack over the call's own limit: the executor's timeout decides, and says "timeout".
         http = httpx2.AsyncClient(
-            headers=header_values(endpoint.headers), timeout=httpx2.Timeout(endpoint.timeout_s)
+            headers=header_values(endpoint.headers),
+            timeout=httpx2.Timeout(endpoint.timeout_s + 5),
         )
         async with http:
             transport = streamable_http_client(endpoint.url, http_client=http)

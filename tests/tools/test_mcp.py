@@ -263,6 +263,8 @@ def test_a_turn_calls_an_mcp_tool_under_a_name_valid_for_the_wire(
         (f"{server.name}__wipe_orders", "rejected"),
     ]
     assert "wipe_orders" not in first.text()
+    # The server saw the recorded call's idempotency key in the request's _meta.
+    assert calls[0].output is not None
     assert calls[0].output["idempotency_key"] == calls[0].idempotency_key
     assert [c["tool"] for c in mcp_server.calls()] == ["track_parcel"]
     finished = Event.objects.filter(session=session, type="tool.finished").order_by("seq")
