@@ -212,6 +212,9 @@ TOOL_BREAKER_COOLDOWN_S = env.float("TOOL_BREAKER_COOLDOWN_S", default=30.0)
 # environment also holds the database URL and every model key.
 TOOL_SECRET_ENV_PREFIXES = env.list("TOOL_SECRET_ENV_PREFIXES", default=["TOOL_SECRET_"])
 TOOL_SECRET_ENV_ALLOW = env.list("TOOL_SECRET_ENV_ALLOW", default=[])
+# Tool descriptions that do not help the model (tools/descriptions.py): warnings, or with
+# this on errors that stop apply_config and the admin form (MCP tools only ever warn).
+TOOL_DESCRIPTIONS_STRICT = env.bool("TOOL_DESCRIPTIONS_STRICT", default=False)
 
 # Limits that protect the API itself, shared by every process through Redis
 # (README "Limits"); 0 switches a limit off.
@@ -321,6 +324,7 @@ LOGGING = {
         "django.channels.server": {"filters": ["redact_keys"]},
         "django.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},  # the mcp SDK's HTTP client
         "celery.beat": {"filters": ["quiet_sweeps"]},
         "celery.worker.strategy": {"filters": ["quiet_sweeps"]},
         "celery.app.trace": {"filters": ["quiet_sweeps"]},

@@ -17,6 +17,12 @@ from tools.env_access import header_env_allowed, header_env_rule
 from tools.registry import HANDLERS
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+# An agent's or a rule's tool: a tool's name, or an MCP server's `<server>.<tool>`.
+TOOL_REF = {
+    "type": "string",
+    "pattern": "^([A-Za-z0-9_-]{1,64}|[a-z0-9][a-z0-9_-]{0,39}[.][A-Za-z0-9_.-]{1,128})$",
+}
+MCP_SERVER_NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,39}$"}
 SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,99}$"}
 POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 NON_NEGATIVE = {"type": "number", "minimum": 0}
@@ -38,7 +44,7 @@ URL = {
         },
     ]
 }
-URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url")}
+URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url"), "mcp_servers": ("url",)}
 URL_MAX_CHARS = 500  # the columns' max_length
 
 MODEL_ENTRY = {
@@ -65,6 +71,39 @@ MODEL_ENTRY = {
     },
 }
 
+HEADERS = {
+    "type": "object",
+    "additionalProperties": {
+        "oneOf": [
+            {"type": "string"},
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["env"],
+                "properties": {"env": ENV_NAME},
+            },
+        ]
+    },
+}
+ROLE_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+MCP_SERVER_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name"],
+    "properties": {
+        "name": MCP_SERVER_NAME,
+        "url": URL,
+        "command": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        "headers": HEADERS,
+        "timeout_s": POSITIVE,
+        "roles": ROLE_LIST,
+        "tool_roles": {"type": "object", "additionalProperties": ROLE_LIST},
+        "enabled": {"type": "boolean"},
+    },
+    "oneOf": [{"required": ["url"]}, {"required": ["command"]}],
+}
+
 TOOL_ENTRY = {
     "type": "object",
     "additionalProperties": False,
@@ -80,20 +119,7 @@ TOOL_ENTRY = {
         "probe_handler": {"type": "string"},
         "idempotent": {"type": "boolean"},
         "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
-        "headers": {
-            "type": "object",
-            "additionalProperties": {
-                "oneOf": [
-                    {"type": "string"},
-                    {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["env"],
-                        "properties": {"env": ENV_NAME},
-                    },
-                ]
-            },
-        },
+        "headers": HEADERS,
         "parameters": {"type": "object"},
         "timeout_s": POSITIVE,
         "side_effects": {"type": "boolean"},
@@ -137,7 +163,7 @@ RULE = {
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["tool"],
-                "properties": {"tool": NAME, "args": {"type": "object"}},
+                "properties": {"tool": TOOL_REF, "args": {"type": "object"}},
             },
         },
     },
@@ -156,7 +182,7 @@ AGENT_ENTRY = {
         "fallback_model": {"type": ["string", "null"]},
         "candidate_model": {"type": ["string", "null"]},
         "candidate_percent": {"type": "integer", "minimum": 0, "maximum": 100},
-        "tools": {"type": "array", "items": NAME},
+        "tools": {"type": "array", "items": TOOL_REF},
         "max_iterations": {"type": "integer", "minimum": 1, "maximum": 100},
         "repeat_call_limit": {"type": "integer", "minimum": 2, "maximum": 20},
         "same_result_limit": {"type": "integer", "minimum": 1, "maximum": 20},
@@ -196,6 +222,7 @@ DOCUMENT = {
         "roles": {"type": "array", "items": ROLE_ENTRY},
         "models": {"type": "array", "items": MODEL_ENTRY},
         "tools": {"type": "array", "items": TOOL_ENTRY},
+        "mcp_servers": {"type": "array", "items": MCP_SERVER_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
     },
 }
@@ -318,6 +345,7 @@ def config_errors(
     known_models: set[str],
     known_tools: set[str],
     known_roles: set[str] | None = None,
+    known_mcp_servers: set[str] | None = None,
     check_urls: bool = False,
 ) -> list[str]:
     """Every problem in the file, each naming its entry and field; empty if it is valid."""
@@ -331,7 +359,13 @@ def config_errors(
     ]
     if errors:
         return errors
-    for kind, key in (("roles", "name"), ("models", "name"), ("tools", "name"), ("agents", "slug")):
+    for kind, key in (
+        ("roles", "name"),
+        ("models", "name"),
+        ("tools", "name"),
+        ("mcp_servers", "name"),
+        ("agents", "slug"),
+    ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
             if entry[key] in seen:
@@ -399,9 +433,11 @@ def config_errors(
             else:
                 if params.get("type") != "object":
                     errors.append(f"{where}.parameters: the top level must be {{type: object}}")
+    errors.extend(_mcp_server_errors(document, known_roles))
     models = known_models | {m["name"] for m in document.get("models") or []}
     # `ask_user` is built in: an agent lists it by name without an entry under tools.
     tools = known_tools | {t["name"] for t in document.get("tools") or []} | {"ask_user"}
+    servers = (known_mcp_servers or set()) | {s["name"] for s in document.get("mcp_servers") or []}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
         for field in ("model", "fallback_model", "candidate_model", "cheap_model"):
@@ -413,8 +449,39 @@ def config_errors(
         if problem:
             errors.append(f"{where}.{problem}")
         for j, name in enumerate(entry.get("tools") or []):
+            if "." in name and name.split(".", 1)[0] in servers:
+                continue  # checked against the server's list once it is discovered
             if name not in tools:
                 errors.append(
                     f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})"
+                )
+    return errors
+
+
+def _mcp_server_errors(document: dict[str, Any], known_roles: set[str] | None) -> list[str]:
+    """Headers under the env-var rule of HTTP tools; roles that exist."""
+    errors: list[str] = []
+    roles = None
+    if known_roles is not None:
+        roles = known_roles | {r["name"] for r in document.get("roles") or []}
+    for i, entry in enumerate(document.get("mcp_servers") or []):
+        where = f"mcp_servers[{i}] ({entry['name']})"
+        for header, value in (entry.get("headers") or {}).items():
+            if isinstance(value, dict) and not header_env_allowed(value["env"]):
+                errors.append(
+                    f"{where}.headers.{header}: environment variable {value['env']} may not be read; "
+                    f"{header_env_rule()}"
+                )
+        if entry.get("command") and entry.get("headers"):
+            errors.append(f"{where}.headers: only for url servers (stdio has no headers)")
+        if roles is None:
+            continue
+        listed = [(f"roles[{j}]", r) for j, r in enumerate(entry.get("roles") or [])]
+        for tool, names in (entry.get("tool_roles") or {}).items():
+            listed += [(f"tool_roles.{tool}[{j}]", r) for j, r in enumerate(names)]
+        for field, role in listed:
+            if role not in roles:
+                errors.append(
+                    f"{where}.{field}: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)"
                 )
     return errors

@@ -8,11 +8,16 @@ import os
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from accounts.models import Role
 from sessions.models import Agent, ModelEndpoint
-from tools.models import Tool
+from tools.descriptions import description_problems
+from tools.env_access import HeaderEnvRefused
+from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
+from tools.models import McpServer, Tool
+from tools.services import mcp_server_list, mcp_tools_store
 
 from .schema import config_errors, resolve_urls
 
@@ -107,28 +112,130 @@ def _upsert(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> str:
     return "updated (" + ", ".join(changed) + ")"
 
 
-def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
-    """Create or update models, tools and agents by name, all or nothing.
+MCP_SERVER_FIELDS = ("url", "command", "headers", "timeout_s", "roles", "tool_roles", "enabled")
+
+
+def _description_checks(document: dict[str, Any], strict: bool) -> tuple[list[str], list[str]]:
+    """(errors, warnings) about the file's tool descriptions; strict makes them errors."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for i, entry in enumerate(document.get("tools") or []):
+        problems = description_problems(
+            description=entry.get("description", ""),
+            parameters=entry.get("parameters") or {},
+            result_description=entry.get("result_description", ""),
+        )
+        for problem in problems:
+            if strict:
+                errors.append(f"tools[{i}] ({entry['name']}).description: {problem}")
+            else:
+                warnings.append(f"warning: tool {entry['name']}: {problem}")
+    return errors, warnings
+
+
+def _discover(
+    document: dict[str, Any], urls: dict[tuple[str, int, str], Any], check_urls: bool
+) -> tuple[dict[str, list[ListedTool] | None], list[str], list[str]]:
+    """Each declared MCP server's tools, asked now (before any transaction: network calls).
+
+    A server that cannot be asked is an error, or with check_urls off a
+    warning (its stored tools stay as they are).
+    """
+    found: dict[str, list[ListedTool] | None] = {}
+    errors: list[str] = []
+    warnings: list[str] = []
+    for i, entry in enumerate(document.get("mcp_servers") or []):
+        url = urls.get(("mcp_servers", i, "url"))
+        endpoint = McpEndpoint(
+            name=entry["name"],
+            url=url.value if url is not None else "",
+            command=tuple(entry.get("command") or ()),
+            headers=dict(entry.get("headers") or {}),
+            timeout_s=float(entry.get("timeout_s", 10.0)),
+        )
+        if entry.get("enabled") is False:
+            found[entry["name"]] = None
+            continue
+        try:
+            found[entry["name"]] = mcp_server_list(endpoint=endpoint)
+        except (McpUnreachable, HeaderEnvRefused) as exc:
+            found[entry["name"]] = None
+            if check_urls:
+                errors.append(f"mcp_servers[{i}] ({entry['name']}): cannot list its tools: {exc}")
+            else:
+                warnings.append(
+                    f"warning: mcp server {entry['name']}: cannot list its tools now ({exc}); "
+                    "its stored tools are kept"
+                )
+    return found, errors, warnings
+
+
+def _mcp_reference_errors(
+    document: dict[str, Any], found: dict[str, list[ListedTool] | None], known_tools: set[str]
+) -> list[str]:
+    """Agents' `<server>.<tool>` entries that the server does not list."""
+    errors: list[str] = []
+    for i, entry in enumerate(document.get("agents") or []):
+        for j, name in enumerate(entry.get("tools") or []):
+            if "." not in name:
+                continue
+            server, tool = name.split(".", 1)
+            if server in found:
+                listed = found[server]
+                if listed is None or tool in {t.name for t in listed}:
+                    continue
+                names = ", ".join(sorted(t.name for t in listed)) or "none"
+                errors.append(
+                    f"agents[{i}] ({entry['slug']}).tools[{j}]: MCP server '{server}' lists no tool "
+                    f"'{tool}' (it lists: {names})"
+                )
+            elif name not in known_tools:
+                errors.append(
+                    f"agents[{i}] ({entry['slug']}).tools[{j}]: unknown MCP tool '{name}' "
+                    f"(refresh server '{server}' or declare it under mcp_servers:)"
+                )
+    return errors
+
+
+def config_apply(
+    *, document: Any, check_urls: bool = False, strict: bool | None = None
+) -> list[str]:
+    """Create or update roles, models, tools, MCP servers and agents by name, all or nothing.
 
     1. Check the whole file first (structure, references, tool schemas,
-       handlers, URLs from the environment); any problem raises ConfigInvalid
-       and nothing is written.
-    2. In one transaction, upsert models, then tools, then agents; a URL
-       written `{env: NAME, default, path}` is stored resolved.
-    3. Return one line per entry saying what changed (and the URL each
-       `{env: ...}` form resolved to), then a `warning:` line per model whose
-       key variable is not set here.
+       handlers, URLs from the environment) and each tool's description
+       (warnings; errors when strict, by default the TOOL_DESCRIPTIONS_STRICT
+       setting); any error raises ConfigInvalid and nothing is written.
+    2. Ask each MCP server for its tools (outside any transaction) and check
+       the agents' `<server>.<tool>` entries against them.
+    3. In one transaction, upsert models, then tools, then MCP servers and
+       their tools, then agents; a URL written `{env: NAME, default, path}`
+       is stored resolved.
+    4. Return one line per entry saying what changed (and the URL each
+       `{env: ...}` form resolved to; per MCP server, the tools added,
+       removed and changed), then the `warning:` lines: models whose key
+       variable is not set here, and descriptions that do not help the model.
     """
+    strict = settings.TOOL_DESCRIPTIONS_STRICT if strict is None else strict
+    known_tools = set(Tool.objects.values_list("name", flat=True))
     errors = config_errors(
         document,
         known_models=set(ModelEndpoint.objects.values_list("name", flat=True)),
-        known_tools=set(Tool.objects.values_list("name", flat=True)),
+        known_tools=known_tools,
         known_roles=set(Role.objects.values_list("name", flat=True)),
+        known_mcp_servers=set(McpServer.objects.values_list("name", flat=True)),
         check_urls=check_urls,
     )
     if errors:
         raise ConfigInvalid(errors)
+    errors, description_warnings = _description_checks(document, strict)
+    if errors:
+        raise ConfigInvalid(errors)
     urls, _ = resolve_urls(document)
+    discovered, errors, discovery_warnings = _discover(document, urls, check_urls)
+    errors += _mcp_reference_errors(document, discovered, known_tools)
+    if errors:
+        raise ConfigInvalid(errors)
 
     def resolved(kind: str, index: int, values: dict[str, Any]) -> str:
         """Put the resolved URLs into `values`; describe those that came from an `{env: ...}` form."""
@@ -168,6 +275,18 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             report.append(
                 f"tool {entry['name']}: {_upsert(Tool, {'name': entry['name']}, values)}{notes}"
             )
+        for i, entry in enumerate(document.get("mcp_servers") or []):
+            values = {k: entry[k] for k in MCP_SERVER_FIELDS if k in entry}
+            notes = resolved("mcp_servers", i, values)
+            report.append(
+                f"mcp server {entry['name']}: {_upsert(McpServer, {'name': entry['name']}, values)}{notes}"
+            )
+            listed = discovered.get(entry["name"])
+            if listed is not None:
+                server = McpServer.objects.get(name=entry["name"])
+                diff = mcp_tools_store(server=server, listed=listed)
+                report += diff.lines()
+                description_warnings += [f"warning: {w}" for w in diff.warnings]
         for entry in document.get("agents") or []:
             values = {k: entry[k] for k in AGENT_FIELDS if k in entry}
             for budget in AGENT_COST_FIELDS:
@@ -189,4 +308,4 @@ def config_apply(*, document: Any, check_urls: bool = False) -> list[str]:
             report.append(
                 f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}"
             )
-    return report + warnings
+    return report + warnings + discovery_warnings + description_warnings

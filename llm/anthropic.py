@@ -203,11 +203,15 @@ class AnthropicAdapter(HttpAdapter):
         yield Finish("tool_calls" if state.blocks else state.finish)
 
     async def respond(self, request: ChatRequest) -> ChatResponse:
+        names = self.wire_names(request)
+        if names is not None:
+            request = names.outgoing(request)
         body = await post_json(
             self.endpoint, self.url(), self.headers(), self.payload(request, stream=False)
         )
         try:
-            return _read_message(body)
+            response = _read_message(body)
+            return names.response(response) if names is not None else response
         except (TypeError, ValueError, AttributeError, KeyError):
             raise ModelProtocolError(
                 f"'{self.endpoint.name}' answered in an unexpected shape"

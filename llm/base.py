@@ -14,6 +14,7 @@ from .types import (
     ToolCallFinished,
     Usage,
 )
+from .wire_names import WireNames
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class ModelCircuitOpen(ModelError):
 
 class ModelAdapter(ABC):
     api: ClassVar[str]
+    # Send tool names every wire format accepts (llm/wire_names.py); the offline rules
+    # model reads the names as configured.
+    maps_tool_names: ClassVar[bool] = True
 
     def __init__(self, endpoint: EndpointConfig) -> None:
         self.endpoint = endpoint
@@ -119,7 +123,12 @@ class ModelAdapter(ABC):
         """Consume the stream into one response, passing each event to `on_event`."""
         response = ChatResponse()
         parts: list[str] = []
+        names = self.wire_names(request)
+        if names is not None:
+            request = names.outgoing(request)
         async for event in self.stream(request):
+            if names is not None:
+                event = names.incoming(event)
             if on_event is not None:
                 maybe = on_event(event)
                 if maybe is not None:
@@ -138,6 +147,10 @@ class ModelAdapter(ABC):
     async def respond(self, request: ChatRequest) -> ChatResponse:
         """A non-streamed call; adapters whose wire has one override this."""
         return await self.complete(request)
+
+    def wire_names(self, request: ChatRequest) -> WireNames | None:
+        """The request's tool-name map, or None when every name goes out as it is."""
+        return WireNames.for_request(request) if self.maps_tool_names else None
 
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {}

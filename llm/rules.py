@@ -154,6 +154,7 @@ def decide(
 @register_adapter
 class RulesAdapter(ModelAdapter):
     api = "rules"
+    maps_tool_names = False
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         rules = request.agent_config.get("rules") or []

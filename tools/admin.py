@@ -3,17 +3,23 @@
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.conf import settings
+from django.contrib import admin, messages
 from django.db import models
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from .descriptions import description_problems
+from .env_access import HeaderEnvRefused
 from .execution import tool_breaker
 from .forms import JSON_FIELD, breaker_badge, optional_count_field
-from .models import Tool, ToolKind
+from .mcp import McpUnreachable
+from .models import McpServer, Tool, ToolKind
 from .registry import HANDLERS
+from .services import mcp_server_refresh
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
@@ -133,6 +139,16 @@ class ToolAdminForm(forms.ModelForm):
                 self.add_error("method", f"Use one of {', '.join(HTTP_METHODS)}.")
             else:
                 data["method"] = method
+        problems = description_problems(
+            description=data.get("description") or "",
+            parameters=data.get("parameters") or {},
+            result_description=data.get("result_description") or "",
+        )
+        # Strict mode refuses a description that does not help the model (MCP tools only warn).
+        if problems and settings.TOOL_DESCRIPTIONS_STRICT and kind != ToolKind.MCP:
+            self.add_error(
+                "description", [f"{p} (TOOL_DESCRIPTIONS_STRICT is on)" for p in problems]
+            )
         return data
 
 
@@ -155,9 +171,20 @@ class ToolAdmin(admin.ModelAdmin):
     list_editable = ("enabled",)
     list_filter = ("kind", "enabled", "side_effects", "requires_approval", "risk_level")
     search_fields = ("name", "description", "handler", "url")
-    readonly_fields = ("updated_at",)
+    readonly_fields = ("updated_at", "description_check", "mcp_source")
     fieldsets = (
-        (None, {"fields": ("name", "enabled", "description", "result_description")}),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "enabled",
+                    "description",
+                    "result_description",
+                    "description_check",
+                )
+            },
+        ),
         (
             "Arguments",
             {
@@ -165,7 +192,20 @@ class ToolAdmin(admin.ModelAdmin):
                 "description": "JSON Schema (Draft 2020-12) with a top-level object type.",
             },
         ),
-        ("How it runs", {"fields": ("kind", "handler", "url", "method", "headers", "timeout_s")}),
+        (
+            "How it runs",
+            {
+                "fields": (
+                    "kind",
+                    "handler",
+                    "url",
+                    "method",
+                    "headers",
+                    "timeout_s",
+                    "mcp_source",
+                )
+            },
+        ),
         (
             "After a crash",
             {
@@ -222,3 +262,66 @@ class ToolAdmin(admin.ModelAdmin):
     @admin.display(description="description")
     def description_short(self, obj: Tool) -> str:
         return Truncator(" ".join(obj.description.split())).chars(70)
+
+    @admin.display(description="description check")
+    def description_check(self, obj: Tool) -> str:
+        problems = description_problems(
+            description=obj.description,
+            parameters=obj.parameters,
+            result_description=obj.result_description,
+        )
+        return "; ".join(problems) if problems else "helps the model: nothing missing"
+
+    @admin.display(description="MCP server")
+    def mcp_source(self, obj: Tool) -> str:
+        if obj.mcp_server_id is None:
+            return "—"
+        return f"{obj.mcp_server} (tool {obj.mcp_tool}); refresh the server to update it"
+
+    def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        problems = description_problems(
+            description=obj.description,
+            parameters=obj.parameters,
+            result_description=obj.result_description,
+        )
+        for problem in problems:
+            messages.warning(request, f"tool {obj.name}: {problem}")
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}  # type: ignore[dict-item]
+    list_display = ("name", "enabled", "transport", "tool_count", "refreshed_at", "error_short")
+    list_filter = ("enabled",)
+    search_fields = ("name", "url")
+    readonly_fields = ("refreshed_at", "last_error")
+    actions = ("refresh_tools",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[McpServer]:
+        return super().get_queryset(request).annotate(tool_total=Count("tools"))
+
+    @admin.display(description="transport")
+    def transport(self, obj: McpServer) -> str:
+        text = obj.url or "stdio: " + " ".join(obj.command)
+        return Truncator(text).chars(60)
+
+    @admin.display(description="tools", ordering="tool_total")
+    def tool_count(self, obj: McpServer) -> int:
+        return int(getattr(obj, "tool_total", 0))
+
+    @admin.display(description="last error")
+    def error_short(self, obj: McpServer) -> str:
+        return Truncator(obj.last_error).chars(60) or "—"
+
+    @admin.action(description="Refresh tools (list them now and show what changed)")
+    def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            try:
+                diff = mcp_server_refresh(server=server)
+            except (McpUnreachable, HeaderEnvRefused) as exc:
+                messages.error(request, f"mcp {server.name}: cannot list its tools: {exc}")
+                continue
+            messages.success(request, "; ".join(diff.lines()))
+            for warning in diff.warnings:
+                messages.warning(request, warning)

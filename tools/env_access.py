@@ -41,3 +41,25 @@ def refused_header_envs(headers: Any) -> list[tuple[str, str]]:
             if not header_env_allowed(name):
                 refused.append((str(header), name))
     return refused
+
+
+class HeaderEnvRefused(ValueError):
+    """A header reads an environment variable tools may not read."""
+
+
+def header_values(headers: Any) -> dict[str, str]:
+    """The headers to send: `{env: NAME}` read from the environment now, under the rule above."""
+    import os
+
+    if not isinstance(headers, dict):
+        return {}
+    refused = refused_header_envs(headers)
+    if refused:
+        names = ", ".join(f"{header} reads {name}" for header, name in refused)
+        raise HeaderEnvRefused(f"header {names}, but {header_env_rule()}")
+    return {
+        str(name): (
+            os.environ.get(str(value.get("env", "")), "") if isinstance(value, dict) else str(value)
+        )
+        for name, value in headers.items()
+    }

@@ -19,13 +19,16 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 from jsonschema import Draft202012Validator
 
+from llm.wire_names import wire_name
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 
 from . import builtin
-from .env_access import header_env_rule, refused_header_envs
+from .env_access import HeaderEnvRefused, header_env_rule, refused_header_envs
+from .mcp import McpEndpoint, McpToolError, McpUnreachable, call_tool
 from .models import Tool
 from .registry import UnknownHandler, get_handler
 from .rendering import FAILURE_MARKER, MAX_CHARS, render_failure, render_success
@@ -77,6 +80,9 @@ class ToolSnapshot:
     critical: bool = False
     rate_limit_calls_per_min: int = 0
     rate_limit_tokens_per_min: int = 0
+    # MCP tools: the server and the tool's name there.
+    mcp: McpEndpoint | None = None
+    mcp_tool: str = ""
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -110,6 +116,12 @@ class ToolSnapshot:
             critical=tool.critical,
             rate_limit_calls_per_min=tool.rate_limit_calls_per_min,
             rate_limit_tokens_per_min=tool.rate_limit_tokens_per_min,
+            mcp=(
+                McpEndpoint.from_model(tool.mcp_server)
+                if getattr(tool, "mcp_server_id", None) and tool.mcp_server is not None
+                else None
+            ),
+            mcp_tool=getattr(tool, "mcp_tool", ""),
         )
 
     @property
@@ -303,22 +315,32 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
 
 
 def _transport_error(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.TransportError | httpx.HTTPStatusError)
+    return isinstance(exc, httpx.TransportError | httpx.HTTPStatusError | McpUnreachable)
+
+
+async def _run_mcp(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
+    if tool.mcp is None or not tool.mcp_tool:
+        raise ToolMisconfigured("its MCP server is not recorded; refresh the server")
+    return await call_tool(tool.mcp, tool.mcp_tool, arguments, key)
 
 
 async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
-    runner = (
-        _run_python(tool, arguments, key)
-        if tool.kind == "python"
-        else _run_http(tool, arguments, key)
-    )
+    if tool.kind == "python":
+        runner = _run_python(tool, arguments, key)
+    elif tool.kind == "mcp":
+        runner = _run_mcp(tool, arguments, key)
+    else:
+        runner = _run_http(tool, arguments, key)
     return await asyncio.wait_for(runner, timeout=tool.timeout_s)
 
 
 def _reject_unknown(
     invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float
 ) -> ToolOutcome:
-    allowed = ", ".join(sorted(t.name for t in tools.values() if t.allows(role))) or "none"
+    # Named as the model sees them (`parcels__track_parcel` for `parcels.track_parcel`).
+    allowed = (
+        ", ".join(sorted(wire_name(t.name) for t in tools.values() if t.allows(role))) or "none"
+    )
     name = invocation.name
     if name.replace("_", "").replace("-", "").isalnum() and len(name) <= 64:
         shown = f"'{name}'"
@@ -423,10 +445,12 @@ def _failure_status(exc: BaseException) -> str:
         return str(exc.status)
     if isinstance(exc, httpx.HTTPStatusError):
         return str(exc.response.status_code)
-    if isinstance(exc, UnknownHandler | ToolMisconfigured):
+    if isinstance(exc, UnknownHandler | ToolMisconfigured | HeaderEnvRefused):
         return "misconfigured"
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, httpx.TransportError | McpUnreachable):
         return "unreachable"
+    if isinstance(exc, McpToolError):
+        return "tool_error"
     return "exception"
 
 
@@ -436,12 +460,14 @@ def log_tool_failure(tool: ToolSnapshot, status: str, reason: str) -> None:
     The URL is the configured one (arguments may hold personal data), and the
     values of the tool's secret headers are cut out of the reason.
     """
-    where = tool.url if tool.kind == "http" else f"python:{tool.handler}"
+    if tool.mcp is not None:
+        where = f"mcp:{tool.mcp.name}:{tool.mcp.where}"
+    else:
+        where = tool.url if tool.kind == "http" else f"python:{tool.handler}"
+    headers = {**tool.headers, **(tool.mcp.headers if tool.mcp is not None else {})}
     secrets = [
-        os.environ.get(str(v.get("env", "")), "")
-        for v in tool.headers.values()
-        if isinstance(v, dict)
-    ] + [str(v) for v in tool.headers.values() if not isinstance(v, dict)]
+        os.environ.get(str(v.get("env", "")), "") for v in headers.values() if isinstance(v, dict)
+    ] + [str(v) for v in headers.values() if not isinstance(v, dict)]
     for secret in secrets:
         if secret and len(secret) >= 4:
             reason = reason.replace(secret, "[redacted]")
@@ -460,8 +486,27 @@ def _exception_outcome(
     breaker: CircuitBreaker,
 ) -> ToolOutcome:
     log_tool_failure(tool, _failure_status(exc), str(exc) or type(exc).__name__)
-    if isinstance(exc, UnknownHandler | ToolMisconfigured):
+    if isinstance(exc, UnknownHandler | ToolMisconfigured | HeaderEnvRefused):
         message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
+    elif isinstance(exc, McpToolError):
+        # The server answered: the tool's own error is the model's to read, not an outage.
+        breaker.record_success(tool.name)
+        return ToolOutcome(
+            status="failed",
+            output={"ok": False, "error": str(exc)[:2000]},
+            error=str(exc)[:2000],
+            elapsed_ms=int((time.perf_counter() - started) * 1000),
+            content=render_failure("failed", f"{tool.name} reported an error: {str(exc)[:2000]}"),
+            coercions=coercions,
+            attempts=attempts,
+        )
+    elif isinstance(exc, McpUnreachable):
+        breaker.record_failure(tool.name)
+        server = tool.mcp.name if tool.mcp is not None else "?"
+        message = (
+            f"{tool.name} could not be reached: its MCP server '{server}' is down or "
+            "not answering; continue without it or tell the user it is unavailable."
+        )
     elif isinstance(exc, ToolHttpError):
         # The API understood and refused: business data, not an outage (it also ends a half-open trial).
         breaker.record_success(tool.name)
@@ -521,9 +566,12 @@ async def execute_all(
 
 def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, ToolSnapshot]:
     """The agent's enabled tools; with a role, only those that role may use."""
-    snapshots = (
-        ToolSnapshot.from_model(t) for t in Tool.objects.filter(name__in=names, enabled=True)
+    rows = (
+        Tool.objects.filter(name__in=names, enabled=True)
+        .filter(Q(mcp_server__isnull=True) | Q(mcp_server__enabled=True))
+        .select_related("mcp_server")
     )
+    snapshots = (ToolSnapshot.from_model(t) for t in rows)
     found = {t.name: t for t in snapshots if role is None or t.allows(role)}
     if builtin.ASK_USER in names and builtin.ASK_USER not in found:
         found[builtin.ASK_USER] = ASK_USER_TOOL  # built in: listed by name, no row

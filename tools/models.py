@@ -5,6 +5,68 @@ from django.db import models
 class ToolKind(models.TextChoices):
     PYTHON = "python", "Python callable"
     HTTP = "http", "HTTP business API"
+    MCP = "mcp", "MCP server tool"
+
+
+class McpServer(models.Model):
+    """A Model Context Protocol server whose tools are discovered and stored as Tool rows.
+
+    Streamable HTTP (`url`) or stdio (`command`, a local process per call).
+    """
+
+    name = models.CharField(
+        max_length=40, unique=True, help_text="Its tools are named <name>.<tool> in agents' lists."
+    )
+    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP endpoint.")
+    command = ArrayField(
+        models.CharField(max_length=500),
+        default=list,
+        blank=True,
+        help_text="Stdio: the command and its arguments, started for each call.",
+    )
+    headers = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='HTTP headers; {"env": "NAME"} takes the value from an environment variable.',
+    )
+    timeout_s = models.FloatField(default=10.0)
+    roles = ArrayField(
+        models.CharField(max_length=50),
+        default=list,
+        blank=True,
+        help_text="Who may use its tools (empty: everyone), unless tool_roles says otherwise.",
+    )
+    tool_roles = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Per-tool roles, e.g. {"wipe_orders": ["admin"]}.',
+    )
+    enabled = models.BooleanField(default=True)
+    refreshed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def roles_for(self, tool: str) -> list[str]:
+        found = (self.tool_roles or {}).get(tool)
+        return list(found) if isinstance(found, list) else list(self.roles or [])
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from .env_access import header_env_rule, refused_header_envs
+
+        if bool(self.url) == bool(self.command):
+            raise ValidationError("give either a url (streamable HTTP) or a command (stdio)")
+        refused = refused_header_envs(self.headers)
+        if refused:
+            names = ", ".join(f"{header} reads {name}" for header, name in refused)
+            raise ValidationError({"headers": f"{names}, but {header_env_rule()}"})
 
 
 class Tool(models.Model):
@@ -75,6 +137,21 @@ class Tool(models.Model):
     rate_limit_calls_per_min = models.PositiveIntegerField(default=0)
     rate_limit_tokens_per_min = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
+    mcp_server = models.ForeignKey(
+        McpServer,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tools",
+        editable=False,
+        help_text="MCP tools: the server that runs it (the row is rewritten by each refresh).",
+    )
+    mcp_tool = models.CharField(
+        max_length=128,
+        blank=True,
+        editable=False,
+        help_text="MCP tools: the tool's name on its server.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -100,6 +177,8 @@ class Tool(models.Model):
             raise ValidationError({"url": "required for HTTP tools"})
         if self.kind == ToolKind.PYTHON and not self.handler:
             raise ValidationError({"handler": "required for Python tools"})
+        if self.kind == ToolKind.MCP and not (self.mcp_server_id and self.mcp_tool):
+            raise ValidationError("MCP tools come from their server's refresh, not from this form")
         from approvals.conditions import ConditionError
         from approvals.conditions import validate as validate_condition
 

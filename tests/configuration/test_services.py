@@ -56,7 +56,10 @@ def _base() -> dict:
         "tools": [
             {
                 "name": "clock",
-                "description": "What time is it?",
+                # Says what, when and when not, and what comes back (no description warnings).
+                "description": "The current date and time in UTC. Use when the user asks what "
+                "time or day it is; do not use it for other time zones.",
+                "result_description": "The time as {now: ISO 8601 timestamp}.",
                 "kind": "python",
                 "handler": "builtin.current_time",
                 "parameters": {"type": "object", "properties": {}},

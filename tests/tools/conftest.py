@@ -11,6 +11,7 @@ import pytest
 from sessions.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
+from tests.fakes.mcp_fixtures import mcp_files, mcp_server  # noqa: F401
 from tests.fakes.model_servers import FakeModelServer
 
 MODEL_KEY_ENV = "TOOLS_TEST_MODEL_KEY"

@@ -15,7 +15,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-url-check",
             action="store_true",
-            help="Do not check that HTTP tools' URLs accept connections (e.g. their service starts later).",
+            help=(
+                "Do not check that HTTP tools' URLs accept connections (e.g. their service starts "
+                "later); an MCP server that cannot be asked for its tools is then a warning."
+            ),
+        )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help=(
+                "Tool descriptions that do not help the model are errors, not warnings "
+                "(as the TOOL_DESCRIPTIONS_STRICT setting does); nothing is applied."
+            ),
         )
 
     def handle(self, *args: object, **options: object) -> None:
@@ -31,7 +42,11 @@ class Command(BaseCommand):
                 f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
             ) from None
         try:
-            report = config_apply(document=document or {}, check_urls=not options["no_url_check"])
+            report = config_apply(
+                document=document or {},
+                check_urls=not options["no_url_check"],
+                strict=True if options["strict"] else None,
+            )
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)
             raise CommandError(f"{path}: nothing was changed; fix these:\n{lines}") from None

@@ -1,0 +1,203 @@
+"""MCP servers through the official `mcp` SDK: list their tools, call one.
+
+Each call opens its own client session (streamable HTTP, or a stdio process
+started for the call) on the running loop, which in a worker is the shared io
+loop (runtime/io_loop.py): nothing outlives the call, so nothing has to be
+shared safely across Celery's forked processes. An HTTP session costs one
+handshake round trip on loopback; a stdio server pays its process start.
+
+Errors come out as two types the executor turns into tool results:
+`McpToolError` (the server answered: the tool failed or refused the call) and
+`McpUnreachable` (no answer: down, refused, cut, a process that would not start).
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from mcp import Client
+
+    from .models import McpServer
+
+# A stdio server starts a process (a Python one imports the SDK: ~2-3 s on this machine).
+DISCOVERY_TIMEOUT_S = 30.0
+IDEMPOTENCY_META_KEY = "idempotency_key"
+
+
+@dataclass(frozen=True)
+class McpEndpoint:
+    """How to reach one server; read from its row before the database connection is given back."""
+
+    name: str
+    url: str = ""
+    command: tuple[str, ...] = ()
+    headers: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 10.0
+
+    @classmethod
+    def from_model(cls, server: "McpServer") -> "McpEndpoint":
+        return cls(
+            name=server.name,
+            url=server.url,
+            command=tuple(server.command or ()),
+            headers=dict(server.headers or {}),
+            timeout_s=server.timeout_s,
+        )
+
+    @property
+    def where(self) -> str:
+        """For log lines and messages: the URL, or the command's program."""
+        return self.url or f"stdio:{self.command[0] if self.command else '?'}"
+
+
+@dataclass(frozen=True)
+class ListedTool:
+    """One tool as the server lists it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    read_only: bool | None = None
+    idempotent: bool | None = None
+
+
+class McpUnreachable(Exception):
+    """No usable answer from the server: down, refused, cut, or a process that did not start."""
+
+
+class McpToolError(Exception):
+    """The server answered with an error: the tool failed, or refused the call."""
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside the SDK's task-group exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    leaf = _leaf(exc)
+    text = " ".join(str(leaf).split())[:200]
+    return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
+
+
+@asynccontextmanager
+async def _connected(endpoint: McpEndpoint) -> AsyncIterator["Client"]:
+    import httpx2
+    from mcp import Client, StdioServerParameters
+    from mcp.client.streamable_http import streamable_http_client
+
+    from .env_access import header_values
+
+    if endpoint.url:
+        # Slack over the call's own limit: the executor's timeout decides, and says "timeout".
+        http = httpx2.AsyncClient(
+            headers=header_values(endpoint.headers),
+            timeout=httpx2.Timeout(endpoint.timeout_s + 5),
+        )
+        async with http:
+            transport = streamable_http_client(endpoint.url, http_client=http)
+            async with Client(transport, cache=None) as client:
+                yield client
+    else:
+        # The child gets the SDK's minimal environment (PATH, HOME, ...), never the worker's secrets.
+        params = StdioServerParameters(command=endpoint.command[0], args=list(endpoint.command[1:]))
+        async with Client(params, cache=None) as client:
+            yield client
+
+
+async def _guarded(endpoint: McpEndpoint, work: Any) -> Any:
+    """Run `work(client)` on a fresh session; translate what goes wrong into our two errors."""
+    from mcp import MCPError
+
+    from .env_access import HeaderEnvRefused
+
+    try:
+        async with _connected(endpoint) as client:
+            try:
+                return await work(client)
+            except MCPError as exc:
+                raise McpToolError(str(exc) or "the server refused the call") from exc
+    except (McpToolError, HeaderEnvRefused):
+        raise
+    except BaseExceptionGroup as group:
+        leaf = _leaf(group)
+        if isinstance(leaf, McpToolError | HeaderEnvRefused | asyncio.CancelledError):
+            raise leaf from None
+        raise McpUnreachable(f"{endpoint.where}: {_describe(group)}") from group
+    except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
+        raise McpUnreachable(f"{endpoint.where}: {_describe(exc)}") from exc
+
+
+async def list_tools(endpoint: McpEndpoint) -> list[ListedTool]:
+    """Every tool the server lists, page by page."""
+
+    async def work(client: "Client") -> list[ListedTool]:
+        found: list[ListedTool] = []
+        cursor: str | None = None
+        for _ in range(100):
+            page = await client.list_tools(cursor=cursor)
+            for tool in page.tools:
+                hints = tool.annotations
+                found.append(
+                    ListedTool(
+                        name=tool.name,
+                        description=" ".join((tool.description or "").split()),
+                        input_schema=dict(tool.input_schema or {}),
+                        output_schema=dict(tool.output_schema) if tool.output_schema else None,
+                        read_only=hints.read_only_hint if hints else None,
+                        idempotent=hints.idempotent_hint if hints else None,
+                    )
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return found
+
+    result: list[ListedTool] = await asyncio.wait_for(
+        _guarded(endpoint, work), timeout=max(endpoint.timeout_s, DISCOVERY_TIMEOUT_S)
+    )
+    return result
+
+
+def _result_output(result: Any) -> dict[str, Any]:
+    """A CallToolResult as the dict the executor stores and renders."""
+    parts: list[str] = []
+    for block in result.content or ():
+        text = getattr(block, "text", None)
+        parts.append(text if isinstance(text, str) else f"[{block.type} content omitted]")
+    text = "\n".join(parts)
+    if result.is_error:
+        raise McpToolError(text.strip() or "the tool reported an error")
+    if isinstance(result.structured_content, dict):
+        return dict(result.structured_content)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {"result": text}
+    return parsed if isinstance(parsed, dict) else {"result": parsed}
+
+
+async def call_tool(
+    endpoint: McpEndpoint, tool: str, arguments: dict[str, Any], idempotency_key: str
+) -> dict[str, Any]:
+    """Call one tool; the logical call's idempotency key travels in the request's `_meta`.
+
+    The caller bounds the time (the tool's timeout); cancelling this closes the session.
+    """
+
+    async def work(client: "Client") -> dict[str, Any]:
+        from mcp.types import RequestParamsMeta
+
+        meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+        result = await client.call_tool(tool, arguments, meta=meta)
+        return _result_output(result)
+
+    output: dict[str, Any] = await _guarded(endpoint, work)
+    return output
