@@ -57,15 +57,11 @@ SUMMARY_MAX_ITEMS = 12
 
 
 def _keep_facts(facts: list[str]) -> list[str]:
-    """At most SUMMARY_MAX_ITEMS * 2, in order: statements about the user win over bare numbers."""
-    limit = SUMMARY_MAX_ITEMS * 2
-    if len(facts) <= limit:
-        return facts
-    strong = [f for f in facts if _FACT.search(f)][-limit:]
-    room = limit - len(strong)
-    weak = [f for f in facts if not _FACT.search(f)][-room:] if room else []
-    kept = set(strong) | set(weak)
-    return [f for f in facts if f in kept]
+    """Statements about the user first (all of them, up to the limit), then the latest few
+    that only carry a number: a summary cut to size loses those first."""
+    strong = [f for f in facts if _FACT.search(f)][: SUMMARY_MAX_ITEMS * 2]
+    weak = [f[:120] for f in facts if not _FACT.search(f)][-4:]
+    return strong + weak
 
 
 def summarise(data: Any) -> str:

@@ -118,9 +118,11 @@ def render_summary(sections: dict[str, Any], tokens: int) -> str:
         return "\n".join(parts)
 
     rendered = text()
-    for key in ("actions", "open_items", "facts"):
+    # Oldest actions go first; facts from the newest (the older ones are those a
+    # rolling summary has carried forward every time: what the user said at the start).
+    for key, at in (("actions", 0), ("open_items", 0), ("facts", -1)):
         while sections.get(key) and count_message_tokens(rendered) > tokens:
-            sections[key].pop(0)
+            sections[key].pop(at)
             rendered = text()
     return cap_text(rendered, max(tokens - 4, 1))
 
