@@ -320,7 +320,7 @@ def test_no_request_exceeds_the_window_and_no_call_loses_its_results():
         )
         assert estimate_request_tokens(request) <= window, case
         assert_pairs_intact(request.messages)
-        assert request.messages[-1 if not request.tool_choice == "none" else -2].role in (
+        assert request.messages[-1 if request.tool_choice != "none" else -2].role in (
             "user",
             "tool",
             "assistant",

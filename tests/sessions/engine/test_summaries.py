@@ -17,7 +17,6 @@ from sessions.engine.summaries import INSTRUCTIONS, parse_sections, render_summa
 from sessions.models import Checkpoint, Message, ModelCall, Session
 from sessions.services import message_post, session_fork
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
-from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401
 from tests.fakes.model_servers import FakeModelServer, Recorded, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,7 +107,7 @@ def test_two_hundred_turns_in_a_small_window_keep_the_turn_three_fact(
         system_prompt="You are a support assistant.",
         tools=[],
     )
-    session = SessionFactory(agent=agent, owner=UserFactory(username="long-talker"))
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="long-talker"))
     openai_server.script(*([fake_model] * 400))
 
     for n in range(1, 201):
@@ -139,7 +138,7 @@ def test_two_hundred_turns_in_a_small_window_keep_the_turn_three_fact(
     archived = messages.filter(archived_at__isnull=False)
     assert archived.filter(role="user").count() > 150
     latest = summary_rows.order_by("-seq").first()
-    assert latest is not None and latest.archived_at is None
+    assert latest is not None and latest.archived_at is None and latest.data
     assert (
         latest.data["through_seq"]
         == archived.exclude(name=SUMMARY_NAME)
@@ -173,7 +172,7 @@ def test_a_failed_summary_falls_back_to_trimming_never_to_a_failed_turn(
         context_window=WINDOW,
         tools=[],
     )
-    session = SessionFactory(agent=agent, owner=UserFactory(username="unlucky"))
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="unlucky"))
 
     def broken_summaries(request: Recorded) -> Reply:
         if is_summary_request(request):
@@ -210,12 +209,12 @@ def test_the_offline_rules_model_summarises_deterministically_and_forks_keep_it(
         tools=[],
     )
     owner = UserFactory(username="offline")
-    session = SessionFactory(agent=agent, owner=owner)
+    session: Session = SessionFactory.create(agent=agent, owner=owner)
     for n in range(1, 41):
         turn(session, user_text(n))
 
     summary = Message.objects.filter(session=session, name=SUMMARY_NAME).order_by("-seq").first()
-    assert summary is not None
+    assert summary is not None and summary.data
     assert FACT in summary.content and summary.content.startswith(SUMMARY_HEADING)
     assert summary.data["sections"]["facts"][0] == FACT
     assert summary.data["model"] == rules.name
