@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
+from sessions.admin.timeline import session_timeline
 from sessions.engine import session_run
 from sessions.engine.context import SUMMARY_HEADING, SUMMARY_NAME
 from sessions.engine.summaries import INSTRUCTIONS, parse_sections, render_summary
@@ -218,6 +219,12 @@ def test_the_offline_rules_model_summarises_deterministically_and_forks_keep_it(
     assert FACT in summary.content and summary.content.startswith(SUMMARY_HEADING)
     assert summary.data["sections"]["facts"][0] == FACT
     assert summary.data["model"] == rules.name
+
+    # The admin timeline marks the archived messages and shows each model step's partitions.
+    items, _ = session_timeline(session.pk, limit=2000)
+    assert any(i.kind == "message" and "[archived: a summary" in i.summary for i in items)
+    steps = [i.summary for i in items if i.kind == "checkpoint" and "tokens: system" in i.summary]
+    assert steps and all(f"of a {WINDOW:,} window" in s for s in steps)
 
     # A fork keeps the summary and what it archived, and goes on from it.
     source = Session.objects.get(pk=session.pk)
