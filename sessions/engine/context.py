@@ -328,9 +328,17 @@ def _oldest_third(past: list[_Item], history_tokens: int) -> list[_Item]:
 def _hard_fit(past: list[_Item], current: list[_Item], excess: int) -> int:
     """Drop whole units, oldest first, until `excess` tokens are saved."""
     saved = 0
+    # Past turns go whole, so what remains starts with a user's message.
+    dropped_turn: int | None = None
+    for item in past:
+        if saved >= excess and item.turn != dropped_turn:
+            return saved
+        if item.shown:
+            saved += item.replace([])
+        dropped_turn = item.turn
     rounds = [i for i in current if i.kind == "round"]
     keep = {id(rounds[-1])} if rounds else set()
-    for item in past + current:
+    for item in current:
         if saved >= excess:
             break
         if item.shown and id(item) not in keep:
@@ -424,7 +432,7 @@ def assemble(
         trimmed = _trim(past, current, used - int(budget.trim_at * history_limit))
         used -= trimmed
     to_summarise: list[_Item] = []
-    if summarise and past and used > budget.summarise_at * history_limit:
+    if summarise and past and history_limit and used > budget.summarise_at * history_limit:
         to_summarise = _oldest_third(past, used)
     if used > history_limit:
         used -= _hard_fit(past, current, used - history_limit)

@@ -3,8 +3,11 @@
 Order of attempts: the agent's model (or its rollout candidate, sticky per
 session), then exactly one retry on the agent's fallback model; if both fail,
 the caller answers with the agent's "service busy" message. Endpoints whose
-breaker is open are skipped without a call; a request that cannot fit an
-endpoint's context window is refused before it is sent.
+breaker is open are skipped without a call. The assembler
+(sessions/engine/context.py) fits every request to the tightest window of the
+endpoints a step may call; a request that still cannot fit an endpoint's
+window (a system prompt larger than it) is refused here before it is sent, the
+last line of defence.
 """
 
 import asyncio

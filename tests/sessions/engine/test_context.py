@@ -320,6 +320,7 @@ def test_no_request_exceeds_the_window_and_no_call_loses_its_results():
         )
         assert estimate_request_tokens(request) <= window, case
         assert_pairs_intact(request.messages)
+        assert [m for m in request.messages if m.role != "system"][0].role == "user", case
         assert request.messages[-1 if request.tool_choice != "none" else -2].role in (
             "user",
             "tool",
@@ -360,3 +361,21 @@ def test_cap_text_fits_the_tokens():
     assert cut.endswith("…") and len(cut) < 60
     assert cap_text("你好" * 50, 10).endswith("…")
     assert cap_text("anything", 0) == ""
+
+
+def test_dropped_turns_go_whole_so_the_history_starts_with_a_user_message():
+    history = _chatty(30).user("and?")
+    request = build_request(agent=agent(1500), history=history.messages, tools={}, final=False)
+    shown = [m for m in request.messages if m.role != "system"]
+    assert shown[0].role == "user" and len(shown) < len(history.messages)
+
+
+def test_no_summary_is_asked_for_when_the_system_prompt_leaves_no_room_for_history():
+    history = _chatty(10).user("and?")
+    assembly = assemble(
+        agent=agent(1000, system_prompt="rule " * 2000),
+        history=history.messages,
+        tools={},
+        final=False,
+    )
+    assert assembly.usage["history_limit"] == 0 and assembly.summarise == ()
