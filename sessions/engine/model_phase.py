@@ -163,10 +163,13 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
        apply_config take effect at the next step, without a restart.
     2. Judge the loop guards and limits; after a fork, resume or long pause,
        note what changed in the environment.
-    3. Give the database connection back, then call the model (a cancel
+    3. Assemble the request within the context budget; past the history's
+       summary watermark, summarise its oldest third first (sessions/engine/summaries.py).
+    4. Give the database connection back, then call the model (a cancel
        closes the stream).
-    4. Commit: the assistant message, the ModelCall rows, usage and cost, and
-       either the tool-call intents (-> tool_wait) or the end of the turn.
+    5. Commit: the assistant message (with any summary and note), the ModelCall
+       rows, usage and cost, the archived marks, and either the tool-call
+       intents (-> tool_wait) or the end of the turn.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent

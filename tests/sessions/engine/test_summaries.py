@@ -130,6 +130,11 @@ def test_two_hundred_turns_in_a_small_window_keep_the_turn_three_fact(
     recorded = ModelCall.objects.filter(session=session)
     assert recorded.filter(purpose="summary", outcome="success").count() == len(summaries)
     assert recorded.filter(purpose="step").count() == 200
+    # Metered like any call: the session's usage counts the summaries' tokens too.
+    fresh = Session.objects.get(pk=session.pk)
+    assert fresh.input_tokens == sum(c.input_tokens for c in recorded)
+    assert fresh.output_tokens == sum(c.output_tokens for c in recorded)
+    assert sum(c.input_tokens for c in recorded.filter(purpose="summary")) == 50 * len(summaries)
     # Originals archived, never deleted; each summary a message in the history.
     messages = Message.objects.filter(session=session)
     summary_rows = messages.filter(name=SUMMARY_NAME)
