@@ -3,6 +3,7 @@ model (with fallback), and make the move its outcome calls for (an answer, or
 tool-call intents)."""
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -121,6 +122,8 @@ def fitted_context(
     final: bool,
     note: str,
     window: int,
+    memory_block: str = "",
+    context_blocks: Sequence[str] = (),
 ) -> tuple[Assembly, SummaryOutcome]:
     """The step's request within the budget; past the summary watermark, with a new summary.
 
@@ -130,7 +133,14 @@ def fitted_context(
        the trimmed request of step 1: a summary never fails a turn.
     """
     assembly = assemble(
-        agent=agent, history=history, tools=tools, final=final, note=note, window=window
+        agent=agent,
+        history=history,
+        tools=tools,
+        final=final,
+        note=note,
+        window=window,
+        memory_block=memory_block,
+        context_blocks=context_blocks,
     )
     if not assembly.summarise or assembly.budget is None:
         return assembly, SummaryOutcome()
@@ -152,6 +162,8 @@ def fitted_context(
         note=note,
         window=window,
         summarise=False,
+        memory_block=memory_block,
+        context_blocks=context_blocks,
     )
     return again, outcome
 
@@ -181,6 +193,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     history = (run or RunContext()).history(session)
     if note is not None:
         history.append(note)
+    # Filled by the long-term memory and the context layers (issue 13, items 5 and 7).
+    memory_block = ""
+    context_blocks: tuple[str, ...] = ()
     assembly, summary = fitted_context(
         session,
         agent,
@@ -189,6 +204,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         final=final,
         note=stop.note if stop else "",
         window=request_window(agent, session),
+        memory_block=memory_block,
+        context_blocks=context_blocks,
     )
     request = assembly.request
     # What this step commits besides its outcome: the notes the model saw (an
@@ -217,6 +234,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             note=stop.note if stop else "",
             window=gate.endpoint.context_window,
             summarise=False,
+            memory_block=memory_block,
+            context_blocks=context_blocks,
         )
         request = dataclasses.replace(request, messages=smaller.request.messages)
         tokens = dict(smaller.usage)

@@ -48,7 +48,7 @@ def fake_model(request: Recorded) -> Reply:
     """A model that answers briefly and, asked for a summary, keeps the user's
     first-person facts (merging the previous summary), as a real one is told to."""
     if not is_summary_request(request):
-        return Reply(text="Noted. " + FILLER, usage=None)
+        return Reply(text="Noted. " + FILLER, usage=None, text_splits=10_000)
     prompt = request.messages[-1]["content"]
     previous: dict[str, Any] = {}
     found = re.search(r"Previous summary:\n(\{.*?\})\n\n", prompt, re.DOTALL)
