@@ -15,7 +15,7 @@ from sessions.admin.timeline import session_timeline
 from sessions.engine import session_run
 from sessions.engine.context import SUMMARY_HEADING, SUMMARY_NAME
 from sessions.engine.summaries import INSTRUCTIONS, parse_sections, render_summary
-from sessions.models import Checkpoint, Message, ModelCall, Session
+from sessions.models import Agent, Checkpoint, Message, ModelCall, ModelEndpoint, Session
 from sessions.services import message_post, session_fork
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.model_servers import FakeModelServer, Recorded, Reply
@@ -265,3 +265,21 @@ def test_summary_sections_parse_and_render_within_their_tokens() -> None:
     rendered = render_summary(many, 200)
     assert count_tokens(rendered) + MESSAGE_OVERHEAD_TOKENS <= 200
     assert "fact 0 " in rendered and "fact 29" not in rendered and "action 0 " not in rendered
+
+
+def test_the_window_is_the_tightest_of_the_agent_and_the_endpoints_a_step_may_call() -> None:
+    from sessions.engine.model_phase import request_window
+
+    roomy = ModelEndpointFactory.create(name=f"roomy-{uuid.uuid4().hex[:6]}", context_window=8000)
+    small: ModelEndpoint = ModelEndpointFactory.create(
+        name=f"small-{uuid.uuid4().hex[:6]}", context_window=3000
+    )
+    agent: Agent = AgentFactory.create(
+        slug=f"window-{uuid.uuid4().hex[:8]}", model=roomy, fallback_model=small
+    )
+    session: Session = SessionFactory.create(agent=agent)
+    assert request_window(agent, session) == 3000
+    small.enabled = False  # a disabled fallback is never called
+    assert request_window(agent, session) == 8000
+    agent.context_window = 2500
+    assert request_window(agent, session) == 2500
