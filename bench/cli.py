@@ -26,6 +26,7 @@ BENCHMARKS = (
     "http",
     "billing",
     "approvals",
+    "context",
 )
 
 
@@ -57,6 +58,7 @@ class Sizes:
     billing_ranking_reps: int = 10
     approvals_samples: int = 30
     billing_ab_cycles: int = 300
+    context_steps: int = 200
 
 
 FULL = Sizes(
@@ -109,6 +111,7 @@ QUICK = Sizes(
     billing_ranking_reps=5,
     approvals_samples=8,
     billing_ab_cycles=60,
+    context_steps=50,
 )
 
 
@@ -383,6 +386,10 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import http_serving
 
         return http_serving.run(procs, seconds=sizes.http_seconds, layouts=sizes.http_layouts)
+    if name == "context":
+        from . import context
+
+        return context.run(steps=sizes.context_steps)
     if name == "billing":
         from . import billing
 

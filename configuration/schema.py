@@ -11,6 +11,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
+from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
@@ -198,6 +199,9 @@ AGENT_ENTRY = {
         "value": {"type": "number", "exclusiveMinimum": 0},
         "cheap_model": {"type": ["string", "null"]},
         "degraded_max_tokens": {"type": "integer", "minimum": 1},
+        # Partition overrides of the context budget (memory/budget.py), checked below.
+        "context_budget": {"type": "object"},
+        "summary_model": {"type": ["string", "null"]},
         "budget_turn_tokens": {"type": ["integer", "null"], "minimum": 0},
         "budget_turn_cost": {"type": ["number", "null"], "minimum": 0},
         "budget_session_tokens": {"type": ["integer", "null"], "minimum": 0},
@@ -440,7 +444,9 @@ def config_errors(
     servers = (known_mcp_servers or set()) | {s["name"] for s in document.get("mcp_servers") or []}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
-        for field in ("model", "fallback_model", "candidate_model", "cheap_model"):
+        for problem in budget_problems(entry.get("context_budget", {})):
+            errors.append(f"{where}.context_budget: {problem}")
+        for field in ("model", "fallback_model", "candidate_model", "cheap_model", "summary_model"):
             if entry.get(field) and entry[field] not in models:
                 errors.append(
                     f"{where}.{field}: unknown model '{entry[field]}' (known: {', '.join(sorted(models)) or 'none'})"

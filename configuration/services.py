@@ -93,6 +93,7 @@ AGENT_FIELDS = (
     "budget_turn_tokens",
     "budget_session_tokens",
     "budget_day_tokens",
+    "context_budget",
 )
 AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")
 
@@ -296,6 +297,11 @@ def config_apply(
             if "cheap_model" in entry:
                 cheap = entry["cheap_model"]
                 values["cheap_model"] = ModelEndpoint.objects.get(name=cheap) if cheap else None
+            if "summary_model" in entry:
+                summary = entry["summary_model"]
+                values["summary_model"] = (
+                    ModelEndpoint.objects.get(name=summary) if summary else None
+                )
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
             fallback = entry.get("fallback_model")
             values["fallback_model"] = (

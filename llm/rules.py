@@ -49,6 +49,59 @@ from .types import (
 
 NO_RULE_ANSWER = "I'm sorry, I can't help with that request."
 
+# What a user says that a summary must keep: first-person facts, preferences, instructions, numbers.
+_FACT = re.compile(
+    r"\b(my|mine|i am|i'm|im|i prefer|i like|i love|i hate|i live|i work|i need|i want|call me|"
+    r"remember|always|never|please use|don't|do not)\b|我|记住",
+    re.IGNORECASE,
+)
+_NUMBER = re.compile(r"\d")
+SUMMARY_MAX_ITEMS = 12
+
+
+def _keep_facts(facts: list[str]) -> list[str]:
+    """Statements about the user first (all of them, up to the limit), then the latest few
+    that only carry a number: a summary cut to size loses those first."""
+    strong = [f for f in facts if _FACT.search(f)][: SUMMARY_MAX_ITEMS * 2]
+    weak = [f[:120] for f in facts if not _FACT.search(f)][-4:]
+    return strong + weak
+
+
+def summarise(data: Any) -> str:
+    """The offline model's summary of a conversation: a deterministic extract, as JSON.
+
+    Facts are the user's first-person statements, preferences, instructions and
+    anything with a number, oldest first after the previous summary's; actions
+    are the tools called and how they ended; the intent is the latest request;
+    an open item is a user message the transcript leaves unanswered. `data` is
+    what the summariser attaches to its request: {"previous": sections or
+    None, "messages": [{"role", "name", "content"}]}.
+    """
+    data = data if isinstance(data, dict) else {}
+    previous = data.get("previous") if isinstance(data.get("previous"), dict) else {}
+    rows = [r for r in data.get("messages") or [] if isinstance(r, dict)]
+    facts = [str(f) for f in previous.get("facts") or []]
+    actions = [str(a) for a in previous.get("actions") or []]
+    intent = str(previous.get("intent") or "")
+    for row in rows:
+        content = " ".join(str(row.get("content") or "").split())
+        if row.get("role") == "user" and content:
+            intent = content[:200]
+            if (_FACT.search(content) or _NUMBER.search(content)) and content[:300] not in facts:
+                facts.append(content[:300])
+        elif row.get("role") == "tool":
+            failed = content.startswith("[FAILED]")
+            actions.append(f"{row.get('name') or 'tool'}: {'failed' if failed else 'done'}")
+    last = rows[-1] if rows else {}
+    open_items = [str(last.get("content"))[:200]] if last.get("role") == "user" else []
+    sections = {
+        "intent": intent,
+        "facts": _keep_facts(facts),
+        "actions": actions[-SUMMARY_MAX_ITEMS:],
+        "open_items": open_items,
+    }
+    return json.dumps(sections, ensure_ascii=False)
+
 
 def _turn_slice(messages: tuple[ChatMessage, ...]) -> tuple[str, list[ChatMessage]]:
     """The latest user text and the messages after it (this turn's work so far)."""
@@ -157,6 +210,17 @@ class RulesAdapter(ModelAdapter):
     maps_tool_names = False
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        if request.agent_config.get("task") == "summary":
+            # A summary of the history (sessions/engine/summaries.py): offline and deterministic.
+            users = [m for m in request.messages if m.role == "user"]
+            text = summarise(users[-1].data if users else None)
+            yield TextDelta(text)
+            yield Usage(
+                input_tokens=sum(count_tokens(m.content) for m in request.messages),
+                output_tokens=count_tokens(text),
+            )
+            yield Finish("stop")
+            return
         rules = request.agent_config.get("rules") or []
         if not isinstance(rules, list):
             raise ModelConfigError("agent rules must be a list")

@@ -148,6 +148,7 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "name",
             "data",
             "token_count",
+            "archived_at",
         )
     ):
         entries.append(TimelineEntry("message", r["id"], r["created_at"], r["id"], r["seq"], "", r))

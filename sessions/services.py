@@ -50,6 +50,7 @@ from .engine import (
     operator_tool_result,
     run_resume,
     session_run,
+    summary_through,
     timer_fire,
     turn_cancel,
     turn_start,
@@ -831,6 +832,9 @@ def session_fork(
             message_seq=len(history),
             resume_check=True,
         )
+        # What a summary in the copy replaced stays archived there; what only a
+        # later summary of the source replaced is live again in the fork.
+        through = max((summary_through(m) or 0 for m in history), default=0)
         Message.objects.bulk_create(
             [
                 Message(
@@ -845,6 +849,7 @@ def session_fork(
                     name=m.name,
                     data=m.data,
                     token_count=m.token_count,
+                    archived_at=(m.archived_at or timezone.now()) if i <= through else None,
                 )
                 for i, m in enumerate(history, start=1)
             ]

@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
 from configuration.schema import RULE
+from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
@@ -33,6 +34,8 @@ class AgentAdminForm(forms.ModelForm):
             "candidate_model",
             "candidate_percent",
             "context_window",
+            "context_budget",
+            "summary_model",
             "max_iterations",
             "repeat_call_limit",
             "same_result_limit",
@@ -74,6 +77,15 @@ class AgentAdminForm(forms.ModelForm):
         if problem:
             raise forms.ValidationError(f"Invalid dialogue config at {problem}")
         return dialogue
+
+    def clean_context_budget(self) -> Any:
+        budget = self.cleaned_data.get("context_budget")
+        if budget in (None, ""):
+            return {}
+        problems = budget_problems(budget)
+        if problems:
+            raise forms.ValidationError(f"Invalid context budget: {'; '.join(problems)}.")
+        return budget
 
     def clean_rules(self) -> Any:
         rules = self.cleaned_data.get("rules")
@@ -149,6 +161,16 @@ class AgentAdmin(admin.ModelAdmin):
                 "description": "Empty budgets do not limit. A call that would cross one ends the "
                 "turn with budget_exceeded. From degradation level 1 the cheap model (else the "
                 "fallback) answers with at most degraded_max_tokens.",
+            },
+        ),
+        (
+            "Context budget and summaries",
+            {
+                "fields": ("context_budget", "summary_model"),
+                "description": "Partitions of the window (system, memory, history, input, buffer) "
+                'in tokens, or shares below 1, e.g. {"history": 32000}; trim_at and summarise_at '
+                "move the two watermarks (0.6 and 0.9 of the history). Summaries use the summary "
+                "model, else the cheap model, else the fallback, else the model.",
             },
         ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),

@@ -136,7 +136,7 @@ class ModelCallAdmin(ReadOnlyAdmin):
         "routing",
         "created",
     )
-    list_filter = ("outcome", "endpoint_name", "fallback_used", "rollout", "retried")
+    list_filter = ("outcome", "purpose", "endpoint_name", "fallback_used", "rollout", "retried")
     search_fields = ("endpoint_name", "model", "error")
     ordering = ("-id",)
     fields = (
@@ -156,6 +156,7 @@ class ModelCallAdmin(ReadOnlyAdmin):
         "retried",
         "fallback_used",
         "rollout",
+        "purpose",
         "cost",
         "created_at",
     )
@@ -192,6 +193,7 @@ class ModelCallAdmin(ReadOnlyAdmin):
                 ("retry", obj.retried),
                 ("fallback", obj.fallback_used),
                 ("rollout", obj.rollout),
+                ("summary", obj.purpose == "summary"),
             )
             if on
         ]

@@ -59,6 +59,8 @@ def _summary(entry: selectors.TimelineEntry) -> str:
             summary += " → " + ", ".join(map(str, calls))
         if r["status"] == "queued":
             summary += " [queued]"
+        if r.get("archived_at"):
+            summary += " [archived: a summary replaced it]"
         return summary
     if entry.kind == "toolcall":
         summary = f"{r['tool_name']}({short(r['input'], 100)}) {r['status']}"
@@ -71,8 +73,32 @@ def _summary(entry: selectors.TimelineEntry) -> str:
         return summary
     if entry.kind == "event":
         return f"{r['type']} · {event_summary(r['type'], r['data'])}"
-    phase = (r["context"] or {}).get("phase", "") if isinstance(r["context"], dict) else ""
-    return f"step {r['step']} · {r['state']} · {phase} · {r['size_bytes']} bytes"
+    context = r["context"] if isinstance(r["context"], dict) else {}
+    summary = (
+        f"step {r['step']} · {r['state']} · {context.get('phase', '')} · {r['size_bytes']} bytes"
+    )
+    tokens = context.get("context")
+    if isinstance(tokens, dict):
+        summary += " · " + context_tokens(tokens)
+    return summary
+
+
+def context_tokens(tokens: dict[str, Any]) -> str:
+    """The partitions a model step's request used, e.g. `tokens: system 120 · memory 0 · ...`."""
+    parts = [
+        f"{name} {tokens.get(name, 0):,}"
+        for name in ("system", "memory", "history", "input")
+        if name in tokens
+    ]
+    line = "tokens: " + " · ".join(parts)
+    if "history_limit" in tokens:
+        line += f" (history limit {tokens['history_limit']:,}"
+        if tokens.get("left_out"):
+            line += f", {tokens['left_out']} messages left out"
+        line += ")"
+    if "window" in tokens:
+        line += f" of a {tokens['window']:,} window"
+    return line
 
 
 def session_timeline(

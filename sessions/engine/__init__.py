@@ -9,6 +9,7 @@ change, and `commit` that writes a step atomically.
 from .approval_gate import approval_recorded
 from .ask_user import open_question, user_answer
 from .commit import StaleSession
+from .context import summary_through
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
 from .takeover import (
@@ -33,6 +34,7 @@ __all__ = [
     "open_question",
     "run_resume",
     "session_run",
+    "summary_through",
     "timer_fire",
     "turn_cancel",
     "turn_start",

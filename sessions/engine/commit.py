@@ -107,6 +107,7 @@ MODEL_CALL_COLUMNS = (
     "outcome",
     "error",
     "cost",
+    "purpose",
     "created_at",
 )
 EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
@@ -191,6 +192,9 @@ class Step:
     # Refuse to commit (StaleSession) if a cancel was requested meanwhile; the
     # flag is set without a version bump, so only this guard sees it.
     unless_cancel_requested: bool = False
+    # A summary among `messages` replaced the history up to this seq: those
+    # messages are marked archived (never deleted) in the same transaction.
+    archive_through: int | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,14 @@ def step_commit(step: Step) -> Committed:
                 f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
                 f"WHERE id = %s AND {guard}",
                 [seq, MessageStatus.FINAL.value, turn, message.pk],
+            )
+        )
+    if step.archive_through is not None:
+        writes.append(
+            (
+                f'UPDATE "{Message._meta.db_table}" SET archived_at = now() '
+                f"WHERE session_id = %s AND seq <= %s AND archived_at IS NULL AND {guard}",
+                [session.pk, step.archive_through],
             )
         )
     for call in step.new_tool_calls:

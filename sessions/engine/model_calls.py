@@ -3,8 +3,11 @@
 Order of attempts: the agent's model (or its rollout candidate, sticky per
 session), then exactly one retry on the agent's fallback model; if both fail,
 the caller answers with the agent's "service busy" message. Endpoints whose
-breaker is open are skipped without a call; a request that cannot fit an
-endpoint's context window is refused before it is sent.
+breaker is open are skipped without a call. The assembler
+(sessions/engine/context.py) fits every request to the tightest window of the
+endpoints a step may call; a request that still cannot fit an endpoint's
+window (a system prompt larger than it) is refused here before it is sent, the
+last line of defence.
 """
 
 import asyncio
@@ -104,8 +107,13 @@ def _attempt(
     retried: bool,
     fallback: bool,
     rollout: bool,
+    purpose: str = "step",
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
-    """One call to one endpoint, always described by an (unsaved) ModelCall."""
+    """One call to one endpoint, always described by an (unsaved) ModelCall.
+
+    A `summary` call is not streamed to the session's clients (they see no
+    deltas of it) and cannot be cancelled mid-way; it is short.
+    """
     config = endpoint_config(endpoint)
     record = ModelCall(
         turn=session.turn,
@@ -118,6 +126,7 @@ def _attempt(
         fallback_used=fallback,
         rollout=rollout,
         outcome="success",
+        purpose=purpose,
     )
     estimated_in = estimate_request_tokens(request)
     breaker = model_breaker()
@@ -136,7 +145,11 @@ def _attempt(
         if endpoint.api != "rules" and not breaker.allow(endpoint.name):
             raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
         timing.started = time.perf_counter()
-        response = _stream(session, config, request, timing)
+        response = (
+            _quiet(config, request, timing)
+            if purpose == "summary"
+            else _stream(session, config, request, timing)
+        )
         if not has_text(response):
             raise ModelProtocolError(f"'{endpoint.name}' returned an empty answer")
     except RunCancelled as cancelled:
@@ -249,6 +262,37 @@ def _stream(
         raise
     except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
+
+
+def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> ChatResponse:
+    """The whole answer at once, seen by nobody but the caller."""
+
+    def on_event(event: StreamEvent) -> None:
+        if timing.first is None:
+            timing.first = time.perf_counter()
+
+    future = io_loop.submit(adapter_for(config).complete(request, on_event=on_event))
+    try:
+        return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise ModelTimeout(
+            f"'{config.name}' did not finish within {config.total_timeout_s:g} s"
+        ) from None
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must end as a recorded failure
+        raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
+
+
+def summary_call(
+    session: Session, endpoint: ModelEndpoint, request: ChatRequest
+) -> tuple[ChatResponse | None, ModelCall]:
+    """One call for a summary of the history: recorded and priced like any call, never raises."""
+    response, record, _ = _attempt(
+        session, endpoint, request, retried=False, fallback=False, rollout=False, purpose="summary"
+    )
+    return response, record
 
 
 class RunCancelled(Exception):

@@ -2,6 +2,8 @@
 model (with fallback), and make the move its outcome calls for (an answer, or
 tool-call intents)."""
 
+import dataclasses
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -19,14 +21,15 @@ from ..rows import json_value
 from ..states import Trigger
 from . import guards
 from .budget_gate import gate_read, model_gate, model_rate_limit, partial_answer
-from .context import LIMIT_NOTE, build_request
+from .context import LIMIT_NOTE, Assembly, assemble
 from .context_layers import context_layers
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
 from .metering import credits_note, model_credits_check
-from .model_calls import RunCancelled, call_model
+from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .runtime_cache import RunContext, agent_runtime
+from .summaries import SummaryOutcome, summarise
 from .usage import ModelSpend
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
@@ -100,6 +103,72 @@ def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
     )
 
 
+def request_window(agent: Agent, session: Session) -> int:
+    """The tightest window among the agent's and the endpoints this step may call
+    (the primary or rollout candidate, and the fallback it retries on)."""
+    primary, _ = primary_endpoint(agent, session)
+    windows = [agent.context_window, primary.context_window]
+    fallback = agent.fallback_model
+    if fallback is not None and fallback.enabled:
+        windows.append(fallback.context_window)
+    return min(windows)
+
+
+def fitted_context(
+    session: Session,
+    agent: Agent,
+    history: list[Message],
+    *,
+    tools: dict[str, Any],
+    final: bool,
+    note: str,
+    window: int,
+    memory_block: str = "",
+    context_blocks: Sequence[str] = (),
+) -> tuple[Assembly, SummaryOutcome]:
+    """The step's request within the budget; past the summary watermark, with a new summary.
+
+    1. Assemble (trimming what is not key).
+    2. If the history passed its summary watermark: summarise the oldest third
+       and assemble again with the summary at the head. A failed summary leaves
+       the trimmed request of step 1: a summary never fails a turn.
+    """
+    assembly = assemble(
+        agent=agent,
+        history=history,
+        tools=tools,
+        final=final,
+        note=note,
+        window=window,
+        memory_block=memory_block,
+        context_blocks=context_blocks,
+    )
+    if not assembly.summarise or assembly.budget is None:
+        return assembly, SummaryOutcome()
+    outcome = summarise(
+        session=session,
+        agent=agent,
+        messages=assembly.summarise,
+        previous=assembly.previous_summary,
+        tokens=max(assembly.usage["history_limit"] // 4, 64),
+    )
+    if outcome.message is None:
+        return assembly, outcome
+    history.append(outcome.message)
+    again = assemble(
+        agent=agent,
+        history=history,
+        tools=tools,
+        final=final,
+        note=note,
+        window=window,
+        summarise=False,
+        memory_block=memory_block,
+        context_blocks=context_blocks,
+    )
+    return again, outcome
+
+
 def model_step(session: Session, owner: str, run: RunContext | None = None) -> None:
     """Ask the model (with fallback), then commit its answer or its tool calls (with their intent rows).
 
@@ -109,11 +178,13 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
        note what changed in the environment.
     3. Add the context layers (context_layers.py): the environment, the dialogue
        state (updated from the user's new messages) and this turn's extra_context.
-    4. Give the database connection back, then call the model (a cancel
+    4. Assemble the request within the context budget; past the history's
+       summary watermark, summarise its oldest third first (sessions/engine/summaries.py).
+    5. Give the database connection back, then call the model (a cancel
        closes the stream).
-    5. Commit: the assistant message, the ModelCall rows, usage and cost, the new
-       dialogue state, and either the tool-call intents (-> tool_wait) or the end of
-       the turn.
+    6. Commit: the assistant message (with any summary and note), the ModelCall
+       rows, usage and cost, the archived marks, the new dialogue state, and
+       either the tool-call intents (-> tool_wait) or the end of the turn.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
@@ -127,15 +198,31 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         history.append(note)
     read = gate_read(session, agent)
     layers = context_layers(session, agent, history, read, tools)
-    request = build_request(
-        agent=agent,
-        history=history,
+    # Filled by the long-term memory (issue 13, item 5).
+    memory_block = ""
+    context_blocks = tuple(layers.blocks)
+    assembly, summary = fitted_context(
+        session,
+        agent,
+        history,
         tools={} if final else tools,
         final=final,
         note=stop.note if stop else "",
-        context_blocks=layers.blocks,
+        window=request_window(agent, session),
+        memory_block=memory_block,
+        context_blocks=context_blocks,
     )
+    request = assembly.request
     request.agent_config.update(layers.config)
+    # What this step commits besides its outcome: the notes the model saw (an
+    # environment change, a new summary) and the summary's model call.
+    notes = [m for m in (summary.message, note) if m is not None]
+    archive_through = (
+        int(summary.message.data["through_seq"])
+        if summary.message is not None and summary.message.data
+        else None
+    )
+    tokens = dict(assembly.usage)
     deadline = (
         session.turn_started_at.timestamp() + agent.turn_timeout_s
         if session.turn_started_at
@@ -143,6 +230,34 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     )
     gate = model_gate(session, agent, request, read)
     request = gate.request
+    if gate.endpoint.context_window < assembly.usage["window"]:
+        # A degraded step goes to the cheaper model: fit its window too.
+        smaller = assemble(
+            agent=agent,
+            history=history,
+            tools={} if final else tools,
+            final=final,
+            note=stop.note if stop else "",
+            window=gate.endpoint.context_window,
+            summarise=False,
+            memory_block=memory_block,
+            context_blocks=context_blocks,
+        )
+        request = dataclasses.replace(request, messages=smaller.request.messages)
+        tokens = dict(smaller.usage)
+
+    def context_for(model: str | None) -> ModelContext:
+        return ModelContext(
+            env=env,
+            model=model,
+            deadline=deadline,
+            notes=notes,
+            degradation=gate.level,
+            tokens=tokens,
+            archive_through=archive_through,
+            dialogue_state=layers.dialogue_state,
+        )
+
     if not gate.verdict.allowed:
         answer(
             session,
@@ -150,15 +265,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             content=partial_answer(history, session.turn),
             trigger=Trigger.LIMIT_REACHED,
             stop_reason=StopReason.BUDGET_EXCEEDED,
-            spend=ModelSpend(iteration=session.iteration),
-            context=ModelContext(
-                env=env,
-                model=None,
-                deadline=deadline,
-                notes=[],
-                degradation=gate.level,
-                dialogue_state=layers.dialogue_state,
-            ),
+            spend=ModelSpend(calls=summary.calls, iteration=session.iteration),
+            context=context_for(None),
             reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
         )
         return
@@ -172,15 +280,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             content=partial_answer(history, session.turn, note=credits_note(credits)),
             trigger=Trigger.LIMIT_REACHED,
             stop_reason=StopReason.INSUFFICIENT_CREDITS,
-            spend=ModelSpend(iteration=session.iteration),
-            context=ModelContext(
-                env=env,
-                model=None,
-                deadline=deadline,
-                notes=[],
-                degradation=gate.level,
-                dialogue_state=layers.dialogue_state,
-            ),
+            spend=ModelSpend(calls=summary.calls, iteration=session.iteration),
+            context=context_for(None),
             reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
             f"{credits.points} points, {credits.points_left} left ({credits.reason})",
         )
@@ -196,18 +297,13 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)
-        spent = ModelSpend(calls=cancelled.calls, iteration=iteration, answered=False)
+        spent = ModelSpend(
+            calls=summary.calls + cancelled.calls, iteration=iteration, answered=False
+        )
         turn_cancel(session=fresh, owner=owner, spend=spent)
         return
-    spend = ModelSpend(calls=routed.calls, iteration=iteration)
-    context = ModelContext(
-        env=env,
-        model=routed.endpoint.name if routed.endpoint else None,
-        deadline=deadline,
-        notes=[note] if note is not None else [],
-        degradation=gate.level,
-        dialogue_state=layers.dialogue_state,
-    )
+    spend = ModelSpend(calls=summary.calls + routed.calls, iteration=iteration)
+    context = context_for(routed.endpoint.name if routed.endpoint else None)
     if routed.response is None:
         error = routed.error
         problem = str(error) if error else "model call failed"

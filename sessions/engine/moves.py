@@ -63,6 +63,7 @@ def build_step(
     set_fields: dict[str, Any] | None = None,
     add_fields: dict[str, Any] | None = None,
     unless_cancel_requested: bool = False,
+    archive_through: int | None = None,
 ) -> Step:
     """A Step with the lease guard, lease renewal and a delta checkpoint.
 
@@ -102,6 +103,7 @@ def build_step(
         lease_seconds=settings.SESSION_LEASE_S if owner else settings.SESSION_PICKUP_GRACE_S,
         fingerprint=fingerprint or session.env_fingerprint,
         unless_cancel_requested=unless_cancel_requested,
+        archive_through=archive_through,
     )
 
 
@@ -160,13 +162,20 @@ class ModelContext:
     env: dict[str, Any]
     model: str | None  # the endpoint that answered, if one did
     deadline: float | None  # the turn's time limit, as a timestamp
-    notes: list[Message]  # platform notes the model saw (environment changes)
+    notes: list[Message]  # platform notes the model saw (environment changes, a summary)
     degradation: int | None = None  # the level this step ran at (billing/degradation.py)
     # The session's dialogue state after this step's user messages; None: unchanged.
     dialogue_state: dict[str, Any] | None = None
+    # Tokens per partition of the request (sessions/engine/context.py), for the admin.
+    tokens: dict[str, int] | None = None
+    # A new summary among the notes replaced the history up to this seq.
+    archive_through: int | None = None
 
     def checkpoint(self) -> dict[str, Any]:
-        return {"model": self.model, "deadline": self.deadline}
+        recorded: dict[str, Any] = {"model": self.model, "deadline": self.deadline}
+        if self.tokens is not None:
+            recorded["context"] = self.tokens
+        return recorded
 
     def dialogue_fields(self) -> dict[str, Any]:
         return {} if self.dialogue_state is None else {"dialogue_state": self.dialogue_state}
@@ -241,6 +250,7 @@ def tool_intents(
             add_fields=spend.usage.add_fields(),
             model_calls=spend.calls,
             set_fields={**spend.set_fields(), **level_fields, **context.dialogue_fields()},
+            archive_through=context.archive_through,
         )
     )
 
@@ -293,6 +303,7 @@ def answer(
                     **context.dialogue_fields(),
                 },
                 unless_cancel_requested=True,
+                archive_through=context.archive_through,
             )
         )
     except StaleSession:

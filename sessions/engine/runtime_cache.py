@@ -17,6 +17,7 @@ from tools.execution import ToolSnapshot, tools_for_agent
 from tools.models import Tool
 
 from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
+from .context import SUMMARY_NAME
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     if cached is not None and cached.stamp == stamp:
         return cached
     agent = Agent.objects.select_related(
-        "model", "fallback_model", "candidate_model", "cheap_model"
+        "model", "fallback_model", "candidate_model", "cheap_model", "summary_model"
     ).get(pk=agent_id)
     tools = tools_for_agent(list(agent.tools))
     runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
@@ -83,8 +84,35 @@ class RunContext:
     history_cache: list[Message] = field(default_factory=list)
 
     def history(self, session: Session) -> list[Message]:
-        """The session's history, read incrementally: messages never change once in it."""
-        last = self.history_cache[-1].seq if self.history_cache else 0
+        """The session's history, read incrementally: messages never change once in it.
+
+        What a summary replaced is neither read (archived rows) nor kept (a
+        summary seen in new messages drops what it covers), so a step's work
+        follows the live context, not the whole conversation.
+        """
+        last = (self.history_cache[-1].seq or 0) if self.history_cache else 0
+        known = len(self.history_cache)
+        self._read(session, last)
+        through = max(
+            (
+                m.data["through_seq"]
+                for m in self.history_cache[known:]
+                if m.role == "system"
+                and m.name == SUMMARY_NAME
+                and isinstance(m.data, dict)
+                and isinstance(m.data.get("through_seq"), int)
+            ),
+            default=None,
+        )
+        if through is not None:
+            self.history_cache = [
+                m
+                for m in self.history_cache
+                if m.seq is None or m.seq > through or m.name == SUMMARY_NAME
+            ]
+        return list(self.history_cache)
+
+    def _read(self, session: Session, last: int) -> None:
         # What this run's own last commit added is already in memory.
         committed = [m for m in getattr(session, "committed_messages", ()) if m.seq > last]
         session.committed_messages = []  # type: ignore[attr-defined]
@@ -94,12 +122,12 @@ class RunContext:
             new = list(
                 Message.objects.raw(
                     f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '
-                    "ORDER BY seq",
+                    "AND archived_at IS NULL ORDER BY seq",
                     [session.pk, MessageStatus.FINAL.value, last],
                 )
             )
             if new and last and new[0].seq != (last or 0) + 1:
                 self.history_cache = []
-                return self.history(session)
+                self._read(session, 0)
+                return
             self.history_cache.extend(new)
-        return list(self.history_cache)

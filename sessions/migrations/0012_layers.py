@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0010_context_memory_layers_fields'),
+        ('agent_sessions', '0011_context'),
     ]
 
     operations = [

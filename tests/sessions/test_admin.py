@@ -1,5 +1,7 @@
 """The operators' console: pages render, history is read-only, the cancel action works."""
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
@@ -250,6 +252,36 @@ def test_agent_form_rejects_unknown_tools_and_bad_rules(client, operator, demo_s
     errors = response.context["adminform"].form.errors
     assert "Unknown tool(s): no_such_tool." in errors["tools"]
     assert errors["rules"] and "Invalid rules" in errors["rules"][0]
+
+
+@runs_a_turn
+def test_agent_form_checks_the_context_budget(client, operator, demo_session):
+    agent = demo_session.agent
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    assert "Context budget and summaries" in page.content.decode()
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug,
+        model=agent.model_id,
+        fallback_model="",
+        summary_model=agent.model_id,
+        tools=",".join(agent.tools),
+        rules=json.dumps(agent.rules),
+        context_budget='{"histroy": 5, "trim_at": 3}',
+        enabled="on",
+    )
+    response = client.post(url, data)
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["context_budget"]
+    assert "unknown key 'histroy'" in errors["context_budget"][0]
+    assert "'trim_at' must be a share between 0 and 1" in errors["context_budget"][0]
+
+    data["context_budget"] = '{"history": 12000, "memory": 0.05}'
+    assert client.post(url, data).status_code == 302
+    agent.refresh_from_db()
+    assert agent.context_budget == {"history": 12000, "memory": 0.05}
+    assert agent.summary_model_id == agent.model_id
 
 
 def _tool_post(**overrides):
