@@ -13,6 +13,7 @@ from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
+from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
@@ -37,7 +38,7 @@ URL = {
         },
     ]
 }
-URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url")}
+URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url"), "embeddings": ("base_url",)}
 URL_MAX_CHARS = 500  # the columns' max_length
 
 MODEL_ENTRY = {
@@ -61,6 +62,37 @@ MODEL_ENTRY = {
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
         "enabled": {"type": "boolean"},
+    },
+}
+
+# An OpenAI-compatible /v1/embeddings endpoint; the first enabled one is used (memory/embeddings.py).
+EMBEDDINGS_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "base_url", "model", "dimension"],
+    "properties": {
+        "name": SLUG,
+        "base_url": URL,
+        "model": {"type": "string", "minLength": 1},
+        "dimension": {"type": "integer", "minimum": 1, "maximum": 16000},
+        "api_key_env": ENV_NAME,
+        "timeout_s": POSITIVE,
+        "enabled": {"type": "boolean"},
+    },
+}
+
+# Agent.memory (sessions/engine/memory_glue.py MemorySettings).
+AGENT_MEMORY = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "top_k": {"type": "integer", "minimum": 0, "maximum": 50},
+        "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "min_similarity": {"type": "number", "minimum": -1, "maximum": 1},
+        "half_life_days": POSITIVE,
+        "remember_phrases": {"type": "boolean"},
+        "extraction": {"type": "boolean"},
     },
 }
 
@@ -175,6 +207,7 @@ AGENT_ENTRY = {
         "budget_session_cost": {"type": ["number", "null"], "minimum": 0},
         "budget_day_tokens": {"type": ["integer", "null"], "minimum": 0},
         "budget_day_cost": {"type": ["number", "null"], "minimum": 0},
+        "memory": AGENT_MEMORY,
         "enabled": {"type": "boolean"},
     },
 }
@@ -194,6 +227,7 @@ DOCUMENT = {
         "models": {"type": "array", "items": MODEL_ENTRY},
         "tools": {"type": "array", "items": TOOL_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
+        "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
     },
 }
 
@@ -328,7 +362,13 @@ def config_errors(
     ]
     if errors:
         return errors
-    for kind, key in (("roles", "name"), ("models", "name"), ("tools", "name"), ("agents", "slug")):
+    for kind, key in (
+        ("roles", "name"),
+        ("models", "name"),
+        ("tools", "name"),
+        ("agents", "slug"),
+        ("embeddings", "name"),
+    ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
             if entry[key] in seen:
@@ -397,8 +437,8 @@ def config_errors(
                 if params.get("type") != "object":
                     errors.append(f"{where}.parameters: the top level must be {{type: object}}")
     models = known_models | {m["name"] for m in document.get("models") or []}
-    # `ask_user` is built in: an agent lists it by name without an entry under tools.
-    tools = known_tools | {t["name"] for t in document.get("tools") or []} | {"ask_user"}
+    # Built in (ask_user, remember, recall): an agent lists them by name without an entry under tools.
+    tools = known_tools | {t["name"] for t in document.get("tools") or []} | set(BUILTIN_TOOLS)
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"
         for field in ("model", "fallback_model", "candidate_model", "cheap_model"):

@@ -9,6 +9,7 @@ change, and `commit` that writes a step atomically.
 from .approval_gate import approval_recorded
 from .ask_user import open_question, user_answer
 from .commit import StaleSession
+from .memory_glue import turn_memory_keep
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
 from .takeover import (
@@ -35,6 +36,7 @@ __all__ = [
     "session_run",
     "timer_fire",
     "turn_cancel",
+    "turn_memory_keep",
     "turn_start",
     "user_answer",
 ]

@@ -34,10 +34,13 @@ def build_request(
     tools: dict[str, ToolSnapshot],
     final: bool,
     note: str = LIMIT_NOTE,
+    memory_block: str = "",
 ) -> ChatRequest:
     messages: list[ChatMessage] = []
     if agent.system_prompt:
         messages.append(ChatMessage(role="system", content=agent.system_prompt))
+    if memory_block:
+        messages.append(ChatMessage(role="system", content=memory_block))
     messages.extend(to_chat_message(m) for m in history)
     specs: tuple[ToolSpec, ...] = ()
     if final:

@@ -13,6 +13,7 @@ from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
 from runtime.faults import fault_point
 
+from ..dispatch import memory_enqueue_on_commit
 from ..events import StopReason
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
@@ -22,6 +23,7 @@ from .budget_gate import model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, build_request
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
+from .memory_glue import wants_turn_memory
 from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model
 from .moves import ModelContext, answer, tool_intents, turn_cancel
@@ -118,7 +120,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     tools = runtime.tools_for(session.role)
     env = environment(agent, tools, agent.model.name)
     note = environment_note(session, env)
-    history = (run or RunContext()).history(session)
+    run = run or RunContext()
+    history = run.history(session)
+    memory_block = run.memory_block(session, agent, history)
     if note is not None:
         history.append(note)
     request = build_request(
@@ -127,6 +131,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         tools={} if final else tools,
         final=final,
         note=stop.note if stop else "",
+        memory_block=memory_block,
     )
     deadline = (
         session.turn_started_at.timestamp() + agent.turn_timeout_s
@@ -216,6 +221,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         content = response.text
         if final and not content.strip():
             content = LIMIT_ANSWER
+        turn = session.turn
         answer(
             session,
             owner,
@@ -225,6 +231,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             spend=spend,
             context=context,
         )
+        user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
+        if wants_turn_memory(agent, user_text):
+            memory_enqueue_on_commit(session.pk, turn)
         return
     tool_intents(
         session,
