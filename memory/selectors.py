@@ -140,13 +140,19 @@ def memory_ranked(
     ]
     ranked.sort(key=lambda r: -r.score)
     ranked = ranked[:k]
-    previous: dict[int, list[str]] = {}
-    for old in MemoryItem.objects.filter(superseded_by_id__in=[r.item.pk for r in ranked]).order_by(
-        "-superseded_at"
-    ):
-        previous.setdefault(old.superseded_by_id or 0, []).append(old.content)
+    previous: dict[str, list[str]] = {}
+    subjects = {r.item.subject for r in ranked if r.item.subject}
+    if subjects:
+        for subject, content in (
+            MemoryItem.objects.filter(
+                owner_id=owner_id, subject__in=subjects, superseded_at__isnull=False
+            )
+            .order_by("-created_at")
+            .values_list("subject", "content")
+        ):
+            previous.setdefault(subject, []).append(content)
     for r in ranked:
-        r.before = previous.get(r.item.pk, [])
+        r.before = previous.get(r.item.subject, []) if r.item.subject else []
     return ranked
 
 

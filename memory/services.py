@@ -94,6 +94,8 @@ def memory_remember(
                     if _same_text(current.content, content):
                         MemoryItem.objects.filter(pk=current.pk).update(updated_at=now)
                         return Remembered(current, "unchanged")
+                    if tag == MemoryTag.FACT:
+                        fields["tag"] = current.tag  # a new value keeps what kind of thing it is
                     item = MemoryItem.objects.create(**fields)
                     MemoryItem.objects.filter(
                         owner_id=owner_id, subject=subject, superseded_at__isnull=True
