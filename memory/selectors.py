@@ -86,6 +86,9 @@ def memory_nearest(
             cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             cursor.execute(f"SET LOCAL hnsw.max_scan_tuples = {ITERATIVE_MAX_SCAN_TUPLES}")
             cursor.execute(f"SET LOCAL hnsw.ef_search = {max(40, 2 * k)}")
+            # The HNSW scan yields rows in order; a plan through the owner index must sort.
+            # Sorting disabled, the planner takes the HNSW scan it would otherwise skip.
+            cursor.execute("SET LOCAL enable_sort = off")
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     hits = [Hit(int(i), float(s)) for i, s in rows]
