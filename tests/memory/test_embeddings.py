@@ -84,7 +84,9 @@ def test_http_embedder_sends_the_key_from_the_environment(monkeypatch):
 def test_the_configured_endpoint_is_used_and_vectors_are_cached():
     assert isinstance(current_embedder(), HashingEmbedder)  # nothing configured: offline
     with FakeEmbeddingServer(dimension=4, concepts={"tea": 0}) as server:
-        EmbeddingEndpoint.objects.create(name="e", base_url=server.base_url, model="m4", dimension=4)
+        EmbeddingEndpoint.objects.create(
+            name="e", base_url=server.base_url, model="m4", dimension=4
+        )
         assert current_embedder().model == "m4"
         first = embed_texts(["tea", "tea", "coffee"])
         again = embed_texts(["coffee", "tea"])

@@ -2,10 +2,10 @@
 
 import pytest
 
+from memory.embeddings import current_embedder, embed_texts
 from memory.models import EmbeddingCache, MemoryItem
 from memory.selectors import memory_block, memory_ranked
 from memory.services import memory_erase_owner, memory_remember
-from memory.embeddings import current_embedder, embed_texts
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +48,10 @@ def test_a_changed_preference_resolves_to_the_newest_and_keeps_history(embedding
     # A third value: the newest wins, the previous ones are listed newest first.
     memory_remember(owner_id=owner.pk, content="My favourite colour is green")
     block = _block(owner.pk, "favourite colour")
-    assert "latest: My favourite colour is green (before: my favorite color is red; My favourite colour is blue)" in block
+    assert (
+        "latest: My favourite colour is green (before: my favorite color is red; My favourite colour is blue)"
+        in block
+    )
     assert MemoryItem.objects.filter(owner=owner, superseded_at__isnull=True).count() == 1
 
 
@@ -81,12 +84,16 @@ def test_vectors_are_cached_by_content_hash(embeddings):
 def test_ranking_weighs_importance_and_filters_tags(embeddings):
     owner = UserFactory()
     memory_remember(owner_id=owner.pk, content="I like espresso", tag="preference", importance=0.1)
-    memory_remember(owner_id=owner.pk, content="We agreed invoices monthly", tag="agreement", importance=1.0)
+    memory_remember(
+        owner_id=owner.pk, content="We agreed invoices monthly", tag="agreement", importance=1.0
+    )
     embedder = current_embedder()
     vector = embed_texts(["espresso invoices"], embedder)[0]
     ranked = memory_ranked(owner_id=owner.pk, vector=vector, model=embedder.model, k=2)
     assert [r.item.tag for r in ranked] == ["agreement", "preference"]
-    only = memory_ranked(owner_id=owner.pk, vector=vector, model=embedder.model, tags=["preference"])
+    only = memory_ranked(
+        owner_id=owner.pk, vector=vector, model=embedder.model, tags=["preference"]
+    )
     assert [r.item.tag for r in only] == ["preference"]
 
 

@@ -111,16 +111,16 @@ def test_the_next_session_sees_the_latest_value_in_its_context(
     import sessions.engine.runtime_cache as cache
 
     real = cache.turn_memory_block
-    monkeypatch.setattr(
-        cache, "turn_memory_block", lambda *a: blocks.append(1) or real(*a)
-    )
+    monkeypatch.setattr(cache, "turn_memory_block", lambda *a: blocks.append(1) or real(*a))
     session = _turn(session, "Which colour should the logo be?")
     assert session.state == "finished"
     first, second = openai_server.requests
     for request in (first, second):
         system = [m["content"] for m in request.messages if m["role"] == "system"]
         assert system[0] == "Be brief."
-        assert "latest: My favourite colour is red (before: My favourite colour is blue)" in system[1]
+        assert (
+            "latest: My favourite colour is red (before: My favourite colour is blue)" in system[1]
+        )
         assert "green" not in " ".join(system)  # another owner's memory never appears
     assert len(blocks) == 1  # computed once for the turn, not per step
     recalled = ToolCall.objects.get(session=session).output
@@ -151,7 +151,12 @@ def test_recall_finds_archived_messages_of_this_session_only(embeddings):
     contents = [m["content"] for m in output["archived_messages"]]
     assert contents[0] == "My order 12345 is a shipment to Paris"
     assert not any("Berlin" in c for c in contents)  # another session's archive stays out
-    assert Message.objects.filter(session=session, archived_at__isnull=False, embedding__isnull=True).count() == 0
+    assert (
+        Message.objects.filter(
+            session=session, archived_at__isnull=False, embedding__isnull=True
+        ).count()
+        == 0
+    )
     answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content == "Found it"
 
