@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -100,8 +101,19 @@ class MemoryItemAdmin(admin.ModelAdmin):
         return None
 
 
+class EmbeddingEndpointForm(forms.ModelForm):
+    base_url = forms.URLField(
+        max_length=500, assume_scheme="https", help_text="Up to /v1, e.g. http://host:8000/v1"
+    )
+
+    class Meta:
+        model = EmbeddingEndpoint
+        fields = ("name", "base_url", "model", "dimension", "api_key_env", "timeout_s", "enabled")
+
+
 @admin.register(EmbeddingEndpoint)
 class EmbeddingEndpointAdmin(admin.ModelAdmin):
+    form = EmbeddingEndpointForm
     list_display = ("name", "model", "dimension", "base_url", "enabled", "updated_at")
     list_filter = ("enabled",)
 

@@ -97,6 +97,11 @@ def memory_nearest(
     return hits
 
 
+def memory_owner_has_items(owner_id: int) -> bool:
+    """Most owners have no memory: one cheap query spares them an embedding call per turn."""
+    return MemoryItem.objects.filter(owner_id=owner_id, superseded_at__isnull=True).exists()
+
+
 @dataclass
 class RankedItem:
     item: MemoryItem

@@ -28,7 +28,13 @@ from llm.base import ModelError
 from llm.types import ChatMessage, ChatRequest
 from memory import extraction
 from memory.embeddings import EmbeddingError, current_embedder, embed_texts
-from memory.selectors import memory_as_data, memory_block, memory_ranked, vector_literal
+from memory.selectors import (
+    memory_as_data,
+    memory_block,
+    memory_owner_has_items,
+    memory_ranked,
+    vector_literal,
+)
 from memory.services import memory_remember, memory_touch
 from runtime import io_loop
 from tools.builtin import MEMORY_HANDLERS, RECALL_HANDLER
@@ -84,7 +90,7 @@ def turn_memory_block(session: Session, agent: Agent, history: list[Message]) ->
         (m.content for m in reversed(history) if m.role == "user" and m.turn == session.turn),
         "",
     )
-    if not query.strip():
+    if not query.strip() or not memory_owner_has_items(session.owner_id):
         return ""
     try:
         embedder = current_embedder()

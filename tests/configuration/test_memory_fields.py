@@ -60,3 +60,14 @@ def test_wrong_memory_fields_change_nothing_and_say_where(change, message):
     with pytest.raises(ConfigInvalid, match=message):
         config_apply(document={"models": [{"name": "main", "api": "rules"}], **change})
     assert not EmbeddingEndpoint.objects.exists() and not Agent.objects.exists()
+
+
+def test_every_embeddings_field_the_admin_can_set_is_in_the_config_file():
+    from configuration.schema import EMBEDDINGS_ENTRY
+
+    editable = {
+        f.name
+        for f in EmbeddingEndpoint._meta.concrete_fields
+        if f.editable and not f.primary_key and f.name != "updated_at"
+    }
+    assert editable == set(EMBEDDINGS_ENTRY["properties"])
