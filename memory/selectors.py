@@ -60,28 +60,58 @@ def memory_nearest(
     """The owner's K live items nearest to `vector` (cosine), embedded by `model`.
 
     `path`: "auto" (exact for a small owner, else the index), "exact" or "index".
+    "auto" is one round trip for a small owner: the exact scan runs guarded by
+    the owner's item count (an InitPlan), and only an empty answer asks whether
+    the owner is large instead.
     """
-    dims = len(vector)
     if path == "auto":
-        small = _owner_live_count(owner_id, dims, EXACT_SCAN_MAX + 1) <= EXACT_SCAN_MAX
-        path = "exact" if small else "index"
+        hits = _nearest(owner_id, vector, model, k, tags, "exact", guarded=True)
+        if hits or _owner_live_count(owner_id, len(vector), EXACT_SCAN_MAX + 1) <= EXACT_SCAN_MAX:
+            return hits
+        path = "index"
+    return _nearest(owner_id, vector, model, k, tags, path, guarded=False)
+
+
+def _nearest(
+    owner_id: int,
+    vector: Sequence[float],
+    model: str,
+    k: int,
+    tags: Sequence[str],
+    path: str,
+    *,
+    guarded: bool,
+) -> list[Hit]:
+    dims = len(vector)
+    table = MemoryItem._meta.db_table
     distance = f"(embedding::vector({dims}) <=> %s::vector({dims}))"
     # `+ 0` makes the ORDER BY an expression no index provides: the planner reads
-    # the owner's rows through the (owner, dims) index and sorts them exactly.
+    # the owner's rows through the owner index and sorts them exactly.
     order = f"{distance} + 0" if path == "exact" else distance
     tag_filter = "AND tag = ANY(%s)" if tags else ""
     literal = vector_literal(vector)
     params: list[Any] = [literal, owner_id, dims, model]
     if tags:
         params.append(list(tags))
+    guard = ""
+    if guarded:
+        guard = (
+            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '
+            f"AND superseded_at IS NULL LIMIT {EXACT_SCAN_MAX + 1}) s) <= {EXACT_SCAN_MAX}"
+        )
+        params += [owner_id, dims]
     params += [literal, k]
     sql = (
-        f'SELECT id, 1 - {distance} FROM "{MemoryItem._meta.db_table}" '
+        f'SELECT id, 1 - {distance} FROM "{table}" '
         f"WHERE owner_id = %s AND dims = %s AND superseded_at IS NULL AND embedding_model = %s "
-        f"{tag_filter} ORDER BY {order} LIMIT %s"
+        f"{tag_filter} {guard} ORDER BY {order} LIMIT %s"
     )
-    with transaction.atomic(), connection.cursor() as cursor:
-        if path == "index":
+    if path == "exact":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    else:
+        with transaction.atomic(), connection.cursor() as cursor:
             # SET LOCAL: the settings end with this transaction, whatever the pool does next.
             cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             cursor.execute(f"SET LOCAL hnsw.max_scan_tuples = {ITERATIVE_MAX_SCAN_TUPLES}")
@@ -89,9 +119,9 @@ def memory_nearest(
             # The HNSW scan yields rows in order; a plan through the owner index must sort.
             # Sorting disabled, the planner takes the HNSW scan it would otherwise skip.
             cursor.execute("SET LOCAL enable_sort = off")
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    hits = [Hit(int(i), float(s)) for i, s in rows]
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    hits = [Hit(int(i), float(sim)) for i, sim in rows]
     # relaxed_order may return rows slightly out of order.
     hits.sort(key=lambda h: -h.similarity)
     return hits

@@ -74,7 +74,8 @@ MEMORY_TASK = "sessions.tasks.keep_turn_memory"
 
 def _send_memory(session_id: str, turn: int) -> None:
     try:
-        current_app.tasks[MEMORY_TASK].apply_async((session_id, turn))
+        # Least urgent: keeping memory may wait behind every session's next step.
+        current_app.tasks[MEMORY_TASK].apply_async((session_id, turn), priority=9)
     except Exception:  # noqa: BLE001 - a lost extraction loses a memory, never the turn
         logger.warning("could not enqueue the memory of session %s", session_id, exc_info=True)
 
