@@ -27,6 +27,7 @@ BENCHMARKS = (
     "billing",
     "approvals",
     "context",
+    "memory",
 )
 
 
@@ -174,6 +175,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="worker and inflight: post the turns while the worker runs, instead of pausing its "
         "queue while posting and then releasing it",
+    )
+    parser.add_argument(
+        "--memory-items",
+        type=int,
+        default=100_000,
+        help="memory benchmark: items over 1,000 owners (default 100,000; 1000000 for the "
+        "large case, which takes long to build)",
+    )
+    parser.add_argument(
+        "--memory-dims",
+        type=int,
+        default=256,
+        help="memory benchmark: vector dimension (default 256, the offline embedder's)",
     )
     parser.add_argument(
         "--worker-env",
@@ -342,6 +356,12 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
             concurrency=args.inflight_concurrency,
             workers=args.inflight_workers,
             live=args.post_live,
+        )
+    if name == "memory":
+        from . import memory_search
+
+        return memory_search.run(
+            items=args.memory_items, dims=args.memory_dims, queries=60 if args.quick else 300
         )
     if name == "checkpoint":
         from . import checkpoint

@@ -15,6 +15,7 @@ from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
+from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
@@ -45,7 +46,12 @@ URL = {
         },
     ]
 }
-URL_FIELDS = {"models": ("base_url",), "tools": ("url", "status_url"), "mcp_servers": ("url",)}
+URL_FIELDS = {
+    "models": ("base_url",),
+    "tools": ("url", "status_url"),
+    "mcp_servers": ("url",),
+    "embeddings": ("base_url",),
+}
 URL_MAX_CHARS = 500  # the columns' max_length
 
 MODEL_ENTRY = {
@@ -103,6 +109,37 @@ MCP_SERVER_ENTRY = {
         "enabled": {"type": "boolean"},
     },
     "oneOf": [{"required": ["url"]}, {"required": ["command"]}],
+}
+
+# An OpenAI-compatible /v1/embeddings endpoint; the first enabled one is used (memory/embeddings.py).
+EMBEDDINGS_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "base_url", "model", "dimension"],
+    "properties": {
+        "name": SLUG,
+        "base_url": URL,
+        "model": {"type": "string", "minLength": 1},
+        "dimension": {"type": "integer", "minimum": 1, "maximum": 16000},
+        "api_key_env": ENV_NAME,
+        "timeout_s": POSITIVE,
+        "enabled": {"type": "boolean"},
+    },
+}
+
+# Agent.memory (sessions/engine/memory_glue.py MemorySettings).
+AGENT_MEMORY = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "top_k": {"type": "integer", "minimum": 0, "maximum": 50},
+        "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "min_similarity": {"type": "number", "minimum": -1, "maximum": 1},
+        "half_life_days": POSITIVE,
+        "remember_phrases": {"type": "boolean"},
+        "extraction": {"type": "boolean"},
+    },
 }
 
 TOOL_ENTRY = {
@@ -208,6 +245,7 @@ AGENT_ENTRY = {
         "budget_session_cost": {"type": ["number", "null"], "minimum": 0},
         "budget_day_tokens": {"type": ["integer", "null"], "minimum": 0},
         "budget_day_cost": {"type": ["number", "null"], "minimum": 0},
+        "memory": AGENT_MEMORY,
         "enabled": {"type": "boolean"},
     },
 }
@@ -228,6 +266,7 @@ DOCUMENT = {
         "tools": {"type": "array", "items": TOOL_ENTRY},
         "mcp_servers": {"type": "array", "items": MCP_SERVER_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
+        "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
     },
 }
 
@@ -369,6 +408,7 @@ def config_errors(
         ("tools", "name"),
         ("mcp_servers", "name"),
         ("agents", "slug"),
+        ("embeddings", "name"),
     ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
@@ -439,8 +479,8 @@ def config_errors(
                     errors.append(f"{where}.parameters: the top level must be {{type: object}}")
     errors.extend(_mcp_server_errors(document, known_roles))
     models = known_models | {m["name"] for m in document.get("models") or []}
-    # `ask_user` is built in: an agent lists it by name without an entry under tools.
-    tools = known_tools | {t["name"] for t in document.get("tools") or []} | {"ask_user"}
+    # Built in (ask_user, remember, recall): an agent lists them by name without an entry under tools.
+    tools = known_tools | {t["name"] for t in document.get("tools") or []} | set(BUILTIN_TOOLS)
     servers = (known_mcp_servers or set()) | {s["name"] for s in document.get("mcp_servers") or []}
     for i, entry in enumerate(document.get("agents") or []):
         where = f"agents[{i}] ({entry['slug']})"

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts.models import Role
+from memory.index import memory_index_ensure
+from memory.models import EmbeddingEndpoint
 from sessions.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
@@ -94,7 +96,9 @@ AGENT_FIELDS = (
     "budget_session_tokens",
     "budget_day_tokens",
     "context_budget",
+    "memory",
 )
+EMBEDDINGS_FIELDS = ("base_url", "model", "dimension", "api_key_env", "timeout_s", "enabled")
 AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")
 
 
@@ -268,6 +272,19 @@ def config_apply(
                 warnings.append(
                     f"warning: model {entry['name']}: api_key_env {key_env} is not set in this "
                     "environment; its calls are refused until the worker has it"
+                )
+        for i, entry in enumerate(document.get("embeddings") or []):
+            values = {k: entry[k] for k in EMBEDDINGS_FIELDS if k in entry}
+            notes = resolved("embeddings", i, values)
+            done = _upsert(EmbeddingEndpoint, {"name": entry["name"]}, values)
+            # Vectors of this dimension need their own HNSW index (memory/index.py).
+            memory_index_ensure(dimension=entry["dimension"])
+            report.append(f"embeddings {entry['name']}: {done}{notes}")
+            key_env = entry.get("api_key_env")
+            if key_env and not os.environ.get(key_env):
+                warnings.append(
+                    f"warning: embeddings {entry['name']}: api_key_env {key_env} is not set in "
+                    "this environment; memory falls back to no vectors until it is"
                 )
         for i, entry in enumerate(document.get("tools") or []):
             values = {k: entry[k] for k in TOOL_FIELDS if k in entry}

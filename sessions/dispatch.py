@@ -67,3 +67,19 @@ def run_enqueue_later(session_id: UUID | str, seconds: float, value: float | Non
     current_app.tasks[RUN_TASK].apply_async(
         (str(session_id),), countdown=seconds, priority=run_priority(value)
     )
+
+
+MEMORY_TASK = "sessions.tasks.keep_turn_memory"
+
+
+def _send_memory(session_id: str, turn: int) -> None:
+    try:
+        # Least urgent: keeping memory may wait behind every session's next step.
+        current_app.tasks[MEMORY_TASK].apply_async((session_id, turn), priority=9)
+    except Exception:  # noqa: BLE001 - a lost extraction loses a memory, never the turn
+        logger.warning("could not enqueue the memory of session %s", session_id, exc_info=True)
+
+
+def memory_enqueue_on_commit(session_id: UUID | str, turn: int) -> None:
+    """After the turn's answer commits, keep its memory off the step's critical path."""
+    transaction.on_commit(lambda: _sender.submit(_send_memory, str(session_id), turn))

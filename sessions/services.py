@@ -53,6 +53,7 @@ from .engine import (
     summary_through,
     timer_fire,
     turn_cancel,
+    turn_memory_keep,
     turn_start,
     user_answer,
 )
@@ -903,3 +904,8 @@ def session_get(*, session_id: UUID | str) -> Session:
     except (Session.DoesNotExist, ValueError, ValidationError):
         # A malformed id (Django raises ValidationError for it) is just as missing.
         raise NotFound(f"session {session_id} not found") from None
+
+
+def memory_turn_keep(*, session_id: UUID | str, turn: int) -> int:
+    """After a turn: store what the user asked to remember and what extraction found."""
+    return turn_memory_keep(session_id=str(session_id), turn=turn)

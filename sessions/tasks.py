@@ -18,3 +18,8 @@ def sweep_sessions() -> int:
 @shared_task(name="sessions.tasks.prune_checkpoints", ignore_result=True)
 def prune_checkpoints() -> int:
     return services.checkpoints_prune()
+
+
+@shared_task(name="sessions.tasks.keep_turn_memory", ignore_result=True)
+def keep_turn_memory(session_id: str, turn: int) -> int:
+    return services.memory_turn_keep(session_id=session_id, turn=turn)

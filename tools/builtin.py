@@ -40,3 +40,37 @@ def ask_user(**arguments: object) -> dict[str, object]:
         "ok": False,
         "error": "one question at a time: ask this after the user answered the first",
     }
+
+
+# Long-term memory: the engine runs these (sessions/engine/memory_glue.py), since they need
+# the session's owner and id; the handlers below answer only a call made outside a session.
+REMEMBER = "remember"
+REMEMBER_HANDLER = "builtin.remember"
+REMEMBER_PARAMETERS: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "content": {"type": "string", "minLength": 1, "maxLength": 2000},
+        "tag": {"type": "string", "minLength": 1, "maxLength": 40},
+    },
+    "required": ["content"],
+    "additionalProperties": False,
+}
+RECALL = "recall"
+RECALL_HANDLER = "builtin.recall"
+RECALL_PARAMETERS: dict[str, object] = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 1000}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+MEMORY_HANDLERS = frozenset({REMEMBER_HANDLER, RECALL_HANDLER})
+
+
+@tool_handler(REMEMBER_HANDLER)
+def remember(**arguments: object) -> dict[str, object]:
+    return {"ok": False, "error": "remember works only inside a session"}
+
+
+@tool_handler(RECALL_HANDLER)
+def recall(**arguments: object) -> dict[str, object]:
+    return {"ok": False, "error": "recall works only inside a session"}

@@ -185,6 +185,52 @@ ASK_USER_TOOL = ToolSnapshot(
 )
 
 
+REMEMBER_TOOL = ToolSnapshot(
+    name=builtin.REMEMBER,
+    description=(
+        "Store something worth knowing in later conversations with this user (a preference, "
+        "a fact about them, an agreement, a conclusion). tag: preference, fact, agreement or "
+        "business conclusion. A new value for the same thing replaces the old one."
+    ),
+    parameters=builtin.REMEMBER_PARAMETERS,
+    kind="python",
+    handler=builtin.REMEMBER_HANDLER,
+    url="",
+    method="",
+    headers={},
+    timeout_s=10.0,
+    side_effects=False,  # idempotent per call: a re-run step finds its own write
+    roles=(),
+    version="builtin-1",
+    risk_level=0,
+    result_description="{stored: true, action: created|merged|superseded|unchanged}.",
+)
+RECALL_TOOL = ToolSnapshot(
+    name=builtin.RECALL,
+    description=(
+        "Search what you remember about this user and this conversation's earlier, "
+        "summarised-away messages (for example what they said at the start)."
+    ),
+    parameters=builtin.RECALL_PARAMETERS,
+    kind="python",
+    handler=builtin.RECALL_HANDLER,
+    url="",
+    method="",
+    headers={},
+    timeout_s=10.0,
+    side_effects=False,
+    roles=(),
+    version="builtin-1",
+    risk_level=0,
+    result_description="{memories: [...], archived_messages: [{seq, role, content}]}.",
+)
+BUILTIN_TOOLS = {
+    builtin.ASK_USER: ASK_USER_TOOL,
+    builtin.REMEMBER: REMEMBER_TOOL,
+    builtin.RECALL: RECALL_TOOL,
+}
+
+
 def validator_for(tool: ToolSnapshot) -> Draft202012Validator:
     """Compile each tool's schema once per definition version (59 µs vs 3.1 ms a call)."""
     key = (tool.name, tool.version)
@@ -573,8 +619,9 @@ def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, Tool
     )
     snapshots = (ToolSnapshot.from_model(t) for t in rows)
     found = {t.name: t for t in snapshots if role is None or t.allows(role)}
-    if builtin.ASK_USER in names and builtin.ASK_USER not in found:
-        found[builtin.ASK_USER] = ASK_USER_TOOL  # built in: listed by name, no row
+    for name, snapshot in BUILTIN_TOOLS.items():
+        if name in names and name not in found:
+            found[name] = snapshot  # built in: listed by name, no row
     return found
 
 

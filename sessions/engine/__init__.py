@@ -10,6 +10,7 @@ from .approval_gate import approval_recorded
 from .ask_user import open_question, user_answer
 from .commit import StaleSession
 from .context import summary_through
+from .memory_glue import turn_memory_keep
 from .moves import INTERRUPT_REASON, fork_start, run_resume, timer_fire, turn_cancel, turn_start
 from .runner import RunResult, session_run
 from .takeover import (
@@ -37,6 +38,7 @@ __all__ = [
     "summary_through",
     "timer_fire",
     "turn_cancel",
+    "turn_memory_keep",
     "turn_start",
     "user_answer",
 ]

@@ -15,6 +15,7 @@ from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
 from runtime.faults import fault_point
 
+from ..dispatch import memory_enqueue_on_commit
 from ..events import StopReason
 from ..models import Agent, Checkpoint, Message, Session, ToolCall
 from ..rows import json_value
@@ -25,6 +26,7 @@ from .context import LIMIT_NOTE, Assembly, assemble
 from .context_layers import context_layers
 from .environment import describe_changes, environment
 from .guards import CallRecord, GuardLimits, GuardVerdict
+from .memory_glue import wants_turn_memory
 from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
@@ -193,13 +195,13 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     tools = runtime.tools_for(session.role)
     env = environment(agent, tools, agent.model.name)
     note = environment_note(session, env)
-    history = (run or RunContext()).history(session)
+    run = run or RunContext()
+    history = run.history(session)
+    memory_block = run.memory_block(session, agent, history)
     if note is not None:
         history.append(note)
     read = gate_read(session, agent)
     layers = context_layers(session, agent, history, read, tools)
-    # Filled by the long-term memory (issue 13, item 5).
-    memory_block = ""
     context_blocks = tuple(layers.blocks)
     assembly, summary = fitted_context(
         session,
@@ -331,6 +333,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         content = response.text
         if final and not content.strip():
             content = LIMIT_ANSWER
+        turn = session.turn
         answer(
             session,
             owner,
@@ -340,6 +343,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             spend=spend,
             context=context,
         )
+        user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
+        if wants_turn_memory(agent, user_text):
+            memory_enqueue_on_commit(session.pk, turn)
         return
     tool_intents(
         session,

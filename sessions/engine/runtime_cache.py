@@ -18,6 +18,7 @@ from tools.models import Tool
 
 from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
 from .context import SUMMARY_NAME
+from .memory_glue import turn_memory_block
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,16 @@ class RunContext:
     """What one `session_run` keeps between its steps."""
 
     history_cache: list[Message] = field(default_factory=list)
+    # The long-term memory block of the turn being run: computed at its first step.
+    memory_turn: tuple[str, int] | None = None
+    memory_text: str = ""
+
+    def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
+        key = (str(session.pk), session.turn)
+        if self.memory_turn != key:
+            self.memory_text = turn_memory_block(session, agent, history)
+            self.memory_turn = key
+        return self.memory_text
 
     def history(self, session: Session) -> list[Message]:
         """The session's history, read incrementally: messages never change once in it.

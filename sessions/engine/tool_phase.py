@@ -34,6 +34,7 @@ from .approval_gate import approval_gate, recovery_reviews_open, review_outcomes
 from .ask_user import questions_of
 from .commit import StaleSession
 from .environment import environment
+from .memory_glue import is_memory_call, memory_tool_outcomes
 from .metering import credits_reserve, insufficient_before
 from .moves import tool_results
 from .risk import pre_run_checkpoint
@@ -150,7 +151,12 @@ def tool_step(session: Session, owner: str) -> None:
     gate = approval_gate(session, owner, calls, tools)
     if gate.paused:
         return
-    outcomes = _cached_outcomes(session, [c for c in calls if c.pk not in gate.outcomes], tools)
+    # A recall must see memory as it is now, not an earlier identical call's answer.
+    outcomes = _cached_outcomes(
+        session,
+        [c for c in calls if c.pk not in gate.outcomes and not is_memory_call(c, tools)],
+        tools,
+    )
     outcomes.update(gate.outcomes)
 
     reviewed = review_outcomes([c for c in calls if c.pk not in outcomes])
@@ -191,6 +197,12 @@ def tool_step(session: Session, owner: str) -> None:
     # A question to the user stays open: their next message is its result.
     questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
     asked = {q.call.pk for q in questions}
+    # remember/recall need the session's owner and id: run here, recorded like any tool.
+    outcomes.update(
+        memory_tool_outcomes(
+            session, [c for c in calls if c.pk not in outcomes and c.pk not in asked], tools
+        )
+    )
     to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
     outcomes.update(credits.refused)

@@ -99,6 +99,19 @@ def _busy_data(live_stack: Any) -> dict[str, Any]:
     for _ in range(breaker.threshold):
         breaker.record_failure(dead.name)
     get_user_model().objects.create_superuser("operator", "op@example.com", OPERATOR_PASSWORD)
+    # A remembered preference with its history (long text: the list must still fit).
+    from memory.models import MemoryItem
+
+    owner = get_user_model().objects.create_user("memory-owner")
+    old = MemoryItem.objects.create(
+        owner=owner, tag="preference", subject="contact channel",
+        content="I prefer to be contacted by phone in the morning, never after 6 pm " * 3,
+    )  # fmt: skip
+    new = MemoryItem.objects.create(
+        owner=owner, tag="preference", subject="contact channel",
+        content="I prefer email for everything about orders and invoices, with a copy to my assistant " * 3,
+    )  # fmt: skip
+    MemoryItem.objects.filter(pk=old.pk).update(superseded_by=new, superseded_at=new.created_at)
     return {"key": key, "finished": finished, "failed": failed}
 
 
@@ -146,6 +159,7 @@ def _operator_pages(browser: Any, live_stack: Any, data: dict[str, Any]) -> None
         "modelendpoint-list": "/admin/agent_sessions/modelendpoint/",
         "tool-list": "/admin/tools/tool/",
         "modelcall-list": "/admin/agent_sessions/modelcall/",
+        "memoryitem-list": "/admin/memory/memoryitem/",
     }
     for name, path in pages.items():
         page.goto(live_stack.http + path)

@@ -1,0 +1,123 @@
+"""Operators list, search, edit and erase what is remembered, per owner."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.text import Truncator
+
+from .models import EmbeddingEndpoint, MemoryItem
+from .services import embedding_endpoint_save, memory_erase_owner, memory_item_save
+
+
+class LiveFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "live"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "latest"), ("no", "superseded")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[MemoryItem]
+    ) -> QuerySet[MemoryItem]:
+        if self.value() == "yes":
+            return queryset.filter(superseded_at__isnull=True)
+        if self.value() == "no":
+            return queryset.filter(superseded_at__isnull=False)
+        return queryset
+
+
+@admin.register(MemoryItem)
+class MemoryItemAdmin(admin.ModelAdmin):
+    list_display = (
+        "owner",
+        "tag",
+        "subject_short",
+        "content_short",
+        "importance",
+        "status",
+        "updated_at",
+    )
+    list_filter = (LiveFilter, "tag", "source")
+    search_fields = ("content", "subject", "owner__username", "owner__email")
+    list_select_related = ("owner",)
+    raw_id_fields = ("owner", "superseded_by")
+    actions = ("erase_owners",)
+    fields = (
+        "owner", "tag", "subject", "content", "importance", "confidence", "source",
+        "source_session_id", "superseded_by", "superseded_at", "embedding_model", "dims",
+        "created_at", "updated_at", "last_used_at",
+    )  # fmt: skip
+    readonly_fields = (
+        "source", "source_session_id", "superseded_by", "superseded_at", "embedding_model",
+        "dims", "created_at", "updated_at", "last_used_at",
+    )  # fmt: skip
+
+    @admin.display(description="subject")
+    def subject_short(self, obj: MemoryItem) -> str:
+        return Truncator(obj.subject).chars(30)
+
+    @admin.display(description="content")
+    def content_short(self, obj: MemoryItem) -> str:
+        return Truncator(obj.content).chars(70)
+
+    @admin.display(description="status")
+    def status(self, obj: MemoryItem) -> str:
+        return "superseded" if obj.superseded_at else "latest"
+
+    def save_model(self, request: HttpRequest, obj: MemoryItem, form: Any, change: bool) -> None:
+        # An edited text gets its new vector, or search would keep finding the old one.
+        memory_item_save(item=obj, reembed=not change or "content" in form.changed_data)
+
+    @admin.action(description="Erase everything remembered about the selected items' owners")
+    def erase_owners(
+        self, request: HttpRequest, queryset: QuerySet[MemoryItem]
+    ) -> HttpResponse | None:
+        owner_ids = sorted(set(queryset.values_list("owner_id", flat=True)))
+        if request.POST.get("confirm") != "yes":
+            counts = (
+                MemoryItem.objects.filter(owner_id__in=owner_ids)
+                .values("owner__username")
+                .annotate(n=Count("id"))
+                .order_by("owner__username")
+            )
+            return TemplateResponse(
+                request,
+                "admin/memory/erase_owners.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Erase memory",
+                    "owners": [(c["owner__username"], c["n"]) for c in counts],
+                    "selected": list(queryset.values_list("pk", flat=True)),
+                },
+            )
+        erased = sum(memory_erase_owner(owner_id=o) for o in owner_ids)
+        self.message_user(
+            request, f"Erased {erased} items of {len(owner_ids)} users.", messages.SUCCESS
+        )
+        return None
+
+
+class EmbeddingEndpointForm(forms.ModelForm):
+    base_url = forms.URLField(
+        max_length=500, assume_scheme="https", help_text="Up to /v1, e.g. http://host:8000/v1"
+    )
+
+    class Meta:
+        model = EmbeddingEndpoint
+        fields = ("name", "base_url", "model", "dimension", "api_key_env", "timeout_s", "enabled")
+
+
+@admin.register(EmbeddingEndpoint)
+class EmbeddingEndpointAdmin(admin.ModelAdmin):
+    form = EmbeddingEndpointForm
+    list_display = ("name", "model", "dimension", "base_url", "enabled", "updated_at")
+    list_filter = ("enabled",)
+
+    def save_model(
+        self, request: HttpRequest, obj: EmbeddingEndpoint, form: Any, change: bool
+    ) -> None:
+        embedding_endpoint_save(endpoint=obj)

@@ -1,0 +1,110 @@
+"""Long-term memory items, the embeddings endpoint and the embedding cache.
+
+Vectors are stored in an untyped `vector` column with their dimension beside
+them (`dims`): an embeddings endpoint decides the dimension, and switching
+endpoints must not need a schema change. HNSW needs a fixed dimension, so each
+dimension in use gets a partial expression index,
+`((embedding::vector(N)) vector_cosine_ops) WHERE dims = N` (pgvector's
+documented way for mixed dimensions; memory/index.py creates them), and searches
+cast the same way so the planner can use it.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from pgvector.django import VectorField
+
+
+class MemoryTag(models.TextChoices):
+    PREFERENCE = "preference", "preference"
+    CONCLUSION = "business conclusion", "business conclusion"
+    AGREEMENT = "agreement", "agreement"
+    FACT = "fact", "fact"
+    NOTE = "note", "note"
+
+
+class EmbeddingEndpoint(models.Model):
+    """An OpenAI-compatible `/v1/embeddings` endpoint, declared like a model endpoint.
+
+    The enabled endpoint with the lowest id is used; with none, the offline
+    feature-hashing embedder (memory/embeddings.py).
+    """
+
+    name = models.SlugField(max_length=100, unique=True)
+    base_url = models.URLField(max_length=500, help_text="Up to /v1, e.g. http://host:8000/v1")
+    model = models.CharField(max_length=200)
+    dimension = models.PositiveIntegerField()
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Name of the environment variable holding the key."
+    )
+    timeout_s = models.FloatField(default=10.0)
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.model}, {self.dimension}d)"
+
+
+class MemoryItem(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_items"
+    )
+    tag = models.CharField(max_length=40, default=MemoryTag.FACT)
+    # What the item is about ("favourite colour"): a new value for the same subject
+    # supersedes the old item instead of sitting beside it.
+    subject = models.CharField(max_length=200, blank=True)
+    content = models.TextField()
+    embedding = VectorField(null=True, blank=True)
+    dims = models.PositiveIntegerField(default=0)
+    embedding_model = models.CharField(max_length=200, blank=True)
+    importance = models.FloatField(default=0.5)
+    confidence = models.FloatField(default=0.8)
+    source = models.CharField(max_length=20, default="tool")  # tool | user | extraction | admin
+    source_session_id = models.UUIDField(null=True, blank=True)
+    # The tool call (or message) that wrote it: a step re-run after a crash writes nothing twice.
+    source_key = models.CharField(max_length=200, blank=True)
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="superseded"
+    )
+    superseded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["owner", "dims"],
+                name="memory_item_owner_live",
+                condition=Q(superseded_at__isnull=True),
+            ),
+            models.Index(fields=["owner", "subject"], name="memory_item_owner_subject"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "source_key"],
+                name="memory_item_owner_source_key",
+                condition=~Q(source_key=""),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tag}: {self.content[:60]}"
+
+
+class EmbeddingCache(models.Model):
+    """One vector per (content hash, embedding model): the same text is embedded once."""
+
+    content_hash = models.CharField(max_length=64)
+    model = models.CharField(max_length=200)
+    dims = models.PositiveIntegerField()
+    embedding = VectorField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["content_hash", "model"], name="embedding_cache_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.content_hash[:12]}"

@@ -1,0 +1,60 @@
+"""Operators list, search, edit and erase memory per owner."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from memory.models import MemoryItem
+from memory.services import memory_remember
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client):
+    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
+    client.force_login(user)
+    return user
+
+
+def test_list_search_and_edit(client, operator, embeddings):
+    alice = UserFactory(username="alice")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is blue")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is red")
+    url = reverse("admin:memory_memoryitem_changelist")
+    page = client.get(url, {"q": "alice"}).content.decode()
+    assert "My favourite colour is red" in page and "superseded" in page and "latest" in page
+    assert "My favourite colour is red" not in client.get(url, {"q": "nobody"}).content.decode()
+    item = MemoryItem.objects.get(content="My favourite colour is red")
+    before = list(item.embedding)
+    change = reverse("admin:memory_memoryitem_change", args=[item.pk])
+    response = client.post(
+        change,
+        {"owner": alice.pk, "tag": "preference", "subject": "favourite colour",
+         "content": "My favourite colour is green", "importance": 0.9, "confidence": 1.0},
+    )  # fmt: skip
+    assert response.status_code == 302, response.content.decode()[:2000]
+    item.refresh_from_db()
+    assert item.content == "My favourite colour is green" and list(item.embedding) != before
+
+
+def test_erase_everything_of_a_user_asks_first(client, operator, embeddings):
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is blue")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is red")
+    memory_remember(owner_id=alice.pk, content="I like tea")
+    memory_remember(owner_id=bob.pk, content="I like espresso")
+    one = MemoryItem.objects.filter(owner=alice).first()
+    url = reverse("admin:memory_memoryitem_changelist")
+    data = {"action": "erase_owners", "_selected_action": [one.pk]}
+
+    confirm = client.post(url, data)
+    assert confirm.status_code == 200
+    assert "alice: 3 items" in confirm.content.decode()
+    assert MemoryItem.objects.filter(owner=alice).count() == 3  # nothing erased yet
+
+    done = client.post(url, {**data, "confirm": "yes"})
+    assert done.status_code == 302
+    assert not MemoryItem.objects.filter(owner=alice).exists()
+    assert MemoryItem.objects.filter(owner=bob).count() == 1

@@ -1,0 +1,106 @@
+"""Writing and ranking memory against a fake embeddings server with controlled semantics."""
+
+import pytest
+
+from memory.embeddings import current_embedder, embed_texts
+from memory.models import EmbeddingCache, MemoryItem
+from memory.selectors import memory_block, memory_ranked
+from memory.services import memory_erase_owner, memory_remember
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _block(owner_id: int, query: str, **kwargs: object) -> str:
+    embedder = current_embedder()
+    vector = embed_texts([query], embedder)[0]
+    return memory_block(
+        memory_ranked(owner_id=owner_id, vector=vector, model=embedder.model, **kwargs)  # type: ignore[arg-type]
+    )
+
+
+def test_paraphrases_merge_into_one_item(embeddings):
+    owner = UserFactory()
+    first = memory_remember(owner_id=owner.pk, content="I like espresso", tag="preference")
+    again = memory_remember(owner_id=owner.pk, content="I prefer coffee", tag="preference")
+    assert (first.action, again.action) == ("created", "merged")
+    assert again.item.pk == first.item.pk
+    items = list(MemoryItem.objects.filter(owner=owner))
+    assert len(items) == 1 and items[0].content == "I prefer coffee"  # the newer wording
+    # Something else is a new item.
+    other = memory_remember(owner_id=owner.pk, content="My dog is called Rex")
+    assert other.action == "created" and MemoryItem.objects.filter(owner=owner).count() == 2
+
+
+def test_a_changed_preference_resolves_to_the_newest_and_keeps_history(embeddings):
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="My favourite colour is blue", tag="preference")
+    changed = memory_remember(owner_id=owner.pk, content="my favorite color is red")
+    assert changed.action == "superseded" and changed.previous == "My favourite colour is blue"
+    old = MemoryItem.objects.get(owner=owner, content="My favourite colour is blue")
+    assert old.superseded_by_id == changed.item.pk and old.superseded_at is not None
+    assert changed.item.subject == "favourite colour"
+
+    block = _block(owner.pk, "which colour do I like?")
+    assert "latest: my favorite color is red (before: My favourite colour is blue)" in block
+    assert block.count("colour is blue") == 1  # the old value only as history
+
+    # A third value: the newest wins, the previous ones are listed newest first.
+    memory_remember(owner_id=owner.pk, content="My favourite colour is green")
+    block = _block(owner.pk, "favourite colour")
+    assert (
+        "latest: My favourite colour is green (before: my favorite color is red; My favourite colour is blue)"
+        in block
+    )
+    assert MemoryItem.objects.filter(owner=owner, superseded_at__isnull=True).count() == 1
+
+
+def test_another_owners_memory_never_appears(embeddings):
+    alice, bob = UserFactory(), UserFactory()
+    memory_remember(owner_id=alice.pk, content="My address is Berlin")
+    memory_remember(owner_id=bob.pk, content="I like tea")
+    assert "Berlin" in _block(alice.pk, "where do I live, my address?")
+    block = _block(bob.pk, "where do I live, my address?", min_similarity=-1.0)
+    assert "Berlin" not in block and "tea" in block  # bob gets his own items only
+    assert _block(UserFactory().pk, "address", min_similarity=-1.0) == ""
+
+
+def test_a_rerun_write_with_the_same_key_writes_nothing_twice(embeddings):
+    owner = UserFactory()
+    a = memory_remember(owner_id=owner.pk, content="Invoices monthly", source_key="call:k1")
+    b = memory_remember(owner_id=owner.pk, content="Invoices monthly", source_key="call:k1")
+    assert (a.action, b.action, a.item.pk) == ("created", "unchanged", b.item.pk)
+    assert MemoryItem.objects.filter(owner=owner).count() == 1
+
+
+def test_vectors_are_cached_by_content_hash(embeddings):
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="My dog is called Rex")
+    memory_remember(owner_id=UserFactory().pk, content="My dog is called Rex")
+    assert embeddings.texts_embedded.count("My dog is called Rex") == 1
+    assert EmbeddingCache.objects.filter(model="fake-embed").count() == 1
+
+
+def test_ranking_weighs_importance_and_filters_tags(embeddings):
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="I like espresso", tag="preference", importance=0.1)
+    memory_remember(
+        owner_id=owner.pk, content="We agreed invoices monthly", tag="agreement", importance=1.0
+    )
+    embedder = current_embedder()
+    vector = embed_texts(["espresso invoices"], embedder)[0]
+    ranked = memory_ranked(owner_id=owner.pk, vector=vector, model=embedder.model, k=2)
+    assert [r.item.tag for r in ranked] == ["agreement", "preference"]
+    only = memory_ranked(
+        owner_id=owner.pk, vector=vector, model=embedder.model, tags=["preference"]
+    )
+    assert [r.item.tag for r in only] == ["preference"]
+
+
+def test_erase_everything_of_one_owner(embeddings):
+    alice, bob = UserFactory(), UserFactory()
+    memory_remember(owner_id=alice.pk, content="My favourite colour is blue")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is red")
+    memory_remember(owner_id=bob.pk, content="I like tea")
+    assert memory_erase_owner(owner_id=alice.pk) == 2  # history included
+    assert list(MemoryItem.objects.values_list("owner_id", flat=True)) == [bob.pk]
