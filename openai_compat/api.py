@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -26,7 +27,7 @@ from rest_framework.views import APIView
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
 from billing.selectors import credits_cover
 from sessions.api.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
-from sessions.errors import DomainError, InvalidInput
+from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 
@@ -102,7 +103,7 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
 # Schema --------------------------------------------------------------------------------
 
 
-class ErrorObjectSerializer(serializers.Serializer):
+class OpenAIErrorObjectSerializer(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField(help_text="invalid_request_error, authentication_error, ...")
     param = serializers.CharField(allow_null=True)
@@ -112,7 +113,7 @@ class ErrorObjectSerializer(serializers.Serializer):
 class OpenAIErrorSerializer(serializers.Serializer):
     """OpenAI's error shape (not the platform's: these endpoints speak OpenAI's protocol)."""
 
-    error = ErrorObjectSerializer()
+    error = OpenAIErrorObjectSerializer()
 
 
 class OpenAISchema(ErrorDocumentingAutoSchema):
@@ -144,14 +145,14 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         return operation
 
 
-class ChatMessageSerializer(serializers.Serializer):
+class OpenAIChatMessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(
         choices=["system", "developer", "user", "assistant", "tool", "function"]
     )
     content = serializers.JSONField(help_text="A string or an array of text parts.")
 
 
-class StreamOptionsSerializer(serializers.Serializer):
+class OpenAIStreamOptionsSerializer(serializers.Serializer):
     include_usage = serializers.BooleanField(required=False)
 
 
@@ -159,33 +160,33 @@ class ChatCompletionRequestSerializer(serializers.Serializer):
     """For the schema only: the body is read by `wire.chat_request_parse`."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
-    messages = ChatMessageSerializer(many=True)
+    messages = OpenAIChatMessageSerializer(many=True)
     stream = serializers.BooleanField(required=False, default=False)
-    stream_options = StreamOptionsSerializer(required=False)
+    stream_options = OpenAIStreamOptionsSerializer(required=False)
 
 
-class ChatCompletionMessageSerializer(serializers.Serializer):
+class OpenAIChatCompletionMessageSerializer(serializers.Serializer):
     role = serializers.CharField()
     content = serializers.CharField()
     refusal = serializers.CharField(allow_null=True)
 
 
-class ChatCompletionChoiceSerializer(serializers.Serializer):
+class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
-    message = ChatCompletionMessageSerializer()
+    message = OpenAIChatCompletionMessageSerializer()
     logprobs = serializers.JSONField(allow_null=True)
     finish_reason = serializers.CharField(
         help_text="stop, length (the wait ran out) or content_filter"
     )
 
 
-class UsageSerializer(serializers.Serializer):
+class OpenAIUsageSerializer(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
 
 
-class ExtensionSerializer(serializers.Serializer):
+class OpenAIExtensionSerializer(serializers.Serializer):
     session_id = serializers.CharField()
     status = serializers.CharField(
         help_text="finished | awaiting_approval | awaiting_user | waiting_timer | timeout"
@@ -202,21 +203,21 @@ class ChatCompletionSerializer(serializers.Serializer):
     created = serializers.IntegerField()
     model = serializers.CharField()
     system_fingerprint = serializers.CharField(allow_null=True)
-    choices = ChatCompletionChoiceSerializer(many=True)
-    usage = UsageSerializer()
-    agentplatform = ExtensionSerializer()
+    choices = OpenAIChatCompletionChoiceSerializer(many=True)
+    usage = OpenAIUsageSerializer()
+    agentplatform = OpenAIExtensionSerializer()
 
 
-class ModelSerializer(serializers.Serializer):
+class OpenAIModelSerializer(serializers.Serializer):
     id = serializers.CharField()
     object = serializers.CharField()
     created = serializers.IntegerField()
     owned_by = serializers.CharField()
 
 
-class ModelListSerializer(serializers.Serializer):
+class OpenAIModelListSerializer(serializers.Serializer):
     object = serializers.CharField()
-    data = ModelSerializer(many=True)
+    data = OpenAIModelSerializer(many=True)
 
 
 # Views ---------------------------------------------------------------------------------
@@ -239,7 +240,9 @@ def _model_object(agent: Any) -> dict[str, Any]:
 
 
 class ModelListView(OpenAIView):
-    @extend_schema(tags=["openai"], responses=ModelListSerializer)
+    @extend_schema(
+        tags=["openai"], operation_id="openai_models_list", responses=OpenAIModelListSerializer
+    )
     def get(self, request: Request) -> Response:
         return Response(
             {"object": "list", "data": [_model_object(a) for a in selectors.agents_for_key()]}
@@ -247,7 +250,9 @@ class ModelListView(OpenAIView):
 
 
 class ModelDetailView(OpenAIView):
-    @extend_schema(tags=["openai"], responses=ModelSerializer)
+    @extend_schema(
+        tags=["openai"], operation_id="openai_models_retrieve", responses=OpenAIModelSerializer
+    )
     def get(self, request: Request, model: str) -> Response:
         return Response(_model_object(selectors.agent_for_model(model=model)))
 
@@ -271,12 +276,16 @@ class ChatCompletionView(OpenAIView):
                 description="Continue this session (the response always names its session here).",
             )
         ],
+        operation_id="openai_chat_completions_create",
         responses={
-            200: OpenApiResponse(
+            (200, "application/json"): OpenApiResponse(
                 ChatCompletionSerializer,
                 description="A chat.completion; with stream=true, text/event-stream of "
-                "chat.completion.chunk objects ending with `data: [DONE]`.",
-            )
+                "`data: <chat.completion.chunk>` events ending with `data: [DONE]`.",
+            ),
+            (200, "text/event-stream"): OpenApiResponse(
+                OpenApiTypes.STR, description="stream=true: server-sent events."
+            ),
         },
     )
     def post(self, request: Request) -> StreamingHttpResponse:
@@ -294,7 +303,12 @@ class ChatCompletionView(OpenAIView):
         owner = request.user
         session_id = request.headers.get(SESSION_HEADER, "").strip()
         if session_id:
-            session = session_get_for_owner(session_id=session_id, owner_id=owner.pk)
+            try:
+                session = session_get_for_owner(session_id=session_id, owner_id=owner.pk)
+            except NotFound:
+                raise NotFound(
+                    f"session {session_id} not found", code="session_not_found"
+                ) from None
             if session.agent_id != agent.pk:
                 raise InvalidInput(
                     f"session {session.pk} runs the model '{session.agent.slug}', not '{chat.model}'",

@@ -154,6 +154,17 @@ async def answer(frames: TurnFrames, turn: Turn) -> AsyncIterator[bytes]:
                     break
             if reader.outcome is not None:
                 break
+            if reader.paused is not None:
+                # A step commits its events together: the pause's details are stored by now.
+                for frame in await frames.catch_up():
+                    text = reader.feed(frame)
+                    if text and stream:
+                        yield writer.content(text)
+                text = reader.settle()
+                if text and stream:
+                    yield writer.content(text)
+                if reader.outcome is not None:
+                    break
             remaining = deadline - loop.time()
             if remaining <= 0:
                 reader.timed_out()

@@ -35,6 +35,9 @@ class TurnReader:
     _question: dict[str, Any] = field(default_factory=dict)
     _approval: dict[str, Any] = field(default_factory=dict)
     outcome: Outcome | None = None
+    # A pause the turn reached whose details (the question, the approval) may come in
+    # the frames right after the state change; `settle()` ends it with what is known.
+    paused: str | None = None
 
     def feed(self, frame: dict[str, Any]) -> str:
         """Take one frame; return the text to stream for it (may be "")."""
@@ -59,10 +62,24 @@ class TurnReader:
             return ""
         if kind == "progress" and data.get("stage") == "question":
             self._question = data
+            if self.paused == "paused_for_user":
+                return self.settle()
         elif kind == "approval.requested":
             self._approval = data
+            if self.paused == "awaiting_approval":
+                return self.settle()
         elif kind == "state.changed":
-            return self._paused(str(data.get("to") or ""))
+            to = str(data.get("to") or "")
+            if to in ("paused_for_user", "awaiting_approval", "waiting_timer"):
+                self.paused = to
+                if (
+                    to == "waiting_timer"
+                    or (to == "paused_for_user" and self._question)
+                    or (to == "awaiting_approval" and self._approval)
+                ):
+                    return self.settle()
+            else:
+                self.paused = None  # the turn went on
         elif kind == "turn.finished":
             return self._finished(data)
         return ""
@@ -77,6 +94,12 @@ class TurnReader:
             self._separate = False
         self.streamed += text
         return text
+
+    def settle(self) -> str:
+        """End a pause the turn reached with the details known so far; "" if none."""
+        if self.paused is None or self.outcome is not None:
+            return ""
+        return self._paused(self.paused)
 
     def _paused(self, state: str) -> str:
         ext: Extension = {"session_id": self.session_id, "status": ""}

@@ -1,6 +1,7 @@
 """agentplatform.request_gate: a bounded number of requests in the app, in arrival order."""
 
 import asyncio
+import contextlib
 from typing import Any
 
 from agentplatform.request_gate import BUFFER_BYTES, bounded
@@ -138,10 +139,8 @@ def test_an_app_that_fails_before_responding_gives_the_slot_back() -> None:
     gated = bounded(app, limit=1)
 
     async def main() -> None:
-        try:
+        with contextlib.suppress(RuntimeError):
             await gated({"type": "http", "n": 0}, _receive_from([]), _noop_send)
-        except RuntimeError:
-            pass
         await asyncio.wait_for(gated({"type": "http", "n": 1}, _receive_from([]), _noop_send), 2)
 
     asyncio.run(main())
