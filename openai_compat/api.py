@@ -14,11 +14,13 @@ import math
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
@@ -74,6 +76,9 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     if isinstance(exc, DomainError):
         param = exc.details.get("field") if isinstance(exc.details, dict) else None
         return _error(exc.message, exc.status, exc.code, param)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _error(f"request body is larger than {limit} bytes", 413, "request_too_large")
     if isinstance(exc, JsonRejected):
         return _error(exc.message, 413 if exc.too_large else 400, "invalid_request")
     if isinstance(exc, Http404):
@@ -223,8 +228,18 @@ class OpenAIModelListSerializer(serializers.Serializer):
 # Views ---------------------------------------------------------------------------------
 
 
+class AnyAccept(DefaultContentNegotiation):
+    """OpenAI's clients send `Accept: application/json` and streaming ones
+    `text/event-stream`; the answer's type follows the body's `stream`, never Accept."""
+
+    def select_renderer(self, request: Any, renderers: Any, format_suffix: Any = None) -> Any:
+        renderer = renderers[0]
+        return renderer, renderer.media_type
+
+
 class OpenAIView(APIView):
     schema = OpenAISchema()
+    content_negotiation_class = AnyAccept
 
     def get_exception_handler(self) -> Any:
         return openai_exception_handler

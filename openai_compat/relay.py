@@ -51,6 +51,12 @@ def _cancel(session_id: str, owner_id: int, actor: str) -> None:
     session_cancel(session=session, reason="the OpenAI client disconnected", actor=actor)
 
 
+async def _join(layer: BaseChannelLayer, group: str) -> str:
+    channel: str = await layer.new_channel()
+    await layer.group_add(group, channel)
+    return channel
+
+
 class TurnFrames:
     """The frames of one session after `last_seq`, in order, from a channel of its group."""
 
@@ -66,8 +72,8 @@ class TurnFrames:
         layer = get_channel_layer()
         if layer is None:
             raise RuntimeError("the OpenAI-compatible endpoint needs a channel layer")
-        channel = async_to_sync(layer.new_channel)()
-        async_to_sync(layer.group_add)(group_name(session_id), channel)
+        # One call: a channel exists in the event loop that made it.
+        channel = async_to_sync(_join)(layer, group_name(session_id))
         return cls(layer, channel, str(session_id))
 
     def leave_sync(self) -> None:

@@ -45,6 +45,9 @@ class TurnReader:
         if self.outcome is not None:
             return ""
         if kind == "message.delta":
+            if self.answer is not None:
+                # A delta of the answer that came in after the stored answer was read.
+                return ""
             return self._stream(str(data.get("text") or ""))
         if kind == "message.completed" and data.get("role") == "assistant":
             content = str(data.get("content") or "")

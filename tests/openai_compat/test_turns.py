@@ -138,3 +138,17 @@ def test_frames_after_the_end_change_nothing_and_a_timeout_keeps_what_was_said()
     outcome = reader.timed_out()
     assert (outcome.content, outcome.finish_reason) == ("Part", "length")
     assert reader.feed(_f("message.delta", text="more", turn=1)) == ""
+
+
+def test_a_late_delta_of_an_answer_already_read_is_not_sent_again() -> None:
+    reader = TurnReader(session_id="s")
+    sent = _feed(
+        reader,
+        [
+            # The database was read before the channel's queued deltas were.
+            _f("message.completed", seq=2, role="assistant", content="Hello", turn=1),
+            _f("message.delta", text="Hello", turn=1),
+            _finished(),
+        ],
+    )
+    assert sent == "Hello"
