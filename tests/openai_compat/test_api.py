@@ -14,6 +14,12 @@ from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, 
 
 pytestmark = pytest.mark.django_db
 
+
+def _session(**fields: Any) -> Session:
+    session: Session = SessionFactory(**fields)  # type: ignore[assignment]
+    return session
+
+
 URL = "/openai/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 
@@ -64,14 +70,14 @@ def test_an_unknown_or_disabled_agent_is_404_model_not_found(client: APIClient) 
 
 
 def test_a_session_not_yours_is_404_and_one_of_another_agent_400(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
-    theirs = SessionFactory(agent=agent)
+    theirs = _session(agent=agent)
     for session_id in (str(theirs.pk), str(uuid.uuid4()), "not-a-uuid"):
         response = client.post(
             URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=session_id
         )
         assert _error(response, 404)["code"] == "session_not_found"
     other = AgentFactory(slug="other", model=agent.model)
-    mine = SessionFactory(agent=other, owner=User.objects.get(username="alice"))
+    mine = _session(agent=other, owner=User.objects.get(username="alice"))
     response = client.post(
         URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(mine.pk)
     )
@@ -79,7 +85,7 @@ def test_a_session_not_yours_is_404_and_one_of_another_agent_400(client: APIClie
 
 
 def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
-    busy = SessionFactory(agent=agent, owner=User.objects.get(username="alice"), state="processing")
+    busy = _session(agent=agent, owner=User.objects.get(username="alice"), state="processing")
     response = client.post(
         URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(busy.pk)
     )

@@ -1,6 +1,8 @@
 """openai_compat.services: a session seeded with a request's history; one turn posted, or refused
 while another runs."""
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -13,10 +15,16 @@ from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _session(**fields: Any) -> Session:
+    session: Session = SessionFactory(**fields)  # type: ignore[assignment]
+    return session
+
+
 @pytest.fixture
 def owner() -> User:
     AgentFactory(slug="helper", model=ModelEndpointFactory(name="rules", api="rules"))
-    return UserFactory(username="ada")
+    user: User = UserFactory(username="ada")  # type: ignore[assignment]
+    return user
 
 
 def test_a_new_session_holds_the_history_as_turn_zero(owner: User) -> None:
@@ -68,20 +76,20 @@ def test_a_turn_is_posted_after_the_events_and_tokens_it_noted(owner: User) -> N
 
 @pytest.mark.parametrize("state", ["processing", "tool_wait", "awaiting_approval", "waiting_timer"])
 def test_a_busy_session_refuses_the_turn_and_stores_nothing(owner: User, state: str) -> None:
-    session = SessionFactory(agent=AgentFactory(slug=f"a-{state}"), owner=owner, state=state)
+    session = _session(agent=AgentFactory(slug=f"a-{state}"), owner=owner, state=state)
     with pytest.raises(SessionBusy):
         chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
     assert not Message.objects.filter(session=session).exists()
 
 
 def test_queued_messages_make_a_session_busy_too(owner: User) -> None:
-    session = SessionFactory(agent=AgentFactory(slug="q"), owner=owner, queued_count=1)
+    session = _session(agent=AgentFactory(slug="q"), owner=owner, queued_count=1)
     with pytest.raises(SessionBusy):
         chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
 
 
 def test_another_owners_session_is_not_found(owner: User) -> None:
-    session = SessionFactory(agent=AgentFactory(slug="mine"), owner=UserFactory(username="eve"))
+    session = _session(agent=AgentFactory(slug="mine"), owner=UserFactory(username="eve"))
     with pytest.raises(NotFound):
         chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
     with pytest.raises(NotFound):
