@@ -17,7 +17,8 @@ def agents_for_key() -> QuerySet[Agent]:
 
 def agent_for_model(*, model: str) -> Agent:
     """The enabled agent whose slug is `model`; NotFound (code model_not_found) otherwise."""
-    agent = agents_enabled().filter(slug=model).first()
+    # A NUL cannot be in a slug, and PostgreSQL refuses it in a query parameter.
+    agent = None if "\x00" in model else agents_enabled().filter(slug=model).first()
     if agent is None:
         raise NotFound(f"The model '{model}' does not exist", code="model_not_found")
     return agent

@@ -76,10 +76,19 @@ class ChatRequest:
     ignored_system_messages: int = 0
 
 
+def _no_nul(text: str, param: str) -> str:
+    # PostgreSQL stores no NUL in text; refused here, the field named (sessions/json_limits.py).
+    if "\x00" in text:
+        raise RequestInvalid("text must not contain a NUL (\\u0000) character", param)
+    return text
+
+
 def _text(content: Any, param: str) -> str | None:
     """A message's text: a string, or the text parts of a content array; None for null."""
-    if content is None or isinstance(content, str):
-        return content
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return _no_nul(content, param)
     if isinstance(content, list):
         texts = []
         for i, part in enumerate(content):
@@ -91,7 +100,7 @@ def _text(content: Any, param: str) -> str | None:
             text = part.get("text")
             if not isinstance(text, str):
                 raise RequestInvalid("a text part needs a string 'text'", f"{param}[{i}].text")
-            texts.append(text)
+            texts.append(_no_nul(text, f"{param}[{i}].text"))
         return "".join(texts)
     raise RequestInvalid("content must be a string, an array of text parts or null", param)
 
@@ -112,6 +121,7 @@ def chat_request_parse(body: Any) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise RequestInvalid("'model' is required: the slug of an agent", "model")
+    _no_nul(model, "model")
     for name in ("tools", "functions"):
         if body.get(name):
             raise RequestInvalid(

@@ -127,3 +127,7 @@ def test_the_models_are_the_enabled_agents(client: APIClient) -> None:
     assert client.get("/openai/v1/models/helper").json()["id"] == "helper"
     assert _error(client.get("/openai/v1/models/off"), 404)["code"] == "model_not_found"
     assert _error(_client(None).get("/openai/v1/models"), 401)["code"] == "invalid_api_key"
+
+
+def test_a_nul_in_a_model_path_is_404_not_a_500(client: APIClient) -> None:
+    assert _error(client.get("/openai/v1/models/a%00b"), 404)["code"] == "model_not_found"

@@ -144,3 +144,17 @@ def test_error_body_is_openais_shape() -> None:
             "code": "bad",
         }
     }
+
+
+def test_nul_characters_are_refused_naming_the_field() -> None:
+    for body, param in [
+        (_body(model="a\x00b"), "model"),
+        (_body(messages=[{"role": "user", "content": "a\x00"}]), "messages[0].content"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "text", "text": "\x00"}]}]),
+            "messages[0].content[0].text",
+        ),
+    ]:
+        with pytest.raises(RequestInvalid) as refused:
+            chat_request_parse(body)
+        assert refused.value.param == param
