@@ -158,7 +158,7 @@ def chat_request_parse(body: Any) -> ChatRequest:
         if not isinstance(message, dict):
             raise RequestInvalid("each message must be an object", param)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise RequestInvalid(f"unknown role {role!r}", f"{param}.role")
         text = _text(message.get("content"), f"{param}.content")
         if role in ("system", "developer"):

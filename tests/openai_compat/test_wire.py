@@ -66,6 +66,8 @@ def test_sampling_parameters_are_accepted_and_ignored() -> None:
         (_body(messages=[{"role": "user", "content": "   "}]), "messages"),
         (_body(messages=[{"role": "user", "content": None}]), "messages"),
         (_body(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role"),
+        (_body(messages=[{"role": {}, "content": None}]), "messages[0].role"),
+        (_body(n={}), "n"),
         (_body(messages=["hi"]), "messages[0]"),
         (_body(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
         (
