@@ -163,8 +163,10 @@ def chat_request_parse(body: Any) -> ChatRequest:
         text = _text(message.get("content"), f"{param}.content")
         if role in ("system", "developer"):
             ignored += 1
-        elif role in ("user", "assistant") and text:
-            history.append(HistoryItem(role=role, content=text))
+        elif role == "user" and text:
+            history.append(HistoryItem(role="user", content=text))
+        elif role == "assistant" and text:
+            history.append(HistoryItem(role="assistant", content=text))
     last = messages[-1]
     last_text = _text(last.get("content"), f"messages[{len(messages) - 1}].content")
     if last.get("role") != "user" or not last_text or not last_text.strip():
