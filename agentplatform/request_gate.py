@@ -8,7 +8,10 @@ the first ones included. Past the gate, requests wait on the loop, in
 arrival order, holding no thread and no connection.
 
 A request's body is read before it queues for the gate (up to BUFFER_BYTES;
-a larger one streams on inside), so a slow uploader holds no slot.
+a larger one streams on inside), so a slow uploader holds no slot. The slot is
+given back when the response starts: what follows is sending, on the loop, and
+a long streamed answer (the OpenAI-compatible endpoint's SSE, written from the
+loop as the turn runs) must not keep other requests out of Django.
 """
 
 import asyncio
@@ -58,7 +61,20 @@ def bounded(app: App, limit: int | None = None) -> App:
         gate = gates.get(loop)
         if gate is None:
             gate = gates[loop] = asyncio.Semaphore(limit)
-        async with gate:
-            await app(scope, replay, send)
+        await gate.acquire()
+        held = True
+
+        async def send_releasing(message: Message) -> None:
+            nonlocal held
+            if held and message.get("type") == "http.response.start":
+                held = False
+                gate.release()
+            await send(message)
+
+        try:
+            await app(scope, replay, send_releasing)
+        finally:
+            if held:
+                gate.release()
 
     return gated

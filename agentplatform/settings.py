@@ -202,6 +202,9 @@ CHECKPOINT_RETENTION_DAYS = env.float("CHECKPOINT_RETENTION_DAYS", default=30.0)
 # An idle websocket re-reads the database this often, in case a notification was lost.
 WS_RESYNC_S = env.float("WS_RESYNC_S", default=15.0)
 DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
+# The OpenAI-compatible endpoint waits for a turn at most its agent's turn_timeout_s + 30 s,
+# and never longer than this; then it answers with what it has (finish_reason "length").
+OPENAI_MAX_WAIT_S = env.float("OPENAI_MAX_WAIT_S", default=600.0)
 # A model endpoint is skipped for a cool-down after this many consecutive failures.
 MODEL_BREAKER_THRESHOLD = env.int("MODEL_BREAKER_THRESHOLD", default=5)
 MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)

@@ -27,6 +27,7 @@ urlpatterns = [
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/approvals/", include("approvals.urls")),
     path("playground/", playground, name="playground"),
+    path("openai/v1/", include("openai_compat.urls")),
 ]
 
 handler404 = json_not_found

@@ -148,7 +148,9 @@ class Stack:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
+        # A loaded machine (several test runs on 2 cores) starts the daphnes slower.
+        timeout = timeout or float(os.environ.get("STACK_READY_TIMEOUT_S") or 30.0)
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:

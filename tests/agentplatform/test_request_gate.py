@@ -1,6 +1,7 @@
 """agentplatform.request_gate: a bounded number of requests in the app, in arrival order."""
 
 import asyncio
+import contextlib
 from typing import Any
 
 from agentplatform.request_gate import BUFFER_BYTES, bounded
@@ -95,3 +96,52 @@ def test_limit_zero_is_no_gate() -> None:
         return None
 
     assert bounded(app, limit=0) is app
+
+
+def test_the_slot_is_given_back_when_the_response_starts() -> None:
+    """A streamed answer that runs on after its start does not keep the next request out."""
+    release_stream = asyncio.Event()
+    second_ran = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["n"] == 0:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await release_stream.wait()  # still streaming
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            second_ran.set()
+
+    gated = bounded(app, limit=1)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(
+            gated({"type": "http", "n": 0}, _receive_from([{"type": "http.request"}]), _noop_send)
+        )
+        second = asyncio.ensure_future(
+            gated({"type": "http", "n": 1}, _receive_from([{"type": "http.request"}]), _noop_send)
+        )
+        await asyncio.wait_for(second_ran.wait(), 2)
+        release_stream.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(main())
+
+
+def test_an_app_that_fails_before_responding_gives_the_slot_back() -> None:
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if scope["n"] == 0:
+            raise RuntimeError("boom")
+
+    gated = bounded(app, limit=1)
+
+    async def main() -> None:
+        with contextlib.suppress(RuntimeError):
+            await gated({"type": "http", "n": 0}, _receive_from([]), _noop_send)
+        await asyncio.wait_for(gated({"type": "http", "n": 1}, _receive_from([]), _noop_send), 2)
+
+    asyncio.run(main())
+    assert calls == 2

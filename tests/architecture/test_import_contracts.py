@@ -92,6 +92,8 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/services.py", "from sessions.api import views"),
         # Applying a config file is an edge too (configuration/), not session logic.
         Plant("sessions/services.py", "from configuration import services"),
+        # The OpenAI-compatible endpoint is an edge app (openai_compat/).
+        Plant("sessions/selectors.py", "from openai_compat import api"),
         Plant("llm/base.py", "import drf_spectacular"),
         # Indirectly: the engine imports rows, which would import the consumer.
         Plant("sessions/rows.py", "from sessions import consumers"),

@@ -5,6 +5,8 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 ERROR_REF = "#/components/schemas/Error"
+# The OpenAI-compatible endpoint (openai_compat/) speaks OpenAI's protocol, errors included.
+OPENAI_ERROR_REF = "#/components/schemas/OpenAIError"
 
 
 @pytest.fixture
@@ -42,7 +44,15 @@ def test_every_operation_documents_its_errors_with_the_error_component(schema):
         for code in _errors(op):
             response = op["responses"][str(code)]
             assert response["description"], (method, path, code)
-            assert response["content"]["application/json"]["schema"] == {"$ref": ERROR_REF}
+            ref = OPENAI_ERROR_REF if path.startswith("/openai/") else ERROR_REF
+            assert response["content"]["application/json"]["schema"] == {"$ref": ref}
+
+
+def test_the_openai_error_component_is_openais_shape(schema):
+    components = schema["components"]["schemas"]
+    assert components["OpenAIError"]["required"] == ["error"]
+    detail = components["OpenAIErrorObject"]
+    assert set(detail["properties"]) == {"message", "type", "param", "code"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,371 @@
+"""The OpenAI-compatible edge: `POST /openai/v1/chat/completions`, `GET /openai/v1/models`.
+
+Views translate and delegate. The request's thread does the checks and the
+writes (a session seeded with the request's history, the turn's message) and
+returns at once; the answer is written from the event loop by `relay.answer`,
+which waits on the session's frames holding no thread and no connection. So
+every error a request can be refused for (401, 400, 404, 429, 503) has its own
+status, and what happens to a turn once it runs is told in the answer itself
+(`finish_reason` and the `agentplatform` key).
+"""
+
+import logging
+import math
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, StreamingHttpResponse
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+from rest_framework.views import APIView
+
+from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+from billing.selectors import credits_cover
+from sessions.api.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from sessions.errors import DomainError, InvalidInput, NotFound
+from sessions.json_limits import JsonRejected
+from sessions.selectors import session_get_for_owner
+
+from . import selectors, services
+from .relay import Turn, TurnFrames, answer
+from .wire import ErrorBody, RequestInvalid, chat_request_parse, error_body
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Session-Id"
+# A busy session is worth retrying soon: the SDKs honour Retry-After on a 503.
+BUSY_RETRY_AFTER_S = 2
+
+
+# Errors --------------------------------------------------------------------------------
+
+
+def _type_for(code: int, error_code: str | None) -> str:
+    if error_code == "insufficient_quota":
+        return "insufficient_quota"  # as OpenAI's own
+    if code == 401:
+        return "authentication_error"
+    if code == 429:
+        return "rate_limit_error"
+    if code >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def _error(message: str, code_status: int, code: str | None, param: str | None = None) -> Response:
+    return Response(
+        error_body(message, _type_for(code_status, code), code, param), status=code_status
+    )
+
+
+def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """Every refusal in OpenAI's error shape, with the status OpenAI would give."""
+    if isinstance(exc, RequestInvalid):
+        return _error(exc.message, 400, "invalid_request", exc.param)
+    if isinstance(exc, services.SessionBusy):
+        response = _error(exc.message, exc.status, exc.code)
+        response["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+        return response
+    if isinstance(exc, DomainError):
+        param = exc.details.get("field") if isinstance(exc.details, dict) else None
+        return _error(exc.message, exc.status, exc.code, param)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _error(f"request body is larger than {limit} bytes", 413, "request_too_large")
+    if isinstance(exc, JsonRejected):
+        return _error(exc.message, 413 if exc.too_large else 400, "invalid_request")
+    if isinstance(exc, Http404):
+        return _error("not found", 404, "not_found")
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        response = _error(
+            "Incorrect API key provided: use 'Authorization: Bearer <api key>' with a valid key.",
+            401,
+            "invalid_api_key",
+        )
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, exceptions.Throttled):
+        wait = math.ceil(exc.wait) if exc.wait is not None else None
+        response = _error(str(exc.detail), 429, "rate_limit_exceeded")
+        if wait is not None:
+            response["Retry-After"] = str(wait)
+        return response
+    if isinstance(exc, exceptions.ParseError):
+        return _error("We could not parse the JSON body of your request.", 400, "invalid_json")
+    if isinstance(exc, exceptions.APIException):
+        return _error(str(exc.detail), exc.status_code, exc.default_code)
+    logger.exception("unhandled error in %s", type(context.get("view")).__name__)
+    return _error("The server had an error processing your request.", 500, "internal_error")
+
+
+# Schema --------------------------------------------------------------------------------
+
+
+class OpenAIErrorObjectSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    type = serializers.CharField(help_text="invalid_request_error, authentication_error, ...")
+    param = serializers.CharField(allow_null=True)
+    code = serializers.CharField(allow_null=True)
+
+
+class OpenAIErrorSerializer(serializers.Serializer):
+    """OpenAI's error shape (not the platform's: these endpoints speak OpenAI's protocol)."""
+
+    error = OpenAIErrorObjectSerializer()
+
+
+class OpenAISchema(ErrorDocumentingAutoSchema):
+    """The platform's error rules (sessions/api/schema.py), in OpenAI's error shape."""
+
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation = AutoSchema.get_operation(self, *args, **kwargs)
+        if operation is None:
+            return None
+        responses = operation.setdefault("responses", {})
+        ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
+        statuses = self._error_statuses(operation)
+        if self.method == "POST":
+            statuses += [404, 503]
+        for code in sorted(set(statuses)):
+            description = {
+                404: "No agent has this model name, or X-Session-Id names no session of yours.",
+                503: "The session's turn is still running; retry after Retry-After seconds.",
+            }.get(code) or ERROR_DESCRIPTIONS[code]
+            response: dict[str, Any] = {
+                "description": description,
+                "content": {"application/json": {"schema": ref}},
+            }
+            if code in (429, 503):
+                response["headers"] = {
+                    "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds."}
+                }
+            responses.setdefault(str(code), response)
+        return operation
+
+
+class OpenAIChatMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(
+        choices=["system", "developer", "user", "assistant", "tool", "function"]
+    )
+    content = serializers.JSONField(help_text="A string or an array of text parts.")
+
+
+class OpenAIStreamOptionsSerializer(serializers.Serializer):
+    include_usage = serializers.BooleanField(required=False)
+
+
+class ChatCompletionRequestSerializer(serializers.Serializer):
+    """For the schema only: the body is read by `wire.chat_request_parse`."""
+
+    model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
+    messages = OpenAIChatMessageSerializer(many=True)
+    stream = serializers.BooleanField(required=False, default=False)
+    stream_options = OpenAIStreamOptionsSerializer(required=False)
+
+
+class OpenAIChatCompletionMessageSerializer(serializers.Serializer):
+    role = serializers.CharField()
+    content = serializers.CharField()
+    refusal = serializers.CharField(allow_null=True)
+
+
+class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    message = OpenAIChatCompletionMessageSerializer()
+    logprobs = serializers.JSONField(allow_null=True)
+    finish_reason = serializers.CharField(
+        help_text="stop, length (the wait ran out) or content_filter"
+    )
+
+
+class OpenAIUsageSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class OpenAIExtensionSerializer(serializers.Serializer):
+    session_id = serializers.CharField()
+    status = serializers.CharField(
+        help_text="finished | awaiting_approval | awaiting_user | waiting_timer | timeout"
+    )
+    stop_reason = serializers.CharField(required=False)
+    approval_id = serializers.CharField(required=False)
+    question = serializers.CharField(required=False)
+    options = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class ChatCompletionSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField()
+    created = serializers.IntegerField()
+    model = serializers.CharField()
+    system_fingerprint = serializers.CharField(allow_null=True)
+    choices = OpenAIChatCompletionChoiceSerializer(many=True)
+    usage = OpenAIUsageSerializer()
+    agentplatform = OpenAIExtensionSerializer()
+
+
+class OpenAIModelSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField()
+    created = serializers.IntegerField()
+    owned_by = serializers.CharField()
+
+
+class OpenAIModelListSerializer(serializers.Serializer):
+    object = serializers.CharField()
+    data = OpenAIModelSerializer(many=True)
+
+
+# Views ---------------------------------------------------------------------------------
+
+
+class AnyAccept(DefaultContentNegotiation):
+    """OpenAI's clients send `Accept: application/json` and streaming ones
+    `text/event-stream`; the answer's type follows the body's `stream`, never Accept."""
+
+    def select_renderer(self, request: Any, renderers: Any, format_suffix: Any = None) -> Any:
+        renderer = renderers[0]
+        return renderer, renderer.media_type
+
+
+class OpenAIView(APIView):
+    schema = OpenAISchema()
+    content_negotiation_class = AnyAccept
+
+    def get_exception_handler(self) -> Any:
+        return openai_exception_handler
+
+
+def _model_object(agent: Any) -> dict[str, Any]:
+    return {
+        "id": agent.slug,
+        "object": "model",
+        "created": int(agent.created_at.timestamp()),
+        "owned_by": "agentplatform",
+    }
+
+
+class ModelListView(OpenAIView):
+    @extend_schema(
+        tags=["openai"], operation_id="openai_models_list", responses=OpenAIModelListSerializer
+    )
+    def get(self, request: Request) -> Response:
+        return Response(
+            {"object": "list", "data": [_model_object(a) for a in selectors.agents_for_key()]}
+        )
+
+
+class ModelDetailView(OpenAIView):
+    @extend_schema(
+        tags=["openai"], operation_id="openai_models_retrieve", responses=OpenAIModelSerializer
+    )
+    def get(self, request: Request, model: str) -> Response:
+        return Response(_model_object(selectors.agent_for_model(model=model)))
+
+
+class ChatCompletionView(OpenAIView):
+    def get_throttles(self) -> list[BaseThrottle]:
+        # A request without X-Session-Id opens a session, and counts as one.
+        throttles: list[BaseThrottle] = [ApiKeyRateThrottle()]
+        if not self.request.headers.get(SESSION_HEADER):
+            throttles.append(SessionCreateThrottle())
+        return throttles
+
+    @extend_schema(
+        tags=["openai"],
+        request=ChatCompletionRequestSerializer,
+        parameters=[
+            OpenApiParameter(
+                SESSION_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                description="Continue this session (the response always names its session here).",
+            )
+        ],
+        operation_id="openai_chat_completions_create",
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                ChatCompletionSerializer,
+                description="A chat.completion; with stream=true, text/event-stream of "
+                "`data: <chat.completion.chunk>` events ending with `data: [DONE]`.",
+            ),
+            (200, "text/event-stream"): OpenApiResponse(
+                OpenApiTypes.STR, description="stream=true: server-sent events."
+            ),
+        },
+    )
+    def post(self, request: Request) -> StreamingHttpResponse:
+        """One turn of an agent: the last user message is its input.
+
+        1. Read the body (400), find the agent named by `model` (404) and, with
+           X-Session-Id, the caller's session (404; 400 when it runs another agent).
+        2. Refuse when the owner's credits cannot pay for a model call (429).
+        3. Without X-Session-Id, open a session seeded with the earlier messages.
+        4. Join the session's channel group, then post the turn (503 while one runs).
+        5. Answer from the loop (relay.answer).
+        """
+        chat = chat_request_parse(request.data)
+        agent = selectors.agent_for_model(model=chat.model)
+        owner = request.user
+        session_id = request.headers.get(SESSION_HEADER, "").strip()
+        if session_id:
+            try:
+                session = session_get_for_owner(session_id=session_id, owner_id=owner.pk)
+            except NotFound:
+                raise NotFound(
+                    f"session {session_id} not found", code="session_not_found"
+                ) from None
+            if session.agent_id != agent.pk:
+                raise InvalidInput(
+                    f"session {session.pk} runs the model '{session.agent.slug}', not '{chat.model}'",
+                    details={"field": "model"},
+                )
+        check = credits_cover(owner_id=owner.pk, points=1)
+        if check.outcome == "insufficient":
+            raise services.CreditsExhausted(
+                f"You exceeded your credits ({check.reason}): {check.points_left} points left."
+            )
+        if not session_id:
+            session = services.chat_session_create(
+                owner=owner,
+                key_roles=list(getattr(request.auth, "roles", None) or []),
+                agent_slug=agent.slug,
+                history=chat.history,
+                content=chat.content,
+            )
+        frames = TurnFrames.join(session.pk)
+        try:
+            posted = services.chat_turn_post(
+                session_id=session.pk, owner_id=owner.pk, content=chat.content
+            )
+        except BaseException:
+            frames.leave_sync()
+            raise
+        turn = Turn(
+            posted=posted,
+            chat=chat,
+            owner_id=owner.pk,
+            actor=f"openai:{owner}",
+            wait_s=min(agent.turn_timeout_s + 30, settings.OPENAI_MAX_WAIT_S),
+        )
+        response = StreamingHttpResponse(
+            answer(frames, turn),
+            content_type="text/event-stream" if chat.stream else "application/json",
+            status=status.HTTP_200_OK,
+        )
+        response[SESSION_HEADER] = str(session.pk)
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass chunks on as they come
+        return response
+
+
+__all__ = ["ChatCompletionView", "ErrorBody", "ModelDetailView", "ModelListView"]

@@ -1,0 +1,123 @@
+"""Writes of the OpenAI-compatible endpoint: open a session seeded with a request's history,
+post a request's input as one turn. Each is one short transaction; the turn runs on a worker."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from memory.tokens import count_message_tokens
+from sessions.errors import DomainError, NotFound, PayloadTooLarge
+from sessions.models import Message, MessageStatus, Session
+from sessions.selectors import session_id_parse
+from sessions.services import message_post_for_owner, session_create
+from sessions.states import STARTS_TURN, State
+
+from .wire import HistoryItem
+
+
+class SessionBusy(DomainError):
+    """The session's turn is still running (or waits for an approval or a timer)."""
+
+    code = "session_busy"
+    status = 503
+
+
+class CreditsExhausted(DomainError):
+    """The owner's credits cannot pay for a model call."""
+
+    code = "insufficient_quota"
+    status = 429
+
+
+@dataclass(frozen=True)
+class TurnPosted:
+    session_id: UUID
+    # The session's last event before this turn: the turn's events come after it.
+    after_seq: int
+    # The session's (input, output) token totals before this turn.
+    tokens_before: tuple[int, int]
+
+
+def chat_session_create(
+    *,
+    owner: User,
+    key_roles: list[str],
+    agent_slug: str,
+    history: Sequence[HistoryItem],
+    content: str,
+) -> Session:
+    """A new session on the agent whose history is `history` (earlier user and assistant
+    messages, in order, as turn 0); no turn starts until `chat_turn_post`. The turn's
+    `content` is checked now, so a request refused for it leaves no session behind."""
+    if len(content) > settings.MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the last message has {len(content)} characters; "
+            f"the limit is {settings.MAX_MESSAGE_CHARS}",
+            details={"field": "messages", "limit": settings.MAX_MESSAGE_CHARS},
+        )
+    for i, item in enumerate(history):
+        if len(item.content) > settings.MAX_MESSAGE_CHARS:
+            raise PayloadTooLarge(
+                f"message {i} has {len(item.content)} characters; "
+                f"the limit is {settings.MAX_MESSAGE_CHARS}",
+                details={"field": f"messages[{i}]", "limit": settings.MAX_MESSAGE_CHARS},
+            )
+    with transaction.atomic():
+        session = session_create(owner=owner, agent_slug=agent_slug, key_roles=key_roles)
+        if history:
+            Message.objects.bulk_create(
+                Message(
+                    session=session,
+                    seq=seq,
+                    turn=0,
+                    role=item.role,
+                    status=MessageStatus.FINAL,
+                    content=item.content,
+                    token_count=count_message_tokens(item.content),
+                )
+                for seq, item in enumerate(history, start=1)
+            )
+            Session.objects.filter(pk=session.pk).update(message_seq=len(history))
+            session.message_seq = len(history)
+    return session
+
+
+def chat_turn_post(*, session_id: UUID | str, owner_id: int, content: str) -> TurnPosted:
+    """Post `content` as the next turn of the owner's session, or refuse while one runs.
+
+    1. Lock the session row (another owner's session is NotFound).
+    2. A turn running, waiting for an approval or a timer, or user messages queued
+       behind it: SessionBusy (this request would wait on someone else's turn).
+       A session paused on the model's question takes the content as the answer.
+    3. Note where the session's events and token totals stand, then post
+       (`message_post_for_owner`, the same rules as REST) in the same transaction,
+       so no event of another step falls between the two.
+    """
+    pk = session_id_parse(session_id)
+    with transaction.atomic():
+        locked = (
+            None
+            if pk is None
+            else Session.objects.select_for_update(of=("self",), no_key=True)
+            .filter(pk=pk, owner_id=owner_id)
+            .first()
+        )
+        if locked is None:
+            raise NotFound(f"session {session_id} not found", code="session_not_found")
+        state = State(locked.state)
+        if state not in STARTS_TURN or locked.queued_count:
+            raise SessionBusy(
+                f"session {locked.pk} is busy ({state.value}); retry when its turn has ended",
+                details={"state": state.value},
+            )
+        posted = TurnPosted(
+            session_id=locked.pk,
+            after_seq=locked.event_seq,
+            tokens_before=(locked.input_tokens, locked.output_tokens),
+        )
+        message_post_for_owner(session_id=locked.pk, owner_id=owner_id, content=content)
+    return posted

@@ -1,0 +1,358 @@
+"""The OpenAI-compatible endpoint on the live stack, driven by the official `openai` SDK:
+answers with usage, streamed and not; X-Session-Id continues a session and a new one is
+seeded with the request's history; the models list; errors in OpenAI's shape with OpenAI's
+statuses; an ask_user or approval pause ends the request instead of hanging; a client that
+goes away cancels its turn."""
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from django.contrib.auth.models import User
+
+from billing.services import account_ensure
+from sessions.models import Message, ModelEndpoint, Session
+from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
+from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
+from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def _client(stack: Stack, key: str) -> openai.OpenAI:
+    # No retries: a refused request must show its own status, not a retried one's.
+    return openai.OpenAI(base_url=f"{stack.http}/openai/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _echo_agent() -> str:
+    slug = f"echo-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        rules=[{"answer": "Echo: {{ user }}"}],
+    )
+    return slug
+
+
+@pytest.fixture
+def key() -> str:
+    return api_key_for(f"oa-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def fake_agent(openai_server: FakeModelServer) -> Iterator[str]:  # noqa: F811
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-fake-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    slug = f"fake-{uuid.uuid4().hex[:8]}"
+    AgentFactory(slug=slug, model=endpoint)
+    yield slug
+
+
+def test_a_completion_is_the_agents_answer_with_usage_and_a_session(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    raw = client.chat.completions.with_raw_response.create(
+        model=slug, messages=[{"role": "user", "content": "hello there"}]
+    )
+    completion = raw.parse()
+    session_id = raw.headers["X-Session-Id"]
+    choice = completion.choices[0]
+    assert (choice.message.role, choice.message.content) == ("assistant", "Echo: hello there")
+    assert choice.finish_reason == "stop"
+    assert completion.object == "chat.completion" and completion.model == slug
+    session = Session.objects.get(pk=session_id)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == session.input_tokens > 0
+    assert completion.usage.completion_tokens == session.output_tokens > 0
+    assert completion.usage.total_tokens == session.input_tokens + session.output_tokens
+    extension = _ext(completion)
+    assert extension == {"session_id": session_id, "status": "finished", "stop_reason": "answer"}
+
+
+def test_streaming_sends_role_then_deltas_then_finish_usage_and_done(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    openai_server.script(Reply(text="The parcel left the depot this morning.", usage=(42, 9)))
+    client = _client(live_stack, key)
+    with client.chat.completions.create(
+        model=fake_agent,
+        messages=[{"role": "user", "content": "where is my parcel?"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as stream:
+        chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    # The fake model sends the answer word by word: it arrives in more than one piece.
+    assert len(texts) > 1, texts
+    assert "".join(texts) == "The parcel left the depot this morning."
+    finished = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finished] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (42, 9, 51)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_the_raw_stream_is_openai_sse_ending_with_done(live_stack, key):
+    slug = _echo_agent()
+    with httpx.stream(
+        "POST",
+        f"{live_stack.http}/openai/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": slug, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-session-id"]
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+
+
+def test_x_session_id_continues_the_session_and_a_new_one_is_seeded_with_history(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    raw = client.chat.completions.with_raw_response.create(
+        model=slug,
+        messages=[
+            {"role": "system", "content": "You are a pirate."},
+            {"role": "user", "content": "my name is Ada"},
+            {"role": "assistant", "content": "Hello Ada"},
+            {"role": "user", "content": [{"type": "text", "text": "what is my name?"}]},
+        ],
+    )
+    session_id = raw.headers["X-Session-Id"]
+    assert raw.parse().choices[0].message.content == "Echo: what is my name?"
+    again = client.chat.completions.with_raw_response.create(
+        model=slug,
+        # Earlier messages of a continued session are the session's own: these are ignored.
+        messages=[{"role": "user", "content": "ignored"}, {"role": "user", "content": "second"}],
+        extra_headers={"X-Session-Id": session_id},
+    )
+    assert again.headers["X-Session-Id"] == session_id
+    assert again.parse().choices[0].message.content == "Echo: second"
+    history = list(
+        Message.objects.filter(session_id=session_id, status="final")
+        .order_by("seq")
+        .values_list("role", "content")
+    )
+    assert history == [
+        ("user", "my name is Ada"),
+        ("assistant", "Hello Ada"),
+        ("user", "what is my name?"),
+        ("assistant", "Echo: what is my name?"),
+        ("user", "second"),
+        ("assistant", "Echo: second"),
+    ]
+
+
+def test_the_models_are_the_agents(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    models = {m.id: m for m in client.models.list()}
+    assert slug in models and models[slug].object == "model"
+    assert client.models.retrieve(slug).id == slug
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-agent")
+
+
+def _ext(obj: Any) -> dict[str, Any]:
+    """The `agentplatform` key of a completion or chunk."""
+    return dict((obj.model_extra or {})["agentplatform"])
+
+
+def _error(exc: openai.APIStatusError) -> dict[str, Any]:
+    body = exc.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+def test_errors_come_in_openais_shape_with_openais_statuses(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    user: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError) as bad_key:
+        _client(live_stack, "ap_not-a-key").chat.completions.create(model=slug, messages=user)
+    assert _error(bad_key.value)["code"] == "invalid_api_key"
+    with pytest.raises(openai.NotFoundError) as no_model:
+        client.chat.completions.create(model="no-such-agent", messages=user)
+    assert _error(no_model.value)["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=slug, messages=[{"role": "assistant", "content": "x"}])
+    assert _error(bad.value) | {"message": ""} == {
+        "message": "",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "invalid_request",
+    }
+    with pytest.raises(openai.NotFoundError) as no_session:
+        client.chat.completions.create(
+            model=slug, messages=user, extra_headers={"X-Session-Id": str(uuid.uuid4())}
+        )
+    assert _error(no_session.value)["code"] == "session_not_found"
+    # Another owner's session is missing too.
+    raw = client.chat.completions.with_raw_response.create(model=slug, messages=user)
+    other = _client(live_stack, api_key_for(f"other-{uuid.uuid4().hex[:6]}"))
+    with pytest.raises(openai.NotFoundError):
+        other.chat.completions.create(
+            model=slug, messages=user, extra_headers={"X-Session-Id": raw.headers["X-Session-Id"]}
+        )
+    response = httpx.post(
+        f"{live_stack.http}/openai/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        content=b"{not json",
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_an_owner_without_credits_gets_429_insufficient_quota(live_stack):
+    slug = _echo_agent()
+    name = f"broke-{uuid.uuid4().hex[:8]}"
+    client = _client(live_stack, api_key_for(name))
+    owner_id = User.objects.get(username=name).pk
+    account_ensure(owner_id=owner_id)  # an account with no points
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model=slug, messages=[{"role": "user", "content": "hi"}])
+    assert _error(refused.value)["type"] == "insufficient_quota"
+    assert not Session.objects.filter(owner_id=owner_id).exists()
+
+
+def _asking_agent() -> str:
+    slug = f"asking-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        tools=["ask_user"],
+        rules=[
+            {"when": {"user": "^book", "last_tool": None},
+             "tool_calls": [{"tool": "ask_user", "args": {"question": "Which day?", "options": ["Mon", "Tue"]}}]},
+            {"when": {"last_tool": "ask_user"}, "answer": "Booked for {{ result.answer }}"},
+            {"answer": "?"},
+        ],
+    )  # fmt: skip
+    return slug
+
+
+def test_an_ask_user_pause_ends_the_request_and_the_next_one_answers_it(live_stack, key):
+    slug = _asking_agent()
+    client = _client(live_stack, key)
+    started = time.monotonic()
+    raw = client.chat.completions.with_raw_response.create(
+        model=slug, messages=[{"role": "user", "content": "book a table"}]
+    )
+    asked = raw.parse()
+    assert time.monotonic() - started < 30
+    session_id = raw.headers["X-Session-Id"]
+    assert asked.choices[0].finish_reason == "stop"
+    assert asked.choices[0].message.content == "Which day? (options: Mon, Tue)"
+    assert _ext(asked) == {
+        "session_id": session_id,
+        "status": "awaiting_user",
+        "question": "Which day?",
+        "options": ["Mon", "Tue"],
+    }
+    # The answer, streamed: the same turn goes on.
+    with client.chat.completions.create(
+        model=slug,
+        messages=[{"role": "user", "content": "Tue"}],
+        stream=True,
+        extra_headers={"X-Session-Id": session_id},
+    ) as stream:
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Booked for Tue"
+    finish = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert _ext(finish)["status"] == "finished"
+    assert Session.objects.get(pk=session_id).turn == 1
+
+
+def test_an_approval_pause_ends_the_request_and_the_session_is_busy_until_decided(live_stack, key):
+    ToolFactory(
+        name="stamp",
+        handler="builtin.current_time",
+        side_effects=True,
+        requires_approval=True,
+        parameters={"type": "object", "properties": {}},
+    )
+    slug = f"approving-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        tools=["stamp"],
+        rules=[
+            {"when": {"last_tool": "stamp"}, "answer": "Stamped"},
+            {"when": {"user": "stamp", "last_tool": None}, "tool_calls": [{"tool": "stamp", "args": {}}]},
+            {"answer": "?"},
+        ],
+    )  # fmt: skip
+    client = _client(live_stack, key)
+    with client.chat.completions.create(
+        model=slug, messages=[{"role": "user", "content": "stamp it"}], stream=True
+    ) as stream:
+        chunks = list(stream)
+    finish = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    extension = _ext(finish)
+    assert finish.choices[0].finish_reason == "stop"
+    assert extension["status"] == "awaiting_approval" and extension["approval_id"]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Waiting for approval of stamp" in text
+    session_id = extension["session_id"]
+    assert Session.objects.get(pk=session_id).state == "awaiting_approval"
+    with pytest.raises(openai.InternalServerError) as busy:
+        client.chat.completions.create(
+            model=slug,
+            messages=[{"role": "user", "content": "again"}],
+            extra_headers={"X-Session-Id": session_id},
+        )
+    assert busy.value.status_code == 503
+    assert _error(busy.value)["code"] == "session_busy"
+    assert busy.value.response.headers["Retry-After"]
+
+
+def test_a_client_that_goes_away_cancels_its_turn(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    # Slow enough that the client leaves while the model is still answering.
+    openai_server.script(Reply(text="one two three four five six seven eight", delay_s=1.0))
+    with httpx.stream(
+        "POST",
+        f"{live_stack.http}/openai/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": fake_agent,
+            "stream": True,
+            "messages": [{"role": "user", "content": "count slowly"}],
+        },
+        timeout=30,
+    ) as response:
+        session_id = response.headers["x-session-id"]
+        for line in response.iter_lines():
+            if '"content": "one' in line or '"content":"one' in line:
+                break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if Session.objects.get(pk=session_id).state == "cancelled":
+            break
+        time.sleep(0.2)
+    session = Session.objects.get(pk=session_id)
+    assert session.state == "cancelled", live_stack.log_tail("worker")

@@ -1,0 +1,133 @@
+"""openai_compat.api in process: every refusal comes before a turn starts, in OpenAI's error
+shape with OpenAI's status; the models list. (Answers are tested on the live stack.)"""
+
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from billing.services import account_ensure
+from sessions.models import Session
+from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, api_key_for
+
+pytestmark = pytest.mark.django_db
+
+
+def _session(**fields: Any) -> Session:
+    session: Session = SessionFactory(**fields)  # type: ignore[assignment]
+    return session
+
+
+URL = "/openai/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def agent():  # type: ignore[no-untyped-def]
+    return AgentFactory(slug="helper", model=ModelEndpointFactory(name="rules", api="rules"))
+
+
+def _client(key: str | None) -> APIClient:
+    client = APIClient()
+    if key is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+@pytest.fixture
+def client(agent) -> APIClient:  # type: ignore[no-untyped-def]
+    return _client(api_key_for("alice"))
+
+
+def _error(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+def test_no_key_or_a_bad_key_is_401_invalid_api_key(agent) -> None:  # type: ignore[no-untyped-def]
+    for client in (_client(None), _client("ap_nope")):
+        error = _error(client.post(URL, {"model": "helper", "messages": HI}, format="json"), 401)
+        assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+
+
+def test_a_bad_body_is_400_naming_the_field(client: APIClient) -> None:
+    error = _error(client.post(URL, {"model": "helper", "messages": []}, format="json"), 400)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "messages")
+    response = client.generic("POST", URL, b"{oops", content_type="application/json")
+    assert _error(response, 400)["code"] == "invalid_json"
+    assert not Session.objects.exists()
+
+
+def test_an_unknown_or_disabled_agent_is_404_model_not_found(client: APIClient) -> None:
+    AgentFactory(slug="off", enabled=False, model=ModelEndpointFactory(name="rules"))
+    for model in ("nobody", "off"):
+        error = _error(client.post(URL, {"model": model, "messages": HI}, format="json"), 404)
+        assert error["code"] == "model_not_found"
+
+
+def test_a_session_not_yours_is_404_and_one_of_another_agent_400(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
+    theirs = _session(agent=agent)
+    for session_id in (str(theirs.pk), str(uuid.uuid4()), "not-a-uuid"):
+        response = client.post(
+            URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=session_id
+        )
+        assert _error(response, 404)["code"] == "session_not_found"
+    other = AgentFactory(slug="other", model=agent.model)
+    mine = _session(agent=other, owner=User.objects.get(username="alice"))
+    response = client.post(
+        URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(mine.pk)
+    )
+    assert _error(response, 400)["param"] == "model"
+
+
+def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
+    busy = _session(agent=agent, owner=User.objects.get(username="alice"), state="processing")
+    response = client.post(
+        URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(busy.pk)
+    )
+    error = _error(response, 503)
+    assert (error["type"], error["code"]) == ("server_error", "session_busy")
+    assert response["Retry-After"] == "2"
+    assert busy.messages.count() == 0
+
+
+def test_no_credits_is_429_insufficient_quota_and_opens_no_session(client: APIClient) -> None:
+    account_ensure(owner_id=User.objects.get(username="alice").pk)
+    error = _error(client.post(URL, {"model": "helper", "messages": HI}, format="json"), 429)
+    assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota")
+    assert not Session.objects.exists()
+
+
+def test_a_too_long_input_is_refused_before_a_session_opens(client: APIClient, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MAX_MESSAGE_CHARS = 10
+    messages = [{"role": "user", "content": "x" * 11}]
+    response = client.post(URL, {"model": "helper", "messages": messages}, format="json")
+    assert _error(response, 413)["code"] == "payload_too_large"
+    assert not Session.objects.exists()
+
+
+def test_accept_event_stream_is_not_refused(client: APIClient) -> None:
+    response = client.post(
+        URL, {"model": "nobody", "messages": HI}, format="json", HTTP_ACCEPT="text/event-stream"
+    )
+    assert _error(response, 404)["code"] == "model_not_found"
+
+
+def test_the_models_are_the_enabled_agents(client: APIClient) -> None:
+    AgentFactory(slug="off", enabled=False, model=ModelEndpointFactory(name="rules"))
+    body = client.get("/openai/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in body["data"]] == [
+        ("helper", "model", "agentplatform")
+    ]
+    assert client.get("/openai/v1/models/helper").json()["id"] == "helper"
+    assert _error(client.get("/openai/v1/models/off"), 404)["code"] == "model_not_found"
+    assert _error(_client(None).get("/openai/v1/models"), 401)["code"] == "invalid_api_key"
+
+
+def test_a_nul_in_a_model_path_is_404_not_a_500(client: APIClient) -> None:
+    assert _error(client.get("/openai/v1/models/a%00b"), 404)["code"] == "model_not_found"

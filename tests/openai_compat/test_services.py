@@ -1,0 +1,96 @@
+"""openai_compat.services: a session seeded with a request's history; one turn posted, or refused
+while another runs."""
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from openai_compat.services import SessionBusy, chat_session_create, chat_turn_post
+from openai_compat.wire import HistoryItem
+from sessions.errors import NotFound, PayloadTooLarge
+from sessions.models import Message, Session
+from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _session(**fields: Any) -> Session:
+    session: Session = SessionFactory(**fields)  # type: ignore[assignment]
+    return session
+
+
+@pytest.fixture
+def owner() -> User:
+    AgentFactory(slug="helper", model=ModelEndpointFactory(name="rules", api="rules"))
+    user: User = UserFactory(username="ada")  # type: ignore[assignment]
+    return user
+
+
+def test_a_new_session_holds_the_history_as_turn_zero(owner: User) -> None:
+    session = chat_session_create(
+        owner=owner,
+        key_roles=["support"],
+        agent_slug="helper",
+        history=[HistoryItem("user", "I am Ada"), HistoryItem("assistant", "Hello Ada")],
+        content="who am I?",
+    )
+    session.refresh_from_db()
+    assert (session.message_seq, session.state, session.role) == (2, "idle", "support")
+    rows = list(session.messages.order_by("seq").values_list("seq", "turn", "role", "content"))
+    assert rows == [(1, 0, "user", "I am Ada"), (2, 0, "assistant", "Hello Ada")]
+    assert all(m.token_count > 0 for m in session.messages.all())
+
+
+def test_an_oversized_history_message_opens_no_session(owner: User, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MAX_MESSAGE_CHARS = 5
+    with pytest.raises(PayloadTooLarge) as refused:
+        chat_session_create(
+            owner=owner,
+            key_roles=[],
+            agent_slug="helper",
+            history=[HistoryItem("user", "much too long")],
+            content="hi",
+        )
+    assert refused.value.details["field"] == "messages[0]"
+    assert not Session.objects.exists()
+
+
+def test_a_turn_is_posted_after_the_events_and_tokens_it_noted(owner: User) -> None:
+    session = chat_session_create(
+        owner=owner,
+        key_roles=[],
+        agent_slug="helper",
+        history=[HistoryItem("user", "x")],
+        content="hi",
+    )
+    Session.objects.filter(pk=session.pk).update(event_seq=7, input_tokens=30, output_tokens=4)
+    posted = chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+    assert (posted.session_id, posted.after_seq, posted.tokens_before) == (session.pk, 7, (30, 4))
+    session.refresh_from_db()
+    assert session.state == "processing" and session.turn == 1
+    assert session.event_seq > 7
+    last = Message.objects.filter(session=session).order_by("-seq").first()
+    assert last is not None and (last.seq, last.role, last.content) == (2, "user", "hi")
+
+
+@pytest.mark.parametrize("state", ["processing", "tool_wait", "awaiting_approval", "waiting_timer"])
+def test_a_busy_session_refuses_the_turn_and_stores_nothing(owner: User, state: str) -> None:
+    session = _session(agent=AgentFactory(slug=f"a-{state}"), owner=owner, state=state)
+    with pytest.raises(SessionBusy):
+        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+    assert not Message.objects.filter(session=session).exists()
+
+
+def test_queued_messages_make_a_session_busy_too(owner: User) -> None:
+    session = _session(agent=AgentFactory(slug="q"), owner=owner, queued_count=1)
+    with pytest.raises(SessionBusy):
+        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+
+
+def test_another_owners_session_is_not_found(owner: User) -> None:
+    session = _session(agent=AgentFactory(slug="mine"), owner=UserFactory(username="eve"))
+    with pytest.raises(NotFound):
+        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+    with pytest.raises(NotFound):
+        chat_turn_post(session_id="nonsense", owner_id=owner.pk, content="hi")

@@ -1,0 +1,162 @@
+"""openai_compat.wire: which requests are served and how, and the objects answered."""
+
+import json
+from typing import Any
+
+import pytest
+
+from openai_compat.wire import (
+    DONE,
+    ChunkWriter,
+    HistoryItem,
+    RequestInvalid,
+    chat_request_parse,
+    completion,
+    error_body,
+    usage_of,
+)
+
+
+def _body(**extra: Any) -> dict[str, Any]:
+    return {"model": "helper", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_the_last_user_message_is_the_input_and_earlier_texts_the_history() -> None:
+    chat = chat_request_parse(
+        _body(
+            messages=[
+                {"role": "system", "content": "be brief"},
+                {"role": "developer", "content": "be kind"},
+                {"role": "user", "content": "my name is Ada"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]},
+                {"role": "tool", "content": "42", "tool_call_id": "x"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "Ada"}]},
+                {"role": "user", "content": "what is my name?"},
+            ]
+        )
+    )  # fmt: skip
+    assert chat.content == "what is my name?"
+    assert chat.history == [
+        HistoryItem("user", "my name is Ada"),
+        HistoryItem("assistant", "Hello Ada"),
+    ]
+    assert chat.ignored_system_messages == 2
+    assert (chat.stream, chat.include_usage) == (False, False)
+
+
+def test_stream_options_are_read() -> None:
+    chat = chat_request_parse(_body(stream=True, stream_options={"include_usage": True}))
+    assert (chat.stream, chat.include_usage) == (True, True)
+
+
+def test_sampling_parameters_are_accepted_and_ignored() -> None:
+    chat = chat_request_parse(_body(temperature=0.2, max_tokens=10, seed=1, user="u", n=1))
+    assert chat.content == "hi"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        (_body(model=""), "model"),
+        (_body(messages=[]), "messages"),
+        (_body(messages="hi"), "messages"),
+        (_body(messages=[{"role": "assistant", "content": "hi"}]), "messages"),
+        (_body(messages=[{"role": "user", "content": "   "}]), "messages"),
+        (_body(messages=[{"role": "user", "content": None}]), "messages"),
+        (_body(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role"),
+        (_body(messages=[{"role": {}, "content": None}]), "messages[0].role"),
+        (_body(n={}), "n"),
+        (_body(messages=["hi"]), "messages[0]"),
+        (_body(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            "messages[0].content[0]",
+        ),
+        (_body(tools=[{"type": "function"}]), "tools"),
+        (_body(n=2), "n"),
+        (_body(stream="yes"), "stream"),
+        (_body(stream_options=[]), "stream_options"),
+        (_body(stream_options={"include_usage": "yes"}), "stream_options.include_usage"),
+        (_body(messages=[{"role": "user", "content": "x"}] * 202), "messages"),
+    ],
+)
+def test_requests_we_cannot_serve_name_the_offending_field(body: Any, param: str | None) -> None:
+    with pytest.raises(RequestInvalid) as refused:
+        chat_request_parse(body)
+    assert refused.value.param == param
+
+
+def test_a_completion_has_openais_fields_and_ours_apart() -> None:
+    body = completion(
+        id_="chatcmpl-1",
+        model="helper",
+        content="Hi",
+        finish_reason="stop",
+        usage=usage_of(3, 4),
+        extension={"session_id": "s", "status": "finished", "stop_reason": "answer"},
+        created=7,
+    )
+    assert body["object"] == "chat.completion"
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi", "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert body["agentplatform"]["session_id"] == "s"
+
+
+def _data(event: bytes) -> Any:
+    text = event.decode()
+    assert text.startswith("data: ") and text.endswith("\n\n")
+    return json.loads(text[len("data: ") :])
+
+
+def test_chunks_carry_null_usage_only_when_usage_is_asked_for() -> None:
+    plain = ChunkWriter(id_="c", model="m", include_usage=False, created=1)
+    assert "usage" not in _data(plain.content("x"))
+    counted = ChunkWriter(id_="c", model="m", include_usage=True, created=1)
+    assert _data(counted.content("x"))["usage"] is None
+    last = _data(counted.usage(usage_of(1, 2)))
+    assert last["choices"] == [] and last["usage"]["total_tokens"] == 3
+    role = _data(counted.role())["choices"][0]
+    assert role["delta"] == {"role": "assistant", "content": ""} and role["finish_reason"] is None
+    finish = _data(counted.finish("stop", {"session_id": "s", "status": "finished"}))
+    assert finish["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert finish["agentplatform"]["status"] == "finished"
+    assert DONE == b"data: [DONE]\n\n"
+
+
+def test_error_body_is_openais_shape() -> None:
+    assert error_body("nope", "invalid_request_error", "bad", "model") == {
+        "error": {
+            "message": "nope",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "bad",
+        }
+    }
+
+
+def test_nul_characters_are_refused_naming_the_field() -> None:
+    for body, param in [
+        (_body(model="a\x00b"), "model"),
+        (_body(messages=[{"role": "user", "content": "a\x00"}]), "messages[0].content"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "text", "text": "\x00"}]}]),
+            "messages[0].content[0].text",
+        ),
+    ]:
+        with pytest.raises(RequestInvalid) as refused:
+            chat_request_parse(body)
+        assert refused.value.param == param
