@@ -70,7 +70,7 @@ class ErrorDocumentingAutoSchema(AutoSchema):
         has_body = "requestBody" in operation
         has_query = any(p.get("in") == "query" for p in parameters)
         has_path = any(p.get("in") == "path" for p in parameters)
-        security = operation.get("security")
+        security: list[dict[str, Any]] = operation.get("security") or []
         needs_key = bool(security) and {} not in security
         view_permissions = self.view.get_permissions()
         statuses = []
