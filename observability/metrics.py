@@ -11,6 +11,8 @@ Labels carry names the operator configured (endpoints, tools) and fixed
 kinds, never anything a user or a model wrote.
 """
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 # Seconds: model latencies run from tens of ms (a local model) to a minute.
@@ -82,3 +84,15 @@ WEBSOCKETS = Gauge(
 PROMPT_SAMPLES = Counter(
     "agent_prompt_samples_total", "Model calls whose full prompt and answer were sampled."
 )
+
+
+# labels() looks its child up under a lock on every call; the step path keeps its own.
+_step_children: dict[str, Any] = {}
+
+
+def step_observe(state: str, seconds: float) -> None:
+    """agent_step_seconds{state}.observe(seconds), with the labelled child cached."""
+    child = _step_children.get(state)
+    if child is None:
+        child = _step_children[state] = STEP.labels(state)
+    child.observe(seconds)

@@ -88,7 +88,7 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
                 ):
                     progressed = run_step(session, owner, run)
                 if progressed:
-                    metrics.STEP.labels(state).observe(time.perf_counter() - started)
+                    metrics.step_observe(state, time.perf_counter() - started)
             except StaleSession:
                 logger.info("session %s moved under us; reloading", session_id)
                 session = None

@@ -47,3 +47,10 @@ def test_the_plain_format_is_scrubbed_too() -> None:
     logger, stream = _logger(ScrubbingFormatter("%(levelname)s %(message)s"))
     logger.warning("card 4111 1111 1111 1111 from carol@example.com")
     assert stream.getvalue().strip() == "WARNING card [redacted:card] from [redacted:email]"
+
+
+def test_extra_fields_become_keys() -> None:
+    logger, stream = _logger(JsonFormatter())
+    logger.info("GET /x 200", extra={"client": "127.0.0.1:5", "status": 200})
+    line = json.loads(stream.getvalue())
+    assert (line["client"], line["status"]) == ("127.0.0.1:5", 200)
