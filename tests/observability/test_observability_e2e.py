@@ -17,6 +17,7 @@ events only where the owner's own data belongs (the model's arguments, the
 tool's successful result), never in an error.
 """
 
+import asyncio
 import json
 import os
 import threading
@@ -31,7 +32,7 @@ import pytest
 
 from observability.models import PromptSample
 from sessions.models import Agent, ModelEndpoint
-from tests.e2e.support import api, create_session, wait_events
+from tests.e2e.support import api, create_session, recv_frame, wait_events, ws_connect
 from tests.factories import api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tests.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -223,11 +224,41 @@ def test_one_turn_is_traced_measured_and_logged_without_leaking_secrets(
                 "agent_runs_in_flight ",
                 "agent_approvals_pending 0.0",
                 "agent_credits_reserved 0.0",
-                "agent_websocket_connections 0.0",
                 'agent_metrics_source_up{source="sessions_gauges"} 1.0',
             ):
                 assert expected in metrics, f"{expected} missing from:\n{metrics}"
             assert not _leaks(metrics)
+
+            # --- Websockets: counted while open, and their frames hold no secret either ---
+            def scrape_sockets() -> str:
+                text = httpx.get(
+                    f"{stack.http}/metrics",
+                    headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
+                    timeout=10,
+                ).text
+                (line,) = [
+                    x for x in text.splitlines() if x.startswith("agent_websocket_connections ")
+                ]
+                return line.split()[1]
+
+            async def watch() -> tuple[list[dict[str, Any]], str]:
+                async with (
+                    ws_connect(stack, session_id, key, after=0) as first,
+                    ws_connect(stack, session_id, key, after=0) as second,
+                ):
+                    frames = [await recv_frame(first) for _ in events]
+                    await recv_frame(second)
+                    return frames, await asyncio.to_thread(scrape_sockets)
+
+            frames, open_sockets = asyncio.run(watch())
+            assert open_sockets == "2.0"
+            assert [f["seq"] for f in frames] == [e["seq"] for e in events]
+            for frame in frames:
+                assert not _leaks(json.dumps(_allowed_to_owner(frame))), frame
+            deadline = time.monotonic() + 10
+            while scrape_sockets() != "0.0":
+                assert time.monotonic() < deadline, "closed websockets still counted"
+                time.sleep(0.2)
 
         # --- The trace: REST request -> Celery -> worker, GenAI attributes ----------------
         def complete(spans: list[ReceivedSpan]) -> bool:
