@@ -67,7 +67,7 @@ class RedactingAccessLogGenerator(AccessLogGenerator):
         user: Any = None,
     ) -> None:
         """With JSON logs (LOG_FORMAT=json), the request line goes through logging: one
-        JSON object like every other line, with `client`, `request`, `status` and `length`."""
+        JSON object like every other line, with `client`, `request_line`, `status`, `length`."""
         if getattr(settings, "LOG_FORMAT", "json") != "json":
             super().write_entry(host, date, request, status, length, ident, user)
             return
@@ -79,7 +79,7 @@ class RedactingAccessLogGenerator(AccessLogGenerator):
             length or "-",
             extra={
                 "client": str(host),
-                "request": str(request),
+                "request_line": str(request),
                 "status": status,
                 "length": length,
             },

@@ -54,10 +54,17 @@ def _trace_id(
     return event
 
 
+_PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
+
+
 def _scrub(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in event.items():
-        event[key] = scrub_value(value)
+        # An object (a request, say) would be rendered by its repr, unscrubbed: make it text first.
+        event[key] = scrub_value(value if isinstance(value, _PLAIN) else str(value))
     return event
+
+
+EXTRA_FIELDS = ["client", "request_line", "status", "length", "status_code"]
 
 
 class JsonFormatter(structlog.stdlib.ProcessorFormatter):
@@ -69,8 +76,9 @@ class JsonFormatter(structlog.stdlib.ProcessorFormatter):
                 _merge_ids,
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
-                # Fields passed as `extra=` (the access log's client, request, status, length).
-                structlog.stdlib.ExtraAdder(),
+                # Fields passed as `extra=`: the access log's, and Django's status code (not
+                # its `request` object, whose repr holds the whole URL).
+                structlog.stdlib.ExtraAdder(allow=EXTRA_FIELDS),
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                 _trace_id,
             ],

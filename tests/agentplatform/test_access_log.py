@@ -73,7 +73,11 @@ def test_with_json_logs_the_access_log_goes_through_logging_redacted(settings, c
     assert stream.getvalue() == ""
     (record,) = caplog.records
     assert record.getMessage() == '127.0.0.1:1 "GET /x/?token=[redacted]" 200 2'
-    assert (record.request, record.status, record.length) == ("GET /x/?token=[redacted]", 200, 2)
+    assert (record.request_line, record.status, record.length) == (
+        "GET /x/?token=[redacted]",
+        200,
+        2,
+    )
 
 
 def test_the_runserver_log_filter_redacts_the_record(caplog):

@@ -54,3 +54,19 @@ def test_extra_fields_become_keys() -> None:
     logger.info("GET /x 200", extra={"client": "127.0.0.1:5", "status": 200})
     line = json.loads(stream.getvalue())
     assert (line["client"], line["status"]) == ("127.0.0.1:5", 200)
+
+
+class _Request:
+    def __repr__(self) -> str:
+        return "<ASGIRequest: GET '/api/v1/sessions/?token=ap_abcdefghijklmnopqrst'>"
+
+
+def test_objects_in_a_line_are_scrubbed_as_text() -> None:
+    logger, stream = _logger(JsonFormatter())
+    logger.warning(
+        "Unauthorized: %s", _Request(), extra={"request": _Request(), "status_code": 401}
+    )
+    text = stream.getvalue()
+    assert "ap_abcdefghijklmnopqrst" not in text
+    line = json.loads(text)
+    assert line["status_code"] == 401 and "request" not in line
