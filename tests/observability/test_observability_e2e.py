@@ -56,6 +56,7 @@ ARGS_FAIL = {"email": EMAIL, "card": CARD, "api_key": API_KEY, "mode": "fail"}
 class _ToolHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        reply: dict[str, Any]
         if body.get("mode") == "fail":
             status, reply = (
                 422,
