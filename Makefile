@@ -34,6 +34,8 @@ DEMO_API_URL ?= http://127.0.0.1:$(DEMO_API_PORT)
 # Worker processes: the loop is I/O-bound but each step costs CPU, so one process per core.
 WORKER_PROCESSES ?= 2
 HOST ?= 127.0.0.1
+# Prometheus multiprocess mode: every process writes its samples here; emptied at each start.
+PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.data/prometheus
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
@@ -75,6 +77,8 @@ run: $(STAMP)
 	$(PY) manage.py bootstrap_demo --credentials-file "$$creds"; \
 	$(PY) -m devstack banner --url http://127.0.0.1:$(PORT) --credentials "$$creds" & \
 	echo "starting web, worker, beat and demoapi; the URLs follow once /readyz is green"; \
+	rm -rf "$(PROMETHEUS_MULTIPROC_DIR)" && mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)"; \
+	PROMETHEUS_MULTIPROC_DIR=$(PROMETHEUS_MULTIPROC_DIR) \
 	PORT=$(PORT) HOST=$(HOST) DEMO_API_PORT=$(DEMO_API_PORT) DEMO_API_URL=$(DEMO_API_URL) \
 		exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from daphne.access import AccessLogGenerator
+from django.conf import settings
 
 # Query parameters whose values are credentials, compared case-insensitively.
 SECRET_PARAMS = frozenset({"key", "token", "api_key", "access_token"})
@@ -48,9 +49,41 @@ def _redact_details(details: Any) -> Any:
     return details
 
 
+access_logger = logging.getLogger("daphne.access")
+
+
 class RedactingAccessLogGenerator(AccessLogGenerator):
     def __call__(self, protocol: str, action: str, details: dict[str, Any]) -> None:
         super().__call__(protocol, action, _redact_details(details))
+
+    def write_entry(
+        self,
+        host: Any,
+        date: Any,
+        request: Any,
+        status: Any = None,
+        length: Any = None,
+        ident: Any = None,
+        user: Any = None,
+    ) -> None:
+        """With JSON logs (LOG_FORMAT=json), the request line goes through logging: one
+        JSON object like every other line, with `client`, `request_line`, `status`, `length`."""
+        if getattr(settings, "LOG_FORMAT", "json") != "json":
+            super().write_entry(host, date, request, status, length, ident, user)
+            return
+        access_logger.info(
+            '%s "%s" %s %s',
+            host,
+            request,
+            status or "-",
+            length or "-",
+            extra={
+                "client": str(host),
+                "request_line": str(request),
+                "status": status,
+                "length": length,
+            },
+        )
 
 
 class RedactQueryFilter(logging.Filter):

@@ -43,10 +43,13 @@ INSTALLED_APPS = [
     "billing",
     "approvals",
     "demo",
+    "observability",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The REST request's span (a turn's trace starts there); not even loaded when traces are off.
+    "observability.middleware.TraceRequestMiddleware",
     # daphne serves no static files; WhiteNoise serves the admin's CSS and JS.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -310,10 +313,35 @@ SECURE_PROXY_SSL_HEADER = (
 )
 
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+# json: one JSON object per line with session, turn, step and trace ids (observability/logs.py);
+# plain: the old one-line text. Both are scrubbed of keys, emails and card numbers.
+LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+
+# Observability (README "Observability"). Traces follow the standard OTEL_* variables.
+# The admin timeline links a turn's trace id through this template, e.g.
+# http://jaeger:16686/trace/{trace_id}; empty shows the id without a link.
+TRACE_URL_TEMPLATE = env.str("TRACE_URL_TEMPLATE", default="")
+# /metrics: a bearer token, or (unset) only these client networks.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+# Gauges read at scrape time from the apps that own the rows (observability/collector.py).
+METRICS_SOURCES = [
+    "sessions.selectors.sessions_gauges",
+    "approvals.selectors.approvals_pending_gauges",
+    "billing.selectors.credits_reserved_gauges",
+]
+# The share of model calls whose full prompt and answer go to the sampled store (0-1).
+PROMPT_SAMPLE_RATE = env.float("PROMPT_SAMPLE_RATE", default=0.01)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {
+            "()": "observability.logs.ScrubbingFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+        "json": {"()": "observability.logs.JsonFormatter"},
+    },
     "filters": {
         # API keys in `?token=` / `?key=` never reach a log (agentplatform/access_log.py).
         "redact_keys": {"()": "agentplatform.access_log.RedactQueryFilter"},
@@ -321,7 +349,12 @@ LOGGING = {
         # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
         "quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.channels.server": {"filters": ["redact_keys"]},

@@ -74,8 +74,18 @@ def main(argv: list[str] | None = None) -> int:
             code = exited[0].returncode or 1
             stop(signal.SIGTERM, None)
         if len(exited) == len(children):
+            _forget_metrics(children)
             return code
         time.sleep(0.2)
+
+
+def _forget_metrics(children: list[subprocess.Popen[bytes]]) -> None:
+    """Drop the live gauges (open websockets) of daphnes that are gone (Prometheus multiprocess mode)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        for child in children:
+            multiprocess.mark_process_dead(child.pid)
 
 
 if __name__ == "__main__":

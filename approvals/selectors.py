@@ -4,8 +4,10 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
+
+from observability.readings import Gauge
 
 from .models import Approval, ApprovalKind
 from .states import ApprovalStatus
@@ -98,3 +100,20 @@ def approvals_count(*, groups: list[str] | None) -> int:
     if groups is not None:
         rows = rows.filter(group__in=groups)
     return rows.count()
+
+
+def approvals_pending_gauges() -> list[Gauge]:
+    """Scrape-time gauges (observability/collector.py): pending approvals and the oldest one's age."""
+    row = Approval.objects.filter(status=ApprovalStatus.PENDING).aggregate(
+        n=Count("id"), oldest=Min("requested_at")
+    )
+    age = (timezone.now() - row["oldest"]).total_seconds() if row["oldest"] else 0.0
+    return [
+        Gauge("agent_approvals_pending", "Approvals waiting for a person.", (), [((), row["n"])]),
+        Gauge(
+            "agent_approvals_oldest_pending_seconds",
+            "Age of the oldest pending approval (0 when none).",
+            (),
+            [((), age)],
+        ),
+    ]

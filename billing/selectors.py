@@ -7,6 +7,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Sum
 
+from observability.readings import Gauge
+
 from .models import CreditAccount, CreditReservation, ReservationStatus, UsageDaily
 
 
@@ -92,3 +94,16 @@ def credits_cover(*, owner_id: int, points: int) -> CreditsCheck:
     if balance < points:
         return CreditsCheck("insufficient", points, balance, "balance")
     return CreditsCheck("ok", points, balance)
+
+
+def credits_reserved_gauges() -> list[Gauge]:
+    """Scrape-time gauge (observability/collector.py): points held by in-flight tool calls."""
+    total = CreditAccount.objects.aggregate(n=Sum("reserved"))["n"] or 0
+    return [
+        Gauge(
+            "agent_credits_reserved",
+            "Credit points reserved by tool calls in flight, over all accounts.",
+            (),
+            [((), total)],
+        )
+    ]

@@ -30,6 +30,7 @@ from django.http.request import split_domain_port, validate_host
 from accounts import limits
 from accounts.selectors import api_key_is_active
 from accounts.services import api_key_authenticate, key_group_name
+from observability import metrics
 
 from . import selectors, services
 from .api.serializers import MessageCreateSerializer
@@ -264,6 +265,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         joined = asyncio.get_running_loop().time()
         self._watchers = _watchers()
         self._watchers.add(self)
+        metrics.WEBSOCKETS.inc()
+        self._counted = True
         async with self._lock:
             await self._catch_up(not_before=joined)
 
@@ -275,6 +278,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
         watchers = getattr(self, "_watchers", None)
         if watchers is not None:
             watchers.discard(self)
+        if getattr(self, "_counted", False):
+            self._counted = False
+            metrics.WEBSOCKETS.dec()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.key_group is not None:

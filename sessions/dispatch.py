@@ -18,6 +18,8 @@ from uuid import UUID
 from celery import current_app
 from django.db import transaction
 
+from observability import tracing
+
 RUN_TASK = "sessions.tasks.run_session"
 # Redis broker priorities: 0 is taken first. Tasks sent without one (the beat's
 # sweeps) sit at 0; runs use 1-9: value 1.0 (the default) is 5, each doubling of
@@ -44,19 +46,22 @@ def run_priority(value: float | None) -> int:
     return min(9, max(1, DEFAULT_RUN_PRIORITY - round(math.log2(value))))
 
 
-def _send(session_id: str, priority: int) -> None:
+def _send(session_id: str, priority: int, headers: dict[str, str] | None = None) -> None:
     try:
-        current_app.tasks[RUN_TASK].apply_async((session_id,), priority=priority)
+        extra = {"headers": headers} if headers else {}
+        current_app.tasks[RUN_TASK].apply_async((session_id,), priority=priority, **extra)
     except Exception:  # noqa: BLE001 - the sweeper re-enqueues a run nobody woke
         logger.warning("could not enqueue the run of session %s", session_id, exc_info=True)
 
 
-def _submit(session_id: str, priority: int) -> None:
-    _sender.submit(_send, session_id, priority)
+def _submit(session_id: str, priority: int, headers: dict[str, str] | None = None) -> None:
+    _sender.submit(_send, session_id, priority, headers)
 
 
 def run_enqueue_on_commit(session_id: UUID | str, value: float | None = None) -> None:
-    transaction.on_commit(partial(_submit, str(session_id), run_priority(value)))
+    # The trace context (the REST request's span, when traces are on) is taken here, in
+    # the caller's thread: the publish runs on the sender thread, which has none.
+    transaction.on_commit(partial(_submit, str(session_id), run_priority(value), tracing.carrier()))
 
 
 def run_enqueue(session_id: UUID | str, value: float | None = None) -> None:

@@ -47,7 +47,11 @@ class StopReason(StrEnum):
 
 
 # "from" is a keyword: the functional form keeps the wire key.
-StateChanged = TypedDict("StateChanged", {"from": str, "to": str, "trigger": str, "reason": str})
+# trace_id: the turn's OpenTelemetry trace, when traces are on (observability/tracing.py).
+StateChanged = TypedDict(
+    "StateChanged",
+    {"from": str, "to": str, "trigger": str, "reason": str, "trace_id": NotRequired[str]},
+)
 
 
 class MessageDelta(TypedDict):
@@ -129,6 +133,7 @@ class TurnFinished(TypedDict):
     iterations: int
     usage: UsageTotals
     reason: NotRequired[str]
+    trace_id: NotRequired[str]  # the turn's OpenTelemetry trace, when traces are on
 
 
 class Error(TypedDict):

@@ -212,6 +212,9 @@ class Session(models.Model):
     # with the checkpoint's and tells the model what changed.
     resume_check = models.BooleanField(default=False)
     env_fingerprint = models.CharField(max_length=64, blank=True)
+    # The current turn's trace (W3C traceparent) when traces are on: every step of the
+    # turn, on any worker, joins it (observability/tracing.py). Empty when off.
+    trace_parent = models.CharField(max_length=55, blank=True)
     forked_from = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks"
     )

@@ -7,7 +7,9 @@ from uuid import UUID
 
 from django.contrib.postgres.aggregates import StringAgg
 from django.db.models import Count, F, Q, QuerySet, Subquery
+from django.utils import timezone
 
+from observability.readings import Gauge
 from runtime.prepared import PreparedQuery
 
 from .errors import NotFound
@@ -270,3 +272,26 @@ def messages_recent(*, session_ids: list[Any], per_session: int = 4) -> dict[Any
     for message in sorted(rows, key=lambda m: m.pk):
         found.setdefault(message.session_id, []).append(message)
     return found
+
+
+def sessions_gauges() -> list[Gauge]:
+    """Scrape-time gauges (observability/collector.py): sessions by state (an index-only
+    count on `session_state`) and runs in flight (sessions whose lease is held and current)."""
+    by_state = Session.objects.values_list("state").annotate(n=Count("id")).order_by()
+    in_flight = Session.objects.filter(
+        lease_owner__isnull=False, lease_expires_at__gt=timezone.now()
+    ).count()
+    return [
+        Gauge(
+            "agent_sessions",
+            "Sessions by state.",
+            ("state",),
+            [((str(state),), n) for state, n in by_state],
+        ),
+        Gauge(
+            "agent_runs_in_flight",
+            "Sessions a worker holds the lease of right now (a step running or about to).",
+            (),
+            [((), in_flight)],
+        ),
+    ]

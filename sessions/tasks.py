@@ -2,12 +2,18 @@
 
 from celery import shared_task
 
+from observability import tracing
+
 from . import services
 
 
-@shared_task(name="sessions.tasks.run_session", acks_late=True, reject_on_worker_lost=True)
-def run_session(session_id: str) -> str:
-    return services.session_run_pending(session_id=session_id).stopped
+@shared_task(
+    name="sessions.tasks.run_session", acks_late=True, reject_on_worker_lost=True, bind=True
+)
+def run_session(self, session_id: str) -> str:  # type: ignore[no-untyped-def]
+    # The sender's trace context (a `traceparent` header) becomes this run's parent.
+    with tracing.attached(self.request.get("traceparent")):
+        return services.session_run_pending(session_id=session_id).stopped
 
 
 @shared_task(name="sessions.tasks.sweep_sessions", ignore_result=True)

@@ -18,3 +18,9 @@ os.environ.setdefault("AUTH_FAIL_LIMIT", "100000")
 # The same for the per-key REST rate: a load or fuzz test makes more requests a minute
 # with one key than a client should; the rate's own test sets its limit.
 os.environ.setdefault("API_RATE_LIMIT", "100000")
+# Sampled prompts are an extra write on 1% of model steps: tests that count a step's
+# round trips must not meet one by chance; the sampling tests set their own rate.
+os.environ.setdefault("PROMPT_SAMPLE_RATE", "0")
+# Traces stay off unless a test turns them on for a stack of its own.
+for _name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    os.environ.pop(_name, None)

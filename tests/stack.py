@@ -171,7 +171,9 @@ class Stack:
 
 
 @contextmanager
-def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+def running_stack(
+    extra_env: dict[str, str] | None = None, ready_timeout: float = 30.0
+) -> Iterator[Stack]:
     env = {
         **os.environ,
         "DATABASE_URL": test_database_url(),
@@ -219,7 +221,7 @@ def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
                 str(schedule),
             ],
         )
-        stack.wait_ready()
+        stack.wait_ready(ready_timeout)
         yield stack
     finally:
         for name in list(stack.procs):

@@ -23,6 +23,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from observability.tracing import trace_id_of
 from tools.execution import tools_for_agent
 
 from .. import selectors, services
@@ -31,7 +32,7 @@ from ..models import Session
 from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
 from .display import format_cost, outcome_badge, pre, state_badge
-from .timeline import KINDS, TIMELINE_LIMIT, session_timeline
+from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 
 
 @dataclass
@@ -59,6 +60,15 @@ class SessionSummary:
     @property
     def cost(self) -> str:
         return format_cost(self.session.cost)
+
+    @property
+    def trace_id(self) -> str:
+        """The current (or last) turn's trace, when traces were on for it."""
+        return trace_id_of(self.session.trace_parent)
+
+    @property
+    def trace_url(self) -> str:
+        return trace_url(self.trace_id)
 
     @property
     def running(self) -> bool:

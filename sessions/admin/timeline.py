@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -26,6 +27,8 @@ class TimelineItem:
     url: str
     state: str = ""
     day_label: str = ""
+    trace_id: str = ""  # an event of a traced turn: its trace, linked through TRACE_URL_TEMPLATE
+    trace_url: str = ""
 
     @property
     def time_label(self) -> str:
@@ -122,6 +125,9 @@ def session_timeline(
             url=f"{urls[entry.kind]}{entry.pk}/change/",
             state=entry.state,
         )
+        if entry.kind == "event" and isinstance(entry.row.get("data"), dict):
+            item.trace_id = str(entry.row["data"].get("trace_id") or "")
+            item.trace_url = trace_url(item.trace_id)
         items.append(item)
     # Approvals and reviews sit inline, where they were asked for and decided.
     since = items[0].at if timeline.truncated and items else None
@@ -133,6 +139,12 @@ def session_timeline(
         if this_day != day:
             item.day_label = day = this_day
     return items, timeline.truncated
+
+
+def trace_url(trace_id: str) -> str:
+    """The trace UI's page for a trace id (TRACE_URL_TEMPLATE), "" without a template or id."""
+    template = settings.TRACE_URL_TEMPLATE
+    return template.replace("{trace_id}", trace_id) if template and trace_id else ""
 
 
 def approval_items(session_id: Any, since: Any = None) -> list[TimelineItem]:

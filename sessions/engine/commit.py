@@ -18,6 +18,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from observability.tracing import trace_id_of
+from observability.turns import turn_ended
 from runtime.faults import fault_point
 
 from ..events import EventSpec, EventType, MessageCompleted, StateChanged
@@ -142,6 +144,7 @@ _tokens = itertools.count(1)
 
 # Columns a step may set directly or add to; anything else is a programming error.
 SETTABLE = {
+    "trace_parent",
     "cancel_requested",
     "cancel_reason",
     "cancel_actor",
@@ -248,6 +251,7 @@ def step_commit(step: Step) -> Committed:
     activated = [step.activate_message] if step.activate_message is not None else []
     n_messages = len(activated) + len(new_messages)
     state_events: list[EventSpec] = []
+    trace_id = trace_id_of(step.set_fields.get("trace_parent", session.trace_parent))
     for i, (before, after, trigger) in enumerate(moves):
         moved: StateChanged = {
             "from": before.value,
@@ -255,6 +259,8 @@ def step_commit(step: Step) -> Committed:
             "trigger": trigger.value,
             "reason": step.reason if i == 0 else "",
         }
+        if trace_id:
+            moved["trace_id"] = trace_id
         state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
     with_checkpoint = step.checkpoint is not None
@@ -427,6 +433,9 @@ def step_commit(step: Step) -> Committed:
     if row is None:
         raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
     now, cancel_requested, queued_count, lease_owner, _, stamp = row
+    for spec in step.after_events:
+        if spec.type == EventType.TURN_FINISHED:
+            turn_ended(session.pk, str(spec.data.get("stop_reason", "")))
 
     seq = message_seq - n_messages
     for message in activated:

@@ -34,6 +34,7 @@ from llm.base import (
 from llm.http import redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
 from memory.tokens import estimate_request_tokens, estimate_response_tokens
+from observability import metrics, tracing
 from runtime import io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
@@ -108,6 +109,63 @@ def _attempt(
     fallback: bool,
     rollout: bool,
     purpose: str = "step",
+) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
+    """One call to one endpoint, in a span of its own, counted in the metrics."""
+    with tracing.model_span(endpoint=endpoint.name, api=endpoint.api, model=endpoint.model) as span:
+        response, record, error = _attempt_call(
+            session,
+            endpoint,
+            request,
+            retried=retried,
+            fallback=fallback,
+            rollout=rollout,
+            purpose=purpose,
+        )
+        _observe(span, endpoint, record, response, error)
+    return response, record, error
+
+
+def _observe(
+    span: object,
+    endpoint: ModelEndpoint,
+    record: ModelCall,
+    response: ChatResponse | None,
+    error: ModelError | None,
+) -> None:
+    """The call's metrics and span attributes: names, kinds, counts and times, never contents."""
+    name = endpoint.name
+    if record.first_token_ms is not None:
+        metrics.FIRST_TOKEN.labels(name).observe(record.first_token_ms / 1000)
+    metrics.MODEL_CALL.labels(name, record.outcome).observe((record.total_ms or 0) / 1000)
+    finish = response.finish_reason if response is not None else None
+    if error is not None:
+        metrics.MODEL_ERRORS.labels(name, error.outcome).inc()
+        if error.outcome == "too_large":
+            metrics.TOKEN_OVERRUNS.labels(name, "context").inc()
+    else:
+        metrics.MODEL_TOKENS.labels(name, "input").inc(record.input_tokens or 0)
+        metrics.MODEL_TOKENS.labels(name, "output").inc(record.output_tokens or 0)
+        if finish == "length":
+            metrics.TOKEN_OVERRUNS.labels(name, "output").inc()
+    tracing.model_result(
+        span,
+        model=endpoint.model,
+        input_tokens=record.input_tokens or 0,
+        output_tokens=record.output_tokens or 0,
+        finish_reason=finish,
+        error_kind=error.outcome if error is not None else None,
+    )
+
+
+def _attempt_call(
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    *,
+    retried: bool,
+    fallback: bool,
+    rollout: bool,
+    purpose: str,
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall.
 

@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
+from observability import metrics, tracing
+from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
 
 from ..dispatch import memory_enqueue_on_commit
@@ -261,6 +263,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         )
 
     if not gate.verdict.allowed:
+        metrics.BUDGET_REFUSALS.labels("budget").inc()
         answer(
             session,
             owner,
@@ -276,6 +279,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         session, gate.endpoint, request, settings.BUDGET_OUTPUT_ESTIMATE_TOKENS
     )
     if credits is not None and credits.outcome == "insufficient":
+        metrics.BUDGET_REFUSALS.labels("credits").inc()
         answer(
             session,
             owner,
@@ -328,6 +332,20 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         return
 
     response = routed.response
+    if sampled():
+        call = routed.calls[-1]
+        prompt_sample_record(
+            session_id=session.pk,
+            turn=session.turn,
+            iteration=iteration,
+            endpoint=call.endpoint_name,
+            model=call.model,
+            trace_id=tracing.trace_id_of(session.trace_parent),
+            request=request,
+            response=response,
+            input_tokens=call.input_tokens or 0,
+            output_tokens=call.output_tokens or 0,
+        )
     tool_calls = [] if final else response.tool_calls
     if not tool_calls:
         content = response.text

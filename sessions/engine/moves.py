@@ -7,7 +7,7 @@ and hands it to `step_commit`; nothing else in the code base writes a
 session's state.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,8 @@ from django.utils import timezone
 
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
+from observability import tracing
+from observability.redaction import scrub, scrub_value
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
@@ -127,6 +129,13 @@ def turn_start(
     turn = session.turn + 1
     if fresh:
         message.turn = turn
+    trace: dict[str, Any] = {}
+    if tracing.enabled() or session.trace_parent:
+        trace["trace_parent"] = tracing.turn_begin(
+            session_id=str(session.pk),
+            agent=session.agent.slug if session.agent_id else "",
+            turn=turn,
+        )
     step_commit(
         build_step(
             session,
@@ -144,6 +153,7 @@ def turn_start(
                 "cancel_actor": "",
                 "last_error": "",
                 "turn_started_at": timezone.now(),
+                **trace,
             },
             add_fields={} if fresh else {"queued_count": -1},
             checkpoint={"message_seq": session.message_seq + 1},
@@ -347,6 +357,16 @@ def tool_results(
     timer: tuple[int, str] | None = None
     for call in calls:
         outcome = outcomes[call.pk]
+        if outcome.status != ToolCallStatus.SUCCESS:
+            # An error quotes what a tool or the network sent back (a header echoed, a
+            # customer's email): credentials and personal data are cut out before it is
+            # stored, shown to the model or streamed. Results reach their owner whole.
+            outcome = replace(
+                outcome,
+                error=scrub(outcome.error),
+                content=scrub(outcome.content),
+                output=scrub_value(outcome.output),
+            )
         call.status = outcome.status
         call.output = outcome.output
         call.error = outcome.error
@@ -512,13 +532,16 @@ def turn_summary(
     usage: Usage | None = None,
     iterations: int | None = None,
 ) -> TurnFinished:
-    return {
+    summary: TurnFinished = {
         "turn": session.turn,
         "stop_reason": stop_reason,
         # Model calls in this turn, counting the one this step commits.
         "iterations": session.iteration if iterations is None else iterations,
         "usage": (usage or NO_USAGE).totals(session),
     }
+    if session.trace_parent:
+        summary["trace_id"] = tracing.trace_id_of(session.trace_parent)
+    return summary
 
 
 NO_USAGE = Usage()
@@ -549,7 +572,7 @@ def turn_finish(
     events: list[EventSpec] = []
     if error:
         code = "model_error" if trigger == Trigger.FAILURE else stop_reason
-        events.append(EventSpec(EventType.ERROR, {"code": code, "message": error[:500]}))
+        events.append(EventSpec(EventType.ERROR, {"code": code, "message": scrub(error)[:500]}))
     summary = turn_summary(
         session, stop_reason, usage, iterations=spend.iteration if spend is not None else None
     )

@@ -7,12 +7,15 @@ tool call, and no transaction is open during one.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
+
+from observability import logs, metrics, tracing
 
 from ..dispatch import run_enqueue_later
 from ..models import Session
@@ -37,6 +40,12 @@ class RunResult:
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
+    result = _session_run(session_id=session_id, owner=owner)
+    metrics.RUNS.labels(result.stopped).inc()
+    return result
+
+
+def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
     """Run a session's pending work to the end, holding its lease throughout.
 
     1. Take the lease (or return at once if another worker holds it).
@@ -63,8 +72,23 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 # our last commit was refused, so nothing ran twice.
                 return RunResult(steps, "lease_lost")
             version = session.version
+            state = session.state
+            started = time.perf_counter()
             try:
-                progressed = run_step(session, owner, run)
+                with (
+                    logs.bound(session=str(session_id), turn=session.turn, step=session.step),
+                    tracing.step_span(
+                        # A step that may start a turn runs under the caller's context
+                        # (the REST request's): the new turn's trace starts there.
+                        "" if State(state) in STARTS_TURN else session.trace_parent,
+                        session_id=str(session_id),
+                        state=state,
+                        turn=session.turn,
+                    ),
+                ):
+                    progressed = run_step(session, owner, run)
+                if progressed:
+                    metrics.step_observe(state, time.perf_counter() - started)
             except StaleSession:
                 logger.info("session %s moved under us; reloading", session_id)
                 session = None

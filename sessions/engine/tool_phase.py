@@ -9,12 +9,16 @@ person is asked instead of guessing (a recovery review in the approvals queue).
 """
 
 import asyncio
+import logging
 
 from django.db import connection
 from django.db.models import JSONField
 from django.utils import timezone
 
 from approvals.models import Approval
+from observability import metrics, tracing
+from observability.redaction import digest
+from observability.turns import tool_calls_count
 from runtime import io_loop
 from runtime.faults import fault_point
 from tools.execution import (
@@ -40,6 +44,8 @@ from .moves import tool_results
 from .risk import pre_run_checkpoint
 from .runtime_cache import agent_runtime
 from .tool_gates import tool_gates
+
+logger = logging.getLogger(__name__)
 
 
 def _cached_outcomes(
@@ -205,6 +211,8 @@ def tool_step(session: Session, owner: str) -> None:
     )
     to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
+    if credits.refused:
+        metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
     outcomes.update(credits.refused)
     to_run = [c for c in to_run if c.pk not in credits.refused]
     pre_run_checkpoint(session, owner, to_run, tools)
@@ -228,10 +236,12 @@ def tool_step(session: Session, owner: str) -> None:
         )
         for c in to_run
     ]
+    started_ns = tracing.now_ns()
     ran = io_loop.run(
         execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s)
     )
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
+    _observe_tools(session, to_run, ran, started_ns)
     fault_point("before_tool_results_commit")
     for call in calls:
         # Settled or released by the results' commit (a call never reserved is left alone).
@@ -257,6 +267,32 @@ def tool_step(session: Session, owner: str) -> None:
         stop=stop,
         stop_note=note,
         ask=questions[0] if questions else None,
+    )
+
+
+def _observe_tools(
+    session: Session, calls: list[ToolCall], outcomes: list[ToolOutcome], started_ns: int
+) -> None:
+    """Per call: a span (name, call id, status, duration) and the tool counters; no contents."""
+    for call, outcome in zip(calls, outcomes, strict=True):
+        metrics.TOOL_CALLS.labels(call.tool_name, outcome.status).inc()
+        # Arguments and results may hold personal data: their size and hash only.
+        logger.info(
+            "tool call ran: tool=%s call=%s status=%s elapsed_ms=%s arguments=%s result=%s",
+            call.tool_name,
+            call.call_id,
+            outcome.status,
+            outcome.elapsed_ms,
+            digest(call.input),
+            digest(outcome.output),
+        )
+    tool_calls_count(session.pk, len(calls))
+    tracing.tool_spans(
+        [
+            (c.tool_name, c.call_id, o.status, o.elapsed_ms)
+            for c, o in zip(calls, outcomes, strict=True)
+        ],
+        started_ns,
     )
 
 

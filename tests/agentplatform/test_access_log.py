@@ -38,7 +38,8 @@ def test_redact_query(uri, expected):
     assert redact_query(uri) == expected
 
 
-def test_the_access_log_generator_writes_no_secret():
+def test_the_access_log_generator_writes_no_secret(settings):
+    settings.LOG_FORMAT = "plain"
     stream = io.StringIO()
     log = RedactingAccessLogGenerator(stream)
     log(
@@ -57,6 +58,26 @@ def test_the_access_log_generator_writes_no_secret():
     assert "SECRET" not in text
     assert '"GET /x/?token=[redacted]" 200 2' in text
     assert "WSCONNECTING /ws/sessions/1/?key=[redacted]" in text
+
+
+def test_with_json_logs_the_access_log_goes_through_logging_redacted(settings, caplog):
+    settings.LOG_FORMAT = "json"
+    stream = io.StringIO()
+    log = RedactingAccessLogGenerator(stream)
+    with caplog.at_level(logging.INFO, logger="daphne.access"):
+        log(
+            "http",
+            "complete",
+            {"path": "/x/?token=SECRET", "status": 200, "method": "GET", "client": "127.0.0.1:1", "size": 2},
+        )  # fmt: skip
+    assert stream.getvalue() == ""
+    (record,) = caplog.records
+    assert record.getMessage() == '127.0.0.1:1 "GET /x/?token=[redacted]" 200 2'
+    assert (record.request_line, record.status, record.length) == (
+        "GET /x/?token=[redacted]",
+        200,
+        2,
+    )
 
 
 def test_the_runserver_log_filter_redacts_the_record(caplog):

@@ -61,6 +61,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("billing/apps.py", "import sessions.models"),
         Plant("runtime/faults.py", "import sessions.errors"),
         Plant("accounts/models.py", "from sessions.models import Session"),
+        Plant("observability/tracing.py", "from sessions.models import Session"),
     ],
     "The approvals port knows no engine, services or edges of sessions": [
         Plant("approvals/services.py", "import sessions.services"),
@@ -70,6 +71,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("runtime/faults.py", "import tools.registry"),
         Plant("runtime/breaker.py", "from accounts import models"),
         Plant("runtime/faults.py", "import configuration.schema"),
+        Plant("runtime/breaker.py", "import observability.metrics"),
     ],
     "llm imports no other port but the token counter": [
         Plant("llm/base.py", "import tools.registry"),

@@ -401,3 +401,36 @@ def test_session_page_without_a_dialogue_state_has_no_dialogue_line(client, oper
         reverse("admin:agent_sessions_session_change", args=[session.pk])
     ).content.decode()
     assert 'id="ap-summary-dialogue"' not in page
+
+
+@runs_a_turn
+def test_a_traced_turn_links_its_trace_from_the_summary_and_the_timeline(
+    client, operator, monkeypatch, settings
+):
+    from observability import tracing
+    from tests.observability.otlp_receiver import OtlpReceiver
+
+    settings.TRACE_URL_TEMPLATE = "http://jaeger.example:16686/trace/{trace_id}"
+    demo_install()
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        tracing.configure()
+        try:
+            session = SessionFactory(agent__slug="order-support", owner=UserFactory(username="al"))
+            services.message_post(session=session, content=DEMO_REQUEST)
+            assert session_run(session_id=session.pk).stopped == "idle"
+            tracing.flush()
+            session.refresh_from_db()
+            trace_id = tracing.trace_id_of(session.trace_parent)
+            assert len(trace_id) == 32
+            receiver.wait_for(lambda spans: any(s.trace_id == trace_id for s in spans))
+        finally:
+            tracing.shutdown()
+    types = Event.objects.filter(session=session, data__trace_id=trace_id).values_list(
+        "type", flat=True
+    )
+    assert "state.changed" in types and "turn.finished" in types
+    page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    link = f'href="http://jaeger.example:16686/trace/{trace_id}"'
+    # Once in the summary's facts, and on each traced event of the timeline.
+    assert page.content.decode().count(link) >= 1 + len(types)

@@ -1,0 +1,60 @@
+"""Prompt samples in the admin: read-only, for superusers and holders of the view permission."""
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from .models import PromptSample
+
+
+@admin.register(PromptSample)
+class PromptSampleAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "session_id", "turn", "iteration", "endpoint", "model", "tokens")
+    list_filter = ("endpoint",)
+    search_fields = ("=session_id", "=trace_id")
+    date_hierarchy = "created_at"
+    fields = (
+        "created_at", "session_id", "turn", "iteration", "endpoint", "model", "trace_id",
+        "input_tokens", "output_tokens", "request_pretty", "response_pretty",
+    )  # fmt: skip
+    readonly_fields = fields
+
+    @admin.display(description="tokens in/out")
+    def tokens(self, obj: PromptSample) -> str:
+        return f"{obj.input_tokens}/{obj.output_tokens}"
+
+    @admin.display(description="request")
+    def request_pretty(self, obj: PromptSample) -> str:
+        return format_html(
+            "<pre style='white-space:pre-wrap'>{}</pre>",
+            json.dumps(obj.request, indent=2, ensure_ascii=False),
+        )
+
+    @admin.display(description="response")
+    def response_pretty(self, obj: PromptSample) -> str:
+        return format_html(
+            "<pre style='white-space:pre-wrap'>{}</pre>",
+            json.dumps(obj.response, indent=2, ensure_ascii=False),
+        )
+
+    # Only the explicit view permission (or superuser) opens it; staff status alone does not.
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return bool(
+            user.is_active and user.is_staff and user.has_perm("observability.view_promptsample")
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)

@@ -1,0 +1,31 @@
+"""The sampled store of full prompts and answers: the only place they are kept whole.
+
+A fraction of model calls (PROMPT_SAMPLE_RATE, default 1%) is written here,
+request and response in full. Only superusers and staff holding the
+`observability.view_promptsample` permission see it (admin.py); the API never serves it.
+"""
+
+from django.db import models
+
+
+class PromptSample(models.Model):
+    # The session's id, not a foreign key: this app knows nothing of sessions'
+    # tables (a port), and a sample outlives nothing it must cascade with.
+    session_id = models.UUIDField(db_index=True)
+    turn = models.PositiveIntegerField()
+    iteration = models.PositiveIntegerField(help_text="The model call's round in its turn.")
+    endpoint = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    trace_id = models.CharField(max_length=32, blank=True)
+    request = models.JSONField(help_text="The messages and tools sent, in full.")
+    response = models.JSONField(help_text="The text and tool calls received, in full.")
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "prompt sample"
+
+    def __str__(self) -> str:
+        return f"{self.session_id} turn {self.turn} call {self.iteration}"
