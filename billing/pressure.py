@@ -1,8 +1,8 @@
 """What the engine needs to judge budgets and degradation before a model call, in one
 round trip: the owner's budgets, what the owner and the agent spent today, the turn's
 spend so far, and the owner's credits against their low-water mark. Plus the two
-pressures that live in Redis (the worker queue's depth, read at most once a second per
-process)."""
+pressures that live in Redis (the worker queue's depth, and the share of workers over
+their health thresholds, each read at most once a second per process)."""
 
 import time
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ from uuid import UUID
 import redis
 from django.conf import settings
 from django.db import connection
+
+from runtime import health
 
 from .budgets import Budget, Spent
 from .models import CreditAccount, OwnerBudget, UsageDaily
@@ -144,3 +146,8 @@ def queue_depth() -> int:
         depth = 0
     _queue_seen[:] = [now, float(depth)]
     return depth
+
+
+def worker_pressure() -> float:
+    """The share of live workers taking no new runs (runtime/health.py), 0..1."""
+    return health.unhealthy_share()

@@ -18,7 +18,13 @@ from django.conf import settings
 
 from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check
 from billing.degradation import CHEAPER, Pressure, degradation_level
-from billing.pressure import OwnerFigures, owner_figures, owner_watched, queue_depth
+from billing.pressure import (
+    OwnerFigures,
+    owner_figures,
+    owner_watched,
+    queue_depth,
+    worker_pressure,
+)
 from billing.ratelimit import RateLimit, rate_limit_take
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
@@ -104,6 +110,7 @@ def model_gate(session: Session, agent: Agent, request: ChatRequest) -> ModelGat
             credits_left=figures.credits_left,
             model_failing=_model_failing(agent.model),
             queue_depth=queue_depth(),
+            workers_unhealthy=worker_pressure(),
         )
     )
     endpoint = agent.model

@@ -7,12 +7,15 @@ tool call, and no transaction is open during one.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
+
+from runtime import health
 
 from ..dispatch import run_enqueue_later
 from ..models import Session
@@ -33,7 +36,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunResult:
     steps: int
-    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed", "waiting", "deferred"]
+    stopped: Literal[
+        "idle", "not_acquired", "lease_lost", "crashed", "waiting", "deferred", "requeued"
+    ]
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
@@ -54,6 +59,7 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
     run = RunContext()
     session: Session | None = None
     current = False  # `session` is the row as our own last commit returned it
+    health.figures.run_begin()
     try:
         while True:
             if not current:
@@ -63,6 +69,9 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 # our last commit was refused, so nothing ran twice.
                 return RunResult(steps, "lease_lost")
             version = session.version
+            if steps:
+                _pace()
+            started = health.figures.step_begin()
             try:
                 progressed = run_step(session, owner, run)
             except StaleSession:
@@ -84,6 +93,7 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
                 )
                 return RunResult(steps, "waiting")
             except Exception:
+                health.figures.step_end(started, ok=False)
                 logger.exception("step of session %s crashed", session_id)
                 _record_crash(session_id, owner)
                 return RunResult(steps, "crashed")
@@ -94,14 +104,26 @@ def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResul
             # conditions (version, lease, cancel guard) or by lease_release.
             current = session.version != version and not session.cancel_requested
             if progressed:
+                health.figures.step_end(started)
                 steps += 1
             elif lease_release(session_id=session_id, owner=owner):
                 return RunResult(steps, "idle")
             else:
                 current = False
     finally:
+        health.figures.run_end()
         heartbeat.release(session_id)
         connection.close()
+
+
+def _pace() -> None:
+    """Pause between steps while the sweeper says the database or the model is slow
+    (runtime/health.py): the lease heartbeat keeps the lease meanwhile, and no
+    connection is held."""
+    delay = health.pacing_delay()
+    if delay > 0:
+        connection.close()
+        time.sleep(delay)
 
 
 def _refresh(session_id: UUID | str, session: Session | None) -> Session | None:
