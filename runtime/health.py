@@ -259,7 +259,9 @@ def report_withdraw(name: str) -> None:
 def reports_read() -> list[Report]:
     """The live workers' latest heartbeats, by name (a worker whose key lapsed is dropped)."""
     client = _redis()
-    names = sorted(n.decode() for n in client.smembers(_index_key()))
+    names = sorted(
+        n.decode() if isinstance(n, bytes) else str(n) for n in client.smembers(_index_key())
+    )
     if not names:
         return []
     raws = client.mget([_worker_key(n) for n in names])

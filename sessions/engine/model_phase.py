@@ -26,6 +26,7 @@ from .guards import CallRecord, GuardLimits, GuardVerdict
 from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model
 from .moves import ModelContext, answer, tool_intents, turn_cancel
+from .revalidation import revalidation_note
 from .runtime_cache import RunContext, agent_runtime
 from .usage import ModelSpend
 
@@ -120,8 +121,10 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     env = environment(agent, tools, agent.model.name)
     note = environment_note(session, env)
     history = (run or RunContext()).history(session)
-    if note is not None:
-        history.append(note)
+    # After a resume or a fork: the tools' business-rule prechecks on their last calls.
+    recheck = revalidation_note(session, history, tools)
+    notes = [n for n in (note, recheck) if n is not None]
+    history.extend(notes)
     request = build_request(
         agent=agent,
         history=history,
@@ -187,7 +190,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         env=env,
         model=routed.endpoint.name if routed.endpoint else None,
         deadline=deadline,
-        notes=[note] if note is not None else [],
+        notes=notes,
         degradation=gate.level,
     )
     if routed.response is None:
