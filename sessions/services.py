@@ -310,11 +310,12 @@ def sessions_sweep() -> list[str]:
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {Session._meta.db_table}
                    SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s)
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING id, value""",
+             RETURNING id, value""",  # nosec B608
             [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
         )
         # Highest value first: with a worker free, the first sent is the first taken.
@@ -853,13 +854,14 @@ def checkpoints_prune(*, older_than_days: float | None = None, batch: int = 5000
     while True:
         with connection.cursor() as cursor:
             cursor.execute(
+                # SQL names from model metadata (constants); every value is a bound parameter.
                 f"""DELETE FROM {Checkpoint._meta.db_table} WHERE id IN (
                         SELECT c.id FROM {Checkpoint._meta.db_table} c
                           JOIN {Session._meta.db_table} s ON s.id = c.session_id
                          WHERE c.created_at < %s
                            AND (c.turn < s.turn OR s.state = ANY(%s))
                            AND c.step < s.step
-                         LIMIT %s)""",
+                         LIMIT %s)""",  # nosec B608
                 [cutoff, ended, batch],
             )
             deleted = cursor.rowcount

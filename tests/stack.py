@@ -217,7 +217,9 @@ def running_stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
                 str(schedule),
             ],
         )
-        stack.wait_ready()
+        # A loaded machine (two cores shared by many test runs) can take well over 30 s to
+        # import the ASGI app in each daphne; STACK_READY_TIMEOUT_S waits longer.
+        stack.wait_ready(float(os.environ.get("STACK_READY_TIMEOUT_S") or 30))
         yield stack
     finally:
         for name in list(stack.procs):

@@ -54,8 +54,9 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
     steps: dict[int, list[CallRecord]] = {}
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f'SELECT step, tool_name, input, output, status FROM "{ToolCall._meta.db_table}" '
-            "WHERE session_id = %s AND turn = %s ORDER BY step, position",
+            "WHERE session_id = %s AND turn = %s ORDER BY step, position",  # nosec B608
             [session.pk, session.turn],
         )
         for step, name, raw_input, raw_output, status in cursor.fetchall():
