@@ -92,8 +92,6 @@ class ProcessFigures:
     steps: Window = field(init=False)
     model: Window = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    # Set by a phase whose step went wrong without raising (the model call failed).
-    _failed: threading.local = field(default_factory=threading.local, init=False)
 
     def __post_init__(self) -> None:
         self.steps = Window(self.window_s)
@@ -108,17 +106,14 @@ class ProcessFigures:
             self.inflight -= 1
 
     def step_begin(self) -> float:
-        """Start timing a step on this thread; pass the result to `step_end`."""
-        self._failed.value = False
+        """Start timing a step; pass the result to `step_end`."""
         return time.perf_counter()
 
     def step_end(self, started: float, ok: bool = True) -> None:
-        """A step ended; it counts as an error if `ok` is false or a phase marked it failed."""
-        failed = getattr(self._failed, "value", False)
-        self.steps.add(time.perf_counter() - started, ok and not failed)
-
-    def step_mark_failed(self) -> None:
-        self._failed.value = True
+        """A step ended; `ok` false when it crashed in this worker. A model endpoint that
+        fails is not counted: its breaker and the pacing deal with it, and pausing every
+        worker for an outage upstream would stop all runs for nothing."""
+        self.steps.add(time.perf_counter() - started, ok)
 
     def model_call_done(self, seconds: float) -> None:
         self.model.add(seconds)

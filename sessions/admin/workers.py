@@ -8,6 +8,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
@@ -30,6 +31,8 @@ class WorkerHealthAdmin(admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         problem = ""
         reports: list[health.Report] = []
         pacing: health.Pacing | None = None

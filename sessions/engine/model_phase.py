@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from llm.base import ModelConfigError
 from memory.tokens import count_message_tokens
-from runtime import health
 from runtime.faults import fault_point
 
 from ..events import StopReason
@@ -195,7 +194,6 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         degradation=gate.level,
     )
     if routed.response is None:
-        health.figures.step_mark_failed()  # the worker's error rate
         error = routed.error
         problem = str(error) if error else "model call failed"
         # The user gets the busy message either way; a refusal (a 4xx such as an

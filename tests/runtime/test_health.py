@@ -36,18 +36,15 @@ def test_the_window_forgets_old_samples() -> None:
     assert [v for _, v, _ in window.recent(now)] == [2.0]
 
 
-def test_a_step_marked_failed_counts_as_an_error() -> None:
+def test_a_crashed_step_counts_as_an_error() -> None:
     figures = health.ProcessFigures(window_s=60)
     started = figures.step_begin()
+    time.sleep(0.01)
     figures.step_end(started)
-    started = figures.step_begin()
-    figures.step_mark_failed()
-    figures.step_end(started)
-    started = figures.step_begin()
-    figures.step_end(started, ok=False)
-    started = figures.step_begin()  # the mark does not outlive its step
-    figures.step_end(started)
-    assert [ok for _, _, ok in figures.steps.recent()] == [True, False, False, True]
+    figures.step_end(figures.step_begin(), ok=False)
+    recent = figures.steps.recent()
+    assert [ok for _, _, ok in recent] == [True, False]
+    assert recent[0][1] >= 0.01
 
 
 def _report(**fields: Any) -> health.Report:
@@ -140,11 +137,14 @@ def test_the_monitor_switches_the_consumer_on_a_change_and_repeats_the_order() -
 
 def test_a_report_has_this_processes_cpu_and_memory() -> None:
     sampler = health.Sampler()
-    busy = time.process_time() + 0.2
-    while time.process_time() < busy:
+    wall, cpu = time.monotonic(), time.process_time()
+    while time.process_time() < cpu + 0.2:
         pass
     report = health.report_build("me", sampler, health.Thresholds(max_rss_mb=1))
-    assert report.cpu_percent > 20
+    # The share of a core this process used since the sampler's start (the machine may
+    # be busy, so the wall time, not the 0.2 s, is the denominator).
+    expected = 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+    assert report.cpu_percent >= expected / 2, (report.cpu_percent, expected)
     assert report.rss_mb > 10
     assert not report.accepting and report.reasons[0].startswith("memory ")
 
