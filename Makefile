@@ -104,8 +104,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
-	@$(VENV)/bin/bandit -q -r $(BANDIT_PATHS) 2>$(VENV)/bandit.log || { cat $(VENV)/bandit.log; exit 1; }
-	@echo "bandit: no issues"
+	@log=$$(mktemp); $(VENV)/bin/bandit -q -r $(BANDIT_PATHS) 2>"$$log" || { cat "$$log"; rm -f "$$log"; exit 1; }; \
+		rm -f "$$log"; echo "bandit: no issues"
 	$(PY) .ci/dependency_audit.py $(PIP_AUDIT_ARGS)
 
 fmt: $(STAMP)
