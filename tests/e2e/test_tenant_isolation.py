@@ -233,6 +233,7 @@ def test_cross_tenant_attempts_all_fail(live_stack: Stack):
     got_in = [o for o in outcomes if o[2] < 300 or o[3]]
     assert len(outcomes) >= ATTEMPTS_MIN, len(outcomes)
     channels = {c: sum(1 for o in outcomes if o[0] == c) for c in ("rest", "ws", "admin")}
+    print(f"cross-tenant attempts: {channels}")  # shown with -s
     assert min(channels.values()) >= 30, channels
     assert got_in == [], got_in[:20]
     assert {o[2] for o in outcomes if o[0] == "rest"} <= {400, 403, 404, 405}, sorted(
