@@ -7,10 +7,11 @@ from tools.models import Tool
 
 from .models import ApiKey, Approver, Role
 from .services import api_key_revoke
+from .tenancy import TenantScopedAdmin
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ("prefix", "name", "owner", "roles", "is_active", "created_at", "last_used_at")
     list_filter = ("is_active",)
     search_fields = ("prefix", "name", "owner__username")

@@ -252,6 +252,32 @@ RATE_LIMIT_INLINE_WAIT_S = env.float("RATE_LIMIT_INLINE_WAIT_S", default=2.0)
 # Degradation levels 1, 2, 3 from the share of a budget spent and from queued runs.
 DEGRADE_BUDGET_SHARES = env.list("DEGRADE_BUDGET_SHARES", cast=float, default=[0.8, 0.9, 0.97])
 DEGRADE_QUEUE_DEPTHS = env.list("DEGRADE_QUEUE_DEPTHS", cast=float, default=[500, 2000, 10000])
+# Degradation level 1, 2, 3 from the share of live workers taking no new runs (worker health).
+DEGRADE_WORKER_SHARES = env.list("DEGRADE_WORKER_SHARES", cast=float, default=[0.5, 0.75, 1.0])
+
+# Worker health (README "Worker health"): each worker process publishes a heartbeat to
+# Redis every WORKER_HEARTBEAT_S with its runs in flight, step latency, error rate, CPU and
+# memory over the last WORKER_HEALTH_WINDOW_S. Past any threshold (0 = off) it stops
+# taking new runs (its run-queue consumer is cancelled) until it recovers.
+WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=2.0)
+WORKER_HEALTH_WINDOW_S = env.float("WORKER_HEALTH_WINDOW_S", default=60.0)
+WORKER_MAX_INFLIGHT = env.int("WORKER_MAX_INFLIGHT", default=0)
+WORKER_MAX_STEP_P95_S = env.float("WORKER_MAX_STEP_P95_S", default=120.0)
+WORKER_MAX_ERROR_RATE = env.float("WORKER_MAX_ERROR_RATE", default=0.5)
+WORKER_ERROR_RATE_MIN_STEPS = env.int("WORKER_ERROR_RATE_MIN_STEPS", default=20)
+# Off by default: a worker process runs one core's worth of steps by design (threads pool,
+# one process per core), so a busy healthy worker sits near 100 %.
+WORKER_MAX_CPU_PERCENT = env.float("WORKER_MAX_CPU_PERCENT", default=0.0)
+WORKER_MAX_RSS_MB = env.float("WORKER_MAX_RSS_MB", default=4096.0)
+# A run that reaches a worker taking no new runs (it was prefetched) goes back to the
+# queue this much later, for another worker or for this one once it recovered.
+WORKER_REQUEUE_DELAY_S = env.float("WORKER_REQUEUE_DELAY_S", default=1.0)
+# Step pacing: the sweeper measures the database round trip and reads the workers' model
+# p95; past these, runs pause between steps (up to PACING_MAX_DELAY_S; 0 = off).
+PACING_DB_SLOW_MS = env.float("PACING_DB_SLOW_MS", default=200.0)
+PACING_MODEL_SLOW_S = env.float("PACING_MODEL_SLOW_S", default=30.0)
+PACING_MAX_DELAY_S = env.float("PACING_MAX_DELAY_S", default=2.0)
+
 # daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
 # set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
 GC_FREEZE = env.bool("GC_FREEZE", default=True)

@@ -16,7 +16,7 @@ import argparse
 import os
 import signal
 import socket
-import subprocess
+import subprocess  # nosec B404 - starts daphne children from a fixed argv, no shell
 import sys
 import time
 from pathlib import Path
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     children = [
-        subprocess.Popen([DAPHNE, "--fd", str(fd), *daphne_args], pass_fds=[fd])
+        # The daphne binary of this venv and our own parsed arguments; no shell.
+        subprocess.Popen([DAPHNE, "--fd", str(fd), *daphne_args], pass_fds=[fd])  # nosec B603
         for _ in range(max(args.processes, 1))
     ]
     listener.close()  # the daphnes hold it now

@@ -17,6 +17,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from accounts.selectors import approver_groups
+from accounts.tenancy import TenantScopedAdmin
 from sessions import services
 from sessions.errors import DomainError, InvalidInput
 from sessions.models import Message
@@ -100,7 +101,9 @@ class ApprovalTransitionInline(admin.TabularInline):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(admin.ModelAdmin):
+class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    # The change pages; approvers act through the queue, routed by their groups.
+    tenant_owner_path = "session__owner"
     list_display = (
         "tool_name",
         "status",

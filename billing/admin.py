@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -17,6 +18,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+
+from accounts.tenancy import TenantScopedAdmin, tenant_scope
 
 from .models import CreditAccount, CreditLedger, OwnerBudget, UsageDaily
 from .rankings import GROUPS, METRICS, RankRow, cost_rankings, degradation_levels
@@ -84,9 +87,15 @@ class CostRankingsAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Every tenant's spending side by side: the platform's operators only.
+        return bool(request.user.is_superuser)
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         form = PeriodForm(request.GET or None)
         today = timezone.localdate()
         group, start, end, order = "user", today - timedelta(days=29), today, "-cost"
@@ -178,7 +187,7 @@ class PointsForm(forms.Form):
 
 
 @admin.register(CreditAccount)
-class CreditAccountAdmin(admin.ModelAdmin):
+class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "owner",
         "balance",
@@ -233,7 +242,9 @@ class CreditAccountAdmin(admin.ModelAdmin):
         ]
 
     def points_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
-        account = get_object_or_404(CreditAccount, pk=pk)
+        account = get_object_or_404(
+            tenant_scope(CreditAccount.objects.all(), request.user, "owner"), pk=pk
+        )
         if action not in ("grant", "adjust") or not self.has_change_permission(request, account):
             return HttpResponseRedirect(reverse("admin:billing_creditaccount_change", args=[pk]))
         form = PointsForm(request.POST or None)
@@ -276,7 +287,7 @@ class CreditAccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(OwnerBudget)
-class OwnerBudgetAdmin(admin.ModelAdmin):
+class OwnerBudgetAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "owner",
         "turn_tokens",

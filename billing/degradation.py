@@ -1,5 +1,5 @@
 """Degradation levels (runtime-mechanisms 6.3): how much of an agent's work still runs
-when money, budget, the model or the queue are under pressure.
+when money, budget, the model, the queue or the workers are under pressure.
 
 - 0 normal;
 - 1 the agent's cheaper model tier and a lower output limit;
@@ -27,6 +27,8 @@ class Pressure:
     model_failing: bool = False
     # Runs waiting in the worker queue.
     queue_depth: int = 0
+    # The share of live workers over their health thresholds, taking no new runs (0..1).
+    workers_unhealthy: float = 0.0
 
 
 def _level_for(value: float, thresholds: list[float]) -> int:
@@ -38,6 +40,7 @@ def degradation_level(pressure: Pressure) -> int:
     levels = [
         _level_for(pressure.budget_used, settings.DEGRADE_BUDGET_SHARES),
         _level_for(pressure.queue_depth, settings.DEGRADE_QUEUE_DEPTHS),
+        _level_for(pressure.workers_unhealthy, settings.DEGRADE_WORKER_SHARES),
         CHEAPER if pressure.model_failing else NORMAL,
     ]
     if pressure.credits_left is not None:

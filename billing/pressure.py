@@ -1,8 +1,8 @@
 """What the engine needs to judge budgets and degradation before a model call, in one
 round trip: the owner's budgets, what the owner and the agent spent today, the turn's
 spend so far, and the owner's credits against their low-water mark. Plus the two
-pressures that live in Redis (the worker queue's depth, read at most once a second per
-process)."""
+pressures that live in Redis (the worker queue's depth, and the share of workers over
+their health thresholds, each read at most once a second per process)."""
 
 import time
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ from uuid import UUID
 import redis
 from django.conf import settings
 from django.db import connection
+
+from runtime import health
 
 from .budgets import Budget, Spent
 from .models import CreditAccount, OwnerBudget, UsageDaily
@@ -38,6 +40,7 @@ class OwnerFigures:
 
 
 def _sql(model_call_table: str) -> str:
+    # SQL names from model metadata (constants); every value is a bound parameter.
     return f"""
 SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_tokens, b.day_cost,
        c.balance, c.low_water_mark, c.reserved, c.daily_cap,
@@ -54,7 +57,7 @@ SELECT b.turn_tokens, b.turn_cost, b.session_tokens, b.session_cost, b.day_token
                      coalesce(sum(cost), 0) AS cost
                 FROM "{model_call_table}" WHERE session_id = %s AND turn = %s) t
   LEFT JOIN "{OwnerBudget._meta.db_table}" b ON b.owner_id = %s
-  LEFT JOIN "{CreditAccount._meta.db_table}" c ON c.owner_id = %s"""
+  LEFT JOIN "{CreditAccount._meta.db_table}" c ON c.owner_id = %s"""  # nosec B608
 
 
 def owner_watched(*, owner_id: int) -> bool:
@@ -67,9 +70,10 @@ def owner_watched(*, owner_id: int) -> bool:
         return seen[1]
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = %s)
                     OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}"
-                                WHERE owner_id = %s)""",
+                                WHERE owner_id = %s)""",  # nosec B608
             [owner_id, owner_id],
         )
         watched = bool(cursor.fetchone()[0])
@@ -152,3 +156,8 @@ def queue_depth() -> int:
         depth = 0
     _queue_seen[:] = [now, float(depth)]
     return depth
+
+
+def worker_pressure() -> float:
+    """The share of live workers taking no new runs (runtime/health.py), 0..1."""
+    return health.unhealthy_share()

@@ -66,13 +66,14 @@ def cost_rankings(
     direction = "DESC" if descending else "ASC"
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
                        sum(tool_calls), sum(credits_spent)
                   FROM "{UsageDaily._meta.db_table}"
                  WHERE day BETWEEN %s AND %s
                  GROUP BY {key}
                  ORDER BY {_COLUMN[metric]} {direction}, {key}
-                 LIMIT %s""",
+                 LIMIT %s""",  # nosec B608
             [start, end, limit],
         )
         rows = cursor.fetchall()

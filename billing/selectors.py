@@ -27,9 +27,10 @@ def usage_for_owner(*, owner_id: int) -> OwnerUsage:
     """The owner's credits now and all-time usage (from the daily rollups: a few rows, no raw calls)."""
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT balance, reserved, daily_cap,
                        CASE WHEN spent_day = (now() AT TIME ZONE %s)::date THEN spent_today ELSE 0 END
-                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",
+                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",  # nosec B608
             [settings.BILLING_TIME_ZONE, owner_id],
         )
         account = cursor.fetchone() or (0, 0, None, 0)
@@ -51,9 +52,10 @@ def reservations_open(*, older_than_s: float, limit: int = 500) -> list[str]:
     """Keys of reservations still held after `older_than_s`: candidates for reconciliation."""
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT idempotency_key FROM {CreditReservation._meta.db_table}
                  WHERE status = %s AND created_at < now() - make_interval(secs => %s)
-                 ORDER BY created_at LIMIT %s""",
+                 ORDER BY created_at LIMIT %s""",  # nosec B608
             [ReservationStatus.RESERVED.value, older_than_s, limit],
         )
         return [row[0] for row in cursor.fetchall()]
@@ -76,9 +78,10 @@ def credits_cover(*, owner_id: int, points: int) -> CreditsCheck:
     a model call is charged after it ran, for the tokens it used."""
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT balance, daily_cap,
                        CASE WHEN spent_day = (now() AT TIME ZONE %s)::date THEN spent_today ELSE 0 END
-                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",
+                  FROM {CreditAccount._meta.db_table} WHERE owner_id = %s""",  # nosec B608
             [settings.BILLING_TIME_ZONE, owner_id],
         )
         row = cursor.fetchone()

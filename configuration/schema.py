@@ -48,7 +48,7 @@ URL = {
 }
 URL_FIELDS = {
     "models": ("base_url",),
-    "tools": ("url", "status_url"),
+    "tools": ("url", "status_url", "precheck_url"),
     "mcp_servers": ("url",),
     "embeddings": ("base_url",),
 }
@@ -155,6 +155,8 @@ TOOL_ENTRY = {
         "url": URL,
         "status_url": URL,
         "probe_handler": {"type": "string"},
+        "precheck_url": URL,
+        "precheck_handler": {"type": "string"},
         "idempotent": {"type": "boolean"},
         "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
         "headers": HEADERS,
@@ -442,10 +444,9 @@ def config_errors(
                 )
         if entry["kind"] == "http" and not entry.get("url"):
             errors.append(f"{where}.url: required for http tools")
-        if entry.get("probe_handler") and entry["probe_handler"] not in HANDLERS:
-            errors.append(
-                f"{where}.probe_handler: no registered Python handler '{entry['probe_handler']}'"
-            )
+        for field in ("probe_handler", "precheck_handler"):
+            if entry.get(field) and entry[field] not in HANDLERS:
+                errors.append(f"{where}.{field}: no registered Python handler '{entry[field]}'")
         if known_roles is not None:
             roles = known_roles | {r["name"] for r in document.get("roles") or []}
             for j, role in enumerate(entry.get("roles") or []):
@@ -463,7 +464,7 @@ def config_errors(
                 f"{where}.approval_escalate_to: required when approval_on_timeout is escalate"
             )
         if check_urls and entry["kind"] == "http":
-            for field in ("url", "status_url"):
+            for field in ("url", "status_url", "precheck_url"):
                 if ("tools", i, field) in urls:
                     problem = url_problem(urls[("tools", i, field)].value)
                     if problem:

@@ -58,6 +58,8 @@ TOOL_FIELDS = (
     "parameters",
     "status_url",
     "probe_handler",
+    "precheck_url",
+    "precheck_handler",
     "idempotent",
     "timeout_s",
     "side_effects",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
+import subprocess  # nosec B404 - runs the bundled server binaries, no shell
 import sys
 import tempfile
 import time

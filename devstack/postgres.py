@@ -15,7 +15,7 @@ import contextlib
 import importlib.util
 import os
 import signal
-import subprocess
+import subprocess  # nosec B404 - runs the bundled server binaries, no shell
 import time
 import warnings
 from dataclasses import dataclass
@@ -82,7 +82,8 @@ def url_for(socket_dir: Path, db: str = DB_NAME) -> str:
 
 
 def _psql(pm: Postmaster, db: str, sql: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    # The bundled psql with a fixed argv; no shell.
+    return subprocess.run(  # nosec B603
         [
             str(_bin_dir() / "psql"),
             "-X",  # no ~/.psqlrc
@@ -130,7 +131,8 @@ def _bootstrap(pm: Postmaster) -> None:
         "CREATE EXTENSION vector in template1",
     )
     exists = _check(
-        _psql(pm, "postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"),
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        _psql(pm, "postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"),  # nosec B608
         "looking up the database",
     )
     if not exists:

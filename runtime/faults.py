@@ -10,6 +10,7 @@ per FAULT_MARKER_DIR, so the replacement worker runs through.
 import os
 import random
 import signal
+import tempfile
 from pathlib import Path
 
 POINTS = (
@@ -22,7 +23,7 @@ POINTS = (
 
 _points = {p.strip() for p in os.environ.get("FAULT_POINTS", "").split(",") if p.strip()}
 _random = float(os.environ.get("FAULT_RANDOM", "0") or 0)
-_marker_dir = Path(os.environ.get("FAULT_MARKER_DIR", "/tmp"))
+_marker_dir = Path(os.environ.get("FAULT_MARKER_DIR") or tempfile.gettempdir())
 
 
 def fault_point(name: str) -> None:
@@ -36,5 +37,5 @@ def fault_point(name: str) -> None:
             return
         os.close(fd)
         os.kill(os.getpid(), signal.SIGKILL)
-    if _random and random.random() < _random:  # noqa: S311 - chaos, not cryptography
+    if _random and random.random() < _random:  # noqa: S311  # nosec B311 - chaos, not cryptography
         os.kill(os.getpid(), signal.SIGKILL)

@@ -383,7 +383,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         """'ok', 'revoked' or 'not_found'. The database is read when the key carries a
         revocation mark (set before a revocation commits) or WS_AUTH_RECHECK_S passed,
         so a revocation by the platform is never missed and any other change is seen soon."""
-        assert self.key_id is not None
+        if self.key_id is None:  # never authenticated: nothing to be allowed
+            return "not_found"
         now = time.monotonic()
         if (
             now - self._access_checked_at < settings.WS_AUTH_RECHECK_S

@@ -479,3 +479,18 @@ class ModelCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint_name} {self.outcome}"
+
+
+class WorkerHealth(models.Model):
+    """No table: the admin's Workers page, whose rows are the workers' heartbeats in
+    Redis (runtime/health.py). A model only so the page has a place, a name and a
+    view permission in the admin."""
+
+    class Meta:
+        managed = False
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return "worker"

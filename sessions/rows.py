@@ -123,10 +123,12 @@ def insert_statement(
     table = model._meta.db_table
     if guard:
         sql = (
-            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values}) AS v WHERE {guard}'
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values}) AS v WHERE {guard}'  # nosec B608
         )
     else:
-        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values}'
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values}'  # nosec B608
     if returning:
         sql += f' RETURNING "{model._meta.pk.column}"'  # type: ignore[union-attr]
     return sql, params
@@ -154,8 +156,9 @@ def update_statement(
     assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
     value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
     sql = (
+        # SQL names from model metadata (constants); every value is a bound parameter.
         f'UPDATE "{model._meta.db_table}" AS t SET {assignments} '
-        f'FROM (VALUES {", ".join([row] * len(objs))}) AS v({value_columns}) WHERE t."{pk}" = v."__pk"'
+        f'FROM (VALUES {", ".join([row] * len(objs))}) AS v({value_columns}) WHERE t."{pk}" = v."__pk"'  # nosec B608
     )
     if guard:
         sql += f" AND {guard}"

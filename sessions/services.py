@@ -5,6 +5,7 @@ long work (model and tool calls) to a worker, woken after commit.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,12 +31,12 @@ from approvals.states import Outcome
 from billing.selectors import reservations_open
 from billing.services import credits_close, waiting_expire
 from memory.tokens import count_message_tokens
-from runtime import io_loop
+from runtime import health, io_loop
 from runtime.cancellation import cancel_signal
 from runtime.prepared import PreparedQuery
 from tools.execution import ToolInvocation, execute_all, tools_for_agent
 
-from .dispatch import run_enqueue, run_enqueue_on_commit
+from .dispatch import run_enqueue, run_enqueue_later, run_enqueue_on_commit
 from .engine import (
     INTERRUPT_REASON,
     RunResult,
@@ -352,7 +353,18 @@ def session_cancel(
 
 
 def session_run_pending(*, session_id: UUID | str) -> RunResult:
-    """The worker's entry point: run whatever the session has to do."""
+    """The worker's entry point: run whatever the session has to do.
+
+    A worker over its health thresholds takes no new runs (runtime/health.py): a run
+    it had already prefetched goes back to the queue a little later, for another
+    worker or for this one once it recovered. Nothing is lost if that send fails:
+    the session row is still runnable and the sweeper requeues it.
+    """
+    if not health.accepting():
+        value = Session.objects.filter(pk=session_id).values_list("value", flat=True).first()
+        run_enqueue_later(session_id, settings.WORKER_REQUEUE_DELAY_S, value)
+        connection.close()
+        return RunResult(0, "requeued")
     return session_run(session_id=session_id)
 
 
@@ -368,11 +380,12 @@ def sessions_sweep() -> list[str]:
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {Session._meta.db_table}
                    SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s)
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING id, value""",
+             RETURNING id, value""",  # nosec B608
             [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
         )
         # Highest value first: with a worker free, the first sent is the first taken.
@@ -390,12 +403,44 @@ def sessions_sweep() -> list[str]:
             len(woken),
             woken,
         )
+    steps_pace()
     try:
         sweep_mark_completed()
     except redis.RedisError as exc:
         # /readyz turns unready when no completion is recorded; the sweep itself did its work.
         logger.warning("sweeper: could not record the completed sweep: %s", type(exc).__name__)
     return woken + ids
+
+
+def steps_pace() -> health.Pacing:
+    """Measure the database round trip and read the workers' recent model latency;
+    publish the pause runs make between steps (runtime/health.py). The published
+    value lapses a few sweeps after the sweeper stops, so no stale pacing lingers."""
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    db_rtt_ms = (time.perf_counter() - started) * 1000
+    try:
+        reports = health.reports_read()
+    except (redis.RedisError, ValueError, TypeError, KeyError):
+        reports = []
+    pacing = health.pacing_compute(
+        db_rtt_ms=db_rtt_ms,
+        model_p95_s=max((r.model_p95_s for r in reports), default=0.0),
+        db_slow_ms=settings.PACING_DB_SLOW_MS,
+        model_slow_s=settings.PACING_MODEL_SLOW_S,
+        max_delay_s=settings.PACING_MAX_DELAY_S,
+    )
+    if pacing.delay_s:
+        logger.info(
+            "sweeper: pacing steps by %.2f s (%s)", pacing.delay_s, "; ".join(pacing.reasons)
+        )
+    try:
+        health.pacing_publish(pacing, ttl_s=max(settings.SWEEPER_INTERVAL_S * 5, 5.0))
+    except redis.RedisError as exc:
+        logger.warning("sweeper: could not publish the step pacing: %s", type(exc).__name__)
+    return pacing
 
 
 def credits_reconcile(*, older_than_s: float | None = None) -> int:
@@ -883,13 +928,14 @@ def checkpoints_prune(*, older_than_days: float | None = None, batch: int = 5000
     while True:
         with connection.cursor() as cursor:
             cursor.execute(
+                # SQL names from model metadata (constants); every value is a bound parameter.
                 f"""DELETE FROM {Checkpoint._meta.db_table} WHERE id IN (
                         SELECT c.id FROM {Checkpoint._meta.db_table} c
                           JOIN {Session._meta.db_table} s ON s.id = c.session_id
                          WHERE c.created_at < %s
                            AND (c.turn < s.turn OR s.state = ANY(%s))
                            AND c.step < s.step
-                         LIMIT %s)""",
+                         LIMIT %s)""",  # nosec B608
                 [cutoff, ended, batch],
             )
             deleted = cursor.rowcount

@@ -1,8 +1,14 @@
-"""Celery entry points: take ids, call one service."""
+"""Celery entry points: take ids, call one service. Plus the worker's health heartbeat
+(runtime/health.py), started when a worker is ready and stopped when it shuts down."""
+
+from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
 
 from observability import tracing
+from runtime import health
 
 from . import services
 
@@ -29,3 +35,32 @@ def prune_checkpoints() -> int:
 @shared_task(name="sessions.tasks.keep_turn_memory", ignore_result=True)
 def keep_turn_memory(session_id: str, turn: int) -> int:
     return services.memory_turn_keep(session_id=session_id, turn=turn)
+
+
+@worker_ready.connect
+def health_start(sender: Any = None, **_: Any) -> None:
+    """Start this worker's heartbeat. Over its thresholds the worker cancels its consumer
+    of the run queue (a remote-control message to itself, carried out by the worker's
+    own event loop, so no thread touches the consumer but its own) and adds it back
+    once it recovers; messages it already prefetched are requeued by
+    services.session_run_pending."""
+    if sender is None or health.monitors:
+        return
+    app, hostname = sender.app, sender.hostname
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+
+    def switch(accepting: bool) -> None:
+        if accepting:
+            app.control.add_consumer(queue, destination=[hostname], reply=False)
+        else:
+            app.control.cancel_consumer(queue, destination=[hostname], reply=False)
+
+    monitor = health.Monitor(hostname, switch, interval_s=settings.WORKER_HEARTBEAT_S)
+    health.monitors.append(monitor)
+    monitor.start()
+
+
+@worker_shutdown.connect
+def health_stop(**_: Any) -> None:
+    while health.monitors:
+        health.monitors.pop().stop()

@@ -172,7 +172,7 @@ class Stack:
 
 @contextmanager
 def running_stack(
-    extra_env: dict[str, str] | None = None, ready_timeout: float = 30.0
+    extra_env: dict[str, str] | None = None, ready_timeout: float | None = None
 ) -> Iterator[Stack]:
     env = {
         **os.environ,

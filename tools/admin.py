@@ -52,6 +52,8 @@ class ToolAdminForm(forms.ModelForm):
             "timeout_s",
             "status_url",
             "probe_handler",
+            "precheck_url",
+            "precheck_handler",
             "idempotent",
             "side_effects",
             "requires_approval",
@@ -211,6 +213,14 @@ class ToolAdmin(admin.ModelAdmin):
             {
                 "fields": ("idempotent", "status_url", "probe_handler"),
                 "description": "How an uncertain side-effecting call is checked before it is sent again.",
+            },
+        ),
+        (
+            "Before a resumed or forked run continues",
+            {
+                "fields": ("precheck_url", "precheck_handler"),
+                "description": "A check that the preconditions of the last call's arguments still hold "
+                "(e.g. the order still exists and is unpaid); a failed check is told to the model.",
             },
         ),
         (

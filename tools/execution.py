@@ -67,6 +67,9 @@ class ToolSnapshot:
     version: str
     status_url: str = ""
     probe_handler: str = ""
+    # Business-rule prechecks before a resumed or forked run continues (tools/prechecks.py).
+    precheck_url: str = ""
+    precheck_handler: str = ""
     idempotent: bool = True
     requires_approval: bool = False
     # None: not declared, assessed per call (tools/risk.py).
@@ -104,6 +107,8 @@ class ToolSnapshot:
             ).hexdigest()[:16],
             status_url=tool.status_url,
             probe_handler=tool.probe_handler,
+            precheck_url=tool.precheck_url,
+            precheck_handler=tool.precheck_handler,
             idempotent=tool.idempotent,
             requires_approval=tool.requires_approval,
             risk_level=tool.risk_level,

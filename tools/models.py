@@ -99,6 +99,18 @@ class Tool(models.Model):
         blank=True,
         help_text="Registered Python probe for an uncertain call (python tools).",
     )
+    precheck_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text='Before a resumed or forked run continues: POST {"tool", "arguments"} of the last call, '
+        'answered {"ok": true} or {"ok": false, "reason": "..."} (HTTP tools).',
+    )
+    precheck_handler = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Registered Python check of the last call's arguments before a resumed or forked "
+        "run continues: None/True holds, a string says what changed.",
+    )
     idempotent = models.BooleanField(
         default=True,
         help_text="The tool honours the idempotency key, so a call may safely be sent again.",

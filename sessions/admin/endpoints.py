@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 
+from accounts.tenancy import TenantScopedAdmin
 from runtime.breaker import model_breaker
 from tools.forms import JSON_FIELD, breaker_badge, optional_count_field
 
@@ -122,7 +123,8 @@ class ModelEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(ModelCall)
-class ModelCallAdmin(ReadOnlyAdmin):
+class ModelCallAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "id",
         "session_short",

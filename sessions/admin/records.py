@@ -9,6 +9,8 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from accounts.tenancy import TenantScopedAdmin
+
 from .. import services
 from ..models import Checkpoint, Event, Message, ToolCall, Transition
 from .base import ReadOnlyAdmin
@@ -16,7 +18,8 @@ from .display import event_summary, pre, short
 
 
 @admin.register(Message)
-class MessageAdmin(ReadOnlyAdmin):
+class MessageAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "id",
         "session_short",
@@ -62,7 +65,8 @@ class MessageAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(ReadOnlyAdmin):
+class ToolCallAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "id",
         "session_short",
@@ -120,7 +124,8 @@ class ToolCallAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Transition)
-class TransitionAdmin(ReadOnlyAdmin):
+class TransitionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "id",
         "session_short",
@@ -150,7 +155,8 @@ class TransitionAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(ReadOnlyAdmin):
+class CheckpointAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "id",
         "session_short",
@@ -207,7 +213,8 @@ class CheckpointAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_owner_path = "session__owner"
     list_display = ("id", "session_short", "seq", "type", "summary", "created_at")
     list_filter = ("type",)
     search_fields = ("type",)

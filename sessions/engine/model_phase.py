@@ -32,6 +32,7 @@ from .memory_glue import wants_turn_memory
 from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
+from .revalidation import revalidation_note
 from .runtime_cache import RunContext, agent_runtime
 from .summaries import SummaryOutcome, summarise
 from .usage import ModelSpend
@@ -60,8 +61,9 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
     steps: dict[int, list[CallRecord]] = {}
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f'SELECT step, tool_name, input, output, status FROM "{ToolCall._meta.db_table}" '
-            "WHERE session_id = %s AND turn = %s ORDER BY step, position",
+            "WHERE session_id = %s AND turn = %s ORDER BY step, position",  # nosec B608
             [session.pk, session.turn],
         )
         for step, name, raw_input, raw_output, status in cursor.fetchall():
@@ -200,8 +202,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     run = run or RunContext()
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
-    if note is not None:
-        history.append(note)
+    # After a resume or a fork: the tools' business-rule prechecks on their last calls.
+    recheck = revalidation_note(session, history, tools)
+    history.extend(n for n in (note, recheck) if n is not None)
     read = gate_read(session, agent)
     layers = context_layers(session, agent, history, read, tools)
     context_blocks = tuple(layers.blocks)
@@ -220,7 +223,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     request.agent_config.update(layers.config)
     # What this step commits besides its outcome: the notes the model saw (an
     # environment change, a new summary) and the summary's model call.
-    notes = [m for m in (summary.message, note) if m is not None]
+    notes = [m for m in (summary.message, note, recheck) if m is not None]
     archive_through = (
         int(summary.message.data["through_seq"])
         if summary.message is not None and summary.message.data

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from observability import logs, metrics, tracing
+from runtime import health
 
 from ..dispatch import run_enqueue_later
 from ..models import Session
@@ -36,7 +37,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunResult:
     steps: int
-    stopped: Literal["idle", "not_acquired", "lease_lost", "crashed", "waiting", "deferred"]
+    stopped: Literal[
+        "idle", "not_acquired", "lease_lost", "crashed", "waiting", "deferred", "requeued"
+    ]
 
 
 def session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResult:
@@ -63,6 +66,7 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
     run = RunContext()
     session: Session | None = None
     current = False  # `session` is the row as our own last commit returned it
+    health.figures.run_begin()
     try:
         while True:
             if not current:
@@ -73,7 +77,9 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
                 return RunResult(steps, "lease_lost")
             version = session.version
             state = session.state
-            started = time.perf_counter()
+            if steps:
+                _pace()
+            started = health.figures.step_begin()
             try:
                 with (
                     logs.bound(session=str(session_id), turn=session.turn, step=session.step),
@@ -108,6 +114,7 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
                 )
                 return RunResult(steps, "waiting")
             except Exception:
+                health.figures.step_end(started, ok=False)
                 logger.exception("step of session %s crashed", session_id)
                 _record_crash(session_id, owner)
                 return RunResult(steps, "crashed")
@@ -118,14 +125,26 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
             # conditions (version, lease, cancel guard) or by lease_release.
             current = session.version != version and not session.cancel_requested
             if progressed:
+                health.figures.step_end(started)
                 steps += 1
             elif lease_release(session_id=session_id, owner=owner):
                 return RunResult(steps, "idle")
             else:
                 current = False
     finally:
+        health.figures.run_end()
         heartbeat.release(session_id)
         connection.close()
+
+
+def _pace() -> None:
+    """Pause between steps while the sweeper says the database or the model is slow
+    (runtime/health.py): the lease heartbeat keeps the lease meanwhile, and no
+    connection is held."""
+    delay = health.pacing_delay()
+    if delay > 0:
+        connection.close()
+        time.sleep(delay)
 
 
 def _refresh(session_id: UUID | str, session: Session | None) -> Session | None:
@@ -136,8 +155,9 @@ def _refresh(session_id: UUID | str, session: Session | None) -> Session | None:
     if session is not None:
         with connection.cursor() as cursor:
             cursor.execute(
+                # SQL names from model metadata (constants); every value is a bound parameter.
                 "SELECT version, cancel_requested, cancel_reason, cancel_actor, queued_count, lease_owner "
-                f'FROM "{Session._meta.db_table}" WHERE id = %s',
+                f'FROM "{Session._meta.db_table}" WHERE id = %s',  # nosec B608
                 [session_id],
             )
             row = cursor.fetchone()

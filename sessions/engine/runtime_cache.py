@@ -35,6 +35,7 @@ class AgentRuntime:
 # queryset update() that leaves `updated_at` alone. `{agent}` is the agent's
 # id: a parameter here, the session row's column in the step commit's
 # RETURNING (which validates the cache for the next step without a query).
+# SQL names from model metadata (constants); every value is a bound parameter.
 _STAMP_EXPR = f"""(
 SELECT concat_ws('|', md5(a::text), md5(m::text), md5(f::text), md5(c::text),
        (SELECT string_agg(md5(t::text), ',' ORDER BY t.id)
@@ -43,7 +44,7 @@ SELECT concat_ws('|', md5(a::text), md5(m::text), md5(f::text), md5(c::text),
   JOIN "{ModelEndpoint._meta.db_table}" m ON m.id = a.model_id
   LEFT JOIN "{ModelEndpoint._meta.db_table}" f ON f.id = a.fallback_model_id
   LEFT JOIN "{ModelEndpoint._meta.db_table}" c ON c.id = a.candidate_model_id
- WHERE a.id = {{agent}})"""
+ WHERE a.id = {{agent}})"""  # nosec B608
 _STAMP_SQL = "SELECT " + _STAMP_EXPR.format(agent="%s")
 STAMP_RETURNING = _STAMP_EXPR.format(agent=f'"{Session._meta.db_table}"."agent_id"')
 
@@ -132,8 +133,9 @@ class RunContext:
         elif last != session.message_seq:
             new = list(
                 Message.objects.raw(
+                    # SQL names from model metadata (constants); every value is a bound parameter.
                     f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '
-                    "AND archived_at IS NULL ORDER BY seq",
+                    "AND archived_at IS NULL ORDER BY seq",  # nosec B608
                     [session.pk, MessageStatus.FINAL.value, last],
                 )
             )

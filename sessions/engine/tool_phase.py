@@ -93,6 +93,7 @@ def _open_calls(session: Session) -> list[ToolCall]:
     columns = ", ".join(f'c."{f.column}"' for f in fields)
     with connection.cursor() as cursor:
         cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
             f"""SELECT {columns}, (SELECT e.output FROM "{table}" e
                               WHERE e.session_id = c.session_id AND e.status = 'success'
                                 AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
@@ -100,7 +101,7 @@ def _open_calls(session: Session) -> list[ToolCall]:
                        EXISTS (SELECT 1 FROM "{approvals}" a WHERE a.tool_call_id = c.id)
                          AS has_approval
                   FROM "{table}" c WHERE c.session_id = %s AND c.turn = %s AND c.status = %s
-                 ORDER BY c.step, c.position""",
+                 ORDER BY c.step, c.position""",  # nosec B608
             [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
         )
         rows = cursor.fetchall()

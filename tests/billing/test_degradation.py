@@ -25,6 +25,10 @@ from tests.sessions.conftest import make_agent, make_session, owner, rules_model
         (Pressure(credits_left=0.2), 2),
         (Pressure(credits_left=0.0), 3),
         (Pressure(budget_used=0.85, credits_left=0.2), 2),
+        (Pressure(workers_unhealthy=0.4), 0),
+        (Pressure(workers_unhealthy=0.5), 1),
+        (Pressure(workers_unhealthy=0.8), 2),
+        (Pressure(workers_unhealthy=1.0), 3),
     ],
 )
 def test_the_level_is_the_highest_any_pressure_calls_for(pressure: Pressure, level: int) -> None:
@@ -84,3 +88,33 @@ def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, 
     call = ModelCall.objects.get(session=session)
     assert call.endpoint_name == "cheap-rules"
     assert Event.objects.filter(session=session, type="progress", data__level=1).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_over_their_thresholds_degrade_a_real_turn(make_agent, make_session):  # noqa: F811
+    """Two live workers, one taking no new runs (its heartbeat in Redis): level 1, so
+    the turn runs on the cheaper model."""
+    from runtime import health
+
+    cheap = ModelEndpointFactory(name="cheap-rules", api="rules", options={})
+    agent = make_agent(cheap_model=cheap, rules=[{"answer": "ok"}])
+    session = make_session(agent=agent)
+    base = health.Report(
+        name="w1@test", pid=1, at=time.time(), inflight=0, steps=0, step_p50_s=0.0,
+        step_p95_s=0.0, error_rate=0.0, model_p95_s=0.0, cpu_percent=0.0, rss_mb=10.0,
+        accepting=True, reasons=[],
+    )  # fmt: skip
+    sick = health.Report(**{**base.__dict__, "name": "w2@test", "accepting": False})
+    for report in (base, sick):
+        health.report_publish(report, ttl_s=30)
+    health.cache_reset()
+    try:
+        message_post(session=session, content="hi")
+        session = _run(session)
+    finally:
+        health.report_withdraw(base.name)
+        health.report_withdraw(sick.name)
+        health.cache_reset()
+
+    assert session.degradation_level == 1
+    assert ModelCall.objects.get(session=session).endpoint_name == "cheap-rules"

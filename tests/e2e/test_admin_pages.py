@@ -170,6 +170,15 @@ def _operator_pages(browser: Any, live_stack: Any, data: dict[str, Any]) -> None
         )
         assert overflow[0] <= overflow[1], (name, overflow)
         _shot(page, name)
+    # Workers and their health: the live stack's worker is listed, the table fits.
+    page.goto(f"{live_stack.http}/admin/agent_sessions/workerhealth/")
+    assert "taking runs" in page.locator("#workers").inner_text()
+    width = page.evaluate(
+        "(() => [document.querySelector('#workers').scrollWidth,"
+        " document.documentElement.clientWidth])()"
+    )
+    assert width[0] <= width[1] <= WIDTH, width
+    _shot(page, "workers")
     page.goto(f"{live_stack.http}{pages['modelendpoint-list']}")
     assert "open until" in page.locator("#result_list").inner_text()
     page.goto(f"{live_stack.http}{pages['session-list']}")

@@ -443,3 +443,36 @@ def test_posts_into_one_session_still_wait_for_each_other(make_session):
     assert list(Message.objects.filter(session=session).values_list("content", flat=True)) == [
         "one"
     ]
+
+
+@pytest.mark.django_db
+def test_the_sweep_publishes_step_pacing_from_the_database_round_trip(settings):
+    """A database slower than PACING_DB_SLOW_MS: the sweep publishes a pause for the
+    runner; a fast one publishes none. The workers' model p95 counts the same way."""
+    from runtime import health
+    from sessions.services import steps_pace
+
+    settings.PACING_DB_SLOW_MS = 0.0001
+    settings.PACING_MAX_DELAY_S = 2.0
+    try:
+        slow = steps_pace()
+        assert 0 < slow.delay_s <= 2.0 and slow.reasons[0].startswith("database round trip")
+        assert health.pacing_read() == slow
+        settings.PACING_DB_SLOW_MS = 10_000
+        health.report_publish(
+            health.Report(
+                name="w@pace", pid=1, at=0.0, inflight=0, steps=0, step_p50_s=0.0,
+                step_p95_s=0.0, error_rate=0.0, model_p95_s=90.0, cpu_percent=0.0,
+                rss_mb=1.0, accepting=True, reasons=[],
+            ),
+            ttl_s=30,
+        )  # fmt: skip
+        settings.PACING_MODEL_SLOW_S = 30.0
+        by_model = steps_pace()
+        assert by_model.delay_s == pytest.approx(1.333, abs=0.001), by_model
+        health.report_withdraw("w@pace")
+        assert steps_pace().delay_s == 0.0
+        assert health.pacing_read().delay_s == 0.0
+    finally:
+        health.report_withdraw("w@pace")
+        health._redis().delete(health._pacing_key())

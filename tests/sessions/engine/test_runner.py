@@ -6,6 +6,7 @@ back to the model). Each step writes in one round trip, and its reads are
 the few it cannot take from the run's memory.
 """
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -182,3 +183,60 @@ def test_the_context_layers_cost_a_step_no_read(make_session, rules_model, count
     session.refresh_from_db()
     assert session.dialogue_state["slots"] == {"n": "7"}
     assert session.dialogue_state["turn"] == 1
+
+
+def test_steps_are_timed_and_paced_by_the_published_delay(make_session, rules_model, monkeypatch):
+    """The sweeper published a pacing delay (a slow database): the run pauses that long
+    between its steps, and each step lands in this process's health figures."""
+    from runtime import health
+
+    figures = health.ProcessFigures(window_s=600)
+    monkeypatch.setattr(health, "figures", figures)
+    session = make_session(agent=_loop_agent(rules_model))
+    message_post(session=session, content="go")
+    health.cache_reset()
+    health.pacing_publish(health.Pacing(0.2, 900.0, 0.0, ["database"]), ttl_s=30)
+    try:
+        started = time.monotonic()
+        assert session_run(session_id=session.pk).stopped == "idle"
+        elapsed = time.monotonic() - started
+    finally:
+        health._redis().delete(health._pacing_key())
+        health.cache_reset()
+
+    steps = 2 * CALLS + 1  # model and tool steps, then the answer
+    assert len(figures.steps.recent()) == steps
+    assert all(ok for _, _, ok in figures.steps.recent())
+    assert elapsed >= 0.2 * (steps - 1), elapsed  # no pause before the first step
+    assert figures.inflight == 0
+    assert len(figures.model.recent()) == CALLS + 1
+
+
+def test_a_worker_taking_no_new_runs_requeues_the_run_it_was_handed(
+    make_session, rules_model, monkeypatch
+):
+    """A run prefetched by a worker over its thresholds goes back to the queue (with a
+    countdown), and the session is left as it was for whoever takes it."""
+    from runtime import health
+    from sessions import services
+
+    session = make_session(agent=_loop_agent(rules_model))
+    message_post(session=session, content="go")
+    before = Session.objects.get(pk=session.pk)
+    sent: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        services,
+        "run_enqueue_later",
+        lambda sid, seconds, value=None: sent.append((str(sid), seconds)),
+    )
+    monitor = health.Monitor("sick@test", lambda accepting: None, interval_s=1)
+    monitor.accepting = False
+    health.monitors.append(monitor)
+    try:
+        assert services.session_run_pending(session_id=session.pk).stopped == "requeued"
+    finally:
+        health.monitors.remove(monitor)
+    assert sent == [(str(session.pk), 1.0)]
+    row = Session.objects.get(pk=session.pk)
+    assert (row.state, row.version, row.lease_owner) == ("processing", before.version, None)
+    assert services.session_run_pending(session_id=session.pk).stopped == "idle"
