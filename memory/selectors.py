@@ -40,7 +40,8 @@ def _owner_live_count(owner_id: int, dims: int, limit: int) -> int:
     table = MemoryItem._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '
+            # SQL names from model metadata; every value is a bound parameter.
+            f'SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '  # nosec B608
             "AND superseded_at IS NULL LIMIT %s) s",
             [owner_id, dims, limit],
         )
@@ -95,14 +96,16 @@ def _nearest(
         params.append(list(tags))
     guard = ""
     if guarded:
+        # SQL names from model metadata and integer constants; values are bound parameters.
         guard = (
-            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '
+            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '  # nosec B608
             f"AND superseded_at IS NULL LIMIT {EXACT_SCAN_MAX + 1}) s) <= {EXACT_SCAN_MAX}"
         )
         params += [owner_id, dims]
     params += [literal, k]
+    # The distance, order and filters are built above from constants; values are bound.
     sql = (
-        f'SELECT id, 1 - {distance} FROM "{table}" '
+        f'SELECT id, 1 - {distance} FROM "{table}" '  # nosec B608
         f"WHERE owner_id = %s AND dims = %s AND superseded_at IS NULL AND embedding_model = %s "
         f"{tag_filter} {guard} ORDER BY {order} LIMIT %s"
     )

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 def sampled() -> bool:
     """Is this model call one of the sampled ones? (No write, no cost, for the others.)"""
     rate = settings.PROMPT_SAMPLE_RATE
-    return rate > 0 and (rate >= 1 or random.random() < rate)  # noqa: S311 - sampling, not security
+    return rate > 0 and (rate >= 1 or random.random() < rate)  # nosec B311 - sampling, not security
 
 
 def prompt_sample_record(

@@ -180,7 +180,8 @@ async def answer(frames: TurnFrames, turn: Turn) -> AsyncIterator[bytes]:
                 yield KEEPALIVE
             pending = got or []
         outcome = reader.outcome
-        assert outcome is not None
+        if outcome is None:  # the loop above ends only once the reader has one
+            raise RuntimeError("the turn's frames ended without an outcome")
         usage = await _usage(outcome, turn)
         if stream:
             yield writer.finish(outcome.finish_reason, outcome.extension)

@@ -220,7 +220,8 @@ def archived_matches(session: Session, query: str, vector: list[float]) -> list[
     scores: dict[int, float] = {}
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT id, 1 - (embedding <=> %s::vector) FROM "{table}" '
+            # The table from model metadata; every value is a bound parameter.
+            f'SELECT id, 1 - (embedding <=> %s::vector) FROM "{table}" '  # nosec B608
             "WHERE session_id = %s AND archived_at IS NOT NULL AND embedding IS NOT NULL "
             "AND vector_dims(embedding) = %s ORDER BY embedding <=> %s::vector LIMIT %s",
             [vector_literal(vector), session.pk, dims, vector_literal(vector), RECALL_MESSAGES],
@@ -230,7 +231,7 @@ def archived_matches(session: Session, query: str, vector: list[float]) -> list[
         if words:
             # Any of the words (an AND of all would miss most questions); ranked by ts_rank.
             cursor.execute(
-                f"SELECT id, ts_rank(to_tsvector('simple', content), q) FROM \"{table}\", "
+                f"SELECT id, ts_rank(to_tsvector('simple', content), q) FROM \"{table}\", "  # nosec B608
                 "to_tsquery('simple', %s) q WHERE session_id = %s AND archived_at IS NOT NULL "
                 "AND to_tsvector('simple', content) @@ q ORDER BY 2 DESC LIMIT %s",
                 [" | ".join(words), session.pk, RECALL_MESSAGES],
