@@ -269,6 +269,7 @@ def test_agent_form_checks_the_context_budget(client, operator, demo_session):
         tools=",".join(agent.tools),
         rules=json.dumps(agent.rules),
         context_budget='{"histroy": 5, "trim_at": 3}',
+        dialogue="{}",
         enabled="on",
     )
     response = client.post(url, data)

@@ -46,6 +46,7 @@ class StateChanged(Event):
     to_state: str = ""
     trigger: str = ""
     reason: str = ""
+    trace_id: str = ""  # set when traces are on (the README's "Observability")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +143,7 @@ class TurnFinished(Event):
     iterations: int = 0
     usage: TurnUsage = field(default_factory=TurnUsage)
     reason: str = ""
+    trace_id: str = ""  # set when traces are on
 
 
 @dataclass(frozen=True, kw_only=True)
