@@ -511,6 +511,8 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         headers = None
         status_url = "http://api.example/things/status"
         probe_handler = ""
+        precheck_url = ""
+        precheck_handler = ""
         idempotent = False
         timeout_s = 1.0
         side_effects = True
