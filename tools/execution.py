@@ -168,7 +168,37 @@ class ToolOutcome:
 _validators: dict[tuple[str, str], Draft202012Validator] = {}
 
 
-ASK_USER_TOOL = ToolSnapshot(
+def _builtin_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: dict[str, object],
+    handler: str,
+    timeout_s: float,
+    result_description: str,
+) -> ToolSnapshot:
+    """A tool the engine handles itself: listed by name in an agent, with no row.
+    None has side effects the engine cannot repeat safely (a re-run step finds its
+    own write), and every role may use it."""
+    return ToolSnapshot(
+        name=name,
+        description=description,
+        parameters=parameters,
+        kind="python",
+        handler=handler,
+        url="",
+        method="",
+        headers={},
+        timeout_s=timeout_s,
+        side_effects=False,
+        roles=(),
+        version="builtin-1",
+        risk_level=0,
+        result_description=result_description,
+    )
+
+
+ASK_USER_TOOL = _builtin_tool(
     name=builtin.ASK_USER,
     description=(
         "Ask the user a question and wait for the answer (their next message). "
@@ -176,21 +206,11 @@ ASK_USER_TOOL = ToolSnapshot(
         "answer for them if they do not reply in time."
     ),
     parameters=builtin.ASK_USER_PARAMETERS,
-    kind="python",
     handler=builtin.ASK_USER_HANDLER,
-    url="",
-    method="",
-    headers={},
     timeout_s=1.0,
-    side_effects=False,
-    roles=(),
-    version="builtin-1",
-    risk_level=0,
     result_description="The user's answer, as {answer, by}.",
 )
-
-
-REMEMBER_TOOL = ToolSnapshot(
+REMEMBER_TOOL = _builtin_tool(
     name=builtin.REMEMBER,
     description=(
         "Store something worth knowing in later conversations with this user (a preference, "
@@ -198,35 +218,19 @@ REMEMBER_TOOL = ToolSnapshot(
         "business conclusion. A new value for the same thing replaces the old one."
     ),
     parameters=builtin.REMEMBER_PARAMETERS,
-    kind="python",
     handler=builtin.REMEMBER_HANDLER,
-    url="",
-    method="",
-    headers={},
     timeout_s=10.0,
-    side_effects=False,  # idempotent per call: a re-run step finds its own write
-    roles=(),
-    version="builtin-1",
-    risk_level=0,
     result_description="{stored: true, action: created|merged|superseded|unchanged}.",
 )
-RECALL_TOOL = ToolSnapshot(
+RECALL_TOOL = _builtin_tool(
     name=builtin.RECALL,
     description=(
         "Search what you remember about this user and this conversation's earlier, "
         "summarised-away messages (for example what they said at the start)."
     ),
     parameters=builtin.RECALL_PARAMETERS,
-    kind="python",
     handler=builtin.RECALL_HANDLER,
-    url="",
-    method="",
-    headers={},
     timeout_s=10.0,
-    side_effects=False,
-    roles=(),
-    version="builtin-1",
-    risk_level=0,
     result_description="{memories: [...], archived_messages: [{seq, role, content}]}.",
 )
 BUILTIN_TOOLS = {
