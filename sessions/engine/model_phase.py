@@ -34,7 +34,7 @@ from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .revalidation import revalidation_note
 from .runtime_cache import RunContext, agent_runtime
-from .summaries import SummaryOutcome, summarise
+from .summaries import SummaryOutcome, summarise, summary_retry_at
 from .usage import ModelSpend
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
@@ -135,9 +135,10 @@ def fitted_context(
     """The step's request within the budget; past the summary watermark, with a new summary.
 
     1. Assemble (trimming what is not key).
-    2. If the history passed its summary watermark: summarise the oldest third
-       and assemble again with the summary at the head. A failed summary leaves
-       the trimmed request of step 1: a summary never fails a turn.
+    2. If the history passed its summary watermark (and no failed summary's
+       wait is running): summarise the oldest third and assemble again with the
+       summary at the head. A failed summary leaves the trimmed request of
+       step 1: a summary never fails a turn.
     """
     assembly = assemble(
         agent=agent,
@@ -151,6 +152,9 @@ def fitted_context(
     )
     if not assembly.summarise or assembly.budget is None:
         return assembly, SummaryOutcome()
+    retry_at = summary_retry_at(session)
+    if retry_at is not None and timezone.now() < retry_at:
+        return assembly, SummaryOutcome()  # trimmed until the failed summaries' wait ends
     outcome = summarise(
         session=session,
         agent=agent,

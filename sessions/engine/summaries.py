@@ -9,7 +9,9 @@ sections and the last seq it covers; it commits with the step, which marks
 the originals archived (`Message.archived_at`; never deleted). Being a
 message, it survives restarts, is copied by a fork and shows in the admin
 timeline. A failed summary costs nothing but its ModelCall row: the step goes
-on with a trimmed history.
+on with a trimmed history, and the next attempt waits (`summary_retry_at`):
+30 s after one failure, doubling per consecutive failure up to 15 minutes, so
+a broken summary model is not paid for (or waited on) at every step.
 
 The summary model: `Agent.summary_model`, else the cheap model, else the
 fallback, else the agent's own. The offline `rules` model answers with a
@@ -20,6 +22,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -27,7 +30,7 @@ from django.db import connection
 from llm.types import ChatMessage, ChatRequest
 from memory.tokens import count_message_tokens
 
-from ..models import Agent, Message, ModelCall, ModelEndpoint, Session
+from ..models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
 from .context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
 from .model_calls import summary_call
 
@@ -44,12 +47,37 @@ Merge the previous summary if one is given: keep its facts unless the conversati
 # Per message of the transcript: enough for the facts, not a whole tool result.
 TRANSCRIPT_MESSAGE_CHARS = 600
 SUMMARY_OUTPUT_TOKENS = 600
+# After a failed summary: the first retry's wait, doubled per consecutive failure, capped.
+SUMMARY_RETRY_BASE_S = 30
+SUMMARY_RETRY_MAX_S = 900
 
 
 @dataclass
 class SummaryOutcome:
     message: Message | None = None
     calls: list[ModelCall] = field(default_factory=list)
+
+
+def summary_retry_at(session: Session) -> datetime | None:
+    """When a summary may be tried again after failed ones; None when the last one succeeded.
+
+    Read only when the history passed its watermark. The ModelCall rows are the
+    record, so the wait holds across workers and restarts without another store.
+    """
+    recent = list(
+        ModelCall.objects.filter(session_id=session.pk, purpose="summary")
+        .order_by("-id")
+        .values_list("outcome", "created_at")[:6]
+    )
+    failures = 0
+    for outcome, _ in recent:
+        if outcome == ModelCallOutcome.SUCCESS:
+            break
+        failures += 1
+    if not failures:
+        return None
+    wait = min(SUMMARY_RETRY_BASE_S * 2 ** (failures - 1), SUMMARY_RETRY_MAX_S)
+    return recent[0][1] + timedelta(seconds=wait)
 
 
 def summary_endpoint(agent: Agent) -> ModelEndpoint:

@@ -6,15 +6,23 @@ summary falling back to trimming, the offline rules model summarising, forks kee
 import json
 import re
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
 from sessions.admin.timeline import session_timeline
 from sessions.engine import session_run
 from sessions.engine.context import SUMMARY_HEADING, SUMMARY_NAME
-from sessions.engine.summaries import INSTRUCTIONS, parse_sections, render_summary
+from sessions.engine.summaries import (
+    INSTRUCTIONS,
+    SUMMARY_RETRY_BASE_S,
+    parse_sections,
+    render_summary,
+    summary_retry_at,
+)
 from sessions.models import Agent, Checkpoint, Message, ModelCall, ModelEndpoint, Session
 from sessions.services import message_post, session_fork
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
@@ -190,7 +198,8 @@ def test_a_failed_summary_falls_back_to_trimming_never_to_a_failed_turn(
         turn(session, user_text(n))
 
     requests = openai_server.requests
-    assert any(is_summary_request(r) for r in requests)
+    # One failed attempt, then the retry waits (30 s): not a failed call per step.
+    assert sum(is_summary_request(r) for r in requests) == 1
     assert max(wire_tokens(r) for r in requests) <= WINDOW
     assert Message.objects.filter(session=session, role="assistant").count() == 40
     assert not Message.objects.filter(session=session, archived_at__isnull=False).exists()
@@ -203,6 +212,15 @@ def test_a_failed_summary_falls_back_to_trimming_never_to_a_failed_turn(
         .exists()
     )
     assert Session.objects.get(pk=session.pk).last_error == ""
+
+    # Once the wait is over, the next step tries again; a second failure doubles the wait.
+    failed.update(created_at=timezone.now() - timedelta(seconds=SUMMARY_RETRY_BASE_S + 1))
+    turn(session, user_text(41))
+    turn(session, user_text(42))
+    assert sum(is_summary_request(r) for r in openai_server.requests) == 2
+    retry_at = summary_retry_at(Session.objects.get(pk=session.pk))
+    assert retry_at is not None
+    assert retry_at - timezone.now() > timedelta(seconds=SUMMARY_RETRY_BASE_S + 5)
 
 
 def test_the_offline_rules_model_summarises_deterministically_and_forks_keep_it() -> None:
