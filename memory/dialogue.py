@@ -19,6 +19,13 @@ An agent's `dialogue` config::
   whose synonym occurs (case-insensitive). A slot keeps its value until a later text sets
   another one. Values are cut to `SLOT_VALUE_MAX_CHARS`.
 
+With `"extractor": "model"` the agent's cheap model (else its model) reads each user
+message instead, told the declared names and their `description`s, and answers with JSON
+(`model_instructions`, `state_from_model`): it understands paraphrases that no keyword
+list foresees. An intent or slot then needs only a name (and preferably a description);
+its keywords, patterns and values, if any, are the fallback when the model call fails or
+answers nonsense, and what the offline `rules` model uses. Only declared names are kept.
+
 Pure Python, no Django: the engine calls it, `configuration` validates with it.
 """
 
@@ -31,6 +38,8 @@ from typing import Any, TypedDict
 SLOT_VALUE_MAX_CHARS = 100
 MAX_INTENTS = 50
 MAX_SLOTS = 50
+DESCRIPTION_MAX_CHARS = 300
+EXTRACTORS = ("rules", "model")
 
 
 class DialogueState(TypedDict, total=False):
@@ -49,6 +58,7 @@ class _Intent:
     name: str
     keywords: tuple[str, ...]
     patterns: tuple[re.Pattern[str], ...]
+    description: str = ""
 
     def holds(self, text: str, folded: str) -> bool:
         return any(k in folded for k in self.keywords) or any(p.search(text) for p in self.patterns)
@@ -59,6 +69,7 @@ class _Slot:
     name: str
     patterns: tuple[re.Pattern[str], ...]
     values: tuple[tuple[str, tuple[str, ...]], ...]  # (canonical, folded synonyms)
+    description: str = ""
 
     def find(self, text: str, folded: str) -> str | None:
         for pattern in self.patterns:
@@ -85,6 +96,7 @@ class _Slot:
 class Extractor:
     intents: tuple[_Intent, ...]
     slots: tuple[_Slot, ...]
+    by_model: bool = False
 
     @property
     def empty(self) -> bool:
@@ -132,14 +144,29 @@ def _name(entry: Any, path: str, seen: set[str]) -> str:
     return name
 
 
+def _description(entry: dict[str, Any], path: str) -> str:
+    value = entry.get("description", "")
+    if not isinstance(value, str) or len(value) > DESCRIPTION_MAX_CHARS:
+        raise DialogueConfigError(
+            f"{path}.description", f"must be a string of at most {DESCRIPTION_MAX_CHARS} characters"
+        )
+    return value.strip()
+
+
 def _parse(config: Any) -> Extractor:
     if config in (None, {}):
         return Extractor((), ())
     if not isinstance(config, dict):
         raise DialogueConfigError("dialogue", "must be a mapping with intents and slots")
-    unknown = sorted(set(config) - {"intents", "slots"})
+    unknown = sorted(set(config) - {"extractor", "intents", "slots"})
     if unknown:
-        raise DialogueConfigError(f"dialogue.{unknown[0]}", "unknown key (use intents, slots)")
+        raise DialogueConfigError(
+            f"dialogue.{unknown[0]}", "unknown key (use extractor, intents, slots)"
+        )
+    mode = config.get("extractor", "rules")
+    if mode not in EXTRACTORS:
+        raise DialogueConfigError("dialogue.extractor", "must be rules or model")
+    by_model = mode == "model"
     raw_intents, raw_slots = config.get("intents") or [], config.get("slots") or []
     if not isinstance(raw_intents, list) or len(raw_intents) > MAX_INTENTS:
         raise DialogueConfigError("dialogue.intents", f"must be a list of at most {MAX_INTENTS}")
@@ -150,21 +177,32 @@ def _parse(config: Any) -> Extractor:
     for i, entry in enumerate(raw_intents):
         path = f"dialogue.intents[{i}]"
         name = _name(entry, path, seen)
-        extra = sorted(set(entry) - {"name", "keywords", "patterns"})
+        extra = sorted(set(entry) - {"name", "keywords", "patterns", "description"})
         if extra:
-            raise DialogueConfigError(f"{path}.{extra[0]}", "unknown key (use keywords, patterns)")
+            raise DialogueConfigError(
+                f"{path}.{extra[0]}", "unknown key (use keywords, patterns, description)"
+            )
         keywords = _strings(entry.get("keywords"), f"{path}.keywords")
         patterns = _compile(_strings(entry.get("patterns"), f"{path}.patterns"), f"{path}.patterns")
-        if not keywords and not patterns:
-            raise DialogueConfigError(path, "needs keywords or patterns")
-        intents.append(_Intent(name, tuple(k.casefold() for k in keywords), patterns))
+        if not keywords and not patterns and not by_model:
+            raise DialogueConfigError(path, "needs keywords or patterns (or extractor: model)")
+        intents.append(
+            _Intent(
+                name,
+                tuple(k.casefold() for k in keywords),
+                patterns,
+                _description(entry, path),
+            )
+        )
     seen = set()
     for i, entry in enumerate(raw_slots):
         path = f"dialogue.slots[{i}]"
         name = _name(entry, path, seen)
-        extra = sorted(set(entry) - {"name", "patterns", "values"})
+        extra = sorted(set(entry) - {"name", "patterns", "values", "description"})
         if extra:
-            raise DialogueConfigError(f"{path}.{extra[0]}", "unknown key (use patterns, values)")
+            raise DialogueConfigError(
+                f"{path}.{extra[0]}", "unknown key (use patterns, values, description)"
+            )
         patterns = _compile(_strings(entry.get("patterns"), f"{path}.patterns"), f"{path}.patterns")
         raw_values = entry.get("values") or {}
         if not isinstance(raw_values, dict):
@@ -176,10 +214,10 @@ def _parse(config: Any) -> Extractor:
             words = _strings(synonyms, f"{path}.values.{canonical}")
             # The canonical spelling is a synonym of itself.
             values.append((str(canonical), tuple(w.casefold() for w in [canonical, *words])))
-        if not patterns and not values:
-            raise DialogueConfigError(path, "needs patterns or values")
-        slots.append(_Slot(name, patterns, tuple(values)))
-    return Extractor(tuple(intents), tuple(slots))
+        if not patterns and not values and not by_model:
+            raise DialogueConfigError(path, "needs patterns or values (or extractor: model)")
+        slots.append(_Slot(name, patterns, tuple(values), _description(entry, path)))
+    return Extractor(tuple(intents), tuple(slots), by_model)
 
 
 def dialogue_config_problem(config: Any) -> str | None:
@@ -254,4 +292,82 @@ def extract(
             if value is not None:
                 state["slots"][slot.name] = value
                 state["slot_turns"][slot.name] = turn
+    return state
+
+
+# --- The model extractor -------------------------------------------------------------
+
+MODEL_ANSWER_SHAPE = '{"intent": "<one intent name>" or null, "slots": {"<slot name>": "<value>"}}'
+
+
+def model_instructions(extractor: Extractor) -> str:
+    """The system prompt of a dialogue-state call: the declared names, nothing else."""
+    lines = [
+        "You track the state of a conversation for an assistant. Read the user's new "
+        "message(s) and answer with one JSON object and nothing else:",
+        MODEL_ANSWER_SHAPE,
+        "- intent: what the user wants now, as one of the intent names below; null when the "
+        "message does not change it (for example it only answers a question).",
+        "- slots: only slots the new message(s) give a value for, with the value as the user "
+        "gave it (ids and numbers exact); leave out the others.",
+        "Intents:",
+    ]
+    lines += [
+        f"- {i.name}: {i.description}" if i.description else f"- {i.name}"
+        for i in extractor.intents
+    ] or ["(none)"]
+    lines.append("Slots:")
+    lines += [
+        f"- {s.name}: {s.description}" if s.description else f"- {s.name}" for s in extractor.slots
+    ] or ["(none)"]
+    return "\n".join(lines)
+
+
+def model_input(
+    previous: DialogueState | dict[str, Any] | None, texts: Iterable[tuple[int, str]]
+) -> str:
+    """The user message of a dialogue-state call: the state so far and the new text(s)."""
+    before = previous or {}
+    known = {"intent": before.get("intent"), "slots": dict(before.get("slots") or {})}
+    new = "\n".join(text[:4000] for _, text in texts)
+    return (
+        "State so far: "
+        + json.dumps(known, ensure_ascii=False)
+        + "\n\nNew user message(s):\n"
+        + new
+    )
+
+
+def state_from_model(
+    extractor: Extractor,
+    previous: DialogueState | dict[str, Any] | None,
+    texts: Iterable[tuple[int, str]],
+    answer: str,
+    *,
+    turn: int,
+) -> DialogueState | None:
+    """The state after the model's answer, keeping only declared names; None when the
+    answer is not the JSON asked for (the caller falls back to the declared rules)."""
+    start, end = answer.find("{"), answer.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        parsed = json.loads(answer[start : end + 1])
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    state = extract(Extractor((), ()), previous, texts, turn=turn)  # carry over, advance seq
+    intent = parsed.get("intent")
+    if isinstance(intent, str) and intent in {i.name for i in extractor.intents}:
+        state["intent"], state["intent_turn"] = intent, turn
+    slots = parsed.get("slots")
+    names = {s.name for s in extractor.slots}
+    for name, value in slots.items() if isinstance(slots, dict) else ():
+        if name not in names or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            continue
+        text = str(value).strip()[:SLOT_VALUE_MAX_CHARS]
+        if text:
+            state["slots"][name] = text
+            state["slot_turns"][name] = turn
     return state

@@ -195,10 +195,11 @@ class ModelCallAdmin(TenantScopedAdmin, ReadOnlyAdmin):
                 ("retry", obj.retried),
                 ("fallback", obj.fallback_used),
                 ("rollout", obj.rollout),
-                ("summary", obj.purpose == "summary"),
             )
             if on
         ]
+        if obj.purpose != "step":
+            flags.append(obj.purpose)  # the engine's own calls: summary, dialogue
         return ", ".join(flags) or "—"
 
     @admin.display(description="at", ordering="created_at")

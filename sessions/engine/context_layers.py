@@ -13,16 +13,26 @@ Each layer is one short system block after the system prompt, and the same facts
 such as the offline rules model.
 """
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
-from memory.dialogue import extract, extractor_for
+from llm.types import ChatMessage, ChatRequest
+from memory.dialogue import (
+    Extractor,
+    extract,
+    extractor_for,
+    model_input,
+    model_instructions,
+    state_from_model,
+)
 from memory.layers import (
     BudgetLeft,
     CreditsLeft,
@@ -35,8 +45,13 @@ from memory.layers import (
 from runtime.breaker import model_breaker
 from tools.execution import ToolSnapshot, tool_breaker
 
-from ..models import Agent, Message, Session
+from ..models import Agent, Message, ModelCall, ModelEndpoint, Session
 from .budget_gate import GateRead
+from .model_calls import side_call
+
+logger = logging.getLogger(__name__)
+# A dialogue-state answer is a short JSON object.
+DIALOGUE_OUTPUT_TOKENS = 300
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class Layers:
     config: dict[str, Any]
     # The session's new dialogue state for this step's commit; None: unchanged.
     dialogue_state: dict[str, Any] | None
+    # The dialogue-state model call (`extractor: model`), committed and metered with the step.
+    calls: list[ModelCall] = field(default_factory=list)
 
 
 def _user_text(message: Message) -> str | None:
@@ -59,14 +76,31 @@ def _user_text(message: Message) -> str | None:
     return None
 
 
-def dialogue_update(
-    session: Session, agent: Agent, history: list[Message]
-) -> dict[str, Any] | None:
-    """The dialogue state after the user's messages the extractor has not read yet, or None
-    if there are none (or the agent declares no dialogue)."""
+@dataclass(frozen=True)
+class DialogueUpdate:
+    state: dict[str, Any] | None
+    calls: list[ModelCall]
+
+
+def dialogue_endpoint(agent: Agent) -> ModelEndpoint:
+    """The model that reads dialogue state: the cheap one when the agent has it."""
+    cheap = agent.cheap_model
+    return cheap if cheap is not None and cheap.enabled else agent.model
+
+
+def dialogue_update(session: Session, agent: Agent, history: list[Message]) -> DialogueUpdate:
+    """The dialogue state after the user's messages the extractor has not read yet (None if
+    there are none, or the agent declares no dialogue), and the model call it took.
+
+    1. The user's texts since the last message the extractor read.
+    2. `extractor: model` (and a model that is not the offline rules model): one call
+       with the declared names; its JSON becomes the state.
+    3. Otherwise, or when that call fails or answers nonsense: the declared keywords,
+       patterns and values. A failed extraction never fails the step.
+    """
     extractor = extractor_for(agent.dialogue)
     if extractor.empty:
-        return None
+        return DialogueUpdate(None, [])
     previous = session.dialogue_state or {}
     read_up_to = int(previous.get("seq") or 0)
     texts = []
@@ -81,9 +115,46 @@ def dialogue_update(
         if text is not None:
             texts.append((message.seq, text))
     if not texts:
-        return None
+        return DialogueUpdate(None, [])
     texts.reverse()
-    return dict(extract(extractor, previous, texts, turn=session.turn))
+    calls: list[ModelCall] = []
+    endpoint = dialogue_endpoint(agent)
+    if extractor.by_model and endpoint.api != "rules":
+        state, record = _model_dialogue(session, endpoint, extractor, previous, texts)
+        calls.append(record)
+        if state is not None:
+            return DialogueUpdate(state, calls)
+    return DialogueUpdate(dict(extract(extractor, previous, texts, turn=session.turn)), calls)
+
+
+def _model_dialogue(
+    session: Session,
+    endpoint: ModelEndpoint,
+    extractor: Extractor,
+    previous: dict[str, Any],
+    texts: list[tuple[int, str]],
+) -> tuple[dict[str, Any] | None, ModelCall]:
+    request = ChatRequest(
+        messages=(
+            ChatMessage(role="system", content=model_instructions(extractor)),
+            ChatMessage(role="user", content=model_input(previous, texts)),
+        ),
+        tool_choice="none",
+        temperature=0,
+        max_tokens=DIALOGUE_OUTPUT_TOKENS,
+        agent_config={"task": "dialogue", "rules": [], "fallback_answer": ""},
+    )
+    connection.close()  # never hold a connection across a model call
+    response, record = side_call(session, endpoint, request, purpose="dialogue")
+    if response is None:
+        logger.warning(
+            "dialogue state by %s failed for session %s: the declared rules read it instead",
+            endpoint.name,
+            session.pk,
+        )
+        return None, record
+    state = state_from_model(extractor, previous, texts, response.text, turn=session.turn)
+    return (dict(state) if state is not None else None), record
 
 
 def turn_extra_context(history: list[Message], turn: int) -> dict[str, Any] | None:
@@ -175,7 +246,7 @@ def context_layers(
 ) -> Layers:
     """The blocks (environment, dialogue state, extra context) and their facts for one step."""
     update = dialogue_update(session, agent, history)
-    state = update if update is not None else (session.dialogue_state or {})
+    state = update.state if update.state is not None else (session.dialogue_state or {})
     environment = environment_now(session, agent, read, tools)
     extra = turn_extra_context(history, session.turn)
     blocks = [environment_block(environment)]
@@ -189,4 +260,6 @@ def context_layers(
         "dialogue": {"intent": state.get("intent"), "slots": dict(state.get("slots") or {})},
         "extra_context": extra,
     }
-    return Layers(blocks=tuple(blocks), config=config, dialogue_state=update)
+    return Layers(
+        blocks=tuple(blocks), config=config, dialogue_state=update.state, calls=update.calls
+    )

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from django.conf import settings
 
@@ -169,8 +170,8 @@ def _attempt_call(
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall.
 
-    A `summary` call is not streamed to the session's clients (they see no
-    deltas of it) and cannot be cancelled mid-way; it is short.
+    A side call (a summary, the dialogue state) is not streamed to the session's
+    clients (they see no deltas of it) and cannot be cancelled mid-way; it is short.
     """
     config = endpoint_config(endpoint)
     record = ModelCall(
@@ -205,7 +206,7 @@ def _attempt_call(
         timing.started = time.perf_counter()
         response = (
             _quiet(config, request, timing)
-            if purpose == "summary"
+            if purpose in SIDE_PURPOSES
             else _stream(session, config, request, timing)
         )
         if not has_text(response):
@@ -346,12 +347,21 @@ def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> Cha
         raise ModelError(f"'{config.name}' adapter failed: {type(exc).__name__}") from exc
 
 
-def summary_call(
-    session: Session, endpoint: ModelEndpoint, request: ChatRequest
+# Calls the engine makes for itself (not the turn's answer): never streamed to clients.
+SIDE_PURPOSES = frozenset({"summary", "dialogue"})
+
+
+def side_call(
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    *,
+    purpose: Literal["summary", "dialogue"],
 ) -> tuple[ChatResponse | None, ModelCall]:
-    """One call for a summary of the history: recorded and priced like any call, never raises."""
+    """One call the engine makes for itself (a summary of the history, the dialogue state):
+    recorded and priced like any call, never raises."""
     response, record, _ = _attempt(
-        session, endpoint, request, retried=False, fallback=False, rollout=False, purpose="summary"
+        session, endpoint, request, retried=False, fallback=False, rollout=False, purpose=purpose
     )
     return response, record
 

@@ -225,6 +225,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     )
     request = assembly.request
     request.agent_config.update(layers.config)
+    # The engine's own model calls of this step (dialogue state, summary): committed with it.
+    side_calls = layers.calls + summary.calls
     # What this step commits besides its outcome: the notes the model saw (an
     # environment change, a new summary) and the summary's model call.
     notes = [m for m in (summary.message, note, recheck) if m is not None]
@@ -277,7 +279,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             content=partial_answer(history, session.turn),
             trigger=Trigger.LIMIT_REACHED,
             stop_reason=StopReason.BUDGET_EXCEEDED,
-            spend=ModelSpend(calls=summary.calls, iteration=session.iteration),
+            spend=ModelSpend(calls=side_calls, iteration=session.iteration),
             context=context_for(None),
             reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
         )
@@ -293,7 +295,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             content=partial_answer(history, session.turn, note=credits_note(credits)),
             trigger=Trigger.LIMIT_REACHED,
             stop_reason=StopReason.INSUFFICIENT_CREDITS,
-            spend=ModelSpend(calls=summary.calls, iteration=session.iteration),
+            spend=ModelSpend(calls=side_calls, iteration=session.iteration),
             context=context_for(None),
             reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
             f"{credits.points} points, {credits.points_left} left ({credits.reason})",
@@ -310,12 +312,10 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)
-        spent = ModelSpend(
-            calls=summary.calls + cancelled.calls, iteration=iteration, answered=False
-        )
+        spent = ModelSpend(calls=side_calls + cancelled.calls, iteration=iteration, answered=False)
         turn_cancel(session=fresh, owner=owner, spend=spent)
         return
-    spend = ModelSpend(calls=summary.calls + routed.calls, iteration=iteration)
+    spend = ModelSpend(calls=side_calls + routed.calls, iteration=iteration)
     context = context_for(routed.endpoint.name if routed.endpoint else None)
     if routed.response is None:
         error = routed.error

@@ -32,7 +32,7 @@ from memory.tokens import count_message_tokens
 
 from ..models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
 from .context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
-from .model_calls import summary_call
+from .model_calls import side_call
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def summarise(
         agent_config={"task": "summary", "rules": [], "fallback_answer": ""},
     )
     connection.close()  # never hold a connection across a model call
-    response, record = summary_call(session, endpoint, request)
+    response, record = side_call(session, endpoint, request, purpose="summary")
     outcome = SummaryOutcome(calls=[record])
     if response is None or not response.text.strip():
         logger.warning(

@@ -7,6 +7,9 @@ from memory.dialogue import (
     dialogue_config_problem,
     extract,
     extractor_for,
+    model_input,
+    model_instructions,
+    state_from_model,
 )
 
 CONFIG = {
@@ -100,6 +103,15 @@ def test_no_config_extracts_nothing():
             {"slots": [{"name": "s", "patterns": ["x"]}, {"name": "s", "patterns": ["y"]}]},
             "dialogue.slots[1].name: duplicate name 's'",
         ),
+        ({"extractor": "llm", "intents": []}, "dialogue.extractor: must be rules or model"),
+        (
+            {"extractor": "model", "slots": [{"name": "s", "description": "x" * 301}]},
+            "dialogue.slots[0].description: must be a string of at most 300",
+        ),
+        (
+            {"extractor": "rules", "slots": [{"name": "s", "description": "an order"}]},
+            "dialogue.slots[0]: needs patterns or values (or extractor: model)",
+        ),
     ],
 )
 def test_a_wrong_config_is_named_by_its_path(config, problem):
@@ -111,3 +123,64 @@ def test_a_wrong_config_is_named_by_its_path(config, problem):
 def test_a_good_config_has_no_problem():
     assert dialogue_config_problem(CONFIG) is None
     assert dialogue_config_problem({}) is None
+
+
+MODEL_CONFIG = {
+    "extractor": "model",
+    "intents": [
+        {"name": "refund", "description": "wants their money back"},
+        {"name": "track", "keywords": ["where is"]},
+    ],
+    "slots": [{"name": "order", "description": "the order number"}, {"name": "qty"}],
+}
+
+
+def test_a_model_extractor_needs_only_names_and_tells_the_model_them():
+    assert dialogue_config_problem(MODEL_CONFIG) is None
+    extractor = extractor_for(MODEL_CONFIG)
+    assert extractor.by_model and not extractor_for(CONFIG).by_model
+    prompt = model_instructions(extractor)
+    assert (
+        "- refund: wants their money back\n- track\nSlots:\n- order: the order number\n- qty"
+        in prompt
+    )
+    text = model_input({"intent": "track", "slots": {"order": "SO-1"}, "seq": 4}, [(5, "undo it")])
+    assert text == (
+        'State so far: {"intent": "track", "slots": {"order": "SO-1"}}\n\n'
+        "New user message(s):\nundo it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "intent", "slots"),
+    [
+        (
+            '```json\n{"intent": "refund", "slots": {"order": "SO-9"}}\n```',
+            "refund",
+            {"order": "SO-9", "x": "1"},
+        ),
+        ('{"intent": null, "slots": {"qty": 3}}', "track", {"order": "SO-1", "qty": "3", "x": "1"}),
+        # Undeclared names, a boolean, an empty value and a list are dropped.
+        (
+            '{"intent": "cancel", "slots": {"colour": "red", "qty": true, "order": " ", "x": []}}',
+            "track",
+            {"order": "SO-1", "x": "1"},
+        ),
+        (
+            '{"intent": "refund", "slots": {"order": "' + "9" * 500 + '"}}',
+            "refund",
+            {"order": "9" * SLOT_VALUE_MAX_CHARS, "x": "1"},
+        ),
+    ],
+)
+def test_the_models_answer_keeps_only_declared_names(answer, intent, slots):
+    previous = {"intent": "track", "intent_turn": 1, "slots": {"order": "SO-1", "x": "1"}, "seq": 4}
+    state = state_from_model(extractor_for(MODEL_CONFIG), previous, [(6, "...")], answer, turn=2)
+    assert state is not None
+    assert (state["intent"], state["slots"], state["seq"], state["turn"]) == (intent, slots, 6, 2)
+    assert state["intent_turn"] == (2 if intent != "track" else 1)
+
+
+@pytest.mark.parametrize("answer", ["", "Sure! The intent is refund.", "{not json}", "[1, 2]"])
+def test_an_answer_that_is_not_the_json_asked_for_is_none(answer):
+    assert state_from_model(extractor_for(MODEL_CONFIG), None, [(1, "x")], answer, turn=1) is None

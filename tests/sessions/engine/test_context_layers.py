@@ -27,7 +27,15 @@ from memory.layers import EXTRA_CONTEXT_HEAD
 from runtime.breaker import model_breaker
 from sessions.engine import model_phase, runner
 from sessions.engine.context_layers import session_time_zone
-from sessions.models import Agent, Checkpoint, Message, ModelEndpoint, Session, ToolCall
+from sessions.models import (
+    Agent,
+    Checkpoint,
+    Message,
+    ModelCall,
+    ModelEndpoint,
+    Session,
+    ToolCall,
+)
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
@@ -358,6 +366,69 @@ async def test_a_websocket_frame_carries_extra_context_to_the_model(client, agen
     assert len(system) == 4
     assert json.loads(system[3].split("\n")[2]) == extra
     assert session.dialogue_state["slots"] == {"order": "SO-42"}
+
+
+MODEL_DIALOGUE = {
+    "extractor": "model",
+    "intents": [
+        {"name": "refund", "description": "the user wants their money back"},
+        {"name": "track", "description": "where a parcel is", "keywords": ["where is"]},
+    ],
+    "slots": [{"name": "order", "description": "the order number, like SO-1001"}],
+}
+
+
+def test_the_model_extractor_reads_paraphrases_and_falls_back_to_the_rules(
+    agent, client, openai_server
+):
+    """`extractor: model`: one metered side call per user message reads intent and slots
+    (only declared names kept); when it fails, the declared keywords read the message."""
+    Agent.objects.filter(pk=agent.pk).update(dialogue=MODEL_DIALOGUE)
+    api = client()
+    session_id = _open_session(api, agent)
+    openai_server.script(
+        Reply(
+            text='{"intent": "refund", "slots": {"order": "SO-7", "colour": "red"}}',
+            usage=(120, 20),
+        ),
+        Reply(text="I will look into the refund."),
+        Reply(status=400, error_message="no JSON mode here"),
+        Reply(text="It is on its way."),
+    )
+
+    # No keyword says "refund" here: only a model can tell.
+    assert (
+        _post(api, session_id, {"content": "That parcel SO-7 was a mistake, undo it"}).status_code
+        == 202
+    )
+    session = _run(session_id)
+    side, main = openai_server.requests[:2]
+    assert side.messages[0]["content"].startswith("You track the state of a conversation")
+    assert "- refund: the user wants their money back" in side.messages[0]["content"]
+    assert "That parcel SO-7 was a mistake" in side.messages[1]["content"]
+    assert _systems(main.messages)[2] == (
+        "Dialogue state (extracted from the user's messages so far): "
+        'intent: refund; order: "SO-7".'
+    )
+    assert session.dialogue_state["slots"] == {"order": "SO-7"}  # "colour" is not declared
+    calls = ModelCall.objects.filter(session_id=session_id).order_by("id")
+    assert [(c.purpose, c.outcome) for c in calls] == [("dialogue", "success"), ("step", "success")]
+    assert (calls[0].input_tokens, calls[0].output_tokens) == (120, 20)
+
+    # Turn 2: the dialogue call fails; the keyword "where is" still reads the message.
+    assert _post(api, session_id, {"content": "where is it now?"}).status_code == 202
+    session = _run(session_id)
+    assert session.last_error == ""
+    assert session.dialogue_state["intent"] == "track"
+    assert session.dialogue_state["slots"] == {"order": "SO-7"}
+    assert session.dialogue_state["seq"] > 1
+    outcomes = list(
+        ModelCall.objects.filter(session_id=session_id, turn=2)
+        .order_by("id")
+        .values_list("purpose", "outcome")
+    )
+    assert outcomes == [("dialogue", "bad_request"), ("step", "success")]
+    assert len(openai_server.requests) == 4
 
 
 def test_the_offline_rules_model_answers_from_the_dialogue_state(make_agent, make_session):
