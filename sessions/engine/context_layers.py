@@ -47,6 +47,7 @@ from tools.execution import ToolSnapshot, tool_breaker
 
 from ..models import Agent, Message, ModelCall, ModelEndpoint, Session
 from .budget_gate import GateRead
+from .metering import model_credits_check
 from .model_calls import side_call
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ def dialogue_update(session: Session, agent: Agent, history: list[Message]) -> D
     endpoint = dialogue_endpoint(agent)
     if extractor.by_model and endpoint.api != "rules":
         state, record = _model_dialogue(session, endpoint, extractor, previous, texts)
-        calls.append(record)
+        if record is not None:
+            calls.append(record)
         if state is not None:
             return DialogueUpdate(state, calls)
     return DialogueUpdate(dict(extract(extractor, previous, texts, turn=session.turn)), calls)
@@ -133,7 +135,7 @@ def _model_dialogue(
     extractor: Extractor,
     previous: dict[str, Any],
     texts: list[tuple[int, str]],
-) -> tuple[dict[str, Any] | None, ModelCall]:
+) -> tuple[dict[str, Any] | None, ModelCall | None]:
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content=model_instructions(extractor)),
@@ -144,6 +146,9 @@ def _model_dialogue(
         max_tokens=DIALOGUE_OUTPUT_TOKENS,
         agent_config={"task": "dialogue", "rules": [], "fallback_answer": ""},
     )
+    credits = model_credits_check(session, endpoint, request, DIALOGUE_OUTPUT_TOKENS)
+    if credits is not None and credits.outcome == "insufficient":
+        return None, None  # the points are the turn's: the declared rules read it for free
     connection.close()  # never hold a connection across a model call
     response, record = side_call(session, endpoint, request, purpose="dialogue")
     if response is None:

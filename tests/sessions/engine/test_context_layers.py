@@ -11,6 +11,7 @@ frame, the run on the engine (session_run, no worker), and what the model server
 
 import itertools
 import json
+from decimal import Decimal
 from collections.abc import Callable
 from typing import Any
 
@@ -429,6 +430,35 @@ def test_the_model_extractor_reads_paraphrases_and_falls_back_to_the_rules(
     )
     assert outcomes == [("dialogue", "bad_request"), ("step", "success")]
     assert len(openai_server.requests) == 4
+
+
+def test_a_paid_dialogue_model_the_owner_cannot_pay_for_is_not_called(
+    agent, client, openai_server, endpoint
+):
+    """The points are the turn's: with too few, the declared rules read the message."""
+    cheap = ModelEndpointFactory(
+        name=f"{endpoint.name}-cheap",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model-cheap",
+        api_key_env=MODEL_KEY_ENV,
+        credits_per_1k_tokens=Decimal(1000),
+    )
+    Agent.objects.filter(pk=agent.pk).update(dialogue=MODEL_DIALOGUE, cheap_model=cheap)
+    api = client("layers-poor-user")
+    session_id = _open_session(api, agent)
+    credits_grant(
+        owner_id=get_user_model().objects.get(username="layers-poor-user").pk,
+        points=5,
+        actor="test",
+        note="not enough for a dialogue call",
+    )
+    openai_server.script(Reply(text="On its way."))
+    assert _post(api, session_id, {"content": "where is SO-3?"}).status_code == 202
+    session = _run(session_id)
+    assert [r.body.get("model") for r in openai_server.requests] == ["fake-model-1"]
+    assert session.dialogue_state["intent"] == "track"  # the keyword fallback
+    assert not ModelCall.objects.filter(session_id=session_id, purpose="dialogue").exists()
 
 
 def test_the_offline_rules_model_answers_from_the_dialogue_state(make_agent, make_session):
