@@ -11,8 +11,8 @@ frame, the run on the engine (session_run, no worker), and what the model server
 
 import itertools
 import json
-from decimal import Decimal
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pytest
