@@ -184,6 +184,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "large case, which takes long to build)",
     )
     parser.add_argument(
+        "--memory-large-items",
+        type=int,
+        default=None,
+        help="memory benchmark, skewed case: items of each of the 4 large owners (default "
+        "max(items / 20, 2 x MEMORY_EXACT_SCAN_MAX): 50,000 at 1,000,000 items)",
+    )
+    parser.add_argument(
+        "--memory-data",
+        choices=("lowrank", "random"),
+        default="lowrank",
+        help="memory benchmark: 'lowrank' (intrinsic dimension 16 + noise, like real "
+        "embeddings; default) or 'random' (isotropic gaussian, the worst case for HNSW)",
+    )
+    parser.add_argument(
         "--memory-dims",
         type=int,
         default=256,
@@ -361,7 +375,11 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import memory_search
 
         return memory_search.run(
-            items=args.memory_items, dims=args.memory_dims, queries=60 if args.quick else 300
+            items=args.memory_items,
+            dims=args.memory_dims,
+            queries=60 if args.quick else 300,
+            large_items=args.memory_large_items,
+            data=args.memory_data,
         )
     if name == "checkpoint":
         from . import checkpoint

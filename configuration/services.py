@@ -12,7 +12,6 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts.models import Role
-from memory.index import memory_index_ensure
 from memory.models import EmbeddingEndpoint
 from sessions.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
@@ -279,8 +278,6 @@ def config_apply(
             values = {k: entry[k] for k in EMBEDDINGS_FIELDS if k in entry}
             notes = resolved("embeddings", i, values)
             done = _upsert(EmbeddingEndpoint, {"name": entry["name"]}, values)
-            # Vectors of this dimension need their own HNSW index (memory/index.py).
-            memory_index_ensure(dimension=entry["dimension"])
             report.append(f"embeddings {entry['name']}: {done}{notes}")
             key_env = entry.get("api_key_env")
             if key_env and not os.environ.get(key_env):

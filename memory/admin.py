@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.text import Truncator
 
-from .models import EmbeddingEndpoint, MemoryItem
+from .models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from .services import embedding_endpoint_save, memory_erase_owner, memory_item_save
 
 
@@ -121,3 +121,22 @@ class EmbeddingEndpointAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: EmbeddingEndpoint, form: Any, change: bool
     ) -> None:
         embedding_endpoint_save(endpoint=obj)
+
+
+@admin.register(MemoryOwnerIndex)
+class MemoryOwnerIndexAdmin(admin.ModelAdmin):
+    """Read-only: which large owners have their own search index, and how its build went."""
+
+    list_display = ("owner", "dims", "name", "state", "items_at_build", "build_s", "built_at")
+    list_filter = ("state", "dims")
+    search_fields = ("owner__username", "name")
+    list_select_related = ("owner",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

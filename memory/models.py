@@ -108,3 +108,41 @@ class EmbeddingCache(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.content_hash[:12]}"
+
+
+class OwnerIndexState(models.TextChoices):
+    PENDING = "pending", "pending"
+    BUILDING = "building", "building"
+    READY = "ready", "ready"
+    FAILED = "failed", "failed"
+
+
+class MemoryOwnerIndex(models.Model):
+    """An owner past the exact-scan limit has its own partial HNSW index per dimension.
+
+    The row exists from the moment a write pushes the owner past the limit (one
+    row per owner and dimension: the unique constraint deduplicates the build
+    task); search uses the index only once it is `ready`, and scans exactly before.
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_indexes"
+    )
+    dims = models.PositiveIntegerField()
+    name = models.CharField(max_length=63, unique=True)
+    state = models.CharField(
+        max_length=10, choices=OwnerIndexState.choices, default=OwnerIndexState.PENDING
+    )
+    items_at_build = models.PositiveIntegerField(default=0)
+    build_s = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    built_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "dims"], name="memory_owner_index_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"

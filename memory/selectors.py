@@ -1,14 +1,18 @@
 """Reading memory: the owner's nearest items, ranked for a turn, and the context block.
 
-The owner filter must still return K items. An approximate index scan with a
-filter visits the graph's nearest tuples and drops other owners' ones, so at
-1,000 owners a plain HNSW scan (ef_search 40) returns almost nothing. Two paths:
-- an owner with at most EXACT_SCAN_MAX live items (the common case) is scanned
-  exactly through the (owner, dims) index: every item, exact order, recall 1.0;
-- a larger owner goes through the HNSW index with pgvector 0.8's iterative scan
-  (`hnsw.iterative_scan = relaxed_order`), which keeps walking the graph until K
-  rows pass the filter; the results are re-sorted by exact distance.
-bench/memory_search.py measures both (p95 and recall@10 against the exact scan).
+The owner filter must still return K items, with recall@10 >= 0.95. One global
+HNSW index with a filter cannot promise that: its graph is everyone's items, and
+at 0.1 % selectivity even pgvector's iterative scan found only ~38 % of an
+owner's true top 10. So:
+- an owner with at most `settings.MEMORY_EXACT_SCAN_MAX` live items of the
+  dimension (the common case) is scanned exactly through the (owner, dims)
+  index: every item, exact order, recall 1.0, one round trip;
+- a larger owner has its own partial HNSW index (memory/index.py, built by a
+  Celery task once a write crosses the limit, recorded in MemoryOwnerIndex):
+  its graph holds that owner's items only, searched with a wide candidate list
+  (`MEMORY_HNSW_EF_SEARCH`) and re-sorted by exact distance. Until the index is
+  ready the owner is scanned exactly: slower, never wrong.
+bench/memory_search.py measures both kinds of owner (p95 and recall@10).
 """
 
 from collections.abc import Sequence
@@ -16,14 +20,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .models import MemoryItem
+from .models import MemoryItem, MemoryOwnerIndex, OwnerIndexState
 from .scoring import DEFAULT_HALF_LIFE_DAYS, memory_score
 
-EXACT_SCAN_MAX = 2000
+# With a tag filter the owner's graph may hold fewer matching rows near the query
+# than K: the iterative scan keeps walking, up to this many tuples.
 ITERATIVE_MAX_SCAN_TUPLES = 40000
+
+
+def exact_scan_max() -> int:
+    """Read per call, so tests (and operators, through the environment) can move it."""
+    return int(settings.MEMORY_EXACT_SCAN_MAX)
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,8 @@ def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
 
 
-def _owner_live_count(owner_id: int, dims: int, limit: int) -> int:
+def memory_owner_live_count(*, owner_id: int, dims: int, limit: int) -> int:
+    """The owner's live items of `dims`, counted up to `limit` (an index-only, bounded scan)."""
     table = MemoryItem._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
@@ -47,6 +59,24 @@ def _owner_live_count(owner_id: int, dims: int, limit: int) -> int:
         )
         row = cursor.fetchone()
     return int(row[0]) if row else 0
+
+
+def _large_owner_index(owner_id: int, dims: int, limit: int) -> tuple[bool, str | None]:
+    """(is the owner past the limit, the name of its ready index or None): one round trip."""
+    items = MemoryItem._meta.db_table
+    indexes = MemoryOwnerIndex._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata; every value is a bound parameter.
+            f'SELECT (SELECT count(*) FROM (SELECT 1 FROM "{items}" WHERE owner_id = %s '  # nosec B608
+            "AND dims = %s AND superseded_at IS NULL LIMIT %s) s), "
+            f'(SELECT name FROM "{indexes}" WHERE owner_id = %s AND dims = %s AND state = %s)',
+            [owner_id, dims, limit + 1, owner_id, dims, OwnerIndexState.READY],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return False, None
+    return int(row[0]) > limit, row[1]
 
 
 def memory_nearest(
@@ -60,17 +90,28 @@ def memory_nearest(
 ) -> list[Hit]:
     """The owner's K live items nearest to `vector` (cosine), embedded by `model`.
 
-    `path`: "auto" (exact for a small owner, else the index), "exact" or "index".
-    "auto" is one round trip for a small owner: the exact scan runs guarded by
-    the owner's item count (an InitPlan), and only an empty answer asks whether
-    the owner is large instead.
+    `path`: "auto", "exact" or "index" (the owner's own index; exact without one).
+    1. "auto" first runs the exact scan guarded by the owner's item count (an
+       InitPlan): a small owner gets its answer in this one round trip.
+    2. An empty answer asks, in one more round trip, whether the owner is large
+       and whether its index is ready.
+    3. A large owner with a ready index is searched through it; one without
+       (the build is queued or running) is scanned exactly.
     """
+    limit = exact_scan_max()
+    dims = len(vector)
     if path == "auto":
-        hits = _nearest(owner_id, vector, model, k, tags, "exact", guarded=True)
-        if hits or _owner_live_count(owner_id, len(vector), EXACT_SCAN_MAX + 1) <= EXACT_SCAN_MAX:
+        hits = _nearest(owner_id, vector, model, k, tags, "exact", guard=limit)
+        if hits:
             return hits
-        path = "index"
-    return _nearest(owner_id, vector, model, k, tags, path, guarded=False)
+        large, index = _large_owner_index(owner_id, dims, limit)
+        if not large:
+            return hits
+        path = "index" if index else "exact"
+    elif path == "index":
+        _, index = _large_owner_index(owner_id, dims, limit)
+        path = "index" if index else "exact"
+    return _nearest(owner_id, vector, model, k, tags, path, guard=None)
 
 
 def _nearest(
@@ -81,7 +122,7 @@ def _nearest(
     tags: Sequence[str],
     path: str,
     *,
-    guarded: bool,
+    guard: int | None,
 ) -> list[Hit]:
     dims = len(vector)
     table = MemoryItem._meta.db_table
@@ -91,23 +132,24 @@ def _nearest(
     order = f"{distance} + 0" if path == "exact" else distance
     tag_filter = "AND tag = ANY(%s)" if tags else ""
     literal = vector_literal(vector)
-    params: list[Any] = [literal, owner_id, dims, model]
+    params: list[Any] = [literal, model]
     if tags:
         params.append(list(tags))
-    guard = ""
-    if guarded:
+    guard_sql = ""
+    if guard is not None:
         # SQL names from model metadata and integer constants; values are bound parameters.
-        guard = (
-            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = %s AND dims = %s '  # nosec B608
-            f"AND superseded_at IS NULL LIMIT {EXACT_SCAN_MAX + 1}) s) <= {EXACT_SCAN_MAX}"
+        guard_sql = (
+            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = {int(owner_id)} '  # nosec B608
+            f"AND dims = {dims} AND superseded_at IS NULL LIMIT {int(guard) + 1}) s) <= {int(guard)}"
         )
-        params += [owner_id, dims]
     params += [literal, k]
-    # The distance, order and filters are built above from constants; values are bound.
+    # The owner and dimension are integers written into the text: the owner's partial
+    # index (WHERE owner_id = X AND dims = d) is usable only when the planner sees the
+    # literals. The distance, order and filters are built above; values are bound.
     sql = (
         f'SELECT id, 1 - {distance} FROM "{table}" '  # nosec B608
-        f"WHERE owner_id = %s AND dims = %s AND superseded_at IS NULL AND embedding_model = %s "
-        f"{tag_filter} {guard} ORDER BY {order} LIMIT %s"
+        f"WHERE owner_id = {int(owner_id)} AND dims = {dims} AND superseded_at IS NULL "
+        f"AND embedding_model = %s {tag_filter} {guard_sql} ORDER BY {order} LIMIT %s"
     )
     if path == "exact":
         with connection.cursor() as cursor:
@@ -115,19 +157,30 @@ def _nearest(
             rows = cursor.fetchall()
     else:
         with transaction.atomic(), connection.cursor() as cursor:
-            # SET LOCAL: the settings end with this transaction, whatever the pool does next.
-            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            cursor.execute(f"SET LOCAL hnsw.max_scan_tuples = {ITERATIVE_MAX_SCAN_TUPLES}")
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {max(40, 2 * k)}")
-            # The HNSW scan yields rows in order; a plan through the owner index must sort.
-            # Sorting disabled, the planner takes the HNSW scan it would otherwise skip.
-            cursor.execute("SET LOCAL enable_sort = off")
+            cursor.execute(*owner_index_settings(k))
             cursor.execute(sql, params)
             rows = cursor.fetchall()
     hits = [Hit(int(i), float(sim)) for i, sim in rows]
     # relaxed_order may return rows slightly out of order.
     hits.sort(key=lambda h: -h.similarity)
     return hits
+
+
+def owner_index_settings(k: int) -> tuple[str, list[Any]]:
+    """The SET LOCALs of a search through an owner's index, as one statement.
+
+    SET LOCAL: the settings end with the transaction, whatever the pool does next.
+    The HNSW scan yields rows in order; a plan through the owner btree must sort:
+    sorting disabled, the planner takes the HNSW scan it might otherwise skip.
+    """
+    ef_search = max(int(settings.MEMORY_HNSW_EF_SEARCH), 2 * k)
+    return (
+        "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+        "set_config('hnsw.max_scan_tuples', %s, true), "
+        "set_config('hnsw.ef_search', %s, true), "
+        "set_config('enable_sort', 'off', true)",
+        [str(ITERATIVE_MAX_SCAN_TUPLES), str(min(ef_search, 1000))],
+    )
 
 
 def memory_owner_has_items(owner_id: int) -> bool:

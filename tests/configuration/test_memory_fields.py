@@ -1,4 +1,4 @@
-"""apply_config declares the embeddings endpoint (and its index) and an agent's memory settings."""
+"""apply_config declares the embeddings endpoint and an agent's memory settings."""
 
 import pytest
 from django.db import connection
@@ -40,9 +40,9 @@ def test_embeddings_and_memory_settings_apply(monkeypatch):
     endpoint = EmbeddingEndpoint.objects.get(name="tei")
     assert (endpoint.base_url, endpoint.dimension) == ("http://127.0.0.1:8080/v1", 384)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'memory_item_hnsw_384'")
-        (definition,) = cursor.fetchone()
-    assert "vector(384)" in definition and "dims = 384" in definition
+        # No global index per dimension any more: only large owners get one, their own.
+        cursor.execute("SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'memory_item_hnsw%%'")
+        assert cursor.fetchone() == (0,)
     agent = Agent.objects.get(slug="support")
     assert agent.memory == {"top_k": 3, "tags": ["preference"], "extraction": True}
     assert config_apply(document=DOCUMENT)[1].startswith("embeddings tei: unchanged;")

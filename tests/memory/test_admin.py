@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from memory.models import MemoryItem
+from memory.models import MemoryItem, MemoryOwnerIndex
 from memory.services import memory_remember
 from tests.factories import UserFactory
 
@@ -58,3 +58,14 @@ def test_erase_everything_of_a_user_asks_first(client, operator, embeddings):
     assert done.status_code == 302
     assert not MemoryItem.objects.filter(owner=alice).exists()
     assert MemoryItem.objects.filter(owner=bob).count() == 1
+
+
+def test_owner_indexes_are_listed_read_only(client, operator):
+    alice = UserFactory(username="alice")
+    MemoryOwnerIndex.objects.create(
+        owner=alice, dims=256, name="memory_owner_1_hnsw_256", state="failed", error="boom"
+    )
+    url = reverse("admin:memory_memoryownerindex_changelist")
+    page = client.get(url).content.decode()
+    assert "memory_owner_1_hnsw_256" in page and "failed" in page and "alice" in page
+    assert client.get(reverse("admin:memory_memoryownerindex_add")).status_code == 403

@@ -3,10 +3,11 @@
 import pytest
 
 from memory.embeddings import current_embedder, embed_texts
-from memory.models import EmbeddingCache, MemoryItem
+from memory.models import EmbeddingCache, MemoryItem, MemoryOwnerIndex
 from memory.selectors import memory_block, memory_ranked
-from memory.services import memory_erase_owner, memory_remember
+from memory.services import memory_erase_owner, memory_owner_index_request, memory_remember
 from tests.factories import UserFactory
+from tests.memory.conftest import DIMENSION
 
 pytestmark = pytest.mark.django_db
 
@@ -104,3 +105,22 @@ def test_erase_everything_of_one_owner(embeddings):
     memory_remember(owner_id=bob.pk, content="I like tea")
     assert memory_erase_owner(owner_id=alice.pk) == 2  # history included
     assert list(MemoryItem.objects.values_list("owner_id", flat=True)) == [bob.pk]
+
+
+def test_crossing_the_exact_scan_limit_queues_one_index_build(
+    embeddings, settings, django_capture_on_commit_callbacks
+):
+    settings.MEMORY_EXACT_SCAN_MAX = 2
+    owner, other = UserFactory(), UserFactory()
+    with django_capture_on_commit_callbacks() as queued:
+        memory_remember(owner_id=owner.pk, content="My dog is called Rex")
+        memory_remember(owner_id=owner.pk, content="I live in Berlin")
+        memory_remember(owner_id=other.pk, content="I like tea")
+    assert queued == [] and not MemoryOwnerIndex.objects.exists()  # at the limit: exact
+    with django_capture_on_commit_callbacks() as queued:
+        memory_remember(owner_id=owner.pk, content="I prefer tea")
+        memory_remember(owner_id=owner.pk, content="Send invoices monthly")
+        assert memory_owner_index_request(owner_id=owner.pk, dims=DIMENSION) is False
+    assert len(queued) == 1  # one build per owner and dimension, however many writes
+    record = MemoryOwnerIndex.objects.get()
+    assert (record.owner_id, record.dims, record.state) == (owner.pk, DIMENSION, "pending")

@@ -1,0 +1,18 @@
+"""Handing an owner-index build to a worker; the task is looked up by name."""
+
+import logging
+
+from celery import current_app
+
+OWNER_INDEX_TASK = "memory.tasks.owner_index_build"
+
+
+def owner_index_enqueue(*, owner_id: int, dims: int) -> bool:
+    try:
+        current_app.tasks[OWNER_INDEX_TASK].delay(owner_id, dims)
+        return True
+    except Exception:  # noqa: BLE001 - a broker down must not fail a write; search stays exact
+        logging.getLogger(__name__).warning(
+            "memory: could not enqueue the index build of owner %s", owner_id, exc_info=True
+        )
+        return False
