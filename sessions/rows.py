@@ -110,28 +110,57 @@ def insert_statement(
     whose first statement may not match). `now`: fields set to the
     transaction's `now()` instead of the objects' values.
     """
-    if not objs:
+    attnames = [attname for attname, _ in _savers(model, names, now)]
+    rows = [[getattr(obj, attname) for attname in attnames] for obj in objs]
+    return insert_rows(model, rows, names, returning=returning, guard=guard, now=now)
+
+
+def insert_rows(
+    model: type[models.Model],
+    rows: Sequence[Sequence[Any]],
+    names: tuple[str, ...],
+    *,
+    returning: bool = False,
+    guard: str = "",
+    now: tuple[str, ...] = (),
+) -> Statement | None:
+    """`insert_statement` for rows given as values, one per name not in `now`, in order.
+
+    Rows that are only written (events, transitions, checkpoints) need no
+    model instance: building one costs more than the row's conversion.
+    """
+    if not rows:
         return None
     _, columns = _columns(model, names)
     _, row = _row(model, names, now)
-    savers = _savers(model, names, now)
+    savers = [save for _, save in _savers(model, names, now)]
     conn = connections[DEFAULT_DB_ALIAS]  # the proxy would look it up again per value
     params: list[Any] = []
-    for obj in objs:
-        params.extend([save(getattr(obj, attname), conn) for attname, save in savers])
-    values = ", ".join([row] * len(objs))
+    for values in rows:
+        params.extend([save(value, conn) for save, value in zip(savers, values, strict=True)])
+    values_sql = ", ".join([row] * len(rows))
     table = model._meta.db_table
     if guard:
         sql = (
             # SQL names from model metadata (constants); every value is a bound parameter.
-            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values}) AS v WHERE {guard}'  # nosec B608
+            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values_sql}) AS v WHERE {guard}'  # nosec B608
         )
     else:
         # SQL names from model metadata (constants); every value is a bound parameter.
-        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values}'  # nosec B608
+        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values_sql}'  # nosec B608
     if returning:
         sql += f' RETURNING "{model._meta.pk.column}"'  # type: ignore[union-attr]
     return sql, params
+
+
+@lru_cache(maxsize=64)
+def _update_row(model: type[models.Model], names: tuple[str, ...]) -> tuple[str, str, str]:
+    """One typed VALUES row of an UPDATE (the key first), its column list and the SET clause."""
+    fields, _ = _columns(model, names)
+    row = "(%s::bigint, " + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
+    assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
+    value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
+    return row, value_columns, assignments
 
 
 def update_statement(
@@ -144,17 +173,14 @@ def update_statement(
     """One UPDATE of several rows, each with its own values."""
     if not objs:
         return None
-    fields, _ = _columns(model, names)
     pk = model._meta.pk.column  # type: ignore[union-attr]
-    row = "(%s::bigint, " + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
+    row, value_columns, assignments = _update_row(model, names)
     savers = _savers(model, names, ())
     conn = connections[DEFAULT_DB_ALIAS]
     params: list[Any] = []
     for obj in objs:
         params.append(obj.pk)
         params.extend([save(getattr(obj, attname), conn) for attname, save in savers])
-    assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
-    value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
     sql = (
         # SQL names from model metadata (constants); every value is a bound parameter.
         f'UPDATE "{model._meta.db_table}" AS t SET {assignments} '
