@@ -13,6 +13,7 @@ import re
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -26,6 +27,26 @@ Statement = tuple[str, list[Any]]
 def json_value(value: Any) -> Any:
     """A jsonb column read with a raw cursor: Django's driver setup hands it over as text."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _jsonb_float(text: str) -> float | int:
+    value = float(text)
+    if value == 0:
+        return 0.0  # numeric has no negative zero
+    if "e+" in text or "E+" in text:
+        # numeric prints a large number without an exponent: it reads back as an integer.
+        return int(Decimal(text))
+    return value
+
+
+def jsonb_value(value: Any) -> Any:
+    """The value as a jsonb column gives it back (`json_value` of what it stored).
+
+    Written with json.dumps (a JSONField without an encoder), read back by
+    json.loads: tuples become lists, keys strings; numeric keeps a float's
+    digits, but not its sign at zero nor its exponent.
+    """
+    return json.loads(json.dumps(value), parse_float=_jsonb_float)
 
 
 @lru_cache(maxsize=64)

@@ -44,7 +44,7 @@ from ..rows import (
 )
 from ..states import State, Trigger, next_state
 from .metering import step_metering
-from .runtime_cache import STAMP_RETURNING
+from .runtime_cache import STAMP_RETURNING, CallsCommitted
 
 MESSAGE_COLUMNS = (
     "session",
@@ -463,6 +463,23 @@ def step_commit(step: Step) -> Committed:
         *getattr(session, "committed_messages", ())[-100:],
         *activated,
         *new_messages,
+    ]
+
+    # For the run's loop guards: every commit is logged (a gap in the versions
+    # sends the run back to the database), with the calls it wrote.
+    session.committed_calls = [  # type: ignore[attr-defined]
+        *getattr(session, "committed_calls", ())[-100:],
+        CallsCommitted(
+            before=session.version,
+            after=version,
+            turn=turn,
+            new_turn=turn != session.turn,
+            calls=tuple(
+                (c.step, c.position, c.tool_name, c.input, c.output, c.status)
+                for c in (*step.new_tool_calls, *step.updated_tool_calls)
+                if c.turn == turn
+            ),
+        ),
     ]
 
     # Keep the caller's copy in step with the row it now matches.
