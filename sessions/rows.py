@@ -19,6 +19,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from psycopg import pq
 from psycopg.adapt import Transformer
 
 Statement = tuple[str, list[Any]]
@@ -258,7 +259,12 @@ def execute_batch(statements: Sequence[Statement | None]) -> list[list[tuple[Any
             return results
         # No parameters: psycopg sends the text as it is.
         cursor.execute(_bound(connection.connection, real))
+        raw = cursor.cursor
         while True:
-            results.append(list(cursor.fetchall()) if cursor.description is not None else None)
+            # The result's status, not `description`: that builds a column list
+            # for each of the batch's results only to be tested against None.
+            result = raw.pgresult
+            rows = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+            results.append(list(cursor.fetchall()) if rows else None)
             if not cursor.nextset():
                 return results
