@@ -475,7 +475,7 @@ def step_commit(step: Step) -> Committed:
             turn=turn,
             new_turn=turn != session.turn,
             calls=tuple(
-                (c.step, c.position, c.tool_name, c.input, c.output, c.status)
+                (c.step, c.position, c.idempotency_key, c.tool_name, c.input, c.output, c.status)
                 for c in (*step.new_tool_calls, *step.updated_tool_calls)
                 if c.turn == turn
             ),

@@ -85,34 +85,39 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
 class CallsCommitted:
     """What one commit did to the tool calls of its turn, for the run's loop guards
     (runtime_cache.RunContext): from which version to which, and each call it
-    inserted or updated as (step, position, tool, input, output, status)."""
+    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
 
     before: int
     after: int
     turn: int
     new_turn: bool
-    calls: tuple[tuple[int, int, str, Any, Any, str], ...]
+    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
 
 
-def _turn_calls_rows(session: Session) -> dict[tuple[int, int], CallRecord]:
+# A call's key: (step, position) orders a turn's calls; the idempotency key is unique.
+CallKey = tuple[int, int, str]
+
+
+def _turn_calls_rows(session: Session) -> dict[CallKey, CallRecord]:
     with connection.cursor() as cursor:
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
-            f'SELECT step, position, tool_name, input, output, status FROM "{ToolCall._meta.db_table}" '
+            "SELECT step, position, idempotency_key, tool_name, input, output, status "
+            f'FROM "{ToolCall._meta.db_table}" '
             "WHERE session_id = %s AND turn = %s",  # nosec B608
             [session.pk, session.turn],
         )
         return {
-            (step, position): CallRecord(
+            (step, position, key): CallRecord(
                 name, json_value(raw_input), json_value(raw_output), status
             )
-            for step, position, name, raw_input, raw_output, status in cursor.fetchall()
+            for step, position, key, name, raw_input, raw_output, status in cursor.fetchall()
         }
 
 
-def _by_step(calls: dict[tuple[int, int], CallRecord]) -> list[list[CallRecord]]:
+def _by_step(calls: dict[CallKey, CallRecord]) -> list[list[CallRecord]]:
     steps: dict[int, list[CallRecord]] = {}
-    for (step, _), record in sorted(calls.items(), key=lambda item: item[0]):
+    for (step, _, _), record in sorted(calls.items(), key=lambda item: item[0]):
         steps.setdefault(step, []).append(record)
     return list(steps.values())
 
@@ -124,16 +129,16 @@ def turn_calls_read(session: Session) -> list[list[CallRecord]]:
 
 @dataclass
 class TurnCalls:
-    """The tool calls of one turn as of one session version, keyed by (step, position)."""
+    """The tool calls of one turn as of one session version."""
 
     turn: int
     version: int
-    calls: dict[tuple[int, int], CallRecord]
+    calls: dict[CallKey, CallRecord]
 
     def apply(self, commit: CallsCommitted) -> None:
-        for step, position, name, arguments, output, status in commit.calls:
+        for step, position, key, name, arguments, output, status in commit.calls:
             # As the database gives them back, so a re-run from the rows judges alike.
-            self.calls[(step, position)] = CallRecord(
+            self.calls[(step, position, key)] = CallRecord(
                 name, jsonb_value(arguments), jsonb_value(output), status
             )
         self.version = commit.after
