@@ -111,6 +111,11 @@ class ModelAdapter(ABC):
     def __init__(self, endpoint: EndpointConfig) -> None:
         self.endpoint = endpoint
 
+    def instant(self) -> bool:
+        """Whether `complete` answers without I/O or waiting (never suspends): such
+        an adapter may run on the caller's thread, with no hop to an event loop."""
+        return False
+
     @abstractmethod
     def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Yield typed events; the last two are Usage (if known) and Finish."""

@@ -209,6 +209,11 @@ class RulesAdapter(ModelAdapter):
     api = "rules"
     maps_tool_names = False
 
+    def instant(self) -> bool:
+        # Offline and deterministic: it only waits when told to (a simulated latency).
+        options = self.endpoint.options
+        return not (options.get("latency_s") or options.get("chunk_delay_s"))
+
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         if request.agent_config.get("task") == "summary":
             # A summary of the history (sessions/engine/summaries.py): offline and deterministic.

@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from channels.layers import get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 
 from runtime import io_loop
 
@@ -69,13 +70,39 @@ def frame_of(message: Mapping[str, Any]) -> Frame:
     return frame
 
 
+async def _publish_pipelined(layer: Any, group: str, messages: list[dict[str, Any]]) -> bool:
+    """All of a step's frames in one Redis round trip, on the Pub/Sub layer; False
+    (nothing sent) where the layer is another kind.
+
+    `group_send` costs a round trip per frame (~70 µs of the loop's CPU each,
+    ~7 frames a tool iteration). The same PUBLISH commands, in order, under
+    the shard's own lock, so they stay in order with every other send.
+    """
+    if not isinstance(layer, RedisPubSubChannelLayer):
+        return False
+    loop_layer = layer._get_layer()
+    channel = loop_layer._get_group_channel_name(group)
+    shard = loop_layer._get_shard(channel)
+    payloads = [layer.serialize(message) for message in messages]
+    async with shard._lock:
+        shard._ensure_redis()
+        async with shard._redis.pipeline(transaction=False) as pipe:
+            for payload in payloads:
+                pipe.publish(channel, payload)
+            await pipe.execute()
+    return True
+
+
 async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
+        group = group_name(session_id)
+        if len(messages) > 1 and await _publish_pipelined(layer, group, messages):
+            return
         for message in messages:
-            await layer.group_send(group_name(session_id), message)
+            await layer.group_send(group, message)
     except Exception:  # noqa: BLE001 - a lost notification must never fail a run
         logger.warning(
             "publish failed for session %s (%d frames)", session_id, len(messages), exc_info=True

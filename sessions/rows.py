@@ -13,11 +13,13 @@ import re
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from psycopg import pq
 from psycopg.adapt import Transformer
 
 Statement = tuple[str, list[Any]]
@@ -26,6 +28,26 @@ Statement = tuple[str, list[Any]]
 def json_value(value: Any) -> Any:
     """A jsonb column read with a raw cursor: Django's driver setup hands it over as text."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _jsonb_float(text: str) -> float | int:
+    value = float(text)
+    if value == 0:
+        return 0.0  # numeric has no negative zero
+    if "e+" in text or "E+" in text:
+        # numeric prints a large number without an exponent: it reads back as an integer.
+        return int(Decimal(text))
+    return value
+
+
+def jsonb_value(value: Any) -> Any:
+    """The value as a jsonb column gives it back (`json_value` of what it stored).
+
+    Written with json.dumps (a JSONField without an encoder), read back by
+    json.loads: tuples become lists, keys strings; numeric keeps a float's
+    digits, but not its sign at zero nor its exponent.
+    """
+    return json.loads(json.dumps(value), parse_float=_jsonb_float)
 
 
 @lru_cache(maxsize=64)
@@ -110,28 +132,57 @@ def insert_statement(
     whose first statement may not match). `now`: fields set to the
     transaction's `now()` instead of the objects' values.
     """
-    if not objs:
+    attnames = [attname for attname, _ in _savers(model, names, now)]
+    rows = [[getattr(obj, attname) for attname in attnames] for obj in objs]
+    return insert_rows(model, rows, names, returning=returning, guard=guard, now=now)
+
+
+def insert_rows(
+    model: type[models.Model],
+    rows: Sequence[Sequence[Any]],
+    names: tuple[str, ...],
+    *,
+    returning: bool = False,
+    guard: str = "",
+    now: tuple[str, ...] = (),
+) -> Statement | None:
+    """`insert_statement` for rows given as values, one per name not in `now`, in order.
+
+    Rows that are only written (events, transitions, checkpoints) need no
+    model instance: building one costs more than the row's conversion.
+    """
+    if not rows:
         return None
     _, columns = _columns(model, names)
     _, row = _row(model, names, now)
-    savers = _savers(model, names, now)
+    savers = [save for _, save in _savers(model, names, now)]
     conn = connections[DEFAULT_DB_ALIAS]  # the proxy would look it up again per value
     params: list[Any] = []
-    for obj in objs:
-        params.extend([save(getattr(obj, attname), conn) for attname, save in savers])
-    values = ", ".join([row] * len(objs))
+    for values in rows:
+        params.extend([save(value, conn) for save, value in zip(savers, values, strict=True)])
+    values_sql = ", ".join([row] * len(rows))
     table = model._meta.db_table
     if guard:
         sql = (
             # SQL names from model metadata (constants); every value is a bound parameter.
-            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values}) AS v WHERE {guard}'  # nosec B608
+            f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES {values_sql}) AS v WHERE {guard}'  # nosec B608
         )
     else:
         # SQL names from model metadata (constants); every value is a bound parameter.
-        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values}'  # nosec B608
+        sql = f'INSERT INTO "{table}" ({columns}) VALUES {values_sql}'  # nosec B608
     if returning:
         sql += f' RETURNING "{model._meta.pk.column}"'  # type: ignore[union-attr]
     return sql, params
+
+
+@lru_cache(maxsize=64)
+def _update_row(model: type[models.Model], names: tuple[str, ...]) -> tuple[str, str, str]:
+    """One typed VALUES row of an UPDATE (the key first), its column list and the SET clause."""
+    fields, _ = _columns(model, names)
+    row = "(%s::bigint, " + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
+    assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
+    value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
+    return row, value_columns, assignments
 
 
 def update_statement(
@@ -144,17 +195,14 @@ def update_statement(
     """One UPDATE of several rows, each with its own values."""
     if not objs:
         return None
-    fields, _ = _columns(model, names)
     pk = model._meta.pk.column  # type: ignore[union-attr]
-    row = "(%s::bigint, " + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
+    row, value_columns, assignments = _update_row(model, names)
     savers = _savers(model, names, ())
     conn = connections[DEFAULT_DB_ALIAS]
     params: list[Any] = []
     for obj in objs:
         params.append(obj.pk)
         params.extend([save(getattr(obj, attname), conn) for attname, save in savers])
-    assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
-    value_columns = ", ".join(['"__pk"'] + [f'"{f.column}"' for f in fields])
     sql = (
         # SQL names from model metadata (constants); every value is a bound parameter.
         f'UPDATE "{model._meta.db_table}" AS t SET {assignments} '
@@ -211,7 +259,12 @@ def execute_batch(statements: Sequence[Statement | None]) -> list[list[tuple[Any
             return results
         # No parameters: psycopg sends the text as it is.
         cursor.execute(_bound(connection.connection, real))
+        raw = cursor.cursor
         while True:
-            results.append(list(cursor.fetchall()) if cursor.description is not None else None)
+            # The result's status, not `description`: that builds a column list
+            # for each of the batch's results only to be tested against None.
+            result = raw.pgresult
+            rows = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+            results.append(list(cursor.fetchall()) if rows else None)
             if not cursor.nextset():
                 return results

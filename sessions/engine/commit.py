@@ -34,10 +34,17 @@ from ..models import (
     Transition,
 )
 from ..publisher import Frame, make_frame, publish
-from ..rows import Statement, execute_batch, insert_statement, one_round_trip, update_statement
+from ..rows import (
+    Statement,
+    execute_batch,
+    insert_rows,
+    insert_statement,
+    one_round_trip,
+    update_statement,
+)
 from ..states import State, Trigger, next_state
 from .metering import step_metering
-from .runtime_cache import STAMP_RETURNING
+from .runtime_cache import STAMP_RETURNING, CallsCommitted
 
 MESSAGE_COLUMNS = (
     "session",
@@ -375,43 +382,42 @@ def step_commit(step: Step) -> Committed:
         )
     ]
     ordered += step.events + step.after_events
+    # Events, transitions and the checkpoint are only written: rows of values
+    # in their columns' order (no model instances).
     first = event_seq - n_events
-    events = [
-        Event(session_id=session.pk, seq=first + i + 1, type=type_, data=data)
-        for i, (type_, data) in enumerate(ordered)
-    ]
-    writes.append(insert_statement(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
+    events = [(session.pk, first + i + 1, type_, data) for i, (type_, data) in enumerate(ordered)]
+    writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
     transitions = [
-        Transition(
-            session_id=session.pk,
-            from_state=before.value,
-            to_state=after.value,
-            trigger=trigger.value,
-            reason=step.reason[:2000] if i == 0 else "",
+        (
+            session.pk,
+            before.value,
+            after.value,
+            trigger.value,
+            step.reason[:2000] if i == 0 else "",
             # Each move its own version: the last one is the row's.
-            version=version - len(moves) + 1 + i,
-            turn=turn,
-            actor=step.actor[:150] if i == 0 else "",
+            version - len(moves) + 1 + i,
+            turn,
+            step.actor[:150] if i == 0 else "",
         )
         for i, (before, after, trigger) in enumerate(moves)
     ]
     writes.append(
-        insert_statement(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
+        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
     )
     if step.checkpoint is not None:
         context = {**step.checkpoint, "state": to_state.value}
-        checkpoint = Checkpoint(
-            session_id=session.pk,
-            step=step_no,
-            turn=turn,
-            state=to_state.value,
-            message_seq=message_seq,
-            context=context,
-            size_bytes=len(json.dumps(context, separators=(",", ":"), default=str)),
-            fingerprint=step.fingerprint,
+        checkpoint = (
+            session.pk,
+            step_no,
+            turn,
+            to_state.value,
+            message_seq,
+            context,
+            len(json.dumps(context, separators=(",", ":"), default=str)),
+            step.fingerprint,
         )
         writes.append(
-            insert_statement(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
+            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
         )
 
     # One round trip. Outside a transaction the server runs the batch as one
@@ -422,14 +428,14 @@ def step_commit(step: Step) -> Committed:
             results = execute_batch(writes)
             row = results[0][0] if results[0] else None
             if row is not None:
-                frames = [make_frame(session.pk, e.seq, e.type, e.data, row[0]) for e in events]
+                frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
                 session_id = session.pk
                 transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
     else:
         results = execute_batch(writes)
         row = results[0][0] if results[0] else None
         if row is not None:
-            frames = [make_frame(session.pk, e.seq, e.type, e.data, row[0]) for e in events]
+            frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
             _publish_after_commit(session.pk, frames)
     # A refused move wrote nothing, and a caller's own transaction stays
     # usable after it catches StaleSession.
@@ -457,6 +463,23 @@ def step_commit(step: Step) -> Committed:
         *getattr(session, "committed_messages", ())[-100:],
         *activated,
         *new_messages,
+    ]
+
+    # For the run's loop guards: every commit is logged (a gap in the versions
+    # sends the run back to the database), with the calls it wrote.
+    session.committed_calls = [  # type: ignore[attr-defined]
+        *getattr(session, "committed_calls", ())[-100:],
+        CallsCommitted(
+            before=session.version,
+            after=version,
+            turn=turn,
+            new_turn=turn != session.turn,
+            calls=tuple(
+                (c.step, c.position, c.idempotency_key, c.tool_name, c.input, c.output, c.status)
+                for c in (*step.new_tool_calls, *step.updated_tool_calls)
+                if c.turn == turn
+            ),
+        ),
     ]
 
     # Keep the caller's copy in step with the row it now matches.

@@ -34,7 +34,10 @@ class DeltaBatcher:
             if now - self._last_flush >= self.interval:
                 self.flush()
             elif self._timer is None:
-                loop = asyncio.get_running_loop()
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return  # an instant model, run inline: flushed when it returns
                 self._timer = loop.call_later(self.interval - (now - self._last_flush), self.flush)
         elif isinstance(event, ToolCallStarted):
             self.flush()

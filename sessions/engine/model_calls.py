@@ -305,12 +305,21 @@ def _stream(
             watch.unregister(session.pk, cancelled)
             batcher.flush()
 
-    future = io_loop.submit(call())
+    future: concurrent.futures.Future[ChatResponse] | None = None
     try:
+        if adapter.instant():
+            # No I/O and no wait (the offline rules model): on this thread, no
+            # hop to the io loop; nothing to cancel in the microseconds it takes.
+            try:
+                return io_loop.run_inline(adapter.complete(request, on_event=on_event))
+            finally:
+                batcher.flush()
+        future = io_loop.submit(call())
         # The adapter enforces the endpoint's timeouts; this is only a backstop.
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:
-        future.cancel()
+        if future is not None:
+            future.cancel()
         raise ModelTimeout(
             f"'{config.name}' did not finish within {config.total_timeout_s:g} s"
         ) from None
@@ -333,11 +342,16 @@ def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> Cha
         if timing.first is None:
             timing.first = time.perf_counter()
 
-    future = io_loop.submit(adapter_for(config).complete(request, on_event=on_event))
+    adapter = adapter_for(config)
+    future: concurrent.futures.Future[ChatResponse] | None = None
     try:
+        if adapter.instant():
+            return io_loop.run_inline(adapter.complete(request, on_event=on_event))
+        future = io_loop.submit(adapter.complete(request, on_event=on_event))
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:
-        future.cancel()
+        if future is not None:
+            future.cancel()
         raise ModelTimeout(
             f"'{config.name}' did not finish within {config.total_timeout_s:g} s"
         ) from None

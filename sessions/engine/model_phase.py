@@ -19,21 +19,20 @@ from runtime.faults import fault_point
 
 from ..dispatch import memory_enqueue_on_commit
 from ..events import StopReason
-from ..models import Agent, Checkpoint, Message, Session, ToolCall
-from ..rows import json_value
+from ..models import Agent, Checkpoint, Message, Session
 from ..states import Trigger
 from . import guards
 from .budget_gate import gate_read, model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, Assembly, assemble
 from .context_layers import context_layers
 from .environment import describe_changes, environment
-from .guards import CallRecord, GuardLimits, GuardVerdict
+from .guards import GuardLimits, GuardVerdict
 from .memory_glue import wants_turn_memory
 from .metering import credits_note, model_credits_check
 from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .revalidation import revalidation_note
-from .runtime_cache import RunContext, agent_runtime
+from .runtime_cache import RunContext, agent_runtime, turn_calls_read
 from .summaries import SummaryOutcome, summarise, summary_retry_at
 from .usage import ModelSpend
 
@@ -41,11 +40,12 @@ LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one reques
 BUSY_ANSWER = "The service is busy right now. Please try again in a moment."
 
 
-def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
+def loop_stop(session: Session, agent: Agent, run: RunContext | None = None) -> GuardVerdict | None:
     """Why this turn may not call tools any more, if it may not.
 
     The iteration limit, the turn's time limit and the loop guards, judged
-    from what the database holds, so a re-run step reaches the same verdict.
+    from the turn's calls as the database holds them (kept in `run`'s memory
+    between its own commits), so a re-run step reaches the same verdict.
     """
     if session.iteration >= agent.max_iterations:
         return GuardVerdict(StopReason.MAX_ITERATIONS, LIMIT_NOTE)
@@ -58,22 +58,11 @@ def loop_stop(session: Session, agent: Agent) -> GuardVerdict | None:
             )
     if session.iteration < 2:
         return None
-    steps: dict[int, list[CallRecord]] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f'SELECT step, tool_name, input, output, status FROM "{ToolCall._meta.db_table}" '
-            "WHERE session_id = %s AND turn = %s ORDER BY step, position",  # nosec B608
-            [session.pk, session.turn],
-        )
-        for step, name, raw_input, raw_output, status in cursor.fetchall():
-            steps.setdefault(step, []).append(
-                CallRecord(name, json_value(raw_input), json_value(raw_output), status)
-            )
+    steps = run.turn_calls(session) if run is not None else turn_calls_read(session)
     limits = GuardLimits(
         repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit
     )
-    return guards.check(list(steps.values()), limits)
+    return guards.check(steps, limits)
 
 
 def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
@@ -198,12 +187,12 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
-    stop = loop_stop(session, agent)
+    run = run or RunContext()
+    stop = loop_stop(session, agent, run)
     final = stop is not None
     tools = runtime.tools_for(session.role)
     env = environment(agent, tools, agent.model.name)
     note = environment_note(session, env)
-    run = run or RunContext()
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
     # After a resume or a fork: the tools' business-rule prechecks on their last calls.

@@ -16,8 +16,10 @@ from django.db import connection
 from tools.execution import ToolSnapshot, tools_for_agent
 from tools.models import Tool
 
-from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
+from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session, ToolCall
+from ..rows import json_value, jsonb_value
 from .context import SUMMARY_NAME
+from .guards import CallRecord
 from .memory_glue import turn_memory_block
 
 
@@ -79,6 +81,69 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     return runtime
 
 
+@dataclass(frozen=True)
+class CallsCommitted:
+    """What one commit did to the tool calls of its turn, for the run's loop guards
+    (runtime_cache.RunContext): from which version to which, and each call it
+    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
+
+    before: int
+    after: int
+    turn: int
+    new_turn: bool
+    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
+
+
+# A call's key: (step, position) orders a turn's calls; the idempotency key is unique.
+CallKey = tuple[int, int, str]
+
+
+def _turn_calls_rows(session: Session) -> dict[CallKey, CallRecord]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            "SELECT step, position, idempotency_key, tool_name, input, output, status "
+            f'FROM "{ToolCall._meta.db_table}" '
+            "WHERE session_id = %s AND turn = %s",  # nosec B608
+            [session.pk, session.turn],
+        )
+        return {
+            (step, position, key): CallRecord(
+                name, json_value(raw_input), json_value(raw_output), status
+            )
+            for step, position, key, name, raw_input, raw_output, status in cursor.fetchall()
+        }
+
+
+def _by_step(calls: dict[CallKey, CallRecord]) -> list[list[CallRecord]]:
+    steps: dict[int, list[CallRecord]] = {}
+    for (step, _, _), record in sorted(calls.items(), key=lambda item: item[0]):
+        steps.setdefault(step, []).append(record)
+    return list(steps.values())
+
+
+def turn_calls_read(session: Session) -> list[list[CallRecord]]:
+    """The tool calls of the session's turn, one list per model step (by position), as stored."""
+    return _by_step(_turn_calls_rows(session))
+
+
+@dataclass
+class TurnCalls:
+    """The tool calls of one turn as of one session version."""
+
+    turn: int
+    version: int
+    calls: dict[CallKey, CallRecord]
+
+    def apply(self, commit: CallsCommitted) -> None:
+        for step, position, key, name, arguments, output, status in commit.calls:
+            # As the database gives them back, so a re-run from the rows judges alike.
+            self.calls[(step, position, key)] = CallRecord(
+                name, jsonb_value(arguments), jsonb_value(output), status
+            )
+        self.version = commit.after
+
+
 @dataclass
 class RunContext:
     """What one `session_run` keeps between its steps."""
@@ -87,6 +152,34 @@ class RunContext:
     # The long-term memory block of the turn being run: computed at its first step.
     memory_turn: tuple[str, int] | None = None
     memory_text: str = ""
+    # The turn's tool calls for the loop guards, kept by this run's own commits.
+    turn_calls_cache: TurnCalls | None = None
+
+    def turn_calls(self, session: Session) -> list[list[CallRecord]]:
+        """The turn's tool calls per model step, as `turn_calls_read` would return them.
+
+        1. Replay this run's commits since the last read (`step_commit` logs
+           each on the session object): a commit that started the turn starts
+           an empty list; one that follows the known version adds its calls.
+        2. Any gap (a commit by someone else: an approval decided, a takeover,
+           or a run that starts mid-turn) reads the database once, so a re-run
+           reaches the same verdict as the run before it.
+        """
+        known = self.turn_calls_cache
+        for commit in getattr(session, "committed_calls", ()):
+            if commit.new_turn:
+                known = TurnCalls(turn=commit.turn, version=commit.before, calls={})
+            if known is not None and known.version == commit.before and known.turn == commit.turn:
+                known.apply(commit)
+            else:
+                known = None
+        session.committed_calls = []  # type: ignore[attr-defined]
+        if known is None or known.version != session.version or known.turn != session.turn:
+            known = TurnCalls(
+                turn=session.turn, version=session.version, calls=_turn_calls_rows(session)
+            )
+        self.turn_calls_cache = known
+        return _by_step(known.calls)
 
     def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
         key = (str(session.pk), session.turn)

@@ -16,6 +16,7 @@ from llm.types import (
     ToolCallStarted,
     Usage,
 )
+from runtime import io_loop
 
 
 def user(text: str) -> ChatMessage:
@@ -353,3 +354,34 @@ def test_the_demo_follows_up_on_the_order_in_the_dialogue_state():
     # With no order remembered, the same words get the demo's fallback answer.
     answer, calls = decide(rules, (user("Any news?"),), "", {"dialogue": {"slots": {}}})
     assert calls == [] and answer.startswith("I can look up orders")
+
+
+@pytest.mark.parametrize(
+    ("options", "instant"),
+    [
+        ({}, True),
+        ({"latency_s": 0}, True),
+        ({"latency_s": 0.5}, False),
+        ({"chunk_delay_s": 0.01}, False),
+    ],
+)
+def test_the_rules_model_is_instant_unless_told_to_wait(options, instant):  # type: ignore[no-untyped-def]
+    assert _adapter(options).instant() is instant
+
+
+def test_an_instant_rules_model_completes_without_an_event_loop():
+    request = ChatRequest(
+        messages=(user("hello there"),), agent_config={"rules": [{"answer": "Hi, how can I help?"}]}
+    )
+    events: list = []
+
+    response = io_loop.run_inline(_adapter().complete(request, on_event=events.append))
+
+    assert response.text == "Hi, how can I help?"
+    assert [e.text for e in events if isinstance(e, TextDelta)] == [
+        "Hi, ",
+        "how ",
+        "can ",
+        "I ",
+        "help?",
+    ]

@@ -1,6 +1,7 @@
 """sessions/rows.py: the step's batch binds exactly what psycopg would, and the
 fast value conversion matches the fields' own get_db_prep_save."""
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -11,7 +12,7 @@ from django.db import connection
 
 from sessions.engine.commit import MESSAGE_COLUMNS
 from sessions.models import Event, Message, ModelCall, ToolCall
-from sessions.rows import _bound, _savers, execute_batch, insert_statement
+from sessions.rows import _bound, _savers, execute_batch, insert_statement, json_value, jsonb_value
 
 from ..factories import SessionFactory
 
@@ -97,3 +98,19 @@ def test_insert_statement_writes_awkward_text() -> None:
     [[(pk,)]] = execute_batch([statement])
     stored = Message.objects.get(pk=pk)
     assert (stored.content, stored.data) == (text, {"t": text})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"big": 1.5e20, "odd": 1.2345678901234567e25, "zero": -0.0, "small": 1e-05, "x": 0.1},
+        {"tuple": (1, [2.0, None]), "keys": {3: "three"}, "text": 'ünï\n"q"'},
+        [5e-324, -1.5e300, 12345678.123456789, True, None],
+        "just text",
+    ],
+)
+def test_jsonb_value_is_what_the_column_gives_back(value: Any) -> None:
+    [[stored]] = execute_batch([("SELECT %s::jsonb", [json.dumps(value)])])[0] or [[None]]
+    back = json_value(stored)
+    # The guards compare and hash the JSON text: the same text, not just equal numbers.
+    assert json.dumps(jsonb_value(value), sort_keys=True) == json.dumps(back, sort_keys=True)
