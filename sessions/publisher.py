@@ -80,9 +80,15 @@ async def _publish_pipelined(layer: Any, group: str, messages: list[dict[str, An
     """
     if not isinstance(layer, RedisPubSubChannelLayer):
         return False
-    loop_layer = layer._get_layer()
-    channel = loop_layer._get_group_channel_name(group)
-    shard = loop_layer._get_shard(channel)
+    try:
+        # channels_redis 4.2-4.3 internals: another release without them falls back to
+        # group_send (one round trip per frame) rather than losing frames.
+        loop_layer = layer._get_layer()
+        channel = loop_layer._get_group_channel_name(group)
+        shard = loop_layer._get_shard(channel)
+        shard._lock, shard._ensure_redis  # noqa: B018 - probe before anything is sent
+    except AttributeError:
+        return False
     payloads = [layer.serialize(message) for message in messages]
     async with shard._lock:
         shard._ensure_redis()
