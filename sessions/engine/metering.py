@@ -11,6 +11,9 @@
   cost and calls to the daily rollups there too: no second commit.
 - Reservations a crash or an ended turn left open are reconciled by the sweeper
   from the calls' final status (sessions/services.py).
+- A model call made outside a step (the memory extraction after a turn) is committed
+  by `side_call_commit` in a short transaction of its own, with the same rollup and
+  charge statements as a step's.
 - A model call on an endpoint with `credits_per_1k_tokens` is checked before it
   runs (its estimated tokens must fit the free balance and today's cap, else the
   turn ends with `insufficient_credits`) and charged for the tokens it used in the
@@ -20,6 +23,9 @@
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
 
 from billing.pricing import model_call_points
 from billing.selectors import CreditsCheck, credits_cover
@@ -40,7 +46,7 @@ from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
 from ..events import EventSpec, EventType, Progress
-from ..models import ModelEndpoint, Session, ToolCall, ToolCallStatus
+from ..models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
 
 INSUFFICIENT = "insufficient_credits"
 
@@ -201,7 +207,9 @@ def credits_note(check: CreditsCheck) -> str:
     return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
 
 
-def model_charges(session: Session, model_calls: list[Any], guard: str) -> Statement | None:
+def model_charges(
+    session: Session, model_calls: list[Any], guard: str, key_prefix: str = "model"
+) -> Statement | None:
     """The points of the step's model calls on paid endpoints, for the step's batch."""
     charges = []
     for position, call in enumerate(model_calls):
@@ -212,7 +220,7 @@ def model_charges(session: Session, model_calls: list[Any], guard: str) -> State
         if points:
             charges.append(
                 ModelCharge(
-                    f"model:{session.pk}:{call.step}:{position}",
+                    f"{key_prefix}:{session.pk}:{call.step}:{position}",
                     points,
                     f"{call.endpoint_name}: {tokens} tokens",
                 )
@@ -226,3 +234,50 @@ def model_charges(session: Session, model_calls: list[Any], guard: str) -> State
         charges=charges,
         guard=guard,
     )
+
+
+def side_call_commit(*, session: Session, record: ModelCall) -> bool:
+    """Commit a model call made outside a step (the memory extraction after a turn), metered
+    as a step's: the ModelCall row, the session's totals, the usage rollup and, on a paid
+    endpoint, its charge. False (nothing written) if this turn's call of this purpose is
+    already recorded: a task run twice is metered and charged once.
+
+    1. Lock the session row (a short, key-share-free `FOR NO KEY UPDATE`: a step commit
+       waits the few statements this takes) and check no call of this purpose and turn
+       is recorded yet.
+    2. Insert the row; add its tokens and cost to the session (F(): the step commits
+       add theirs the same way, nothing is lost).
+    3. The rollup upsert and the charge statement of `step_metering`, keyed by purpose,
+       session and turn (never a step's key).
+    """
+    record.session_id = session.pk
+    with transaction.atomic():
+        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).values("pk").get()
+        if ModelCall.objects.filter(
+            session_id=session.pk, turn=record.turn, purpose=record.purpose
+        ).exists():
+            return False
+        record.save()
+        Session.objects.filter(pk=session.pk).update(
+            input_tokens=F("input_tokens") + record.input_tokens,
+            output_tokens=F("output_tokens") + record.output_tokens,
+            cost=F("cost") + record.cost,
+        )
+        writes = [
+            usage_statement(
+                owner_id=session.owner_id,
+                agent_id=session.agent_id,
+                input_tokens=record.input_tokens,
+                output_tokens=record.output_tokens,
+                cost=record.cost,
+                model_calls=1,
+            ),
+            model_charges(
+                session, [record], guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
+            ),
+        ]
+        with connection.cursor() as cursor:
+            for statement in writes:
+                if statement is not None:
+                    cursor.execute(*statement)
+    return True

@@ -100,6 +100,10 @@ class _Timing:
         return int((time.perf_counter() - self.started) * 1000)
 
 
+# Calls made for the platform's own housekeeping: answered quietly, never streamed.
+QUIET_PURPOSES = ("summary", "extraction")
+
+
 def _attempt(
     session: Session,
     endpoint: ModelEndpoint,
@@ -169,8 +173,8 @@ def _attempt_call(
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall.
 
-    A `summary` call is not streamed to the session's clients (they see no
-    deltas of it) and cannot be cancelled mid-way; it is short.
+    A `summary` or `extraction` call is not streamed to the session's clients
+    (they see no deltas of it) and cannot be cancelled mid-way; it is short.
     """
     config = endpoint_config(endpoint)
     record = ModelCall(
@@ -205,7 +209,7 @@ def _attempt_call(
         timing.started = time.perf_counter()
         response = (
             _quiet(config, request, timing)
-            if purpose == "summary"
+            if purpose in QUIET_PURPOSES
             else _stream(session, config, request, timing)
         )
         if not has_text(response):
@@ -352,6 +356,23 @@ def summary_call(
     """One call for a summary of the history: recorded and priced like any call, never raises."""
     response, record, _ = _attempt(
         session, endpoint, request, retried=False, fallback=False, rollout=False, purpose="summary"
+    )
+    return response, record
+
+
+def extraction_call(
+    session: Session, endpoint: ModelEndpoint, request: ChatRequest
+) -> tuple[ChatResponse | None, ModelCall]:
+    """One call that lists what a finished turn is worth remembering: recorded and priced like
+    any call (the caller commits and meters it), never raises."""
+    response, record, _ = _attempt(
+        session,
+        endpoint,
+        request,
+        retried=False,
+        fallback=False,
+        rollout=False,
+        purpose="extraction",
     )
     return response, record
 
