@@ -205,7 +205,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     # After a resume or a fork: the tools' business-rule prechecks on their last calls.
     recheck = revalidation_note(session, history, tools)
     history.extend(n for n in (note, recheck) if n is not None)
-    read = gate_read(session, agent)
+    read = gate_read(session, agent, run.figures)
     layers = context_layers(session, agent, history, read, tools)
     context_blocks = tuple(layers.blocks)
     assembly, summary = fitted_context(

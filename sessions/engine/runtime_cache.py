@@ -17,6 +17,7 @@ from tools.execution import ToolSnapshot, tools_for_agent
 from tools.models import Tool
 
 from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session
+from .budget_gate import FiguresKeeper
 from .context import SUMMARY_NAME
 from .memory_glue import turn_memory_block
 
@@ -87,6 +88,8 @@ class RunContext:
     # The long-term memory block of the turn being run: computed at its first step.
     memory_turn: tuple[str, int] | None = None
     memory_text: str = ""
+    # The owner's budget and credit figures of the turn, advanced locally (budget_gate).
+    figures: FiguresKeeper = field(default_factory=FiguresKeeper)
 
     def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
         key = (str(session.pk), session.turn)
