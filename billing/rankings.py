@@ -64,17 +64,26 @@ def cost_rankings(
         return _session_rankings(start, end, metric, descending, limit)
     key = _KEY.get(group, "owner_id")
     direction = "DESC" if descending else "ASC"
+    # Two passes over the period's rollups: the top keys by the one sorted metric (one sum
+    # per group is most of the work saved), then all the sums of those keys alone (found
+    # through the rollups' indexes). Ties are broken by the key in both, so the rows are
+    # exactly those of one pass summing everything.
     with connection.cursor() as cursor:
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
+            f"""WITH top AS (
+                    SELECT {key} AS k FROM "{UsageDaily._meta.db_table}"
+                     WHERE day BETWEEN %s AND %s
+                     GROUP BY {key}
+                     ORDER BY sum({metric}) {direction}, {key}
+                     LIMIT %s)
+                SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
                        sum(tool_calls), sum(credits_spent)
                   FROM "{UsageDaily._meta.db_table}"
-                 WHERE day BETWEEN %s AND %s
+                 WHERE day BETWEEN %s AND %s AND {key} IN (SELECT k FROM top)
                  GROUP BY {key}
-                 ORDER BY {_COLUMN[metric]} {direction}, {key}
-                 LIMIT %s""",  # nosec B608
-            [start, end, limit],
+                 ORDER BY {_COLUMN[metric]} {direction}, {key}""",  # nosec B608
+            [start, end, limit, start, end],
         )
         rows = cursor.fetchall()
     labels = _labels(group, [r[0] for r in rows])
