@@ -216,6 +216,8 @@ def tool_step(session: Session, owner: str) -> None:
         metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
     outcomes.update(credits.refused)
     to_run = [c for c in to_run if c.pk not in credits.refused]
+    if any(getattr(c, "credit_points", 0) for c in to_run):
+        fault_point("after_credits_reserved")
     pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(
