@@ -550,24 +550,21 @@ def model_charge_statement(
     for i, charge in enumerate(charges):
         value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
     guard_sql = f" AND {guard}" if guard else ""
-    # `o` locks the account and reads its newest balance, so `o.balance - c.balance` is
-    # exactly what this statement took (the least of the balance and the points). The
-    # `<> ''` lets the planner use the ledger's partial unique index on the key.
+    # One UPDATE takes the points: its SET reads the row's newest balance (a concurrent
+    # charge is waited for and re-read), and RETURNING's `old.balance - new.balance`
+    # (PostgreSQL 18) is exactly what this statement took (the least of the balance and
+    # the points). The `<> ''` lets the planner use the ledger's partial unique index.
     # SQL names from model metadata (constants); every value is a bound parameter.
-    sql = f"""WITH o AS (
-        SELECT id, owner_id, balance FROM {_ACCOUNT}
-         WHERE owner_id = %s{guard_sql}
+    sql = f"""WITH a AS (
+        UPDATE {_ACCOUNT} c
+           SET balance = c.balance - LEAST(c.balance, %s),
+               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(c.balance, %s),
+               spent_day = {_TODAY}, updated_at = now()
+         WHERE c.owner_id = %s{guard_sql}
            AND NOT EXISTS (SELECT 1 FROM {_LEDGER}
                             WHERE kind = 'charge' AND idempotency_key <> ''
                               AND idempotency_key = ANY(%s::varchar[]))
-           FOR NO KEY UPDATE),
-    a AS (
-        UPDATE {_ACCOUNT} c
-           SET balance = o.balance - LEAST(o.balance, %s),
-               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(o.balance, %s),
-               spent_day = {_TODAY}, updated_at = now()
-          FROM o WHERE c.id = o.id
-     RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),
+     RETURNING c.id, c.owner_id, old.balance AS before, old.balance - new.balance AS taken),
     u AS (
         INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
                               model_calls, tool_calls, credits_spent)
@@ -587,12 +584,12 @@ def model_charge_statement(
       CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
      WHERE x.taken > 0"""  # nosec B608
     params: list[Any] = [
+        total,
+        tz,
+        total,
+        tz,
         owner_id,
         keys,
-        total,
-        tz,
-        total,
-        tz,
         agent_id,
         tz,
         *value_params,
