@@ -39,15 +39,18 @@ TURN_MODEL_STEPS = 3
 
 
 def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
-    """The gate as a run calls it (its figures kept per turn) and the rollup upsert alone;
-    `gate_read_ms`/`gate_kept_ms` split the gate's times by whether it read."""
+    """The gate as a run calls it (its figures kept per turn), a paid endpoint's credits
+    check and the rollup upsert alone; `gate_read_ms`/`gate_kept_ms` split the gate's
+    times by whether it read."""
+    import copy
+
     from django.db import connection, transaction
 
     from billing.models import CreditAccount, OwnerBudget
-    from billing.selectors import credits_cover
     from billing.services import usage_statement
     from llm.types import ChatMessage, ChatRequest
-    from sessions.engine.budget_gate import FiguresKeeper, model_gate
+    from sessions.engine.budget_gate import FiguresKeeper, gate_read, model_gate
+    from sessions.engine.metering import model_credits_check
     from sessions.engine.runtime_cache import agent_runtime
     from sessions.models import Agent, Session
 
@@ -61,6 +64,8 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     )
     session = Session.objects.get(pk=session.pk)
     agent = agent_runtime(session.agent_id).agent
+    paid = copy.copy(agent.model)
+    paid.credits_per_1k_tokens = Decimal(1)
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content="Echo the user."),
@@ -77,11 +82,13 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
         if i % TURN_MODEL_STEPS == 0:
             session.turn += 1  # in memory only: the kept figures are of the last turn
         started = time.perf_counter()
-        model_gate(session, agent, request, keep=keep)
+        read = gate_read(session, agent, keep)  # as model_phase calls it
+        model_gate(session, agent, request, read)
         gate = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        credits_cover(owner_id=session.owner_id, points=2)  # a paid endpoint's check
+        model_credits_check(session, paid, request, 512, read.figures, keep.points_since)
         cover = (time.perf_counter() - started) * 1000
+        keep.spent_points(2)  # the step's charge, as model_phase counts it
         session.input_tokens += 1200  # what the step's commit adds to the run's session
         session.output_tokens += 40
         sql, params = usage_statement(  # type: ignore[misc]
@@ -166,6 +173,7 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
                     output_tokens=40,
                     cost=Decimal("0.0012"),
                     outcome="success",
+                    purpose="step",  # a db_default the batched insert cannot send
                 )
             )
             model_ms = timed(step)
@@ -324,7 +332,7 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -
         ),
         figure(
             "credits_check_p50_ms",
-            "a paid endpoint's credits check before the call (its own query), p50",
+            "a paid endpoint's credits check before the call (from the gate's figures), p50",
             q(metering["cover_ms"], 50),
             "ms",
         ),

@@ -178,6 +178,7 @@ def _figures(session: Session, agent: Agent, keep: "FiguresKeeper | None") -> Ow
         model_call_table=ModelCall._meta.db_table,
     )
     if keep is not None:
+        keep.points_since = 0
         keep.kept = KeptFigures(
             figures=figures,
             turn=session.turn,
@@ -190,9 +191,15 @@ def _figures(session: Session, agent: Agent, keep: "FiguresKeeper | None") -> Ow
 
 @dataclass
 class FiguresKeeper:
-    """Where a run keeps the owner's figures between its steps (RunContext holds one)."""
+    """Where a run keeps the owner's figures between its steps (RunContext holds one), and
+    the credit points this run reserved or was charged since they were read (an upper
+    bound: a reservation found again after a crash counts once more)."""
 
     kept: KeptFigures | None = None
+    points_since: int = 0
+
+    def spent_points(self, points: int) -> None:
+        self.points_since += max(points, 0)
 
 
 def gate_read(session: Session, agent: Agent, keep: FiguresKeeper | None = None) -> GateRead:

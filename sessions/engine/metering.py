@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
+from billing.pressure import OwnerFigures
 from billing.pricing import model_call_points
 from billing.selectors import CreditsCheck, credits_cover
 from billing.services import (
@@ -47,6 +49,7 @@ from tools.rendering import render_failure
 
 from ..events import EventSpec, EventType, Progress
 from ..models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from .budget_gate import FIGURES_NEAR_CREDITS
 
 INSUFFICIENT = "insufficient_credits"
 
@@ -187,14 +190,32 @@ def step_metering(
 
 
 def model_credits_check(
-    session: Session, endpoint: ModelEndpoint, request: ChatRequest, output_estimate: int
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    output_estimate: int,
+    figures: OwnerFigures | None = None,
+    points_since: int = 0,
 ) -> CreditsCheck | None:
     """Before a model call on a paid endpoint: can the owner pay for its estimated tokens?
-    None when the endpoint costs no points (no query)."""
+    None when the endpoint costs no points (no query).
+
+    With the gate's `figures` (read this turn) and the points this run took since that
+    read: no query when they show no account (unmetered, or refused if credits are
+    required), or a free balance and cap room of FIGURES_NEAR_CREDITS times the points
+    and more; anything closer is asked of the account row itself."""
     if not endpoint.credits_per_1k_tokens:
         return None
     tokens = estimate_request_tokens(request) + (request.max_tokens or output_estimate)
     points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
+    if figures is not None and figures.credits is None and not settings.CREDITS_REQUIRED:
+        return CreditsCheck("unmetered", points)
+    if figures is not None and figures.credits is not None:
+        balance, _reserved, cap, spent_today = figures.credits
+        balance -= points_since
+        room = FIGURES_NEAR_CREDITS * points
+        if balance >= room and (cap is None or cap - spent_today - points_since >= room):
+            return CreditsCheck("ok", points, balance)
     return credits_cover(owner_id=session.owner_id, points=points)
 
 
@@ -205,6 +226,18 @@ def credits_note(check: CreditsCheck) -> str:
     if check.reason == "no_account":
         why = "there is no credit account for this user"
     return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
+
+
+def model_points(model_calls: list[Any]) -> int:
+    """The points these model calls cost on their endpoints (what their commit charges)."""
+    return sum(
+        model_call_points(
+            tokens=call.input_tokens + call.output_tokens,
+            credits_per_1k_tokens=call.endpoint.credits_per_1k_tokens,
+        )
+        for call in model_calls
+        if call.endpoint is not None
+    )
 
 
 def model_charges(
