@@ -49,7 +49,8 @@ def test_figures_far_from_the_balance_answer_without_a_query(paid) -> None:  # t
 def test_what_the_run_spent_since_or_a_near_cap_sends_it_to_the_account(paid) -> None:  # type: ignore[no-untyped-def]
     session, endpoint = paid
     check, queries = _check(session, endpoint, _figures((1000, 0, None, 0)), since=950)
-    assert (check.outcome, queries) == ("ok", 1)  # the row still has 1,000: the run's estimate was high
+    # The row still has 1,000 (the test charged nothing): the run's count was the worry.
+    assert (check.outcome, queries) == ("ok", 1)
     check, queries = _check(session, endpoint, _figures((1000, 0, 100, 40)))
     assert queries == 1
     check, queries = _check(session, endpoint, None)
