@@ -2,10 +2,11 @@
 
 1. **Metering per step** (target p50 <= 0.5 ms): the work billing adds to a model step
    on a real session of the bench database, timed around the calls the engine makes:
-   - the pre-call gate (`sessions/engine/budget_gate.model_gate`: one query for the
-     owner's budgets, today's rollups, the turn's spend and the credits; the budget
+   - the pre-call gate (`sessions/engine/budget_gate.model_gate`: the owner's budgets,
+     today's rollups, the turn's spend and the credits, read by one query at a turn's
+     first model step and kept in the run's context for its later steps; the budget
      check; the degradation level), with budgets and a credit account set so nothing
-     is skipped;
+     is skipped, in turns of TURN_MODEL_STEPS model steps (each spending 1,240 tokens);
    - the usage rollup upsert, run alone in a rolled-back transaction (an upper bound:
      in `step_commit` it rides the step's one batched round trip).
    - an A/B on real engine-built steps (`bench/stepkit.py`, one session, arms rotated
@@ -33,15 +34,23 @@ DAYS = 30
 CALLS = 1_000_000
 # A user is active on one day in ACTIVE_EVERY: the rollup rows, not the calls, set the time.
 ACTIVE_EVERY = 2
+# Model steps per turn in the gate's measurement: a tool call or two, then the answer.
+TURN_MODEL_STEPS = 3
 
 
 def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
+    """The gate as a run calls it (its figures kept per turn), a paid endpoint's credits
+    check and the rollup upsert alone; `gate_read_ms`/`gate_kept_ms` split the gate's
+    times by whether it read."""
+    import copy
+
     from django.db import connection, transaction
 
     from billing.models import CreditAccount, OwnerBudget
     from billing.services import usage_statement
     from llm.types import ChatMessage, ChatRequest
-    from sessions.engine.budget_gate import model_gate
+    from sessions.engine.budget_gate import FiguresKeeper, gate_read, model_gate
+    from sessions.engine.metering import model_credits_check
     from sessions.engine.runtime_cache import agent_runtime
     from sessions.models import Agent, Session
 
@@ -55,6 +64,8 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     )
     session = Session.objects.get(pk=session.pk)
     agent = agent_runtime(session.agent_id).agent
+    paid = copy.copy(agent.model)
+    paid.credits_per_1k_tokens = Decimal(1)
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content="Echo the user."),
@@ -62,11 +73,24 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
         )
     )
     gate_ms: list[float] = []
+    read_ms: list[float] = []
+    kept_ms: list[float] = []
     upsert_ms: list[float] = []
+    cover_ms: list[float] = []
+    keep = FiguresKeeper()
     for i in range(reps + 20):
+        if i % TURN_MODEL_STEPS == 0:
+            session.turn += 1  # in memory only: the kept figures are of the last turn
         started = time.perf_counter()
-        model_gate(session, agent, request)
+        read = gate_read(session, agent, keep)  # as model_phase calls it
+        model_gate(session, agent, request, read)
         gate = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        model_credits_check(session, paid, request, 512, read.figures, keep.points_since)
+        cover = (time.perf_counter() - started) * 1000
+        keep.spent_points(2)  # the step's charge, as model_phase counts it
+        session.input_tokens += 1200  # what the step's commit adds to the run's session
+        session.output_tokens += 40
         sql, params = usage_statement(  # type: ignore[misc]
             owner_id=session.owner_id,
             agent_id=agent.pk,
@@ -83,8 +107,16 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
             transaction.set_rollback(True)
         if i >= 20:  # warm-up: connections, caches
             gate_ms.append(gate)
+            (read_ms if i % TURN_MODEL_STEPS == 0 else kept_ms).append(gate)
             upsert_ms.append(upsert)
-    return {"gate_ms": gate_ms, "upsert_ms": upsert_ms}
+            cover_ms.append(cover)
+    return {
+        "cover_ms": cover_ms,
+        "gate_ms": gate_ms,
+        "gate_read_ms": read_ms,
+        "gate_kept_ms": kept_ms,
+        "upsert_ms": upsert_ms,
+    }
 
 
 ARMS = ("off", "on", "paid")
@@ -141,6 +173,7 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
                     output_tokens=40,
                     cost=Decimal("0.0012"),
                     outcome="success",
+                    purpose="step",  # a db_default the batched insert cannot send
                 )
             )
             model_ms = timed(step)
@@ -255,8 +288,8 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -
         ),
         figure(
             "metering_paid_model_step_p50_ms",
-            "the same, the endpoint costing points (plus the charge statement), p50",
-            gate + added("paid", "model_step_ms"),
+            "the same, the endpoint costing points (plus its credits check and charge), p50",
+            gate + q(metering["cover_ms"], 50) + added("paid", "model_step_ms"),
             "ms",
             le=0.5,
         ),
@@ -286,6 +319,24 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -
             "ms",
         ),
         figure(
+            "gate_read_p50_ms",
+            "pre-call gate at a turn's first model step (its one query), p50",
+            q(metering["gate_read_ms"], 50),
+            "ms",
+        ),
+        figure(
+            "gate_kept_p50_ms",
+            "pre-call gate at a turn's later model steps (kept figures), p50",
+            q(metering["gate_kept_ms"], 50),
+            "ms",
+        ),
+        figure(
+            "credits_check_p50_ms",
+            "a paid endpoint's credits check before the call (from the gate's figures), p50",
+            q(metering["cover_ms"], 50),
+            "ms",
+        ),
+        figure(
             "upsert_p50_ms",
             "usage rollup upsert alone (own round trip), p50",
             q(metering["upsert_ms"], 50),
@@ -312,7 +363,11 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -
     result.details = {
         "rollups": data,
         "gate_ms": summary(metering["gate_ms"]),
+        "gate_read_ms": summary(metering["gate_read_ms"]),
+        "gate_kept_ms": summary(metering["gate_kept_ms"]),
+        "turn_model_steps": TURN_MODEL_STEPS,
         "upsert_ms": summary(metering["upsert_ms"]),
+        "credits_check_ms": summary(metering["cover_ms"]),
         "step_commit_ms": {
             arm: {kind: summary(values) for kind, values in kinds.items()}
             for arm, kinds in ab.items()

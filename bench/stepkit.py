@@ -79,6 +79,7 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
             input=request.arguments,
             error="",
             idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{request.name}",
+            risk_reason="",  # a db_default the batched insert cannot send (the engine sets it)
         )
         for position, request in enumerate(requests)
     ]

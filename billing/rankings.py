@@ -64,18 +64,30 @@ def cost_rankings(
         return _session_rankings(start, end, metric, descending, limit)
     key = _KEY.get(group, "owner_id")
     direction = "DESC" if descending else "ASC"
+    table = UsageDaily._meta.db_table
+    sums = """sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
+              sum(tool_calls), sum(credits_spent)"""
+    if group == "user":
+        # Thousands of users, a page of them: two passes over the period's rollups, the top
+        # keys by the one sorted metric (one sum per user is most of the work saved), then
+        # every sum of those keys alone (through the rollups' owner index). Ties are broken
+        # by the key in both, so the rows are exactly those of one pass summing everything.
+        # Agents and days are few: one pass is cheaper than two there.
+        sql = f"""WITH top AS (
+                      SELECT {key} AS k FROM "{table}" WHERE day BETWEEN %s AND %s
+                       GROUP BY {key} ORDER BY sum({metric}) {direction}, {key} LIMIT %s)
+                  SELECT {key}, {sums} FROM "{table}"
+                   WHERE day BETWEEN %s AND %s AND {key} IN (SELECT k FROM top)
+                   GROUP BY {key} ORDER BY {_COLUMN[metric]} {direction}, {key}"""  # nosec B608
+        params: list[Any] = [start, end, limit, start, end]
+    else:
+        sql = f"""SELECT {key}, {sums} FROM "{table}" WHERE day BETWEEN %s AND %s
+                   GROUP BY {key} ORDER BY {_COLUMN[metric]} {direction}, {key}
+                   LIMIT %s"""  # nosec B608
+        params = [start, end, limit]
     with connection.cursor() as cursor:
-        cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls),
-                       sum(tool_calls), sum(credits_spent)
-                  FROM "{UsageDaily._meta.db_table}"
-                 WHERE day BETWEEN %s AND %s
-                 GROUP BY {key}
-                 ORDER BY {_COLUMN[metric]} {direction}, {key}
-                 LIMIT %s""",  # nosec B608
-            [start, end, limit],
-        )
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     labels = _labels(group, [r[0] for r in rows])
     return [

@@ -550,31 +550,42 @@ def model_charge_statement(
     for i, charge in enumerate(charges):
         value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
     guard_sql = f" AND {guard}" if guard else ""
-    # `o` locks the account and reads its newest balance, so `o.balance - c.balance` is
-    # exactly what this statement took (the least of the balance and the points). The
-    # `<> ''` lets the planner use the ledger's partial unique index on the key.
+    # One UPDATE takes the points: its SET reads the row's newest balance (a concurrent
+    # charge is waited for and re-read), and RETURNING's `old.balance - new.balance`
+    # (PostgreSQL 18) is exactly what this statement took (the least of the balance and
+    # the points). The `<> ''` lets the planner use the ledger's partial unique index.
     # SQL names from model metadata (constants); every value is a bound parameter.
-    sql = f"""WITH o AS (
-        SELECT id, owner_id, balance FROM {_ACCOUNT}
-         WHERE owner_id = %s{guard_sql}
+    sql = f"""WITH a AS (
+        UPDATE {_ACCOUNT} c
+           SET balance = c.balance - LEAST(c.balance, %s),
+               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(c.balance, %s),
+               spent_day = {_TODAY}, updated_at = now()
+         WHERE c.owner_id = %s{guard_sql}
            AND NOT EXISTS (SELECT 1 FROM {_LEDGER}
                             WHERE kind = 'charge' AND idempotency_key <> ''
                               AND idempotency_key = ANY(%s::varchar[]))
-           FOR NO KEY UPDATE),
-    a AS (
-        UPDATE {_ACCOUNT} c
-           SET balance = o.balance - LEAST(o.balance, %s),
-               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(o.balance, %s),
-               spent_day = {_TODAY}, updated_at = now()
-          FROM o WHERE c.id = o.id
-     RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),
+     RETURNING c.id, c.owner_id, old.balance AS before, old.balance - new.balance AS taken),
     u AS (
         INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
                               model_calls, tool_calls, credits_spent)
         SELECT a.owner_id, %s, {_TODAY}, 0, 0, 0, 0, 0, a.taken FROM a WHERE a.taken > 0
         ON CONFLICT (owner_id, agent_id, day) DO UPDATE
            SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
-     RETURNING 1),
+     RETURNING 1)"""  # nosec B608
+    if len(charges) == 1:
+        # The common step (one model call): its ledger row straight from the UPDATE, with
+        # no window over a VALUES list (less for the server to plan at every step).
+        (only,) = charges
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql += f"""
+    INSERT INTO {_LEDGER} (account_id, kind, points, delta, balance_after, idempotency_key,
+                           actor, note, session_id, agent_id, tool, created_at)
+    SELECT a.id, 'charge', a.taken, -a.taken, a.before - a.taken, %s, '', %s, %s, %s, '', now()
+      FROM a WHERE a.taken > 0"""  # nosec B608
+        tail: list[Any] = [only.idempotency_key, only.note[:500], session_id, agent_id]
+    else:
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql += f""",
     v AS (
         SELECT v.*, coalesce(sum(v.points) OVER (ORDER BY v.i
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_me
@@ -586,17 +597,6 @@ def model_charge_statement(
       FROM a CROSS JOIN v
       CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
      WHERE x.taken > 0"""  # nosec B608
-    params: list[Any] = [
-        owner_id,
-        keys,
-        total,
-        tz,
-        total,
-        tz,
-        agent_id,
-        tz,
-        *value_params,
-        session_id,
-        agent_id,
-    ]
+        tail = [*value_params, session_id, agent_id]
+    params: list[Any] = [total, tz, total, tz, owner_id, keys, agent_id, tz, *tail]
     return sql, params

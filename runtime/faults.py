@@ -21,6 +21,10 @@ POINTS = (
     "before_tool_results_commit",
 )
 
+# Reached only by a step that reserved credit points (tests/e2e/test_credit_crash.py):
+# kept apart from POINTS, which the fault soak expects every run to reach.
+CREDIT_POINTS = ("after_credits_reserved",)
+
 _points = {p.strip() for p in os.environ.get("FAULT_POINTS", "").split(",") if p.strip()}
 _random = float(os.environ.get("FAULT_RANDOM", "0") or 0)
 _marker_dir = Path(os.environ.get("FAULT_MARKER_DIR") or tempfile.gettempdir())

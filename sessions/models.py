@@ -465,7 +465,8 @@ class ModelCall(models.Model):
     outcome = models.CharField(max_length=20, choices=ModelCallOutcome.choices)
     error = models.TextField(blank=True)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
-    # "step" answers the session; "summary" condensed its oldest history (sessions/engine/summaries.py).
+    # "step" answers the session; "summary" condensed its oldest history (sessions/engine/summaries.py);
+    # "extraction" listed what a finished turn is worth remembering (sessions/engine/memory_glue.py).
     purpose = models.CharField(max_length=20, default="step", db_default="step")
     created_at = models.DateTimeField(auto_now_add=True)
 

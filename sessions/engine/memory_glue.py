@@ -23,8 +23,6 @@ from typing import Any
 
 from django.db import connection
 
-from llm import adapter_for
-from llm.base import ModelError
 from llm.types import ChatMessage, ChatRequest
 from memory import extraction
 from memory.embeddings import EmbeddingError, current_embedder, embed_texts
@@ -36,18 +34,20 @@ from memory.selectors import (
     vector_literal,
 )
 from memory.services import memory_remember, memory_touch
-from runtime import io_loop
 from tools.builtin import MEMORY_HANDLERS, RECALL_HANDLER
 from tools.execution import ToolOutcome, ToolSnapshot, validator_for
 from tools.rendering import render_failure, render_success
 from tools.validation import check_arguments
 
-from ..models import Agent, Message, Session, ToolCall, ToolCallStatus
-from .model_calls import endpoint_config
+from ..models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
+from .metering import model_credits_check, side_call_commit
+from .model_calls import side_call
 
 logger = logging.getLogger(__name__)
 ARCHIVE_EMBED_BATCH = 200
 RECALL_MESSAGES = 5
+EXTRACTION = "extraction"  # the ModelCall purpose of the end-of-turn extraction
+EXTRACTION_MAX_TOKENS = 600
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def turn_memory_keep(*, session_id: str, turn: int) -> int:
                 for i, c in enumerate(extraction.explicit_requests(m.content)):
                     candidates.append((f"msg:{m.pk}:{i}", "user", c))
     if settings.extraction:
-        for i, c in enumerate(_extract(agent, messages, user_texts)):
+        for i, c in enumerate(_extract(session, turn, agent, messages, user_texts)):
             candidates.append((f"turn:{session.pk}:{turn}:{i}", "extraction", c))
     written = 0
     for key, source, c in candidates:
@@ -312,10 +312,22 @@ def turn_memory_keep(*, session_id: str, turn: int) -> int:
     return written
 
 
-def _extract(agent: Agent, messages: list[Message], user_texts: list[str]) -> list[Any]:
+def _extract(
+    session: Session, turn: int, agent: Agent, messages: list[Message], user_texts: list[str]
+) -> list[Any]:
+    """The cheap model's list of what the turn is worth keeping, metered like a step's call.
+
+    1. The offline rules model: the deterministic extractor, no call.
+    2. Already recorded for this turn (the task ran before): no second call, no charge.
+    3. A paid endpoint the owner's free points cannot cover: skipped, never run on credit.
+    4. The call (no connection held across it), then its row, rollup and charge committed
+       in a short transaction of their own (`side_call_commit`).
+    """
     endpoint = agent.cheap_model or agent.model
     if endpoint.api == "rules":
         return extraction.rule_extract(user_texts)
+    if ModelCall.objects.filter(session=session, turn=turn, purpose=EXTRACTION).exists():
+        return []
     transcript = "\n".join(f"{m.role}: {m.content[:2000]}" for m in messages)
     request = ChatRequest(
         messages=(
@@ -324,12 +336,25 @@ def _extract(agent: Agent, messages: list[Message], user_texts: list[str]) -> li
         ),
         tool_choice="none",
         temperature=0,
-        max_tokens=600,
+        max_tokens=EXTRACTION_MAX_TOKENS,
     )
+    check = model_credits_check(session, endpoint, request, EXTRACTION_MAX_TOKENS)
+    if check is not None and check.outcome == "insufficient":
+        logger.info(
+            "memory extraction of session %s turn %s skipped: %s (%s points needed, %s left)",
+            session.pk,
+            turn,
+            check.reason,
+            check.points,
+            check.points_left,
+        )
+        return []
     connection.close()  # no connection held across the model call
-    try:
-        response = io_loop.run(adapter_for(endpoint_config(endpoint)).respond(request))
-    except ModelError as exc:
-        logger.warning("memory extraction with %s failed: %s", endpoint.name, exc)
+    response, record = side_call(session, endpoint, request, purpose="extraction")
+    record.turn = turn
+    if not side_call_commit(session=session, record=record):
+        return []  # a concurrent run of the task recorded (and keeps) this turn's items
+    if response is None:
+        logger.warning("memory extraction with %s failed: %s", endpoint.name, record.error)
         return []
     return extraction.parse_extraction(response.text)

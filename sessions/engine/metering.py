@@ -11,6 +11,9 @@
   cost and calls to the daily rollups there too: no second commit.
 - Reservations a crash or an ended turn left open are reconciled by the sweeper
   from the calls' final status (sessions/services.py).
+- A model call made outside a step (the memory extraction after a turn) is committed
+  by `side_call_commit` in a short transaction of its own, with the same rollup and
+  charge statements as a step's.
 - A model call on an endpoint with `credits_per_1k_tokens` is checked before it
   runs (its estimated tokens must fit the free balance and today's cap, else the
   turn ends with `insufficient_credits`) and charged for the tokens it used in the
@@ -21,6 +24,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from billing.pressure import OwnerFigures
 from billing.pricing import model_call_points
 from billing.selectors import CreditsCheck, credits_cover
 from billing.services import (
@@ -40,7 +48,8 @@ from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
 from ..events import EventSpec, EventType, Progress
-from ..models import ModelEndpoint, Session, ToolCall, ToolCallStatus
+from ..models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from .budget_gate import FIGURES_NEAR_CREDITS
 
 INSUFFICIENT = "insufficient_credits"
 
@@ -181,14 +190,32 @@ def step_metering(
 
 
 def model_credits_check(
-    session: Session, endpoint: ModelEndpoint, request: ChatRequest, output_estimate: int
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    output_estimate: int,
+    figures: OwnerFigures | None = None,
+    points_since: int = 0,
 ) -> CreditsCheck | None:
     """Before a model call on a paid endpoint: can the owner pay for its estimated tokens?
-    None when the endpoint costs no points (no query)."""
+    None when the endpoint costs no points (no query).
+
+    With the gate's `figures` (read this turn) and the points this run took since that
+    read: no query when they show no account (unmetered, or refused if credits are
+    required), or a free balance and cap room of FIGURES_NEAR_CREDITS times the points
+    and more; anything closer is asked of the account row itself."""
     if not endpoint.credits_per_1k_tokens:
         return None
     tokens = estimate_request_tokens(request) + (request.max_tokens or output_estimate)
     points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
+    if figures is not None and figures.credits is None and not settings.CREDITS_REQUIRED:
+        return CreditsCheck("unmetered", points)
+    if figures is not None and figures.credits is not None:
+        balance, _reserved, cap, spent_today = figures.credits
+        balance -= points_since
+        room = FIGURES_NEAR_CREDITS * points
+        if balance >= room and (cap is None or cap - spent_today - points_since >= room):
+            return CreditsCheck("ok", points, balance)
     return credits_cover(owner_id=session.owner_id, points=points)
 
 
@@ -201,7 +228,21 @@ def credits_note(check: CreditsCheck) -> str:
     return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
 
 
-def model_charges(session: Session, model_calls: list[Any], guard: str) -> Statement | None:
+def model_points(model_calls: list[Any]) -> int:
+    """The points these model calls cost on their endpoints (what their commit charges)."""
+    return sum(
+        model_call_points(
+            tokens=call.input_tokens + call.output_tokens,
+            credits_per_1k_tokens=call.endpoint.credits_per_1k_tokens,
+        )
+        for call in model_calls
+        if call.endpoint is not None
+    )
+
+
+def model_charges(
+    session: Session, model_calls: list[Any], guard: str, key_prefix: str = "model"
+) -> Statement | None:
     """The points of the step's model calls on paid endpoints, for the step's batch."""
     charges = []
     for position, call in enumerate(model_calls):
@@ -212,7 +253,7 @@ def model_charges(session: Session, model_calls: list[Any], guard: str) -> State
         if points:
             charges.append(
                 ModelCharge(
-                    f"model:{session.pk}:{call.step}:{position}",
+                    f"{key_prefix}:{session.pk}:{call.step}:{position}",
                     points,
                     f"{call.endpoint_name}: {tokens} tokens",
                 )
@@ -226,3 +267,50 @@ def model_charges(session: Session, model_calls: list[Any], guard: str) -> State
         charges=charges,
         guard=guard,
     )
+
+
+def side_call_commit(*, session: Session, record: ModelCall) -> bool:
+    """Commit a model call made outside a step (the memory extraction after a turn), metered
+    as a step's: the ModelCall row, the session's totals, the usage rollup and, on a paid
+    endpoint, its charge. False (nothing written) if this turn's call of this purpose is
+    already recorded: a task run twice is metered and charged once.
+
+    1. Lock the session row (a short, key-share-free `FOR NO KEY UPDATE`: a step commit
+       waits the few statements this takes) and check no call of this purpose and turn
+       is recorded yet.
+    2. Insert the row; add its tokens and cost to the session (F(): the step commits
+       add theirs the same way, nothing is lost).
+    3. The rollup upsert and the charge statement of `step_metering`, keyed by purpose,
+       session and turn (never a step's key).
+    """
+    record.session_id = session.pk
+    with transaction.atomic():
+        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).values("pk").get()
+        if ModelCall.objects.filter(
+            session_id=session.pk, turn=record.turn, purpose=record.purpose
+        ).exists():
+            return False
+        record.save()
+        Session.objects.filter(pk=session.pk).update(
+            input_tokens=F("input_tokens") + record.input_tokens,
+            output_tokens=F("output_tokens") + record.output_tokens,
+            cost=F("cost") + record.cost,
+        )
+        writes = [
+            usage_statement(
+                owner_id=session.owner_id,
+                agent_id=session.agent_id,
+                input_tokens=record.input_tokens,
+                output_tokens=record.output_tokens,
+                cost=record.cost,
+                model_calls=1,
+            ),
+            model_charges(
+                session, [record], guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
+            ),
+        ]
+        with connection.cursor() as cursor:
+            for statement in writes:
+                if statement is not None:
+                    cursor.execute(*statement)
+    return True

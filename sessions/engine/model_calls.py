@@ -170,8 +170,9 @@ def _attempt_call(
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall.
 
-    A side call (a summary, the dialogue state) is not streamed to the session's
-    clients (they see no deltas of it) and cannot be cancelled mid-way; it is short.
+    A side call (a summary, the dialogue state, a turn's memory extraction) is not
+    streamed to the session's clients (they see no deltas of it) and cannot be
+    cancelled mid-way; it is short.
     """
     config = endpoint_config(endpoint)
     record = ModelCall(
@@ -362,7 +363,7 @@ def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> Cha
 
 
 # Calls the engine makes for itself (not the turn's answer): never streamed to clients.
-SIDE_PURPOSES = frozenset({"summary", "dialogue"})
+SIDE_PURPOSES = frozenset({"summary", "dialogue", "extraction"})
 
 
 def side_call(
@@ -370,10 +371,11 @@ def side_call(
     endpoint: ModelEndpoint,
     request: ChatRequest,
     *,
-    purpose: Literal["summary", "dialogue"],
+    purpose: Literal["summary", "dialogue", "extraction"],
 ) -> tuple[ChatResponse | None, ModelCall]:
-    """One call the engine makes for itself (a summary of the history, the dialogue state):
-    recorded and priced like any call, never raises."""
+    """One call the engine makes for itself (a summary of the history, the dialogue state,
+    what a finished turn is worth remembering): recorded and priced like any call (the
+    caller commits and meters it), never raises."""
     response, record, _ = _attempt(
         session, endpoint, request, retried=False, fallback=False, rollout=False, purpose=purpose
     )

@@ -28,7 +28,7 @@ from .context_layers import context_layers
 from .environment import describe_changes, environment
 from .guards import GuardLimits, GuardVerdict
 from .memory_glue import wants_turn_memory
-from .metering import credits_note, model_credits_check
+from .metering import credits_note, model_credits_check, model_points
 from .model_calls import RunCancelled, call_model, primary_endpoint
 from .moves import ModelContext, answer, tool_intents, turn_cancel
 from .revalidation import revalidation_note
@@ -198,7 +198,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     # After a resume or a fork: the tools' business-rule prechecks on their last calls.
     recheck = revalidation_note(session, history, tools)
     history.extend(n for n in (note, recheck) if n is not None)
-    read = gate_read(session, agent)
+    read = gate_read(session, agent, run.figures)
     layers = context_layers(session, agent, history, read, tools)
     context_blocks = tuple(layers.blocks)
     assembly, summary = fitted_context(
@@ -274,7 +274,12 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         )
         return
     credits = model_credits_check(
-        session, gate.endpoint, request, settings.BUDGET_OUTPUT_ESTIMATE_TOKENS
+        session,
+        gate.endpoint,
+        request,
+        settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+        read.figures,
+        run.figures.points_since,
     )
     if credits is not None and credits.outcome == "insufficient":
         metrics.BUDGET_REFUSALS.labels("credits").inc()
@@ -298,6 +303,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     tier = gate.endpoint if gate.endpoint.pk != agent.model_id else None
     try:
         routed = call_model(session, agent, request, tier=tier)
+        # Taken by this step's commit: the run's kept credit figures count them from now.
+        run.figures.spent_points(model_points(summary.calls + routed.calls))
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)

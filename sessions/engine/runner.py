@@ -188,7 +188,7 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
     if state == State.PROCESSING:
         model_step(session, owner, run)
     elif state == State.TOOL_WAIT:
-        tool_step(session, owner)
+        tool_step(session, owner, run.figures if run is not None else None)
     elif state == State.TOOL_LOOP:
         tool_loop_next(session, owner)
     else:

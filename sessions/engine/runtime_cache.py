@@ -18,6 +18,7 @@ from tools.models import Tool
 
 from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session, ToolCall
 from ..rows import json_value, jsonb_value
+from .budget_gate import FiguresKeeper
 from .context import SUMMARY_NAME
 from .guards import CallRecord
 from .memory_glue import turn_memory_block
@@ -152,6 +153,8 @@ class RunContext:
     # The long-term memory block of the turn being run: computed at its first step.
     memory_turn: tuple[str, int] | None = None
     memory_text: str = ""
+    # The owner's budget and credit figures of the turn, advanced locally (budget_gate).
+    figures: FiguresKeeper = field(default_factory=FiguresKeeper)
     # The turn's tool calls for the loop guards, kept by this run's own commits.
     turn_calls_cache: TurnCalls | None = None
 

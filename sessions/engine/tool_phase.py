@@ -36,6 +36,7 @@ from ..models import Session, ToolCall, ToolCallStatus
 from ..rows import json_value
 from .approval_gate import approval_gate, recovery_reviews_open, review_outcomes
 from .ask_user import questions_of
+from .budget_gate import FiguresKeeper
 from .commit import StaleSession
 from .environment import environment
 from .memory_glue import is_memory_call, memory_tool_outcomes
@@ -139,7 +140,7 @@ def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> Non
             call.dispatched_at = now
 
 
-def tool_step(session: Session, owner: str) -> None:
+def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -> None:
     """Run the pending tool calls of this turn and commit their results.
 
     1. Load the calls whose intent was committed, and the tools the role may use.
@@ -216,6 +217,11 @@ def tool_step(session: Session, owner: str) -> None:
         metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
     outcomes.update(credits.refused)
     to_run = [c for c in to_run if c.pk not in credits.refused]
+    reserved = sum(getattr(c, "credit_points", 0) for c in to_run)
+    if reserved:
+        if keep is not None:
+            keep.spent_points(reserved)  # the run's kept credit figures count them from now
+        fault_point("after_credits_reserved")
     pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
     _mark_dispatched(

@@ -4,6 +4,7 @@
 import csv
 import io
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -11,8 +12,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from billing.models import CreditAccount, CreditLedger
-from billing.rankings import cost_rankings
+from billing.models import CreditAccount, CreditLedger, UsageDaily
+from billing.rankings import METRICS, cost_rankings
 from sessions.engine import session_run
 from sessions.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
@@ -133,3 +134,44 @@ def test_grant_and_adjust_from_the_admin_go_through_the_ledger(admin_client) -> 
     assert sum(e.delta for e in ledger) == account.balance
     page = admin_client.get(url + "change/")
     assert page.status_code == 200 and b"refund" in page.content
+
+
+@pytest.mark.parametrize("group", ["user", "agent", "day"])
+def test_the_top_rows_are_those_of_a_full_sum_for_any_period_metric_and_direction(group) -> None:  # type: ignore[no-untyped-def]
+    """Rollups with ties: the two-pass query (top keys by one sum, then all sums of those)
+    picks and orders exactly the rows a sort of the full sums would, ties by key."""
+    owners = [UserFactory() for _ in range(6)]
+    agents = [AgentFactory(slug=f"tie-{i}") for i in range(3)]
+    today = timezone.localdate()
+    rows = []
+    for i, owner in enumerate(owners):
+        for j, agent in enumerate(agents):
+            for d in range(0, 40, 1 + (i + j) % 3):
+                n = (i * 7 + j * 3 + d) % 4  # small values: many equal sums
+                rows.append(
+                    UsageDaily(
+                        owner=owner, agent=agent, day=today - timedelta(days=d),
+                        input_tokens=n * 10, output_tokens=(n % 2) * 5,
+                        cost=Decimal(n) / 1000, model_calls=n, tool_calls=n % 3,
+                        credits_spent=n * 2,
+                    )
+                )  # fmt: skip
+    UsageDaily.objects.bulk_create(rows)
+    key = {"user": "owner_id", "agent": "agent_id", "day": "day"}[group]
+    for start, end in [(today - timedelta(days=33), today - timedelta(days=3)), (today, today)]:
+        sums: dict[object, dict[str, Decimal]] = {}
+        for row in rows:
+            if start <= row.day <= end:
+                bucket = sums.setdefault(getattr(row, key), dict.fromkeys(METRICS, Decimal(0)))
+                for metric in METRICS:
+                    bucket[metric] += getattr(row, metric)
+        for metric in METRICS:
+            for descending in (True, False):
+                order = f"-{metric}" if descending else metric
+                got = cost_rankings(group=group, start=start, end=end, order=order, limit=4)
+                ranked = sorted(
+                    sums,
+                    key=lambda k: (-sums[k][metric] if descending else sums[k][metric], k),  # noqa: B023
+                )[:4]
+                assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
+                assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]

@@ -1,5 +1,6 @@
 """Credit accounts: grants, reservations, settlements, releases, daily caps and rollups."""
 
+import threading
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -298,6 +299,34 @@ def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below():
     rows = CreditLedger.objects.filter(kind="charge").order_by("id")
     assert [(r.points, r.balance_after) for r in rows] == [(6, 3), (3, 0)]
     assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 9
+    assert_ledger_matches(account)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_model_charges_take_exactly_the_balance_between_them():
+    """Each charge waits for the other's row lock and takes from the newest balance."""
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=50, actor="test")
+    start = threading.Barrier(8)
+
+    def one(n: int) -> None:
+        try:
+            start.wait()
+            with transaction.atomic():
+                charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge(f"m:{n}", 9))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.spent_today) == (0, 50)
+    taken = sorted(CreditLedger.objects.filter(kind="charge").values_list("points", flat=True))
+    assert taken == [5, 9, 9, 9, 9, 9]  # 72 asked, 50 taken, never below zero
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 50
     assert_ledger_matches(account)
 
 

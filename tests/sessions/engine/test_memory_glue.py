@@ -3,14 +3,18 @@ and what a finished turn keeps; semantics from a fake embeddings server on 127.0
 
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 
 import pytest
+from django.db.models import Sum
 from django.utils import timezone
 
+from billing.models import CreditAccount, CreditLedger, UsageDaily
+from billing.services import credits_grant
 from memory.models import EmbeddingEndpoint, MemoryItem
 from memory.services import memory_remember
 from sessions.engine import session_run
-from sessions.models import Message, Session, ToolCall
+from sessions.models import Message, ModelCall, Session, ToolCall
 from sessions.services import memory_turn_keep, message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.embedding_server import FakeEmbeddingServer
@@ -197,3 +201,87 @@ def test_no_task_when_there_is_nothing_to_keep(embeddings, _no_worker):
     session = _rules_session([{"answer": "Sure."}])  # extraction off by default
     _turn(session, "I prefer email over phone.")
     assert _no_worker == []
+
+
+EXTRACTED = Reply(
+    text='{"items": [{"content": "I prefer email over phone.", "tag": "preference", '
+    '"subject": "contact", "importance": 0.7}]}',
+    usage=(300, 40),
+)
+
+
+def _paid_extraction_session(server: FakeModelServer, suffix: str, monkeypatch, points: int):  # type: ignore[no-untyped-def]
+    """A turn answered by the free rules model; its extraction by a cheap model on the fake
+    OpenAI server costing one point per token, for an owner granted `points`."""
+    monkeypatch.setenv("MEMORY_MODEL_KEY", "sk-memory-0123456789")
+    cheap = ModelEndpointFactory(
+        name=f"cheap-{suffix}", api="openai", base_url=server.base_url, model="fake-model-1",
+        api_key_env="MEMORY_MODEL_KEY", credits_per_1k_tokens=Decimal(1000),
+        price_input_per_1k=Decimal("0.001"), price_output_per_1k=Decimal("0.002"),
+    )  # fmt: skip
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=points, actor="test")
+    session = _rules_session(
+        [{"answer": "Sure."}], owner=owner, cheap_model=cheap, memory={"extraction": True}
+    )
+    return _turn(session, "I prefer email over phone.")
+
+
+def _books(owner_id: int) -> CreditAccount:
+    account = CreditAccount.objects.get(owner_id=owner_id)
+    ledger = CreditLedger.objects.filter(account=account).aggregate(s=Sum("delta"))["s"]
+    assert ledger == account.balance  # the ledger explains the balance
+    return account
+
+
+def test_the_extraction_call_is_recorded_rolled_up_and_charged_once(
+    embeddings,
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    monkeypatch,
+):
+    session = _paid_extraction_session(openai_server, unique, monkeypatch, points=2000)
+    usage_before = UsageDaily.objects.get(owner=session.owner)
+    openai_server.script(EXTRACTED)
+
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    call = ModelCall.objects.get(session=session, purpose="extraction")
+    assert (call.turn, call.input_tokens, call.output_tokens, call.outcome) == (
+        1, 300, 40, "success"
+    )  # fmt: skip
+    assert call.cost == Decimal("0.000380")
+    charge = CreditLedger.objects.get(kind="charge")
+    assert (charge.points, charge.session_id) == (340, session.pk)
+    assert charge.idempotency_key == f"extraction:turn1:{session.pk}:0:0"
+    assert _books(session.owner_id).balance == 2000 - 340
+    usage = UsageDaily.objects.get(owner=session.owner)
+    assert usage.model_calls == usage_before.model_calls + 1
+    assert usage.input_tokens == usage_before.input_tokens + 300
+    assert usage.credits_spent == usage_before.credits_spent + 340
+    after = Session.objects.get(pk=session.pk)
+    assert after.cost == session.cost + call.cost
+    assert after.input_tokens == session.input_tokens + 300
+
+    # The task run again: no second call, nothing charged or counted twice.
+    memory_turn_keep(session_id=session.pk, turn=1)
+    assert len(openai_server.requests) == 1
+    assert CreditLedger.objects.filter(kind="charge").count() == 1
+    assert UsageDaily.objects.get(owner=session.owner).model_calls == usage.model_calls
+    assert _books(session.owner_id).balance == 2000 - 340
+
+
+def test_an_extraction_the_credits_cannot_cover_is_skipped(
+    embeddings,
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    monkeypatch,
+):
+    # The estimate (the transcript plus 600 output tokens) is far above 100 points.
+    session = _paid_extraction_session(openai_server, unique, monkeypatch, points=100)
+    openai_server.script(EXTRACTED)
+
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 0
+    assert openai_server.requests == []
+    assert not ModelCall.objects.filter(purpose="extraction").exists()
+    assert not MemoryItem.objects.filter(owner=session.owner).exists()
+    assert _books(session.owner_id).balance == 100

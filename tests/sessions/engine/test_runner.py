@@ -136,12 +136,12 @@ def test_a_cancel_during_the_tools_stops_at_tool_loop(make_session, rules_model,
     message_post(session=session, content="go")
     original = runner.tool_step
 
-    def tool_step(session: Session, owner: str) -> None:
+    def tool_step(session: Session, owner: str, keep: object = None) -> None:
         # A client cancels while the tool runs: after the step read the session.
         Session.objects.filter(pk=session.pk).update(
             cancel_requested=True, cancel_reason="stop", cancel_actor="api:someone"
         )
-        original(session, owner)
+        original(session, owner, keep)
 
     monkeypatch.setattr(runner, "tool_step", tool_step)
 
