@@ -524,6 +524,11 @@ class ModelCharge:
     note: str = ""
 
 
+def returning_old_values() -> bool:
+    """Whether RETURNING can read the row as it was (`old.`, PostgreSQL 18 and later)."""
+    return bool(connection.pg_version >= 180000)
+
+
 def model_charge_statement(
     *,
     owner_id: int,
@@ -550,21 +555,41 @@ def model_charge_statement(
     for i, charge in enumerate(charges):
         value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
     guard_sql = f" AND {guard}" if guard else ""
-    # One UPDATE takes the points: its SET reads the row's newest balance (a concurrent
-    # charge is waited for and re-read), and RETURNING's `old.balance - new.balance`
-    # (PostgreSQL 18) is exactly what this statement took (the least of the balance and
-    # the points). The `<> ''` lets the planner use the ledger's partial unique index.
-    # SQL names from model metadata (constants); every value is a bound parameter.
-    sql = f"""WITH a AS (
+    not_charged = f"""NOT EXISTS (SELECT 1 FROM {_LEDGER}
+                            WHERE kind = 'charge' AND idempotency_key <> ''
+                              AND idempotency_key = ANY(%s::varchar[]))"""  # nosec B608
+    spent_today = _SPENT_TODAY.replace("spent_", "c.spent_")
+    if returning_old_values():
+        # One UPDATE takes the points: its SET reads the row's newest balance (a concurrent
+        # charge is waited for and re-read), and RETURNING's `old.balance - new.balance`
+        # is exactly what this statement took (the least of the balance and the points).
+        # The `<> ''` lets the planner use the ledger's partial unique index.
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql = f"""WITH a AS (
         UPDATE {_ACCOUNT} c
            SET balance = c.balance - LEAST(c.balance, %s),
-               spent_today = {_SPENT_TODAY.replace("spent_", "c.spent_")} + LEAST(c.balance, %s),
+               spent_today = {spent_today} + LEAST(c.balance, %s),
                spent_day = {_TODAY}, updated_at = now()
-         WHERE c.owner_id = %s{guard_sql}
-           AND NOT EXISTS (SELECT 1 FROM {_LEDGER}
-                            WHERE kind = 'charge' AND idempotency_key <> ''
-                              AND idempotency_key = ANY(%s::varchar[]))
-     RETURNING c.id, c.owner_id, old.balance AS before, old.balance - new.balance AS taken),
+         WHERE c.owner_id = %s{guard_sql} AND {not_charged}
+     RETURNING c.id, c.owner_id, old.balance AS before, old.balance - new.balance AS taken),"""  # nosec B608
+        head: list[Any] = [total, tz, total, tz, owner_id, keys]
+    else:
+        # Before PostgreSQL 18 RETURNING sees only the new row: `o` locks the account and
+        # reads its balance first, so `o.balance - c.balance` is what was taken.
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql = f"""WITH o AS (
+        SELECT id, owner_id, balance FROM {_ACCOUNT}
+         WHERE owner_id = %s{guard_sql} AND {not_charged}
+           FOR NO KEY UPDATE),
+    a AS (
+        UPDATE {_ACCOUNT} c
+           SET balance = o.balance - LEAST(o.balance, %s),
+               spent_today = {spent_today} + LEAST(o.balance, %s),
+               spent_day = {_TODAY}, updated_at = now()
+          FROM o WHERE c.id = o.id
+     RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),"""  # nosec B608
+        head = [owner_id, keys, total, tz, total, tz]
+    sql += f"""
     u AS (
         INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
                               model_calls, tool_calls, credits_spent)
@@ -598,5 +623,5 @@ def model_charge_statement(
       CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
      WHERE x.taken > 0"""  # nosec B608
         tail = [*value_params, session_id, agent_id]
-    params: list[Any] = [total, tz, total, tz, owner_id, keys, agent_id, tz, *tail]
+    params: list[Any] = [*head, agent_id, tz, *tail]
     return sql, params
