@@ -524,9 +524,21 @@ class ModelCharge:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class UsageFigures:
+    """What a step adds to the owner's, agent's and day's rollup row."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    model_calls: int = 0
+    tool_calls: int = 0
+
+
 def returning_old_values() -> bool:
     """Whether RETURNING can read the row as it was (`old.`, PostgreSQL 18 and later)."""
-    return bool(connection.pg_version >= 180000)
+    version: int = getattr(connection, "pg_version", 0)  # the PostgreSQL backend's attribute
+    return version >= 180000
 
 
 def model_charge_statement(
@@ -536,9 +548,12 @@ def model_charge_statement(
     session_id: UUID | str,
     charges: Sequence[ModelCharge],
     guard: str = "",
+    usage: UsageFigures | None = None,
 ) -> Statement | None:
     """One statement that takes a step's model-call points from the owner's balance, with a
     `charge` ledger row per call and the `credits_spent` rollup, for the step's batch.
+    With `usage`, the same upsert of the rollup row adds the step's tokens, cost and calls
+    too (written whether or not the owner has an account): the step's only rollup write.
 
     Charged after the call (the tokens are known only then), so it cannot be refused: if
     concurrent calls left less than the points, the balance goes to zero, never below, and
@@ -589,7 +604,9 @@ def model_charge_statement(
           FROM o WHERE c.id = o.id
      RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),"""  # nosec B608
         head = [owner_id, keys, total, tz, total, tz]
-    sql += f"""
+    if usage is None:
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql += f"""
     u AS (
         INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
                               model_calls, tool_calls, credits_spent)
@@ -597,6 +614,33 @@ def model_charge_statement(
         ON CONFLICT (owner_id, agent_id, day) DO UPDATE
            SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
      RETURNING 1)"""  # nosec B608
+        middle: list[Any] = [agent_id, tz]
+    else:
+        where = f" WHERE {guard}" if guard else ""
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        sql += f"""
+    u AS (
+        INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
+                              model_calls, tool_calls, credits_spent)
+        SELECT %s, %s, {_TODAY}, %s, %s, %s, %s, %s, coalesce((SELECT taken FROM a), 0){where}
+        ON CONFLICT (owner_id, agent_id, day) DO UPDATE SET
+            input_tokens = {_USAGE}.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = {_USAGE}.output_tokens + EXCLUDED.output_tokens,
+            cost = {_USAGE}.cost + EXCLUDED.cost,
+            model_calls = {_USAGE}.model_calls + EXCLUDED.model_calls,
+            tool_calls = {_USAGE}.tool_calls + EXCLUDED.tool_calls,
+            credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
+     RETURNING 1)"""  # nosec B608
+        middle = [
+            owner_id,
+            agent_id,
+            tz,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cost,
+            usage.model_calls,
+            usage.tool_calls,
+        ]
     if len(charges) == 1:
         # The common step (one model call): its ledger row straight from the UPDATE, with
         # no window over a VALUES list (less for the server to plan at every step).
@@ -623,5 +667,5 @@ def model_charge_statement(
       CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
      WHERE x.taken > 0"""  # nosec B608
         tail = [*value_params, session_id, agent_id]
-    params: list[Any] = [*head, agent_id, tz, *tail]
+    params: list[Any] = [*head, *middle, *tail]
     return sql, params

@@ -36,6 +36,7 @@ from billing.services import (
     Reservation,
     Statement,
     ToolRun,
+    UsageFigures,
     credit_reserve,
     credits_close_statement,
     model_charge_statement,
@@ -157,18 +158,14 @@ def step_metering(
     ran = [c for c in finished if c.status != ToolCallStatus.REJECTED]
     if not model_calls and not finished:
         return []
-    writes: list[Statement | None] = [
-        usage_statement(
-            owner_id=session.owner_id,
-            agent_id=session.agent_id,
-            input_tokens=sum(m.input_tokens for m in model_calls),
-            output_tokens=sum(m.output_tokens for m in model_calls),
-            cost=sum((m.cost for m in model_calls), start=0),
-            model_calls=len(model_calls),
-            tool_calls=len(ran),
-            guard=guard,
-        )
-    ]
+    usage = UsageFigures(
+        input_tokens=sum(m.input_tokens for m in model_calls),
+        output_tokens=sum(m.output_tokens for m in model_calls),
+        cost=sum((m.cost for m in model_calls), start=Decimal(0)),
+        model_calls=len(model_calls),
+        tool_calls=len(ran),
+    )
+    writes: list[Statement | None] = [rollup_and_charges(session, model_calls, usage, guard)]
     if ran:
         writes.append(
             tool_usage_statement(
@@ -180,7 +177,6 @@ def step_metering(
                 guard=guard,
             )
         )
-    writes.append(model_charges(session, model_calls, guard))
     metered = [c for c in finished if getattr(c, "credit_points", 0)]
     settled = [c.idempotency_key for c in metered if c.status == ToolCallStatus.SUCCESS]
     released = [c.idempotency_key for c in metered if c.status != ToolCallStatus.SUCCESS]
@@ -240,8 +236,37 @@ def model_points(model_calls: list[Any]) -> int:
     )
 
 
+def rollup_and_charges(
+    session: Session,
+    model_calls: list[Any],
+    usage: UsageFigures,
+    guard: str,
+    key_prefix: str = "model",
+) -> Statement | None:
+    """The step's rollup upsert, or, when a model call costs points, its charge statement
+    carrying the rollup figures too: one write of the rollup row either way."""
+    charged = model_charges(session, model_calls, guard, key_prefix, usage=usage)
+    if charged is not None:
+        return charged
+    return usage_statement(
+        owner_id=session.owner_id,
+        agent_id=session.agent_id,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=usage.cost,
+        model_calls=usage.model_calls,
+        tool_calls=usage.tool_calls,
+        guard=guard,
+    )
+
+
 def model_charges(
-    session: Session, model_calls: list[Any], guard: str, key_prefix: str = "model"
+    session: Session,
+    model_calls: list[Any],
+    guard: str,
+    key_prefix: str = "model",
+    *,
+    usage: UsageFigures | None = None,
 ) -> Statement | None:
     """The points of the step's model calls on paid endpoints, for the step's batch."""
     charges = []
@@ -266,6 +291,7 @@ def model_charges(
         session_id=session.pk,
         charges=charges,
         guard=guard,
+        usage=usage,
     )
 
 
@@ -296,21 +322,16 @@ def side_call_commit(*, session: Session, record: ModelCall) -> bool:
             output_tokens=F("output_tokens") + record.output_tokens,
             cost=F("cost") + record.cost,
         )
-        writes = [
-            usage_statement(
-                owner_id=session.owner_id,
-                agent_id=session.agent_id,
-                input_tokens=record.input_tokens,
-                output_tokens=record.output_tokens,
-                cost=record.cost,
-                model_calls=1,
-            ),
-            model_charges(
-                session, [record], guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
-            ),
-        ]
-        with connection.cursor() as cursor:
-            for statement in writes:
-                if statement is not None:
-                    cursor.execute(*statement)
+        usage = UsageFigures(
+            input_tokens=record.input_tokens,
+            output_tokens=record.output_tokens,
+            cost=record.cost,
+            model_calls=1,
+        )
+        statement = rollup_and_charges(
+            session, [record], usage, guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
+        )
+        if statement is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*statement)
     return True
