@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from .models import MemoryItem, MemoryOwnerIndex, OwnerIndexState
@@ -79,6 +80,13 @@ def _large_owner_index(owner_id: int, dims: int, limit: int) -> tuple[bool, str 
     return int(row[0]) > limit, row[1]
 
 
+@dataclass(frozen=True)
+class _LargeOwner:
+    """The first statement's marker: the owner is past the limit; its ready index or None."""
+
+    index: str | None
+
+
 def memory_nearest(
     *,
     owner_id: int,
@@ -91,57 +99,64 @@ def memory_nearest(
     """The owner's K live items nearest to `vector` (cosine), embedded by `model`.
 
     `path`: "auto", "exact" or "index" (the owner's own index; exact without one).
-    1. "auto" first runs the exact scan guarded by the owner's item count (an
-       InitPlan): a small owner gets its answer in this one round trip.
-    2. An empty answer asks, in one more round trip, whether the owner is large
-       and whether its index is ready.
-    3. A large owner with a ready index is searched through it; one without
-       (the build is queued or running) is scanned exactly.
+    1. "auto" sends one statement: a small owner's exact top K, or for an owner
+       past the limit a marker row carrying the name of its ready index (or
+       none). A small owner is answered in this one round trip.
+    2. A large owner with a ready index is searched through it: one more round
+       trip (the settings and the query in one execute, `_index_search`).
+    3. One without (the build is queued or running) is scanned exactly.
     """
     limit = exact_scan_max()
     dims = len(vector)
     if path == "auto":
-        hits = _nearest(owner_id, vector, model, k, tags, "exact", guard=limit)
-        if hits:
-            return hits
-        large, index = _large_owner_index(owner_id, dims, limit)
-        if not large:
-            return hits
-        path = "index" if index else "exact"
+        first = _auto_first(owner_id, vector, model, k, tags, limit)
+        if not isinstance(first, _LargeOwner):
+            return first
+        path = "index" if first.index else "exact"
     elif path == "index":
         _, index = _large_owner_index(owner_id, dims, limit)
         path = "index" if index else "exact"
-    return _nearest(owner_id, vector, model, k, tags, path, guard=None)
+    sql, params = _nearest_sql(owner_id, vector, model, k, tags, exact=path == "exact")
+    if path == "exact":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    else:
+        rows = _index_search(sql, params, k)
+    return _hits(rows)
 
 
-def _nearest(
+def _hits(rows: Sequence[Sequence[Any]]) -> list[Hit]:
+    hits = [Hit(int(i), float(sim)) for i, sim in rows]
+    # relaxed_order may return rows slightly out of order.
+    hits.sort(key=lambda h: -h.similarity)
+    return hits
+
+
+def _nearest_sql(
     owner_id: int,
     vector: Sequence[float],
     model: str,
     k: int,
     tags: Sequence[str],
-    path: str,
     *,
-    guard: int | None,
-) -> list[Hit]:
+    exact: bool,
+    guard: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The owner's top-K statement; `guard`: only while the owner has at most that many items."""
     dims = len(vector)
     table = MemoryItem._meta.db_table
     distance = f"(embedding::vector({dims}) <=> %s::vector({dims}))"
     # `+ 0` makes the ORDER BY an expression no index provides: the planner reads
     # the owner's rows through the owner index and sorts them exactly.
-    order = f"{distance} + 0" if path == "exact" else distance
+    order = f"{distance} + 0" if exact else distance
     tag_filter = "AND tag = ANY(%s)" if tags else ""
     literal = vector_literal(vector)
     params: list[Any] = [literal, model]
     if tags:
         params.append(list(tags))
-    guard_sql = ""
-    if guard is not None:
-        # SQL names from model metadata and integer constants; values are bound parameters.
-        guard_sql = (
-            f'AND (SELECT count(*) FROM (SELECT 1 FROM "{table}" WHERE owner_id = {int(owner_id)} '  # nosec B608
-            f"AND dims = {dims} AND superseded_at IS NULL LIMIT {int(guard) + 1}) s) <= {int(guard)}"
-        )
+    # An uncorrelated subquery: an InitPlan, so a large owner's rows are never scanned.
+    guard_sql = f"AND (SELECT n FROM live) <= {int(guard)}" if guard is not None else ""
     params += [literal, k]
     # The owner and dimension are integers written into the text: the owner's partial
     # index (WHERE owner_id = X AND dims = d) is usable only when the planner sees the
@@ -151,25 +166,94 @@ def _nearest(
         f"WHERE owner_id = {int(owner_id)} AND dims = {dims} AND superseded_at IS NULL "
         f"AND embedding_model = %s {tag_filter} {guard_sql} ORDER BY {order} LIMIT %s"
     )
-    if path == "exact":
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+    return sql, params
+
+
+def _auto_first(
+    owner_id: int,
+    vector: Sequence[float],
+    model: str,
+    k: int,
+    tags: Sequence[str],
+    limit: int,
+) -> list[Hit] | _LargeOwner:
+    """One round trip: a small owner's exact top K, or the marker of a large owner.
+
+    The bounded count (`live`, at most limit + 1 index entries) guards both
+    branches: at most `limit` items, the exact scan runs; past it, the scan is
+    skipped (a one-time filter) and a single row with a NULL id carries the
+    owner's ready index name, or NULL while it is being built.
+    """
+    dims = len(vector)
+    items = MemoryItem._meta.db_table
+    indexes = MemoryOwnerIndex._meta.db_table
+    exact_sql, params = _nearest_sql(owner_id, vector, model, k, tags, exact=True, guard=limit)
+    # SQL names from model metadata and integer constants; values are bound parameters.
+    sql = (
+        f'WITH live AS (SELECT count(*) AS n FROM (SELECT 1 FROM "{items}" '  # nosec B608
+        f"WHERE owner_id = {int(owner_id)} AND dims = {dims} AND superseded_at IS NULL "
+        f"LIMIT {int(limit) + 1}) s) "
+        f"SELECT top.*, NULL::text FROM ({exact_sql}) top "
+        "UNION ALL "
+        f'SELECT NULL, NULL, (SELECT name FROM "{indexes}" WHERE owner_id = {int(owner_id)} '
+        f"AND dims = {dims} AND state = %s) FROM live WHERE n > {int(limit)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, OwnerIndexState.READY])
+        rows = cursor.fetchall()
+    if len(rows) == 1 and rows[0][0] is None:
+        return _LargeOwner(index=rows[0][2])
+    return _hits([(i, sim) for i, sim, _ in rows])
+
+
+def _index_search(sql: str, params: list[Any], k: int) -> list[tuple[Any, ...]]:
+    """Run `sql` under the owner-index settings in one round trip, the settings never outliving it.
+
+    `set_config(..., true)` lasts until the end of the current transaction, which
+    may be a caller's: a savepoint released would keep the settings for the rest
+    of it (and for whoever borrows the pooled connection inside it). So the
+    statements go in one execute (client-side binding: the simple query protocol,
+    several statements, one round trip):
+    1. Outside any transaction, the settings and the query only: PostgreSQL runs
+       a multi-statement string as one implicit transaction, which ends with it.
+    2. Inside one (an atomic block, or a transaction psycopg is about to open),
+       the settings and the query between SAVEPOINT and ROLLBACK TO SAVEPOINT:
+       the rollback undoes the settings (the query wrote nothing), the RELEASE
+       leaves the caller's transaction as it was. An error aborts the caller's
+       transaction, whose rollback undoes them too.
+    """
+    settings_sql, settings_params = owner_index_settings(k)
+    connection.ensure_connection()
+    raw = connection.connection
+    standalone = (
+        raw is not None
+        and raw.autocommit
+        and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
+    if standalone:
+        statements, query_at = [settings_sql, sql], 1
     else:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(*owner_index_settings(k))
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-    hits = [Hit(int(i), float(sim)) for i, sim in rows]
-    # relaxed_order may return rows slightly out of order.
-    hits.sort(key=lambda h: -h.similarity)
-    return hits
+        statements = [
+            f"SAVEPOINT {_SAVEPOINT}",
+            settings_sql,
+            sql,
+            f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}",
+            f"RELEASE SAVEPOINT {_SAVEPOINT}",
+        ]
+        query_at = 2
+    with connection.cursor() as cursor:
+        cursor.execute(";\n".join(statements), [*settings_params, *params])
+        for _ in range(query_at):
+            cursor.nextset()
+        return list(cursor.fetchall())
+
+
+_SAVEPOINT = "memory_owner_index_search"
 
 
 def owner_index_settings(k: int) -> tuple[str, list[Any]]:
-    """The SET LOCALs of a search through an owner's index, as one statement.
+    """The transaction-local settings of a search through an owner's index, as one statement.
 
-    SET LOCAL: the settings end with the transaction, whatever the pool does next.
     The HNSW scan yields rows in order; a plan through the owner btree must sort:
     sorting disabled, the planner takes the HNSW scan it might otherwise skip.
     """

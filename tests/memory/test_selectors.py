@@ -4,13 +4,16 @@ every owner of that size takes), and a large owner whose own index is not built 
 
 import random
 import time
+from contextlib import nullcontext
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
-from memory.models import MemoryItem
+from memory.models import MemoryItem, OwnerIndexState
 from memory.selectors import memory_nearest, vector_literal
+from memory.services import memory_owner_index_build
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +98,72 @@ def test_a_large_owner_without_its_index_yet_is_scanned_exactly(settings):
     # An owner with nothing of this dimension gets nothing, through either path.
     nobody = _owners("nobody", 1)[0]
     assert memory_nearest(owner_id=nobody, vector=_unit(rng), model="bench", k=K) == []
+
+
+def _settings() -> tuple[str, str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('enable_sort'), current_setting('hnsw.ef_search'), "
+            "current_setting('hnsw.iterative_scan')"
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    return row[0], row[1], row[2]
+
+
+def test_a_small_owner_is_answered_in_one_round_trip():
+    rng = random.Random(8)
+    owner, nobody = _owners("one", 1)[0], _owners("none", 1)[0]
+    _load(rng, [owner], 50)
+    for owner_id, found in ((owner, K), (nobody, 0)):
+        with CaptureQueriesContext(connection) as captured:
+            hits = memory_nearest(owner_id=owner_id, vector=_unit(rng), model="bench", k=K)
+        assert len(hits) == found
+        assert len(captured.captured_queries) == 1, captured.captured_queries
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_owner_with_its_index_takes_two_round_trips_and_leaks_no_setting(settings):
+    """Through its own index in two executes, equal to the exact scan, and the search's
+    settings end with it: in autocommit, and inside a caller's transaction."""
+    settings.MEMORY_EXACT_SCAN_MAX = 300
+    rng = random.Random(34)
+    big = _owners("large", 1)[0]
+    _load(rng, [big], 400)
+    _load(rng, _owners("others", 10), 500)
+    record = memory_owner_index_build(owner_id=big, dims=DIMS)
+    assert record.state == OwnerIndexState.READY
+    defaults = _settings()
+    assert defaults[0] == "on"
+    for outer in (False, True):
+        with transaction.atomic() if outer else nullcontext():
+            for _ in range(5):
+                query = _unit(rng)
+                with CaptureQueriesContext(connection) as captured:
+                    hits = memory_nearest(owner_id=big, vector=query, model="bench", k=K)
+                assert len(captured.captured_queries) == 2, captured.captured_queries
+                assert _settings() == defaults  # nothing left for the caller's next statement
+                assert "ROLLBACK TO SAVEPOINT" in captured.captured_queries[1]["sql"] or not outer
+                exact = memory_nearest(owner_id=big, vector=query, model="bench", k=K, path="exact")
+                assert [h.item_id for h in hits] == [h.item_id for h in exact]
+            assert _owner_of(hits) == {big}
+        assert _settings() == defaults
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_index_search_inside_a_transaction_leaves_no_setting_after_the_rollback(
+    settings,
+):
+    """An error mid-way aborts the caller's transaction; its rollback undoes the settings."""
+    settings.MEMORY_EXACT_SCAN_MAX = 300
+    rng = random.Random(55)
+    big = _owners("failing", 1)[0]
+    _load(rng, [big], 400)
+    memory_owner_index_build(owner_id=big, dims=DIMS)
+    defaults = _settings()
+    captured = CaptureQueriesContext(connection)
+    with pytest.raises(DatabaseError, match="LIMIT"), transaction.atomic(), captured:
+        # "index": the lookup passes, the search fails after its settings (LIMIT -1).
+        memory_nearest(owner_id=big, vector=_unit(rng), model="bench", k=-1, path="index")
+    assert "ROLLBACK TO SAVEPOINT" in captured.captured_queries[-1]["sql"]
+    assert _settings() == defaults

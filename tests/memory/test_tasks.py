@@ -6,12 +6,12 @@ import random
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memory.index import owner_index_name
 from memory.models import MemoryItem, MemoryOwnerIndex, OwnerIndexState
-from memory.selectors import memory_nearest, owner_index_settings
+from memory.selectors import memory_nearest
 from memory.services import memory_erase_owner, memory_remember
 from tests.factories import UserFactory
 from tests.memory.conftest import DIMENSION
@@ -51,10 +51,15 @@ def _plan(owner_id: int, query: list[float]) -> str:
     """EXPLAIN of the very statement the production path sent, under the same settings."""
     with CaptureQueriesContext(connection) as captured:
         memory_nearest(owner_id=owner_id, vector=query, model="fake-embed", k=K)
-    sql = [q["sql"] for q in captured.captured_queries if "ORDER BY" in q["sql"]][-1]
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(*owner_index_settings(K))
-        cursor.execute("EXPLAIN " + sql)
+    # The search is one execute of several statements (the settings, then the query):
+    # the same execute again, with the query explained.
+    statements = captured.captured_queries[-1]["sql"].split(";\n")
+    at = next(i for i, statement in enumerate(statements) if "ORDER BY" in statement)
+    statements[at] = "EXPLAIN " + statements[at]
+    with connection.cursor() as cursor:
+        cursor.execute(";\n".join(statements))
+        for _ in range(at):
+            cursor.nextset()
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
