@@ -6,6 +6,7 @@ over by the sweeper and the turn finishes; the sweeper's chatter stays out of
 the INFO logs, and the one takeover is logged once.
 """
 
+import json
 import os
 import random
 import shutil
@@ -197,7 +198,18 @@ def test_procfile_runs_from_a_clean_checkout_and_survives_a_killed_worker(
         # One line per sweep that acted (a slow worker2 may need a second requeue). The
         # broker may also hand the dead worker's unacknowledged run straight to worker2,
         # which then takes the expired lease with no requeue: no line is owed then.
-        assert all(" INFO " in line and session_id in line for line in takeovers), takeovers
+        # Logs are JSON by default (LOG_FORMAT=json); plain text says " INFO ".
+        assert all(_logged_at_info(line) and session_id in line for line in takeovers), takeovers
     finally:
         for name in list(stack.procs):
             stack.stop(name)
+
+
+def _logged_at_info(line: str) -> bool:
+    """Whether a log line (a JSON record or a plain one) was logged at INFO."""
+    if line.lstrip().startswith("{"):
+        try:
+            return json.loads(line).get("level") == "info"
+        except ValueError:
+            return False
+    return " INFO " in line
