@@ -769,17 +769,18 @@ def test_an_uncertain_call_to_a_non_idempotent_tool_opens_a_review_whose_answer_
         )
         assert response.status_code == 202
         deadline = time.monotonic() + 30
-        while Session.objects.get(pk=session_id).state != "awaiting_approval":
-            assert time.monotonic() < deadline, (
-                Session.objects.get(pk=session_id).state,
-                logs(fs, dog),
-            )
+        # The run commits awaiting_approval, then gives its lease back (lease_release):
+        # no worker waits on the reviewer once both are done.
+        waiting = ("awaiting_approval", None)
+        rows = Session.objects.filter(pk=session_id).values_list("state", "lease_owner")
+        while rows.get() != waiting:
+            assert time.monotonic() < deadline, (rows.get(), logs(fs, dog))
             time.sleep(0.1)
 
         session = Session.objects.get(pk=session_id)
         call = ToolCall.objects.get(session_id=session_id)
         assert [d.returncode for d in dog.deaths] == [-signal.SIGKILL]
-        assert session.lease_owner is None  # no worker waits on the reviewer
+        assert session.lease_owner is None
         review = Approval.objects.get(session_id=session_id)
         assert (review.kind, review.status, review.tool_call_id) == (
             "recovery_review",
