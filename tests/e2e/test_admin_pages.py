@@ -100,7 +100,7 @@ def _busy_data(live_stack: Any) -> dict[str, Any]:
         breaker.record_failure(dead.name)
     get_user_model().objects.create_superuser("operator", "op@example.com", OPERATOR_PASSWORD)
     # A remembered preference with its history (long text: the list must still fit).
-    from memory.models import MemoryItem
+    from memory.models import MemoryItem, MemoryOwnerIndex
 
     owner = get_user_model().objects.create_user("memory-owner")
     old = MemoryItem.objects.create(
@@ -112,6 +112,15 @@ def _busy_data(live_stack: Any) -> dict[str, Any]:
         content="I prefer email for everything about orders and invoices, with a copy to my assistant " * 3,
     )  # fmt: skip
     MemoryItem.objects.filter(pk=old.pk).update(superseded_by=new, superseded_at=new.created_at)
+    # A large owner's own search index: one built, one whose build failed.
+    MemoryOwnerIndex.objects.create(
+        owner=owner, dims=256, name="memory_owner_hnsw_256_o1", state="ready",
+        items_at_build=50_000, build_s=12.4, built_at=new.created_at,
+    )  # fmt: skip
+    MemoryOwnerIndex.objects.create(
+        owner=get_user_model().objects.create_user("memory-tenant"), dims=1536,
+        name="memory_owner_hnsw_1536_o2", state="failed", error="out of memory",
+    )  # fmt: skip
     return {"key": key, "finished": finished, "failed": failed}
 
 
@@ -160,6 +169,7 @@ def _operator_pages(browser: Any, live_stack: Any, data: dict[str, Any]) -> None
         "tool-list": "/admin/tools/tool/",
         "modelcall-list": "/admin/agent_sessions/modelcall/",
         "memoryitem-list": "/admin/memory/memoryitem/",
+        "memoryownerindex-list": "/admin/memory/memoryownerindex/",
     }
     for name, path in pages.items():
         page.goto(live_stack.http + path)
