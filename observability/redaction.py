@@ -21,7 +21,9 @@ _ASSIGNED = re.compile(
     r"([\"']?\s*[:=]\s*[\"']?)(?!\[redacted)[^\s\"',&}]{6,}"
 )
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}")
-_CARD = re.compile(r"(?<![\d])(?:\d[ \-]?){12,18}\d(?![\d])")
+# A card number stands alone: not part of a longer token of letters, digits and hyphens
+# (a UUID such as a11d1644-5100-4580-8811-... holds a Luhn-valid 4-4-4-4 run).
+_CARD = re.compile(r"(?<![0-9A-Za-z-])(?:\d[ \-]?){12,18}\d(?![0-9A-Za-z-])")
 
 
 def _luhn(digits: str) -> bool:

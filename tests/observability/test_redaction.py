@@ -36,6 +36,9 @@ def test_scrub_cuts_credentials_and_personal_data(text: str, gone: str, kind: st
         "order 1234567890123 shipped",  # 13 digits, fails the Luhn check: not a card
         "token counting took 12 ms",
         "session 6f1c2d3e-aaaa-bbbb-cccc-1234567890ab turn 3",
+        # A Luhn-valid 4-4-4-4 run inside a UUID (found by a random session id in CI).
+        "session a11d1644-5100-4580-8811-6d6d5256a540 turn 3",
+        "session 12345678-1644-5100-4580-881166d6d525 turn 3",
         "elapsed_ms=1234 status=200",
     ],
 )
