@@ -68,7 +68,19 @@ async def _open(session: Session, key: str, count: int) -> list[WebsocketCommuni
         connected, _ = await ws.connect(timeout=10)
         assert connected
         sockets.append(ws)
+    await _joined(session, count)
     return sockets
+
+
+async def _joined(session: Session, count: int) -> None:
+    """Wait until `count` sockets watch the session. A socket is accepted before it
+    authenticates and joins the session's group, so a frame sent as soon as
+    `connect()` returns could reach no one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while len(consumers._watchers().by_session.get(str(session.pk), ())) < count:
+        assert loop.time() < deadline, "the sockets never joined the session's group"
+        await asyncio.sleep(0.01)
 
 
 async def _close(sockets: list[WebsocketCommunicator]) -> None:
