@@ -35,6 +35,7 @@ from memory.tokens import estimate_request_tokens
 from runtime.breaker import model_breaker
 
 from ..models import Agent, ModelCall, ModelEndpoint, Session
+from .model_calls import first_enabled_endpoint
 
 BREAKER_TTL_S = 1.0
 # Kept figures are read again once a budget is this much spent (other sessions of the
@@ -232,7 +233,9 @@ def model_gate(
     estimate_in = estimate_request_tokens(request)
     endpoint = agent.model
     if level >= CHEAPER:
-        endpoint = agent.cheap_model or agent.fallback_model or agent.model
+        endpoint = first_enabled_endpoint(
+            agent.cheap_model, agent.fallback_model, default=agent.model
+        )
         limit = min(request.max_tokens or agent.degraded_max_tokens, agent.degraded_max_tokens)
         request = dataclasses.replace(request, max_tokens=limit)
     verdict = budget_check(

@@ -48,7 +48,7 @@ from tools.execution import ToolSnapshot, tool_breaker
 from ..models import Agent, Message, ModelCall, ModelEndpoint, Session
 from .budget_gate import GateRead
 from .metering import model_credits_check
-from .model_calls import side_call
+from .model_calls import cheap_endpoint, side_call
 
 logger = logging.getLogger(__name__)
 # A dialogue-state answer is a short JSON object.
@@ -83,12 +83,6 @@ class DialogueUpdate:
     calls: list[ModelCall]
 
 
-def dialogue_endpoint(agent: Agent) -> ModelEndpoint:
-    """The model that reads dialogue state: the cheap one when the agent has it."""
-    cheap = agent.cheap_model
-    return cheap if cheap is not None and cheap.enabled else agent.model
-
-
 def dialogue_update(session: Session, agent: Agent, history: list[Message]) -> DialogueUpdate:
     """The dialogue state after the user's messages the extractor has not read yet (None if
     there are none, or the agent declares no dialogue), and the model call it took.
@@ -119,7 +113,7 @@ def dialogue_update(session: Session, agent: Agent, history: list[Message]) -> D
         return DialogueUpdate(None, [])
     texts.reverse()
     calls: list[ModelCall] = []
-    endpoint = dialogue_endpoint(agent)
+    endpoint = cheap_endpoint(agent)
     if extractor.by_model and endpoint.api != "rules":
         state, record = _model_dialogue(session, endpoint, extractor, previous, texts)
         if record is not None:

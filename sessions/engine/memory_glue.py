@@ -41,7 +41,7 @@ from tools.validation import check_arguments
 
 from ..models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
 from .metering import model_credits_check, side_call_commit
-from .model_calls import side_call
+from .model_calls import cheap_endpoint, side_call
 
 logger = logging.getLogger(__name__)
 ARCHIVE_EMBED_BATCH = 200
@@ -323,7 +323,7 @@ def _extract(
     4. The call (no connection held across it), then its row, rollup and charge committed
        in a short transaction of their own (`side_call_commit`).
     """
-    endpoint = agent.cheap_model or agent.model
+    endpoint = cheap_endpoint(agent)
     if endpoint.api == "rules":
         return extraction.rule_extract(user_texts)
     if ModelCall.objects.filter(session=session, turn=turn, purpose=EXTRACTION).exists():

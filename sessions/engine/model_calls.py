@@ -65,6 +65,22 @@ def primary_endpoint(agent: Agent, session: Session) -> tuple[ModelEndpoint, boo
     return agent.model, False
 
 
+def first_enabled_endpoint(
+    *candidates: ModelEndpoint | None, default: ModelEndpoint
+) -> ModelEndpoint:
+    """The first candidate an operator has not disabled, else `default` (the agent's
+    model): a disabled endpoint is never called, whichever side job asks for it."""
+    for endpoint in candidates:
+        if endpoint is not None and endpoint.enabled:
+            return endpoint
+    return default
+
+
+def cheap_endpoint(agent: Agent) -> ModelEndpoint:
+    """The model for the agent's small side jobs (dialogue state, memory extraction)."""
+    return first_enabled_endpoint(agent.cheap_model, default=agent.model)
+
+
 def endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
     return EndpointConfig(
         name=endpoint.name,

@@ -32,7 +32,7 @@ from memory.tokens import count_message_tokens
 
 from ..models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
 from .context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
-from .model_calls import side_call
+from .model_calls import first_enabled_endpoint, side_call
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,9 @@ def summary_retry_at(session: Session) -> datetime | None:
 
 
 def summary_endpoint(agent: Agent) -> ModelEndpoint:
-    for endpoint in (agent.summary_model, agent.cheap_model, agent.fallback_model):
-        if endpoint is not None and endpoint.enabled:
-            return endpoint
-    return agent.model
+    return first_enabled_endpoint(
+        agent.summary_model, agent.cheap_model, agent.fallback_model, default=agent.model
+    )
 
 
 def _transcript(messages: tuple[Message, ...]) -> tuple[str, list[dict[str, Any]]]:

@@ -91,6 +91,23 @@ def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_level_one_skips_a_disabled_cheaper_model(make_agent, make_session):  # noqa: F811
+    cheap = ModelEndpointFactory(name="cheap-off", api="rules", options={}, enabled=False)
+    agent = make_agent(
+        cheap_model=cheap,
+        degraded_max_tokens=200,
+        budget_session_tokens=10**9,
+        rules=[{"answer": "ok"}],
+    )
+    session = make_session(agent=agent, input_tokens=85 * 10**7)
+    message_post(session=session, content="hi")
+    session = _run(session)
+
+    assert session.degradation_level == 1
+    assert ModelCall.objects.get(session=session).endpoint_name == agent.model.name
+
+
+@pytest.mark.django_db(transaction=True)
 def test_workers_over_their_thresholds_degrade_a_real_turn(make_agent, make_session):  # noqa: F811
     """Two live workers, one taking no new runs (its heartbeat in Redis): level 1, so
     the turn runs on the cheaper model."""

@@ -14,7 +14,7 @@ from billing.services import credits_grant
 from memory.models import EmbeddingEndpoint, MemoryItem
 from memory.services import memory_remember
 from sessions.engine import session_run
-from sessions.models import Message, ModelCall, Session, ToolCall
+from sessions.models import Message, ModelCall, ModelEndpoint, Session, ToolCall
 from sessions.services import memory_turn_keep, message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.embedding_server import FakeEmbeddingServer
@@ -285,3 +285,20 @@ def test_an_extraction_the_credits_cannot_cover_is_skipped(
     assert not ModelCall.objects.filter(purpose="extraction").exists()
     assert not MemoryItem.objects.filter(owner=session.owner).exists()
     assert _books(session.owner_id).balance == 100
+
+
+def test_a_disabled_cheap_model_is_never_called_for_the_extraction(
+    embeddings,
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    monkeypatch,
+):
+    session = _paid_extraction_session(openai_server, unique, monkeypatch, points=2000)
+    ModelEndpoint.objects.filter(pk=session.agent.cheap_model_id).update(enabled=False)
+    openai_server.script(EXTRACTED)
+
+    # The agent's own (offline rules) model reads the turn instead: no request, no charge.
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    assert openai_server.requests == []
+    assert not ModelCall.objects.filter(purpose="extraction").exists()
+    assert _books(session.owner_id).balance == 2000
