@@ -71,9 +71,8 @@ def test_level_three_runs_only_critical_tools_and_says_so(make_agent, make_sessi
     assert [e.data["level"] for e in changed] == [3]  # one event: the level changed once
 
 
-@pytest.mark.django_db(transaction=True)
-def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, make_session):  # noqa: F811
-    cheap = ModelEndpointFactory(name="cheap-rules", api="rules", options={})
+def _level_one_turn(make_agent, make_session, cheap):  # type: ignore[no-untyped-def]  # noqa: F811
+    """A turn of a session 85 % into its token budget (level 1), the agent's cheap model `cheap`."""
     agent = make_agent(
         cheap_model=cheap,
         degraded_max_tokens=200,
@@ -82,7 +81,13 @@ def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, 
     )
     session = make_session(agent=agent, input_tokens=85 * 10**7)
     message_post(session=session, content="hi")
-    session = _run(session)
+    return agent, _run(session)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, make_session):  # noqa: F811
+    cheap = ModelEndpointFactory(name="cheap-rules", api="rules", options={})
+    _, session = _level_one_turn(make_agent, make_session, cheap)
 
     assert session.degradation_level == 1
     call = ModelCall.objects.get(session=session)
@@ -93,15 +98,7 @@ def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, 
 @pytest.mark.django_db(transaction=True)
 def test_level_one_skips_a_disabled_cheaper_model(make_agent, make_session):  # noqa: F811
     cheap = ModelEndpointFactory(name="cheap-off", api="rules", options={}, enabled=False)
-    agent = make_agent(
-        cheap_model=cheap,
-        degraded_max_tokens=200,
-        budget_session_tokens=10**9,
-        rules=[{"answer": "ok"}],
-    )
-    session = make_session(agent=agent, input_tokens=85 * 10**7)
-    message_post(session=session, content="hi")
-    session = _run(session)
+    agent, session = _level_one_turn(make_agent, make_session, cheap)
 
     assert session.degradation_level == 1
     assert ModelCall.objects.get(session=session).endpoint_name == agent.model.name
