@@ -67,7 +67,11 @@ class CreditLedger(models.Model):
     leaves the balance alone, adjust either way): the deltas of an account sum to its
     balance."""
 
-    account = models.ForeignKey(CreditAccount, on_delete=models.CASCADE, related_name="ledger")
+    # No index of its own: `credit_ledger_account` (account, -id) leads with it, and a
+    # second index would be one more write on every ledger row.
+    account = models.ForeignKey(
+        CreditAccount, on_delete=models.CASCADE, related_name="ledger", db_index=False
+    )
     kind = models.CharField(max_length=10, choices=LedgerKind.choices)
     points = models.BigIntegerField(help_text="The amount the entry is about (always >= 0).")
     delta = models.BigIntegerField(help_text="Signed change of the balance.")

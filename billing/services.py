@@ -535,12 +535,6 @@ class UsageFigures:
     tool_calls: int = 0
 
 
-def returning_old_values() -> bool:
-    """Whether RETURNING can read the row as it was (`old.`, PostgreSQL 18 and later)."""
-    version: int = getattr(connection, "pg_version", 0)  # the PostgreSQL backend's attribute
-    return version >= 180000
-
-
 def model_charge_statement(
     *,
     owner_id: int,
@@ -558,114 +552,37 @@ def model_charge_statement(
     Charged after the call (the tokens are known only then), so it cannot be refused: if
     concurrent calls left less than the points, the balance goes to zero, never below, and
     the ledger shows what was taken. An owner without an account is not charged. A key
-    already in the ledger (the step's calls were charged) makes it change nothing."""
+    already in the ledger (the step's calls were charged) makes it change nothing.
+
+    The work is the PL/pgSQL function `billing_model_charge` (migration 0004): the server
+    keeps its plans per connection, where this statement, new text at every step (the
+    guard names the step), was planned afresh each time. Its steps:
+    1. If none of the keys is charged yet, lock the owner's account row and read the
+       balance (a concurrent charge is waited for, then re-read).
+    2. Take the least of the balance and the points; one ledger row per call, in order,
+       until what was taken runs out.
+    3. Upsert the day's rollup row with the usage figures and the points taken."""
     charges = [c for c in charges if c.points > 0]
     if not charges:
         return None
-    tz = _tz()
-    total = sum(c.points for c in charges)
-    keys = [c.idempotency_key for c in charges]
-    values = ", ".join(["(%s::int, %s::varchar, %s::bigint, %s::varchar)"] * len(charges))
-    value_params: list[Any] = []
-    for i, charge in enumerate(charges):
-        value_params += [i, charge.idempotency_key, charge.points, charge.note[:500]]
-    guard_sql = f" AND {guard}" if guard else ""
-    not_charged = f"""NOT EXISTS (SELECT 1 FROM {_LEDGER}
-                            WHERE kind = 'charge' AND idempotency_key <> ''
-                              AND idempotency_key = ANY(%s::varchar[]))"""  # nosec B608
-    spent_today = _SPENT_TODAY.replace("spent_", "c.spent_")
-    if returning_old_values():
-        # One UPDATE takes the points: its SET reads the row's newest balance (a concurrent
-        # charge is waited for and re-read), and RETURNING's `old.balance - new.balance`
-        # is exactly what this statement took (the least of the balance and the points).
-        # The `<> ''` lets the planner use the ledger's partial unique index.
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql = f"""WITH a AS (
-        UPDATE {_ACCOUNT} c
-           SET balance = c.balance - LEAST(c.balance, %s),
-               spent_today = {spent_today} + LEAST(c.balance, %s),
-               spent_day = {_TODAY}, updated_at = now()
-         WHERE c.owner_id = %s{guard_sql} AND {not_charged}
-     RETURNING c.id, c.owner_id, old.balance AS before, old.balance - new.balance AS taken),"""  # nosec B608
-        head: list[Any] = [total, tz, total, tz, owner_id, keys]
-    else:
-        # Before PostgreSQL 18 RETURNING sees only the new row: `o` locks the account and
-        # reads its balance first, so `o.balance - c.balance` is what was taken.
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql = f"""WITH o AS (
-        SELECT id, owner_id, balance FROM {_ACCOUNT}
-         WHERE owner_id = %s{guard_sql} AND {not_charged}
-           FOR NO KEY UPDATE),
-    a AS (
-        UPDATE {_ACCOUNT} c
-           SET balance = o.balance - LEAST(o.balance, %s),
-               spent_today = {spent_today} + LEAST(o.balance, %s),
-               spent_day = {_TODAY}, updated_at = now()
-          FROM o WHERE c.id = o.id
-     RETURNING c.id, c.owner_id, o.balance AS before, o.balance - c.balance AS taken),"""  # nosec B608
-        head = [owner_id, keys, total, tz, total, tz]
-    if usage is None:
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql += f"""
-    u AS (
-        INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
-                              model_calls, tool_calls, credits_spent)
-        SELECT a.owner_id, %s, {_TODAY}, 0, 0, 0, 0, 0, a.taken FROM a WHERE a.taken > 0
-        ON CONFLICT (owner_id, agent_id, day) DO UPDATE
-           SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
-     RETURNING 1)"""  # nosec B608
-        middle: list[Any] = [agent_id, tz]
-    else:
-        where = f" WHERE {guard}" if guard else ""
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql += f"""
-    u AS (
-        INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
-                              model_calls, tool_calls, credits_spent)
-        SELECT %s, %s, {_TODAY}, %s, %s, %s, %s, %s, coalesce((SELECT taken FROM a), 0){where}
-        ON CONFLICT (owner_id, agent_id, day) DO UPDATE SET
-            input_tokens = {_USAGE}.input_tokens + EXCLUDED.input_tokens,
-            output_tokens = {_USAGE}.output_tokens + EXCLUDED.output_tokens,
-            cost = {_USAGE}.cost + EXCLUDED.cost,
-            model_calls = {_USAGE}.model_calls + EXCLUDED.model_calls,
-            tool_calls = {_USAGE}.tool_calls + EXCLUDED.tool_calls,
-            credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
-     RETURNING 1)"""  # nosec B608
-        middle = [
+    where = f" WHERE {guard}" if guard else ""
+    figures = usage or UsageFigures()
+    return (
+        "SELECT billing_model_charge(%s, %s, %s, %s, %s::varchar[], %s::bigint[], "
+        f"%s::varchar[], %s, %s, %s, %s, %s, %s){where}",
+        [
             owner_id,
             agent_id,
-            tz,
-            usage.input_tokens,
-            usage.output_tokens,
-            usage.cost,
-            usage.model_calls,
-            usage.tool_calls,
-        ]
-    if len(charges) == 1:
-        # The common step (one model call): its ledger row straight from the UPDATE, with
-        # no window over a VALUES list (less for the server to plan at every step).
-        (only,) = charges
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql += f"""
-    INSERT INTO {_LEDGER} (account_id, kind, points, delta, balance_after, idempotency_key,
-                           actor, note, session_id, agent_id, tool, created_at)
-    SELECT a.id, 'charge', a.taken, -a.taken, a.before - a.taken, %s, '', %s, %s, %s, '', now()
-      FROM a WHERE a.taken > 0"""  # nosec B608
-        tail: list[Any] = [only.idempotency_key, only.note[:500], session_id, agent_id]
-    else:
-        # SQL names from model metadata (constants); every value is a bound parameter.
-        sql += f""",
-    v AS (
-        SELECT v.*, coalesce(sum(v.points) OVER (ORDER BY v.i
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_me
-          FROM (VALUES {values}) AS v(i, k, points, note))
-    INSERT INTO {_LEDGER} (account_id, kind, points, delta, balance_after, idempotency_key,
-                           actor, note, session_id, agent_id, tool, created_at)
-    SELECT a.id, 'charge', x.taken, -x.taken, a.before - (v.before_me + x.taken), v.k, '',
-           v.note, %s, %s, '', now()
-      FROM a CROSS JOIN v
-      CROSS JOIN LATERAL (SELECT GREATEST(LEAST(v.points, a.taken - v.before_me), 0) AS taken) x
-     WHERE x.taken > 0"""  # nosec B608
-        tail = [*value_params, session_id, agent_id]
-    params: list[Any] = [*head, *middle, *tail]
-    return sql, params
+            session_id,
+            _tz(),
+            [c.idempotency_key for c in charges],
+            [c.points for c in charges],
+            [c.note[:500] for c in charges],
+            usage is not None,
+            figures.input_tokens,
+            figures.output_tokens,
+            figures.cost,
+            figures.model_calls,
+            figures.tool_calls,
+        ],
+    )

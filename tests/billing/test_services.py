@@ -270,16 +270,7 @@ def charge(owner_id: int, agent_id: int, session_id: uuid.UUID, *charges: ModelC
         cursor.execute(*statement)
 
 
-@pytest.fixture(params=["returning old", "lock first"])
-def charge_form(request, monkeypatch):
-    """Both forms of the charge statement: PostgreSQL 18's `RETURNING old.` and the locking
-    read older servers need (the embedded server is 18, so the older form is forced)."""
-    if request.param == "lock first":
-        monkeypatch.setattr("billing.services.returning_old_values", lambda: False)
-    return request.param
-
-
-def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_rollup(charge_form):
+def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_rollup():
     user, agent = UserFactory(), AgentFactory()
     credits_grant(owner_id=user.pk, points=100, actor="test")
     session_id = uuid.uuid4()
@@ -299,7 +290,7 @@ def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_roll
     assert_ledger_matches(account)
 
 
-def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below(charge_form):
+def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below():
     user, agent = UserFactory(), AgentFactory()
     credits_grant(owner_id=user.pk, points=9, actor="test")
     charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:0", 6), ModelCharge("m:1", 6))
@@ -312,7 +303,7 @@ def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below(charge_f
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_model_charges_take_exactly_the_balance_between_them(charge_form):
+def test_concurrent_model_charges_take_exactly_the_balance_between_them():
     """Each charge waits for the other's row lock and takes from the newest balance."""
     user, agent = UserFactory(), AgentFactory()
     credits_grant(owner_id=user.pk, points=50, actor="test")
