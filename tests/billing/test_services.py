@@ -359,3 +359,34 @@ def test_credits_cover_checks_the_balance_the_cap_and_a_missing_account():
     credits_grant(owner_id=user.pk, points=0, actor="test", daily_cap=None, set_daily_cap=True)
     short = credits_cover(owner_id=user.pk, points=11)
     assert (short.outcome, short.reason, short.points_left) == ("insufficient", "balance", 10)
+
+
+def test_the_ledger_keeps_one_index_per_purpose():
+    """Every index is a write on each ledger row: the foreign key's own index would only
+    repeat the leading column of `credit_ledger_account` (migration 0004 dropped it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s ORDER BY indexname",
+            [CreditLedger._meta.db_table],
+        )
+        columns = [row[0].split(" USING btree ")[1] for row in cursor.fetchall()]
+    assert columns == [
+        "(id)",
+        "(account_id, id DESC)",
+        "(kind, idempotency_key) WHERE (NOT ((idempotency_key)::text = ''::text))",
+    ]
+
+
+def test_a_charge_keeps_working_after_the_tables_it_writes_change():
+    """The function's plans are kept per connection; PostgreSQL re-plans them when a
+    table they use changes (a migration adding a column), with no reconnect."""
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="test")
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:before", 4))
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the test's transaction wrote rows
+        cursor.execute(f"ALTER TABLE {CreditLedger._meta.db_table} ADD COLUMN extra int")
+        cursor.execute("ALTER TABLE billing_usagedaily ALTER COLUMN credits_spent TYPE numeric")
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:after", 6))
+    assert CreditAccount.objects.get(owner=user).balance == 90
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 10
