@@ -205,6 +205,10 @@ class Step:
     # A summary among `messages` replaced the history up to this seq: those
     # messages are marked archived (never deleted) in the same transaction.
     archive_through: int | None = None
+    # A read run after the writes, in the same round trip and transaction (it
+    # sees them): what the next step would read first (open_calls.py). Its
+    # rows come back in `Committed.read`.
+    then_read: Statement | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class Committed:
     state: State
     step: int
     frames: list[Frame]
+    read: list[tuple[Any, ...]] | None = None
 
 
 def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
@@ -419,6 +424,8 @@ def step_commit(step: Step) -> Committed:
         writes.append(
             insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
         )
+    if step.then_read is not None:
+        writes.append(step.then_read)  # last: its rows are the batch's last result
 
     # One round trip. Outside a transaction the server runs the batch as one
     # implicit transaction (all of it commits, or none); nested (message_post,
@@ -498,4 +505,5 @@ def step_commit(step: Step) -> Committed:
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
     session.config_stamp = (version, stamp)  # type: ignore[attr-defined]
-    return Committed(version=version, state=to_state, step=step_no, frames=frames)
+    read = results[-1] if step.then_read is not None else None
+    return Committed(version=version, state=to_state, step=step_no, frames=frames, read=read)
