@@ -21,6 +21,7 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from psycopg import pq
 from psycopg.adapt import Transformer
+from psycopg.types.json import Jsonb
 
 Statement = tuple[str, list[Any]]
 
@@ -48,6 +49,25 @@ def jsonb_value(value: Any) -> Any:
     digits, but not its sign at zero nor its exponent.
     """
     return json.loads(json.dumps(value), parse_float=_jsonb_float)
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+class JsonbText(Jsonb):
+    """A jsonb parameter given as its JSON text, made once by the caller and sent as is.
+
+    For a value whose text is needed elsewhere too (an event's payload is
+    also the published frame's): psycopg's own jsonb dumper, with a `dumps`
+    that returns the text it is handed, so the statement is byte for byte
+    what the value itself would have given, without a second json.dumps.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, text: str):
+        super().__init__(text, dumps=_as_is)
 
 
 @lru_cache(maxsize=64)
@@ -90,6 +110,9 @@ def _saver(field: Any) -> Saver:
         return lambda value, conn: (
             value if value is None or type(value) is plain else slow(value, conn)
         )
+    if internal == "JSONField":
+        # Already the driver's jsonb parameter: Django's own conversion would wrap it again.
+        return lambda value, conn: value if type(value) is JsonbText else slow(value, conn)
     if internal == "DateTimeField":
         return lambda value, conn: (
             value

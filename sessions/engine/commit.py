@@ -35,6 +35,7 @@ from ..models import (
 )
 from ..publisher import Frame, make_frame, publish
 from ..rows import (
+    JsonbText,
     Statement,
     execute_batch,
     insert_rows,
@@ -235,9 +236,16 @@ def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
     return EventSpec(EventType.MESSAGE_COMPLETED, data)
 
 
-def _publish_after_commit(session_id: UUID | str, frames: list[Frame]) -> None:
+def _frames(session_id: UUID, first: int, events: list[EventSpec], ts: Any) -> list[Frame]:
+    return [
+        make_frame(session_id, first + i + 1, type_, data, ts)
+        for i, (type_, data) in enumerate(events)
+    ]
+
+
+def _publish_after_commit(session_id: UUID | str, frames: list[Frame], texts: list[str]) -> None:
     fault_point("after_commit_before_publish")
-    publish(session_id, frames)
+    publish(session_id, frames, texts)
 
 
 def step_commit(step: Step) -> Committed:
@@ -390,7 +398,13 @@ def step_commit(step: Step) -> Committed:
     # Events, transitions and the checkpoint are only written: rows of values
     # in their columns' order (no model instances).
     first = event_seq - n_events
-    events = [(session.pk, first + i + 1, type_, data) for i, (type_, data) in enumerate(ordered)]
+    # Each payload dumped once: the same text is the row's jsonb parameter and
+    # the published frame's `data` (as json.dumps gives it for either).
+    texts = [json.dumps(data) for _, data in ordered]
+    events = [
+        (session.pk, first + i + 1, type_, JsonbText(text))
+        for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))
+    ]
     writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
     transitions = [
         (
@@ -410,15 +424,16 @@ def step_commit(step: Step) -> Committed:
         insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
     )
     if step.checkpoint is not None:
-        context = {**step.checkpoint, "state": to_state.value}
+        # Dumped once: its text is both the jsonb parameter and the recorded size.
+        context = json.dumps({**step.checkpoint, "state": to_state.value}, separators=(",", ":"))
         checkpoint = (
             session.pk,
             step_no,
             turn,
             to_state.value,
             message_seq,
-            context,
-            len(json.dumps(context, separators=(",", ":"), default=str)),
+            JsonbText(context),
+            len(context),
             step.fingerprint,
         )
         writes.append(
@@ -435,15 +450,15 @@ def step_commit(step: Step) -> Committed:
             results = execute_batch(writes)
             row = results[0][0] if results[0] else None
             if row is not None:
-                frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
+                frames = _frames(session.pk, first, ordered, row[0])
                 session_id = session.pk
-                transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+                transaction.on_commit(lambda: _publish_after_commit(session_id, frames, texts))
     else:
         results = execute_batch(writes)
         row = results[0][0] if results[0] else None
         if row is not None:
-            frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
-            _publish_after_commit(session.pk, frames)
+            frames = _frames(session.pk, first, ordered, row[0])
+            _publish_after_commit(session.pk, frames, texts)
     # A refused move wrote nothing, and a caller's own transaction stays
     # usable after it catches StaleSession.
     if row is None:

@@ -12,7 +12,15 @@ from django.db import connection
 
 from sessions.engine.commit import MESSAGE_COLUMNS
 from sessions.models import Event, Message, ModelCall, ToolCall
-from sessions.rows import _bound, _savers, execute_batch, insert_statement, json_value, jsonb_value
+from sessions.rows import (
+    JsonbText,
+    _bound,
+    _savers,
+    execute_batch,
+    insert_statement,
+    json_value,
+    jsonb_value,
+)
 
 from ..factories import SessionFactory
 
@@ -114,3 +122,29 @@ def test_jsonb_value_is_what_the_column_gives_back(value: Any) -> None:
     back = json_value(stored)
     # The guards compare and hash the JSON text: the same text, not just equal numbers.
     assert json.dumps(jsonb_value(value), sort_keys=True) == json.dumps(back, sort_keys=True)
+
+
+HOSTILE_JSON: list[Any] = [
+    {"q": 'it\'s \\ 100% "done"; -- \n\t ünïcødé ✓ \u2028', "n": [1, 2.5, -0.0, 1.5e20, None]},
+    {"nested": {"deep": [{"x": True}, {"y": False}]}, "empty": {}, "list": []},
+    ["%s", "%%", "$1", "'); DROP TABLE x; --"],
+    "just text",
+    0,
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_JSON)
+def test_jsonb_text_binds_as_the_value_would(value: Any) -> None:
+    """The text made once is bound byte for byte as Django's own jsonb parameter of the value."""
+    field = Event._meta.get_field("data")
+    [(_, save)] = [s for s in _savers(Event, ("data",), ()) if s[0] == "data"]
+    ours = save(JsonbText(json.dumps(value)), connection)
+    assert type(ours) is JsonbText  # passed through, not wrapped again
+    with connection.cursor():
+        assert _bound(connection.connection, [("SELECT %s", [ours])]) == _bound(
+            connection.connection, [("SELECT %s", [field.get_db_prep_save(value, connection)])]
+        )
+    [[(stored,)]] = execute_batch([("SELECT %s", [ours])])
+    assert json_value(stored) == json_value(
+        execute_batch([("SELECT %s", [field.get_db_prep_save(value, connection)])])[0][0][0]  # type: ignore[index]
+    )
