@@ -10,7 +10,7 @@ every socket of the group forwards the text as is (500 watchers, one json.dumps)
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 from uuid import UUID
@@ -54,14 +54,25 @@ def make_frame(
     }
 
 
-def frame_text(frame: Frame) -> str:
-    """The JSON text of a frame, as a websocket sends it."""
-    return json.dumps(frame)
+def frame_text(frame: Frame, data_text: str | None = None) -> str:
+    """The JSON text of a frame, as a websocket sends it.
+
+    `data_text`: `json.dumps(frame["data"])`, already made (the step commit
+    made it for the event's row): spliced in rather than dumped again. The
+    text is the same either way (the payload is the frame's last key, as
+    `make_frame` builds it).
+    """
+    if data_text is None:
+        return json.dumps(frame)
+    head = json.dumps(
+        {"seq": frame["seq"], "type": frame["type"], "session": frame["session"], "ts": frame["ts"]}
+    )
+    return f'{head[:-1]}, "data": {data_text}}}'
 
 
-def group_message(frame: Frame) -> dict[str, Any]:
+def group_message(frame: Frame, data_text: str | None = None) -> dict[str, Any]:
     """The channel-layer message of a frame: its seq (for gap detection) and its text."""
-    return {"type": "session.frame", "seq": frame["seq"], "text": frame_text(frame)}
+    return {"type": "session.frame", "seq": frame["seq"], "text": frame_text(frame, data_text)}
 
 
 def frame_of(message: Mapping[str, Any]) -> Frame:
@@ -115,11 +126,22 @@ async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
         )
 
 
-def publish(session_id: UUID | str, frames: list[Frame]) -> None:
-    """Hand frames to the shared loop without waiting; order is kept per call."""
+def publish(
+    session_id: UUID | str, frames: list[Frame], data_texts: Sequence[str] | None = None
+) -> None:
+    """Hand frames to the shared loop without waiting; order is kept per call.
+
+    `data_texts`: each frame's payload as JSON text, if the caller has it (`frame_text`).
+    """
     if frames:
         try:
-            messages = [group_message(frame) for frame in frames]
+            if data_texts is None:
+                messages = [group_message(frame) for frame in frames]
+            else:
+                messages = [
+                    group_message(frame, text)
+                    for frame, text in zip(frames, data_texts, strict=True)
+                ]
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return

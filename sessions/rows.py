@@ -21,6 +21,8 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from psycopg import pq
 from psycopg.adapt import Transformer
+from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int2, Int4, Int8
 
 Statement = tuple[str, list[Any]]
 
@@ -48,6 +50,25 @@ def jsonb_value(value: Any) -> Any:
     digits, but not its sign at zero nor its exponent.
     """
     return json.loads(json.dumps(value), parse_float=_jsonb_float)
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+class JsonbText(Jsonb):
+    """A jsonb parameter given as its JSON text, made once by the caller and sent as is.
+
+    For a value whose text is needed elsewhere too (an event's payload is
+    also the published frame's): psycopg's own jsonb dumper, with a `dumps`
+    that returns the text it is handed, so the statement is byte for byte
+    what the value itself would have given, without a second json.dumps.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, text: str):
+        super().__init__(text, dumps=_as_is)
 
 
 @lru_cache(maxsize=64)
@@ -90,6 +111,9 @@ def _saver(field: Any) -> Saver:
         return lambda value, conn: (
             value if value is None or type(value) is plain else slow(value, conn)
         )
+    if internal == "JSONField":
+        # Already the driver's jsonb parameter: Django's own conversion would wrap it again.
+        return lambda value, conn: value if type(value) is JsonbText else slow(value, conn)
     if internal == "DateTimeField":
         return lambda value, conn: (
             value
@@ -219,25 +243,113 @@ def one_round_trip() -> bool:
     return not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
 
 
-# One psycopg Transformer per driver connection (it caches its dumpers).
-_transformers: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+def _quoted(text: str) -> bytes:
+    """libpq's PQescapeLiteral of UTF-8 text without NUL: quotes doubled; with a
+    backslash, an E'' literal (preceded by a space) with backslashes doubled too.
+    A multibyte UTF-8 sequence never holds either byte, so bytes are replaced as is."""
+    data = text.encode()
+    if b"\\" in data:
+        return b" E'" + data.replace(b"\\", b"\\\\").replace(b"'", b"''") + b"'"
+    return b"'" + data.replace(b"'", b"''") + b"'"
+
+
+_SIZED_INTS = frozenset((int, Int2, Int4, Int8))
+
+
+def _literal_of(slow: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """psycopg's `as_literal`, with the step's common values quoted in Python.
+
+    Text (Django's str dumper: no type cast), integers (the field's sized int
+    types or plain: unquoted, a negative one after a space), booleans, UUIDs
+    and `JsonbText` are what a step's batch is made of: psycopg spends ~3 µs
+    a value on them (a dumper look-up and libpq's escaping through its
+    Python layer). Anything else, and text holding NUL (which psycopg refuses
+    with its own error), goes to psycopg.
+    """
+
+    def literal(value: Any) -> bytes:
+        kind = type(value)
+        if kind is str:
+            return slow(value) if "\x00" in value else _quoted(value)
+        if kind is bool:
+            return b"true" if value else b"false"
+        if kind in _SIZED_INTS:
+            return b"%d" % value if value >= 0 else b" %d" % value
+        if kind is UUID:
+            return b"'%s'::uuid" % value.hex.encode()
+        if kind is JsonbText:
+            text = value.obj
+            return slow(value) if "\x00" in text else _quoted(text) + b"::jsonb"
+        return slow(value)
+
+    return literal
+
+
+# Values whose literal the fast path must give exactly as psycopg does on a
+# connection before it is used there (see _literals).
+_PROBES: tuple[Any, ...] = (
+    "plain",
+    "",
+    "it's",
+    "back\\slash and 'quote' \\'",
+    "ünïcødé ✓ \u2028 😀",
+    0,
+    7,
+    -7,
+    2**70,
+    -(2**70),
+    Int2(-3),
+    Int4(2**31 - 1),
+    Int8(-(2**40)),
+    True,
+    False,
+    UUID("12345678-1234-5678-1234-567812345678"),
+    JsonbText('{"a": "b\\n", "q": "it\'s"}'),
+    JsonbText('["\\u00e9", 1.5e+20, null]'),
+)
+
+
+class _Literals:
+    """How one driver connection turns values into SQL literals."""
+
+    def __init__(self, raw: Any):
+        tx = Transformer.from_context(raw)  # one per connection: it caches its dumpers
+        self.slow: Callable[[Any], bytes] = tx.as_literal
+        fast = _literal_of(self.slow)
+        # The fast path reproduces libpq's escaping for UTF-8 and the dumpers psycopg
+        # registers by default: proven on this connection's own adapters before use.
+        self.fast: Callable[[Any], bytes] | None = (
+            fast
+            if raw.info.encoding == "utf-8" and all(fast(p) == self.slow(p) for p in _PROBES)
+            else None
+        )
+
+    def for_batch(self, raw: Any) -> Callable[[Any], bytes]:
+        # Literals do not depend on the setting (PQescapeLiteral writes E'' for a
+        # backslash either way); checked anyway, so nothing unusual takes the fast path.
+        on = raw.info.parameter_status("standard_conforming_strings") == "on"
+        return self.fast if self.fast is not None and on else self.slow
+
+
+_literals: "weakref.WeakKeyDictionary[Any, _Literals]" = weakref.WeakKeyDictionary()
 
 
 def _bound(raw: Any, statements: Sequence[Statement]) -> str:
     """The statements joined, with their parameters bound as SQL literals.
 
     Exactly what psycopg's client-side binding sends (`as_literal` of each
-    value, NULL for None), but the placeholders are filled by `bytes % tuple`:
+    value, NULL for None; the common types quoted in Python, see
+    `_literal_of`), but the placeholders are filled by `bytes % tuple`:
     psycopg parses a query's placeholders in Python and caches that only for
     statements under 4 KB and 50 parameters, which a step's batch never is
     (~0.4 ms a step). The text is ours, so `%s` are its only placeholders and
     a literal `%` would be written `%%`, as for psycopg.
     """
-    tx = _transformers.get(raw)
-    if tx is None:
-        tx = _transformers[raw] = Transformer.from_context(raw)
+    literals = _literals.get(raw)
+    if literals is None:
+        literals = _literals[raw] = _Literals(raw)
     encoding = raw.info.encoding
-    literal = tx.as_literal
+    literal = literals.for_batch(raw)
     values = tuple(b"NULL" if p is None else literal(p) for _, params in statements for p in params)
     template = ";\n".join(sql for sql, _ in statements).encode(encoding)
     return (template % values).decode(encoding)

@@ -35,6 +35,7 @@ from ..models import (
 )
 from ..publisher import Frame, make_frame, publish
 from ..rows import (
+    JsonbText,
     Statement,
     execute_batch,
     insert_rows,
@@ -205,6 +206,10 @@ class Step:
     # A summary among `messages` replaced the history up to this seq: those
     # messages are marked archived (never deleted) in the same transaction.
     archive_through: int | None = None
+    # A read run after the writes, in the same round trip and transaction (it
+    # sees them): what the next step would read first (open_calls.py). Its
+    # rows come back in `Committed.read`.
+    then_read: Statement | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ class Committed:
     state: State
     step: int
     frames: list[Frame]
+    read: list[tuple[Any, ...]] | None = None
 
 
 def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
@@ -230,9 +236,16 @@ def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
     return EventSpec(EventType.MESSAGE_COMPLETED, data)
 
 
-def _publish_after_commit(session_id: UUID | str, frames: list[Frame]) -> None:
+def _frames(session_id: UUID, first: int, events: list[EventSpec], ts: Any) -> list[Frame]:
+    return [
+        make_frame(session_id, first + i + 1, type_, data, ts)
+        for i, (type_, data) in enumerate(events)
+    ]
+
+
+def _publish_after_commit(session_id: UUID | str, frames: list[Frame], texts: list[str]) -> None:
     fault_point("after_commit_before_publish")
-    publish(session_id, frames)
+    publish(session_id, frames, texts)
 
 
 def step_commit(step: Step) -> Committed:
@@ -385,7 +398,13 @@ def step_commit(step: Step) -> Committed:
     # Events, transitions and the checkpoint are only written: rows of values
     # in their columns' order (no model instances).
     first = event_seq - n_events
-    events = [(session.pk, first + i + 1, type_, data) for i, (type_, data) in enumerate(ordered)]
+    # Each payload dumped once: the same text is the row's jsonb parameter and
+    # the published frame's `data` (as json.dumps gives it for either).
+    texts = [json.dumps(data) for _, data in ordered]
+    events = [
+        (session.pk, first + i + 1, type_, JsonbText(text))
+        for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))
+    ]
     writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
     transitions = [
         (
@@ -405,20 +424,23 @@ def step_commit(step: Step) -> Committed:
         insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
     )
     if step.checkpoint is not None:
-        context = {**step.checkpoint, "state": to_state.value}
+        # Dumped once: its text is both the jsonb parameter and the recorded size.
+        context = json.dumps({**step.checkpoint, "state": to_state.value}, separators=(",", ":"))
         checkpoint = (
             session.pk,
             step_no,
             turn,
             to_state.value,
             message_seq,
-            context,
-            len(json.dumps(context, separators=(",", ":"), default=str)),
+            JsonbText(context),
+            len(context),
             step.fingerprint,
         )
         writes.append(
             insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
         )
+    if step.then_read is not None:
+        writes.append(step.then_read)  # last: its rows are the batch's last result
 
     # One round trip. Outside a transaction the server runs the batch as one
     # implicit transaction (all of it commits, or none); nested (message_post,
@@ -428,15 +450,15 @@ def step_commit(step: Step) -> Committed:
             results = execute_batch(writes)
             row = results[0][0] if results[0] else None
             if row is not None:
-                frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
+                frames = _frames(session.pk, first, ordered, row[0])
                 session_id = session.pk
-                transaction.on_commit(lambda: _publish_after_commit(session_id, frames))
+                transaction.on_commit(lambda: _publish_after_commit(session_id, frames, texts))
     else:
         results = execute_batch(writes)
         row = results[0][0] if results[0] else None
         if row is not None:
-            frames = [make_frame(session.pk, e[1], e[2], e[3], row[0]) for e in events]
-            _publish_after_commit(session.pk, frames)
+            frames = _frames(session.pk, first, ordered, row[0])
+            _publish_after_commit(session.pk, frames, texts)
     # A refused move wrote nothing, and a caller's own transaction stays
     # usable after it catches StaleSession.
     if row is None:
@@ -498,4 +520,5 @@ def step_commit(step: Step) -> Committed:
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
     session.config_stamp = (version, stamp)  # type: ignore[attr-defined]
-    return Committed(version=version, state=to_state, step=step_no, frames=frames)
+    read = results[-1] if step.then_read is not None else None
+    return Committed(version=version, state=to_state, step=step_no, frames=frames, read=read)

@@ -9,6 +9,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..events import StopReason
@@ -22,6 +23,16 @@ class CallRecord:
     arguments: Any
     output: Any
     status: str
+
+    # Made once per call, not at every judgement: the run keeps a turn's records
+    # (runtime_cache.TurnCalls) and judges them again at each model step.
+    @cached_property
+    def arguments_text(self) -> str:
+        return canonical_json(self.arguments)
+
+    @cached_property
+    def output_digest(self) -> str:
+        return _digest(self.output)
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,7 @@ def nearly_same(a: Any, b: Any) -> bool:
 
 
 def _signature(step: Sequence[CallRecord]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((c.tool, canonical_json(c.arguments)) for c in step))
+    return tuple(sorted((c.tool, c.arguments_text) for c in step))
 
 
 def _steps_nearly_same(a: Sequence[CallRecord], b: Sequence[CallRecord]) -> bool:
@@ -96,7 +107,7 @@ def check(
     k = limits.same_result_limit
     if len(steps) >= k + 1:
         tail = steps[-(k + 1) :]
-        results = {tuple(sorted((c.tool, _digest(c.output)) for c in s)) for s in tail}
+        results = {tuple(sorted((c.tool, c.output_digest) for c in s)) for s in tail}
         if len(results) == 1 and all(c.status == "success" for c in tail[0]):
             tools = ", ".join(sorted({c.tool for c in tail[0]}))
             return GuardVerdict(

@@ -36,6 +36,7 @@ from .commit import StaleSession, Step, step_commit
 from .context import tool_calls_json
 from .environment import fingerprint as env_fingerprint
 from .guards import canonical_json
+from .open_calls import open_calls_statement, prefetched_keep
 from .usage import ModelSpend, Usage
 
 if TYPE_CHECKING:
@@ -241,28 +242,31 @@ def tool_intents(
         for c in calls
     ]
     level_fields, level_events = context.degradation_change(session)
-    step_commit(
-        build_step(
-            session,
-            owner,
-            trigger=Trigger.TOOL_CALLS,
-            phase="tool_intent",
-            reason=", ".join(c.tool_name for c in calls),
-            messages=[*context.notes, message],
-            new_tool_calls=calls,
-            events=level_events,
-            after_events=started,
-            env=context.env,
-            checkpoint={
-                **context.checkpoint(),
-                "pending": [[c.call_id, c.idempotency_key] for c in calls],
-            },
-            add_fields=spend.usage.add_fields(),
-            model_calls=spend.calls,
-            set_fields={**spend.set_fields(), **level_fields, **context.dialogue_fields()},
-            archive_through=context.archive_through,
-        )
+    step = build_step(
+        session,
+        owner,
+        trigger=Trigger.TOOL_CALLS,
+        phase="tool_intent",
+        reason=", ".join(c.tool_name for c in calls),
+        messages=[*context.notes, message],
+        new_tool_calls=calls,
+        events=level_events,
+        after_events=started,
+        env=context.env,
+        checkpoint={
+            **context.checkpoint(),
+            "pending": [[c.call_id, c.idempotency_key] for c in calls],
+        },
+        add_fields=spend.usage.add_fields(),
+        model_calls=spend.calls,
+        set_fields={**spend.set_fields(), **level_fields, **context.dialogue_fields()},
+        archive_through=context.archive_through,
     )
+    # The tool step that follows reads these calls first: this commit reads them
+    # back in its own round trip, so that step sends none.
+    step.then_read = open_calls_statement(session, session.turn)
+    committed = step_commit(step)
+    prefetched_keep(session, committed.version, session.turn, committed.read or [])
 
 
 def answer(

@@ -12,10 +12,8 @@ import asyncio
 import logging
 
 from django.db import connection
-from django.db.models import JSONField
 from django.utils import timezone
 
-from approvals.models import Approval
 from observability import metrics, tracing
 from observability.redaction import digest
 from observability.turns import tool_calls_count
@@ -42,6 +40,7 @@ from .environment import environment
 from .memory_glue import is_memory_call, memory_tool_outcomes
 from .metering import credits_reserve, insufficient_before
 from .moves import tool_results
+from .open_calls import open_calls
 from .risk import pre_run_checkpoint
 from .runtime_cache import agent_runtime
 from .tool_gates import tool_gates
@@ -55,7 +54,7 @@ def _cached_outcomes(
     """Read-only calls identical to an earlier successful one in this session reuse its result.
 
     The earlier result comes with the call itself (`cached_output`, read by
-    `_open_calls`); arguments are compared as jsonb (canonical: key order and
+    `open_calls`); arguments are compared as jsonb (canonical: key order and
     spacing do not matter).
     """
     readonly = [
@@ -77,44 +76,6 @@ def _cached_outcomes(
                 extra={"cached": True},
             )
     return outcomes
-
-
-def _open_calls(session: Session) -> list[ToolCall]:
-    """This turn's calls still executing, each with the output of the latest
-    earlier successful call of the same tool with the same arguments in the
-    session (`cached_output`; used for read-only tools only) and whether a
-    person was asked about it (`has_approval`): one query.
-
-    A plain cursor and `from_db`: a RawQuerySet re-resolves its columns
-    against the model on every call, several times this step's other reads.
-    """
-    table = ToolCall._meta.db_table
-    approvals = Approval._meta.db_table
-    fields = ToolCall._meta.concrete_fields
-    columns = ", ".join(f'c."{f.column}"' for f in fields)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""SELECT {columns}, (SELECT e.output FROM "{table}" e
-                              WHERE e.session_id = c.session_id AND e.status = 'success'
-                                AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
-                              ORDER BY e.id DESC LIMIT 1) AS cached_output,
-                       EXISTS (SELECT 1 FROM "{approvals}" a WHERE a.tool_call_id = c.id)
-                         AS has_approval
-                  FROM "{table}" c WHERE c.session_id = %s AND c.turn = %s AND c.status = %s
-                 ORDER BY c.step, c.position""",  # nosec B608
-            [session.pk, session.turn, ToolCallStatus.EXECUTING.value],
-        )
-        rows = cursor.fetchall()
-    names = [f.attname for f in fields]
-    is_json = [isinstance(f, JSONField) for f in fields]
-    calls = []
-    for row in rows:
-        values = [json_value(v) if j else v for j, v in zip(is_json, row, strict=False)]
-        call = ToolCall.from_db(connection.alias, names, values)
-        call.cached_output, call.has_approval = row[-2], row[-1]  # type: ignore[attr-defined]
-        calls.append(call)
-    return calls
 
 
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
@@ -154,7 +115,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
-    calls = _open_calls(session)
+    calls = open_calls(session)
     tools = runtime.tools_for(session.role)
     gate = approval_gate(session, owner, calls, tools)
     if gate.paused:

@@ -2,6 +2,7 @@
 sent in one Redis round trip on the Pub/Sub layer."""
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -66,3 +67,21 @@ def test_a_single_frame_goes_by_group_send(monkeypatch: pytest.MonkeyPatch) -> N
 
     assert [f["seq"] for f in _received(session_id, 1)] == [1]
     assert sent == [publisher.group_name(session_id)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"stage": "s1"},
+        {"content": 'it\'s \\ "quoted" ünïcødé ✓ \u2028 </script>', "n": [1, 2.5, None, True]},
+        {},
+    ],
+)
+@pytest.mark.parametrize("seq", [7, None])
+def test_a_frame_with_its_payload_text_is_the_same_text(data: dict[str, Any], seq: Any) -> None:
+    """The step commit hands over each payload's JSON text (made for the event's row):
+    the frame's text is what dumping the whole frame gives."""
+    frame = publisher.make_frame(str(uuid.uuid4()), seq, EventType.MESSAGE_COMPLETED, data)
+
+    assert publisher.frame_text(frame, json.dumps(data)) == json.dumps(frame)
+    assert publisher.group_message(frame, json.dumps(data)) == publisher.group_message(frame)

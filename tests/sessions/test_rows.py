@@ -2,17 +2,30 @@
 fast value conversion matches the fields' own get_db_prep_save."""
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from django.db import connection
+from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int2, Int4, Int8
 
+from sessions import rows
 from sessions.engine.commit import MESSAGE_COLUMNS
 from sessions.models import Event, Message, ModelCall, ToolCall
-from sessions.rows import _bound, _savers, execute_batch, insert_statement, json_value, jsonb_value
+from sessions.rows import (
+    JsonbText,
+    _bound,
+    _Literals,
+    _savers,
+    execute_batch,
+    insert_statement,
+    json_value,
+    jsonb_value,
+)
 
 from ..factories import SessionFactory
 
@@ -114,3 +127,123 @@ def test_jsonb_value_is_what_the_column_gives_back(value: Any) -> None:
     back = json_value(stored)
     # The guards compare and hash the JSON text: the same text, not just equal numbers.
     assert json.dumps(jsonb_value(value), sort_keys=True) == json.dumps(back, sort_keys=True)
+
+
+HOSTILE_JSON: list[Any] = [
+    {"q": 'it\'s \\ 100% "done"; -- \n\t ünïcødé ✓ \u2028', "n": [1, 2.5, -0.0, 1.5e20, None]},
+    {"nested": {"deep": [{"x": True}, {"y": False}]}, "empty": {}, "list": []},
+    ["%s", "%%", "$1", "'); DROP TABLE x; --"],
+    "just text",
+    0,
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_JSON)
+def test_jsonb_text_binds_as_the_value_would(value: Any) -> None:
+    """The text made once is bound byte for byte as Django's own jsonb parameter of the value."""
+    field = Event._meta.get_field("data")
+    [(_, save)] = [s for s in _savers(Event, ("data",), ()) if s[0] == "data"]
+    ours = save(JsonbText(json.dumps(value)), connection)
+    assert type(ours) is JsonbText  # passed through, not wrapped again
+    with connection.cursor():
+        assert _bound(connection.connection, [("SELECT %s", [ours])]) == _bound(
+            connection.connection, [("SELECT %s", [field.get_db_prep_save(value, connection)])]
+        )
+    [[(stored,)]] = execute_batch([("SELECT %s", [ours])])
+    assert json_value(stored) == json_value(
+        execute_batch([("SELECT %s", [field.get_db_prep_save(value, connection)])])[0][0][0]  # type: ignore[index]
+    )
+
+
+HOSTILE: list[Any] = [
+    "plain",
+    "",
+    "'",
+    "''",
+    "\\",
+    "\\'",
+    "it's 100% done; \\n\n -- not a comment */ /*",
+    "E'\\x41' $$dollar$$ $tag$ ;\n DROP TABLE x; --",
+    "ünïcødé ✓ \u2028\u2029 😀 \ufeff 中文 \u00a0",
+    "tab\tcr\rlf\nbell\x07 del\x7f",
+    "%s %% %(name)s {0}",
+    "x" * 5000 + "'" + "\\" * 3,
+    0,
+    1,
+    -1,
+    2**31,
+    -(2**31) - 1,
+    2**63,
+    -(2**63) - 1,
+    10**40,
+    -(10**40),
+    Int2(-32768),
+    Int4(2**31 - 1),
+    Int8(-(2**63)),
+    True,
+    False,
+    None,
+    Decimal("0"),
+    Decimal("-0.000001"),
+    Decimal("1e+30"),
+    Decimal("NaN"),
+    1.5,
+    -0.0,
+    datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+    uuid4(),
+    UUID("00000000-0000-0000-0000-000000000000"),
+    Jsonb({"a": 'it\'s \\ "q" ünï', "n": [1, None, 1.5e20]}),
+    JsonbText(json.dumps({"a": 'it\'s \\ "q" ünï\n', "n": [1, None, 1.5e20]})),
+    JsonbText(json.dumps("ünï ✓", ensure_ascii=False)),
+    JsonbText("{}"),
+]
+
+
+def test_the_fast_literals_are_what_psycopg_binds() -> None:
+    """The Python quoting of the common types gives psycopg's bytes for hostile values."""
+    with connection.cursor() as cursor:
+        raw = connection.connection
+        assert _Literals(raw).fast is not None  # this connection takes the fast path
+        for value in HOSTILE:
+            statement = ("SELECT %s", [value])
+            assert _bound(raw, [statement]) == cursor.cursor.mogrify(*statement), value
+        many = [("SELECT " + ", ".join(["%s"] * len(HOSTILE)), HOSTILE)]
+        assert _bound(raw, many) == cursor.cursor.mogrify(*many[0])
+    # And the server reads them back as they were.
+    readable = [v for v in HOSTILE if not isinstance(v, Jsonb) and v == v]  # NaN != NaN
+    [[row]] = execute_batch([("SELECT " + ", ".join(["%s"] * len(readable)), readable)])
+    assert list(row) == readable
+
+
+@pytest.mark.parametrize("value", ["nul \x00 inside", JsonbText('"nul \x00"'), "\ud800"])
+def test_what_psycopg_refuses_or_cuts_short_is_left_to_it(value: Any) -> None:
+    """NUL (text refuses it; libpq's escaping of jsonb text stops at it) and a lone
+    surrogate (not encodable): the same error or the same bytes as psycopg."""
+
+    def outcome(bind: Callable[[], Any]) -> Any:
+        try:
+            return bind()
+        except Exception as exc:  # noqa: BLE001 - the error itself is compared
+            return type(exc), str(exc)
+
+    with connection.cursor() as cursor:
+        theirs = outcome(lambda: cursor.cursor.mogrify("SELECT %s", [value]))
+        ours = outcome(lambda: _bound(connection.connection, [("SELECT %s", [value])]))
+    assert ours == theirs
+
+
+def test_a_connection_that_quotes_otherwise_takes_psycopgs_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with connection.cursor() as cursor:
+        raw = connection.connection
+        literals = _Literals(raw)
+        assert literals.for_batch(raw) is literals.fast
+        cursor.execute("SET standard_conforming_strings = off")
+        try:
+            assert literals.for_batch(raw) is literals.slow
+        finally:
+            cursor.execute("SET standard_conforming_strings = on")
+        # A probe the fast path would get wrong: the connection never uses it.
+        monkeypatch.setattr(rows, "_quoted", lambda text: b"'" + text.encode() + b"'")
+        assert _Literals(raw).fast is None

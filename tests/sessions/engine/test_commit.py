@@ -1,11 +1,15 @@
 """The step commit on the database: one version bump, one Transition, one event per legal move; nothing for an illegal one."""
 
 import itertools
+import json
 import threading
+from typing import Any
 
 import pytest
 from django.db import connection
 
+from sessions import publisher
+from sessions.engine import commit as commit_module
 from sessions.engine.commit import Committed, StaleSession, Step, step_commit
 from sessions.events import EventSpec, EventType, StopReason
 from sessions.models import Checkpoint, Event, Message, Session, Transition
@@ -213,3 +217,53 @@ def test_concurrent_movers_exactly_one_wins(make_session):
     assert row.version == 8 and row.state == State.PROCESSING.value
     assert Transition.objects.filter(session=session).count() == 1
     assert Event.objects.filter(session=session, type="state.changed").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_event_payload_is_dumped_once_for_its_row_and_its_frame(make_session, monkeypatch):
+    """One json.dumps per payload: the row's jsonb parameter and the published frame
+    share its text (the frame's text is what dumping the frame would give)."""
+    session = make_session(state=State.PROCESSING.value)
+    text = 'it\'s \\ "quoted" ünïcødé ✓ \u2028'
+    # Every json.dumps, however it was bound (Django's, psycopg's, ours), ends in encode().
+    dumped: list[Any] = []
+    original_encode = json.JSONEncoder.encode
+
+    def encode(self: json.JSONEncoder, obj: Any) -> str:
+        dumped.append(obj)
+        return original_encode(self, obj)
+
+    published: list[tuple[list[Any], Any]] = []
+    original_publish = commit_module.publish
+
+    def publish(session_id: Any, frames: list[Any], *texts: Any) -> None:
+        published.append((frames, texts))
+        original_publish(session_id, frames, *texts)  # builds the frames' texts
+
+    monkeypatch.setattr(json.JSONEncoder, "encode", encode)
+    monkeypatch.setattr(commit_module, "publish", publish)
+    step_commit(
+        Step(
+            session=session,
+            trigger=Trigger.ANSWER,
+            messages=[Message(role="assistant", content=text)],
+            events=[EventSpec(EventType.PROGRESS, {"stage": text, "turn": 0})],
+        )
+    )
+    monkeypatch.undo()
+
+    payloads = list(Event.objects.filter(session=session).values_list("data", flat=True))
+    assert len(payloads) == 3 and sum(text in p.values() for p in payloads) == 2
+    for payload in payloads:
+        # Dumped as itself or inside a whole frame: once in all.
+        uses = [
+            o for o in dumped if o == payload or (isinstance(o, dict) and o.get("data") == payload)
+        ]
+        assert len(uses) == 1, uses
+    [(frames, texts)] = published
+    texts = texts[0] if texts else [None] * len(frames)
+    rows = dict(Event.objects.filter(session=session).values_list("seq", "data"))
+    assert [f["data"] for f in frames] == [rows[f["seq"]] for f in frames]
+    assert [publisher.frame_text(f, t) for f, t in zip(frames, texts, strict=True)] == [
+        json.dumps(f) for f in frames
+    ]

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from sessions.engine import guards
 from sessions.engine.guards import CallRecord, GuardLimits, check, nearly_same
 from sessions.engine.model_phase import loop_stop
 from sessions.models import ToolCall
@@ -294,3 +295,27 @@ def test_loop_stop_does_not_judge_before_two_iterations(make_agent, make_session
         [[("search", {"query": "shoes"}, {"n": 1})], [("search", {"query": "shoes"}, {"n": 1})]],
     )
     assert loop_stop(session, agent) is None
+
+
+def test_a_turns_records_are_hashed_once_however_often_they_are_judged(monkeypatch):
+    """The run judges its turn's records again at every model step: each record's
+    argument text and result digest are made once, the first time they are needed."""
+    made: list[object] = []
+    original = guards.canonical_json
+
+    def canonical_json(value: object) -> str:
+        made.append(value)
+        return original(value)
+
+    monkeypatch.setattr(guards, "canonical_json", canonical_json)
+    steps = [search(f"query {i}", {"hits": [i]}) for i in range(6)]
+    for n in range(1, len(steps) + 1):
+        assert check(steps[:n]) is None
+    # Each record: its arguments once and its result once (for the digest), at most.
+    arguments = [c.arguments for s in steps for c in s]
+    outputs = [c.output for s in steps for c in s]
+    assert all(sum(m is a for m in made) == 1 for a in arguments), made
+    assert all(sum(m is o for m in made) <= 1 for o in outputs), made
+    assert check(steps) is None and len(made) == len(arguments) + sum(
+        any(m is o for m in made) for o in outputs
+    )

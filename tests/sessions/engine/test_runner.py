@@ -3,7 +3,8 @@
 A read-only tool iteration (the model asks for a call, the call runs) is two
 commits: the model step's and the tool results' (which also makes the move
 back to the model). Each step writes in one round trip, and its reads are
-the few it cannot take from the run's memory.
+the few it cannot take from the run's memory or from the previous step's
+commit.
 """
 
 import time
@@ -115,11 +116,12 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     for step in counted:
         writes = [sql for sql in step.statements if _writes(sql)]
         assert len(writes) == 1, writes
-    # Reads: the tool step reads its calls (with any cached result) in one;
-    # model steps after the first read nothing but, once per run, the turn's calls for the
+    # Reads: the tool step reads nothing (its open calls, with any cached result,
+    # came back with the model step's commit, in the same round trip); model
+    # steps after the first read nothing but, once per run, the turn's calls for the
     # loop guards (from the third model step; the run keeps them from then on).
     tools = [s for s in counted if s.state == "tool_wait"]
-    assert [s.round_trips for s in tools] == [2] * CALLS
+    assert [s.round_trips for s in tools] == [1] * CALLS, [s.statements for s in tools]
     models = [s for s in counted if s.state == "processing"]
     assert [s.round_trips for s in models[1:]] == [1, 2, 1], [s.statements for s in models]
     # Both moves of each tool-results commit are recorded.
