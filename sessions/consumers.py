@@ -45,7 +45,7 @@ from accounts.selectors import api_key_is_active
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
 
-from . import selectors, services
+from . import selectors, services, ws_wire
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
 from .events import EventType
@@ -172,17 +172,33 @@ class _Feed:
         now = asyncio.get_running_loop().time()
         # A copy: sockets come and go during the awaits between slices.
         sockets = list(self.sockets)
-        # One ASGI message for every socket (daphne reads it, never changes it).
-        message = {"type": "websocket.send", "text": text}
+        frame = _LiveFrame(text)  # one for every socket (daphne never changes a message)
         for start in range(0, len(sockets), FEED_SLICE):
             if start:
                 await asyncio.sleep(0)  # let the loop serve others between slices
             for consumer in sockets[start : start + FEED_SLICE]:
                 if consumer in self.sockets:  # not gone since the copy
                     try:
-                        await consumer._on_frame(seq, message, now)
+                        await consumer._on_frame(seq, frame, now)
                     except Exception:  # noqa: BLE001 - one broken socket never stops the others
                         logger.debug("websocket send failed", exc_info=True)
+
+
+class _LiveFrame:
+    """A frame from the feed, shared by every socket of the session: its ASGI message
+    and, built on first use, its bytes on the wire (sessions/ws_wire.py)."""
+
+    __slots__ = ("message", "_wire")
+
+    def __init__(self, text: str) -> None:
+        self.message = {"type": "websocket.send", "text": text}
+        self._wire: bytes | None = None
+
+    @property
+    def wire(self) -> bytes:
+        if self._wire is None:
+            self._wire = ws_wire.text_frame(self.message["text"])
+        return self._wire
 
 
 @dataclass
@@ -352,7 +368,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
     _closing: bool = False
     # Frames that arrived during a read of the database (None: no read running);
     # the read's end sends them in order.
-    _behind: "deque[tuple[int, dict[str, Any]]] | None" = None
+    _behind: "deque[tuple[int, _LiveFrame]] | None" = None
+    # daphne's protocol of this socket, for writing a live frame's bytes directly.
+    _protocol: Any = None
     _resync_task: "asyncio.Task[None] | None" = None
 
     async def connect(self) -> None:
@@ -370,6 +388,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if auth and auth.startswith("Bearer "):
             token = auth[len("Bearer ") :].strip()
         await self.accept(subprotocol=subprotocol)
+        self._protocol = ws_wire.daphne_protocol(self.base_send)
         client = self.scope.get("client") or (None, None)
         address = limits.client_address(
             peer=client[0], forwarded_for=_header(self.scope, b"x-forwarded-for")
@@ -485,9 +504,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self._catch_up(not_before)
                 gap = False
                 while behind and not gap:
-                    seq, message = behind.popleft()
+                    seq, frame = behind.popleft()
                     if seq == self.last_seq + 1:
-                        await self.base_send(message)
+                        await self._send_live(frame)
                         self.last_seq = seq
                     # A jump: committed before it arrived, a new read has it.
                     gap = seq > self.last_seq
@@ -513,15 +532,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     # Frames from the session's feed -------------------------------------------------
 
-    async def _on_frame(self, seq: int | None, message: dict[str, Any], now: float) -> None:
-        """A live frame from the feed (`message`: its ASGI websocket.send, shared by
-        every socket). In order: the feed awaits this before the next frame."""
+    async def _on_frame(self, seq: int | None, frame: _LiveFrame, now: float) -> None:
+        """A live frame from the feed. In order: the feed awaits this before the next frame."""
         self._last_frame_at = now
         if seq is None:
-            await self.base_send(message)
+            await self._send_live(frame)
             return
         if self._behind is not None:  # a read of the database is running: after it
-            self._behind.append((seq, message))
+            self._behind.append((seq, frame))
             return
         if seq <= self.last_seq:
             return
@@ -530,7 +548,15 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self._resync_soon(now)
             return
         self.last_seq = seq
-        await self.base_send(message)
+        await self._send_live(frame)
+
+    async def _send_live(self, frame: _LiveFrame) -> None:
+        # Through daphne's protocol when it can take the bytes directly, else ASGI.
+        # Either way in order: daphne's ASGI send reaches the same transport
+        # synchronously, and a direct write goes behind anything queued there.
+        if self._protocol is not None and ws_wire.write(self._protocol, frame.wire):
+            return
+        await self.base_send(frame.message)
 
     # Access, re-checked while the socket is open -----------------------------------
 
