@@ -21,13 +21,12 @@ probes them when a socket opens, and a release without them falls back to ASGI.
 """
 
 import functools
-import logging
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from autobahn.websocket.protocol import WebSocketProtocol
 
-_OPEN = 1  # autobahn's WebSocketProtocol.STATE_OPEN
-_GROUND = 0  # autobahn's SEND_STATE_GROUND: no fragmented message being sent
+_OPEN = WebSocketProtocol.STATE_OPEN
+_GROUND = WebSocketProtocol.SEND_STATE_GROUND  # no fragmented message being sent
 
 
 def text_frame(text: str) -> bytes:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
 
 from sessions import ws_wire
 
@@ -49,8 +50,8 @@ class _Transport:
 class _Protocol:
     def __init__(self, transport: _Transport) -> None:
         self.transport = transport
-        self.state = 1
-        self.send_state = 0
+        self.state = WebSocketProtocol.STATE_OPEN
+        self.send_state = WebSocketProtocol.SEND_STATE_GROUND
         self.send_queue: list[Any] = []
         self._perMessageCompress = None
         self.maskServerFrames = False
@@ -92,8 +93,8 @@ def test_what_the_kernel_does_not_take_is_queued_in_order(pair):
 @pytest.mark.parametrize(
     "change",
     [
-        {"state": 2},  # closing
-        {"send_state": 1},  # in the middle of a fragmented message
+        {"state": WebSocketProtocol.STATE_CLOSING},
+        {"send_state": WebSocketProtocol.SEND_STATE_INSIDE_MESSAGE},  # a fragmented message
         {"send_queue": [(b"x", True)]},
         {"_perMessageCompress": object()},
         {"maskServerFrames": True},
@@ -123,3 +124,45 @@ def test_daphnes_send_yields_its_protocol(pair):
     assert ws_wire.daphne_protocol(functools.partial(server.handle_reply, protocol)) is protocol
     protocol.transport.TLS = True  # TLS terminated in daphne: its bytes are not the frame's
     assert ws_wire.daphne_protocol(functools.partial(server.handle_reply, protocol)) is None
+
+
+def test_daphne_delivers_direct_and_asgi_frames_in_order():
+    """The real thing: daphne, autobahn, Twisted and a websocket client."""
+    import asyncio
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import websockets
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    daphne = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+        + ["tests.sessions.ws_wire_app:application"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    async def receive_three() -> list[str]:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                async with websockets.connect(f"ws://127.0.0.1:{port}/", max_size=None) as ws:
+                    return [str(await asyncio.wait_for(ws.recv(), 10)) for _ in range(3)]
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    try:
+        frames = asyncio.run(receive_three())
+    finally:
+        daphne.terminate()
+        daphne.wait(10)
+    assert frames[:2] == ["direct 1", "asgi 2 (first was direct: True)"]
+    assert frames[2] == "direct 3 " + "x" * 100_000
