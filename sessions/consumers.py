@@ -6,7 +6,9 @@ process holds. The feed receives and decodes each frame once and hands its text
 to the session's sockets, `FEED_SLICE` sockets per event-loop turn so a frame to
 500 watchers does not hold the loop for the whole fan-out. Before, every socket
 was a member of the group: each frame was queued, decoded and dispatched (a task
-wake-up) 500 times per process.
+wake-up) 500 times per process. On daphne a frame's bytes are built once and
+written straight to each socket (sessions/ws_wire.py), past daphne's and
+autobahn's per-socket send path.
 
 No gap, no duplicate: a socket registers with its session's feed (which is
 subscribed by then) before its replay query; frames that arrive while it reads
