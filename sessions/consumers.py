@@ -449,7 +449,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
             joined = asyncio.get_running_loop().time()
             metrics.WEBSOCKETS.inc()
             self._counted = True
-            await self._catch_up_then_live(not_before=joined)
+            try:
+                await self._catch_up_then_live(not_before=joined)
+            except BaseException:
+                # The consumer dies with this (daphne then never calls disconnect()):
+                # the feed must not keep it.
+                self._watchers.discard(self)
+                raise
 
     async def _resync_from(self, started: float) -> None:
         async with self._lock:
