@@ -211,6 +211,10 @@ ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
 CHECKPOINT_RETENTION_DAYS = env.float("CHECKPOINT_RETENTION_DAYS", default=30.0)
 # An idle websocket re-reads the database this often, in case a notification was lost.
 WS_RESYNC_S = env.float("WS_RESYNC_S", default=15.0)
+# A session's websocket feed (one channel-layer subscription per session per web
+# process) whose receive loop failed joins again after this; its sockets then re-read
+# the database.
+FEED_RESTART_S = env.float("FEED_RESTART_S", default=1.0)
 DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # The OpenAI-compatible endpoint waits for a turn at most its agent's turn_timeout_s + 30 s,
 # and never longer than this; then it answers with what it has (finish_reason "length").

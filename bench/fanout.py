@@ -165,9 +165,12 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
         latencies: list[float] = []
         from_return: list[float] = []
         spreads: list[float] = []
+        to_first: list[float] = []
         post_ms: list[float] = []
+        delivered = 0  # frames the watchers got during the rounds (every socket's count)
         load = MachineLoad()
         load.start()
+        fan_cpu0 = process_cpu_s(web_pid)
         seen: dict[str, int] = {}  # session -> highest seq any watcher got
         late = 0
         for r in range(rounds):
@@ -183,6 +186,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
             while time.monotonic() < deadline:
                 time.sleep(0.5)
                 frames, _ = _dump(clients)
+                delivered += len(frames)
                 for index, fsid, seq, _type, at in frames:
                     if seq is None:
                         continue
@@ -198,11 +202,16 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
             latencies.extend((a - started) * 1000 for a in arrivals)
             from_return.extend((a - returned) * 1000 for a in arrivals)
             spreads.append((max(arrivals) - min(arrivals)) * 1000)
+            to_first.append((min(arrivals) - started) * 1000)
             post_ms.append((returned - started) * 1000)
             time.sleep(1.0)  # the rest of the turn (the worker's step) passes
-            for _index, fsid, seq, _type, _at in _dump(clients)[0]:
+            rest = _dump(clients)[0]
+            delivered += len(rest)
+            for _index, fsid, seq, _type, _at in rest:
                 if seq is not None:
                     seen[fsid] = max(seen.get(fsid, 0), seq)
+        # Over the rounds' whole window (their 1 s pauses' pings and resyncs included).
+        fan_cpu = process_cpu_s(web_pid) - fan_cpu0
         fan_machine = load.stop()
 
         for client in clients:
@@ -246,6 +255,18 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
             "ms",
         ),
         figure(
+            "fanout_first_p50_ms",
+            "post -> first watcher of a frame, p50",
+            percentile(to_first, 50),
+            "ms",
+        ),
+        figure(
+            "fanout_cpu_per_frame_us",
+            "daphne CPU per frame delivered to one socket",
+            1e6 * fan_cpu / max(delivered, 1),
+            "us",
+        ),
+        figure(
             "idle_core_pct",
             f"daphne CPU, {SESSIONS * WATCHERS} idle sockets",
             idle_core_pct,
@@ -273,6 +294,9 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
         "latency_from_post_ms": summary(latencies),
         "latency_from_post_return_ms": summary(from_return),
         "spread_ms": summary(spreads),
+        "to_first_watcher_ms": summary(to_first),
+        "fanout_cpu_s": round(fan_cpu, 3),
+        "frames_delivered": delivered,
         "watchers_without_frame_in_30s": late,
         "message_post_ms": summary(post_ms),
         "open_s": round(open_s, 2),
@@ -291,7 +315,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
         "gc_frozen_objects": max((p[2] for p in gc_pauses), default=0),
         "web_env": {
             k: procs.env.get(k, os.environ.get(k, ""))
-            for k in ("GC_FREEZE", "GC_THRESHOLD0", "WS_RESYNC_S")
+            for k in ("GC_FREEZE", "GC_THRESHOLD0", "WS_RESYNC_S", "FEED_RESTART_S")
         },
     }
     result.notes.append(

@@ -1,9 +1,22 @@
 """Websocket edge: replay persisted events after `?after=`, then stream live ones.
 
-Joining the group happens before the replay query, and Channels hands a
-consumer its messages one at a time, so frames published during the replay
-wait in the queue; `last_seq` then drops the ones already sent, and a jump in
-`seq` (a lost notification) is filled from the database. No gap, no duplicate.
+Live frames come from a per-process feed (`_Feed`): ONE channel-layer group
+membership per session per process, however many sockets of that session the
+process holds. The feed receives and decodes each frame once and hands its text
+to the session's sockets, `FEED_SLICE` sockets per event-loop turn so a frame to
+500 watchers does not hold the loop for the whole fan-out. Before, every socket
+was a member of the group: each frame was queued, decoded and dispatched (a task
+wake-up) 500 times per process. On daphne a frame's bytes are built once and
+written straight to each socket (sessions/ws_wire.py), past daphne's and
+autobahn's per-socket send path.
+
+No gap, no duplicate: a socket registers with its session's feed (which is
+subscribed by then) before its replay query; frames that arrive while it reads
+the database wait in its `_behind` list, and `last_seq` drops the ones the read
+already sent. A jump in `seq` (a lost notification) is filled from the database.
+A feed whose receive loop fails (a channel-layer error) starts again after
+`FEED_RESTART_S` and then every socket of the session re-reads the database, so
+what was published while it was down is not lost.
 
 Fan-out cost: the publisher serialises a frame once and every socket forwards
 that text. Database reads are per session, not per socket: the sockets of one
@@ -18,12 +31,14 @@ import logging
 import time
 import uuid
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
@@ -32,7 +47,7 @@ from accounts.selectors import api_key_is_active
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
 
-from . import selectors, services
+from . import selectors, services, ws_wire
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
 from .events import EventType
@@ -67,6 +82,127 @@ def _rows_after(session_id: str, after: int) -> list[Row]:
     ]
 
 
+# Sockets served per event-loop turn in a fan-out: between slices the loop runs
+# other work (REST requests, pings), so a frame to 500 sockets is ten short turns.
+FEED_SLICE = 50
+
+
+class _Feed:
+    """A session's live frames for this process's sockets of it: one group membership.
+
+    Started by the session's first socket (`start`), stopped with its last
+    (`stop`). The receive loop hands each frame's text to every registered
+    socket in order; if it fails it joins again after FEED_RESTART_S and every
+    socket then re-reads the database (`_resync_from`), so what was published
+    meanwhile still arrives, once.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.group = group_name(session_id)
+        # Insertion-ordered: earlier sockets get a frame first, every frame in the same order.
+        self.sockets: dict[SessionConsumer, None] = {}
+        self.joined: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.restarts = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, previous: "asyncio.Task[None] | None") -> None:
+        self._task = asyncio.ensure_future(self._run(previous))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # its `finally` has left the group
+        if not self.joined.done():
+            self.joined.cancel()
+
+    async def _run(self, previous: "asyncio.Task[None] | None") -> None:
+        if previous is not None:
+            # The session's former feed is leaving the group: join after it has
+            # left, or its leaving could unsubscribe this one.
+            await asyncio.wait([previous])  # (not gather: cancelling this must not cancel it)
+        layer = get_channel_layer()
+        assert layer is not None  # settings.CHANNEL_LAYERS
+        channel = None  # kept across restarts: one subscription of the process's own
+        while True:
+            try:
+                if channel is None:
+                    channel = await layer.new_channel(prefix="feed.")
+                await layer.group_add(self.group, channel)
+                started = asyncio.get_running_loop().time()
+                if not self.joined.done():
+                    self.joined.set_result(None)
+                else:
+                    # Frames published while the feed was down went nowhere.
+                    self._resync_all(started)
+                while True:
+                    message = await layer.receive(channel)
+                    if message.get("type") == "session.frame":
+                        await self._fan_out(message["seq"], message["text"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - restarted below; sockets resync then
+                logger.warning(
+                    "websocket feed of session %s failed; restarting in %s s",
+                    self.session_id,
+                    settings.FEED_RESTART_S,
+                    exc_info=True,
+                )
+                if not self.joined.done():
+                    # The first join failed: the sockets waiting for it fail as a
+                    # group_add of their own would have.
+                    self.joined.set_exception(exc)
+                    self.joined.exception()  # retrieved: no "never retrieved" warning
+                    return
+            finally:
+                if channel is not None:
+                    await self._leave(layer, channel)
+            self.restarts += 1
+            await asyncio.sleep(settings.FEED_RESTART_S)
+
+    async def _leave(self, layer: Any, channel: str) -> None:
+        try:
+            await layer.group_discard(self.group, channel)
+        except Exception:  # noqa: BLE001 - a dead connection holds no subscription
+            logger.debug("websocket feed: leaving %s failed", self.group, exc_info=True)
+
+    def _resync_all(self, started: float) -> None:
+        for consumer in list(self.sockets):
+            consumer._resync_soon(started)
+
+    async def _fan_out(self, seq: int | None, text: str) -> None:
+        now = asyncio.get_running_loop().time()
+        # A copy: sockets come and go during the awaits between slices.
+        sockets = list(self.sockets)
+        frame = _LiveFrame(text)  # one for every socket (daphne never changes a message)
+        for start in range(0, len(sockets), FEED_SLICE):
+            if start:
+                await asyncio.sleep(0)  # let the loop serve others between slices
+            for consumer in sockets[start : start + FEED_SLICE]:
+                if consumer in self.sockets:  # not gone since the copy
+                    try:
+                        await consumer._on_frame(seq, frame, now)
+                    except Exception:  # noqa: BLE001 - one broken socket never stops the others
+                        logger.debug("websocket send failed", exc_info=True)
+
+
+class _LiveFrame:
+    """A frame from the feed, shared by every socket of the session: its ASGI message
+    and, built on first use, its bytes on the wire (sessions/ws_wire.py)."""
+
+    __slots__ = ("message", "_wire")
+
+    def __init__(self, text: str) -> None:
+        self.message = {"type": "websocket.send", "text": text}
+        self._wire: bytes | None = None
+
+    @property
+    def wire(self) -> bytes:
+        if self._wire is None:
+            self._wire = ws_wire.text_frame(self.message["text"])
+        return self._wire
+
+
 @dataclass
 class _Read:
     after: int
@@ -78,12 +214,30 @@ class _Watchers:
     """The open sockets of this process (one event loop), by session."""
 
     def __init__(self) -> None:
+        # The sockets that stream (their feed has joined the session's group).
         self.by_session: dict[str, set[SessionConsumer]] = {}
+        self.feeds: dict[str, _Feed] = {}
+        self._stopping: dict[str, asyncio.Task[None]] = {}
         self._reads: dict[str, _Read] = {}
         self._resync: asyncio.Task[None] | None = None
 
-    def add(self, consumer: "SessionConsumer") -> None:
-        self.by_session.setdefault(consumer.session_id, set()).add(consumer)
+    async def add(self, consumer: "SessionConsumer") -> None:
+        """Register the socket with its session's feed; return once the feed is in
+        the group (every frame published from then on reaches the socket)."""
+        session_id = consumer.session_id
+        feed = self.feeds.get(session_id)
+        if feed is None:
+            feed = self.feeds[session_id] = _Feed(session_id)
+            feed.start(previous=self._stopping.get(session_id))
+        feed.sockets[consumer] = None
+        try:
+            await asyncio.shield(feed.joined)
+        except BaseException:
+            self._unregister(feed, consumer)
+            raise
+        if consumer not in feed.sockets:  # closed while its feed was joining
+            return
+        self.by_session.setdefault(session_id, set()).add(consumer)
         if self._resync is None:
             self._resync = asyncio.ensure_future(self._resync_while_watched())
 
@@ -94,6 +248,25 @@ class _Watchers:
             if not sockets:
                 del self.by_session[consumer.session_id]
                 self._reads.pop(consumer.session_id, None)
+        feed = self.feeds.get(consumer.session_id)
+        if feed is not None:
+            self._unregister(feed, consumer)
+
+    def _unregister(self, feed: _Feed, consumer: "SessionConsumer") -> None:
+        feed.sockets.pop(consumer, None)
+        if feed.sockets or self.feeds.get(feed.session_id) is not feed:
+            return
+        # The last socket left: the feed leaves the group (a next socket's feed
+        # waits for that, see _Feed._run).
+        del self.feeds[feed.session_id]
+        stopping = asyncio.ensure_future(feed.stop())
+        self._stopping[feed.session_id] = stopping
+
+        def forget(task: "asyncio.Task[None]") -> None:
+            if self._stopping.get(feed.session_id) is task:
+                del self._stopping[feed.session_id]
+
+        stopping.add_done_callback(forget)
 
     async def rows_after(self, session_id: str, after: int, not_before: float) -> list[Row]:
         """Events of the session after `after`, from a read that started at or after
@@ -195,6 +368,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
     slot_id: str | None = None
     _access_checked_at: float = 0.0
     _closing: bool = False
+    # Frames that arrived during a read of the database (None: no read running);
+    # the read's end sends them in order.
+    _behind: "deque[tuple[int, _LiveFrame]] | None" = None
+    # daphne's protocol of this socket, for writing a live frame's bytes directly.
+    _protocol: Any = None
+    _resync_task: "asyncio.Task[None] | None" = None
 
     async def connect(self) -> None:
         origin = _header(self.scope, b"origin")
@@ -211,6 +390,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if auth and auth.startswith("Bearer "):
             token = auth[len("Bearer ") :].strip()
         await self.accept(subprotocol=subprotocol)
+        self._protocol = ws_wire.daphne_protocol(self.base_send)
         client = self.scope.get("client") or (None, None)
         address = limits.client_address(
             peer=client[0], forwarded_for=_header(self.scope, b"x-forwarded-for")
@@ -261,28 +441,41 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.key_group, self.channel_name)
         self.group = group_name(self.session_id)
         self._lock = asyncio.Lock()
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        joined = asyncio.get_running_loop().time()
         self._watchers = _watchers()
-        self._watchers.add(self)
-        metrics.WEBSOCKETS.inc()
-        self._counted = True
         async with self._lock:
-            await self._catch_up(not_before=joined)
+            self._behind = deque()  # live frames wait until the replay has been sent
+            # The session's feed joins its group (once per process) before the read.
+            await self._watchers.add(self)
+            joined = asyncio.get_running_loop().time()
+            metrics.WEBSOCKETS.inc()
+            self._counted = True
+            try:
+                await self._catch_up_then_live(not_before=joined)
+            except BaseException:
+                # The consumer dies with this (daphne then never calls disconnect()):
+                # the feed must not keep it.
+                self._watchers.discard(self)
+                raise
 
     async def _resync_from(self, started: float) -> None:
         async with self._lock:
-            await self._catch_up(not_before=started)
+            await self._catch_up_then_live(not_before=started)
+
+    def _resync_soon(self, started: float) -> None:
+        """A read of the database in the background (a gap, a restarted feed)."""
+        if self._behind is None:
+            self._behind = deque()  # set now: frames arriving before the task runs wait
+        self._resync_task = asyncio.ensure_future(self._resync_from(started))
 
     async def disconnect(self, code: int) -> None:
         watchers = getattr(self, "_watchers", None)
         if watchers is not None:
             watchers.discard(self)
+        if self._resync_task is not None:
+            self._resync_task.cancel()
         if getattr(self, "_counted", False):
             self._counted = False
             metrics.WEBSOCKETS.dec()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.key_group is not None:
             await self.channel_layer.group_discard(self.key_group, self.channel_name)
         if self.key_id is not None and self.slot_id is not None:
@@ -308,6 +501,29 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
         await self.send(text_data=json.dumps(frame))
 
+    async def _catch_up_then_live(self, not_before: float) -> None:
+        """Send what the database holds after `last_seq`, then the frames that came
+        meanwhile (those the read did not already send). Under `_lock`."""
+        if self._behind is None:
+            self._behind = deque()
+        behind = self._behind
+        try:
+            while True:
+                await self._catch_up(not_before)
+                gap = False
+                while behind and not gap:
+                    seq, frame = behind.popleft()
+                    if seq == self.last_seq + 1:
+                        await self._send_live(frame)
+                        self.last_seq = seq
+                    # A jump: committed before it arrived, a new read has it.
+                    gap = seq > self.last_seq
+                if not gap:
+                    return
+                not_before = asyncio.get_running_loop().time()
+        finally:
+            self._behind = None
+
     async def _catch_up(self, not_before: float) -> None:
         """Send every persisted event after `last_seq` committed before `not_before`
         (and any later one the read happens to see)."""
@@ -322,35 +538,33 @@ class SessionConsumer(AsyncWebsocketConsumer):
             # A full page: read the next one (a fresh read, after what was just sent).
             not_before = asyncio.get_running_loop().time()
 
-    # Frames from the channel group ------------------------------------------------
+    # Frames from the session's feed -------------------------------------------------
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels closes stale database connections (a thread hop) before every
-        handler; a live frame touches no database, so it skips that: 500 watchers of
-        a session would otherwise queue 500 hops on the one sync thread per frame.
-        Every database read here goes through database_sync_to_async, which
-        closes stale connections itself."""
-        if message["type"] == "session.frame":
-            await self.session_frame(message)
-            return
-        await super().dispatch(message)
-
-    async def session_frame(self, message: dict[str, Any]) -> None:
-        text: str = message["text"]
-        seq: int | None = message["seq"]
-        self._last_frame_at = asyncio.get_running_loop().time()
+    async def _on_frame(self, seq: int | None, frame: _LiveFrame, now: float) -> None:
+        """A live frame from the feed. In order: the feed awaits this before the next frame."""
+        self._last_frame_at = now
         if seq is None:
-            await self.send(text_data=text)
+            await self._send_live(frame)
             return
-        async with self._lock:
-            if seq <= self.last_seq:
-                return
-            if seq > self.last_seq + 1:
-                # The frame was committed before it arrived: a read from now on has it.
-                await self._catch_up(not_before=self._last_frame_at)
-                return
-            await self.send(text_data=text)
-            self.last_seq = seq
+        if self._behind is not None:  # a read of the database is running: after it
+            self._behind.append((seq, frame))
+            return
+        if seq <= self.last_seq:
+            return
+        if seq > self.last_seq + 1:
+            # The frame was committed before it arrived: a read from now on has it.
+            self._resync_soon(now)
+            return
+        self.last_seq = seq
+        await self._send_live(frame)
+
+    async def _send_live(self, frame: _LiveFrame) -> None:
+        # Through daphne's protocol when it can take the bytes directly, else ASGI.
+        # Either way in order: daphne's ASGI send reaches the same transport
+        # synchronously, and a direct write goes behind anything queued there.
+        if self._protocol is not None and ws_wire.write(self._protocol, frame.wire):
+            return
+        await self.base_send(frame.message)
 
     # Access, re-checked while the socket is open -----------------------------------
 

@@ -146,3 +146,141 @@ async def test_idle_sockets_of_a_session_share_one_resync_read(monkeypatch, sett
     assert [(f["seq"], f["data"]) for f in received] == [(1, {"note": "lost"})] * SOCKETS
     # The sockets that were behind shared one read of the missing events.
     assert calls.count("events") == 1, calls
+
+
+# The per-process feed: one group membership per session, whatever the socket count --------
+
+
+def _group_members(session: Session) -> set[str]:
+    """The channels of this process in the session's group (the Pub/Sub layer's own record)."""
+    layer = get_channel_layer()._get_layer()
+    return set(
+        layer.groups.get(layer._get_group_channel_name(publisher.group_name(session.pk)), ())
+    )
+
+
+def _commit_event(session: Session, seq: int, note: str) -> dict[str, Any]:
+    """An event committed as a step commits it; its group message (not sent)."""
+    event = Event.objects.create(session=session, seq=seq, type="progress", data={"note": note})
+    Session.objects.filter(pk=session.pk).update(event_seq=seq)
+    frame = publisher.make_frame(session.pk, seq, EventType.PROGRESS, event.data, event.created_at)
+    return publisher.group_message(frame)
+
+
+async def _publish(session: Session, seq: int, note: str) -> None:
+    message = await sync_to_async(_commit_event)(session, seq, note)
+    await get_channel_layer().group_send(publisher.group_name(session.pk), message)
+
+
+async def _notes(ws: WebsocketCommunicator, count: int) -> list[tuple[int, str]]:
+    frames = [json.loads(await ws.receive_from(timeout=10)) for _ in range(count)]
+    return [(f["seq"], f["data"]["note"]) for f in frames]
+
+
+async def test_one_group_membership_per_session_per_process():
+    session, key = await sync_to_async(_session_and_key)()
+    other = await sync_to_async(SessionFactory)(agent=session.agent, owner=session.owner)
+    sockets = await _open(session, key, SOCKETS)
+    others = await _open(other, key, 2)
+    try:
+        members, other_members = _group_members(session), _group_members(other)
+    finally:
+        await _close(sockets + others)
+    assert len(members) == 1, members
+    assert len(other_members) == 1, other_members
+    assert members != other_members
+    # The last socket gone, the feed left the group (no subscription left behind).
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while _group_members(session) or _group_members(other):
+        assert loop.time() < deadline, "the feeds never left their groups"
+        await asyncio.sleep(0.01)
+    assert str(session.pk) not in consumers._watchers().feeds
+
+
+async def test_every_frame_reaches_every_socket_once_in_order(monkeypatch):
+    monkeypatch.setattr(consumers, "FEED_SLICE", 3)  # 7 sockets: three slices per frame
+    session, key = await sync_to_async(_session_and_key)()
+    sockets = await _open(session, key, 7)
+    try:
+        for seq in range(1, 6):
+            await _publish(session, seq, f"n{seq}")
+        received = [await _notes(ws, 5) for ws in sockets]
+        extra = [await ws.receive_nothing(timeout=0.3) for ws in sockets]
+    finally:
+        await _close(sockets)
+    assert received == [[(seq, f"n{seq}") for seq in range(1, 6)]] * 7
+    assert extra == [True] * 7  # no duplicate
+
+
+async def _all_notes(ws: WebsocketCommunicator) -> list[tuple[int, str]]:
+    """Every frame the socket has, up to a quiet 0.3 s."""
+    notes = []
+    while not await ws.receive_nothing(timeout=0.3):
+        frame = json.loads(await ws.receive_from(timeout=1))
+        notes.append((frame["seq"], frame["data"]["note"]))
+    return notes
+
+
+async def test_a_socket_gone_mid_fan_out_does_not_stop_the_others(monkeypatch):
+    monkeypatch.setattr(consumers, "FEED_SLICE", 2)
+    session, key = await sync_to_async(_session_and_key)()
+    sockets = await _open(session, key, 6)
+    watchers = consumers._watchers()
+    in_feed_order = list(watchers.feeds[str(session.pk)].sockets)
+    broken, leaving = in_feed_order[0], in_feed_order[3]
+
+    async def broken_send(message: dict[str, Any]) -> None:
+        # The first socket's connection broke; the fourth closes during this fan-out
+        # (after the feed took its list of sockets for the frame).
+        watchers.discard(leaving)
+        raise ConnectionResetError("peer gone")
+
+    monkeypatch.setattr(broken, "base_send", broken_send)
+    try:
+        await _publish(session, 1, "first")
+        await _publish(session, 2, "second")
+        received = [await _all_notes(ws) for ws in sockets]
+    finally:
+        await _close(sockets)
+    both = [(1, "first"), (2, "second")]
+    assert sorted(received, key=len) == [[], []] + [both] * 4, received
+
+
+async def test_a_feed_restarted_after_a_channel_layer_failure_loses_no_frame(monkeypatch, settings):
+    settings.FEED_RESTART_S = 0.5
+    settings.WS_RESYNC_S = 60  # the feed's restart resyncs the sockets, not the periodic task
+    session, key = await sync_to_async(_session_and_key)()
+    sockets = await _open(session, key, 3)
+    layer = get_channel_layer()
+    feed = consumers._watchers().feeds[str(session.pk)]
+    receive = layer.receive
+    failures = [ConnectionError("the channel layer's connection dropped")]
+
+    async def failing_once(channel: str) -> dict[str, Any]:
+        if failures:
+            raise failures.pop()
+        return await receive(channel)
+
+    try:
+        await _publish(session, 1, "before")
+        assert [await _notes(ws, 1) for ws in sockets] == [[(1, "before")]] * 3
+        # The feed's next receive fails: it leaves the group and rejoins after 0.5 s.
+        monkeypatch.setattr(layer, "receive", failing_once)
+        await _publish(session, 2, "trigger")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while feed.restarts == 0:
+            assert loop.time() < deadline, "the feed never failed"
+            await asyncio.sleep(0.01)
+        await _publish(session, 3, "while down")  # reaches no feed
+        received = [await _notes(ws, 2) for ws in sockets]
+        await _publish(session, 4, "after")
+        received = [r + await _notes(ws, 1) for r, ws in zip(received, sockets, strict=True)]
+        extra = [await ws.receive_nothing(timeout=0.3) for ws in sockets]
+    finally:
+        await _close(sockets)
+    # Frame 3 came from the database (the resync after the restart), before frame 4 was sent.
+    assert received == [[(2, "trigger"), (3, "while down"), (4, "after")]] * 3
+    assert extra == [True] * 3
+    assert feed.restarts == 1
