@@ -1,9 +1,12 @@
+import time
 from collections.abc import Generator
 
 import pytest
 import redis
 from django.conf import settings
+from django.core.management.base import CommandError
 from django.db import DatabaseError
+from django.test import TransactionTestCase
 
 from tests.event_shapes import payload_problems
 from tests.stack import Stack, running_stack
@@ -17,6 +20,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker on commit) and race them for their sessions' leases.
     """
     items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
+
+
+_flush = TransactionTestCase._fixture_teardown
+FLUSH_ATTEMPTS = 5
+
+
+def _fixture_teardown_retrying_deadlocks(self: TransactionTestCase) -> None:
+    """Empty the test database, again if PostgreSQL picked the flush as a deadlock's victim.
+
+    The live stack outlives each test: work the test set off goes on after it returns
+    (a turn's memory extraction, the sweeper, beat's tasks) and takes row locks on two
+    tables while the flush's TRUNCATE takes every table's lock in its own order. Either
+    may be chosen to fail; when it is the flush, it is tried again (a victim's
+    transaction is rolled back whole, so a second TRUNCATE starts clean).
+    """
+    for attempt in range(1, FLUSH_ATTEMPTS + 1):
+        try:
+            return _flush(self)
+        except CommandError as error:
+            if attempt == FLUSH_ATTEMPTS or "deadlock detected" not in str(error.__cause__):
+                raise
+            time.sleep(0.2 * attempt)
+
+
+TransactionTestCase._fixture_teardown = _fixture_teardown_retrying_deadlocks  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")
