@@ -260,8 +260,9 @@ def _literal_of(slow: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     """psycopg's `as_literal`, with the step's common values quoted in Python.
 
     Text (Django's str dumper: no type cast), integers (the field's sized int
-    types or plain: unquoted, a negative one after a space), booleans, UUIDs
-    and `JsonbText` are what a step's batch is made of: psycopg spends ~3 µs
+    types or plain: unquoted, a negative one after a space), finite decimals
+    (the same), booleans, UUIDs and `JsonbText` are what a step's batch is
+    made of: psycopg spends ~3 µs
     a value on them (a dumper look-up and libpq's escaping through its
     Python layer). Anything else, and text holding NUL (which psycopg refuses
     with its own error), goes to psycopg.
@@ -277,6 +278,9 @@ def _literal_of(slow: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
             return b"%d" % value if value >= 0 else b" %d" % value
         if kind is UUID:
             return b"'%s'::uuid" % value.hex.encode()
+        if kind is Decimal and value.is_finite():
+            text = str(value).encode()
+            return b" " + text if text[0] == 45 else text  # 45: "-"
         if kind is JsonbText:
             text = value.obj
             return slow(value) if "\x00" in text else _quoted(text) + b"::jsonb"
@@ -301,6 +305,11 @@ _PROBES: tuple[Any, ...] = (
     Int2(-3),
     Int4(2**31 - 1),
     Int8(-(2**40)),
+    Decimal("0.0012"),
+    Decimal("-1.5"),
+    Decimal("-0"),
+    Decimal("1E+3"),
+    Decimal("0E-10"),
     True,
     False,
     UUID("12345678-1234-5678-1234-567812345678"),

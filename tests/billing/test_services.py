@@ -1,6 +1,7 @@
 """Credit accounts: grants, reservations, settlements, releases, daily caps and rollups."""
 
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -327,6 +328,76 @@ def test_concurrent_model_charges_take_exactly_the_balance_between_them():
     taken = sorted(CreditLedger.objects.filter(kind="charge").values_list("points", flat=True))
     assert taken == [5, 9, 9, 9, 9, 9]  # 72 asked, 50 taken, never below zero
     assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 50
+    assert_ledger_matches(account)
+
+
+def test_a_key_already_charged_takes_nothing_and_the_others_are_charged():
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="test")
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:0", 7))
+    charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:0", 7), ModelCharge("m:1", 5))
+    account = CreditAccount.objects.get(owner=user)
+    assert (account.balance, account.spent_today) == (88, 12)
+    rows = CreditLedger.objects.filter(kind="charge").order_by("id")
+    assert [(r.idempotency_key, r.points, r.balance_after) for r in rows] == [
+        ("m:0", 7, 93),
+        ("m:1", 5, 88),
+    ]
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 12
+    assert_ledger_matches(account)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_charged_by_a_transaction_it_waited_for_takes_nothing():
+    """Two charges of one key at once: the second waits for the account's lock, then
+    finds the key in the ledger and changes nothing (no unique-key error, no second take)."""
+    user, agent = UserFactory(), AgentFactory()
+    credits_grant(owner_id=user.pk, points=100, actor="test")
+    first_charged, second_started = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:same", 7))
+                first_charged.set()
+                second_started.wait(10)
+                deadline = time.monotonic() + 10
+                with connection.cursor() as cursor:  # until the second waits for our lock
+                    while time.monotonic() < deadline:
+                        cursor.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND query LIKE '%%billing_model_charge%%'"
+                        )
+                        if cursor.fetchone()[0]:
+                            break
+                        time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            first_charged.wait(10)
+            second_started.set()
+            with transaction.atomic():
+                charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:same", 7))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    account = CreditAccount.objects.get(owner=user)
+    assert account.balance == 93
+    assert CreditLedger.objects.filter(kind="charge").count() == 1
+    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 7
     assert_ledger_matches(account)
 
 
