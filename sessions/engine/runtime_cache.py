@@ -14,9 +14,8 @@ from typing import Any
 from django.db import connection
 
 from tools.execution import ToolSnapshot, tools_for_agent
-from tools.models import Tool
 
-from ..models import Agent, Message, MessageStatus, ModelEndpoint, Session, ToolCall
+from ..models import Agent, Message, MessageStatus, Session, ToolCall
 from ..rows import json_value, jsonb_value
 from .budget_gate import FiguresKeeper
 from .context import SUMMARY_NAME
@@ -35,21 +34,13 @@ class AgentRuntime:
 
 
 # Hashes of the rows themselves, so any change is seen, even one made with a
-# queryset update() that leaves `updated_at` alone. `{agent}` is the agent's
-# id: a parameter here, the session row's column in the step commit's
-# RETURNING (which validates the cache for the next step without a query).
-# SQL names from model metadata (constants); every value is a bound parameter.
-_STAMP_EXPR = f"""(
-SELECT concat_ws('|', md5(a::text), md5(m::text), md5(f::text), md5(c::text),
-       (SELECT string_agg(md5(t::text), ',' ORDER BY t.id)
-          FROM "{Tool._meta.db_table}" t WHERE t.name = ANY(a.tools)))
-  FROM "{Agent._meta.db_table}" a
-  JOIN "{ModelEndpoint._meta.db_table}" m ON m.id = a.model_id
-  LEFT JOIN "{ModelEndpoint._meta.db_table}" f ON f.id = a.fallback_model_id
-  LEFT JOIN "{ModelEndpoint._meta.db_table}" c ON c.id = a.candidate_model_id
- WHERE a.id = {{agent}})"""  # nosec B608
-_STAMP_SQL = "SELECT " + _STAMP_EXPR.format(agent="%s")
-STAMP_RETURNING = _STAMP_EXPR.format(agent=f'"{Session._meta.db_table}"."agent_id"')
+# queryset update() that leaves `updated_at` alone: the agent row, its model
+# endpoints and its tools, hashed by the function `agent_config_stamp`
+# (migration agent_sessions 0015, which keeps the join's plan per connection).
+# Given the agent's id: a parameter here, the session row's column in the step
+# commit's RETURNING (which validates the cache for the next step without a query).
+_STAMP_SQL = "SELECT agent_config_stamp(%s)"
+STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
 
 _agents: dict[int, AgentRuntime] = {}
 _lock = threading.Lock()
