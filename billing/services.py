@@ -16,7 +16,6 @@ only if the step's own UPDATE matched.
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Literal
 from uuid import UUID
@@ -169,6 +168,61 @@ class Reservation:
     low_water_mark: int = 0
 
 
+def credit_reserve_statement(
+    *,
+    owner_id: int,
+    idempotency_key: str,
+    points: int,
+    session_id: UUID | str | None,
+    agent_id: int,
+    tool: str,
+    value: float = 1.0,
+    wait_s: float | None = None,
+) -> Statement:
+    """One statement that holds a call's points before it runs; idempotent per key.
+    Its row is the decision (`reservation_of`); a tool step sends its paid calls'
+    statements in one batch.
+
+    The work is the PL/pgSQL function `billing_credit_reserve` (migration 0006):
+    1. An existing reservation of this key wins (a re-run after a crash).
+    2. One guarded UPDATE takes the points if the balance and the daily cap
+       allow and no waiting call of higher value per point is ahead; then the
+       reservation and its ledger row.
+    3. Otherwise: a call that only in-flight reservations stand in the way of
+       waits (a `waiting` row, served by value per point); any other is refused.
+    """
+    wait_s = settings.CREDITS_WAIT_S if wait_s is None else wait_s
+    return (
+        "SELECT * FROM billing_credit_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        [
+            owner_id,
+            idempotency_key,
+            points,
+            session_id,
+            agent_id,
+            tool[:100],
+            float(value) / points,  # value per point: waiters are served highest first
+            _tz(),
+            float(wait_s),
+            bool(settings.CREDITS_REQUIRED),
+        ],
+    )
+
+
+def reservation_of(row: Sequence[Any], points: int) -> Reservation:
+    """The decision in a `credit_reserve_statement`'s row."""
+    outcome, left, reason, balance, low_water = row
+    return Reservation(
+        outcome,
+        points,
+        points_left=left,
+        reason=reason,
+        balance=balance,
+        low_water_crossed=outcome == "reserved" and balance < low_water <= balance + points,
+        low_water_mark=low_water,
+    )
+
+
 def credit_reserve(
     *,
     owner_id: int,
@@ -180,167 +234,20 @@ def credit_reserve(
     value: float = 1.0,
     wait_s: float | None = None,
 ) -> Reservation:
-    """Hold a call's points before it runs; idempotent per key.
-
-    1. An existing reservation of this key wins (a re-run after a crash).
-    2. One guarded UPDATE takes the points if the balance and the daily cap
-       allow and no waiting call of higher value per point is ahead.
-    3. Otherwise: a call that only in-flight reservations stand in the way of
-       waits (a `waiting` row, served by value per point); any other is refused.
-    """
-    tz = _tz()
-    wait_s = settings.CREDITS_WAIT_S if wait_s is None else wait_s
-    value_per_point = float(value) / points
-    with transaction.atomic():
-        existing = (
-            CreditReservation.objects.select_for_update(of=("self",), no_key=True)
-            .filter(idempotency_key=idempotency_key)
-            .values_list("id", "status", "wait_until")
-            .first()
-        )
-        if existing is not None and existing[1] in (
-            ReservationStatus.RESERVED,
-            ReservationStatus.SETTLED,
-        ):
-            return Reservation("reserved", points)
-        if existing is not None and existing[1] in (
-            ReservationStatus.RELEASED,
-            ReservationStatus.REFUSED,
-        ):
-            left = CreditAccount.objects.filter(owner_id=owner_id).values_list("balance", flat=True)
-            return Reservation(
-                "insufficient", points, points_left=left.first() or 0, reason="balance"
-            )
-        waiting_id = existing[0] if existing is not None else None
-        # Waiters ahead: higher value per point, or the same and queued earlier.
-        ahead = (
-            "w.value_per_point > %s OR (w.value_per_point = %s AND w.id < %s)"
-            if waiting_id is not None
-            else "w.value_per_point >= %s"
-        )
-        ahead_params: list[Any] = (
-            [value_per_point, value_per_point, waiting_id]
-            if waiting_id is not None
-            else [value_per_point]
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(
-                # SQL names from model metadata (constants); every value is a bound parameter.
-                f"""UPDATE {_ACCOUNT} AS a
-                       SET balance = balance - %s, reserved = reserved + %s,
-                           spent_today = {_SPENT_TODAY} + %s, spent_day = {_TODAY},
-                           updated_at = now()
-                     WHERE owner_id = %s AND balance >= %s
-                       AND (daily_cap IS NULL OR {_SPENT_TODAY} + %s <= daily_cap)
-                       AND NOT EXISTS (
-                           SELECT 1 FROM {_RESERVATION} w
-                            WHERE w.account_id = a.id AND w.status = 'waiting'
-                              AND w.wait_until > now() AND ({ahead}))
-                 RETURNING id, balance, low_water_mark""",  # nosec B608
-                [points, points, tz, points, tz, owner_id, points, tz, points, *ahead_params],
-            )
-            row = cursor.fetchone()
-        if row is not None:
-            account_id, balance, low_water = row
-            _reservation_hold(
-                key=idempotency_key,
-                account_id=account_id,
-                points=points,
-                session_id=session_id,
-                agent_id=agent_id,
-                tool=tool,
-                value_per_point=value_per_point,
-                waiting_id=waiting_id,
-            )
-            CreditLedger.objects.create(
-                account_id=account_id,
-                kind=LedgerKind.RESERVE,
-                points=points,
-                delta=-points,
-                balance_after=balance,
-                idempotency_key=idempotency_key,
-                session_id=session_id,
-                agent_id=agent_id,
-                tool=tool[:100],
-            )
-            return Reservation(
-                "reserved",
-                points,
-                points_left=balance,
-                balance=balance,
-                low_water_crossed=balance < low_water <= balance + points,
-                low_water_mark=low_water,
-            )
-
-        with connection.cursor() as cursor:
-            cursor.execute(
-                # SQL names from model metadata (constants); every value is a bound parameter.
-                f"""SELECT id, balance, reserved, daily_cap, {_SPENT_TODAY}, now()
-                      FROM {_ACCOUNT} WHERE owner_id = %s""",  # nosec B608
-                [tz, owner_id],
-            )
-            account = cursor.fetchone()
-        if account is None:
-            if settings.CREDITS_REQUIRED:
-                return Reservation("insufficient", points, 0, reason="no_account")
-            return Reservation("unmetered", points)
-        account_id, balance, reserved, cap, spent_today, now = account
-        if cap is not None and spent_today + points > cap:
-            # In-flight calls already count against the cap: waiting cannot help.
-            return _refuse(waiting_id, points, max(min(balance, cap - spent_today), 0), "daily_cap")
-        if points > balance + reserved:
-            return _refuse(waiting_id, points, balance, "balance")
-        if existing is not None and existing[2] is not None and existing[2] <= now:
-            return _refuse(waiting_id, points, balance, "balance")
-        if waiting_id is None:
-            CreditReservation.objects.create(
-                idempotency_key=idempotency_key,
-                account_id=account_id,
-                session_id=session_id,
-                agent_id=agent_id,
-                tool=tool[:100],
-                points=points,
-                status=ReservationStatus.WAITING,
-                value_per_point=value_per_point,
-                wait_until=now + timedelta(seconds=wait_s),
-            )
-        return Reservation("wait", points, points_left=balance, balance=balance)
-
-
-def _refuse(waiting_id: int | None, points: int, left: int, reason: str) -> Reservation:
-    if waiting_id is not None:
-        CreditReservation.objects.filter(pk=waiting_id).update(
-            status=ReservationStatus.REFUSED, finished_at=timezone.now()
-        )
-    return Reservation("insufficient", points, points_left=left, reason=reason)
-
-
-def _reservation_hold(
-    *,
-    key: str,
-    account_id: int,
-    points: int,
-    session_id: UUID | str | None,
-    agent_id: int,
-    tool: str,
-    value_per_point: float,
-    waiting_id: int | None,
-) -> None:
-    if waiting_id is not None:
-        CreditReservation.objects.filter(pk=waiting_id).update(
-            status=ReservationStatus.RESERVED, points=points
-        )
-        return
-    CreditReservation.objects.create(
-        idempotency_key=key,
-        account_id=account_id,
+    """Hold a call's points before it runs (`credit_reserve_statement`, on its own)."""
+    sql, params = credit_reserve_statement(
+        owner_id=owner_id,
+        idempotency_key=idempotency_key,
+        points=points,
         session_id=session_id,
         agent_id=agent_id,
-        tool=tool[:100],
-        points=points,
-        status=ReservationStatus.RESERVED,
-        value_per_point=value_per_point,
+        tool=tool,
+        value=value,
+        wait_s=wait_s,
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return reservation_of(cursor.fetchone(), points)
 
 
 def _array_of(values: Sequence[Any], sql_type: str) -> tuple[str, list[Any]]:

@@ -37,9 +37,10 @@ from billing.services import (
     Statement,
     ToolRun,
     UsageFigures,
-    credit_reserve,
+    credit_reserve_statement,
     credits_close_statement,
     model_charge_statement,
+    reservation_of,
     tool_usage_statement,
     usage_statement,
 )
@@ -50,6 +51,7 @@ from tools.rendering import render_failure
 
 from ..events import EventSpec, EventType, Progress
 from ..models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from ..rows import execute_batch
 from .budget_gate import FIGURES_NEAR_CREDITS
 
 INSUFFICIENT = "insufficient_credits"
@@ -73,20 +75,29 @@ def credits_reserve(
     has to wait. Calls already refused stay refused on the next try."""
     result = Credits()
     waiting = False
+    paid: list[tuple[ToolCall, int]] = []
     for call in calls:
         tool = tools.get(call.tool_name)
         points = tool.credit_cost if tool is not None else 0
-        if points <= 0 or call.error or not isinstance(call.input, dict):
-            continue
-        reservation = credit_reserve(
-            owner_id=session.owner_id,
-            idempotency_key=call.idempotency_key,
-            points=points,
-            session_id=session.pk,
-            agent_id=session.agent_id,
-            tool=call.tool_name,
-            value=session.value,
-        )
+        if points > 0 and not call.error and isinstance(call.input, dict):
+            paid.append((call, points))
+    # One round trip for all of them: the batch is one transaction.
+    rows = execute_batch(
+        [
+            credit_reserve_statement(
+                owner_id=session.owner_id,
+                idempotency_key=call.idempotency_key,
+                points=points,
+                session_id=session.pk,
+                agent_id=session.agent_id,
+                tool=call.tool_name,
+                value=session.value,
+            )
+            for call, points in paid
+        ]
+    )
+    for (call, points), answer in zip(paid, rows, strict=True):
+        reservation = reservation_of(answer[0], points)  # type: ignore[index]
         if reservation.outcome == "reserved":
             call.credit_points = points  # type: ignore[attr-defined]
             if reservation.low_water_crossed:

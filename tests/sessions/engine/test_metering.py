@@ -8,11 +8,19 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.budgets import Spent
+from billing.models import CreditAccount, CreditLedger, CreditReservation
 from billing.pressure import OwnerFigures
 from billing.services import credits_grant
 from llm.types import ChatMessage, ChatRequest
-from sessions.engine.metering import model_credits_check
-from tests.factories import ModelEndpointFactory
+from sessions.engine.metering import (
+    INSUFFICIENT,
+    CreditsWait,
+    credits_reserve,
+    model_credits_check,
+)
+from sessions.models import ToolCall
+from tests.factories import ModelEndpointFactory, ToolFactory
+from tools.execution import tools_for_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -64,3 +72,59 @@ def test_no_account_in_the_figures_is_unmetered_without_a_query(paid, settings) 
     settings.CREDITS_REQUIRED = True
     check, queries = _check(session, endpoint, _figures(None))
     assert (check.outcome, queries) == ("ok", 1)  # required: the row is asked (it exists)
+
+
+def test_a_steps_paid_calls_are_reserved_in_one_round_trip(make_session) -> None:  # type: ignore[no-untyped-def]
+    """Three paid calls and a free one: one statement batch. The balance covers two; the
+    third waits for them (they may still be released). The same calls again take nothing
+    more; with the two settled-to-spent and a cap, the third is refused with what is left."""
+    session = make_session()
+    credits_grant(owner_id=session.owner_id, points=25, actor="test")
+    paid_tool = ToolFactory.create(credit_cost=10)
+    free_tool = ToolFactory.create()
+    tools = tools_for_agent([paid_tool.name, free_tool.name])
+    calls = [
+        ToolCall.objects.create(
+            session=session,
+            turn=1,
+            step=1,
+            position=n,
+            call_id=f"c{n}",
+            tool_name=name,
+            input={"n": n},
+            idempotency_key=f"{session.pk}:1:1:{n}",
+        )
+        for n, name in enumerate([paid_tool.name, free_tool.name, paid_tool.name, paid_tool.name])
+    ]
+    with CaptureQueriesContext(connection) as captured, pytest.raises(CreditsWait):
+        credits_reserve(session, calls, tools)
+    assert len(captured.captured_queries) == 1
+    assert [getattr(c, "credit_points", 0) for c in calls] == [10, 0, 10, 0]
+    account = CreditAccount.objects.get(owner_id=session.owner_id)
+    assert (account.balance, account.reserved) == (5, 20)
+    statuses = dict(CreditReservation.objects.values_list("idempotency_key", "status"))
+    assert statuses == {
+        calls[0].idempotency_key: "reserved",
+        calls[2].idempotency_key: "reserved",
+        calls[3].idempotency_key: "waiting",
+    }
+    # A re-run of the step (after a crash), the day's cap now reached: the held calls
+    # stay held and take nothing more; the waiting one is refused with what is left.
+    CreditAccount.objects.filter(pk=account.pk).update(daily_cap=20)
+    for call in calls:
+        call.credit_points = 0  # type: ignore[attr-defined]
+    credits = credits_reserve(session, calls, tools)
+    assert [getattr(c, "credit_points", 0) for c in calls] == [10, 0, 10, 0]
+    assert list(credits.refused) == [calls[3].pk]
+    refusal = credits.refused[calls[3].pk].output
+    assert (refusal["code"], refusal["points_needed"], refusal["points_left"]) == (
+        INSUFFICIENT,
+        10,
+        0,
+    )
+    account.refresh_from_db()
+    assert (account.balance, account.reserved) == (5, 20)
+    assert CreditReservation.objects.get(idempotency_key=calls[3].idempotency_key).status == (
+        "refused"
+    )
+    assert CreditLedger.objects.filter(kind="reserve").count() == 2
