@@ -78,6 +78,14 @@ def _cached_outcomes(
     return outcomes
 
 
+# SQL names from model metadata (constants); every value is a bound parameter.
+_MARK_DISPATCHED = f"""UPDATE "{ToolCall._meta.db_table}" c SET dispatched_at = %s
+     WHERE c.id = ANY(%s::bigint[]) AND c.status = '{ToolCallStatus.EXECUTING.value}'
+       AND EXISTS (SELECT 1 FROM "{Session._meta.db_table}" s
+                    WHERE s.id = c.session_id AND s.id = %s AND s.lease_owner = %s
+                      AND s.version = %s)"""  # nosec B608
+
+
 def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
     """Commit, before sending, that these side-effecting calls are about to go out.
 
@@ -87,12 +95,12 @@ def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> Non
     """
     if calls:
         now = timezone.now()
-        claimed = ToolCall.objects.filter(
-            pk__in=[c.pk for c in calls],
-            status=ToolCallStatus.EXECUTING,
-            session__lease_owner=owner,
-            session__version=session.version,
-        ).update(dispatched_at=now)
+        with connection.cursor() as cursor:
+            # Plain SQL: the ORM spent ~0.4 ms building this joined UPDATE at every step.
+            cursor.execute(
+                _MARK_DISPATCHED, [now, [c.pk for c in calls], session.pk, owner, session.version]
+            )
+            claimed = cursor.rowcount
         if claimed != len(calls):
             raise StaleSession(
                 f"session {session.pk} was taken over before its tool calls were sent"
