@@ -33,12 +33,12 @@ class AgentRuntime:
         return {name: tool for name, tool in self.tools.items() if tool.allows(role)}
 
 
-# Hashes of the rows themselves, so any change is seen, even one made with a
-# queryset update() that leaves `updated_at` alone: the agent row, its model
-# endpoints and its tools, hashed by the function `agent_config_stamp`
-# (migration agent_sessions 0015, which keeps the join's plan per connection).
-# Given the agent's id: a parameter here, the session row's column in the step
-# commit's RETURNING (which validates the cache for the next step without a query).
+# The versions of the rows themselves (each row's xmin), so any change is seen, even
+# one made with a queryset update() that leaves `updated_at` alone: the agent row, its
+# model endpoints and its tools, read by the function `agent_config_stamp` (migration
+# agent_sessions 0015, which keeps its plan per connection). Given the agent's id: a
+# parameter here, the session row's column in the step commit's RETURNING (which
+# validates the cache for the next step without a query).
 _STAMP_SQL = "SELECT agent_config_stamp(%s)"
 STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
 

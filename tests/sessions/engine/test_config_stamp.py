@@ -4,7 +4,7 @@ commit returns and `agent_runtime` compares, so an edit takes effect at the next
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from sessions.engine.commit import Step, step_commit
@@ -17,11 +17,11 @@ from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
 
-# What the stamp was before it became a function (the subquery the step's RETURNING
-# carried): the function must give the same text.
+# The stamp's specification: the versions (xmin) of the agent row, its model endpoints
+# and its tools (with their ids), in that order.
 REFERENCE = """
-SELECT concat_ws('|', md5(a::text), md5(m::text), md5(f::text), md5(c::text),
-       (SELECT string_agg(md5(t::text), ',' ORDER BY t.id)
+SELECT concat_ws('|', a.xmin, m.xmin, f.xmin, c.xmin,
+       (SELECT string_agg(t.id::text || ':' || t.xmin::text, ',' ORDER BY t.id)
           FROM tools_tool t WHERE t.name = ANY(a.tools)))
   FROM agent_sessions_agent a
   JOIN agent_sessions_modelendpoint m ON m.id = a.model_id
@@ -79,6 +79,16 @@ def test_any_edit_of_the_rows_changes_the_stamp_and_reloads_the_runtime(
     assert stamp(agent.pk) == reference(agent.pk) != before.stamp[0]
     after = agent_runtime(agent.pk)
     assert after is not before and after.stamp == (stamp(agent.pk),)
+
+
+def test_reads_and_row_locks_leave_the_stamp_alone(agent: Agent) -> None:
+    before = stamp(agent.pk)
+    with transaction.atomic():
+        list(Agent.objects.select_for_update().filter(pk=agent.pk))
+        list(Tool.objects.select_for_update().filter(name__in=agent.tools))
+        list(ModelEndpoint.objects.select_for_update().filter(pk=agent.model_id))
+    agent_runtime(agent.pk)
+    assert stamp(agent.pk) == before
 
 
 def test_a_step_commit_returns_the_stamp_for_the_next_step(agent: Agent) -> None:
