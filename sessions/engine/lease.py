@@ -12,12 +12,15 @@ import os
 import socket
 import threading
 import uuid
+from functools import lru_cache
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import JSONField
 
 from ..models import Session
+from ..rows import json_value
 from ..states import RUNNABLE, STARTS_TURN
 
 logger = logging.getLogger(__name__)
@@ -33,19 +36,44 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:6]}"
 
 
+# SQL names from model metadata (constants); every value is a bound parameter.
+_ACQUIRE = f"""UPDATE {_TABLE}
+       SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s)
+     WHERE id = %s
+       AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
+       AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))"""  # nosec B608
+
+
 def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool:
     """Take the lease if it is free, expired or already ours, and there is work."""
     with connection.cursor() as cursor:
+        cursor.execute(_ACQUIRE, [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN])
+        return cursor.rowcount == 1
+
+
+@lru_cache(maxsize=1)
+def _session_columns() -> tuple[str, list[str], list[bool]]:
+    """The session's columns for RETURNING, its attribute names and which are JSON (lazily:
+    the model's metadata is complete only once the app registry is)."""
+    fields = Session._meta.concrete_fields
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    return columns, [f.attname for f in fields], [isinstance(f, JSONField) for f in fields]
+
+
+def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session | None:
+    """`lease_acquire`, returning the session row as the lease took it (None if not
+    taken): a run's first read comes back with its first write, in one round trip."""
+    columns, names, is_json = _session_columns()
+    with connection.cursor() as cursor:
         cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""UPDATE {_TABLE}
-                   SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s)
-                 WHERE id = %s
-                   AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
-                   AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))""",  # nosec B608
+            f"{_ACQUIRE} RETURNING {columns}",
             [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
-        return cursor.rowcount == 1
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = [json_value(v) if j else v for j, v in zip(is_json, row, strict=True)]
+    return Session.from_db(connection.alias, names, values)
 
 
 def lease_release(*, session_id: UUID | str, owner: str) -> bool:

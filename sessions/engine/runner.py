@@ -24,7 +24,7 @@ from ..states import RUNNABLE, STARTS_TURN, State
 from .ask_user import queued_answer
 from .budget_gate import StepDeferred
 from .commit import StaleSession
-from .lease import heartbeat, lease_acquire, lease_drop, lease_release, worker_identity
+from .lease import heartbeat, lease_drop, lease_release, lease_take, worker_identity
 from .metering import CreditsWait
 from .model_phase import model_step
 from .moves import tool_loop_next, turn_cancel, turn_fail, turn_start
@@ -58,14 +58,15 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
        work arrived meanwhile, and the loop goes on.
     """
     owner = owner or worker_identity()
-    if not lease_acquire(session_id=session_id, owner=owner, seconds=settings.SESSION_LEASE_S):
+    session = lease_take(session_id=session_id, owner=owner, seconds=settings.SESSION_LEASE_S)
+    if session is None:
         connection.close()
         return RunResult(0, "not_acquired")
     heartbeat.hold(session_id, owner)
     steps = 0
     run = RunContext()
-    session: Session | None = None
-    current = False  # `session` is the row as our own last commit returned it
+    # `session` is the row as our own last write returned it: the lease's, then each commit's.
+    current = True
     health.figures.run_begin()
     try:
         while True:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from approvals.models import Approval
 from sessions import tasks
 from sessions.engine import StaleSession, session_run
-from sessions.engine.lease import Heartbeat, lease_acquire, leases_renew
+from sessions.engine.lease import Heartbeat, lease_acquire, lease_take, leases_renew
 from sessions.engine.model_phase import model_step
 from sessions.engine.moves import turn_fail
 from sessions.engine.tool_phase import tool_step
@@ -632,6 +632,26 @@ def test_a_cancel_during_a_tool_keeps_its_reason_and_actor(make_session, rules_m
 
 def _expiry(session: Session) -> Any:
     return Session.objects.values_list("lease_expires_at", flat=True).get(pk=session.pk)
+
+
+def test_taking_a_lease_returns_the_row_as_a_fresh_read_gives_it(make_session):
+    session = make_session(state="processing")
+    Session.objects.filter(pk=session.pk).update(
+        dialogue_state={"slots": {"size": 42}, "n": 1.5}, metadata={"k": ["v"]}, turn=3
+    )
+
+    taken = lease_take(session_id=session.pk, owner="me", seconds=30)
+
+    assert taken is not None
+    fresh = Session.objects.get(pk=session.pk)
+    assert {f.attname: getattr(taken, f.attname) for f in Session._meta.concrete_fields} == {
+        f.attname: getattr(fresh, f.attname) for f in Session._meta.concrete_fields
+    }
+    assert (taken.lease_owner, taken.dialogue_state["slots"]) == ("me", {"size": 42})
+    # Held by another, or no work: nothing taken, no row.
+    assert lease_take(session_id=session.pk, owner="other", seconds=30) is None
+    idle = make_session(state="idle")
+    assert lease_take(session_id=idle.pk, owner="me", seconds=30) is None
 
 
 def test_leases_renew_moves_only_leases_still_held_by_their_owner(make_session):
