@@ -22,6 +22,7 @@ from django.db.models import JSONField
 from ..models import Session
 from ..rows import json_value
 from ..states import RUNNABLE, STARTS_TURN
+from .runtime_cache import STAMP_RETURNING
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +63,22 @@ def _session_columns() -> tuple[str, list[str], list[bool]]:
 
 def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session | None:
     """`lease_acquire`, returning the session row as the lease took it (None if not
-    taken): a run's first read comes back with its first write, in one round trip."""
+    taken) with its agent's configuration stamp: a run's first reads come back with its
+    first write, in one round trip."""
     columns, names, is_json = _session_columns()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"{_ACQUIRE} RETURNING {columns}",
+            f"{_ACQUIRE} RETURNING {columns}, {STAMP_RETURNING}",
             [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         row = cursor.fetchone()
     if row is None:
         return None
-    values = [json_value(v) if j else v for j, v in zip(is_json, row, strict=True)]
-    return Session.from_db(connection.alias, names, values)
+    values = [json_value(v) if j else v for j, v in zip(is_json, row[:-1], strict=True)]
+    session = Session.from_db(connection.alias, names, values)
+    # The agent's configuration stamp as of this version, as a step commit returns it.
+    session.config_stamp = (session.version, row[-1])  # type: ignore[attr-defined]
+    return session
 
 
 def lease_release(*, session_id: UUID | str, owner: str) -> bool:

@@ -648,6 +648,10 @@ def test_taking_a_lease_returns_the_row_as_a_fresh_read_gives_it(make_session):
         f.attname: getattr(fresh, f.attname) for f in Session._meta.concrete_fields
     }
     assert (taken.lease_owner, taken.dialogue_state["slots"]) == ("me", {"size": 42})
+    # With its agent's configuration stamp, which the run's first step then trusts.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT agent_config_stamp(%s)", [session.agent_id])
+        assert taken.config_stamp == (taken.version, cursor.fetchone()[0])  # type: ignore[attr-defined]
     # Held by another, or no work: nothing taken, no row.
     assert lease_take(session_id=session.pk, owner="other", seconds=30) is None
     idle = make_session(state="idle")
