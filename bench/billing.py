@@ -255,7 +255,7 @@ def _rankings(reps: int) -> dict[str, list[float]]:
     return times
 
 
-def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 300) -> Result:
+def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 1200) -> Result:
     result = Result(
         name="billing",
         title="Metering per step and cost rankings over 1M calls",

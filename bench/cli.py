@@ -58,7 +58,7 @@ class Sizes:
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
     approvals_samples: int = 30
-    billing_ab_cycles: int = 300
+    billing_ab_cycles: int = 1200
     context_steps: int = 200
 
 
