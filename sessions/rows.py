@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -30,6 +30,35 @@ Statement = tuple[str, list[Any]]
 def json_value(value: Any) -> Any:
     """A jsonb column read with a raw cursor: Django's driver setup hands it over as text."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+class RowReader:
+    """A model's concrete columns read by a plain cursor: the select list, and the
+    instance built with `from_db` (a RawQuerySet re-resolves its columns against
+    the model at every call). jsonb columns come as text (`json_value`)."""
+
+    def __init__(self, model: type[models.Model]):
+        fields = model._meta.concrete_fields
+        self.model = model
+        self.columns = [f.column for f in fields]
+        self.names = [f.attname for f in fields]
+        self.is_json = [isinstance(f, models.JSONField) for f in fields]
+
+    def select(self, alias: str = "") -> str:
+        prefix = f"{alias}." if alias else ""
+        return ", ".join(f'{prefix}"{column}"' for column in self.columns)
+
+    def instance(self, row: Sequence[Any]) -> Any:
+        """The model instance from the row's first len(columns) values."""
+        values = [json_value(v) if j else v for j, v in zip(self.is_json, row, strict=False)]
+        return self.model.from_db(connection.alias, self.names, values)
+
+
+@cache
+def row_reader(model: type[models.Model]) -> RowReader:
+    """Built once per model, lazily: the metadata is complete only once the app
+    registry is."""
+    return RowReader(model)
 
 
 def _jsonb_float(text: str) -> float | int:

@@ -12,15 +12,13 @@ import os
 import socket
 import threading
 import uuid
-from functools import lru_cache
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import JSONField
 
 from ..models import Session
-from ..rows import json_value
+from ..rows import row_reader
 from ..states import RUNNABLE, STARTS_TURN
 from .runtime_cache import STAMP_RETURNING
 
@@ -52,30 +50,20 @@ def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool
         return cursor.rowcount == 1
 
 
-@lru_cache(maxsize=1)
-def _session_columns() -> tuple[str, list[str], list[bool]]:
-    """The session's columns for RETURNING, its attribute names and which are JSON (lazily:
-    the model's metadata is complete only once the app registry is)."""
-    fields = Session._meta.concrete_fields
-    columns = ", ".join(f'"{f.column}"' for f in fields)
-    return columns, [f.attname for f in fields], [isinstance(f, JSONField) for f in fields]
-
-
 def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session | None:
     """`lease_acquire`, returning the session row as the lease took it (None if not
     taken) with its agent's configuration stamp: a run's first reads come back with its
     first write, in one round trip."""
-    columns, names, is_json = _session_columns()
+    reader = row_reader(Session)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"{_ACQUIRE} RETURNING {columns}, {STAMP_RETURNING}",
+            f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}",
             [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
         )
         row = cursor.fetchone()
     if row is None:
         return None
-    values = [json_value(v) if j else v for j, v in zip(is_json, row[:-1], strict=True)]
-    session = Session.from_db(connection.alias, names, values)
+    session: Session = reader.instance(row)
     # The agent's configuration stamp as of this version, as a step commit returns it.
     session.config_stamp = (session.version, row[-1])  # type: ignore[attr-defined]
     return session

@@ -19,24 +19,21 @@ from functools import lru_cache
 from typing import Any
 
 from django.db import connection
-from django.db.models import JSONField
 
 from approvals.models import Approval
 
 from ..models import Session, ToolCall, ToolCallStatus
-from ..rows import Statement, json_value
+from ..rows import Statement, row_reader
 
 
 @lru_cache(maxsize=1)
-def _query() -> tuple[str, list[str], list[bool]]:
-    """The query's text, the model's attribute names and which columns are JSON (once, lazily:
-    the model's metadata is complete only once the app registry is)."""
-    fields = ToolCall._meta.concrete_fields
-    columns = ", ".join(f'c."{f.column}"' for f in fields)
+def _query() -> str:
+    """The query's text (once, lazily: the model's metadata is complete only once the
+    app registry is)."""
     table = ToolCall._meta.db_table
-    sql = (
+    return (
         # SQL names from model metadata (constants); every value is a bound parameter.
-        f"""SELECT {columns}, (SELECT e.output FROM "{table}" e
+        f"""SELECT {row_reader(ToolCall).select("c")}, (SELECT e.output FROM "{table}" e
                   WHERE e.session_id = c.session_id AND e.status = 'success'
                     AND e.tool_name = c.tool_name AND e.input = c.input AND e.id <> c.id
                   ORDER BY e.id DESC LIMIT 1) AS cached_output,
@@ -45,7 +42,6 @@ def _query() -> tuple[str, list[str], list[bool]]:
       FROM "{table}" c WHERE c.session_id = %s AND c.turn = %s AND c.status = %s
      ORDER BY c.step, c.position"""  # nosec B608
     )
-    return sql, [f.attname for f in fields], [isinstance(f, JSONField) for f in fields]
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,7 @@ class Prefetched:
 
 def open_calls_statement(session: Session, turn: int) -> Statement:
     """The query, for a commit to run after its writes (`Step.then_read`)."""
-    return _query()[0], [session.pk, turn, ToolCallStatus.EXECUTING.value]
+    return _query(), [session.pk, turn, ToolCallStatus.EXECUTING.value]
 
 
 def prefetched_keep(session: Session, version: int, turn: int, rows: list[tuple[Any, ...]]) -> None:
@@ -68,14 +64,11 @@ def prefetched_keep(session: Session, version: int, turn: int, rows: list[tuple[
 
 
 def _calls(rows: list[tuple[Any, ...]]) -> list[ToolCall]:
-    # A plain cursor and `from_db`: a RawQuerySet re-resolves its columns
-    # against the model on every call, several times this step's other reads.
-    _, names, is_json = _query()
+    reader = row_reader(ToolCall)
     calls = []
     for row in rows:
-        values = [json_value(v) if j else v for j, v in zip(is_json, row, strict=False)]
-        call = ToolCall.from_db(connection.alias, names, values)
-        call.cached_output, call.has_approval = row[-2], row[-1]  # type: ignore[attr-defined]
+        call = reader.instance(row)
+        call.cached_output, call.has_approval = row[-2], row[-1]
         calls.append(call)
     return calls
 

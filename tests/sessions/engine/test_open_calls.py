@@ -11,12 +11,12 @@ from django.db import connection
 from django.utils import timezone
 
 from approvals.models import Approval
-from sessions.engine import open_calls as open_calls_module
 from sessions.engine.lease import lease_acquire
 from sessions.engine.open_calls import open_calls
 from sessions.engine.runner import _refresh, run_step
 from sessions.engine.runtime_cache import RunContext
 from sessions.models import ModelEndpoint, Session, ToolCall
+from sessions.rows import json_value
 from sessions.services import message_post
 from tests.factories import AgentFactory, ToolFactory
 from tools.registry import tool_handler
@@ -76,7 +76,7 @@ def _as_read(session: Session) -> list[dict[str, Any]]:
 
 def _attrs(call: ToolCall) -> dict[str, Any]:
     values = {f.attname: getattr(call, f.attname) for f in ToolCall._meta.concrete_fields}
-    values["cached_output"] = open_calls_module.json_value(call.cached_output)  # type: ignore[attr-defined]
+    values["cached_output"] = json_value(call.cached_output)  # type: ignore[attr-defined]
     values["has_approval"] = call.has_approval  # type: ignore[attr-defined]
     return values
 
