@@ -32,8 +32,12 @@ class Approval(models.Model):
     """One decision a person owes: a gated tool call, or a review of an uncertain one."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: approval_session_step leads with it.
     session = models.ForeignKey(
-        "agent_sessions.Session", on_delete=models.CASCADE, related_name="approvals"
+        "agent_sessions.Session",
+        on_delete=models.CASCADE,
+        related_name="approvals",
+        db_index=False,
     )
     # A call has at most one gating approval, and a review each time it turned out uncertain.
     tool_call = models.ForeignKey(

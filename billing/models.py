@@ -156,7 +156,10 @@ class CreditReservation(models.Model):
 class UsageDaily(models.Model):
     """Per owner, agent and day (BILLING_TIME_ZONE): what the agent spent for the owner."""
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: usage_daily_key leads with it.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
     agent = models.ForeignKey("agent_sessions.Agent", on_delete=models.CASCADE, related_name="+")
     day = models.DateField()
     input_tokens = models.BigIntegerField(default=0)

@@ -46,8 +46,12 @@ class EmbeddingEndpoint(models.Model):
 
 
 class MemoryItem(models.Model):
+    # No index of its own: memory_item_owner_subject leads with it.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_items"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memory_items",
+        db_index=False,
     )
     tag = models.CharField(max_length=40, default=MemoryTag.FACT)
     # What the item is about ("favourite colour"): a new value for the same subject
@@ -125,8 +129,12 @@ class MemoryOwnerIndex(models.Model):
     task); search uses the index only once it is `ready`, and scans exactly before.
     """
 
+    # No index of its own: memory_owner_index_key leads with it.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_indexes"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memory_indexes",
+        db_index=False,
     )
     dims = models.PositiveIntegerField()
     name = models.CharField(max_length=63, unique=True)

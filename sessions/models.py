@@ -179,9 +179,15 @@ class Agent(models.Model):
 
 class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
+    # No index of their own: session_agent_created and session_owner_created lead with them.
+    agent = models.ForeignKey(
+        Agent, on_delete=models.PROTECT, related_name="sessions", db_index=False
+    )
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="agent_sessions",
+        db_index=False,
     )
     # Dialogue state (intent and slots) extracted per user turn, shown to the model compactly.
     dialogue_state = models.JSONField(default=dict, blank=True)
@@ -215,8 +221,14 @@ class Session(models.Model):
     # The current turn's trace (W3C traceparent) when traces are on: every step of the
     # turn, on any worker, joins it (observability/tracing.py). Empty when off.
     trace_parent = models.CharField(max_length=55, blank=True)
+    # Indexed only where set (session_forked_from): most sessions are not forks.
     forked_from = models.ForeignKey(
-        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks"
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="forks",
+        db_index=False,
     )
     forked_at_step = models.PositiveIntegerField(null=True, blank=True)
     input_tokens = models.PositiveBigIntegerField(default=0)
@@ -254,10 +266,27 @@ class Session(models.Model):
                 name="session_timer_due",
                 condition=Q(state="waiting_timer"),
             ),
+            models.Index(
+                fields=["forked_from"],
+                name="session_forked_from",
+                condition=Q(forked_from__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+def _session_key(*, related_name: str) -> "models.ForeignKey[Session, Session]":
+    """The session of a row a step writes.
+
+    No index of its own: each such table has an index or unique constraint that
+    leads with `session` and serves every lookup by it (and the cascade). A step
+    inserts ~10 rows, and every index is one more insertion and WAL record per row.
+    """
+    return models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name=related_name, db_index=False
+    )
 
 
 class MessageRole(models.TextChoices):
@@ -273,7 +302,7 @@ class MessageStatus(models.TextChoices):
 
 
 class Message(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    session = _session_key(related_name="messages")
     # Assigned when the message enters the history; a user message that waits
     # for a running turn has none yet, so turns never interleave.
     seq = models.PositiveIntegerField(null=True, blank=True)
@@ -328,7 +357,7 @@ class ToolCallStatus(models.TextChoices):
 
 
 class ToolCall(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    session = _session_key(related_name="tool_calls")
     turn = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
     position = models.PositiveSmallIntegerField(default=0)
@@ -355,11 +384,15 @@ class ToolCall(models.Model):
     # The call's risk level (declared by its tool or assessed) and why: tools/risk.py.
     risk_level = models.PositiveSmallIntegerField(null=True, blank=True)
     risk_reason = models.CharField(max_length=200, blank=True, db_default="")
-    idempotency_key = models.CharField(max_length=200, unique=True)
+    # Unique by a constraint, not `unique=True`, which also builds a LIKE index never used.
+    idempotency_key = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["idempotency_key"], name="toolcall_idempotency_key")
+        ]
         indexes = [
             models.Index(fields=["session", "turn", "position"], name="toolcall_session_turn"),
             models.Index(
@@ -374,7 +407,7 @@ class ToolCall(models.Model):
 
 
 class Transition(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="transitions")
+    session = _session_key(related_name="transitions")
     from_state = StateField()
     to_state = StateField()
     trigger = models.CharField(max_length=30)
@@ -392,7 +425,7 @@ class Transition(models.Model):
 
 
 class Checkpoint(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
+    session = _session_key(related_name="checkpoints")
     step = models.PositiveIntegerField()
     turn = models.PositiveIntegerField()
     state = StateField()
@@ -414,7 +447,7 @@ class Checkpoint(models.Model):
 
 
 class Event(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    session = _session_key(related_name="events")
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict, blank=True)
@@ -443,7 +476,7 @@ class ModelCallOutcome(models.TextChoices):
 class ModelCall(models.Model):
     """One request to a model endpoint (or one refused before sending), with usage and cost."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_calls")
+    session = _session_key(related_name="model_calls")
     turn = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
     endpoint = models.ForeignKey(
