@@ -169,20 +169,29 @@ class Probe:
 
 
 def _server_stats(database: str) -> dict[str, int]:
-    """pg_stat_database counters for the bench database (all its backends)."""
+    """pg_stat_database counters for the bench database (all its backends), and the
+    server's WAL position (every database of the server writes there)."""
     import psycopg
 
     with psycopg.connect(
         with_database(os.environ["DATABASE_URL"], database), autocommit=True
     ) as conn:
         row = conn.execute(
-            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted "
+            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, "
+            "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint "
             "FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
     assert row is not None
     return dict(
         zip(
-            ["xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted"],
+            [
+                "xact_commit",
+                "xact_rollback",
+                "tup_inserted",
+                "tup_updated",
+                "tup_deleted",
+                "wal_bytes",
+            ],
             row,
             strict=True,
         )
@@ -368,6 +377,15 @@ def run(
     connection.close()
     # The checkpoint is one statement of step_commit's single batched execute (no round trip
     # of its own): its size and marginal write time are the `checkpoint` benchmark's figures.
+    result.figures.append(
+        figure(
+            # Every index of a table a step writes is one more WAL record per row.
+            "wal_bytes_per_step",
+            "WAL written per step (whole server: message_post and the tools too)",
+            server["wal_bytes"] / n,
+            "B",
+        )
+    )
     result.figures.append(
         figure(
             "checkpoint_bytes_mean",
