@@ -133,8 +133,9 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
                 tool_phase.tool_step(session, owner)
                 wall = time.perf_counter() - started
                 cpu = time.thread_time() - started_cpu
-                if session.state != "tool_loop":
-                    raise RuntimeError(f"tool step ended in {session.state}, not tool_loop")
+                # The results' commit also makes the move back to the model.
+                if session.state != "processing":
+                    raise RuntimeError(f"tool step ended in {session.state}, not processing")
                 record = out[calls]
                 record["step_ms"].append(wall * 1000)
                 record["cpu_ms"].append(cpu * 1000)
@@ -143,7 +144,6 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
                 record["rest_ms"].append(
                     (wall - parts["execute_all"] - parts["step_commit"]) * 1000
                 )
-                step_commit(stepkit.loop_step(session, owner))
     finally:
         for restore in undo:
             restore()
