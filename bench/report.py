@@ -217,9 +217,12 @@ def _load_line(doc: dict[str, Any]) -> str:
     """Other people's load, per benchmark: busy share before and during, and the CPU reference loop."""
     background = doc.get("setup", {}).get("background_load_before_run") or {}
     parts = []
+    references: list[float] = []
     for r in doc["results"]:
         details = r.get("details") or {}
         before = details.get("background_before") or {}
+        if isinstance(before.get("cpu_reference_ms"), int | float):
+            references.append(before["cpu_reference_ms"])
         bits = []
         if before.get("busy_pct") is not None:
             bits.append(f"{before['busy_pct']:.0f}% busy before")
@@ -235,11 +238,15 @@ def _load_line(doc: dict[str, Any]) -> str:
     )
     if parts:
         text += "; " + "; ".join(parts)
+    spread = (
+        f"; it went from {min(references):g} to {max(references):g} ms in this run"
+        if references
+        else ""
+    )
     return (
         text
         + ". The reference loop is the CPU time of a fixed pure-Python loop (best of 3) just before each "
-        "benchmark; it varied from 20 to 36 ms on this machine: larger means slower (shared) cores, and the "
-        "CPU-time figures grow with it."
+        f"benchmark{spread}: larger means slower (shared) cores, and the CPU-time figures grow with it."
     )
 
 
