@@ -1,0 +1,51 @@
+"""The in-process benchmarks still run against the engine as it is: a smoke run at tiny sizes.
+
+They drive the engine's internals (`bench/stepkit.py` builds steps the way
+`model_step` does; the tools benchmark checks the state a tool step leaves), so a
+change to the engine can break them without any test of the engine failing: the
+tools benchmark failed in every full `make bench` from the commit that folded the
+tool-loop move into the results' commit until it was fixed. No figure is judged
+here (timings belong to `make bench`); only that each benchmark runs and measures.
+"""
+
+import math
+
+import pytest
+
+from bench import checkpoint, context, fixtures, tool_dispatch
+from bench.results_model import Result
+
+# The benchmarks' helper threads (tools, the publisher) need committed rows.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def bench_config() -> None:
+    fixtures.install()
+
+
+def _measured(result: Result) -> dict[str, float]:
+    assert result.error == ""
+    values = {f.key: f.value for f in result.figures}
+    assert values, f"{result.name}: no figures"
+    missing = [key for key, value in values.items() if value is None or math.isnan(value)]
+    assert missing == [], f"{result.name}: nothing measured for {missing}"
+    return {key: float(value) for key, value in values.items() if value is not None}
+
+
+def test_the_tools_benchmark_runs_tool_steps(bench_config: None) -> None:
+    values = _measured(tool_dispatch.run(executor_reps=5, sessions=2))
+    # A tool step is the executor plus its reads and commit.
+    assert values["tool_step_1_p50_ms"] > values["executor_1_p50_ms"] > 0
+    assert values["tool_step_10_p50_ms"] > values["executor_10_p50_ms"] > 0
+
+
+def test_the_checkpoint_benchmark_measures_the_step_commit(bench_config: None) -> None:
+    values = _measured(checkpoint.run(demo_sessions=1, demo_turns=1, cycles=4, insert_reps=4))
+    assert values["size_p50_bytes"] > 0
+
+
+def test_the_context_benchmark_assembles_each_size(bench_config: None) -> None:
+    values = _measured(context.run(steps=3))
+    assert values["assembly_2000_p50_ms"] > 0
+    assert values["assembly_growth_2000_vs_200"] > 0
