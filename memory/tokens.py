@@ -7,6 +7,7 @@ budget built on the estimate errs on the safe side.
 
 import json
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -73,8 +74,26 @@ def _call_tokens(call: _ToolCall) -> int:
     return count_tokens(call.name) + count_tokens(json.dumps(call.arguments, ensure_ascii=False))
 
 
+# The last request this thread estimated, and its count (see estimate_request_tokens).
+_last = threading.local()
+
+
 def estimate_request_tokens(request: _Request) -> int:
-    """What a chat request will cost in input tokens: messages, tool calls and tool schemas."""
+    """What a chat request will cost in input tokens: messages, tool calls and tool schemas.
+
+    A model step asks this of the same request up to three times (the budget gate,
+    the credits check, the call's context-window check): the thread's last answer
+    is kept for the request object it was given (held, so its identity is not reused).
+    """
+    last = getattr(_last, "pair", None)
+    if last is not None and last[0] is request:
+        return int(last[1])
+    total = _request_tokens(request)
+    _last.pair = (request, total)
+    return total
+
+
+def _request_tokens(request: _Request) -> int:
     total = 0
     for m in request.messages:
         total += MESSAGE_OVERHEAD_TOKENS + count_tokens(m.content)

@@ -7,6 +7,7 @@ step compares it with the current one and tells the model what changed.
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Any
 
 from tools.execution import ToolSnapshot
@@ -28,19 +29,36 @@ def agent_config_hash(agent: Agent) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def environment(agent: Agent, tools: dict[str, ToolSnapshot], model: str | None) -> dict[str, Any]:
-    return {
-        "agent": agent_config_hash(agent),
-        "tools": {
+class Environment(dict[str, Any]):
+    """An environment that works out its fingerprint once.
+
+    The per-process agent cache keeps one per role (`AgentRuntime.environment`)
+    and replaces it with the runtime whenever a row it was built from changes, so
+    it is never modified after it is made.
+    """
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return _digest(self)
+
+
+def environment(agent: Agent, tools: dict[str, ToolSnapshot], model: str | None) -> Environment:
+    return Environment(
+        agent=agent_config_hash(agent),
+        tools={
             name: hashlib.sha256(f"{t.version}{t.parameters}".encode()).hexdigest()[:8]
             for name, t in sorted(tools.items())
         },
-        "model": model or "",
-    }
+        model=model or "",
+    )
+
+
+def _digest(env: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
 
 
 def fingerprint(env: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
+    return env.fingerprint if isinstance(env, Environment) else _digest(env)
 
 
 def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

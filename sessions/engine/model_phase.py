@@ -25,7 +25,7 @@ from . import guards
 from .budget_gate import gate_read, model_gate, model_rate_limit, partial_answer
 from .context import LIMIT_NOTE, Assembly, assemble
 from .context_layers import context_layers
-from .environment import describe_changes, environment
+from .environment import describe_changes
 from .guards import GuardLimits, GuardVerdict
 from .memory_glue import wants_turn_memory
 from .metering import credits_note, model_credits_check, model_points
@@ -191,7 +191,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     stop = loop_stop(session, agent, run)
     final = stop is not None
     tools = runtime.tools_for(session.role)
-    env = environment(agent, tools, agent.model.name)
+    env = runtime.environment(session.role)
     note = environment_note(session, env)
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)

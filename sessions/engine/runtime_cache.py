@@ -19,6 +19,7 @@ from ..models import Agent, Message, MessageStatus, Session, ToolCall
 from ..rows import json_value, jsonb_value
 from .budget_gate import FiguresKeeper
 from .context import SUMMARY_NAME
+from .environment import Environment, environment
 from .guards import CallRecord
 from .memory_glue import turn_memory_block
 
@@ -28,9 +29,20 @@ class AgentRuntime:
     agent: Agent
     tools: dict[str, ToolSnapshot]
     stamp: tuple[Any, ...]
+    # Built on first use, one per role: a changed row replaces the whole runtime.
+    environments: dict[str, Environment] = field(default_factory=dict, compare=False, repr=False)
 
     def tools_for(self, role: str) -> dict[str, ToolSnapshot]:
         return {name: tool for name, tool in self.tools.items() if tool.allows(role)}
+
+    def environment(self, role: str) -> Environment:
+        """What a step for this role runs against (its checkpoint's `env`), with its
+        fingerprint: hashed once per runtime, not at every step."""
+        env = self.environments.get(role)
+        if env is None:
+            env = environment(self.agent, self.tools_for(role), self.agent.model.name)
+            self.environments[role] = env
+        return env
 
 
 # The versions of the rows themselves (each row's xmin), so any change is seen, even

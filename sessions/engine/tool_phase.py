@@ -36,7 +36,6 @@ from .approval_gate import approval_gate, recovery_reviews_open, review_outcomes
 from .ask_user import questions_of
 from .budget_gate import FiguresKeeper
 from .commit import StaleSession
-from .environment import environment
 from .memory_glue import is_memory_call, memory_tool_outcomes
 from .metering import credits_reserve, insufficient_before
 from .moves import tool_results
@@ -198,7 +197,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         owner,
         [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects],
     )
-    env = environment(agent, tools, agent.model.name)
+    env = runtime.environment(session.role)
     connection.close()
 
     invocations = [

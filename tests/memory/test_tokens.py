@@ -3,6 +3,7 @@
 import json
 
 from llm.types import ChatMessage, ChatRequest, ChatResponse, ToolCallRequest, ToolSpec
+from memory import tokens
 from memory.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     count_message_tokens,
@@ -88,3 +89,23 @@ def test_a_longer_answer_never_estimates_fewer_tokens():
     texts = ["", "ok", "ok, done", "ok, done: 订单已发货"]
     counts = [estimate_response_tokens(ChatResponse(text=t)) for t in texts]
     assert counts == sorted(counts) and counts[0] == 0
+
+
+def test_the_same_request_is_counted_once_and_another_one_anew(monkeypatch):
+    counted: list[object] = []
+    real = tokens._request_tokens
+
+    def counting(request):
+        counted.append(request)
+        return real(request)
+
+    monkeypatch.setattr(tokens, "_request_tokens", counting)
+    request = ChatRequest(messages=(ChatMessage(role="user", content="a" * 40),))
+    assert estimate_request_tokens(request) == estimate_request_tokens(request) == 14
+    assert counted == [request]
+    # Equal, but another object: a step that builds a new request is counted again.
+    twin = ChatRequest(messages=(ChatMessage(role="user", content="a" * 40),))
+    other = ChatRequest(messages=(ChatMessage(role="user", content="b" * 80),))
+    assert estimate_request_tokens(twin) == 14 and estimate_request_tokens(other) == 24
+    assert estimate_request_tokens(request) == 14
+    assert counted == [request, twin, other, request]

@@ -1,6 +1,7 @@
 """The agent configuration stamp (`agent_config_stamp`, migration 0015): what the step
 commit returns and `agent_runtime` compares, so an edit takes effect at the next step."""
 
+import json
 from typing import Any
 
 import pytest
@@ -8,6 +9,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from sessions.engine.commit import Step, step_commit
+from sessions.engine.environment import environment, fingerprint
 from sessions.engine.runtime_cache import agent_runtime
 from sessions.models import Agent, ModelEndpoint, Session
 from sessions.services import message_post
@@ -102,3 +104,16 @@ def test_a_step_commit_returns_the_stamp_for_the_next_step(agent: Agent) -> None
     with CaptureQueriesContext(connection) as queries:
         assert agent_runtime(agent.pk, session) is runtime
     assert len(queries) == 0
+
+
+def test_a_runtime_works_out_each_roles_environment_once(agent: Agent) -> None:
+    runtime = agent_runtime(agent.pk)
+    env = runtime.environment("support")
+    assert runtime.environment("support") is env
+    assert env == environment(runtime.agent, runtime.tools_for("support"), agent.model.name)
+    assert env.fingerprint == fingerprint(dict(env))  # as a plain dict's digest
+    assert json.loads(json.dumps(env)) == env  # stored in checkpoints as it is
+
+    Agent.objects.filter(pk=agent.pk).update(system_prompt="Changed.")
+    changed = agent_runtime(agent.pk).environment("support")
+    assert changed["agent"] != env["agent"] and changed.fingerprint != env.fingerprint
