@@ -1,10 +1,11 @@
 """Per-process caches that keep a step's reads to a minimum without going stale.
 
 An agent's configuration (its model endpoints and tools) is re-validated at
-every step by one small query hashing those rows, so an edit
-in the admin or by apply_config takes effect at the next step; only a changed
-stamp reloads the rows. A run's history is read once, then only its new
-messages.
+every step against the rows' versions (`agent_config_stamp`, returned by the
+previous step's commit or read by one small query), so an edit in the admin or
+by apply_config takes effect at the next step; only a changed stamp reloads the
+rows, and with them the step environment kept per role. A run's history is read
+once, then only its new messages.
 """
 
 import threading
