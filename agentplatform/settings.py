@@ -97,6 +97,9 @@ if env.bool("DB_POOL", default=True):
         "max_size": env.int("DB_POOL_MAX", default=20),
         "timeout": env.float("DB_POOL_TIMEOUT", default=30.0),
     }
+# A step's batch prepared on the server once per connection (sessions/rows.py);
+# off behind a pooler that does not keep sessions (PgBouncer transaction mode).
+DB_PREPARED_STATEMENTS = env.bool("DB_PREPARED_STATEMENTS", default=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")

@@ -18,7 +18,10 @@ The two alternate run by run (ABAB...), so load on the machine hits both.
 Per side: wall and this process's CPU per run and per iteration (model + tool
 round), and per iteration the server's counts from `pg_stat_database` /
 `pg_stat_user_tables` deltas of that side's database (transactions, rows
-written), with the client's counts (statements, round trips) beside them.
+written), with the client's counts (statements, round trips) beside them, and
+the database server's CPU per iteration (its processes' CPU from /proc around
+each run: the wall time a side spends waiting on the server, which the client's
+CPU does not show).
 """
 
 import os
@@ -47,6 +50,50 @@ class Side:
     statements: int = 0
     round_trips: int = 0
     server: dict[str, int] = field(default_factory=dict)
+    server_cpu: list[float] = field(default_factory=list)
+
+
+def _server_processes(backend_pid: int) -> Callable[[], list[int]]:
+    """The processes of the PostgreSQL server a backend belongs to (its postmaster
+    and the postmaster's children), listed afresh at each call; none where /proc
+    is not readable."""
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+        return int(raw[raw.rindex(b")") + 2 :].split()[1])
+
+    try:
+        postmaster = parent(backend_pid)
+    except OSError:
+        return lambda: []
+
+    def processes() -> list[int]:
+        found = [postmaster]
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if parent(int(entry.name)) == postmaster:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
+    return processes
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds these processes used so far (utime + stime of those still running)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --- LangGraph ---------------------------------------------------------------------
@@ -205,6 +252,8 @@ def run(*, runs: int, warmup: int = 3) -> Result:
             time.sleep(0.6)
 
         flush()
+        with connection.cursor():
+            server_processes = _server_processes(connection.connection.info.backend_pid)
         lg, pf = Side("langgraph"), Side("platform")
         lg_db = _langgraph_database()
         # The LangGraph connection stays open: its statistics are flushed when it closes.
@@ -219,6 +268,10 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 if i % 2:
                     order.reverse()
                 for which, session in order:
+                    # The runs alternate on an otherwise idle server: the delta is that
+                    # run's server work (its backend, and the WAL its commits write).
+                    pids = server_processes()
+                    server_cpu = _cpu_of(pids)
                     started, cpu = time.perf_counter(), time.process_time()
                     if which == "lg":
                         langgraph_once()
@@ -227,6 +280,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                     side = lg if which == "lg" else pf
                     side.wall.append(time.perf_counter() - started)
                     side.cpu.append(time.process_time() - cpu)
+                    side.server_cpu.append(_cpu_of(pids) - server_cpu)
         finally:
             machine = load.stop()
             counter.uninstall()
@@ -268,6 +322,24 @@ def run(*, runs: int, warmup: int = 3) -> Result:
         ),
         figure("ratio_wall_p50", "platform / LangGraph, wall p50", ratio, "x", le=1.0),
         figure("ratio_cpu_p50", "platform / LangGraph, CPU p50 (steadier)", cpu_ratio, "x"),
+        *(
+            [
+                figure(
+                    "langgraph_server_cpu_per_iteration",
+                    "LangGraph: the database server's CPU per iteration, mean",
+                    sum(lg.server_cpu) / len(lg.server_cpu) * ms / ITERATIONS,
+                    "ms",
+                ),
+                figure(
+                    "platform_server_cpu_per_iteration",
+                    "platform: the database server's CPU per iteration, mean",
+                    sum(pf.server_cpu) / len(pf.server_cpu) * ms / ITERATIONS,
+                    "ms",
+                ),
+            ]
+            if server_processes()
+            else []
+        ),
         figure(
             "platform_commits_per_iteration",
             "platform server commits per iteration (pg_stat_database)",
@@ -288,6 +360,9 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 "wall_ms_p50": round(p(side.wall, 50) / ITERATIONS, 3),
                 "wall_ms_p95": round(p(side.wall, 95) / ITERATIONS, 3),
                 "cpu_ms_p50": round(p(side.cpu, 50) / ITERATIONS, 3),
+                "server_cpu_ms_mean": round(
+                    sum(side.server_cpu) / len(side.server_cpu) * ms / ITERATIONS, 3
+                ),
                 "server_commits": round(side.server["xact_commit"] / per_iter, 2),
                 "rows_written": round(side.server["rows_written"] / per_iter, 2),
                 "statements": round(side.statements / per_iter, 2),

@@ -98,7 +98,7 @@ def _writes(sql: str) -> bool:
     return any(f"{verb} " in upper for verb in ("INSERT", "UPDATE ", "DELETE"))
 
 
-_BATCH_SEPARATOR = re.compile(r";\n(?=(?:INSERT|UPDATE|DELETE|SELECT|WITH) )")
+_BATCH_SEPARATOR = re.compile(r";\n(?=(?:INSERT|UPDATE|DELETE|SELECT|WITH|PREPARE|EXECUTE) )")
 
 
 def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[str, int]]:

@@ -471,8 +471,8 @@ def model_charge_statement(
     already in the ledger (the step's calls were charged) makes it change nothing.
 
     The work is the PL/pgSQL function `billing_model_charge` (migrations 0004, 0005): the
-    server keeps its plans per connection, where this statement, new text at every step
-    (the guard names the step), was planned afresh each time. Its steps:
+    server keeps its plans per connection (the statement around it is prepared with the
+    step's batch, `sessions.rows.execute_batch`). Its steps:
     1. Lock the owner's account row and read the balance (a concurrent charge is waited
        for, then re-read).
     2. Take the least of the balance and the points: one ledger row per call, in order,

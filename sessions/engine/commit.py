@@ -7,7 +7,6 @@ that same statement, inserts what the step produced and records the
 `Transition`. Frames are published only after the commit.
 """
 
-import itertools
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -146,9 +145,14 @@ CHECKPOINT_COLUMNS = (
 
 # Columns set to the step transaction's now().
 NOW = ("created_at",)
-# Distinct per step in this process; the guard only has to tell this step's
-# transaction from none (the setting is transaction-local).
-_tokens = itertools.count(1)
+# Every statement of a step's batch after its UPDATE writes only while this
+# holds: the UPDATE sets the transaction-local mark only when it matched. One
+# text for every step, so the server keeps each statement prepared
+# (rows.execute_batch); a batch inside a caller's transaction, where an earlier
+# step may have set the mark, clears it first (CLEAR_MARK).
+MARK_SET = "set_config('agentplatform.step', 'on', true)"
+GUARD = "current_setting('agentplatform.step', true) = 'on'"
+CLEAR_MARK: Statement = ("SELECT set_config('agentplatform.step', '', true)", [])
 
 # Columns a step may set directly or add to; anything else is a programming error.
 SETTABLE = {
@@ -296,8 +300,7 @@ def step_commit(step: Step) -> Committed:
     turn = step.set_fields.get("turn", session.turn)
     # Set by the UPDATE only when it matched; every other statement of the
     # batch writes only while it holds (the batch is one transaction).
-    token = next(_tokens)
-    guard = f"current_setting('agentplatform.step', true) = '{token}'"
+    guard = GUARD
 
     assignments = [
         "state = %s",
@@ -333,7 +336,7 @@ def step_commit(step: Step) -> Committed:
         # SQL names from model metadata (constants); every value is a bound parameter.
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
         "RETURNING now(), cancel_requested, queued_count, lease_owner, "
-        f"set_config('agentplatform.step', '{token}', true), {STAMP_RETURNING}",  # nosec B608
+        f"{MARK_SET}, {STAMP_RETURNING}",  # nosec B608
         params,
     )
 
@@ -446,15 +449,18 @@ def step_commit(step: Step) -> Committed:
     # implicit transaction (all of it commits, or none); nested (message_post,
     # fork), the step is all of the caller's transaction or none of it.
     if connection.in_atomic_block or not one_round_trip():
+        nested = connection.in_atomic_block
         with transaction.atomic(savepoint=False):
-            results = execute_batch(writes)
+            results = execute_batch([CLEAR_MARK, *writes] if nested else writes, prepare=True)
+            if nested:
+                results = results[1:]
             row = results[0][0] if results[0] else None
             if row is not None:
                 frames = _frames(session.pk, first, ordered, row[0])
                 session_id = session.pk
                 transaction.on_commit(lambda: _publish_after_commit(session_id, frames, texts))
     else:
-        results = execute_batch(writes)
+        results = execute_batch(writes, prepare=True)
         row = results[0][0] if results[0] else None
         if row is not None:
             frames = _frames(session.pk, first, ordered, row[0])

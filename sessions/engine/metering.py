@@ -94,7 +94,8 @@ def credits_reserve(
                 value=session.value,
             )
             for call, points in paid
-        ]
+        ],
+        prepare=True,
     )
     for (call, points), answer in zip(paid, rows, strict=True):
         reservation = reservation_of(answer[0], points)  # type: ignore[index]

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from django.db import connection
+from django.db import DataError, ProgrammingError, connection
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int2, Int4, Int8
 
@@ -253,3 +253,99 @@ def test_a_connection_that_quotes_otherwise_takes_psycopgs_path(
         # A probe the fast path would get wrong: the connection never uses it.
         monkeypatch.setattr(rows, "_quoted", lambda text: b"'" + text.encode() + b"'")
         assert _Literals(raw).fast is None
+
+
+# --- Prepared batches -------------------------------------------------------------------
+
+
+class _Sent:
+    """The texts this connection sends, through Django's execute wrapper."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, run: Callable[..., Any], sql: str, *args: Any) -> Any:
+        self.texts.append(sql)
+        return run(sql, *args)
+
+    def kinds(self) -> list[list[str]]:
+        return [[part.split(None, 1)[0] for part in text.split(";\n")] for text in self.texts]
+
+
+def _fresh(sql: str) -> str:
+    """The text made new to every connection (a statement's name is its text's digest)."""
+    return f"{sql} /* {uuid4().hex} */"
+
+
+def _prepared_names() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def test_a_batch_is_prepared_once_per_connection_and_gives_the_same_rows() -> None:
+    typed = ", ".join(f"%s::{t}" for t in ("text", "text", "text", "integer", "integer", "bigint"))
+    typed += ", %s::boolean, %s::boolean, %s::numeric, %s::timestamptz, %s::uuid"
+    statements = [
+        (_fresh(f"SELECT {typed}"), [v for v in AWKWARD if v is not None]),
+        (_fresh("SELECT %s::text || '%%' AS percent, %s::integer IS NULL"), ["a", None]),
+    ]
+    sent = _Sent()
+    with connection.execute_wrapper(sent):
+        first = execute_batch(statements, prepare=True)
+        again = execute_batch(statements, prepare=True)
+    assert first == again == execute_batch(statements)
+    assert first[1] == [("a%", True)]
+    # The first batch prepared both texts; the second only ran them.
+    assert sent.kinds() == [["PREPARE", "PREPARE", "EXECUTE", "EXECUTE"], ["EXECUTE", "EXECUTE"]]
+    literals = rows._literals_of(connection.connection)
+    names = {rows._prepared_form(sql)[0] for sql, _ in statements}
+    assert {f"ap{literals.generation}_{n}" for n in names} <= _prepared_names()
+
+
+def test_switched_off_a_batch_is_sent_as_text(settings: Any) -> None:
+    settings.DB_PREPARED_STATEMENTS = False
+    sent = _Sent()
+    with connection.execute_wrapper(sent):
+        [[(value,)]] = execute_batch([(_fresh("SELECT %s::integer"), [7])], prepare=True)
+    assert value == 7 and sent.kinds() == [["SELECT"]]
+
+
+def test_past_the_cap_a_statement_is_sent_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    execute_batch([("SELECT 1", [])], prepare=True)  # the connection's state exists
+    held = len(rows._literals_of(connection.connection).prepared)
+    monkeypatch.setattr(rows, "PREPARED_PER_CONNECTION", held + 1)
+    statements = [(_fresh("SELECT %s::integer"), [1]), (_fresh("SELECT %s::integer"), [2])]
+    sent = _Sent()
+    with connection.execute_wrapper(sent):
+        assert execute_batch(statements, prepare=True) == [[(1,)], [(2,)]]
+    assert sent.kinds() == [["PREPARE", "EXECUTE", "SELECT"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_batch_prepares_again_under_new_names() -> None:
+    """A batch that fails may or may not have run its PREPAREs: the next one uses
+    new names rather than guess."""
+    divide = (_fresh("SELECT %s::integer / %s::integer"), [1, 0])
+    literals = rows._literals_of(connection.connection)
+    generation = literals.generation
+    with pytest.raises(DataError):
+        execute_batch([divide], prepare=True)
+    assert literals.generation == generation + 1
+    sent = _Sent()
+    with connection.execute_wrapper(sent):
+        assert execute_batch([(divide[0], [6, 3])], prepare=True) == [[(2,)]]
+    assert sent.kinds() == [["PREPARE", "EXECUTE"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reset_session_fails_one_batch_and_the_next_prepares_afresh() -> None:
+    """DISCARD ALL (a pooler resetting the connection) drops what was prepared:
+    the batch that finds it gone fails; the next one prepares again."""
+    statement = (_fresh("SELECT %s::integer * 2"), [21])
+    assert execute_batch([statement], prepare=True) == [[(42,)]]
+    with connection.cursor() as cursor:
+        cursor.execute("DISCARD ALL")
+    with pytest.raises(ProgrammingError, match="does not exist"):
+        execute_batch([statement], prepare=True)
+    assert execute_batch([statement], prepare=True) == [[(42,)]]

@@ -26,7 +26,9 @@ from tools.registry import tool_handler
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CALLS = 3
-WRITES = ("INSERT", "UPDATE", "DELETE")
+# A step's batch runs as prepared statements (sessions/rows.py): PREPARE, then
+# EXECUTE of its UPDATE, INSERTs...; only the engine's writes are prepared.
+WRITES = ("INSERT", "UPDATE", "DELETE", "PREPARE", "EXECUTE")
 
 
 def _writes(sql: str) -> bool:
@@ -44,6 +46,7 @@ class StepCount:
     round_trips: int = 0
     commits: int = 0
     statements: list[str] = field(default_factory=list)
+    backends: list[int] = field(default_factory=list)  # the server process of each
 
 
 @pytest.fixture
@@ -74,6 +77,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[StepCount]]:
         if current:
             current[0].round_trips += 1
             current[0].statements.append(sql)
+            current[0].backends.append(context["connection"].connection.info.backend_pid)
             if not connection.in_atomic_block and _writes(sql):
                 current[0].commits += 1
         return run(sql, params, many, context)
@@ -116,6 +120,18 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     for step in counted:
         writes = [sql for sql in step.statements if _writes(sql)]
         assert len(writes) == 1, writes
+    # The steps' statements are prepared once per connection (the pool hands out
+    # its connections in turn), then only run.
+    prepared = [
+        (backend, part.split(None, 2)[1])
+        for step in counted
+        for backend, sql in zip(step.backends, step.statements, strict=True)
+        for part in sql.split(";\n")
+        if part.startswith("PREPARE ")
+    ]
+    assert prepared and len(prepared) == len(set(prepared)), prepared
+    writes = [sql for step in counted for sql in step.statements if _writes(sql)]
+    assert all(sql.startswith(("PREPARE ", "EXECUTE ")) for sql in writes), writes
     # Reads: the tool step reads nothing (its open calls, with any cached result,
     # came back with the model step's commit, in the same round trip); model
     # steps after the first read nothing but, once per run, the turn's calls for the
