@@ -35,7 +35,7 @@ from typing import Any
 from . import fixtures
 from .environment import BENCH_DB, with_database
 from .results_model import Result, figure
-from .runs import MachineLoad
+from .runs import MachineLoad, database_server_pid, tree_cpu_s
 from .sqlcount import SqlCounter, server_counters, server_delta
 from .stats import percentile, summary
 
@@ -51,49 +51,6 @@ class Side:
     round_trips: int = 0
     server: dict[str, int] = field(default_factory=dict)
     server_cpu: list[float] = field(default_factory=list)
-
-
-def _server_processes(backend_pid: int) -> Callable[[], list[int]]:
-    """The processes of the PostgreSQL server a backend belongs to (its postmaster
-    and the postmaster's children), listed afresh at each call; none where /proc
-    is not readable."""
-
-    def parent(pid: int) -> int:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            raw = stat.read()
-        return int(raw[raw.rindex(b")") + 2 :].split()[1])
-
-    try:
-        postmaster = parent(backend_pid)
-    except OSError:
-        return lambda: []
-
-    def processes() -> list[int]:
-        found = [postmaster]
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    if parent(int(entry.name)) == postmaster:
-                        found.append(int(entry.name))
-                except OSError:
-                    continue
-        return found
-
-    return processes
-
-
-def _cpu_of(pids: list[int]) -> float:
-    """CPU seconds these processes used so far (utime + stime of those still running)."""
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                raw = stat.read()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --- LangGraph ---------------------------------------------------------------------
@@ -252,8 +209,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
             time.sleep(0.6)
 
         flush()
-        with connection.cursor():
-            server_processes = _server_processes(connection.connection.info.backend_pid)
+        server = database_server_pid()
         lg, pf = Side("langgraph"), Side("platform")
         lg_db = _langgraph_database()
         # The LangGraph connection stays open: its statistics are flushed when it closes.
@@ -270,8 +226,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 for which, session in order:
                     # The runs alternate on an otherwise idle server: the delta is that
                     # run's server work (its backend, and the WAL its commits write).
-                    pids = server_processes()
-                    server_cpu = _cpu_of(pids)
+                    server_cpu = tree_cpu_s(server) if server else 0.0
                     started, cpu = time.perf_counter(), time.process_time()
                     if which == "lg":
                         langgraph_once()
@@ -280,7 +235,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                     side = lg if which == "lg" else pf
                     side.wall.append(time.perf_counter() - started)
                     side.cpu.append(time.process_time() - cpu)
-                    side.server_cpu.append(_cpu_of(pids) - server_cpu)
+                    side.server_cpu.append((tree_cpu_s(server) if server else 0.0) - server_cpu)
         finally:
             machine = load.stop()
             counter.uninstall()
@@ -337,7 +292,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                     "ms",
                 ),
             ]
-            if server_processes()
+            if server
             else []
         ),
         figure(

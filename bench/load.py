@@ -33,7 +33,6 @@ worker's `Transition` rows of each step, and the client's arrival of
   channel layer, daphne's fan-out).
 """
 
-import contextlib
 import json
 import math
 import os
@@ -50,7 +49,7 @@ from . import fixtures
 from .environment import DATA
 from .procs import Processes, free_port, procfile
 from .results_model import Result, figure
-from .runs import MachineLoad, process_cpu_s
+from .runs import MachineLoad, database_server_pid, tree_cpu_s
 from .stats import percentile, summary
 
 AGENT = "bench-load"
@@ -263,6 +262,11 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     ids = create(sessions)
     stats_before = httpx.get(f"http://127.0.0.1:{model_port}/stats", timeout=10).json()
     pids = {name: procs.procs[name].pid for name in ["web", *workers]}
+    # The database shares the cores: its CPU is part of where the burst's time goes.
+    server = database_server_pid()
+    connection.close()
+    if server is not None:
+        pids["database"] = server
     cpu_before = {name: tree_cpu_s(pid) for name, pid in pids.items()}
     marks: dict[str, dict[str, float]] = {}
 
@@ -284,7 +288,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         for a, b in (("connected", "posted"), ("posted", "finished"))
         if a in marks and b in marks
     }
-    platform_cpu_s = sum(cpu.values())
+    platform_cpu_s = cpu["web"] + sum(cpu[w] for w in workers)
     cores = os.cpu_count() or 1
     calls = httpx.get(f"http://127.0.0.1:{model_port}/stats", timeout=10).json()[
         len(stats_before) :
@@ -337,6 +341,21 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             "s",
         ),
     ]
+    if "database" in cpu:
+        result.figures += [
+            figure(
+                "database_cpu_ms_per_user",
+                "database server CPU per user (all its processes)",
+                cpu["database"] / sessions * 1000,
+                "ms",
+            ),
+            figure(
+                "cpu_floor_with_database_s",
+                f"web + worker + database CPU of the burst / {cores} cores",
+                (platform_cpu_s + cpu["database"]) / cores,
+                "s",
+            ),
+        ]
     for name, values in phases.items():
         result.figures.append(
             figure(
@@ -365,26 +384,3 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         "timestamp is time.time() on one machine clock."
     )
     return result
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its children (a web master and its workers)."""
-    total = 0.0
-    for child in [pid, *_children(pid)]:
-        with contextlib.suppress(OSError):
-            total += process_cpu_s(child)
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = Path(f"/proc/{pid}/task").iterdir()
-        for task in tasks:
-            text = (task / "children").read_text().split()
-            for child in text:
-                out.append(int(child))
-                out.extend(_children(int(child)))
-    except OSError:
-        pass
-    return out

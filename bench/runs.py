@@ -10,11 +10,13 @@ lease a worker holds (`lease_owner` set; a turn started by `message_post` has
 none until a worker takes it).
 """
 
+import contextlib
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .procs import STOP
@@ -29,6 +31,44 @@ def process_cpu_s(pid: int) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (a web master and its workers;
+    a PostgreSQL postmaster and its backends)."""
+    total = 0.0
+    for child in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError):
+            total += process_cpu_s(child)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        for task in tasks:
+            text = (task / "children").read_text().split()
+            for child in text:
+                out.append(int(child))
+                out.extend(_children(int(child)))
+    except OSError:
+        pass
+    return out
+
+
+def database_server_pid() -> int | None:
+    """The postmaster of the database Django's connection reaches (the parent of its
+    backend), when the server runs on this machine and /proc shows it; else None."""
+    from django.db import connection
+
+    with connection.cursor():
+        backend = connection.connection.info.backend_pid
+    try:
+        with open(f"/proc/{backend}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
 
 
 class MachineLoad:
