@@ -327,6 +327,7 @@ def test_a_failed_batch_prepares_again_under_new_names() -> None:
     """A batch that fails may or may not have run its PREPAREs: the next one uses
     new names rather than guess."""
     divide = (_fresh("SELECT %s::integer / %s::integer"), [1, 0])
+    connection.ensure_connection()
     literals = rows._literals_of(connection.connection)
     generation = literals.generation
     with pytest.raises(DataError):
@@ -340,12 +341,14 @@ def test_a_failed_batch_prepares_again_under_new_names() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_reset_session_fails_one_batch_and_the_next_prepares_afresh() -> None:
-    """DISCARD ALL (a pooler resetting the connection) drops what was prepared:
-    the batch that finds it gone fails; the next one prepares again."""
+    """A pooler resetting the connection (DISCARD ALL, whose part that matters here
+    is DEALLOCATE ALL: the rest would also reset this connection's time zone for
+    the tests after) drops what was prepared: the batch that finds it gone fails;
+    the next one prepares again."""
     statement = (_fresh("SELECT %s::integer * 2"), [21])
     assert execute_batch([statement], prepare=True) == [[(42,)]]
     with connection.cursor() as cursor:
-        cursor.execute("DISCARD ALL")
+        cursor.execute("DEALLOCATE ALL")
     with pytest.raises(ProgrammingError, match="does not exist"):
         execute_batch([statement], prepare=True)
     assert execute_batch([statement], prepare=True) == [[(42,)]]
