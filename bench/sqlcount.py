@@ -11,7 +11,9 @@ several statements, and the driver's `rowcount` only covers the last one):
   before a transaction's first statement (`tx_round_trips`).
 - Statements: each statement of an `execute` (a batch from
   `sessions.rows.execute_batch` is several, joined by ";\n"; one result set
-  each); `executemany` counts one per parameter set.
+  each); `executemany` counts one per parameter set. A prepared batch's
+  `EXECUTE name(values)` is counted as the statement it runs (its text from
+  `sessions.rows.prepared_text`); its `PREPARE`s are counted apart (`prepares`).
 - Rows written: the affected-row count of every result of the execute (each
   statement of a batch, read from psycopg's results), by table.
 - Commits: explicit ones are counted by wrapping `DatabaseWrapper.commit`,
@@ -55,6 +57,7 @@ class Tally:
     autocommit_writes: int = 0
     rollbacks: int = 0
     savepoints: int = 0
+    prepares: int = 0  # each step statement's text, once per connection (sessions/rows.py)
     db_seconds: float = 0.0
     by_verb: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     rows_by_table: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -166,6 +169,17 @@ def server_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int
     return delta
 
 
+def _behind_execute(part: str) -> str:
+    """A prepared step batch's `EXECUTE name(values)` read as the statement it runs
+    (its text from `sessions.rows`; the values are not needed to count it)."""
+    words = part.lstrip().split(None, 1)
+    if len(words) < 2 or words[0].upper() != "EXECUTE":
+        return part
+    from sessions.rows import prepared_text
+
+    return prepared_text(words[1].split("(", 1)[0].strip()) or part
+
+
 def _table(sql: str, verb: str) -> str:
     words = sql.split(None, 6)
     try:
@@ -226,11 +240,14 @@ class SqlCounter:
                 tally.round_trips += 1
                 tally.db_seconds += elapsed
                 wrote = False
-                for part, rows in parts:
+                for sent, rows in parts:
+                    part = _behind_execute(sent)
                     verb = part.lstrip().split(None, 1)[0].upper() if part.strip() else "?"
                     tally.statements += 1
                     tally.by_verb[verb] += 1
-                    if verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
+                    if verb == "PREPARE":
+                        tally.prepares += 1
+                    elif verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
                         wrote = True
                         tally.writes += 1
                         tally.rows_written += rows

@@ -428,6 +428,17 @@ PREPARED_PER_CONNECTION = 64
 _PLACEHOLDER = re.compile(r"%%|%s")
 
 
+# The text behind each digest, for whoever reads the batches this process sends
+# (the benchmarks' SQL counter sees only `EXECUTE name(...)`).
+_TEXTS: dict[str, str] = {}
+
+
+def prepared_text(name: str) -> str | None:
+    """The statement text a prepared statement's name (`ap<generation>_<digest>`)
+    stands for, if this process prepared it."""
+    return _TEXTS.get(name.partition("_")[2])
+
+
 @lru_cache(maxsize=1024)
 def _prepared_form(sql: str) -> tuple[str, str, str]:
     """(name, `PREPARE` body, `EXECUTE` template) of a statement text.
@@ -441,6 +452,8 @@ def _prepared_form(sql: str) -> tuple[str, str, str]:
     body = _PLACEHOLDER.sub(lambda m: m.group() if m.group() == "%%" else f"${next(numbers)}", sql)
     count = next(numbers) - 1
     digest = hashlib.blake2b(sql.encode(), digest_size=10).hexdigest()
+    if len(_TEXTS) < 4096:
+        _TEXTS[digest] = sql
     arguments = "(" + ", ".join(["%s"] * count) + ")" if count else ""
     return digest, body, arguments
 
