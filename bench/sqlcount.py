@@ -57,7 +57,7 @@ class Tally:
     autocommit_writes: int = 0
     rollbacks: int = 0
     savepoints: int = 0
-    prepares: int = 0  # each step statement's text, once per connection (sessions/rows.py)
+    prepares: int = 0  # PREPAREs (a text once per connection) and DEALLOCATEs (sessions/rows.py)
     db_seconds: float = 0.0
     by_verb: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     rows_by_table: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -101,7 +101,9 @@ def _writes(sql: str) -> bool:
     return any(f"{verb} " in upper for verb in ("INSERT", "UPDATE ", "DELETE"))
 
 
-_BATCH_SEPARATOR = re.compile(r";\n(?=(?:INSERT|UPDATE|DELETE|SELECT|WITH|PREPARE|EXECUTE) )")
+_BATCH_SEPARATOR = re.compile(
+    r";\n(?=(?:INSERT|UPDATE|DELETE|SELECT|WITH|PREPARE|EXECUTE|DEALLOCATE) )"
+)
 
 
 def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[str, int]]:
@@ -245,7 +247,7 @@ class SqlCounter:
                     verb = part.lstrip().split(None, 1)[0].upper() if part.strip() else "?"
                     tally.statements += 1
                     tally.by_verb[verb] += 1
-                    if verb == "PREPARE":
+                    if verb in ("PREPARE", "DEALLOCATE"):
                         tally.prepares += 1
                     elif verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
                         wrote = True

@@ -22,6 +22,7 @@ import json
 import re
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import cache, lru_cache
@@ -421,9 +422,10 @@ def _filled(
     return (template % values).decode(encoding)
 
 
-# Statements kept prepared on one connection; past it a statement is sent as
-# text. The texts vary only with row counts (events, calls of a step): the
-# benchmark's loop settles at ~25 a connection, ~50 KB of server memory each.
+# Statements kept prepared on one connection; a batch that needs more starts the
+# connection over (`_prepared_batch`). The texts vary only with row counts (events,
+# calls of a step): the benchmark's loop settles at ~25 a connection, ~50 KB of
+# server memory each.
 PREPARED_PER_CONNECTION = 64
 _PLACEHOLDER = re.compile(r"%%|%s")
 
@@ -458,28 +460,45 @@ def _prepared_form(sql: str) -> tuple[str, str, str]:
     return digest, body, arguments
 
 
+@dataclass
+class _PreparedBatch:
+    text: str
+    front: int  # results of the DEALLOCATE / PREPAREs before the statements' own
+    prepared: set[str]  # what the connection holds once the batch has run
+
+
 def _prepared_batch(
     raw: Any, literals: _Literals, statements: Sequence[Statement]
-) -> tuple[str, list[str]]:
+) -> _PreparedBatch:
     """The batch as `EXECUTE`s of prepared statements, preceded by a `PREPARE` of
-    each this connection does not have yet; returns the text and the new names."""
+    each this connection does not have yet.
+
+    A connection full (PREPARED_PER_CONNECTION) starts over: the batch opens with
+    `DEALLOCATE ALL` and prepares what it needs afresh, so a shape that turns up
+    late (a step with more calls than before) is not sent as text for the rest of
+    the connection's life; the hot texts are prepared again once each.
+    """
+    forms = [_prepared_form(sql) for sql, _ in statements]
+    prefix = f"ap{literals.generation}_"
+    held = literals.prepared
+    missing = {prefix + digest for digest, _, _ in forms} - held
     front: list[str] = []
+    if missing and len(held) + len(missing) > PREPARED_PER_CONNECTION:
+        front.append("DEALLOCATE ALL")
+        held = set()
+    holds = set(held)
     texts: list[str] = []
-    new: list[str] = []
-    prepared = literals.prepared
-    room = PREPARED_PER_CONNECTION - len(prepared)
-    for sql, _ in statements:
-        digest, body, arguments = _prepared_form(sql)
-        name = f"ap{literals.generation}_{digest}"
-        if name not in prepared and name not in new:
-            if len(new) >= room:
-                texts.append(sql)
+    for (sql, _), (digest, body, arguments) in zip(statements, forms, strict=True):
+        name = prefix + digest
+        if name not in holds:
+            if len(holds) >= PREPARED_PER_CONNECTION:
+                texts.append(sql)  # more distinct texts than a connection keeps
                 continue
             front.append(f"PREPARE {name} AS {body}")
-            new.append(name)
+            holds.add(name)
         texts.append(f"EXECUTE {name}{arguments}")
-    # The PREPAREs take no values: the statements' values fill the EXECUTEs in order.
-    return _filled(raw, literals, front + texts, statements), new
+    # DEALLOCATE and PREPAREs take no values: the statements' fill the EXECUTEs in order.
+    return _PreparedBatch(_filled(raw, literals, front + texts, statements), len(front), holds)
 
 
 def prepared_statements() -> bool:
@@ -512,9 +531,10 @@ def execute_batch(
             return results
         raw_connection = connection.connection
         literals = _literals_of(raw_connection)
-        new: list[str] = []
+        batch: _PreparedBatch | None = None
         if prepare and prepared_statements():
-            text, new = _prepared_batch(raw_connection, literals, real)
+            batch = _prepared_batch(raw_connection, literals, real)
+            text = batch.text
         else:
             text = _filled(raw_connection, literals, [sql for sql, _ in real], real)
         try:
@@ -523,14 +543,17 @@ def execute_batch(
         except Exception as error:
             # "prepared statement does not exist": something reset the session
             # (DISCARD ALL); this batch fails, the next prepares afresh.
-            if new or getattr(error.__cause__, "sqlstate", None) == "26000":
+            if (batch is not None and batch.front) or getattr(
+                error.__cause__, "sqlstate", None
+            ) == "26000":
                 literals.prepared = set()
                 literals.generation += 1
             raise
-        literals.prepared.update(new)
         raw = cursor.cursor
-        for _ in new:  # the PREPAREs' results
-            cursor.nextset()
+        if batch is not None:
+            literals.prepared = batch.prepared
+            for _ in range(batch.front):  # DEALLOCATE / PREPAREs: no rows
+                cursor.nextset()
         while True:
             # The result's status, not `description`: that builds a column list
             # for each of the batch's results only to be tested against None.

@@ -283,7 +283,10 @@ def _prepared_names() -> set[str]:
         return {name for (name,) in cursor.fetchall()}
 
 
-def test_a_batch_is_prepared_once_per_connection_and_gives_the_same_rows() -> None:
+def test_a_batch_is_prepared_once_per_connection_and_gives_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rows, "PREPARED_PER_CONNECTION", 10_000)  # earlier tests' texts fit
     typed = ", ".join(f"%s::{t}" for t in ("text", "text", "text", "integer", "integer", "bigint"))
     typed += ", %s::boolean, %s::boolean, %s::numeric, %s::timestamptz, %s::uuid"
     statements = [
@@ -311,15 +314,26 @@ def test_switched_off_a_batch_is_sent_as_text(settings: Any) -> None:
     assert value == 7 and sent.kinds() == [["SELECT"]]
 
 
-def test_past_the_cap_a_statement_is_sent_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    execute_batch([("SELECT 1", [])], prepare=True)  # the connection's state exists
-    held = len(rows._literals_of(connection.connection).prepared)
-    monkeypatch.setattr(rows, "PREPARED_PER_CONNECTION", held + 1)
-    statements = [(_fresh("SELECT %s::integer"), [1]), (_fresh("SELECT %s::integer"), [2])]
+def test_a_full_connection_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PREPARED_PER_CONNECTION a batch deallocates everything and prepares
+    what it needs; more distinct texts than that in one batch go as text."""
+    monkeypatch.setattr(rows, "PREPARED_PER_CONNECTION", 2)
+    a, b, c, d = (_fresh(f"SELECT %s::integer + {n}") for n in range(4))
     sent = _Sent()
     with connection.execute_wrapper(sent):
-        assert execute_batch(statements, prepare=True) == [[(1,)], [(2,)]]
-    assert sent.kinds() == [["PREPARE", "EXECUTE", "SELECT"]]
+        assert execute_batch([(a, [1]), (b, [1]), (c, [1])], prepare=True) == [
+            [(1,)],
+            [(2,)],
+            [(3,)],
+        ]
+        assert execute_batch([(a, [5]), (b, [5])], prepare=True) == [[(5,)], [(6,)]]
+        assert execute_batch([(d, [5])], prepare=True) == [[(8,)]]
+    assert sent.kinds() == [
+        ["DEALLOCATE", "PREPARE", "PREPARE", "EXECUTE", "EXECUTE", "SELECT"],
+        ["EXECUTE", "EXECUTE"],
+        ["DEALLOCATE", "PREPARE", "EXECUTE"],
+    ]
+    assert len(_prepared_names()) == 1
 
 
 @pytest.mark.django_db(transaction=True)

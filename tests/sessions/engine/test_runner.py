@@ -26,9 +26,10 @@ from tools.registry import tool_handler
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CALLS = 3
-# A step's batch runs as prepared statements (sessions/rows.py): PREPARE, then
-# EXECUTE of its UPDATE, INSERTs...; only the engine's writes are prepared.
-WRITES = ("INSERT", "UPDATE", "DELETE", "PREPARE", "EXECUTE")
+# A step's batch runs as prepared statements (sessions/rows.py): PREPARE (after a
+# DEALLOCATE ALL when the connection is full), then EXECUTE of its UPDATE,
+# INSERTs...; only the engine's writes are prepared.
+WRITES = ("INSERT", "UPDATE", "DELETE", "PREPARE", "EXECUTE", "DEALLOCATE")
 
 
 def _writes(sql: str) -> bool:
@@ -122,16 +123,18 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
         assert len(writes) == 1, writes
     # The steps' statements are prepared once per connection (the pool hands out
     # its connections in turn; earlier tests may have prepared them all), then only run.
-    prepared = [
-        (backend, part.split(None, 2)[1])
-        for step in counted
-        for backend, sql in zip(step.backends, step.statements, strict=True)
-        for part in sql.split(";\n")
-        if part.startswith("PREPARE ")
-    ]
-    assert len(prepared) == len(set(prepared)), prepared
+    held: dict[int, set[str]] = {}
+    for step in counted:
+        for backend, sql in zip(step.backends, step.statements, strict=True):
+            for part in sql.split(";\n"):
+                if part.startswith("DEALLOCATE "):  # a full connection starts over
+                    held[backend] = set()
+                elif part.startswith("PREPARE "):
+                    name = part.split(None, 2)[1]
+                    assert name not in held.setdefault(backend, set()), (backend, name)
+                    held[backend].add(name)
     writes = [sql for step in counted for sql in step.statements if _writes(sql)]
-    assert all(sql.startswith(("PREPARE ", "EXECUTE ")) for sql in writes), writes
+    assert all(sql.startswith(("PREPARE ", "EXECUTE ", "DEALLOCATE ")) for sql in writes), writes
     # Reads: the tool step reads nothing (its open calls, with any cached result,
     # came back with the model step's commit, in the same round trip); model
     # steps after the first read nothing but, once per run, the turn's calls for the
