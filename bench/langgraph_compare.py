@@ -210,6 +210,10 @@ def run(*, runs: int, warmup: int = 3) -> Result:
 
         flush()
         server = database_server_pid()
+
+        def server_cpu_s() -> float:
+            return tree_cpu_s(server) if server else 0.0
+
         lg, pf = Side("langgraph"), Side("platform")
         lg_db = _langgraph_database()
         # The LangGraph connection stays open: its statistics are flushed when it closes.
@@ -226,7 +230,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 for which, session in order:
                     # The runs alternate on an otherwise idle server: the delta is that
                     # run's server work (its backend, and the WAL its commits write).
-                    server_cpu = tree_cpu_s(server) if server else 0.0
+                    server_cpu = server_cpu_s()
                     started, cpu = time.perf_counter(), time.process_time()
                     if which == "lg":
                         langgraph_once()
@@ -235,7 +239,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                     side = lg if which == "lg" else pf
                     side.wall.append(time.perf_counter() - started)
                     side.cpu.append(time.process_time() - cpu)
-                    side.server_cpu.append((tree_cpu_s(server) if server else 0.0) - server_cpu)
+                    side.server_cpu.append(server_cpu_s() - server_cpu)
         finally:
             machine = load.stop()
             counter.uninstall()
@@ -257,6 +261,10 @@ def run(*, runs: int, warmup: int = 3) -> Result:
 
     def p(values: list[float], q: float) -> float:
         return percentile(values, q) * ms
+
+    def server_ms(side: Side) -> float:
+        """The database server's CPU per iteration, mean over the side's runs."""
+        return sum(side.server_cpu) / len(side.server_cpu) * ms / ITERATIONS
 
     ratio = p(pf.wall, 50) / p(lg.wall, 50)
     cpu_ratio = p(pf.cpu, 50) / p(lg.cpu, 50)
@@ -282,13 +290,13 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 figure(
                     "langgraph_server_cpu_per_iteration",
                     "LangGraph: the database server's CPU per iteration, mean",
-                    sum(lg.server_cpu) / len(lg.server_cpu) * ms / ITERATIONS,
+                    server_ms(lg),
                     "ms",
                 ),
                 figure(
                     "platform_server_cpu_per_iteration",
                     "platform: the database server's CPU per iteration, mean",
-                    sum(pf.server_cpu) / len(pf.server_cpu) * ms / ITERATIONS,
+                    server_ms(pf),
                     "ms",
                 ),
             ]
@@ -315,9 +323,7 @@ def run(*, runs: int, warmup: int = 3) -> Result:
                 "wall_ms_p50": round(p(side.wall, 50) / ITERATIONS, 3),
                 "wall_ms_p95": round(p(side.wall, 95) / ITERATIONS, 3),
                 "cpu_ms_p50": round(p(side.cpu, 50) / ITERATIONS, 3),
-                "server_cpu_ms_mean": round(
-                    sum(side.server_cpu) / len(side.server_cpu) * ms / ITERATIONS, 3
-                ),
+                "server_cpu_ms_mean": round(server_ms(side), 3),
                 "server_commits": round(side.server["xact_commit"] / per_iter, 2),
                 "rows_written": round(side.server["rows_written"] / per_iter, 2),
                 "statements": round(side.statements / per_iter, 2),

@@ -443,9 +443,9 @@ def prepared_text(name: str) -> str | None:
 
 @lru_cache(maxsize=1024)
 def _prepared_form(sql: str) -> tuple[str, str, str]:
-    """(name, `PREPARE` body, `EXECUTE` template) of a statement text.
+    """(digest, `PREPARE` body, `EXECUTE` arguments) of a statement text.
 
-    The name is a digest of the text. The body numbers the `%s` as `$1`, `$2`,
+    The digest of the text names the statement (`ap<generation>_<digest>`). The body numbers the `%s` as `$1`, `$2`,
     ... and keeps `%%` (the batch is still filled by `bytes % tuple`); the
     server infers each parameter's type from its place (a cast, a column, a
     function's argument), and each `EXECUTE` value is coerced to that type.
@@ -497,7 +497,7 @@ def _prepared_batch(
             front.append(f"PREPARE {name} AS {body}")
             holds.add(name)
         texts.append(f"EXECUTE {name}{arguments}")
-    # DEALLOCATE and PREPAREs take no values: the statements' fill the EXECUTEs in order.
+    # DEALLOCATE and PREPAREs take no values: the statements' values fill the EXECUTEs.
     return _PreparedBatch(_filled(raw, literals, front + texts, statements), len(front), holds)
 
 

@@ -298,10 +298,6 @@ def step_commit(step: Step) -> Committed:
     event_seq = session.event_seq + n_events
     step_no = session.step + (1 if with_checkpoint else 0)
     turn = step.set_fields.get("turn", session.turn)
-    # Set by the UPDATE only when it matched; every other statement of the
-    # batch writes only while it holds (the batch is one transaction).
-    guard = GUARD
-
     assignments = [
         "state = %s",
         "version = %s",
@@ -347,7 +343,7 @@ def step_commit(step: Step) -> Committed:
     writes: list[Statement | None] = [
         update,
         insert_statement(
-            Message, new_messages, MESSAGE_COLUMNS, returning=True, guard=guard, now=NOW
+            Message, new_messages, MESSAGE_COLUMNS, returning=True, guard=GUARD, now=NOW
         ),
     ]
     seq = message_seq - n_messages
@@ -357,7 +353,7 @@ def step_commit(step: Step) -> Committed:
             (
                 # SQL names from model metadata (constants); every value is a bound parameter.
                 f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
-                f"WHERE id = %s AND {guard}",  # nosec B608
+                f"WHERE id = %s AND {GUARD}",  # nosec B608
                 [seq, MessageStatus.FINAL.value, turn, message.pk],
             )
         )
@@ -366,26 +362,26 @@ def step_commit(step: Step) -> Committed:
             (
                 # The table from model metadata, the guard a constant clause; values are bound.
                 f'UPDATE "{Message._meta.db_table}" SET archived_at = now() '  # nosec B608
-                f"WHERE session_id = %s AND seq <= %s AND archived_at IS NULL AND {guard}",
+                f"WHERE session_id = %s AND seq <= %s AND archived_at IS NULL AND {GUARD}",
                 [session.pk, step.archive_through],
             )
         )
     for call in step.new_tool_calls:
         call.session_id = session.pk
     writes.append(
-        insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS, guard=guard, now=NOW)
+        insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
     writes.append(
-        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=guard)
+        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
     )
     for record in step.model_calls:
         record.session_id = session.pk
         record.step = step_no
     writes.append(
-        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=guard, now=NOW)
+        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
     # Usage rollups and credit settlements ride in the same transaction.
-    writes += step_metering(session, step.model_calls, step.updated_tool_calls, guard)
+    writes += step_metering(session, step.model_calls, step.updated_tool_calls, GUARD)
 
     # The move first, then what it brought: a turn's stream opens with
     # state.changed and closes with turn.finished.
@@ -408,7 +404,7 @@ def step_commit(step: Step) -> Committed:
         (session.pk, first + i + 1, type_, JsonbText(text))
         for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))
     ]
-    writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=guard, now=NOW))
+    writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=GUARD, now=NOW))
     transitions = [
         (
             session.pk,
@@ -424,7 +420,7 @@ def step_commit(step: Step) -> Committed:
         for i, (before, after, trigger) in enumerate(moves)
     ]
     writes.append(
-        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=guard, now=("at",))
+        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=GUARD, now=("at",))
     )
     if step.checkpoint is not None:
         # Dumped once: its text is both the jsonb parameter and the recorded size.
@@ -440,7 +436,7 @@ def step_commit(step: Step) -> Committed:
             step.fingerprint,
         )
         writes.append(
-            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=guard, now=NOW)
+            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=GUARD, now=NOW)
         )
     if step.then_read is not None:
         writes.append(step.then_read)  # last: its rows are the batch's last result
