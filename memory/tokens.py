@@ -82,14 +82,16 @@ def estimate_request_tokens(request: _Request) -> int:
     """What a chat request will cost in input tokens: messages, tool calls and tool schemas.
 
     A model step asks this of the same request up to three times (the budget gate,
-    the credits check, the call's context-window check): the thread's last answer
-    is kept for the request object it was given (held, so its identity is not reused).
+    the credits check, the call's context-window check), and the gate may hand on
+    a copy with another `max_tokens`: the thread's last answer is kept for the
+    messages and tools it counted (held, so their identity is not reused).
     """
-    last = getattr(_last, "pair", None)
-    if last is not None and last[0] is request:
-        return int(last[1])
+    messages, tools = request.messages, request.tools
+    last = getattr(_last, "counted", None)
+    if last is not None and last[0] is messages and last[1] is tools:
+        return int(last[2])
     total = _request_tokens(request)
-    _last.pair = (request, total)
+    _last.counted = (messages, tools, total)
     return total
 
 

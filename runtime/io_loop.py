@@ -18,17 +18,31 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _pid: int | None = None
+# This process's id, kept current across fork (os.getpid() is a system call).
+_this_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _this_pid
+    _this_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
     global _loop, _pid
+    loop, pid = _loop, _pid
+    # Every publish asks for the loop: once it runs, no lock (a step asks ~5 times).
+    if loop is not None and pid == _this_pid:
+        return loop
     with _lock:
         # A forked child inherits the variable but not the thread running it.
-        if _loop is None or _pid != os.getpid():
+        if _loop is None or _pid != _this_pid:
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="io-loop", daemon=True)
             thread.start()
-            _loop, _pid = loop, os.getpid()
+            _loop, _pid = loop, _this_pid
         return _loop
 
 

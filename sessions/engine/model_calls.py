@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from django.conf import settings
+from django.db import connection
 
 from billing.pricing import model_call_cost
 from llm import EndpointConfig, adapter_for
@@ -291,6 +292,16 @@ def _scrub(exc: ModelError, config: EndpointConfig) -> None:
         exc.args = (redact(message, [key]),)
 
 
+def _give_back_connection() -> None:
+    """Never hold a pooled database connection across a call that waits on the network.
+
+    An instant call keeps it: nothing waits, and the step's commit right after
+    would only borrow it again.
+    """
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def _stream(
     session: Session, config: EndpointConfig, request: ChatRequest, timing: _Timing
 ) -> ChatResponse:
@@ -331,6 +342,7 @@ def _stream(
                 return io_loop.run_inline(adapter.complete(request, on_event=on_event))
             finally:
                 batcher.flush()
+        _give_back_connection()
         future = io_loop.submit(call())
         # The adapter enforces the endpoint's timeouts; this is only a backstop.
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
@@ -364,6 +376,7 @@ def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> Cha
     try:
         if adapter.instant():
             return io_loop.run_inline(adapter.complete(request, on_event=on_event))
+        _give_back_connection()
         future = io_loop.submit(adapter.complete(request, on_event=on_event))
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:

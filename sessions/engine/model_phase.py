@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from llm.base import ModelConfigError
@@ -179,8 +178,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
        state (updated from the user's new messages) and this turn's extra_context.
     4. Assemble the request within the context budget; past the history's
        summary watermark, summarise its oldest third first (sessions/engine/summaries.py).
-    5. Give the database connection back, then call the model (a cancel
-       closes the stream).
+    5. Call the model (a cancel closes the stream); a call that waits on the
+       network gives the database connection back first (model_calls._stream).
     6. Commit: the assistant message (with any summary and note), the ModelCall
        rows, usage and cost, the archived marks, the new dialogue state, and
        either the tool-call intents (-> tool_wait) or the end of the turn.
@@ -295,7 +294,6 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             f"{credits.points} points, {credits.points_left} left ({credits.reason})",
         )
         return
-    connection.close()  # never hold a connection across the model call
     model_rate_limit(session, gate.endpoint, request)
 
     fault_point("before_model_call")

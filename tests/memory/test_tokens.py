@@ -1,5 +1,6 @@
 """The offline token estimate: monotone, CJK-aware, rounds up; requests and answers too."""
 
+import dataclasses
 import json
 
 from llm.types import ChatMessage, ChatRequest, ChatResponse, ToolCallRequest, ToolSpec
@@ -109,3 +110,20 @@ def test_the_same_request_is_counted_once_and_another_one_anew(monkeypatch):
     assert estimate_request_tokens(twin) == 14 and estimate_request_tokens(other) == 24
     assert estimate_request_tokens(request) == 14
     assert counted == [request, twin, other, request]
+
+
+def test_a_copy_with_other_limits_is_not_counted_again(monkeypatch):
+    counted: list[object] = []
+    real = tokens._request_tokens
+
+    def counting(request):
+        counted.append(request)
+        return real(request)
+
+    monkeypatch.setattr(tokens, "_request_tokens", counting)
+    request = ChatRequest(messages=(ChatMessage(role="user", content="a" * 40),))
+    capped = dataclasses.replace(request, max_tokens=100)  # what the budget gate hands on
+    assert estimate_request_tokens(request) == estimate_request_tokens(capped) == 14
+    assert counted == [request]
+    fewer = dataclasses.replace(request, messages=request.messages[:0])
+    assert estimate_request_tokens(fewer) == 0 and counted == [request, fewer]

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
+from django.db import connection
 
 from runtime import io_loop
 from sessions.engine import session_run
@@ -62,3 +63,31 @@ def test_only_a_model_that_waits_is_called_on_the_io_loop(make_session, submitte
     deltas = "".join(f["data"]["text"] for f in frames if f["type"] == "message.delta")
     assert deltas == "Hello there, how are you today?"
     assert Message.objects.filter(session=session, role="assistant").get().content == deltas
+
+
+@pytest.mark.parametrize(("options", "held"), [({}, True), ({"latency_s": 0.01}, False)])
+def test_only_a_model_that_waits_is_called_without_a_database_connection(
+    make_session, monkeypatch, options, held
+):
+    """A pooled connection is never held across a call that waits on the network;
+    the instant one keeps it for the step's commit right after."""
+    held_at_call: list[bool] = []
+    original_submit, original_inline = io_loop.submit, io_loop.run_inline
+
+    def submit(coro: Coroutine[Any, Any, Any]) -> Any:
+        if coro.__qualname__.endswith("_stream.<locals>.call"):
+            held_at_call.append(connection.connection is not None)
+        return original_submit(coro)
+
+    def run_inline(coro: Coroutine[Any, Any, Any]) -> Any:
+        held_at_call.append(connection.connection is not None)
+        return original_inline(coro)
+
+    monkeypatch.setattr(io_loop, "submit", submit)
+    monkeypatch.setattr(io_loop, "run_inline", run_inline)
+    model = ModelEndpointFactory(name=f"rules-held-{held}", api="rules", options=options)
+    agent = AgentFactory(model=model, rules=[{"answer": "Hello"}])
+    session = make_session(agent=agent)
+    message_post(session=session, content="hi")
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert held_at_call == [held]
