@@ -7,7 +7,7 @@ longest: its catalog and plan caches, its prepared step statements
 and every backend in the pool has to prepare every statement. Lending the last
 returned keeps the busy set as small as the concurrency. On the `langgraph`
 benchmark's loop (one thread, three pooled connections) the server's CPU per
-iteration fell by 8-13 % (bench/README.md, §1b).
+iteration fell by 5-13 % (bench/README.md, §1b).
 """
 
 from collections import deque
