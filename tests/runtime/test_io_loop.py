@@ -35,3 +35,28 @@ def test_run_waits_for_the_shared_loop() -> None:
         return "done"
 
     assert io_loop.run(sleeps(), timeout=5) == "done"
+
+
+def test_a_forked_child_gets_a_loop_of_its_own() -> None:
+    """The child inherits the parent's loop object but not the thread running it."""
+    import os
+
+    parent_loop = io_loop.get_loop()
+    assert io_loop.get_loop() is parent_loop  # handed out again, not made anew
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's teardown
+        try:
+            loop = io_loop.get_loop()
+            ran = io_loop.run(_add(20, 22), timeout=5)
+            os.write(write_end, f"{loop is not parent_loop} {ran}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        report = os.read(read_end, 100).decode()
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert report == "True 42"
+    assert io_loop.get_loop() is parent_loop
