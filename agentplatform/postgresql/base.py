@@ -5,9 +5,11 @@ one thread stepping a run lands each step on the backend that has waited
 longest: its catalog and plan caches, its prepared step statements
 (`sessions.rows`) and the CPU's own caches have gone cold since its last turn,
 and every backend in the pool has to prepare every statement. Lending the last
-returned keeps the busy set as small as the concurrency. On the `langgraph`
-benchmark's loop (one thread, three pooled connections) the server's CPU per
-iteration fell by 5-13 % (bench/README.md, §1b).
+returned keeps the busy set as small as the concurrency, which is why
+PgBouncer lends its server connections the same way by default
+(`server_round_robin = 0`). On the `langgraph` benchmark's loop, while a step
+still gave its connection back twice an iteration, the wall time per
+iteration fell ~3 % (bench/README.md, §1b).
 """
 
 from collections import deque
