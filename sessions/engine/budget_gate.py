@@ -35,7 +35,7 @@ from memory.tokens import estimate_request_tokens
 from runtime.breaker import model_breaker
 
 from ..models import Agent, ModelCall, ModelEndpoint, Session
-from .model_calls import first_enabled_endpoint
+from .model_calls import first_enabled_endpoint, give_back_connection
 
 BREAKER_TTL_S = 1.0
 # Kept figures are read again once a budget is this much spent (other sessions of the
@@ -266,6 +266,7 @@ def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatReq
             return
         if wait > settings.RATE_LIMIT_INLINE_WAIT_S:
             raise StepDeferred(wait)
+        give_back_connection()
         time.sleep(wait)
 
 

@@ -292,11 +292,12 @@ def _scrub(exc: ModelError, config: EndpointConfig) -> None:
         exc.args = (redact(message, [key]),)
 
 
-def _give_back_connection() -> None:
-    """Never hold a pooled database connection across a call that waits on the network.
+def give_back_connection() -> None:
+    """Never hold a pooled database connection across a wait: a model call on the
+    network, a rate limit's pause.
 
-    An instant call keeps it: nothing waits, and the step's commit right after
-    would only borrow it again.
+    An instant model call keeps it: nothing waits, and the step's commit right
+    after would only borrow it again.
     """
     if not connection.in_atomic_block:
         connection.close()
@@ -342,7 +343,7 @@ def _stream(
                 return io_loop.run_inline(adapter.complete(request, on_event=on_event))
             finally:
                 batcher.flush()
-        _give_back_connection()
+        give_back_connection()
         future = io_loop.submit(call())
         # The adapter enforces the endpoint's timeouts; this is only a backstop.
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
@@ -376,7 +377,7 @@ def _quiet(config: EndpointConfig, request: ChatRequest, timing: _Timing) -> Cha
     try:
         if adapter.instant():
             return io_loop.run_inline(adapter.complete(request, on_event=on_event))
-        _give_back_connection()
+        give_back_connection()
         future = io_loop.submit(adapter.complete(request, on_event=on_event))
         return future.result(timeout=config.total_timeout_s + config.connect_timeout_s + 5)
     except concurrent.futures.TimeoutError:

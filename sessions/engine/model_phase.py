@@ -179,7 +179,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     4. Assemble the request within the context budget; past the history's
        summary watermark, summarise its oldest third first (sessions/engine/summaries.py).
     5. Call the model (a cancel closes the stream); a call that waits on the
-       network gives the database connection back first (model_calls._stream).
+       network, or on the endpoint's rate limit, gives the database connection
+       back first (model_calls.give_back_connection).
     6. Commit: the assistant message (with any summary and note), the ModelCall
        rows, usage and cost, the archived marks, the new dialogue state, and
        either the tool-call intents (-> tool_wait) or the end of the turn.

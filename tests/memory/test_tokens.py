@@ -3,6 +3,8 @@
 import dataclasses
 import json
 
+import pytest
+
 from llm.types import ChatMessage, ChatRequest, ChatResponse, ToolCallRequest, ToolSpec
 from memory import tokens
 from memory.tokens import (
@@ -92,15 +94,21 @@ def test_a_longer_answer_never_estimates_fewer_tokens():
     assert counts == sorted(counts) and counts[0] == 0
 
 
-def test_the_same_request_is_counted_once_and_another_one_anew(monkeypatch):
-    counted: list[object] = []
+@pytest.fixture
+def counted(monkeypatch):
+    """The requests the estimate counted afresh (not answered from the thread's last)."""
+    requests: list[object] = []
     real = tokens._request_tokens
 
     def counting(request):
-        counted.append(request)
+        requests.append(request)
         return real(request)
 
     monkeypatch.setattr(tokens, "_request_tokens", counting)
+    return requests
+
+
+def test_the_same_request_is_counted_once_and_another_one_anew(counted):
     request = ChatRequest(messages=(ChatMessage(role="user", content="a" * 40),))
     assert estimate_request_tokens(request) == estimate_request_tokens(request) == 14
     assert counted == [request]
@@ -112,15 +120,7 @@ def test_the_same_request_is_counted_once_and_another_one_anew(monkeypatch):
     assert counted == [request, twin, other, request]
 
 
-def test_a_copy_with_other_limits_is_not_counted_again(monkeypatch):
-    counted: list[object] = []
-    real = tokens._request_tokens
-
-    def counting(request):
-        counted.append(request)
-        return real(request)
-
-    monkeypatch.setattr(tokens, "_request_tokens", counting)
+def test_a_copy_with_other_limits_is_not_counted_again(counted):
     request = ChatRequest(messages=(ChatMessage(role="user", content="a" * 40),))
     capped = dataclasses.replace(request, max_tokens=100)  # what the budget gate hands on
     assert estimate_request_tokens(request) == estimate_request_tokens(capped) == 14

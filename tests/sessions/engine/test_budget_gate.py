@@ -85,3 +85,24 @@ def test_near_a_limit_the_figures_are_read_again_and_see_other_sessions(budgeted
     read, queries = _queries(lambda: gate_read(budgeted, agent, keep))
     assert queries == 1
     assert _owner_day(read) == 1550  # everyone's spend: the next call will be refused
+
+
+def test_a_rate_limit_pause_does_not_hold_a_database_connection(make_session, monkeypatch):  # type: ignore[no-untyped-def]
+    from llm.types import ChatMessage, ChatRequest
+    from sessions.engine import budget_gate
+
+    session = make_session()
+    endpoint = session.agent.model
+    endpoint.rate_limit_calls_per_min = 1
+    waits = iter([0.01, None])  # one short pause (inline, not deferred), then the slot
+    monkeypatch.setattr(budget_gate, "rate_limit_take", lambda **_: next(waits))
+    held_while_sleeping: list[bool] = []
+    monkeypatch.setattr(
+        budget_gate.time,
+        "sleep",
+        lambda _s: held_while_sleeping.append(connection.connection is not None),
+    )
+    connection.ensure_connection()
+    request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))
+    budget_gate.model_rate_limit(session, endpoint, request)
+    assert held_while_sleeping == [False]
