@@ -536,7 +536,7 @@ def execute_batch(
             batch = _prepared_batch(raw_connection, literals, real)
             text = batch.text
         else:
-            text = _filled(raw_connection, literals, [sql for sql, _ in real], real)
+            text = _bound(raw_connection, real)
         try:
             # No parameters: psycopg sends the text as it is.
             cursor.execute(text)
