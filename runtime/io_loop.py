@@ -1,9 +1,10 @@
 """One asyncio loop per process, on its own thread, shared by every run.
 
-Celery runs the engine on worker threads. Model streams, HTTP tools and channel
-publishing are async; handing them to one long-lived loop lets many runs share
-one HTTP connection pool and one Redis connection, instead of each thread
-spinning up (and tearing down) a loop and sockets of its own.
+Celery runs the engine on worker threads. Model streams and HTTP tools are
+async; handing them to one long-lived loop lets many runs share one HTTP
+connection pool, instead of each thread spinning up (and tearing down) a loop
+and sockets of its own. (Frames are not published from here: any thread writes
+them itself, runtime/redis_publisher.py.)
 """
 
 import asyncio

@@ -6,19 +6,25 @@ which fills the gap from the database by `seq`.
 A frame is built once (by the step that commits it) and serialised to JSON once,
 on the committing thread: the group message carries its seq and its text, and
 every socket of the group forwards the text as is (500 watchers, one json.dumps).
+
+On the Redis Pub/Sub layer the committing thread writes the PUBLISH commands
+itself, to the process's one publishing connection (runtime/redis_publisher.py):
+no hop to the io loop and no reply to wait for.
 """
 
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 from uuid import UUID
 
 from channels.layers import get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
-from runtime import io_loop
+from runtime import io_loop, redis_publisher
 
 from .events import EventType
 
@@ -81,45 +87,56 @@ def frame_of(message: Mapping[str, Any]) -> Frame:
     return frame
 
 
-async def _publish_pipelined(layer: Any, group: str, messages: list[dict[str, Any]]) -> bool:
-    """All of a step's frames in one Redis round trip, on the Pub/Sub layer; False
-    (nothing sent) where the layer is another kind.
+@dataclass(frozen=True)
+class _Route:
+    """Where a group's frames go on the Pub/Sub layer: its channel names and hosts."""
 
-    `group_send` costs a round trip per frame (~70 µs of the loop's CPU each,
-    ~7 frames a tool iteration). The same PUBLISH commands, in order, under
-    the shard's own lock, so they stay in order with every other send.
-    """
-    if not isinstance(layer, RedisPubSubChannelLayer):
-        return False
-    try:
-        # channels_redis 4.2-4.3 internals: another release without them falls back to
-        # group_send (one round trip per frame) rather than losing frames.
-        loop_layer = layer._get_layer()
-        channel = loop_layer._get_group_channel_name(group)
-        shard = loop_layer._get_shard(channel)
-        shard._lock, shard._ensure_redis  # noqa: B018 - probe before anything is sent
-    except AttributeError:
-        return False
-    payloads = [layer.serialize(message) for message in messages]
-    async with shard._lock:
-        shard._ensure_redis()
-        async with shard._redis.pipeline(transaction=False) as pipe:
-            for payload in payloads:
-                pipe.publish(channel, payload)
-            await pipe.execute()
-    return True
+    layer: RedisPubSubChannelLayer
+    names: RedisPubSubLoopLayer  # only its pure functions: the group's channel, its shard
+    publishers: dict[int, redis_publisher.Publisher]  # by id() of the names' shard
+
+    def publish(self, group: str, messages: list[dict[str, Any]]) -> None:
+        channel = self.names._get_group_channel_name(group)
+        publisher = self.publishers[id(self.names._get_shard(channel))]
+        publisher.publish(channel.encode(), [self.layer.serialize(m) for m in messages])
 
 
-async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
+_routes: dict[int, tuple[Any, _Route | None]] = {}
+_routes_lock = threading.Lock()
+
+
+def _route(layer: Any) -> "_Route | None":
+    """The layer's route for direct publishing; None where the layer is another
+    kind, or a channels_redis release without the parts this relies on (those
+    publish through `group_send`, a round trip on the io loop per frame)."""
+    known = _routes.get(id(layer))
+    if known is not None and known[0] is layer:
+        return known[1]
+    route: _Route | None = None
+    if isinstance(layer, RedisPubSubChannelLayer):
+        try:
+            # channels_redis 4.2-4.3: a loop layer built here (no loop needed) names the
+            # group's channel and picks its shard exactly as the subscribers' does.
+            names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)
+            names._get_shard(names._get_group_channel_name("probe"))
+            publishers = {
+                id(shard): redis_publisher.Publisher(shard.host) for shard in names._shards
+            }
+            route = _Route(layer, names, publishers)
+        except (AttributeError, TypeError, ValueError):
+            logger.warning("publishing through group_send: unknown channels_redis layout")
+    with _routes_lock:
+        _routes[id(layer)] = (layer, route)
+    return route
+
+
+async def _group_send(session_id: str, messages: list[dict[str, Any]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        group = group_name(session_id)
-        if len(messages) > 1 and await _publish_pipelined(layer, group, messages):
-            return
         for message in messages:
-            await layer.group_send(group, message)
+            await layer.group_send(group_name(session_id), message)
     except Exception:  # noqa: BLE001 - a lost notification must never fail a run
         logger.warning(
             "publish failed for session %s (%d frames)", session_id, len(messages), exc_info=True
@@ -129,7 +146,7 @@ async def _send(session_id: str, messages: list[dict[str, Any]]) -> None:
 def publish(
     session_id: UUID | str, frames: list[Frame], data_texts: Sequence[str] | None = None
 ) -> None:
-    """Hand frames to the shared loop without waiting; order is kept per call.
+    """Send frames to the session's listeners without waiting; in order, from any thread.
 
     `data_texts`: each frame's payload as JSON text, if the caller has it (`frame_text`).
     """
@@ -145,7 +162,14 @@ def publish(
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return
-        io_loop.submit(_send(str(session_id), messages))
+        route = _route(get_channel_layer())
+        if route is None:
+            io_loop.submit(_group_send(str(session_id), messages))
+            return
+        try:
+            route.publish(group_name(session_id), messages)
+        except Exception:  # noqa: BLE001 - a lost notification must never fail a run
+            logger.warning("publish failed for session %s", session_id, exc_info=True)
 
 
 def publish_ephemeral(session_id: UUID | str, type_: EventType, data: Mapping[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """sessions/publisher.py: a step's frames reach the group's listeners in order,
-sent in one Redis round trip on the Pub/Sub layer."""
+written straight to Redis on the Pub/Sub layer (runtime/redis_publisher.py)."""
 
 import asyncio
 import json
@@ -11,6 +11,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubLoopLayer
 
+from runtime import io_loop
 from sessions import publisher
 from sessions.events import EventType
 
@@ -36,7 +37,9 @@ def _frame(session_id: str, seq: int) -> publisher.Frame:
     return publisher.make_frame(session_id, seq, EventType.PROGRESS, {"stage": f"s{seq}"})
 
 
-def test_a_steps_frames_arrive_in_order_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def group_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The groups `group_send` was called for (the io loop's path, one round trip a frame)."""
     sent: list[str] = []
     original = RedisPubSubLoopLayer.group_send
 
@@ -45,28 +48,64 @@ def test_a_steps_frames_arrive_in_order_in_one_round_trip(monkeypatch: pytest.Mo
         await original(self, group, message)
 
     monkeypatch.setattr(RedisPubSubLoopLayer, "group_send", group_send)
+    return sent
+
+
+@pytest.mark.parametrize("count", [6, 1])
+def test_frames_arrive_in_order_written_straight_to_redis(
+    group_sends: list[str], count: int
+) -> None:
     session_id = str(uuid.uuid4())
 
-    frames = _received(session_id, 6)
+    frames = _received(session_id, count)
 
-    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5, 6]
-    assert [f["data"]["stage"] for f in frames] == [f"s{n}" for n in range(1, 7)]
-    assert sent == []  # no group_send per frame: one pipeline
+    assert [f["seq"] for f in frames] == list(range(1, count + 1))
+    assert [f["data"]["stage"] for f in frames] == [f"s{n}" for n in range(1, count + 1)]
+    assert group_sends == []  # not through the channel layer's client on the io loop
 
 
-def test_a_single_frame_goes_by_group_send(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[str] = []
-    original = RedisPubSubLoopLayer.group_send
-
-    async def group_send(self: Any, group: str, message: dict[str, Any]) -> None:
-        sent.append(group)
-        await original(self, group, message)
-
-    monkeypatch.setattr(RedisPubSubLoopLayer, "group_send", group_send)
+def test_deltas_from_the_io_loop_stay_ahead_of_the_frames_a_thread_publishes_next() -> None:
+    """A model call's text deltas (published on the io loop) reach a listener before the
+    frames its step commits on the worker's thread."""
     session_id = str(uuid.uuid4())
 
-    assert [f["seq"] for f in _received(session_id, 1)] == [1]
-    assert sent == [publisher.group_name(session_id)]
+    async def stream() -> None:
+        for n in range(30):
+            publisher.publish_ephemeral(session_id, EventType.MESSAGE_DELTA, {"text": f"t{n}"})
+
+    async def listen() -> list[dict[str, Any]]:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(publisher.group_name(session_id), channel)
+        try:
+            await asyncio.wrap_future(io_loop.submit(stream()))
+            publisher.publish(session_id, [_frame(session_id, 1), _frame(session_id, 2)])
+            return [
+                dict(publisher.frame_of(await asyncio.wait_for(layer.receive(channel), 5)))
+                for _ in range(32)
+            ]
+        finally:
+            await layer.group_discard(publisher.group_name(session_id), channel)
+
+    frames = async_to_sync(listen)()
+
+    assert [f["data"].get("text") for f in frames[:30]] == [f"t{n}" for n in range(30)]
+    assert [f["seq"] for f in frames[30:]] == [1, 2]
+
+
+def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_send(
+    group_sends: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class OtherRelease:  # a loop layer that names channels some other way
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    monkeypatch.setattr(publisher, "RedisPubSubLoopLayer", OtherRelease)
+    monkeypatch.setattr(publisher, "_routes", {})
+    session_id = str(uuid.uuid4())
+
+    assert [f["seq"] for f in _received(session_id, 3)] == [1, 2, 3]
+    assert group_sends == [publisher.group_name(session_id)] * 3
 
 
 @pytest.mark.parametrize(
