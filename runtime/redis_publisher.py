@@ -134,13 +134,11 @@ class Publisher:
             connection.connect()
             connection.send_packed_command([_REPLY_OFF], check_health=False)
             with self._lock:
-                try:
-                    if self._pending:
-                        connection.send_packed_command(list(self._pending), check_health=False)
-                finally:
-                    self._pending.clear()
-                    self._pending_bytes = 0
-                    self._connecting = False
+                if self._pending:
+                    connection.send_packed_command(list(self._pending), check_health=False)
+                self._pending.clear()
+                self._pending_bytes = 0
+                self._connecting = False
                 self._connection = connection
         except Exception as error:  # noqa: BLE001 - a publisher must never take the process down
             connection.disconnect()

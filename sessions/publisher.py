@@ -112,22 +112,25 @@ def _route(layer: Any) -> "_Route | None":
     known = _routes.get(id(layer))
     if known is not None and known[0] is layer:
         return known[1]
-    route: _Route | None = None
-    if isinstance(layer, RedisPubSubChannelLayer):
-        try:
-            # channels_redis 4.2-4.3: a loop layer built here (no loop needed) names the
-            # group's channel and picks its shard exactly as the subscribers' does.
-            names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)
-            names._get_shard(names._get_group_channel_name("probe"))
-            publishers = {
-                id(shard): redis_publisher.Publisher(shard.host) for shard in names._shards
-            }
-            route = _Route(layer, names, publishers)
-        except (AttributeError, TypeError, ValueError):
-            logger.warning("publishing through group_send: unknown channels_redis layout")
-    with _routes_lock:
+    with _routes_lock:  # one route a layer: two would be two connections, out of order
+        known = _routes.get(id(layer))
+        if known is not None and known[0] is layer:
+            return known[1]
+        route: _Route | None = None
+        if isinstance(layer, RedisPubSubChannelLayer):
+            try:
+                # channels_redis 4.2-4.3: a loop layer built here (no loop needed) names the
+                # group's channel and picks its shard exactly as the subscribers' does.
+                names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)
+                names._get_shard(names._get_group_channel_name("probe"))
+                publishers = {
+                    id(shard): redis_publisher.Publisher(shard.host) for shard in names._shards
+                }
+                route = _Route(layer, names, publishers)
+            except (AttributeError, TypeError, ValueError):
+                logger.warning("publishing through group_send: unknown channels_redis layout")
         _routes[id(layer)] = (layer, route)
-    return route
+        return route
 
 
 async def _group_send(session_id: str, messages: list[dict[str, Any]]) -> None:

@@ -3,6 +3,8 @@ written straight to Redis on the Pub/Sub layer (runtime/redis_publisher.py)."""
 
 import asyncio
 import json
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -11,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubLoopLayer
 
-from runtime import io_loop
+from runtime import io_loop, redis_publisher
 from sessions import publisher
 from sessions.events import EventType
 
@@ -91,6 +93,34 @@ def test_deltas_from_the_io_loop_stay_ahead_of_the_frames_a_thread_publishes_nex
 
     assert [f["data"].get("text") for f in frames[:30]] == [f"t{n}" for n in range(30)]
     assert [f["seq"] for f in frames[30:]] == [1, 2]
+
+
+def test_threads_publishing_first_at_once_share_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two routes would be two connections, whose frames could overtake each other."""
+    monkeypatch.setattr(publisher, "_routes", {})
+
+    class SlowToMake(redis_publisher.Publisher):  # widens the window two makers would share
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.02)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(redis_publisher, "Publisher", SlowToMake)
+    layer = get_channel_layer()
+    start = threading.Barrier(8)
+    routes: list[Any] = []
+
+    def first_publish() -> None:
+        start.wait()
+        routes.append(publisher._route(layer))
+
+    threads = [threading.Thread(target=first_publish) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(routes) == 8 and routes[0] is not None
+    assert all(route is routes[0] for route in routes)
 
 
 def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_send(
