@@ -129,8 +129,9 @@ class Publisher:
            the publishers: no frame published meanwhile can overtake them.
         3. On failure, drop the waiting frames and refuse new ones for RETRY_S.
         """
-        connection = connection_for(self._host)
+        connection: ConnectionInterface | None = None
         try:
+            connection = connection_for(self._host)
             connection.connect()
             connection.send_packed_command([_REPLY_OFF], check_health=False)
             with self._lock:
@@ -141,7 +142,8 @@ class Publisher:
                 self._connecting = False
                 self._connection = connection
         except Exception as error:  # noqa: BLE001 - a publisher must never take the process down
-            connection.disconnect()
+            if connection is not None:
+                connection.disconnect()
             with self._lock:
                 self.dropped += self._pending_bytes
                 self._pending.clear()

@@ -123,12 +123,15 @@ def _route(layer: Any) -> "_Route | None":
                 # group's channel and picks its shard exactly as the subscribers' does.
                 names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)
                 names._get_shard(names._get_group_channel_name("probe"))
+                if any("master_name" in shard.host for shard in names._shards):
+                    # Sentinel: redis-py's asyncio client follows the master; ours does not.
+                    raise ValueError("a Sentinel host")
                 publishers = {
                     id(shard): redis_publisher.Publisher(shard.host) for shard in names._shards
                 }
                 route = _Route(layer, names, publishers)
-            except (AttributeError, TypeError, ValueError):
-                logger.warning("publishing through group_send: unknown channels_redis layout")
+            except (AttributeError, TypeError, ValueError) as error:
+                logger.warning("frames go through group_send: %s", error)
         _routes[id(layer)] = (layer, route)
         return route
 

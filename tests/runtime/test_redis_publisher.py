@@ -163,6 +163,22 @@ def test_an_unreachable_redis_drops_frames_without_raising_or_retrying_at_once(
     assert started == ["redis-publisher"]
 
 
+def test_a_host_redis_py_refuses_is_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option redis-py does not know fails the connecting thread, which must still
+    hand over: frames are dropped and the next publish after RETRY_S tries again."""
+    monkeypatch.setattr(redis_publisher, "RETRY_S", 0.05)
+    publisher = Publisher({"address": settings.REDIS_URL, "no_such_option": 1})
+
+    for attempt in (1, 2):
+        dropped = publisher.dropped
+        publisher.publish(b"nowhere", [b"frame %d" % attempt])
+        deadline = time.monotonic() + 5
+        while publisher.dropped == dropped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert publisher.dropped > dropped, f"attempt {attempt} never gave its frame up"
+        time.sleep(0.1)
+
+
 def test_a_forked_child_publishes_on_a_connection_of_its_own(
     listener: Listener, admin: redis.Redis
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from channels_redis.pubsub import RedisPubSubLoopLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
 from runtime import io_loop, redis_publisher
 from sessions import publisher
@@ -121,6 +121,16 @@ def test_threads_publishing_first_at_once_share_one_route(monkeypatch: pytest.Mo
 
     assert len(routes) == 8 and routes[0] is not None
     assert all(route is routes[0] for route in routes)
+
+
+def test_a_sentinel_layer_publishes_through_the_channel_layers_client() -> None:
+    """redis-py's asyncio client follows a Sentinel's master; the direct publisher does not."""
+    layer = RedisPubSubChannelLayer(
+        hosts=[{"master_name": "main", "sentinels": [("127.0.0.1", 26379)]}]
+    )
+
+    assert publisher._route(layer) is None
+    assert publisher._route(get_channel_layer()) is not None
 
 
 def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_send(
