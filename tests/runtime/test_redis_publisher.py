@@ -71,6 +71,24 @@ def _client_of(admin: redis.Redis, name: str) -> dict[str, Any] | None:
     return next((c for c in admin.client_list() if c.get("name") == name), None)
 
 
+@pytest.fixture
+def connected(listener: Listener) -> Iterator[tuple[str, Publisher]]:
+    """A publisher under a client name of its own whose first frame has arrived."""
+    name = f"pub-{uuid.uuid4().hex[:8]}"
+    publisher = _publisher(name)
+    publisher.publish(listener.channel, [b"first"])
+    assert listener.wait_for(1) == [b"first"]
+    yield name, publisher
+    publisher.close()
+
+
+def _wait_for_drops_beyond(publisher: Publisher, dropped: int) -> bool:
+    deadline = time.monotonic() + 5
+    while publisher.dropped == dropped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return publisher.dropped > dropped
+
+
 def test_frames_from_many_threads_arrive_whole_and_in_each_threads_order(
     listener: Listener,
 ) -> None:
@@ -116,12 +134,9 @@ def test_redis_sends_no_replies_to_read(listener: Listener, admin: redis.Redis) 
 
 
 def test_a_connection_redis_closed_is_replaced_before_the_next_frame(
-    listener: Listener, admin: redis.Redis
+    listener: Listener, admin: redis.Redis, connected: tuple[str, Publisher]
 ) -> None:
-    name = f"pub-{uuid.uuid4().hex[:8]}"
-    publisher = _publisher(name)
-    publisher.publish(listener.channel, [b"before"])
-    assert listener.wait_for(1) == [b"before"]
+    name, publisher = connected
     client = _client_of(admin, name)
     assert client is not None
 
@@ -129,10 +144,9 @@ def test_a_connection_redis_closed_is_replaced_before_the_next_frame(
     time.sleep(0.2)  # the close reaches the publisher's socket
     publisher.publish(listener.channel, [b"after", b"and more"])
 
-    assert listener.wait_for(3) == [b"before", b"after", b"and more"]
+    assert listener.wait_for(3) == [b"first", b"after", b"and more"]
     replacement = _client_of(admin, name)
     assert replacement is not None and replacement["id"] != client["id"]
-    publisher.close()
 
 
 def test_an_unreachable_redis_drops_frames_without_raising_or_retrying_at_once(
@@ -152,10 +166,7 @@ def test_an_unreachable_redis_drops_frames_without_raising_or_retrying_at_once(
     publisher = Publisher({"address": f"redis://127.0.0.1:{port}/0"})
 
     publisher.publish(b"nowhere", [b"first"])  # queued while a thread tries to connect
-    deadline = time.monotonic() + 5
-    while publisher.dropped == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert publisher.dropped > 0  # the failed connect gave the queued frame up
+    assert _wait_for_drops_beyond(publisher, 0)  # the failed connect gave the queued frame up
 
     dropped = publisher.dropped
     publisher.publish(b"nowhere", [b"second"])  # within RETRY_S: dropped, no new attempt
@@ -172,21 +183,15 @@ def test_a_host_redis_py_refuses_is_tried_again_later(monkeypatch: pytest.Monkey
     for attempt in (1, 2):
         dropped = publisher.dropped
         publisher.publish(b"nowhere", [b"frame %d" % attempt])
-        deadline = time.monotonic() + 5
-        while publisher.dropped == dropped and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert publisher.dropped > dropped, f"attempt {attempt} never gave its frame up"
+        assert _wait_for_drops_beyond(publisher, dropped), f"attempt {attempt} kept its frame"
         time.sleep(0.1)
 
 
 def test_a_forked_child_publishes_on_a_connection_of_its_own(
-    listener: Listener, admin: redis.Redis
+    listener: Listener, admin: redis.Redis, connected: tuple[str, Publisher]
 ) -> None:
     """Two processes writing to one socket would interleave their commands' bytes."""
-    name = f"pub-{uuid.uuid4().hex[:8]}"
-    publisher = _publisher(name)
-    publisher.publish(listener.channel, [b"parent 1"])
-    assert listener.wait_for(1) == [b"parent 1"]
+    name, publisher = connected
     published, checked = os.pipe(), os.pipe()
 
     pid = os.fork()
@@ -206,8 +211,7 @@ def test_a_forked_child_publishes_on_a_connection_of_its_own(
     finally:
         os.write(checked[1], b"1")
         os.waitpid(pid, 0)
-    publisher.publish(listener.channel, [b"parent 2"])  # the parent's connection is intact
+    publisher.publish(listener.channel, [b"parent again"])  # the parent's connection is intact
 
     assert len(connections) == 2
-    assert sorted(listener.wait_for(3)) == [b"child", b"parent 1", b"parent 2"]
-    publisher.close()
+    assert sorted(listener.wait_for(3)) == [b"child", b"first", b"parent again"]
