@@ -34,7 +34,7 @@ os.register_at_fork(after_in_child=_forked)
 def get_loop() -> asyncio.AbstractEventLoop:
     global _loop, _pid
     loop, pid = _loop, _pid
-    # Every publish asks for the loop: once it runs, no lock (a step asks ~5 times).
+    # Every tool batch and network model call asks for the loop: once it runs, no lock.
     if loop is not None and pid == _this_pid:
         return loop
     with _lock:
