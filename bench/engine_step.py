@@ -69,10 +69,11 @@ class Probe:
     patches: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def begin(self) -> None:
+        # The counter's bookkeeping (snapshot) stays outside the timed window.
+        self.sql_mark = self.counter.snapshot()
+        self.model = self.tool = self.commit_wall = self.commit_cpu = 0.0
         self.mark = time.perf_counter()
         self.cpu_mark = time.thread_time()
-        self.model = self.tool = self.commit_wall = self.commit_cpu = 0.0
-        self.sql_mark = self.counter.snapshot()
 
     def install(self) -> None:
         from llm.base import ModelAdapter
@@ -111,10 +112,11 @@ class Probe:
                 )
             if progressed:
                 # A call that found nothing to do belongs to the run's tail, not to a step.
-                probe.mark = now
-                probe.cpu_mark = cpu
+                # The next step is timed from here: the snapshot above is the bench's work.
                 probe.model = probe.tool = probe.commit_wall = probe.commit_cpu = 0.0
                 probe.sql_mark = sql
+                probe.mark = time.perf_counter()
+                probe.cpu_mark = time.thread_time()
             return progressed
 
         def step_commit(*args: Any, **kwargs: Any) -> Any:

@@ -35,7 +35,7 @@ channel-layer traffic to Redis.
 import re
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,26 +106,23 @@ _BATCH_SEPARATOR = re.compile(
 )
 
 
-def _statements(sql: str, params: Any, many: bool, cursor: Any) -> list[tuple[str, int]]:
+def _statements(
+    sql: str, count: int, many: bool, results: list[int], rowcount: int
+) -> list[tuple[str, int]]:
     """Each statement the execute ran, with the rows it affected.
 
-    psycopg keeps one result per statement of a multi-statement execute; the
+    psycopg keeps one result per statement of a multi-statement execute
+    (`results`: each one's row count, read when the execute returned); the
     DB-API `rowcount` is only the current (first unread or last) one's.
     """
+    rows = max(rowcount, 0)
     if many:
-        count = len(params) if isinstance(params, list | tuple) else 1
-        rows = max(getattr(cursor, "rowcount", -1) or 0, 0)
-        return [(sql, rows // max(count, 1))] * max(count, 1)
+        count = max(count, 1)
+        return [(sql, rows // count)] * count
     # `execute_batch` binds values into the text: split only where a statement starts.
     parts = [p for p in _BATCH_SEPARATOR.split(sql) if p.strip()] or [sql]
-    raw = getattr(cursor, "cursor", cursor)
-    results = getattr(raw, "_results", None) or []
     if len(results) == len(parts):
-        return [
-            (part, max(result.command_tuples or 0, 0))
-            for part, result in zip(parts, results, strict=True)
-        ]
-    rows = max(getattr(cursor, "rowcount", -1) or 0, 0)
+        return list(zip(parts, results, strict=True))
     return [(part, rows if i == len(parts) - 1 else 0) for i, part in enumerate(parts)]
 
 
@@ -198,6 +195,20 @@ def _table(sql: str, verb: str) -> str:
     return name.strip('"').split("(")[0].strip('"')
 
 
+@dataclass
+class _Execute:
+    """One execute as the wrapper saw it, classified later by `_drain`."""
+
+    bucket: str
+    sql: str
+    count: int
+    many: bool
+    results: list[int]
+    rowcount: int
+    elapsed: float
+    in_atomic: bool
+
+
 class SqlCounter:
     """Tallies per thread name class: 'engine' (the thread that runs steps), 'heartbeat', 'other'."""
 
@@ -205,6 +216,9 @@ class SqlCounter:
         self.engine_ident = (engine_thread or threading.current_thread()).ident
         self.lock = threading.Lock()
         self.tallies: dict[str, Tally] = defaultdict(Tally)
+        # deque.append and popleft are atomic: executes on any thread append
+        # without the lock.
+        self._pending: deque[_Execute] = deque()
         self._installed = False
         self.active = False
         self._original_commit: Callable[..., Any] | None = None
@@ -234,34 +248,53 @@ class SqlCounter:
         finally:
             elapsed = time.perf_counter() - started
             cursor = context.get("cursor")
+            raw = getattr(cursor, "cursor", cursor)
             conn = context.get("connection")
-            in_atomic = bool(getattr(conn, "in_atomic_block", False))
-            parts = _statements(sql, params, many, cursor)
-            with self.lock:
-                tally = self.tallies[self._bucket()]
-                tally.round_trips += 1
-                tally.db_seconds += elapsed
-                wrote = False
-                for sent, rows in parts:
-                    part = _behind_execute(sent)
-                    verb = part.lstrip().split(None, 1)[0].upper() if part.strip() else "?"
-                    tally.statements += 1
-                    tally.by_verb[verb] += 1
-                    if verb in ("PREPARE", "DEALLOCATE"):
-                        tally.prepares += 1
-                    elif verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
-                        wrote = True
-                        tally.writes += 1
-                        tally.rows_written += rows
-                        table = _table(part, verb)
-                        tally.rows_by_table[table] += rows
-                        tally.seconds_by_table[table] += elapsed / len(parts)
-                    elif verb in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
-                        tally.savepoints += 1
-                    else:
-                        tally.reads += 1
-                if wrote and not in_atomic:
-                    tally.autocommit_writes += 1
+            # Only what the cursor will not keep is read here; splitting and
+            # classifying the text waits for `snapshot`, outside the caller's
+            # timed window (a step's batch is ~7 KB of text).
+            self._pending.append(
+                _Execute(
+                    self._bucket(),
+                    sql,
+                    len(params) if many and isinstance(params, list | tuple) else 1,
+                    many,
+                    [max(r.command_tuples or 0, 0) for r in getattr(raw, "_results", None) or []],
+                    getattr(cursor, "rowcount", -1) or 0,
+                    elapsed,
+                    bool(getattr(conn, "in_atomic_block", False)),
+                )
+            )
+
+    def _drain(self) -> None:
+        """Fold the executes recorded since the last call into the tallies (under the lock)."""
+        while self._pending:
+            done = self._pending.popleft()
+            parts = _statements(done.sql, done.count, done.many, done.results, done.rowcount)
+            tally = self.tallies[done.bucket]
+            tally.round_trips += 1
+            tally.db_seconds += done.elapsed
+            wrote = False
+            for sent, rows in parts:
+                part = _behind_execute(sent)
+                verb = part.lstrip().split(None, 1)[0].upper() if part.strip() else "?"
+                tally.statements += 1
+                tally.by_verb[verb] += 1
+                if verb in ("PREPARE", "DEALLOCATE"):
+                    tally.prepares += 1
+                elif verb in WRITE_VERBS or (verb == "WITH" and _writes(part)):
+                    wrote = True
+                    tally.writes += 1
+                    tally.rows_written += rows
+                    table = _table(part, verb)
+                    tally.rows_by_table[table] += rows
+                    tally.seconds_by_table[table] += done.elapsed / len(parts)
+                elif verb in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
+                    tally.savepoints += 1
+                else:
+                    tally.reads += 1
+            if wrote and not done.in_atomic:
+                tally.autocommit_writes += 1
 
     # ------------------------------------------------------------------ install
     def _on_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -320,4 +353,5 @@ class SqlCounter:
 
     def snapshot(self, bucket: str = "engine") -> Tally:
         with self.lock:
+            self._drain()
             return self.tallies[bucket].copy()

@@ -31,3 +31,22 @@ def test_a_prepared_step_is_counted_as_its_writes_and_rows() -> None:
     assert tally.rows_by_table["agent_sessions_event"] == 2
     assert tally.rows_written == 6 and tally.commits == 2
     assert tally.prepares <= 3  # none if this connection ran such a step before
+
+
+def test_counting_happens_in_the_snapshot_not_in_the_execute() -> None:
+    """The wrapper only records an execute; splitting and classifying its text
+    waits for `snapshot`, so a benchmark that snapshots between its timed
+    windows does not time the counter's own work."""
+    from django.db import connection
+
+    counter = SqlCounter()
+    counter.install()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1;\nSELECT 2")
+        assert counter.tallies["engine"].statements == 0  # recorded, not yet counted
+        tally = counter.snapshot()
+    finally:
+        counter.uninstall()
+    assert tally.statements == 2 and tally.reads == 2 and tally.round_trips == 1
+    assert counter.snapshot().statements == 2  # counted once
