@@ -1,4 +1,5 @@
-"""agentplatform.asgi_http: the middleware chain runs synchronously, in one thread hop."""
+"""agentplatform.asgi_http: the middleware chain runs synchronously, in one thread hop,
+on a thread the request borrows."""
 
 import asyncio
 import json
@@ -9,6 +10,7 @@ import pytest
 from asgiref.sync import SyncToAsync
 from django.http import HttpRequest, HttpResponse
 
+from agentplatform import asgi_http
 from agentplatform.asgi import application, django_asgi_app
 from tests.factories import SessionFactory, api_key_for
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 async def _call(
-    path: str, key: str, method: str = "GET", body: bytes = b""
+    path: str, key: str, method: str = "GET", body: bytes = b"", app: Any = application
 ) -> tuple[int, dict[bytes, bytes], bytes]:
     scope = {
         "type": "http",
@@ -49,7 +51,7 @@ async def _call(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await application(scope, receive, send)
+    await app(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
     content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], dict(start["headers"]), content
@@ -116,3 +118,95 @@ def test_middlewares_and_view_run_in_one_hop_off_the_loop(settings, monkeypatch)
     assert len(_threads) == 4 and len(set(_threads)) == 1
     assert _threads[0] != loop_thread
     assert len(hops) == 1  # Django's async chain took one per middleware hook
+
+
+_seen: list[tuple[str, threading.Thread]] = []
+_barrier: list[threading.Barrier] = []
+
+
+def thread_note(get_response):  # type: ignore[no-untyped-def]
+    """A sync middleware noting its thread, and waiting at a barrier if one is set."""
+
+    def middleware(request: HttpRequest) -> HttpResponse:
+        _seen.append(("view", threading.current_thread()))
+        if _barrier:
+            _barrier[0].wait()
+        return get_response(request)
+
+    return middleware
+
+
+def _note_signal(**kwargs: Any) -> None:
+    _seen.append(("signal", threading.current_thread()))
+
+
+@pytest.fixture
+def noting(settings, monkeypatch):  # type: ignore[no-untyped-def]
+    """A handler with the noting middleware, a pool of its own, and the request
+    signals noting their thread too."""
+    from django.core.signals import request_finished, request_started
+
+    settings.MIDDLEWARE = ["tests.agentplatform.test_asgi_http.thread_note", *settings.MIDDLEWARE]
+    threads = asgi_http.RequestThreads()
+    monkeypatch.setattr(asgi_http, "request_threads", threads)
+    _seen.clear()
+    _barrier.clear()
+    request_started.connect(_note_signal)
+    request_finished.connect(_note_signal)
+    try:
+        yield type(django_asgi_app)(), threads
+    finally:
+        request_started.disconnect(_note_signal)
+        request_finished.disconnect(_note_signal)
+
+
+def test_requests_one_after_another_reuse_one_thread(noting):
+    """Each request's sync code (request_started, the chain, request_finished)
+    runs on one thread, and the next request finds that thread waiting: no
+    thread is started for it, and none to shut its pool down."""
+    handler, threads = noting
+
+    async def three() -> list[int]:
+        return [(await _call("/healthz", "", app=handler))[0] for _ in range(3)]
+
+    before = threading.active_count()
+    assert asyncio.run(three()) == [200, 200, 200]
+    assert threads.started == 1
+    assert len(_seen) == 9  # started, view, finished, three times
+    assert len({id(thread) for _, thread in _seen}) == 1
+    assert _seen[0][1].name.startswith("http-request")
+    assert threading.active_count() <= before + 1
+
+
+def test_requests_at_once_each_get_a_thread(noting):
+    """Two requests in flight together run on two threads (each waits at a
+    barrier the other must reach), and both threads are kept afterwards."""
+    handler, threads = noting
+    _barrier.append(threading.Barrier(2, timeout=10))
+
+    async def two() -> list[tuple[int, dict[bytes, bytes], bytes]]:
+        return list(await asyncio.gather(*[_call("/healthz", "", app=handler) for _ in range(2)]))
+
+    assert [status for status, _, _ in asyncio.run(two())] == [200, 200]
+    views = [thread for kind, thread in _seen if kind == "view"]
+    assert len(views) == 2 and views[0] is not views[1]
+    assert threads.started == 2
+    _barrier.clear()
+    asyncio.run(_call("/healthz", "", app=handler))
+    assert threads.started == 2  # a kept thread served it
+
+
+def test_an_executor_still_busy_is_not_lent_again():
+    """A request cancelled on the loop (its client went away) may leave its view
+    running on the thread: that executor is shut down, not lent to the next."""
+    threads = asgi_http.RequestThreads()
+    busy = threads.lend()
+    release = threading.Event()
+    running = busy.submit(release.wait, 10)
+    threads.give_back(busy)
+    other = threads.lend()
+    assert other is not busy and threads.started == 2
+    release.set()
+    assert running.result(timeout=10) is True
+    threads.give_back(other)
+    assert threads.lend() is other
