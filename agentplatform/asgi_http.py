@@ -67,7 +67,11 @@ class RequestThreads:
         self._lock = threading.Lock()
         self._idle: list[_OneThread] = []
         self.started = 0  # executors made (each starts its thread at its first call)
-        os.register_at_fork(after_in_child=self._forget)
+
+    @property
+    def idle(self) -> tuple[_OneThread, ...]:
+        """The executors waiting for a request, the next to be lent last."""
+        return tuple(self._idle)
 
     def lend(self) -> _OneThread:
         with self._lock:
@@ -89,14 +93,17 @@ class RequestThreads:
                 return
         executor.shutdown(wait=False)
 
-    def _forget(self) -> None:
-        # A forked child has none of the parent's threads: its executors would
-        # queue work for a thread that does not exist there.
+    def forget(self) -> None:
+        """Drop the idle executors: the next requests start threads of their own
+        (an executor's thread ends once nothing refers to the executor)."""
         self._lock = threading.Lock()
         self._idle = []
 
 
 request_threads = RequestThreads()
+# A forked child has none of the parent's threads: the executors it inherited
+# would queue work for a thread that does not exist there.
+os.register_at_fork(after_in_child=lambda: request_threads.forget())
 
 
 class SyncChainASGIHandler(ASGIHandler):

@@ -168,9 +168,13 @@ def _profiled_run(self: threading.Thread) -> None:
 def _profile_threads(on: bool, path: str = "") -> None:
     """cProfile every thread (on the thread's CPU clock): the loop's and the ones it starts.
 
-    Threads already running (the enqueue's sender, a pool's) are not seen;
-    Django starts a thread per request, so the view's work is."""
+    Threads already running (the enqueue's sender, a pool's) are not seen. The
+    requests' threads are kept between requests (agentplatform/asgi_http.py):
+    the kept ones are dropped first, so the profiled requests start theirs."""
     if on:
+        from agentplatform.asgi_http import request_threads
+
+        request_threads.forget()
         _profiles.clear()
         main = cProfile.Profile(time.thread_time)
         _profiles.append(main)

@@ -210,3 +210,20 @@ def test_an_executor_still_busy_is_not_lent_again():
     assert running.result(timeout=10) is True
     threads.give_back(other)
     assert threads.lend() is other
+
+
+def test_a_forked_child_forgets_the_kept_threads():
+    """The child of a fork has none of its parent's threads: an executor it
+    inherited would queue a request's work for a thread that is not there."""
+    import os
+
+    threads = asgi_http.request_threads
+    kept = threads.lend()
+    kept.submit(lambda: None).result(timeout=10)
+    threads.give_back(kept)
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code only
+        os._exit(0 if kept not in asgi_http.request_threads.idle else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert kept in threads.idle  # the parent keeps it
