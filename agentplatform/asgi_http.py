@@ -96,14 +96,19 @@ class RequestThreads:
     def forget(self) -> None:
         """Drop the idle executors: the next requests start threads of their own
         (an executor's thread ends once nothing refers to the executor)."""
+        with self._lock:
+            self._idle = []
+
+    def after_fork(self) -> None:
+        # A forked child has none of the parent's threads: the executors it
+        # inherited would queue work for a thread that is not there, and the
+        # lock may have been held by one of them.
         self._lock = threading.Lock()
         self._idle = []
 
 
 request_threads = RequestThreads()
-# A forked child has none of the parent's threads: the executors it inherited
-# would queue work for a thread that does not exist there.
-os.register_at_fork(after_in_child=lambda: request_threads.forget())
+os.register_at_fork(after_in_child=lambda: request_threads.after_fork())
 
 
 class SyncChainASGIHandler(ASGIHandler):
