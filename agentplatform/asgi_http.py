@@ -66,18 +66,11 @@ class RequestThreads:
         self.keep = keep
         self._lock = threading.Lock()
         self._idle: list[_OneThread] = []
-        self.started = 0  # executors made (each starts its thread at its first call)
-
-    @property
-    def idle(self) -> tuple[_OneThread, ...]:
-        """The executors waiting for a request, the next to be lent last."""
-        return tuple(self._idle)
 
     def lend(self) -> _OneThread:
         with self._lock:
             if self._idle:
                 return self._idle.pop()  # the one used last: its caches are warm
-            self.started += 1
         return _OneThread()
 
     def give_back(self, executor: _OneThread) -> None:
