@@ -412,7 +412,8 @@ def tool_usage_statement(
         return None
     values = ", ".join(["(%s::varchar, %s::bigint, %s::bigint, %s::bigint)"] * len(totals))
     params: list[Any] = [owner_id, _tz()]
-    for tool, (calls, failures, ms) in totals.items():
+    # In the rows' key order: concurrent steps lock the rows they share in one order.
+    for tool, (calls, failures, ms) in sorted(totals.items()):
         params += [tool, calls, failures, ms]
     where = f" WHERE {guard}" if guard else ""
     return (

@@ -380,9 +380,6 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
-    # Usage rollups and credit settlements ride in the same transaction.
-    writes += step_metering(session, step.model_calls, step.updated_tool_calls, GUARD)
-
     # The move first, then what it brought: a turn's stream opens with
     # state.changed and closes with turn.finished.
     ordered = state_events + [
@@ -438,6 +435,11 @@ def step_commit(step: Step) -> Committed:
         writes.append(
             insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=GUARD, now=NOW)
         )
+    # Usage rollups and credit settlements ride in the same transaction, last: their
+    # rows (the owner's day, agent and tools; the credit account) are shared by every
+    # session of the owner, and a row lock is held until the commit, so each step
+    # holds them only for its commit, not while the rest of the batch runs.
+    writes += step_metering(session, step.model_calls, step.updated_tool_calls, GUARD)
     if step.then_read is not None:
         writes.append(step.then_read)  # last: its rows are the batch's last result
 

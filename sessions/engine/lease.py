@@ -110,18 +110,40 @@ def lease_drop(*, session_id: UUID | str, owner: str, after_s: float = 0.0) -> N
         )
 
 
-def leases_renew(held: list[tuple[str, str]], seconds: float) -> int:
-    """Renew many leases in one statement; a lease someone else took is left alone."""
+def leases_renew(
+    held: list[tuple[str, str]], seconds: float, *, due_within: float | None = None
+) -> int:
+    """Renew many leases in one statement; a lease someone else took is left alone.
+
+    `due_within`: renew only leases ending within that many seconds (default:
+    `seconds`, every one). A row another transaction holds locked is skipped,
+    not waited for: it is almost always this process's own step commit, which
+    renews the lease itself (its session UPDATE sets `lease_expires_at`). Waiting
+    instead held the rows already renewed locked until the slowest step
+    committed, and each step commit of those sessions queued behind the
+    heartbeat: under a burst of turns the worker's commits ran in a convoy.
+    """
     if not held:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""UPDATE {_TABLE} AS s
+            f"""WITH due AS (
+                    SELECT s.id FROM {_TABLE} AS s
+                      JOIN unnest(%s::uuid[], %s::text[]) AS h(id, owner)
+                        ON s.id = h.id AND s.lease_owner = h.owner
+                     WHERE s.lease_expires_at < now() + make_interval(secs => %s)
+                     ORDER BY s.id
+                       FOR NO KEY UPDATE OF s SKIP LOCKED)
+                UPDATE {_TABLE} AS s
                    SET lease_expires_at = now() + make_interval(secs => %s)
-                  FROM unnest(%s::uuid[], %s::text[]) AS h(id, owner)
-                 WHERE s.id = h.id AND s.lease_owner = h.owner""",  # nosec B608
-            [seconds, [sid for sid, _ in held], [owner for _, owner in held]],
+                  FROM due WHERE s.id = due.id""",  # nosec B608
+            [
+                [sid for sid, _ in held],
+                [owner for _, owner in held],
+                seconds if due_within is None else due_within,
+                seconds,
+            ],
         )
         return cursor.rowcount
 
@@ -160,7 +182,9 @@ class Heartbeat:
             if not held:
                 continue
             try:
-                leases_renew(held, lease)
+                # A lease a step commit renewed since the last beat waits for the next:
+                # none has less than half its length left (less a late beat's delay).
+                leases_renew(held, lease, due_within=lease - interval)
             except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
                 logger.warning("lease heartbeat failed", exc_info=True)
             finally:

@@ -461,3 +461,14 @@ def test_a_charge_keeps_working_after_the_tables_it_writes_change():
     charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:after", 6))
     assert CreditAccount.objects.get(owner=user).balance == 90
     assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 10
+
+
+def test_a_steps_tool_rollups_lock_their_rows_in_key_order():
+    """Two steps sharing tools upsert them in one order, so neither waits on the other's
+    second row while holding its first (a deadlock)."""
+    runs = [ToolRun("zeta", False, 5), ToolRun("alpha", True, 7), ToolRun("zeta", True, 1)]
+    statement = tool_usage_statement(owner_id=1, runs=runs)
+    assert statement is not None
+    _, params = statement
+    assert [p for p in params if p in ("alpha", "zeta")] == ["alpha", "zeta"]
+    assert params[2:] == ["alpha", 1, 1, 7, "zeta", 2, 1, 6]

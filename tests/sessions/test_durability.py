@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from approvals.models import Approval
@@ -669,6 +670,57 @@ def test_leases_renew_moves_only_leases_still_held_by_their_owner(make_session):
     assert renewed == 1
     assert _expiry(mine) > timezone.now() + timedelta(seconds=25)
     assert _expiry(taken) == before_taken
+
+
+def test_leases_renew_skips_a_row_locked_by_a_step_in_flight_instead_of_waiting(make_session):
+    """A session row another transaction holds (a step commit in flight) is skipped:
+    the heartbeat neither waits for it nor holds the other rows locked meanwhile."""
+    busy, free = make_session(state="processing"), make_session(state="processing")
+    for session in (busy, free):
+        assert lease_acquire(session_id=session.pk, owner="me", seconds=2)
+    before_busy = _expiry(busy)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                Session.objects.filter(pk=busy.pk).update(step=F("step") + 1)
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # waiting would fail, not hang
+        try:
+            renewed = leases_renew([(str(busy.pk), "me"), (str(free.pk), "me")], 30)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+    finally:
+        release.set()
+        holder.join(10)
+
+    assert renewed == 1
+    assert _expiry(free) > timezone.now() + timedelta(seconds=25)
+    assert _expiry(busy) == before_busy
+
+
+def test_leases_renew_leaves_a_lease_with_time_to_spare_for_the_next_beat(make_session):
+    recent, due = make_session(state="processing"), make_session(state="processing")
+    assert lease_acquire(session_id=recent.pk, owner="me", seconds=20)
+    assert lease_acquire(session_id=due.pk, owner="me", seconds=2)
+    before_recent = _expiry(recent)
+
+    renewed = leases_renew([(str(recent.pk), "me"), (str(due.pk), "me")], 30, due_within=10)
+
+    assert renewed == 1
+    assert _expiry(recent) == before_recent  # 20 s left: more than 10
+    assert _expiry(due) > timezone.now() + timedelta(seconds=25)
 
 
 def test_the_heartbeat_renews_held_leases_until_released(make_session, settings):

@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from billing.models import UsageDaily
 from sessions import publisher
 from sessions.engine import commit as commit_module
 from sessions.engine.commit import Committed, StaleSession, Step, step_commit
 from sessions.events import EventSpec, EventType, StopReason
-from sessions.models import Checkpoint, Event, Message, Session, Transition
+from sessions.models import Checkpoint, Event, Message, ModelCall, Session, Transition
 from sessions.states import TRANSITIONS, IllegalTransition, State, Trigger
 
 ALLOWED = sorted(TRANSITIONS.items())
@@ -267,3 +269,42 @@ def test_each_event_payload_is_dumped_once_for_its_row_and_its_frame(make_sessio
     assert [publisher.frame_text(f, t) for f, t in zip(frames, texts, strict=True)] == [
         json.dumps(f) for f in frames
     ]
+
+
+@pytest.mark.django_db
+def test_the_owners_shared_rows_come_last_in_the_batch_so_a_step_holds_them_only_to_commit(
+    make_session, settings
+):
+    """The rollups (and credit rows) are shared by every session of the owner: a row
+    lock lasts until the commit, so they are written after the step's own rows."""
+    settings.DB_PREPARED_STATEMENTS = False  # the batch as its statements' text
+    session = make_session(state=State.PROCESSING.value)
+    call = ModelCall(
+        turn=session.turn,
+        endpoint_name="primary",
+        api="openai",
+        input_tokens=10,
+        output_tokens=5,
+        outcome="success",
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        step_commit(
+            Step(
+                session=session,
+                trigger=Trigger.ANSWER,
+                messages=[Message(role="assistant", content="done")],
+                model_calls=[call],
+                checkpoint={"phase": "answer"},
+            )
+        )
+
+    [batch] = [q["sql"] for q in queries.captured_queries if UsageDaily._meta.db_table in q["sql"]]
+    statements = batch.split(";\n")
+    shared = [i for i, sql in enumerate(statements) if '"billing_' in sql or " billing_" in sql]
+    assert shared and shared == list(range(shared[0], len(statements)))
+    own = statements[: shared[0]]
+    for table in (Session, Message, ModelCall, Event, Transition, Checkpoint):
+        assert any(table._meta.db_table in sql for sql in own), table
+    rollup = UsageDaily.objects.get(owner_id=session.owner_id, agent_id=session.agent_id)
+    assert (rollup.input_tokens, rollup.output_tokens, rollup.model_calls) == (10, 5, 1)
