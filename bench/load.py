@@ -49,7 +49,7 @@ from . import fixtures
 from .environment import DATA
 from .procs import Processes, free_port, procfile
 from .results_model import Result, figure
-from .runs import MachineLoad, database_server_pid, tree_cpu_s
+from .runs import DatabaseWaits, MachineLoad, database_server_pid, tree_cpu_s
 from .stats import percentile, summary
 
 AGENT = "bench-load"
@@ -275,8 +275,11 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         marks[phase]["wall"] = time.time()
 
     load = MachineLoad()
+    waits = DatabaseWaits(os.environ["DATABASE_URL"])
     load.start()
+    waits.start()
     data = _client(base, key, ids, "run", on_phase=mark)
+    database_waits = waits.stop()
     machine = load.stop()
     cpu = {name: round(tree_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
     # CPU per phase: the posts (first POST -> last 202), then the turns.
@@ -356,6 +359,22 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
                 "s",
             ),
         ]
+    if database_waits["samples"] and not database_waits["error"]:
+        # What the database's active backends were doing: on a CPU, or waiting for
+        # another transaction's row lock or for the WAL (README: the burst's lock waits).
+        result.figures += [
+            figure(
+                f"database_{name}_pct",
+                f"database backends at work in the burst: {label}, % of samples",
+                database_waits[f"{name}_pct"],
+                "%",
+            )
+            for name, label in (
+                ("running", "on a CPU (or waiting for one)"),
+                ("row_lock", "waiting for a row lock"),
+                ("wal", "waiting for the WAL (commit flushes)"),
+            )
+        ]
     for name, values in phases.items():
         result.figures.append(
             figure(
@@ -376,6 +395,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
         "model_calls": len(calls),
         "process_cpu_s": cpu,
         "process_cpu_s_by_phase": phase_cpu,
+        "database_waits": database_waits,
         "procfile": {name: line for name, line in procfile().items() if name in ("web", "worker")},
         **machine,
     }

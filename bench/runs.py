@@ -104,6 +104,77 @@ class MachineLoad:
         }
 
 
+# pg_stat_activity's wait events that are the WAL: a commit's flush, or a backend
+# waiting for another's.
+WAL_WAITS = frozenset({"LWLock/WALWrite", "LWLock/WALInsert", "IO/WalSync", "IO/WalWrite"})
+
+
+class DatabaseWaits:
+    """What the active backends of one database do, sampled from `pg_stat_activity`
+    every `interval` seconds between start() and stop() on a connection of its own.
+
+    A backend with no wait event is on a CPU or waiting for one (`running`); else
+    `type/event`: `Lock/transactionid` is a row lock held by another transaction,
+    `IO/WalSync` a commit's flush (PostgreSQL's wait event names).
+    """
+
+    def __init__(self, url: str, interval: float = 0.05) -> None:
+        self._url = url
+        self._interval = interval
+        self._counts: dict[str, int] = {}
+        self._samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._sample, name="db-waits", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self._url, autocommit=True) as conn:
+                while not self._stop.is_set():
+                    rows = conn.execute(
+                        "SELECT wait_event_type, wait_event FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND state = 'active' "
+                        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                    ).fetchall()
+                    self._samples += 1
+                    for kind, event in rows:
+                        key = "running" if kind is None else f"{kind}/{event}"
+                        self._counts[key] = self._counts.get(key, 0) + 1
+                    self._stop.wait(self._interval)
+        except Exception as error:  # noqa: BLE001 - the figures say it is missing
+            self.error = f"{type(error).__name__}: {error}"
+
+    def stop(self) -> dict[str, Any]:
+        """Samples taken, active backends per sample, and each state's share (%) of them."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        seen = sum(self._counts.values())
+
+        def share(keys: Any) -> float:
+            return (
+                round(100.0 * sum(self._counts.get(k, 0) for k in keys) / seen, 1) if seen else 0.0
+            )
+
+        return {
+            "samples": self._samples,
+            "active_backends_mean": round(seen / self._samples, 2) if self._samples else 0.0,
+            "running_pct": share(["running"]),
+            "row_lock_pct": share([k for k in self._counts if k.startswith("Lock/")]),
+            "wal_pct": share(WAL_WAITS),
+            "shares_pct": {
+                key: share([key]) for key in sorted(self._counts, key=lambda k: -self._counts[k])
+            },
+            "error": self.error,
+        }
+
+
 @dataclass
 class Sample:
     t: float

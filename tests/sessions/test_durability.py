@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
 from django.utils import timezone
 
 from approvals.models import Approval
@@ -52,6 +51,7 @@ from sessions.services import (
 from tests.factories import AgentFactory, ToolFactory, UserFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
+from tests.row_locks import session_row_locked
 from tests.tools.http_server import Answer, ScriptedApi
 from tools.models import Tool
 from tools.registry import tool_handler
@@ -679,21 +679,8 @@ def test_leases_renew_skips_a_row_locked_by_a_step_in_flight_instead_of_waiting(
     for session in (busy, free):
         assert lease_acquire(session_id=session.pk, owner="me", seconds=2)
     before_busy = _expiry(busy)
-    locked, release = threading.Event(), threading.Event()
 
-    def hold_row() -> None:
-        try:
-            with transaction.atomic():
-                Session.objects.filter(pk=busy.pk).update(step=F("step") + 1)
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_row)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with session_row_locked(busy.pk):
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")  # waiting would fail, not hang
         try:
@@ -701,9 +688,6 @@ def test_leases_renew_skips_a_row_locked_by_a_step_in_flight_instead_of_waiting(
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("RESET lock_timeout")
-    finally:
-        release.set()
-        holder.join(10)
 
     assert renewed == 1
     assert _expiry(free) > timezone.now() + timedelta(seconds=25)
