@@ -94,6 +94,7 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
         sql, params = usage_statement(  # type: ignore[misc]
             owner_id=session.owner_id,
             agent_id=agent.pk,
+            session_id=session.pk,
             input_tokens=120,
             output_tokens=40,
             cost=Decimal("0.0012"),

@@ -154,7 +154,12 @@ class CreditReservation(models.Model):
 
 
 class UsageDaily(models.Model):
-    """Per owner, agent and day (BILLING_TIME_ZONE): what the agent spent for the owner."""
+    """Per owner, agent and day (BILLING_TIME_ZONE): what the agent spent for the owner.
+
+    Striped over up to 8 rows by session (`shard`: `billing_rollup_shard(session_id)`,
+    migration 0008), and every reader sums them: every step of every session upserts
+    its row, and a row lock lasts until the commit, so with one row the owner's
+    concurrent steps committed one after another, each with a WAL flush of its own."""
 
     # No index of its own: usage_daily_key leads with it.
     owner = models.ForeignKey(
@@ -168,10 +173,13 @@ class UsageDaily(models.Model):
     model_calls = models.BigIntegerField(default=0)
     tool_calls = models.BigIntegerField(default=0)
     credits_spent = models.BigIntegerField(default=0)
+    shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["owner", "agent", "day"], name="usage_daily_key")
+            models.UniqueConstraint(
+                fields=["owner", "agent", "day", "shard"], name="usage_daily_key"
+            )
         ]
         indexes = [
             models.Index(fields=["day", "owner"], name="usage_daily_day_owner"),
@@ -183,7 +191,7 @@ class UsageDaily(models.Model):
 
 
 class ToolUsageDaily(models.Model):
-    """Per tool, owner and day: calls, failures, time and points."""
+    """Per tool, owner and day: calls, failures, time and points (striped like UsageDaily)."""
 
     tool = models.CharField(max_length=100)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -192,10 +200,13 @@ class ToolUsageDaily(models.Model):
     failures = models.BigIntegerField(default=0)
     total_ms = models.BigIntegerField(default=0)
     credits_spent = models.BigIntegerField(default=0)
+    shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tool", "owner", "day"], name="tool_usage_daily_key")
+            models.UniqueConstraint(
+                fields=["tool", "owner", "day", "shard"], name="tool_usage_daily_key"
+            )
         ]
         indexes = [models.Index(fields=["day", "tool"], name="tool_usage_daily_day_tool")]
 

@@ -1,7 +1,8 @@
 """Cost rankings per user, agent, session or day over a period: named reads for the admin.
 
-Users, agents and days come from the daily rollups (UsageDaily: one row per owner, agent
-and day), so a ranking costs the same however many calls the period saw. Sessions carry
+Users, agents and days come from the daily rollups (UsageDaily: per owner, agent and day,
+at most 8 rows, one per session shard, summed here), so a ranking costs the same however
+many calls the period saw. Sessions carry
 their own running totals; a session ranks in the period it was created in.
 """
 

@@ -44,6 +44,8 @@ _TOOL_USAGE = ToolUsageDaily._meta.db_table
 
 # The owner's day, on the database clock: the same for every process.
 _TODAY = "(now() AT TIME ZONE %s)::date"
+# The rollup row a session writes (billing/models.py UsageDaily; migration 0008).
+_SHARD = "billing_rollup_shard(%s::uuid)"
 _SPENT_TODAY = f"(CASE WHEN spent_day = {_TODAY} THEN spent_today ELSE 0 END)"
 
 
@@ -304,19 +306,22 @@ def credits_close_statement(
         sql += f""",
     u AS (
         INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
-                              model_calls, tool_calls, credits_spent)
-        SELECT a.owner_id, r.agent_id, {_TODAY}, 0, 0, 0, 0, 0, sum(r.points)
+                              model_calls, tool_calls, credits_spent, shard)
+        SELECT a.owner_id, r.agent_id, {_TODAY}, 0, 0, 0, 0, 0, sum(r.points),
+               billing_rollup_shard(r.session_id)
           FROM r JOIN a ON a.id = r.account_id WHERE r.agent_id IS NOT NULL
-         GROUP BY a.owner_id, r.agent_id
-        ON CONFLICT (owner_id, agent_id, day) DO UPDATE
+         GROUP BY a.owner_id, r.agent_id, billing_rollup_shard(r.session_id)
+        ON CONFLICT (owner_id, agent_id, day, shard) DO UPDATE
            SET credits_spent = {_USAGE}.credits_spent + EXCLUDED.credits_spent
      RETURNING 1),
     v AS (
-        INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms, credits_spent)
-        SELECT r.tool, a.owner_id, {_TODAY}, 0, 0, 0, sum(r.points)
+        INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms,
+                                   credits_spent, shard)
+        SELECT r.tool, a.owner_id, {_TODAY}, 0, 0, 0, sum(r.points),
+               billing_rollup_shard(r.session_id)
           FROM r JOIN a ON a.id = r.account_id
-         GROUP BY r.tool, a.owner_id
-        ON CONFLICT (tool, owner_id, day) DO UPDATE
+         GROUP BY r.tool, a.owner_id, billing_rollup_shard(r.session_id)
+        ON CONFLICT (tool, owner_id, day, shard) DO UPDATE
            SET credits_spent = {_TOOL_USAGE}.credits_spent + EXCLUDED.credits_spent
      RETURNING 1)"""  # nosec B608
         params += [tz, tz]
@@ -372,6 +377,7 @@ def usage_statement(
     *,
     owner_id: int,
     agent_id: int,
+    session_id: UUID | str | None,
     input_tokens: int = 0,
     output_tokens: int = 0,
     cost: Decimal = Decimal(0),
@@ -379,29 +385,41 @@ def usage_statement(
     tool_calls: int = 0,
     guard: str = "",
 ) -> Statement | None:
-    """Add to the owner's, agent's and day's rollup (an upsert: no lost update under concurrency)."""
+    """Add to the owner's, agent's and day's rollup, in the session's shard (an upsert: no
+    lost update under concurrency)."""
     if not (model_calls or tool_calls or input_tokens or output_tokens or cost):
         return None
     where = f" WHERE {guard}" if guard else ""
     return (
         # SQL names from model metadata (constants); every value is a bound parameter.
         f"""INSERT INTO {_USAGE} (owner_id, agent_id, day, input_tokens, output_tokens, cost,
-                                  model_calls, tool_calls, credits_spent)
-            SELECT %s, %s, {_TODAY}, %s, %s, %s, %s, %s, 0{where}
-            ON CONFLICT (owner_id, agent_id, day) DO UPDATE SET
+                                  model_calls, tool_calls, credits_spent, shard)
+            SELECT %s, %s, {_TODAY}, %s, %s, %s, %s, %s, 0, {_SHARD}{where}
+            ON CONFLICT (owner_id, agent_id, day, shard) DO UPDATE SET
                 input_tokens = {_USAGE}.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = {_USAGE}.output_tokens + EXCLUDED.output_tokens,
                 cost = {_USAGE}.cost + EXCLUDED.cost,
                 model_calls = {_USAGE}.model_calls + EXCLUDED.model_calls,
                 tool_calls = {_USAGE}.tool_calls + EXCLUDED.tool_calls""",  # nosec B608
-        [owner_id, agent_id, _tz(), input_tokens, output_tokens, cost, model_calls, tool_calls],
+        [
+            owner_id,
+            agent_id,
+            _tz(),
+            input_tokens,
+            output_tokens,
+            cost,
+            model_calls,
+            tool_calls,
+            session_id,
+        ],
     )
 
 
 def tool_usage_statement(
-    *, owner_id: int, runs: Iterable[ToolRun], guard: str = ""
+    *, owner_id: int, session_id: UUID | str | None, runs: Iterable[ToolRun], guard: str = ""
 ) -> Statement | None:
-    """Add calls, failures and time per tool to the owner's day (one multi-row upsert)."""
+    """Add calls, failures and time per tool to the owner's day, in the session's shard
+    (one multi-row upsert)."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for run in runs:
         row = totals[run.tool[:100]]
@@ -411,17 +429,18 @@ def tool_usage_statement(
     if not totals:
         return None
     values = ", ".join(["(%s::varchar, %s::bigint, %s::bigint, %s::bigint)"] * len(totals))
-    params: list[Any] = [owner_id, _tz()]
+    params: list[Any] = [owner_id, _tz(), session_id]
     # In the rows' key order: concurrent steps lock the rows they share in one order.
     for tool, (calls, failures, ms) in sorted(totals.items()):
         params += [tool, calls, failures, ms]
     where = f" WHERE {guard}" if guard else ""
     return (
         # SQL names from model metadata (constants); every value is a bound parameter.
-        f"""INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms, credits_spent)
-            SELECT v.tool, %s, {_TODAY}, v.calls, v.failures, v.ms, 0
+        f"""INSERT INTO {_TOOL_USAGE} (tool, owner_id, day, calls, failures, total_ms,
+                                       credits_spent, shard)
+            SELECT v.tool, %s, {_TODAY}, v.calls, v.failures, v.ms, 0, {_SHARD}
               FROM (VALUES {values}) AS v(tool, calls, failures, ms){where}
-            ON CONFLICT (tool, owner_id, day) DO UPDATE SET
+            ON CONFLICT (tool, owner_id, day, shard) DO UPDATE SET
                 calls = {_TOOL_USAGE}.calls + EXCLUDED.calls,
                 failures = {_TOOL_USAGE}.failures + EXCLUDED.failures,
                 total_ms = {_TOOL_USAGE}.total_ms + EXCLUDED.total_ms""",  # nosec B608

@@ -182,6 +182,7 @@ def step_metering(
         writes.append(
             tool_usage_statement(
                 owner_id=session.owner_id,
+                session_id=session.pk,
                 runs=[
                     ToolRun(c.tool_name, c.status != ToolCallStatus.SUCCESS, c.elapsed_ms or 0)
                     for c in ran
@@ -263,6 +264,7 @@ def rollup_and_charges(
     return usage_statement(
         owner_id=session.owner_id,
         agent_id=session.agent_id,
+        session_id=session.pk,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         cost=usage.cost,

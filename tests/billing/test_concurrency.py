@@ -8,19 +8,23 @@ sweeper would.
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models import Sum
 from django.test import override_settings
 
-from billing.models import CreditAccount, CreditLedger, CreditReservation, UsageDaily
-from billing.services import credits_grant
+from billing.models import CreditAccount, CreditLedger, CreditReservation
+from billing.services import credits_grant, usage_statement
 from sessions.engine import runner
 from sessions.models import Session, ToolCall
 from sessions.services import message_post
 from tests.billing.conftest import call_then_answer
-from tests.factories import SessionFactory, UserFactory
+from tests.factories import AgentFactory, SessionFactory, UserFactory
+from tests.row_locks import held_in_transaction
+
+from .rollups import sessions_in_shards, usage_totals
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,5 +73,33 @@ def test_fifty_runs_against_a_hundred_points_make_exactly_ten_effects(
     assert calls.filter(status="success").count() == 10
     assert calls.filter(status="rejected", output__code="insufficient_credits").count() == RUNS - 10
     assert not CreditReservation.objects.filter(status__in=["reserved", "waiting"]).exists()
-    usage = UsageDaily.objects.get(owner=owner, agent=agent)
+    usage = usage_totals(owner=owner, agent=agent)
     assert (usage.tool_calls, usage.credits_spent, usage.model_calls) == (10, 100, 2 * RUNS)
+
+
+def test_an_owners_sessions_in_other_shards_do_not_wait_for_a_rollup_row_in_flight():
+    """A step holds its session's rollup row until it commits; another session of the
+    owner waits for it only if the two share a shard."""
+    user, agent = UserFactory(), AgentFactory()
+    holder, same_shard, other_shard = sessions_in_shards("A", "A", "B")
+
+    def upsert(session_id: Any) -> None:
+        statement = usage_statement(
+            owner_id=user.pk, agent_id=agent.pk, session_id=session_id, model_calls=1
+        )
+        assert statement is not None
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
+
+    with held_in_transaction(lambda: upsert(holder)):  # a step in flight
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '1s'")
+        try:
+            upsert(other_shard)  # its own row: no wait
+            with pytest.raises(OperationalError, match="lock timeout"):
+                upsert(same_shard)  # the held row: it waits
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+
+    assert usage_totals(owner=user, agent=agent).model_calls == 2

@@ -33,6 +33,8 @@ from billing.services import (
 )
 from tests.factories import AgentFactory, UserFactory
 
+from .rollups import rollup_shard, sessions_in_shards, usage_totals
+
 pytestmark = pytest.mark.django_db
 
 
@@ -226,13 +228,15 @@ def test_the_daily_cap_refuses_beyond_it_and_resets_at_the_owners_midnight():
     assert_ledger_matches(account)
 
 
-def test_usage_upserts_add_up_per_owner_agent_and_day():
+def test_usage_upserts_add_up_per_owner_agent_and_day_over_the_sessions_shards():
     user, agent = UserFactory(), AgentFactory()
-    for _ in range(3):
+    first, again, other = sessions_in_shards("A", "A", "B")
+    for session_id in (first, again, other):
         statements = [
             usage_statement(
                 owner_id=user.pk,
                 agent_id=agent.pk,
+                session_id=session_id,
                 input_tokens=100,
                 output_tokens=20,
                 cost=Decimal("0.001500"),
@@ -241,22 +245,34 @@ def test_usage_upserts_add_up_per_owner_agent_and_day():
             ),
             tool_usage_statement(
                 owner_id=user.pk,
+                session_id=session_id,
                 runs=[ToolRun("a", False, 5), ToolRun("a", True, 7), ToolRun("b", False, 1)],
             ),
         ]
         with connection.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
-    usage = UsageDaily.objects.get(owner=user, agent=agent)
-    assert (usage.input_tokens, usage.output_tokens, usage.cost) == (300, 60, Decimal("0.0045"))
-    assert (usage.model_calls, usage.tool_calls) == (3, 6)
-    a = ToolUsageDaily.objects.get(owner=user, tool="a")
-    assert (a.calls, a.failures, a.total_ms) == (6, 3, 36)
+    # One row per shard: the two sessions of one shard share theirs.
+    rows = UsageDaily.objects.filter(owner=user, agent=agent)
+    assert sorted(r.shard for r in rows) == sorted([rollup_shard(first), rollup_shard(other)])
+    usage = rows.aggregate(
+        i=Sum("input_tokens"), o=Sum("output_tokens"), c=Sum("cost"), m=Sum("model_calls")
+    )
+    assert (usage["i"], usage["o"], usage["c"], usage["m"]) == (300, 60, Decimal("0.0045"), 3)
+    a = ToolUsageDaily.objects.filter(owner=user, tool="a")
+    assert a.count() == 2
+    assert a.aggregate(n=Sum("calls"), f=Sum("failures"), ms=Sum("total_ms")) == {
+        "n": 6,
+        "f": 3,
+        "ms": 36,
+    }
 
 
 def test_a_guard_that_does_not_hold_writes_nothing():
     user, agent = UserFactory(), AgentFactory()
-    sql, params = usage_statement(owner_id=user.pk, agent_id=agent.pk, model_calls=1, guard="false")
+    sql, params = usage_statement(
+        owner_id=user.pk, agent_id=agent.pk, session_id=None, model_calls=1, guard="false"
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
     assert not UsageDaily.objects.exists()
@@ -274,7 +290,8 @@ def charge(owner_id: int, agent_id: int, session_id: uuid.UUID, *charges: ModelC
 def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_rollup():
     user, agent = UserFactory(), AgentFactory()
     credits_grant(owner_id=user.pk, points=100, actor="test")
-    session_id = uuid.uuid4()
+    # A session whose rollup row is not shard 0, the column's default.
+    session_id = next(s for s in iter(uuid.uuid4, None) if rollup_shard(s) != 0)
     calls = (ModelCharge("model:s:3:0", 7, "a: 700 tokens"), ModelCharge("model:s:3:1", 5))
     charge(user.pk, agent.pk, session_id, *calls)
     charge(user.pk, agent.pk, session_id, *calls)  # the same calls again: already charged
@@ -287,7 +304,8 @@ def test_a_model_charge_takes_the_points_once_per_call_with_ledger_rows_and_roll
         ("model:s:3:1", 5, -5, 88),
     ]
     assert rows[0].session_id == session_id and rows[0].note == "a: 700 tokens"
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 12
+    rollup = UsageDaily.objects.get(owner=user, agent=agent)
+    assert (rollup.credits_spent, rollup.shard) == (12, rollup_shard(session_id))
     assert_ledger_matches(account)
 
 
@@ -299,7 +317,7 @@ def test_a_model_charge_beyond_the_balance_takes_it_to_zero_never_below():
     assert account.balance == 0
     rows = CreditLedger.objects.filter(kind="charge").order_by("id")
     assert [(r.points, r.balance_after) for r in rows] == [(6, 3), (3, 0)]
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 9
+    assert usage_totals(owner=user, agent=agent).credits_spent == 9
     assert_ledger_matches(account)
 
 
@@ -327,7 +345,7 @@ def test_concurrent_model_charges_take_exactly_the_balance_between_them():
     assert (account.balance, account.spent_today) == (0, 50)
     taken = sorted(CreditLedger.objects.filter(kind="charge").values_list("points", flat=True))
     assert taken == [5, 9, 9, 9, 9, 9]  # 72 asked, 50 taken, never below zero
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 50
+    assert usage_totals(owner=user, agent=agent).credits_spent == 50
     assert_ledger_matches(account)
 
 
@@ -343,7 +361,7 @@ def test_a_key_already_charged_takes_nothing_and_the_others_are_charged():
         ("m:0", 7, 93),
         ("m:1", 5, 88),
     ]
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 12
+    assert usage_totals(owner=user, agent=agent).credits_spent == 12
     assert_ledger_matches(account)
 
 
@@ -397,7 +415,7 @@ def test_a_key_charged_by_a_transaction_it_waited_for_takes_nothing():
     account = CreditAccount.objects.get(owner=user)
     assert account.balance == 93
     assert CreditLedger.objects.filter(kind="charge").count() == 1
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 7
+    assert usage_totals(owner=user, agent=agent).credits_spent == 7
     assert_ledger_matches(account)
 
 
@@ -460,15 +478,15 @@ def test_a_charge_keeps_working_after_the_tables_it_writes_change():
         cursor.execute("ALTER TABLE billing_usagedaily ALTER COLUMN credits_spent TYPE numeric")
     charge(user.pk, agent.pk, uuid.uuid4(), ModelCharge("m:after", 6))
     assert CreditAccount.objects.get(owner=user).balance == 90
-    assert UsageDaily.objects.get(owner=user, agent=agent).credits_spent == 10
+    assert usage_totals(owner=user, agent=agent).credits_spent == 10
 
 
 def test_a_steps_tool_rollups_lock_their_rows_in_key_order():
     """Two steps sharing tools upsert them in one order, so neither waits on the other's
     second row while holding its first (a deadlock)."""
     runs = [ToolRun("zeta", False, 5), ToolRun("alpha", True, 7), ToolRun("zeta", True, 1)]
-    statement = tool_usage_statement(owner_id=1, runs=runs)
+    statement = tool_usage_statement(owner_id=1, session_id=None, runs=runs)
     assert statement is not None
     _, params = statement
     assert [p for p in params if p in ("alpha", "zeta")] == ["alpha", "zeta"]
-    assert params[2:] == ["alpha", 1, 1, 7, "zeta", 2, 1, 6]
+    assert params[3:] == ["alpha", 1, 1, 7, "zeta", 2, 1, 6]

@@ -24,6 +24,7 @@ def _spend(session: Session, tokens: int) -> None:
             *usage_statement(  # type: ignore[misc]
                 owner_id=session.owner_id,
                 agent_id=session.agent_id,
+                session_id=session.pk,
                 input_tokens=tokens,
                 cost=Decimal(0),
                 model_calls=1,

@@ -1,0 +1,53 @@
+"""The daily rollups as a reader sees them: a key's rows (one per session shard) summed."""
+
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+from django.db import connection
+from django.db.models import Sum
+
+from billing.models import ToolUsageDaily, UsageDaily
+
+USAGE = ("input_tokens", "output_tokens", "cost", "model_calls", "tool_calls", "credits_spent")
+TOOL_USAGE = ("calls", "failures", "total_ms", "credits_spent")
+
+
+def _totals(model: Any, columns: tuple[str, ...], filters: dict[str, Any]) -> SimpleNamespace:
+    sums = model.objects.filter(**filters).aggregate(**{c: Sum(c) for c in columns})
+    return SimpleNamespace(**{c: sums[c] or 0 for c in columns})
+
+
+def usage_totals(**filters: Any) -> SimpleNamespace:
+    return _totals(UsageDaily, USAGE, filters)
+
+
+def tool_usage_totals(**filters: Any) -> SimpleNamespace:
+    return _totals(ToolUsageDaily, TOOL_USAGE, filters)
+
+
+def rollup_shard(session_id: uuid.UUID) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT billing_rollup_shard(%s)", [session_id])
+        return int(cursor.fetchone()[0])
+
+
+def sessions_in_shards(*shards: str) -> list[uuid.UUID]:
+    """Session ids whose rollup shards are alike or not as `shards` spells them
+    ("AAB": the first two in one shard, the third in another)."""
+    found: dict[str, uuid.UUID] = {}
+    picked: list[uuid.UUID] = []
+    taken: dict[str, int] = {}
+    for label in shards:
+        while True:
+            candidate = uuid.uuid4()
+            shard = rollup_shard(candidate)
+            if label in taken:
+                if shard == taken[label]:
+                    break
+            elif shard not in taken.values():
+                taken[label] = shard
+                break
+        found[label] = candidate
+        picked.append(candidate)
+    return picked
