@@ -2,9 +2,9 @@
 
 A lease is the pair (lease_owner, lease_expires_at) on the session row, taken
 and renewed with conditional UPDATEs against the database clock. While a run is
-in flight a heartbeat thread renews, in one statement, every lease this process
-holds, so a short lease (fast takeover after a crash) does not expire under a
-long model call.
+in flight a heartbeat thread renews, in one statement, the leases of this process
+that no step commit renewed lately, so a short lease (fast takeover after a crash)
+does not expire under a long model call.
 """
 
 import logging
