@@ -24,9 +24,14 @@ _KEY = "cost, model_calls, tool_calls, credits_spent)"
 _CONFLICT = "ON CONFLICT (owner_id, agent_id, day) DO UPDATE SET"
 
 
+def _previous_charge_function() -> str:
+    previous: str = import_module("billing.migrations.0005_model_charge_once_by_index").CREATE
+    return previous
+
+
 def _charge_function() -> str:
     """0005's `billing_model_charge`, its rollup upsert writing the session's shard."""
-    previous: str = import_module("billing.migrations.0005_model_charge_once_by_index").CREATE
+    previous = _previous_charge_function()
     for text in (_ROW, _KEY, _CONFLICT):
         assert previous.count(text) == 1, text
     return (
@@ -34,11 +39,6 @@ def _charge_function() -> str:
         .replace(_ROW, _ROW[:-1] + ", billing_rollup_shard(p_session))")
         .replace(_CONFLICT, "ON CONFLICT (owner_id, agent_id, day, shard) DO UPDATE SET")
     )
-
-
-def _previous_charge_function() -> str:
-    previous: str = import_module("billing.migrations.0005_model_charge_once_by_index").CREATE
-    return previous
 
 
 class Migration(migrations.Migration):

@@ -7,23 +7,14 @@ from typing import Any
 from django.db import connection
 from django.db.models import Sum
 
-from billing.models import ToolUsageDaily, UsageDaily
+from billing.models import UsageDaily
 
 USAGE = ("input_tokens", "output_tokens", "cost", "model_calls", "tool_calls", "credits_spent")
-TOOL_USAGE = ("calls", "failures", "total_ms", "credits_spent")
-
-
-def _totals(model: Any, columns: tuple[str, ...], filters: dict[str, Any]) -> SimpleNamespace:
-    sums = model.objects.filter(**filters).aggregate(**{c: Sum(c) for c in columns})
-    return SimpleNamespace(**{c: sums[c] or 0 for c in columns})
 
 
 def usage_totals(**filters: Any) -> SimpleNamespace:
-    return _totals(UsageDaily, USAGE, filters)
-
-
-def tool_usage_totals(**filters: Any) -> SimpleNamespace:
-    return _totals(ToolUsageDaily, TOOL_USAGE, filters)
+    sums = UsageDaily.objects.filter(**filters).aggregate(**{c: Sum(c) for c in USAGE})
+    return SimpleNamespace(**{c: sums[c] or 0 for c in USAGE})
 
 
 def rollup_shard(session_id: uuid.UUID) -> int:
@@ -35,7 +26,6 @@ def rollup_shard(session_id: uuid.UUID) -> int:
 def sessions_in_shards(*shards: str) -> list[uuid.UUID]:
     """Session ids whose rollup shards are alike or not as `shards` spells them
     ("AAB": the first two in one shard, the third in another)."""
-    found: dict[str, uuid.UUID] = {}
     picked: list[uuid.UUID] = []
     taken: dict[str, int] = {}
     for label in shards:
@@ -48,6 +38,5 @@ def sessions_in_shards(*shards: str) -> list[uuid.UUID]:
             elif shard not in taken.values():
                 taken[label] = shard
                 break
-        found[label] = candidate
         picked.append(candidate)
     return picked
