@@ -24,6 +24,21 @@ def _url() -> str:
     return f"{dsn} password={password}" if password else dsn
 
 
+def _until_a_backend_waits_for_a_lock() -> None:
+    """Sampling starts once the waiter is blocked, not while its UPDATE is on its way."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.01)
+    raise AssertionError("the waiter never blocked on the row lock")
+
+
 def test_a_backend_waiting_for_a_row_lock_is_counted_as_such() -> None:
     session = SessionFactory(state="idle")
 
@@ -38,7 +53,7 @@ def test_a_backend_waiting_for_a_row_lock_is_counted_as_such() -> None:
     with session_row_locked(session.pk):
         try:
             waiter.start()
-            time.sleep(0.2)  # the waiter's UPDATE has reached the lock
+            _until_a_backend_waits_for_a_lock()
             sampler.start()
             time.sleep(0.5)
         finally:
