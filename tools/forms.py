@@ -35,11 +35,15 @@ def breaker_badge(state: str, failures: int, until: str = "") -> str:
     """A circuit breaker's state as a coloured word, the details in its tooltip."""
     title = f"{failures} recent failure(s)" + (f"; open until {until}" if until else "")
     label = state.replace("_", "-") + (f" ({failures})" if failures and state == "closed" else "")
+    # The state never breaks ("half-" alone on a line reads wrong); the time after it
+    # may wrap, so a list column holding it stays narrow enough for the page.
     return format_html(
-        '<span class="ap-breaker" title="{}" style="color:{};font-weight:600;white-space:nowrap">{}</span>',
+        '<span class="ap-breaker" title="{}" style="color:{};font-weight:600">'
+        '<span style="white-space:nowrap">{}</span>{}</span>',
         title,
         BREAKER_COLOURS.get(state, "#6b7280"),
-        label + (f" until {until}" if until else ""),
+        label,
+        f" until {until}" if until else "",
     )
 
 
