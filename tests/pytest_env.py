@@ -10,8 +10,18 @@ os.environ.setdefault("CELERY_QUEUE", f"agentplatform-test-{os.getpid()}")
 os.environ.setdefault("SESSION_PICKUP_GRACE_S", "3")
 # A test database per run: two runs at once (or a run beside `make bench`) never collide.
 os.environ.setdefault("TEST_DATABASE_NAME", f"test_agentplatform_{os.getpid()}")
-# Breakers and cancel signals of this run live under their own Redis prefix.
+# Breakers, cancel signals, limits and websocket groups of this run live under their own
+# Redis prefixes.
 os.environ.setdefault("REDIS_KEY_PREFIX", f"test-{os.getpid()}")
+os.environ.setdefault("CHANNEL_LAYER_PREFIX", f"asgi-test-{os.getpid()}")
+# pytest-xdist's workers inherit the controller's environment, so the names above would be
+# shared by every worker: each worker takes its own (pytest-django adds the worker's id
+# to the test database's name itself). Their stacks and in-process runs then never take
+# each other's tasks, signals or frames.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _worker:
+    for _name in ("CELERY_QUEUE", "REDIS_KEY_PREFIX", "CHANNEL_LAYER_PREFIX"):
+        os.environ[_name] = f"{os.environ[_name]}-{_worker}"
 # Every test calls from 127.0.0.1, so the whole run's wrong keys would add up to
 # a slow-down of that one address; tests of the slow-down set their own limit.
 os.environ.setdefault("AUTH_FAIL_LIMIT", "100000")

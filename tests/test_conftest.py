@@ -1,30 +1,32 @@
 """The test harness's own promises (tests/conftest.py)."""
 
 import pytest
-from django.core.management.base import CommandError
-from django.db import OperationalError
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import OperationalError, connection
 from django.test import TransactionTestCase
 
 from tests import conftest
+from tests.factories import AgentFactory, api_key_for
 
 
 def _failing(times: int, message: str):
     calls = []
 
-    def flush(self):
-        calls.append(1)
+    def delete_rows(db_name):
+        calls.append(db_name)
         if len(calls) <= times:
-            raise CommandError("Database couldn't be flushed.") from OperationalError(message)
+            raise OperationalError(message)
 
-    return flush, calls
+    return delete_rows, calls
 
 
 def test_a_flush_chosen_as_a_deadlock_victim_is_tried_again(monkeypatch):
-    flush, calls = _failing(2, "deadlock detected\nDETAIL: Process 1 waits for ...")
-    monkeypatch.setattr(conftest, "_flush", flush)
+    delete_rows, calls = _failing(2, "deadlock detected\nDETAIL: Process 1 waits for ...")
+    monkeypatch.setattr(conftest, "_delete_rows", delete_rows)
     monkeypatch.setattr(conftest.time, "sleep", lambda s: None)
     TransactionTestCase._fixture_teardown(TransactionTestCase())
-    assert len(calls) == 3
+    assert calls == ["default"] * 3
 
 
 @pytest.mark.parametrize(
@@ -32,9 +34,34 @@ def test_a_flush_chosen_as_a_deadlock_victim_is_tried_again(monkeypatch):
     [(1, "could not serialize access"), (conftest.FLUSH_ATTEMPTS, "deadlock detected")],
 )
 def test_another_flush_error_or_a_deadlock_every_time_still_fails(monkeypatch, times, message):
-    flush, calls = _failing(times, message)
-    monkeypatch.setattr(conftest, "_flush", flush)
+    delete_rows, calls = _failing(times, message)
+    monkeypatch.setattr(conftest, "_delete_rows", delete_rows)
     monkeypatch.setattr(conftest.time, "sleep", lambda s: None)
-    with pytest.raises(CommandError):
+    with pytest.raises(OperationalError):
         TransactionTestCase._fixture_teardown(TransactionTestCase())
     assert len(calls) == min(times, conftest.FLUSH_ATTEMPTS)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flush_empties_every_table_but_what_migrate_wrote():
+    AgentFactory(slug="flushed")
+    api_key_for("flushed-user", ("support",))
+    permissions, content_types = Permission.objects.count(), ContentType.objects.count()
+    assert permissions and content_types
+
+    conftest._delete_rows("default")
+
+    kept = conftest.KEPT_TABLES
+    with connection.cursor() as cursor:
+        counts = {}
+        for table in connection.introspection.django_table_names(only_existing=True):
+            cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(table)}")
+            counts[table] = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM django_migrations")
+        migrations = cursor.fetchone()[0]
+    assert {t: n for t, n in counts.items() if n and t not in kept} == {}
+    assert migrations > 0
+    assert (Permission.objects.count(), ContentType.objects.count()) == (
+        permissions,
+        content_types,
+    )

@@ -1,0 +1,144 @@
+"""`make test`'s pytest: two lanes at once, each on its own pytest-xdist workers.
+
+    python -m tests.lanes [pytest arguments]          # both lanes (make test)
+    python -m tests.lanes --lane fast [arguments]     # the in-process lane only (make test-fast)
+
+The in-process lane (`-m "not e2e"`) is CPU-bound; the end-to-end lane (`-m e2e`) mostly
+waits on its processes (daphne, Celery worker and beat, browsers). Run side by side they
+share the two cores instead of taking turns. They are separate pytest runs, not one run's
+workers: an e2e worker's live stack takes every task on its worker's queue, so an
+in-process test must never run in a process whose stack is up (tests/conftest.py), and
+separate runs keep that true whatever the scheduler does. Each run and each of its
+workers has its own test database, Celery queue and Redis prefixes (tests/pytest_env.py).
+
+The in-process lane streams to the terminal; the e2e lane writes to a log that is printed
+whole once the first lane ends, then followed live. The last line adds the two lanes up
+('N passed, N failed, N skipped'); the exit status is the worse of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / ".data" / "test-logs"
+# pytest's "no tests ran": a lane that a -k or a path selected nothing from is not a failure.
+NO_TESTS = 5
+
+
+@dataclass
+class Lane:
+    name: str
+    marker: str
+    workers: str
+    dist: str
+
+    def argv(self, extra: list[str], junit: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            self.marker,
+            "-n",
+            self.workers,
+            "--dist",
+            self.dist,
+            "--durations=25",
+            f"--junitxml={junit}",
+            *extra,
+        ]
+
+
+# loadscope keeps a module on one worker, so a module's own stack (the fault and
+# revocation tests) boots once; the largest modules are handed out first.
+FAST = Lane("in-process", "not e2e", os.environ.get("PYTEST_WORKERS", "2"), "load")
+E2E = Lane("e2e", "e2e", os.environ.get("E2E_WORKERS", "3"), "loadscope")
+
+
+def counts(junit: Path) -> dict[str, int]:
+    """passed / failed / skipped of one lane's JUnit report (errors count as failed)."""
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    if not junit.exists():
+        return totals
+    for suite in ET.parse(junit).getroot().iter("testsuite"):
+        tests, failures, errors, skipped = (
+            int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
+        )
+        totals["failed"] += failures + errors
+        totals["skipped"] += skipped
+        totals["passed"] += tests - failures - errors - skipped
+    return totals
+
+
+def follow(path: Path, stop: threading.Event) -> None:
+    """Print what is written to `path` until `stop` is set and the file is read to its end."""
+    with path.open("rb") as handle:
+        while True:
+            chunk = handle.read(65536)
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            elif stop.is_set():
+                return
+            else:
+                time.sleep(0.2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lane", choices=("all", "fast"), default="all")
+    options, extra = parser.parse_known_args()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    stamp = os.getpid()
+    fast_junit = LOGS / f"lane-fast-{stamp}.xml"
+    started = time.monotonic()
+
+    if options.lane == "fast":
+        code = subprocess.call(FAST.argv(extra, fast_junit), cwd=ROOT)
+        return 0 if code == NO_TESTS else code
+
+    e2e_junit = LOGS / f"lane-e2e-{stamp}.xml"
+    e2e_log = LOGS / f"lane-e2e-{stamp}.log"
+    with e2e_log.open("wb") as handle:
+        e2e = subprocess.Popen(
+            E2E.argv(extra, e2e_junit), cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT
+        )
+    print(f"lanes: the e2e lane runs beside this one; its output follows ({e2e_log})", flush=True)
+    try:
+        fast_code = subprocess.call(FAST.argv(extra, fast_junit), cwd=ROOT)
+        print(
+            f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s; the e2e lane:",
+            flush=True,
+        )
+        stop = threading.Event()
+        reader = threading.Thread(target=follow, args=(e2e_log, stop), daemon=True)
+        reader.start()
+        e2e_code = e2e.wait()
+        stop.set()
+        reader.join()
+    finally:
+        if e2e.poll() is None:
+            e2e.terminate()
+            e2e.wait(30)
+
+    codes = [c for c in (fast_code, e2e_code) if c != NO_TESTS]
+    totals = {k: counts(fast_junit)[k] + counts(e2e_junit)[k] for k in ("passed", "failed")}
+    skipped = counts(fast_junit)["skipped"] + counts(e2e_junit)["skipped"]
+    print(f"\nlanes: both done in {time.monotonic() - started:.0f} s")
+    print(f"total: {totals['passed']} passed, {totals['failed']} failed, {skipped} skipped")
+    if not codes:
+        return NO_TESTS
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
