@@ -5,8 +5,10 @@
 #                then web (daphne), worker, beat and demoapi under honcho (Ctrl-C stops
 #                them); the URLs and credentials are printed once they are up.
 #                PORT (8000) and DEMO_API_PORT (8765) must be free; it checks first.
-#   make test    lint gates (ruff check, ruff format --check, lint-imports), then pytest
-#                (PYTEST_ARGS="-k foo -x" to pass arguments)
+#   make test    lint gates (ruff check, ruff format --check, lint-imports), then every test:
+#                the in-process lane and the end-to-end lane side by side, each on its own
+#                pytest-xdist workers (tests/lanes.py; PYTEST_ARGS="-k foo -x" to pass arguments)
+#   make test-fast  the in-process lane alone (no live processes, no browser): the edit loop
 #   make lint    ruff check, ruff format --check, lint-imports, mypy, bandit, the dependency
 #                audit (pip-audit; it fails, saying why, when no vulnerability service answers)
 #   make fmt     ruff format + ruff check --fix
@@ -40,7 +42,7 @@ PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.data/prometheus
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv .venv run test browser lint fmt bench soak up down stop status env clean
+.PHONY: help venv .venv run test test-fast browser lint fmt bench soak up down stop status env clean
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
@@ -89,7 +91,11 @@ test: $(STAMP) browser
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m devstack up
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.lanes $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m devstack up
+	$(PY) -m tests.lanes --lane fast $(PYTEST_ARGS)
 
 # Browser tests drive Debian's chromium (never a downloaded browser). Installed where
 # we can (root with apt); elsewhere, or offline, those tests skip and say why.

@@ -8,6 +8,7 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import TransactionTestCase
 
+from tests import database_template
 from tests.event_shapes import payload_problems
 from tests.stack import Stack, running_stack
 
@@ -74,6 +75,16 @@ def _delete_rows(db_name: str) -> None:
 
 
 TransactionTestCase._fixture_teardown = _fixture_teardown_deleting_rows  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker, django_db_modify_db_settings):  # type: ignore[no-untyped-def]
+    """The run's test database, cloned from a migrated template (tests/database_template.py)."""
+    with django_db_blocker.unblock():
+        name = database_template.create()
+    yield
+    with django_db_blocker.unblock():
+        database_template.drop(name)
 
 
 @pytest.fixture(scope="session")

@@ -200,8 +200,10 @@ def running_stack(
                 "127.0.0.1",
                 "-p",
                 str(port),
+                # The Procfile pings every 20 s; the test stack every 2 s, so that a few
+                # seconds of silence already span several keepalive rounds (the idle test).
                 "--ping-interval",
-                "20",
+                "2",
                 "--ping-timeout",
                 "30",
                 "agentplatform.asgi:application",
