@@ -1,4 +1,5 @@
 import time
+from collections import Counter
 from collections.abc import Generator
 
 import pytest
@@ -21,6 +22,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker on commit) and race them for their sessions' leases.
     """
     items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
+    _unique_node_ids(items)
+
+
+def _unique_node_ids(items: list[pytest.Item]) -> None:
+    """Give every test its own node id: pytest-xdist hands tests out by id.
+
+    schemathesis names its cases by operation (`test_x[GET /api/v1/agents/]`) but gives
+    them all the test function's node id, so xdist would run one of them and drop the
+    rest without a word. Such an item takes its name into its id; an id still shared
+    after that stops the run.
+    """
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and item.name != item.nodeid.rpartition("::")[2]:
+            # pytest 9 keeps the id structured (`_id`); earlier ones kept the string.
+            if hasattr(item, "_id"):
+                item._id = item.parent.id.child(item.name)
+            else:
+                item._nodeid = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
+    shared = [nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1]
+    if shared:
+        raise pytest.UsageError(f"tests share node ids (xdist would drop them): {shared[:5]}")
 
 
 FLUSH_ATTEMPTS = 5

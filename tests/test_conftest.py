@@ -65,3 +65,40 @@ def test_the_flush_empties_every_table_but_what_migrate_wrote():
         permissions,
         content_types,
     )
+
+
+class _Id(str):
+    def child(self, name: str) -> "_Id":
+        return _Id(f"{self}::{name}")
+
+
+class _Item:
+    def __init__(self, parent: str, name: str, nodeid: str | None = None) -> None:
+        self.parent = type("Parent", (), {"id": _Id(parent)})()
+        self.name = name
+        self._id = _Id(nodeid or f"{parent}::{name}")
+
+    @property
+    def nodeid(self) -> str:
+        return str(self._id)
+
+
+def test_cases_sharing_a_node_id_take_their_names_into_it():
+    module = "tests/e2e/test_x.py"
+    items = [
+        _Item(module, "test_op[GET /a/]", f"{module}::test_op"),
+        _Item(module, "test_op[POST /a/]", f"{module}::test_op"),
+        _Item(module, "test_other"),
+    ]
+    conftest._unique_node_ids(items)
+    assert [i.nodeid for i in items] == [
+        f"{module}::test_op[GET /a/]",
+        f"{module}::test_op[POST /a/]",
+        f"{module}::test_other",
+    ]
+
+
+def test_node_ids_still_shared_stop_the_run():
+    items = [_Item("tests/test_x.py", "test_a"), _Item("tests/test_x.py", "test_a")]
+    with pytest.raises(pytest.UsageError, match="share node ids"):
+        conftest._unique_node_ids(items)
