@@ -5,6 +5,11 @@ from collections.abc import Generator
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.auth.hashers import (
+    PBKDF2PasswordHasher,
+    get_hashers,
+    get_hashers_by_algorithm,
+)
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import TransactionTestCase
@@ -98,6 +103,32 @@ def _delete_rows(db_name: str) -> None:
 
 
 TransactionTestCase._fixture_teardown = _fixture_teardown_deleting_rows  # type: ignore[method-assign]
+
+
+class QuickPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """Django's own PBKDF2 with 1,000 rounds instead of 1,000,000 for the tests' users.
+
+    A test's staff user costs ~0.35 s of CPU with the default rounds, most of an admin
+    test. The hash keeps the `pbkdf2_sha256` name and carries its rounds, so a live
+    stack's processes, which keep the default hashers, verify it as they would any other.
+    """
+
+    iterations = 1_000
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_password_hashing() -> Generator[None, None, None]:
+    original = settings.PASSWORD_HASHERS
+    settings.PASSWORD_HASHERS = [
+        f"{__name__}.QuickPBKDF2PasswordHasher",
+        *(h for h in original if not h.endswith(".PBKDF2PasswordHasher")),
+    ]
+    get_hashers.cache_clear()
+    get_hashers_by_algorithm.cache_clear()
+    yield
+    settings.PASSWORD_HASHERS = original
+    get_hashers.cache_clear()
+    get_hashers_by_algorithm.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -102,3 +102,13 @@ def test_node_ids_still_shared_stop_the_run():
     items = [_Item("tests/test_x.py", "test_a"), _Item("tests/test_x.py", "test_a")]
     with pytest.raises(pytest.UsageError, match="share node ids"):
         conftest._unique_node_ids(items)
+
+
+def test_a_tests_password_hash_is_verified_by_djangos_default_hasher():
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher, make_password
+
+    encoded = make_password("pw-for-a-live-stack")
+    assert encoded.startswith("pbkdf2_sha256$1000$"), encoded
+    # What a live stack's process (default hashers) does with it.
+    assert PBKDF2PasswordHasher().verify("pw-for-a-live-stack", encoded)
+    assert not PBKDF2PasswordHasher().verify("another", encoded)
