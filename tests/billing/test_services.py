@@ -373,6 +373,7 @@ def test_a_key_charged_by_a_transaction_it_waited_for_takes_nothing():
     credits_grant(owner_id=user.pk, points=100, actor="test")
     first_charged, second_started = threading.Event(), threading.Event()
     errors: list[BaseException] = []
+    second_waited: list[bool] = []
 
     def first() -> None:
         try:
@@ -381,13 +382,16 @@ def test_a_key_charged_by_a_transaction_it_waited_for_takes_nothing():
                 first_charged.set()
                 second_started.wait(10)
                 deadline = time.monotonic() + 10
-                with connection.cursor() as cursor:  # until the second waits for our lock
+                # Until the second waits for our lock (its statement may be a prepared
+                # one's EXECUTE, so it is found by what it waits on, not by its text).
+                with connection.cursor() as cursor:
                     while time.monotonic() < deadline:
                         cursor.execute(
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                            " AND query LIKE '%%billing_model_charge%%'"
+                            " AND datname = current_database() AND pid <> pg_backend_pid()"
                         )
                         if cursor.fetchone()[0]:
+                            second_waited.append(True)
                             break
                         time.sleep(0.01)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
@@ -412,6 +416,7 @@ def test_a_key_charged_by_a_transaction_it_waited_for_takes_nothing():
     for thread in threads:
         thread.join()
     assert errors == []
+    assert second_waited, "the second charge never waited for the first one's lock"
     account = CreditAccount.objects.get(owner=user)
     assert account.balance == 93
     assert CreditLedger.objects.filter(kind="charge").count() == 1
