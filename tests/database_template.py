@@ -12,6 +12,7 @@ only once migrate has finished, so a run killed mid-migrate leaves no half-built
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -77,9 +78,7 @@ def create(alias: str = "default") -> str:
     with connection._nodb_cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
         try:
-            cursor.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s", [PREFIX + "%"]
-            )
+            cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [PREFIX + "%"])
             existing = {row[0] for row in cursor.fetchall()}
             if template not in existing:
                 building = template + "_building"
@@ -88,10 +87,9 @@ def create(alias: str = "default") -> str:
                 _migrate_into(connection, building)
                 cursor.execute(f"ALTER DATABASE {quote(building)} RENAME TO {quote(template)}")
             for stale in existing - {template}:
-                try:
+                # One in use by a run of another checkout is dropped by a later run.
+                with contextlib.suppress(DatabaseError):
                     cursor.execute(f"DROP DATABASE IF EXISTS {quote(stale)}")
-                except DatabaseError:
-                    pass  # in use by a run of another checkout; a later run drops it
             cursor.execute(f"DROP DATABASE IF EXISTS {quote(test_name)} WITH (FORCE)")
             cursor.execute(f"CREATE DATABASE {quote(test_name)} TEMPLATE {quote(template)}")
         finally:
