@@ -10,7 +10,7 @@ from django.contrib.auth.hashers import (
     get_hashers,
     get_hashers_by_algorithm,
 )
-from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import TransactionTestCase
 
@@ -81,19 +81,31 @@ def _fixture_teardown_deleting_rows(self: TransactionTestCase) -> None:
     referencing table is empty too.
 
     The live stack outlives each test: work the test set off goes on after it returns
-    (a turn's memory extraction, the sweeper, beat's tasks) and locks rows that the
-    DELETEs lock in another order. Either may be chosen to fail; when it is the flush,
-    it is tried again (a victim's transaction is rolled back whole).
+    (a turn's memory extraction, the sweeper, beat's tasks) and locks or references rows
+    the DELETEs remove. When the flush loses (a deadlock's victim, or a foreign key a
+    worker's new row broke) it is tried again: its transaction is rolled back whole.
     """
     for db_name in self._databases_names(include_mirrors=False):
         for attempt in range(1, FLUSH_ATTEMPTS + 1):
             try:
                 _delete_rows(db_name)
                 break
-            except OperationalError as error:
-                if attempt == FLUSH_ATTEMPTS or "deadlock detected" not in str(error):
+            except (OperationalError, IntegrityError) as error:
+                if attempt == FLUSH_ATTEMPTS or not _lost_to_the_live_stack(error):
                     raise
                 time.sleep(0.2 * attempt)
+
+
+def _lost_to_the_live_stack(error: Exception) -> bool:
+    """A deadlock, or a row the live stack committed meanwhile that references a deleted one.
+
+    Without TRUNCATE's table locks a worker can insert a row (a model call of a run that
+    outlived its test) after the DELETE of its table ran and before the DELETE of the row it
+    references: the deferred foreign key then fails the flush's commit, and the flush's
+    next attempt deletes that row too.
+    """
+    message = str(error)
+    return "deadlock detected" in message or "violates foreign key constraint" in message
 
 
 def _delete_rows(db_name: str) -> None:

@@ -112,3 +112,22 @@ def test_a_tests_password_hash_is_verified_by_djangos_default_hasher():
     # What a live stack's process (default hashers) does with it.
     assert PBKDF2PasswordHasher().verify("pw-for-a-live-stack", encoded)
     assert not PBKDF2PasswordHasher().verify("another", encoded)
+
+
+def test_a_flush_broken_by_a_row_the_live_stack_added_is_tried_again(monkeypatch):
+    from django.db import IntegrityError
+
+    calls = []
+
+    def delete_rows(db_name):
+        calls.append(db_name)
+        if len(calls) == 1:
+            raise IntegrityError(
+                'update or delete on table "agent_sessions_modelendpoint" violates foreign key'
+                ' constraint "x" on table "agent_sessions_modelcall"'
+            )
+
+    monkeypatch.setattr(conftest, "_delete_rows", delete_rows)
+    monkeypatch.setattr(conftest.time, "sleep", lambda s: None)
+    TransactionTestCase._fixture_teardown(TransactionTestCase())
+    assert calls == ["default"] * 2
