@@ -16,7 +16,7 @@ from django.test import TransactionTestCase
 
 from tests import database_template
 from tests.event_shapes import payload_problems
-from tests.stack import Stack, running_stack
+from tests.stack import LIVE_STACKS, Stack, running_stack
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -163,7 +163,11 @@ def live_stack(django_db_setup, django_db_blocker) -> Stack:  # type: ignore[no-
     client.delete(queue, *(f"{queue}\x06\x16{p}" for p in range(1, 10)))  # and its priority lists
     client.close()
     with django_db_blocker.unblock(), running_stack() as stack:
-        yield stack
+        LIVE_STACKS.append(stack)
+        try:
+            yield stack
+        finally:
+            LIVE_STACKS.remove(stack)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -170,8 +170,50 @@ class Stack:
         raise RuntimeError(f"stack not ready after {timeout} s: {last}")
 
 
+# The run's shared live stack (tests/conftest.py `live_stack`), once it is up.
+LIVE_STACKS: list[Stack] = []
+# The processes of a stack that take work from the database and the queue.
+WORKING = ("worker", "beat")
+
+
+@contextmanager
+def live_stacks_paused() -> Iterator[None]:
+    """The shared live stack's worker and beat stop (SIGSTOP) while another stack runs.
+
+    Both stacks work on the same test database. A test with a stack of its own kills and
+    starts workers and waits for its sessions' leases to run out; the live stack's
+    sweeper would requeue those sessions on its own queue and its worker would finish
+    them, so the test would watch the wrong worker (on a busy machine, a freshly started
+    worker is slower than the live one). Paused, they hold their connections and do
+    nothing; they go on where they were once the other stack has stopped.
+    """
+    paused = [
+        proc
+        for stack in LIVE_STACKS
+        for name, proc in stack.procs.items()
+        if name in WORKING and proc.poll() is None
+    ]
+    for proc in paused:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in paused:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+
+
 @contextmanager
 def running_stack(
+    extra_env: dict[str, str] | None = None, ready_timeout: float | None = None
+) -> Iterator[Stack]:
+    """A web, a worker and beat on the test database; the shared live stack pauses meanwhile."""
+    with live_stacks_paused(), _started_stack(extra_env, ready_timeout) as stack:
+        yield stack
+
+
+@contextmanager
+def _started_stack(
     extra_env: dict[str, str] | None = None, ready_timeout: float | None = None
 ) -> Iterator[Stack]:
     env = {
