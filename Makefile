@@ -13,7 +13,8 @@
 #                audit (pip-audit; it fails, saying why, when no vulnerability service answers)
 #   make fmt     ruff format + ruff check --fix
 #   make bench   python -m bench (BENCH_ARGS=...)
-#   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N), not in CI
+#   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N) and the 3 s
+#                recovery target (FAULT_RECOVERY_P95_S), alone on the machine; not in CI
 #   make down    stop the embedded PostgreSQL and Valkey (they outlive `make run`)
 #   make clean   down, then delete .data/ (the embedded databases)
 
@@ -133,7 +134,7 @@ bench: $(STAMP)
 # Crash soak (not in CI): the random-kill test of tests/e2e/test_faults.py with 200 runs.
 soak: $(STAMP)
 	$(PY) -m devstack up
-	FAULT_RUNS=$${FAULT_RUNS:-200} $(PY) -m pytest tests/e2e/test_faults.py -k random_points -q -s -p no:cacheprovider $(PYTEST_ARGS)
+	FAULT_RUNS=$${FAULT_RUNS:-200} FAULT_RECOVERY_P95_S=$${FAULT_RECOVERY_P95_S:-3} $(PY) -m pytest tests/e2e/test_faults.py -k random_points -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- embedded stack
 up: $(STAMP)
