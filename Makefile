@@ -30,7 +30,6 @@ MAKEFLAGS += --no-builtin-rules --no-print-directory
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 PORT ?= 8000
 # The demo business API (Procfile `demoapi`); config/demo.yaml's HTTP tools read DEMO_API_URL.
 DEMO_API_PORT ?= 8765
@@ -49,23 +48,39 @@ help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
 
 # ---------------------------------------------------------------- virtualenv
-# Reinstalled only when a pyproject.toml changes (or the stamp is missing). The Python
-# client (clients/python) is installed editable too, so the tests exercise it.
+# `make run` installs what running needs (pyproject's dependencies); the targets for
+# contributors (test, lint, fmt, soak, bench) add the `dev` extras and the Python client
+# (clients/python, editable, so the tests exercise it). Each stamp is redone only when a
+# pyproject.toml changes, so `make run` after `make test` installs nothing.
 CLIENT := clients/python
-$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml
-	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
-	@echo "installing dependencies from pyproject.toml into $(VENV)"
-	@if $(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'; then \
+STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+
+# $(call pip_install,EXTRAS): the editable install, or, where that fails, the listed
+# dependencies (with those extras) from pyproject.toml.
+define pip_install
+	@if $(PY) -m pip install --disable-pip-version-check -q -e '.$(1)'; then \
 		rm -rf agentplatform.egg-info; \
 	else \
 		echo "editable install failed; installing the listed dependencies instead"; \
-		$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(VENV)/requirements.txt; \
+		$(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = sys.argv[1].strip("[]"); print("\n".join(p["dependencies"] + (p["optional-dependencies"][extras] if extras else [])))' '$(1)' > $(VENV)/requirements.txt; \
 		$(PY) -m pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt; \
 	fi
+endef
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
+	@echo "installing what running needs (pyproject.toml) into $(VENV)"
+	$(call pip_install,)
+	@touch $@
+
+$(DEV_STAMP): $(STAMP) $(CLIENT)/pyproject.toml
+	@echo "adding the contributors' tools (pyproject.toml [dev]) and the Python client"
+	$(call pip_install,[dev])
 	@$(PY) -m pip install --disable-pip-version-check -q -e $(CLIENT)
 	@touch $@
 
-venv .venv: $(STAMP)
+venv .venv: $(DEV_STAMP)
 	@:
 
 # ---------------------------------------------------------------- run
@@ -75,10 +90,9 @@ run: $(STAMP)
 	$(eval PORT_PROBLEM := $(shell $(PY) -m devstack ports --host $(HOST) PORT=$(PORT) DEMO_API_PORT=$(DEMO_API_PORT)))
 	$(if $(PORT_PROBLEM),$(error $(PORT_PROBLEM)))
 	$(PY) -m devstack up
-	$(PY) manage.py migrate --noinput
-	DEMO_API_URL=$(DEMO_API_URL) $(PY) manage.py apply_config --no-url-check config/demo.yaml
 	@creds=$$($(PY) -m devstack credentials-path); \
-	$(PY) manage.py bootstrap_demo --credentials-file "$$creds"; \
+	DEMO_API_URL=$(DEMO_API_URL) $(PY) manage.py bootstrap_demo --migrate --config config/demo.yaml \
+		--no-url-check --credentials-file "$$creds"; \
 	$(PY) -m devstack banner --url http://127.0.0.1:$(PORT) --credentials "$$creds" & \
 	echo "starting web, worker, beat and demoapi; the URLs follow once /readyz is green"; \
 	rm -rf "$(PROMETHEUS_MULTIPROC_DIR)" && mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)"; \
@@ -87,14 +101,14 @@ run: $(STAMP)
 		exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 
 # ---------------------------------------------------------------- checks
-test: $(STAMP) browser
+test: $(DEV_STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m devstack up
 	$(PY) -m tests.lanes $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(DEV_STAMP)
 	$(PY) -m devstack up
 	$(PY) -m tests.lanes --lane fast $(PYTEST_ARGS)
 
@@ -113,7 +127,7 @@ browser:
 BANDIT_PATHS := accounts agentplatform approvals billing configuration demo devstack llm memory observability openai_compat runtime sessions tools manage.py clients/python/src
 PIP_AUDIT_ARGS ?=
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
@@ -122,17 +136,17 @@ lint: $(STAMP)
 		rm -f "$$log"; echo "bandit: no issues"
 	$(PY) .ci/dependency_audit.py $(PIP_AUDIT_ARGS)
 
-fmt: $(STAMP)
+fmt: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	@$(PY) -c 'import langgraph.checkpoint.postgres' 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q 'langgraph>=1.2' 'langgraph-checkpoint-postgres>=2.0'
 	$(PY) -m devstack up
 	$(PY) -m bench $(BENCH_ARGS)
 
 # Crash soak (not in CI): the random-kill test of tests/e2e/test_faults.py with 200 runs.
-soak: $(STAMP)
+soak: $(DEV_STAMP)
 	$(PY) -m devstack up
 	FAULT_RUNS=$${FAULT_RUNS:-200} FAULT_RECOVERY_P95_S=$${FAULT_RECOVERY_P95_S:-3} $(PY) -m pytest tests/e2e/test_faults.py -k random_points -q -s -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -303,7 +303,9 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     phases = _phases(ids, samples, calls)
     result.figures = [
         figure("post_p50_ms", "POST -> 202, p50", percentile(posts, 50), "ms"),
-        figure("post_p95_ms", "POST -> 202, p95", percentile(posts, 95), "ms", le=100),
+        # DESIGN: a burst of 200 is reported, with no target (on 2 cores it is bound by
+        # the CPU of a POST times 200); the sustained rate carries the latency targets.
+        figure("post_p95_ms", "POST -> 202, p95", percentile(posts, 95), "ms"),
         figure(
             "excess_p50_ms",
             "turn beyond its 4 s of model time (POST -> turn.finished), p50",
@@ -315,7 +317,6 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             "turn beyond its 4 s of model time (POST -> turn.finished), p95",
             percentile(excess, 95),
             "ms",
-            le=500,
         ),
     ]
     result.figures += [

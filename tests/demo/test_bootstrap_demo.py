@@ -35,3 +35,25 @@ def test_without_a_file_the_secrets_are_printed_once():
     call_command("bootstrap_demo", stdout=second)
     assert "password '" in first.getvalue() and "shown once" in first.getvalue()
     assert "password '" not in second.getvalue()
+
+
+def test_migrate_and_config_in_the_same_start_with_no_description_warnings(tmp_path):
+    from sessions.models import Agent
+    from tests.stack import ROOT
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command(
+        "bootstrap_demo",
+        migrate=True,
+        config=str(ROOT / "config" / "demo.yaml"),
+        no_url_check=True,
+        credentials_file=str(tmp_path / "credentials"),
+        verbosity=0,
+        stdout=out,
+        stderr=err,
+    )
+    assert "agent order-support: created" in out.getvalue(), out.getvalue()
+    # The demo's own tools say when to use them, when not, each parameter and the result.
+    assert "warning" not in (out.getvalue() + err.getvalue()).lower(), out.getvalue()
+    assert Agent.objects.filter(slug="order-support").exists()
+    assert read_env_file(tmp_path / "credentials")["DEMO_API_KEY"].startswith("ap_")
