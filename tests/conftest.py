@@ -1,6 +1,8 @@
+import re
 import time
 from collections import Counter
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,6 +19,31 @@ from django.test import TransactionTestCase
 from tests import database_template
 from tests.event_shapes import payload_problems
 from tests.stack import LIVE_STACKS, Stack, running_stack
+
+# A module whose every test is end-to-end (its `pytestmark` starts with the mark).
+E2E_MODULE = re.compile(r"^pytestmark = \[?\s*pytest\.mark\.e2e\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A lane does not import the modules its `-m` leaves out whole.
+
+    Each xdist worker collects everything before `-m` deselects: the in-process lane
+    would import every e2e module (the fuzz test builds the whole OpenAPI schema at
+    import) and the e2e lane every other one. Read as text, a module can only be left
+    out when no test of it could be selected; anything else is collected as usual.
+    """
+    markexpr = config.getoption("markexpr", "")
+    name = collection_path.name
+    if markexpr not in ("e2e", "not e2e") or not (
+        name.startswith("test_") and name.endswith(".py")
+    ):
+        return None
+    text = collection_path.read_text()
+    if markexpr == "e2e" and "pytest.mark.e2e" not in text:
+        return True
+    if markexpr == "not e2e" and E2E_MODULE.search(text):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
