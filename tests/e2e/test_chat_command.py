@@ -1,10 +1,13 @@
 """`manage.py chat`: an operator's terminal view of a turn run by the real worker."""
 
+import io
 import json
 import subprocess
 import sys
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from sessions.models import Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
@@ -13,7 +16,8 @@ from tests.stack import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def _chat(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
+def _chat_process(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py chat` as an operator runs it: a process of its own."""
     return subprocess.run(
         [sys.executable, "manage.py", "chat", *args],
         cwd=ROOT,
@@ -24,9 +28,23 @@ def _chat(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _chat(live_stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """The same command in this process, against the same live stack (its worker runs the
+    turn; the frames come through the same channel layer): a Django start-up less per call.
+    A CommandError ends it as `manage.py` would, with status 1 and the message on stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        call_command("chat", *args, stdout=out, stderr=err)
+    except CommandError as error:
+        err.write(f"CommandError: {error}\n")
+        code = 1
+    return subprocess.CompletedProcess(["chat", *args], code, out.getvalue(), err.getvalue())
+
+
 def test_chat_runs_the_demo_turn_through_the_worker_and_prints_its_events(live_stack):
     demo_install()
-    done = _chat(live_stack, "--agent", "order-support", "--json", DEMO_REQUEST)
+    done = _chat_process(live_stack, "--agent", "order-support", "--json", DEMO_REQUEST)
     assert done.returncode == 0, done.stderr + live_stack.log_tail("worker")
     frames = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     persisted = [f["seq"] for f in frames if f["seq"] is not None]
