@@ -103,7 +103,10 @@ def main() -> int:
     started = time.monotonic()
 
     if options.lane == "fast":
-        code = subprocess.call(FAST.argv(extra, fast_junit), cwd=ROOT)
+        # Alone on the machine, a third worker fills the time the others wait (sleeps,
+        # subprocesses, the database): ~127 s instead of ~143 s on 2 cores.
+        alone = Lane(FAST.name, FAST.marker, os.environ.get("PYTEST_WORKERS", "3"), FAST.dist)
+        code = subprocess.call(alone.argv(extra, fast_junit), cwd=ROOT)
         return 0 if code == NO_TESTS else code
 
     e2e_junit = LOGS / f"lane-e2e-{stamp}.xml"
