@@ -1,15 +1,15 @@
-"""Handing a webhook delivery to a worker; the task is looked up by name."""
+"""Handing a webhook delivery to a worker; the task is sent by name (runtime/tasks.py)."""
 
 from typing import Any
 
-from celery import current_app
+from runtime.tasks import task_send
 
 WEBHOOK_TASK = "approvals.tasks.webhook_send"
 
 
 def webhook_enqueue(payload: dict[str, Any]) -> None:
     try:
-        current_app.tasks[WEBHOOK_TASK].delay(payload)
+        task_send(WEBHOOK_TASK, (payload,))
     except Exception:  # noqa: BLE001 - the broker down must not fail a decision; the queue is the truth
         import logging
 

@@ -1,15 +1,15 @@
-"""Handing an owner-index build to a worker; the task is looked up by name."""
+"""Handing an owner-index build to a worker; the task is sent by name (runtime/tasks.py)."""
 
 import logging
 
-from celery import current_app
+from runtime.tasks import task_send
 
 OWNER_INDEX_TASK = "memory.tasks.owner_index_build"
 
 
 def owner_index_enqueue(*, owner_id: int, dims: int) -> bool:
     try:
-        current_app.tasks[OWNER_INDEX_TASK].delay(owner_id, dims)
+        task_send(OWNER_INDEX_TASK, (owner_id, dims))
         return True
     except Exception:  # noqa: BLE001 - a broker down must not fail a write; search stays exact
         logging.getLogger(__name__).warning(

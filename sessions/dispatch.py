@@ -1,7 +1,7 @@
 """Waking a session's run on a worker, after the current transaction commits.
 
-The task is looked up by name so that services need not import the Celery
-edge; a lost broker message only delays the run until the sweeper finds it.
+The task is sent by name (runtime/tasks.py) so that services need not import the
+Celery edge; a lost broker message only delays the run until the sweeper finds it.
 
 Runs carry a broker priority from the session's value (`run_priority`): the
 Redis transport keeps one list per priority and a worker takes from the most
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from uuid import UUID
 
-from celery import current_app
 from django.db import transaction
 
 from observability import tracing
+from runtime.tasks import task_send
 
 RUN_TASK = "sessions.tasks.run_session"
 # Redis broker priorities: 0 is taken first. Tasks sent without one (the beat's
@@ -48,8 +48,7 @@ def run_priority(value: float | None) -> int:
 
 def _send(session_id: str, priority: int, headers: dict[str, str] | None = None) -> None:
     try:
-        extra = {"headers": headers} if headers else {}
-        current_app.tasks[RUN_TASK].apply_async((session_id,), priority=priority, **extra)
+        task_send(RUN_TASK, (session_id,), priority=priority, headers=headers)
     except Exception:  # noqa: BLE001 - the sweeper re-enqueues a run nobody woke
         logger.warning("could not enqueue the run of session %s", session_id, exc_info=True)
 
@@ -65,13 +64,11 @@ def run_enqueue_on_commit(session_id: UUID | str, value: float | None = None) ->
 
 
 def run_enqueue(session_id: UUID | str, value: float | None = None) -> None:
-    current_app.tasks[RUN_TASK].apply_async((str(session_id),), priority=run_priority(value))
+    task_send(RUN_TASK, (str(session_id),), priority=run_priority(value))
 
 
 def run_enqueue_later(session_id: UUID | str, seconds: float, value: float | None = None) -> None:
-    current_app.tasks[RUN_TASK].apply_async(
-        (str(session_id),), countdown=seconds, priority=run_priority(value)
-    )
+    task_send(RUN_TASK, (str(session_id),), countdown=seconds, priority=run_priority(value))
 
 
 MEMORY_TASK = "sessions.tasks.keep_turn_memory"
@@ -80,7 +77,7 @@ MEMORY_TASK = "sessions.tasks.keep_turn_memory"
 def _send_memory(session_id: str, turn: int) -> None:
     try:
         # Least urgent: keeping memory may wait behind every session's next step.
-        current_app.tasks[MEMORY_TASK].apply_async((session_id, turn), priority=9)
+        task_send(MEMORY_TASK, (session_id, turn), priority=9)
     except Exception:  # noqa: BLE001 - a lost extraction loses a memory, never the turn
         logger.warning("could not enqueue the memory of session %s", session_id, exc_info=True)
 

@@ -16,7 +16,8 @@ class _Recorder:
         self.fail = fail
         self.done = threading.Event()
 
-    def apply_async(self, args: tuple[str], priority: int) -> None:
+    def __call__(self, name: str, args: tuple[str], *, priority: int, **options: object) -> None:
+        assert name == dispatch.RUN_TASK
         self.sent.append((args[0], threading.current_thread().name))
         self.priorities.append(priority)
         self.done.set()
@@ -27,7 +28,7 @@ class _Recorder:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     rec = _Recorder()
-    monkeypatch.setitem(dispatch.current_app.tasks, dispatch.RUN_TASK, rec)
+    monkeypatch.setattr(dispatch, "task_send", rec)
     return rec
 
 
@@ -61,7 +62,7 @@ def test_a_failed_publish_is_logged_not_raised(
     django_capture_on_commit_callbacks,
 ) -> None:
     rec = _Recorder(fail=True)
-    monkeypatch.setitem(dispatch.current_app.tasks, dispatch.RUN_TASK, rec)
+    monkeypatch.setattr(dispatch, "task_send", rec)
     with caplog.at_level(logging.WARNING, logger="sessions.dispatch"):
         with django_capture_on_commit_callbacks(execute=True):
             dispatch.run_enqueue_on_commit("s-3")

@@ -1,0 +1,31 @@
+"""Sending a Celery task by name: the one way every process hands work to a worker.
+
+A process knows only the tasks whose modules it imported. The web process never imports
+`approvals.tasks` or `memory.tasks`, so looking a task up in `current_app.tasks` there
+raised NotRegistered and the message was lost (a probe saw 2 of 18 approval webhooks
+delivered). The broker needs only the name; the worker, which imports every task module,
+resolves it. Nothing here imports an app, so every layer may send.
+"""
+
+from typing import Any
+
+from celery import current_app
+
+
+def task_send(
+    name: str,
+    args: tuple[Any, ...] = (),
+    *,
+    priority: int | None = None,
+    countdown: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Publish task `name` with `args` on the default queue; broker errors propagate."""
+    options: dict[str, Any] = {}
+    if priority is not None:
+        options["priority"] = priority
+    if countdown is not None:
+        options["countdown"] = countdown
+    if headers:
+        options["headers"] = headers
+    current_app.send_task(name, args=args, **options)
