@@ -154,6 +154,17 @@ METRIC_LABELS = {
 }
 
 
+# A cell a spreadsheet would read as a formula (OWASP "CSV injection"): a username such
+# as `=HYPERLINK(...)` is written with a leading quote, so it is shown as text.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def _csv(rows: list[RankRow], group: str, start: date, end: date) -> HttpResponse:
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = (
@@ -162,7 +173,7 @@ def _csv(rows: list[RankRow], group: str, start: date, end: date) -> HttpRespons
     writer = csv.writer(response)
     writer.writerow([group, "key", *METRICS])
     for row in rows:
-        writer.writerow([row.label, row.key, *(row.value(m) for m in METRICS)])
+        writer.writerow([csv_cell(row.label), csv_cell(row.key), *(row.value(m) for m in METRICS)])
     return response
 
 

@@ -175,3 +175,19 @@ def test_the_top_rows_are_those_of_a_full_sum_for_any_period_metric_and_directio
                 )[:4]
                 assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
                 assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]
+
+
+def test_the_csv_export_writes_formula_like_names_as_text(admin_client) -> None:  # type: ignore[no-untyped-def]
+    endpoint = ModelEndpoint.objects.create(
+        name="priced-csv", api="rules", options={}, price_input_per_1k=Decimal("0.5")
+    )
+    agent = AgentFactory(slug="csv-agent", model=endpoint, rules=[{"answer": "some words"}])
+    names = ['=HYPERLINK("http://evil.example","x")', "+1+1", "-2", "@SUM(A1)", "plain"]
+    for name in names:
+        session = SessionFactory(owner=UserFactory(username=name), agent=agent)
+        message_post(session=session, content="hello")
+        session_run(session_id=session.pk)
+    exported = admin_client.get("/admin/billing/usagedaily/", {"group": "user", "format": "csv"})
+    cells = {line[0] for line in csv.reader(io.StringIO(exported.content.decode()))}
+    assert {"'" + n for n in names[:4]} | {"plain"} <= cells, cells
+    assert not any(cell[:1] in "=+-@" for cell in cells if cell), cells
