@@ -364,7 +364,15 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
         raise httpx.HTTPStatusError(
             f"HTTP {response.status_code}", request=response.request, response=response
         )
-    if response.status_code >= 400:
+    if response.status_code >= 300:
+        if response.status_code < 400:
+            # Redirects are never followed (the configured URL is the only one called), so
+            # a 3xx did not do what was asked. Its Location stays out of the model's view.
+            body = {
+                "ok": False,
+                "error": "the API answered with a redirect, which is not followed;"
+                " the tool's URL must be the final one",
+            }
         raise ToolHttpError(response.status_code, body)
     return body
 

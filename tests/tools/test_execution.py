@@ -879,3 +879,15 @@ def test_the_model_reads_the_result_description_with_the_tool_description():
     assert snapshot("x", description="Look up", result_description="A row").model_description == (
         "Look up. Returns: A row"
     )
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_a_failed_result_not_a_success(status):
+    with ScriptedApi(Answer(status, {"moved": "http://10.0.0.1/internal"})) as api:
+        tool = http_tool(unique("get_order"), api.url("/orders/lookup"), method="GET")
+        outcome = run(call(tool.name, {"number": "SO-9"}), tool)
+        assert len(api.requests) == 1  # neither followed nor retried
+    assert outcome.status == "failed" and outcome.attempts == 1
+    assert f"HTTP {status}: the API answered with a redirect" in outcome.content
+    assert "10.0.0.1" not in outcome.content
+    assert tool_breaker().state(tool.name).failures == 0  # not an outage
