@@ -11,7 +11,7 @@ from uuid import UUID
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sessions.errors import InvalidInput
@@ -100,14 +100,18 @@ def approval_resolve(
     deadline: datetime | None = None,
     answer: str = "",
     answer_result: Any = None,
+    within_deadline: bool = False,
 ) -> Approval | None:
     """Move a pending approval, or return None if someone (or the deadline) got there first.
 
     One conditional UPDATE on (id, status pending, version): of two racing
-    deciders exactly one changes the row; the other learns it was too late.
+    deciders exactly one changes the row; the other learns it was too late. A
+    person's decision (`within_deadline`) also needs the deadline not passed: the
+    sweeper's expiry must not be the only thing that enforces it.
     """
     to_status = approval_next(ApprovalStatus.PENDING, outcome)
     now = timezone.now()
+    in_time = Q(deadline__isnull=True) | Q(deadline__gt=now) if within_deadline else Q()
     fields: dict[str, Any] = {"status": to_status.value, "version": F("version") + 1}
     if outcome == Outcome.ESCALATED:
         fields.update(group=escalate_to, deadline=deadline, escalations=F("escalations") + 1)
@@ -120,7 +124,7 @@ def approval_resolve(
         if answer:
             fields.update(answer=answer, answer_result=answer_result)
     changed = Approval.objects.filter(
-        pk=approval.pk, status=ApprovalStatus.PENDING, version=approval.version
+        in_time, pk=approval.pk, status=ApprovalStatus.PENDING, version=approval.version
     ).update(**fields)
     if changed != 1:
         return None

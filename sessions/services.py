@@ -531,6 +531,7 @@ def _approval_apply(
     deadline: Any = None,
     answer: str = "",
     answer_result: Any = None,
+    within_deadline: bool = False,
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -556,6 +557,7 @@ def _approval_apply(
             deadline=deadline,
             answer=answer,
             answer_result=answer_result,
+            within_deadline=within_deadline,
         )
         if resolved is None:
             return None
@@ -613,6 +615,7 @@ def approval_decide(
         comment=comment,
         edited_arguments=edited,
         remember=remember and approve,
+        within_deadline=True,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)
@@ -668,6 +671,17 @@ def review_answer(
 
 
 def _resolved_conflict(approval: Approval) -> Conflict:
+    if (
+        approval.status == "pending"
+        and approval.deadline is not None
+        and approval.deadline <= timezone.now()
+    ):
+        # Past its deadline: the approval's timeout policy decides it, not a late approver.
+        return Conflict(
+            f"approval {approval.pk} passed its deadline; its timeout policy applies",
+            details={"status": approval.status, "deadline": approval.deadline.isoformat()},
+            code="approval_expired",
+        )
     return Conflict(
         f"approval {approval.pk} is already {approval.status}",
         details={"status": approval.status, "decided_by": approval.decided_by_name},

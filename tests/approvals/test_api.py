@@ -196,3 +196,24 @@ def test_a_key_without_approver_rights_cannot_answer_a_review(review):
         f"/api/v1/approvals/{review.pk}/review/", {"answer": "send_again"}, format="json"
     )
     assert response.status_code == 403
+
+
+def test_a_decision_after_the_deadline_is_409_approval_expired_and_changes_nothing(
+    approver, pending
+):
+    """Only the sweeper applied deadlines: with beat down, an approval stayed open forever."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Approval.objects.filter(pk=pending.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    _, key = approver
+    late = _client(key).post(
+        f"/api/v1/approvals/{pending.pk}/approve/", {"comment": "ok"}, format="json"
+    )
+    assert late.status_code == 409, late.content
+    assert late.json()["error"]["code"] == "approval_expired"
+    pending.refresh_from_db()
+    assert (pending.status, pending.decided_by_name) == ("pending", "")
+    assert EFFECTS == []
+    assert Session.objects.get(pk=pending.session_id).state == "awaiting_approval"
