@@ -37,6 +37,7 @@ from llm.http import redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
 from memory.tokens import estimate_request_tokens, estimate_response_tokens
 from observability import metrics, tracing
+from observability.redaction import scrub
 from runtime import health, io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
@@ -284,12 +285,15 @@ def _log_failure(endpoint: ModelEndpoint, exc: ModelError) -> None:
 
 
 def _scrub(exc: ModelError, config: EndpointConfig) -> None:
-    """Last guard: the endpoint's key never leaves in an error (it becomes ModelCall.error,
-    Session.last_error and an `error` event). Adapters already redact what they quote."""
+    """Last guard: neither the endpoint's key nor what the logs' scrubber removes (other
+    credentials, e-mail addresses, card numbers a provider echoed back) leaves in an error:
+    it becomes ModelCall.error, Session.last_error, a transition's reason and an `error`
+    event. Adapters already redact the key in what they quote."""
     key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
     message = str(exc)
-    if key and key in message:
-        exc.args = (redact(message, [key]),)
+    scrubbed = scrub(redact(message, [key]) if key else message)
+    if scrubbed != message:
+        exc.args = (scrubbed,)
 
 
 def give_back_connection() -> None:

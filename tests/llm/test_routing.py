@@ -688,6 +688,21 @@ def test_the_router_redacts_a_key_that_slipped_into_an_error(make_endpoint, monk
     assert str(error) == "proxy said: bad key [redacted] (HTTP 502)" and error.retryable
 
 
+def test_what_a_provider_echoed_is_scrubbed_as_logs_are(make_endpoint, monkeypatch):
+    """The key was redacted, but a password, an e-mail and a card number a provider echoed
+    survived into the model call's error and the transition's reason."""
+    monkeypatch.setenv(KEY_ENV, "sk-the-endpoints-own-key")
+    error = ModelUnavailable(
+        "upstream 502: password=hunter2-secret for ann@example.com, card 4111 1111 1111 1111,"
+        " key sk-the-endpoints-own-key, order SO-1001"
+    )
+    _scrub(error, endpoint_config(make_endpoint(None, api="openai")))
+    text = str(error)
+    for secret in ("hunter2-secret", "ann@example.com", "4111 1111 1111 1111", "sk-the-endpoints"):
+        assert secret not in text, text
+    assert "upstream 502" in text and "order SO-1001" in text and error.retryable
+
+
 def test_switching_to_anthropic_mid_turn_after_a_server_that_reuses_tool_ids(
     openai_server, anthropic_server, make_endpoint, make_agent, owner, lookup_tool
 ):
