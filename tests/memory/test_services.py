@@ -124,3 +124,19 @@ def test_crossing_the_exact_scan_limit_queues_one_index_build(
     assert len(queued) == 1  # one build per owner and dimension, however many writes
     record = MemoryOwnerIndex.objects.get()
     assert (record.owner_id, record.dims, record.state) == (owner.pk, DIMENSION, "pending")
+
+
+def test_the_models_context_names_the_memory_once(embeddings):
+    """The block had a heading of its own under the context's heading: printed twice."""
+    from sessions.engine.context import MEMORY_HEADING, build_request
+    from sessions.models import Agent
+
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="I prefer tea to coffee", tag="preference")
+    block = _block(owner.pk, "what do I like to drink?", min_similarity=-1.0)
+    assert "tea" in block
+    agent = Agent(slug="a", context_window=2000, tools=[], rules=[], system_prompt="Help.")
+    request = build_request(agent=agent, history=[], tools={}, final=False, memory_block=block)
+    everything = "\n".join(m.content for m in request.messages)
+    assert everything.count("What you remember about this user") == 1, everything
+    assert MEMORY_HEADING in everything and "I prefer tea to coffee" in everything
