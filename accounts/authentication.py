@@ -4,6 +4,13 @@ from . import limits
 from .services import api_key_authenticate
 
 
+class SlowedDown(exceptions.Throttled):
+    """A 429 whose message says when to retry once (DRF appends its own "Expected
+    available in N seconds." to the detail, which then said it twice)."""
+
+    extra_detail_singular = extra_detail_plural = "retry in {wait} s"
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     """`Authorization: Bearer <api key>`; request.auth is the ApiKey row."""
 
@@ -22,10 +29,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         )
         result = api_key_authenticate(raw=parts[1], address=address)
         if result.retry_after_s is not None:
-            raise exceptions.Throttled(
+            raise SlowedDown(
                 wait=result.retry_after_s,
-                detail="too many failed authentication attempts from your address; "
-                f"retry in {result.retry_after_s} s",
+                detail="too many failed authentication attempts from your address;",
             )
         if result.api_key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")

@@ -22,6 +22,9 @@ def _assert_429(response) -> int:  # type: ignore[no-untyped-def]
     assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
     assert body["error"]["code"] == "rate_limited"
     assert body["error"]["details"] == {"retry_after_s": retry_after}
+    # When to retry is said once, not in two phrasings.
+    message = body["error"]["message"]
+    assert message.count(str(retry_after)) == 1, message
     return retry_after
 
 
