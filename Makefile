@@ -1,7 +1,8 @@
 # Development and CI entry points.
 #
-#   make run     embedded PostgreSQL+pgvector and Valkey (unless DATABASE_URL / REDIS_URL
-#                are set), migrate, load config/demo.yaml, bootstrap the demo operator,
+#   make run     installs what running needs (not the dev tools); embedded PostgreSQL+pgvector
+#                and Valkey (unless DATABASE_URL / REDIS_URL are set); in one process: migrate,
+#                load config/demo.yaml, bootstrap the demo operator;
 #                then web (daphne), worker, beat and demoapi under honcho (Ctrl-C stops
 #                them); the URLs and credentials are printed once they are up.
 #                PORT (8000) and DEMO_API_PORT (8765) must be free; it checks first.
