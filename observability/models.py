@@ -26,6 +26,8 @@ class PromptSample(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "prompt sample"
+        # "view" lists the samples; what was sent and received takes this one too.
+        permissions = [("view_prompt_content", "Can view the full prompts and answers sampled")]
 
     def __str__(self) -> str:
         return f"{self.session_id} turn {self.turn} call {self.iteration}"
