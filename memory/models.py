@@ -99,7 +99,8 @@ class MemoryItem(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tag}: {self.content[:60]}"
+        # The name shows in breadcrumbs, history and links (and logs): never what it says.
+        return f"{self.tag} #{self.pk}"
 
 
 class EmbeddingCache(models.Model):
