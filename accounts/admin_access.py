@@ -14,6 +14,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from .tenancy import tenant_scope
+
 MESSAGE_CONTENT = "agent_sessions.view_message_content"
 MEMORY_CONTENT = "memory.view_memory_content"
 PROMPT_CONTENT = "observability.view_prompt_content"
@@ -97,7 +99,7 @@ class ContentMaskedAdmin:
         return [f for f in fields if f not in self.content_search_fields]
 
 
-class OwnerFilter(admin.RelatedOnlyFieldListFilter):
+class OwnerFilter(admin.RelatedFieldListFilter):
     """The owner filter names owners only to who may view users (auth.view_user), and then
     only owners of rows they can see. For anyone else it lists nobody; a link that filters
     by owner id (`?owner__id__exact=N`) still works."""
@@ -105,4 +107,14 @@ class OwnerFilter(admin.RelatedOnlyFieldListFilter):
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[Any]:
         if not holds(request, VIEW_USERS):
             return []
-        return list(super().field_choices(field, request, model_admin))
+        # From the bare table, by the indexed owner column: the list's own queryset carries
+        # its per-row aggregates, which the distinct owners do not need.
+        rows = tenant_scope(model_admin.model._default_manager.all(), request.user, self.field_path)
+        owners = rows.order_by().values(f"{self.field_path}__pk").distinct()
+        return list(
+            field.get_choices(
+                include_blank=False,
+                limit_choices_to={"pk__in": owners},
+                ordering=self.field_admin_ordering(field, request, model_admin),
+            )
+        )

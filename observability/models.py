@@ -2,7 +2,8 @@
 
 A fraction of model calls (PROMPT_SAMPLE_RATE, default 1%) is written here,
 request and response in full. Only superusers and staff holding the
-`observability.view_promptsample` permission see it (admin.py); the API never serves it.
+`observability.view_promptsample` permission list it, and only those also holding
+`view_prompt_content` read a request or response (admin.py); the API never serves it.
 """
 
 from django.db import models
