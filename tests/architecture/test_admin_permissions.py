@@ -202,7 +202,7 @@ def _pattern_urls(model: type[Model], model_admin: admin.ModelAdmin) -> list[tup
     return urls
 
 
-def _post_bodies(world: dict[str, Any]) -> list[dict[str, Any]]:
+def _post_bodies() -> list[dict[str, Any]]:
     from approvals.models import Approval
 
     approvals = [str(pk) for pk in Approval.objects.values_list("pk", flat=True)]
@@ -265,11 +265,15 @@ def test_a_view_only_staff_user_changes_nothing_anywhere_in_the_admin(
         for name, url, custom in _pattern_urls(model, model_admin):
             response = client.get(url)
             assert response.status_code < 500, (url, response.status_code)
+            change_page = f"{model._meta.app_label}_{model._meta.model_name}_change"
+            if name == change_page and model_admin.has_view_permission(request):
+                # The walk reaches the rows (its own tenant's): not a walk of 404s.
+                assert response.status_code == 200, (url, response.status_code)
             body = response.content.decode(errors="replace")
             shown = response.status_code == 200 and name not in SHOWS_CONTENT_BY_DESIGN
             if shown and not content and SECRET in body:
                 leaks.append(url)
-            for data in _post_bodies(world) if custom else [{"post": "yes", "_save": "Save"}]:
+            for data in _post_bodies() if custom else [{"post": "yes", "_save": "Save"}]:
                 response = client.post(url, data)
                 if custom:
                     assert response.status_code in (403, 405), (url, data, response.status_code)
@@ -324,7 +328,7 @@ def test_the_walk_would_catch_an_action_without_a_permission(world: dict[str, An
         )
         assert not MemoryItem.objects.exists()  # what the walk's snapshot would catch
     finally:
-        model_admin.actions = tuple(a for a in model_admin.actions if a is not erase_undeclared)
+        del model_admin.actions  # the class's own again
 
 
 def test_the_owner_filter_names_owners_only_to_who_may_view_users(world: dict[str, Any]) -> None:
