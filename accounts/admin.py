@@ -5,6 +5,7 @@ from django.http import HttpRequest
 
 from tools.models import Tool
 
+from .admin_access import holds
 from .models import ApiKey, Approver, Role
 from .services import api_key_revoke
 from .tenancy import TenantScopedAdmin
@@ -33,6 +34,17 @@ class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
 
     actions = ["revoke_keys"]
 
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return holds(request, "accounts.revoke_apikey")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        fields = [*super().get_readonly_fields(request, obj), "owner"]
+        # A key never moves to another owner (it would act as them). Unticking "is active"
+        # revokes, so only who may revoke sees it as a box.
+        if not self.has_revoke_permission(request):
+            fields.append("is_active")
+        return fields
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:
         # Unticking "is active" is a revocation: it goes through the service, which
         # also closes the key's open websockets and logs who did it.
@@ -43,7 +55,9 @@ class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
         if revoking:
             api_key_revoke(api_key=obj, actor=f"admin:{request.user}")
 
-    @admin.action(description="Revoke selected keys (closes their websockets)")
+    @admin.action(
+        description="Revoke selected keys (closes their websockets)", permissions=["revoke"]
+    )
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         revoked = sum(
             api_key_revoke(api_key=key, actor=f"admin:{request.user}") for key in queryset
@@ -76,3 +90,5 @@ class ApproverAdmin(admin.ModelAdmin):
     list_display = ("user", "groups", "is_active", "created_at")
     list_filter = ("is_active",)
     search_fields = ("user__username",)
+    # Searched, not a list of every user (the search needs auth.view_user).
+    autocomplete_fields = ("user",)

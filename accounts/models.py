@@ -49,6 +49,8 @@ class ApiKey(models.Model):
 
     class Meta:
         verbose_name = "API key"
+        # Beyond Django's four: revoking is not an edit (it closes the key's sockets at once).
+        permissions = [("revoke_apikey", "Can revoke API keys (closes their websockets)")]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.owner})"

@@ -1,7 +1,11 @@
 """Admin of approvals: the approvers' queue (their home page), and every approval's history.
 
 Decisions go through the same services as the REST API (races, validation,
-the session's resumption); these views only translate.
+the session's resumption); these views only translate. Deciding here takes an approver's
+rights (their groups, as over the API) and the `decide_approval` permission; an approver
+without it sees the queue and decides nothing. The arguments the model sent are message
+content: on the change pages they take `view_message_content` (the queue shows them to
+its approvers, who decide on them).
 """
 
 import json
@@ -16,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.selectors import approver_groups
 from accounts.tenancy import TenantScopedAdmin
 from sessions import services
@@ -81,27 +86,42 @@ def queue_groups(request: HttpRequest) -> list[str] | None:
     return groups
 
 
+DECIDE = "approvals.decide_approval"
+
+
+def may_decide(request: HttpRequest) -> bool:
+    """Decides in the admin: the permission, and approver rights (a superuser has both)."""
+    user_id = request.user.pk
+    if not holds(request, DECIDE) or user_id is None:
+        return False
+    return bool(request.user.is_superuser) or approver_groups(user_id=user_id) is not None
+
+
 def approver_only(request: HttpRequest) -> bool:
     """An approver who is not an operator: the queue is all they see."""
     user = request.user
     if not user.is_active or not user.is_staff or user.is_superuser or user.pk is None:
         return False
-    return approver_groups(user_id=user.pk) is not None and not user.get_all_permissions()
+    # Deciding is an approver's own permission, not an operator's.
+    return approver_groups(user_id=user.pk) is not None and user.get_all_permissions() <= {DECIDE}
 
 
-class ApprovalTransitionInline(admin.TabularInline):
+class ApprovalTransitionInline(ContentMaskedAdmin, admin.TabularInline):
     model = ApprovalTransition
     extra = 0
     can_delete = False
     fields = ("at", "outcome", "from_status", "to_status", "actor", "group", "comment", "arguments")
     readonly_fields = fields
+    content_permission = MESSAGE_CONTENT
+    content_fields = {"arguments": "arguments_hidden"}
+    arguments_hidden = masked("arguments", MESSAGE_CONTENT)
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 
 @admin.register(Approval)
-class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     # The change pages; approvers act through the queue, routed by their groups.
     tenant_owner_path = "session__owner"
     list_display = (
@@ -119,9 +139,21 @@ class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
     readonly_fields = tuple(f.name for f in Approval._meta.fields)
     inlines = [ApprovalTransitionInline]
     actions = ["approve", "approve_and_remember", "reject"]
+    content_permission = MESSAGE_CONTENT
+    content_fields = {
+        "arguments": "arguments_hidden",
+        "edited_arguments": "edited_arguments_hidden",
+        "answer_result": "answer_result_hidden",
+    }
+    arguments_hidden = masked("arguments", MESSAGE_CONTENT)
+    edited_arguments_hidden = masked("edited arguments", MESSAGE_CONTENT)
+    answer_result_hidden = masked("answer result", MESSAGE_CONTENT)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return may_decide(request)
 
     def get_urls(self) -> list[Any]:
         queue = path(
@@ -133,6 +165,8 @@ class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
         """Pending approvals and reviews, oldest first: decide each in one click, or reject many."""
         groups = queue_groups(request)
         if request.method == "POST":
+            if not may_decide(request):
+                raise PermissionDenied
             self._queue_post(request, groups)
             return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
         pending = approvals_queue(groups=groups)
@@ -151,6 +185,7 @@ class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
             "decided": decided,
             "review_answers": ReviewAnswer.choices,
             "approver_only": approver_only(request),
+            "can_decide": may_decide(request),
         }
         return TemplateResponse(request, "admin/approvals/queue.html", context)
 
@@ -246,15 +281,18 @@ class ApprovalAdmin(TenantScopedAdmin, admin.ModelAdmin):
                 self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
         self.message_user(request, f"Decided {done} approval(s).", messages.SUCCESS)
 
-    @admin.action(description="Approve")
+    @admin.action(description="Approve", permissions=["decide"])
     def approve(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=True, remember=False)
 
-    @admin.action(description="Approve and remember for the session (same tool and arguments)")
+    @admin.action(
+        description="Approve and remember for the session (same tool and arguments)",
+        permissions=["decide"],
+    )
     def approve_and_remember(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=True, remember=True)
 
-    @admin.action(description="Reject")
+    @admin.action(description="Reject", permissions=["decide"])
     def reject(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=False, remember=False)
 

@@ -101,6 +101,11 @@ class Approval(models.Model):
 
     class Meta:
         ordering = ["requested_at"]
+        # Deciding in the admin needs this on top of an approver's rights (their groups);
+        # the REST API stays with approver rights alone.
+        permissions = [
+            ("decide_approval", "Can approve or reject approvals in the admin (as an approver)")
+        ]
         indexes = [
             models.Index(
                 fields=["deadline"], name="approval_pending_deadline", condition=Q(status="pending")

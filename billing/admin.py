@@ -256,7 +256,10 @@ class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
         account = get_object_or_404(
             tenant_scope(CreditAccount.objects.all(), request.user, "owner"), pk=pk
         )
-        if action not in ("grant", "adjust") or not self.has_change_permission(request, account):
+        if not self.has_change_permission(request, account):
+            # "view" shows the account; moving points is a change (403, as Django's own pages).
+            raise PermissionDenied
+        if action not in ("grant", "adjust"):
             return HttpResponseRedirect(reverse("admin:billing_creditaccount_change", args=[pk]))
         form = PointsForm(request.POST or None)
         if request.method == "POST" and form.is_valid():

@@ -1,4 +1,10 @@
-"""Operators list, search, edit and erase what is remembered, per owner."""
+"""Operators list, search, edit and erase what is remembered, per owner.
+
+What an item says is a person's own: "view" lists items with their content masked; seeing
+it takes `view_memory_content`, and editing or adding takes that and change (add) too,
+since an edited item reaches its owner's next prompt. Erasing an owner's memory takes
+`erase_memory`. Each operator reaches only their own tenant's items (a superuser all).
+"""
 
 from typing import Any
 
@@ -8,6 +14,9 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.text import Truncator
+
+from accounts.admin_access import MEMORY_CONTENT, ContentMaskedAdmin, holds, masked
+from accounts.tenancy import TenantScopedAdmin
 
 from .models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from .services import embedding_endpoint_save, memory_erase_owner, memory_item_save
@@ -31,7 +40,7 @@ class LiveFilter(admin.SimpleListFilter):
 
 
 @admin.register(MemoryItem)
-class MemoryItemAdmin(admin.ModelAdmin):
+class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "owner",
         "tag",
@@ -46,6 +55,16 @@ class MemoryItemAdmin(admin.ModelAdmin):
     list_select_related = ("owner",)
     raw_id_fields = ("owner", "superseded_by")
     actions = ("erase_owners",)
+    content_permission = MEMORY_CONTENT
+    content_fields = {
+        "subject_short": "subject_hidden",
+        "content_short": "content_hidden",
+        "subject": "subject_hidden",
+        "content": "content_hidden",
+    }
+    content_search_fields = ("content", "subject")
+    subject_hidden = masked("subject", MEMORY_CONTENT)
+    content_hidden = masked("content", MEMORY_CONTENT)
     fields = (
         "owner", "tag", "subject", "content", "importance", "confidence", "source",
         "source_session_id", "superseded_by", "superseded_at", "embedding_model", "dims",
@@ -68,11 +87,29 @@ class MemoryItemAdmin(admin.ModelAdmin):
     def status(self, obj: MemoryItem) -> str:
         return "superseded" if obj.superseded_at else "latest"
 
+    # Whoever edits an item writes into its owner's prompts: only someone who may also read
+    # what it says. The owner never changes (that would hand one person's memory to another).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and self.shows_content(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and self.shows_content(request)
+
+    def has_erase_permission(self, request: HttpRequest) -> bool:
+        return holds(request, "memory.erase_memory")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_readonly_fields(request, obj)
+        return fields if obj is None else [*fields, "owner"]
+
     def save_model(self, request: HttpRequest, obj: MemoryItem, form: Any, change: bool) -> None:
         # An edited text gets its new vector, or search would keep finding the old one.
         memory_item_save(item=obj, reembed=not change or "content" in form.changed_data)
 
-    @admin.action(description="Erase everything remembered about the selected items' owners")
+    @admin.action(
+        description="Erase everything remembered about the selected items' owners",
+        permissions=["erase"],
+    )
     def erase_owners(
         self, request: HttpRequest, queryset: QuerySet[MemoryItem]
     ) -> HttpResponse | None:
@@ -124,7 +161,7 @@ class EmbeddingEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(MemoryOwnerIndex)
-class MemoryOwnerIndexAdmin(admin.ModelAdmin):
+class MemoryOwnerIndexAdmin(TenantScopedAdmin, admin.ModelAdmin):
     """Read-only: which large owners have their own search index, and how its build went."""
 
     list_display = ("owner", "dims", "name", "state", "items_at_build", "build_s", "built_at")

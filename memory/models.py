@@ -76,6 +76,12 @@ class MemoryItem(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        # What a person told the agent is theirs: seeing it, and erasing it, each take their
+        # own permission; "view" shows only that an item exists.
+        permissions = [
+            ("view_memory_content", "Can view what memory items say"),
+            ("erase_memory", "Can erase everything remembered about an owner (irreversible)"),
+        ]
         indexes = [
             models.Index(
                 fields=["owner", "dims"],
@@ -93,7 +99,8 @@ class MemoryItem(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tag}: {self.content[:60]}"
+        # The name shows in breadcrumbs, history and links (and logs): never what it says.
+        return f"{self.tag} #{self.pk}"
 
 
 class EmbeddingCache(models.Model):

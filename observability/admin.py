@@ -1,4 +1,5 @@
-"""Prompt samples in the admin: read-only, for superusers and holders of the view permission."""
+"""Prompt samples in the admin: read-only. The view permission lists them (when, which
+model, how many tokens); what was sent and received takes `view_prompt_content` too."""
 
 import json
 from typing import Any
@@ -7,11 +8,13 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from accounts.admin_access import PROMPT_CONTENT, ContentMaskedAdmin, masked
+
 from .models import PromptSample
 
 
 @admin.register(PromptSample)
-class PromptSampleAdmin(admin.ModelAdmin):
+class PromptSampleAdmin(ContentMaskedAdmin, admin.ModelAdmin):
     list_display = ("created_at", "session_id", "turn", "iteration", "endpoint", "model", "tokens")
     list_filter = ("endpoint",)
     search_fields = ("=session_id", "=trace_id")
@@ -21,6 +24,10 @@ class PromptSampleAdmin(admin.ModelAdmin):
         "input_tokens", "output_tokens", "request_pretty", "response_pretty",
     )  # fmt: skip
     readonly_fields = fields
+    content_permission = PROMPT_CONTENT
+    content_fields = {"request_pretty": "request_hidden", "response_pretty": "response_hidden"}
+    request_hidden = masked("request", PROMPT_CONTENT)
+    response_hidden = masked("response", PROMPT_CONTENT)
 
     @admin.display(description="tokens in/out")
     def tokens(self, obj: PromptSample) -> str:

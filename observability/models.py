@@ -2,7 +2,8 @@
 
 A fraction of model calls (PROMPT_SAMPLE_RATE, default 1%) is written here,
 request and response in full. Only superusers and staff holding the
-`observability.view_promptsample` permission see it (admin.py); the API never serves it.
+`observability.view_promptsample` permission list it, and only those also holding
+`view_prompt_content` read a request or response (admin.py); the API never serves it.
 """
 
 from django.db import models
@@ -26,6 +27,8 @@ class PromptSample(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "prompt sample"
+        # "view" lists the samples; what was sent and received takes this one too.
+        permissions = [("view_prompt_content", "Can view the full prompts and answers sampled")]
 
     def __str__(self) -> str:
         return f"{self.session_id} turn {self.turn} call {self.iteration}"

@@ -58,6 +58,7 @@ class ModelEndpoint(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [("reset_breaker_modelendpoint", "Can reset a model endpoint's breaker")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.api})"
@@ -245,6 +246,13 @@ class Session(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        # The operator's controls beyond "change session" (cancel, resume): each can make
+        # something happen in the world a second time, or speak for the agent.
+        permissions = [
+            ("fork_session", "Can fork a session from a checkpoint (may repeat side effects)"),
+            ("take_over_session", "Can take over a session (reply, finish, hand back)"),
+            ("run_tool_session", "Can run a session's tool by hand"),
+        ]
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="session_owner_created"),
             models.Index(fields=["agent", "-created_at"], name="session_agent_created"),
@@ -330,6 +338,10 @@ class Message(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        # "view" shows that a message (tool call, event) exists; what it says takes this too.
+        permissions = [
+            ("view_message_content", "Can view what messages, tool calls and events say")
+        ]
         constraints = [
             models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq"),
             models.UniqueConstraint(

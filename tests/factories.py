@@ -1,5 +1,8 @@
+from typing import Any
+
 import factory
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 
 from accounts.services import api_key_create
 from sessions.models import Agent, ModelEndpoint, Session
@@ -12,6 +15,30 @@ class UserFactory(factory.django.DjangoModelFactory):
         django_get_or_create = ("username",)
 
     username = factory.Sequence(lambda n: f"user{n}")
+
+
+def permissions(*names: str) -> list[Permission]:
+    """Permissions by "app_label.codename" (each must exist)."""
+    found = []
+    for name in names:
+        app_label, codename = name.split(".", 1)
+        found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return found
+
+
+class StaffUserFactory(UserFactory):
+    """A staff user (not a superuser) holding the permissions named in `perms`
+    ("app_label.codename"), e.g. StaffUserFactory(perms=["memory.view_memoryitem"])."""
+
+    class Meta:
+        skip_postgeneration_save = True
+
+    is_staff = True
+
+    @factory.post_generation
+    def perms(self, create: bool, extracted: Any, **kwargs: Any) -> None:
+        if create and extracted:
+            self.user_permissions.add(*permissions(*extracted))
 
 
 class ModelEndpointFactory(factory.django.DjangoModelFactory):

@@ -12,6 +12,8 @@ from django.utils.text import Truncator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from accounts.admin_access import holds
+
 from .descriptions import description_problems
 from .env_access import HeaderEnvRefused
 from .execution import tool_breaker
@@ -324,7 +326,13 @@ class McpServerAdmin(admin.ModelAdmin):
     def error_short(self, obj: McpServer) -> str:
         return Truncator(obj.last_error).chars(60) or "—"
 
-    @admin.action(description="Refresh tools (list them now and show what changed)")
+    def has_refresh_permission(self, request: HttpRequest) -> bool:
+        # A refresh adds, changes and disables Tool rows from what the server lists now.
+        return holds(request, "tools.refresh_mcpserver")
+
+    @admin.action(
+        description="Refresh tools (list them now and show what changed)", permissions=["refresh"]
+    )
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             try:

@@ -48,6 +48,8 @@ class McpServer(models.Model):
     class Meta:
         ordering = ["name"]
         verbose_name = "MCP server"
+        # Refreshing lists the server's tools now and adds, changes or disables Tool rows.
+        permissions = [("refresh_mcpserver", "Can refresh an MCP server's tools")]
 
     def __str__(self) -> str:
         return self.name

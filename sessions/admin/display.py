@@ -91,22 +91,28 @@ def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
     )
 
 
-def event_summary(type_: str, data: dict[str, Any]) -> str:
+HIDDEN = "(content hidden)"
+
+
+def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> str:
+    """One line for an event; with `content` False, nothing of what was said (for a user
+    without the message content permission): states, names, counts and timings only."""
     if not isinstance(data, dict):
-        return short(data)
+        return short(data) if content else HIDDEN
     if type_ == EventType.STATE_CHANGED:
         return f"{data.get('from')} → {data.get('to')} ({data.get('trigger')})"
     if type_ == EventType.MESSAGE_COMPLETED:
         calls = ", ".join(
             str(c.get("name", "?")) for c in data.get("tool_calls") or [] if isinstance(c, dict)
         )
-        text = short(data.get("content"), 160)
+        text = short(data.get("content"), 160) if content else HIDDEN
         return f"{data.get('role')}: {text}" + (f" → {calls}" if calls else "")
     if type_ == EventType.TOOL_STARTED:
-        return f"{data.get('tool')}({short(data.get('input'), 100)})"
+        return f"{data.get('tool')}({short(data.get('input'), 100) if content else '…'})"
     if type_ == EventType.TOOL_FINISHED:
+        error = data.get("error") if content else None
         return f"{data.get('tool')} {data.get('status')} in {data.get('elapsed_ms')} ms" + (
-            f": {short(data.get('error'), 100)}" if data.get("error") else ""
+            f": {short(error, 100)}" if error else ""
         )
     if type_ == EventType.TURN_FINISHED:
         usage = data.get("usage") or {}
@@ -115,5 +121,5 @@ def event_summary(type_: str, data: dict[str, Any]) -> str:
             f"{usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tokens, cost {usage.get('cost', 0)}"
         )
     if type_ == EventType.ERROR:
-        return f"{data.get('code')}: {short(data.get('message'), 160)}"
-    return short(data, 160)
+        return f"{data.get('code')}: {short(data.get('message'), 160) if content else HIDDEN}"
+    return short(data, 160) if content else HIDDEN

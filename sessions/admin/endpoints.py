@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 
+from accounts.admin_access import holds
 from accounts.tenancy import TenantScopedAdmin
 from runtime.breaker import model_breaker
 from tools.forms import JSON_FIELD, breaker_badge, optional_count_field
@@ -80,7 +81,11 @@ class ModelEndpointAdmin(admin.ModelAdmin):
             return format_html('<span title="from {}">set</span>', obj.api_key_env)
         return "none"
 
-    @admin.action(description="Reset the circuit breaker")
+    def has_reset_breaker_permission(self, request: HttpRequest) -> bool:
+        # A reset sends traffic to an endpoint the breaker judged down: not an edit of the row.
+        return holds(request, "agent_sessions.reset_breaker_modelendpoint")
+
+    @admin.action(description="Reset the circuit breaker", permissions=["reset_breaker"])
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
         for endpoint in queryset:
             model_breaker().reset(endpoint.name)

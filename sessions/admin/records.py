@@ -1,5 +1,9 @@
 """A session's stored history, one list per table: messages, tool calls, transitions,
-checkpoints (forkable) and events."""
+checkpoints (forkable) and events.
+
+What was said (a message's text, a tool call's input and output, an event's payload, a
+checkpoint's context) takes `view_message_content` on top of each list's view permission;
+forking takes `fork_session` (a fork may repeat side effects)."""
 
 from typing import Any
 
@@ -9,6 +13,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.tenancy import TenantScopedAdmin
 
 from .. import services
@@ -17,8 +22,12 @@ from .base import ReadOnlyAdmin
 from .display import event_summary, pre, short
 
 
+class MessageContentAdmin(ContentMaskedAdmin):
+    content_permission = MESSAGE_CONTENT
+
+
 @admin.register(Message)
-class MessageAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class MessageAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
     list_display = (
         "id",
@@ -50,6 +59,16 @@ class MessageAdmin(TenantScopedAdmin, ReadOnlyAdmin):
         "created_at",
     )
     readonly_fields = fields
+    content_fields = {
+        "content_short": "content_hidden",
+        "content": "content_hidden",
+        "tool_calls_pretty": "tool_calls_hidden",
+        "data_pretty": "data_hidden",
+    }
+    content_search_fields = ("content",)
+    content_hidden = masked("content", MESSAGE_CONTENT)
+    tool_calls_hidden = masked("tool calls", MESSAGE_CONTENT)
+    data_hidden = masked("data", MESSAGE_CONTENT)
 
     @admin.display(description="content")
     def content_short(self, obj: Message) -> str:
@@ -65,7 +84,7 @@ class MessageAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
     list_display = (
         "id",
@@ -106,6 +125,14 @@ class ToolCallAdmin(TenantScopedAdmin, ReadOnlyAdmin):
         "finished_at",
     )
     readonly_fields = fields
+    content_fields = {
+        "input_pretty": "input_hidden",
+        "output_pretty": "output_hidden",
+        "error": "error_hidden",
+    }
+    input_hidden = masked("input", MESSAGE_CONTENT)
+    output_hidden = masked("output", MESSAGE_CONTENT)
+    error_hidden = masked("error", MESSAGE_CONTENT)
 
     @admin.display(description="risk", ordering="risk_level")
     def risk(self, obj: ToolCall) -> str:
@@ -155,7 +182,7 @@ class TransitionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
     list_display = (
         "id",
@@ -183,12 +210,20 @@ class CheckpointAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     )
     readonly_fields = fields
     actions = ("fork_from_checkpoint",)
+    content_fields = {"context_pretty": "context_hidden"}
+    context_hidden = masked("context (what changed in this step)", MESSAGE_CONTENT)
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # History is read-only, but forking writes a new session, not this row.
         return admin.ModelAdmin.get_actions(self, request)
 
-    @admin.action(description="Fork a new session from this checkpoint")
+    def has_fork_permission(self, request: HttpRequest) -> bool:
+        return holds(request, "agent_sessions.fork_session")
+
+    @admin.action(
+        description="Fork a new session from this checkpoint (may repeat side effects)",
+        permissions=["fork"],
+    )
     def fork_from_checkpoint(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
         actor = f"admin:{request.user.get_username()}"
         for checkpoint in queryset.select_related("session"):
@@ -213,7 +248,7 @@ class CheckpointAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class EventAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
     list_display = ("id", "session_short", "seq", "type", "summary", "created_at")
     list_filter = ("type",)
@@ -221,10 +256,16 @@ class EventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     ordering = ("-id",)
     fields = ("session_short", "seq", "type", "data_pretty", "created_at")
     readonly_fields = fields
+    content_fields = {"summary": "summary_without_content", "data_pretty": "data_hidden"}
+    data_hidden = masked("data", MESSAGE_CONTENT)
 
     @admin.display(description="summary")
     def summary(self, obj: Event) -> str:
         return event_summary(obj.type, obj.data)
+
+    @admin.display(description="summary")
+    def summary_without_content(self, obj: Event) -> str:
+        return event_summary(obj.type, obj.data, content=False)
 
     @admin.display(description="data")
     def data_pretty(self, obj: Event) -> str:

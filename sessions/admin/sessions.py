@@ -1,5 +1,10 @@
 """The session list and a session's page: its summary, timeline (approvals inline), and the
-operator's controls: cancel, resume, force-finish, fork, and human takeover."""
+operator's controls: cancel, resume, force-finish, fork, and human takeover.
+
+Each control takes its own permission, checked in the action and in the POST handler alike:
+cancel and resume "operate" (Django's change session permission: a session is never edited
+otherwise); fork `fork_session`; reply, force-finish and hand back `take_over_session`; a tool
+run by hand `run_tool_session`. What was said takes `view_message_content`."""
 
 import json
 import uuid
@@ -23,6 +28,13 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from accounts.admin_access import (
+    MESSAGE_CONTENT,
+    ContentMaskedAdmin,
+    OwnerFilter,
+    holds,
+    masked,
+)
 from accounts.tenancy import TenantScopedAdmin, tenant_scope
 from observability.tracing import trace_id_of
 from tools.execution import tools_for_agent
@@ -75,10 +87,14 @@ class SessionSummary:
     def running(self) -> bool:
         return self.session.state not in TURN_ENDED and self.session.state != State.IDLE
 
+    # The dialogue line quotes what the user said (its slots): shown only with the content
+    # permission (the view sets it).
+    content: bool = True
+
     @property
     def dialogue(self) -> str:
         """The dialogue state in one line: intent and slots, each with the turn that set it."""
-        return dialogue_line(self.session.dialogue_state)
+        return dialogue_line(self.session.dialogue_state) if self.content else ""
 
 
 def dialogue_line(state: Any) -> str:
@@ -117,15 +133,27 @@ def _json_or_invalid(raw: str) -> Any:
         raise InvalidInput(f"the arguments are not valid JSON: {exc}") from None
 
 
-def takeover_context(session: Session) -> dict[str, Any]:
-    """Which of the operator's controls apply to the session as it is now."""
+def takeover_context(session: Session, allowed: set[str]) -> dict[str, Any]:
+    """Which of the operator's controls apply to the session as it is now, among the
+    ones the operator holds the permission for (`allowed`: operate, take_over, run_tool, fork)."""
     state = State(session.state)
-    tools = tools_for_agent(list(session.agent.tools), role=session.role)
+    ended = state in TURN_ENDED
+    controls = {
+        "force_finish": state in services.WAITING and "take_over" in allowed,
+        "resume": state == State.ERROR and "operate" in allowed,
+        "takeover": ended and "take_over" in allowed,
+        "run_tool": ended and "run_tool" in allowed,
+        "fork": session.step > 0 and "fork" in allowed,
+    }
+    tools = (
+        tools_for_agent(list(session.agent.tools), role=session.role)
+        if controls["run_tool"]
+        else {}
+    )
     return {
-        "force_finish": state in services.WAITING,
-        "resume": state == State.ERROR,
-        "takeover": state in TURN_ENDED,
-        "fork": session.step > 0,
+        **controls,
+        "any": any(controls.values()),
+        "running": not ended,
         "tools": [
             (name, json.dumps(_example(t.parameters)), t.side_effects)
             for name, t in sorted(tools.items())
@@ -143,8 +171,19 @@ def _example(schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Each control of the session page, and the permission it takes (a has_<name>_permission).
+CONTROLS = {
+    "resume": "operate",
+    "force_finish": "take_over",
+    "reply": "take_over",
+    "hand_back": "take_over",
+    "run_tool": "run_tool",
+    "fork": "fork",
+}
+
+
 @admin.register(Session)
-class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
+class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     change_form_template = "admin/agent_sessions/session/change_form.html"
     list_display = (
         "short_id",
@@ -164,7 +203,8 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
         "state",
         "degradation_level",
         "agent",
-        "owner",
+        # Names owners only to who may view users (auth.view_user).
+        ("owner", OwnerFilter),
         "role",
         "model_calls__endpoint_name",
     )
@@ -175,6 +215,9 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
+    content_permission = MESSAGE_CONTENT
+    content_fields = {"dialogue_pretty": "dialogue_hidden"}
+    dialogue_hidden = masked("dialogue state", MESSAGE_CONTENT)
     readonly_fields = (
         "id",
         "agent",
@@ -351,6 +394,23 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
+    def has_fork_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return holds(request, "agent_sessions.fork_session")
+
+    def has_take_over_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return holds(request, "agent_sessions.take_over_session")
+
+    def has_run_tool_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return holds(request, "agent_sessions.run_tool_session")
+
+    def allowed_controls(self, request: HttpRequest) -> set[str]:
+        """The names of the permissions in CONTROLS this user holds."""
+        return {
+            name
+            for name in set(CONTROLS.values())
+            if getattr(self, f"has_{name}_permission")(request)
+        }
+
     @admin.action(description="Cancel the running turn", permissions=["operate"])
     def cancel_running_turn(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         cancelled, idle = self._cancel(request, list(queryset))
@@ -423,10 +483,12 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
             tenant_scope(Session.objects.select_related("agent"), request.user, "owner"),
             pk=session_id,
         )
-        if not self.has_operate_permission(request, session):
+        action = request.POST.get("action", "")
+        allowed = self.allowed_controls(request)
+        # An unknown action is told as such only to someone who holds some control.
+        if not allowed or (action in CONTROLS and CONTROLS[action] not in allowed):
             raise PermissionDenied
         actor = f"admin:{request.user.get_username()}"
-        action = request.POST.get("action", "")
         content = request.POST.get("content", "")
         target = session
         try:
@@ -505,10 +567,13 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
             # Another tenant's (or no) session: the admin says it does not exist, and
             # nothing of its timeline is read.
             return super().change_view(request, object_id, form_url, extra_context=extra_context)
-        items, truncated = session_timeline(session_id)
+        content = self.shows_content(request)
+        items, truncated = session_timeline(session_id, content=content)
         session = Session.objects.select_related("agent", "owner").filter(pk=session_id).first()
         if session is not None:
-            extra_context["summary"] = session_summary(session)
+            summary = session_summary(session)
+            summary.content = content
+            extra_context["summary"] = summary
         extra_context.update(
             can_operate=self.has_operate_permission(request),
             timeline=items,
@@ -525,6 +590,6 @@ class SessionAdmin(TenantScopedAdmin, SessionIdSearch):
             cancellable_states=[s.value for s in State if s not in TURN_ENDED],
         )
         if session is not None:
-            extra_context["takeover"] = takeover_context(session)
+            extra_context["takeover"] = takeover_context(session, self.allowed_controls(request))
             extra_context["timeline_kinds"].append(("approval", "Approval"))
         return super().change_view(request, object_id, form_url, extra_context=extra_context)

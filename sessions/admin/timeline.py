@@ -9,9 +9,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from .. import selectors
-from .display import event_summary, pretty_json, short
+from .display import HIDDEN, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
+# What was said, per kind of row: shown only with the message content permission.
+CONTENT_KEYS = {
+    "message": ("content", "tool_calls", "data"),
+    "toolcall": ("input", "output", "error"),
+    "event": ("data",),
+    "checkpoint": ("context",),
+}
 
 
 @dataclass
@@ -45,7 +52,7 @@ KINDS = {
 }
 
 
-def _summary(entry: selectors.TimelineEntry) -> str:
+def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
     r = entry.row
     if entry.kind == "transition":
         summary = f"{r['from_state']} → {r['to_state']} ({r['trigger']})"
@@ -56,7 +63,7 @@ def _summary(entry: selectors.TimelineEntry) -> str:
         return summary
     if entry.kind == "message":
         who = r["role"] + (f" ({r['name']})" if r["name"] else "")
-        summary = f"{who}: {short(r['content'], 200)}"
+        summary = f"{who}: {short(r['content'], 200) if content else HIDDEN}"
         calls = [c.get("name", "?") for c in r["tool_calls"] or [] if isinstance(c, dict)]
         if calls:
             summary += " → " + ", ".join(map(str, calls))
@@ -66,16 +73,16 @@ def _summary(entry: selectors.TimelineEntry) -> str:
             summary += " [archived: a summary replaced it]"
         return summary
     if entry.kind == "toolcall":
-        summary = f"{r['tool_name']}({short(r['input'], 100)}) {r['status']}"
+        summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {r['status']}"
         if r.get("risk_level") is not None:
             summary += f" · risk {r['risk_level']} ({r['risk_reason']})"
         if r["elapsed_ms"] is not None:
             summary += f" in {r['elapsed_ms']} ms"
-        if r["error"]:
+        if r["error"] and content:
             summary += f": {short(r['error'], 100)}"
         return summary
     if entry.kind == "event":
-        return f"{r['type']} · {event_summary(r['type'], r['data'])}"
+        return f"{r['type']} · {event_summary(r['type'], r['data'], content=content)}"
     context = r["context"] if isinstance(r["context"], dict) else {}
     summary = (
         f"step {r['step']} · {r['state']} · {context.get('phase', '')} · {r['size_bytes']} bytes"
@@ -104,10 +111,19 @@ def context_tokens(tokens: dict[str, Any]) -> str:
     return line
 
 
+def _detail(entry: selectors.TimelineEntry, content: bool) -> str:
+    row = entry.row
+    if not content:
+        hide = CONTENT_KEYS.get(entry.kind, ())
+        row = {key: HIDDEN if key in hide else value for key, value in row.items()}
+    return pretty_json(row)
+
+
 def session_timeline(
-    session_id: Any, limit: int = TIMELINE_LIMIT
+    session_id: Any, limit: int = TIMELINE_LIMIT, *, content: bool = True
 ) -> tuple[list[TimelineItem], bool]:
-    """The last `limit` things that happened to a session, oldest first; True if older ones exist."""
+    """The last `limit` things that happened to a session, oldest first; True if older ones
+    exist. With `content` False nothing of what was said shows (summaries and details)."""
     timeline = selectors.session_timeline(session_id=session_id, limit=limit)
     urls = {kind: reverse(f"admin:agent_sessions_{kind}_changelist") for kind in KINDS}
     items: list[TimelineItem] = []
@@ -120,8 +136,8 @@ def session_timeline(
             kind=entry.kind,
             label=label,
             seq=entry.seq,
-            summary=_summary(entry),
-            detail=pretty_json(entry.row),
+            summary=_summary(entry, content),
+            detail=_detail(entry, content),
             url=f"{urls[entry.kind]}{entry.pk}/change/",
             state=entry.state,
         )
@@ -131,7 +147,7 @@ def session_timeline(
         items.append(item)
     # Approvals and reviews sit inline, where they were asked for and decided.
     since = items[0].at if timeline.truncated and items else None
-    items += approval_items(session_id, since)
+    items += approval_items(session_id, since, content=content)
     items.sort(key=lambda i: (i.at, i.rank, i.order))
     day = ""
     for item in items:
@@ -147,8 +163,11 @@ def trace_url(trace_id: str) -> str:
     return template.replace("{trace_id}", trace_id) if template and trace_id else ""
 
 
-def approval_items(session_id: Any, since: Any = None) -> list[TimelineItem]:
-    """One line per approval asked for, and one per decision."""
+def approval_items(
+    session_id: Any, since: Any = None, *, content: bool = True
+) -> list[TimelineItem]:
+    """One line per approval asked for, and one per decision (its arguments are what the
+    model said: shown only with `content`)."""
     from approvals.models import Approval
 
     rows = Approval.objects.filter(session_id=session_id).order_by("requested_at")
@@ -160,11 +179,14 @@ def approval_items(session_id: Any, since: Any = None) -> list[TimelineItem]:
         what = "review: did it take effect?" if a.kind == "recovery_review" else "approval"
         detail = pretty_json(
             {"arguments": a.arguments, "edited_arguments": a.edited_arguments, "reason": a.reason}
+            if content
+            else {"arguments": HIDDEN, "edited_arguments": HIDDEN, "reason": a.reason}
         )
+        arguments = short(a.arguments, 80) if content else "…"
         items.append(
             TimelineItem(
                 at=a.requested_at, rank=5, order=0, kind="approval", label="Approval", seq=None,
-                summary=f"{what} {a.tool_name}({short(a.arguments, 80)}) · risk {a.risk_level} "
+                summary=f"{what} {a.tool_name}({arguments}) · risk {a.risk_level} "
                 f"· group {a.group} · {a.status}",
                 detail=detail, url=url,
             )

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from accounts.services import approver_grant
@@ -110,6 +111,14 @@ def test_an_approver_who_is_not_an_operator_sees_only_the_queue_of_their_groups(
     assert client.get(reverse("admin:agent_sessions_session_changelist")).status_code == 403
 
     approval = Approval.objects.get(session=mine)
+    # Approver rights show the queue; deciding in the admin takes the permission too.
+    assert 'value="reject"' not in html
+    assert client.post(QUEUE, {"id": approval.pk, "action": "reject"}).status_code == 403
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+    approver_only.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    assert client.get("/admin/").url == QUEUE  # still an approver, not an operator
     client.post(QUEUE, {"id": approval.pk, "action": "reject", "comment": "no"})
     approval.refresh_from_db()
     assert (approval.status, approval.decided_by_name) == ("rejected", "bob")

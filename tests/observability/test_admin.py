@@ -61,11 +61,22 @@ def test_only_superusers_and_holders_of_the_permission_see_samples() -> None:
     assert plain.get(listing).status_code == 403
     assert plain.get(page).status_code == 403
     assert "promptsample" not in plain.get("/admin/").content.decode()
-    for client in (_staff("reader", "view_promptsample"), _staff("root", superuser=True)):
+    readers = (
+        _staff("reader", "view_promptsample", "view_prompt_content"),
+        _staff("root", superuser=True),
+    )
+    for client in readers:
         assert client.get(listing).status_code == 200
         shown = client.get(page)
         assert shown.status_code == 200
         assert SECRET_PROMPT in shown.content.decode()
+    # The view permission alone lists the samples; what was sent stays masked.
+    lister = _staff("lister", "view_promptsample")
+    assert lister.get(listing).status_code == 200
+    masked = lister.get(page).content.decode()
+    assert "m-1" in masked  # the model it went to
+    assert SECRET_PROMPT not in masked and "noted" not in masked
+    assert "hidden: needs the view_prompt_content permission" in masked
     # Read-only: nobody adds or edits one.
     assert (
         _staff("root2", superuser=True).get("/admin/observability/promptsample/add/").status_code
