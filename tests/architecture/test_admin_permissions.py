@@ -90,9 +90,12 @@ def _ran(agent: Any, owner: Any, content: str) -> Session:
 
 
 @pytest.fixture
-def world() -> Iterator[dict[str, Any]]:
+def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """A row of every model the admin lists, the sessions in the states each control acts
     on, all owned by the viewer's tenant; the model endpoint's breaker open."""
+    # Open for the whole walk: with the default 30 s cooldown a slow machine saw it turn
+    # half-open by itself before the end, which is not a change the viewer made.
+    settings.MODEL_BREAKER_COOLDOWN_S = 3600
     viewer = StaffUserFactory(username="viewer")
     endpoint = ModelEndpointFactory(name="rules", api="rules", options={})
     ToolFactory(
