@@ -18,6 +18,10 @@ CHANGELIST = reverse("admin:approvals_approval_changelist")
 QUEUE = reverse("admin:approvals_approval_queue")
 
 
+# An order id no CSRF token can contain by chance (tokens are letters and digits only).
+ORDER = "order_under_review"
+
+
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
@@ -31,7 +35,7 @@ def staff():  # type: ignore[no-untyped-def]
 
 def _pending(make_session, owner) -> Approval:  # type: ignore[no-untyped-def]
     session = make_session(owner=owner)
-    message_post(session=session, content="refund A1 80")
+    message_post(session=session, content=f"refund {ORDER} 80")
     session_run(session_id=session.pk)
     assert Session.objects.get(pk=session.pk).state == "awaiting_approval"
     return Approval.objects.get(session=session)
@@ -97,6 +101,6 @@ def test_the_change_page_masks_the_arguments_without_the_content_permission(
     client = _client(staff)
     url = reverse("admin:approvals_approval_change", args=[approval.pk])
     page = client.get(url).content.decode()
-    assert "A1" not in page and "hidden: needs the view_message_content permission" in page
+    assert ORDER not in page and "hidden: needs the view_message_content permission" in page
     staff.user_permissions.add(*permissions("agent_sessions.view_message_content"))
-    assert "A1" in client.get(url).content.decode()
+    assert ORDER in client.get(url).content.decode()
