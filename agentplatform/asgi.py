@@ -10,9 +10,9 @@ access_log.install()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentplatform.settings")
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application()
 
-from agentplatform.asgi_http import SyncChainASGIHandler  # noqa: E402
+from runtime.fastpaths.asgi_threads import http_application  # noqa: E402
 
-django_asgi_app = SyncChainASGIHandler()
+django_asgi_app = http_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402

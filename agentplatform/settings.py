@@ -295,6 +295,11 @@ PACING_DB_SLOW_MS = env.float("PACING_DB_SLOW_MS", default=200.0)
 PACING_MODEL_SLOW_S = env.float("PACING_MODEL_SLOW_S", default=30.0)
 PACING_MAX_DELAY_S = env.float("PACING_MAX_DELAY_S", default=2.0)
 
+# Fast paths that reach past a library's public API (runtime/fastpaths/): off, each falls
+# back to the public API (slower, same behaviour). Each is also off by itself on a library
+# version it was not written for (a warning, runtime.W001 in `manage.py check`).
+FAST_PATHS = env.bool("FAST_PATHS", default=True)
+
 # daphne: freeze the start-up heap out of the garbage collector (agentplatform/gc_tuning.py),
 # set the youngest generation's threshold (0 keeps Python's 700), log full collections' pauses.
 GC_FREEZE = env.bool("GC_FREEZE", default=True)

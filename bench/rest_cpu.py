@@ -182,10 +182,10 @@ def _profile_threads(on: bool, path: str = "") -> None:
     """cProfile every thread (on the thread's CPU clock): the loop's and the ones it starts.
 
     Threads already running (the enqueue's sender, a pool's) are not seen. The
-    requests' threads are kept between requests (agentplatform/asgi_http.py):
+    requests' threads are kept between requests (runtime/fastpaths/asgi_threads.py):
     the kept ones are dropped first, so the profiled requests start theirs."""
     if on:
-        from agentplatform.asgi_http import request_threads
+        from runtime.fastpaths.asgi_threads import request_threads
 
         request_threads.forget()
         _profiles.clear()

@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.core import checks
+
+from runtime import fastpaths
 
 
 class AgentSessionsConfig(AppConfig):
@@ -12,3 +15,6 @@ class AgentSessionsConfig(AppConfig):
         # Register the Celery tasks in every process (web too), so that
         # services can enqueue them by name with delay_on_commit.
         from . import tasks  # noqa: F401
+
+        # A library upgrade that turns a fast path off says so in `manage.py check`.
+        checks.register(fastpaths.check)

@@ -7,7 +7,7 @@ to the session's sockets, `FEED_SLICE` sockets per event-loop turn so a frame to
 500 watchers does not hold the loop for the whole fan-out. Before, every socket
 was a member of the group: each frame was queued, decoded and dispatched (a task
 wake-up) 500 times per process. On daphne a frame's bytes are built once and
-written straight to each socket (sessions/ws_wire.py), past daphne's and
+written straight to each socket (runtime/fastpaths/daphne_frames.py), past daphne's and
 autobahn's per-socket send path.
 
 No gap, no duplicate: a socket registers with its session's feed (which is
@@ -46,8 +46,9 @@ from accounts import limits
 from accounts.selectors import api_key_is_active
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
+from runtime.fastpaths import daphne_frames
 
-from . import selectors, services, ws_wire
+from . import selectors, services
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
 from .events import EventType
@@ -188,7 +189,7 @@ class _Feed:
 
 class _LiveFrame:
     """A frame from the feed, shared by every socket of the session: its ASGI message
-    and, built on first use, its bytes on the wire (sessions/ws_wire.py)."""
+    and, built on first use, its bytes on the wire (runtime/fastpaths/daphne_frames.py)."""
 
     __slots__ = ("message", "_wire")
 
@@ -199,7 +200,7 @@ class _LiveFrame:
     @property
     def wire(self) -> bytes:
         if self._wire is None:
-            self._wire = ws_wire.text_frame(self.message["text"])
+            self._wire = daphne_frames.text_frame(self.message["text"])
         return self._wire
 
 
@@ -390,7 +391,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if auth and auth.startswith("Bearer "):
             token = auth[len("Bearer ") :].strip()
         await self.accept(subprotocol=subprotocol)
-        self._protocol = ws_wire.daphne_protocol(self.base_send)
+        self._protocol = daphne_frames.daphne_protocol(self.base_send)
         client = self.scope.get("client") or (None, None)
         address = limits.client_address(
             peer=client[0], forwarded_for=_header(self.scope, b"x-forwarded-for")
@@ -562,7 +563,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         # Through daphne's protocol when it can take the bytes directly, else ASGI.
         # Either way in order: daphne's ASGI send reaches the same transport
         # synchronously, and a direct write goes behind anything queued there.
-        if self._protocol is not None and ws_wire.write(self._protocol, frame.wire):
+        if self._protocol is not None and daphne_frames.write(self._protocol, frame.wire):
             return
         await self.base_send(frame.message)
 

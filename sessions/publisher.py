@@ -8,23 +8,22 @@ on the committing thread: the group message carries its seq and its text, and
 every socket of the group forwards the text as is (500 watchers, one json.dumps).
 
 On the Redis Pub/Sub layer the committing thread writes the PUBLISH commands
-itself, to the process's one publishing connection (runtime/redis_publisher.py):
-no hop to the io loop and no reply to wait for.
+itself (a fast path, runtime/fastpaths/redis_pubsub.py): no hop to the io loop
+and no reply to wait for. Elsewhere, or with it off, frames go through the
+layer's `group_send` on the io loop.
 """
 
 import json
 import logging
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 from uuid import UUID
 
 from channels.layers import get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
-from runtime import io_loop, redis_publisher
+from runtime import io_loop
+from runtime.fastpaths import redis_pubsub
 
 from .events import EventType
 
@@ -87,55 +86,6 @@ def frame_of(message: Mapping[str, Any]) -> Frame:
     return frame
 
 
-@dataclass(frozen=True)
-class _Route:
-    """Where a group's frames go on the Pub/Sub layer: its channel names and hosts."""
-
-    layer: RedisPubSubChannelLayer
-    names: RedisPubSubLoopLayer  # only its pure functions: the group's channel, its shard
-    publishers: dict[int, redis_publisher.Publisher]  # by id() of the names' shard
-
-    def publish(self, group: str, messages: list[dict[str, Any]]) -> None:
-        channel = self.names._get_group_channel_name(group)
-        publisher = self.publishers[id(self.names._get_shard(channel))]
-        publisher.publish(channel.encode(), [self.layer.serialize(m) for m in messages])
-
-
-_routes: dict[int, tuple[Any, _Route | None]] = {}
-_routes_lock = threading.Lock()
-
-
-def _route(layer: Any) -> "_Route | None":
-    """The layer's route for direct publishing; None where the layer is another
-    kind, or a channels_redis release without the parts this relies on (those
-    publish through `group_send`, a round trip on the io loop per frame)."""
-    known = _routes.get(id(layer))
-    if known is not None and known[0] is layer:
-        return known[1]
-    with _routes_lock:  # one route a layer: two would be two connections, out of order
-        known = _routes.get(id(layer))
-        if known is not None and known[0] is layer:
-            return known[1]
-        route: _Route | None = None
-        if isinstance(layer, RedisPubSubChannelLayer):
-            try:
-                # channels_redis 4.2-4.3: a loop layer built here (no loop needed) names the
-                # group's channel and picks its shard exactly as the subscribers' does.
-                names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)
-                names._get_shard(names._get_group_channel_name("probe"))
-                if any("master_name" in shard.host for shard in names._shards):
-                    # Sentinel: redis-py's asyncio client follows the master; ours does not.
-                    raise ValueError("a Sentinel host")
-                publishers = {
-                    id(shard): redis_publisher.Publisher(shard.host) for shard in names._shards
-                }
-                route = _Route(layer, names, publishers)
-            except (AttributeError, TypeError, ValueError) as error:
-                logger.warning("frames go through group_send: %s", error)
-        _routes[id(layer)] = (layer, route)
-        return route
-
-
 async def _group_send(session_id: str, messages: list[dict[str, Any]]) -> None:
     layer = get_channel_layer()
     if layer is None:
@@ -168,7 +118,7 @@ def publish(
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return
-        route = _route(get_channel_layer())
+        route = redis_pubsub.route(get_channel_layer())
         if route is None:
             io_loop.submit(_group_send(str(session_id), messages))
             return

@@ -10,13 +10,13 @@ from django.db.models import Count, F, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from observability.readings import Gauge
-from runtime.prepared import PreparedQuery
+from runtime.fastpaths.prepared import PreparedQuery
 
 from .errors import NotFound
 from .events import EventType
 from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 
-# The API's session read (every GET of a session): compiled once (runtime/prepared.py).
+# The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
     lambda pk, owner_id: Session.objects.select_related("agent").filter(pk=pk, owner_id=owner_id),
     example=[UUID(int=0), 0],

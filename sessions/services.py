@@ -33,7 +33,7 @@ from billing.services import credits_close, waiting_expire
 from memory.tokens import count_message_tokens
 from runtime import health, io_loop
 from runtime.cancellation import cancel_signal
-from runtime.prepared import PreparedQuery
+from runtime.fastpaths.prepared import PreparedQuery
 from tools.execution import ToolInvocation, execute_all, tools_for_agent
 
 from .dispatch import run_enqueue, run_enqueue_later, run_enqueue_on_commit
@@ -177,7 +177,7 @@ def _session_lock() -> QuerySet[Session]:
     return Session.objects.select_for_update(of=("self",), no_key=True).select_related("agent")
 
 
-# Every posted message (REST, websocket): compiled once (runtime/prepared.py).
+# Every posted message (REST, websocket): compiled once (runtime/fastpaths/prepared.py).
 _session_locked: PreparedQuery[Session] = PreparedQuery(
     lambda pk: _session_lock().filter(pk=pk), example=[UUID(int=0)]
 )

@@ -34,12 +34,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     """
     markexpr = config.getoption("markexpr", "")
     name = collection_path.name
-    if markexpr not in ("e2e", "not e2e") or not (
+    if markexpr not in ("e2e", "not e2e", "e2e and fast_paths") or not (
         name.startswith("test_") and name.endswith(".py")
     ):
         return None
     text = collection_path.read_text()
     if markexpr == "e2e" and "pytest.mark.e2e" not in text:
+        return True
+    if markexpr == "e2e and fast_paths" and "pytest.mark.fast_paths" not in text:
         return True
     if markexpr == "not e2e" and E2E_MODULE.search(text):
         return True

@@ -1,6 +1,6 @@
 """`make test`'s pytest: two lanes at once, each on its own pytest-xdist workers.
 
-    python -m tests.lanes [pytest arguments]          # both lanes (make test)
+    python -m tests.lanes [pytest arguments]          # every lane (make test)
     python -m tests.lanes --lane fast [arguments]     # the in-process lane only (make test-fast)
 
 The in-process lane (`-m "not e2e"`) is CPU-bound; the end-to-end lane (`-m e2e`) mostly
@@ -11,8 +11,12 @@ in-process test must never run in a process whose stack is up (tests/conftest.py
 separate runs keep that true whatever the scheduler does. Each run and each of its
 workers has its own test database, Celery queue and Redis prefixes (tests/pytest_env.py).
 
-The in-process lane streams to the terminal; the e2e lane writes to a log that is printed
-whole once the first lane ends, then followed live. The last line adds the two lanes up
+A third lane runs once the in-process lane is done: the end-to-end tests marked
+`fast_paths` again, with `FAST_PATHS=off` (runtime/fastpaths/), so every fallback to a
+library's public API is proven on the real stack, not only the fast paths.
+
+The in-process and fallback lanes stream to the terminal; the e2e lane writes to a log
+that is printed whole once they end, then followed live. The last line adds the two lanes up
 ('N passed, N failed, N skipped'); the exit status is the worse of the two.
 """
 
@@ -41,6 +45,13 @@ class Lane:
     workers: str
     dist: str
 
+    env: dict[str, str] | None = None  # added to the environment for this lane
+
+    def run(self, extra: list[str], junit: Path) -> int:
+        return subprocess.call(
+            self.argv(extra, junit), cwd=ROOT, env={**os.environ, **(self.env or {})}
+        )
+
     def argv(self, extra: list[str], junit: Path) -> list[str]:
         return [
             sys.executable,
@@ -62,6 +73,9 @@ class Lane:
 # revocation tests) boots once; the largest modules are handed out first.
 FAST = Lane("in-process", "not e2e", os.environ.get("PYTEST_WORKERS", "2"), "load")
 E2E = Lane("e2e", "e2e", os.environ.get("E2E_WORKERS", "3"), "loadscope")
+FALLBACKS = Lane(
+    "fast-paths-off", "e2e and fast_paths", "1", "loadscope", env={"FAST_PATHS": "off"}
+)
 
 
 def counts(junit: Path) -> dict[str, int]:
@@ -106,10 +120,11 @@ def main() -> int:
         # Alone on the machine, a third worker fills the time the others wait (sleeps,
         # subprocesses, the database): ~127 s instead of ~143 s on 2 cores.
         alone = Lane(FAST.name, FAST.marker, os.environ.get("PYTEST_WORKERS", "3"), FAST.dist)
-        code = subprocess.call(alone.argv(extra, fast_junit), cwd=ROOT)
+        code = alone.run(extra, fast_junit)
         return 0 if code == NO_TESTS else code
 
     e2e_junit = LOGS / f"lane-e2e-{stamp}.xml"
+    fallback_junit = LOGS / f"lane-fallbacks-{stamp}.xml"
     e2e_log = LOGS / f"lane-e2e-{stamp}.log"
     with e2e_log.open("wb") as handle:
         e2e = subprocess.Popen(
@@ -117,9 +132,15 @@ def main() -> int:
         )
     print(f"lanes: the e2e lane runs beside this one; its output follows ({e2e_log})", flush=True)
     try:
-        fast_code = subprocess.call(FAST.argv(extra, fast_junit), cwd=ROOT)
+        fast_code = FAST.run(extra, fast_junit)
         print(
-            f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s; the e2e lane:",
+            f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s; "
+            "the e2e tests marked fast_paths again, with FAST_PATHS=off:",
+            flush=True,
+        )
+        fallback_code = FALLBACKS.run(extra, fallback_junit)
+        print(
+            f"\nlanes: fallback lane done at {time.monotonic() - started:.0f} s; the e2e lane:",
             flush=True,
         )
         stop = threading.Event()
@@ -133,10 +154,10 @@ def main() -> int:
             e2e.terminate()
             e2e.wait(30)
 
-    codes = [c for c in (fast_code, e2e_code) if c != NO_TESTS]
-    fast, e2e_counts = counts(fast_junit), counts(e2e_junit)
-    totals = {k: fast[k] + e2e_counts[k] for k in fast}
-    print(f"\nlanes: both done in {time.monotonic() - started:.0f} s")
+    codes = [c for c in (fast_code, fallback_code, e2e_code) if c != NO_TESTS]
+    lanes = [counts(junit) for junit in (fast_junit, fallback_junit, e2e_junit)]
+    totals = {k: sum(lane[k] for lane in lanes) for k in lanes[0]}
+    print(f"\nlanes: all done in {time.monotonic() - started:.0f} s")
     print(
         f"total: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped"
     )

@@ -1,44 +1,16 @@
-"""Django's PostgreSQL backend, with a pool that lends the connection returned last.
+"""Django's PostgreSQL backend, with a pool that lends the connection returned last
+(a fast path: runtime/fastpaths/pool_order.py)."""
 
-psycopg's pool lends its connections in turn (first returned, first lent), so
-one thread stepping a run lands each step on the backend that has waited
-longest: its catalog and plan caches, its prepared step statements
-(`sessions.rows`) and the CPU's own caches have gone cold since its last turn,
-and every backend in the pool has to prepare every statement. Lending the last
-returned keeps the busy set as small as the concurrency, which is why
-PgBouncer lends its server connections the same way by default
-(`server_round_robin = 0`). On the `langgraph` benchmark's loop, while a step
-still gave its connection back twice an iteration, the wall time per
-iteration fell ~3 % (bench/README.md, §1b).
-"""
-
-from collections import deque
 from typing import Any
 
 from django.db.backends.postgresql import base
 
-
-class _LastReturnedFirst(deque[Any]):
-    """psycopg_pool takes a connection with `popleft()` and returns one with `append()`.
-
-    Taking from the right makes it a stack. The pool's shrinking also calls
-    `popleft()`, so it now closes the connection used last instead of the one
-    idle longest: either way the pool holds one fewer, and the next loan takes
-    the one below it.
-    """
-
-    def popleft(self) -> Any:
-        return self.pop()
+from runtime.fastpaths.pool_order import lend_last_returned
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self) -> Any:
         pool = super().pool
-        # psycopg_pool 3.2's internals (`_pool`, `_lock`): another release without
-        # them keeps its own order rather than failing to connect.
-        if pool is not None and type(getattr(pool, "_pool", None)) is deque:
-            with pool._lock:
-                if type(pool._pool) is deque:
-                    pool._pool = _LastReturnedFirst(pool._pool)
+        lend_last_returned(pool)
         return pool

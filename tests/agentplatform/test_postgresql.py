@@ -35,7 +35,8 @@ def test_the_pool_lends_the_connection_returned_last() -> None:
 
 
 def test_the_pool_keeps_its_own_order_when_psycopg_changes_its_internals() -> None:
-    from agentplatform.postgresql.base import DatabaseWrapper, _LastReturnedFirst
+    from agentplatform.postgresql.base import DatabaseWrapper
+    from runtime.fastpaths.pool_order import LastReturnedFirst
 
     class Pool:
         _pool = ["not a deque"]
@@ -49,6 +50,6 @@ def test_the_pool_keeps_its_own_order_when_psycopg_changes_its_internals() -> No
         assert wrapper.pool._pool == ["not a deque"]
     finally:
         del DatabaseWrapper._connection_pools["__test__"]  # type: ignore[attr-defined]
-    stack = _LastReturnedFirst([1, 2])
+    stack = LastReturnedFirst([1, 2])
     stack.append(3)
     assert stack.popleft() == 3 and isinstance(stack, deque)

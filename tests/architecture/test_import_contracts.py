@@ -109,6 +109,11 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/services.py", "from celery import shared_task"),
         Plant("tools/execution.py", "from celery import current_app"),
     ],
+    "Only the fast paths import the libraries whose internals they read": [
+        Plant("sessions/publisher.py", "from channels_redis.pubsub import RedisPubSubLoopLayer"),
+        Plant("runtime/redis_publisher.py", "import channels_redis.core"),
+        Plant("sessions/consumers.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
+    ],
     "No app imports agentplatform": [
         Plant("sessions/services.py", "from agentplatform import settings"),
         Plant("tools/execution.py", "import agentplatform.celery"),

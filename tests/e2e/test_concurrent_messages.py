@@ -20,7 +20,8 @@ from tests.e2e.support import (
 )
 from tests.factories import AgentFactory, api_key_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# Run again with FAST_PATHS=off by make test (tests/lanes.py): the fallbacks on the real stack.
+pytestmark = [pytest.mark.e2e, pytest.mark.fast_paths, pytest.mark.django_db(transaction=True)]
 
 N = 10
 

@@ -8,7 +8,8 @@ import websockets
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import api_key_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# Run again with FAST_PATHS=off by make test (tests/lanes.py): the fallbacks on the real stack.
+pytestmark = [pytest.mark.e2e, pytest.mark.fast_paths, pytest.mark.django_db(transaction=True)]
 
 
 async def _collect_until_turn_finished(url: str, key: str, timeout: float = 30) -> list[dict]:

@@ -14,6 +14,7 @@ from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
 from runtime import io_loop, redis_publisher
+from runtime.fastpaths import redis_pubsub
 from sessions import publisher
 from sessions.events import EventType
 
@@ -97,7 +98,7 @@ def test_deltas_from_the_io_loop_stay_ahead_of_the_frames_a_thread_publishes_nex
 
 def test_threads_publishing_first_at_once_share_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two routes would be two connections, whose frames could overtake each other."""
-    monkeypatch.setattr(publisher, "_routes", {})
+    monkeypatch.setattr(redis_pubsub, "_routes", {})
 
     class SlowToMake(redis_publisher.Publisher):  # widens the window two makers would share
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -111,7 +112,7 @@ def test_threads_publishing_first_at_once_share_one_route(monkeypatch: pytest.Mo
 
     def first_publish() -> None:
         start.wait()
-        routes.append(publisher._route(layer))
+        routes.append(redis_pubsub.route(layer))
 
     threads = [threading.Thread(target=first_publish) for _ in range(8)]
     for thread in threads:
@@ -129,8 +130,8 @@ def test_a_sentinel_layer_publishes_through_the_channel_layers_client() -> None:
         hosts=[{"master_name": "main", "sentinels": [("127.0.0.1", 26379)]}]
     )
 
-    assert publisher._route(layer) is None
-    assert publisher._route(get_channel_layer()) is not None
+    assert redis_pubsub.route(layer) is None
+    assert redis_pubsub.route(get_channel_layer()) is not None
 
 
 def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_send(
@@ -140,8 +141,18 @@ def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_se
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
 
-    monkeypatch.setattr(publisher, "RedisPubSubLoopLayer", OtherRelease)
-    monkeypatch.setattr(publisher, "_routes", {})
+    monkeypatch.setattr(redis_pubsub, "RedisPubSubLoopLayer", OtherRelease)
+    monkeypatch.setattr(redis_pubsub, "_routes", {})
+    session_id = str(uuid.uuid4())
+
+    assert [f["seq"] for f in _received(session_id, 3)] == [1, 2, 3]
+    assert group_sends == [publisher.group_name(session_id)] * 3
+
+
+def test_with_the_fast_path_off_frames_go_through_group_send(
+    group_sends: list[str], settings: Any
+) -> None:
+    settings.FAST_PATHS = False
     session_id = str(uuid.uuid4())
 
     assert [f["seq"] for f in _received(session_id, 3)] == [1, 2, 3]

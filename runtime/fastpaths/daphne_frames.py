@@ -16,14 +16,17 @@ paused socket, another ASGI server, a test communicator) gets `None` from
 `daphne_protocol` or `False` from `write`, and the caller sends through ASGI.
 
 This reads attributes of daphne, autobahn and Twisted that are not public API
-(checked against daphne 4.2, autobahn 26.10, Twisted 26.10); `daphne_protocol`
-probes them when a socket opens, and a release without them falls back to ASGI.
+(the versions it was written for: runtime/fastpaths/__init__.py); `daphne_protocol`
+probes them when a socket opens, and a release without them falls back to ASGI,
+as does every socket while the fast path is off.
 """
 
 import functools
 from typing import Any
 
 from autobahn.websocket.protocol import WebSocketProtocol
+
+from runtime import fastpaths
 
 _OPEN = WebSocketProtocol.STATE_OPEN
 _GROUND = WebSocketProtocol.SEND_STATE_GROUND  # no fragmented message being sent
@@ -44,7 +47,10 @@ def text_frame(text: str) -> bytes:
 
 def daphne_protocol(send: Any) -> Any | None:
     """The autobahn protocol behind a daphne ASGI `send` (daphne passes
-    `partial(server.handle_reply, protocol)`), or None where the shape differs."""
+    `partial(server.handle_reply, protocol)`), or None where the shape differs or the
+    fast path is off."""
+    if not fastpaths.enabled("daphne_frames"):
+        return None
     if not isinstance(send, functools.partial) or len(send.args) != 1:
         return None
     server = getattr(send.func, "__self__", None)

@@ -14,6 +14,11 @@ filters. The values must be passed in the form the database adapter takes
 must differ from each other, and the first compilation checks that they come
 back as the statement's parameters (in Django's order, which may not be the
 filters'), so a queryset that adds or transforms a parameter fails at once.
+
+It reads Django's SQL compiler internals (`select`, `klass_info`,
+`get_converters`, `get_related_populators`); the versions it was written for
+are in runtime/fastpaths/__init__.py. Off, each call runs the queryset through
+the ORM.
 """
 
 from collections.abc import Callable, Sequence
@@ -24,6 +29,8 @@ from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import get_related_populators
 from django.db.transaction import TransactionManagementError
+
+from runtime import fastpaths
 
 M = TypeVar("M", bound=Model)
 
@@ -83,6 +90,8 @@ class PreparedQuery(Generic[M]):
 
     def first(self, *values: Any, using: str = "default") -> M | None:
         """The first row as a model instance (with its select_related objects), or None."""
+        if not fastpaths.enabled("prepared_queries"):
+            return next(iter(self._build(*values).using(using)[:1]), None)
         compiled = self._compiled.get(using)
         if compiled is None:
             compiled = self._compiled[using] = self._compile(using)

@@ -1,4 +1,4 @@
-"""agentplatform.asgi_http: the middleware chain runs synchronously, in one thread hop,
+"""runtime.fastpaths.asgi_threads: the middleware chain runs synchronously, in one thread hop,
 on a thread the request borrows."""
 
 import asyncio
@@ -10,8 +10,8 @@ import pytest
 from asgiref.sync import SyncToAsync
 from django.http import HttpRequest, HttpResponse
 
-from agentplatform import asgi_http
 from agentplatform.asgi import application, django_asgi_app
+from runtime.fastpaths import asgi_threads as asgi_http
 from tests.factories import SessionFactory, api_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,7 +92,7 @@ def thread_spy(get_response):  # type: ignore[no-untyped-def]
 
 def test_middlewares_and_view_run_in_one_hop_off_the_loop(settings, monkeypatch):
     # Outermost and innermost, around the sync-only middleware that split the chain before.
-    spy = "tests.agentplatform.test_asgi_http.thread_spy"
+    spy = "tests.runtime.fastpaths.test_asgi_threads.thread_spy"
     settings.MIDDLEWARE = [spy, *settings.MIDDLEWARE, spy]
     handler = type(django_asgi_app)()
     _threads.clear()
@@ -146,7 +146,10 @@ def noting(settings, monkeypatch):  # type: ignore[no-untyped-def]
     signals noting their thread too."""
     from django.core.signals import request_finished, request_started
 
-    settings.MIDDLEWARE = ["tests.agentplatform.test_asgi_http.thread_note", *settings.MIDDLEWARE]
+    settings.MIDDLEWARE = [
+        "tests.runtime.fastpaths.test_asgi_threads.thread_note",
+        *settings.MIDDLEWARE,
+    ]
     threads = asgi_http.RequestThreads()
     monkeypatch.setattr(asgi_http, "request_threads", threads)
     _seen.clear()

@@ -19,6 +19,11 @@ one-thread executor that outlives it (`RequestThreads`): all of one request's
 sync code still runs on one thread, so it keeps one database connection from
 `request_started` to `request_finished`, and requests in flight at once each
 have their own thread, as before.
+
+It relies on Django's handler internals (`load_middleware(is_async=...)`,
+`handle`, `get_response_async`) and asgiref's `ThreadSensitiveContext`
+executor; the versions it was written for are in runtime/fastpaths/__init__.py.
+Off, `http_application()` is Django's own ASGIHandler.
 """
 
 import os
@@ -30,6 +35,8 @@ from typing import Any
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
+
+from runtime import fastpaths
 
 # Idle threads kept for the next requests. The request gate lets
 # WEB_MAX_CONCURRENT_REQUESTS (16) requests into Django at once, so a process
@@ -123,3 +130,10 @@ class SyncChainASGIHandler(ASGIHandler):
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         response: Any = await sync_to_async(self.get_response, thread_sensitive=True)(request)
         return response
+
+
+def http_application() -> ASGIHandler:
+    """The HTTP application daphne serves: this one, or Django's with the fast path off."""
+    if fastpaths.enabled("asgi_threads"):
+        return SyncChainASGIHandler()
+    return ASGIHandler()

@@ -8,7 +8,7 @@ import pytest
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 
-from sessions import ws_wire
+from runtime.fastpaths import daphne_frames
 
 
 def _autobahn_frame(payload: bytes) -> bytes:
@@ -28,7 +28,7 @@ def _autobahn_frame(payload: bytes) -> bytes:
 @pytest.mark.parametrize("size", [0, 5, 125, 126, 1000, 65535, 65536, 200_000])
 def test_text_frame_is_autobahns_frame(size):
     text = ("é" + "x" * size)[: max(size, 1)]  # a two-byte character: the length is in bytes
-    assert ws_wire.text_frame(text) == _autobahn_frame(text.encode())
+    assert daphne_frames.text_frame(text) == _autobahn_frame(text.encode())
 
 
 class _Transport:
@@ -69,13 +69,13 @@ def pair():
 def test_a_frame_goes_straight_to_an_idle_socket_and_behind_queued_bytes(pair):
     ours, peer = pair
     protocol = _Protocol(_Transport(ours))
-    frame = ws_wire.text_frame('{"seq": 1}')
-    assert ws_wire.write(protocol, frame)
+    frame = daphne_frames.text_frame('{"seq": 1}')
+    assert daphne_frames.write(protocol, frame)
     assert peer.recv(100) == frame
     assert protocol.transport.written == []
     # Bytes already queued in Twisted go first: the frame queues behind them.
     protocol.transport.write(b"queued")
-    assert ws_wire.write(protocol, frame)
+    assert daphne_frames.write(protocol, frame)
     assert protocol.transport.written == [b"queued", frame]
 
 
@@ -83,8 +83,8 @@ def test_what_the_kernel_does_not_take_is_queued_in_order(pair):
     ours, peer = pair
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     protocol = _Protocol(_Transport(ours))
-    frame = ws_wire.text_frame("x" * 2_000_000)
-    assert ws_wire.write(protocol, frame)
+    frame = daphne_frames.text_frame("x" * 2_000_000)
+    assert daphne_frames.write(protocol, frame)
     rest = b"".join(protocol.transport.written)
     assert 0 < len(rest) < len(frame)
     assert frame.endswith(rest)
@@ -104,7 +104,7 @@ def test_a_socket_not_in_the_plain_shape_is_left_to_asgi(pair, change):
     protocol = _Protocol(_Transport(pair[0]))
     for name, value in change.items():
         setattr(protocol, name, value)
-    assert not ws_wire.write(protocol, ws_wire.text_frame("{}"))
+    assert not daphne_frames.write(protocol, daphne_frames.text_frame("{}"))
     assert protocol.transport.written == []
 
 
@@ -112,8 +112,8 @@ def test_only_daphnes_send_yields_a_protocol(pair):
     async def other_send(message: dict[str, Any]) -> None:
         return None
 
-    assert ws_wire.daphne_protocol(other_send) is None
-    assert ws_wire.daphne_protocol(functools.partial(other_send)) is None
+    assert daphne_frames.daphne_protocol(other_send) is None
+    assert daphne_frames.daphne_protocol(functools.partial(other_send)) is None
 
 
 def test_daphnes_send_yields_its_protocol(pair):
@@ -121,9 +121,20 @@ def test_daphnes_send_yields_its_protocol(pair):
 
     server = Server(application=None, endpoints=["tcp:port=0:interface=127.0.0.1"])  # not run
     protocol = _Protocol(_Transport(pair[0]))
-    assert ws_wire.daphne_protocol(functools.partial(server.handle_reply, protocol)) is protocol
+    assert (
+        daphne_frames.daphne_protocol(functools.partial(server.handle_reply, protocol)) is protocol
+    )
     protocol.transport.TLS = True  # TLS terminated in daphne: its bytes are not the frame's
-    assert ws_wire.daphne_protocol(functools.partial(server.handle_reply, protocol)) is None
+    assert daphne_frames.daphne_protocol(functools.partial(server.handle_reply, protocol)) is None
+
+
+def test_off_every_socket_is_sent_to_through_asgi(pair, settings):
+    from daphne.server import Server
+
+    settings.FAST_PATHS = False
+    server = Server(application=None, endpoints=["tcp:port=0:interface=127.0.0.1"])  # not run
+    protocol = _Protocol(_Transport(pair[0]))
+    assert daphne_frames.daphne_protocol(functools.partial(server.handle_reply, protocol)) is None
 
 
 def test_daphne_delivers_direct_and_asgi_frames_in_order():
@@ -139,10 +150,10 @@ def test_daphne_delivers_direct_and_asgi_frames_in_order():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     daphne = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-        + ["tests.sessions.ws_wire_app:application"],
+        + ["tests.runtime.fastpaths.daphne_frames_app:application"],
         cwd=root,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from runtime.prepared import PreparedQuery
+from runtime.fastpaths.prepared import PreparedQuery
 from sessions.models import Session
 from tests.factories import SessionFactory
 
@@ -65,3 +65,30 @@ def test_a_queryset_whose_parameters_are_not_the_examples_fails_at_once():
     )
     with pytest.raises(ValueError, match="not the examples"):
         alike.first(1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_off_each_call_runs_the_queryset_through_the_orm(settings):
+    settings.FAST_PATHS = False
+    session = SessionFactory(metadata={"ticket": 7})
+    fresh: PreparedQuery[Session] = PreparedQuery(
+        lambda pk, owner_id: Session.objects.select_related("agent").filter(
+            pk=pk, owner_id=owner_id
+        ),
+        example=[UUID(int=0), 0],
+    )
+    with CaptureQueriesContext(connection) as queries:
+        got = fresh.first(session.pk, session.owner_id)
+        assert got is not None and got.agent.slug == session.agent.slug
+    assert len(queries) == 1 and "LIMIT 1" in queries[0]["sql"]
+    assert fresh._compiled == {} and got.metadata == {"ticket": 7}
+    assert fresh.first(session.pk, session.owner_id + 1) is None
+
+    locking: PreparedQuery[Session] = PreparedQuery(
+        lambda pk: Session.objects.select_for_update(of=("self",), no_key=True).filter(pk=pk),
+        example=[UUID(int=0)],
+    )
+    with transaction.atomic():
+        assert locking.first(session.pk) == session
+    with pytest.raises(TransactionManagementError):
+        locking.first(session.pk)
