@@ -55,7 +55,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     # A NUL in a query parameter is a 400 before any view filters on it.
-    "sessions.api.middleware.RejectNulInQueryMiddleware",
+    "restapi.middleware.RejectNulInQueryMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -329,10 +329,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.ApiKeyRateThrottle"],
-    "DEFAULT_SCHEMA_CLASS": "sessions.api.schema.ErrorDocumentingAutoSchema",
-    "DEFAULT_PARSER_CLASSES": ["sessions.api.parsers.BoundedJSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "restapi.schema.ErrorDocumentingAutoSchema",
+    "DEFAULT_PARSER_CLASSES": ["restapi.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "sessions.api.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "restapi.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

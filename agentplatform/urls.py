@@ -5,8 +5,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from billing.api import UsageView
 from observability.views import metrics
+from restapi.errors_http import json_not_found, json_server_error
 from sessions.api import health
-from sessions.api.errors_http import json_not_found, json_server_error
 from sessions.views import playground
 from tools.api import ToolListView
 

@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
 from billing.selectors import credits_cover
-from sessions.api.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
@@ -122,7 +122,7 @@ class OpenAIErrorSerializer(serializers.Serializer):
 
 
 class OpenAISchema(ErrorDocumentingAutoSchema):
-    """The platform's error rules (sessions/api/schema.py), in OpenAI's error shape."""
+    """The platform's error rules (restapi/schema.py), in OpenAI's error shape."""
 
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation = AutoSchema.get_operation(self, *args, **kwargs)

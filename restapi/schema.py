@@ -1,6 +1,6 @@
 """OpenAPI: every operation documents the error responses it can really give, in one place.
 
-Errors share one shape (`sessions.api.errors.error_body`); which statuses an
+Errors share one shape (`restapi.errors.error_body`); which statuses an
 operation can answer follows from what it is, so the rules live here rather
 than in a decorator on each view:
 

@@ -5,7 +5,7 @@ from typing import IO, Any
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser, get_encoding
 
-from ..json_limits import JsonRejected, json_loads
+from sessions.json_limits import JsonRejected, json_loads
 
 
 class BoundedJSONParser(JSONParser):
