@@ -189,6 +189,13 @@ class ForkSerializer(StrictSerializer):
     checkpoint = serializers.IntegerField(
         min_value=1, help_text="Step number of the checkpoint to fork from."
     )
+    role = StrictCharField(
+        max_length=50,
+        required=False,
+        allow_blank=True,
+        help_text="The fork's role, one your key holds (default: the session's; "
+        "403 role_not_held if your key does not hold it).",
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer):

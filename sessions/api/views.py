@@ -81,6 +81,8 @@ class SessionDetailView(APIView):
 
 
 class SessionMessagesView(APIView):
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
+
     @extend_schema(
         responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
     )
@@ -108,6 +110,7 @@ class SessionMessagesView(APIView):
         posted = services.message_post_for_owner(
             session_id=session_id,
             owner_id=request.user.pk,
+            key_roles=_key_roles(request),
             content=payload.validated_data["content"],
             idempotency_key=payload.validated_data.get("idempotency_key"),
             extra_context=payload.validated_data.get("extra_context"),
@@ -140,6 +143,7 @@ class SessionCancelView(APIView):
 
 class SessionForkView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a fork is a new session
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
     @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
     def post(self, request: Request, session_id: str) -> Response:
@@ -147,16 +151,24 @@ class SessionForkView(APIView):
         payload = ForkSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         fork = services.session_fork(
-            session=session, step=payload.validated_data["checkpoint"], actor=f"api:{request.user}"
+            session=session,
+            step=payload.validated_data["checkpoint"],
+            actor=f"api:{request.user}",
+            role=payload.validated_data.get("role") or None,
+            key_roles=_key_roles(request),
         )
         return Response(SessionSerializer(fork).data, status=status.HTTP_201_CREATED)
 
 
 class SessionResumeView(APIView):
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
+
     @extend_schema(request=None, responses=SessionSerializer)
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        resumed = services.session_resume(session=session, actor=f"api:{request.user}")
+        resumed = services.session_resume(
+            session=session, actor=f"api:{request.user}", key_roles=_key_roles(request)
+        )
         resumed.refresh_from_db()
         return Response(SessionSerializer(resumed).data)
 
