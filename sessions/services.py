@@ -86,9 +86,11 @@ def session_create(
     role: str | None = None,
     metadata: dict[str, Any] | None = None,
     value: float | None = None,
+    value_max: float | None = None,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows,
-    its value (priority for credits) from the caller or else the agent."""
+    its value (priority for credits and workers) from the caller, within what the key is
+    granted (`value_max`, see `session_value_check`), or else the agent's."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
     if agent is None:
         raise InvalidInput(
@@ -102,6 +104,8 @@ def session_create(
             )
     else:
         role = key_roles[0] if key_roles else ""
+    if value is not None:
+        session_value_check(value=value, agent_value=agent.value, value_max=value_max)
     return Session.objects.create(
         agent=agent,
         owner=owner,
@@ -109,6 +113,21 @@ def session_create(
         metadata=metadata or {},
         value=agent.value if value is None else value,
     )
+
+
+def session_value_check(*, value: float, agent_value: float, value_max: float | None) -> None:
+    """A client may ask for a session value up to the agent's own value (what it gets anyway)
+    or, above that, up to what an operator granted its key (`ApiKey.max_value`). The value
+    orders the broker's queues and the claims on waiting credits, so a higher one is a
+    privilege, not a preference (403 `value_not_allowed`, details: the maximum)."""
+    limit = agent_value if value_max is None else max(agent_value, value_max)
+    if value > limit:
+        raise Forbidden(
+            f"value {value:g} is above what this API key may set (at most {limit:g}); "
+            "an operator grants more with the key's max_value",
+            details={"field": "value", "max_value": limit},
+            code="value_not_allowed",
+        )
 
 
 def session_role_check(*, role: str, key_roles: Sequence[str]) -> None:

@@ -46,8 +46,14 @@ def _key_roles(request: Request) -> list[str]:
     return list(getattr(request.auth, "roles", None) or [])
 
 
+def _key_value_max(request: Request) -> float | None:
+    """The highest session value an operator granted the caller's key (None: none granted)."""
+    return getattr(request.auth, "max_value", None)
+
+
 class SessionListView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # POST only: creating sessions
+    key_grants_checked = ("POST",)  # a value above the key's grant (403, schema.py)
 
     @extend_schema(
         responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
@@ -69,6 +75,7 @@ class SessionListView(APIView):
             role=data.get("role") or None,
             metadata=data.get("metadata") or {},
             value=data.get("value"),
+            value_max=_key_value_max(request),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 

@@ -185,3 +185,40 @@ def test_a_fork_may_name_a_role_the_key_holds(admin_key, support_key):
     # The key that holds the session's role forks with it, as before.
     same = admin_key.post(f"{BASE}{session['id']}/fork/", {"checkpoint": step})
     assert same.status_code == 201 and same.json()["role"] == "admin", same.content
+
+
+# Value ---------------------------------------------------------------------------------
+
+
+def test_a_client_may_not_raise_its_sessions_value_above_the_agents_without_a_grant(
+    support_key,
+):
+    refused = support_key.post(BASE, {"agent": "helper", "value": 16})
+
+    error = assert_error(refused, 403, "value_not_allowed")
+    assert error["details"] == {"field": "value", "max_value": 1.0}
+    assert not Session.objects.exists()
+    # Up to the agent's own value (the default) is anyone's.
+    assert _open(support_key, value=1.0)["value"] == 1.0
+    assert _open(support_key, value=0.25)["value"] == 0.25
+    assert _open(support_key)["value"] == 1.0
+
+
+def test_a_key_may_set_a_value_up_to_its_grant(admin_tool):
+    granted = Api(api_key_create(username="alice", roles=["support"], max_value=20).raw)
+
+    assert _open(granted, value=16)["value"] == 16
+    error = assert_error(granted.post(BASE, {"agent": "helper", "value": 20.5}), 403)
+    assert (error["code"], error["details"]["max_value"]) == ("value_not_allowed", 20)
+    assert Session.objects.filter(value__gt=20).count() == 0
+
+
+def test_an_agents_own_value_is_the_ceiling_without_a_grant(support_key, api_agent):
+    api_agent.value = 3.0
+    api_agent.save(update_fields=["value"])
+    small = Api(api_key_create(username="alice", roles=["support"], max_value=2).raw)
+
+    assert _open(support_key, value=3)["value"] == 3
+    assert _open(small, value=3)["value"] == 3  # a grant never lowers the agent's own value
+    error = assert_error(support_key.post(BASE, {"agent": "helper", "value": 3.5}), 403)
+    assert (error["code"], error["details"]["max_value"]) == ("value_not_allowed", 3.0)
