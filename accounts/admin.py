@@ -13,7 +13,16 @@ from .tenancy import TenantScopedAdmin
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
-    list_display = ("prefix", "name", "owner", "roles", "is_active", "created_at", "last_used_at")
+    list_display = (
+        "prefix",
+        "name",
+        "owner",
+        "roles",
+        "max_value",
+        "is_active",
+        "created_at",
+        "last_used_at",
+    )
     list_filter = ("is_active",)
     search_fields = ("prefix", "name", "owner__username")
     readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
@@ -21,6 +30,7 @@ class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
         "owner",
         "name",
         "roles",
+        "max_value",
         "is_active",
         "prefix",
         "key_hash",

@@ -3,6 +3,7 @@ import secrets
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MinValueValidator
 from django.db import models
 
 KEY_PREFIX = "ap_"
@@ -43,6 +44,15 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=12, help_text="First characters, to recognise a key.")
     key_hash = models.CharField(max_length=64, unique=True)
     roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    # A session's value orders the broker's queues and the claims on waiting credits: a
+    # client sets it above its agent's value only as far as an operator grants here.
+    max_value = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="The highest session value this key may ask for. Empty: no more than the "
+        "agent's own value (the default a session gets).",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

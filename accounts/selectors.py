@@ -24,6 +24,12 @@ def api_key_is_active(*, key_id: int) -> bool:
     return ApiKey.objects.filter(pk=key_id, is_active=True, owner__is_active=True).exists()
 
 
+def api_key_roles(*, key_id: int) -> list[str]:
+    """The key's roles as the database holds them now (none for a key that is gone)."""
+    roles = ApiKey.objects.filter(pk=key_id).values_list("roles", flat=True).first()
+    return list(roles or [])
+
+
 def approver_groups(*, user_id: int) -> list[str] | None:
     """The approver groups of an active approver; None for a user who is not one."""
     from .models import Approver

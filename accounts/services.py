@@ -27,8 +27,13 @@ class IssuedKey:
     raw: str
 
 
-def api_key_create(*, username: str, roles: list[str], name: str = "") -> IssuedKey:
-    """Create (or reuse) the user and issue a new key; the raw key is returned once."""
+def api_key_create(
+    *, username: str, roles: list[str], name: str = "", max_value: float | None = None
+) -> IssuedKey:
+    """Create (or reuse) the user and issue a new key; the raw key is returned once.
+    `max_value` grants the key session values above its agents' own (None: no grant)."""
+    if max_value is not None and not (math.isfinite(max_value) and max_value >= 0):
+        raise ValueError(f"max_value must be a finite number of at least 0; got {max_value}")
     user, _ = get_user_model().objects.get_or_create(username=username)
     for role in roles:
         if role.strip():
@@ -41,6 +46,7 @@ def api_key_create(*, username: str, roles: list[str], name: str = "") -> Issued
         key_hash=hash_api_key(raw),
         # Keep the caller's order (deduplicated): the first role is a new session's default.
         roles=list(dict.fromkeys(r.strip() for r in roles if r.strip())),
+        max_value=max_value,
     )
     return IssuedKey(api_key=key, raw=raw)
 

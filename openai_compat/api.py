@@ -273,6 +273,8 @@ class ModelDetailView(OpenAIView):
 
 
 class ChatCompletionView(OpenAIView):
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403)
+
     def get_throttles(self) -> list[BaseThrottle]:
         # A request without X-Session-Id opens a session, and counts as one.
         throttles: list[BaseThrottle] = [ApiKeyRateThrottle()]
@@ -316,6 +318,7 @@ class ChatCompletionView(OpenAIView):
         chat = chat_request_parse(request.data)
         agent = selectors.agent_for_model(model=chat.model)
         owner = request.user
+        key_roles = list(getattr(request.auth, "roles", None) or [])
         session_id = request.headers.get(SESSION_HEADER, "").strip()
         if session_id:
             try:
@@ -337,7 +340,7 @@ class ChatCompletionView(OpenAIView):
         if not session_id:
             session = services.chat_session_create(
                 owner=owner,
-                key_roles=list(getattr(request.auth, "roles", None) or []),
+                key_roles=key_roles,
                 agent_slug=agent.slug,
                 history=chat.history,
                 content=chat.content,
@@ -345,7 +348,7 @@ class ChatCompletionView(OpenAIView):
         frames = TurnFrames.join(session.pk)
         try:
             posted = services.chat_turn_post(
-                session_id=session.pk, owner_id=owner.pk, content=chat.content
+                session_id=session.pk, owner_id=owner.pk, key_roles=key_roles, content=chat.content
             )
         except BaseException:
             frames.leave_sync()

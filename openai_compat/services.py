@@ -13,7 +13,7 @@ from memory.tokens import count_message_tokens
 from sessions.errors import DomainError, NotFound, PayloadTooLarge
 from sessions.models import Message, MessageStatus, Session
 from sessions.selectors import session_id_parse
-from sessions.services import message_post_for_owner, session_create
+from sessions.services import message_post_for_owner, session_create, session_role_check
 from sessions.states import STARTS_TURN, State
 
 from .wire import HistoryItem
@@ -86,10 +86,13 @@ def chat_session_create(
     return session
 
 
-def chat_turn_post(*, session_id: UUID | str, owner_id: int, content: str) -> TurnPosted:
+def chat_turn_post(
+    *, session_id: UUID | str, owner_id: int, key_roles: Sequence[str], content: str
+) -> TurnPosted:
     """Post `content` as the next turn of the owner's session, or refuse while one runs.
 
-    1. Lock the session row (another owner's session is NotFound).
+    1. Lock the session row (another owner's session is NotFound); a key without the
+       session's role is refused (403 `role_not_held`), busy or not.
     2. A turn running, waiting for an approval or a timer, or user messages queued
        behind it: SessionBusy (this request would wait on someone else's turn).
        A session paused on the model's question takes the content as the answer.
@@ -108,6 +111,7 @@ def chat_turn_post(*, session_id: UUID | str, owner_id: int, content: str) -> Tu
         )
         if locked is None:
             raise NotFound(f"session {session_id} not found", code="session_not_found")
+        session_role_check(role=locked.role, key_roles=key_roles)
         state = State(locked.state)
         if state not in STARTS_TURN or locked.queued_count:
             raise SessionBusy(
@@ -119,5 +123,7 @@ def chat_turn_post(*, session_id: UUID | str, owner_id: int, content: str) -> Tu
             after_seq=locked.event_seq,
             tokens_before=(locked.input_tokens, locked.output_tokens),
         )
-        message_post_for_owner(session_id=locked.pk, owner_id=owner_id, content=content)
+        message_post_for_owner(
+            session_id=locked.pk, owner_id=owner_id, key_roles=key_roles, content=content
+        )
     return posted

@@ -6,7 +6,9 @@ than in a decorator on each view:
 
 - 400 when it takes a request body or query parameters (bad input);
 - 401 when it requires an API key;
-- 403 when a permission class other than "is authenticated" guards it;
+- 403 when a permission class other than "is authenticated" guards it, or when
+  the view names the method in `KEY_GRANTS_CHECKED` (the key's grants can refuse
+  it: a session's role the key does not hold, a session value above its grant);
 - 404 when its path names a resource (an id that does not exist or is not yours);
 - 409 when it POSTs to an existing resource (its state does not allow the action);
 - 413 and 415 when it takes a request body (too large, not JSON);
@@ -29,6 +31,10 @@ ERROR_DESCRIPTIONS = {
     415: "The request body is not application/json.",
     429: "Too many requests; retry after the number of seconds in Retry-After.",
 }
+
+# A view's attribute: the HTTP methods a key's grants can refuse with 403 (role_not_held,
+# value_not_allowed; sessions/services.py).
+KEY_GRANTS_CHECKED = "key_grants_checked"
 
 # Permission classes that only say "an API key is required" (covered by 401).
 _KEY_ONLY_PERMISSIONS = (permissions.AllowAny, permissions.IsAuthenticated)
@@ -78,7 +84,9 @@ class ErrorDocumentingAutoSchema(AutoSchema):
             statuses.append(400)
         if needs_key:
             statuses.append(401)
-        if any(not isinstance(p, _KEY_ONLY_PERMISSIONS) for p in view_permissions):
+        if any(not isinstance(p, _KEY_ONLY_PERMISSIONS) for p in view_permissions) or (
+            self.method in getattr(self.view, KEY_GRANTS_CHECKED, ())
+        ):
             statuses.append(403)
         if has_path:
             statuses.append(404)

@@ -43,7 +43,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from accounts import limits
-from accounts.selectors import api_key_is_active
+from accounts.selectors import api_key_is_active, api_key_roles
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
 from runtime.fastpaths import daphne_frames
@@ -667,10 +667,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._send_error(exc.code, exc.message, exc.details)
 
     def _post(self, content: str, idempotency_key: str | None, extra_context: Any = None) -> None:
-        # The ownership check is the post's locking query, as for REST.
+        # The ownership check is the post's locking query, as for REST; the key's roles
+        # are read now, so a change in the admin counts from the next frame.
         services.message_post_for_owner(
             session_id=self.session_id,
             owner_id=self.owner_id,
+            key_roles=api_key_roles(key_id=self.key_id) if self.key_id is not None else [],
             content=content,
             idempotency_key=idempotency_key,
             extra_context=extra_context,

@@ -6,6 +6,7 @@ long work (model and tool calls) to a worker, woken after commit.
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -85,9 +86,11 @@ def session_create(
     role: str | None = None,
     metadata: dict[str, Any] | None = None,
     value: float | None = None,
+    value_max: float | None = None,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows,
-    its value (priority for credits) from the caller or else the agent."""
+    its value (priority for credits and workers) from the caller, within what the key is
+    granted (`value_max`, see `session_value_check`), or else the agent's."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
     if agent is None:
         raise InvalidInput(
@@ -101,6 +104,8 @@ def session_create(
             )
     else:
         role = key_roles[0] if key_roles else ""
+    if value is not None:
+        session_value_check(value=value, agent_value=agent.value, value_max=value_max)
     return Session.objects.create(
         agent=agent,
         owner=owner,
@@ -108,6 +113,35 @@ def session_create(
         metadata=metadata or {},
         value=agent.value if value is None else value,
     )
+
+
+def session_value_check(*, value: float, agent_value: float, value_max: float | None) -> None:
+    """A client may ask for a session value up to the agent's own value (what it gets anyway)
+    or, above that, up to what an operator granted its key (`ApiKey.max_value`). The value
+    orders the broker's queues and the claims on waiting credits, so a higher one is a
+    privilege, not a preference (403 `value_not_allowed`, details: the maximum)."""
+    limit = agent_value if value_max is None else max(agent_value, value_max)
+    if value > limit:
+        raise Forbidden(
+            f"value {value:g} is above what this API key may set (at most {limit:g}); "
+            "an operator grants more with the key's max_value",
+            details={"field": "value", "max_value": limit},
+            code="value_not_allowed",
+        )
+
+
+def session_role_check(*, role: str, key_roles: Sequence[str]) -> None:
+    """A key acts on a session (posts a turn, answers its question, resumes or forks it)
+    only if it holds the session's role: the role decides which tools the model may call,
+    and the session's role is fixed when it opens, perhaps by another key of the same
+    owner with more roles. An empty role (opened by a key without roles) is every key's."""
+    if role and role not in key_roles:
+        raise Forbidden(
+            f"this API key does not hold the role '{role}' the session runs with "
+            f"(the key holds: {', '.join(key_roles) or 'no role'})",
+            details={"role": role, "key_roles": list(key_roles)},
+            code="role_not_held",
+        )
 
 
 @dataclass(frozen=True)
@@ -151,6 +185,7 @@ def message_post_for_owner(
     *,
     session_id: UUID | str,
     owner_id: int,
+    key_roles: Sequence[str],
     content: str,
     idempotency_key: str | None = None,
     extra_context: dict[str, Any] | None = None,
@@ -158,12 +193,14 @@ def message_post_for_owner(
     """`message_post` for an API caller: the session is looked up and locked in one
     statement, and another owner's session is missing (NotFound), as in
     `selectors.session_get_for_owner`. A missing session is reported before
-    anything wrong with the content, as when the two were checked apart."""
+    anything wrong with the content, as when the two were checked apart; a key
+    without the session's role (`session_role_check`) is refused before that."""
     pk = session_id_parse(session_id)
     with transaction.atomic():
         locked = None if pk is None else _session_of_owner_locked.first(pk, owner_id)
         if locked is None:
             raise NotFound(f"session {session_id} not found")
+        session_role_check(role=locked.role, key_roles=key_roles)
         _content_check(content)
         extra_context_check(extra_context)
         return _message_accept(
@@ -720,10 +757,15 @@ def approvals_expire_due(*, limit: int = 100) -> list[str]:
     return done
 
 
-def session_resume(*, session: Session, actor: str = "") -> Session:
-    """Continue a run that stopped in `error`, from where it stopped."""
+def session_resume(
+    *, session: Session, actor: str = "", key_roles: Sequence[str] | None = None
+) -> Session:
+    """Continue a run that stopped in `error`, from where it stopped. A key's request
+    (`key_roles` given) needs the session's role; an operator's (None) does not."""
     with transaction.atomic():
         locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        if key_roles is not None:
+            session_role_check(role=locked.role, key_roles=key_roles)
         if State(locked.state) != State.ERROR:
             raise Conflict(
                 f"only a session in error can be resumed; this one is {locked.state}",
@@ -851,10 +893,18 @@ def session_hand_back(*, session: Session, actor: str) -> Session:
 
 
 def session_fork(
-    *, session: Session, step: int, owner: User | None = None, actor: str = ""
+    *,
+    session: Session,
+    step: int,
+    owner: User | None = None,
+    actor: str = "",
+    role: str | None = None,
+    key_roles: Sequence[str] | None = None,
 ) -> Session:
     """A new session from checkpoint `step` of this one; the original is untouched.
 
+    0. Its role is `role`, or else the source's. A key's fork (`key_roles` given) must
+       hold that role (`session_role_check`); an operator's (None) keeps the source's.
     1. Copy the history the checkpoint covers (messages up to its `message_seq`),
        dropping a trailing tool request whose results lie beyond it.
     2. If the copy ends with the user or a tool result, the model decides next
@@ -862,6 +912,9 @@ def session_fork(
     3. The next model step compares the environment recorded at the fork with
        today's and tells the model what changed.
     """
+    fork_role = role or session.role
+    if key_roles is not None:
+        session_role_check(role=fork_role, key_roles=key_roles)
     checkpoint = Checkpoint.objects.filter(session=session, step=step).first()
     if checkpoint is None:
         raise NotFound(
@@ -884,7 +937,7 @@ def session_fork(
         fork = Session.objects.create(
             agent=session.agent,
             owner=owner or session.owner,
-            role=session.role,
+            role=fork_role,
             metadata={**session.metadata, "forked_from": str(session.pk), "forked_at_step": step},
             forked_from=session,
             forked_at_step=step,

@@ -43,8 +43,16 @@ class SessionCreateSerializer(StrictSerializer):
     role = StrictCharField(max_length=50, required=False, allow_blank=True)
     metadata = serializers.DictField(required=False, default=dict)
     # What the session is worth to the customer app: calls competing for points
-    # are served highest value per point first (default: the agent's value).
-    value = serializers.FloatField(required=False, min_value=0, max_value=1e12)
+    # are served highest value per point first, and runs get a broker priority from it
+    # (default: the agent's value). Above the agent's value only as far as an operator
+    # granted the key (sessions.services.session_value_check).
+    value = serializers.FloatField(
+        required=False,
+        min_value=0,
+        max_value=1e12,
+        help_text="The session's value (priority for credits and workers); default the agent's. "
+        "Above the agent's value only up to the key's max_value (403 value_not_allowed).",
+    )
 
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
         limit = settings.METADATA_MAX_BYTES
@@ -188,6 +196,13 @@ class CancelResultSerializer(serializers.Serializer):
 class ForkSerializer(StrictSerializer):
     checkpoint = serializers.IntegerField(
         min_value=1, help_text="Step number of the checkpoint to fork from."
+    )
+    role = StrictCharField(
+        max_length=50,
+        required=False,
+        allow_blank=True,
+        help_text="The fork's role, one your key holds (default: the session's; "
+        "403 role_not_held if your key does not hold it).",
     )
 
 

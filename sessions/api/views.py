@@ -46,8 +46,14 @@ def _key_roles(request: Request) -> list[str]:
     return list(getattr(request.auth, "roles", None) or [])
 
 
+def _key_value_max(request: Request) -> float | None:
+    """The highest session value an operator granted the caller's key (None: none granted)."""
+    return getattr(request.auth, "max_value", None)
+
+
 class SessionListView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # POST only: creating sessions
+    key_grants_checked = ("POST",)  # a value above the key's grant (403, schema.py)
 
     @extend_schema(
         responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
@@ -69,6 +75,7 @@ class SessionListView(APIView):
             role=data.get("role") or None,
             metadata=data.get("metadata") or {},
             value=data.get("value"),
+            value_max=_key_value_max(request),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
@@ -81,6 +88,8 @@ class SessionDetailView(APIView):
 
 
 class SessionMessagesView(APIView):
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
+
     @extend_schema(
         responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
     )
@@ -108,6 +117,7 @@ class SessionMessagesView(APIView):
         posted = services.message_post_for_owner(
             session_id=session_id,
             owner_id=request.user.pk,
+            key_roles=_key_roles(request),
             content=payload.validated_data["content"],
             idempotency_key=payload.validated_data.get("idempotency_key"),
             extra_context=payload.validated_data.get("extra_context"),
@@ -140,6 +150,7 @@ class SessionCancelView(APIView):
 
 class SessionForkView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a fork is a new session
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
     @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
     def post(self, request: Request, session_id: str) -> Response:
@@ -147,16 +158,24 @@ class SessionForkView(APIView):
         payload = ForkSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         fork = services.session_fork(
-            session=session, step=payload.validated_data["checkpoint"], actor=f"api:{request.user}"
+            session=session,
+            step=payload.validated_data["checkpoint"],
+            actor=f"api:{request.user}",
+            role=payload.validated_data.get("role") or None,
+            key_roles=_key_roles(request),
         )
         return Response(SessionSerializer(fork).data, status=status.HTTP_201_CREATED)
 
 
 class SessionResumeView(APIView):
+    key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
+
     @extend_schema(request=None, responses=SessionSerializer)
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        resumed = services.session_resume(session=session, actor=f"api:{request.user}")
+        resumed = services.session_resume(
+            session=session, actor=f"api:{request.user}", key_roles=_key_roles(request)
+        )
         resumed.refresh_from_db()
         return Response(SessionSerializer(resumed).data)
 

@@ -50,3 +50,17 @@ def test_revoke_action(client, operator, caplog):
     keep.refresh_from_db()
     assert keep.is_active
     assert sum("revoked by admin:operator" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_an_operator_grants_a_keys_max_value_in_the_admin(client, operator):
+    key = api_key_create(username="alice", roles=["support"], name="app").api_key
+    url = reverse("admin:accounts_apikey_change", args=[key.pk])
+    form = {"owner": key.owner_id, "name": "app", "roles": "support", "is_active": "on"}
+    assert b'name="max_value"' in client.get(url).content
+
+    assert client.post(url, {**form, "max_value": "-1"}).status_code == 200  # the form's error
+    key.refresh_from_db()
+    assert key.max_value is None
+    assert client.post(url, {**form, "max_value": "8"}).status_code == 302
+    key.refresh_from_db()
+    assert (key.max_value, key.is_active) == (8.0, True)

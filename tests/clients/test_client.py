@@ -30,3 +30,10 @@ def test_no_key_anywhere_is_refused_at_construction(monkeypatch):
         Client("http://127.0.0.1:8000")
     with pytest.raises(ValueError, match="http"):
         _settings("ftp://x", "k")
+
+
+def test_a_fork_sends_the_role_only_when_one_is_named():
+    from agentplatform_client.client import _Calls
+
+    assert _Calls.fork("s-1", 3).body == {"checkpoint": 3}
+    assert _Calls.fork("s-1", 3, "support").body == {"checkpoint": 3, "role": "support"}

@@ -95,6 +95,30 @@ def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> Non
     assert busy.messages.count() == 0
 
 
+@pytest.mark.parametrize("state", ["idle", "paused_for_user", "processing"])
+def test_a_key_without_the_sessions_role_is_403_role_not_held(
+    client: APIClient, agent, state: str
+) -> None:  # type: ignore[no-untyped-def]
+    """alice's admin key opened the session (role admin); her support-only key may not
+    continue it, whether it is idle, asks the user, or is busy."""
+    api_key_for("alice", roles=("admin", "support"))
+    session = _session(
+        agent=agent, owner=User.objects.get(username="alice"), role="admin", state=state
+    )
+    response = client.post(
+        URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(session.pk)
+    )
+    error = _error(response, 403)
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "role_not_held",
+        None,
+    )
+    assert "'admin'" in error["message"]
+    session.refresh_from_db()
+    assert (session.state, session.version, session.messages.count()) == (state, 0, 0)
+
+
 def test_no_credits_is_429_insufficient_quota_and_opens_no_session(client: APIClient) -> None:
     account_ensure(owner_id=User.objects.get(username="alice").pk)
     error = _error(client.post(URL, {"model": "helper", "messages": HI}, format="json"), 429)

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 
 from openai_compat.services import SessionBusy, chat_session_create, chat_turn_post
 from openai_compat.wire import HistoryItem
-from sessions.errors import NotFound, PayloadTooLarge
+from sessions.errors import Forbidden, NotFound, PayloadTooLarge
 from sessions.models import Message, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 
@@ -65,7 +65,7 @@ def test_a_turn_is_posted_after_the_events_and_tokens_it_noted(owner: User) -> N
         content="hi",
     )
     Session.objects.filter(pk=session.pk).update(event_seq=7, input_tokens=30, output_tokens=4)
-    posted = chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+    posted = chat_turn_post(session_id=session.pk, owner_id=owner.pk, key_roles=[], content="hi")
     assert (posted.session_id, posted.after_seq, posted.tokens_before) == (session.pk, 7, (30, 4))
     session.refresh_from_db()
     assert session.state == "processing" and session.turn == 1
@@ -78,19 +78,42 @@ def test_a_turn_is_posted_after_the_events_and_tokens_it_noted(owner: User) -> N
 def test_a_busy_session_refuses_the_turn_and_stores_nothing(owner: User, state: str) -> None:
     session = _session(agent=AgentFactory(slug=f"a-{state}"), owner=owner, state=state)
     with pytest.raises(SessionBusy):
-        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+        chat_turn_post(
+            session_id=session.pk, owner_id=owner.pk, key_roles=["support"], content="hi"
+        )
     assert not Message.objects.filter(session=session).exists()
 
 
 def test_queued_messages_make_a_session_busy_too(owner: User) -> None:
     session = _session(agent=AgentFactory(slug="q"), owner=owner, queued_count=1)
     with pytest.raises(SessionBusy):
-        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+        chat_turn_post(
+            session_id=session.pk, owner_id=owner.pk, key_roles=["support"], content="hi"
+        )
 
 
 def test_another_owners_session_is_not_found(owner: User) -> None:
     session = _session(agent=AgentFactory(slug="mine"), owner=UserFactory(username="eve"))
     with pytest.raises(NotFound):
-        chat_turn_post(session_id=session.pk, owner_id=owner.pk, content="hi")
+        chat_turn_post(
+            session_id=session.pk, owner_id=owner.pk, key_roles=["support"], content="hi"
+        )
     with pytest.raises(NotFound):
-        chat_turn_post(session_id="nonsense", owner_id=owner.pk, content="hi")
+        chat_turn_post(session_id="nonsense", owner_id=owner.pk, key_roles=[], content="hi")
+
+
+def test_a_key_without_the_sessions_role_posts_no_turn(owner: User) -> None:
+    session = _session(agent=AgentFactory(slug="guarded"), owner=owner, role="admin")
+    with pytest.raises(Forbidden) as refused:
+        chat_turn_post(
+            session_id=session.pk, owner_id=owner.pk, key_roles=["support"], content="hi"
+        )
+    assert refused.value.code == "role_not_held"
+    assert refused.value.details == {"role": "admin", "key_roles": ["support"]}
+    session.refresh_from_db()
+    assert (session.state, session.turn, session.messages.count()) == ("idle", 0, 0)
+    posted = chat_turn_post(
+        session_id=session.pk, owner_id=owner.pk, key_roles=["admin", "support"], content="hi"
+    )
+    assert posted.session_id == session.pk
+    assert Message.objects.filter(session=session, role="user").count() == 1

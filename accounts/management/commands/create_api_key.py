@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.services import api_key_create, approver_grant, unknown_roles
 
@@ -13,6 +13,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--name", default="")
         parser.add_argument(
+            "--max-value",
+            type=float,
+            default=None,
+            help="The highest session value (priority for credits and workers) the key may "
+            "ask for; without it, no more than the agent's own value.",
+        )
+        parser.add_argument(
             "--approver",
             action="store_true",
             help="Make the user an approver: their keys may decide approvals.",
@@ -26,9 +33,16 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         roles = [r.strip() for r in str(options["roles"]).split(",") if r.strip()]
         new_roles = unknown_roles(roles)
-        issued = api_key_create(
-            username=str(options["user"]), roles=roles, name=str(options["name"])
-        )
+        max_value = options["max_value"]
+        try:
+            issued = api_key_create(
+                username=str(options["user"]),
+                roles=roles,
+                name=str(options["name"]),
+                max_value=float(max_value) if isinstance(max_value, float | int) else None,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         if options["approver"]:
             groups = [g.strip() for g in str(options["approver_groups"]).split(",") if g.strip()]
             approver_grant(username=str(options["user"]), groups=groups)
@@ -38,5 +52,7 @@ class Command(BaseCommand):
             self.stderr.write(f"note: created new role(s): {', '.join(new_roles)}")
         self.stderr.write(
             f"key for {options['user']} with roles [{', '.join(issued.api_key.roles)}]"
-            f"{' (approver)' if options['approver'] else ''}; it is shown only now"
+            f"{' (approver)' if options['approver'] else ''}"
+            f"{f', max value {max_value:g}' if isinstance(max_value, float) else ''}"
+            "; it is shown only now"
         )

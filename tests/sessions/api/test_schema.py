@@ -60,16 +60,22 @@ def test_the_openai_error_component_is_openais_shape(schema):
     [
         # Query parameters only: bad input and auth.
         ("get", "/api/v1/sessions/", {400, 401, 429}),
-        # A request body: bad input, too large, not JSON.
-        ("post", "/api/v1/sessions/", {400, 401, 413, 415, 429}),
+        # A request body: bad input, too large, not JSON; a value above the key's grant.
+        ("post", "/api/v1/sessions/", {400, 401, 403, 413, 415, 429}),
         # A resource in the path: it may not exist; no query, no body: no 400.
         ("get", "/api/v1/sessions/{session_id}/", {401, 404, 429}),
         ("get", "/api/v1/sessions/{session_id}/events/", {400, 401, 404, 429}),
-        # Actions on a session: its state may forbid them.
+        # Actions on a session: its state may forbid them; those that run a turn need
+        # the session's role (403), stopping one does not.
         ("post", "/api/v1/sessions/{session_id}/cancel/", {401, 404, 409, 429}),
-        ("post", "/api/v1/sessions/{session_id}/resume/", {401, 404, 409, 429}),
-        ("post", "/api/v1/sessions/{session_id}/messages/", {400, 401, 404, 409, 413, 415, 429}),
-        ("post", "/api/v1/sessions/{session_id}/fork/", {400, 401, 404, 409, 413, 415, 429}),
+        ("post", "/api/v1/sessions/{session_id}/resume/", {401, 403, 404, 409, 429}),
+        (
+            "post",
+            "/api/v1/sessions/{session_id}/messages/",
+            {400, 401, 403, 404, 409, 413, 415, 429},
+        ),
+        ("post", "/api/v1/sessions/{session_id}/fork/", {400, 401, 403, 404, 409, 413, 415, 429}),
+        ("post", "/openai/v1/chat/completions", {400, 401, 403, 404, 413, 415, 429, 503}),
         ("get", "/api/v1/tools/", {401, 429}),
         ("get", "/api/v1/agents/", {401, 429}),
     ],

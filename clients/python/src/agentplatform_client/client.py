@@ -118,12 +118,12 @@ class _Calls:
         return _Call("POST", f"sessions/{session_id}/cancel/", _one(CancelResult))
 
     @staticmethod
-    def fork(session_id: str, checkpoint: int) -> _Call[Session]:
+    def fork(session_id: str, checkpoint: int, role: str | None = None) -> _Call[Session]:
         return _Call(
             "POST",
             f"sessions/{session_id}/fork/",
             _one(Session),
-            body={"checkpoint": checkpoint},
+            body={"checkpoint": checkpoint, **_params(role=role)},
             has_body=True,
         )
 
@@ -294,9 +294,10 @@ class Client:
     def cancel(self, session_id: str) -> CancelResult:
         return self._run(_Calls.cancel(session_id))
 
-    def fork(self, session_id: str, *, checkpoint: int) -> Session:
-        """A new session from checkpoint step `checkpoint` (see `checkpoints`)."""
-        return self._run(_Calls.fork(session_id, checkpoint))
+    def fork(self, session_id: str, *, checkpoint: int, role: str | None = None) -> Session:
+        """A new session from checkpoint step `checkpoint` (see `checkpoints`), with the
+        session's role or `role`; the key must hold it (PermissionDeniedError otherwise)."""
+        return self._run(_Calls.fork(session_id, checkpoint, role))
 
     def resume(self, session_id: str) -> Session:
         """Continue a run that stopped in `error` (ConflictError otherwise)."""
@@ -478,8 +479,8 @@ class AsyncClient:
     async def cancel(self, session_id: str) -> CancelResult:
         return await self._run(_Calls.cancel(session_id))
 
-    async def fork(self, session_id: str, *, checkpoint: int) -> Session:
-        return await self._run(_Calls.fork(session_id, checkpoint))
+    async def fork(self, session_id: str, *, checkpoint: int, role: str | None = None) -> Session:
+        return await self._run(_Calls.fork(session_id, checkpoint, role))
 
     async def resume(self, session_id: str) -> Session:
         return await self._run(_Calls.resume(session_id))
