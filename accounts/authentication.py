@@ -29,10 +29,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         )
         result = api_key_authenticate(raw=parts[1], address=address)
         if result.retry_after_s is not None:
-            raise SlowedDown(
-                wait=result.retry_after_s,
-                detail="too many failed authentication attempts from your address;",
-            )
+            raise SlowedDown(wait=result.retry_after_s, detail=f"{result.slow_down_message};")
         if result.api_key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         return (result.api_key.owner, result.api_key)

@@ -1,7 +1,7 @@
 """Limits that protect the API itself, kept in Redis so every web process shares them.
 
-- failed authentications per client address (a fixed window; over the limit the
-  address gets 429 before its key is even looked up),
+- failed authentications per key prefix and, as a higher ceiling, per client address
+  (fixed windows; over either limit a request gets 429 before its key is even looked up),
 - sessions created per API key (a fixed window),
 - open websockets per API key (a sorted set of socket ids scored by a deadline
   that the socket's heartbeat pushes forward, so a crashed process's slots lapse),
@@ -13,9 +13,11 @@ request through, and the revocation marker answers "look in the database".
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import redis
@@ -83,31 +85,74 @@ def client_address(*, peer: str | None, forwarded_for: str | None) -> str:
 
 
 # Failed authentication --------------------------------------------------------------
+#
+# Two counters in one window (AUTH_FAIL_WINDOW_S). Per key prefix (AUTH_FAIL_PREFIX_LIMIT):
+# wrong keys presented with one prefix slow that prefix down, from wherever they come.
+# Per address (AUTH_FAIL_LIMIT), a higher ceiling: a client trying many prefixes is
+# stopped there, while the valid keys of others behind the same address (a NAT, an
+# office proxy) keep working until it is reached. A request refused for either is not
+# counted again, so one client failing with one key adds at most the prefix limit to
+# its address per window.
 
 
-def auth_retry_after(*, address: str) -> int | None:
-    """Seconds this address must wait, if it failed authentication too often."""
-    limit = settings.AUTH_FAIL_LIMIT
-    if limit <= 0:
+@dataclass(frozen=True)
+class SlowDown:
+    """Why a caller must wait, and for how long."""
+
+    retry_after_s: int
+    scope: str  # "address" (AUTH_FAIL_LIMIT) or "key" (AUTH_FAIL_PREFIX_LIMIT)
+
+
+def _auth_counters(address: str, prefix: str) -> list[tuple[str, str, int]]:
+    """(scope, Redis key, limit) of the counters that are on, the address first."""
+    # The prefix is hashed: a wrong "key" may be someone's secret for another system.
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:16]
+    counters = [
+        ("address", _key("authfail", address), settings.AUTH_FAIL_LIMIT),
+        ("key", _key("authfail-prefix", digest), settings.AUTH_FAIL_PREFIX_LIMIT),
+    ]
+    return [c for c in counters if c[2] > 0]
+
+
+def auth_retry_after(*, address: str, prefix: str) -> SlowDown | None:
+    """Whether this address, or this key prefix, failed authentication too often.
+
+    The address is reported first when both are over: its wait covers every key.
+    """
+    counters = _auth_counters(address, prefix)
+    if not counters:
         return None
-    key = _key("authfail", address)
     try:
-        # Every request asks; only an address over the limit needs the second round trip.
-        count = _redis().get(key)
-        if count is None or int(count) < limit:
+        # Every request asks (one round trip); only a caller over a limit needs the second.
+        counts = _redis().mget([key for _scope, key, _limit in counters])
+        over = next(
+            (
+                (scope, key)
+                for (scope, key, limit), count in zip(counters, counts, strict=True)
+                if count is not None and int(count) >= limit
+            ),
+            None,
+        )
+        if over is None:
             return None
-        ttl = _redis().ttl(key)
+        ttl = _redis().ttl(over[1])
     except redis.RedisError:
         logger.warning("auth slow-down unavailable (Redis)", exc_info=True)
         return None
-    return max(int(ttl), 1)
+    return SlowDown(retry_after_s=max(int(ttl), 1), scope=over[0])
 
 
-def auth_failure_record(*, address: str) -> None:
-    if settings.AUTH_FAIL_LIMIT <= 0:
+def auth_failure_record(*, address: str, prefix: str) -> None:
+    """Count one wrong key against its address and its prefix (one round trip)."""
+    counters = _auth_counters(address, prefix)
+    if not counters:
         return
+    window = max(int(settings.AUTH_FAIL_WINDOW_S), 1)
     try:
-        _window_hit(_key("authfail", address), settings.AUTH_FAIL_WINDOW_S)
+        pipe = _redis().pipeline(transaction=False)
+        for _scope, key, _limit in counters:
+            pipe.eval(_WINDOW_HIT, 1, key, window)
+        pipe.execute()
     except redis.RedisError:
         logger.warning("could not count a failed authentication (Redis)", exc_info=True)
 

@@ -78,23 +78,33 @@ class Authentication:
 
     api_key: ApiKey | None
     retry_after_s: int | None = None
+    # What was slowed down: "address" or "key" (its prefix); see accounts/limits.py.
+    slowed: str = ""
+
+    @property
+    def slow_down_message(self) -> str:
+        where = "with this key" if self.slowed == "key" else "from your address"
+        return f"too many failed authentication attempts {where}"
 
 
 def api_key_authenticate(*, raw: str, address: str) -> Authentication:
     """Check a presented key for a caller at `address` (REST and websocket alike).
 
-    An address that failed too often is told to wait before its key is even
-    looked up, so guessing keys gets no faster with more attempts. Only a key
-    that was presented and is wrong counts as a failure.
+    1. A key prefix, or an address, that failed too often is told to wait before
+       the key is even looked up, so guessing gets no faster with more attempts.
+    2. Only a key that was presented and is wrong counts, against its prefix and
+       its address. The address limit is the higher one, so another client's valid
+       key from the same address keeps working while one client there fails.
     """
+    prefix = raw[:PREFIX_CHARS]
     if raw:
-        retry_after = limits.auth_retry_after(address=address)
-        if retry_after is not None:
-            return Authentication(api_key=None, retry_after_s=retry_after)
+        slow = limits.auth_retry_after(address=address, prefix=prefix)
+        if slow is not None:
+            return Authentication(api_key=None, retry_after_s=slow.retry_after_s, slowed=slow.scope)
     key = api_key_lookup(raw=raw)
     if key is None:
         if raw:
-            limits.auth_failure_record(address=address)
+            limits.auth_failure_record(address=address, prefix=prefix)
         return Authentication(api_key=None)
     api_key_touch(api_key=key)
     return Authentication(api_key=key)

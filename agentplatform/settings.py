@@ -247,8 +247,11 @@ WS_SLOT_TTL_S = env.int("WS_SLOT_TTL_S", default=60)
 # Sessions one key may create per window (POST /sessions/ and forks).
 SESSION_CREATE_LIMIT = env.int("SESSION_CREATE_LIMIT", default=120)
 SESSION_CREATE_WINDOW_S = env.int("SESSION_CREATE_WINDOW_S", default=60)
-# Failed authentications from one client address per window, before it gets 429.
-AUTH_FAIL_LIMIT = env.int("AUTH_FAIL_LIMIT", default=20)
+# Failed authentications per window before 429: per key prefix (wrong keys presented
+# with one prefix), and per client address, the higher ceiling that still lets the valid
+# keys of others behind the same address work while one client there fails.
+AUTH_FAIL_PREFIX_LIMIT = env.int("AUTH_FAIL_PREFIX_LIMIT", default=5)
+AUTH_FAIL_LIMIT = env.int("AUTH_FAIL_LIMIT", default=50)
 AUTH_FAIL_WINDOW_S = env.int("AUTH_FAIL_WINDOW_S", default=60)
 # Proxies in front of the platform that append to X-Forwarded-For; 0 trusts none
 # and the socket's peer address is the client's.

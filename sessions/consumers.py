@@ -400,8 +400,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if authn.retry_after_s is not None:
             await self._refuse(
                 "rate_limited",
-                "too many failed authentication attempts from your address; "
-                f"retry in {authn.retry_after_s} s",
+                f"{authn.slow_down_message}; retry in {authn.retry_after_s} s",
                 {"retry_after_s": authn.retry_after_s},
             )
             return

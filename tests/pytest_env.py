@@ -25,6 +25,8 @@ if _worker:
 # Every test calls from 127.0.0.1, so the whole run's wrong keys would add up to
 # a slow-down of that one address; tests of the slow-down set their own limit.
 os.environ.setdefault("AUTH_FAIL_LIMIT", "100000")
+# Likewise per key prefix: many tests present the same wrong key ("ap_wrong").
+os.environ.setdefault("AUTH_FAIL_PREFIX_LIMIT", "100000")
 # The same for the per-key REST rate: a load or fuzz test makes more requests a minute
 # with one key than a client should; the rate's own test sets its limit.
 os.environ.setdefault("API_RATE_LIMIT", "100000")

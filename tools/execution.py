@@ -23,6 +23,7 @@ from django.db.models import Q
 from jsonschema import Draft202012Validator
 
 from llm.wire_names import wire_name
+from observability.redaction import scrub, scrub_value
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 
@@ -258,13 +259,30 @@ def tool_breaker() -> CircuitBreaker:
     )
 
 
-def _failure(status: str, message: str, started: float, **kwargs: Any) -> ToolOutcome:
+def _failure(
+    status: str,
+    message: str,
+    started: float,
+    *,
+    output: dict[str, Any] | None = None,
+    shown: str | None = None,
+    **kwargs: Any,
+) -> ToolOutcome:
+    """Every failed outcome of a call is built here (`shown`: what the model reads, when it
+    says more than `message`).
+
+    A failure quotes what came from outside: an API's error body, an MCP server's error,
+    a handler's exception, a business error. Those texts pass the logs' scrubber here,
+    once, so no credential, e-mail address or card number a tool echoed reaches the
+    call's row, its tool message, its event, the admin or the API, whoever ran the call
+    (the engine, an operator by hand). A success is the owner's own data and stays whole.
+    """
     return ToolOutcome(
         status=status,
-        output=None,
-        error=message,
+        output=scrub_value(output),
+        error=scrub(message),
         elapsed_ms=int((time.perf_counter() - started) * 1000),
-        content=render_failure(status, message),
+        content=render_failure(status, scrub(message if shown is None else shown)),
         **kwargs,
     )
 
@@ -342,7 +360,8 @@ class ToolHttpError(Exception):
 
     def __init__(self, status: int, body: Any) -> None:
         detail = body.get("error") if isinstance(body, dict) and body.get("error") else body
-        super().__init__(f"HTTP {status}: {str(detail)[:500]}")
+        # Scrubbed before it is cut: a cut first could leave half an address the scrubber misses.
+        super().__init__(f"HTTP {status}: {scrub(str(detail))[:500]}")
         self.status = status
         self.body = body
 
@@ -479,24 +498,22 @@ async def execute_one(
     breaker.record_success(tool.name)
     if not isinstance(output, dict):
         output = {"result": output}
-    elapsed = int((time.perf_counter() - started) * 1000)
     if output.get("ok") is False:
         # A business error ("order not found") is a normal result to reason about.
         message = str(output.get("error") or "the tool reported a failure")
         log_tool_failure(tool, "business_error", message)
-        return ToolOutcome(
-            status="failed",
+        return _failure(
+            "failed",
+            message,
+            started,
             output=output,
-            error=message,
-            elapsed_ms=elapsed,
-            content=render_failure("failed", message),
             coercions=checked.coercions,
             attempts=attempts,
         )
     return ToolOutcome(
         status="success",
         output=output,
-        elapsed_ms=elapsed,
+        elapsed_ms=int((time.perf_counter() - started) * 1000),
         content=render_success(output),
         coercions=checked.coercions,
         attempts=attempts,
@@ -554,12 +571,12 @@ def _exception_outcome(
     elif isinstance(exc, McpToolError):
         # The server answered: the tool's own error is the model's to read, not an outage.
         breaker.record_success(tool.name)
-        return ToolOutcome(
-            status="failed",
+        return _failure(
+            "failed",
+            str(exc)[:2000],
+            started,
             output={"ok": False, "error": str(exc)[:2000]},
-            error=str(exc)[:2000],
-            elapsed_ms=int((time.perf_counter() - started) * 1000),
-            content=render_failure("failed", f"{tool.name} reported an error: {str(exc)[:2000]}"),
+            shown=f"{tool.name} reported an error: {str(exc)[:2000]}",
             coercions=coercions,
             attempts=attempts,
         )
@@ -573,12 +590,12 @@ def _exception_outcome(
     elif isinstance(exc, ToolHttpError):
         # The API understood and refused: business data, not an outage (it also ends a half-open trial).
         breaker.record_success(tool.name)
-        return ToolOutcome(
-            status="failed",
+        return _failure(
+            "failed",
+            str(exc),
+            started,
             output=exc.body if isinstance(exc.body, dict) else {"body": exc.body},
-            error=str(exc),
-            elapsed_ms=int((time.perf_counter() - started) * 1000),
-            content=render_failure("failed", f"{tool.name} refused the call: {exc}"),
+            shown=f"{tool.name} refused the call: {exc}",
             coercions=coercions,
             attempts=attempts,
         )

@@ -18,6 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from observability.redaction import scrub
+
 if TYPE_CHECKING:
     from mcp import Client
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 # A stdio server starts a process (a Python one imports the SDK: ~2-3 s on this machine).
 DISCOVERY_TIMEOUT_S = 30.0
 IDEMPOTENCY_META_KEY = "idempotency_key"
+MESSAGE_MAX_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,21 @@ class ListedTool:
     idempotent: bool | None = None
 
 
-class McpUnreachable(Exception):
+class McpError(Exception):
+    """An MCP failure. Its text quotes the server or its transport, so it is scrubbed once,
+    here, for everything that stores or shows it: the tool result, the server's
+    `last_error`, the admin's message, a config load's report."""
+
+    def __init__(self, message: str) -> None:
+        # Cut after scrubbing: a cut first could leave half an address the scrubber misses.
+        super().__init__(scrub(message)[:MESSAGE_MAX_CHARS])
+
+
+class McpUnreachable(McpError):
     """No usable answer from the server: down, refused, cut, or a process that did not start."""
 
 
-class McpToolError(Exception):
+class McpToolError(McpError):
     """The server answered with an error: the tool failed, or refused the call."""
 
 
@@ -83,7 +96,7 @@ def _leaf(exc: BaseException) -> BaseException:
 
 def _describe(exc: BaseException) -> str:
     leaf = _leaf(exc)
-    text = " ".join(str(leaf).split())[:200]
+    text = " ".join(str(leaf).split())
     return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from django.db import connection
 
+from observability.redaction import scrub
+
 from .execution import ToolSnapshot, _client, http_headers
 from .registry import get_handler
 
@@ -94,7 +96,9 @@ async def precheck(tool: ToolSnapshot, arguments: dict[str, Any]) -> PrecheckRes
         )
     if not holds and not reason:
         reason = "the precondition no longer holds"
-    return PrecheckResult(tool.name, arguments, holds, reason[:REASON_MAX_CHARS])
+    # The reason is the business API's (or handler's) own words: scrubbed like a tool's error
+    # before it becomes the model's note.
+    return PrecheckResult(tool.name, arguments, holds, scrub(reason)[:REASON_MAX_CHARS])
 
 
 async def prechecks_run(

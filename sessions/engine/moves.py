@@ -7,7 +7,7 @@ and hands it to `step_commit`; nothing else in the code base writes a
 session's state.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from django.utils import timezone
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import tracing
-from observability.redaction import scrub, scrub_value
+from observability.redaction import scrub
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
@@ -360,17 +360,8 @@ def tool_results(
     events: list[EventSpec] = []
     timer: tuple[int, str] | None = None
     for call in calls:
+        # A failure from the executor comes scrubbed (tools.execution._failure).
         outcome = outcomes[call.pk]
-        if outcome.status != ToolCallStatus.SUCCESS:
-            # An error quotes what a tool or the network sent back (a header echoed, a
-            # customer's email): credentials and personal data are cut out before it is
-            # stored, shown to the model or streamed. Results reach their owner whole.
-            outcome = replace(
-                outcome,
-                error=scrub(outcome.error),
-                content=scrub(outcome.content),
-                output=scrub_value(outcome.output),
-            )
         call.status = outcome.status
         call.output = outcome.output
         call.error = outcome.error

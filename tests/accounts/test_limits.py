@@ -12,35 +12,60 @@ pytestmark = pytest.mark.usefixtures("own_redis_prefix")
 
 def test_failed_authentication_slows_an_address_down_after_the_limit(settings):
     settings.AUTH_FAIL_LIMIT = 3
+    settings.AUTH_FAIL_PREFIX_LIMIT = 0
     settings.AUTH_FAIL_WINDOW_S = 30
-    for _ in range(2):
-        limits.auth_failure_record(address="10.0.0.1")
-    assert limits.auth_retry_after(address="10.0.0.1") is None
-    limits.auth_failure_record(address="10.0.0.1")
-    retry = limits.auth_retry_after(address="10.0.0.1")
-    assert retry is not None and 1 <= retry <= 30
+    for n in range(2):
+        limits.auth_failure_record(address="10.0.0.1", prefix=f"ap_p{n}")
+    assert limits.auth_retry_after(address="10.0.0.1", prefix="ap_any") is None
+    limits.auth_failure_record(address="10.0.0.1", prefix="ap_p2")
+    slow = limits.auth_retry_after(address="10.0.0.1", prefix="ap_any")
+    assert slow is not None and slow.scope == "address" and 1 <= slow.retry_after_s <= 30
     # Only that address.
-    assert limits.auth_retry_after(address="10.0.0.2") is None
+    assert limits.auth_retry_after(address="10.0.0.2", prefix="ap_any") is None
+
+
+def test_failed_authentication_slows_a_key_prefix_down_wherever_it_comes_from(settings):
+    settings.AUTH_FAIL_LIMIT = 10
+    settings.AUTH_FAIL_PREFIX_LIMIT = 2
+    settings.AUTH_FAIL_WINDOW_S = 30
+    limits.auth_failure_record(address="10.0.1.1", prefix="ap_target")
+    assert limits.auth_retry_after(address="10.0.1.1", prefix="ap_target") is None
+    limits.auth_failure_record(address="10.0.1.2", prefix="ap_target")
+    for address in ("10.0.1.1", "10.0.1.2", "10.0.1.3"):
+        slow = limits.auth_retry_after(address=address, prefix="ap_target")
+        assert slow is not None and slow.scope == "key" and 1 <= slow.retry_after_s <= 30
+    # Another prefix from the same addresses is not slowed down: their counts are far below 10.
+    assert limits.auth_retry_after(address="10.0.1.1", prefix="ap_other") is None
+
+
+def test_the_address_is_reported_when_both_are_over(settings):
+    settings.AUTH_FAIL_LIMIT = 1
+    settings.AUTH_FAIL_PREFIX_LIMIT = 1
+    limits.auth_failure_record(address="10.0.2.1", prefix="ap_both")
+    assert limits.auth_retry_after(address="10.0.2.1", prefix="ap_both").scope == "address"  # type: ignore[union-attr]
 
 
 def test_failed_authentication_window_ends(settings):
     settings.AUTH_FAIL_LIMIT = 1
+    settings.AUTH_FAIL_PREFIX_LIMIT = 1
     settings.AUTH_FAIL_WINDOW_S = 1
-    limits.auth_failure_record(address="10.0.0.3")
-    assert limits.auth_retry_after(address="10.0.0.3") == 1
+    limits.auth_failure_record(address="10.0.0.3", prefix="ap_w")
+    assert limits.auth_retry_after(address="10.0.0.3", prefix="ap_x").retry_after_s == 1  # type: ignore[union-attr]
+    assert limits.auth_retry_after(address="10.0.0.9", prefix="ap_w").retry_after_s == 1  # type: ignore[union-attr]
     time.sleep(2.1)
-    assert limits.auth_retry_after(address="10.0.0.3") is None
+    assert limits.auth_retry_after(address="10.0.0.3", prefix="ap_w") is None
 
 
 def test_zero_switches_a_limit_off(settings):
     settings.AUTH_FAIL_LIMIT = 0
+    settings.AUTH_FAIL_PREFIX_LIMIT = 0
     settings.SESSION_CREATE_LIMIT = 0
     settings.WS_MAX_SOCKETS_PER_KEY = 0
     for _ in range(5):
-        limits.auth_failure_record(address="10.0.0.4")
+        limits.auth_failure_record(address="10.0.0.4", prefix="ap_off")
         assert limits.session_create_retry_after(key_id=1) is None
         assert limits.socket_slot_acquire(key_id=1, socket_id=str(_))
-    assert limits.auth_retry_after(address="10.0.0.4") is None
+    assert limits.auth_retry_after(address="10.0.0.4", prefix="ap_off") is None
 
 
 def test_session_creation_is_counted_per_key_in_a_window(settings):

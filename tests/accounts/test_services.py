@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from accounts import limits
-from accounts.models import ApiKey
+from accounts.models import PREFIX_CHARS, ApiKey
 from accounts.services import (
     api_key_authenticate,
     api_key_create,
@@ -23,10 +23,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("own_redis_prefix")
 def test_a_slowed_down_address_is_refused_before_its_key_is_looked_up(settings):
     settings.AUTH_FAIL_LIMIT = 2
     raw = api_key_create(username="alice", roles=["support"]).raw
-    assert api_key_authenticate(raw="ap_wrong", address="10.9.0.1").retry_after_s is None
-    assert api_key_authenticate(raw="ap_wrong", address="10.9.0.1").api_key is None
+    assert api_key_authenticate(raw="ap_wrong1", address="10.9.0.1").retry_after_s is None
+    assert api_key_authenticate(raw="ap_wrong2", address="10.9.0.1").api_key is None
     refused = api_key_authenticate(raw=raw, address="10.9.0.1")
     assert refused.api_key is None and refused.retry_after_s is not None
+    assert refused.slowed == "address"
     # Another address with the same key is fine, and succeeding does not count.
     for _ in range(3):
         assert api_key_authenticate(raw=raw, address="10.9.0.2").api_key is not None
@@ -34,6 +35,25 @@ def test_a_slowed_down_address_is_refused_before_its_key_is_looked_up(settings):
     for _ in range(3):
         assert api_key_authenticate(raw="", address="10.9.0.3").retry_after_s is None
     assert api_key_authenticate(raw=raw, address="10.9.0.3").api_key is not None
+
+
+def test_wrong_keys_slow_their_prefix_down_and_not_the_valid_key_beside_them(settings):
+    settings.AUTH_FAIL_PREFIX_LIMIT = 2
+    settings.AUTH_FAIL_LIMIT = 5
+    raw = api_key_create(username="alice", roles=["support"]).raw
+    # Someone guesses alice's key's tail, keeping its prefix.
+    guess = raw[:PREFIX_CHARS] + "x" * 30
+    for _ in range(2):
+        assert api_key_authenticate(raw=guess, address="10.9.1.1").retry_after_s is None
+    slowed = api_key_authenticate(raw=guess, address="10.9.1.2")
+    assert (slowed.api_key, slowed.slowed) == (None, "key") and slowed.retry_after_s
+    assert slowed.slow_down_message == "too many failed authentication attempts with this key"
+    # Another user's key from the guesser's own address works: 2 failures < 5.
+    other = api_key_create(username="bob", roles=["support"]).raw
+    assert api_key_authenticate(raw=other, address="10.9.1.1").api_key is not None
+    # The price, documented: alice's own key waits out the window too (its prefix is
+    # what was guessed against; the check comes before the lookup).
+    assert api_key_authenticate(raw=raw, address="10.9.1.3").slowed == "key"
 
 
 def test_revoke_deactivates_marks_and_logs_who_without_the_key(caplog):

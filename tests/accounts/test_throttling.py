@@ -64,17 +64,40 @@ def test_fork_counts_as_creating_a_session(settings):
     _assert_429(fork)
 
 
-def test_repeated_wrong_keys_slow_the_address_down_even_for_a_good_key(settings):
-    settings.AUTH_FAIL_LIMIT = 3
+def test_a_key_failing_at_one_address_does_not_lock_out_a_good_key_there(settings):
+    """One client behind a NAT keeps sending its wrong key: that key is slowed down, the
+    other clients' valid keys from the same address still work."""
+    settings.AUTH_FAIL_PREFIX_LIMIT = 3
+    settings.AUTH_FAIL_LIMIT = 8
     settings.AUTH_FAIL_WINDOW_S = 30
     good = api_key_for("alice")
     for _ in range(3):
         response = _client("ap_wrong", "10.7.0.1").get("/api/v1/sessions/")
         assert response.status_code == 401, response.content
-    _assert_429(_client("ap_wrong", "10.7.0.1").get("/api/v1/sessions/"))
-    _assert_429(_client(good, "10.7.0.1").get("/api/v1/sessions/"))
+    for _ in range(20):  # refused before the lookup, and not counted against the address
+        refused = _client("ap_wrong", "10.7.0.1").get("/api/v1/sessions/")
+    assert "with this key" in refused.json()["error"]["message"]
+    _assert_429(refused)
+    assert _client(good, "10.7.0.1").get("/api/v1/sessions/").status_code == 200
+    # The same wrong key from elsewhere is slowed down too: guessing one key's tail
+    # gets no faster from more addresses.
+    _assert_429(_client("ap_wrong", "10.7.0.9").get("/api/v1/sessions/"))
+
+
+def test_many_wrong_keys_from_one_address_reach_its_ceiling(settings):
+    settings.AUTH_FAIL_PREFIX_LIMIT = 3
+    settings.AUTH_FAIL_LIMIT = 4
+    settings.AUTH_FAIL_WINDOW_S = 30
+    good = api_key_for("alice")
+    for n in range(4):
+        response = _client(f"ap_guess{n}", "10.7.1.1").get("/api/v1/sessions/")
+        assert response.status_code == 401, response.content
+    # Now the whole address waits, a good key too: it stopped a spray of guesses.
+    refused = _client(good, "10.7.1.1").get("/api/v1/sessions/")
+    _assert_429(refused)
+    assert "from your address" in refused.json()["error"]["message"]
     # Other addresses are untouched.
-    assert _client(good, "10.7.0.2").get("/api/v1/sessions/").status_code == 200
+    assert _client(good, "10.7.1.2").get("/api/v1/sessions/").status_code == 200
 
 
 def test_behind_a_trusted_proxy_the_forwarded_address_is_counted(settings):

@@ -148,11 +148,11 @@ class Recorded:
             elif (
                 message.get("role") == "user"
                 and isinstance(content, str)
-                and content.startswith("Result of ")
+                and content.startswith("<tool_result ")
+                and content.endswith("\n</tool_result>")
             ):
-                found.append(
-                    _maybe_json(content.split("\n", 1)[1] if "\n" in content else "")
-                )  # prompt_tools
+                # prompt_tools: the frame's first and last lines around the result
+                found.append(_maybe_json(content.split("\n", 1)[1].rsplit("\n", 1)[0]))
         return found
 
     def last_tool_result(self) -> Any:

@@ -81,6 +81,21 @@ def business_failure() -> dict:
     return {"ok": False, "error": "customer 9 not found"}
 
 
+# What a provider or a tool might echo back: a password, an e-mail address, a card number.
+ECHOED = "login jane.roe@example.org password=hunter2-Secret card 4242 4242 4242 4242"
+LEAKS = ("jane.roe@example.org", "hunter2-Secret", "4242 4242 4242 4242")
+
+
+@tool_handler("tests.exec.raises_echo")
+def raises_echo() -> dict:
+    raise RuntimeError(f"the ledger refused: {ECHOED}")
+
+
+@tool_handler("tests.exec.business_echo")
+def business_echo() -> dict:
+    return {"ok": False, "error": f"not allowed: {ECHOED}", "detail": {"who": ECHOED}}
+
+
 @tool_handler("tests.exec.scalar")
 def scalar() -> int:
     return 42
@@ -891,3 +906,49 @@ def test_a_redirect_is_a_failed_result_not_a_success(status):
     assert f"HTTP {status}: the API answered with a redirect" in outcome.content
     assert "10.0.0.1" not in outcome.content
     assert tool_breaker().state(tool.name).failures == 0  # not an outage
+
+
+# scrubbing -------------------------------------------------------------------------------------
+
+
+def _leaked(outcome: Any) -> list[str]:
+    seen = f"{outcome.error}\n{outcome.content}\n{outcome.output}"
+    return [leak for leak in LEAKS if leak in seen]
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (422, {"ok": False, "error": f"rejected: {ECHOED}"}),
+    (401, {"message": ECHOED, "echo": {"headers": {"x-user": ECHOED}}}),
+    (400, f"<html>{ECHOED}</html>"),  # not JSON: its text is the body
+])  # fmt: skip
+def test_an_http_tools_error_body_is_scrubbed_before_anyone_sees_it(status, body):
+    with ScriptedApi(Answer(status, body)) as api:
+        tool = http_tool(unique("pay"), api.url("/pay"))
+        outcome = run(call(tool.name, {"amount": 5}), tool)
+    assert outcome.status == "failed"
+    assert _leaked(outcome) == []
+    assert "[redacted:email]" in outcome.content and "[redacted:card]" in outcome.content
+    assert outcome.content.startswith(f"{FAILURE_MARKER} (status: failed): {tool.name} refused")
+
+
+def test_a_handlers_exception_and_business_error_are_scrubbed():
+    raising = snapshot(
+        unique("raise"), handler="tests.exec.raises_echo", parameters={"type": "object"}
+    )
+    business = snapshot(
+        unique("biz"), handler="tests.exec.business_echo", parameters={"type": "object"}
+    )
+    for tool in (raising, business):
+        outcome = run(call(tool.name, {}), tool)
+        assert outcome.status == "failed"
+        assert _leaked(outcome) == [], outcome
+        assert "password=[redacted:key]" in outcome.error
+    # The business error's own fields stay readable, minus what was cut out.
+    outcome = run(call(business.name, {}), business)
+    assert outcome.output["ok"] is False and "[redacted:email]" in outcome.output["detail"]["who"]
+
+
+def test_a_success_is_the_owners_data_and_stays_whole():
+    tool = snapshot(unique("echo"))
+    outcome = run(call(tool.name, {"text": ECHOED}), tool)
+    assert outcome.status == "success" and outcome.output["echo"] == ECHOED

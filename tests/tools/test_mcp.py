@@ -18,7 +18,7 @@ from sessions.services import message_post
 from tests.fakes.mcp_fixtures import free_port
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tools.execution import FAILURE_MARKER, ToolInvocation, execute_one, tools_for_agent
-from tools.mcp import McpUnreachable
+from tools.mcp import MESSAGE_MAX_CHARS, McpToolError, McpUnreachable
 from tools.models import McpServer, Tool
 from tools.services import mcp_server_refresh
 
@@ -104,6 +104,25 @@ def test_a_server_that_is_down_cannot_be_refreshed_and_says_why(unique):
     assert "127.0.0.1" in str(info.value)
     server.refresh_from_db()
     assert server.last_error and server.refreshed_at is None
+
+
+def test_a_down_servers_error_is_scrubbed_where_it_is_stored_and_shown(unique):
+    # Some hosted MCP servers carry their token in the URL; the error quotes the URL.
+    token = "tok_9f8e7d6c5b4a39281706"
+    url = f"http://127.0.0.1:{free_port()}/mcp?token={token}"
+    server = _server(f"d{unique}", url=url, timeout_s=3)
+    with pytest.raises(McpUnreachable) as info:
+        mcp_server_refresh(server=server)
+    server.refresh_from_db()
+    assert token not in str(info.value) and token not in server.last_error
+    assert "token=[redacted:key]" in server.last_error
+
+
+def test_an_mcp_error_is_scrubbed_before_it_is_cut():
+    # Cut first, the address would be cut in half where the scrubber no longer sees one.
+    text = "x" * (MESSAGE_MAX_CHARS - 10) + " jane.roe@example.org"
+    for error in (McpToolError(text), McpUnreachable(text)):
+        assert "jane" not in str(error) and len(str(error)) == MESSAGE_MAX_CHARS
 
 
 # calls ------------------------------------------------------------------------------------------

@@ -91,6 +91,15 @@ def test_an_http_check_gets_the_arguments_and_the_tools_headers() -> None:
     assert all(s.headers["x-tenant"] == "t1" for s in seen)
 
 
+def test_a_checks_reason_is_scrubbed_before_it_reaches_the_models_note() -> None:
+    echoed = "order A-1 was refunded to jane.roe@example.org, card 4242 4242 4242 4242"
+    with ScriptedApi(Answer(200, {"ok": False, "reason": echoed})) as api:
+        tool = _tool(kind="http", precheck_url=api.url("/precheck"))
+        result = io_loop.run(precheck(tool, {"order_id": "A-1"}))
+    assert result.holds is False
+    assert result.reason == "order A-1 was refunded to [redacted:email], card [redacted:card]"
+
+
 @pytest.mark.django_db
 def test_the_config_file_declares_a_precheck_and_names_a_wrong_handler() -> None:
     tool = {

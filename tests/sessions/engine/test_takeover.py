@@ -28,6 +28,14 @@ def _note(text: str, idempotency_key: str = "") -> dict[str, Any]:
     return {"noted": text}
 
 
+ECHOED = "login jane.roe@example.org password=hunter2-Secret card 4242 4242 4242 4242"
+
+
+@tool_handler("tests.takeover.ledger")
+def _ledger() -> dict[str, Any]:
+    raise RuntimeError(f"the ledger refused: {ECHOED}")
+
+
 RULES = [
     {"when": {"user": "^wait", "last_tool": None},
      "tool_calls": [{"tool": "ask_user", "args": {"question": "Sure?"}}]},
@@ -150,3 +158,18 @@ def test_a_hand_run_goes_through_validation_role_gating_and_turn_checks(session)
         session_operator_reply(session=session, content="hi", actor="op")
     with pytest.raises(InvalidInput):
         session_operator_reply(session=session, content="  ", actor="op")
+
+
+def test_a_hand_run_tools_error_is_scrubbed_in_its_row_message_and_event(session):
+    """An operator's run does not pass the engine's tool step: the executor scrubs it."""
+    ToolFactory(name="ledger", handler="tests.takeover.ledger", parameters={"type": "object"})
+    session.agent.tools = [*session.agent.tools, "ledger"]
+    session.agent.save(update_fields=["tools"])
+    call = session_operator_tool_run(session=session, tool_name="ledger", arguments={}, actor="op")
+    call.refresh_from_db()
+    result = Message.objects.get(session=session, role="tool", tool_call_id=call.call_id)
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    stored = [call.error, result.content, result.data, finished]
+    assert call.status == "failed" and "[redacted:email]" in call.error
+    for leak in ("jane.roe@example.org", "hunter2-Secret", "4242 4242 4242 4242"):
+        assert leak not in str(stored), stored
