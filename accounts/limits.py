@@ -86,13 +86,16 @@ def client_address(*, peer: str | None, forwarded_for: str | None) -> str:
 
 # Failed authentication --------------------------------------------------------------
 #
-# Two counters in one window (AUTH_FAIL_WINDOW_S). Per key prefix (AUTH_FAIL_PREFIX_LIMIT):
-# wrong keys presented with one prefix slow that prefix down, from wherever they come.
-# Per address (AUTH_FAIL_LIMIT), a higher ceiling: a client trying many prefixes is
-# stopped there, while the valid keys of others behind the same address (a NAT, an
-# office proxy) keep working until it is reached. A request refused for either is not
-# counted again, so one client failing with one key adds at most the prefix limit to
-# its address per window.
+# Two counters in one window (AUTH_FAIL_WINDOW_S). Per address and key prefix
+# (AUTH_FAIL_PREFIX_LIMIT): wrong keys presented with one prefix from one address slow
+# that pair down, so one client failing behind a NAT is slowed alone, and nobody can
+# lock a valid key out by guessing against its prefix from elsewhere. Per address
+# (AUTH_FAIL_LIMIT), a higher ceiling: a client trying many prefixes is stopped there,
+# while the valid keys of others behind the same address (a NAT, an office proxy) keep
+# working until it is reached. A request refused for either is not counted again, so
+# one client failing with one key adds at most the prefix limit to its address per
+# window. A guess spread over many addresses is not slowed by either; with keys of 32
+# random characters after their prefix it cannot succeed anyway.
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,13 @@ def _auth_counters(address: str, prefix: str) -> list[tuple[str, str, int]]:
     digest = hashlib.sha256(prefix.encode()).hexdigest()[:16]
     counters = [
         ("address", _key("authfail", address), settings.AUTH_FAIL_LIMIT),
-        ("key", _key("authfail-prefix", digest), settings.AUTH_FAIL_PREFIX_LIMIT),
+        ("key", _key("authfail-prefix", address, digest), settings.AUTH_FAIL_PREFIX_LIMIT),
     ]
     return [c for c in counters if c[2] > 0]
 
 
 def auth_retry_after(*, address: str, prefix: str) -> SlowDown | None:
-    """Whether this address, or this key prefix, failed authentication too often.
+    """Whether this address, or this key prefix from it, failed authentication too often.
 
     The address is reported first when both are over: its wait covers every key.
     """
@@ -143,7 +146,7 @@ def auth_retry_after(*, address: str, prefix: str) -> SlowDown | None:
 
 
 def auth_failure_record(*, address: str, prefix: str) -> None:
-    """Count one wrong key against its address and its prefix (one round trip)."""
+    """Count one wrong key against its address and its prefix from there (one round trip)."""
     counters = _auth_counters(address, prefix)
     if not counters:
         return
