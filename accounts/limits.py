@@ -3,8 +3,10 @@
 - failed authentications per key prefix and, as a higher ceiling, per client address
   (fixed windows; over either limit a request gets 429 before its key is even looked up),
 - sessions created per API key (a fixed window),
-- open websockets per API key (a sorted set of socket ids scored by a deadline
-  that the socket's heartbeat pushes forward, so a crashed process's slots lapse),
+- open websockets per API key, per kind of socket (a sorted set of socket ids
+  scored by a deadline that the socket's heartbeat pushes forward, so a crashed
+  process's slots lapse): sessions' sockets and approvers' sockets are counted
+  apart, each against its own setting,
 - a revocation marker per key, which open sockets check on every client frame.
 
 Redis being down must not take the API down with it: every limit then lets the
@@ -191,16 +193,30 @@ def api_request_retry_after(*, key_id: int) -> int | None:
 
 # Open websockets --------------------------------------------------------------------
 
+# A pool is a kind of socket, counted per key against its own setting.
+SESSION_SOCKETS = "sockets"
+APPROVAL_SOCKETS = "approval-sockets"
+_POOL_LIMITS = {
+    SESSION_SOCKETS: "WS_MAX_SOCKETS_PER_KEY",
+    APPROVAL_SOCKETS: "APPROVAL_WS_MAX_SOCKETS_PER_KEY",
+}
+Slot = tuple[str, int, str]  # (pool, key id, socket id)
 
-def socket_slot_acquire(*, key_id: int, socket_id: str) -> bool:
-    limit = settings.WS_MAX_SOCKETS_PER_KEY
+
+def socket_limit(pool: str) -> int:
+    """The open sockets of this pool a key may hold (0: no limit); read at call time."""
+    return int(getattr(settings, _POOL_LIMITS[pool]))
+
+
+def socket_slot_acquire(*, key_id: int, socket_id: str, pool: str = SESSION_SOCKETS) -> bool:
+    limit = socket_limit(pool)
     if limit <= 0:
         return True
     now = time.time()
     ttl = max(settings.WS_SLOT_TTL_S, 1)
     try:
         taken = _redis().eval(
-            _SLOT_ACQUIRE, 1, _key("sockets", key_id), now, now + ttl, socket_id, limit, ttl * 2
+            _SLOT_ACQUIRE, 1, _key(pool, key_id), now, now + ttl, socket_id, limit, ttl * 2
         )
     except redis.RedisError:
         logger.warning("socket limit unavailable (Redis)", exc_info=True)
@@ -208,30 +224,30 @@ def socket_slot_acquire(*, key_id: int, socket_id: str) -> bool:
     return bool(taken)
 
 
-def socket_slots_refresh(*, slots: Iterable[tuple[int, str]]) -> None:
+def socket_slots_refresh(*, slots: Iterable[Slot]) -> None:
     """The heartbeat of open sockets: push their slots' deadlines forward, in one round trip."""
     ttl = max(settings.WS_SLOT_TTL_S, 1)
     deadline = time.time() + ttl
     try:
         pipe = _redis().pipeline(transaction=False)
-        for key_id, socket_id in slots:
-            pipe.zadd(_key("sockets", key_id), {socket_id: deadline}, xx=True)
-            pipe.expire(_key("sockets", key_id), ttl * 2)
+        for pool, key_id, socket_id in slots:
+            pipe.zadd(_key(pool, key_id), {socket_id: deadline}, xx=True)
+            pipe.expire(_key(pool, key_id), ttl * 2)
         pipe.execute()
     except redis.RedisError:
         logger.warning("socket slot refresh failed; retrying next period", exc_info=True)
 
 
-def socket_slot_release(*, key_id: int, socket_id: str) -> None:
+def socket_slot_release(*, key_id: int, socket_id: str, pool: str = SESSION_SOCKETS) -> None:
     try:
-        _redis().zrem(_key("sockets", key_id), socket_id)
+        _redis().zrem(_key(pool, key_id), socket_id)
     except redis.RedisError:
         logger.debug("socket slot release failed; it lapses by itself", exc_info=True)
 
 
-def socket_slots_held(*, key_id: int) -> int:
+def socket_slots_held(*, key_id: int, pool: str = SESSION_SOCKETS) -> int:
     try:
-        return int(_redis().zcount(_key("sockets", key_id), time.time(), "+inf"))
+        return int(_redis().zcount(_key(pool, key_id), time.time(), "+inf"))
     except redis.RedisError:
         return 0
 
@@ -244,27 +260,27 @@ class SocketSlots:
     """
 
     def __init__(self) -> None:
-        self._held: set[tuple[int, str]] = set()
+        self._held: set[Slot] = set()
         self._task: asyncio.Task[None] | None = None
 
-    async def acquire(self, *, key_id: int, socket_id: str) -> bool:
-        if settings.WS_MAX_SOCKETS_PER_KEY <= 0:
+    async def acquire(self, *, key_id: int, socket_id: str, pool: str = SESSION_SOCKETS) -> bool:
+        if socket_limit(pool) <= 0:
             return True
         taken = await sync_to_async(socket_slot_acquire, thread_sensitive=False)(
-            key_id=key_id, socket_id=socket_id
+            key_id=key_id, socket_id=socket_id, pool=pool
         )
         if taken:
-            self._held.add((key_id, socket_id))
+            self._held.add((pool, key_id, socket_id))
             if self._task is None or self._task.done():
                 self._task = asyncio.ensure_future(self._refresh_while_held())
         return taken
 
-    async def release(self, *, key_id: int, socket_id: str) -> None:
-        if (key_id, socket_id) not in self._held:
+    async def release(self, *, key_id: int, socket_id: str, pool: str = SESSION_SOCKETS) -> None:
+        if (pool, key_id, socket_id) not in self._held:
             return
-        self._held.discard((key_id, socket_id))
+        self._held.discard((pool, key_id, socket_id))
         await sync_to_async(socket_slot_release, thread_sensitive=False)(
-            key_id=key_id, socket_id=socket_id
+            key_id=key_id, socket_id=socket_id, pool=pool
         )
 
     async def _refresh_while_held(self) -> None:

@@ -42,3 +42,23 @@ def approver_groups(*, user_id: int) -> list[str] | None:
     if row is None:
         return None
     return list(row) or ["approvers"]
+
+
+def api_key_approver_groups(*, key_id: int) -> list[str] | None:
+    """`approver_groups` of this key's owner while the key is active too: one query for
+    what an approvers' socket must still hold before each frame it sends."""
+    from .models import Approver
+
+    row = (
+        Approver.objects.filter(
+            is_active=True,
+            user__is_active=True,
+            user__api_keys__pk=key_id,
+            user__api_keys__is_active=True,
+        )
+        .values_list("groups", flat=True)
+        .first()
+    )
+    if row is None:
+        return None
+    return list(row) or ["approvers"]

@@ -178,6 +178,11 @@ APPROVAL_WEBHOOK_URL = env.str("APPROVAL_WEBHOOK_URL", default="")
 APPROVAL_WEBHOOK_SECRET = env.str("APPROVAL_WEBHOOK_SECRET", default="")
 APPROVAL_WEBHOOK_RETRIES = env.int("APPROVAL_WEBHOOK_RETRIES", default=8)
 APPROVAL_WEBHOOK_TIMEOUT_S = env.float("APPROVAL_WEBHOOK_TIMEOUT_S", default=10.0)
+# Four eyes: no one decides an approval of a session they own (superusers included);
+# false lets the session's owner decide it too, if they are an approver.
+APPROVAL_FOUR_EYES = env.bool("APPROVAL_FOUR_EYES", default=True)
+# Open approvers' websockets (/ws/approvals/) per API key; 0 switches the limit off.
+APPROVAL_WS_MAX_SOCKETS_PER_KEY = env.int("APPROVAL_WS_MAX_SOCKETS_PER_KEY", default=20)
 
 # Credits (billing/): an owner without a credit account is not metered unless
 # CREDITS_REQUIRED; a call whose points are held by in-flight calls waits for

@@ -1,7 +1,8 @@
 """Admin of approvals: the approvers' queue (their home page), and every approval's history.
 
 Decisions go through the same services as the REST API (races, validation,
-the session's resumption); these views only translate. Deciding here takes an approver's
+the session's resumption, four eyes: an approval of a session the user owns is
+refused and shown as someone else's to decide); these views only translate. Deciding here takes an approver's
 rights (their groups, as over the API) and the `decide_approval` permission; an approver
 without it sees the queue and decides nothing. The arguments the model sent are message
 content: on the change pages they take `view_message_content` (the queue shows them to
@@ -29,6 +30,7 @@ from sessions.models import Message
 from sessions.selectors import messages_recent
 
 from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer
+from .policy import four_eyes_forbids
 from .selectors import approvals_count, approvals_queue, approvals_recently_decided
 
 
@@ -51,6 +53,8 @@ def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
 class QueueCard:
     approval: Approval
     recent: list[Message]
+    # The viewer owns the session: four eyes leave the decision to someone else.
+    own_session: bool = False
 
     @property
     def age(self) -> str:
@@ -171,7 +175,16 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
         pending = approvals_queue(groups=groups)
         recent = messages_recent(session_ids=list({a.session_id for a in pending}))
-        cards = [QueueCard(a, recent.get(a.session_id, [])) for a in pending]
+        cards = [
+            QueueCard(
+                a,
+                recent.get(a.session_id, []),
+                own_session=four_eyes_forbids(
+                    session_owner_id=a.session.owner_id, decider_id=request.user.pk
+                ),
+            )
+            for a in pending
+        ]
         decided = [
             (a, arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [])
             for a in approvals_recently_decided(groups=groups)

@@ -4,10 +4,18 @@ Only keys of approvers connect; each socket first gets the pending approvals of
 its groups (as `approval.requested` frames), then every change live. Frames:
 `{"type": "approval.requested"|"approval.resolved", "ts": iso8601, "data": {...}}`,
 `data` in the REST listing's shape (resolved ones add `outcome`, `by`, `comment`).
+
+Rights are read again before every frame sent, not only at connect: a key, user or
+approver deactivated in the database (not just through the platform) receives
+nothing more, and the socket is closed with the reason; an approver taken out of
+a group no longer sees that group's approvals. Browsers may connect only from
+allowed origins (accounts/origins.py, as the sessions' socket), and a key holds
+at most APPROVAL_WS_MAX_SOCKETS_PER_KEY of these sockets at once.
 """
 
 import json
 import logging
+import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -15,7 +23,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from accounts import limits
-from accounts.selectors import approver_groups
+from accounts.origins import websocket_origin_allowed
+from accounts.selectors import api_key_approver_groups, api_key_is_active, approver_groups
 from accounts.services import api_key_authenticate, key_group_name
 
 from .notify import APPROVERS_GROUP, make_frame
@@ -51,11 +60,20 @@ def _pending_frames(groups: list[str]) -> list[dict[str, Any]]:
 
 
 class ApprovalsConsumer(AsyncWebsocketConsumer):
-    groups_allowed: list[str]
+    key_id: int | None = None
     key_group: str | None = None
+    slot_id: str | None = None
     joined: bool = False
+    _closing: bool = False
 
     async def connect(self) -> None:
+        """1. Refuse the handshake from a foreign browser origin (HTTP 403, before accept).
+        2. Authenticate the key, 3. require approver rights, 4. take one of the key's
+        approvals-socket slots, 5. join the groups, 6. send the pending approvals."""
+        if not websocket_origin_allowed(self.scope):
+            logger.info("approvals websocket refused: origin not allowed")
+            await self.close()
+            return
         token, subprotocol = _token(self.scope)
         await self.accept(subprotocol=subprotocol)
         client = self.scope.get("client") or (None, None)
@@ -69,7 +87,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         if authn.api_key is None:
             await self._fail("not_authenticated", "a valid API key is required", CLOSE_UNAUTHORIZED)
             return
-        groups = await database_sync_to_async(approver_groups)(user_id=authn.api_key.owner_id)
+        key = authn.api_key
+        groups = await database_sync_to_async(approver_groups)(user_id=key.owner_id)
         if groups is None:
             await self._fail(
                 "permission_denied",
@@ -77,8 +96,19 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
                 CLOSE_FORBIDDEN,
             )
             return
-        self.groups_allowed = groups
-        self.key_group = key_group_name(authn.api_key.pk)
+        slot_id = uuid.uuid4().hex
+        pool = limits.APPROVAL_SOCKETS
+        if not await limits.socket_slots.acquire(key_id=key.pk, socket_id=slot_id, pool=pool):
+            limit = limits.socket_limit(pool)
+            await self._fail(
+                "too_many_sockets",
+                f"this API key already has {limit} approvals websockets open",
+                CLOSE_RATE_LIMITED,
+                {"limit": limit},
+            )
+            return
+        self.key_id, self.slot_id = key.pk, slot_id
+        self.key_group = key_group_name(key.pk)
         await self.channel_layer.group_add(self.key_group, self.channel_name)
         await self.channel_layer.group_add(APPROVERS_GROUP, self.channel_name)
         self.joined = True
@@ -90,20 +120,56 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(APPROVERS_GROUP, self.channel_name)
         if self.key_group is not None:
             await self.channel_layer.group_discard(self.key_group, self.channel_name)
+        if self.key_id is not None and self.slot_id is not None:
+            await limits.socket_slots.release(
+                key_id=self.key_id, socket_id=self.slot_id, pool=limits.APPROVAL_SOCKETS
+            )
+            self.slot_id = None
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Approvers decide over REST; this socket only listens."""
+        """Approvers decide over REST (or the admin); this socket only listens."""
 
     async def approval_frame(self, message: dict[str, Any]) -> None:
+        """Send a frame only to a receiver who, as the database says now, may see it."""
+        if self._closing or self.key_id is None:
+            return
+        groups, lost = await database_sync_to_async(self._current_groups)(self.key_id)
+        if lost == "key_revoked":
+            await self._close_for(
+                "key_revoked", "this API key is no longer active", CLOSE_UNAUTHORIZED
+            )
+            return
+        if lost == "approver_revoked":
+            await self._close_for(
+                "approver_revoked", "this API key's user is no longer an approver", CLOSE_FORBIDDEN
+            )
+            return
         frame = message["frame"]
-        if frame["data"].get("group") in self.groups_allowed:
+        if frame["data"].get("group") in groups:
             await self.send(text_data=json.dumps(frame))
 
-    async def apikey_revoked(self, message: dict[str, Any]) -> None:
-        await self.close(code=CLOSE_UNAUTHORIZED)
+    @staticmethod
+    def _current_groups(key_id: int) -> tuple[list[str], str | None]:
+        """(the receiver's approver groups now, None) or ([], why they have none): one query
+        while all is well, a second only to tell a dead key from lost approver rights."""
+        groups = api_key_approver_groups(key_id=key_id)
+        if groups is not None:
+            return groups, None
+        return [], "key_revoked" if not api_key_is_active(key_id=key_id) else "approver_revoked"
 
-    async def _fail(self, code: str, message: str, close_code: int) -> None:
-        await self.send(
-            text_data=json.dumps({"type": "error", "data": {"code": code, "message": message}})
-        )
+    async def apikey_revoked(self, message: dict[str, Any]) -> None:
+        """The key was revoked (accounts.services.api_key_revoke): close at once."""
+        await self._close_for("key_revoked", "this API key has been revoked", CLOSE_UNAUTHORIZED)
+
+    async def _close_for(self, code: str, message: str, close_code: int) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        await self._fail(code, message, close_code)
+
+    async def _fail(
+        self, code: str, message: str, close_code: int, details: dict[str, Any] | None = None
+    ) -> None:
+        error = {"code": code, "message": message, "details": details or {}}
+        await self.send(text_data=json.dumps({"type": "error", "data": error}))
         await self.close(code=close_code)

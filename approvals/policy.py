@@ -1,6 +1,8 @@
-"""Whether a call waits for a person: pure functions of the tool and the arguments."""
+"""Whether a call waits for a person, and who may not be that person."""
 
 from typing import Any
+
+from django.conf import settings
 
 from tools.execution import ToolSnapshot, validator_for
 from tools.validation import check_arguments
@@ -35,3 +37,14 @@ def approval_reason(
         if holds:
             return f"{tool.name}: the approval condition holds for these arguments"
     return None
+
+
+def four_eyes_forbids(*, session_owner_id: int | None, decider_id: int | None) -> bool:
+    """True when the decider owns the session the approval belongs to and APPROVAL_FOUR_EYES
+    is on: a person never approves their own session's call, whatever else they may do
+    (superusers included). The deadline's expiry is not a person's decision."""
+    return (
+        bool(settings.APPROVAL_FOUR_EYES)
+        and decider_id is not None
+        and session_owner_id == decider_id
+    )

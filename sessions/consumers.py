@@ -40,9 +40,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 
 from accounts import limits
+from accounts.origins import websocket_origin_allowed
 from accounts.selectors import api_key_is_active, api_key_roles
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
@@ -348,17 +348,6 @@ def _subprotocol_auth(scope: dict[str, Any]) -> tuple[str | None, str | None]:
     return (WS_SUBPROTOCOL if WS_SUBPROTOCOL in offered else None), key
 
 
-def _origin_allowed(origin: str, host: str | None) -> bool:
-    """Configured origins, plus the page's own origin (same host and port as the socket)."""
-    if origin in settings.WS_ALLOWED_ORIGINS:
-        return True
-    netloc = origin.split("://", 1)[-1]
-    if host is None or netloc != host:
-        return False
-    domain, _port = split_domain_port(host)
-    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
-
-
 class SessionConsumer(AsyncWebsocketConsumer):
     session_id: str
     last_seq: int
@@ -377,9 +366,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
     _resync_task: "asyncio.Task[None] | None" = None
 
     async def connect(self) -> None:
-        origin = _header(self.scope, b"origin")
-        if origin is not None and not _origin_allowed(origin, _header(self.scope, b"host")):
-            logger.info("websocket refused: origin %s not allowed", origin)
+        if not websocket_origin_allowed(self.scope):
+            logger.info("websocket refused: origin %s not allowed", _header(self.scope, b"origin"))
             await self.close()  # before accept: the handshake is refused (HTTP 403)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))

@@ -21,6 +21,7 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalKind, ReviewAnswer
+from approvals.policy import four_eyes_forbids
 from approvals.selectors import approval_get, approval_pending_exists, approvals_due
 from approvals.services import (
     SYSTEM_ACTOR,
@@ -620,9 +621,10 @@ def approval_decide(
 ) -> Approval:
     """An approver's decision: approve (maybe with edited arguments), or reject with a comment.
 
-    403 if the approval is not for one of the approver's groups, 400 if edited
-    arguments fail the tool's schema, 409 `approval_resolved` if it is no longer
-    pending (another approver or the deadline was first).
+    403 if the approval is not for one of the approver's groups, 403 `four_eyes` if the
+    approver owns the approval's session, 400 if edited arguments fail the tool's schema,
+    409 `approval_resolved` if it is no longer pending (another approver or the deadline
+    was first).
     """
     approval = approval_get(approval_id=approval_id)
     if approval is None:
@@ -632,6 +634,7 @@ def approval_decide(
             f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
             details={"group": approval.group},
         )
+    _four_eyes_check(approval=approval, user=user)
     if approval.status != "pending":
         raise _resolved_conflict(approval)
     if approval.kind == ApprovalKind.RECOVERY_REVIEW and approve:
@@ -683,6 +686,7 @@ def review_answer(
             f"this review is for the group '{approval.group}'; you approve for {', '.join(groups)}",
             details={"group": approval.group},
         )
+    _four_eyes_check(approval=approval, user=user)
     if answer not in ReviewAnswer.values:
         raise InvalidInput(
             f"answer must be one of {', '.join(ReviewAnswer.values)}", details={"field": "answer"}
@@ -705,6 +709,20 @@ def review_answer(
         fresh = approval_get(approval_id=approval.pk)
         raise _resolved_conflict(fresh or approval)
     return resolved
+
+
+def _four_eyes_check(*, approval: Approval, user: User) -> None:
+    """403 `four_eyes` when the decider owns the approval's session (APPROVAL_FOUR_EYES)."""
+    owner_id = (
+        Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
+    )
+    if four_eyes_forbids(session_owner_id=owner_id, decider_id=user.pk):
+        raise Forbidden(
+            "this approval belongs to a session you own; another approver must decide it "
+            "(four-eyes rule)",
+            details={"session": str(approval.session_id)},
+            code="four_eyes",
+        )
 
 
 def _resolved_conflict(approval: Approval) -> Conflict:

@@ -24,8 +24,8 @@ def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
 
 
-def _pending(make_session, content: str = "refund A1 80") -> Session:
-    session = make_session()
+def _pending(make_session, content: str = "refund A1 80", **fields) -> Session:  # type: ignore[no-untyped-def]
+    session = make_session(**fields)
     message_post(session=session, content=content)
     assert session_run(session_id=session.pk).stopped == "idle"
     session = Session.objects.get(pk=session.pk)
@@ -135,6 +135,60 @@ def test_the_operators_index_links_the_queue_with_its_count(client, operator, ma
     _pending(make_session)
     html = client.get("/admin/").content.decode()
     assert "Approvals queue" in html and "1 pending" in html
+
+
+FOUR_EYES = "another approver must decide it (four-eyes rule)"
+
+
+def test_four_eyes_the_queue_refuses_a_superusers_decision_on_their_own_session(
+    client, operator, make_session
+):
+    approval = Approval.objects.get(session=_pending(make_session, owner=operator))
+    page = client.get(QUEUE).content.decode()
+    assert "1 pending" in page and "another approver decides it (four eyes)" in page
+    assert 'value="approve"' not in page and 'name="ids"' not in page
+    for action in ("approve", "reject", "reject_selected"):
+        data = {"id": approval.pk, "ids": [approval.pk], "action": action, "comment": "mine"}
+        answer = client.post(QUEUE, data, follow=True).content.decode()
+        assert FOUR_EYES in answer, action
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name) == ("pending", "")
+    assert not approval.transitions.exists() and EFFECTS == []
+
+    # Another operator decides it.
+    other = get_user_model().objects.create_superuser("op2", "op2@example.com", "pw-not-used")
+    client.force_login(other)
+    assert 'value="approve"' in client.get(QUEUE).content.decode()
+    client.post(QUEUE, {"id": approval.pk, "action": "approve"})
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name) == ("approved", "op2")
+
+
+def test_four_eyes_the_queue_refuses_an_approvers_decision_on_their_own_session(
+    client, approver_only, make_session
+):
+    approver_only.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    approval = Approval.objects.get(session=_pending(make_session, owner=approver_only))
+    Approval.objects.filter(pk=approval.pk).update(group="managers")
+    answer = client.post(QUEUE, {"id": approval.pk, "action": "approve"}, follow=True)
+    assert FOUR_EYES in answer.content.decode()
+    approval.refresh_from_db()
+    assert approval.status == "pending" and EFFECTS == []
+
+
+@pytest.mark.parametrize("action", ["approve", "approve_and_remember", "reject"])
+def test_four_eyes_the_admin_actions_refuse_a_decision_on_the_deciders_own_session(
+    client, operator, make_session, action
+):
+    approval = Approval.objects.get(session=_pending(make_session, owner=operator))
+    changelist = reverse("admin:approvals_approval_changelist")
+    answer = client.post(
+        changelist, {"action": action, "_selected_action": [approval.pk], "index": 0}, follow=True
+    )
+    assert FOUR_EYES in answer.content.decode()
+    approval.refresh_from_db()
+    assert (approval.status, approval.remember) == ("pending", False)
+    assert not approval.transitions.exists()
 
 
 def test_arguments_diff():

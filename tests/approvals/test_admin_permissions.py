@@ -10,7 +10,7 @@ from sessions.engine import session_run
 from sessions.models import Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS
-from tests.factories import StaffUserFactory, permissions
+from tests.factories import StaffUserFactory, UserFactory, permissions
 
 # The engine runs tools on helper threads with their own connections: they must see commits.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +47,13 @@ def _client(user) -> Client:  # type: ignore[no-untyped-def]
     return client
 
 
-def test_the_approve_action_takes_approver_rights_and_the_permission(staff, make_session) -> None:
+def test_the_approve_action_takes_approver_rights_and_the_permission(
+    staff, make_session, settings
+) -> None:
+    # The changelist is tenant-scoped: a staff approver's actions reach only approvals of
+    # their own sessions, which four eyes refuses (tests/approvals/test_four_eyes.py).
+    # This test is about the permissions, so four eyes is off here alone.
+    settings.APPROVAL_FOUR_EYES = False
     approval = _pending(make_session, staff)
     client = _client(staff)
     approve = {"action": "approve", "_selected_action": [approval.pk], "index": 0}
@@ -74,7 +80,8 @@ def test_the_approve_action_takes_approver_rights_and_the_permission(staff, make
 
 
 def test_the_queue_decides_only_with_the_permission(staff, make_session) -> None:
-    approval = _pending(make_session, staff)
+    # The queue is routed by approver groups, not tenants: another user's session.
+    approval = _pending(make_session, UserFactory(username="customer"))
     approver_grant(username="tenant")
     client = _client(staff)
     page = client.get(QUEUE).content.decode()

@@ -217,3 +217,75 @@ def test_a_decision_after_the_deadline_is_409_approval_expired_and_changes_nothi
     assert (pending.status, pending.decided_by_name) == ("pending", "")
     assert EFFECTS == []
     assert Session.objects.get(pk=pending.session_id).state == "awaiting_approval"
+
+
+def _own_pending(make_session, username: str = "alice") -> tuple[Approval, str]:  # type: ignore[no-untyped-def]
+    """A pending refund in a session of `username`, who is an approver too; and their key."""
+    issued = api_key_create(username=username, roles=["support"])
+    approver_grant(username=username)
+    session = make_session(owner=issued.api_key.owner)
+    message_post(session=session, content="refund A1 80")
+    session_run(session_id=session.pk)
+    return Approval.objects.get(session=session), issued.raw
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_four_eyes_an_approver_cannot_decide_an_approval_of_their_own_session(
+    make_session, decision
+):
+    approval, key = _own_pending(make_session)
+    response = _client(key).post(
+        f"/api/v1/approvals/{approval.pk}/{decision}/", {"comment": "mine"}, format="json"
+    )
+    assert response.status_code == 403, response.content
+    error = response.json()["error"]
+    assert error["code"] == "four_eyes" and error["details"] == {
+        "session": str(approval.session_id)
+    }
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name, approval.version) == ("pending", "", 0)
+    assert not approval.transitions.exists()
+    assert Session.objects.get(pk=approval.session_id).state == "awaiting_approval"
+    # Another approver decides it.
+    other = api_key_create(username="bob", roles=[]).raw
+    approver_grant(username="bob")
+    decided = _client(other).post(
+        f"/api/v1/approvals/{approval.pk}/{decision}/", {"comment": "checked"}, format="json"
+    )
+    assert decided.status_code == 200 and decided.json()["decided_by"] == "bob"
+
+
+def test_four_eyes_binds_the_answer_to_a_recovery_review(review):
+    owner = Session.objects.get(pk=review.session_id).owner.username
+    key = api_key_create(username=owner, roles=[]).raw
+    approver_grant(username=owner)
+    response = _client(key).post(
+        f"/api/v1/approvals/{review.pk}/review/", {"answer": "send_again"}, format="json"
+    )
+    assert (response.status_code, response.json()["error"]["code"]) == (403, "four_eyes")
+    review.refresh_from_db()
+    assert (review.status, review.answer) == ("pending", "")
+    assert EFFECTS == []
+
+
+def test_four_eyes_off_lets_the_sessions_owner_decide(make_session, settings):
+    settings.APPROVAL_FOUR_EYES = False
+    approval, key = _own_pending(make_session)
+    response = _client(key).post(f"/api/v1/approvals/{approval.pk}/approve/", {}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["decided_by"] == "alice"
+
+
+def test_four_eyes_leaves_the_deadline_policy_alone(make_session):
+    """Expiry by the sweeper is no person's decision: it applies to the owner's session too."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions.services import approvals_expire_due
+
+    approval, _ = _own_pending(make_session)
+    Approval.objects.filter(pk=approval.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    assert approvals_expire_due() == [str(approval.pk)]
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by_name) == ("expired", "system")
