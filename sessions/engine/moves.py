@@ -18,7 +18,7 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import tracing
 from observability.redaction import scrub, scrub_value
-from tools.execution import ToolOutcome, ToolSnapshot
+from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
 from ..events import (
@@ -360,7 +360,9 @@ def tool_results(
     events: list[EventSpec] = []
     timer: tuple[int, str] | None = None
     for call in calls:
-        outcome = outcomes[call.pk]
+        # Results the executor did not make (memory tools, probes, a person's review) are
+        # held to the same size limit as those it did.
+        outcome = outcome_within_limit(outcomes[call.pk])
         if outcome.status != ToolCallStatus.SUCCESS:
             # An error quotes what a tool or the network sent back (a header echoed, a
             # customer's email): credentials and personal data are cut out before it is
