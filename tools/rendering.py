@@ -2,7 +2,8 @@
 
 Key facts (scalars) come first, then lists as counts plus one short line per
 item, capped; a failed result starts with an unmistakable marker and its
-status, so the model cannot mistake it for success. The full result stays on
+status, so the model cannot mistake it for success. The result (cut to
+TOOL_RESULT_MAX_BYTES, tools/result_limits.py) stays on
 the ToolCall row.
 """
 
