@@ -209,6 +209,16 @@ EXTRA_CONTEXT_MAX_BYTES = env.int("EXTRA_CONTEXT_MAX_BYTES", default=8192)
 EXTRA_CONTEXT_MAX_DEPTH = env.int("EXTRA_CONTEXT_MAX_DEPTH", default=8)
 # A larger request body is refused with 413 before it is parsed (Django's setting).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2621440)
+# Size limits (README "Size limits"). A tool result (its compact UTF-8 JSON) beyond
+# TOOL_RESULT_MAX_BYTES is cut with a marker before it is stored or shown to the model;
+# an HTTP tool's body is read no further than that plus a little.
+TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=262144)
+# One event's frame on the websocket and row in GET .../events/: daphne (autobahn) refuses
+# to send a websocket message over 1 MiB, so this must stay at or under that.
+EVENT_MAX_BYTES = env.int("EVENT_MAX_BYTES", default=1048576)
+# One page of GET .../events/ (and one read of the websocket's replay): events up to this
+# many bytes of payload, and always at least one.
+EVENTS_PAGE_MAX_BYTES = env.int("EVENTS_PAGE_MAX_BYTES", default=1048576)
 # Memory search (memory/selectors.py): an owner with at most this many live items of a
 # dimension is scanned exactly; a larger one gets its own HNSW index (bench/README.md section 14).
 MEMORY_EXACT_SCAN_MAX = env.int("MEMORY_EXACT_SCAN_MAX", default=5000)

@@ -33,7 +33,7 @@ import uuid
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -51,6 +51,7 @@ from runtime.fastpaths import daphne_frames
 from . import selectors, services
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
+from .event_limits import text_within_limit
 from .events import EventType
 from .json_limits import JsonRejected, json_loads
 from .publisher import frame_text, group_name, make_frame
@@ -70,17 +71,36 @@ WS_SUBPROTOCOL = "agentplatform.v1"
 KEY_SUBPROTOCOL_PREFIX = "bearer."
 
 
-# One read of missing events returns at most this many; a socket further behind reads on.
+# One read of missing events returns at most this many (and EVENTS_PAGE_MAX_BYTES of
+# payload); a socket further behind reads on.
 CATCH_UP_PAGE = 500
 Row = tuple[int, str]  # (seq, the frame's JSON text)
 
 
-def _rows_after(session_id: str, after: int) -> list[Row]:
-    """Persisted events after `after`, each serialised once for every socket that needs it."""
-    return [
-        (e.seq, frame_text(make_frame(e.session_id, e.seq, e.type, e.data, e.created_at)))
-        for e in selectors.events_after(session_id=session_id, after=after, limit=CATCH_UP_PAGE)
-    ]
+class _Rows(NamedTuple):
+    rows: list[Row]
+    more: bool  # events after the last row exist
+
+
+def _rows_after(session_id: str, after: int) -> _Rows:
+    """Persisted events after `after`, each serialised once for every socket that needs it.
+
+    An event too large to send (stored before EVENT_MAX_BYTES) goes as a small frame
+    pointing to its REST page: sending it would close the socket with 1011.
+    """
+    page = selectors.events_page(session_id=session_id, after=after, limit=CATCH_UP_PAGE)
+    return _Rows(
+        [
+            (
+                e.seq,
+                text_within_limit(
+                    frame_text(make_frame(e.session_id, e.seq, e.type, e.data, e.created_at))
+                ),
+            )
+            for e in page.events
+        ],
+        page.more,
+    )
 
 
 # Sockets served per event-loop turn in a fan-out: between slices the loop runs
@@ -139,7 +159,8 @@ class _Feed:
                 while True:
                     message = await layer.receive(channel)
                     if message.get("type") == "session.frame":
-                        await self._fan_out(message["seq"], message["text"])
+                        # Too large a frame would close every socket with 1011.
+                        await self._fan_out(message["seq"], text_within_limit(message["text"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - restarted below; sockets resync then
@@ -208,7 +229,7 @@ class _LiveFrame:
 class _Read:
     after: int
     started: float  # loop time; the read sees every event committed before it
-    rows: "asyncio.Future[list[Row]]"
+    rows: "asyncio.Future[_Rows]"
 
 
 class _Watchers:
@@ -269,7 +290,7 @@ class _Watchers:
 
         stopping.add_done_callback(forget)
 
-    async def rows_after(self, session_id: str, after: int, not_before: float) -> list[Row]:
+    async def rows_after(self, session_id: str, after: int, not_before: float) -> _Rows:
         """Events of the session after `after`, from a read that started at or after
         `not_before` (so it saw everything committed before then): a read another
         socket started is shared when it qualifies, else a new one starts."""
@@ -516,12 +537,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
         """Send every persisted event after `last_seq` committed before `not_before`
         (and any later one the read happens to see)."""
         while True:
-            rows = await self._watchers.rows_after(self.session_id, self.last_seq, not_before)
-            for seq, text in rows:
+            read = await self._watchers.rows_after(self.session_id, self.last_seq, not_before)
+            for seq, text in read.rows:
                 if seq > self.last_seq:
                     await self.send(text_data=text)
                     self.last_seq = seq
-            if len(rows) < CATCH_UP_PAGE:
+            if not read.more:
                 return
             # A full page: read the next one (a fresh read, after what was just sent).
             not_before = asyncio.get_running_loop().time()

@@ -46,17 +46,27 @@ class StopReason(StrEnum):
     OPERATOR = "operator"  # an operator ended the turn with their own answer
 
 
+# Every payload may carry `truncated`: the fields cut so the event fits EVENT_MAX_BYTES,
+# with their original sizes (sessions/event_limits.py).
 # "from" is a keyword: the functional form keeps the wire key.
 # trace_id: the turn's OpenTelemetry trace, when traces are on (observability/tracing.py).
 StateChanged = TypedDict(
     "StateChanged",
-    {"from": str, "to": str, "trigger": str, "reason": str, "trace_id": NotRequired[str]},
+    {
+        "from": str,
+        "to": str,
+        "trigger": str,
+        "reason": str,
+        "trace_id": NotRequired[str],
+        "truncated": NotRequired[dict[str, int]],
+    },
 )
 
 
 class MessageDelta(TypedDict):
     text: str
     turn: int
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class MessageCompleted(TypedDict):
@@ -67,6 +77,7 @@ class MessageCompleted(TypedDict):
     tool_calls: NotRequired[list[dict[str, Any]]]
     tool_call_id: NotRequired[str]
     name: NotRequired[str]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class Progress(TypedDict):
@@ -83,6 +94,7 @@ class Progress(TypedDict):
     options: NotRequired[list[str]]
     call_id: NotRequired[str]
     deadline: NotRequired[str | None]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class ToolStarted(TypedDict):
@@ -90,6 +102,7 @@ class ToolStarted(TypedDict):
     tool: str
     input: Any  # what the model sent; not always an object
     turn: int
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class ToolFinished(TypedDict):
@@ -104,6 +117,7 @@ class ToolFinished(TypedDict):
     cached: NotRequired[bool]
     coercions: NotRequired[list[Any]]
     probed: NotRequired[str | None]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class ApprovalRequested(TypedDict):
@@ -112,6 +126,7 @@ class ApprovalRequested(TypedDict):
     arguments: dict[str, Any]
     risk_level: int
     deadline: str
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class ApprovalResolved(TypedDict):
@@ -119,6 +134,7 @@ class ApprovalResolved(TypedDict):
     outcome: str  # approved | rejected | expired | escalated
     by: str
     comment: str
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class UsageTotals(TypedDict):
@@ -134,6 +150,7 @@ class TurnFinished(TypedDict):
     usage: UsageTotals
     reason: NotRequired[str]
     trace_id: NotRequired[str]  # the turn's OpenTelemetry trace, when traces are on
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 class Error(TypedDict):
@@ -141,6 +158,7 @@ class Error(TypedDict):
     message: str
     # Only on frames the websocket sends about the socket itself (never persisted).
     details: NotRequired[dict[str, Any]]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
 Payload = (

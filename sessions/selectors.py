@@ -5,6 +5,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
 from django.db.models import Count, F, Q, QuerySet, Subquery
 from django.utils import timezone
@@ -59,6 +60,44 @@ def message_history(*, session: Session, limit: int) -> list[Message]:
 
 def events_after(*, session_id: UUID | str, after: int, limit: int = 1000) -> list[Event]:
     return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    """One page of a session's events; `more`: events after the last one exist."""
+
+    events: list[Event]
+    more: bool
+
+
+# SQL names from model metadata (constants); every value is a bound parameter. The
+# innermost query takes the page's rows by count first, so a page never measures more
+# than `limit + 1` events however long the session is.
+_EVENTS_PAGE = f"""
+SELECT page.id, page.session_id, page.seq, page.type, page.data, page.created_at, page.fetched
+  FROM (SELECT head.*,
+               sum(octet_length(head.data::text)) OVER (ORDER BY head.seq) AS running,
+               row_number() OVER (ORDER BY head.seq) AS position,
+               count(*) OVER () AS fetched
+          FROM (SELECT * FROM "{Event._meta.db_table}"
+                 WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s) head) page
+ WHERE page.position = 1 OR page.running <= %s
+ ORDER BY page.seq"""  # nosec B608
+
+
+def events_page(
+    *, session_id: UUID | str, after: int, limit: int, max_bytes: int | None = None
+) -> EventsPage:
+    """Events after `after`, at most `limit` of them and `max_bytes` of payload
+    (EVENTS_PAGE_MAX_BYTES), always at least one while any is left."""
+    budget = int(settings.EVENTS_PAGE_MAX_BYTES) if max_bytes is None else max_bytes
+    pk = session_id_parse(session_id)
+    if pk is None:
+        return EventsPage(events=[], more=False)
+    rows = list(Event.objects.raw(_EVENTS_PAGE, [pk, after, limit + 1, budget]))
+    fetched = int(getattr(rows[0], "fetched", 0)) if rows else 0
+    more = fetched > len(rows) or len(rows) > limit
+    return EventsPage(events=rows[:limit], more=more)
 
 
 def sessions_event_seq(*, session_ids: list[str]) -> dict[str, int]:

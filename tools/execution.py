@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -33,6 +33,7 @@ from .mcp import McpEndpoint, McpToolError, McpUnreachable, call_tool
 from .models import Tool
 from .registry import UnknownHandler, get_handler
 from .rendering import FAILURE_MARKER, MAX_CHARS, render_failure, render_success
+from .result_limits import cut_form, http_read_limit, text_cut, tool_result_cut
 from .validation import check_arguments, compile_validator
 
 MAX_RESULT_CHARS = MAX_CHARS
@@ -45,6 +46,7 @@ __all__ = [
     "ToolSnapshot",
     "execute_all",
     "execute_one",
+    "outcome_within_limit",
     "tools_for_agent",
     "validator_for",
 ]
@@ -366,25 +368,72 @@ class ToolHttpError(Exception):
         self.body = body
 
 
+@dataclass(frozen=True)
+class _HttpAnswer:
+    """An HTTP tool's answer, its body read no further than `http_read_limit()`."""
+
+    status: int
+    body: Any  # the JSON body, {"text": ...} for another body, or a result's cut form
+    request: httpx.Request
+    response: httpx.Response  # closed; its status and headers only
+
+
+async def _http_send(
+    method: str, url: httpx.URL | str, headers: dict[str, str], **kwargs: Any
+) -> _HttpAnswer:
+    """Send one request and read its body streaming, stopping past the read limit.
+
+    A body over the limit is never held whole (a 50 MB answer costs the limit's
+    bytes of memory, not 50 MB): what was read becomes the result's cut form, and
+    closing the unread response drops its connection.
+    """
+    limit = http_read_limit()
+    # A compressed body could inflate far past what was read; ask for it as is.
+    headers = {"Accept-Encoding": "identity", **headers}
+    async with _client().stream(method, url, headers=headers, **kwargs) as response:
+        chunks: list[bytes] = []
+        size = 0
+        complete = True
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                complete = False
+                break
+    data = b"".join(chunks)
+    del chunks
+    if not complete:
+        declared = response.headers.get("content-length", "")
+        body: Any = cut_form(
+            data,
+            original_bytes=int(declared) if declared.isdigit() else None,
+            sha256=None,
+        )
+    else:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            text = data.decode(response.encoding or "utf-8", errors="replace")
+            body = {"text": text[:2000]}
+    return _HttpAnswer(response.status_code, body, response.request, response)
+
+
 async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
     headers = http_headers(tool, key)
     if tool.method in ("GET", "DELETE"):
         url, params = url_with_arguments(tool.url, arguments)
-        response = await _client().request(tool.method, url, params=params, headers=headers)
+        answer = await _http_send(tool.method, url, headers, params=params)
     else:
-        response = await _client().request(tool.method, tool.url, json=arguments, headers=headers)
+        answer = await _http_send(tool.method, tool.url, headers, json=arguments)
     # Crash tests: the request took effect but its result is not recorded yet.
     fault_point("after_tool_sent")
-    try:
-        body = response.json()
-    except ValueError:
-        body = {"text": response.text[:2000]}
-    if response.status_code >= 500:
+    body = answer.body
+    if answer.status >= 500:
         raise httpx.HTTPStatusError(
-            f"HTTP {response.status_code}", request=response.request, response=response
+            f"HTTP {answer.status}", request=answer.request, response=answer.response
         )
-    if response.status_code >= 300:
-        if response.status_code < 400:
+    if answer.status >= 300:
+        if answer.status < 400:
             # Redirects are never followed (the configured URL is the only one called), so
             # a 3xx did not do what was asked. Its Location stays out of the model's view.
             body = {
@@ -392,7 +441,7 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
                 "error": "the API answered with a redirect, which is not followed;"
                 " the tool's URL must be the final one",
             }
-        raise ToolHttpError(response.status_code, body)
+        raise ToolHttpError(answer.status, body)
     return body
 
 
@@ -432,7 +481,29 @@ def _reject_unknown(
     return _failure("rejected", f"unknown tool {shown}. Tools you may use: {allowed}.", started)
 
 
+def outcome_within_limit(outcome: ToolOutcome) -> ToolOutcome:
+    """The outcome with its result within TOOL_RESULT_MAX_BYTES (tools/result_limits.py:
+    cut, with a marker the model reads) and its error text bounded."""
+    output = outcome.output
+    cut = tool_result_cut(output) if isinstance(output, dict) else output
+    error = text_cut(outcome.error, MAX_CHARS, "error")
+    if cut is output and error == outcome.error:
+        return outcome
+    content = outcome.content
+    if cut is not output and cut is not None and outcome.status == "success":
+        content = render_success(cut, cached=bool(outcome.extra.get("cached")))
+    return replace(outcome, output=cut, error=error, content=content)
+
+
 async def execute_one(
+    invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str
+) -> ToolOutcome:
+    """Run one call; never raises for anything the model or the tool did wrong.
+    Its result is within TOOL_RESULT_MAX_BYTES (`outcome_within_limit`)."""
+    return outcome_within_limit(await _execute_one(invocation, tools, role))
+
+
+async def _execute_one(
     invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str
 ) -> ToolOutcome:
     """Run one call; never raises for anything the model or the tool did wrong.
@@ -678,13 +749,13 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
     try:
         if tool.kind == "http" and tool.status_url:
             url, params = url_with_arguments(tool.status_url, {"idempotency_key": idempotency_key})
-            response = await asyncio.wait_for(
-                _client().get(url, params=params, headers=http_headers(tool, idempotency_key)),
+            answer = await asyncio.wait_for(
+                _http_send("GET", url, http_headers(tool, idempotency_key), params=params),
                 timeout=tool.timeout_s,
             )
-            if response.status_code == 404:
+            if answer.status == 404:
                 return ProbeResult("not_done")
-            body = response.json() if response.status_code == 200 else None
+            body = answer.body if answer.status == 200 else None
             if isinstance(body, dict) and body.get("status") == "done":
                 result = body.get("result")
                 return ProbeResult(
@@ -692,7 +763,7 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
                 )
             if isinstance(body, dict) and body.get("status") in ("unknown", "not_found", "none"):
                 return ProbeResult("not_done")
-            return ProbeResult("unknown", detail=f"status URL answered HTTP {response.status_code}")
+            return ProbeResult("unknown", detail=f"status URL answered HTTP {answer.status}")
         if tool.kind == "python" and tool.probe_handler:
             handler = get_handler(tool.probe_handler)
             if inspect.iscoroutinefunction(handler.func):

@@ -12,6 +12,7 @@ Errors come out as two types the executor turns into tool results:
 """
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from observability.redaction import scrub
+
+from .result_limits import cut_form, http_read_limit
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -189,7 +192,16 @@ def _result_output(result: Any) -> dict[str, Any]:
     if result.is_error:
         raise McpToolError(text.strip() or "the tool reported an error")
     if isinstance(result.structured_content, dict):
-        return dict(result.structured_content)
+        return dict(result.structured_content)  # cut by the executor, if too large
+    if len(text) > http_read_limit():
+        # Not parsed: what is kept of it is the start of its text, whatever it holds.
+        encoded = text.encode("utf-8", errors="surrogatepass")
+        if len(encoded) > http_read_limit():
+            return cut_form(
+                encoded,
+                original_bytes=len(encoded),
+                sha256=hashlib.sha256(encoded).hexdigest(),
+            )
     try:
         parsed = json.loads(text)
     except ValueError:

@@ -2,12 +2,15 @@
 
 Key facts (scalars) come first, then lists as counts plus one short line per
 item, capped; a failed result starts with an unmistakable marker and its
-status, so the model cannot mistake it for success. The full result stays on
+status, so the model cannot mistake it for success. The result (cut to
+TOOL_RESULT_MAX_BYTES, tools/result_limits.py) stays on
 the ToolCall row.
 """
 
 import json
 from typing import Any
+
+from .result_limits import CUT_KEY, PARTIAL_KEY, is_cut
 
 FAILURE_MARKER = "[FAILED]"
 MAX_CHARS = 4000
@@ -37,6 +40,8 @@ def _item_line(item: Any) -> str:
 
 def render_success(output: dict[str, Any], *, cached: bool = False) -> str:
     lines: list[str] = ["(cached result from an identical earlier call)"] if cached else []
+    if is_cut(output):
+        return _render_cut(output, lines)
     scalars = [(k, v) for k, v in output.items() if _is_scalar(v)]
     nested = [(k, v) for k, v in output.items() if not _is_scalar(v)]
     if scalars:
@@ -51,6 +56,18 @@ def render_success(output: dict[str, Any], *, cached: bool = False) -> str:
             lines.append(f"{key}: {_item_line(value)}")
     text = "\n".join(lines) or "(empty result)"
     return cap(text)
+
+
+def _render_cut(output: dict[str, Any], lines: list[str]) -> str:
+    """A cut result (tools/result_limits.py): its marker first, so no cap hides it, then
+    as much of the start of the result as fits."""
+    lines = [*lines, str(output[CUT_KEY].get("note", "")), "Start of the result:"]
+    head = "\n".join(lines) + "\n"
+    partial = output[PARTIAL_KEY]
+    room = MAX_CHARS - len(head)
+    if len(partial) > room:
+        partial = partial[: max(room - 1, 0)] + "…"
+    return head + partial
 
 
 def render_failure(status: str, message: str) -> str:

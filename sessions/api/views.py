@@ -128,6 +128,11 @@ class SessionMessagesView(APIView):
 
 class SessionEventsView(APIView):
     @extend_schema(
+        description=(
+            "Persisted events after `after`: at most `limit` of them and about "
+            "EVENTS_PAGE_MAX_BYTES of payload, at least one. While more follow, a "
+            '`Link: <...?after=SEQ&limit=N>; rel="next"` header names the next page.'
+        ),
         responses=EventSerializer(many=True),
         parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
     )
@@ -135,8 +140,14 @@ class SessionEventsView(APIView):
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         after = _int_param(request, "after", 0, 0, 2**31 - 1)
         limit = _int_param(request, "limit", 500, 1, 1000)
-        rows = selectors.events_after(session_id=session.pk, after=after, limit=limit)
-        return Response(EventSerializer(rows, many=True).data)
+        page = selectors.events_page(session_id=session.pk, after=after, limit=limit)
+        response = Response(EventSerializer(page.events, many=True).data)
+        if page.more:
+            # A page ends at `limit` events or EVENTS_PAGE_MAX_BYTES: a short page is not
+            # the end, this link is (the cursor is the last seq, as always).
+            next_after = page.events[-1].seq
+            response["Link"] = f'<{request.path}?after={next_after}&limit={limit}>; rel="next"'
+        return response
 
 
 class SessionCancelView(APIView):

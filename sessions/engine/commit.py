@@ -21,6 +21,7 @@ from observability.tracing import trace_id_of
 from observability.turns import turn_ended
 from runtime.faults import fault_point
 
+from ..event_limits import payload_capped, payload_max_bytes
 from ..events import EventSpec, EventType, MessageCompleted, StateChanged
 from ..models import (
     Checkpoint,
@@ -397,6 +398,11 @@ def step_commit(step: Step) -> Committed:
     # Each payload dumped once: the same text is the row's jsonb parameter and
     # the published frame's `data` (as json.dumps gives it for either).
     texts = [json.dumps(data) for _, data in ordered]
+    limit = payload_max_bytes()
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            # No event may break the websocket (sessions/event_limits.py): cut it here.
+            ordered[i], texts[i] = payload_capped(ordered[i], text)
     events = [
         (session.pk, first + i + 1, type_, JsonbText(text))
         for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))

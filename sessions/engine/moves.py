@@ -18,7 +18,7 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import tracing
 from observability.redaction import scrub
-from tools.execution import ToolOutcome, ToolSnapshot
+from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
 from ..events import (
@@ -360,8 +360,10 @@ def tool_results(
     events: list[EventSpec] = []
     timer: tuple[int, str] | None = None
     for call in calls:
-        # A failure from the executor comes scrubbed (tools.execution._failure).
-        outcome = outcomes[call.pk]
+        # Results the executor did not make (memory tools, probes, a person's review) are
+        # held to the same size limit as those it did; a failure from the executor comes
+        # scrubbed (tools.execution._failure).
+        outcome = outcome_within_limit(outcomes[call.pk])
         call.status = outcome.status
         call.output = outcome.output
         call.error = outcome.error

@@ -52,7 +52,7 @@ def get_events(client: httpx.Client, session_id: str, after: int = 0) -> list[Fr
         assert response.status_code == 200, response.text
         page = response.json()
         events += page
-        if len(page) < 1000:
+        if "next" not in response.links:  # a page may end early by size
             return events
         after = page[-1]["seq"]
 

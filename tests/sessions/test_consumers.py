@@ -116,9 +116,7 @@ async def test_idle_sockets_of_a_session_share_one_resync_read(monkeypatch, sett
         "sessions_event_seq",
         _counted(calls, "heads", selectors.sessions_event_seq),
     )
-    monkeypatch.setattr(
-        selectors, "events_after", _counted(calls, "events", selectors.events_after)
-    )
+    monkeypatch.setattr(selectors, "events_page", _counted(calls, "events", selectors.events_page))
     sockets = await _open(session, key, SOCKETS)
     try:
         # A socket is accepted before it authenticates and replays: let the replays end.

@@ -122,3 +122,62 @@ class ScriptedApi:
     def requests(self) -> list[Seen]:
         with self._lock:
             return list(self._seen)
+
+
+class Firehose:
+    """An API on 127.0.0.1 that answers every request with `size` bytes of a JSON body,
+    written 64 KB at a time, and counts what the kernel took before the client hung up.
+
+    `sent` is an upper bound of what the client can have read: what it read plus what
+    sat in the two sockets' buffers when it closed.
+    """
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sent = 0
+        self.finished = threading.Event()
+        self.completed = False
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> "Firehose":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listener.close()
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}{path}"
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        # A small send buffer: what the kernel took is close to what was sent.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            head = b'{"rows":"'
+            tail = b'"}'
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {self.size}\r\n\r\n".encode()
+                + head
+            )
+            left = self.size - len(head) - len(tail)
+            chunk = b"x" * self.CHUNK
+            try:
+                while left > 0:
+                    piece = chunk[: min(left, self.CHUNK)]
+                    conn.sendall(piece)
+                    self.sent += len(piece)
+                    left -= len(piece)
+                conn.sendall(tail)
+                self.completed = True
+            except OSError:  # the client closed the connection
+                pass
+            finally:
+                self.finished.set()

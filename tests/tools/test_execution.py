@@ -2,6 +2,7 @@
 HTTP tools (secrets from the environment, Idempotency-Key), and every failure as data."""
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from runtime import io_loop
@@ -28,9 +30,10 @@ from tools.execution import (
     validator_for,
 )
 from tools.registry import HANDLERS, UnknownHandler, get_handler, tool_handler
+from tools.result_limits import is_cut
 from tools.validation import MAX_ARGUMENT_BYTES
 
-from .http_server import Answer, Drop, ScriptedApi
+from .http_server import Answer, Drop, Firehose, ScriptedApi
 
 SEEN_KEYS: list[str] = []
 CALLS: Counter[str] = Counter()
@@ -104,6 +107,11 @@ def scalar() -> int:
 @tool_handler("tests.exec.huge")
 def huge() -> dict:
     return {"blob": "x" * (MAX_RESULT_CHARS * 2)}
+
+
+@tool_handler("tests.exec.big")
+def big() -> dict:
+    return {"rows": [{"id": i, "text": "é" * 100} for i in range(5_000)]}
 
 
 @tool_handler("tests.exec.keyed", wants_idempotency_key=True)
@@ -455,6 +463,36 @@ def test_a_scalar_result_is_wrapped_and_a_huge_one_is_cut():
     assert outcome.output == {"blob": "x" * (MAX_RESULT_CHARS * 2)}  # stored whole
     assert len(outcome.content) < MAX_RESULT_CHARS + 100
     assert "[cut:" in outcome.content
+
+
+def test_a_python_result_over_the_limit_is_cut_with_a_marker():
+    outcome = run(
+        call("b", {}), snapshot("b", handler="tests.exec.big", parameters={"type": "object"})
+    )
+    assert outcome.status == "success"
+    assert is_cut(outcome.output)
+    limit = settings.TOOL_RESULT_MAX_BYTES
+    compact = json.dumps(outcome.output, ensure_ascii=False, separators=(",", ":"))
+    assert len(compact.encode()) <= limit
+    assert outcome.output["result_cut"]["original_bytes"] > 4 * limit
+    assert outcome.content.startswith("[RESULT CUT]")
+
+
+def test_a_50_mb_http_answer_is_read_no_further_than_the_limit():
+    size = 50 * 1024 * 1024
+    with Firehose(size) as api:
+        tool = http_tool(unique("export"), api.url("/export"), method="GET")
+        outcome = run(call(tool.name, {}), tool)
+        assert api.finished.wait(10), "the server was still sending"
+    assert not api.completed
+    # What the client read, plus what the sockets' buffers held when it hung up.
+    assert api.sent < 10 * 1024 * 1024, api.sent
+    assert outcome.status == "success"
+    cut = outcome.output
+    assert is_cut(cut) and len(json.dumps(cut).encode()) <= settings.TOOL_RESULT_MAX_BYTES
+    assert cut["result_cut"]["original_bytes"] == size  # from Content-Length
+    assert cut["partial_result"].startswith('{"rows":"xxxx')
+    assert outcome.content.startswith("[RESULT CUT] This result was 52,428,800 bytes")
 
 
 def test_handlers_that_ask_get_the_idempotency_key():

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from sessions.models import Session
+from sessions.models import Event, Session
 
 from .conftest import assert_error
 
@@ -166,3 +166,39 @@ def test_health_probe(client):
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+
+
+def test_events_are_paged_by_size_as_well_as_count(api, session_id, settings):
+    settings.EVENTS_PAGE_MAX_BYTES = 1024 * 1024
+    session = Session.objects.get(pk=session_id)
+    # Four events of ~400 KB, then a small one: two large ones fit a page of 1 MiB.
+    for seq in range(1, 5):
+        Event.objects.create(
+            session=session, seq=seq, type="progress", data={"stage": "x" * 400_000, "turn": 1}
+        )
+    Event.objects.create(session=session, seq=5, type="progress", data={"stage": "last", "turn": 1})
+    url = f"{BASE}{session_id}/events/"
+
+    pages: list[list[int]] = []
+    response = api.get(url, {"after": 0, "limit": 1000})
+    while True:
+        pages.append([e["seq"] for e in response.json()])
+        link = response.get("Link")
+        if link is None:
+            break
+        # The next page is the link as given: the cursor is the page's last seq.
+        assert link == f'<{url}?after={pages[-1][-1]}&limit=1000>; rel="next"'
+        response = api.get(url, {"after": pages[-1][-1], "limit": 1000})
+    assert pages == [[1, 2], [3, 4, 5]]
+    assert sum(len(p) for p in pages) == 5
+
+    # One event larger than the budget is a page of its own; a full page by count links on.
+    Event.objects.create(
+        session=session, seq=6, type="progress", data={"stage": "y" * 1_500_000, "turn": 1}
+    )
+    Event.objects.create(session=session, seq=7, type="progress", data={"stage": "z", "turn": 1})
+    big = api.get(url, {"after": 5})
+    assert [e["seq"] for e in big.json()] == [6] and "after=6" in big["Link"]
+    by_count = api.get(url, {"after": 0, "limit": 1})
+    assert [e["seq"] for e in by_count.json()] == [1] and "after=1&limit=1" in by_count["Link"]
+    assert "Link" not in api.get(url, {"after": 6})

@@ -308,3 +308,42 @@ def test_the_owners_shared_rows_come_last_in_the_batch_so_a_step_holds_them_only
         assert any(table._meta.db_table in sql for sql in own), table
     rollup = UsageDaily.objects.get(owner_id=session.owner_id, agent_id=session.agent_id)
     assert (rollup.input_tokens, rollup.output_tokens, rollup.model_calls) == (10, 5, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_over_event_max_bytes_is_cut_before_it_is_written_or_published(
+    make_session, monkeypatch
+):
+    session = make_session(state=State.PROCESSING.value)
+    published: list[tuple[list[Any], Any]] = []
+    monkeypatch.setattr(
+        commit_module, "publish", lambda _s, frames, texts: published.append((frames, texts))
+    )
+    output = {"blob": "x" * 1_200_000}
+    finished = {
+        "call_id": "c1",
+        "tool": "export",
+        "status": "success",
+        "error": "",
+        "turn": 1,
+        "output": output,
+    }
+
+    step_commit(
+        Step(
+            session=session,
+            trigger=Trigger.ANSWER,
+            events=[EventSpec(EventType.TOOL_FINISHED, finished)],  # type: ignore[arg-type]
+        )
+    )
+
+    row = Event.objects.get(session=session, type="tool.finished")
+    size = len(json.dumps(output))
+    assert row.data["output"] == {"truncated": True, "original_bytes": size}
+    assert row.data["truncated"] == {"output": size}
+    assert row.data["call_id"] == "c1" and row.data["status"] == "success"
+    [(frames, texts)] = published
+    frame = next(f for f in frames if f["type"] == "tool.finished")
+    text = publisher.frame_text(frame, texts[frames.index(frame)])
+    assert json.loads(text)["data"] == row.data
+    assert len(text.encode()) <= 1024 * 1024

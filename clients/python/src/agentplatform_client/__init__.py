@@ -8,7 +8,7 @@ with Client("http://127.0.0.1:8000", "ap_...") as client:
     print(result.answer)
 """
 
-from .client import AsyncClient, Client, TurnResult
+from .client import AsyncClient, Client, EventPage, TurnResult
 from .errors import (
     AgentPlatformError,
     APIConnectionError,
@@ -78,6 +78,7 @@ __all__ = [
     "Credits",
     "ErrorEvent",
     "Event",
+    "EventPage",
     "EventStream",
     "Message",
     "MessageCompleted",

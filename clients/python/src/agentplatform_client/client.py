@@ -52,8 +52,21 @@ def _one(cls: Any) -> Callable[[httpx.Response], Any]:
     return lambda response: cls.from_dict(response.json())
 
 
-def _events(response: httpx.Response) -> list[Event]:
-    return [parse_event(row) for row in response.json()]
+class EventPage(list[Event]):
+    """One page of `GET .../events/`; `more`: events after its last one exist.
+
+    A page ends at its `limit` or at the server's byte budget (EVENTS_PAGE_MAX_BYTES),
+    so a short page is not the end: the server says `Link: <...>; rel="next"` while
+    more follow. (A full page with no Link, from a server before that, counts as more.)
+    """
+
+    more: bool = False
+
+
+def _events(response: httpx.Response) -> EventPage:
+    page = EventPage(parse_event(row) for row in response.json())
+    page.more = bool(page) and ("next" in response.links or len(page) >= EVENTS_PAGE)
+    return page
 
 
 def _posted(response: httpx.Response) -> PostedMessage:
@@ -105,7 +118,7 @@ class _Calls:
         )
 
     @staticmethod
-    def list_events(session_id: str, after: int, limit: int | None) -> _Call[list[Event]]:
+    def list_events(session_id: str, after: int, limit: int | None) -> _Call[EventPage]:
         return _Call(
             "GET",
             f"sessions/{session_id}/events/",
@@ -319,8 +332,9 @@ class Client:
 
     def list_events(
         self, session_id: str, *, after: int = 0, limit: int | None = None
-    ) -> list[Event]:
-        """One page of persisted events after `after` (server default 500, at most 1000)."""
+    ) -> EventPage:
+        """One page of persisted events after `after` (server default 500, at most 1000,
+        fewer when they are large); `page.more` says whether more follow."""
         return self._run(_Calls.list_events(session_id, after, limit))
 
     def iter_events(self, session_id: str, *, after: int = 0) -> Iterator[Event]:
@@ -328,7 +342,7 @@ class Client:
         while True:
             page = self.list_events(session_id, after=after, limit=EVENTS_PAGE)
             yield from page
-            if len(page) < EVENTS_PAGE:
+            if not page.more:
                 return
             after = page[-1].seq or after
 
@@ -498,7 +512,7 @@ class AsyncClient:
 
     async def list_events(
         self, session_id: str, *, after: int = 0, limit: int | None = None
-    ) -> list[Event]:
+    ) -> EventPage:
         return await self._run(_Calls.list_events(session_id, after, limit))
 
     async def iter_events(self, session_id: str, *, after: int = 0) -> AsyncIterator[Event]:
@@ -506,7 +520,7 @@ class AsyncClient:
             page = await self.list_events(session_id, after=after, limit=EVENTS_PAGE)
             for event in page:
                 yield event
-            if len(page) < EVENTS_PAGE:
+            if not page.more:
                 return
             after = page[-1].seq or after
 

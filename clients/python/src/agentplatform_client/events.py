@@ -32,6 +32,11 @@ class Event:
     session: str
     ts: datetime | None
     data: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Fields the server cut to keep the event within its size limit, with their sizes in
+    # bytes; on a frame that stands for an event too large to send, {"event_bytes": N}
+    # and `url`, the REST page that holds the event whole.
+    truncated: dict[str, int] = field(default_factory=dict, repr=False)
+    url: str = ""
 
     @property
     def persisted(self) -> bool:
