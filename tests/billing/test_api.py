@@ -4,6 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from accounts.models import ApiKey
 from billing.models import UsageDaily
 from billing.services import credit_reserve, credits_grant
 from sessions.models import Session
@@ -69,6 +70,8 @@ def test_usage_needs_a_key():
 def test_a_session_takes_its_value_from_the_request_or_the_agent():
     AgentFactory(slug="valued", value=3.0)
     client = client_for("dave")
+    # Above the agent's own value only with a grant (README "Keys and roles").
+    ApiKey.objects.filter(owner__username="dave").update(max_value=8)
     given = client.post("/api/v1/sessions/", {"agent": "valued", "value": 7.5}, format="json")
     default = client.post("/api/v1/sessions/", {"agent": "valued"}, format="json")
     assert (given.status_code, default.status_code) == (201, 201)
