@@ -181,6 +181,9 @@ async def shared_session(
     key = _key(endpoint)
     shared = pool.get(key)
     if shared is None or not shared.usable:
+        # The server's command changed since (its row was edited): the old process goes.
+        for other in [s for k, s in pool.items() if k[0] == endpoint.name and k != key]:
+            other.close()
         shared = pool[key] = Shared(endpoint, key)
     # Shielded: a caller that times out while the process starts leaves the start running
     # for the next call.

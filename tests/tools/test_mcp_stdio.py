@@ -197,3 +197,16 @@ def test_a_servers_stderr_goes_to_the_log(unique, caplog):
         "tools.mcp",
         f"mcp server broken{unique}: {complaint}",
     )
+
+
+def test_a_changed_command_replaces_the_servers_process(mcp_files, unique):
+    endpoint = McpEndpoint(name=f"s{unique}", command=tuple(mcp_files.stdio_command()))
+    io_loop.run(call_tool(endpoint, "track_parcel", {"tracking_number": "X1"}, "k1"), 30)
+    (first,) = mcp_files.pids()
+
+    # The same server, its command edited (here: one more argument).
+    changed = McpEndpoint(name=endpoint.name, command=(*endpoint.command, "--variant", "none"))
+    io_loop.run(call_tool(changed, "track_parcel", {"tracking_number": "X2"}, "k2"), 30)
+
+    assert mcp_files.pids()[-1] != first
+    _wait_gone(first)
