@@ -177,14 +177,15 @@ async def shared_session(
     other failure closes the session, so the next call starts a new process.
     """
     loop = asyncio.get_running_loop()
-    pool = _pools.setdefault(loop, {})
     key = _key(endpoint)
+    pool = _pools.get(loop, {})
     shared = pool.get(key)
     if shared is None or not shared.usable:
         # The server's command changed since (its row was edited): the old process goes.
         for other in [s for k, s in pool.items() if k[0] == endpoint.name and k != key]:
             other.close()
-        shared = pool[key] = Shared(endpoint, key)
+        # Looked up again: closing the last session drops its loop's pool.
+        shared = _pools.setdefault(loop, {})[key] = Shared(endpoint, key)
     # Shielded: a caller that times out while the process starts leaves the start running
     # for the next call.
     client = await asyncio.shield(shared.ready)

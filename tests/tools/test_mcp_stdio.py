@@ -207,6 +207,8 @@ def test_a_changed_command_replaces_the_servers_process(mcp_files, unique):
     # The same server, its command edited (here: one more argument).
     changed = McpEndpoint(name=endpoint.name, command=(*endpoint.command, "--variant", "none"))
     io_loop.run(call_tool(changed, "track_parcel", {"tracking_number": "X2"}, "k2"), 30)
+    io_loop.run(call_tool(changed, "track_parcel", {"tracking_number": "X3"}, "k3"), 30)
 
-    assert mcp_files.pids()[-1] != first
+    _, second, third = mcp_files.pids()
+    assert second != first and third == second
     _wait_gone(first)
