@@ -204,7 +204,11 @@ def _mcp_reference_errors(
 
 
 def config_apply(
-    *, document: Any, check_urls: bool = False, strict: bool | None = None
+    *,
+    document: Any,
+    check_urls: bool = False,
+    strict: bool | None = None,
+    each_mcp_warning: bool = False,
 ) -> list[str]:
     """Create or update roles, models, tools, MCP servers and agents by name, all or nothing.
 
@@ -220,7 +224,8 @@ def config_apply(
     4. Return one line per entry saying what changed (and the URL each
        `{env: ...}` form resolved to; per MCP server, the tools added,
        removed and changed), then the `warning:` lines: models whose key
-       variable is not set here, and descriptions that do not help the model.
+       variable is not set here, and descriptions that do not help the model
+       (an MCP server's as one line with their count, unless `each_mcp_warning`).
     """
     strict = settings.TOOL_DESCRIPTIONS_STRICT if strict is None else strict
     known_tools = set(Tool.objects.values_list("name", flat=True))
@@ -303,7 +308,13 @@ def config_apply(
                 server = McpServer.objects.get(name=entry["name"])
                 diff = mcp_tools_store(server=server, listed=listed)
                 report += diff.lines()
-                description_warnings += [f"warning: {w}" for w in diff.warnings]
+                description_warnings += [
+                    f"warning: {w}"
+                    for w in diff.warning_lines(
+                        each=each_mcp_warning,
+                        see="see them with apply_config -v 2 or on each tool's admin page",
+                    )
+                ]
         for entry in document.get("agents") or []:
             values = {k: entry[k] for k in AGENT_FIELDS if k in entry}
             for budget in AGENT_COST_FIELDS:

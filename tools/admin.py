@@ -341,5 +341,7 @@ class McpServerAdmin(admin.ModelAdmin):
                 messages.error(request, f"mcp {server.name}: cannot list its tools: {exc}")
                 continue
             messages.success(request, "; ".join(diff.lines()))
-            for warning in diff.warnings:
+            for warning in diff.warning_lines(
+                see=f"see them on each tool's page (Tools, search '{server.name}.')"
+            ):
                 messages.warning(request, warning)

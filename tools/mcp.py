@@ -1,10 +1,10 @@
 """MCP servers through the official `mcp` SDK: list their tools, call one.
 
-Each call opens its own client session (streamable HTTP, or a stdio process
-started for the call) on the running loop, which in a worker is the shared io
-loop (runtime/io_loop.py): nothing outlives the call, so nothing has to be
-shared safely across Celery's forked processes. An HTTP session costs one
-handshake round trip on loopback; a stdio server pays its process start.
+Over streamable HTTP each call opens its own client session on the running
+loop, which in a worker is the shared io loop (runtime/io_loop.py): one
+handshake round trip on loopback, and nothing outlives the call. A stdio
+server's process costs seconds to start, so its calls share one session per
+process (tools/mcp_stdio.py); listing tools starts a process of its own.
 
 Errors come out as two types the executor turns into tool results:
 `McpToolError` (the server answered: the tool failed or refused the call) and
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from observability.redaction import scrub
 
+from . import mcp_stdio
 from .result_limits import cut_form, http_read_limit
 
 if TYPE_CHECKING:
@@ -104,9 +105,9 @@ def _describe(exc: BaseException) -> str:
 
 
 @asynccontextmanager
-async def _connected(endpoint: McpEndpoint) -> AsyncIterator["Client"]:
+async def _connected(endpoint: McpEndpoint, shared: bool) -> AsyncIterator["Client"]:
     import httpx2
-    from mcp import Client, StdioServerParameters
+    from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     from .env_access import header_values
@@ -121,30 +122,41 @@ async def _connected(endpoint: McpEndpoint) -> AsyncIterator["Client"]:
             transport = streamable_http_client(endpoint.url, http_client=http)
             async with Client(transport, cache=None) as client:
                 yield client
+    elif shared:
+        async with mcp_stdio.shared_session(endpoint, answered=(McpToolError,)) as client:
+            yield client
     else:
-        # The child gets the SDK's minimal environment (PATH, HOME, ...), never the worker's secrets.
-        params = StdioServerParameters(command=endpoint.command[0], args=list(endpoint.command[1:]))
-        async with Client(params, cache=None) as client:
+        async with mcp_stdio.connected(endpoint) as client:
             yield client
 
 
-async def _guarded(endpoint: McpEndpoint, work: Any) -> Any:
-    """Run `work(client)` on a fresh session; translate what goes wrong into our two errors."""
+async def _guarded(endpoint: McpEndpoint, work: Any, shared: bool = False) -> Any:
+    """Run `work(client)` on a session; translate what goes wrong into our two errors.
+
+    `shared`: a stdio server's session kept for later calls (tools/mcp_stdio.py);
+    otherwise a session of its own.
+    """
     from mcp import MCPError
+    from mcp_types import CONNECTION_CLOSED
 
     from .env_access import HeaderEnvRefused
 
     try:
-        async with _connected(endpoint) as client:
+        async with _connected(endpoint, shared) as client:
             try:
                 return await work(client)
             except MCPError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    # The server went away (a stdio process that died): no answer, not a refusal.
+                    raise McpUnreachable(f"{endpoint.where}: the connection closed") from exc
                 raise McpToolError(str(exc) or "the server refused the call") from exc
-    except (McpToolError, HeaderEnvRefused):
+    except (McpToolError, McpUnreachable, HeaderEnvRefused):
         raise
     except BaseExceptionGroup as group:
         leaf = _leaf(group)
-        if isinstance(leaf, McpToolError | HeaderEnvRefused | asyncio.CancelledError):
+        if isinstance(
+            leaf, McpToolError | McpUnreachable | HeaderEnvRefused | asyncio.CancelledError
+        ):
             raise leaf from None
         raise McpUnreachable(f"{endpoint.where}: {_describe(group)}") from group
     except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
@@ -214,7 +226,8 @@ async def call_tool(
 ) -> dict[str, Any]:
     """Call one tool; the logical call's idempotency key travels in the request's `_meta`.
 
-    The caller bounds the time (the tool's timeout); cancelling this closes the session.
+    The caller bounds the time (the tool's timeout). Cancelling this closes an HTTP
+    session; a stdio server's shared session stays unless the server seems hung.
     """
 
     async def work(client: "Client") -> dict[str, Any]:
@@ -224,5 +237,5 @@ async def call_tool(
         result = await client.call_tool(tool, arguments, meta=meta)
         return _result_output(result)
 
-    output: dict[str, Any] = await _guarded(endpoint, work)
+    output: dict[str, Any] = await _guarded(endpoint, work, shared=True)
     return output

@@ -42,6 +42,23 @@ class McpDiff:
             out.append(f"mcp {self.server}: tools unchanged")
         return out
 
+    def warning_lines(self, *, each: bool = False, see: str = "") -> list[str]:
+        """The description warnings: every one (`each`), or one line with their count.
+
+        A third-party server's descriptions are not the operator's to fix, and
+        dozens of lines on each apply hide the warnings that are; `see` says
+        where the full list is.
+        """
+        if each or not self.warnings:
+            return list(self.warnings)
+        tools = len({line.split(": ", 1)[0] for line in self.warnings})
+        count = len(self.warnings)
+        line = (
+            f"mcp server {self.server}: {count} description warning{'s' * (count != 1)} "
+            f"on {tools} tool{'s' * (tools != 1)} (the server's own text)"
+        )
+        return [f"{line}; {see}" if see else line]
+
 
 def mcp_tool_name(server: str, tool: str) -> str:
     return f"{server}.{tool}"

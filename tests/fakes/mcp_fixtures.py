@@ -21,10 +21,18 @@ class McpTestServer:
     log: Path
     variant: Path
 
-    def calls(self) -> list[dict[str, Any]]:
+    def _lines(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def calls(self) -> list[dict[str, Any]]:
+        """What each call sent (tool, arguments, authorization, idempotency key)."""
+        return [{k: v for k, v in line.items() if k != "pid"} for line in self._lines()]
+
+    def pids(self) -> list[int]:
+        """The id of the server process that took each call."""
+        return [int(line["pid"]) for line in self._lines()]
 
     def stdio_command(self) -> list[str]:
         return [

@@ -4,13 +4,14 @@
     python tests/fakes/mcp_server.py stdio [--log FILE] [--variant FILE]
 
 `--log` appends one JSON line per tool call (name, arguments, the Authorization
-header, the idempotency key from `_meta`), so a test can tell a call never
-reached the server. `--variant FILE` holding "2" lists a changed set of tools
+header, the idempotency key from `_meta`, and the server's process id), so a
+test can tell a call never reached the server, and which process answered it. `--variant FILE` holding "2" lists a changed set of tools
 (for refresh diffs; a stdio server reads it at each start).
 """
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,7 +36,7 @@ def build(log: str | None, variant: str) -> MCPServer:
         }
         if log:
             with Path(log).open("a") as out:
-                out.write(json.dumps(seen) + "\n")
+                out.write(json.dumps({**seen, "pid": os.getpid()}) + "\n")
         return seen
 
     track = (

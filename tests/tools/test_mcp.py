@@ -169,16 +169,6 @@ def test_a_header_reading_a_forbidden_variable_is_refused_before_anything_is_sen
     assert mcp_server.calls() == []
 
 
-def test_stdio_tools_run_in_a_process_per_call(mcp_files, unique):
-    server = _server(f"s{unique}", command=mcp_files.stdio_command(), timeout_s=30)
-    mcp_server_refresh(server=server)
-
-    outcome = _call(f"{server.name}.track_parcel", {"tracking_number": "X1"}, key="idem-stdio")
-
-    assert outcome.status == "success", outcome.content
-    assert [c["idempotency_key"] for c in mcp_files.calls()] == ["idem-stdio"]
-
-
 def test_the_tools_own_error_is_a_clear_failed_result(mcp_server, unique):
     server = _server(f"p{unique}", url=mcp_server.url)
     mcp_server_refresh(server=server)

@@ -46,6 +46,8 @@ class Command(BaseCommand):
                 document=document or {},
                 check_urls=not options["no_url_check"],
                 strict=True if options["strict"] else None,
+                # -v 2 and up: each MCP tool's description warning, not just their count.
+                each_mcp_warning=int(str(options["verbosity"])) >= 2,
             )
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)
