@@ -11,12 +11,12 @@ in-process test must never run in a process whose stack is up (tests/conftest.py
 separate runs keep that true whatever the scheduler does. Each run and each of its
 workers has its own test database, Celery queue and Redis prefixes (tests/pytest_env.py).
 
-A third lane runs once the in-process lane is done: the end-to-end tests marked
+A third lane starts when the first of those two ends: the end-to-end tests marked
 `fast_paths` again, with `FAST_PATHS=off` (runtime/fastpaths/), so every fallback to a
 library's public API is proven on the real stack, not only the fast paths.
 
-The in-process and fallback lanes stream to the terminal; the e2e lane writes to a log
-that is printed whole once they end, then followed live. The last line adds the two lanes up
+The in-process lane streams to the terminal; the e2e and fallback lanes write to logs
+that are printed whole once it ends, then followed live. The last line adds the two lanes up
 ('N passed, N failed, N skipped'); the exit status is the worse of the two.
 """
 
@@ -47,10 +47,17 @@ class Lane:
 
     env: dict[str, str] | None = None  # added to the environment for this lane
 
-    def run(self, extra: list[str], junit: Path) -> int:
-        return subprocess.call(
-            self.argv(extra, junit), cwd=ROOT, env={**os.environ, **(self.env or {})}
-        )
+    def start(
+        self, extra: list[str], junit: Path, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start the lane's pytest: to the terminal, or (with `log`) to that file."""
+        env = {**os.environ, **(self.env or {})}
+        if log is None:
+            return subprocess.Popen(self.argv(extra, junit), cwd=ROOT, env=env)
+        with log.open("wb") as handle:
+            return subprocess.Popen(
+                self.argv(extra, junit), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT
+            )
 
     def argv(self, extra: list[str], junit: Path) -> list[str]:
         return [
@@ -120,39 +127,39 @@ def main() -> int:
         # Alone on the machine, a third worker fills the time the others wait (sleeps,
         # subprocesses, the database): ~127 s instead of ~143 s on 2 cores.
         alone = Lane(FAST.name, FAST.marker, os.environ.get("PYTEST_WORKERS", "3"), FAST.dist)
-        code = alone.run(extra, fast_junit)
+        code = alone.start(extra, fast_junit).wait()
         return 0 if code == NO_TESTS else code
 
     e2e_junit = LOGS / f"lane-e2e-{stamp}.xml"
     fallback_junit = LOGS / f"lane-fallbacks-{stamp}.xml"
     e2e_log = LOGS / f"lane-e2e-{stamp}.log"
-    with e2e_log.open("wb") as handle:
-        e2e = subprocess.Popen(
-            E2E.argv(extra, e2e_junit), cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT
-        )
+    fallback_log = LOGS / f"lane-fallbacks-{stamp}.log"
+    e2e = E2E.start(extra, e2e_junit, e2e_log)
     print(f"lanes: the e2e lane runs beside this one; its output follows ({e2e_log})", flush=True)
+    fast = FAST.start(extra, fast_junit)
+    fallback: subprocess.Popen[bytes] | None = None
     try:
-        fast_code = FAST.run(extra, fast_junit)
-        print(
-            f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s; "
-            "the e2e tests marked fast_paths again, with FAST_PATHS=off:",
-            flush=True,
-        )
-        fallback_code = FALLBACKS.run(extra, fallback_junit)
-        print(
-            f"\nlanes: fallback lane done at {time.monotonic() - started:.0f} s; the e2e lane:",
-            flush=True,
-        )
-        stop = threading.Event()
-        reader = threading.Thread(target=follow, args=(e2e_log, stop), daemon=True)
-        reader.start()
-        e2e_code = e2e.wait()
-        stop.set()
-        reader.join()
+        # The fallback lane takes the place of whichever lane ends first.
+        while fast.poll() is None and e2e.poll() is None:
+            time.sleep(0.5)
+        fallback = FALLBACKS.start(extra, fallback_junit, fallback_log)
+        fast_code = fast.wait()
+        print(f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s", flush=True)
+        for name, process, log in (("e2e", e2e, e2e_log), ("fallback", fallback, fallback_log)):
+            print(f"lanes: the {name} lane ({log}):", flush=True)
+            stop = threading.Event()
+            reader = threading.Thread(target=follow, args=(log, stop), daemon=True)
+            reader.start()
+            process.wait()
+            stop.set()
+            reader.join()
+            print(f"lanes: {name} lane done at {time.monotonic() - started:.0f} s", flush=True)
+        e2e_code, fallback_code = e2e.returncode, fallback.returncode
     finally:
-        if e2e.poll() is None:
-            e2e.terminate()
-            e2e.wait(30)
+        for process in (fast, e2e, fallback):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(30)
 
     codes = [c for c in (fast_code, fallback_code, e2e_code) if c != NO_TESTS]
     lanes = [counts(junit) for junit in (fast_junit, fallback_junit, e2e_junit)]
