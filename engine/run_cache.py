@@ -19,6 +19,7 @@ from engine.gates.guards import CallRecord
 from engine.gates.memory import turn_memory_block
 from engine.model.context import SUMMARY_NAME
 from engine.model.environment import Environment, environment
+from engine.store.commit import CallsCommitted
 from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
 from sessions.rows import json_value, jsonb_value
 from tools.execution import ToolSnapshot, tools_for_agent
@@ -52,7 +53,6 @@ class AgentRuntime:
 # parameter here, the session row's column in the step commit's RETURNING (which
 # validates the cache for the next step without a query).
 _STAMP_SQL = "SELECT agent_config_stamp(%s)"
-STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
 
 _agents: dict[int, AgentRuntime] = {}
 _lock = threading.Lock()
@@ -83,19 +83,6 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     with _lock:
         _agents[agent_id] = runtime
     return runtime
-
-
-@dataclass(frozen=True)
-class CallsCommitted:
-    """What one commit did to the tool calls of its turn, for the run's loop guards
-    (runtime_cache.RunContext): from which version to which, and each call it
-    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
-
-    before: int
-    after: int
-    turn: int
-    new_turn: bool
-    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
 
 
 # A call's key: (step, position) orders a turn's calls; the idempotency key is unique.

@@ -17,8 +17,7 @@ from approvals.models import Approval, ApprovalKind
 from approvals.services import approval_request, approvals_insert
 from approvals.states import Outcome
 from engine.gates.approval import requested_event
-from engine.moves.turn import build_step
-from engine.store.commit import step_commit
+from engine.moves.turn import build_step, step_commit
 from sessions.events import ApprovalResolved, EventSpec, EventType
 from sessions.models import Session, ToolCall
 from sessions.states import Trigger

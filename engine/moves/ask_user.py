@@ -14,8 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.gates.questions import open_question
-from engine.moves.turn import build_step
-from engine.store.commit import step_commit
+from engine.moves.turn import build_step, step_commit
 from memory.tokens import count_message_tokens
 from sessions.models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from sessions.states import Trigger

@@ -6,8 +6,7 @@ level is the risk gate's (engine/gates/risk.py).
 from django.db import transaction
 
 from engine.gates.risk import CHECKPOINT_LEVEL, probe_of
-from engine.moves.turn import build_step
-from engine.store.commit import step_commit
+from engine.moves.turn import build_step, step_commit
 from sessions.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
 

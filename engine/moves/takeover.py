@@ -12,8 +12,7 @@ from django.utils import timezone
 
 from engine.gates.guards import canonical_json
 from engine.model.context import tool_calls_json
-from engine.moves.turn import build_step, turn_finish
-from engine.store.commit import step_commit
+from engine.moves.turn import build_step, step_commit, turn_finish
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from sessions.events import EventSpec, EventType, StopReason, ToolFinished, ToolStarted

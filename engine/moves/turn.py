@@ -15,10 +15,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine.gates.guards import canonical_json
+from engine.gates.metering import step_metering
 from engine.model.context import tool_calls_json
 from engine.model.environment import fingerprint as env_fingerprint
 from engine.model.usage import ModelSpend, Usage
-from engine.store.commit import StaleSession, Step, step_commit
+from engine.store import commit as store
+from engine.store.commit import GUARD, Committed, StaleSession, Step
 from engine.store.open_calls import open_calls_statement, prefetched_keep
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
@@ -43,6 +45,17 @@ if TYPE_CHECKING:
 
 INTERRUPT_REASON = "interrupted by a new message"
 TIMER_HANDLER = "builtin.schedule_followup"
+
+
+def step_commit(step: Step) -> Committed:
+    """Commit a move's step, with its usage rollups and credit settlements riding on it.
+
+    The store knows no billing: the statements are worked out here from the calls the step
+    records, and the store writes them last, in the same transaction.
+    """
+    store.model_calls_number(step)  # the charges name each model call by its step
+    step.charges = step_metering(step.session, step.model_calls, step.updated_tool_calls, GUARD)
+    return store.step_commit(step)
 
 
 def build_step(

@@ -17,7 +17,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
-from engine.run_cache import STAMP_RETURNING
+from engine.store.commit import STAMP_RETURNING
 from sessions.models import Session
 from sessions.rows import execute_batch, row_reader
 from sessions.states import RUNNABLE, STARTS_TURN

@@ -17,8 +17,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from engine.gates.metering import step_metering
-from engine.run_cache import STAMP_RETURNING, CallsCommitted
 from observability.tracing import trace_id_of
 from observability.turns import turn_ended
 from runtime.faults import fault_point
@@ -176,6 +174,24 @@ SETTABLE = {
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
 
+# The agent's configuration stamp, returned by every commit's UPDATE: the run cache
+# (engine/run_cache.py) validates its copy of the agent for the next step without a query.
+STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
+
+
+@dataclass(frozen=True)
+class CallsCommitted:
+    """What one commit did to the tool calls of its turn, for the run's loop guards
+    (run_cache.RunContext): from which version to which, and each call it
+    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
+
+    before: int
+    after: int
+    turn: int
+    new_turn: bool
+    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
+
+
 class StaleSession(Exception):
     """The session moved on (another version, or our lease was taken); nothing was written."""
 
@@ -214,6 +230,9 @@ class Step:
     # sees them): what the next step would read first (open_calls.py). Its
     # rows come back in `Committed.read`.
     then_read: Statement | None = None
+    # Usage rollups and credit settlements, worked out by the move from the calls the
+    # step records (engine/gates/metering.py): the store writes them, knowing no billing.
+    charges: list[Statement | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -252,6 +271,16 @@ def _publish_after_commit(session_id: UUID | str, frames: list[Frame], texts: li
     publish(session_id, frames, texts)
 
 
+def model_calls_number(step: Step) -> int:
+    """Give the step's model calls their session and the step number this commit gives the
+    step (its checkpoint's), and return that number; the same whoever calls it first."""
+    number = step.session.step + (1 if step.checkpoint is not None else 0)
+    for record in step.model_calls:
+        record.session_id = step.session.pk
+        record.step = number
+    return number
+
+
 def step_commit(step: Step) -> Committed:
     """Commit one step, or raise StaleSession (or IllegalTransition) having changed nothing.
 
@@ -287,7 +316,6 @@ def step_commit(step: Step) -> Committed:
             moved["trace_id"] = trace_id
         state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
     n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
-    with_checkpoint = step.checkpoint is not None
 
     # What the row's counters become if the UPDATE matches: the WHERE below
     # pins their current values, so every number is known before the one
@@ -296,7 +324,7 @@ def step_commit(step: Step) -> Committed:
     version = session.version + n_moves
     message_seq = session.message_seq + n_messages
     event_seq = session.event_seq + n_events
-    step_no = session.step + (1 if with_checkpoint else 0)
+    step_no = model_calls_number(step)
     turn = step.set_fields.get("turn", session.turn)
     assignments = [
         "state = %s",
@@ -374,9 +402,6 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
     )
-    for record in step.model_calls:
-        record.session_id = session.pk
-        record.step = step_no
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
@@ -444,7 +469,7 @@ def step_commit(step: Step) -> Committed:
     # rows (the owner's day, agent and tools; the credit account) are shared by every
     # session of the owner, and a row lock is held until the commit, so each step
     # holds them only for its commit, not while the rest of the batch runs.
-    writes += step_metering(session, step.model_calls, step.updated_tool_calls, GUARD)
+    writes += step.charges
     if step.then_read is not None:
         writes.append(step.then_read)  # last: its rows are the batch's last result
 

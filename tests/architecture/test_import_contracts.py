@@ -70,6 +70,10 @@ PLANTS: dict[str, list[Plant]] = {
         # A module no floor names.
         Plant("engine/stray.py", "STRAY = 1", new=True),
     ],
+    "The engine's store imports only the record": [
+        Plant("engine/store/commit.py", "from billing.services import credits_grant"),
+        Plant("engine/store/open_calls.py", "from tools.execution import ToolSnapshot"),
+    ],
     "The engine's phases are peers": [
         Plant("engine/phases/tools.py", "from engine.phases import model"),
     ],

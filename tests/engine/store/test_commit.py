@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import UsageDaily
+from engine.moves.turn import step_commit as metered_commit
 from engine.store import commit as commit_module
 from engine.store.commit import Committed, StaleSession, Step, step_commit
 from sessions import publisher
@@ -289,7 +290,8 @@ def test_the_owners_shared_rows_come_last_in_the_batch_so_a_step_holds_them_only
     )
 
     with CaptureQueriesContext(connection) as queries:
-        step_commit(
+        # Through a move: it puts the step's charges on it (the store knows no billing).
+        metered_commit(
             Step(
                 session=session,
                 trigger=Trigger.ANSWER,
