@@ -2,7 +2,7 @@
 
 1. **Metering per step** (target p50 <= 0.5 ms): the work billing adds to a model step
    on a real session of the bench database, timed around the calls the engine makes:
-   - the pre-call gate (`sessions/engine/budget_gate.model_gate`: the owner's budgets,
+   - the pre-call gate (`engine/budget_gate.model_gate`: the owner's budgets,
      today's rollups, the turn's spend and the credits, read by one query at a turn's
      first model step and kept in the run's context for its later steps; the budget
      check; the degradation level), with budgets and a credit account set so nothing
@@ -48,10 +48,10 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
 
     from billing.models import CreditAccount, OwnerBudget
     from billing.services import usage_statement
+    from engine.gates.budget import FiguresKeeper, gate_read, model_gate
+    from engine.gates.metering import model_credits_check
+    from engine.run_cache import agent_runtime
     from llm.types import ChatMessage, ChatRequest
-    from sessions.engine.budget_gate import FiguresKeeper, gate_read, model_gate
-    from sessions.engine.metering import model_credits_check
-    from sessions.engine.runtime_cache import agent_runtime
     from sessions.models import Agent, Session
 
     session = fixtures.sessions_create("bench-echo", 1, username="bench-billing")[0]
@@ -134,8 +134,8 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
     import copy
 
     from billing.models import CreditAccount
-    from sessions.engine import commit as commit_module
-    from sessions.engine.commit import step_commit
+    from engine.store import commit as commit_module
+    from engine.store.commit import step_commit
     from sessions.models import ModelCall
 
     from . import stepkit

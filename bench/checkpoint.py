@@ -33,7 +33,7 @@ from .stats import percentile, summary
 
 
 def _demo_checkpoints(sessions: int, turns: int) -> list[dict[str, Any]]:
-    from sessions.engine import session_run
+    from engine import session_run
     from sessions.models import Checkpoint, Session
     from sessions.services import message_post
 
@@ -56,7 +56,7 @@ def _ab_commits(
     cycles: int, sessions: int
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[str]]]:
     """Commit times per arm ("with" / "without" the checkpoint), and the step kind of each."""
-    from sessions.engine.commit import step_commit
+    from engine.store.commit import step_commit
 
     out: dict[str, dict[str, list[float]]] = {
         arm: {"wall_ms": [], "cpu_ms": []} for arm in ("with", "without")
@@ -88,7 +88,7 @@ def _insert_alone(contexts: list[dict[str, Any]], reps: int) -> dict[str, list[f
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from sessions.engine.commit import CHECKPOINT_COLUMNS
+    from engine.store.commit import CHECKPOINT_COLUMNS
     from sessions.models import Checkpoint
     from sessions.rows import insert_statement
 

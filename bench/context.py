@@ -102,8 +102,8 @@ def _seed(count: int) -> Any:
     """A session with `count` messages, summarised the way the engine leaves a long one."""
     from django.utils import timezone
 
+    from engine.model.context import SUMMARY_HEADING, SUMMARY_NAME
     from memory.budget import context_budget
-    from sessions.engine.context import SUMMARY_HEADING, SUMMARY_NAME
     from sessions.models import Message, Session
 
     session = fixtures.sessions_create(AGENT, 1, username=f"bench-context-{count}")[0]
@@ -139,8 +139,8 @@ def _seed(count: int) -> Any:
 
 
 def _measure(count: int, steps: int) -> dict[str, Any]:
-    from sessions.engine.context import assemble
-    from sessions.engine.runtime_cache import RunContext, agent_runtime
+    from engine.model.context import assemble
+    from engine.run_cache import RunContext, agent_runtime
     from sessions.models import Message, Session
 
     session, through = _seed(count)

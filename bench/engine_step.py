@@ -2,7 +2,7 @@
 
 The demo agent's request (find orders, notify each customer, write a report)
 runs turn after turn: `services.message_post` (which also commits the turn
-start), then `sessions.engine.session_run(session_id=...)` in this process, no worker.
+start), then `engine.session_run(session_id=...)` in this process, no worker.
 
 A *step* is a `run_step` call that committed something. Its wall time runs
 from the end of the previous step (or from the call of `session_run`, so the
@@ -76,8 +76,9 @@ class Probe:
         self.cpu_mark = time.thread_time()
 
     def install(self) -> None:
+        from engine.runner import loop as runner
+        from engine.store import commit
         from llm.base import ModelAdapter
-        from sessions.engine import commit, runner
         from tools import execution
 
         probe = self
@@ -210,7 +211,7 @@ def _flush_backends() -> None:
 
 
 def _turn(session: Any, probe: Probe) -> tuple[float, int]:
-    from sessions.engine import session_run
+    from engine import session_run
     from sessions.services import message_post
 
     before = probe.counter.snapshot()

@@ -11,7 +11,7 @@ result ~400 characters, then answers.
   invoked with a fresh `thread_id` per run.
 - **Platform**: agent `bench-loop` (`bench/fixtures.py`: a rules model with the
   same script, the read-only python tool `bench_lorem`), `services.message_post`
-  then `sessions.engine.session_run` in this process, a fresh session per run
+  then `engine.session_run` in this process, a fresh session per run
   (created before the timing: LangGraph's thread needs no creation either).
 
 The two alternate run by run (ABAB...), so load on the machine hits both.
@@ -163,7 +163,7 @@ def _langgraph(counts: type[_Counts]) -> Iterator[tuple[Callable[[], int], Calla
 
 
 def _platform_run(session: Any) -> int:
-    from sessions.engine import session_run
+    from engine import session_run
     from sessions.services import message_post
 
     message_post(session=session, content="go")

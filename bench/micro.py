@@ -242,7 +242,7 @@ def _run(n: int, rows: list[dict[str, Any]]) -> None:
             measure(f"{count} call(s): {label}", lambda fn=fn, made=made: fn(made), n, rows)
 
     print("a tool-loop move (state, 1 event, transition, checkpoint), committed")
-    from sessions.engine.commit import Step, step_commit
+    from engine.store.commit import Step, step_commit
     from sessions.states import Trigger
 
     Session.objects.filter(pk=session.pk).update(state="tool_loop")

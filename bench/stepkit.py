@@ -22,7 +22,7 @@ _steps = itertools.count(10_000)
 
 def leased_sessions(agent: str, count: int) -> list[tuple[Any, str]]:
     """`count` new sessions of `agent`, each in a running turn (processing) under a lease held here."""
-    from sessions.engine.lease import lease_acquire, worker_identity
+    from engine.runner.lease import lease_acquire, worker_identity
     from sessions.models import Session
     from sessions.services import message_post
 
@@ -37,8 +37,8 @@ def leased_sessions(agent: str, count: int) -> list[tuple[Any, str]]:
 
 
 def _runtime(session: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    from sessions.engine.environment import environment
-    from sessions.engine.runtime_cache import agent_runtime
+    from engine.model.environment import environment
+    from engine.run_cache import agent_runtime
 
     runtime = agent_runtime(session.agent_id)
     tools = runtime.tools_for(session.role)
@@ -47,11 +47,11 @@ def _runtime(session: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
 def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, list[Any]]:
     """The Step a model step commits when the model asks for `calls` no-op tool calls."""
+    from engine.gates.guards import canonical_json
+    from engine.model.context import tool_calls_json
+    from engine.moves.turn import build_step
     from llm.types import ToolCallRequest
     from memory.tokens import count_message_tokens
-    from sessions.engine.context import tool_calls_json
-    from sessions.engine.guards import canonical_json
-    from sessions.engine.moves import build_step
     from sessions.events import EventSpec, EventType
     from sessions.models import Message, ToolCall
     from sessions.states import Trigger
@@ -122,8 +122,8 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
     """The Step the tool step commits when every call succeeded (as the `tool_results` move builds it)."""
     from django.utils import timezone
 
+    from engine.moves.turn import build_step
     from memory.tokens import count_message_tokens
-    from sessions.engine.moves import build_step
     from sessions.events import EventSpec, EventType
     from sessions.models import Message
     from sessions.states import Trigger
@@ -183,7 +183,7 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
 
 def loop_step(session: Any, owner: str) -> Any:
     """The tool-loop move back to the model (the runner's own one-liner)."""
-    from sessions.engine.moves import build_step
+    from engine.moves.turn import build_step
     from sessions.states import Trigger
 
     return build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model")

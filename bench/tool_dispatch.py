@@ -10,7 +10,7 @@ once, or 10 times in parallel in one step. Two measurements:
   helper thread (`asyncio.to_thread`) and the result rendering. Timed inside
   the loop (`executor`), and from the calling thread including the hop onto
   the loop and back (`via io_loop.run`).
-- **tool step**: the engine's whole `sessions.engine.tool_phase.tool_step` on a
+- **tool step**: the engine's whole `engine.phases.tools.tool_step` on a
   session whose ToolCall rows were committed as executing by a tool-intent
   step built as `model_step` builds it (`bench/stepkit.py`): the agent cache
   check, reading the calls, the cache lookup for read-only calls, the
@@ -36,8 +36,8 @@ ROUNDS_PER_SESSION = 5
 
 
 def _executor(reps: int, calls: int) -> dict[str, list[float]]:
+    from engine.run_cache import agent_runtime
     from runtime import io_loop
-    from sessions.engine.runtime_cache import agent_runtime
     from sessions.models import Agent
     from tools.execution import ToolInvocation, execute_all
 
@@ -83,8 +83,9 @@ def _patch(module: Any, name: str, wrap: Callable[[Any], Any]) -> Callable[[], N
 
 
 def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:
-    from sessions.engine import moves, tool_phase
-    from sessions.engine.commit import step_commit
+    from engine.moves import turn as moves
+    from engine.phases import tools as tool_phase
+    from engine.store.commit import step_commit
 
     parts = {"execute_all": 0.0, "step_commit": 0.0}
 
@@ -118,7 +119,7 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
     }
     undo = [
         _patch(tool_phase, "execute_all", timing("execute_all")),
-        # The tool phase commits through its move (sessions/engine/moves.py).
+        # The tool phase commits through its move (engine/moves/turn.py).
         _patch(moves, "step_commit", timing("step_commit")),
     ]
     try:

@@ -127,7 +127,7 @@ EMBEDDINGS_ENTRY = {
     },
 }
 
-# Agent.memory (sessions/engine/memory_glue.py MemorySettings).
+# Agent.memory (engine/gates/memory.py MemorySettings).
 AGENT_MEMORY = {
     "type": "object",
     "additionalProperties": False,

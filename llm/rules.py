@@ -216,7 +216,7 @@ class RulesAdapter(ModelAdapter):
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         if request.agent_config.get("task") == "summary":
-            # A summary of the history (sessions/engine/summaries.py): offline and deterministic.
+            # A summary of the history (engine/model/summaries.py): offline and deterministic.
             users = [m for m in request.messages if m.role == "user"]
             text = summarise(users[-1].data if users else None)
             yield TextDelta(text)

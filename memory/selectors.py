@@ -349,7 +349,7 @@ def memory_block(ranked: Sequence[RankedItem]) -> str:
     """The compact lines the model gets before the conversation; "" when there is nothing.
 
     No heading: the context assembly puts the memory partition's one heading above them
-    (sessions/engine/context.py), so it is not printed twice.
+    (engine/model/context.py), so it is not printed twice.
     """
     if not ranked:
         return ""

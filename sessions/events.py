@@ -30,7 +30,7 @@ class StopReason(StrEnum):
     ANSWER = "answer"
     MAX_ITERATIONS = "max_iterations"
     TURN_TIMEOUT = "turn_timeout"
-    # Loop guards (sessions/engine/guards.py).
+    # Loop guards (engine/gates/guards.py).
     REPEATED_CALL = "repeated_call"
     NO_NEW_INFORMATION = "no_new_information"
     CYCLE = "cycle"

@@ -96,7 +96,7 @@ class Agent(models.Model):
     candidate_percent = models.PositiveSmallIntegerField(default=0, help_text="0-100")
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     max_iterations = models.PositiveSmallIntegerField(default=8, help_text="Tool rounds per turn.")
-    # Loop guards (see sessions/engine/guards.py) and the three time limits.
+    # Loop guards (see engine/gates/guards.py) and the three time limits.
     repeat_call_limit = models.PositiveSmallIntegerField(
         default=3,
         help_text="Stop after this many rounds of the same tool call with (nearly) the same arguments.",
@@ -112,7 +112,7 @@ class Agent(models.Model):
         default=600.0, help_text="After this, the turn gets no more tool rounds."
     )
     context_window = models.PositiveIntegerField(default=128000)
-    # Context budget (sessions/engine/context.py): partition overrides, e.g. {"history": 32000}.
+    # Context budget (engine/model/context.py): partition overrides, e.g. {"history": 32000}.
     context_budget = models.JSONField(default=dict, blank=True)
     # Summaries of the oldest history (the 90% watermark); empty = the cheap or fallback model.
     summary_model = models.ForeignKey(
@@ -510,8 +510,8 @@ class ModelCall(models.Model):
     outcome = models.CharField(max_length=20, choices=ModelCallOutcome.choices)
     error = models.TextField(blank=True)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
-    # "step" answers the session; "summary" condensed its oldest history (sessions/engine/summaries.py);
-    # "extraction" listed what a finished turn is worth remembering (sessions/engine/memory_glue.py).
+    # "step" answers the session; "summary" condensed its oldest history (engine/model/summaries.py);
+    # "extraction" listed what a finished turn is worth remembering (engine/gates/memory.py).
     purpose = models.CharField(max_length=20, default="step", db_default="step")
     created_at = models.DateTimeField(auto_now_add=True)
 

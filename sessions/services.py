@@ -32,14 +32,7 @@ from approvals.services import (
 from approvals.states import Outcome
 from billing.selectors import reservations_open
 from billing.services import credits_close, waiting_expire
-from memory.tokens import count_message_tokens
-from runtime import health, io_loop
-from runtime.cancellation import cancel_signal
-from runtime.fastpaths.prepared import PreparedQuery
-from tools.execution import ToolInvocation, execute_all, tools_for_agent
-
-from .dispatch import run_enqueue, run_enqueue_later, run_enqueue_on_commit
-from .engine import (
+from engine import (
     INTERRUPT_REASON,
     RunResult,
     StaleSession,
@@ -60,6 +53,13 @@ from .engine import (
     turn_start,
     user_answer,
 )
+from memory.tokens import count_message_tokens
+from runtime import health, io_loop
+from runtime.cancellation import cancel_signal
+from runtime.fastpaths.prepared import PreparedQuery
+from tools.execution import ToolInvocation, execute_all, tools_for_agent
+
+from .dispatch import run_enqueue, run_enqueue_later, run_enqueue_on_commit
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from .json_limits import JsonRejected, json_check
 from .models import (

@@ -42,7 +42,7 @@ def ask_user(**arguments: object) -> dict[str, object]:
     }
 
 
-# Long-term memory: the engine runs these (sessions/engine/memory_glue.py), since they need
+# Long-term memory: the engine runs these (engine/gates/memory.py), since they need
 # the session's owner and id; the handlers below answer only a call made outside a session.
 REMEMBER = "remember"
 REMEMBER_HANDLER = "builtin.remember"

@@ -5,7 +5,7 @@ BEGIN, the key's reservation locked, the guarded UPDATE of the account, the
 reservation row, the ledger row, COMMIT, six round trips and four ORM statements for
 each paid call, before the call could be sent. The function does the same work, in
 the same order and with the same locks, in one statement; a tool step's paid calls
-are reserved by one batch of them (`sessions.engine.metering.credits_reserve`).
+are reserved by one batch of them (`engine.gates.metering.credits_reserve`).
 
 The result row: outcome (reserved, insufficient, wait, unmetered), the points left,
 the reason of a refusal (balance, daily_cap, no_account), the balance after a

@@ -1,7 +1,7 @@
 """The agent configuration stamp as a PL/pgSQL function.
 
 Every step commit returns the stamp of its session's agent so the next step can trust
-its cached configuration without a query (`sessions.engine.runtime_cache`). It was a
+its cached configuration without a query (`engine.run_cache`). It was a
 subquery in the step's RETURNING hashing the rows' contents (md5 of the agent row, its
 model endpoints and its tools): new text at every step, so the server planned its
 four-table join each time (~0.25 ms), then hashed every row (~0.15 ms).

@@ -10,7 +10,7 @@ from django.urls import reverse
 from accounts.services import approver_grant
 from approvals.admin import arguments_diff
 from approvals.models import Approval
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS

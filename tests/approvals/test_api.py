@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Message, Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalTransition
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import (
     approval_decide,

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval, ApprovalTransition
-from sessions.engine import session_run
+from engine import session_run
 from sessions.errors import Conflict
 from sessions.models import Event, Session
 from sessions.services import approval_decide, approvals_expire_due, message_post

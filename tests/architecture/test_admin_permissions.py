@@ -28,11 +28,11 @@ from accounts.services import api_key_create, approver_grant
 from billing.models import OwnerBudget
 from billing.services import credits_grant
 from demo.models import Customer, Notification, Order, Report
+from engine import session_run
 from llm.types import ChatMessage, ChatRequest, ChatResponse
 from memory.models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from observability.prompts import prompt_sample_record
 from runtime.breaker import model_breaker
-from sessions.engine import session_run
 from sessions.models import Session
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, StaffUserFactory, ToolFactory

@@ -29,7 +29,7 @@ CONTRACT_NAMES: list[str] = [contract["name"] for contract in IMPORTLINTER["cont
 NOT_PRODUCT = {"tests", "bench", "devstack"}
 
 # The engine: the step loop and the step commit.
-ENGINE_PATHS = ["sessions/engine"]
+ENGINE_PATHS = ["engine"]
 
 LAYERS = "sessions layers follow the import direction"
 
@@ -47,14 +47,38 @@ PLANTS: dict[str, list[Plant]] = {
     LAYERS: [
         # A port calling up into the services (what went unnoticed before rows was a layer).
         Plant("sessions/rows.py", "from sessions import services"),
-        Plant("sessions/engine/moves.py", "import sessions.services"),
         # Edges are independent of each other.
         Plant("sessions/tasks.py", "from sessions import consumers"),
         Plant("sessions/models.py", "from sessions import publisher"),
         # A module no layer names.
         Plant("sessions/stray.py", "STRAY = 1", new=True),
     ],
-    "Ports, runtime and accounts never import sessions": [
+    "The product's floors: edges, front door, engine, ports, record, runtime": [
+        # The engine calling up into the front door; the record into the engine.
+        Plant("engine/moves/turn.py", "import sessions.services"),
+        Plant("engine/runner/loop.py", "from sessions.selectors import session_get_for_owner"),
+        Plant("sessions/rows.py", "import engine"),
+        Plant("sessions/publisher.py", "from engine import session_run"),
+        Plant("approvals/services.py", "from sessions import services"),
+    ],
+    "The engine's floors: runner, phases, run cache, moves, gates, model, store": [
+        Plant("engine/store/commit.py", "from engine.moves import turn"),
+        Plant("engine/gates/budget.py", "from engine.phases import model"),
+        Plant("engine/model/context.py", "from engine.gates import guards"),
+        Plant("engine/moves/turn.py", "from engine.run_cache import agent_runtime"),
+        Plant("engine/phases/model.py", "from engine.runner import loop"),
+        # A module no floor names.
+        Plant("engine/stray.py", "STRAY = 1", new=True),
+    ],
+    "The engine's store imports only the record": [
+        Plant("engine/store/commit.py", "from billing.services import credits_grant"),
+        Plant("engine/store/open_calls.py", "from tools.execution import ToolSnapshot"),
+    ],
+    "The engine's phases are peers": [
+        Plant("engine/phases/tools.py", "from engine.phases import model"),
+    ],
+    "Ports, runtime and accounts never import sessions or the engine": [
+        Plant("memory/services.py", "from engine import session_run"),
         Plant("tools/execution.py", "import sessions.services"),
         Plant("memory/tokens.py", "from sessions import models"),
         Plant("llm/base.py", "from sessions.states import State"),
@@ -65,7 +89,7 @@ PLANTS: dict[str, list[Plant]] = {
     ],
     "The approvals port knows no engine, services or edges of sessions": [
         Plant("approvals/services.py", "import sessions.services"),
-        Plant("approvals/policy.py", "from sessions.engine import session_run"),
+        Plant("approvals/policy.py", "from engine import session_run"),
     ],
     "runtime imports no app": [
         Plant("runtime/faults.py", "import tools.registry"),
@@ -91,7 +115,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/errors.py", "import llm.types"),
     ],
     "The engine and services know no edges": [
-        Plant("sessions/engine/moves.py", "from rest_framework import serializers"),
+        Plant("engine/moves/turn.py", "from rest_framework import serializers"),
         Plant("sessions/services.py", "from sessions.api import views"),
         # Applying a config file is an edge too (configuration/), not session logic.
         Plant("sessions/services.py", "from configuration import services"),
@@ -102,14 +126,14 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/rows.py", "from sessions import consumers"),
     ],
     "The engine reaches Channels only through the publisher": [
-        Plant("sessions/engine/deltas.py", "from channels.layers import get_channel_layer"),
-        Plant("sessions/engine/commit.py", "import channels"),
+        Plant("engine/model/deltas.py", "from channels.layers import get_channel_layer"),
+        Plant("engine/store/commit.py", "import channels"),
         Plant("sessions/selectors.py", "from channels.layers import get_channel_layer"),
     ],
     # The plants of the architecture review (issue 37) that used to pass.
     "Nothing below the edges imports an edge, of its own app or another": [
-        Plant("sessions/engine/tool_phase.py", "from tools import admin"),
-        Plant("sessions/engine/approval_gate.py", "from approvals import consumers"),
+        Plant("engine/phases/tools.py", "from tools import admin"),
+        Plant("engine/gates/approval.py", "from approvals import consumers"),
         Plant("tools/execution.py", "import tools.admin"),
         Plant("approvals/services.py", "from approvals import consumers"),
         Plant("memory/services.py", "from restapi.errors import error_body"),
@@ -120,9 +144,9 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/admin.py", "from sessions.admin import display"),
     ],
     "The engine is entered through its public surface only": [
-        Plant("sessions/services.py", "from sessions.engine.commit import step_commit"),
-        Plant("sessions/admin/sessions.py", "from sessions.engine import moves"),
-        Plant("approvals/services.py", "import sessions.engine.runner"),
+        Plant("sessions/services.py", "from engine.store.commit import step_commit"),
+        Plant("sessions/admin/sessions.py", "from engine import moves"),
+        Plant("approvals/services.py", "import engine.runner.loop"),
     ],
     "Only the edges and the dispatch port import Celery": [
         Plant("llm/base.py", "import celery"),
@@ -294,7 +318,7 @@ def test_engine_never_imports_the_django_admin() -> None:
     ],
 )
 def test_django_admin_check_sees_a_planted_import(planted: str) -> None:
-    engine_module = (ROOT / "sessions/engine/moves.py").read_text()
+    engine_module = (ROOT / "engine/moves/turn.py").read_text()
 
     assert _django_admin_imports(engine_module + "\n" + planted + "\n") != []
 

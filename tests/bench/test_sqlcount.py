@@ -3,7 +3,7 @@
 import pytest
 
 from bench.sqlcount import SqlCounter
-from sessions.engine.commit import Step, step_commit
+from engine.store.commit import Step, step_commit
 from sessions.states import Trigger
 
 from ..factories import SessionFactory

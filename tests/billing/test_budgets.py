@@ -14,8 +14,8 @@ from billing.budgets import (
 )
 from billing.models import OwnerBudget
 from billing.pressure import owner_watch_reset, owner_watched
-from sessions.engine import session_run
-from sessions.engine.budget_gate import BUDGET_NOTE, partial_answer
+from engine import session_run
+from engine.gates.budget import BUDGET_NOTE, partial_answer
 from sessions.models import Event, Message, ModelCall, Session
 from sessions.services import message_post
 from tests.factories import ToolFactory

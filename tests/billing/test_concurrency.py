@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from billing.models import CreditAccount, CreditLedger, CreditReservation
 from billing.services import credits_grant, usage_statement
-from sessions.engine import runner
+from engine.runner import loop as runner
 from sessions.models import Session, ToolCall
 from sessions.services import message_post
 from tests.billing.conftest import call_then_answer

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from billing.degradation import Pressure, degradation_level
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Event, ModelCall, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ModelEndpointFactory, ToolFactory

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing.models import CreditAccount, CreditLedger, UsageDaily
 from billing.rankings import METRICS, cost_rankings
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
 from tests.factories import AgentFactory, SessionFactory, UserFactory

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from billing.ratelimit import RateLimit, rate_limit_take
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ToolFactory

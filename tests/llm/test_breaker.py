@@ -4,9 +4,9 @@ import time
 
 import pytest
 
+from engine.model.calls import call_model
 from llm.types import ChatMessage, ChatRequest
 from runtime.breaker import CircuitBreaker, model_breaker
-from sessions.engine.model_calls import call_model
 from sessions.models import ModelEndpoint
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.model_servers import FakeModelServer, Reply

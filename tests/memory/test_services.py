@@ -128,7 +128,7 @@ def test_crossing_the_exact_scan_limit_queues_one_index_build(
 
 def test_the_models_context_names_the_memory_once(embeddings):
     """The block had a heading of its own under the context's heading: printed twice."""
-    from sessions.engine.context import MEMORY_HEADING, build_request
+    from engine.model.context import MEMORY_HEADING, build_request
     from sessions.models import Agent
 
     owner = UserFactory()

@@ -6,9 +6,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from engine import session_run
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.engine import session_run
 from sessions.models import Event, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory

@@ -5,9 +5,9 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils.html import strip_tags
 
+from engine import session_run
 from runtime.breaker import model_breaker
 from sessions import services
-from sessions.engine import session_run
 from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory

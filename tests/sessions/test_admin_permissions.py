@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from engine import session_run
 from runtime.breaker import model_breaker
-from sessions.engine import session_run
 from sessions.models import Checkpoint, Message, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import StaffUserFactory, ToolFactory, permissions

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import Approval
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Message, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ToolFactory

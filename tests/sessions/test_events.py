@@ -12,10 +12,10 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
-from sessions.engine import session_run
-from sessions.engine.lease import lease_acquire, lease_drop
-from sessions.engine.moves import turn_fail
-from sessions.engine.runner import run_step
+from engine import session_run
+from engine.moves.turn import turn_fail
+from engine.runner.lease import lease_acquire, lease_drop
+from engine.runner.loop import run_step
 from sessions.events import PAYLOADS, EventType
 from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
 from sessions.publisher import frame_of, group_name

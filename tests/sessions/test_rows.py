@@ -13,8 +13,8 @@ from django.db import DataError, ProgrammingError, connection
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int2, Int4, Int8
 
+from engine.store.commit import MESSAGE_COLUMNS
 from sessions import rows
-from sessions.engine.commit import MESSAGE_COLUMNS
 from sessions.models import Event, Message, ModelCall, ToolCall
 from sessions.rows import (
     JsonbText,

@@ -914,7 +914,7 @@ def test_every_tool_failure_logs_one_line_with_tool_url_status_and_reason_never_
 
 
 def test_the_model_reads_the_result_description_with_the_tool_description():
-    from sessions.engine.context import build_request
+    from engine.model.context import build_request
     from sessions.models import Agent
 
     described = snapshot(

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from engine.runner import loop as runner
 from runtime import io_loop
-from sessions.engine import runner
 from sessions.models import Event, Message, Session, ToolCall
 from sessions.services import message_post
 from tests.fakes.mcp_fixtures import free_port

@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from sessions.engine import session_run
+from engine import session_run
 from sessions.models import Session, ToolCall
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory

@@ -1,0 +1,52 @@
+"""The engine: runs a session's steps and makes every change of its state.
+
+This is its whole public surface; the services (and only they, among the
+edges' callers) use it. Inside: `runner` (the run loop and lease), the phases
+(`model_phase`, `tool_phase`) that decide, `moves` that make every state
+change, and `commit` that writes a step atomically.
+"""
+
+from engine.gates.memory import turn_memory_keep
+from engine.gates.questions import open_question
+from engine.model.context import summary_through
+from engine.moves.approval import approval_recorded
+from engine.moves.ask_user import user_answer
+from engine.moves.takeover import (
+    hand_back,
+    operator_finish,
+    operator_reply,
+    operator_tool_intent,
+    operator_tool_result,
+)
+from engine.moves.turn import (
+    INTERRUPT_REASON,
+    fork_start,
+    run_resume,
+    timer_fire,
+    turn_cancel,
+    turn_start,
+)
+from engine.runner.loop import RunResult, session_run
+from engine.store.commit import StaleSession
+
+__all__ = [
+    "INTERRUPT_REASON",
+    "RunResult",
+    "approval_recorded",
+    "StaleSession",
+    "fork_start",
+    "hand_back",
+    "operator_finish",
+    "operator_reply",
+    "operator_tool_intent",
+    "operator_tool_result",
+    "open_question",
+    "run_resume",
+    "session_run",
+    "summary_through",
+    "timer_fire",
+    "turn_cancel",
+    "turn_memory_keep",
+    "turn_start",
+    "user_answer",
+]

@@ -1,0 +1,176 @@
+"""Human approval of tool calls, the gate: which of a tool step's calls wait for a person.
+
+The approvals themselves (rows, races, deadlines, notifications) are the
+`approvals` port's, and the moves they cause are in engine/moves/approval.py.
+Here, at the start of a tool step:
+
+- `approval_gate`: calls that need a person get one approval each (asked for by
+  the `approvals_wait` move, which pauses the session); approved calls run (with
+  edited arguments, if any) and rejected or expired ones become a tool result
+  that says so. The step's other calls wait with them, so results keep the
+  model's order.
+- `review_outcomes`: what people answered about the step's uncertain calls.
+"""
+
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from approvals.models import Approval, ReviewAnswer
+from approvals.policy import approval_reason
+from approvals.selectors import approval_remembered, approvals_for_calls, reviews_for_calls
+from approvals.services import approval_request
+from approvals.states import ApprovalStatus
+from engine.gates.risk import calls_assess
+from sessions.events import ApprovalRequested, EventSpec, EventType
+from sessions.models import Session, ToolCall, ToolCallStatus
+from tools.execution import ToolOutcome, ToolSnapshot
+from tools.rendering import render_failure, render_success
+
+
+@dataclass
+class Gate:
+    # Calls a person refused (or the deadline expired): they never run.
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    # Approvals to ask for now, one per call that needs a person (not yet stored).
+    requests: list[Approval] = field(default_factory=list)
+    # An approval asked for earlier is still waiting for its decision.
+    pending: bool = False
+
+    @property
+    def waits(self) -> bool:
+        """The step waits for a person: the session pauses (moves.approval.approvals_wait)."""
+        return bool(self.requests) or self.pending
+
+
+def requested_event(approval: Approval) -> EventSpec:
+    data: ApprovalRequested = {
+        "approval_id": str(approval.pk),
+        "tool": approval.tool_name,
+        "arguments": approval.arguments,
+        "risk_level": approval.risk_level if approval.risk_level is not None else 0,
+        "deadline": approval.deadline.isoformat().replace("+00:00", "Z"),
+    }
+    return EventSpec(EventType.APPROVAL_REQUESTED, data)
+
+
+def refused_outcome(approval: Approval) -> ToolOutcome:
+    """What the model reads for a call that did not run, with the approver's comment."""
+    comment = f' Comment: "{approval.comment}"' if approval.comment else ""
+    if approval.status == ApprovalStatus.REJECTED:
+        message = f"{approval.decided_by_name or 'an approver'} rejected this call; it did not run.{comment}"
+    elif approval.status == ApprovalStatus.EXPIRED:
+        message = f"no one approved this call before its deadline; it did not run.{comment}"
+    else:
+        message = f"this call was {approval.status} and did not run.{comment}"
+    return ToolOutcome(
+        status=ToolCallStatus.REJECTED,
+        output=None,
+        error=message,
+        content=render_failure(ToolCallStatus.REJECTED, message),
+        extra={"approval": str(approval.pk)},
+    )
+
+
+def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Gate:
+    """Decide which of the step's calls wait for a person (the approvals to ask for), and
+    which a person refused; the tool phase pauses the session when the step waits."""
+    calls_assess(calls, tools)
+    # Only calls a person was asked about have an approval to read (the tool
+    # step's one query says which), so an ungated step pays no extra round trip.
+    decided = approvals_for_calls(
+        call_ids=[c.pk for c in calls if getattr(c, "has_approval", True)]
+    )
+    gate = Gate()
+    pending = False
+    fresh: list[Approval] = []
+    now = timezone.now()
+    for call in calls:
+        approval = decided.get(call.pk)
+        if approval is not None:
+            if approval.status == ApprovalStatus.PENDING:
+                pending = True
+            elif approval.status == ApprovalStatus.APPROVED:
+                if approval.edited_arguments is not None:
+                    # What runs is what the approver approved; both stay on the approval.
+                    call.input = approval.edited_arguments
+            else:
+                gate.outcomes[call.pk] = refused_outcome(approval)
+            continue
+        tool = tools.get(call.tool_name)
+        if tool is None or call.error or not isinstance(call.input, dict):
+            continue  # the executor reports an unknown tool or bad arguments to the model
+        reason = approval_reason(tool, call.input, call.risk_level, call.risk_reason)
+        if reason is None or approval_remembered(
+            session_id=session.pk, tool_name=tool.name, arguments=call.input
+        ):
+            continue
+        fresh.append(
+            approval_request(
+                session_id=session.pk,
+                turn=session.turn,
+                step=call.step,
+                tool_call_id=call.pk,
+                call_position=call.position,
+                tool=tool,
+                arguments=call.input,
+                reason=reason,
+                now=now,
+                risk_level=call.risk_level,
+            )
+        )
+    gate.requests, gate.pending = fresh, pending
+    return gate
+
+
+# --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
+
+
+@dataclass
+class Reviewed:
+    # Calls a person settled (took effect / did not / nobody could tell): they are not sent.
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    # Calls a person said to send again with the same key, without another probe.
+    resend: set[int] = field(default_factory=set)
+    pending: bool = False
+
+
+def review_outcomes(calls: list[ToolCall]) -> Reviewed:
+    """What the people asked about this step's uncertain calls answered."""
+    reviewed = Reviewed()
+    uncertain = [c for c in calls if c.dispatched_at is not None]
+    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in uncertain]).items():
+        call = next(c for c in uncertain if c.pk == call_id)
+        if review.status == ApprovalStatus.PENDING:
+            reviewed.pending = True
+        elif review.answer == ReviewAnswer.SEND_AGAIN:
+            # Sent again after the answer and uncertain once more: probe (and ask) anew.
+            if review.decided_at is not None and call.dispatched_at <= review.decided_at:  # type: ignore[operator]
+                reviewed.resend.add(call_id)
+        elif review.answer == ReviewAnswer.TOOK_EFFECT:
+            output = review.answer_result if review.answer_result is not None else {}
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.SUCCESS,
+                output=output,
+                content=render_success(output),
+                extra={"reviewed": str(review.pk)},
+            )
+        else:
+            by = review.decided_by_name or "an operator"
+            if review.answer == ReviewAnswer.NOT_TAKEN:
+                message = f"{by} checked: this call did not take effect, and it was not sent again."
+            else:
+                message = (
+                    "no one could tell whether this call took effect before a crash "
+                    f"(review {review.status}); it was not sent again."
+                )
+            if review.comment:
+                message += f' Comment: "{review.comment}"'
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.FAILED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.FAILED, message),
+                extra={"reviewed": str(review.pk)},
+            )
+    return reviewed

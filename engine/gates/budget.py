@@ -1,0 +1,279 @@
+"""Before a model call: the degradation level, the budgets and the endpoint's rate limit.
+
+1. Pressure (budget spent, credits against the low-water mark, the model's breaker,
+   queue depth) sets the session's degradation level; from level 1 the call goes to the
+   agent's cheaper model with a lower output limit.
+   The figures behind them (the owner's budgets, today's rollups, the turn's spend, the
+   credits) are read once and kept for the run (`KeptFigures`, in the run's context),
+   advanced locally with what each step of this session spent; read again at a new turn,
+   when the local estimate nears a limit, or when they are `FIGURES_MAX_AGE_S` old.
+2. The call's estimate (memory.tokens, the endpoint's prices) is checked against every
+   budget of the agent and the owner: it runs, runs with a lower output limit, or is
+   refused (the turn ends with `budget_exceeded`).
+3. The endpoint's per-owner rate limit: a short wait sleeps, a long one parks the session
+   (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check, used_share
+from billing.degradation import CHEAPER, Pressure, degradation_level
+from billing.pressure import (
+    OwnerFigures,
+    owner_figures,
+    owner_watched,
+    queue_depth,
+    worker_pressure,
+)
+from billing.ratelimit import RateLimit, rate_limit_take
+from engine.model.calls import first_enabled_endpoint, give_back_connection
+from llm.types import ChatRequest
+from memory.tokens import estimate_request_tokens
+from runtime.breaker import model_breaker
+from sessions.models import Agent, ModelCall, ModelEndpoint, Session
+
+BREAKER_TTL_S = 1.0
+# Kept figures are read again once a budget is this much spent (other sessions of the
+# owner spend meanwhile, unseen here), once the balance is within this many low-water
+# marks, or once they are this old.
+FIGURES_NEAR_SHARE = 0.8
+FIGURES_NEAR_CREDITS = 2.0
+FIGURES_MAX_AGE_S = 30.0
+_breakers: dict[str, tuple[float, bool]] = {}
+
+BUDGET_NOTE = "I had to stop here: the budget for this request is used up."
+
+
+class StepDeferred(Exception):
+    """The step cannot run before `seconds` (a rate limit): park the session meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deferred {seconds:.1f} s")
+        self.seconds = seconds
+
+
+@dataclass(frozen=True)
+class ModelGate:
+    level: int
+    endpoint: ModelEndpoint
+    request: ChatRequest
+    verdict: BudgetVerdict
+
+
+def _model_failing(endpoint: ModelEndpoint) -> bool:
+    now = time.monotonic()
+    seen = _breakers.get(endpoint.name)
+    if seen is not None and now - seen[0] < BREAKER_TTL_S:
+        return seen[1]
+    failing = model_breaker().state(endpoint.name).state == "open"
+    _breakers[endpoint.name] = (now, failing)
+    return failing
+
+
+def agent_budgets(
+    agent: Agent, session: Session, turn: Spent, day: Spent
+) -> list[tuple[Budget, Spent]]:
+    spent = Spent(session.input_tokens + session.output_tokens, session.cost)
+    return [
+        (Budget("agent", "turn", agent.budget_turn_tokens, agent.budget_turn_cost), turn),
+        (Budget("agent", "session", agent.budget_session_tokens, agent.budget_session_cost), spent),
+        (Budget("agent", "day", agent.budget_day_tokens, agent.budget_day_cost), day),
+    ]
+
+
+AGENT_BUDGETS = (
+    "budget_turn_tokens",
+    "budget_turn_cost",
+    "budget_session_tokens",
+    "budget_session_cost",
+    "budget_day_tokens",
+    "budget_day_cost",
+)
+
+
+@dataclass(frozen=True)
+class GateRead:
+    """What the gate reads before a model call, before the request exists: the budgets
+    with their spend, the owner's figures (credits too) and the degradation level.
+    The environment block is made from it, so it costs the step no read of its own."""
+
+    budgets: list[tuple[Budget, Spent]]
+    figures: OwnerFigures
+    level: int
+    model_failing: bool
+
+
+@dataclass(frozen=True)
+class KeptFigures:
+    """The owner's figures as one read found them, and the session's spend at that read."""
+
+    figures: OwnerFigures
+    turn: int
+    agent_id: int
+    session_spent: Spent
+    read_at: float
+
+    def advanced(self, spent: Spent) -> OwnerFigures:
+        """The figures now, as far as this session knows: plus what it spent since the read."""
+        delta = Spent(
+            spent.tokens - self.session_spent.tokens, spent.cost - self.session_spent.cost
+        )
+        old = self.figures
+        turn = _plus(old.turn, delta)
+        budgets = []
+        for budget, was in old.budgets:
+            if budget.period == "turn":
+                budgets.append((budget, turn))
+            elif budget.period == "session":
+                budgets.append((budget, spent))
+            else:
+                budgets.append((budget, _plus(was, delta)))
+        return dataclasses.replace(
+            old, budgets=budgets, agent_day=_plus(old.agent_day, delta), turn=turn
+        )
+
+
+def _plus(a: Spent, b: Spent) -> Spent:
+    return Spent(a.tokens + b.tokens, a.cost + b.cost)
+
+
+def _figures(session: Session, agent: Agent, keep: "FiguresKeeper | None") -> OwnerFigures:
+    """The owner's figures: kept from this run's read while far from every limit, else read.
+
+    1. Nothing to check (no agent budget, no owner budget or credit account): no query.
+    2. Kept figures of the same turn and agent, younger than FIGURES_MAX_AGE_S, advanced
+       with what the session spent since: used if no budget is FIGURES_NEAR_SHARE spent
+       and the credits are not near the low-water mark.
+    3. Otherwise one query, kept for the next steps.
+    """
+    session_spent = Spent(session.input_tokens + session.output_tokens, session.cost)
+    if not (
+        any(getattr(agent, name) is not None for name in AGENT_BUDGETS)
+        or owner_watched(owner_id=session.owner_id)
+    ):
+        return OwnerFigures(budgets=[], agent_day=Spent(), turn=Spent(), credits_left=None)
+    kept = keep.kept if keep is not None else None
+    if (
+        kept is not None
+        and kept.turn == session.turn
+        and kept.agent_id == agent.pk
+        and time.monotonic() - kept.read_at < FIGURES_MAX_AGE_S
+    ):
+        figures = kept.advanced(session_spent)
+        budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
+        if used_share(budgets) < FIGURES_NEAR_SHARE and (
+            figures.credits_left is None or figures.credits_left >= FIGURES_NEAR_CREDITS
+        ):
+            return figures
+    figures = owner_figures(
+        owner_id=session.owner_id,
+        agent_id=agent.pk,
+        session_id=session.pk,
+        turn=session.turn,
+        session_spent=session_spent,
+        model_call_table=ModelCall._meta.db_table,
+    )
+    if keep is not None:
+        keep.points_since = 0
+        keep.kept = KeptFigures(
+            figures=figures,
+            turn=session.turn,
+            agent_id=agent.pk,
+            session_spent=session_spent,
+            read_at=time.monotonic(),
+        )
+    return figures
+
+
+@dataclass
+class FiguresKeeper:
+    """Where a run keeps the owner's figures between its steps (RunContext holds one), and
+    the credit points this run reserved or was charged since they were read (an upper
+    bound: a reservation found again after a crash counts once more)."""
+
+    kept: KeptFigures | None = None
+    points_since: int = 0
+
+    def spent_points(self, points: int) -> None:
+        self.points_since += max(points, 0)
+
+
+def gate_read(session: Session, agent: Agent, keep: FiguresKeeper | None = None) -> GateRead:
+    """The budgets with their spend, the owner's figures and the degradation level;
+    `keep` (the run's) lets later steps of a turn use the figures of an earlier read."""
+    figures = _figures(session, agent, keep)
+    budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
+    failing = _model_failing(agent.model)
+    level = degradation_level(
+        Pressure(
+            budget_used=used_share(budgets),
+            credits_left=figures.credits_left,
+            model_failing=failing,
+            queue_depth=queue_depth(),
+            workers_unhealthy=worker_pressure(),
+        )
+    )
+    return GateRead(budgets=budgets, figures=figures, level=level, model_failing=failing)
+
+
+def model_gate(
+    session: Session,
+    agent: Agent,
+    request: ChatRequest,
+    read: GateRead | None = None,
+    keep: FiguresKeeper | None = None,
+) -> ModelGate:
+    read = read or gate_read(session, agent, keep)
+    budgets, level = read.budgets, read.level
+    estimate_in = estimate_request_tokens(request)
+    endpoint = agent.model
+    if level >= CHEAPER:
+        endpoint = first_enabled_endpoint(
+            agent.cheap_model, agent.fallback_model, default=agent.model
+        )
+        limit = min(request.max_tokens or agent.degraded_max_tokens, agent.degraded_max_tokens)
+        request = dataclasses.replace(request, max_tokens=limit)
+    verdict = budget_check(
+        budgets=budgets,
+        call=CallEstimate(
+            estimate_in,
+            request.max_tokens or settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+            endpoint.price_input_per_1k,
+            endpoint.price_output_per_1k,
+        ),
+    )
+    if verdict.max_tokens is not None:
+        request = dataclasses.replace(request, max_tokens=verdict.max_tokens)
+    return ModelGate(level=level, endpoint=endpoint, request=request, verdict=verdict)
+
+
+def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatRequest) -> None:
+    """Wait for the endpoint's per-owner rate limit; raise StepDeferred for a long wait."""
+    limit = RateLimit(endpoint.rate_limit_calls_per_min, endpoint.rate_limit_tokens_per_min)
+    if not limit.active:
+        return
+    tokens = estimate_request_tokens(request) + (request.max_tokens or 0)
+    while True:
+        wait = rate_limit_take(
+            kind="model", name=endpoint.name, owner_id=session.owner_id, limit=limit, tokens=tokens
+        )
+        if wait is None:
+            return
+        if wait > settings.RATE_LIMIT_INLINE_WAIT_S:
+            raise StepDeferred(wait)
+        give_back_connection()
+        time.sleep(wait)
+
+
+def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
+    """What the agent has so far this turn: its last words to the user, or a short note."""
+    for message in reversed(history):
+        if message.turn != turn:
+            break
+        if message.role == "assistant" and message.content.strip():
+            return f"{message.content.strip()}\n\n({note})"
+    return note

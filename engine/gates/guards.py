@@ -1,0 +1,130 @@
+"""Loop guards: stop a turn whose tool calls have stopped making progress.
+
+They are pure functions of the turn's tool calls (read from the database), so
+a step re-run after a crash reaches the same verdict.
+"""
+
+import difflib
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from sessions.events import StopReason
+
+NEAR_SAME_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    tool: str
+    arguments: Any
+    output: Any
+    status: str
+
+    # Made once per call, not at every judgement: the run keeps a turn's records
+    # (runtime_cache.TurnCalls) and judges them again at each model step.
+    @cached_property
+    def arguments_text(self) -> str:
+        return canonical_json(self.arguments)
+
+    @cached_property
+    def output_digest(self) -> str:
+        return _digest(self.output)
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    stop_reason: StopReason
+    note: str  # told to the model when it is asked for a final answer
+
+
+@dataclass(frozen=True)
+class GuardLimits:
+    repeat_limit: int = 3
+    same_result_limit: int = 2
+    cycle_repeats: int = 2
+    max_cycle: int = 4
+
+
+def canonical_json(value: Any) -> str:
+    """One text per value: keys sorted, no spaces. Arguments compare, hash and cache by it."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def nearly_same(a: Any, b: Any) -> bool:
+    """Field by field: the same keys, and each value equal or a string worded nearly alike.
+
+    Comparing the whole JSON text instead made `{"number": "SO-1001"}` and
+    `{"number": "SO-1002"}` (or customer 17 and 18) "nearly the same": looking
+    up three orders one after another would have been stopped as a loop.
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(nearly_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(nearly_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b or difflib.SequenceMatcher(None, a, b).ratio() >= NEAR_SAME_RATIO
+    return canonical_json(a) == canonical_json(b)
+
+
+def _signature(step: Sequence[CallRecord]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((c.tool, c.arguments_text) for c in step))
+
+
+def _steps_nearly_same(a: Sequence[CallRecord], b: Sequence[CallRecord]) -> bool:
+    left, right = sorted(a, key=lambda c: c.tool), sorted(b, key=lambda c: c.tool)
+    return [c.tool for c in left] == [c.tool for c in right] and all(
+        nearly_same(x.arguments, y.arguments) for x, y in zip(left, right, strict=True)
+    )
+
+
+def check(
+    steps: Sequence[Sequence[CallRecord]], limits: GuardLimits = GuardLimits()
+) -> GuardVerdict | None:
+    """Judge the turn's tool steps so far (each the calls of one model response), oldest first.
+
+    Steps, not single calls, are compared: notifying five customers in one
+    response is a fan-out, not a loop.
+    """
+    steps = [s for s in steps if s]
+    n = limits.repeat_limit
+    if len(steps) >= n:
+        tail = steps[-n:]
+        if all(_steps_nearly_same(tail[0], s) for s in tail[1:]):
+            tools = ", ".join(sorted({c.tool for c in tail[0]}))
+            return GuardVerdict(
+                StopReason.REPEATED_CALL,
+                f"You called {tools} {n} times in a row with (nearly) the same arguments. "
+                "That is not making progress: do not call it again.",
+            )
+    k = limits.same_result_limit
+    if len(steps) >= k + 1:
+        tail = steps[-(k + 1) :]
+        results = {tuple(sorted((c.tool, c.output_digest) for c in s)) for s in tail}
+        if len(results) == 1 and all(c.status == "success" for c in tail[0]):
+            tools = ", ".join(sorted({c.tool for c in tail[0]}))
+            return GuardVerdict(
+                StopReason.NO_NEW_INFORMATION,
+                f"The last {k + 1} results of {tools} were identical, so further calls bring no new information.",
+            )
+    keys = [_signature(s) for s in steps]
+    for period in range(2, limits.max_cycle + 1):
+        span = period * limits.cycle_repeats
+        if len(keys) < span:
+            break
+        window = keys[-span:]
+        block = window[:period]
+        if len(set(block)) > 1 and all(window[i] == block[i % period] for i in range(span)):
+            names = " -> ".join("+".join(tool for tool, _ in sig) for sig in block)
+            return GuardVerdict(
+                StopReason.CYCLE,
+                f"Your tool calls are going round in a cycle ({names}), repeating without progress.",
+            )
+    return None

@@ -1,0 +1,350 @@
+"""Metering in the step loop: credit points around tool calls, usage rollups in the step commit.
+
+- Before a tool that costs points runs, its points are reserved (billing),
+  keyed by the call's idempotency key: a re-run after a crash finds its
+  reservation and is not charged again. A call the account cannot pay for does
+  not run; the model gets a result with `insufficient_credits`, the points
+  needed and left. A call whose points are held by in-flight calls waits
+  (`CreditsWait`: the run gives its lease back for a moment and holds no worker).
+- The step that commits the results settles (success) or releases (anything
+  else) the reservations in its own transaction, and adds the step's tokens,
+  cost and calls to the daily rollups there too: no second commit.
+- Reservations a crash or an ended turn left open are reconciled by the sweeper
+  from the calls' final status (sessions/services.py).
+- A model call made outside a step (the memory extraction after a turn) is committed
+  by `side_call_commit` in a short transaction of its own, with the same rollup and
+  charge statements as a step's.
+- A model call on an endpoint with `credits_per_1k_tokens` is checked before it
+  runs (its estimated tokens must fit the free balance and today's cap, else the
+  turn ends with `insufficient_credits`) and charged for the tokens it used in the
+  step's commit, keyed by session, step and position: a re-run never charges twice.
+"""
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from billing.pressure import OwnerFigures
+from billing.pricing import model_call_points
+from billing.selectors import CreditsCheck, credits_cover
+from billing.services import (
+    ModelCharge,
+    Reservation,
+    Statement,
+    ToolRun,
+    UsageFigures,
+    credit_reserve_statement,
+    credits_close_statement,
+    model_charge_statement,
+    reservation_of,
+    tool_usage_statement,
+    usage_statement,
+)
+from engine.gates.budget import FIGURES_NEAR_CREDITS
+from llm.types import ChatRequest
+from memory.tokens import estimate_request_tokens
+from sessions.events import EventSpec, EventType, Progress
+from sessions.models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from sessions.rows import execute_batch
+from tools.execution import ToolOutcome, ToolSnapshot
+from tools.rendering import render_failure
+
+INSUFFICIENT = "insufficient_credits"
+
+
+class CreditsWait(Exception):
+    """A call waits for points held by in-flight calls: try the step again shortly."""
+
+
+@dataclass
+class Credits:
+    refused: dict[int, ToolOutcome] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+
+
+def credits_reserve(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Credits:
+    """Reserve the points of the calls about to run (each call marks itself
+    `credit_points` for the commit that settles it); raise CreditsWait if one
+    has to wait. Calls already refused stay refused on the next try."""
+    result = Credits()
+    waiting = False
+    paid: list[tuple[ToolCall, int]] = []
+    for call in calls:
+        tool = tools.get(call.tool_name)
+        points = tool.credit_cost if tool is not None else 0
+        if points > 0 and not call.error and isinstance(call.input, dict):
+            paid.append((call, points))
+    # One round trip for all of them: the batch is one transaction.
+    rows = execute_batch(
+        [
+            credit_reserve_statement(
+                owner_id=session.owner_id,
+                idempotency_key=call.idempotency_key,
+                points=points,
+                session_id=session.pk,
+                agent_id=session.agent_id,
+                tool=call.tool_name,
+                value=session.value,
+            )
+            for call, points in paid
+        ],
+        prepare=True,
+    )
+    for (call, points), answer in zip(paid, rows, strict=True):
+        reservation = reservation_of(answer[0], points)  # type: ignore[index]
+        if reservation.outcome == "reserved":
+            call.credit_points = points  # type: ignore[attr-defined]
+            if reservation.low_water_crossed:
+                result.events.append(_low_water_event(session, reservation))
+        elif reservation.outcome == "insufficient":
+            result.refused[call.pk] = insufficient_outcome(reservation)
+        elif reservation.outcome == "wait":
+            waiting = True
+    if waiting:
+        raise CreditsWait(f"session {session.pk} waits for points held by in-flight calls")
+    return result
+
+
+def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
+    needed, left = reservation.points, reservation.points_left
+    why = (
+        "today's credit cap is reached"
+        if reservation.reason == "daily_cap"
+        else "not enough credit points"
+    )
+    if reservation.reason == "no_account":
+        why = "the user has no credit account"
+    message = (
+        f"{INSUFFICIENT}: {why}; this call needs {needed} points and {left} are left. "
+        "It did not run. Choose a cheaper way, or answer with what you have."
+    )
+    return ToolOutcome(
+        status=ToolCallStatus.REJECTED,
+        output={"code": INSUFFICIENT, "points_needed": needed, "points_left": left},
+        error=message,
+        content=render_failure(ToolCallStatus.REJECTED, message),
+    )
+
+
+def is_insufficient(outcome: ToolOutcome) -> bool:
+    return bool(outcome.output) and outcome.output.get("code") == INSUFFICIENT  # type: ignore[union-attr]
+
+
+def insufficient_before(session: Session, step: int) -> bool:
+    """Did an earlier step of this turn already get `insufficient_credits`?"""
+    return ToolCall.objects.filter(
+        session=session,
+        turn=session.turn,
+        step__lt=step,
+        status=ToolCallStatus.REJECTED,
+        error__startswith=INSUFFICIENT,
+    ).exists()
+
+
+def _low_water_event(session: Session, reservation: Reservation) -> EventSpec:
+    data: Progress = {
+        "stage": "credits_low",
+        "kind": "credits.low",
+        "turn": session.turn,
+        "balance": reservation.balance,
+        "low_water_mark": reservation.low_water_mark,
+    }
+    return EventSpec(EventType.PROGRESS, data)
+
+
+def step_metering(
+    session: Session,
+    model_calls: list[Any],
+    tool_calls: list[ToolCall],
+    guard: str,
+) -> list[Statement | None]:
+    """The rollup upserts and credit settlements of one step, for its batch."""
+    finished = [c for c in tool_calls if c.status != ToolCallStatus.EXECUTING]
+    ran = [c for c in finished if c.status != ToolCallStatus.REJECTED]
+    if not model_calls and not finished:
+        return []
+    usage = UsageFigures(
+        input_tokens=sum(m.input_tokens for m in model_calls),
+        output_tokens=sum(m.output_tokens for m in model_calls),
+        cost=sum((m.cost for m in model_calls), start=Decimal(0)),
+        model_calls=len(model_calls),
+        tool_calls=len(ran),
+    )
+    writes: list[Statement | None] = [rollup_and_charges(session, model_calls, usage, guard)]
+    if ran:
+        writes.append(
+            tool_usage_statement(
+                owner_id=session.owner_id,
+                session_id=session.pk,
+                runs=[
+                    ToolRun(c.tool_name, c.status != ToolCallStatus.SUCCESS, c.elapsed_ms or 0)
+                    for c in ran
+                ],
+                guard=guard,
+            )
+        )
+    metered = [c for c in finished if getattr(c, "credit_points", 0)]
+    settled = [c.idempotency_key for c in metered if c.status == ToolCallStatus.SUCCESS]
+    released = [c.idempotency_key for c in metered if c.status != ToolCallStatus.SUCCESS]
+    writes.append(credits_close_statement(keys=settled, settle=True, guard=guard))
+    writes.append(credits_close_statement(keys=released, settle=False, guard=guard))
+    return writes
+
+
+def model_credits_check(
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    output_estimate: int,
+    figures: OwnerFigures | None = None,
+    points_since: int = 0,
+) -> CreditsCheck | None:
+    """Before a model call on a paid endpoint: can the owner pay for its estimated tokens?
+    None when the endpoint costs no points (no query).
+
+    With the gate's `figures` (read this turn) and the points this run took since that
+    read: no query when they show no account (unmetered, or refused if credits are
+    required), or a free balance and cap room of FIGURES_NEAR_CREDITS times the points
+    and more; anything closer is asked of the account row itself."""
+    if not endpoint.credits_per_1k_tokens:
+        return None
+    tokens = estimate_request_tokens(request) + (request.max_tokens or output_estimate)
+    points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
+    if figures is not None and figures.credits is None and not settings.CREDITS_REQUIRED:
+        return CreditsCheck("unmetered", points)
+    if figures is not None and figures.credits is not None:
+        balance, _reserved, cap, spent_today = figures.credits
+        balance -= points_since
+        room = FIGURES_NEAR_CREDITS * points
+        if balance >= room and (cap is None or cap - spent_today - points_since >= room):
+            return CreditsCheck("ok", points, balance)
+    return credits_cover(owner_id=session.owner_id, points=points)
+
+
+def credits_note(check: CreditsCheck) -> str:
+    why = (
+        "today's credit cap is reached" if check.reason == "daily_cap" else "credit points ran out"
+    )
+    if check.reason == "no_account":
+        why = "there is no credit account for this user"
+    return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
+
+
+def model_points(model_calls: list[Any]) -> int:
+    """The points these model calls cost on their endpoints (what their commit charges)."""
+    return sum(
+        model_call_points(
+            tokens=call.input_tokens + call.output_tokens,
+            credits_per_1k_tokens=call.endpoint.credits_per_1k_tokens,
+        )
+        for call in model_calls
+        if call.endpoint is not None
+    )
+
+
+def rollup_and_charges(
+    session: Session,
+    model_calls: list[Any],
+    usage: UsageFigures,
+    guard: str,
+    key_prefix: str = "model",
+) -> Statement | None:
+    """The step's rollup upsert, or, when a model call costs points, its charge statement
+    carrying the rollup figures too: one write of the rollup row either way."""
+    charged = model_charges(session, model_calls, guard, key_prefix, usage=usage)
+    if charged is not None:
+        return charged
+    return usage_statement(
+        owner_id=session.owner_id,
+        agent_id=session.agent_id,
+        session_id=session.pk,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=usage.cost,
+        model_calls=usage.model_calls,
+        tool_calls=usage.tool_calls,
+        guard=guard,
+    )
+
+
+def model_charges(
+    session: Session,
+    model_calls: list[Any],
+    guard: str,
+    key_prefix: str = "model",
+    *,
+    usage: UsageFigures | None = None,
+) -> Statement | None:
+    """The points of the step's model calls on paid endpoints, for the step's batch."""
+    charges = []
+    for position, call in enumerate(model_calls):
+        endpoint = call.endpoint
+        tokens = call.input_tokens + call.output_tokens
+        rate = endpoint.credits_per_1k_tokens if endpoint is not None else Decimal(0)
+        points = model_call_points(tokens=tokens, credits_per_1k_tokens=rate)
+        if points:
+            charges.append(
+                ModelCharge(
+                    f"{key_prefix}:{session.pk}:{call.step}:{position}",
+                    points,
+                    f"{call.endpoint_name}: {tokens} tokens",
+                )
+            )
+    if not charges:
+        return None
+    return model_charge_statement(
+        owner_id=session.owner_id,
+        agent_id=session.agent_id,
+        session_id=session.pk,
+        charges=charges,
+        guard=guard,
+        usage=usage,
+    )
+
+
+def side_call_commit(*, session: Session, record: ModelCall) -> bool:
+    """Commit a model call made outside a step (the memory extraction after a turn), metered
+    as a step's: the ModelCall row, the session's totals, the usage rollup and, on a paid
+    endpoint, its charge. False (nothing written) if this turn's call of this purpose is
+    already recorded: a task run twice is metered and charged once.
+
+    1. Lock the session row (a short, key-share-free `FOR NO KEY UPDATE`: a step commit
+       waits the few statements this takes) and check no call of this purpose and turn
+       is recorded yet.
+    2. Insert the row; add its tokens and cost to the session (F(): the step commits
+       add theirs the same way, nothing is lost).
+    3. The rollup upsert and the charge statement of `step_metering`, keyed by purpose,
+       session and turn (never a step's key).
+    """
+    record.session_id = session.pk
+    with transaction.atomic():
+        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).values("pk").get()
+        if ModelCall.objects.filter(
+            session_id=session.pk, turn=record.turn, purpose=record.purpose
+        ).exists():
+            return False
+        record.save()
+        Session.objects.filter(pk=session.pk).update(
+            input_tokens=F("input_tokens") + record.input_tokens,
+            output_tokens=F("output_tokens") + record.output_tokens,
+            cost=F("cost") + record.cost,
+        )
+        usage = UsageFigures(
+            input_tokens=record.input_tokens,
+            output_tokens=record.output_tokens,
+            cost=record.cost,
+            model_calls=1,
+        )
+        statement = rollup_and_charges(
+            session, [record], usage, guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
+        )
+        if statement is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*statement)
+    return True

@@ -1,0 +1,122 @@
+"""The moves approvals cause: pause for a person, record a decision, ask whether a call took
+effect. The gate that decides which calls wait is engine/gates/approval.py.
+
+- `approvals_wait`, in the tool step: the approvals the gate asked for are stored and the
+  session moves to `awaiting_approval` in the same commit; the worker then gives its
+  lease back (no worker waits on a person).
+- `approval_recorded`, for a decision or a deadline: the `approval.resolved` event, and
+  once nothing of the step is pending, back to `tool_wait`, where the gate lets approved
+  calls run and turns refused ones into results.
+- `recovery_reviews_open`: an uncertain call no probe could settle goes to a person.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import Approval, ApprovalKind
+from approvals.services import approval_request, approvals_insert
+from approvals.states import Outcome
+from engine.gates.approval import requested_event
+from engine.moves.turn import build_step, step_commit
+from sessions.events import ApprovalResolved, EventSpec, EventType
+from sessions.models import Session, ToolCall
+from sessions.states import Trigger
+from tools.execution import ToolSnapshot
+
+
+def approvals_wait(session: Session, owner: str, requests: list[Approval]) -> None:
+    """Store the approvals asked for and pause the session (-> awaiting_approval), in one commit."""
+    with transaction.atomic():
+        approvals_insert(approvals=requests)
+        step_commit(
+            build_step(
+                session,
+                owner,
+                trigger=Trigger.APPROVAL_NEEDED,
+                phase="approval",
+                reason=", ".join(a.tool_name for a in requests) or "approvals pending",
+                events=[requested_event(a) for a in requests],
+                checkpoint={"approvals": [str(a.pk) for a in requests]},
+            )
+        )
+
+
+def approval_recorded(
+    *, session: Session, approval: Approval, outcome: Outcome, by: str, resume: bool
+) -> None:
+    """Record a decision (or a deadline's) on the session's stream; with `resume`, nothing
+    of the step is pending any more and the calls go back to the tool phase (-> tool_wait)."""
+    resolved: ApprovalResolved = {
+        "approval_id": str(approval.pk),
+        "outcome": outcome.value,
+        "by": by,
+        "comment": approval.comment if outcome != Outcome.ESCALATED else "",
+    }
+    events = [EventSpec(EventType.APPROVAL_RESOLVED, resolved)]
+    if outcome == Outcome.ESCALATED:
+        events.append(requested_event(approval))
+    trigger = None
+    if resume:
+        trigger = Trigger.APPROVED if outcome == Outcome.APPROVED else Trigger.REJECTED
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=trigger,
+            phase="approval_decision",
+            reason=f"{approval.tool_name}: {outcome.value} by {by}",
+            actor=by,
+            events=events,
+            checkpoint={"approval": [str(approval.pk), outcome.value]},
+            # Waiting for a person was not running: the resumed turn gets its full time.
+            set_fields={"turn_started_at": timezone.now()} if resume else None,
+        )
+    )
+
+
+def recovery_reviews_open(
+    session: Session,
+    owner: str,
+    uncertain: list[tuple[ToolCall, str]],
+    tools: dict[str, ToolSnapshot],
+) -> None:
+    """Ask a person whether each call took effect (-> awaiting_approval), in one commit."""
+    now = timezone.now()
+    reviews = [
+        approval_request(
+            session_id=session.pk,
+            turn=session.turn,
+            step=call.step,
+            tool_call_id=call.pk,
+            call_position=call.position,
+            tool=tools[call.tool_name],
+            arguments=call.input,
+            reason=(
+                f"Did this call take effect? {call.tool_name} was sent with idempotency key "
+                f"{call.idempotency_key} before a crash; it cannot safely be sent again and "
+                f"the probe said: {said}."
+            ),
+            now=now,
+            risk_level=call.risk_level,
+            kind=ApprovalKind.RECOVERY_REVIEW,
+        )
+        for call, said in uncertain
+    ]
+    with transaction.atomic():
+        approvals_insert(approvals=reviews)
+        step_commit(
+            build_step(
+                session,
+                owner,
+                trigger=Trigger.APPROVAL_NEEDED,
+                phase="recovery_review",
+                reason="did it take effect? " + ", ".join(c.tool_name for c, _ in uncertain),
+                events=[requested_event(a) for a in reviews],
+                checkpoint={
+                    "reviews": [
+                        [str(a.pk), c.idempotency_key, said]
+                        for a, (c, said) in zip(reviews, uncertain, strict=True)
+                    ]
+                },
+            )
+        )

@@ -1,0 +1,91 @@
+"""The answer to the model's `ask_user` question, as a move: the user's next message (or
+the question's default, at its deadline) is the call's result and the same turn goes on.
+
+- `user_answer`, for the next user message or the question's deadline (the
+  default answer, filled in by the sweeper): the call's result, -> tool_loop.
+- `queued_answer`, in the run loop: a message queued while the session ran answers it.
+
+Which calls are questions is engine/gates/questions.py.
+"""
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from engine.gates.questions import open_question
+from engine.moves.turn import build_step, step_commit
+from memory.tokens import count_message_tokens
+from sessions.models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
+from sessions.states import Trigger
+from tools.rendering import render_success
+
+
+def user_answer(
+    *,
+    session: Session,
+    call: ToolCall,
+    answer: str,
+    by: str,
+    owner: str | None = None,
+    add_fields: dict[str, Any] | None = None,
+    extra_context: dict[str, Any] | None = None,
+) -> Message:
+    """Write the answer as the call's result and continue the turn (-> tool_loop); the
+    customer app's `extra_context` sent with it is kept on the result's message."""
+    output: dict[str, Any] = {"answer": answer, "by": by}
+    content = render_success(output)
+    call.status = ToolCallStatus.SUCCESS
+    call.output = output
+    call.error = ""
+    call.finished_at = timezone.now()
+    call.elapsed_ms = int((call.finished_at - call.created_at).total_seconds() * 1000)
+    message = Message(
+        turn=session.turn,
+        role="tool",
+        content=content,
+        tool_call_id=call.call_id,
+        name=call.tool_name,
+        data=output,
+        token_count=count_message_tokens(content),
+        extra_context=extra_context,
+    )
+    step_commit(
+        build_step(
+            session,
+            owner,
+            trigger=Trigger.USER_ANSWER,
+            phase="user_answer",
+            reason=f"answered by {by}",
+            actor=by if by != "user" else "",
+            messages=[message],
+            updated_tool_calls=[call],
+            set_fields={"timer_due_at": None, "turn_started_at": timezone.now()},
+            add_fields=add_fields,
+            checkpoint={"answered": call.call_id},
+        )
+    )
+    return message
+
+
+def queued_answer(session: Session, owner: str) -> bool:
+    """The oldest queued user message answers the open question (it leaves the queue; its text
+    is the call's result, so the history keeps each tool request next to its result)."""
+    call = open_question(session)
+    queued = (
+        Message.objects.filter(session=session, status=MessageStatus.QUEUED).order_by("id").first()
+    )
+    if call is None or queued is None:
+        return False
+    with transaction.atomic():
+        Message.objects.filter(pk=queued.pk).delete()
+        user_answer(
+            session=session,
+            call=call,
+            answer=queued.content,
+            by="user",
+            owner=owner,
+            add_fields={"queued_count": -1},
+            extra_context=queued.extra_context,
+        )
+    return True

@@ -1,0 +1,176 @@
+"""An operator takes over a session: answers for the agent, runs a tool by hand, hands back.
+
+Each is a step like any other (transition, checkpoint, events), recorded with
+the operator as the actor; the messages carry `data.from = "operator"` so
+every reader (admin, API, the model's history) can tell them apart.
+"""
+
+import uuid
+from typing import Any
+
+from django.utils import timezone
+
+from engine.gates.guards import canonical_json
+from engine.model.context import tool_calls_json
+from engine.moves.turn import build_step, step_commit, turn_finish
+from llm.types import ToolCallRequest
+from memory.tokens import count_message_tokens
+from sessions.events import EventSpec, EventType, StopReason, ToolFinished, ToolStarted
+from sessions.models import Message, Session, ToolCall
+from sessions.states import Trigger
+from tools.execution import ToolOutcome
+
+
+def operator_message(session: Session, content: str, actor: str) -> Message:
+    return Message(
+        turn=session.turn,
+        role="assistant",
+        content=content,
+        data={"from": "operator", "by": actor},
+        token_count=count_message_tokens(content),
+    )
+
+
+def operator_finish(*, session: Session, content: str, actor: str) -> None:
+    """End a waiting (or failed) turn with the operator's message as the answer (-> finished)."""
+    turn_finish(
+        session,
+        None,
+        Trigger.OPERATOR_ANSWER,
+        f"answered by {actor}",
+        stop_reason=StopReason.OPERATOR,
+        actor=actor,
+        answer=operator_message(session, content, actor),
+    )
+
+
+def operator_reply(*, session: Session, content: str, actor: str) -> Message:
+    """The operator's reply to the user in a turn that is over; the state does not move."""
+    message = operator_message(session, content, actor)
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=None,
+            phase="operator_reply",
+            reason=f"reply by {actor}",
+            actor=actor,
+            messages=[message],
+        )
+    )
+    return message
+
+
+def operator_tool_intent(
+    *, session: Session, tool_name: str, arguments: dict[str, Any], actor: str
+) -> ToolCall:
+    """Commit a hand-run call like a model's: its row, key, the assistant's request, tool.started."""
+    call_id = f"op_{uuid.uuid4().hex[:12]}"
+    step_no = session.step + 1
+    call = ToolCall(
+        turn=session.turn,
+        step=step_no,
+        position=0,
+        call_id=call_id,
+        tool_name=tool_name,
+        input=arguments,
+        idempotency_key=f"{session.pk}:operator:{call_id}",
+    )
+    requested = tool_calls_json([ToolCallRequest(id=call_id, name=tool_name, arguments=arguments)])
+    message = Message(
+        turn=session.turn,
+        role="assistant",
+        content="",
+        tool_calls=requested,
+        data={"from": "operator", "by": actor},
+        token_count=count_message_tokens("", canonical_json(requested)),
+    )
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=None,
+            phase="operator_tool",
+            reason=f"{tool_name} run by {actor}",
+            actor=actor,
+            messages=[message],
+            new_tool_calls=[call],
+            after_events=[
+                EventSpec(
+                    EventType.TOOL_STARTED,
+                    ToolStarted(call_id=call_id, tool=tool_name, input=arguments, turn=call.turn),
+                )
+            ],
+            checkpoint={"pending": [[call_id, call.idempotency_key]], "by": actor},
+        )
+    )
+    return call
+
+
+def operator_tool_result(
+    *, session: Session, call: ToolCall, outcome: ToolOutcome, actor: str
+) -> None:
+    """Commit the hand-run call's result: the row, the tool message, tool.finished."""
+    call.status = outcome.status
+    call.output = outcome.output
+    call.error = outcome.error
+    call.elapsed_ms = outcome.elapsed_ms
+    call.coercions = outcome.coercions
+    call.attempts = outcome.attempts
+    call.finished_at = timezone.now()
+    message = Message(
+        turn=session.turn,
+        role="tool",
+        content=outcome.content,
+        tool_call_id=call.call_id,
+        name=call.tool_name,
+        data=outcome.output
+        if outcome.output is not None
+        else {"error": outcome.error, "status": outcome.status},
+        token_count=count_message_tokens(outcome.content),
+    )
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=None,
+            phase="operator_tool_result",
+            reason=f"{call.tool_name}={call.status}",
+            actor=actor,
+            messages=[message],
+            updated_tool_calls=[call],
+            events=[
+                EventSpec(
+                    EventType.TOOL_FINISHED,
+                    ToolFinished(
+                        call_id=call.call_id,
+                        tool=call.tool_name,
+                        status=call.status,
+                        elapsed_ms=call.elapsed_ms,
+                        output=call.output,
+                        error=call.error,
+                        cached=False,
+                        coercions=call.coercions,
+                        probed=None,
+                        turn=call.turn,
+                    ),
+                )
+            ],
+            checkpoint={"done": [[call.call_id, call.status, call.attempts]], "by": actor},
+        )
+    )
+
+
+def hand_back(*, session: Session, actor: str) -> None:
+    """The agent takes over again: the model decides from the history as it stands (-> tool_loop)."""
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=Trigger.HAND_BACK,
+            phase="hand_back",
+            reason=f"handed back by {actor}",
+            actor=actor,
+            set_fields={"iteration": 0, "turn_started_at": timezone.now(), "last_error": ""},
+        )
+    )

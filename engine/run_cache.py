@@ -1,0 +1,232 @@
+"""Per-process caches that keep a step's reads to a minimum without going stale.
+
+An agent's configuration (its model endpoints and tools) is re-validated at
+every step against the rows' versions (`agent_config_stamp`, returned by the
+previous step's commit or read by one small query), so an edit in the admin or
+by apply_config takes effect at the next step; only a changed stamp reloads the
+rows, and with them the step environment kept per role. A run's history is read
+once, then only its new messages.
+"""
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+
+from engine.gates.budget import FiguresKeeper
+from engine.gates.guards import CallRecord
+from engine.gates.memory import turn_memory_block
+from engine.model.context import SUMMARY_NAME
+from engine.model.environment import Environment, environment
+from engine.store.commit import CallsCommitted
+from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
+from sessions.rows import json_value, jsonb_value
+from tools.execution import ToolSnapshot, tools_for_agent
+
+
+@dataclass(frozen=True)
+class AgentRuntime:
+    agent: Agent
+    tools: dict[str, ToolSnapshot]
+    stamp: tuple[Any, ...]
+    # Built on first use, one per role: a changed row replaces the whole runtime.
+    environments: dict[str, Environment] = field(default_factory=dict, compare=False, repr=False)
+
+    def tools_for(self, role: str) -> dict[str, ToolSnapshot]:
+        return {name: tool for name, tool in self.tools.items() if tool.allows(role)}
+
+    def environment(self, role: str) -> Environment:
+        """What a step for this role runs against (its checkpoint's `env`), with its
+        fingerprint: hashed once per runtime, not at every step."""
+        env = self.environments.get(role)
+        if env is None:
+            env = environment(self.agent, self.tools_for(role), self.agent.model.name)
+            self.environments[role] = env
+        return env
+
+
+# The versions of the rows themselves (each row's xmin), so any change is seen, even
+# one made with a queryset update() that leaves `updated_at` alone: the agent row, its
+# model endpoints and its tools, read by the function `agent_config_stamp` (migration
+# agent_sessions 0015, which keeps its plan per connection). Given the agent's id: a
+# parameter here, the session row's column in the step commit's RETURNING (which
+# validates the cache for the next step without a query).
+_STAMP_SQL = "SELECT agent_config_stamp(%s)"
+
+_agents: dict[int, AgentRuntime] = {}
+_lock = threading.Lock()
+
+
+def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime:
+    """The agent with its endpoints and enabled tools, fresh as of this step.
+
+    With `session`: the stamp its last commit returned stands for this step's
+    (validated as of that commit), if the session has not moved since.
+    """
+    known = getattr(session, "config_stamp", None) if session is not None else None
+    if known is not None and known[0] == session.version:  # type: ignore[union-attr]
+        stamp: tuple[Any, ...] = (known[1],)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_STAMP_SQL, [agent_id])
+            row = cursor.fetchone()
+        stamp = tuple(row) if row else ()
+    cached = _agents.get(agent_id)
+    if cached is not None and cached.stamp == stamp:
+        return cached
+    agent = Agent.objects.select_related(
+        "model", "fallback_model", "candidate_model", "cheap_model", "summary_model"
+    ).get(pk=agent_id)
+    tools = tools_for_agent(list(agent.tools))
+    runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
+    with _lock:
+        _agents[agent_id] = runtime
+    return runtime
+
+
+# A call's key: (step, position) orders a turn's calls; the idempotency key is unique.
+CallKey = tuple[int, int, str]
+
+
+def _turn_calls_rows(session: Session) -> dict[CallKey, CallRecord]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            "SELECT step, position, idempotency_key, tool_name, input, output, status "
+            f'FROM "{ToolCall._meta.db_table}" '
+            "WHERE session_id = %s AND turn = %s",  # nosec B608
+            [session.pk, session.turn],
+        )
+        return {
+            (step, position, key): CallRecord(
+                name, json_value(raw_input), json_value(raw_output), status
+            )
+            for step, position, key, name, raw_input, raw_output, status in cursor.fetchall()
+        }
+
+
+def _by_step(calls: dict[CallKey, CallRecord]) -> list[list[CallRecord]]:
+    steps: dict[int, list[CallRecord]] = {}
+    for (step, _, _), record in sorted(calls.items(), key=lambda item: item[0]):
+        steps.setdefault(step, []).append(record)
+    return list(steps.values())
+
+
+def turn_calls_read(session: Session) -> list[list[CallRecord]]:
+    """The tool calls of the session's turn, one list per model step (by position), as stored."""
+    return _by_step(_turn_calls_rows(session))
+
+
+@dataclass
+class TurnCalls:
+    """The tool calls of one turn as of one session version."""
+
+    turn: int
+    version: int
+    calls: dict[CallKey, CallRecord]
+
+    def apply(self, commit: CallsCommitted) -> None:
+        for step, position, key, name, arguments, output, status in commit.calls:
+            # As the database gives them back, so a re-run from the rows judges alike.
+            self.calls[(step, position, key)] = CallRecord(
+                name, jsonb_value(arguments), jsonb_value(output), status
+            )
+        self.version = commit.after
+
+
+@dataclass
+class RunContext:
+    """What one `session_run` keeps between its steps."""
+
+    history_cache: list[Message] = field(default_factory=list)
+    # The long-term memory block of the turn being run: computed at its first step.
+    memory_turn: tuple[str, int] | None = None
+    memory_text: str = ""
+    # The owner's budget and credit figures of the turn, advanced locally (budget_gate).
+    figures: FiguresKeeper = field(default_factory=FiguresKeeper)
+    # The turn's tool calls for the loop guards, kept by this run's own commits.
+    turn_calls_cache: TurnCalls | None = None
+
+    def turn_calls(self, session: Session) -> list[list[CallRecord]]:
+        """The turn's tool calls per model step, as `turn_calls_read` would return them.
+
+        1. Replay this run's commits since the last read (`step_commit` logs
+           each on the session object): a commit that started the turn starts
+           an empty list; one that follows the known version adds its calls.
+        2. Any gap (a commit by someone else: an approval decided, a takeover,
+           or a run that starts mid-turn) reads the database once, so a re-run
+           reaches the same verdict as the run before it.
+        """
+        known = self.turn_calls_cache
+        for commit in getattr(session, "committed_calls", ()):
+            if commit.new_turn:
+                known = TurnCalls(turn=commit.turn, version=commit.before, calls={})
+            if known is not None and known.version == commit.before and known.turn == commit.turn:
+                known.apply(commit)
+            else:
+                known = None
+        session.committed_calls = []  # type: ignore[attr-defined]
+        if known is None or known.version != session.version or known.turn != session.turn:
+            known = TurnCalls(
+                turn=session.turn, version=session.version, calls=_turn_calls_rows(session)
+            )
+        self.turn_calls_cache = known
+        return _by_step(known.calls)
+
+    def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
+        key = (str(session.pk), session.turn)
+        if self.memory_turn != key:
+            self.memory_text = turn_memory_block(session, agent, history)
+            self.memory_turn = key
+        return self.memory_text
+
+    def history(self, session: Session) -> list[Message]:
+        """The session's history, read incrementally: messages never change once in it.
+
+        What a summary replaced is neither read (archived rows) nor kept (a
+        summary seen in new messages drops what it covers), so a step's work
+        follows the live context, not the whole conversation.
+        """
+        last = (self.history_cache[-1].seq or 0) if self.history_cache else 0
+        known = len(self.history_cache)
+        self._read(session, last)
+        through = max(
+            (
+                m.data["through_seq"]
+                for m in self.history_cache[known:]
+                if m.role == "system"
+                and m.name == SUMMARY_NAME
+                and isinstance(m.data, dict)
+                and isinstance(m.data.get("through_seq"), int)
+            ),
+            default=None,
+        )
+        if through is not None:
+            self.history_cache = [
+                m
+                for m in self.history_cache
+                if m.seq is None or m.seq > through or m.name == SUMMARY_NAME
+            ]
+        return list(self.history_cache)
+
+    def _read(self, session: Session, last: int) -> None:
+        # What this run's own last commit added is already in memory.
+        committed = [m for m in getattr(session, "committed_messages", ()) if m.seq > last]
+        session.committed_messages = []  # type: ignore[attr-defined]
+        if last and [m.seq for m in committed] == list(range(last + 1, session.message_seq + 1)):
+            self.history_cache.extend(committed)
+        elif last != session.message_seq:
+            new = list(
+                Message.objects.raw(
+                    # SQL names from model metadata (constants); every value is a bound parameter.
+                    f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '
+                    "AND archived_at IS NULL ORDER BY seq",  # nosec B608
+                    [session.pk, MessageStatus.FINAL.value, last],
+                )
+            )
+            if new and last and new[0].seq != (last or 0) + 1:
+                self.history_cache = []
+                self._read(session, 0)
+                return
+            self.history_cache.extend(new)

@@ -1,0 +1,1 @@
+"""The run loop and its lease."""

@@ -1,0 +1,194 @@
+"""Leases: one worker runs a session at a time, and a dead worker's lease runs out.
+
+A lease is the pair (lease_owner, lease_expires_at) on the session row, taken
+and renewed with conditional UPDATEs against the database clock. While a run is
+in flight a heartbeat thread renews, in one statement, the leases of this process
+that no step commit renewed lately, so a short lease (fast takeover after a crash)
+does not expire under a long model call.
+"""
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+
+from engine.store.commit import STAMP_RETURNING
+from sessions.models import Session
+from sessions.rows import execute_batch, row_reader
+from sessions.states import RUNNABLE, STARTS_TURN
+
+logger = logging.getLogger(__name__)
+
+_TABLE = Session._meta.db_table
+_RUNNABLE = [s.value for s in RUNNABLE]
+# States a queued message can start a turn from.
+_STARTS_TURN = [s.value for s in STARTS_TURN]
+
+
+def worker_identity() -> str:
+    """A lease owner id unique to this run (process, thread and a random part)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:6]}"
+
+
+# SQL names from model metadata (constants); every value is a bound parameter.
+_ACQUIRE = f"""UPDATE {_TABLE}
+       SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s)
+     WHERE id = %s
+       AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
+       AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))"""  # nosec B608
+
+
+def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool:
+    """Take the lease if it is free, expired or already ours, and there is work."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ACQUIRE, [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN])
+        return cursor.rowcount == 1
+
+
+def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session | None:
+    """`lease_acquire`, returning the session row as the lease took it (None if not
+    taken) with its agent's configuration stamp: a run's first reads come back with its
+    first write, in one round trip."""
+    reader = row_reader(Session)
+    # Prepared, as a step's statements are: a run's two lease statements were
+    # mostly parsing and planning on the server (~1 ms of its time a run).
+    [rows] = execute_batch(
+        [
+            (
+                f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}",
+                [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
+            )
+        ],
+        prepare=True,
+    )
+    if not rows:
+        return None
+    row = rows[0]
+    session: Session = reader.instance(row)
+    # The agent's configuration stamp as of this version, as a step commit returns it.
+    session.config_stamp = (session.version, row[-1])  # type: ignore[attr-defined]
+    return session
+
+
+def lease_release(*, session_id: UUID | str, owner: str) -> bool:
+    """Give the lease back, but only if the run has truly nothing left to do.
+
+    The condition sits on the row itself, so a message that started a turn (or
+    queued) a moment ago makes the release fail and the run go on.
+    """
+    [released] = execute_batch(
+        [
+            (
+                # SQL names from model metadata (constants); every value is a bound parameter.
+                f"""UPDATE {_TABLE}
+                       SET lease_owner = NULL, lease_expires_at = NULL
+                     WHERE id = %s AND lease_owner = %s
+                       AND NOT (state = ANY(%s)) AND NOT (state = ANY(%s) AND queued_count > 0)
+                 RETURNING id""",  # nosec B608
+                [session_id, owner, _RUNNABLE, _STARTS_TURN],
+            )
+        ],
+        prepare=True,
+    )
+    return bool(released)
+
+
+def lease_drop(*, session_id: UUID | str, owner: str, after_s: float = 0.0) -> None:
+    """Give the lease back unconditionally (the run stops; the sweeper decides what next,
+    `after_s` from now at the earliest)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"UPDATE {_TABLE} SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s) "
+            "WHERE id = %s AND lease_owner = %s",  # nosec B608
+            [after_s, session_id, owner],
+        )
+
+
+def leases_renew(
+    held: list[tuple[str, str]], seconds: float, *, due_within: float | None = None
+) -> int:
+    """Renew many leases in one statement; a lease someone else took is left alone.
+
+    `due_within`: renew only leases ending within that many seconds (default:
+    `seconds`, every one). A row another transaction holds locked is skipped,
+    not waited for: it is almost always this process's own step commit, which
+    renews the lease itself (its session UPDATE sets `lease_expires_at`). Waiting
+    instead held the rows already renewed locked until the slowest step
+    committed, and each step commit of those sessions queued behind the
+    heartbeat: under a burst of turns the worker's commits ran in a convoy.
+    """
+    if not held:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""WITH due AS (
+                    SELECT s.id FROM {_TABLE} AS s
+                      JOIN unnest(%s::uuid[], %s::text[]) AS h(id, owner)
+                        ON s.id = h.id AND s.lease_owner = h.owner
+                     WHERE s.lease_expires_at < now() + make_interval(secs => %s)
+                     ORDER BY s.id
+                       FOR NO KEY UPDATE OF s SKIP LOCKED)
+                UPDATE {_TABLE} AS s
+                   SET lease_expires_at = now() + make_interval(secs => %s)
+                  FROM due WHERE s.id = due.id""",  # nosec B608
+            [
+                [sid for sid, _ in held],
+                [owner for _, owner in held],
+                seconds if due_within is None else due_within,
+                seconds,
+            ],
+        )
+        return cursor.rowcount
+
+
+class Heartbeat:
+    """Renews, from one thread per process, the leases of the runs in flight here."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+
+    def hold(self, session_id: object, owner: str) -> None:
+        with self._lock:
+            self._held[str(session_id)] = owner
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._thread = threading.Thread(
+                    target=self._beat, name="lease-heartbeat", daemon=True
+                )
+                self._pid = os.getpid()
+                self._thread.start()
+
+    def release(self, session_id: object) -> None:
+        with self._lock:
+            self._held.pop(str(session_id), None)
+
+    def _beat(self) -> None:
+        lease = settings.SESSION_LEASE_S
+        interval = max(lease / 4, 0.1)
+        wake = threading.Event()
+        while True:
+            wake.wait(interval)
+            with self._lock:
+                held = list(self._held.items())
+            if not held:
+                continue
+            try:
+                # A lease a step commit renewed since the last beat waits for the next:
+                # none has less than half its length left (less a late beat's delay).
+                leases_renew(held, lease, due_within=lease - interval)
+            except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
+                logger.warning("lease heartbeat failed", exc_info=True)
+            finally:
+                connection.close()
+
+
+heartbeat = Heartbeat()

@@ -1,0 +1,558 @@
+"""The step commit: one atomic write of everything a step produced.
+
+Every write to a session's state goes through `step_commit`: one short
+transaction that moves the state with a conditional UPDATE on `version` (and,
+for a worker, on its lease), allocates message and event sequence numbers in
+that same statement, inserts what the step produced and records the
+`Transition`. Frames are published only after the commit.
+"""
+
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.utils import timezone
+from psycopg.types.json import Jsonb
+
+from observability.tracing import trace_id_of
+from observability.turns import turn_ended
+from runtime.faults import fault_point
+from sessions.event_limits import payload_capped, payload_max_bytes
+from sessions.events import EventSpec, EventType, MessageCompleted, StateChanged
+from sessions.models import (
+    Checkpoint,
+    Event,
+    Message,
+    MessageStatus,
+    ModelCall,
+    Session,
+    ToolCall,
+    Transition,
+)
+from sessions.publisher import Frame, make_frame, publish
+from sessions.rows import (
+    JsonbText,
+    Statement,
+    execute_batch,
+    insert_rows,
+    insert_statement,
+    one_round_trip,
+    update_statement,
+)
+from sessions.states import State, Trigger, next_state
+
+MESSAGE_COLUMNS = (
+    "session",
+    "seq",
+    "turn",
+    "role",
+    "status",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+    "data",
+    "token_count",
+    "idempotency_key",
+    "extra_context",
+    "created_at",
+)
+TOOL_CALL_COLUMNS = (
+    "session",
+    "turn",
+    "step",
+    "position",
+    "call_id",
+    "tool_name",
+    "input",
+    "status",
+    "output",
+    "error",
+    "elapsed_ms",
+    "coercions",
+    "cached",
+    "attempts",
+    "dispatched_at",
+    "probe_outcome",
+    "idempotency_key",
+    "created_at",
+    "finished_at",
+)
+TOOL_CALL_RESULT_COLUMNS = (
+    "status",
+    "output",
+    "error",
+    "elapsed_ms",
+    "finished_at",
+    "coercions",
+    "cached",
+    "attempts",
+    "probe_outcome",
+    # The call's assessed risk rides on the results' commit (no write of its own).
+    "risk_level",
+    "risk_reason",
+)
+MODEL_CALL_COLUMNS = (
+    "session",
+    "turn",
+    "step",
+    "endpoint",
+    "endpoint_name",
+    "api",
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "tokens_estimated",
+    "first_token_ms",
+    "total_ms",
+    "retried",
+    "fallback_used",
+    "rollout",
+    "outcome",
+    "error",
+    "cost",
+    "purpose",
+    "created_at",
+)
+EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
+TRANSITION_COLUMNS = (
+    "session",
+    "from_state",
+    "to_state",
+    "trigger",
+    "reason",
+    "version",
+    "turn",
+    "actor",
+    "at",
+)
+CHECKPOINT_COLUMNS = (
+    "session",
+    "step",
+    "turn",
+    "state",
+    "message_seq",
+    "context",
+    "size_bytes",
+    "fingerprint",
+    "created_at",
+)
+
+# Columns set to the step transaction's now().
+NOW = ("created_at",)
+# Every statement of a step's batch after its UPDATE writes only while this
+# holds: the UPDATE sets the transaction-local mark only when it matched. One
+# text for every step, so the server keeps each statement prepared
+# (rows.execute_batch); a batch inside a caller's transaction, where an earlier
+# step may have set the mark, clears it first (CLEAR_MARK).
+MARK_SET = "set_config('agentplatform.step', 'on', true)"
+GUARD = "current_setting('agentplatform.step', true) = 'on'"
+CLEAR_MARK: Statement = ("SELECT set_config('agentplatform.step', '', true)", [])
+
+# Columns a step may set directly or add to; anything else is a programming error.
+SETTABLE = {
+    "trace_parent",
+    "cancel_requested",
+    "cancel_reason",
+    "cancel_actor",
+    "iteration",
+    "last_error",
+    "lease_owner",
+    "lease_expires_at",
+    "turn",
+    "turn_started_at",
+    "timer_due_at",
+    "timer_note",
+    "resume_check",
+    "env_fingerprint",
+    "degradation_level",
+    "dialogue_state",
+}
+ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
+
+
+# The agent's configuration stamp, returned by every commit's UPDATE: the run cache
+# (engine/run_cache.py) validates its copy of the agent for the next step without a query.
+STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
+
+
+@dataclass(frozen=True)
+class CallsCommitted:
+    """What one commit did to the tool calls of its turn, for the run's loop guards
+    (run_cache.RunContext): from which version to which, and each call it
+    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
+
+    before: int
+    after: int
+    turn: int
+    new_turn: bool
+    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
+
+
+class StaleSession(Exception):
+    """The session moved on (another version, or our lease was taken); nothing was written."""
+
+
+@dataclass
+class Step:
+    """What one atomic phase of a run writes."""
+
+    session: Session
+    trigger: Trigger | None = None
+    # A second move made in the same commit (tool results -> the model decides
+    # again): its own transition and state.changed, no commit of its own.
+    then: Trigger | None = None
+    reason: str = ""
+    actor: str = ""
+    messages: list[Message] = field(default_factory=list)
+    activate_message: Message | None = None
+    new_tool_calls: list[ToolCall] = field(default_factory=list)
+    updated_tool_calls: list[ToolCall] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
+    after_events: list[EventSpec] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None
+    set_fields: dict[str, Any] = field(default_factory=dict)
+    add_fields: dict[str, int | Decimal] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_seconds: float | None = None
+    fingerprint: str = ""
+    # Refuse to commit (StaleSession) if a cancel was requested meanwhile; the
+    # flag is set without a version bump, so only this guard sees it.
+    unless_cancel_requested: bool = False
+    # A summary among `messages` replaced the history up to this seq: those
+    # messages are marked archived (never deleted) in the same transaction.
+    archive_through: int | None = None
+    # A read run after the writes, in the same round trip and transaction (it
+    # sees them): what the next step would read first (open_calls.py). Its
+    # rows come back in `Committed.read`.
+    then_read: Statement | None = None
+    # Usage rollups and credit settlements, worked out by the move from the calls the
+    # step records (engine/gates/metering.py): the store writes them, knowing no billing.
+    charges: list[Statement | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Committed:
+    version: int
+    state: State
+    step: int
+    frames: list[Frame]
+    read: list[tuple[Any, ...]] | None = None
+
+
+def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
+    data: MessageCompleted = {
+        "seq": seq,  # numbered by the step that completes it
+        "role": message.role,
+        "content": message.content,
+        "turn": turn,
+    }
+    if message.tool_calls:
+        data["tool_calls"] = message.tool_calls
+    if message.role == "tool":
+        data["tool_call_id"] = message.tool_call_id
+        data["name"] = message.name
+    return EventSpec(EventType.MESSAGE_COMPLETED, data)
+
+
+def _frames(session_id: UUID, first: int, events: list[EventSpec], ts: Any) -> list[Frame]:
+    return [
+        make_frame(session_id, first + i + 1, type_, data, ts)
+        for i, (type_, data) in enumerate(events)
+    ]
+
+
+def _publish_after_commit(session_id: UUID | str, frames: list[Frame], texts: list[str]) -> None:
+    fault_point("after_commit_before_publish")
+    publish(session_id, frames, texts)
+
+
+def model_calls_number(step: Step) -> int:
+    """Give the step's model calls their session and the step number this commit gives the
+    step (its checkpoint's), and return that number; the same whoever calls it first."""
+    number = step.session.step + (1 if step.checkpoint is not None else 0)
+    for record in step.model_calls:
+        record.session_id = step.session.pk
+        record.step = number
+    return number
+
+
+def step_commit(step: Step) -> Committed:
+    """Commit one step, or raise StaleSession (or IllegalTransition) having changed nothing.
+
+    1. Work out the move from the in-memory state (valid because the UPDATE
+       below only matches that exact version).
+    2. One UPDATE moves state and version, renews the lease and allocates the
+       message, event and step numbers; RETURNING gives them back.
+    3. Insert messages, tool calls, events, the transition and the checkpoint.
+    4. After commit, publish the frames.
+    """
+    session = step.session
+    from_state = State(session.state)
+    to_state = next_state(from_state, step.trigger) if step.trigger else from_state
+    moves: list[tuple[State, State, Trigger]] = []
+    if step.trigger:
+        moves.append((from_state, to_state, step.trigger))
+        if step.then:
+            moves.append((to_state, next_state(to_state, step.then), step.then))
+            to_state = moves[-1][1]
+    new_messages = list(step.messages)
+    activated = [step.activate_message] if step.activate_message is not None else []
+    n_messages = len(activated) + len(new_messages)
+    state_events: list[EventSpec] = []
+    trace_id = trace_id_of(step.set_fields.get("trace_parent", session.trace_parent))
+    for i, (before, after, trigger) in enumerate(moves):
+        moved: StateChanged = {
+            "from": before.value,
+            "to": after.value,
+            "trigger": trigger.value,
+            "reason": step.reason if i == 0 else "",
+        }
+        if trace_id:
+            moved["trace_id"] = trace_id
+        state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
+    n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
+
+    # What the row's counters become if the UPDATE matches: the WHERE below
+    # pins their current values, so every number is known before the one
+    # round trip and no write has to wait for RETURNING.
+    n_moves = max(len(moves), 1)
+    version = session.version + n_moves
+    message_seq = session.message_seq + n_messages
+    event_seq = session.event_seq + n_events
+    step_no = model_calls_number(step)
+    turn = step.set_fields.get("turn", session.turn)
+    assignments = [
+        "state = %s",
+        "version = %s",
+        "message_seq = %s",
+        "event_seq = %s",
+        "step = %s",
+        "updated_at = now()",
+    ]
+    params: list[Any] = [to_state.value, version, message_seq, event_seq, step_no]
+    for name, value in step.set_fields.items():
+        if name not in SETTABLE:
+            raise ValueError(f"step may not set {name}")
+        assignments.append(f"{name} = %s")
+        # A JSON column's value (dialogue_state) is sent as jsonb.
+        params.append(Jsonb(value) if isinstance(value, dict) else value)
+    for name, value in step.add_fields.items():
+        if name not in ADDABLE:
+            raise ValueError(f"step may not add to {name}")
+        assignments.append(f"{name} = {name} + %s")
+        params.append(value)
+    if step.lease_seconds is not None:
+        assignments.append("lease_expires_at = now() + make_interval(secs => %s)")
+        params.append(step.lease_seconds)
+    where = "id = %s AND version = %s AND message_seq = %s AND event_seq = %s AND step = %s"
+    params += [session.pk, session.version, session.message_seq, session.event_seq, session.step]
+    if step.lease_owner is not None:
+        where += " AND lease_owner = %s"
+        params.append(step.lease_owner)
+    if step.unless_cancel_requested:
+        where += " AND NOT cancel_requested"
+    update = (
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
+        "RETURNING now(), cancel_requested, queued_count, lease_owner, "
+        f"{MARK_SET}, {STAMP_RETURNING}",  # nosec B608
+        params,
+    )
+
+    for seq, message in enumerate(new_messages, start=message_seq - len(new_messages) + 1):
+        message.seq = seq
+        message.session_id = session.pk
+    # New messages right after the UPDATE: their ids come back from that result.
+    writes: list[Statement | None] = [
+        update,
+        insert_statement(
+            Message, new_messages, MESSAGE_COLUMNS, returning=True, guard=GUARD, now=NOW
+        ),
+    ]
+    seq = message_seq - n_messages
+    for message in activated:
+        seq += 1
+        writes.append(
+            (
+                # SQL names from model metadata (constants); every value is a bound parameter.
+                f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
+                f"WHERE id = %s AND {GUARD}",  # nosec B608
+                [seq, MessageStatus.FINAL.value, turn, message.pk],
+            )
+        )
+    if step.archive_through is not None:
+        writes.append(
+            (
+                # The table from model metadata, the guard a constant clause; values are bound.
+                f'UPDATE "{Message._meta.db_table}" SET archived_at = now() '  # nosec B608
+                f"WHERE session_id = %s AND seq <= %s AND archived_at IS NULL AND {GUARD}",
+                [session.pk, step.archive_through],
+            )
+        )
+    for call in step.new_tool_calls:
+        call.session_id = session.pk
+    writes.append(
+        insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW)
+    )
+    writes.append(
+        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
+    )
+    writes.append(
+        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
+    )
+    # The move first, then what it brought: a turn's stream opens with
+    # state.changed and closes with turn.finished.
+    ordered = state_events + [
+        # An activated (queued) message joins the step's turn; the object itself
+        # changes only once the commit went through.
+        _message_event(m, s, turn if i < len(activated) else m.turn)
+        for i, (s, m) in enumerate(
+            enumerate(activated + new_messages, start=message_seq - n_messages + 1)
+        )
+    ]
+    ordered += step.events + step.after_events
+    # Events, transitions and the checkpoint are only written: rows of values
+    # in their columns' order (no model instances).
+    first = event_seq - n_events
+    # Each payload dumped once: the same text is the row's jsonb parameter and
+    # the published frame's `data` (as json.dumps gives it for either).
+    texts = [json.dumps(data) for _, data in ordered]
+    limit = payload_max_bytes()
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            # No event may break the websocket (sessions/event_limits.py): cut it here.
+            ordered[i], texts[i] = payload_capped(ordered[i], text)
+    events = [
+        (session.pk, first + i + 1, type_, JsonbText(text))
+        for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))
+    ]
+    writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=GUARD, now=NOW))
+    transitions = [
+        (
+            session.pk,
+            before.value,
+            after.value,
+            trigger.value,
+            step.reason[:2000] if i == 0 else "",
+            # Each move its own version: the last one is the row's.
+            version - len(moves) + 1 + i,
+            turn,
+            step.actor[:150] if i == 0 else "",
+        )
+        for i, (before, after, trigger) in enumerate(moves)
+    ]
+    writes.append(
+        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=GUARD, now=("at",))
+    )
+    if step.checkpoint is not None:
+        # Dumped once: its text is both the jsonb parameter and the recorded size.
+        context = json.dumps({**step.checkpoint, "state": to_state.value}, separators=(",", ":"))
+        checkpoint = (
+            session.pk,
+            step_no,
+            turn,
+            to_state.value,
+            message_seq,
+            JsonbText(context),
+            len(context),
+            step.fingerprint,
+        )
+        writes.append(
+            insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=GUARD, now=NOW)
+        )
+    # Usage rollups and credit settlements ride in the same transaction, last: their
+    # rows (the owner's day, agent and tools; the credit account) are shared by every
+    # session of the owner, and a row lock is held until the commit, so each step
+    # holds them only for its commit, not while the rest of the batch runs.
+    writes += step.charges
+    if step.then_read is not None:
+        writes.append(step.then_read)  # last: its rows are the batch's last result
+
+    # One round trip. Outside a transaction the server runs the batch as one
+    # implicit transaction (all of it commits, or none); nested (message_post,
+    # fork), the step is all of the caller's transaction or none of it.
+    if connection.in_atomic_block or not one_round_trip():
+        nested = connection.in_atomic_block
+        with transaction.atomic(savepoint=False):
+            results = execute_batch([CLEAR_MARK, *writes] if nested else writes, prepare=True)
+            if nested:
+                results = results[1:]
+            row = results[0][0] if results[0] else None
+            if row is not None:
+                frames = _frames(session.pk, first, ordered, row[0])
+                session_id = session.pk
+                transaction.on_commit(lambda: _publish_after_commit(session_id, frames, texts))
+    else:
+        results = execute_batch(writes, prepare=True)
+        row = results[0][0] if results[0] else None
+        if row is not None:
+            frames = _frames(session.pk, first, ordered, row[0])
+            _publish_after_commit(session.pk, frames, texts)
+    # A refused move wrote nothing, and a caller's own transaction stays
+    # usable after it catches StaleSession.
+    if row is None:
+        raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
+    now, cancel_requested, queued_count, lease_owner, _, stamp = row
+    for spec in step.after_events:
+        if spec.type == EventType.TURN_FINISHED:
+            turn_ended(session.pk, str(spec.data.get("stop_reason", "")))
+
+    seq = message_seq - n_messages
+    for message in activated:
+        seq += 1
+        message.seq, message.status, message.turn = seq, MessageStatus.FINAL, turn
+    if new_messages:
+        for message, (pk,) in zip(new_messages, results[1] or [], strict=True):
+            message.pk = pk
+            message.created_at = now
+    for call in step.new_tool_calls:
+        call.created_at = now
+    for record in step.model_calls:
+        record.created_at = now
+    # For the run's history (runtime_cache.RunContext): no re-read of what it just wrote.
+    session.committed_messages = [  # type: ignore[attr-defined]
+        *getattr(session, "committed_messages", ())[-100:],
+        *activated,
+        *new_messages,
+    ]
+
+    # For the run's loop guards: every commit is logged (a gap in the versions
+    # sends the run back to the database), with the calls it wrote.
+    session.committed_calls = [  # type: ignore[attr-defined]
+        *getattr(session, "committed_calls", ())[-100:],
+        CallsCommitted(
+            before=session.version,
+            after=version,
+            turn=turn,
+            new_turn=turn != session.turn,
+            calls=tuple(
+                (c.step, c.position, c.idempotency_key, c.tool_name, c.input, c.output, c.status)
+                for c in (*step.new_tool_calls, *step.updated_tool_calls)
+                if c.turn == turn
+            ),
+        ),
+    ]
+
+    # Keep the caller's copy in step with the row it now matches.
+    session.version = version
+    session.state = to_state.value
+    session.cancel_requested = cancel_requested
+    session.queued_count = queued_count
+    session.lease_owner = lease_owner
+    session.message_seq = message_seq
+    session.event_seq = event_seq
+    session.step = step_no
+    for name, value in step.set_fields.items():
+        setattr(session, name, value)
+    for name, value in step.add_fields.items():
+        if name != "queued_count":  # already the committed value, from RETURNING
+            setattr(session, name, getattr(session, name) + value)
+    session.updated_at = now or timezone.now()
+    session.config_stamp = (version, stamp)  # type: ignore[attr-defined]
+    read = results[-1] if step.then_read is not None else None
+    return Committed(version=version, state=to_state, step=step_no, frames=frames, read=read)

@@ -1,0 +1,325 @@
+"""Credits and usage through the engine, in-process (message_post + session_run) against
+the fake OpenAI-compatible server: charged once, refused cleanly, rolled up in the step
+commit, and never charged twice across a crash after reserve or after dispatch.
+
+`transaction=True`: tools run on helper threads with their own database connections.
+"""
+
+import time
+from decimal import Decimal
+
+import pytest
+from django.db.models import Sum
+
+from billing.models import (
+    CreditAccount,
+    CreditLedger,
+    CreditReservation,
+    ToolUsageDaily,
+    UsageDaily,
+)
+from billing.services import credits_grant
+from engine.phases import tools as tool_phase
+from engine.runner import loop as runner
+from engine.store import commit
+from sessions.models import Event, Message, ModelCall, Session, ToolCall
+from sessions.services import credits_reconcile, message_post
+from tests.billing.conftest import always_call, call_then_answer
+from tests.factories import SessionFactory, UserFactory
+from tests.fakes.model_servers import Recorded, Reply
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class SimulatedCrash(BaseException):
+    """Escapes the run loop like a killed process: no error recorded, the lease left to expire."""
+
+
+def run(session: Session, *, until: float = 20.0) -> Session:
+    deadline = time.monotonic() + until
+    while True:
+        result = runner.session_run(session_id=session.pk)
+        if result.stopped == "idle":
+            return Session.objects.get(pk=session.pk)
+        assert result.stopped == "waiting", result
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        Session.objects.filter(pk=session.pk).update(lease_expires_at=None)
+
+
+def expire_lease(session: Session) -> None:
+    Session.objects.filter(pk=session.pk).update(lease_owner=None, lease_expires_at=None)
+
+
+def assert_books_balance(owner_id: int) -> CreditAccount:
+    account = CreditAccount.objects.get(owner_id=owner_id)
+    assert account.balance >= 0 and account.reserved >= 0
+    assert (
+        CreditLedger.objects.filter(account=account).aggregate(s=Sum("delta"))["s"]
+        == account.balance
+    )
+    return account
+
+
+def turn_finished(session: Session) -> dict:
+    event = Event.objects.filter(session=session, type="turn.finished").order_by("-seq").first()
+    assert event is not None
+    return dict(event.data)
+
+
+def test_a_paid_call_is_charged_once_and_rolled_up_in_the_step_commit(
+    paid_agent, openai_server, effects
+):
+    agent = paid_agent(points=10)
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")
+    session = SessionFactory(agent=agent, owner=owner)
+    openai_server.script(call_then_answer, call_then_answer)
+    message_post(session=session, content="charge me")
+    session = run(session)
+
+    assert effects() == 1
+    account = assert_books_balance(owner.pk)
+    assert (account.balance, account.reserved, account.spent_today) == (90, 0, 10)
+    call = ToolCall.objects.get(session=session)
+    assert list(
+        CreditLedger.objects.filter(idempotency_key=call.idempotency_key).values_list(
+            "kind", flat=True
+        )
+    ) == ["reserve", "settle"]
+    usage = UsageDaily.objects.get(owner=owner, agent=agent)
+    calls = ModelCall.objects.filter(session=session)
+    assert (usage.model_calls, usage.tool_calls, usage.credits_spent) == (2, 1, 10)
+    assert usage.input_tokens == sum(c.input_tokens for c in calls) == session.input_tokens
+    assert usage.output_tokens == sum(c.output_tokens for c in calls) == session.output_tokens
+    assert usage.cost == sum((c.cost for c in calls), Decimal(0))
+    tool = ToolUsageDaily.objects.get(owner=owner, tool="charge")
+    assert (tool.calls, tool.failures, tool.credits_spent) == (1, 0, 10)
+
+
+def test_an_owner_without_an_account_is_not_metered(paid_agent, openai_server, effects):
+    session = SessionFactory(agent=paid_agent(points=10), owner=UserFactory())
+    openai_server.script(call_then_answer, call_then_answer)
+    message_post(session=session, content="charge me")
+    run(session)
+    assert effects() == 1
+    assert not CreditReservation.objects.exists()
+    assert UsageDaily.objects.get(owner=session.owner).tool_calls == 1
+
+
+def test_an_unaffordable_call_does_not_run_and_the_model_is_told_why(
+    paid_agent, openai_server, effects
+):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=4, actor="test")
+    session = SessionFactory(agent=paid_agent(points=10), owner=owner)
+    openai_server.script(call_then_answer, call_then_answer)
+    message_post(session=session, content="charge me")
+    session = run(session)
+
+    assert effects() == 0
+    told = openai_server.requests[1].last_tool_result()
+    assert "insufficient_credits" in told and "needs 10 points and 4 are left" in told
+    call = ToolCall.objects.get(session=session)
+    assert call.status == "rejected"
+    assert call.output == {"code": "insufficient_credits", "points_needed": 10, "points_left": 4}
+    assert turn_finished(session)["stop_reason"] == "answer"
+    assert assert_books_balance(owner.pk).balance == 4
+
+
+def test_a_model_that_insists_ends_the_turn_with_insufficient_credits(
+    paid_agent, openai_server, effects
+):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=15, actor="test")
+    session = SessionFactory(agent=paid_agent(points=10, max_iterations=8), owner=owner)
+    openai_server.script(*[always_call] * 8)
+    message_post(session=session, content="charge me again and again")
+    session = run(session)
+
+    assert effects() == 1  # the first call was paid for; the next two were refused
+    assert session.state == "finished"
+    assert turn_finished(session)["stop_reason"] == "insufficient_credits"
+    partial = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    assert "needs 10 credit points and only 5 are left" in partial.content
+    assert len(openai_server.requests) == 3
+    assert assert_books_balance(owner.pk).balance == 5
+
+
+def test_crossing_the_low_water_mark_is_an_event(paid_agent, openai_server, effects):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")
+    CreditAccount.objects.filter(owner=owner).update(low_water_mark=95)
+    session = SessionFactory(agent=paid_agent(points=10), owner=owner)
+    openai_server.script(call_then_answer, call_then_answer)
+    message_post(session=session, content="charge me")
+    session = run(session)
+    low = Event.objects.filter(session=session, type="progress", data__kind="credits.low")
+    assert [e.data["balance"] for e in low] == [90]
+
+
+@pytest.mark.parametrize("crash_at", ["after_reserve", "after_dispatch"])
+def test_a_crash_never_charges_twice(paid_agent, openai_server, effects, monkeypatch, crash_at):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")
+    session = SessionFactory(agent=paid_agent(points=10), owner=owner)
+    openai_server.script(call_then_answer, call_then_answer)
+    crashed = []
+    if crash_at == "after_reserve":
+        real = tool_phase._mark_dispatched
+
+        def mark(*args, **kwargs):
+            if not crashed:
+                crashed.append(True)
+                raise SimulatedCrash
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tool_phase, "_mark_dispatched", mark)
+    else:
+
+        def fault(name: str) -> None:
+            if name == "before_tool_results_commit" and not crashed:
+                crashed.append(True)
+                raise SimulatedCrash
+
+        monkeypatch.setattr(tool_phase, "fault_point", fault)
+    message_post(session=session, content="charge me")
+    with pytest.raises(SimulatedCrash):
+        runner.session_run(session_id=session.pk)
+    account = CreditAccount.objects.get(owner=owner)
+    assert (account.balance, account.reserved) == (90, 10)  # reserved before the crash
+    assert effects() == (1 if crash_at == "after_dispatch" else 0)
+
+    expire_lease(session)  # the sweeper's takeover
+    session = run(session)
+    assert session.state == "finished"
+    assert effects() == 1
+    account = assert_books_balance(owner.pk)
+    assert (account.balance, account.reserved) == (90, 0)
+    assert CreditLedger.objects.filter(kind="reserve").count() == 1
+    assert CreditLedger.objects.filter(kind="settle").count() == 1
+    assert UsageDaily.objects.get(owner=owner).credits_spent == 10
+
+
+def test_the_sweeper_closes_reservations_an_ended_turn_left_open(
+    paid_agent, openai_server, effects, monkeypatch
+):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")
+    session = SessionFactory(agent=paid_agent(points=10), owner=owner)
+    openai_server.script(call_then_answer)
+
+    def crash(*args, **kwargs):
+        raise SimulatedCrash
+
+    monkeypatch.setattr(tool_phase, "_mark_dispatched", crash)
+    message_post(session=session, content="charge me")
+    with pytest.raises(SimulatedCrash):
+        runner.session_run(session_id=session.pk)
+    # An operator cancels the stuck turn: its call closes as rejected, its points stay held...
+    from sessions.services import session_cancel
+
+    expire_lease(session)
+    session_cancel(session=Session.objects.get(pk=session.pk), reason="stop", actor="ops")
+    runner.session_run(session_id=session.pk)
+    assert ToolCall.objects.get(session=session).status == "rejected"
+    assert CreditAccount.objects.get(owner=owner).reserved == 10
+    # ...until the sweeper reconciles them from the call's final status.
+    assert credits_reconcile(older_than_s=0) == 1
+    assert credits_reconcile(older_than_s=0) == 0
+    account = assert_books_balance(owner.pk)
+    assert (account.balance, account.reserved, account.spent_today) == (100, 0, 0)
+
+
+def answer_only(recorded: Recorded) -> Reply:
+    return Reply(text="the answer", usage=(10, 5))
+
+
+@pytest.fixture
+def paid_model(paid_agent, fake_endpoint):
+    """An agent whose model costs one point per token (15 points for the fake's 10 + 5)."""
+    fake_endpoint.credits_per_1k_tokens = Decimal(1000)
+    fake_endpoint.save(update_fields=["credits_per_1k_tokens"])
+    return paid_agent(points=10)
+
+
+def test_a_model_call_is_charged_for_its_tokens_in_the_step_commit(paid_model, openai_server):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=1000, actor="test")
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    session = run(session)
+
+    assert turn_finished(session)["stop_reason"] == "answer"
+    account = assert_books_balance(owner.pk)
+    assert (account.balance, account.spent_today) == (985, 15)
+    charge = CreditLedger.objects.get(kind="charge")
+    assert (charge.points, charge.session_id, charge.agent_id) == (15, session.pk, paid_model.pk)
+    call = ModelCall.objects.get(session=session)
+    assert charge.idempotency_key == f"model:{session.pk}:{call.step}:0"
+    assert UsageDaily.objects.get(owner=owner).credits_spent == 15
+
+
+def test_a_crash_after_the_step_commit_does_not_charge_the_model_call_again(
+    paid_model, openai_server, monkeypatch, effects
+):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=1000, actor="test")
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(call_then_answer, call_then_answer, call_then_answer)
+    crashed = []
+
+    def fault(name: str) -> None:
+        if name == "after_commit_before_publish" and not crashed:
+            crashed.append(True)
+            raise SimulatedCrash
+
+    message_post(session=session, content="charge me")
+    monkeypatch.setattr(commit, "fault_point", fault)
+    with pytest.raises(SimulatedCrash):
+        runner.session_run(session_id=session.pk)
+    assert CreditLedger.objects.filter(kind="charge").count() == 1  # committed with the step
+
+    expire_lease(session)  # the sweeper's takeover re-runs from the committed step
+    session = run(session)
+    assert session.state == "finished"
+    assert effects() == 1
+    calls = ModelCall.objects.filter(session=session).count()
+    assert calls == 2  # the tool-calling step and the answer
+    assert CreditLedger.objects.filter(kind="charge").count() == calls
+    account = assert_books_balance(owner.pk)
+    assert account.balance == 1000 - 10 - 15 * calls  # the tool's 10 and 15 per model call
+
+
+def test_a_model_call_the_account_cannot_cover_is_not_sent(paid_model, openai_server):
+    owner = UserFactory()
+    credits_grant(owner_id=owner.pk, points=100, actor="test")  # the estimate is > 512 points
+    session = SessionFactory(agent=paid_model, owner=owner)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    session = run(session)
+
+    assert not openai_server.requests
+    finished = turn_finished(session)
+    assert finished["stop_reason"] == "insufficient_credits"
+    partial = Message.objects.filter(session=session, role="assistant").get()
+    assert "credit points ran out" in partial.content and "100 left" in partial.content
+    assert not ModelCall.objects.filter(session=session).exists()
+    assert assert_books_balance(owner.pk).balance == 100
+
+
+def test_model_calls_of_an_owner_without_an_account_are_not_metered_unless_required(
+    paid_model, openai_server, settings
+):
+    session = SessionFactory(agent=paid_model)
+    openai_server.script(answer_only)
+    message_post(session=session, content="hello")
+    assert turn_finished(run(session))["stop_reason"] == "answer"
+    assert not CreditAccount.objects.exists() and not CreditLedger.objects.exists()
+
+    settings.CREDITS_REQUIRED = True
+    required = SessionFactory(agent=paid_model)
+    message_post(session=required, content="hello")
+    assert turn_finished(run(required))["stop_reason"] == "insufficient_credits"
+    assert len(openai_server.requests) == 1

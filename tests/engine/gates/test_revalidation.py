@@ -1,0 +1,222 @@
+"""Business-rule revalidation on the real engine: a resumed or forked run first runs the
+tools' prechecks (here over HTTP, against an orders API on 127.0.0.1) on their last calls,
+and the model is told what no longer holds instead of acting on a stale picture."""
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from engine import session_run
+from engine.moves.turn import turn_fail
+from engine.phases.model import model_step
+from engine.phases.tools import tool_step
+from engine.runner.lease import lease_acquire
+from sessions.models import Checkpoint, Message, ModelEndpoint, Session
+from sessions.services import message_post, session_fork, session_resume
+from tests.factories import AgentFactory, SessionFactory, ToolFactory, UserFactory
+from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
+from tests.fakes.model_servers import Call, FakeModelServer, Reply
+from tools.models import Tool
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEY_ENV = "REVALIDATION_MODEL_KEY"
+
+
+class OrdersApi:
+    """A business API: POST /pay pays an order; POST /pay/precheck says whether the
+    order still exists and is unpaid. Every request is recorded."""
+
+    def __init__(self) -> None:
+        self.orders: dict[str, str] = {}
+        self.seen: list[tuple[str, Any]] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.seen.append((self.path, body))
+                if self.path == "/pay/precheck":
+                    order = body["arguments"].get("order_id")
+                    status = api.orders.get(order)
+                    if status is None:
+                        answer = {"ok": False, "reason": f"order {order} no longer exists"}
+                    elif status != "unpaid":
+                        answer = {"ok": False, "reason": f"order {order} is already {status}"}
+                    else:
+                        answer = {"ok": True}
+                    code = 200
+                elif self.path == "/pay":
+                    order = body.get("order_id")
+                    if api.orders.get(order) == "unpaid":
+                        api.orders[order] = "paid"
+                        answer, code = {"ok": True, "paid": order}, 200
+                    else:
+                        answer, code = {"error": "payment service unavailable"}, 503
+                else:
+                    answer, code = {"error": "not found"}, 404
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def prechecks(self) -> list[Any]:
+        return [body for path, body in self.seen if path == "/pay/precheck"]
+
+    def payments(self) -> list[Any]:
+        return [body for path, body in self.seen if path == "/pay"]
+
+
+@pytest.fixture
+def orders() -> Iterator[OrdersApi]:
+    api = OrdersApi()
+    thread = threading.Thread(target=api.server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield api
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+
+
+@pytest.fixture
+def endpoint(openai_server: FakeModelServer, unique: str, monkeypatch) -> ModelEndpoint:  # noqa: F811
+    monkeypatch.setenv(KEY_ENV, "sk-revalidation-0123456789")
+    return ModelEndpoint.objects.create(
+        name=f"fake-openai-{unique}", api="openai", base_url=openai_server.base_url,
+        model="fake-model-1", api_key_env=KEY_ENV, first_token_timeout_s=5, total_timeout_s=10,
+    )  # fmt: skip
+
+
+def _pay_tool(orders: OrdersApi, *, precheck: bool = True) -> Tool:
+    tool: Tool = ToolFactory.create(
+        name=f"pay_order_{uuid.uuid4().hex[:6]}",
+        kind="http",
+        url=orders.url("/pay"),
+        precheck_url=orders.url("/pay/precheck") if precheck else "",
+        side_effects=True,
+        idempotent=True,
+        parameters={
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+    )
+    return tool
+
+
+def _session(tool: Tool, endpoint: ModelEndpoint) -> Session:
+    agent = AgentFactory.create(
+        slug=f"orders-{uuid.uuid4().hex[:8]}", model=endpoint, tools=[tool.name], rules=[]
+    )
+    return SessionFactory.create(agent=agent, owner=UserFactory(username="orders-owner"))
+
+
+def _system_notes(server: FakeModelServer) -> list[str]:
+    return [m["content"] for m in server.requests[-1].messages if m["role"] == "system"]
+
+
+def _run(session: Session) -> Session:
+    assert session_run(session_id=session.pk).stopped == "idle"
+    return Session.objects.get(pk=session.pk)
+
+
+def test_a_resumed_run_is_told_the_order_was_paid_meanwhile(
+    orders: OrdersApi,
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+):
+    """The payment failed, the run stopped in error; meanwhile the customer paid by
+    another channel. On resume the precheck of the last pay call finds the order paid,
+    and the model is told so before it decides (and does not pay again)."""
+    orders.orders["A-2"] = "locked"  # the payment service refuses it for now
+    tool = _pay_tool(orders)
+    session = _session(tool, endpoint)
+    openai_server.script(Reply(calls=[Call(tool.name, {"order_id": "A-2"}, id="call_pay")]))
+    message_post(session=session, content="pay order A-2")
+    owner = "worker:test"
+    assert lease_acquire(session_id=session.pk, owner=owner, seconds=30)
+    model_step(Session.objects.get(pk=session.pk), owner)
+    tool_step(Session.objects.get(pk=session.pk), owner)
+    row = Session.objects.get(pk=session.pk)
+    assert row.state == "processing"  # the results went back to the model
+    turn_fail(row, owner, "stopped by an operator after the payment error")
+    Session.objects.filter(pk=session.pk).update(lease_owner=None, lease_expires_at=None)
+    assert orders.prechecks() == []  # a run that is not resumed checks nothing
+
+    orders.orders["A-2"] = "paid"  # by another channel, while the run was stopped
+    openai_server.script(Reply(text="Order A-2 has already been paid; nothing more to do."))
+    session_resume(session=Session.objects.get(pk=session.pk), actor="operator")
+    session = _run(session)
+
+    assert session.state == "finished", (session.state, session.last_error)
+    assert orders.prechecks() == [{"tool": tool.name, "arguments": {"order_id": "A-2"}}]
+    notes = [n for n in _system_notes(openai_server) if "checked again" in n]
+    assert len(notes) == 1, _system_notes(openai_server)
+    assert f'{tool.name}({{"order_id": "A-2"}}): order A-2 is already paid' in notes[0]
+    assert "Do not repeat" in notes[0]
+    assert len(orders.payments()) == 1  # the failed attempt only
+    # The note is part of the history, for every later call of the run.
+    stored = Message.objects.filter(session=session, role="system", content=notes[0])
+    assert stored.count() == 1
+    assert not Session.objects.get(pk=session.pk).resume_check
+
+
+def test_a_fork_is_told_the_order_is_gone_and_a_holding_precheck_adds_nothing(
+    orders: OrdersApi,
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+):
+    orders.orders.update({"A-1": "unpaid", "B-1": "unpaid"})
+    tool = _pay_tool(orders)
+    session = _session(tool, endpoint)
+    openai_server.script(
+        Reply(calls=[Call(tool.name, {"order_id": "A-1"}, id="call_1")]),
+        Reply(text="Paid A-1."),
+    )
+    message_post(session=session, content="pay A-1")
+    session = _run(session)
+    assert session.state == "finished" and orders.orders["A-1"] == "paid"
+    assert orders.prechecks() == []
+    before_answer = Checkpoint.objects.get(session=session, context__phase="tool_results")
+
+    # A fork at the point before the model answered: the order was since deleted.
+    del orders.orders["A-1"]
+    openai_server.script(Reply(text="Order A-1 no longer exists."))
+    fork = _run(session_fork(session=session, step=before_answer.step, actor="api:owner"))
+    assert fork.state == "finished"
+    notes = [n for n in _system_notes(openai_server) if "checked again" in n]
+    assert len(notes) == 1 and "order A-1 no longer exists" in notes[0], notes
+    assert len(orders.payments()) == 1
+
+    # Unreachable check: the model hears the precondition could not be confirmed.
+    Tool.objects.filter(pk=tool.pk).update(precheck_url="http://127.0.0.1:9/precheck")
+    openai_server.script(Reply(text="I could not confirm the order."))
+    fork = _run(session_fork(session=session, step=before_answer.step, actor="api:owner"))
+    notes = [n for n in _system_notes(openai_server) if "checked again" in n]
+    assert len(notes) == 1 and "could not be confirmed (the check failed" in notes[0], notes
+
+    # A check that holds: no note at all.
+    Tool.objects.filter(pk=tool.pk).update(precheck_url=orders.url("/pay/precheck"))
+    orders.orders["A-1"] = "unpaid"
+    openai_server.script(Reply(text="Ok."))
+    fork = _run(session_fork(session=session, step=before_answer.step, actor="api:owner"))
+    assert not [n for n in _system_notes(openai_server) if "checked again" in n]
+    assert orders.prechecks()[-1] == {"tool": tool.name, "arguments": {"order_id": "A-1"}}

@@ -1,0 +1,93 @@
+"""engine/model/calls.py: an instant model (the offline rules model) is
+called on the engine thread; one that waits goes to the shared io loop."""
+
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from django.db import connection
+
+from engine import session_run
+from runtime import io_loop
+from sessions.models import Message
+from sessions.publisher import frame_of, group_name
+from sessions.services import message_post
+from tests.factories import AgentFactory, ModelEndpointFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def submitted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    names: list[str] = []
+    original = io_loop.submit
+
+    def submit(coro: Coroutine[Any, Any, Any]) -> Any:
+        names.append(coro.__qualname__)
+        return original(coro)
+
+    monkeypatch.setattr(io_loop, "submit", submit)
+    return names
+
+
+@pytest.mark.parametrize(("options", "hops"), [({}, 0), ({"latency_s": 0.01}, 1)])
+def test_only_a_model_that_waits_is_called_on_the_io_loop(make_session, submitted, options, hops):
+    model = ModelEndpointFactory(name=f"rules-{hops}", api="rules", options=options)
+    agent = AgentFactory(model=model, rules=[{"answer": "Hello there, how are you today?"}])
+    session = make_session(agent=agent)
+
+    async def turn() -> list[dict[str, Any]]:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(group_name(session.pk), channel)
+        try:
+
+            def run() -> None:
+                message_post(session=session, content="hi")
+                assert session_run(session_id=session.pk).stopped == "idle"
+
+            await sync_to_async(run, thread_sensitive=False)()
+            frames = []
+            while not any(f["type"] == "turn.finished" for f in frames):
+                frames.append(dict(frame_of(await layer.receive(channel))))
+            return frames
+        finally:
+            await layer.group_discard(group_name(session.pk), channel)
+
+    frames = async_to_sync(turn)()
+
+    assert len([n for n in submitted if n.endswith("_stream.<locals>.call")]) == hops
+    # Either way the answer is streamed (batched deltas) and stored whole.
+    deltas = "".join(f["data"]["text"] for f in frames if f["type"] == "message.delta")
+    assert deltas == "Hello there, how are you today?"
+    assert Message.objects.filter(session=session, role="assistant").get().content == deltas
+
+
+@pytest.mark.parametrize(("options", "held"), [({}, True), ({"latency_s": 0.01}, False)])
+def test_only_a_model_that_waits_is_called_without_a_database_connection(
+    make_session, monkeypatch, options, held
+):
+    """A pooled connection is never held across a call that waits on the network;
+    the instant one keeps it for the step's commit right after."""
+    held_at_call: list[bool] = []
+    original_submit, original_inline = io_loop.submit, io_loop.run_inline
+
+    def submit(coro: Coroutine[Any, Any, Any]) -> Any:
+        if coro.__qualname__.endswith("_stream.<locals>.call"):
+            held_at_call.append(connection.connection is not None)
+        return original_submit(coro)
+
+    def run_inline(coro: Coroutine[Any, Any, Any]) -> Any:
+        held_at_call.append(connection.connection is not None)
+        return original_inline(coro)
+
+    monkeypatch.setattr(io_loop, "submit", submit)
+    monkeypatch.setattr(io_loop, "run_inline", run_inline)
+    model = ModelEndpointFactory(name=f"rules-held-{held}", api="rules", options=options)
+    agent = AgentFactory(model=model, rules=[{"answer": "Hello"}])
+    session = make_session(agent=agent)
+    message_post(session=session, content="hi")
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert held_at_call == [held]
