@@ -33,7 +33,7 @@ ERROR_DESCRIPTIONS = {
 }
 
 # A view's attribute: the HTTP methods a key's grants can refuse with 403 (role_not_held,
-# value_not_allowed; sessions/services.py).
+# value_not_allowed; sessions/services/grants.py).
 KEY_GRANTS_CHECKED = "key_grants_checked"
 
 # Permission classes that only say "an API key is required" (covered by 401).

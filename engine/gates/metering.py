@@ -10,7 +10,7 @@
   else) the reservations in its own transaction, and adds the step's tokens,
   cost and calls to the daily rollups there too: no second commit.
 - Reservations a crash or an ended turn left open are reconciled by the sweeper
-  from the calls' final status (sessions/services.py).
+  from the calls' final status (sessions/services/).
 - A model call made outside a step (the memory extraction after a turn) is committed
   by `side_call_commit` in a short transaction of its own, with the same rollup and
   charge statements as a step's.

@@ -40,7 +40,7 @@ from observability.tracing import trace_id_of
 from tools.execution import tools_for_agent
 
 from .. import selectors, services
-from ..errors import DomainError, InvalidInput
+from ..errors import Conflict, DomainError, InvalidInput
 from ..models import Session
 from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
@@ -431,7 +431,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             try:
                 services.session_resume(session=session, actor=actor)
                 resumed += 1
-            except services.Conflict as exc:
+            except Conflict as exc:
                 refused.append(f"{str(session.pk)[:8]}: {exc.message}")
         if resumed:
             self.message_user(request, f"Resumed {resumed} session(s).", messages.SUCCESS)

@@ -21,7 +21,7 @@ QUEUE = "/admin/approvals/approval/queue/"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _pending(make_session, content: str = "refund A1 80", **fields) -> Session:  # type: ignore[no-untyped-def]

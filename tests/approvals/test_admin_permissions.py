@@ -24,7 +24,7 @@ ORDER = "order_under_review"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _ran(agent: Any, owner: Any, content: str) -> Session:

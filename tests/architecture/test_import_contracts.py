@@ -74,6 +74,12 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("engine/store/commit.py", "from billing.services import credits_grant"),
         Plant("engine/store/open_calls.py", "from tools.execution import ToolSnapshot"),
     ],
+    "The front door's modules": [
+        Plant("sessions/services/grants.py", "from sessions.services import runs"),
+        Plant("sessions/services/runs.py", "from sessions.services.messages import message_post"),
+        Plant("sessions/services/fork.py", "from sessions.services import operator"),
+        Plant("sessions/services/stray.py", "STRAY = 1", new=True),
+    ],
     "The engine's phases are peers": [
         Plant("engine/phases/tools.py", "from engine.phases import model"),
     ],
@@ -116,9 +122,9 @@ PLANTS: dict[str, list[Plant]] = {
     ],
     "The engine and services know no edges": [
         Plant("engine/moves/turn.py", "from rest_framework import serializers"),
-        Plant("sessions/services.py", "from sessions.api import views"),
+        Plant("sessions/services/messages.py", "from sessions.api import views"),
         # Applying a config file is an edge too (configuration/), not session logic.
-        Plant("sessions/services.py", "from configuration import services"),
+        Plant("sessions/services/sweep.py", "from configuration import services"),
         # The OpenAI-compatible endpoint is an edge app (openai_compat/).
         Plant("sessions/selectors.py", "from openai_compat import api"),
         Plant("llm/base.py", "import drf_spectacular"),
@@ -144,13 +150,13 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/admin.py", "from sessions.admin import display"),
     ],
     "The engine is entered through its public surface only": [
-        Plant("sessions/services.py", "from engine.store.commit import step_commit"),
+        Plant("sessions/services/runs.py", "from engine.store.commit import step_commit"),
         Plant("sessions/admin/sessions.py", "from engine import moves"),
         Plant("approvals/services.py", "import engine.runner.loop"),
     ],
     "Only the edges and the dispatch port import Celery": [
         Plant("llm/base.py", "import celery"),
-        Plant("sessions/services.py", "from celery import shared_task"),
+        Plant("sessions/services/approvals.py", "from celery import shared_task"),
         Plant("tools/execution.py", "from celery import current_app"),
     ],
     "Only the fast paths import the libraries whose internals they read": [
@@ -159,7 +165,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/consumers.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
     ],
     "No app imports agentplatform": [
-        Plant("sessions/services.py", "from agentplatform import settings"),
+        Plant("sessions/services/fork.py", "from agentplatform import settings"),
         Plant("tools/execution.py", "import agentplatform.celery"),
     ],
 }

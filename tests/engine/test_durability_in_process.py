@@ -106,8 +106,8 @@ def _clean_effects() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests drive the run here: no broker message may wake a worker of a live stack."""
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
-    monkeypatch.setattr("sessions.services.run_enqueue", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue", lambda *args: None)
 
 
 # Helpers ------------------------------------------------------------------------------------

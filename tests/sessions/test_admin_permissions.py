@@ -30,7 +30,7 @@ VIEW = ["agent_sessions.view_session"]
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

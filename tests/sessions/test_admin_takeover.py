@@ -26,7 +26,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """A posted turn must not wake a worker of a live stack: the test only looks at the rows."""
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _alice_keys_and_admin_session() -> tuple[str, str, Session]:

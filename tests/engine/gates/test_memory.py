@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, int]]:
     """The test drives the run itself; the end-of-turn memory task is recorded, not sent."""
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
     sent: list[tuple[object, int]] = []
     monkeypatch.setattr(
         "engine.phases.model.memory_enqueue_on_commit",

@@ -241,14 +241,14 @@ def test_a_worker_taking_no_new_runs_requeues_the_run_it_was_handed(
     """A run prefetched by a worker over its thresholds goes back to the queue (with a
     countdown), and the session is left as it was for whoever takes it."""
     from runtime import health
-    from sessions import services
+    from sessions import dispatch, services
 
     session = make_session(agent=_loop_agent(rules_model))
     message_post(session=session, content="go")
     before = Session.objects.get(pk=session.pk)
     sent: list[tuple[str, float]] = []
     monkeypatch.setattr(
-        services,
+        dispatch,
         "run_enqueue_later",
         lambda sid, seconds, value=None: sent.append((str(sid), seconds)),
     )

@@ -118,7 +118,7 @@ RULES = [
 
 @pytest.mark.django_db(transaction=True)
 def test_the_answer_to_the_models_question_needs_the_role_too(admin_key, support_key, monkeypatch):
-    monkeypatch.setattr("sessions.services.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
     model = ModelEndpointFactory(name=f"rules-{uuid.uuid4().hex[:6]}", api="rules", options={})
     agent = AgentFactory(slug="asker", model=model, tools=["ask_user"], rules=RULES)
     alice = get_user_model().objects.get(username="alice")

@@ -1,0 +1,253 @@
+"""Decisions on approvals and recovery reviews (REST, the admin, the sweeper's expiry): the
+four-eyes rule, the deadline, and the move each decision causes.
+"""
+
+import logging
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import Approval, ApprovalKind, ReviewAnswer
+from approvals.policy import four_eyes_forbids
+from approvals.selectors import approval_get, approval_pending_exists, approvals_due
+from approvals.services import (
+    SYSTEM_ACTOR,
+    approval_arguments_check,
+    approval_resolve,
+)
+from approvals.states import Outcome
+from engine import (
+    approval_recorded,
+)
+from sessions import dispatch
+from sessions.errors import Conflict, Forbidden, InvalidInput, NotFound
+from sessions.models import (
+    Session,
+)
+from sessions.states import State
+from tools.execution import tools_for_agent
+
+logger = logging.getLogger(__name__)
+
+
+def _approval_apply(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None = None,
+    comment: str = "",
+    edited_arguments: dict[str, Any] | None = None,
+    remember: bool = False,
+    escalate_to: str = "",
+    deadline: Any = None,
+    answer: str = "",
+    answer_result: Any = None,
+    within_deadline: bool = False,
+) -> Approval | None:
+    """Resolve one approval and record it on its session, in one short transaction.
+
+    The session row is locked first (decisions on one session's approvals
+    queue behind each other), then the approval moves by a conditional
+    UPDATE: of two racing deciders exactly one gets a row back. When the
+    step has nothing pending any more, the session goes back to `tool_wait`
+    and a worker is woken after commit.
+    """
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
+            pk=approval.session_id
+        )
+        resolved = approval_resolve(
+            approval=approval,
+            outcome=outcome,
+            actor=actor,
+            user=user,
+            comment=comment,
+            edited_arguments=edited_arguments,
+            remember=remember,
+            escalate_to=escalate_to,
+            deadline=deadline,
+            answer=answer,
+            answer_result=answer_result,
+            within_deadline=within_deadline,
+        )
+        if resolved is None:
+            return None
+        if State(locked.state) == State.AWAITING_APPROVAL:
+            resume = not approval_pending_exists(session_id=locked.pk)
+            approval_recorded(
+                session=locked, approval=resolved, outcome=outcome, by=actor, resume=resume
+            )
+            if resume:
+                dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+    return resolved
+
+
+def approval_decide(
+    *,
+    approval_id: UUID | str,
+    approve: bool,
+    user: User,
+    groups: list[str],
+    comment: str = "",
+    arguments: dict[str, Any] | None = None,
+    remember: bool = False,
+) -> Approval:
+    """An approver's decision: approve (maybe with edited arguments), or reject with a comment.
+
+    403 if the approval is not for one of the approver's groups, 403 `four_eyes` if the
+    approver owns the approval's session, 400 if edited arguments fail the tool's schema,
+    409 `approval_resolved` if it is no longer pending (another approver or the deadline
+    was first).
+    """
+    approval = approval_get(approval_id=approval_id)
+    if approval is None:
+        raise NotFound(f"approval {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    _four_eyes_check(approval=approval, user=user)
+    if approval.status != "pending":
+        raise _resolved_conflict(approval)
+    if approval.kind == ApprovalKind.RECOVERY_REVIEW and approve:
+        raise InvalidInput(
+            "this is a recovery review: answer whether the call took effect "
+            f"(POST .../review/ with answer {', '.join(ReviewAnswer.values)})",
+            code="review_needs_answer",
+        )
+    edited = None
+    if approve and arguments is not None:
+        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
+        edited = approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+    resolved = _approval_apply(
+        approval=approval,
+        outcome=Outcome.APPROVED if approve else Outcome.REJECTED,
+        actor=user.get_username(),
+        user=user,
+        comment=comment,
+        edited_arguments=edited,
+        remember=remember and approve,
+        within_deadline=True,
+    )
+    if resolved is None:
+        fresh = approval_get(approval_id=approval.pk)
+        raise _resolved_conflict(fresh or approval)
+    return resolved
+
+
+def review_answer(
+    *,
+    approval_id: UUID | str,
+    answer: str,
+    user: User,
+    groups: list[str],
+    result: Any = None,
+    comment: str = "",
+) -> Approval:
+    """A person's answer to "did this uncertain call take effect?"; the run goes on.
+
+    `took_effect` (with the call's `result`, what the model reads), `not_taken`
+    (the model is told it did not happen; nothing is sent) or `send_again`
+    (sent once more with the same idempotency key).
+    """
+    approval = approval_get(approval_id=approval_id)
+    if approval is None or approval.kind != ApprovalKind.RECOVERY_REVIEW:
+        raise NotFound(f"recovery review {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this review is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    _four_eyes_check(approval=approval, user=user)
+    if answer not in ReviewAnswer.values:
+        raise InvalidInput(
+            f"answer must be one of {', '.join(ReviewAnswer.values)}", details={"field": "answer"}
+        )
+    if answer != ReviewAnswer.TOOK_EFFECT and result is not None:
+        raise InvalidInput("a result goes only with took_effect", details={"field": "result"})
+    if approval.status != "pending":
+        raise _resolved_conflict(approval)
+    resolved = _approval_apply(
+        approval=approval,
+        # The call goes on (as it was, or sent again) or is closed as not having happened.
+        outcome=Outcome.REJECTED if answer == ReviewAnswer.NOT_TAKEN else Outcome.APPROVED,
+        actor=user.get_username(),
+        user=user,
+        comment=comment,
+        answer=answer,
+        answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
+    )
+    if resolved is None:
+        fresh = approval_get(approval_id=approval.pk)
+        raise _resolved_conflict(fresh or approval)
+    return resolved
+
+
+def _four_eyes_check(*, approval: Approval, user: User) -> None:
+    """403 `four_eyes` when the decider owns the approval's session (APPROVAL_FOUR_EYES)."""
+    owner_id = (
+        Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
+    )
+    if four_eyes_forbids(session_owner_id=owner_id, decider_id=user.pk):
+        raise Forbidden(
+            "this approval belongs to a session you own; another approver must decide it "
+            "(four-eyes rule)",
+            details={"session": str(approval.session_id)},
+            code="four_eyes",
+        )
+
+
+def _resolved_conflict(approval: Approval) -> Conflict:
+    if (
+        approval.status == "pending"
+        and approval.deadline is not None
+        and approval.deadline <= timezone.now()
+    ):
+        # Past its deadline: the approval's timeout policy decides it, not a late approver.
+        return Conflict(
+            f"approval {approval.pk} passed its deadline; its timeout policy applies",
+            details={"status": approval.status, "deadline": approval.deadline.isoformat()},
+            code="approval_expired",
+        )
+    return Conflict(
+        f"approval {approval.pk} is already {approval.status}",
+        details={"status": approval.status, "decided_by": approval.decided_by_name},
+        code="approval_resolved",
+    )
+
+
+def approvals_expire_due(*, limit: int = 100) -> list[str]:
+    """Apply each overdue approval's default policy, with the system as the actor.
+
+    `reject` (expired), `approve`, or `escalate` once to the tool's other
+    group with a fresh deadline (a second deadline then expires it). A
+    decision that lands first wins; this then changes nothing.
+    """
+    done: list[str] = []
+    for approval in approvals_due(limit=limit):
+        policy = approval.on_timeout
+        if policy == "approve":
+            outcome, comment = Outcome.APPROVED, "approved by the deadline policy"
+        elif policy == "escalate" and approval.escalate_to and approval.escalations == 0:
+            outcome, comment = Outcome.ESCALATED, f"escalated to {approval.escalate_to}"
+        else:
+            outcome, comment = Outcome.EXPIRED, "no decision before the deadline"
+        resolved = _approval_apply(
+            approval=approval,
+            outcome=outcome,
+            actor=SYSTEM_ACTOR,
+            comment=comment,
+            escalate_to=approval.escalate_to,
+            deadline=timezone.now() + timedelta(seconds=approval.timeout_s)
+            if outcome == Outcome.ESCALATED
+            else None,
+        )
+        if resolved is not None:
+            done.append(str(approval.pk))
+    return done

@@ -1,0 +1,114 @@
+"""Forking a session from a checkpoint."""
+
+import logging
+from collections.abc import Sequence
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from engine import (
+    fork_start,
+    summary_through,
+)
+from sessions import dispatch
+from sessions.errors import NotFound
+from sessions.models import (
+    Checkpoint,
+    Message,
+    MessageStatus,
+    Session,
+)
+from sessions.services.grants import session_role_check
+
+logger = logging.getLogger(__name__)
+
+
+def session_fork(
+    *,
+    session: Session,
+    step: int,
+    owner: User | None = None,
+    actor: str = "",
+    role: str | None = None,
+    key_roles: Sequence[str] | None = None,
+) -> Session:
+    """A new session from checkpoint `step` of this one; the original is untouched.
+
+    0. Its role is `role`, or else the source's. A key's fork (`key_roles` given) must
+       hold that role (`session_role_check`); an operator's (None) keeps the source's.
+    1. Copy the history the checkpoint covers (messages up to its `message_seq`),
+       dropping a trailing tool request whose results lie beyond it.
+    2. If the copy ends with the user or a tool result, the model decides next
+       (-> tool_loop) and a worker is woken; otherwise it waits for the user.
+    3. The next model step compares the environment recorded at the fork with
+       today's and tells the model what changed.
+    """
+    fork_role = role or session.role
+    if key_roles is not None:
+        session_role_check(role=fork_role, key_roles=key_roles)
+    checkpoint = Checkpoint.objects.filter(session=session, step=step).first()
+    if checkpoint is None:
+        raise NotFound(
+            f"session {session.pk} has no checkpoint {step}", details={"field": "checkpoint"}
+        )
+    recorded_env = (
+        Checkpoint.objects.filter(session=session, step__lte=step, context__has_key="env")
+        .order_by("-step")
+        .values_list("context", flat=True)
+        .first()
+    )
+    with transaction.atomic():
+        history = list(
+            Message.objects.filter(
+                session=session, status=MessageStatus.FINAL, seq__lte=checkpoint.message_seq
+            ).order_by("seq")
+        )
+        while history and history[-1].role == "assistant" and history[-1].tool_calls:
+            history.pop()
+        fork = Session.objects.create(
+            agent=session.agent,
+            owner=owner or session.owner,
+            role=fork_role,
+            metadata={**session.metadata, "forked_from": str(session.pk), "forked_at_step": step},
+            forked_from=session,
+            forked_at_step=step,
+            turn=checkpoint.turn,
+            message_seq=len(history),
+            resume_check=True,
+        )
+        # What a summary in the copy replaced stays archived there; what only a
+        # later summary of the source replaced is live again in the fork.
+        through = max((summary_through(m) or 0 for m in history), default=0)
+        Message.objects.bulk_create(
+            [
+                Message(
+                    session=fork,
+                    seq=i,
+                    turn=m.turn,
+                    role=m.role,
+                    status=MessageStatus.FINAL,
+                    content=m.content,
+                    tool_calls=m.tool_calls,
+                    tool_call_id=m.tool_call_id,
+                    name=m.name,
+                    data=m.data,
+                    token_count=m.token_count,
+                    archived_at=(m.archived_at or timezone.now()) if i <= through else None,
+                )
+                for i, m in enumerate(history, start=1)
+            ]
+        )
+        decide = bool(history) and history[-1].role in ("user", "tool", "system")
+        fork_start(
+            fork=fork,
+            source=session,
+            at_step=step,
+            message_seq=len(history),
+            env=recorded_env["env"] if recorded_env else None,
+            decide=decide,
+            actor=actor,
+        )
+        if decide:
+            dispatch.run_enqueue_on_commit(fork.pk, fork.value)
+    return fork

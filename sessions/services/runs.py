@@ -1,0 +1,120 @@
+"""Runs: interrupting and cancelling a turn, running what is pending, resuming a stopped
+run, keeping what a turn taught the memory.
+"""
+
+import logging
+from collections.abc import Sequence
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from approvals.services import (
+    SYSTEM_ACTOR,
+    approvals_cancel,
+)
+from engine import (
+    RunResult,
+    run_resume,
+    session_run,
+    turn_cancel,
+    turn_memory_keep,
+)
+from runtime import health
+from runtime.cancellation import cancel_signal
+from sessions import dispatch
+from sessions.errors import Conflict
+from sessions.models import (
+    Session,
+)
+from sessions.services.grants import session_role_check
+from sessions.states import RUNNABLE, TURN_ENDED, State
+
+logger = logging.getLogger(__name__)
+
+
+def turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
+    """Stop the locked session's current turn; False if none runs.
+
+    A running turn gets the durable flag (checked at every step boundary) and
+    a signal that closes a model stream in flight; a turn waiting on a person
+    or a clock has no worker, so it is cancelled right here.
+    """
+    state = State(locked.state)
+    if state in RUNNABLE:
+        Session.objects.filter(pk=locked.pk).update(
+            cancel_requested=True, cancel_reason=reason[:200], cancel_actor=actor[:150]
+        )
+        locked.cancel_requested, locked.cancel_reason, locked.cancel_actor = (
+            True,
+            reason[:200],
+            actor[:150],
+        )
+        session_id = locked.pk
+        transaction.on_commit(lambda: cancel_signal(session_id))
+        return True
+    if state in TURN_ENDED:
+        return False
+    if state == State.AWAITING_APPROVAL:
+        # None of its gated calls may run once the turn is over.
+        approvals_cancel(session_id=locked.pk, actor=actor or SYSTEM_ACTOR, reason=reason)
+    turn_cancel(session=locked, reason=reason, actor=actor)
+    return True
+
+
+def session_cancel(
+    *, session: Session, reason: str = "cancelled by the client", actor: str = ""
+) -> bool:
+    """Interrupt the current turn; False if there was nothing to interrupt.
+
+    A running tool finishes and its result is recorded; a streaming model
+    call is closed; no further step starts; the turn ends `cancelled` with
+    the reason and who asked.
+    """
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        interrupted = turn_interrupt(locked, reason=reason, actor=actor)
+        if interrupted and State(locked.state) in RUNNABLE:
+            # If no worker holds the session, the woken run finishes the cancel.
+            dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+        return interrupted
+
+
+def session_run_pending(*, session_id: UUID | str) -> RunResult:
+    """The worker's entry point: run whatever the session has to do.
+
+    A worker over its health thresholds takes no new runs (runtime/health.py): a run
+    it had already prefetched goes back to the queue a little later, for another
+    worker or for this one once it recovered. Nothing is lost if that send fails:
+    the session row is still runnable and the sweeper requeues it.
+    """
+    if not health.accepting():
+        value = Session.objects.filter(pk=session_id).values_list("value", flat=True).first()
+        dispatch.run_enqueue_later(session_id, settings.WORKER_REQUEUE_DELAY_S, value)
+        connection.close()
+        return RunResult(0, "requeued")
+    return session_run(session_id=session_id)
+
+
+def session_resume(
+    *, session: Session, actor: str = "", key_roles: Sequence[str] | None = None
+) -> Session:
+    """Continue a run that stopped in `error`, from where it stopped. A key's request
+    (`key_roles` given) needs the session's role; an operator's (None) does not."""
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        if key_roles is not None:
+            session_role_check(role=locked.role, key_roles=key_roles)
+        if State(locked.state) != State.ERROR:
+            raise Conflict(
+                f"only a session in error can be resumed; this one is {locked.state}",
+                code="not_resumable",
+            )
+        run_resume(session=locked, actor=actor)
+        dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+    return locked
+
+
+def memory_turn_keep(*, session_id: UUID | str, turn: int) -> int:
+    """After a turn: store what the user asked to remember and what extraction found."""
+    return turn_memory_keep(session_id=str(session_id), turn=turn)
