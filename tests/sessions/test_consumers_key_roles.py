@@ -12,9 +12,9 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from agentplatform.asgi import application
 from sessions.models import Message, Session
 from tests.factories import AgentFactory, SessionFactory, ToolFactory
+from tests.sessions.test_consumers import _open
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,13 +38,7 @@ def _alice_keys_and_admin_session() -> tuple[str, str, Session]:
 
 
 async def _connect(session: Session, key: str) -> WebsocketCommunicator:
-    ws = WebsocketCommunicator(
-        application,
-        f"/ws/sessions/{session.pk}/?after=0",
-        headers=[(b"authorization", f"Bearer {key}".encode())],
-    )
-    connected, _ = await ws.connect(timeout=10)
-    assert connected
+    [ws] = await _open(session, key, 1)
     return ws
 
 
