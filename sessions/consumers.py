@@ -419,7 +419,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         try:
-            await database_sync_to_async(selectors.session_get_for_owner)(
+            session = await database_sync_to_async(selectors.session_get_for_owner)(
                 session_id=self.session_id, owner_id=key.owner_id
             )
         except NotFound as exc:
@@ -434,6 +434,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._fail(
                 "invalid_input", f"after must be an integer; got {raw_after!r}", CLOSE_BAD_REQUEST
             )
+            return
+        if self.last_seq > session.event_seq:
+            # Every frame up to `after` would be taken for one already seen: the client
+            # would wait for ever for events it will never be sent.
+            await self._send_error(
+                "invalid_input",
+                f"after={self.last_seq} is past the session's last event "
+                f"(seq {session.event_seq}); resume from a seq you received, or 0",
+                {"field": "after", "last_seq": session.event_seq},
+            )
+            await self.close(code=CLOSE_BAD_REQUEST)
             return
         slot_id = uuid.uuid4().hex
         if not await limits.socket_slots.acquire(key_id=key.pk, socket_id=slot_id):

@@ -282,3 +282,31 @@ async def test_a_feed_restarted_after_a_channel_layer_failure_loses_no_frame(mon
     assert received == [[(2, "trigger"), (3, "while down"), (4, "after")]] * 3
     assert extra == [True] * 3
     assert feed.restarts == 1
+
+
+async def test_after_past_the_last_event_is_refused_with_4400_and_the_last_seq():
+    """A client resuming from a seq the session never reached would take every frame up to
+    it for one already seen and wait for ever: it is told, and where the stream ends."""
+    session, key = await sync_to_async(_session_and_key)()
+    await sync_to_async(Session.objects.filter(pk=session.pk).update)(event_seq=3)
+
+    def connect(after: int) -> WebsocketCommunicator:
+        return WebsocketCommunicator(
+            application,
+            f"/ws/sessions/{session.pk}/?after={after}",
+            headers=[(b"authorization", f"Bearer {key}".encode())],
+        )
+
+    past = connect(4)
+    connected, _ = await past.connect(timeout=10)
+    assert connected  # accepted, then told why and closed
+    error = json.loads(await past.receive_from(timeout=5))
+    assert error["type"] == "error" and error["data"]["code"] == "invalid_input"
+    assert error["data"]["details"] == {"field": "after", "last_seq": 3}
+    assert (await past.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4400}
+
+    at_end = connect(3)  # resuming from the last event is fine
+    connected, _ = await at_end.connect(timeout=10)
+    assert connected
+    assert await at_end.receive_nothing(timeout=0.5)
+    await at_end.disconnect()
