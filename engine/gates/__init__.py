@@ -1,3 +1,65 @@
-"""Gates: each reads what it needs and returns a verdict (a call may not run, the turn must
-stop, credits are short) or a contribution to the step (a note, a context block, metering
-statements). A gate makes no move of its own: the phase that consults it does."""
+"""Gates: each reads what it needs and returns one of two shapes, and makes no move of its
+own (the phase that consults it does):
+
+- a verdict: `Stop` (the turn ends here, with this answer) for a model step; for a tool
+  step, the outcomes of the calls it settles (they do not run) or that the step waits;
+- a `Contribution` to the step: notes the model reads, context blocks, request
+  configuration, the engine's own model calls, a new dialogue state. Contributions add up
+  (`Contribution.join`) and ride on the step's one commit.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessions.events import StopReason
+from sessions.models import Message, ModelCall
+from sessions.states import Trigger
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A gate's verdict that the turn ends here, with this answer."""
+
+    trigger: Trigger
+    stop_reason: StopReason
+    content: str  # what the user reads
+    reason: str  # the transition's reason, for the operator
+    refused: str  # what was refused, the budget_refusals metric's label
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What a gate adds to a model step."""
+
+    # Messages the model reads after the history, committed with the step (a note on what
+    # changed in the environment, on preconditions that no longer hold).
+    notes: tuple[Message, ...] = ()
+    # Context blocks (environment, dialogue state, extra context), in order.
+    blocks: tuple[str, ...] = ()
+    # Merged into the request's agent_config, for policies (llm/rules.py reads them).
+    config: dict[str, Any] = field(default_factory=dict)
+    # The engine's own model calls of this step (e.g. the dialogue-state extractor),
+    # committed and metered with the step.
+    calls: tuple[ModelCall, ...] = ()
+    # The session's new dialogue state for this step's commit; None: unchanged.
+    dialogue_state: dict[str, Any] | None = None
+
+    @classmethod
+    def note(cls, message: Message | None) -> "Contribution":
+        return cls(notes=(message,) if message is not None else ())
+
+    @classmethod
+    def join(cls, *parts: "Contribution") -> "Contribution":
+        """The parts in order; a later part's dialogue state or configuration key wins."""
+        config: dict[str, Any] = {}
+        state: dict[str, Any] | None = None
+        for part in parts:
+            config.update(part.config)
+            state = part.dialogue_state if part.dialogue_state is not None else state
+        return cls(
+            notes=tuple(n for part in parts for n in part.notes),
+            blocks=tuple(b for part in parts for b in part.blocks),
+            config=config,
+            calls=tuple(c for part in parts for c in part.calls),
+            dialogue_state=state,
+        )

@@ -17,6 +17,7 @@
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -30,11 +31,14 @@ from billing.pressure import (
     worker_pressure,
 )
 from billing.ratelimit import RateLimit, rate_limit_take
+from engine.gates import Stop
 from engine.model.calls import first_enabled_endpoint, give_back_connection
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
 from runtime.breaker import model_breaker
+from sessions.events import StopReason
 from sessions.models import Agent, ModelCall, ModelEndpoint, Session
+from sessions.states import Trigger
 
 BREAKER_TTL_S = 1.0
 # Kept figures are read again once a budget is this much spent (other sessions of the
@@ -277,3 +281,16 @@ def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
         if message.role == "assistant" and message.content.strip():
             return f"{message.content.strip()}\n\n({note})"
     return note
+
+
+def budget_stop(gate: ModelGate, history: list[Any], turn: int) -> Stop | None:
+    """The budget's verdict: a spent budget ends the turn with what the agent has so far."""
+    if gate.verdict.allowed:
+        return None
+    return Stop(
+        trigger=Trigger.LIMIT_REACHED,
+        stop_reason=StopReason.BUDGET_EXCEEDED,
+        content=partial_answer(history, turn),
+        reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
+        refused="budget",
+    )

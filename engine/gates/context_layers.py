@@ -14,7 +14,7 @@ such as the offline rules model.
 """
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from engine.gates import Contribution
 from engine.gates.budget import GateRead
 from engine.gates.metering import model_credits_check
 from engine.model.calls import cheap_endpoint, side_call
@@ -52,17 +53,6 @@ from tools.execution import ToolSnapshot, tool_breaker
 logger = logging.getLogger(__name__)
 # A dialogue-state answer is a short JSON object.
 DIALOGUE_OUTPUT_TOKENS = 300
-
-
-@dataclass(frozen=True)
-class Layers:
-    blocks: tuple[str, ...]
-    # Merged into the request's agent_config, for policies (llm/rules.py reads them).
-    config: dict[str, Any]
-    # The session's new dialogue state for this step's commit; None: unchanged.
-    dialogue_state: dict[str, Any] | None
-    # The dialogue-state model call (`extractor: model`), committed and metered with the step.
-    calls: list[ModelCall] = field(default_factory=list)
 
 
 def _user_text(message: Message) -> str | None:
@@ -241,7 +231,7 @@ def context_layers(
     history: list[Message],
     read: GateRead,
     tools: dict[str, ToolSnapshot],
-) -> Layers:
+) -> Contribution:
     """The blocks (environment, dialogue state, extra context) and their facts for one step."""
     update = dialogue_update(session, agent, history)
     state = update.state if update.state is not None else (session.dialogue_state or {})
@@ -258,6 +248,9 @@ def context_layers(
         "dialogue": {"intent": state.get("intent"), "slots": dict(state.get("slots") or {})},
         "extra_context": extra,
     }
-    return Layers(
-        blocks=tuple(blocks), config=config, dialogue_state=update.state, calls=update.calls
+    return Contribution(
+        blocks=tuple(blocks),
+        config=config,
+        dialogue_state=update.state,
+        calls=tuple(update.calls),
     )

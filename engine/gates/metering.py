@@ -44,12 +44,14 @@ from billing.services import (
     tool_usage_statement,
     usage_statement,
 )
-from engine.gates.budget import FIGURES_NEAR_CREDITS
+from engine.gates import Stop
+from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
-from sessions.events import EventSpec, EventType, Progress
+from sessions.events import EventSpec, EventType, Progress, StopReason
 from sessions.models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
 from sessions.rows import execute_batch
+from sessions.states import Trigger
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
@@ -234,6 +236,21 @@ def credits_note(check: CreditsCheck) -> str:
     if check.reason == "no_account":
         why = "there is no credit account for this user"
     return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
+
+
+def credits_stop(check: CreditsCheck | None, history: list[Any], turn: int) -> Stop | None:
+    """The credits' verdict: a model call the owner cannot pay for ends the turn, with what
+    the agent has so far and why."""
+    if check is None or check.outcome != "insufficient":
+        return None
+    return Stop(
+        trigger=Trigger.LIMIT_REACHED,
+        stop_reason=StopReason.INSUFFICIENT_CREDITS,
+        content=partial_answer(history, turn, note=credits_note(check)),
+        reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
+        f"{check.points} points, {check.points_left} left ({check.reason})",
+        refused="credits",
+    )
 
 
 def model_points(model_calls: list[Any]) -> int:

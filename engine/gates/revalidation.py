@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import connection
 
+from engine.gates import Contribution
 from memory.tokens import count_message_tokens
 from runtime import io_loop
 from sessions.models import Message, Session
@@ -61,20 +62,22 @@ def note_text(results: list[PrecheckResult]) -> str | None:
     )
 
 
-def revalidation_note(
+def revalidation(
     session: Session, history: list[Message], tools: dict[str, ToolSnapshot]
-) -> Message | None:
+) -> Contribution:
     """After a resume or a fork (`session.resume_check`), run the prechecks; a note if
     any precondition changed. No database connection is held across the checks."""
     if not session.resume_check:
-        return None
+        return Contribution()
     calls = last_calls(history, tools)
     if not calls:
-        return None
+        return Contribution()
     connection.close()
     text = note_text(io_loop.run(prechecks_run(calls)))
     if text is None:
-        return None
-    return Message(
-        turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
+        return Contribution()
+    return Contribution.note(
+        Message(
+            turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
+        )
     )

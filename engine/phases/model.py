@@ -1,37 +1,43 @@
-"""The model phase of a step: decide whether tools are still allowed, ask the
-model (with fallback), and make the move its outcome calls for (an answer, or
-tool-call intents)."""
+"""The model phase of a step: the gates that shape the request (`model_plan`), the gates
+that may stop the turn, the model call (with fallback), and the one move its outcome
+calls for (an answer, tool-call intents, or the cancel)."""
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from engine.gates import guards
-from engine.gates.budget import gate_read, model_gate, model_rate_limit, partial_answer
+from engine.gates import Contribution, guards
+from engine.gates.budget import (
+    GateRead,
+    ModelGate,
+    budget_stop,
+    gate_read,
+    model_gate,
+    model_rate_limit,
+)
 from engine.gates.context_layers import context_layers
+from engine.gates.environment import environment_note
 from engine.gates.guards import GuardLimits, GuardVerdict
 from engine.gates.memory import wants_turn_memory
-from engine.gates.metering import credits_note, model_credits_check, model_points
-from engine.gates.revalidation import revalidation_note
+from engine.gates.metering import credits_stop, model_credits_check, model_points
+from engine.gates.revalidation import revalidation
 from engine.model.calls import RunCancelled, call_model, primary_endpoint
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
-from engine.model.environment import describe_changes
 from engine.model.summaries import SummaryOutcome, summarise, summary_retry_at
 from engine.model.usage import ModelSpend
 from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError
-from memory.tokens import count_message_tokens
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
 from sessions.dispatch import memory_enqueue_on_commit
 from sessions.events import StopReason
-from sessions.models import Agent, Checkpoint, Message, Session
+from sessions.models import Agent, Message, Session
 from sessions.states import Trigger
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
@@ -61,39 +67,6 @@ def loop_stop(session: Session, agent: Agent, run: RunContext | None = None) -> 
         repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit
     )
     return guards.check(steps, limits)
-
-
-def environment_note(session: Session, env: dict[str, Any]) -> Message | None:
-    """After a fork, a resume or a long pause, say what changed in the environment.
-
-    The reference is the environment recorded by the session's latest
-    checkpoint that recorded one (a fork copies its source's).
-    """
-    # The row's updated_at is the last step's commit: no query to tell a pause.
-    paused = session.updated_at is not None and timezone.now() - session.updated_at > timedelta(
-        seconds=settings.ENV_CHECK_PAUSE_S
-    )
-    if not (session.resume_check or paused):
-        return None
-    recorded = (
-        Checkpoint.objects.filter(session=session, context__has_key="env")
-        .order_by("-step")
-        .values_list("context", flat=True)
-        .first()
-    )
-    if not recorded:
-        return None
-    changes = describe_changes(recorded["env"], env)
-    if not changes:
-        return None
-    text = (
-        "Note from the platform: since this conversation was paused, "
-        + "; ".join(changes)
-        + ". Take this into account."
-    )
-    return Message(
-        turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
-    )
 
 
 def request_window(agent: Agent, session: Session) -> int:
@@ -166,40 +139,73 @@ def fitted_context(
     return again, outcome
 
 
-def model_step(session: Session, owner: str, run: RunContext | None = None) -> None:
-    """Ask the model (with fallback), then commit its answer or its tool calls (with their intent rows).
+@dataclass
+class ModelPlan:
+    """A model step's request and what rides with it, once the gates that shape it ran."""
 
-    1. Read the agent, its endpoints and tools fresh: edits in the admin or by
-       apply_config take effect at the next step, without a restart.
-    2. Judge the loop guards and limits; after a fork, resume or long pause,
-       note what changed in the environment.
-    3. Add the context layers (context_layers.py): the environment, the dialogue
-       state (updated from the user's new messages) and this turn's extra_context.
-    4. Assemble the request within the context budget; past the history's
-       summary watermark, summarise its oldest third first (engine/model/summaries.py).
-    5. Call the model (a cancel closes the stream); a call that waits on the
-       network, or on the endpoint's rate limit, gives the database connection
-       back first (model_calls.give_back_connection).
-    6. Commit: the assistant message (with any summary and note), the ModelCall
-       rows, usage and cost, the archived marks, the new dialogue state, and
-       either the tool-call intents (-> tool_wait) or the end of the turn.
+    agent: Agent
+    history: list[Message]
+    final: bool  # the loop guards or limits allow no more tool calls
+    stop: GuardVerdict | None
+    added: Contribution  # the contributing gates' notes, blocks, calls, dialogue state
+    summary: SummaryOutcome
+    request: Any  # the ChatRequest, fitted to the window of the endpoint it goes to
+    gate: ModelGate  # the budget's degradation level, endpoint and verdict
+    read: GateRead
+    tokens: dict[str, int]
+    env: dict[str, Any]
+    archive_through: int | None
+
+    def context(self, session: Session, model: str | None) -> ModelContext:
+        """What the step's move commits besides its outcome."""
+        return ModelContext(
+            env=self.env,
+            model=model,
+            deadline=(
+                session.turn_started_at.timestamp() + self.agent.turn_timeout_s
+                if session.turn_started_at
+                else None
+            ),
+            # The notes the model saw: a new summary, then the contributing gates' notes.
+            notes=[m for m in (self.summary.message, *self.added.notes) if m is not None],
+            degradation=self.gate.level,
+            tokens=self.tokens,
+            archive_through=self.archive_through,
+            dialogue_state=self.added.dialogue_state,
+        )
+
+    @property
+    def side_calls(self) -> list[Any]:
+        """The engine's own model calls of this step (dialogue state, summary)."""
+        return [*self.added.calls, *self.summary.calls]
+
+
+def model_plan(session: Session, run: RunContext) -> ModelPlan:
+    """The request, shaped by the gates that contribute to it.
+
+    1. Read the agent, its endpoints and tools fresh (the run cache validates them by
+       their stamp): edits in the admin or by apply_config take effect at the next step.
+    2. The loop guards and limits: may make the step final (no more tools).
+    3. The contributing gates, in order: what changed in the environment, preconditions
+       after a resume or fork (notes appended to the history), then the context layers
+       (the environment, the dialogue state, the turn's extra_context).
+    4. Assemble within the context budget; past the summary watermark, summarise the
+       oldest third first (engine/model/summaries.py).
+    5. The budget gate's degradation: a degraded step goes to a cheaper model, whose
+       window the request is fitted to as well.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
-    run = run or RunContext()
     stop = loop_stop(session, agent, run)
     final = stop is not None
     tools = runtime.tools_for(session.role)
     env = runtime.environment(session.role)
-    note = environment_note(session, env)
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
-    # After a resume or a fork: the tools' business-rule prechecks on their last calls.
-    recheck = revalidation_note(session, history, tools)
-    history.extend(n for n in (note, recheck) if n is not None)
+    notes = Contribution.join(environment_note(session, env), revalidation(session, history, tools))
+    history.extend(notes.notes)
     read = gate_read(session, agent, run.figures)
-    layers = context_layers(session, agent, history, read, tools)
-    context_blocks = tuple(layers.blocks)
+    added = Contribution.join(notes, context_layers(session, agent, history, read, tools))
     assembly, summary = fitted_context(
         session,
         agent,
@@ -209,30 +215,14 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         note=stop.note if stop else "",
         window=request_window(agent, session),
         memory_block=memory_block,
-        context_blocks=context_blocks,
+        context_blocks=added.blocks,
     )
     request = assembly.request
-    request.agent_config.update(layers.config)
-    # The engine's own model calls of this step (dialogue state, summary): committed with it.
-    side_calls = layers.calls + summary.calls
-    # What this step commits besides its outcome: the notes the model saw (an
-    # environment change, a new summary) and the summary's model call.
-    notes = [m for m in (summary.message, note, recheck) if m is not None]
-    archive_through = (
-        int(summary.message.data["through_seq"])
-        if summary.message is not None and summary.message.data
-        else None
-    )
+    request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
-    deadline = (
-        session.turn_started_at.timestamp() + agent.turn_timeout_s
-        if session.turn_started_at
-        else None
-    )
     gate = model_gate(session, agent, request, read)
     request = gate.request
     if gate.endpoint.context_window < assembly.usage["window"]:
-        # A degraded step goes to the cheaper model: fit its window too.
         smaller = assemble(
             agent=agent,
             history=history,
@@ -242,75 +232,90 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             window=gate.endpoint.context_window,
             summarise=False,
             memory_block=memory_block,
-            context_blocks=context_blocks,
+            context_blocks=added.blocks,
         )
         request = dataclasses.replace(request, messages=smaller.request.messages)
         tokens = dict(smaller.usage)
-
-    def context_for(model: str | None) -> ModelContext:
-        return ModelContext(
-            env=env,
-            model=model,
-            deadline=deadline,
-            notes=notes,
-            degradation=gate.level,
-            tokens=tokens,
-            archive_through=archive_through,
-            dialogue_state=layers.dialogue_state,
-        )
-
-    if not gate.verdict.allowed:
-        metrics.BUDGET_REFUSALS.labels("budget").inc()
-        answer(
-            session,
-            owner,
-            content=partial_answer(history, session.turn),
-            trigger=Trigger.LIMIT_REACHED,
-            stop_reason=StopReason.BUDGET_EXCEEDED,
-            spend=ModelSpend(calls=side_calls, iteration=session.iteration),
-            context=context_for(None),
-            reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
-        )
-        return
-    credits = model_credits_check(
-        session,
-        gate.endpoint,
-        request,
-        settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
-        read.figures,
-        run.figures.points_since,
+    return ModelPlan(
+        agent=agent,
+        history=history,
+        final=final,
+        stop=stop,
+        added=added,
+        summary=summary,
+        request=request,
+        gate=gate,
+        read=read,
+        tokens=tokens,
+        env=env,
+        archive_through=(
+            int(summary.message.data["through_seq"])
+            if summary.message is not None and summary.message.data
+            else None
+        ),
     )
-    if credits is not None and credits.outcome == "insufficient":
-        metrics.BUDGET_REFUSALS.labels("credits").inc()
+
+
+def model_step(session: Session, owner: str, run: RunContext | None = None) -> None:
+    """Ask the model (with fallback), then make the one move its outcome calls for.
+
+    1. Plan the request: the gates that contribute to it (`model_plan`).
+    2. The gates that may stop the turn, each a verdict: the budget, the credits. A stop
+       ends the turn with what the agent has so far (the `answer` move).
+    3. The endpoint's rate limit (a long wait defers the step).
+    4. Call the model (a cancel closes the stream); a call that waits on the network
+       gives the database connection back first (model_calls.give_back_connection).
+    5. One move: the answer (-> the end of the turn), the tool-call intents (-> tool_wait),
+       or the cancel; each commits the notes, model calls, usage and cost, the archived
+       marks and the new dialogue state with it.
+    """
+    run = run or RunContext()
+    plan = model_plan(session, run)
+    agent, history, request = plan.agent, plan.history, plan.request
+    stop = budget_stop(plan.gate, history, session.turn) or credits_stop(
+        model_credits_check(
+            session,
+            plan.gate.endpoint,
+            request,
+            settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+            plan.read.figures,
+            run.figures.points_since,
+        ),
+        history,
+        session.turn,
+    )
+    if stop is not None:
+        metrics.BUDGET_REFUSALS.labels(stop.refused).inc()
         answer(
             session,
             owner,
-            content=partial_answer(history, session.turn, note=credits_note(credits)),
-            trigger=Trigger.LIMIT_REACHED,
-            stop_reason=StopReason.INSUFFICIENT_CREDITS,
-            spend=ModelSpend(calls=side_calls, iteration=session.iteration),
-            context=context_for(None),
-            reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
-            f"{credits.points} points, {credits.points_left} left ({credits.reason})",
+            content=stop.content,
+            trigger=stop.trigger,
+            stop_reason=stop.stop_reason,
+            spend=ModelSpend(calls=plan.side_calls, iteration=session.iteration),
+            context=plan.context(session, None),
+            reason=stop.reason,
         )
         return
-    model_rate_limit(session, gate.endpoint, request)
+    model_rate_limit(session, plan.gate.endpoint, request)
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
-    tier = gate.endpoint if gate.endpoint.pk != agent.model_id else None
+    tier = plan.gate.endpoint if plan.gate.endpoint.pk != agent.model_id else None
     try:
         routed = call_model(session, agent, request, tier=tier)
         # Taken by this step's commit: the run's kept credit figures count them from now.
-        run.figures.spent_points(model_points(summary.calls + routed.calls))
+        run.figures.spent_points(model_points(plan.summary.calls + routed.calls))
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
         fresh = Session.objects.get(pk=session.pk)
-        spent = ModelSpend(calls=side_calls + cancelled.calls, iteration=iteration, answered=False)
+        spent = ModelSpend(
+            calls=plan.side_calls + cancelled.calls, iteration=iteration, answered=False
+        )
         turn_cancel(session=fresh, owner=owner, spend=spent)
         return
-    spend = ModelSpend(calls=side_calls + routed.calls, iteration=iteration)
-    context = context_for(routed.endpoint.name if routed.endpoint else None)
+    spend = ModelSpend(calls=plan.side_calls + routed.calls, iteration=iteration)
+    context = plan.context(session, routed.endpoint.name if routed.endpoint else None)
     if routed.response is None:
         error = routed.error
         problem = str(error) if error else "model call failed"
@@ -347,18 +352,18 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             input_tokens=call.input_tokens or 0,
             output_tokens=call.output_tokens or 0,
         )
-    tool_calls = [] if final else response.tool_calls
+    tool_calls = [] if plan.final else response.tool_calls
     if not tool_calls:
         content = response.text
-        if final and not content.strip():
+        if plan.final and not content.strip():
             content = LIMIT_ANSWER
         turn = session.turn
         answer(
             session,
             owner,
             content=content,
-            trigger=Trigger.LIMIT_REACHED if final else Trigger.ANSWER,
-            stop_reason=stop.stop_reason if stop else StopReason.ANSWER,
+            trigger=Trigger.LIMIT_REACHED if plan.final else Trigger.ANSWER,
+            stop_reason=plan.stop.stop_reason if plan.stop else StopReason.ANSWER,
             spend=spend,
             context=context,
         )

@@ -12,7 +12,6 @@ import asyncio
 import logging
 
 from django.db import connection
-from django.utils import timezone
 
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
@@ -21,10 +20,9 @@ from engine.gates.metering import credits_reserve, insufficient_before
 from engine.gates.questions import questions_of
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
-from engine.moves.checkpoint import pre_run_checkpoint
+from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
 from engine.moves.turn import tool_results
 from engine.run_cache import agent_runtime
-from engine.store.commit import StaleSession
 from engine.store.open_calls import open_calls
 from observability import metrics, tracing
 from observability.redaction import digest
@@ -77,48 +75,22 @@ def _cached_outcomes(
     return outcomes
 
 
-# SQL names from model metadata (constants); every value is a bound parameter.
-_MARK_DISPATCHED = f"""UPDATE "{ToolCall._meta.db_table}" c SET dispatched_at = %s
-     WHERE c.id = ANY(%s::bigint[]) AND c.status = '{ToolCallStatus.EXECUTING.value}'
-       AND EXISTS (SELECT 1 FROM "{Session._meta.db_table}" s
-                    WHERE s.id = c.session_id AND s.id = %s AND s.lease_owner = %s
-                      AND s.version = %s)"""  # nosec B608
-
-
-def _mark_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> None:
-    """Commit, before sending, that these side-effecting calls are about to go out.
-
-    Only while this worker still holds the lease and the calls are still
-    open: a worker that was paused past its lease (and replaced) must not send
-    a side effect the replacement owns now; it raises StaleSession instead.
-    """
-    if calls:
-        now = timezone.now()
-        with connection.cursor() as cursor:
-            # Plain SQL: the ORM spent ~0.4 ms building this joined UPDATE at every step.
-            cursor.execute(
-                _MARK_DISPATCHED, [now, [c.pk for c in calls], session.pk, owner, session.version]
-            )
-            claimed = cursor.rowcount
-        if claimed != len(calls):
-            raise StaleSession(
-                f"session {session.pk} was taken over before its tool calls were sent"
-            )
-        for call in calls:
-            call.dispatched_at = now
-
-
 def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -> None:
     """Run the pending tool calls of this turn and commit their results.
 
     1. Load the calls whose intent was committed, and the tools the role may use.
-    2. Reuse cached results of identical read-only calls.
-    3. Probe uncertain side-effecting calls (dispatched before a crash).
-    4. Mark the side-effecting calls about to be sent as dispatched (commit).
-    5. Run the rest concurrently under the agent's step time limit, without
+    2. The gates, in order; each settles some calls (their outcomes: they do not run)
+       or makes the step wait (the move that pauses it, then return): approvals (wait
+       for a person, or a refusal), cached results of identical read-only calls,
+       recovery reviews and probes of calls dispatched before a crash, degradation
+       and per-tool rate limits, `ask_user` questions (left open), memory tools (run
+       here), credits (reserved, or refused).
+    3. Before sending: the pre-run recovery checkpoint and the dispatched marks
+       (engine/moves/checkpoint.py).
+    4. Run the rest concurrently under the agent's step time limit, without
        holding a database connection.
-    6. Commit results, tool messages and events in one step (the
-       `tool_results` move); a scheduled follow-up waits for its timer.
+    5. One move: results, tool messages and events in one commit (`tool_results`);
+       a scheduled follow-up waits for its timer.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
@@ -193,7 +165,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         fault_point("after_credits_reserved")
     pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
-    _mark_dispatched(
+    calls_dispatched(
         session,
         owner,
         [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects],

@@ -166,7 +166,7 @@ def test_a_crash_never_charges_twice(paid_agent, openai_server, effects, monkeyp
     openai_server.script(call_then_answer, call_then_answer)
     crashed = []
     if crash_at == "after_reserve":
-        real = tool_phase._mark_dispatched
+        real = tool_phase.calls_dispatched
 
         def mark(*args, **kwargs):
             if not crashed:
@@ -174,7 +174,7 @@ def test_a_crash_never_charges_twice(paid_agent, openai_server, effects, monkeyp
                 raise SimulatedCrash
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(tool_phase, "_mark_dispatched", mark)
+        monkeypatch.setattr(tool_phase, "calls_dispatched", mark)
     else:
 
         def fault(name: str) -> None:
@@ -212,7 +212,7 @@ def test_the_sweeper_closes_reservations_an_ended_turn_left_open(
     def crash(*args, **kwargs):
         raise SimulatedCrash
 
-    monkeypatch.setattr(tool_phase, "_mark_dispatched", crash)
+    monkeypatch.setattr(tool_phase, "calls_dispatched", crash)
     message_post(session=session, content="charge me")
     with pytest.raises(SimulatedCrash):
         runner.session_run(session_id=session.pk)
