@@ -253,6 +253,23 @@ def credits_stop(check: CreditsCheck | None, history: list[Any], turn: int) -> S
     )
 
 
+def tool_credits_stop(session: Session, credits: Credits, step: int) -> Stop | None:
+    """A tool step's credits verdict: the model was told once that a call could not be paid
+    for and tried again, so the turn ends with what it has (`credits`: credits_reserve's)."""
+    if not credits.refused or not insufficient_before(session, step):
+        return None
+    refused = next(iter(credits.refused.values())).output or {}
+    return Stop(
+        trigger=Trigger.LIMIT_REACHED,
+        stop_reason=StopReason.INSUFFICIENT_CREDITS,
+        content="I could not finish this: the next step needs "
+        f"{refused.get('points_needed')} credit points and only "
+        f"{refused.get('points_left')} are left.",
+        reason="",
+        refused="tool_credits",
+    )
+
+
 def model_points(model_calls: list[Any]) -> int:
     """The points these model calls cost on their endpoints (what their commit charges)."""
     return sum(

@@ -8,7 +8,6 @@ it is sent again with the same key; for a tool that is not idempotent a
 person is asked instead of guessing (a recovery review in the approvals queue).
 """
 
-import asyncio
 import logging
 
 from django.db import connection
@@ -16,8 +15,9 @@ from django.db import connection
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
-from engine.gates.metering import credits_reserve, insufficient_before
+from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
+from engine.gates.recovery import recovery_probe
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
@@ -29,16 +29,13 @@ from observability.redaction import digest
 from observability.turns import tool_calls_count
 from runtime import io_loop
 from runtime.faults import fault_point
-from sessions.events import StopReason
 from sessions.models import Session, ToolCall, ToolCallStatus
 from sessions.rows import json_value
 from tools.execution import (
-    ProbeResult,
     ToolInvocation,
     ToolOutcome,
     ToolSnapshot,
     execute_all,
-    probe,
 )
 from tools.rendering import render_success
 
@@ -112,35 +109,13 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     if reviewed.pending:
         return  # a person is still looking at it; their answer wakes the run
     outcomes.update(reviewed.outcomes)
-    uncertain = [
-        c
-        for c in calls
-        if c.pk not in outcomes
-        and c.pk not in reviewed.resend
-        and c.dispatched_at is not None
-        and c.tool_name in tools
-        and tools[c.tool_name].side_effects
-    ]
-    if uncertain:
-        to_review: list[tuple[ToolCall, str]] = []
-        probes = io_loop.run(_probe_all(uncertain, tools))
-        for call, result in zip(uncertain, probes, strict=True):
-            call.probe_outcome = result.verdict
-            ToolCall.objects.filter(pk=call.pk).update(probe_outcome=result.verdict)
-            if result.verdict == "done":
-                output = result.output or {}
-                outcomes[call.pk] = ToolOutcome(
-                    status=ToolCallStatus.SUCCESS,
-                    output=output,
-                    content=render_success(output),
-                    extra={"probed": True},
-                )
-            elif result.verdict == "unknown" and not tools[call.tool_name].idempotent:
-                # Not safe to send again, and no probe could tell: a person decides.
-                to_review.append((call, result.detail or "the tool has no probe"))
-        if to_review:
-            recovery_reviews_open(session, owner, to_review, tools)
-            return
+    recovered = recovery_probe(
+        [c for c in calls if c.pk not in outcomes and c.pk not in reviewed.resend], tools
+    )
+    outcomes.update(recovered.outcomes)
+    if recovered.to_review:
+        recovery_reviews_open(session, owner, recovered.to_review, tools)
+        return
 
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
     # A question to the user stays open: their next message is its result.
@@ -195,15 +170,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         # Settled or released by the results' commit (a call never reserved is left alone).
         if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
             call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
-    stop, note = None, ""
-    if credits.refused and insufficient_before(session, calls[0].step):
-        # The model was told once and tried again: end the turn with what it has.
-        stop = StopReason.INSUFFICIENT_CREDITS
-        refused = next(iter(credits.refused.values())).output or {}
-        note = (
-            "I could not finish this: the next step needs "
-            f"{refused.get('points_needed')} credit points and only {refused.get('points_left')} are left."
-        )
+    stop = tool_credits_stop(session, credits, calls[0].step)
     tool_results(
         session,
         owner,
@@ -212,8 +179,8 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         tools=tools,
         env=env,
         extra_events=credits.events,
-        stop=stop,
-        stop_note=note,
+        stop=stop.stop_reason if stop else None,
+        stop_note=stop.content if stop else "",
         ask=questions[0] if questions else None,
     )
 
@@ -241,10 +208,4 @@ def _observe_tools(
             for c, o in zip(calls, outcomes, strict=True)
         ],
         started_ns,
-    )
-
-
-async def _probe_all(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[ProbeResult]:
-    return list(
-        await asyncio.gather(*(probe(tools[c.tool_name], c.idempotency_key) for c in calls))
     )
