@@ -256,6 +256,7 @@ def test_websocket_authentication_and_origin(live_stack):
             "other owner": await refused(key=other_key),
             "no such session": await refused(key=key, session=str(uuid.uuid4())),
             "bad after": await refused(key=key, after="abc"),
+            "after past the end": await refused(key=key, after=str(history[-1]["seq"] + 5)),
         }
         with pytest.raises(InvalidStatus) as bad_origin:
             async with ws_connect(live_stack, session_id, key, origin="http://evil.example"):
@@ -286,6 +287,11 @@ def test_websocket_authentication_and_origin(live_stack):
     error_then_close("other owner", "not_found", 4404)
     error_then_close("no such session", "not_found", 4404)
     error_then_close("bad after", "invalid_input", 4400)
+    # Accepted, a client would take every frame up to it for one already seen and wait
+    # for ever: it is told where the stream ends.
+    error_then_close("after past the end", "invalid_input", 4400)
+    past = results["after past the end"][0][0]["data"]["details"]
+    assert past == {"field": "after", "last_seq": history[-1]["seq"]}
     assert results["bad origin"] == 403
     assert results["wrong port"] == 403
     expected = [(e["seq"], e["type"], e["data"]) for e in history]
