@@ -250,6 +250,46 @@ def test_approvals_through_the_client_approve_one_call_and_reject_another(live_s
     assert answers[-1].startswith("Refused"), answers
 
 
+def test_run_turn_returns_the_answer_to_its_own_message_while_another_turn_runs(
+    live_stack: Stack,
+):
+    """A message sent while a turn runs is queued behind it: run_turn waits through the
+    running turn (whose answer it does not return) to the turn that answers its message,
+    with the sync and the async client alike."""
+    AgentFactory(
+        slug="slow-echo",
+        model=ModelEndpointFactory(name="slow-rules", api="rules", options={}),
+        rules=[{"answer": "Echo: {{ user }}"}],
+    )
+    set_model_options("slow-rules", latency_s=1.5)
+    key = api_key_for("alice")
+    with Client(live_stack.http, key) as client:
+        session = client.create_session("slow-echo")
+        client.send_message(session.id, "first")
+        result = client.run_turn(session.id, "second", timeout=60)
+        answers = [
+            e.content
+            for e in result.events
+            if isinstance(e, MessageCompleted) and e.role == "assistant"
+        ]
+        assert answers == ["Echo: first", "Echo: second"], answers
+        assert (result.finished.turn, result.answer) == (2, "Echo: second")
+
+    async def scenario() -> tuple[list[str], int, str]:
+        async with AsyncClient(live_stack.http, key) as client:
+            session = await client.create_session("slow-echo")
+            await client.send_message(session.id, "third")
+            result = await client.run_turn(session.id, "fourth", timeout=60)
+            said = [
+                e.content
+                for e in result.events
+                if isinstance(e, MessageCompleted) and e.role == "assistant"
+            ]
+            return said, result.finished.turn, result.answer
+
+    assert asyncio.run(scenario()) == (["Echo: third", "Echo: fourth"], 2, "Echo: fourth")
+
+
 def test_a_socket_cut_mid_turn_resumes_with_no_gap_and_no_duplicate(live_stack: Stack):
     """The client's socket is cut three times while a slow turn runs; the stream
     reconnects from its last seq each time and hands out the whole history once."""

@@ -75,6 +75,20 @@ def _posted(response: httpx.Response) -> PostedMessage:
     )
 
 
+def _own_turn(message: Message) -> int | None:
+    """The turn a posted message belongs to, once it has one: a queued message gets its
+    turn when the turns before it have finished."""
+    return message.turn if message.status == "final" and message.seq is not None else None
+
+
+def _listed_turn(messages: list[Message], message_id: int) -> int | None:
+    return next((_own_turn(m) for m in messages if m.id == message_id), None)
+
+
+# How far back run_turn looks for its own message when a turn finishes.
+RUN_TURN_LOOKBACK = 100
+
+
 def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
@@ -196,7 +210,8 @@ class _Calls:
 
 @dataclass(frozen=True)
 class TurnResult:
-    """What `run_turn` saw: every event of the turn, in order, and its end."""
+    """What `run_turn` saw: every event, in order (a turn that was running when the message
+    was sent included), and the end of the message's own turn."""
 
     events: list[Event]
     finished: TurnFinished
@@ -205,14 +220,22 @@ class TurnResult:
     def answer(self) -> str:
         """The turn's last assistant message ("" when it ended without one)."""
         for event in reversed(self.events):
-            if isinstance(event, MessageCompleted) and event.role == "assistant":
+            if (
+                isinstance(event, MessageCompleted)
+                and event.role == "assistant"
+                and event.turn == self.finished.turn
+            ):
                 return event.content
         return ""
 
     @property
     def tool_calls(self) -> list[str]:
         """The tools the turn ran, in order (from its `tool.finished` events)."""
-        return [e.data.get("tool", "") for e in self.events if e.type == "tool.finished"]
+        return [
+            e.data.get("tool", "")
+            for e in self.events
+            if e.type == "tool.finished" and e.data.get("turn") == self.finished.turn
+        ]
 
 
 def _settings(base_url: str | None, api_key: str | None) -> tuple[str, str, str]:
@@ -373,16 +396,20 @@ class Client:
         timeout: float | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> TurnResult:
-        """Send `content` and wait for the turn it starts to finish.
+        """Send `content` and wait for the turn that answers it to finish.
 
-        1. Open the stream after the session's newest event (so only this turn's come).
-        2. Post the message over REST.
-        3. Collect events until `turn.finished` (TimeoutError after `timeout` seconds).
-        For an idle session; while another turn runs, the first to finish ends the wait.
+        1. Open the stream after the session's newest event.
+        2. Post the message over REST: it says the turn it belongs to, or that it is
+           queued behind a running turn (the session's double-texting policy decides).
+        3. Collect events until the `turn.finished` of the message's own turn (TimeoutError
+           after `timeout` seconds). A turn already running finishes first: its events
+           are among `events`, but its answer is not returned; a queued message's turn is
+           read from REST once a turn finishes, and the wait goes on until its own does.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.stream(session_id, after=self.last_seq(session_id)) as events:
-            self.send_message(session_id, content, idempotency_key=idempotency_key)
+            own = self.send_message(session_id, content, idempotency_key=idempotency_key).message
+            turn = _own_turn(own)
             seen: list[Event] = []
             while True:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0)
@@ -391,7 +418,11 @@ class Client:
                 if on_event is not None:
                     on_event(event)
                 if isinstance(event, TurnFinished):
-                    return TurnResult(events=seen, finished=event)
+                    if turn is None:
+                        listed = self.list_messages(session_id, limit=RUN_TURN_LOOKBACK)
+                        turn = _listed_turn(listed, own.id)
+                    if turn is not None and event.turn >= turn:
+                        return TurnResult(events=seen, finished=event)
 
     # Tools, usage, approvals ----------------------------------------------------------
 
@@ -555,7 +586,9 @@ class AsyncClient:
         """See `Client.run_turn`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self.stream(session_id, after=await self.last_seq(session_id)) as events:
-            await self.send_message(session_id, content, idempotency_key=idempotency_key)
+            posted = await self.send_message(session_id, content, idempotency_key=idempotency_key)
+            own = posted.message
+            turn = _own_turn(own)
             seen: list[Event] = []
             while True:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0)
@@ -564,7 +597,11 @@ class AsyncClient:
                 if on_event is not None:
                     on_event(event)
                 if isinstance(event, TurnFinished):
-                    return TurnResult(events=seen, finished=event)
+                    if turn is None:
+                        listed = await self.list_messages(session_id, limit=RUN_TURN_LOOKBACK)
+                        turn = _listed_turn(listed, own.id)
+                    if turn is not None and event.turn >= turn:
+                        return TurnResult(events=seen, finished=event)
 
     async def tools(self) -> list[Tool]:
         return await self._run(_Calls.tools())
