@@ -554,10 +554,16 @@ async def _execute_one(
             if attempts <= retries:
                 continue
             breaker.record_failure(tool.name)
-            log_tool_failure(tool, "timeout", f"no answer within {tool.timeout_s:g} s")
+            # What the caller waited in all, not one attempt's limit.
+            waited = (
+                f"{tool.timeout_s:g} s"
+                if attempts == 1
+                else f"{tool.timeout_s:g} s, {attempts} times ({tool.timeout_s * attempts:g} s in all)"
+            )
+            log_tool_failure(tool, "timeout", f"no answer within {waited}")
             return _failure(
                 "timeout",
-                f"{tool.name} did not answer within {tool.timeout_s:g} s.",
+                f"{tool.name} did not answer within {waited}.",
                 started,
                 coercions=checked.coercions,
                 attempts=attempts,

@@ -360,7 +360,8 @@ def test_a_slow_async_handler_times_out_in_a_real_run(make_agent, make_session):
     call = ToolCall.objects.get(session=session)
     assert (call.status, call.attempts) == ("timeout", 2)  # read-only: retried once
     assert Message.objects.get(session=session, role="tool").content == (
-        f"{FAILURE_MARKER} (status: timeout): {name} did not answer within 0.1 s."
+        f"{FAILURE_MARKER} (status: timeout): {name} did not answer within 0.1 s,"
+        " 2 times (0.2 s in all)."
     )
     assert (
         Message.objects.filter(session=session, role="assistant").order_by("-seq").first().content

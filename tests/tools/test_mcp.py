@@ -190,7 +190,8 @@ def test_a_tool_slower_than_its_timeout_is_a_timeout_result(mcp_server, unique):
 
     assert outcome.status == "timeout"
     assert outcome.content == (
-        f"{FAILURE_MARKER} (status: timeout): {server.name}.slow did not answer within 1 s."
+        f"{FAILURE_MARKER} (status: timeout): {server.name}.slow did not answer within 1 s,"
+        " 2 times (2 s in all)."
     )
     # Read-only: one retry after the first timeout, then the result.
     assert outcome.attempts == 2
