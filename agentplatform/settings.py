@@ -169,6 +169,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "sessions.tasks.prune_checkpoints",
         "schedule": 3600.0,
     },
+    "prune-ephemeral-sessions": {
+        "task": "sessions.tasks.prune_ephemeral_sessions",
+        "schedule": 600.0,
+    },
 }
 
 # Engine limits and timings.
@@ -230,6 +234,9 @@ MEMORY_INDEX_BUILD_MEM = env.str("MEMORY_INDEX_BUILD_MEM", default="512MB")
 ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
 # Checkpoints of finished turns older than this are pruned (the latest per session is kept).
 CHECKPOINT_RETENTION_DAYS = env.float("CHECKPOINT_RETENTION_DAYS", default=30.0)
+# Sessions of stateless OpenAI-compatible requests (no X-Session-Id) are deleted, with
+# everything they hold, once idle this long (checked every 10 minutes).
+EPHEMERAL_SESSION_TTL_S = env.float("EPHEMERAL_SESSION_TTL_S", default=86400.0)
 # An idle websocket re-reads the database this often, in case a notification was lost.
 WS_RESYNC_S = env.float("WS_RESYNC_S", default=15.0)
 # A session's websocket feed (one channel-layer subscription per session per web

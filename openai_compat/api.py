@@ -23,10 +23,9 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
 from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
 from sessions.errors import DomainError, InvalidInput, NotFound
@@ -275,12 +274,10 @@ class ModelDetailView(OpenAIView):
 class ChatCompletionView(OpenAIView):
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403)
 
-    def get_throttles(self) -> list[BaseThrottle]:
-        # A request without X-Session-Id opens a session, and counts as one.
-        throttles: list[BaseThrottle] = [ApiKeyRateThrottle()]
-        if not self.request.headers.get(SESSION_HEADER):
-            throttles.append(SessionCreateThrottle())
-        return throttles
+    # A request without X-Session-Id is stateless, as OpenAI's API is: its session is
+    # ephemeral and not counted as one created, so clients that never send the header
+    # (LangChain, the Agents SDK) are limited by the request rate alone.
+    throttle_classes = [ApiKeyRateThrottle]
 
     @extend_schema(
         tags=["openai"],
@@ -344,6 +341,7 @@ class ChatCompletionView(OpenAIView):
                 agent_slug=agent.slug,
                 history=chat.history,
                 content=chat.content,
+                ephemeral=True,
             )
         frames = TurnFrames.join(session.pk)
         try:

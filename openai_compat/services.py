@@ -49,6 +49,7 @@ def chat_session_create(
     agent_slug: str,
     history: Sequence[HistoryItem],
     content: str,
+    ephemeral: bool = False,
 ) -> Session:
     """A new session on the agent whose history is `history` (earlier user and assistant
     messages, in order, as turn 0); no turn starts until `chat_turn_post`. The turn's
@@ -67,7 +68,9 @@ def chat_session_create(
                 details={"field": f"messages[{i}]", "limit": settings.MAX_MESSAGE_CHARS},
             )
     with transaction.atomic():
-        session = session_create(owner=owner, agent_slug=agent_slug, key_roles=key_roles)
+        session = session_create(
+            owner=owner, agent_slug=agent_slug, key_roles=key_roles, ephemeral=ephemeral
+        )
         if history:
             Message.objects.bulk_create(
                 Message(

@@ -194,6 +194,9 @@ class Session(models.Model):
     dialogue_state = models.JSONField(default=dict, blank=True)
     role = models.CharField(max_length=50, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # Opened by a stateless OpenAI-compatible request (no X-Session-Id): not counted as a
+    # session created, left out of session lists, pruned after EPHEMERAL_SESSION_TTL_S.
+    ephemeral = models.BooleanField(default=False)
     state = StateField(default=State.IDLE.value)
     version = models.PositiveIntegerField(default=0)
     lease_owner = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001 - NULL is "no lease"
@@ -255,6 +258,12 @@ class Session(models.Model):
         ]
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="session_owner_created"),
+            # The pruning of ephemeral sessions reads only them (a small share of sessions).
+            models.Index(
+                fields=["updated_at"],
+                name="session_ephemeral_updated",
+                condition=models.Q(ephemeral=True),
+            ),
             models.Index(fields=["agent", "-created_at"], name="session_agent_created"),
             # The sweeper's two questions: runs whose lease ran out, and
             # sessions with messages waiting and nobody on them.

@@ -43,8 +43,13 @@ def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
     return session
 
 
-def session_list_for_owner(*, owner_id: int) -> QuerySet[Session]:
-    return Session.objects.select_related("agent").filter(owner_id=owner_id).order_by("-created_at")
+def session_list_for_owner(*, owner_id: int, ephemeral: bool = False) -> QuerySet[Session]:
+    """The owner's sessions, newest first; ephemeral ones (stateless OpenAI-compatible
+    requests) only with `ephemeral`."""
+    rows = Session.objects.select_related("agent").filter(owner_id=owner_id)
+    if not ephemeral:
+        rows = rows.filter(ephemeral=False)
+    return rows.order_by("-created_at")
 
 
 def message_history(*, session: Session, limit: int) -> list[Message]:

@@ -32,6 +32,11 @@ def prune_checkpoints() -> int:
     return services.checkpoints_prune()
 
 
+@shared_task(name="sessions.tasks.prune_ephemeral_sessions", ignore_result=True)
+def prune_ephemeral_sessions() -> int:
+    return services.ephemeral_sessions_prune()
+
+
 @shared_task(name="sessions.tasks.keep_turn_memory", ignore_result=True)
 def keep_turn_memory(session_id: str, turn: int) -> int:
     return services.memory_turn_keep(session_id=session_id, turn=turn)

@@ -139,6 +139,7 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
             "turn",
             "queued_count",
             "value",
+            "ephemeral",
             "usage",
             "last_error",
             "created_at",

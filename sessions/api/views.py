@@ -42,6 +42,13 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
+def _bool_param(request: Request, name: str) -> bool:
+    raw = (request.query_params.get(name) or "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise InvalidInput(f"{name} must be true or false; got {raw!r}", details={"field": name})
+    return raw in ("true", "1")
+
+
 def _key_roles(request: Request) -> list[str]:
     return list(getattr(request.auth, "roles", None) or [])
 
@@ -56,11 +63,23 @@ class SessionListView(APIView):
     key_grants_checked = ("POST",)  # a value above the key's grant (403, schema.py)
 
     @extend_schema(
-        responses=SessionSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
+        responses=SessionSerializer(many=True),
+        parameters=[
+            OpenApiParameter("limit", int),
+            OpenApiParameter(
+                "ephemeral",
+                bool,
+                description="Include the ephemeral sessions of stateless OpenAI-compatible "
+                "requests (left out by default).",
+            ),
+        ],
     )
     def get(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 20, 1, 200)
-        rows = selectors.session_list_for_owner(owner_id=request.user.pk)[:limit]
+        ephemeral = _bool_param(request, "ephemeral")
+        rows = selectors.session_list_for_owner(owner_id=request.user.pk, ephemeral=ephemeral)[
+            :limit
+        ]
         return Response(SessionSerializer(rows, many=True).data)
 
     @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})

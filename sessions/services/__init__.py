@@ -41,6 +41,7 @@ from sessions.services.runs import (
 from sessions.services.sweep import (
     checkpoints_prune,
     credits_reconcile,
+    ephemeral_sessions_prune,
     questions_expire_due,
     sessions_sweep,
     steps_pace,
@@ -48,6 +49,7 @@ from sessions.services.sweep import (
 )
 
 __all__ = [
+    "ephemeral_sessions_prune",
     "WAITING",
     "PostedMessage",
     "approval_decide",

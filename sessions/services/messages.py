@@ -49,10 +49,12 @@ def session_create(
     metadata: dict[str, Any] | None = None,
     value: float | None = None,
     value_max: float | None = None,
+    ephemeral: bool = False,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows,
     its value (priority for credits and workers) from the caller, within what the key is
-    granted (`value_max`, see `session_value_check`), or else the agent's."""
+    granted (`value_max`, see `session_value_check`), or else the agent's. An `ephemeral`
+    one (a stateless OpenAI-compatible request) is pruned once idle for a while."""
     agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
     if agent is None:
         raise InvalidInput(
@@ -74,6 +76,7 @@ def session_create(
         role=role,
         metadata=metadata or {},
         value=agent.value if value is None else value,
+        ephemeral=ephemeral,
     )
 
 

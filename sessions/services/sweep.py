@@ -31,7 +31,7 @@ from sessions.models import (
     ToolCallStatus,
 )
 from sessions.services.approvals import approvals_expire_due
-from sessions.states import RUNNABLE, STARTS_TURN, IllegalTransition, State
+from sessions.states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from sessions.sweep_status import sweep_mark_completed
 
 logger = logging.getLogger(__name__)
@@ -214,3 +214,27 @@ def checkpoints_prune(*, older_than_days: float | None = None, batch: int = 5000
         total += deleted
         if deleted < batch:
             return total
+
+
+def ephemeral_sessions_prune(*, older_than_s: float | None = None, batch: int = 200) -> int:
+    """Delete ephemeral sessions (stateless OpenAI-compatible requests) idle for longer than
+    `EPHEMERAL_SESSION_TTL_S`, with everything they hold; a session whose turn still runs or
+    waits (for a person, an answer, a timer) is kept. In batches: no transaction runs long."""
+    ttl = settings.EPHEMERAL_SESSION_TTL_S if older_than_s is None else older_than_s
+    cutoff = timezone.now() - timedelta(seconds=ttl)
+    at_rest = [State.IDLE.value, *(s.value for s in TURN_ENDED)]
+    deleted = 0
+    while True:
+        ids = list(
+            Session.objects.filter(ephemeral=True, updated_at__lt=cutoff, state__in=at_rest)
+            .order_by("updated_at")
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        with transaction.atomic():
+            # Checked again: a message may have woken one since it was read.
+            _, by_model = Session.objects.filter(
+                pk__in=ids, updated_at__lt=cutoff, state__in=at_rest
+            ).delete()
+        deleted += by_model.get(Session._meta.label, 0)

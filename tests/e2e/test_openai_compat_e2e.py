@@ -72,6 +72,8 @@ def test_a_completion_is_the_agents_answer_with_usage_and_a_session(live_stack, 
     assert choice.finish_reason == "stop"
     assert completion.object == "chat.completion" and completion.model == slug
     session = Session.objects.get(pk=session_id)
+    # No X-Session-Id: a stateless request, its session ephemeral (pruned once idle).
+    assert session.ephemeral
     assert completion.usage is not None
     assert completion.usage.prompt_tokens == session.input_tokens > 0
     assert completion.usage.completion_tokens == session.output_tokens > 0

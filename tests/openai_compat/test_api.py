@@ -155,3 +155,12 @@ def test_the_models_are_the_enabled_agents(client: APIClient) -> None:
 
 def test_a_nul_in_a_model_path_is_404_not_a_500(client: APIClient) -> None:
     assert _error(client.get("/openai/v1/models/a%00b"), 404)["code"] == "model_not_found"
+
+
+def test_a_stateless_request_is_not_counted_as_a_session_created(settings) -> None:  # type: ignore[no-untyped-def]
+    """Without X-Session-Id a request's session is ephemeral: clients that never send the
+    header (LangChain, the Agents SDK) are held only to the request rate."""
+    from openai_compat.api import ChatCompletionView
+
+    throttles = {type(t).__name__ for t in ChatCompletionView().get_throttles()}
+    assert throttles == {"ApiKeyRateThrottle"}

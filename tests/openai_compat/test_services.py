@@ -117,3 +117,16 @@ def test_a_key_without_the_sessions_role_posts_no_turn(owner: User) -> None:
     )
     assert posted.session_id == session.pk
     assert Message.objects.filter(session=session, role="user").count() == 1
+
+
+def test_a_stateless_requests_session_is_ephemeral_and_left_out_of_lists(owner: User) -> None:
+    from sessions.selectors import session_list_for_owner
+
+    kept = SessionFactory(owner=owner)
+    stateless = chat_session_create(
+        owner=owner, key_roles=["support"], agent_slug="helper", history=[], content="hi",
+        ephemeral=True,
+    )  # fmt: skip
+    assert Session.objects.get(pk=stateless.pk).ephemeral
+    assert list(session_list_for_owner(owner_id=owner.pk)) == [kept]
+    assert set(session_list_for_owner(owner_id=owner.pk, ephemeral=True)) == {kept, stateless}

@@ -476,3 +476,23 @@ def test_the_sweep_publishes_step_pacing_from_the_database_round_trip(settings):
     finally:
         health.report_withdraw("w@pace")
         health._redis().delete(health._pacing_key())
+
+
+def test_ephemeral_sessions_idle_past_their_ttl_are_pruned_with_what_they_hold(make_session):
+    """Only ephemeral ones, only at rest, only once idle for EPHEMERAL_SESSION_TTL_S."""
+    old = timezone.now() - timedelta(hours=2)
+    gone = make_session(ephemeral=True, state=State.FINISHED.value)
+    idle = make_session(ephemeral=True, state=State.IDLE.value)
+    recent = make_session(ephemeral=True, state=State.FINISHED.value)
+    waiting = make_session(ephemeral=True, state=State.AWAITING_APPROVAL.value)
+    kept = make_session(state=State.FINISHED.value)  # not ephemeral
+    Message.objects.create(session=gone, seq=1, turn=1, role="user", content="hi")
+    Event.objects.create(session=gone, seq=1, type="state.changed", data={})
+    Session.objects.filter(pk__in=[gone.pk, idle.pk, waiting.pk, kept.pk]).update(updated_at=old)
+
+    assert services.ephemeral_sessions_prune(older_than_s=3600, batch=1) == 2
+    left = set(Session.objects.values_list("pk", flat=True))
+    assert left == {recent.pk, waiting.pk, kept.pk}
+    assert not Message.objects.filter(session_id=gone.pk).exists()
+    assert not Event.objects.filter(session_id=gone.pk).exists()
+    assert services.ephemeral_sessions_prune(older_than_s=3600) == 0

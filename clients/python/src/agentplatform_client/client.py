@@ -111,8 +111,9 @@ class _Calls:
         return _Call("POST", "sessions/", _one(Session), body=body, has_body=True)
 
     @staticmethod
-    def list_sessions(limit: int | None) -> _Call[list[Session]]:
-        return _Call("GET", "sessions/", _list(Session), params=_params(limit=limit))
+    def list_sessions(limit: int | None, ephemeral: bool) -> _Call[list[Session]]:
+        params = _params(limit=limit, ephemeral="true" if ephemeral else None)
+        return _Call("GET", "sessions/", _list(Session), params=params)
 
     @staticmethod
     def get_session(session_id: str) -> _Call[Session]:
@@ -320,9 +321,10 @@ class Client:
     ) -> Session:
         return self._run(_Calls.create_session(agent, metadata, role, value))
 
-    def list_sessions(self, *, limit: int | None = None) -> list[Session]:
-        """Your sessions, newest first."""
-        return self._run(_Calls.list_sessions(limit))
+    def list_sessions(self, *, limit: int | None = None, ephemeral: bool = False) -> list[Session]:
+        """Your sessions, newest first (with `ephemeral`, those of stateless OpenAI-compatible
+        requests too)."""
+        return self._run(_Calls.list_sessions(limit, ephemeral))
 
     def get_session(self, session_id: str) -> Session:
         return self._run(_Calls.get_session(session_id))
@@ -515,8 +517,10 @@ class AsyncClient:
     ) -> Session:
         return await self._run(_Calls.create_session(agent, metadata, role, value))
 
-    async def list_sessions(self, *, limit: int | None = None) -> list[Session]:
-        return await self._run(_Calls.list_sessions(limit))
+    async def list_sessions(
+        self, *, limit: int | None = None, ephemeral: bool = False
+    ) -> list[Session]:
+        return await self._run(_Calls.list_sessions(limit, ephemeral))
 
     async def get_session(self, session_id: str) -> Session:
         return await self._run(_Calls.get_session(session_id))

@@ -70,6 +70,8 @@ class Session:
     value: float
     created_at: datetime | None
     updated_at: datetime | None
+    # Opened by a stateless OpenAI-compatible request: pruned once idle a while.
+    ephemeral: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -88,6 +90,7 @@ class Session:
             value=float(data.get("value") or 0),
             created_at=parse_time(data.get("created_at")),
             updated_at=parse_time(data.get("updated_at")),
+            ephemeral=bool(data.get("ephemeral")),
             raw=data,
         )
 
