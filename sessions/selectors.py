@@ -1,7 +1,7 @@
 """Named reads of sessions, their history and their events."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
 
-from .errors import NotFound
+from .errors import InvalidInput, NotFound
 from .events import EventType
 from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 
@@ -43,22 +43,48 @@ def session_get_for_owner(*, session_id: UUID | str, owner_id: int) -> Session:
     return session
 
 
-def session_list_for_owner(*, owner_id: int, ephemeral: bool = False) -> QuerySet[Session]:
+# A page of the session list ends at a session; the next starts after it, in the list's
+# order (newest first): "<created_at in µs since the epoch>.<id>", opaque to clients.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def session_cursor(session: Session) -> str:
+    return f"{(session.created_at - _EPOCH) // timedelta(microseconds=1)}.{session.pk.hex}"
+
+
+def session_cursor_parse(cursor: str) -> tuple[datetime, UUID]:
+    """The (created_at, id) a cursor names; InvalidInput for anything else."""
+    micros, _, pk = cursor.partition(".")
+    try:
+        return _EPOCH + timedelta(microseconds=int(micros)), UUID(hex=pk)
+    except (ValueError, OverflowError):
+        raise InvalidInput(
+            f"before must be a cursor from a Link header; got {cursor[:80]!r}",
+            details={"field": "before"},
+        ) from None
+
+
+def session_list_for_owner(
+    *, owner_id: int, ephemeral: bool = False, before: str | None = None
+) -> QuerySet[Session]:
     """The owner's sessions, newest first; ephemeral ones (stateless OpenAI-compatible
-    requests) only with `ephemeral`."""
+    requests) only with `ephemeral`; with `before` (a cursor), those after it in that order."""
     rows = Session.objects.select_related("agent").filter(owner_id=owner_id)
     if not ephemeral:
         rows = rows.filter(ephemeral=False)
-    return rows.order_by("-created_at")
+    if before:
+        created, pk = session_cursor_parse(before)
+        rows = rows.filter(Q(created_at__lt=created) | Q(created_at=created, pk__lt=pk))
+    return rows.order_by("-created_at", "-pk")
 
 
-def message_history(*, session: Session, limit: int) -> list[Message]:
-    """The last `limit` messages, oldest first; messages waiting for their turn come last."""
-    rows = list(
-        Message.objects.filter(session=session).order_by(F("seq").desc(nulls_first=True), "-id")[
-            :limit
-        ]
-    )
+def message_history(*, session: Session, limit: int, before: int | None = None) -> list[Message]:
+    """The last `limit` messages, oldest first; messages waiting for their turn come last.
+    With `before` (a seq): the last `limit` of those before it (no waiting ones)."""
+    rows_q = Message.objects.filter(session=session)
+    if before is not None:
+        rows_q = rows_q.filter(seq__lt=before)
+    rows = list(rows_q.order_by(F("seq").desc(nulls_first=True), "-id")[:limit])
     rows.reverse()
     return rows
 

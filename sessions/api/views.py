@@ -1,6 +1,7 @@
 """REST edge: translate HTTP into service calls and back; no business logic here."""
 
 from typing import Any
+from urllib.parse import urlencode
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -72,15 +73,31 @@ class SessionListView(APIView):
                 description="Include the ephemeral sessions of stateless OpenAI-compatible "
                 "requests (left out by default).",
             ),
+            OpenApiParameter(
+                "before",
+                str,
+                description='The next page: the cursor a `Link: <...>; rel="next"` header '
+                "gave (sessions older than the last one of the page before).",
+            ),
         ],
     )
     def get(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 20, 1, 200)
         ephemeral = _bool_param(request, "ephemeral")
-        rows = selectors.session_list_for_owner(owner_id=request.user.pk, ephemeral=ephemeral)[
-            :limit
-        ]
-        return Response(SessionSerializer(rows, many=True).data)
+        rows = list(
+            selectors.session_list_for_owner(
+                owner_id=request.user.pk,
+                ephemeral=ephemeral,
+                before=request.query_params.get("before") or None,
+            )[: limit + 1]
+        )
+        response = Response(SessionSerializer(rows[:limit], many=True).data)
+        if len(rows) > limit:
+            params = {"limit": limit, "before": selectors.session_cursor(rows[limit - 1])}
+            if ephemeral:
+                params["ephemeral"] = "true"
+            response["Link"] = f'<{request.path}?{urlencode(params)}>; rel="next"'
+        return response
 
     @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
     def post(self, request: Request) -> Response:
@@ -110,16 +127,31 @@ class SessionMessagesView(APIView):
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
     @extend_schema(
-        responses=MessageSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
+        responses=MessageSerializer(many=True),
+        parameters=[
+            OpenApiParameter("limit", int),
+            OpenApiParameter(
+                "before",
+                int,
+                description="Messages before this seq (the older page a "
+                '`Link: <...>; rel="next"` header names).',
+            ),
+        ],
     )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         limit = _int_param(request, "limit", 20, 1, 1000)
-        return Response(
-            MessageSerializer(
-                selectors.message_history(session=session, limit=limit), many=True
-            ).data
-        )
+        before = _int_param(request, "before", 0, 1, 2**31 - 1) or None
+        rows = selectors.message_history(session=session, limit=limit + 1, before=before)
+        page = rows[-limit:]
+        response = Response(MessageSerializer(page, many=True).data)
+        if len(rows) > limit:
+            # Oldest first within a page; the next page holds the older messages (a page of
+            # messages still waiting for their turn is followed by every numbered one).
+            seqs = [m.seq for m in page if m.seq is not None]
+            first = min(seqs) if seqs else session.message_seq + 1
+            response["Link"] = f'<{request.path}?before={first}&limit={limit}>; rel="next"'
+        return response
 
     @extend_schema(
         request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer}

@@ -290,6 +290,27 @@ def test_run_turn_returns_the_answer_to_its_own_message_while_another_turn_runs(
     assert asyncio.run(scenario()) == (["Echo: third", "Echo: fourth"], 2, "Echo: fourth")
 
 
+def test_the_session_and_message_lists_are_walked_page_by_page(live_stack: Stack):
+    AgentFactory(slug="pager", rules=[{"answer": "Echo: {{ user }}"}])
+    key = api_key_for("pat")
+    with Client(live_stack.http, key) as client:
+        sessions = [client.create_session("pager") for _ in range(3)]
+        for n in range(3):
+            client.run_turn(sessions[0].id, f"m{n}", timeout=30)
+        assert [s.id for s in client.iter_sessions(page=2)] == [s.id for s in reversed(sessions)]
+        said = [m.content for m in client.iter_messages(sessions[0].id, page=4)]
+        assert said == ["Echo: m2", "m2", "Echo: m1", "m1", "Echo: m0", "m0"]
+
+    async def walk() -> tuple[list[str], list[str]]:
+        async with AsyncClient(live_stack.http, key) as client:
+            ids = [s.id async for s in client.iter_sessions(page=2)]
+            texts = [m.content async for m in client.iter_messages(sessions[0].id, page=5)]
+            return ids, texts
+
+    ids, texts = asyncio.run(walk())
+    assert ids == [s.id for s in reversed(sessions)] and texts == said
+
+
 def test_a_socket_cut_mid_turn_resumes_with_no_gap_and_no_duplicate(live_stack: Stack):
     """The client's socket is cut three times while a slow turn runs; the stream
     reconnects from its last seq each time and hands out the whole history once."""

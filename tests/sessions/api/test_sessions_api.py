@@ -202,3 +202,63 @@ def test_events_are_paged_by_size_as_well_as_count(api, session_id, settings):
     by_count = api.get(url, {"after": 0, "limit": 1})
     assert [e["seq"] for e in by_count.json()] == [1] and "after=1&limit=1" in by_count["Link"]
     assert "Link" not in api.get(url, {"after": 6})
+
+
+def _follow(api, url: str, params: dict) -> list[list]:  # type: ignore[no-untyped-def]
+    """Every page, by the Link headers, as the JSON lists they are."""
+    import re
+
+    pages = []
+    while True:
+        response = api.get(url, params)
+        assert response.status_code == 200, response.content
+        pages.append(response.json())
+        link = response.headers.get("Link")
+        if link is None:
+            return pages
+        target = re.match(r'<([^>]+)>; rel="next"', link)
+        assert target is not None, link
+        url, _, query = target.group(1).partition("?")
+        params = dict(part.split("=", 1) for part in query.split("&"))
+
+
+def test_the_session_list_pages_by_cursor_through_every_session(api):
+    created = [api.post(BASE, {"agent": "helper"}).json()["id"] for _ in range(5)]
+    Session.objects.filter(pk=created[0]).update(ephemeral=True)
+    # Two created in the same microsecond are told apart by their id.
+    same = Session.objects.get(pk=created[1]).created_at
+    Session.objects.filter(pk=created[2]).update(created_at=same)
+
+    pages = _follow(api, BASE, {"limit": 2})
+    assert [len(p) for p in pages] == [2, 2]
+    listed = [s["id"] for p in pages for s in p]
+    assert len(set(listed)) == 4 and set(listed) == set(created[1:])
+    order = list(
+        Session.objects.filter(pk__in=created[1:])
+        .order_by("-created_at", "-pk")
+        .values_list("pk", flat=True)
+    )
+    assert listed == [str(pk) for pk in order]
+    with_ephemeral = _follow(api, BASE, {"limit": 2, "ephemeral": "true"})
+    assert [len(p) for p in with_ephemeral] == [2, 2, 1]
+    assert {s["id"] for p in with_ephemeral for s in p} == set(created)
+    assert_error(api.get(BASE, {"before": "not-a-cursor"}), 400, "invalid_input")
+
+
+def test_the_message_list_pages_back_through_the_history(api, session_id):
+    from sessions.models import Message
+
+    session = Session.objects.get(pk=session_id)
+    for seq in range(1, 6):
+        Message.objects.create(session=session, seq=seq, turn=1, role="user", content=f"m{seq}")
+    Session.objects.filter(pk=session_id).update(message_seq=5)
+    Message.objects.create(
+        session=session, seq=None, turn=1, role="user", content="queued", status="queued"
+    )
+
+    pages = _follow(api, f"{BASE}{session_id}/messages/", {"limit": 2})
+    assert [[m["content"] for m in p] for p in pages] == [
+        ["m5", "queued"],
+        ["m3", "m4"],
+        ["m1", "m2"],
+    ]

@@ -69,6 +69,25 @@ def _events(response: httpx.Response) -> EventPage:
     return page
 
 
+class Page(list[T]):
+    """One page of a list; `next_params`: the query of the page after it (from the
+    server's `Link: <...>; rel="next"` header), None on the last page."""
+
+    next_params: dict[str, Any] | None = None
+
+
+def _page(kind: Any) -> Callable[[httpx.Response], Page[Any]]:
+    def parse(response: httpx.Response) -> Page[Any]:
+        page: Page[Any] = Page(kind.from_dict(row) for row in response.json())
+        link = response.links.get("next")
+        if link is not None:
+            query = httpx.URL(link["url"]).params
+            page.next_params = {key: query[key] for key in query}
+        return page
+
+    return parse
+
+
 def _posted(response: httpx.Response) -> PostedMessage:
     return PostedMessage(
         message=Message.from_dict(response.json()), created=response.status_code == 202
@@ -114,6 +133,14 @@ class _Calls:
     def list_sessions(limit: int | None, ephemeral: bool) -> _Call[list[Session]]:
         params = _params(limit=limit, ephemeral="true" if ephemeral else None)
         return _Call("GET", "sessions/", _list(Session), params=params)
+
+    @staticmethod
+    def sessions_page(url_or_params: dict[str, Any]) -> _Call[Page[Session]]:
+        return _Call("GET", "sessions/", _page(Session), params=url_or_params)
+
+    @staticmethod
+    def messages_page(session_id: str, params: dict[str, Any]) -> _Call[Page[Message]]:
+        return _Call("GET", f"sessions/{session_id}/messages/", _page(Message), params=params)
 
     @staticmethod
     def get_session(session_id: str) -> _Call[Session]:
@@ -355,6 +382,22 @@ class Client:
         """History, oldest first (the last `limit`, server default 20)."""
         return self._run(_Calls.list_messages(session_id, limit))
 
+    def iter_sessions(self, *, ephemeral: bool = False, page: int = 200) -> Iterator[Session]:
+        """Every one of your sessions, newest first, page by page (the server's cursors)."""
+        params: dict[str, Any] | None = _params(limit=page, ephemeral="true" if ephemeral else None)
+        while params is not None:
+            found = self._run(_Calls.sessions_page(params))
+            yield from found
+            params = found.next_params
+
+    def iter_messages(self, session_id: str, *, page: int = 1000) -> Iterator[Message]:
+        """A session's whole history, newest first, page by page (older pages as asked for)."""
+        params: dict[str, Any] | None = {"limit": page}
+        while params is not None:
+            found = self._run(_Calls.messages_page(session_id, params))
+            yield from reversed(found)
+            params = found.next_params
+
     def list_events(
         self, session_id: str, *, after: int = 0, limit: int | None = None
     ) -> EventPage:
@@ -544,6 +587,26 @@ class AsyncClient:
 
     async def list_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
         return await self._run(_Calls.list_messages(session_id, limit))
+
+    async def iter_sessions(
+        self, *, ephemeral: bool = False, page: int = 200
+    ) -> AsyncIterator[Session]:
+        """See `Client.iter_sessions`."""
+        params: dict[str, Any] | None = _params(limit=page, ephemeral="true" if ephemeral else None)
+        while params is not None:
+            found = await self._run(_Calls.sessions_page(params))
+            for session in found:
+                yield session
+            params = found.next_params
+
+    async def iter_messages(self, session_id: str, *, page: int = 1000) -> AsyncIterator[Message]:
+        """See `Client.iter_messages`."""
+        params: dict[str, Any] | None = {"limit": page}
+        while params is not None:
+            found = await self._run(_Calls.messages_page(session_id, params))
+            for message in reversed(found):
+                yield message
+            params = found.next_params
 
     async def list_events(
         self, session_id: str, *, after: int = 0, limit: int | None = None
