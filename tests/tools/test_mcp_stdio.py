@@ -41,9 +41,13 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie is dead too (reaped only when the loop notices).
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    # A zombie is dead too (reaped only when the loop notices); one reaped between the two
+    # looks has no /proc entry any more.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # ProcessLookupError or FileNotFoundError, as the kernel reports it
+        return False
 
 
 def _wait_gone(pid: int, within_s: float = 10.0) -> None:
