@@ -32,6 +32,7 @@ from engine.model.usage import ModelSpend
 from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError
+from llm.types import ChatRequest
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
@@ -149,7 +150,7 @@ class ModelPlan:
     stop: GuardVerdict | None
     added: Contribution  # the contributing gates' notes, blocks, calls, dialogue state
     summary: SummaryOutcome
-    request: Any  # the ChatRequest, fitted to the window of the endpoint it goes to
+    request: ChatRequest  # fitted to the window of the endpoint it goes to
     gate: ModelGate  # the budget's degradation level, endpoint and verdict
     read: GateRead
     tokens: dict[str, int]

@@ -135,8 +135,8 @@ class _Calls:
         return _Call("GET", "sessions/", _list(Session), params=params)
 
     @staticmethod
-    def sessions_page(url_or_params: dict[str, Any]) -> _Call[Page[Session]]:
-        return _Call("GET", "sessions/", _page(Session), params=url_or_params)
+    def sessions_page(params: dict[str, Any]) -> _Call[Page[Session]]:
+        return _Call("GET", "sessions/", _page(Session), params=params)
 
     @staticmethod
     def messages_page(session_id: str, params: dict[str, Any]) -> _Call[Page[Message]]:
