@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "memory",
     "billing",
     "approvals",
+    "workflows",
     "demo",
     "observability",
 ]

@@ -28,6 +28,7 @@ urlpatterns = [
     path("api/v1/tools/", ToolListView.as_view(), name="tool-list"),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/approvals/", include("approvals.urls")),
+    path("api/v1/workflows/", include("workflows.urls")),
     path("playground/", playground, name="playground"),
     path("openai/v1/", include("openai_compat.urls")),
 ]

@@ -20,7 +20,12 @@ def approval_reason(
     `level` is the call's risk level (declared or assessed, tools/risk.py).
     """
     if tool.requires_approval:
-        return f"{tool.name} always requires approval"
+        stated = (
+            arguments.get(tool.approval_reason_argument)
+            if tool.approval_reason_argument and isinstance(arguments, dict)
+            else None
+        )
+        return str(stated) if stated else f"{tool.name} always requires approval"
     level = tool.risk_level if level is None else level
     if level is not None and level >= HIGHEST_RISK:
         return f"{tool.name} has risk level {level}" + (f" ({why})" if why else "")

@@ -18,7 +18,7 @@ from sessions.errors import InvalidInput
 from tools.execution import ToolSnapshot, validator_for
 from tools.validation import check_arguments
 
-from .models import Approval, ApprovalKind, ApprovalTransition
+from .models import DEFAULT_GROUP, Approval, ApprovalKind, ApprovalTransition
 from .notify import announce_on_commit
 from .states import ApprovalStatus, Outcome, approval_next
 
@@ -53,6 +53,7 @@ def approval_request(
         risk_level=tool.risk_level if risk_level is None else risk_level,
         reason=reason,
         on_timeout=tool.approval_on_timeout,
+        group=tool.approval_group or DEFAULT_GROUP,
         escalate_to=tool.approval_escalate_to,
         timeout_s=tool.approval_timeout_s,
         requested_at=now + timedelta(microseconds=call_position),  # keeps the model's order

@@ -1,7 +1,7 @@
 """The declarative config file: its schema, and checks that name the wrong entry and field."""
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +17,7 @@ from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
+from workflows.definition import WorkflowInvalid, definition_parse
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 # An agent's or a rule's tool: a tool's name, or an MCP server's `<server>.<tool>`.
@@ -269,6 +270,19 @@ DOCUMENT = {
         "mcp_servers": {"type": "array", "items": MCP_SERVER_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
         "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
+        # The rest of a workflow is checked by its own parser (workflows/definition.py),
+        # which names workflow, node and field.
+        "workflows": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["slug"],
+                "properties": {
+                    "slug": {"type": "string"},
+                    "rules": {"type": "array", "items": RULE},
+                },
+            },
+        },
     },
 }
 
@@ -392,6 +406,8 @@ def config_errors(
     known_roles: set[str] | None = None,
     known_mcp_servers: set[str] | None = None,
     check_urls: bool = False,
+    known_tool_roles: Mapping[str, Collection[str]] | None = None,
+    known_agents: set[str] | None = None,
 ) -> list[str]:
     """Every problem in the file, each naming its entry and field; empty if it is valid."""
     if not isinstance(document, dict):
@@ -405,6 +421,7 @@ def config_errors(
     if errors:
         return errors
     for kind, key in (
+        ("workflows", "slug"),
         ("roles", "name"),
         ("models", "name"),
         ("tools", "name"),
@@ -502,6 +519,41 @@ def config_errors(
                 errors.append(
                     f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})"
                 )
+    errors.extend(
+        _workflow_errors(
+            document,
+            known_tool_roles=known_tool_roles or {},
+            known_agents=known_agents or set(),
+            models=models,
+        )
+    )
+    return errors
+
+
+def _workflow_errors(
+    document: dict[str, Any],
+    *,
+    known_tool_roles: Mapping[str, Collection[str]],
+    known_agents: set[str],
+    models: set[str],
+) -> list[str]:
+    """Each workflow parsed as it will be stored: every error names workflow, node and field."""
+    tools: dict[str, Collection[str]] = {**known_tool_roles}
+    for entry in document.get("tools") or []:
+        tools[entry["name"]] = entry.get("roles") or ()
+    agents = known_agents | {a["slug"] for a in document.get("agents") or []}
+    errors: list[str] = []
+    for i, entry in enumerate(document.get("workflows") or []):
+        try:
+            definition_parse(
+                entry,
+                where=f"workflows[{i}] ({entry['slug']})",
+                known_tools=tools,
+                known_agents=agents,
+                known_models=models,
+            )
+        except WorkflowInvalid as exc:
+            errors.extend(exc.errors)
     return errors
 
 

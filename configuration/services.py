@@ -19,6 +19,9 @@ from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
 from tools.models import McpServer, Tool
 from tools.services import mcp_server_list, mcp_tools_store
+from workflows.definition import WorkflowInvalid
+from workflows.selectors import definition_compile, tool_roles
+from workflows.services import workflow_apply
 
 from .schema import config_errors, resolve_urls
 
@@ -236,6 +239,10 @@ def config_apply(
         known_roles=set(Role.objects.values_list("name", flat=True)),
         known_mcp_servers=set(McpServer.objects.values_list("name", flat=True)),
         check_urls=check_urls,
+        known_tool_roles=tool_roles(),
+        known_agents=set(
+            Agent.objects.filter(workflow__isnull=True).values_list("slug", flat=True)
+        ),
     )
     if errors:
         raise ConfigInvalid(errors)
@@ -341,4 +348,14 @@ def config_apply(
             report.append(
                 f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}"
             )
+        default_model = (document.get("models") or [{}])[0].get("name")
+        for i, entry in enumerate(document.get("workflows") or []):
+            where = f"workflows[{i}] ({entry['slug']})"
+            try:
+                definition = definition_compile(entry, where=where)
+                report.append(
+                    workflow_apply(definition=definition, where=where, default_model=default_model)
+                )
+            except WorkflowInvalid as exc:
+                raise ConfigInvalid(exc.errors) from None
     return report + warnings + discovery_warnings + description_warnings

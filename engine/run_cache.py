@@ -23,6 +23,9 @@ from engine.store.commit import CallsCommitted
 from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
 from sessions.rows import json_value, jsonb_value
 from tools.execution import ToolSnapshot, tools_for_agent
+from workflows.definition import Definition
+from workflows.node_tools import node_tools
+from workflows.selectors import version_definition
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,44 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     with _lock:
         _agents[agent_id] = runtime
     return runtime
+
+
+@dataclass(frozen=True)
+class WorkflowRuntime:
+    """A workflow run's compiled version, with the tools its nodes add (a person's review,
+    the timer) and each node call's own time limit, by the call's id."""
+
+    definition: Definition
+    tools: dict[str, ToolSnapshot]
+
+    def tools_with(self, tools: dict[str, ToolSnapshot]) -> dict[str, ToolSnapshot]:
+        return {**tools, **self.tools}
+
+    def timeout_of(self, call_id: str) -> float | None:
+        node_id = call_id.partition("#")[0]
+        try:
+            node = self.definition.node(node_id)
+        except KeyError:
+            return None
+        inner = node.inner if node.kind == "map" and node.inner is not None else node
+        return inner.timeout_s if inner.kind == "tool" else None
+
+
+_workflows: dict[int, WorkflowRuntime] = {}
+
+
+def workflow_runtime(session: Session) -> WorkflowRuntime | None:
+    """The run's workflow (None for a conversation): a version never changes, so kept."""
+    version_id = session.workflow_version_id
+    if version_id is None:
+        return None
+    found = _workflows.get(version_id)
+    if found is None:
+        definition = version_definition(version_id)
+        found = WorkflowRuntime(definition=definition, tools=node_tools(definition))
+        with _lock:
+            _workflows[version_id] = found
+    return found
 
 
 # A call's key: (step, position) orders a turn's calls; the idempotency key is unique.

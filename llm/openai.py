@@ -124,6 +124,11 @@ class OpenAIAdapter(HttpAdapter):
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
+        if request.response_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": request.response_schema},
+            }
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

@@ -42,6 +42,9 @@ class ChatRequest:
     tool_choice: Literal["auto", "none", "required"] | str = "auto"
     temperature: float | None = None
     max_tokens: int | None = None
+    # A JSON Schema the answer must satisfy: sent as the wire's structured output where it
+    # has one (OpenAI's response_format); the caller validates the answer either way.
+    response_schema: dict[str, Any] | None = None
     # Agent-level configuration an adapter may need (the rules table, for one).
     agent_config: dict[str, Any] = field(default_factory=dict)
 

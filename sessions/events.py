@@ -22,6 +22,10 @@ class EventType(StrEnum):
     APPROVAL_RESOLVED = "approval.resolved"
     TURN_FINISHED = "turn.finished"
     ERROR = "error"
+    # A workflow run's nodes (workflows/, engine/phases/node.py).
+    NODE_STARTED = "node.started"
+    NODE_FINISHED = "node.finished"
+    NODE_FAILED = "node.failed"
 
 
 class StopReason(StrEnum):
@@ -150,6 +154,31 @@ class TurnFinished(TypedDict):
     usage: UsageTotals
     reason: NotRequired[str]
     trace_id: NotRequired[str]  # the turn's OpenTelemetry trace, when traces are on
+    # A workflow run's result (the state key its definition names as `result`).
+    result: NotRequired[Any]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
+class NodeStarted(TypedDict):
+    node: str
+    kind: str
+    visit: int
+    # What the node's expressions read, evaluated (a map's items, a tool node's arguments).
+    input: NotRequired[Any]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
+class NodeFinished(TypedDict):
+    node: str
+    output: Any
+    # Where the run goes next (a node id, or "end").
+    next: NotRequired[str]
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
+class NodeFailed(TypedDict):
+    node: str
+    error: str
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
@@ -171,6 +200,9 @@ Payload = (
     | ApprovalRequested
     | ApprovalResolved
     | TurnFinished
+    | NodeStarted
+    | NodeFinished
+    | NodeFailed
     | Error
 )
 
@@ -184,6 +216,9 @@ PAYLOADS: dict[EventType, type] = {
     EventType.APPROVAL_REQUESTED: ApprovalRequested,
     EventType.APPROVAL_RESOLVED: ApprovalResolved,
     EventType.TURN_FINISHED: TurnFinished,
+    EventType.NODE_STARTED: NodeStarted,
+    EventType.NODE_FINISHED: NodeFinished,
+    EventType.NODE_FAILED: NodeFailed,
     EventType.ERROR: Error,
 }
 

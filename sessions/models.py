@@ -235,6 +235,18 @@ class Session(models.Model):
         db_index=False,
     )
     forked_at_step = models.PositiveIntegerField(null=True, blank=True)
+    # A workflow run (workflows/): the version it started with and where it stands, in the
+    # session row so that each node's step commits its output, the next active nodes and
+    # the checkpoint in the one conditional UPDATE every step makes.
+    workflow_version = models.ForeignKey(
+        "workflows.WorkflowVersion",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="runs",
+        db_index=False,
+    )
+    workflow_state = models.JSONField(null=True, blank=True)
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
@@ -282,6 +294,11 @@ class Session(models.Model):
                 fields=["timer_due_at"],
                 name="session_timer_due",
                 condition=Q(state="waiting_timer"),
+            ),
+            models.Index(
+                fields=["workflow_version", "-created_at"],
+                name="session_workflow_runs",
+                condition=Q(workflow_version__isnull=False),
             ),
             models.Index(
                 fields=["forked_from"],

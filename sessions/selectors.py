@@ -19,7 +19,9 @@ from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolC
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
-    lambda pk, owner_id: Session.objects.select_related("agent").filter(pk=pk, owner_id=owner_id),
+    lambda pk, owner_id: Session.objects.select_related(
+        "agent", "workflow_version__workflow"
+    ).filter(pk=pk, owner_id=owner_id),
     example=[UUID(int=0), 0],
 )
 
@@ -69,7 +71,9 @@ def session_list_for_owner(
 ) -> QuerySet[Session]:
     """The owner's sessions, newest first; ephemeral ones (stateless OpenAI-compatible
     requests) only with `ephemeral`; with `before` (a cursor), those after it in that order."""
-    rows = Session.objects.select_related("agent").filter(owner_id=owner_id)
+    rows = Session.objects.select_related("agent", "workflow_version__workflow").filter(
+        owner_id=owner_id
+    )
     if not ephemeral:
         rows = rows.filter(ephemeral=False)
     if before:
@@ -143,7 +147,7 @@ def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
 
 def agents_enabled() -> QuerySet[Agent]:
     """The agents a key may open sessions on (every enabled one; tools are gated by role)."""
-    return Agent.objects.filter(enabled=True).order_by("slug")
+    return Agent.objects.filter(enabled=True, workflow__isnull=True).order_by("slug")
 
 
 TimelineKind = Literal["transition", "message", "toolcall", "event", "checkpoint"]

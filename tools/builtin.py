@@ -74,3 +74,13 @@ def remember(**arguments: object) -> dict[str, object]:
 @tool_handler(RECALL_HANDLER)
 def recall(**arguments: object) -> dict[str, object]:
     return {"ok": False, "error": "recall works only inside a session"}
+
+
+WORKFLOW_REVIEW_HANDLER = "builtin.workflow_review"
+
+
+@tool_handler(WORKFLOW_REVIEW_HANDLER)
+def workflow_review(**arguments: object) -> dict[str, object]:
+    """A workflow's human node, once a person approved it (or its deadline's policy did):
+    the decision and what was shown, as the approver left it (they may edit it)."""
+    return {"approved": True, **arguments}

@@ -83,6 +83,10 @@ class ToolSnapshot:
     approval_on_timeout: str = "reject"
     approval_escalate_to: str = ""
     credit_cost: int = 0
+    # A workflow's human node (workflows/node_tools.py): the approvers group asked, and the
+    # argument whose text is the approval's reason (the node's rendered summary).
+    approval_group: str = ""
+    approval_reason_argument: str = ""
     critical: bool = False
     rate_limit_calls_per_min: int = 0
     rate_limit_tokens_per_min: int = 0
@@ -154,6 +158,8 @@ class ToolInvocation:
     arguments: dict[str, Any]
     idempotency_key: str
     arguments_error: str | None = None
+    # This call's own time limit instead of the tool's (a workflow node's timeout_s).
+    timeout_s: float | None = None
 
 
 @dataclass
@@ -518,6 +524,8 @@ async def _execute_one(
     tool = tools.get(invocation.name)
     if tool is None or not tool.allows(role):
         return _reject_unknown(invocation, tools, role, started)
+    if invocation.timeout_s is not None:
+        tool = replace(tool, timeout_s=invocation.timeout_s)
     if invocation.arguments_error:
         return _failure(
             "failed",

@@ -22,7 +22,7 @@ from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
 from engine.moves.turn import tool_results
-from engine.run_cache import agent_runtime
+from engine.run_cache import agent_runtime, workflow_runtime
 from engine.store.open_calls import open_calls
 from observability import metrics, tracing
 from observability.redaction import digest
@@ -93,6 +93,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     agent = runtime.agent
     calls = open_calls(session)
     tools = runtime.tools_for(session.role)
+    workflow = workflow_runtime(session)
+    if workflow is not None:
+        tools = workflow.tools_with(tools)
     gate = approval_gate(session, calls, tools)
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
@@ -156,6 +159,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
             idempotency_key=c.idempotency_key,
             arguments_error=c.error
             or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
+            timeout_s=workflow.timeout_of(c.call_id) if workflow is not None else None,
         )
         for c in to_run
     ]

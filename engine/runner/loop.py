@@ -20,6 +20,7 @@ from engine.gates.metering import CreditsWait
 from engine.moves.ask_user import queued_answer
 from engine.moves.turn import tool_loop_next, turn_cancel, turn_fail, turn_start
 from engine.phases.model import model_step
+from engine.phases.node import node_step
 from engine.phases.tools import tool_step
 from engine.run_cache import RunContext
 from engine.runner.lease import heartbeat, lease_drop, lease_release, lease_take, worker_identity
@@ -186,7 +187,10 @@ def run_step(session: Session, owner: str, run: RunContext | None = None) -> boo
             return turn_start(session=session, lease_owner=owner)
         return False
     if state == State.PROCESSING:
-        model_step(session, owner, run)
+        if session.workflow_version_id is not None:
+            node_step(session, owner, run)  # a workflow run walks its graph instead
+        else:
+            model_step(session, owner, run)
     elif state == State.TOOL_WAIT:
         tool_step(session, owner, run.figures if run is not None else None)
     elif state == State.TOOL_LOOP:

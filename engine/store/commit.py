@@ -170,6 +170,7 @@ SETTABLE = {
     "env_fingerprint",
     "degradation_level",
     "dialogue_state",
+    "workflow_state",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 

@@ -46,6 +46,7 @@ from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
 from .display import format_cost, outcome_badge, pre, state_badge
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
+from .workflow_run import workflow_run_view
 
 
 @dataclass
@@ -169,6 +170,12 @@ def _example(schema: dict[str, Any]) -> dict[str, Any]:
         name: blank.get(str((props.get(name) or {}).get("type")))
         for name in schema.get("required") or []
     }
+
+
+def _step_or_invalid(raw: str) -> int:
+    if not raw.isdigit():
+        raise InvalidInput(f"checkpoint step must be a number, not {raw[:20]!r}")
+    return int(raw)
 
 
 # Each control of the session page, and the permission it takes (a has_<name>_permission).
@@ -483,7 +490,8 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             tenant_scope(Session.objects.select_related("agent"), request.user, "owner"),
             pk=session_id,
         )
-        action = request.POST.get("action", "")
+        # "fork@<step>": a fork from that checkpoint (a workflow node's, on the run's graph).
+        action, _, at = request.POST.get("action", "").partition("@")
         allowed = self.allowed_controls(request)
         # An unknown action is told as such only to someone who holds some control.
         if not allowed or (action in CONTROLS and CONTROLS[action] not in allowed):
@@ -514,8 +522,9 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 services.session_hand_back(session=session, actor=actor)
                 done = "Handed back: the agent decides next."
             elif action == "fork":
-                target = services.session_fork(session=session, step=session.step, actor=actor)
-                done = f"Forked at step {session.step}: this is the new session."
+                step = _step_or_invalid(at) if at else session.step
+                target = services.session_fork(session=session, step=step, actor=actor)
+                done = f"Forked at step {step}: this is the new session."
             else:
                 raise InvalidInput(f"unknown action {action!r}")
             self.message_user(request, done, messages.SUCCESS)
@@ -592,4 +601,6 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         if session is not None:
             extra_context["takeover"] = takeover_context(session, self.allowed_controls(request))
             extra_context["timeline_kinds"].append(("approval", "Approval"))
+            if session.workflow_version_id is not None:
+                extra_context["workflow_run"] = workflow_run_view(session, content=content)
         return super().change_view(request, object_id, form_url, extra_context=extra_context)

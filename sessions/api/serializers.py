@@ -123,9 +123,20 @@ class UsageSerializer(_FieldsBuiltOnce, serializers.Serializer):
     cost = serializers.DecimalField(max_digits=14, decimal_places=6)
 
 
+class WorkflowRunSerializer(_FieldsBuiltOnce, serializers.Serializer):
+    slug = serializers.CharField()
+    version = serializers.IntegerField()
+    active = serializers.ListField(child=serializers.CharField())
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(
+        allow_null=True, help_text="{node, message} when a node failed for good."
+    )
+
+
 class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
+    workflow = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -142,10 +153,26 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
             "ephemeral",
             "usage",
             "last_error",
+            "workflow",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(WorkflowRunSerializer(allow_null=True))
+    def get_workflow(self, obj: Session) -> dict[str, object] | None:
+        """A workflow run's version and where it stands; null for a conversation."""
+        version = obj.workflow_version
+        if version is None:
+            return None
+        state = obj.workflow_state or {}
+        return {
+            "slug": version.workflow.slug,
+            "version": version.number,
+            "active": list(state.get("active") or []),
+            "result": state.get("result"),
+            "error": state.get("error"),
+        }
 
     @extend_schema_field(UsageSerializer)
     def get_usage(self, obj: Session) -> dict[str, object]:

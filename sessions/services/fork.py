@@ -2,6 +2,7 @@
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -76,6 +77,10 @@ def session_fork(
             turn=checkpoint.turn,
             message_seq=len(history),
             resume_check=True,
+            workflow_version_id=session.workflow_version_id,
+            workflow_state=_fork_workflow_state(session, step)
+            if session.workflow_version_id is not None
+            else None,
         )
         # What a summary in the copy replaced stays archived there; what only a
         # later summary of the source replaced is live again in the fork.
@@ -99,7 +104,9 @@ def session_fork(
                 for i, m in enumerate(history, start=1)
             ]
         )
-        decide = bool(history) and history[-1].role in ("user", "tool", "system")
+        decide = session.workflow_version_id is not None or (
+            bool(history) and history[-1].role in ("user", "tool", "system")
+        )
         fork_start(
             fork=fork,
             source=session,
@@ -112,3 +119,34 @@ def session_fork(
         if decide:
             dispatch.run_enqueue_on_commit(fork.pk, fork.value)
     return fork
+
+
+def _fork_workflow_state(session: Session, step: int) -> dict[str, Any]:
+    """A workflow run forked from a node's checkpoint starts where that step left it: the
+    outputs so far and the nodes active then, each of which runs again from its start (its
+    calls belong to the source run; the fork's own get keys of their own). A map keeps
+    the items it had finished."""
+    # The run's state as of that step: the latest node step's at or before it.
+    context = (
+        Checkpoint.objects.filter(session=session, step__lte=step, context__has_key="workflow")
+        .order_by("-step")
+        .values_list("context", flat=True)
+        .first()
+    ) or {}
+    state = dict(context.get("workflow") or {})
+    if not state:  # before its first node finished: from the start, with the same input
+        first = Message.objects.filter(session=session, seq=1).first()
+        data = first.data if first is not None and isinstance(first.data, dict) else {}
+        return {"values": {"input": data.get("input")}}
+    progress: dict[str, Any] = {}
+    for node_id, kept in (state.get("progress") or {}).items():
+        if isinstance(kept, dict) and "items" in kept:
+            progress[node_id] = {
+                "items": kept["items"],
+                "results": kept.get("results") or {},
+                "items_progress": {},
+            }
+    state["progress"] = progress
+    for key in ("error", "result", "deadline_at"):
+        state.pop(key, None)
+    return state

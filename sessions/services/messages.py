@@ -55,7 +55,8 @@ def session_create(
     its value (priority for credits and workers) from the caller, within what the key is
     granted (`value_max`, see `session_value_check`), or else the agent's. An `ephemeral`
     one (a stateless OpenAI-compatible request) is pruned once idle for a while."""
-    agent = Agent.objects.filter(slug=agent_slug, enabled=True).first()
+    # A workflow's runtime agent runs that workflow's runs only.
+    agent = Agent.objects.filter(slug=agent_slug, enabled=True, workflow__isnull=True).first()
     if agent is None:
         raise InvalidInput(
             f"unknown agent '{agent_slug}'", details={"field": "agent"}, code="unknown_agent"
@@ -220,6 +221,12 @@ def _message_accept(
     extra_context: dict[str, Any] | None = None,
 ) -> PostedMessage:
     """message_post's steps 2-5, inside its transaction, with the session row locked."""
+    if locked.workflow_version_id is not None:
+        raise Conflict(
+            "this session is a workflow run: it takes its input when it starts, not messages",
+            details={"session": str(locked.pk)},
+            code="not_a_conversation",
+        )
     if idempotency_key:
         existing = Message.objects.filter(session=locked, idempotency_key=idempotency_key).first()
         if existing is not None:

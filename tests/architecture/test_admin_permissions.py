@@ -39,6 +39,8 @@ from tests.factories import AgentFactory, ModelEndpointFactory, StaffUserFactory
 from tests.fakes.mcp_fixtures import free_port
 from tools.models import McpServer
 from tools.registry import tool_handler
+from workflows.selectors import definition_check
+from workflows.services import workflow_apply
 
 # The engine runs the tools on helper threads with their own connections: they must see commits.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,6 +134,13 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     Notification.objects.create(customer=customer, order=order, message="hi", idempotency_key="n1")
     Report.objects.create(title="t", body="b", idempotency_key="r1")
     Group.objects.create(name="ops")
+    workflow_raw = {
+        "slug": "walk-flow", "role": "support", "start": "look",
+        "nodes": {"look": {"kind": "tool", "tool": "gate", "args": {"code": "'x'"}, "next": "end"}},
+    }  # fmt: skip
+    workflow_apply(
+        definition=definition_check(workflow_raw, where="walk"), where="walk", default_model="rules"
+    )
 
     breaker = model_breaker()
     for _ in range(breaker.threshold):

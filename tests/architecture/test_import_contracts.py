@@ -112,6 +112,10 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("memory/tokens.py", "from django.conf import settings"),
         Plant("memory/tokens.py", "import llm.types"),
     ],
+    "The workflow definitions are pure Python": [
+        Plant("workflows/definition.py", "from django.conf import settings"),
+        Plant("workflows/expressions.py", "import sessions.models"),
+    ],
     "The state table and the event types are pure Python": [
         Plant("sessions/states.py", "from django.db import models"),
         Plant("sessions/events.py", "from django.utils import timezone"),

@@ -87,6 +87,7 @@ def test_the_demo_file_applies_then_reapplies_unchanged(tmp_path, monkeypatch):
         *[f"model {m['name']}: created" for m in DEMO["models"]],
         *[f"tool {t['name']}: created{DEMO_URL_NOTES.get(t['name'], '')}" for t in DEMO["tools"]],
         *[f"agent {a['slug']}: created" for a in DEMO["agents"]],
+        *[f"workflow {w['slug']}: created (version 1)" for w in DEMO["workflows"]],
     ]
     assert lines[:3] == ["role support: created", "role analyst: created", "model rules: created"]
     for name in (

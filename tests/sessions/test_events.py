@@ -37,6 +37,10 @@ DESIGN_TYPES = [
     "approval.resolved",
     "turn.finished",
     "error",
+    # A workflow run's nodes (DESIGN.md "Workflows").
+    "node.started",
+    "node.finished",
+    "node.failed",
 ]
 
 

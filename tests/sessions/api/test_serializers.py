@@ -21,6 +21,8 @@ class PlainUsage(serializers.Serializer):
 class PlainSession(serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
+    workflow = serializers.SerializerMethodField()
+    get_workflow = SessionSerializer.get_workflow
 
     class Meta(SessionSerializer.Meta):
         pass

@@ -149,6 +149,33 @@ class TurnFinished(Event):
     usage: TurnUsage = field(default_factory=TurnUsage)
     reason: str = ""
     trace_id: str = ""  # set when traces are on
+    result: Any = None  # a workflow run's result
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeStarted(Event):
+    """A workflow run's node began (a visit number above 1 in a cycle)."""
+
+    TYPE: ClassVar[str] = "node.started"
+    node: str = ""
+    kind: str = ""
+    visit: int = 1
+    input: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeFinished(Event):
+    TYPE: ClassVar[str] = "node.finished"
+    node: str = ""
+    output: Any = None
+    next: str = ""  # the node the run goes to, or "end"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeFailed(Event):
+    TYPE: ClassVar[str] = "node.failed"
+    node: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +200,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ApprovalRequested,
         ApprovalResolved,
         TurnFinished,
+        NodeStarted,
+        NodeFinished,
+        NodeFailed,
         ErrorEvent,
     )
 }

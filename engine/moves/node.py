@@ -1,0 +1,117 @@
+"""A workflow run's moves: each node step commits its nodes' outputs, the next active nodes
+and a checkpoint of where the run stands, in the one conditional UPDATE every step makes.
+
+The node phase (engine/phases/node.py) decides; the moves here only write. Tool, human and
+wait nodes open calls (-> tool_wait) that the tool phase runs with all its guarantees; the
+results fold back to `processing`, where the node phase reads them.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.model.usage import ModelSpend
+from engine.moves.turn import build_step, step_commit, turn_summary
+from engine.store.open_calls import open_calls_statement, prefetched_keep
+from memory.tokens import count_message_tokens
+from sessions.events import EventSpec, EventType, StopReason
+from sessions.models import Message, ModelCall, Session, ToolCall
+from sessions.states import Trigger
+
+
+@dataclass
+class NodeWrites:
+    """What one node step produced, for its one commit."""
+
+    state: dict[str, Any]
+    events: list[EventSpec] = field(default_factory=list)
+    new_calls: list[ToolCall] = field(default_factory=list)
+    reopened: list[ToolCall] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
+    # The nodes that finished or failed in this step (the checkpoint says which).
+    settled: list[str] = field(default_factory=list)
+    failed: tuple[str, str] | None = None  # (node, error)
+    finished: bool = False
+    cancelled: bool = False
+
+
+def _checkpoint(writes: NodeWrites) -> dict[str, Any]:
+    # The whole run state: a fork from this node's checkpoint starts from exactly here.
+    return {
+        "nodes": writes.settled,
+        "workflow": writes.state,
+        "pending": [[c.call_id, c.idempotency_key] for c in writes.new_calls + writes.reopened],
+    }
+
+
+def _result_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, sort_keys=True)
+
+
+def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
+    """The node step's one move.
+
+    - calls opened (tool, human, wait, a retry): -> tool_wait, read back for the tool step;
+    - the run reached `end`: -> finished, the result as the answer and in `turn.finished`;
+    - a node failed for good: -> error, with the node and why;
+    - otherwise (a batch of a map's model calls): no move, the progress is checkpointed.
+    """
+    spend = ModelSpend(calls=writes.model_calls, iteration=session.iteration)
+    usage = spend.usage
+    set_fields: dict[str, Any] = {"workflow_state": writes.state}
+    messages: list[Message] = []
+    after: list[EventSpec] = []
+    trigger: Trigger | None = None
+    reason = ", ".join(writes.settled)
+    if writes.new_calls or writes.reopened:
+        trigger = Trigger.TOOL_CALLS
+        reason = ", ".join(c.call_id for c in writes.new_calls + writes.reopened)
+    elif writes.failed is not None:
+        node, error = writes.failed
+        trigger = Trigger.FAILURE
+        reason = f"node {node} failed: {error}"[:2000]
+        set_fields["last_error"] = reason
+        summary = turn_summary(session, StopReason.ERROR, usage)
+        summary["reason"] = reason
+        after.append(EventSpec(EventType.TURN_FINISHED, summary))
+    elif writes.finished:
+        trigger = Trigger.ANSWER
+        result = writes.state.get("result")
+        text = _result_text(result)
+        messages.append(
+            Message(
+                turn=session.turn,
+                role="assistant",
+                content=text,
+                data={"result": result},
+                token_count=count_message_tokens(text),
+            )
+        )
+        summary = turn_summary(session, StopReason.ANSWER, usage)
+        summary["result"] = result
+        after.append(EventSpec(EventType.TURN_FINISHED, summary))
+    step = build_step(
+        session,
+        owner,
+        trigger=trigger,
+        phase="nodes",
+        reason=reason,
+        messages=messages,
+        new_tool_calls=writes.new_calls,
+        updated_tool_calls=writes.reopened,
+        model_calls=writes.model_calls,
+        events=writes.events,
+        after_events=after,
+        checkpoint=_checkpoint(writes),
+        add_fields=usage.add_fields(),
+        set_fields=set_fields,
+        # A cancel that came meanwhile is carried out by the run loop at the next step.
+        unless_cancel_requested=trigger is not None,
+    )
+    if trigger == Trigger.TOOL_CALLS:
+        step.then_read = open_calls_statement(session, session.turn)
+    committed = step_commit(step)
+    if trigger == Trigger.TOOL_CALLS:
+        prefetched_keep(session, committed.version, session.turn, committed.read or [])

@@ -1,0 +1,513 @@
+"""Workflow runs in process (workflow_run_start + session_run, no worker): each node kind, the
+graph's edges, retries, a person's review, timers, max_visits, deadlines, resume and fork.
+
+`transaction=True`: tools run on helper threads with their own database connections.
+"""
+
+import threading
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import yaml
+from django.utils import timezone
+
+from accounts.services import approver_grant
+from approvals.models import Approval
+from engine import session_run
+from sessions.models import Checkpoint, Event, Session, ToolCall
+from sessions.services import (
+    approval_decide,
+    approvals_expire_due,
+    session_fork,
+    session_resume,
+    timers_fire_due,
+)
+from tests.factories import ModelEndpointFactory, ToolFactory, UserFactory
+from tools.registry import tool_handler
+from workflows.selectors import definition_check
+from workflows.services import workflow_apply, workflow_run_start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RAN: Counter[str] = Counter()
+KEYS: list[str] = []
+FLAKY: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+@pytest.fixture(autouse=True)
+def _forget() -> None:
+    RAN.clear()
+    KEYS.clear()
+    FLAKY.clear()
+
+
+@tool_handler("tests.node.lookup")
+def _lookup(number: str) -> dict[str, Any]:
+    with _lock:
+        RAN["lookup"] += 1
+    return {"number": number, "total": 60.5 if number.endswith("1") else 20, "customer_id": 7}
+
+
+@tool_handler("tests.node.notify", wants_idempotency_key=True)
+def _notify(customer: int, idempotency_key: str = "") -> dict[str, Any]:
+    with _lock:
+        RAN["notify"] += 1
+        KEYS.append(idempotency_key)
+    return {"sent_to": customer}
+
+
+@tool_handler("tests.node.flaky", wants_idempotency_key=True)
+def _flaky(n: int, idempotency_key: str = "") -> dict[str, Any]:
+    with _lock:
+        RAN["flaky"] += 1
+        KEYS.append(idempotency_key)
+        FLAKY[idempotency_key] = FLAKY.get(idempotency_key, 0) + 1
+        if FLAKY[idempotency_key] == 1:
+            raise ConnectionError("upstream reset")
+    return {"n": n}
+
+
+@tool_handler("tests.node.refuse")
+def _refuse(n: int) -> dict[str, Any]:
+    with _lock:
+        RAN["refuse"] += 1
+    return {"ok": False, "error": f"order {n} is closed"}
+
+
+def _tools() -> None:
+    object_schema = {"type": "object", "additionalProperties": False}
+    ToolFactory(
+        name="lookup",
+        handler="tests.node.lookup",
+        parameters={
+            **object_schema,
+            "properties": {"number": {"type": "string"}},
+            "required": ["number"],
+        },
+        roles=["support"],
+    )
+    ToolFactory(
+        name="notify",
+        handler="tests.node.notify",
+        side_effects=True,
+        parameters={**object_schema, "properties": {"customer": {"type": "integer"}}},
+        roles=["support"],
+    )
+    ToolFactory(
+        name="flaky",
+        handler="tests.node.flaky",
+        side_effects=True,
+        parameters={**object_schema, "properties": {"n": {"type": "integer"}}},
+    )
+    ToolFactory(
+        name="refuse",
+        handler="tests.node.refuse",
+        parameters={**object_schema, "properties": {"n": {"type": "integer"}}},
+    )
+
+
+@pytest.fixture
+def owner() -> Any:
+    ModelEndpointFactory()
+    _tools()
+    return UserFactory(username="wf-owner")
+
+
+def _apply(text: str) -> str:
+    raw = yaml.safe_load(text)
+    definition = definition_check(raw, where=f"workflow {raw['slug']}")
+    return workflow_apply(definition=definition, where="test", default_model="rules")
+
+
+def _start(owner: Any, slug: str, value: dict[str, Any], **kwargs: Any) -> Session:
+    session, created = workflow_run_start(
+        owner=owner, key_roles=["support"], slug=slug, input=value, **kwargs
+    )
+    assert created
+    return session
+
+
+def _run(session: Session) -> Session:
+    result = session_run(session_id=session.pk)
+    assert result.stopped == "idle", result
+    return Session.objects.get(pk=session.pk)
+
+
+def _events(session: Session, prefix: str = "node.") -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (e.type, e.data)
+        for e in Event.objects.filter(session=session).order_by("seq")
+        if e.type.startswith(prefix)
+    ]
+
+
+REFUND = """
+slug: refund
+role: support
+input: {type: object, properties: {number: {type: string}}, required: [number]}
+start: lookup
+result: answer
+nodes:
+  lookup: {kind: tool, tool: lookup, args: {number: input.number}, output: order, next: check}
+  check:
+    kind: condition
+    cases: [{when: "order.total > 50", next: review}]
+    default: tell
+  review:
+    kind: human
+    summary: "Refund {{ order.total }} on {{ input.number }}"
+    timeout_s: 600
+    on_timeout: approve
+    output: decision
+    next: notify
+    rejected: tell_no
+  notify: {kind: tool, tool: notify, args: {customer: order.customer_id}, output: sent, next: tell}
+  tell: {kind: llm, prompt: "Tell: refund on {{ input.number }} done", output: answer, next: end}
+  tell_no: {kind: llm, prompt: "Tell: refund on {{ input.number }} declined", output: answer, next: end}
+rules:
+  - {when: {user: "^Tell: (.*)$"}, answer: "Customer told: {{ match.1 }}"}
+"""
+
+
+def test_a_run_walks_tool_condition_and_llm_nodes_to_its_result(owner: Any) -> None:
+    _apply(REFUND)
+    session = _run(_start(owner, "refund", {"number": "SO-2"}))
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == "Customer told: refund on SO-2 done"
+    assert session.workflow_state["values"]["order"]["total"] == 20
+    assert Counter(lookup=1) == RAN  # the small refund skipped the review and the notice
+    kinds = [(t, d["node"]) for t, d in _events(session)]
+    assert kinds == [
+        ("node.started", "lookup"),
+        ("node.finished", "lookup"),
+        ("node.started", "check"),
+        ("node.finished", "check"),
+        ("node.started", "tell"),
+        ("node.finished", "tell"),
+    ]
+    assert _events(session)[3][1]["next"] == "tell"
+    finished = Event.objects.get(session=session, type="turn.finished").data
+    assert finished["result"] == "Customer told: refund on SO-2 done"
+    # Every node step left a checkpoint naming the nodes it settled, with the run's state.
+    settled = [
+        c.context["nodes"]
+        for c in Checkpoint.objects.filter(session=session).order_by("step")
+        if "workflow" in c.context
+    ]
+    assert ["lookup", "check", "tell"] in settled
+
+
+def test_a_human_node_waits_in_the_approvers_queue_and_its_decision_picks_the_edge(
+    owner: Any,
+) -> None:
+    _apply(REFUND)
+    approver = UserFactory(username="wf-approver")
+    approver_grant(username=approver.username, groups=["approvers"])
+    session = _run(_start(owner, "refund", {"number": "SO-1"}))
+
+    assert session.state == "awaiting_approval" and session.lease_owner is None
+    approval = Approval.objects.get(session=session)
+    assert approval.reason == "Refund 60.5 on SO-1"  # the node's summary
+    assert approval.deadline > timezone.now() + timedelta(seconds=590)
+    assert RAN["notify"] == 0
+
+    approval_decide(approval_id=approval.pk, approve=False, user=approver, groups=["approvers"])
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == "Customer told: refund on SO-1 declined"
+    assert session.workflow_state["values"]["decision"]["approved"] is False
+    assert RAN["notify"] == 0
+
+
+def test_a_review_whose_deadline_passes_takes_the_nodes_default_policy(owner: Any) -> None:
+    _apply(REFUND)
+    session = _run(_start(owner, "refund", {"number": "SO-1"}))
+    Approval.objects.filter(session=session).update(deadline=timezone.now() - timedelta(seconds=1))
+
+    approvals_expire_due()  # on_timeout: approve
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["values"]["decision"]["approved"] is True
+    assert RAN["notify"] == 1 and [f"{session.pk}:notify#1"] == KEYS
+
+
+FAN = """
+slug: fan
+role: support
+input: {type: object, properties: {customers: {type: array, items: {type: integer}}}}
+start: each
+nodes:
+  each:
+    kind: map
+    over: input.customers
+    as: c
+    concurrency: 2
+    node: {kind: tool, tool: notify, args: {customer: c}}
+    output: sent
+    next: end
+"""
+
+
+def test_a_map_runs_its_items_at_most_concurrency_at_a_time_with_a_key_each(owner: Any) -> None:
+    _apply(FAN)
+    session = _run(_start(owner, "fan", {"customers": [5, 6, 7, 8, 9]}))
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == [{"sent_to": c} for c in (5, 6, 7, 8, 9)]
+    calls = list(ToolCall.objects.filter(session=session).order_by("id"))
+    steps = Counter(c.step for c in calls)
+    assert sorted(steps.values()) == [1, 2, 2]  # 2 + 2 + 1: never more than 2 in a step
+    assert sorted(KEYS) == sorted(f"{session.pk}:each.node#1[{i}]" for i in range(5))
+    assert RAN["notify"] == 5
+
+
+LOOP = """
+slug: loop
+role: support
+start: poll
+nodes:
+  poll: {kind: tool, tool: lookup, args: {number: "'SO-2'"}, output: order, next: again, max_visits: 3}
+  again:
+    kind: condition
+    cases: [{when: "order.total < 100", next: poll}]
+    default: end
+"""
+
+
+def test_a_cycle_is_stopped_by_max_visits(owner: Any) -> None:
+    _apply(LOOP)
+    session = _run(_start(owner, "loop", {}))
+
+    assert session.state == "error"
+    polls = list(ToolCall.objects.filter(session=session).order_by("id"))
+    assert [c.call_id for c in polls] == ["poll#1", "poll#2", "poll#3"]
+    # The same read-only call again: answered from the first (the tool ran once).
+    assert [c.cached for c in polls] == [False, True, True] and RAN["lookup"] == 1
+    failed = [d for t, d in _events(session) if t == "node.failed"]
+    assert failed[0]["node"] == "poll" and "max_visits" in failed[0]["error"]
+    assert session.workflow_state["error"]["node"] == "poll"
+    assert "max_visits" in session.last_error
+
+
+RETRY = """
+slug: retry
+role: support
+start: call
+nodes:
+  call: {kind: tool, tool: flaky, args: {n: 3}, output: got, next: end, retry: {max_attempts: 2, backoff_s: 0}}
+"""
+
+
+def test_a_transient_failure_is_tried_again_after_a_timer_with_the_same_key(owner: Any) -> None:
+    _apply(RETRY)
+    session = _run(_start(owner, "retry", {}))
+
+    # The first attempt failed; the retry waits on a durable timer, no worker held.
+    assert session.state == "waiting_timer" and RAN["flaky"] == 1
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == {"n": 3}
+    assert RAN["flaky"] == 2 and len(set(KEYS)) == 1  # one logical call, one key
+    call = ToolCall.objects.get(session=session, tool_name="flaky")
+    assert call.status == "success"
+
+
+def test_a_business_error_is_not_tried_again(owner: Any) -> None:
+    _apply(RETRY.replace("flaky", "refuse").replace("slug: retry", "slug: refused"))
+    session = _run(_start(owner, "refused", {}))
+
+    assert session.state == "error"
+    assert RAN["refuse"] == 1
+    assert "order 3 is closed" in session.workflow_state["error"]["message"]
+
+
+def test_resuming_a_failed_run_sends_the_failed_call_again_with_its_key(owner: Any) -> None:
+    _apply(RETRY.replace(", retry: {max_attempts: 2, backoff_s: 0}", ""))
+    session = _run(_start(owner, "retry", {}))
+    assert session.state == "error" and RAN["flaky"] == 1
+
+    session_resume(session=session, actor="operator")
+    session = _run(session)
+
+    assert session.state == "finished" and RAN["flaky"] == 2
+    assert len(set(KEYS)) == 1
+
+
+PARALLEL = """
+slug: both
+role: support
+start: fan
+nodes:
+  fan:
+    kind: parallel
+    join: {join}
+    branches:
+      a: {{kind: tool, tool: lookup, args: {{number: "'SO-1'"}}}}
+      b: {{kind: llm, prompt: "Say b"}}
+    output: got
+    next: end
+rules:
+  - {{when: {{user: "^Say b$"}}, answer: "b said"}}
+"""
+
+
+def test_parallel_all_waits_for_every_branch(owner: Any) -> None:
+    _apply(PARALLEL.format(join="all"))
+    session = _run(_start(owner, "both", {}))
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == {
+        "a": {"number": "SO-1", "total": 60.5, "customer_id": 7},
+        "b": "b said",
+    }
+
+
+def test_parallel_any_takes_the_first_branch_and_cancels_the_others(owner: Any) -> None:
+    _apply(PARALLEL.format(join="any"))
+    session = _run(_start(owner, "both", {}))
+
+    assert session.state == "finished"
+    # The model branch answers in the step itself; the tool branch's call is never sent.
+    assert session.workflow_state["result"] == {"b": "b said"}
+    assert RAN["lookup"] == 0
+    assert session.workflow_state["status"]["fan.a"] == "cancelled"
+
+
+JSON_OUT = """
+slug: extract
+role: support
+start: pull
+nodes:
+  pull:
+    kind: llm
+    prompt: "Extract: {{ input.text }}"
+    output_schema: {type: object, properties: {amount: {type: number}}, required: [amount]}
+    output: data
+    next: end
+rules:
+  - {when: {user: "not valid"}, answer: "{\\"amount\\": 42}"}
+  - {when: {user: "^Extract: broken"}, answer: "amount is 42"}
+  - {when: {user: "^Extract: "}, answer: "{\\"amount\\": 7}"}
+"""
+
+
+def test_an_llm_node_with_output_schema_returns_validated_json_after_one_repair(
+    owner: Any,
+) -> None:
+    _apply(JSON_OUT)
+    first = _run(_start(owner, "extract", {"text": "fine"}))
+    repaired = _run(_start(owner, "extract", {"text": "broken"}))
+
+    assert first.workflow_state["result"] == {"amount": 7}
+    assert repaired.workflow_state["result"] == {"amount": 42}
+    assert repaired.input_tokens > first.input_tokens  # two model calls, both recorded
+
+
+CHOICE = """
+slug: route
+role: support
+start: pick
+nodes:
+  pick:
+    kind: choice
+    prompt: "Route: {{ input.text }}"
+    options: {billing: "about money", shipping: "about delivery"}
+    default: shipping
+    output: picked
+  billing: {kind: llm, prompt: "Answer billing", output: answer, next: end}
+  shipping: {kind: llm, prompt: "Answer shipping", output: answer, next: end}
+rules:
+  - {when: {user: "^Answer (\\\\w+)$"}, answer: "{{ match.1 }} team"}
+  - {when: {user: "^Route: refund"}, answer: "billing"}
+  - {answer: "no idea"}
+"""
+
+
+def test_a_choice_follows_the_models_pick_and_an_invalid_pick_takes_the_default(
+    owner: Any,
+) -> None:
+    _apply(CHOICE)
+    billing = _run(_start(owner, "route", {"text": "refund please"}))
+    unsure = _run(_start(owner, "route", {"text": "hello"}))
+
+    assert billing.workflow_state["values"]["picked"] == "billing"
+    assert billing.workflow_state["result"] == "billing team"
+    assert unsure.workflow_state["values"]["picked"] == "shipping"  # twice "no idea": default
+
+
+WAIT = """
+slug: later
+role: support
+start: pause
+nodes:
+  pause: {kind: wait, seconds: 30, next: look}
+  look: {kind: tool, tool: lookup, args: {number: "'SO-2'"}, output: order, next: end}
+"""
+
+
+def test_a_wait_node_is_a_durable_timer(owner: Any) -> None:
+    _apply(WAIT)
+    session = _run(_start(owner, "later", {}))
+
+    assert session.state == "waiting_timer" and session.lease_owner is None
+    assert session.timer_due_at > timezone.now() + timedelta(seconds=25)
+    assert RAN["lookup"] == 0
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished" and RAN["lookup"] == 1
+
+
+def test_a_run_past_its_deadline_fails(owner: Any) -> None:
+    _apply(WAIT.replace("slug: later", "slug: later\ndeadline_s: 5"))
+    session = _run(_start(owner, "later", {}))
+    state = dict(session.workflow_state)
+    state["deadline_at"] = 0
+    Session.objects.filter(pk=session.pk).update(workflow_state=state, timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "error"
+    assert session.workflow_state["error"]["message"] == "deadline"
+    assert RAN["lookup"] == 0
+
+
+def test_a_fork_from_a_nodes_checkpoint_runs_on_from_there(owner: Any) -> None:
+    _apply(REFUND)
+    session = _run(_start(owner, "refund", {"number": "SO-2"}))
+    lookup_step = next(
+        c.step
+        for c in Checkpoint.objects.filter(session=session).order_by("step")
+        if "workflow" in c.context and "lookup" in c.context["nodes"]
+    )
+
+    fork = _run(session_fork(session=session, step=lookup_step, actor="operator"))
+
+    assert fork.state == "finished" and fork.workflow_version_id == session.workflow_version_id
+    assert fork.workflow_state["result"] == "Customer told: refund on SO-2 done"
+    assert RAN["lookup"] == 1  # the fork started after the lookup: its output was kept
+
+
+def test_a_run_keeps_its_version_when_the_workflow_is_edited(owner: Any) -> None:
+    _apply(REFUND)
+    session = _start(owner, "refund", {"number": "SO-2"})
+    report = _apply(REFUND.replace("refund on {{ input.number }} done", "all done"))
+
+    assert report == "workflow refund: updated (version 2)"
+    session = _run(session)
+    assert session.workflow_state["result"] == "Customer told: refund on SO-2 done"
+    again = _run(_start(owner, "refund", {"number": "SO-2"}))
+    assert again.workflow_state["result"] == "Customer told: all done"
+    assert _apply(REFUND.replace("refund on {{ input.number }} done", "all done")).endswith(
+        "unchanged (version 2)"
+    )

@@ -1,0 +1,172 @@
+"""The workflows REST contract: list what a key may start, start a run, follow it as a session."""
+
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from sessions.models import Message, Session
+from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
+from tests.sessions.api.conftest import Api, assert_error
+from workflows.models import Workflow
+from workflows.selectors import definition_check
+from workflows.services import workflow_apply
+
+pytestmark = pytest.mark.django_db
+
+FLOW = """
+slug: lookup-flow
+name: Look an order up
+role: support
+input:
+  type: object
+  properties: {number: {type: string, pattern: "^SO-[0-9]+$"}, notes: {type: array, items: {type: string}}}
+  required: [number]
+start: look
+result: order
+nodes:
+  look: {kind: tool, tool: clock, args: {}, output: order, next: end}
+"""
+
+
+@pytest.fixture
+def workflow() -> Workflow:
+    ModelEndpointFactory()
+    ToolFactory(name="clock", roles=["support"])
+    raw = yaml.safe_load(FLOW)
+    workflow_apply(definition=definition_check(raw, where="t"), where="t", default_model="rules")
+    return Workflow.objects.get(slug="lookup-flow")
+
+
+@pytest.fixture
+def support() -> Api:
+    return Api(api_key_for("alice", roles=("support",)))
+
+
+RUNS = "/api/v1/workflows/lookup-flow/runs/"
+
+
+def test_the_list_names_the_workflows_the_key_may_start(workflow: Workflow, support: Api) -> None:
+    body = support.get("/api/v1/workflows/").json()
+    assert body == [
+        {
+            "slug": "lookup-flow",
+            "name": "Look an order up",
+            "description": "",
+            "role": "support",
+            "version": 1,
+            "input": yaml.safe_load(FLOW)["input"],
+        }
+    ]
+    analyst = Api(api_key_for("bob", roles=("analyst",)))
+    assert analyst.get("/api/v1/workflows/").json() == []
+
+
+def test_a_run_starts_as_a_session_of_the_workflow(workflow: Workflow, support: Api) -> None:
+    response = support.post(RUNS, {"input": {"number": "SO-1"}, "metadata": {"ticket": "T-9"}})
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["workflow"] == "lookup-flow" and body["version"] == 1
+    assert body["state"] == "processing" and body["metadata"] == {"ticket": "T-9"}
+    session = support.get(f"/api/v1/sessions/{body['id']}/").json()
+    assert session["workflow"] == {
+        "slug": "lookup-flow",
+        "version": 1,
+        "active": ["look"],
+        "result": None,
+        "error": None,
+    }
+    assert session["role"] == "support"
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({}, "$.input"),
+        ({"number": "SO-x"}, "$.input.number"),
+        ({"number": "SO-1", "notes": ["a", 3]}, "$.input.notes[1]"),
+    ],
+)
+def test_bad_input_is_400_naming_the_path_and_starts_nothing(
+    workflow: Workflow, support: Api, value: dict[str, Any], path: str
+) -> None:
+    error = assert_error(support.post(RUNS, {"input": value}), 400, "invalid_input")
+    assert error["details"]["path"] == path
+    assert error["message"].startswith(path)
+    assert not Session.objects.exists()
+
+
+def test_input_that_is_not_an_object_is_400(workflow: Workflow, support: Api) -> None:
+    error = assert_error(support.post(RUNS, {"input": [1]}), 400, "invalid_input")
+    assert error["details"]["path"] == "$.input"
+
+
+def test_a_key_without_the_workflows_role_is_403(workflow: Workflow) -> None:
+    analyst = Api(api_key_for("bob", roles=("analyst",)))
+    error = assert_error(analyst.post(RUNS, {"input": {"number": "SO-1"}}), 403, "role_not_held")
+    assert error["details"]["role"] == "support"
+    assert not Session.objects.exists()
+
+
+def test_an_unknown_or_disabled_workflow_is_404(workflow: Workflow, support: Api) -> None:
+    assert_error(support.post("/api/v1/workflows/nope/runs/", {"input": {}}), 404, "not_found")
+    Workflow.objects.filter(pk=workflow.pk).update(enabled=False)
+    assert_error(support.post(RUNS, {"input": {"number": "SO-1"}}), 404, "not_found")
+    assert support.get("/api/v1/workflows/").json() == []
+
+
+def test_a_repeated_idempotency_key_returns_the_first_run(workflow: Workflow, support: Api) -> None:
+    body = {"input": {"number": "SO-1"}, "idempotency_key": "k-1"}
+    first = support.post(RUNS, body)
+    again = support.post(RUNS, body)
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert Session.objects.count() == 1
+    other = {"input": {"number": "SO-2"}, "idempotency_key": "k-1"}
+    assert_error(support.post(RUNS, other), 409, "idempotency_conflict")
+    # Another user's key of the same name is theirs alone.
+    carol = Api(api_key_for("carol", roles=("support",)))
+    assert carol.post(RUNS, body).status_code == 201
+
+
+def test_a_run_takes_no_messages(workflow: Workflow, support: Api) -> None:
+    run = support.post(RUNS, {"input": {"number": "SO-1"}}).json()
+    error = assert_error(
+        support.post(f"/api/v1/sessions/{run['id']}/messages/", {"content": "hi"}),
+        409,
+        "not_a_conversation",
+    )
+    assert error["details"]["session"] == run["id"]
+    assert Message.objects.filter(session_id=run["id"]).count() == 1  # the input only
+
+
+def test_a_workflows_runtime_agent_is_no_conversational_agent(
+    workflow: Workflow, support: Api
+) -> None:
+    slugs = [a["slug"] for a in support.get("/api/v1/agents/").json()]
+    assert workflow.runtime_agent.slug not in slugs
+    error = assert_error(
+        support.post("/api/v1/sessions/", {"agent": workflow.runtime_agent.slug}),
+        400,
+        "unknown_agent",
+    )
+    assert error["details"] == {"field": "agent"}
+
+
+def test_a_conversation_has_no_workflow(workflow: Workflow, support: Api) -> None:
+    AgentFactory(slug="helper")
+    created = support.post("/api/v1/sessions/", {"agent": "helper"}).json()
+    assert created["workflow"] is None
+    uuid.UUID(created["id"])
+
+
+def test_the_schema_documents_the_run_operation_with_an_example(support: Api) -> None:
+    schema = support.client.get("/api/v1/schema/", {"format": "json"}).json()
+    operation = schema["paths"]["/api/v1/workflows/{slug}/runs/"]["post"]
+    assert operation["summary"] == "Start a run"
+    assert {"201", "400", "403", "404", "409"} <= set(operation["responses"])
+    body = operation["requestBody"]["content"]["application/json"]
+    assert body["examples"]["Refund"]["value"]["input"] == {"order_number": "SO-1001"}

@@ -1,0 +1,109 @@
+"""REST edge of workflows: list what a key may start, start a run. Translation only."""
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+
+from . import selectors, services
+
+
+class WorkflowSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    role = serializers.CharField()
+    version = serializers.IntegerField(source="current_version")
+    input = serializers.JSONField(help_text="The JSON Schema a run's input must satisfy.")
+
+
+class RunCreateSerializer(serializers.Serializer):
+    input = serializers.JSONField(
+        help_text="The run's input, valid against the workflow's `input` schema."
+    )
+    idempotency_key = serializers.CharField(required=False, max_length=200, allow_blank=False)
+    metadata = serializers.DictField(required=False)
+
+
+class RunSerializer(serializers.Serializer):
+    """A run is a session: `id` is the session's, for its events, websocket, cancel and fork."""
+
+    id = serializers.UUIDField()
+    workflow = serializers.CharField(source="workflow_version.workflow.slug")
+    version = serializers.IntegerField(source="workflow_version.number")
+    state = serializers.CharField()
+    role = serializers.CharField()
+    metadata = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+
+def _key_roles(request: Request) -> list[str]:
+    return list(getattr(request.auth, "roles", None) or [])
+
+
+class WorkflowListView(APIView):
+    @extend_schema(
+        summary="Workflows this key may start",
+        description="Enabled workflows whose role the API key holds, with the JSON Schema of their input.",
+        responses=WorkflowSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        rows = []
+        for workflow in selectors.workflows_startable(key_roles=_key_roles(request)):
+            version = selectors.workflow_current_version(workflow)
+            rows.append(
+                {
+                    "slug": workflow.slug,
+                    "name": workflow.name,
+                    "description": workflow.description,
+                    "role": workflow.role,
+                    "current_version": workflow.current_version,
+                    "input": version.definition.get("input") or {"type": "object"},
+                }
+            )
+        return Response(WorkflowSerializer(rows, many=True).data)
+
+
+class WorkflowRunsView(APIView):
+    throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a run is a new session
+    key_grants_checked = ("POST",)  # the workflow's role the key does not hold (403, schema.py)
+
+    @extend_schema(
+        summary="Start a run",
+        description=(
+            "Starts a run of the workflow's current version: a session that walks the graph. "
+            "Follow it like any session (events, websocket, cancel); `workflow` in the session "
+            "shows the active nodes and, at the end, the result. A repeated idempotency_key "
+            "returns the first run (200)."
+        ),
+        request=RunCreateSerializer,
+        responses={201: RunSerializer, 200: RunSerializer},
+        examples=[
+            OpenApiExample(
+                "Refund",
+                value={"input": {"order_number": "SO-1001"}, "idempotency_key": "refund-SO-1001"},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        payload = RunCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data: dict[str, Any] = payload.validated_data
+        session, created = services.workflow_run_start(
+            owner=request.user,
+            key_roles=_key_roles(request),
+            slug=slug,
+            input=data["input"],
+            idempotency_key=data.get("idempotency_key"),
+            metadata=data.get("metadata") or {},
+        )
+        return Response(
+            RunSerializer(session).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )

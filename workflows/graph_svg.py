@@ -1,0 +1,1207 @@
+"""A workflow's graph drawn as SVG on the server, for the Django admin.
+
+Pure Python: no JavaScript, no CDN, no drawing library (graphviz is not on the
+servers). The layout is a small Sugiyama-style pipeline:
+
+1. a DFS from the "start" pill marks back edges (cycles); they are left out of
+   the layering and drawn as dashed detours on the right of the graph;
+2. layers are the longest-path distance from start over the remaining DAG, so
+   the flow reads top to bottom and the "end" pill is always the last row;
+3. an edge spanning several layers gets a dummy vertex in every row it crosses,
+   and each edge's label is itself a vertex in the row right below its source
+   (graphviz's trick): labels then take part in ordering and spacing, so they
+   never sit on a box or on another label;
+4. barycenter sweeps order each row to reduce crossings;
+5. x positions: neighbours pull each vertex towards them (dummy chains pull
+   hardest, so long edges come out straight) and an exact isotonic solve keeps
+   the row's order and spacing.
+
+The output is deterministic (same mapping in, same string out): every loop runs
+over lists or insertion-ordered dicts, every tie is broken by a position.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["END", "NodeMark", "workflow_svg"]
+
+END = "end"  # the reserved target: the run is over
+
+STATUSES = ("visited", "active", "failed")
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """What a run did at a node: how often it ran and where it stands now."""
+
+    visits: int = 0
+    status: str = ""  # "" (not visited) | "visited" | "active" | "failed"
+
+
+# --- sizes (px) ------------------------------------------------------------------------------
+
+MARGIN = 24
+GAP_Y = 22  # between a row and the next (node row ↔ label row)
+GAP_NODES = 40  # between two boxes in a row
+GAP_THIN = 14  # between anything and a dummy or a label
+NODE_MIN_W = 136
+NODE_MAX_CHARS_ID = 36
+NODE_MAX_CHARS_SUB = 42
+PAD_X = 12
+ACCENT_W = 7  # also the box corner radius: the accent is the rounded left edge
+ID_SIZE = 13.0
+SUB_SIZE = 11.5
+INNER_SIZE = 10.5
+TAG_SIZE = 10.0
+LABEL_SIZE = 11.0
+LABEL_H = 18.0
+LABEL_MAX_CHARS = 28
+PILL_W = 64.0
+PILL_H = 26.0
+DUMMY_W = 4.0
+BACK_CORNER = 10.0
+LOOP_OUT = 20.0  # how far a self-loop reaches right of its box
+LOOP_STEP = 12.0  # and each further self-loop of the same node
+
+# One accent per kind: the kind reads at a glance without reading the text. None of
+# them is the mark colours' green, blue or red, so a run's marks stay unambiguous.
+KIND_COLOURS: dict[str, str] = {
+    "tool": "#0a7ea4",
+    "llm": "#8250df",
+    "agent": "#bf3989",
+    "choice": "#bf8700",
+    "condition": "#e16f24",
+    "human": "#1b7c83",
+    "map": "#4d7c0f",
+    "parallel": "#953800",
+    "wait": "#6e7781",
+}
+OTHER_KIND_COLOUR = "#8c959f"
+
+EDGE_COLOUR = "#8c959f"
+TEXT_COLOUR = "#1f2328"
+MUTED_COLOUR = "#57606a"
+
+# status → (fill, stroke, stroke width)
+MARK_STYLES: dict[str, tuple[str, str, float]] = {
+    "": ("#ffffff", "#8c959f", 1.2),
+    "visited": ("#dafbe1", "#1a7f37", 1.6),
+    "active": ("#ddf4ff", "#0969da", 2.6),
+    "failed": ("#ffebe9", "#cf222e", 2.6),
+}
+
+FONT_STACK = (
+    'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, '
+    '"Noto Sans", "Liberation Sans", "DejaVu Sans", sans-serif'
+)
+
+
+# --- text ------------------------------------------------------------------------------------
+
+# XML 1.0 forbids most control characters even when escaped: a stray one in a YAML
+# string would make the whole picture unparsable.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _esc(text: str) -> str:
+    """Escape for element text and double-quoted attributes alike."""
+    return html.escape(_XML_INVALID.sub("\ufffd", text), quote=True)
+
+
+def _shorten(text: str, limit: int) -> str:
+    """One line of at most `limit` characters; the full text goes in a <title>."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[: limit - 1].rstrip() + "…"
+
+
+# Character widths in em. The servers cannot measure a font, so boxes are sized from an
+# estimate that errs wide (DejaVu Sans, the widest common fallback): a box a little too
+# wide on a Mac beats text spilling over its border on Linux.
+_NARROW = set("ijl.,:;'|!`")
+_SEMI = set('frt()[]{}/\\-"* ')
+_WIDE = set("mwMW@%")
+
+
+def _text_width(text: str, size: float, bold: bool = False) -> float:
+    em = 0.0
+    for ch in text:
+        if ch in _NARROW:
+            em += 0.32
+        elif ch in _SEMI:
+            em += 0.42
+        elif ch in _WIDE:
+            em += 0.92
+        elif ch.isupper() or ch.isdigit():
+            em += 0.68
+        elif ch.islower():
+            em += 0.6
+        else:
+            em += 0.72
+    return em * size * (1.08 if bold else 1.0)
+
+
+def _num(value: float) -> str:
+    """Coordinates with one decimal, no trailing zeros: short and stable output."""
+    text = f"{value:.1f}"
+    if text.endswith(".0"):
+        text = text[:-2]
+    return "0" if text == "-0" else text
+
+
+def _str(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+# --- the graph as declared -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Edge:
+    index: int  # declaration order; -1 for the start pill's edge
+    source: str  # vertex key
+    target: str  # vertex key
+    label: str  # shortened, shown
+    title: str  # full text, a tooltip
+    source_id: str  # node id as declared ("" for the start pill)
+    target_id: str  # node id, or END
+
+
+def _node_key(node_id: str) -> str:
+    return "n:" + node_id
+
+
+START_KEY = "s"
+END_KEY = "e"
+
+
+def _edges_of(node_id: str, spec: Mapping[str, Any], first_index: int) -> list[_Edge]:
+    """The node's outgoing edges, in a fixed order: cases, options, next, default, rejected."""
+    kind = _str(spec.get("kind"))
+    found: list[tuple[str, str, str]] = []  # (target, label, title)
+    cases = spec.get("cases")
+    if isinstance(cases, Sequence) and not isinstance(cases, str):
+        for case in cases:
+            if isinstance(case, Mapping) and case.get("next") is not None:
+                when = _str(case.get("when"))
+                found.append((_str(case["next"]), _shorten(when, LABEL_MAX_CHARS), f"when {when}"))
+    options = spec.get("options")
+    if isinstance(options, Mapping):
+        for target, text in options.items():
+            found.append((_str(target), _shorten(_str(text), LABEL_MAX_CHARS), _str(text)))
+    elif isinstance(options, Sequence) and not isinstance(options, str):
+        for target in options:
+            found.append((_str(target), "", ""))
+    if spec.get("next") is not None:
+        label = "approved" if kind == "human" else ""
+        found.append((_str(spec["next"]), label, label))
+    if spec.get("default") is not None:
+        found.append((_str(spec["default"]), "default", "default"))
+    if spec.get("rejected") is not None:
+        found.append((_str(spec["rejected"]), "rejected/expired", "rejected or expired"))
+    return [
+        _Edge(
+            index=first_index + offset,
+            source=_node_key(node_id),
+            target=END_KEY if target == END else _node_key(target),
+            label=label,
+            title=title,
+            source_id=node_id,
+            target_id=target,
+        )
+        for offset, (target, label, title) in enumerate(found)
+    ]
+
+
+def _inner_text(spec: Any) -> str:
+    """An inline node (map's `node`, a parallel branch) in a few words."""
+    if not isinstance(spec, Mapping):
+        return "?"
+    kind = _str(spec.get("kind")) or "?"
+    if kind == "tool" and spec.get("tool"):
+        return f"tool {_str(spec['tool'])}"
+    if kind == "agent" and spec.get("agent"):
+        return f"agent {_str(spec['agent'])}"
+    return kind
+
+
+def _describe(kind: str, spec: Mapping[str, Any]) -> tuple[str, str]:
+    """The box's second line (kind and main detail) and its optional third (inline nodes)."""
+    if kind == "tool":
+        sub = f"tool · {_str(spec.get('tool'))}"
+    elif kind == "agent":
+        sub = f"agent · {_str(spec.get('agent'))}"
+    elif kind == "map":
+        times = f" ×{_str(spec['concurrency'])}" if spec.get("concurrency") is not None else ""
+        sub = f"map{times} over {_str(spec.get('over'))}"
+    elif kind == "parallel":
+        sub = f"parallel (join {_str(spec.get('join') or 'all')})"
+    elif kind == "wait":
+        seconds = _str(spec.get("seconds"))
+        # A literal reads "wait 30s"; an expression keeps a space so it is not glued to "s".
+        sub = f"wait {seconds}s" if re.fullmatch(r"\d+(\.\d+)?", seconds) else f"wait {seconds} s"
+    elif kind == "condition":
+        cases = spec.get("cases")
+        count = len(cases) if isinstance(cases, Sequence) and not isinstance(cases, str) else 0
+        sub = f"condition · {count} case{'s' if count != 1 else ''}"
+    elif kind == "choice":
+        options = spec.get("options")
+        count = len(options) if isinstance(options, Mapping | list) else 0
+        sub = f"choice · {count} option{'s' if count != 1 else ''}"
+    else:
+        sub = kind or "?"
+    if spec.get("output"):
+        sub += f" → {_str(spec['output'])}"
+    inner = ""
+    if kind == "map":
+        inner = "↳ " + _inner_text(spec.get("node"))
+    elif kind == "parallel":
+        branches = spec.get("branches")
+        if isinstance(branches, Mapping):
+            inner = " · ".join(f"{_str(name)}: {_inner_text(b)}" for name, b in branches.items())
+    return sub, inner
+
+
+def _node_title(node_id: str, kind: str, spec: Mapping[str, Any], mark: NodeMark | None) -> str:
+    lines = [f"{node_id} ({kind or '?'})"]
+    for key in ("tool", "agent", "over", "concurrency", "join", "seconds", "output"):
+        if spec.get(key) is not None:
+            lines.append(f"{key}: {_str(spec[key])}")
+    for key in ("prompt", "summary", "task"):
+        if spec.get(key):
+            lines.append(f"{key}: {_shorten(_str(spec[key]), 240)}")
+    if kind == "map" and spec.get("node") is not None:
+        lines.append(f"node: {_inner_text(spec['node'])}")
+    branches = spec.get("branches")
+    if kind == "parallel" and isinstance(branches, Mapping):
+        for name, branch in branches.items():
+            lines.append(f"branch {_str(name)}: {_inner_text(branch)}")
+    if spec.get("max_visits") is not None:
+        lines.append(f"max_visits: {_str(spec['max_visits'])}")
+    if mark is not None and (mark.status or mark.visits):
+        lines.append(f"run: {mark.status or 'not visited'}, {mark.visits} visit(s)")
+    return "\n".join(lines)
+
+
+# --- layout ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Vertex:
+    key: str
+    role: str  # "node" | "start" | "end" | "label" | "dummy"
+    row: int
+    width: float
+    height: float
+    order_hint: float  # initial position in its row
+    x: float = 0.0  # centre
+    y: float = 0.0  # centre
+    # node-only drawing data
+    node_id: str = ""
+    kind: str = ""
+    sub: str = ""
+    inner: str = ""
+    tag: str = ""
+    title: str = ""
+    edge: _Edge | None = None  # for label vertices
+    # Room right of the box for its self-loops and their labels: reserved in the layout so
+    # a loop is drawn right beside its node, never around the neighbours in its row.
+    loop_room: float = 0.0
+
+    @property
+    def left(self) -> float:
+        return self.x - self.width / 2
+
+    @property
+    def right(self) -> float:
+        return self.x + self.width / 2
+
+    @property
+    def outer_right(self) -> float:
+        return self.right + self.loop_room
+
+    @property
+    def top(self) -> float:
+        return self.y - self.height / 2
+
+    @property
+    def bottom(self) -> float:
+        return self.y + self.height / 2
+
+    @property
+    def solid(self) -> bool:
+        """A box or a pill: something an edge must not be drawn through."""
+        return self.role in ("node", "start", "end")
+
+
+@dataclass
+class _Chain:
+    """A forward edge as laid out: its vertices from source to target, top to bottom."""
+
+    edge: _Edge
+    vertices: list[_Vertex]
+    label: _Vertex | None
+
+
+@dataclass
+class _Back:
+    """A back edge (it closes a cycle): a dashed detour up the side of the graph, or a
+    self-loop beside its node."""
+
+    edge: _Edge
+    source: _Vertex
+    target: _Vertex
+    start: list[tuple[float, float]] = field(default_factory=list)  # up to the lane
+    finish: list[tuple[float, float]] = field(default_factory=list)  # from the lane on
+    lane: float = 0.0
+    label_box: tuple[float, float, float, float] | None = None  # x, y, w, h
+
+
+def _node_vertex(
+    node_id: str, spec: Mapping[str, Any], row: int, hint: float, mark: NodeMark | None
+) -> _Vertex:
+    kind = _str(spec.get("kind"))
+    sub, inner = _describe(kind, spec)
+    sub = _shorten(sub, NODE_MAX_CHARS_SUB)
+    inner = _shorten(inner, NODE_MAX_CHARS_SUB + 6)
+    shown_id = _shorten(node_id, NODE_MAX_CHARS_ID)
+    tag = f"≤{_str(spec['max_visits'])} visits" if spec.get("max_visits") is not None else ""
+    first = _text_width(shown_id, ID_SIZE, bold=True)
+    if tag:
+        first += 12 + _text_width(tag, TAG_SIZE)
+    text_w = max(first, _text_width(sub, SUB_SIZE), _text_width(inner, INNER_SIZE))
+    width = max(NODE_MIN_W, ACCENT_W + 2 * PAD_X + text_w)
+    height = 64.0 if inner else 50.0
+    return _Vertex(
+        key=_node_key(node_id),
+        role="node",
+        row=row,
+        width=round(width),
+        height=height,
+        order_hint=hint,
+        node_id=node_id,
+        kind=kind,
+        sub=sub,
+        inner=inner,
+        tag=tag,
+        title=_node_title(node_id, kind, spec, mark),
+    )
+
+
+def _isotonic(desired: list[float], weights: list[float], gaps: list[float]) -> list[float]:
+    """Positions closest to `desired` (weighted least squares) that keep the row's order
+    and at least `gaps[i]` between vertex i and i+1.
+
+    Subtracting the cumulative gaps turns it into plain isotonic regression, which
+    pool-adjacent-violators solves exactly in one pass.
+    """
+    offsets = [0.0]
+    for gap in gaps:
+        offsets.append(offsets[-1] + gap)
+    # blocks of (weighted mean, weight, count)
+    blocks: list[list[float]] = []
+    for value, weight, offset in zip(desired, weights, offsets, strict=True):
+        blocks.append([value - offset, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] >= blocks[-1][0]:
+            mean2, weight2, count2 = blocks.pop()
+            mean1, weight1, count1 = blocks[-1]
+            total = weight1 + weight2
+            blocks[-1] = [(mean1 * weight1 + mean2 * weight2) / total, total, count1 + count2]
+    out: list[float] = []
+    for mean, _weight, count in blocks:
+        out.extend([mean] * int(count))
+    return [value + offset for value, offset in zip(out, offsets, strict=True)]
+
+
+class _Layout:
+    """Positions of every box, pill, label and edge point; the drawing only reads them."""
+
+    def __init__(self, raw: Mapping[str, Any], marks: Mapping[str, NodeMark] | None) -> None:
+        nodes_raw = raw.get("nodes")
+        nodes: dict[str, Mapping[str, Any]] = {}
+        if isinstance(nodes_raw, Mapping):
+            for node_id, spec in nodes_raw.items():
+                nodes[_str(node_id)] = spec if isinstance(spec, Mapping) else {}
+        self.edges: list[_Edge] = []
+        for node_id, spec in nodes.items():
+            self.edges.extend(_edges_of(node_id, spec, len(self.edges)))
+        # A target nobody declared cannot come from validated config, but the admin must
+        # still show *something* for a broken stored version rather than a server error.
+        for edge in self.edges:
+            if edge.target != END_KEY and edge.target_id not in nodes:
+                nodes[edge.target_id] = {"kind": "missing"}
+        self.nodes = nodes
+        self.marks = marks
+        start = _str(raw.get("start"))
+        self.start_edge: _Edge | None = None
+        if start in nodes:
+            self.start_edge = _Edge(-1, START_KEY, _node_key(start), "", "", "", start)
+
+        all_edges = ([self.start_edge] if self.start_edge else []) + self.edges
+        self.back_edges, forward, preorder = self._split_back_edges(all_edges)
+        layer = self._layers(forward)
+        self._build_vertices(layer, preorder, forward)
+        self._order_rows()
+        self._place_x()
+        self._place_y()
+        self._route_back_edges()
+
+    # 1. back edges -------------------------------------------------------------------------
+
+    def _split_back_edges(
+        self, edges: list[_Edge]
+    ) -> tuple[list[_Edge], list[_Edge], dict[str, int]]:
+        out: dict[str, list[_Edge]] = {}
+        for edge in edges:
+            out.setdefault(edge.source, []).append(edge)
+        roots = [START_KEY] + [_node_key(n) for n in self.nodes]
+        state: dict[str, int] = {}  # 1 on the stack, 2 done
+        preorder: dict[str, int] = {}
+        back: set[int] = set()  # edge indices (unique: the start edge is -1)
+        for root in roots:
+            if root in state:
+                continue
+            # Iterative DFS: a 50-node chain must not depend on the recursion limit.
+            state[root] = 1
+            preorder[root] = len(preorder)
+            stack: list[tuple[str, int]] = [(root, 0)]
+            while stack:
+                vertex, i = stack[-1]
+                successors = out.get(vertex, [])
+                if i == len(successors):
+                    state[vertex] = 2
+                    stack.pop()
+                    continue
+                stack[-1] = (vertex, i + 1)
+                edge = successors[i]
+                seen = state.get(edge.target)
+                if seen == 1:
+                    back.add(edge.index)
+                elif seen is None:
+                    state[edge.target] = 1
+                    preorder[edge.target] = len(preorder)
+                    stack.append((edge.target, 0))
+        preorder.setdefault(END_KEY, len(preorder))
+        back_edges = [e for e in edges if e.index in back]
+        forward = [e for e in edges if e.index not in back]
+        return back_edges, forward, preorder
+
+    # 2. layers -----------------------------------------------------------------------------
+
+    def _layers(self, forward: list[_Edge]) -> dict[str, int]:
+        """Longest path from start: a node sits below everything that leads to it."""
+        keys = [START_KEY] + [_node_key(n) for n in self.nodes]
+        incoming: dict[str, int] = {k: 0 for k in keys}
+        out: dict[str, list[str]] = {k: [] for k in keys}
+        for edge in forward:
+            if edge.target == END_KEY:
+                continue
+            out[edge.source].append(edge.target)
+            incoming[edge.target] += 1
+        layer = {k: (0 if k == START_KEY else 1) for k in keys}
+        ready = [k for k in keys if incoming[k] == 0]
+        while ready:
+            vertex = ready.pop(0)
+            for target in out[vertex]:
+                layer[target] = max(layer[target], layer[vertex] + 1)
+                incoming[target] -= 1
+                if incoming[target] == 0:
+                    ready.append(target)
+        layer[END_KEY] = max(layer.values()) + 1
+        return layer
+
+    # 3. vertices, dummies and labels -------------------------------------------------------
+
+    def _build_vertices(
+        self, layer: dict[str, int], preorder: dict[str, int], forward: list[_Edge]
+    ) -> None:
+        # Layer L is row 2L; the odd rows between carry labels and dummies only.
+        self.vertices: dict[str, _Vertex] = {}
+        self.vertices[START_KEY] = _Vertex(
+            START_KEY, "start", 0, PILL_W, PILL_H, preorder.get(START_KEY, 0)
+        )
+        for node_id, spec in self.nodes.items():
+            key = _node_key(node_id)
+            mark = self.marks.get(node_id) if self.marks is not None else None
+            self.vertices[key] = _node_vertex(
+                node_id, spec, 2 * layer[key], preorder.get(key, 0), mark
+            )
+        self.self_loops: dict[str, list[_Edge]] = {}
+        for edge in self.back_edges:
+            if edge.source == edge.target:
+                self.self_loops.setdefault(edge.source, []).append(edge)
+        for key, loops in self.self_loops.items():
+            label_w = max(
+                (_text_width(e.label, LABEL_SIZE) + 12 for e in loops if e.label), default=0
+            )
+            lanes = LOOP_OUT + LOOP_STEP * (len(loops) - 1)
+            self.vertices[key].loop_room = lanes + (6 + label_w + 4 if label_w else 8)
+        self.vertices[END_KEY] = _Vertex(
+            END_KEY, "end", 2 * layer[END_KEY], PILL_W, PILL_H, preorder[END_KEY]
+        )
+        self.chains: list[_Chain] = []
+        for edge in forward:
+            source = self.vertices[edge.source]
+            target = self.vertices[edge.target]
+            chain = [source]
+            label_vertex: _Vertex | None = None
+            # Dummies sort among their row's nodes as if they were the source, shifted by the
+            # edge's order so siblings keep their declared left-to-right order.
+            hint = source.order_hint + (edge.index + 2) / 10_000
+            for row in range(source.row + 1, target.row):
+                key = f"d:{edge.index}:{row}"
+                if row == source.row + 1 and edge.label:
+                    width = _text_width(edge.label, LABEL_SIZE) + 12
+                    vertex = _Vertex(key, "label", row, width, LABEL_H, hint, edge=edge)
+                    label_vertex = vertex
+                else:
+                    vertex = _Vertex(key, "dummy", row, DUMMY_W, 0.0, hint)
+                self.vertices[key] = vertex
+                chain.append(vertex)
+            chain.append(target)
+            self.chains.append(_Chain(edge, chain, label_vertex))
+        self.row_count = max(v.row for v in self.vertices.values()) + 1
+        self.up: dict[str, list[tuple[_Vertex, float]]] = {k: [] for k in self.vertices}
+        self.down: dict[str, list[tuple[_Vertex, float]]] = {k: [] for k in self.vertices}
+        for c in self.chains:
+            for a, b in zip(c.vertices, c.vertices[1:], strict=False):
+                # Rows alternate (boxes, then labels and dummies), so a segment joins a box to
+                # a dummy or two dummies. Two dummies pull hardest: long edges come out straight.
+                weight = 2.0 if a.solid or b.solid else 8.0
+                self.down[a.key].append((b, weight))
+                self.up[b.key].append((a, weight))
+
+    # 4. order within rows ------------------------------------------------------------------
+
+    def _order_rows(self) -> None:
+        rows: list[list[_Vertex]] = [[] for _ in range(self.row_count)]
+        for vertex in self.vertices.values():
+            rows[vertex.row].append(vertex)
+        for row in rows:
+            row.sort(key=lambda v: (v.order_hint, v.key))
+        best = [list(r) for r in rows]
+        best_crossings = self._crossings(rows)
+        # A few down/up barycenter sweeps; keep the best ordering seen, since a sweep can
+        # make things worse on some graphs.
+        for sweep in range(8):
+            downwards = sweep % 2 == 0
+            indices = range(1, self.row_count) if downwards else range(self.row_count - 2, -1, -1)
+            for r in indices:
+                neighbour_row = rows[r - 1] if downwards else rows[r + 1]
+                position = {v.key: i for i, v in enumerate(neighbour_row)}
+                links = self.up if downwards else self.down
+                keyed: list[tuple[float, int, _Vertex]] = []
+                for i, vertex in enumerate(rows[r]):
+                    linked = [position[n.key] for n, _w in links[vertex.key] if n.key in position]
+                    bary = sum(linked) / len(linked) if linked else float(i)
+                    # Scaled to the neighbour row's positions, an unlinked vertex keeps its
+                    # relative place instead of drifting to one end.
+                    if not linked and len(rows[r]) > 1:
+                        bary = i * (len(neighbour_row) - 1) / (len(rows[r]) - 1)
+                    keyed.append((bary, i, vertex))
+                keyed.sort(key=lambda item: (item[0], item[1]))
+                rows[r] = [vertex for _b, _i, vertex in keyed]
+            crossings = self._crossings(rows)
+            if crossings < best_crossings:
+                best, best_crossings = [list(r) for r in rows], crossings
+        self._transpose(best)
+        self.rows = best
+
+    def _transpose(self, rows: list[list[_Vertex]]) -> None:
+        """Swap neighbours while that removes crossings: barycenters alone get stuck when
+        siblings start in the wrong order (a condition's case left of its default while
+        their targets sit the other way round)."""
+
+        def pair_crossings(u: _Vertex, v: _Vertex, position: dict[str, int]) -> int:
+            # Crossings among u's and v's segments, u left of v, both directions.
+            count = 0
+            for links in (self.up, self.down):
+                for a, _wa in links[u.key]:
+                    for b, _wb in links[v.key]:
+                        if position[a.key] > position[b.key]:
+                            count += 1
+            return count
+
+        for _ in range(20):
+            improved = False
+            position = {v.key: i for row in rows for i, v in enumerate(row)}
+            for row in rows:
+                for i in range(len(row) - 1):
+                    u, v = row[i], row[i + 1]
+                    if pair_crossings(v, u, position) < pair_crossings(u, v, position):
+                        row[i], row[i + 1] = v, u
+                        position[u.key], position[v.key] = i + 1, i
+                        improved = True
+            if not improved:
+                break
+
+    def _crossings(self, rows: list[list[_Vertex]]) -> int:
+        total = 0
+        for r in range(len(rows) - 1):
+            below = {v.key: i for i, v in enumerate(rows[r + 1])}
+            segments = sorted(
+                (i, below[n.key])
+                for i, v in enumerate(rows[r])
+                for n, _w in self.down[v.key]
+                if n.key in below
+            )
+            for a in range(len(segments)):
+                for b in range(a + 1, len(segments)):
+                    if segments[a][0] < segments[b][0] and segments[a][1] > segments[b][1]:
+                        total += 1
+        return total
+
+    # 5. x ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _gap(a: _Vertex, b: _Vertex) -> float:
+        both_boxes = a.solid and b.solid
+        return (a.width + b.width) / 2 + a.loop_room + (GAP_NODES if both_boxes else GAP_THIN)
+
+    def _place_x(self) -> None:
+        for row in self.rows:
+            x = 0.0
+            for i, vertex in enumerate(row):
+                if i:
+                    x += self._gap(row[i - 1], vertex)
+                vertex.x = x
+            shift = x / 2  # every row starts centred on 0
+            for vertex in row:
+                vertex.x -= shift
+
+        def relax(r: int, use_up: bool, use_down: bool) -> None:
+            row = self.rows[r]
+            if not row:  # a label row nobody crosses (a node with no edge below it)
+                return
+            desired: list[float] = []
+            weights: list[float] = []
+            for vertex in row:
+                pulls = (self.up[vertex.key] if use_up else []) + (
+                    self.down[vertex.key] if use_down else []
+                )
+                total = sum(w for _n, w in pulls)
+                if total:
+                    desired.append(sum(n.x * w for n, w in pulls) / total)
+                    weights.append(total)
+                else:
+                    # Nothing pulls it: stay put, but give way easily to those that move.
+                    desired.append(vertex.x)
+                    weights.append(0.25)
+            gaps = [self._gap(a, b) for a, b in zip(row, row[1:], strict=False)]
+            for vertex, x in zip(row, _isotonic(desired, weights, gaps), strict=True):
+                vertex.x = x
+
+        for _ in range(12):
+            for r in range(1, self.row_count):
+                relax(r, True, False)
+            for r in range(self.row_count - 2, -1, -1):
+                relax(r, False, True)
+        for r in range(self.row_count):
+            relax(r, True, True)
+        self._straighten()
+        left = min(v.left for v in self.vertices.values())
+        for vertex in self.vertices.values():
+            vertex.x += MARGIN - left
+
+    def room_for(self, vertex: _Vertex, x: float) -> bool:
+        """Whether `vertex` may move to `x` and keep its spacing to its row's neighbours."""
+        row = self.rows[vertex.row]
+        i = row.index(vertex)
+        if i > 0 and x - row[i - 1].x < self._gap(row[i - 1], vertex) - 0.01:
+            return False
+        return not (i + 1 < len(row) and row[i + 1].x - x < self._gap(vertex, row[i + 1]) - 0.01)
+
+    def _straighten(self) -> None:
+        """Line up each run of dummies on one x where the rows allow it: the pulls leave
+        jogs of a few pixels on long edges, which read as sloppy bends."""
+        for _ in range(3):
+            for chain in self.chains:
+                run: list[_Vertex] = []
+                for vertex in chain.vertices[1:-1] + [chain.vertices[-1]]:
+                    if vertex.role == "dummy":
+                        run.append(vertex)
+                        continue
+                    if len(run) > 1:
+                        xs = sorted(v.x for v in run)
+                        for x in (xs[len(xs) // 2], xs[0], xs[-1]):
+                            if all(self.room_for(v, x) for v in run):
+                                for v in run:
+                                    v.x = x
+                                break
+                    run = []
+
+    # 6. y ----------------------------------------------------------------------------------
+
+    def _place_y(self) -> None:
+        self.row_top: list[float] = []
+        self.row_bottom: list[float] = []
+        y = float(MARGIN)
+        for r, row in enumerate(self.rows):
+            height = max((v.height for v in row), default=0.0)
+            if r % 2 == 1:
+                height = LABEL_H if any(v.role == "label" for v in row) else 0.0
+            self.row_top.append(y)
+            self.row_bottom.append(y + height)
+            for vertex in row:
+                vertex.y = y + height / 2
+                if vertex.role == "dummy":
+                    vertex.height = height
+            y += height + GAP_Y
+        self.height = y - GAP_Y + MARGIN
+
+    # 7. back edges -------------------------------------------------------------------------
+
+    def _free(self, vertex: _Vertex, right: bool) -> bool:
+        """No box or pill beside `vertex` on that side of its row: an edge can leave sideways."""
+        return all(
+            v is vertex or not v.solid or (v.x < vertex.x if right else v.x > vertex.x)
+            for v in self.rows[vertex.row]
+        )
+
+    def _route_back_edges(self) -> None:
+        """Self-loops are drawn in the room reserved right of their box. Any other back edge
+        leaves its source's side and enters its target's side through a vertical lane
+        beyond everything in the rows it spans: on the right, or on the left when that side
+        is clear at both ends and the right is not.
+
+        A node with a box beside it cannot go straight out sideways: its edge first drops
+        into the gap below its row (or comes in from the gap above) and runs there.
+        """
+        self.backs: list[_Back] = []
+        out_count: dict[str, int] = {}
+        in_count: dict[str, int] = {}
+        for key, loops in self.self_loops.items():
+            vertex = self.vertices[key]
+            label_x = vertex.right + LOOP_OUT + LOOP_STEP * (len(loops) - 1) + 6
+            # Nested: the first loop is the innermost, the others go round it.
+            for k, edge in enumerate(loops):
+                back = _Back(edge, vertex, vertex)
+                back.start = [(vertex.right, min(vertex.y + 9 + 9 * k, vertex.bottom - 4))]
+                back.finish = [(vertex.right, max(vertex.y - 9 - 9 * k, vertex.top + 4))]
+                back.lane = vertex.right + LOOP_OUT + LOOP_STEP * k
+                if edge.label:
+                    label_w = _text_width(edge.label, LABEL_SIZE) + 12
+                    centre = vertex.y + (k - (len(loops) - 1) / 2) * (LABEL_H + 3)
+                    back.label_box = (label_x, centre - LABEL_H / 2, label_w, LABEL_H)
+                self.backs.append(back)
+            out_count[key] = in_count[key] = len(loops)
+
+        others: list[tuple[_Back, bool]] = []
+        for edge in self.back_edges:
+            if edge.source == edge.target:
+                continue
+            source, target = self.vertices[edge.source], self.vertices[edge.target]
+            blocked_right = (not self._free(source, True)) + (not self._free(target, True))
+            blocked_left = (not self._free(source, False)) + (not self._free(target, False))
+            right = blocked_right <= blocked_left
+            sign = 1.0 if right else -1.0
+            i_out = out_count.get(source.key, 0)
+            i_in = in_count.get(target.key, 0)
+            out_count[source.key] = i_out + 1
+            in_count[target.key] = i_in + 1
+            # Out below the middle, in above it: a node with both keeps them apart.
+            y_out = min(source.y + 8 + 7 * i_out, source.bottom - 5)
+            y_in = max(target.y - 8 - 7 * i_in, target.top + 5)
+            out_x = source.outer_right if right else source.left
+            in_x = target.right if right else target.left
+            back = _Back(edge, source, target)
+            back.start = [(out_x, y_out)]
+            if not self._free(source, right):
+                x_side = out_x + sign * (8 + 5 * i_out)
+                y_gap = self.row_bottom[source.row] + 7 + 5 * i_out
+                back.start += [(x_side, y_out), (x_side, y_gap)]
+            back.finish = [(in_x, y_in)]
+            if not self._free(target, right):
+                x_side = (target.outer_right if right else in_x) + sign * (8 + 5 * i_in)
+                y_gap = self.row_top[target.row] - 7 - 5 * i_in
+                back.finish = [(x_side, y_gap), (x_side, y_in)] + back.finish
+            others.append((back, right))
+            self.backs.append(back)
+
+        # Lanes: short detours hug the graph, longer ones go round them. A lane reserves its
+        # label's width on its outer side, over the rows it spans.
+        placed: list[tuple[float, float, float, float]] = []  # y0, y1, x_low, x_high
+        for back, right in sorted(
+            others, key=lambda item: (item[0].source.row - item[0].target.row, item[0].edge.index)
+        ):
+            ys = [p[1] for p in back.start + back.finish]
+            xs = [p[0] for p in back.start + back.finish]
+            y0, y1 = min(ys), max(ys)
+            spanned = [
+                v for v in self.vertices.values() if back.target.row <= v.row <= back.source.row
+            ]
+            if right:
+                x = max(max(v.outer_right for v in spanned) + 18, max(xs) + 12)
+            else:
+                x = min(min(v.left for v in spanned) - 18, min(xs) - 12)
+            label_w = _text_width(back.edge.label, LABEL_SIZE) + 12 if back.edge.label else 0.0
+            reserve = label_w + 8 if label_w else 0.0
+            moved = True
+            while moved:
+                moved = False
+                low, high = (x, x + reserve) if right else (x - reserve, x)
+                for p_y0, p_y1, p_low, p_high in placed:
+                    overlaps_y = p_y0 - 8 < y1 and y0 < p_y1 + 8
+                    if overlaps_y and p_low - 10 < high and low < p_high + 10:
+                        x = p_high + 12 if right else p_low - 12
+                        moved = True
+                        break
+            placed.append((y0, y1, *((x, x + reserve) if right else (x - reserve, x))))
+            back.lane = x
+            if label_w:
+                mid = (back.start[-1][1] + back.finish[0][1]) / 2
+                label_x = x + 8 if right else x - 8 - label_w
+                back.label_box = (label_x, mid - LABEL_H / 2, label_w, LABEL_H)
+
+        # Lanes on the left may reach past the margin: move the whole picture right.
+        low = min(
+            [v.left for v in self.vertices.values()]
+            + [b.lane for b in self.backs]
+            + [b.label_box[0] for b in self.backs if b.label_box]
+        )
+        shift = MARGIN - low
+        if shift > 0:
+            for vertex in self.vertices.values():
+                vertex.x += shift
+            for back in self.backs:
+                back.start = [(x + shift, y) for x, y in back.start]
+                back.finish = [(x + shift, y) for x, y in back.finish]
+                back.lane += shift
+                if back.label_box:
+                    x, y, w, h = back.label_box
+                    back.label_box = (x + shift, y, w, h)
+        self.width = MARGIN + max(
+            [v.outer_right for v in self.vertices.values()]
+            + [b.lane for b in self.backs]
+            + [b.label_box[0] + b.label_box[2] for b in self.backs if b.label_box]
+        )
+
+
+# --- drawing ---------------------------------------------------------------------------------
+
+
+def _curve(points: list[tuple[float, float]]) -> str:
+    """Straight where x does not change (inside rows), vertical-tangent S-curves between
+    rows: the line never bends inside a row, where the boxes are, and every arrow comes in
+    straight down."""
+    cleaned: list[tuple[float, float]] = []
+    for point in points:
+        if not cleaned or abs(point[0] - cleaned[-1][0]) + abs(point[1] - cleaned[-1][1]) > 0.05:
+            cleaned.append(point)
+    x0, y0 = cleaned[0]
+    parts = [f"M{_num(x0)} {_num(y0)}"]
+    for x1, y1 in cleaned[1:]:
+        if abs(x1 - x0) < 0.5:
+            parts.append(f"V{_num(y1)}")
+        else:
+            mid = (y1 - y0) / 2
+            parts.append(
+                f"C{_num(x0)} {_num(y0 + mid)} {_num(x1)} {_num(y1 - mid)} {_num(x1)} {_num(y1)}"
+            )
+        x0, y0 = x1, y1
+    return " ".join(parts)
+
+
+def _rounded(points: list[tuple[float, float]], radius: float) -> str:
+    """An orthogonal polyline with rounded corners (back edges)."""
+    cleaned: list[tuple[float, float]] = []
+    for point in points:
+        if not cleaned or abs(point[0] - cleaned[-1][0]) + abs(point[1] - cleaned[-1][1]) > 0.05:
+            cleaned.append(point)
+    parts = [f"M{_num(cleaned[0][0])} {_num(cleaned[0][1])}"]
+    for i in range(1, len(cleaned) - 1):
+        (ax, ay), (bx, by), (cx, cy) = cleaned[i - 1], cleaned[i], cleaned[i + 1]
+        len_in = abs(bx - ax) + abs(by - ay)
+        len_out = abs(cx - bx) + abs(cy - by)
+        r = min(radius, len_in / 2, len_out / 2)
+        in_x, in_y = bx - r * _sign(bx - ax), by - r * _sign(by - ay)
+        out_x, out_y = bx + r * _sign(cx - bx), by + r * _sign(cy - by)
+        parts.append(f"L{_num(in_x)} {_num(in_y)}")
+        parts.append(f"Q{_num(bx)} {_num(by)} {_num(out_x)} {_num(out_y)}")
+    parts.append(f"L{_num(cleaned[-1][0])} {_num(cleaned[-1][1])}")
+    return " ".join(parts)
+
+
+def _sign(value: float) -> float:
+    return 0.0 if abs(value) < 0.05 else (1.0 if value > 0 else -1.0)
+
+
+def _ports(count: int, centre: float, width: float) -> list[float]:
+    """Where `count` edges leave (or reach) a box side: spread over its middle, so parallel
+    edges (two cases to the same node) stay two lines."""
+    if count <= 1:
+        return [centre]
+    span = min(width * 0.6, (count - 1) * 22.0)
+    return [centre - span / 2 + span * i / (count - 1) for i in range(count)]
+
+
+def _style() -> str:
+    return (
+        "<style>"
+        f".wf-graph text{{font-family:{FONT_STACK};fill:{TEXT_COLOUR}}}"
+        f".wf-graph .wf-id{{font-size:{_num(ID_SIZE)}px;font-weight:600}}"
+        f".wf-graph .wf-sub{{font-size:{_num(SUB_SIZE)}px;fill:{MUTED_COLOUR}}}"
+        f".wf-graph .wf-inner{{font-size:{_num(INNER_SIZE)}px;fill:{MUTED_COLOUR};"
+        "font-style:italic}"
+        f".wf-graph .wf-tag{{font-size:{_num(TAG_SIZE)}px;fill:{MUTED_COLOUR}}}"
+        f".wf-graph .wf-edge-label text{{font-size:{_num(LABEL_SIZE)}px;fill:#424a53}}"
+        ".wf-graph .wf-terminal text{font-size:12px;font-weight:600;fill:#ffffff}"
+        ".wf-graph .wf-badge text{font-size:10px;font-weight:700;fill:#ffffff}"
+        ".wf-graph a .wf-node{cursor:pointer}"
+        ".wf-graph a:hover .wf-outline{stroke-width:2.6px}"
+        "</style>"
+    )
+
+
+class _Svg:
+    def __init__(
+        self,
+        layout: _Layout,
+        raw: Mapping[str, Any],
+        marks: Mapping[str, NodeMark] | None,
+        link: Callable[[str], str] | None,
+    ) -> None:
+        self.layout = layout
+        self.raw = raw
+        self.marks = marks
+        self.link = link
+        # Marker ids are document-wide once the SVG is inline in a page: two graphs on one
+        # page must not share (or shadow) each other's.
+        slug = re.sub(r"[^A-Za-z0-9_-]", "_", _str(raw.get("slug")))[:40] or "workflow"
+        self.arrow_id = f"wf-arrow-{slug}"
+        self.parts: list[str] = []
+
+    def render(self) -> str:
+        layout = self.layout
+        width, height = round(layout.width), round(layout.height)
+        name = _str(self.raw.get("name")) or _str(self.raw.get("slug")) or "workflow"
+        classes = "wf-graph wf-run" if self.marks is not None else "wf-graph"
+        out = self.parts
+        out.append(
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="{classes}" '
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+            f'role="img" aria-label="{_esc("Workflow " + name)}">'
+        )
+        out.append(f"<title>{_esc(name)}</title>")
+        out.append(_style())
+        out.append(
+            f'<defs><marker id="{self.arrow_id}" viewBox="0 0 10 10" refX="10" refY="5" '
+            'markerWidth="9" markerHeight="9" markerUnits="userSpaceOnUse" '
+            f'orient="auto"><path d="M0 0L10 5L0 10z" fill="{MUTED_COLOUR}"/></marker></defs>'
+        )
+        # Edges first, boxes over them, labels last: a label's white background sits on
+        # top of whatever line runs under it.
+        out.append('<g class="wf-edges">')
+        self._forward_edges()
+        self._back_edges()
+        out.append("</g>")
+        out.append('<g class="wf-nodes">')
+        for vertex in layout.vertices.values():
+            if vertex.role == "node":
+                self._node(vertex)
+            elif vertex.role in ("start", "end"):
+                self._terminal(vertex)
+        out.append("</g>")
+        out.append('<g class="wf-labels">')
+        self._labels()
+        out.append("</g>")
+        out.append("</svg>")
+        return "".join(out)
+
+    def _edge_attrs(self, edge: _Edge) -> str:
+        if edge.index < 0:
+            return 'class="wf-start-edge"'
+        return (
+            f'class="wf-edge{{back}}" data-from="{_esc(edge.source_id)}" '
+            f'data-to="{_esc(edge.target_id)}"'
+        )
+
+    def _edge_title(self, edge: _Edge) -> str:
+        text = f"{edge.source_id} → {edge.target_id}"
+        if edge.title:
+            text += f": {edge.title}"
+        return f"<title>{_esc(text)}</title>"
+
+    def _forward_edges(self) -> None:
+        layout = self.layout
+        # Ports: the chains leaving a box are spread along its bottom in the order of where
+        # they go next, those reaching it along its top in the order of where they come from;
+        # so neighbouring edges never cross at the box.
+        leaving: dict[str, list[_Chain]] = {}
+        reaching: dict[str, list[_Chain]] = {}
+        for chain in layout.chains:
+            leaving.setdefault(chain.vertices[0].key, []).append(chain)
+            reaching.setdefault(chain.vertices[-1].key, []).append(chain)
+        out_port: dict[int, float] = {}
+        in_port: dict[int, float] = {}
+        for key, chains in leaving.items():
+            vertex = layout.vertices[key]
+            chains = sorted(chains, key=lambda c: (c.vertices[1].x, c.edge.index))
+            for chain, x in zip(chains, _ports(len(chains), vertex.x, vertex.width), strict=True):
+                out_port[id(chain)] = x
+        for key, chains in reaching.items():
+            vertex = layout.vertices[key]
+            chains = sorted(chains, key=lambda c: (c.vertices[-2].x, c.edge.index))
+            for chain, x in zip(chains, _ports(len(chains), vertex.x, vertex.width), strict=True):
+                in_port[id(chain)] = x
+        for chain in layout.chains:
+            source, target = chain.vertices[0], chain.vertices[-1]
+            # One edge from a box to the next one below it, nothing else at either end: a
+            # straight line where the boxes overlap reads better than a small S-bend.
+            if (
+                len(chain.vertices) == 3
+                and chain.label is None
+                and len(leaving[source.key]) == 1
+                and len(reaching[target.key]) == 1
+            ):
+                inset = min(source.width, target.width) * 0.2
+                low = max(source.left, target.left) + inset
+                high = min(source.right, target.right) - inset
+                x = min(max((source.x + target.x) / 2, low), high)
+                if low <= high and layout.room_for(chain.vertices[1], x):
+                    out_port[id(chain)] = in_port[id(chain)] = chain.vertices[1].x = x
+            points = [(out_port[id(chain)], source.bottom)]
+            points.append((out_port[id(chain)], layout.row_bottom[source.row]))
+            for vertex in chain.vertices[1:-1]:
+                points.append((vertex.x, layout.row_top[vertex.row]))
+                points.append((vertex.x, layout.row_bottom[vertex.row]))
+            points.append((in_port[id(chain)], layout.row_top[target.row]))
+            points.append((in_port[id(chain)], target.top))
+            attrs = self._edge_attrs(chain.edge).replace("{back}", "")
+            self.parts.append(
+                f"<g {attrs}>{self._edge_title(chain.edge) if chain.edge.index >= 0 else ''}"
+                f'<path d="{_curve(points)}" fill="none" stroke="{EDGE_COLOUR}" '
+                f'stroke-width="1.4" marker-end="url(#{self.arrow_id})"/></g>'
+            )
+
+    def _back_edges(self) -> None:
+        for back in self.layout.backs:
+            points = (
+                back.start
+                + [(back.lane, back.start[-1][1]), (back.lane, back.finish[0][1])]
+                + back.finish
+            )
+            attrs = self._edge_attrs(back.edge).replace("{back}", " wf-back")
+            self.parts.append(
+                f"<g {attrs}>{self._edge_title(back.edge)}"
+                f'<path d="{_rounded(points, BACK_CORNER)}" fill="none" stroke="{EDGE_COLOUR}" '
+                f'stroke-width="1.4" stroke-dasharray="5 4" '
+                f'marker-end="url(#{self.arrow_id})"/></g>'
+            )
+
+    def _labels(self) -> None:
+        boxes: list[tuple[_Edge, float, float, float, float]] = []
+        for chain in self.layout.chains:
+            if chain.label is not None:
+                v = chain.label
+                boxes.append((chain.edge, v.left, v.top, v.width, v.height))
+        for back in self.layout.backs:
+            if back.label_box is not None:
+                x, y, w, h = back.label_box
+                boxes.append((back.edge, x, y, w, h))
+        for edge, x, y, w, h in boxes:
+            self.parts.append(
+                f'<g class="wf-edge-label" data-from="{_esc(edge.source_id)}" '
+                f'data-to="{_esc(edge.target_id)}">{self._edge_title(edge)}'
+                f'<rect x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" height="{_num(h)}" '
+                'rx="4" fill="#ffffff" stroke="#d0d7de" stroke-width="0.8"/>'
+                f'<text x="{_num(x + w / 2)}" y="{_num(y + h / 2 + LABEL_SIZE * 0.35)}" '
+                f'text-anchor="middle">{_esc(edge.label)}</text></g>'
+            )
+
+    def _terminal(self, vertex: _Vertex) -> None:
+        name = "start" if vertex.role == "start" else "end"
+        self.parts.append(
+            f'<g class="wf-terminal wf-{name}"><title>{name}</title>'
+            f'<rect x="{_num(vertex.left)}" y="{_num(vertex.top)}" width="{_num(vertex.width)}" '
+            f'height="{_num(vertex.height)}" rx="{_num(vertex.height / 2)}" '
+            f'fill="{MUTED_COLOUR}"/>'
+            f'<text x="{_num(vertex.x)}" y="{_num(vertex.y + 4.5)}" '
+            f'text-anchor="middle">{name}</text></g>'
+        )
+
+    def _node(self, vertex: _Vertex) -> None:
+        mark = self.marks.get(vertex.node_id) if self.marks is not None else None
+        status = mark.status if mark is not None else ""
+        fill, stroke, stroke_width = MARK_STYLES.get(status, MARK_STYLES[""])
+        kind_class = re.sub(r"[^a-z0-9_-]", "", vertex.kind.lower()) or "unknown"
+        classes = f"wf-node wf-{kind_class}"
+        if status:
+            classes += " wf-" + (re.sub(r"[^a-z0-9_-]", "", status.lower()) or "unknown")
+        # On a run's page the nodes the run never reached step back.
+        dim = ' opacity="0.55"' if self.marks is not None and status not in STATUSES else ""
+        x, y, w, h = vertex.left, vertex.top, vertex.width, vertex.height
+        r = ACCENT_W
+        accent = KIND_COLOURS.get(vertex.kind, OTHER_KIND_COLOUR)
+        text_x = x + ACCENT_W + PAD_X
+        out = self.parts
+        if self.link is not None:
+            out.append(f'<a href="{_esc(self.link(vertex.node_id))}">')
+        out.append(f'<g class="{classes}" data-node="{_esc(vertex.node_id)}"{dim}>')
+        out.append(f"<title>{_esc(vertex.title)}</title>")
+        out.append(
+            f'<rect class="wf-box" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+            f'height="{_num(h)}" rx="{r}" fill="{fill}"/>'
+        )
+        out.append(
+            f'<path class="wf-accent" d="M{_num(x + r)} {_num(y)}V{_num(y + h)}'
+            f"A{r} {r} 0 0 1 {_num(x)} {_num(y + h - r)}V{_num(y + r)}"
+            f'A{r} {r} 0 0 1 {_num(x + r)} {_num(y)}Z" fill="{accent}"/>'
+        )
+        out.append(
+            f'<rect class="wf-outline" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+            f'height="{_num(h)}" rx="{r}" fill="none" stroke="{stroke}" '
+            f'stroke-width="{_num(stroke_width)}"/>'
+        )
+        out.append(
+            f'<text class="wf-id" x="{_num(text_x)}" y="{_num(y + 20)}">'
+            f"{_esc(_shorten(vertex.node_id, NODE_MAX_CHARS_ID))}</text>"
+        )
+        if vertex.tag:
+            out.append(
+                f'<text class="wf-tag" x="{_num(x + w - 10)}" y="{_num(y + 19)}" '
+                f'text-anchor="end">{_esc(vertex.tag)}</text>'
+            )
+        out.append(
+            f'<text class="wf-sub" x="{_num(text_x)}" y="{_num(y + 38)}">{_esc(vertex.sub)}</text>'
+        )
+        if vertex.inner:
+            out.append(
+                f'<text class="wf-inner" x="{_num(text_x)}" y="{_num(y + 54)}">'
+                f"{_esc(vertex.inner)}</text>"
+            )
+        if mark is not None and mark.visits > 1:
+            text = f"×{mark.visits}"
+            badge_w = _text_width(text, 10, bold=True) + 10
+            colour = stroke if status in STATUSES else MUTED_COLOUR
+            bx, by = x + w - badge_w / 2 - 2, y
+            out.append(
+                f'<g class="wf-badge"><rect x="{_num(bx - badge_w / 2)}" y="{_num(by - 8)}" '
+                f'width="{_num(badge_w)}" height="16" rx="8" fill="{colour}"/>'
+                f'<text x="{_num(bx)}" y="{_num(by + 3.5)}" text-anchor="middle">'
+                f"{_esc(text)}</text></g>"
+            )
+        out.append("</g>")
+        if self.link is not None:
+            out.append("</a>")
+
+
+def workflow_svg(
+    raw: Mapping[str, Any],
+    *,
+    marks: Mapping[str, NodeMark] | None = None,
+    link: Callable[[str], str] | None = None,
+) -> str:
+    """The workflow's graph as an inline SVG document (no XML declaration).
+
+    `raw` is one workflow mapping as declared in YAML, already validated. `marks` colour
+    the nodes a run visited (the run's page); `link(node_id)` makes each node a link.
+    """
+    layout = _Layout(raw, marks)
+    return _Svg(layout, raw, marks, link).render()

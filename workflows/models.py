@@ -1,0 +1,58 @@
+"""Workflows as stored: the definition by slug, and each validated version of it.
+
+A run is a session (sessions.models.Session) that points at the version it started
+with; editing a workflow writes a new version, so a run never changes under its feet.
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class Workflow(models.Model):
+    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    role = models.CharField(
+        max_length=50,
+        help_text="Its tool nodes run with this role; a key must hold it to start a run.",
+    )
+    # The agent a run's steps run as: its model endpoints serve llm and choice nodes, its
+    # tools are the tools the nodes name. Kept in step by apply_config and the admin; never
+    # offered as a conversational agent.
+    runtime_agent = models.OneToOneField(
+        "agent_sessions.Agent", on_delete=models.PROTECT, related_name="workflow"
+    )
+    current_version = models.PositiveIntegerField(default=0)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class WorkflowVersion(models.Model):
+    # No index of its own: the (workflow, number) constraint leads with it.
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="versions", db_index=False
+    )
+    number = models.PositiveIntegerField()
+    # The mapping as declared (YAML as JSON): validated before it was stored.
+    definition = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    source = models.CharField(max_length=20, default="config", help_text="config | admin")
+
+    class Meta:
+        ordering = ["workflow", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "number"], name="workflowversion_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow.slug} v{self.number}"

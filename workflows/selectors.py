@@ -1,0 +1,94 @@
+"""Reads of workflows: a version's compiled definition, and the workflows a key may start."""
+
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from django.db.models import QuerySet
+
+from sessions.models import Agent, ModelEndpoint
+from tools.execution import BUILTIN_TOOLS, ToolSnapshot
+from tools.models import Tool
+
+from .definition import Definition, definition_parse
+from .models import Workflow, WorkflowVersion
+
+# A version never changes once stored, so its compiled form is kept for the process's life
+# (bounded: the oldest go first).
+_CACHE_MAX = 256
+_compiled: dict[int, Definition] = {}
+_lock = threading.Lock()
+
+
+def _named(raw: Any, key: str) -> Iterator[str]:
+    """Every value of `key` in the nodes (inline ones too): the names a version refers to."""
+    if isinstance(raw, Mapping):
+        for name, value in raw.items():
+            if name == key and isinstance(value, str):
+                yield value
+            else:
+                yield from _named(value, key)
+    elif isinstance(raw, list):
+        for value in raw:
+            yield from _named(value, key)
+
+
+def definition_compile(raw: Mapping[str, Any], *, where: str) -> Definition:
+    """A stored version, compiled without judging its references again: it was validated when
+    stored, and what it names may have changed since (the tool phase still gates every call
+    by the run's role, and a missing tool is a node failure the operator can read)."""
+    nodes = raw.get("nodes") or {}
+    return definition_parse(
+        raw,
+        where=where,
+        known_tools={name: () for name in _named(nodes, "tool")},
+        known_agents=set(_named(nodes, "agent")),
+        known_models={*_named(nodes, "model"), *([raw["model"]] if raw.get("model") else [])},
+    )
+
+
+def version_definition(version_id: int) -> Definition:
+    found = _compiled.get(version_id)
+    if found is not None:
+        return found
+    version = WorkflowVersion.objects.select_related("workflow").get(pk=version_id)
+    definition = definition_compile(
+        version.definition, where=f"workflow {version.workflow.slug} v{version.number}"
+    )
+    with _lock:
+        if len(_compiled) >= _CACHE_MAX:
+            _compiled.pop(next(iter(_compiled)))
+        _compiled[version_id] = definition
+    return definition
+
+
+def workflows_startable(*, key_roles: list[str]) -> QuerySet[Workflow]:
+    """The enabled workflows whose role the key holds."""
+    return Workflow.objects.filter(enabled=True, role__in=key_roles, current_version__gt=0)
+
+
+def workflow_current_version(workflow: Workflow) -> WorkflowVersion:
+    return WorkflowVersion.objects.get(workflow=workflow, number=workflow.current_version)
+
+
+def tool_roles() -> dict[str, tuple[str, ...]]:
+    """Each enabled tool's roles as the tool phase judges them (empty: every role)."""
+    rows = Tool.objects.filter(enabled=True).select_related("mcp_server")
+    found = {tool.name: ToolSnapshot.from_model(tool).roles for tool in rows}
+    for name in BUILTIN_TOOLS:
+        found.setdefault(name, ())
+    return found
+
+
+def definition_check(raw: Mapping[str, Any], *, where: str) -> Definition:
+    """Parse and judge a definition against what exists now (the admin's edit; apply_config
+    judges a file against the file and the database together). Raises WorkflowInvalid."""
+    return definition_parse(
+        raw,
+        where=where,
+        known_tools=tool_roles(),
+        known_agents=set(
+            Agent.objects.filter(enabled=True, workflow__isnull=True).values_list("slug", flat=True)
+        ),
+        known_models=set(ModelEndpoint.objects.values_list("name", flat=True)),
+    )
