@@ -247,6 +247,24 @@ class Session(models.Model):
         db_index=False,
     )
     workflow_state = models.JSONField(null=True, blank=True)
+    # A child session: the run of another agent that a call of this session's (an agent
+    # node, an `agent.<slug>` tool) started; its finish wakes the parent. One child per
+    # call, so a step re-run after a crash finds the child it started.
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        db_index=False,
+    )
+    parent_call = models.OneToOneField(
+        "ToolCall",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="child_session",
+    )
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
@@ -299,6 +317,11 @@ class Session(models.Model):
                 fields=["workflow_version", "-created_at"],
                 name="session_workflow_runs",
                 condition=Q(workflow_version__isnull=False),
+            ),
+            models.Index(
+                fields=["parent", "created_at"],
+                name="session_children",
+                condition=Q(parent__isnull=False),
             ),
             models.Index(
                 fields=["forked_from"],

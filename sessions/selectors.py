@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
+from workflows.selectors import run_graph_svg
 
 from .errors import InvalidInput, NotFound
 from .events import EventType
@@ -369,3 +370,13 @@ def sessions_gauges() -> list[Gauge]:
             [((), in_flight)],
         ),
     ]
+
+
+def workflow_run_graph(*, session: Session) -> str:
+    """A workflow run's graph as SVG, coloured by what it did (404 for a conversation)."""
+    if session.workflow_version_id is None:
+        raise NotFound(
+            f"session {session.pk} is a conversation, not a workflow run",
+            code="not_a_workflow_run",
+        )
+    return run_graph_svg(session)

@@ -26,6 +26,7 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import tracing
 from observability.redaction import scrub
+from sessions.dispatch import run_enqueue_on_commit
 from sessions.events import (
     EventSpec,
     EventType,
@@ -36,7 +37,7 @@ from sessions.events import (
     TurnFinished,
 )
 from sessions.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
-from sessions.states import RUNNABLE, State, Trigger
+from sessions.states import RUNNABLE, TURN_ENDED, State, Trigger
 from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
@@ -55,7 +56,12 @@ def step_commit(step: Step) -> Committed:
     """
     store.model_calls_number(step)  # the charges name each model call by its step
     step.charges = step_metering(step.session, step.model_calls, step.updated_tool_calls, GUARD)
-    return store.step_commit(step)
+    committed = store.step_commit(step)
+    parent = step.session.parent_id
+    if parent is not None and committed.state in TURN_ENDED:
+        # A child's end: its parent's waiting call has its answer now.
+        run_enqueue_on_commit(parent, step.session.value)
+    return committed
 
 
 def build_step(

@@ -25,6 +25,7 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 
 from engine.gates.budget import model_gate, model_rate_limit
+from engine.gates.children import AGENT_TOOL_PREFIX
 from engine.gates.metering import model_credits_check
 from engine.model.calls import RunCancelled, call_model
 from engine.moves.node import NodeWrites, nodes_commit
@@ -268,7 +269,9 @@ class Walk:
             return self._map(node, progress)
         if kind == "parallel":
             return self._parallel(node, progress, extra)
-        return Failed(f"node kind '{kind}' is not supported yet")
+        if kind == "agent":
+            return self._agent(node, progress, extra)
+        return Failed(f"node kind '{kind}' is not supported")
 
     def _call_id(self, node: Node, extra: dict[str, Any], suffix: str = "") -> str:
         visit = int(self.state["visits"].get(node.id.split(".")[0], 1))
@@ -390,6 +393,23 @@ class Walk:
         if found.status == ToolCallStatus.SUCCESS:
             return Done(None, node.next)
         return Failed(found.error or "the timer could not be set")
+
+    def _agent(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
+        """The agent's loop as a child session (engine/gates/children.py); the output is its
+        answer. The run holds no worker meanwhile."""
+        assert node.agent is not None and node.task is not None
+        arguments = None
+        if "call" not in progress:
+            task = node.task.evaluate(self.scope(extra))
+            if not isinstance(task, str) or not task.strip():
+                return Failed(f"task must give a non-empty string, not {_compact(task)[:200]}")
+            arguments = {"task": task}
+        found = self._called(node, progress, extra, f"{AGENT_TOOL_PREFIX}{node.agent}", arguments)
+        if not isinstance(found, ToolCall):
+            return found
+        if found.status == ToolCallStatus.SUCCESS and isinstance(found.output, dict):
+            return Done(found.output.get("answer"), node.next)
+        return self._retry_or_fail(node, progress, found, found.error or "the agent's run failed")
 
     # --- Model nodes -------------------------------------------------------------------
 

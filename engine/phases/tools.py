@@ -14,6 +14,7 @@ from django.db import connection
 
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
+from engine.gates.children import ChildrenWait, children_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
@@ -21,6 +22,7 @@ from engine.gates.recovery import recovery_probe
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
+from engine.moves.children import children_start
 from engine.moves.turn import tool_results
 from engine.run_cache import agent_runtime, workflow_runtime
 from engine.store.open_calls import open_calls
@@ -100,6 +102,12 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
         return
+    # Calls another agent answers: their children run first; this step waits without a worker.
+    kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes])
+    if kids.waits:
+        children_start(session, kids.to_start)
+        raise ChildrenWait
+    gate.outcomes.update(kids.outcomes)
     # A recall must see memory as it is now, not an earlier identical call's answer.
     outcomes = _cached_outcomes(
         session,

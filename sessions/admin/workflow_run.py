@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
-from workflows.graph_svg import NodeMark, workflow_svg
+from workflows.selectors import run_graph_svg
 
 from ..models import Checkpoint, Event, Session, ToolCall
 
@@ -90,8 +90,7 @@ def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
     for node_id in state.get("active") or []:
         if node_id in rows and rows[node_id].status != "failed":
             rows[node_id].status = "active"
-    marks = {r.node: NodeMark(visits=r.visits, status=r.status) for r in rows.values() if r.status}
-    svg = workflow_svg(version.definition, marks=marks, link=lambda n: f"#node-{n}")
+    svg = run_graph_svg(session, link=lambda n: f"#node-{n}")
     error = state.get("error")
     return WorkflowRunView(
         slug=version.workflow.slug,

@@ -5,6 +5,7 @@ graph's edges, retries, a person's review, timers, max_visits, deadlines, resume
 """
 
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -20,11 +21,12 @@ from sessions.models import Checkpoint, Event, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
+    session_cancel,
     session_fork,
     session_resume,
     timers_fire_due,
 )
-from tests.factories import ModelEndpointFactory, ToolFactory, UserFactory
+from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
 from tools.registry import tool_handler
 from workflows.selectors import definition_check
 from workflows.services import workflow_apply, workflow_run_start
@@ -130,9 +132,9 @@ def _start(owner: Any, slug: str, value: dict[str, Any], **kwargs: Any) -> Sessi
     return session
 
 
-def _run(session: Session) -> Session:
+def _run(session: Session, stopped: str = "idle") -> Session:
     result = session_run(session_id=session.pk)
-    assert result.stopped == "idle", result
+    assert result.stopped == stopped, result
     return Session.objects.get(pk=session.pk)
 
 
@@ -511,3 +513,94 @@ def test_a_run_keeps_its_version_when_the_workflow_is_edited(owner: Any) -> None
     assert _apply(REFUND.replace("refund on {{ input.number }} done", "all done")).endswith(
         "unchanged (version 2)"
     )
+
+
+DELEGATE = """
+slug: delegate
+role: support
+start: ask
+nodes:
+  ask: {kind: agent, agent: helper, task: "'look into ' + input.topic", output: found, next: end}
+"""
+
+
+def test_an_agent_node_runs_the_agents_loop_as_a_child_session(owner: Any) -> None:
+    AgentFactory(slug="helper", rules=[{"answer": "Echo: {{ user }}"}])
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "SO-9"}), stopped="waiting")
+
+    # The parent waits without a worker; its child runs for the same owner and role.
+    assert session.state == "tool_wait" and session.lease_owner is None
+    child = Session.objects.get(parent=session)
+    assert (child.owner_id, child.role, child.agent.slug) == (owner.pk, "support", "helper")
+    assert child.parent_call.call_id == "ask#1"
+    # A stray run of the parent (a redelivered task) starts no second child.
+    assert _run(session, stopped="waiting").state == "tool_wait"
+    assert Session.objects.filter(parent=session).count() == 1
+
+    assert _run(child).state == "finished"
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == "Echo: look into SO-9"
+
+
+def test_a_child_that_fails_fails_the_agent_node_with_a_clear_error(owner: Any) -> None:
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "x"}), stopped="waiting")
+    child = Session.objects.get(parent=session)
+    Session.objects.filter(pk=child.pk).update(state="error", turn=1, last_error="boom")
+
+    session = _run(session)
+
+    assert session.state == "error"
+    assert "ended error: boom" in session.workflow_state["error"]["message"]
+
+
+def test_cancelling_the_parent_cancels_its_children(owner: Any) -> None:
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "x"}), stopped="waiting")
+    child = Session.objects.get(parent=session)
+
+    session_cancel(session=session, actor="op")
+
+    assert Session.objects.get(pk=child.pk).cancel_requested
+    assert _run(child).state == "cancelled"
+    assert _run(session).state == "cancelled"
+
+
+def test_agents_nest_no_deeper_than_children_max_depth(owner: Any, settings: Any) -> None:
+    settings.CHILDREN_MAX_DEPTH = 0
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "x"}))
+
+    assert session.state == "error" and not Session.objects.filter(parent=session).exists()
+    assert "max_depth" in session.workflow_state["error"]["message"]
+
+
+@tool_handler("tests.node.slow")
+def _slow(n: int) -> dict[str, Any]:
+    time.sleep(1.0)
+    return {"n": n}
+
+
+def test_a_tool_nodes_timeout_s_limits_its_call(owner: Any) -> None:
+    ToolFactory(
+        name="slow",
+        handler="tests.node.slow",
+        timeout_s=30,
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    _apply(
+        "slug: quick\nrole: support\nstart: call\nnodes:\n"
+        "  call: {kind: tool, tool: slow, args: {n: 1}, timeout_s: 0.2, output: got, next: end}\n"
+    )
+    started = time.monotonic()
+    session = _run(_start(owner, "quick", {}))
+
+    assert session.state == "error"
+    assert "did not answer within 0.2 s" in session.workflow_state["error"]["message"]
+    assert time.monotonic() - started < 3  # 0.2 s twice (a read-only call is tried again), not 30
