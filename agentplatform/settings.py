@@ -195,10 +195,9 @@ APPROVAL_WS_MAX_SOCKETS_PER_KEY = env.int("APPROVAL_WS_MAX_SOCKETS_PER_KEY", def
 CREDITS_REQUIRED = env.bool("CREDITS_REQUIRED", default=False)
 CREDITS_WAIT_S = env.float("CREDITS_WAIT_S", default=10.0)
 CREDITS_WAIT_RETRY_S = env.float("CREDITS_WAIT_RETRY_S", default=0.5)
-# Child sessions (engine/gates/children.py): how deep agents may nest, and how long a parent
-# waiting on its children is left alone before the sweeper looks again (a child's end wakes
-# it at once; this only covers a lost wake-up).
-CHILDREN_MAX_DEPTH = env.int("CHILDREN_MAX_DEPTH", default=2)
+# Child sessions (engine/gates/children.py): how long a parent waiting on its children is
+# left alone before the sweeper looks again (a child's end wakes it at once; this only
+# covers a lost wake-up). How deep they nest is each agent's `max_depth`.
 CHILDREN_RECHECK_S = env.float("CHILDREN_RECHECK_S", default=300.0)
 BILLING_TIME_ZONE = env.str("BILLING_TIME_ZONE", default="UTC")
 

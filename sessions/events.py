@@ -26,6 +26,10 @@ class EventType(StrEnum):
     NODE_STARTED = "node.started"
     NODE_FINISHED = "node.finished"
     NODE_FAILED = "node.failed"
+    # Agents together: a handoff, and the child sessions of agent.<slug> calls.
+    AGENT_CHANGED = "agent.changed"
+    CHILD_STARTED = "child.started"
+    CHILD_FINISHED = "child.finished"
 
 
 class StopReason(StrEnum):
@@ -182,6 +186,32 @@ class NodeFailed(TypedDict):
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
+AgentChanged = TypedDict(
+    "AgentChanged",
+    {
+        "from": str,
+        "to": str,
+        "reason": str,
+        "truncated": NotRequired[dict[str, int]],
+    },
+)
+
+
+class ChildStarted(TypedDict):
+    call_id: str
+    session: str  # the child session's id: its own events are on its own stream
+    agent: str
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
+class ChildFinished(TypedDict):
+    call_id: str
+    session: str
+    agent: str
+    state: str  # finished | error | cancelled
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
 class Error(TypedDict):
     code: str
     message: str
@@ -203,6 +233,9 @@ Payload = (
     | NodeStarted
     | NodeFinished
     | NodeFailed
+    | AgentChanged
+    | ChildStarted
+    | ChildFinished
     | Error
 )
 
@@ -219,6 +252,9 @@ PAYLOADS: dict[EventType, type] = {
     EventType.NODE_STARTED: NodeStarted,
     EventType.NODE_FINISHED: NodeFinished,
     EventType.NODE_FAILED: NodeFailed,
+    EventType.AGENT_CHANGED: AgentChanged,
+    EventType.CHILD_STARTED: ChildStarted,
+    EventType.CHILD_FINISHED: ChildFinished,
     EventType.ERROR: Error,
 }
 

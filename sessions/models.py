@@ -163,6 +163,22 @@ class Agent(models.Model):
         null=True, blank=True, help_text="Per owner of a session, this agent's tokens a day."
     )
     budget_day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # Agents together (DESIGN.md "Agents together, and model routing").
+    handoffs = ArrayField(
+        models.CharField(max_length=100),
+        default=list,
+        blank=True,
+        help_text="Agents this one may hand the conversation to (a transfer_to_<slug> tool each).",
+    )
+    max_depth = models.PositiveSmallIntegerField(
+        default=2, help_text="How deep its agent.<slug> tools may nest child sessions."
+    )
+    routing = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Simple turns to a smaller model: {"small": endpoint, "when": CEL, '
+        '"escalate_on": ["invalid_tool_call", "invalid_json"]} (see README, "Model routing").',
+    )
     enabled = models.BooleanField(default=True)
     value = models.FloatField(
         default=1.0,
@@ -562,6 +578,9 @@ class ModelCall(models.Model):
     # "step" answers the session; "summary" condensed its oldest history (engine/model/summaries.py);
     # "extraction" listed what a finished turn is worth remembering (engine/gates/memory.py).
     purpose = models.CharField(max_length=20, default="step", db_default="step")
+    # Model routing: the tier that served the call ("main" or "small") and why.
+    tier = models.CharField(max_length=10, default="main", db_default="main")
+    tier_reason = models.CharField(max_length=200, blank=True, db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -9,15 +9,99 @@ act on.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.conf import settings
-
-from sessions.models import Agent, Message, Session, ToolCall, ToolCallStatus
+from engine.model.usage import Usage
+from sessions.events import ChildFinished, EventSpec, EventType
+from sessions.models import Agent, Message, Session, ToolCall, ToolCallStatus, Transition
 from sessions.states import TURN_ENDED, State
-from tools.execution import ToolOutcome
+from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
 
 AGENT_TOOL_PREFIX = "agent."
+HANDOFF_PREFIX = "transfer_to_"
+AGENT_TOOL_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 8000,
+            "description": "The whole task, self-contained: the agent does not see this conversation",
+        }
+    },
+    "required": ["task"],
+    "additionalProperties": False,
+}
+HANDOFF_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 500,
+            "description": "Why this agent should take the conversation over",
+        }
+    },
+    "required": ["reason"],
+    "additionalProperties": False,
+}
+
+
+def _snapshot(name: str, description: str, parameters: dict[str, Any], result: str) -> ToolSnapshot:
+    return ToolSnapshot(
+        name=name,
+        description=description,
+        parameters=parameters,
+        kind="agent",
+        handler="",
+        url="",
+        method="",
+        headers={},
+        timeout_s=60.0,
+        side_effects=False,  # the child's own tool calls carry its side effects, once each
+        roles=(),
+        version="agents-1",
+        risk_level=0,
+        result_description=result,
+    )
+
+
+def agent_tools(names: list[str], handoffs: list[str]) -> dict[str, ToolSnapshot]:
+    """The `agent.<slug>` tools an agent lists and a `transfer_to_<slug>` tool per handoff, for
+    the enabled conversational agents among them (a workflow's runtime agent is none)."""
+    slugs = {n.removeprefix(AGENT_TOOL_PREFIX) for n in names if n.startswith(AGENT_TOOL_PREFIX)}
+    if not slugs and not handoffs:
+        return {}
+    rows = {
+        a.slug: a
+        for a in Agent.objects.filter(
+            slug__in=slugs | set(handoffs), enabled=True, workflow__isnull=True
+        )
+    }
+    found: dict[str, ToolSnapshot] = {}
+    for slug in sorted(slugs & set(rows)):
+        title = rows[slug].name or slug
+        found[f"{AGENT_TOOL_PREFIX}{slug}"] = _snapshot(
+            f"{AGENT_TOOL_PREFIX}{slug}",
+            f"Ask the {title} agent to do a task and answer with its result. Use for a part of "
+            "the work that agent is made for; several calls in one step run in parallel. "
+            "Give the whole task: it does not see this conversation.",
+            AGENT_TOOL_PARAMETERS,
+            "{answer: the agent's answer, session: its child session}",
+        )
+    for slug in handoffs:
+        if slug in rows:
+            title = rows[slug].name or slug
+            found[f"{HANDOFF_PREFIX}{slug}"] = _snapshot(
+                f"{HANDOFF_PREFIX}{slug}",
+                f"Hand this conversation over to the {title} agent, which answers the user from "
+                "the next step on with the history as it is. Use when the request is that "
+                "agent's job, not yours; do not use it to ask a question of it.",
+                HANDOFF_PARAMETERS,
+                "{transferred_to: slug}",
+            )
+    return found
 
 
 class ChildrenWait(Exception):
@@ -37,6 +121,10 @@ class Children:
     outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
     to_start: list[ToolCall] = field(default_factory=list)
     running: int = 0
+    # What the children that ended used: counted into the parent's usage when their calls'
+    # results commit (once, with them); and a `child.finished` for each.
+    usage: Usage = Usage()
+    events: list[EventSpec] = field(default_factory=list)
 
     @property
     def waits(self) -> bool:
@@ -74,13 +162,23 @@ def _ended(child: Session) -> ToolOutcome:
         return ToolOutcome(
             status=ToolCallStatus.SUCCESS, output=output, content=render_success(output)
         )
-    why = child.last_error or child.cancel_reason or state.value
+    # Why it ended as it did: its error, or the move that ended it (a cancel's reason).
+    why = (
+        (child.last_error if state == State.ERROR else "")
+        or (
+            Transition.objects.filter(session=child)
+            .order_by("-id")
+            .values_list("reason", flat=True)
+            .first()
+        )
+        or state.value
+    )
     return _failed(f"the agent's run ended {state.value}: {why} (session {child.pk})")
 
 
-def children_gate(session: Session, calls: list[ToolCall]) -> Children:
+def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Children:
     """Which agent calls have a child that ended (their outcomes), which still run, and
-    which have none yet (to start), or may not start (deeper than CHILDREN_MAX_DEPTH)."""
+    which have none yet (to start), or may not start (deeper than the agent's max_depth)."""
     found = Children()
     agent_calls = [c for c in calls if is_agent_call(c)]
     if not agent_calls:
@@ -100,6 +198,16 @@ def children_gate(session: Session, calls: list[ToolCall]) -> Children:
         if child is not None:
             if State(child.state) in TURN_ENDED and child.turn > 0 and child.queued_count == 0:
                 found.outcomes[call.pk] = _ended(child)
+                found.usage = found.usage.plus(
+                    Usage(child.input_tokens, child.output_tokens, child.cost)
+                )
+                finished: ChildFinished = {
+                    "call_id": call.call_id,
+                    "session": str(child.pk),
+                    "agent": agent_of(call),
+                    "state": child.state,
+                }
+                found.events.append(EventSpec(EventType.CHILD_FINISHED, finished))
             else:
                 found.running += 1
             continue
@@ -109,11 +217,10 @@ def children_gate(session: Session, calls: list[ToolCall]) -> Children:
             )
             continue
         if too_deep is None:
-            too_deep = depth_of(session) + 1 > settings.CHILDREN_MAX_DEPTH
+            too_deep = depth_of(session) + 1 > max_depth
         if too_deep:
             found.outcomes[call.pk] = _failed(
-                f"max_depth: agents may nest {settings.CHILDREN_MAX_DEPTH} deep; "
-                "answer without this agent"
+                f"max_depth: agents may nest {max_depth} deep here; answer without this agent"
             )
         else:
             found.to_start.append(call)

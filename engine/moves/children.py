@@ -5,17 +5,42 @@ import json
 from django.db import IntegrityError, transaction
 
 from engine.gates.children import agent_of
-from engine.moves.turn import turn_start
+from engine.moves.turn import build_step, step_commit, turn_start
 from memory.tokens import count_message_tokens
 from sessions import dispatch
+from sessions.events import ChildStarted, EventSpec, EventType
 from sessions.models import Agent, Message, Session, ToolCall
 
 
-def children_start(session: Session, calls: list[ToolCall]) -> None:
+def children_started(session: Session, owner: str, started: list[tuple[ToolCall, Session]]) -> None:
+    """A `child.started` on the parent's stream for each child just started (no state move):
+    a client following the parent finds each child's own stream by its id."""
+    events: list[EventSpec] = []
+    for call, child in started:
+        payload: ChildStarted = {
+            "call_id": call.call_id,
+            "session": str(child.pk),
+            "agent": agent_of(call),
+        }
+        events.append(EventSpec(EventType.CHILD_STARTED, payload))
+    step_commit(
+        build_step(
+            session,
+            owner,
+            trigger=None,
+            phase="children",
+            events=events,
+            checkpoint={"children": [[c.call_id, str(s.pk)] for c, s in started]},
+        )
+    )
+
+
+def children_start(session: Session, calls: list[ToolCall]) -> list[tuple[ToolCall, Session]]:
     """One child per call (the gate checked its agent), each in its own short transaction:
     the session (same owner, role and value, `parent` and `parent_call` set) and its first
     turn with the task as the user message; a worker is woken after the commit. A call whose
-    child exists (a re-run after a crash) starts none."""
+    child exists (a re-run after a crash) starts none. Returns the children started now."""
+    started: list[tuple[ToolCall, Session]] = []
     for call in calls:
         agent = Agent.objects.filter(slug=agent_of(call)).first()
         if agent is None:
@@ -44,3 +69,5 @@ def children_start(session: Session, calls: list[ToolCall]) -> None:
                 dispatch.run_enqueue_on_commit(child.pk, child.value)
         except IntegrityError:
             continue  # started by an earlier run of this step
+        started.append((call, child))
+    return started

@@ -28,6 +28,7 @@ from observability import tracing
 from observability.redaction import scrub
 from sessions.dispatch import run_enqueue_on_commit
 from sessions.events import (
+    AgentChanged,
     EventSpec,
     EventType,
     Progress,
@@ -42,6 +43,7 @@ from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
 if TYPE_CHECKING:
+    from engine.gates.handoff import HandoffTo
     from engine.gates.questions import Question
 
 INTERRUPT_REASON = "interrupted by a new message"
@@ -362,6 +364,8 @@ def tool_results(
     stop: StopReason | None = None,
     stop_note: str = "",
     ask: "Question | None" = None,
+    usage: Usage | None = None,
+    handoff: "HandoffTo | None" = None,
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
@@ -443,7 +447,17 @@ def tool_results(
     if ask is not None:
         trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": ask.due_at, "timer_note": ""}
         events.append(ask.event(session.turn))
-    fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
+    if handoff is not None and trigger == Trigger.TOOL_RESULTS:
+        # Another agent decides from the next step on, with the history as it is.
+        trigger = Trigger.HANDOFF
+        set_fields["agent_id"] = handoff.agent.pk
+        changed: AgentChanged = {
+            "from": session.agent.slug,
+            "to": handoff.agent.slug,
+            "reason": handoff.reason,
+        }
+        events.append(EventSpec(EventType.AGENT_CHANGED, changed))
+    fold = trigger in (Trigger.TOOL_RESULTS, Trigger.HANDOFF) and not session.cancel_requested
     events += extra_events or []
     finish: list[EventSpec] = []
     if stop is not None and fold:
@@ -470,6 +484,7 @@ def tool_results(
             after_events=finish if fold else [],
             env=env,
             set_fields=dict(set_fields),
+            add_fields=usage.add_fields() if usage is not None and usage != NO_USAGE else None,
             checkpoint={
                 "done": [[c.call_id, c.status, c.attempts] for c in calls],
                 **(

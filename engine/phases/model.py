@@ -25,7 +25,8 @@ from engine.gates.guards import GuardLimits, GuardVerdict
 from engine.gates.memory import wants_turn_memory
 from engine.gates.metering import credits_stop, model_credits_check, model_points
 from engine.gates.revalidation import revalidation
-from engine.model.calls import RunCancelled, call_model, primary_endpoint
+from engine.gates.routing import MAIN, SMALL, escalation, route
+from engine.model.calls import RunCancelled, call_model, primary_endpoint, tiers_record
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
 from engine.model.summaries import SummaryOutcome, summarise, summary_retry_at
 from engine.model.usage import ModelSpend
@@ -302,9 +303,19 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
-    tier = plan.gate.endpoint if plan.gate.endpoint.pk != agent.model_id else None
+    degraded = plan.gate.endpoint.pk != agent.model_id
+    tier = plan.gate.endpoint if degraded else None
+    way = route(session, agent, history, degraded)
     try:
-        routed = call_model(session, agent, request, tier=tier)
+        routed = call_model(session, agent, request, tier=way.endpoint or tier)
+        tiers_record(routed.calls, way.tier, way.reason)
+        why = escalation(agent, request, routed.response) if way.tier == SMALL else ""
+        if why:
+            # The small model faltered: the agent's own model answers, in this same step.
+            again = call_model(session, agent, request, tier=tier)
+            tiers_record(again.calls, MAIN, f"escalated: {why}")
+            again.calls[:0] = routed.calls
+            routed = again
         # Taken by this step's commit: the run's kept credit figures count them from now.
         run.figures.spent_points(model_points(plan.summary.calls + routed.calls))
     except RunCancelled as cancelled:

@@ -15,6 +15,7 @@ from django.db import connection
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
 from engine.gates.children import ChildrenWait, children_gate
+from engine.gates.handoff import handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
@@ -22,7 +23,7 @@ from engine.gates.recovery import recovery_probe
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
-from engine.moves.children import children_start
+from engine.moves.children import children_start, children_started
 from engine.moves.turn import tool_results
 from engine.run_cache import agent_runtime, workflow_runtime
 from engine.store.open_calls import open_calls
@@ -103,11 +104,16 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         approvals_wait(session, owner, gate.requests)
         return
     # Calls another agent answers: their children run first; this step waits without a worker.
-    kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes])
+    kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes], agent.max_depth)
     if kids.waits:
-        children_start(session, kids.to_start)
+        started = children_start(session, kids.to_start)
+        if started:
+            children_started(session, owner, started)
         raise ChildrenWait
     gate.outcomes.update(kids.outcomes)
+    # A transfer_to_<slug> call: settled here; the results' commit switches the agent.
+    handoffs = handoff_gate(session, [c for c in calls if c.pk not in gate.outcomes])
+    gate.outcomes.update(handoffs.outcomes)
     # A recall must see memory as it is now, not an earlier identical call's answer.
     outcomes = _cached_outcomes(
         session,
@@ -190,7 +196,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         outcomes=outcomes,
         tools=tools,
         env=env,
-        extra_events=credits.events,
+        extra_events=credits.events + kids.events,
+        usage=kids.usage,
+        handoff=handoffs.chosen,
         stop=stop.stop_reason if stop else None,
         stop_note=stop.content if stop else "",
         ask=questions[0] if questions else None,

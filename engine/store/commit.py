@@ -115,6 +115,8 @@ MODEL_CALL_COLUMNS = (
     "error",
     "cost",
     "purpose",
+    "tier",
+    "tier_reason",
     "created_at",
 )
 EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
@@ -171,6 +173,8 @@ SETTABLE = {
     "degradation_level",
     "dialogue_state",
     "workflow_state",
+    # A handoff (engine/gates/handoff.py): the agent that decides from the next step on.
+    "agent_id",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 

@@ -603,4 +603,10 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             extra_context["timeline_kinds"].append(("approval", "Approval"))
             if session.workflow_version_id is not None:
                 extra_context["workflow_run"] = workflow_run_view(session, content=content)
+            # The tree: who started this session, and the sessions its agent calls started.
+            extra_context["children"] = list(
+                Session.objects.filter(parent=session)
+                .order_by("created_at")
+                .values("pk", "agent__slug", "state", "parent_call__call_id")
+            )
         return super().change_view(request, object_id, form_url, extra_context=extra_context)

@@ -25,6 +25,7 @@ from .serializers import (
     MessageCreateSerializer,
     MessageSerializer,
     SessionCreateSerializer,
+    SessionDetailSerializer,
     SessionSerializer,
 )
 
@@ -120,10 +121,10 @@ class SessionListView(APIView):
 
 
 class SessionDetailView(APIView):
-    @extend_schema(responses=SessionSerializer)
+    @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        return Response(SessionSerializer(session).data)
+        return Response(SessionDetailSerializer(session).data)
 
 
 class SessionMessagesView(APIView):

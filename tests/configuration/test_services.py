@@ -744,3 +744,47 @@ def test_a_workflow_may_use_only_its_roles_tools() -> None:
         "workflows[0] (tick).nodes.read.tool: the workflow's role 'support' may not use tool "
         "'clock' (allowed roles: admin)"
     ]
+
+
+# Agents together ------------------------------------------------------------------------------
+
+
+def test_agents_name_other_agents_as_tools_and_handoffs_with_routing() -> None:
+    document = _base()
+    document["models"].append({"name": "small", "api": "rules"})
+    document["agents"].append({"slug": "billing", "model": "main"})
+    support = document["agents"][0]
+    support.update(
+        tools=["clock", "agent.billing"],
+        handoffs=["billing"],
+        max_depth=1,
+        routing={"small": "small", "when": "length < 300 && dialogue.intent == 'greeting'"},
+    )
+    config_apply(document=document)
+    agent = Agent.objects.get(slug="support")
+    assert (agent.tools, agent.handoffs, agent.max_depth) == (
+        ["clock", "agent.billing"],
+        ["billing"],
+        1,
+    )
+    assert agent.routing["small"] == "small"
+
+
+def test_wrong_agent_references_and_routing_rules_change_nothing() -> None:
+    document = _base()
+    support = document["agents"][0]
+    support.update(
+        tools=["clock", "agent.billng"],
+        handoffs=["support"],
+        routing={"small": "tiny", "when": "size(mesage) < 3"},
+    )
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors == [
+        "agents[0] (support).handoffs[0]: unknown agent 'support' (known: none)",
+        "agents[0] (support).routing.small: unknown model 'tiny' (known: main)",
+        "agents[0] (support).routing.when: names mesage; a routing rule may read dialogue, "
+        "failures, iteration, length, message",
+        "agents[0] (support).tools[1]: unknown agent 'billng' for agent.billng (known: support)",
+    ]
+    assert _state() == ([], [], [], [])

@@ -17,7 +17,7 @@ from django.utils import timezone
 from accounts.services import approver_grant
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Checkpoint, Event, Session, ToolCall
+from sessions.models import Agent, Checkpoint, Event, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
@@ -571,10 +571,10 @@ def test_cancelling_the_parent_cancels_its_children(owner: Any) -> None:
     assert _run(session).state == "cancelled"
 
 
-def test_agents_nest_no_deeper_than_children_max_depth(owner: Any, settings: Any) -> None:
-    settings.CHILDREN_MAX_DEPTH = 0
+def test_agents_nest_no_deeper_than_the_agents_max_depth(owner: Any) -> None:
     AgentFactory(slug="helper")
     _apply(DELEGATE)
+    Agent.objects.filter(slug="workflow-delegate").update(max_depth=0)
     session = _run(_start(owner, "delegate", {"topic": "x"}))
 
     assert session.state == "error" and not Session.objects.filter(parent=session).exists()
