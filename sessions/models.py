@@ -580,7 +580,7 @@ class ModelCall(models.Model):
     purpose = models.CharField(max_length=20, default="step", db_default="step")
     # Model routing: the tier that served the call ("main" or "small") and why.
     tier = models.CharField(max_length=10, default="main", db_default="main")
-    tier_reason = models.CharField(max_length=200, blank=True, db_default="")
+    tier_reason = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -16,6 +16,7 @@ A node reads only the state keys its expressions name and writes only its `outpu
 """
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -573,13 +574,16 @@ class Walk:
     def _parallel(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         """Every branch runs; `all` waits for each, `any` takes the first to finish (of
         branches whose calls ran in the same step, the quickest) and the others are
-        cancelled: their calls that have not run are never sent."""
+        cancelled: their calls that have not run are never sent. Under `any` a wait branch
+        is a timer the others race (`_race`), not a call of its own: its timer would hold
+        the run until due even when another branch had finished long before."""
         done: dict[str, Any] = progress.setdefault("done", {})
         failed: dict[str, str] = progress.setdefault("failed", {})
         branches: dict[str, Any] = progress.setdefault("branches", {})
+        timers = self._race_timers(node, progress, extra) if node.join == "any" else {}
         finished_now: list[str] = []
         for name, branch in node.branches.items():
-            if name in done or name in failed:
+            if name in done or name in failed or name in timers:
                 continue
             outcome = self.settle(branch, branches.setdefault(name, {}), extra)
             if isinstance(outcome, Done):
@@ -588,28 +592,81 @@ class Walk:
             elif isinstance(outcome, Failed):
                 failed[name] = outcome.error
         if node.join == "any":
-            if finished_now:
-                winner = min(finished_now, key=lambda n: self._elapsed(branches.get(n, {})))
-                unsent: set[str] = set()
-                for name in node.branches:
-                    if name != winner:
-                        self.state["status"][f"{node.id}.{name}"] = "cancelled"
-                        unsent.update(self._opened_ids(branches.get(name, {})))
-                # Calls the losers opened in this very step are never sent.
-                self.writes.new_calls = [
-                    c for c in self.writes.new_calls if c.call_id not in unsent
-                ]
-                return Done({winner: done[winner]}, node.next)
-            if len(failed) == len(node.branches):
-                return Failed(
-                    "every branch failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                )
-            return WAITING
+            return self._race(node, progress, finished_now, timers)
         if failed:
             return Failed("; ".join(f"{k}: {v}" for k, v in failed.items()))
         if len(done) == len(node.branches):
             return Done({name: done[name] for name in node.branches}, node.next)
         return WAITING
+
+    def _race_timers(
+        self, node: Node, progress: dict[str, Any], extra: dict[str, Any]
+    ) -> dict[str, float]:
+        """`join: any`: each wait branch's seconds, evaluated once, when the race began."""
+        if "timers" not in progress:
+            timers: dict[str, float] = {}
+            for name, branch in node.branches.items():
+                if branch.kind == "wait":
+                    assert branch.seconds is not None
+                    seconds = branch.seconds.evaluate(self.scope(extra))
+                    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+                        raise EvaluationError(
+                            f"{name}: seconds must be a number, not {_compact(seconds)}"
+                        )
+                    timers[name] = float(seconds)
+            progress["timers"] = timers
+            progress["since"] = time.time()
+        return dict(progress["timers"])
+
+    def _race(
+        self,
+        node: Node,
+        progress: dict[str, Any],
+        finished_now: list[str],
+        timers: dict[str, float],
+    ) -> Outcome:
+        done, failed, branches = progress["done"], progress["failed"], progress["branches"]
+        # When each contender finished, in seconds from the start: a call by its own run
+        # time (a step's calls run side by side), a timer by its seconds.
+        finish = {n: self._elapsed(branches.get(n, {})) / 1000 for n in finished_now}
+        over = time.time() - float(progress["since"]) if timers else 0.0
+        for name, seconds in timers.items():
+            fired = self._call_done(branches.get(name, {}))
+            if fired or seconds <= over or (finish and seconds < min(finish.values())):
+                finish[name] = seconds
+        if finish:
+            winner = min(finish, key=lambda n: finish[n])
+            unsent: set[str] = set()
+            for name in node.branches:
+                if name != winner:
+                    self.state["status"][f"{node.id}.{name}"] = "cancelled"
+                    unsent.update(self._opened_ids(branches.get(name, {})))
+            # Calls the losers opened in this very step are never sent.
+            self.writes.new_calls = [c for c in self.writes.new_calls if c.call_id not in unsent]
+            return Done({winner: done.get(winner)}, node.next)  # a timer's output is null
+        racing = [n for n in node.branches if n not in failed and n not in timers]
+        if not racing and timers:
+            # Nothing else can finish first: the shortest timer, for what is left of it.
+            name = min(timers, key=lambda n: timers[n])
+            branch = branches.setdefault(name, {})
+            if "call" not in branch:
+                branch["call"] = self._call_id(node.branches[name], {})
+                left = max(1, math.ceil(timers[name] - over))
+                self._open(
+                    branch["call"],
+                    WAIT_TOOL,
+                    {"after_seconds": left, "note": f"wait node {node.id}.{name}"},
+                )
+            return WAITING
+        if not racing:
+            return Failed(
+                "every branch failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+            )
+        return WAITING
+
+    def _call_done(self, progress: dict[str, Any]) -> bool:
+        call = self.calls.get(progress.get("call") or "")
+        return call is not None and call.status == ToolCallStatus.SUCCESS
 
     def _elapsed(self, progress: dict[str, Any]) -> int:
         call = self.calls.get(progress.get("call") or "")

@@ -34,6 +34,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='modelcall',
             name='tier_reason',
-            field=models.CharField(blank=True, db_default='', max_length=200),
+            field=models.CharField(blank=True, db_default='', default='', max_length=200),
         ),
     ]

@@ -72,6 +72,14 @@ def _flaky(n: int, idempotency_key: str = "") -> dict[str, Any]:
     return {"n": n}
 
 
+@tool_handler("tests.node.slow")
+def _slow(seconds: float) -> dict[str, Any]:
+    time.sleep(seconds)
+    with _lock:
+        RAN["slow"] += 1
+    return {"slept": seconds}
+
+
 @tool_handler("tests.node.refuse")
 def _refuse(n: int) -> dict[str, Any]:
     with _lock:
@@ -103,6 +111,11 @@ def _tools() -> None:
         handler="tests.node.flaky",
         side_effects=True,
         parameters={**object_schema, "properties": {"n": {"type": "integer"}}},
+    )
+    ToolFactory(
+        name="slow",
+        handler="tests.node.slow",
+        parameters={**object_schema, "properties": {"seconds": {"type": "number"}}},
     )
     ToolFactory(
         name="refuse",
@@ -384,6 +397,69 @@ def test_parallel_any_takes_the_first_branch_and_cancels_the_others(owner: Any) 
     assert session.workflow_state["status"]["fan.a"] == "cancelled"
 
 
+RACE = """
+slug: race
+role: support
+start: fan
+nodes:
+  fan:
+    kind: parallel
+    join: any
+    branches:
+      work: {kind: tool, tool: TOOL, args: ARGS}
+      timeout: {kind: wait, seconds: 1}
+    output: got
+    next: end
+"""
+
+
+def _race(tool: str, args: str) -> str:
+    return RACE.replace("TOOL", tool).replace("ARGS", args)
+
+
+def test_parallel_any_against_a_wait_takes_a_branch_that_finished_first_without_the_timer(
+    owner: Any,
+) -> None:
+    _apply(_race("lookup", "{number: \"'SO-2'\"}"))
+    session = _run(_start(owner, "race", {}))
+
+    # The lookup finished in milliseconds: it wins at once; no timer holds the run.
+    assert session.state == "finished", session.state
+    assert session.workflow_state["result"] == {
+        "work": {"number": "SO-2", "total": 20, "customer_id": 7}
+    }
+    assert session.workflow_state["status"]["fan.timeout"] == "cancelled"
+    assert [c.tool_name for c in ToolCall.objects.filter(session=session)] == ["lookup"]
+
+
+def test_parallel_any_against_a_wait_takes_the_timer_when_the_work_ran_past_it(
+    owner: Any,
+) -> None:
+    _apply(_race("slow", "{seconds: 1.2}"))
+    session = _run(_start(owner, "race", {}))
+
+    assert session.state == "finished" and RAN["slow"] == 1
+    assert session.workflow_state["result"] == {"timeout": None}
+    assert session.workflow_state["status"]["fan.work"] == "cancelled"
+
+
+def test_parallel_any_against_a_wait_waits_for_the_timer_when_the_work_failed(
+    owner: Any,
+) -> None:
+    _apply(_race("refuse", "{n: 3}"))
+    session = _run(_start(owner, "race", {}))
+
+    # Nothing else can finish: the timer runs (durable, no worker held), then wins.
+    assert session.state == "waiting_timer" and session.lease_owner is None
+    assert session.timer_due_at <= timezone.now() + timedelta(seconds=1)
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == {"timeout": None}
+
+
 JSON_OUT = """
 slug: extract
 role: support
@@ -581,22 +657,22 @@ def test_agents_nest_no_deeper_than_the_agents_max_depth(owner: Any) -> None:
     assert "max_depth" in session.workflow_state["error"]["message"]
 
 
-@tool_handler("tests.node.slow")
-def _slow(n: int) -> dict[str, Any]:
+@tool_handler("tests.node.sluggish")
+def _sluggish(n: int) -> dict[str, Any]:
     time.sleep(1.0)
     return {"n": n}
 
 
 def test_a_tool_nodes_timeout_s_limits_its_call(owner: Any) -> None:
     ToolFactory(
-        name="slow",
-        handler="tests.node.slow",
+        name="sluggish",
+        handler="tests.node.sluggish",
         timeout_s=30,
         parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
     )
     _apply(
         "slug: quick\nrole: support\nstart: call\nnodes:\n"
-        "  call: {kind: tool, tool: slow, args: {n: 1}, timeout_s: 0.2, output: got, next: end}\n"
+        "  call: {kind: tool, tool: sluggish, args: {n: 1}, timeout_s: 0.2, output: got, next: end}\n"
     )
     started = time.monotonic()
     session = _run(_start(owner, "quick", {}))
