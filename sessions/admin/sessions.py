@@ -139,11 +139,13 @@ def takeover_context(session: Session, allowed: set[str]) -> dict[str, Any]:
     ones the operator holds the permission for (`allowed`: operate, take_over, run_tool, fork)."""
     state = State(session.state)
     ended = state in TURN_ENDED
+    # A workflow run is no conversation: nobody to reply to or hand back to.
+    conversation = session.workflow_version_id is None
     controls = {
-        "force_finish": state in services.WAITING and "take_over" in allowed,
+        "force_finish": conversation and state in services.WAITING and "take_over" in allowed,
         "resume": state == State.ERROR and "operate" in allowed,
-        "takeover": ended and "take_over" in allowed,
-        "run_tool": ended and "run_tool" in allowed,
+        "takeover": conversation and ended and "take_over" in allowed,
+        "run_tool": conversation and ended and "run_tool" in allowed,
         "fork": session.step > 0 and "fork" in allowed,
     }
     tools = (

@@ -17,12 +17,16 @@ from django.utils import timezone
 from accounts.services import approver_grant
 from approvals.models import Approval
 from engine import session_run
+from sessions.errors import Conflict
 from sessions.models import Agent, Checkpoint, Event, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
     session_cancel,
+    session_force_finish,
     session_fork,
+    session_hand_back,
+    session_operator_reply,
     session_resume,
     timers_fire_due,
 )
@@ -680,3 +684,17 @@ def test_a_tool_nodes_timeout_s_limits_its_call(owner: Any) -> None:
     assert session.state == "error"
     assert "did not answer within 0.2 s" in session.workflow_state["error"]["message"]
     assert time.monotonic() - started < 3  # 0.2 s twice (a read-only call is tried again), not 30
+
+
+def test_a_run_cannot_be_taken_over_like_a_conversation(owner: Any) -> None:
+    _apply(REFUND)
+    session = _run(_start(owner, "refund", {"number": "SO-2"}))
+
+    for takeover in (
+        lambda: session_operator_reply(session=session, content="hi", actor="op"),
+        lambda: session_hand_back(session=session, actor="op"),
+        lambda: session_force_finish(session=session, content="done", actor="op"),
+    ):
+        with pytest.raises(Conflict) as info:
+            takeover()
+        assert info.value.code == "not_a_conversation"
