@@ -508,9 +508,16 @@ class Walk:
                 f"Answer with the option's name only: one of {', '.join(options)}.",
             ),
         ]
+        # Constrained where the wire has structured output: the answer can only be an option.
+        schema = {
+            "type": "object",
+            "properties": {"option": {"type": "string", "enum": options}},
+            "required": ["option"],
+            "additionalProperties": False,
+        }
         for _attempt in range(2):  # an invalid pick is asked again once, then the default
             try:
-                text = self._ask(node, messages, None)
+                text = self._ask(node, messages, schema)
             except ModelFailed as exc:
                 return Failed(exc.message)
             picked = _picked(text, options)
@@ -713,6 +720,14 @@ def _parsed(text: str, validator: Draft202012Validator) -> tuple[Any, str]:
 
 
 def _picked(text: str, options: list[str]) -> str | None:
+    """The option an answer names: `{"option": name}` (structured output), the bare name, or
+    the one option the text mentions."""
+    try:
+        structured = json.loads(text)
+    except ValueError:
+        structured = None
+    if isinstance(structured, dict) and structured.get("option") in options:
+        return str(structured["option"])
     cleaned = text.strip().strip(".'\"`").strip()
     if cleaned in options:
         return cleaned

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures imported by name and used as parameters
 """Workflow runs in process (workflow_run_start + session_run, no worker): each node kind, the
 graph's edges, retries, a person's review, timers, max_visits, deadlines, resume and fork.
 
@@ -18,7 +19,7 @@ from accounts.services import approver_grant
 from approvals.models import Approval
 from engine import session_run
 from sessions.errors import Conflict
-from sessions.models import Agent, Checkpoint, Event, Session, ToolCall
+from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
@@ -31,6 +32,9 @@ from sessions.services import (
     timers_fire_due,
 )
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
+from tests.fakes.fixtures import openai_server, unique  # noqa: F401
+from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.tools.conftest import fake_endpoint  # noqa: F401
 from tools.registry import tool_handler
 from workflows.selectors import definition_check
 from workflows.services import workflow_apply, workflow_run_start
@@ -698,3 +702,18 @@ def test_a_run_cannot_be_taken_over_like_a_conversation(owner: Any) -> None:
         with pytest.raises(Conflict) as info:
             takeover()
         assert info.value.code == "not_a_conversation"
+
+
+def test_a_choice_is_constrained_by_structured_output_where_the_wire_has_it(
+    owner: Any, openai_server: FakeModelServer, fake_endpoint: ModelEndpoint
+) -> None:
+    _apply(CHOICE.replace("slug: route", f"slug: route\nmodel: {fake_endpoint.name}"))
+    openai_server.script(
+        Reply(text='{"option": "billing"}'), Reply(text="billing team, via the real wire")
+    )
+    session = _run(_start(owner, "route", {"text": "hello"}))
+
+    assert session.workflow_state["values"]["picked"] == "billing"
+    sent = openai_server.requests[0].body["response_format"]
+    assert sent["type"] == "json_schema"
+    assert sent["json_schema"]["schema"]["properties"]["option"]["enum"] == ["billing", "shipping"]
