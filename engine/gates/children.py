@@ -10,10 +10,13 @@ act on.
 
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
+
+from django.db.models import Q
 
 from engine.model.usage import Usage
-from sessions.events import ChildFinished, EventSpec, EventType
-from sessions.models import Agent, Message, Session, ToolCall, ToolCallStatus, Transition
+from sessions.events import ChildFinished, ChildStarted, EventSpec, EventType
+from sessions.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
 from sessions.states import TURN_ENDED, State
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
@@ -121,6 +124,9 @@ class Children:
     outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
     to_start: list[ToolCall] = field(default_factory=list)
     running: int = 0
+    # Children whose `child.started` is not on the parent's stream (a crash came between
+    # their start and that event's commit): announced by the parent's next commit.
+    unannounced: list[tuple[ToolCall, Session]] = field(default_factory=list)
     # What the children that ended used: counted into the parent's usage when their calls'
     # results commit (once, with them); and a `child.finished` for each.
     usage: Usage = Usage()
@@ -130,6 +136,16 @@ class Children:
     def waits(self) -> bool:
         return bool(self.to_start or self.running)
 
+    @property
+    def announcements(self) -> list[EventSpec]:
+        return [
+            EventSpec(EventType.CHILD_STARTED, child_started(c, s)) for c, s in self.unannounced
+        ]
+
+
+def child_started(call: ToolCall, child: Session) -> ChildStarted:
+    return {"call_id": call.call_id, "session": str(child.pk), "agent": agent_of(call)}
+
 
 def depth_of(session: Session) -> int:
     """How many parents stand above this session (0 for a top-level one)."""
@@ -138,6 +154,20 @@ def depth_of(session: Session) -> int:
         depth += 1
         parent_id = Session.objects.filter(pk=parent_id).values_list("parent_id", flat=True).first()
     return depth
+
+
+def _ended_q() -> Q:
+    """A child that has ended, as the gate counts it: its turn over, nothing queued."""
+    return Q(state__in=[s.value for s in TURN_ENDED], turn__gt=0, queued_count=0)
+
+
+def children_running(session_id: UUID | str) -> bool:
+    """Whether a child of this session has not ended yet: its end will wake the session.
+
+    Read after the waiting parent gave its lease back: a child that ended while the parent
+    still held it had its wake-up refused (`not_acquired`), so with none left running the
+    parent must wake itself."""
+    return Session.objects.filter(parent__pk=session_id).exclude(_ended_q()).exists()
 
 
 def _failed(message: str) -> ToolOutcome:
@@ -187,6 +217,17 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
         s.parent_call_id: s
         for s in Session.objects.filter(parent_call_id__in=[c.pk for c in agent_calls])
     }
+    announced = (
+        set(
+            Event.objects.filter(
+                session=session,
+                type=EventType.CHILD_STARTED,
+                data__session__in=[str(c.pk) for c in children.values()],
+            ).values_list("data__session", flat=True)
+        )
+        if children
+        else set()
+    )
     too_deep: bool | None = None
     known = set(
         Agent.objects.filter(
@@ -196,6 +237,8 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
     for call in agent_calls:
         child = children.get(call.pk)
         if child is not None:
+            if str(child.pk) not in announced:
+                found.unannounced.append((call, child))
             if State(child.state) in TURN_ENDED and child.turn > 0 and child.queued_count == 0:
                 found.outcomes[call.pk] = _ended(child)
                 found.usage = found.usage.plus(

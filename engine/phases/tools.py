@@ -106,7 +106,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     # Calls another agent answers: their children run first; this step waits without a worker.
     kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes], agent.max_depth)
     if kids.waits:
-        started = children_start(session, kids.to_start)
+        started = kids.unannounced + children_start(session, kids.to_start)
         if started:
             children_started(session, owner, started)
         raise ChildrenWait
@@ -196,7 +196,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         outcomes=outcomes,
         tools=tools,
         env=env,
-        extra_events=credits.events + kids.events,
+        extra_events=credits.events + kids.announcements + kids.events,
         usage=kids.usage,
         handoff=handoffs.chosen,
         stop=stop.stop_reason if stop else None,

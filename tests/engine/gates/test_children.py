@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from engine import session_run
+from engine.runner import loop
+from sessions.admin.display import HIDDEN, event_summary
 from sessions.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import message_post, session_cancel
 from tests.factories import (
@@ -115,6 +118,82 @@ def test_several_agent_calls_in_one_step_run_in_parallel(boss: Session) -> None:
     assert _answer(parent) == "Both: found: research tides / wrote: write about tides"
 
 
+def test_a_child_that_ends_while_its_parent_still_holds_the_lease_wakes_it_all_the_same(
+    boss: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last child ends between its parent's look at the children and the parent giving its
+    lease back: that child's wake-up finds the lease held (not_acquired) and is gone. The parent
+    looks again once the lease is given back and wakes itself; it used to wait for the
+    sweeper, CHILDREN_RECHECK_S (300 s) later."""
+    woken: list[str] = []
+    monkeypatch.setattr(
+        "sessions.dispatch._submit", lambda session_id, *_: woken.append(session_id)
+    )
+    monkeypatch.setattr(
+        "sessions.dispatch.task_send", lambda _name, args, **_: woken.append(args[0])
+    )
+    message_post(session=boss, content="ask both about tides")
+    parent = _run(boss, stopped="waiting")
+    researcher = Session.objects.get(parent=parent, agent__slug="researcher")
+    _run(Session.objects.get(parent=parent, agent__slug="writer"))
+    lost: list[str] = []
+    real_drop = loop.lease_drop
+
+    def drop_late(**kwargs: Any) -> None:
+        if not lost:
+            _run(researcher)  # ends now, after the parent's gate saw it running
+            lost.append(session_run(session_id=parent.pk).stopped)  # its wake-up
+            woken.clear()
+        real_drop(**kwargs)
+
+    monkeypatch.setattr(loop, "lease_drop", drop_late)
+    assert session_run(session_id=parent.pk).stopped == "waiting"  # the writer's wake-up
+
+    assert lost == ["not_acquired"]
+    assert woken == [str(parent.pk)]  # woken again, by itself
+    parent = _run(parent)
+    assert _answer(parent) == "Both: found: research tides / wrote: write about tides"
+
+
+class _Killed(BaseException):
+    """The worker dies here (SIGKILL): nothing after it runs, no handler sees it."""
+
+
+def test_children_started_just_before_a_crash_are_announced_by_the_next_run(
+    boss: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after the children's start and before the parent's `child.started` commit:
+    the next run starts no child again and puts each missing `child.started` on the parent's
+    stream, before any `child.finished`. It used to leave them out for good."""
+
+    def killed(*_: Any) -> None:
+        raise _Killed
+
+    monkeypatch.setattr("engine.phases.tools.children_started", killed)
+    message_post(session=boss, content="ask both about tides")
+    with pytest.raises(_Killed):
+        session_run(session_id=boss.pk)
+    monkeypatch.undo()
+    researcher, writer = Session.objects.filter(parent=boss).order_by("created_at")
+    assert not Event.objects.filter(session=boss, type="child.started").exists()
+    _run(writer)  # one ends before anyone looks again
+    Session.objects.filter(pk=boss.pk).update(lease_expires_at=timezone.now())  # ran out
+
+    parent = _run(boss, stopped="waiting")
+    _run(researcher)
+    parent = _run(parent)
+
+    assert Session.objects.filter(parent=boss).count() == 2
+    assert _answer(parent) == "Both: found: research tides / wrote: write about tides"
+    children = Event.objects.filter(session=boss, type__startswith="child.").order_by("seq")
+    assert [(e.type, e.data["session"]) for e in children] == [
+        ("child.started", str(researcher.pk)),
+        ("child.started", str(writer.pk)),
+        ("child.finished", str(researcher.pk)),
+        ("child.finished", str(writer.pk)),
+    ]
+
+
 def test_a_child_that_fails_is_a_tool_error_the_parent_can_act_on(boss: Session) -> None:
     message_post(session=boss, content="ask the researcher about x")
     parent = _run(boss, stopped="waiting")
@@ -170,3 +249,17 @@ def test_the_api_and_the_admin_show_the_tree(boss: Session) -> None:
     admin.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
     page = admin.get(f"/admin/agent_sessions/session/{parent.pk}/change/").content.decode()
     assert f"/admin/agent_sessions/session/{child.pk}/change/" in page and "researcher" in page
+
+
+def test_the_timeline_says_which_child_and_which_agent_in_a_line() -> None:
+    child = {"call_id": "call_1", "session": "4da53ebf-a8bd-4ad5", "agent": "researcher"}
+    changed = {"from": "boss", "to": "billing", "reason": "a billing question"}
+
+    assert event_summary("child.started", child) == (
+        "researcher started · session 4da53ebf · call call_1"
+    )
+    assert event_summary("child.finished", {**child, "state": "error"}, content=False) == (
+        "researcher error · session 4da53ebf · call call_1"
+    )
+    assert event_summary("agent.changed", changed) == "boss → billing: a billing question"
+    assert event_summary("agent.changed", changed, content=False) == f"boss → billing: {HIDDEN}"
