@@ -2,11 +2,13 @@
 
 Views translate and delegate. The request's thread does the checks and the
 writes (a session seeded with the request's history, the turn's message) and
-returns at once; the answer is written from the event loop by `relay.answer`,
-which waits on the session's frames holding no thread and no connection. So
-every error a request can be refused for (401, 400, 404, 429, 503) has its own
-status, and what happens to a turn once it runs is told in the answer itself
-(`finish_reason` and the `agentplatform` key).
+returns at once a DeferredResponse; its status and body are decided on the event
+loop by `relay.TurnAnswer`, which waits on the session's frames holding no thread
+and no connection. So every error a request can be refused for (401, 400, 404,
+429, 503) has its own status, and so has a turn that failed (502 when no model
+could answer, 503 when it is overloaded, 429 when the budget ran out); how a turn
+that answered or paused ended is told in the answer itself (`finish_reason` and
+the `agentplatform` key).
 """
 
 import logging
@@ -15,11 +17,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, serializers, status
+from rest_framework import exceptions, serializers
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,12 +30,13 @@ from rest_framework.views import APIView
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
 from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 
 from . import selectors, services
-from .relay import Turn, TurnFrames, answer
+from .relay import Turn, TurnAnswer, TurnFrames
 from .wire import ErrorBody, RequestInvalid, chat_request_parse, error_body
 
 logger = logging.getLogger(__name__)
@@ -131,12 +134,17 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
         statuses = self._error_statuses(operation)
         if self.method == "POST":
-            statuses += [404, 503]
+            statuses += [404, 429, 500, 502, 503]
         for code in sorted(set(statuses)):
             description = {
                 404: "No agent has this model name, or X-Session-Id names no session of yours.",
-                503: "The session's turn is still running; retry after Retry-After seconds.",
-            }.get(code) or ERROR_DESCRIPTIONS[code]
+                429: "The key's request rate, or the owner's credits or budget (insufficient_quota).",
+                500: "The turn failed inside the platform (turn_failed).",
+                502: "No model could answer (model_unavailable, model_refused), or its answer "
+                "is not valid for response_format (invalid_json).",
+                503: "The session's turn is still running (session_busy), or the model is "
+                "overloaded (model_overloaded); retry after Retry-After seconds.",
+            }.get(code) or ERROR_DESCRIPTIONS.get(code, "")
             response: dict[str, Any] = {
                 "description": description,
                 "content": {"application/json": {"schema": ref}},
@@ -179,9 +187,7 @@ class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     message = OpenAIChatCompletionMessageSerializer()
     logprobs = serializers.JSONField(allow_null=True)
-    finish_reason = serializers.CharField(
-        help_text="stop, length (the wait ran out) or content_filter"
-    )
+    finish_reason = serializers.CharField(help_text="stop, or length (the wait ran out)")
 
 
 class OpenAIUsageSerializer(serializers.Serializer):
@@ -302,7 +308,7 @@ class ChatCompletionView(OpenAIView):
             ),
         },
     )
-    def post(self, request: Request) -> StreamingHttpResponse:
+    def post(self, request: Request) -> DeferredResponse:
         """One turn of an agent: the last user message is its input.
 
         1. Read the body (400), find the agent named by `model` (404) and, with
@@ -310,7 +316,7 @@ class ChatCompletionView(OpenAIView):
         2. Refuse when the owner's credits cannot pay for a model call (429).
         3. Without X-Session-Id, open a session seeded with the earlier messages.
         4. Join the session's channel group, then post the turn (503 while one runs).
-        5. Answer from the loop (relay.answer).
+        5. Answer from the loop once the turn's outcome decides the status (relay.TurnAnswer).
         """
         chat = chat_request_parse(request.data)
         agent = selectors.agent_for_model(model=chat.model)
@@ -358,10 +364,11 @@ class ChatCompletionView(OpenAIView):
             actor=f"openai:{owner}",
             wait_s=min(agent.turn_timeout_s + 30, settings.OPENAI_MAX_WAIT_S),
         )
-        response = StreamingHttpResponse(
-            answer(frames, turn),
+        # The status waits for the turn (200, or 502/503 when no model could answer),
+        # decided on the event loop: the request's thread and connection are free meanwhile.
+        response = DeferredResponse(
+            TurnAnswer(frames, turn),
             content_type="text/event-stream" if chat.stream else "application/json",
-            status=status.HTTP_200_OK,
         )
         response[SESSION_HEADER] = str(session.pk)
         response["Cache-Control"] = "no-cache"

@@ -185,7 +185,7 @@ def chat_request_parse(body: Any) -> ChatRequest:
 
 # Responses -----------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length", "content_filter"]
+FinishReason = Literal["stop", "length"]
 
 
 class Usage(TypedDict):

@@ -4,6 +4,7 @@ seeded with the request's history; the models list; errors in OpenAI's shape wit
 statuses; an ask_user or approval pause ends the request instead of hanging; a client that
 goes away cancels its turn."""
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from billing.services import account_ensure
@@ -358,3 +360,148 @@ def test_a_client_that_goes_away_cancels_its_turn(
         time.sleep(0.2)
     session = Session.objects.get(pk=session_id)
     assert session.state == "cancelled", live_stack.log_tail("worker")
+
+
+# A failure is never a 200 -----------------------------------------------------------------
+
+
+def _failing_agent(openai_server: FakeModelServer, busy: str = "BUSY-MESSAGE") -> str:  # noqa: F811
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-failing-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    slug = f"failing-{uuid.uuid4().hex[:8]}"
+    AgentFactory(slug=slug, model=endpoint, busy_message=busy)
+    return slug
+
+
+HI: Any = [{"role": "user", "content": "hi"}]
+
+
+def test_a_provider_that_refuses_is_a_502_model_refused_not_the_busy_message(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(status=401, error_message="Incorrect API key provided"))
+    with pytest.raises(openai.InternalServerError) as failed:
+        _client(live_stack, key).chat.completions.create(model=slug, messages=HI)
+    assert failed.value.status_code == 502
+    error = _error(failed.value)
+    assert (error["type"], error["code"]) == ("server_error", "model_refused")
+    assert "Incorrect API key provided" in error["message"]
+    assert "BUSY-MESSAGE" not in failed.value.response.text
+    assert failed.value.response.headers["X-Session-Id"]
+
+
+def test_an_outage_is_a_502_model_unavailable_streamed_or_not(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    client = _client(live_stack, key)
+    openai_server.script(Reply(status=500), Reply(status=500))
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model=slug, messages=HI)
+    assert (failed.value.status_code, _error(failed.value)["code"]) == (502, "model_unavailable")
+    # Streamed: it failed before any text, so the status says so (the SDK raises at create).
+    openai_server.script(Reply(status=500), Reply(status=500))
+    with pytest.raises(openai.InternalServerError) as streamed:
+        client.chat.completions.create(model=slug, messages=HI, stream=True)
+    assert (streamed.value.status_code, _error(streamed.value)["code"]) == (
+        502,
+        "model_unavailable",
+    )
+
+
+def test_a_rate_limited_model_is_a_503_with_retry_after(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(status=429, headers={"Retry-After": "7"}))
+    with pytest.raises(openai.InternalServerError) as busy:
+        _client(live_stack, key).chat.completions.create(model=slug, messages=HI)
+    assert busy.value.status_code == 503
+    assert _error(busy.value)["code"] == "model_overloaded"
+    # When the model's breaker (opened for the provider's Retry-After, at least its cool-down)
+    # lets calls through again.
+    cooldown = max(7, settings.MODEL_BREAKER_COOLDOWN_S)
+    assert cooldown - 5 <= int(busy.value.response.headers["Retry-After"]) <= cooldown
+
+
+def test_a_failure_once_the_stream_has_started_is_an_error_chunk_the_sdk_raises(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    # Three words arrive, then the provider drops the connection: no fallback answers.
+    openai_server.script(Reply(text="one two three four five six", delay_s=0.4, cut_after=4))
+    client = _client(live_stack, key)
+    texts: list[str] = []
+    with pytest.raises(openai.APIError) as failed:  # noqa: PT012 - the chunks before it count
+        for chunk in client.chat.completions.create(model=slug, messages=HI, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                texts.append(chunk.choices[0].delta.content)
+    assert not isinstance(failed.value, openai.APIStatusError)  # the status was a 200
+    assert failed.value.body == {
+        "message": failed.value.message,
+        "type": "server_error",
+        "param": None,
+        "code": "model_unavailable",
+    }
+    assert "".join(texts).startswith("one")
+    assert "BUSY-MESSAGE" not in "".join(texts)
+
+
+def test_the_raw_error_chunk_is_openais_error_shape_and_no_done_follows(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(text="one two three four five six", delay_s=0.4, cut_after=4))
+    with httpx.stream(
+        "POST",
+        f"{live_stack.http}/openai/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": slug, "stream": True, "messages": HI},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert "data: [DONE]" not in lines
+    last = json.loads(lines[-1][len("data: ") :])
+    assert set(last) == {"error"} and last["error"]["code"] == "model_unavailable"
+
+
+def test_langchain_and_the_agents_sdk_see_an_exception_not_an_answer(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from langchain_openai import ChatOpenAI
+
+    slug = _failing_agent(openai_server)
+    base = f"{live_stack.http}/openai/v1"
+    openai_server.script(*[Reply(status=401)] * 4)
+    chat = ChatOpenAI(model=slug, base_url=base, api_key=key, max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        chat.invoke("hi")
+    with pytest.raises(openai.InternalServerError):
+        list(chat.stream("hi"))
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=slug, openai_client=openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+    )
+    with pytest.raises(openai.InternalServerError):
+        Runner.run_sync(Agent(name="support", model=model), "hi")
