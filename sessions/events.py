@@ -44,6 +44,9 @@ class StopReason(StrEnum):
     CYCLE = "cycle"
     MODEL_UNAVAILABLE = "model_unavailable"
     MODEL_REFUSED = "model_refused"
+    # The client asked for a JSON answer (response_format) and the model's is not valid
+    # for it, after one repair (engine/phases/model.py answer_conform).
+    INVALID_OUTPUT = "invalid_output"
     CANCELLED = "cancelled"
     # A budget of the agent or the owner (billing/budgets.py) does not cover another model call.
     BUDGET_EXCEEDED = "budget_exceeded"

@@ -396,6 +396,11 @@ class Message(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # The customer app's extra_context for a user message: data for the model, never instructions.
     extra_context = models.JSONField(null=True, blank=True)
+    # A client's settings for the model calls of the turn this message starts or answers
+    # (llm.types.ModelOptions: the OpenAI-compatible endpoint's response_format and sampling
+    # parameters). Kept with the message so every step of the turn, a re-run after a worker
+    # crash included, reads them from the history it already reads.
+    turn_options = models.JSONField(null=True, blank=True)
     # Set when a summary replaced this message in the context; archived, never deleted.
     archived_at = models.DateTimeField(null=True, blank=True)
     # For recall over archived messages; any dimension (the embeddings endpoint decides).

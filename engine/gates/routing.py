@@ -9,10 +9,10 @@ JSON) or, when JSON was asked for, invalid JSON, is asked again of the agent's m
 same step. Each model call records its tier and why.
 """
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.model.structured import answer_check
 from llm.types import ChatRequest, ChatResponse
 from sessions.models import Agent, ModelEndpoint, Session
 from workflows.expressions import EvaluationError, ExpressionError, expression_compile
@@ -79,9 +79,12 @@ def escalation(agent: Agent, request: ChatRequest, response: ChatResponse | None
         for call in response.tool_calls:
             if call.arguments_error or call.name not in offered:
                 return f"invalid_tool_call: {call.name}"
-    if "invalid_json" in wanted and request.response_schema is not None and not response.tool_calls:
-        try:
-            json.loads(response.text)
-        except ValueError:
-            return "invalid_json"
+    answer = request.response_format
+    if (
+        "invalid_json" in wanted
+        and answer is not None
+        and not response.tool_calls
+        and answer_check(response.text, answer).problem
+    ):
+        return "invalid_json"
     return ""

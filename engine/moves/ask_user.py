@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from engine.gates.questions import open_question
 from engine.moves.turn import build_step, step_commit
+from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from sessions.models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from sessions.states import Trigger
@@ -30,9 +31,11 @@ def user_answer(
     owner: str | None = None,
     add_fields: dict[str, Any] | None = None,
     extra_context: dict[str, Any] | None = None,
+    turn_options: ModelOptions | None = None,
 ) -> Message:
     """Write the answer as the call's result and continue the turn (-> tool_loop); the
-    customer app's `extra_context` sent with it is kept on the result's message."""
+    customer app's `extra_context` and the client's `turn_options` sent with it are kept
+    on the result's message (the turn's next steps read them there)."""
     output: dict[str, Any] = {"answer": answer, "by": by}
     content = render_success(output)
     call.status = ToolCallStatus.SUCCESS
@@ -49,6 +52,7 @@ def user_answer(
         data=output,
         token_count=count_message_tokens(content),
         extra_context=extra_context,
+        turn_options=turn_options,
     )
     step_commit(
         build_step(
@@ -87,5 +91,6 @@ def queued_answer(session: Session, owner: str) -> bool:
             owner=owner,
             add_fields={"queued_count": -1},
             extra_context=queued.extra_context,
+            turn_options=queued.turn_options,
         )
     return True

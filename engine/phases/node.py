@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
 
 from engine.gates.budget import model_gate, model_rate_limit
 from engine.gates.children import AGENT_TOOL_PREFIX
 from engine.gates.metering import model_credits_check
 from engine.model.calls import RunCancelled, call_model
+from engine.model.structured import answer_check, answer_instruction, repair_messages
 from engine.moves.node import NodeWrites, nodes_commit
 from engine.moves.turn import turn_cancel
 from engine.run_cache import RunContext, agent_runtime, workflow_runtime
-from llm.types import ChatMessage, ChatRequest
+from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from sessions.events import EventSpec, EventType, NodeFailed, NodeFinished, NodeStarted
 from sessions.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
 from workflows.definition import END, Definition, Node
@@ -420,14 +420,14 @@ class Walk:
             return None
         return ModelEndpoint.objects.filter(name=name, enabled=True).first()
 
-    def _ask(self, node: Node, messages: list[ChatMessage], schema: dict[str, Any] | None) -> str:
+    def _ask(self, node: Node, messages: list[ChatMessage], answer: ResponseFormat | None) -> str:
         """One model call through the adapters (the run's agent: fallback, budgets, credits,
         the rate limit); its record rides on this step's commit. Raises ModelFailed."""
         agent = self.runtime.agent
         request = ChatRequest(
             messages=tuple(messages),
             tool_choice="none",
-            response_schema=schema,
+            response_format=answer,
             agent_config={"rules": list(agent.rules or []), "fallback_answer": ""},
         )
         gate = model_gate(self.session, agent, request, keep=self.run.figures)
@@ -465,34 +465,24 @@ class Walk:
 
     def _llm(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         messages = self._prompt_messages(node, extra)
-        schema = node.output_schema
-        if schema is None:
+        if node.output_schema is None:
             try:
                 return Done(self._ask(node, messages, None), node.next)
             except ModelFailed as exc:
                 return Failed(exc.message)
-        instruction = (
-            "Answer with one JSON value only, no prose, valid against this JSON Schema: "
-            + _compact(schema)
-        )
-        messages = [*messages, ChatMessage(role="system", content=instruction)]
-        validator = Draft202012Validator(schema)
+        answer = ResponseFormat(schema=node.output_schema)
+        messages = [*messages, ChatMessage(role="system", content=answer_instruction(answer))]
         problem = ""
         for _attempt in range(2):  # the answer, then one repair with what was wrong
             try:
-                text = self._ask(node, messages, schema)
+                text = self._ask(node, messages, answer)
             except ModelFailed as exc:
                 return Failed(exc.message)
-            value, problem = _parsed(text, validator)
+            checked = answer_check(text, answer)
+            problem = checked.problem
             if not problem:
-                return Done(value, node.next)
-            messages += [
-                ChatMessage(role="assistant", content=text),
-                ChatMessage(
-                    role="user",
-                    content=f"That answer is not valid: {problem}. Answer again with the JSON only.",
-                ),
-            ]
+                return Done(checked.value, node.next)
+            messages += repair_messages(text, problem)
         return Failed(
             f"invalid_json: the model's answer is not valid against output_schema: {problem}"
         )
@@ -517,7 +507,7 @@ class Walk:
         }
         for _attempt in range(2):  # an invalid pick is asked again once, then the default
             try:
-                text = self._ask(node, messages, schema)
+                text = self._ask(node, messages, ResponseFormat(schema=schema, name="option"))
             except ModelFailed as exc:
                 return Failed(exc.message)
             picked = _picked(text, options)
@@ -701,22 +691,6 @@ def _transient(call: ToolCall) -> bool:
         or "temporarily unavailable" in error
         or " failed: " in error
     )
-
-
-def _parsed(text: str, validator: Draft202012Validator) -> tuple[Any, str]:
-    cleaned = text.strip()
-    if cleaned.startswith("```"):
-        cleaned = cleaned.strip("`")
-        cleaned = cleaned[cleaned.find("\n") + 1 :] if "\n" in cleaned else cleaned
-    try:
-        value = json.loads(cleaned)
-    except json.JSONDecodeError as exc:
-        return None, f"not JSON ({exc.msg} at character {exc.pos})"
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
-    if errors:
-        where = "/".join(map(str, errors[0].absolute_path)) or "(top)"
-        return None, f"{where}: {errors[0].message}"
-    return value, ""
 
 
 def _picked(text: str, options: list[str]) -> str | None:

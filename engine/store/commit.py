@@ -58,6 +58,7 @@ MESSAGE_COLUMNS = (
     "token_count",
     "idempotency_key",
     "extra_context",
+    "turn_options",
     "created_at",
 )
 TOOL_CALL_COLUMNS = (

@@ -74,6 +74,7 @@ OUTCOME_COLOURS = {
     "interrupted": "#374151",
     "error": "#dc2626",
     "model_unavailable": "#dc2626",
+    "invalid_output": "#dc2626",
 }
 # Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
 GUARD_COLOUR = "#b45309"
