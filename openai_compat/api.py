@@ -166,15 +166,53 @@ class OpenAIChatMessageSerializer(serializers.Serializer):
 
 class OpenAIStreamOptionsSerializer(serializers.Serializer):
     include_usage = serializers.BooleanField(required=False)
+    include_obfuscation = serializers.BooleanField(
+        required=False, help_text="Accepted; no padding is added."
+    )
+
+
+class OpenAIJsonSchemaSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-zA-Z0-9_-]{1,64}$")
+    schema = serializers.JSONField(help_text="A JSON Schema (draft 2020-12) the answer must meet.")
+    strict = serializers.BooleanField(required=False)
+    description = serializers.CharField(required=False)
+
+
+class OpenAIResponseFormatSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["text", "json_object", "json_schema"])
+    json_schema = OpenAIJsonSchemaSerializer(required=False)
 
 
 class ChatCompletionRequestSerializer(serializers.Serializer):
-    """For the schema only: the body is read by `wire.chat_request_parse`."""
+    """For the schema only: the body is read by `wire.chat_request_parse`. Any parameter
+    not listed here is refused (400, naming it in `param`), except the defaults client
+    libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls: true`, penalties
+    of 0, `logprobs: false`, `service_tier: "auto"`, `modalities: ["text"]`) and nulls."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
     messages = OpenAIChatMessageSerializer(many=True)
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = OpenAIStreamOptionsSerializer(required=False)
+    response_format = OpenAIResponseFormatSerializer(
+        required=False,
+        help_text="json_object or json_schema: the answer is JSON, valid against the schema "
+        "(else 502 invalid_json).",
+    )
+    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
+    top_p = serializers.FloatField(required=False, min_value=0, max_value=1)
+    max_tokens = serializers.IntegerField(
+        required=False, min_value=1, help_text="Capped by the agent's model settings."
+    )
+    max_completion_tokens = serializers.IntegerField(required=False, min_value=1)
+    stop = serializers.JSONField(required=False, help_text="A string or up to 4 strings.")
+    seed = serializers.IntegerField(
+        required=False, help_text="Sent where the model's wire format has it."
+    )
+    user = serializers.CharField(required=False, help_text="Accepted, not used.")
+    safety_identifier = serializers.CharField(required=False, help_text="Accepted, not used.")
+    prompt_cache_key = serializers.CharField(required=False, help_text="Accepted, not used.")
+    store = serializers.BooleanField(required=False, help_text="Accepted, not used.")
+    metadata = serializers.DictField(required=False, help_text="Accepted, not used.")
 
 
 class OpenAIChatCompletionMessageSerializer(serializers.Serializer):
@@ -352,7 +390,11 @@ class ChatCompletionView(OpenAIView):
         frames = TurnFrames.join(session.pk)
         try:
             posted = services.chat_turn_post(
-                session_id=session.pk, owner_id=owner.pk, key_roles=key_roles, content=chat.content
+                session_id=session.pk,
+                owner_id=owner.pk,
+                key_roles=key_roles,
+                content=chat.content,
+                options=chat.options,
             )
         except BaseException:
             frames.leave_sync()

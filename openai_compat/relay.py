@@ -148,7 +148,7 @@ class TurnAnswer:
         session_id = str(turn.posted.session_id)
         self.frames = frames
         self.turn = turn
-        self.reader = TurnReader(session_id=session_id)
+        self.reader = TurnReader(session_id=session_id, buffer_answer=turn.chat.json_answer)
         self.writer = ChunkWriter(
             id_=f"chatcmpl-{session_id.replace('-', '')}-{turn.posted.after_seq}",
             model=turn.chat.model,

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from sessions.errors import DomainError, NotFound, PayloadTooLarge
 from sessions.models import Message, MessageStatus, Session
@@ -90,7 +91,12 @@ def chat_session_create(
 
 
 def chat_turn_post(
-    *, session_id: UUID | str, owner_id: int, key_roles: Sequence[str], content: str
+    *,
+    session_id: UUID | str,
+    owner_id: int,
+    key_roles: Sequence[str],
+    content: str,
+    options: ModelOptions | None = None,
 ) -> TurnPosted:
     """Post `content` as the next turn of the owner's session, or refuse while one runs.
 
@@ -101,7 +107,9 @@ def chat_turn_post(
        A session paused on the model's question takes the content as the answer.
     3. Note where the session's events and token totals stand, then post
        (`message_post_for_owner`, the same rules as REST) in the same transaction,
-       so no event of another step falls between the two.
+       so no event of another step falls between the two. The request's `options`
+       (sampling, response_format) are stored with the message: every step of the
+       turn reads them there, after a worker crash too.
     """
     pk = session_id_parse(session_id)
     with transaction.atomic():
@@ -127,6 +135,10 @@ def chat_turn_post(
             tokens_before=(locked.input_tokens, locked.output_tokens),
         )
         message_post_for_owner(
-            session_id=locked.pk, owner_id=owner_id, key_roles=key_roles, content=content
+            session_id=locked.pk,
+            owner_id=owner_id,
+            key_roles=key_roles,
+            content=content,
+            turn_options=options or None,
         )
     return posted

@@ -15,6 +15,7 @@ import openai
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from pydantic import BaseModel
 
 from billing.services import account_ensure
 from sessions.models import Message, ModelEndpoint, Session
@@ -505,3 +506,153 @@ def test_langchain_and_the_agents_sdk_see_an_exception_not_an_answer(
     )
     with pytest.raises(openai.InternalServerError):
         Runner.run_sync(Agent(name="support", model=model), "hi")
+
+
+# response_format and the sampling parameters -------------------------------------------------
+
+
+class City(BaseModel):
+    city: str
+    population: int
+
+
+CITY_JSON = '{"city": "Lyon", "population": 522000}'
+
+
+def test_sampling_and_structured_output_reach_the_model_and_parse_in_the_sdk(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    openai_server.script(Reply(text=CITY_JSON))
+    parsed = _client(live_stack, key).chat.completions.parse(
+        model=fake_agent,
+        messages=[{"role": "user", "content": "the biggest city on the Rhône?"}],
+        response_format=City,
+        temperature=0.1,
+        top_p=0.8,
+        max_completion_tokens=300,
+        stop=["END"],
+        seed=11,
+        user="u-1",
+        store=False,
+        metadata={"app": "tests"},
+    )
+    assert parsed.choices[0].message.parsed == City(city="Lyon", population=522000)
+    body = openai_server.requests[0].body
+    assert (body["temperature"], body["top_p"], body["max_tokens"], body["stop"], body["seed"]) == (
+        0.1,
+        0.8,
+        300,
+        ["END"],
+        11,
+    )
+    wire = body["response_format"]
+    assert wire["type"] == "json_schema" and wire["json_schema"]["name"] == "City"
+    assert wire["json_schema"]["strict"] is True
+    assert set(wire["json_schema"]["schema"]["required"]) == {"city", "population"}
+
+
+def _json_agent() -> str:
+    """An offline agent whose first answer misses a field; told what is wrong, it repairs it.
+    Asked for 'nonsense', it never answers JSON."""
+    slug = f"json-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        rules=[
+            {"when": {"user": "^That answer is not valid.*population"}, "answer": CITY_JSON},
+            {"when": {"user": "nonsense"}, "answer": "Lyon, probably."},
+            {"when": {"user": "^That answer is not valid"}, "answer": "Still Lyon."},
+            {"answer": '{"city": "Lyon"}'},
+        ],
+    )  # fmt: skip
+    return slug
+
+
+def test_an_answer_repaired_once_is_json_streamed_or_not(live_stack, key):
+    slug = _json_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "the biggest city on the Rhône?"}]
+    parsed = client.chat.completions.parse(model=slug, messages=messages, response_format=City)
+    assert parsed.choices[0].message.parsed == City(city="Lyon", population=522000)
+    with client.chat.completions.stream(
+        model=slug, messages=messages, response_format=City
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == City(city="Lyon", population=522000)
+    # json_object: any JSON object will do, the first answer stands.
+    plain = client.chat.completions.create(
+        model=slug, messages=messages, response_format={"type": "json_object"}
+    )
+    assert json.loads(plain.choices[0].message.content or "") == {"city": "Lyon"}
+
+
+def test_an_answer_still_invalid_is_a_502_invalid_json(live_stack, key):
+    slug = _json_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "nonsense"}]
+    for stream in (False, True):
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(
+                model=slug,
+                messages=messages,
+                response_format={"type": "json_object"},
+                stream=stream,
+            )
+        error = _error(failed.value)
+        assert (failed.value.status_code, error["code"], error["param"]) == (
+            502,
+            "invalid_json",
+            "response_format",
+        )
+        assert "not JSON" in error["message"]
+
+
+def test_a_parameter_the_platform_cannot_honour_is_a_400_naming_it(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    for extra, param in (
+        ({"logprobs": True}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=slug, messages=HI, **extra)
+        error = _error(refused.value)
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    # The harmless defaults the SDKs send pass.
+    client.chat.completions.create(
+        model=slug, messages=HI, n=1, parallel_tool_calls=True, tool_choice="auto", logprobs=False
+    )
+
+
+def test_the_agents_sdk_and_langchain_get_structured_output(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from langchain_openai import ChatOpenAI
+
+    base = f"{live_stack.http}/openai/v1"
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=fake_agent,
+        openai_client=openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0),
+    )
+    openai_server.script(*[Reply(text=CITY_JSON)] * 3)
+    result = Runner.run_sync(Agent(name="geo", model=model, output_type=City), "Rhône?")
+    assert result.final_output == City(city="Lyon", population=522000)
+    chat = ChatOpenAI(model=fake_agent, base_url=base, api_key=key, max_retries=0)
+    assert chat.with_structured_output(City).invoke("Rhône?") == City(
+        city="Lyon", population=522000
+    )
+    assert chat.with_structured_output(City, method="json_mode").invoke("Rhône? JSON") == City(
+        city="Lyon", population=522000
+    )
+    formats = [r.body["response_format"]["type"] for r in openai_server.requests]
+    assert formats == ["json_schema", "json_schema", "json_object"]
