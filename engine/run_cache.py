@@ -274,3 +274,9 @@ class RunContext:
                 self._read(session, 0)
                 return
             self.history_cache.extend(new)
+
+
+def agent_tool_names(agent_id: int) -> frozenset[str]:
+    """Every tool the agent offers its model, whatever the session's role: the names a
+    client's own tools (the OpenAI-compatible request's `tools`) may not take."""
+    return frozenset(agent_runtime(agent_id).tools)

@@ -69,6 +69,12 @@ class ResponseFormatJson(TypedDict):
     strict: bool
 
 
+class ClientToolJson(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
 class ModelOptions(TypedDict, total=False):
     """A client's settings for the model calls of one turn, as JSON: stored with the turn's
     message (Message.turn_options) by the OpenAI-compatible endpoint, read by every model
@@ -80,6 +86,8 @@ class ModelOptions(TypedDict, total=False):
     stop: list[str]
     seed: int
     response_format: ResponseFormatJson
+    # The client's own tools, offered beside the agent's: the client runs them.
+    tools: list[ClientToolJson]
 
 
 # Stream events -------------------------------------------------------------

@@ -91,8 +91,15 @@ class MessageCompleted(TypedDict):
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
+class ClientCall(TypedDict):
+    call_id: str
+    tool: str
+    input: Any  # what the model sent; not always an object
+
+
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded | credits_low | degradation | question
+    # preparing_tool | answer_discarded | credits_low | degradation | question | client_tools
+    stage: str
     turn: int
     tool: NotRequired[str]
     level: NotRequired[int]  # stage degradation: the session's new level (0-3)
@@ -105,6 +112,9 @@ class Progress(TypedDict):
     options: NotRequired[list[str]]
     call_id: NotRequired[str]
     deadline: NotRequired[str | None]
+    # stage "client_tools": the calls the client runs (the OpenAI-compatible request's tools);
+    # its next request brings their results.
+    calls: NotRequired[list[ClientCall]]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 

@@ -468,6 +468,9 @@ class ToolCall(models.Model):
     risk_reason = models.CharField(max_length=200, blank=True, db_default="")
     # Unique by a constraint, not `unique=True`, which also builds a LIKE index never used.
     idempotency_key = models.CharField(max_length=200)
+    # A tool of the client's (the OpenAI-compatible request's `tools`): never run here; the
+    # turn waits (paused_for_user) until the client posts its result.
+    client = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

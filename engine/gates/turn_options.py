@@ -6,8 +6,9 @@ They are stored with the message that started the turn, or answered its question
 is: every step of the turn sees them, a step re-run after a worker crash included,
 without a checkpoint of their own. The latest message of the turn that carries them wins.
 
-They shape the turn's main model calls only (not the engine's own: summaries, dialogue
-state), within the agent's limits: `max_tokens` is capped by the endpoint's own
+The client's own `tools` are offered beside the agent's; a call to one is the client's to
+run (engine/gates/client_tools.py). They shape the turn's main model calls only (not the
+engine's own: summaries, dialogue state), within the agent's limits: `max_tokens` is capped by the endpoint's own
 `max_tokens` option, and the budget gate lowers it further when it must. The answer's
 form is told to the model in a context block (counted in the context budget) and sent
 as the wire's structured output where it has one; the model phase checks the answer.
@@ -20,7 +21,7 @@ from typing import Any
 
 from engine.gates import Contribution
 from engine.model.structured import answer_instruction
-from llm.types import ChatRequest, ResponseFormat
+from llm.types import ChatRequest, ResponseFormat, ToolSpec
 from sessions.models import Message, ModelEndpoint
 
 
@@ -32,6 +33,12 @@ class TurnOptions:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     response_format: ResponseFormat | None = None
+    # The client's own tools (it runs them: engine/gates/client_tools.py).
+    tools: tuple[ToolSpec, ...] = ()
+
+    @property
+    def client_tools(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools)
 
 
 def _number(value: Any) -> float | None:
@@ -56,12 +63,27 @@ def _format(value: Any) -> ResponseFormat | None:
     )
 
 
+def _tools(value: Any) -> tuple[ToolSpec, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        ToolSpec(
+            name=t["name"],
+            description=str(t.get("description") or ""),
+            parameters=t["parameters"] if isinstance(t.get("parameters"), dict) else {},
+        )
+        for t in value
+        if isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"]
+    )
+
+
 def options_read(raw: Any) -> TurnOptions | None:
     """The stored JSON, read defensively: the endpoint checked it, a stored row is data."""
     if not isinstance(raw, dict):
         return None
     stop = raw.get("stop")
     return TurnOptions(
+        tools=_tools(raw.get("tools")),
         temperature=_number(raw.get("temperature")),
         top_p=_number(raw.get("top_p")),
         max_tokens=_integer(raw.get("max_tokens")),
@@ -91,9 +113,10 @@ def answer_format_block(options: TurnOptions | None) -> Contribution:
 
 
 def with_turn_options(
-    request: ChatRequest, options: TurnOptions | None, endpoint: ModelEndpoint
+    request: ChatRequest, options: TurnOptions | None, endpoint: ModelEndpoint, *, final: bool
 ) -> ChatRequest:
-    """The request with the client's settings, `max_tokens` within the endpoint's own."""
+    """The request with the client's settings, `max_tokens` within the endpoint's own, and
+    the client's tools beside the agent's (none once the step may call no more tools)."""
     if options is None:
         return request
     limits = [
@@ -113,4 +136,5 @@ def with_turn_options(
         stop=options.stop or request.stop,
         seed=options.seed if options.seed is not None else request.seed,
         response_format=options.response_format or request.response_format,
+        tools=request.tools if final else (*request.tools, *options.tools),
     )

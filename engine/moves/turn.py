@@ -43,6 +43,7 @@ from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
 if TYPE_CHECKING:
+    from engine.gates.client_tools import ClientWait
     from engine.gates.handoff import HandoffTo
     from engine.gates.questions import Question
 
@@ -227,8 +228,10 @@ def tool_intents(
     tool_calls: list[ToolCallRequest],
     spend: ModelSpend,
     context: ModelContext,
+    client_tools: frozenset[str] = frozenset(),
 ) -> None:
-    """Commit the model's tool calls as intents (-> tool_wait), before any of them runs."""
+    """Commit the model's tool calls as intents (-> tool_wait), before any of them runs.
+    A call to one of `client_tools` is marked the client's: it never runs here."""
     step_no = session.step + 1
     calls = [
         ToolCall(
@@ -243,6 +246,7 @@ def tool_intents(
             error=call.arguments_error or "",
             # Stable per logical call: a re-run of this step reuses the stored row and key.
             idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name[:100]}",
+            client=call.name in client_tools,
         )
         for position, call in enumerate(tool_calls)
     ]
@@ -366,13 +370,15 @@ def tool_results(
     ask: "Question | None" = None,
     usage: Usage | None = None,
     handoff: "HandoffTo | None" = None,
+    client: "ClientWait | None" = None,
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
     scheduled follow-up moves the session to `waiting_timer` instead, and
     `stop` ends the turn there (-> tool_loop -> finished) with `stop_note` as
     the agent's partial answer. An open question (`ask_user`) moves it to
-    `paused_for_user` instead.
+    `paused_for_user` instead, as do calls of the client's own tools (`client`), left
+    open for the client's results.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
     are kept), where the run loop carries the cancel out.
@@ -447,6 +453,10 @@ def tool_results(
     if ask is not None:
         trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": ask.due_at, "timer_note": ""}
         events.append(ask.event(session.turn))
+    if client is not None:
+        # The client runs them: the turn waits for its results, as for the user's answer.
+        trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": client.due_at, "timer_note": ""}
+        events.append(client.event(session.turn))
     if handoff is not None and trigger == Trigger.TOOL_RESULTS:
         # Another agent decides from the next step on, with the history as it is.
         trigger = Trigger.HANDOFF
@@ -493,6 +503,7 @@ def tool_results(
                     else {}
                 ),
                 **({"question": ask.call.call_id} if ask is not None else {}),
+                **({"client_calls": [c.call_id for c in client.calls]} if client else {}),
             },
             unless_cancel_requested=fold,
         )

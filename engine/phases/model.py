@@ -160,6 +160,8 @@ class ModelPlan:
     tokens: dict[str, int]
     env: dict[str, Any]
     archive_through: int | None
+    # The client's own tools offered in this step (the OpenAI-compatible request's `tools`).
+    client_tools: frozenset[str] = frozenset()
 
     def context(self, session: Session, model: str | None) -> ModelContext:
         """What the step's move commits besides its outcome."""
@@ -227,7 +229,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         memory_block=memory_block,
         context_blocks=added.blocks,
     )
-    request = with_turn_options(assembly.request, options, agent.model)
+    request = with_turn_options(assembly.request, options, agent.model, final=final)
     request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
     gate = model_gate(session, agent, request, read)
@@ -263,6 +265,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
             if summary.message is not None and summary.message.data
             else None
         ),
+        client_tools=options.client_tools if options is not None and not final else frozenset(),
     )
 
 
@@ -403,6 +406,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         tool_calls=list(tool_calls),
         spend=spend,
         context=context,
+        client_tools=plan.client_tools,
     )
 
 

@@ -15,6 +15,7 @@ from django.db import connection
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
 from engine.gates.children import ChildrenWait, children_gate
+from engine.gates.client_tools import client_wait
 from engine.gates.handoff import handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
@@ -90,15 +91,30 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     4. Run the rest concurrently under the agent's step time limit, without
        holding a database connection.
     5. One move: results, tool messages and events in one commit (`tool_results`);
-       a scheduled follow-up waits for its timer.
+       a scheduled follow-up waits for its timer, calls the client runs (its own tools,
+       never sent here: engine/gates/client_tools.py) wait for its results.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
     calls = open_calls(session)
+    # The client's own tools' calls are its to run: they never reach a gate or the executor.
+    client = client_wait(calls)
+    calls = [c for c in calls if not c.client]
     tools = runtime.tools_for(session.role)
     workflow = workflow_runtime(session)
     if workflow is not None:
         tools = workflow.tools_with(tools)
+    if not calls and client is not None:
+        tool_results(
+            session,
+            owner,
+            calls=[],
+            outcomes={},
+            tools=tools,
+            env=runtime.environment(session.role),
+            client=client,
+        )
+        return
     gate = approval_gate(session, calls, tools)
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
@@ -202,6 +218,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         stop=stop.stop_reason if stop else None,
         stop_note=stop.content if stop else "",
         ask=questions[0] if questions else None,
+        client=client,
     )
 
 

@@ -79,6 +79,7 @@ TOOL_CALL_COLUMNS = (
     "dispatched_at",
     "probe_outcome",
     "idempotency_key",
+    "client",
     "created_at",
     "finished_at",
 )

@@ -16,6 +16,7 @@ from django.db.models import F, QuerySet
 
 from engine import (
     INTERRUPT_REASON,
+    open_client_calls,
     open_question,
     turn_start,
     user_answer,
@@ -252,6 +253,15 @@ def _message_accept(
             return PostedMessage(message=existing, created=False)
     state = State(locked.state)
     question = open_question(locked) if state == State.PAUSED_FOR_USER else None
+    if question is None and state == State.PAUSED_FOR_USER and open_client_calls(locked):
+        # The turn waits for the results of the client's own tools (the OpenAI-compatible
+        # endpoint's tool messages bring them); a message is no answer to them.
+        raise Conflict(
+            "the turn waits for the results of the client's tool calls; send them with the "
+            "OpenAI-compatible endpoint, or cancel the turn",
+            details={"state": state.value},
+            code="client_tools_pending",
+        )
     if question is not None:
         # The answer to the model's ask_user: that call's result; the same turn goes on.
         answer = user_answer(

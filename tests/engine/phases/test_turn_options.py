@@ -1,6 +1,7 @@
 """A client's settings for a turn's model calls (Message.turn_options): sampling parameters
 and the answer's JSON form reach every model call of the turn, a worker's crash between
 steps included; a JSON answer is checked and repaired once, or the turn ends invalid_output.
+The client's own tools: a call of one never runs here, the turn waits for its result.
 """
 
 import uuid
@@ -8,14 +9,17 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
-from engine import session_run
+from engine import client_results, session_run
+from engine.moves.ask_user import CLIENT_DEADLINE_ERROR
 from engine.phases.model import model_step
 from engine.runner.lease import lease_acquire
 from llm.types import ModelOptions
-from sessions.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session
-from sessions.services import message_post
+from sessions.errors import Conflict
+from sessions.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session, ToolCall
+from sessions.services import message_post, questions_expire_due
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 
@@ -162,3 +166,71 @@ def test_an_answer_still_invalid_after_the_repair_ends_the_turn_invalid_output()
     assert session.last_error.startswith("invalid_json: not JSON")
     assert _answer(session).content == "Rome, I think."  # what the model said, for the operator
     assert ModelCall.objects.filter(session=session).count() == 2
+
+
+# The client's own tools ---------------------------------------------------------------
+
+WEATHER: ModelOptions = {
+    "tools": [
+        {
+            "name": "send_refund",  # what a platform tool might do: here only the client's
+            "description": "The client's own.",
+            "parameters": {"type": "object", "properties": {"amount": {"type": "integer"}}},
+        }
+    ]
+}
+
+
+def _client_tool_session() -> Session:
+    agent = _rules_agent(
+        [
+            {"when": {"user": "refund", "last_tool": None},
+             "tool_calls": [{"tool": "send_refund", "args": {"amount": 5}}]},
+            {"when": {"last_tool": "send_refund"}, "answer": "Refund: {{ result }}"},
+        ]
+    )  # fmt: skip
+    session = _session_of(agent)
+    message_post(session=session, content="refund me", turn_options=WEATHER)
+    return _run(session)
+
+
+def test_a_call_of_the_clients_tool_never_runs_here_and_the_turn_waits_without_a_worker() -> None:
+    session = _client_tool_session()
+    assert session.state == "paused_for_user" and session.timer_due_at is not None
+    call = ToolCall.objects.get(session=session)
+    assert (call.client, call.status, call.output, call.dispatched_at) == (
+        True,
+        "executing",
+        None,
+        None,
+    )
+    assert not Event.objects.filter(session=session, type="tool.finished").exists()
+    waiting = Event.objects.get(session=session, type="progress", data__stage="client_tools")
+    assert waiting.data["calls"] == [
+        {"call_id": call.call_id, "tool": "send_refund", "input": {"amount": 5}}
+    ]
+    # A user message is no answer to it.
+    with pytest.raises(Conflict) as refused:
+        message_post(session=session, content="hello?")
+    assert refused.value.code == "client_tools_pending"
+    # The client's result: the same turn goes on.
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(session=locked, calls=[call], results={call.call_id: "done"}, by="client")
+    session = _run(session)
+    assert (session.state, session.turn, _answer(session).content) == (
+        "finished",
+        1,
+        "Refund: done",
+    )
+
+
+def test_past_the_deadline_the_sweeper_fails_the_clients_calls_and_the_model_is_told() -> None:
+    session = _client_tool_session()
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now() - timedelta(seconds=1))
+    assert questions_expire_due() == [str(session.pk)]
+    session = _run(session)
+    call = ToolCall.objects.get(session=session)
+    assert (call.status, call.error) == ("failed", CLIENT_DEADLINE_ERROR)
+    assert session.state == "finished"
+    assert CLIENT_DEADLINE_ERROR in _answer(session).content
