@@ -134,10 +134,12 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
         statuses = self._error_statuses(operation)
         if self.method == "POST":
-            statuses += [404, 429, 500, 502, 503]
+            statuses += [404, 409, 429, 500, 502, 503]
         for code in sorted(set(statuses)):
             description = {
                 404: "No agent has this model name, or X-Session-Id names no session of yours.",
+                409: "The session's turn waits for the results of your tools' calls "
+                "(client_tools_pending): send them as tool messages.",
                 429: "The key's request rate, or the owner's credits or budget (insufficient_quota).",
                 500: "The turn failed inside the platform (turn_failed).",
                 502: "No model could answer (model_unavailable, model_refused), or its answer "
@@ -162,6 +164,20 @@ class OpenAIChatMessageSerializer(serializers.Serializer):
         choices=["system", "developer", "user", "assistant", "tool", "function"]
     )
     content = serializers.JSONField(help_text="A string or an array of text parts.")
+    tool_call_id = serializers.CharField(
+        required=False, help_text="A tool message: the call of your own tool it answers."
+    )
+
+
+class OpenAIFunctionSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-zA-Z0-9_-]{1,64}$")
+    description = serializers.CharField(required=False)
+    parameters = serializers.JSONField(required=False, help_text="A JSON Schema object.")
+
+
+class OpenAIToolSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["function"])
+    function = OpenAIFunctionSerializer()
 
 
 class OpenAIStreamOptionsSerializer(serializers.Serializer):
@@ -193,6 +209,12 @@ class ChatCompletionRequestSerializer(serializers.Serializer):
     messages = OpenAIChatMessageSerializer(many=True)
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = OpenAIStreamOptionsSerializer(required=False)
+    tools = OpenAIToolSerializer(
+        many=True,
+        required=False,
+        help_text="Your own tools, offered beside the agent's; a call of one comes back as "
+        "tool_calls (finish_reason tool_calls), and your tool messages resume the turn.",
+    )
     response_format = OpenAIResponseFormatSerializer(
         required=False,
         help_text="json_object or json_schema: the answer is JSON, valid against the schema "
@@ -215,17 +237,31 @@ class ChatCompletionRequestSerializer(serializers.Serializer):
     metadata = serializers.DictField(required=False, help_text="Accepted, not used.")
 
 
+class OpenAIToolCallFunctionSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    arguments = serializers.CharField(help_text="JSON text.")
+
+
+class OpenAIToolCallSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    type = serializers.CharField()
+    function = OpenAIToolCallFunctionSerializer()
+
+
 class OpenAIChatCompletionMessageSerializer(serializers.Serializer):
     role = serializers.CharField()
-    content = serializers.CharField()
+    content = serializers.CharField(allow_null=True)
     refusal = serializers.CharField(allow_null=True)
+    tool_calls = OpenAIToolCallSerializer(many=True, required=False)
 
 
 class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     message = OpenAIChatCompletionMessageSerializer()
     logprobs = serializers.JSONField(allow_null=True)
-    finish_reason = serializers.CharField(help_text="stop, or length (the wait ran out)")
+    finish_reason = serializers.CharField(
+        help_text="stop, length (the wait ran out) or tool_calls (your own tools')"
+    )
 
 
 class OpenAIUsageSerializer(serializers.Serializer):
@@ -237,7 +273,8 @@ class OpenAIUsageSerializer(serializers.Serializer):
 class OpenAIExtensionSerializer(serializers.Serializer):
     session_id = serializers.CharField()
     status = serializers.CharField(
-        help_text="finished | awaiting_approval | awaiting_user | waiting_timer | timeout"
+        help_text="finished | awaiting_approval | awaiting_user | awaiting_tool_results | "
+        "waiting_timer | timeout"
     )
     stop_reason = serializers.CharField(required=False)
     approval_id = serializers.CharField(required=False)
@@ -347,20 +384,38 @@ class ChatCompletionView(OpenAIView):
         },
     )
     def post(self, request: Request) -> DeferredResponse:
-        """One turn of an agent: the last user message is its input.
+        """One turn of an agent: the last user message is its input; or the client's
+        results of its own tools' calls (trailing `tool` messages), and the turn that
+        made them goes on.
 
         1. Read the body (400), find the agent named by `model` (404) and, with
-           X-Session-Id, the caller's session (404; 400 when it runs another agent).
+           X-Session-Id, the caller's session (404; 400 when it runs another agent);
+           tool results without it find the session whose turn waits for those calls.
+           The client's own tools may not take the name of one of the agent's (400).
         2. Refuse when the owner's credits cannot pay for a model call (429).
         3. Without X-Session-Id, open a session seeded with the earlier messages.
-        4. Join the session's channel group, then post the turn (503 while one runs).
+        4. Join the session's channel group, then post the turn or the results (503
+           while a turn runs).
         5. Answer from the loop once the turn's outcome decides the status (relay.TurnAnswer).
         """
         chat = chat_request_parse(request.data)
         agent = selectors.agent_for_model(model=chat.model)
         owner = request.user
         key_roles = list(getattr(request.auth, "roles", None) or [])
+        services.client_tools_check(agent_id=agent.pk, tools=chat.options.get("tools", []))
         session_id = request.headers.get(SESSION_HEADER, "").strip()
+        if not session_id and chat.tool_results:
+            waiting = selectors.session_waiting_for(
+                owner_id=owner.pk, call_ids=[r.call_id for r in chat.tool_results]
+            )
+            if waiting is None:
+                raise InvalidInput(
+                    "no turn of yours waits for the results of these tool calls "
+                    "(send X-Session-Id to name its session)",
+                    details={"field": "messages"},
+                    code="invalid_request",
+                )
+            session_id = str(waiting)
         if session_id:
             try:
                 session = session_get_for_owner(session_id=session_id, owner_id=owner.pk)
@@ -389,13 +444,22 @@ class ChatCompletionView(OpenAIView):
             )
         frames = TurnFrames.join(session.pk)
         try:
-            posted = services.chat_turn_post(
-                session_id=session.pk,
-                owner_id=owner.pk,
-                key_roles=key_roles,
-                content=chat.content,
-                options=chat.options,
-            )
+            if chat.tool_results:
+                posted = services.chat_tool_results_post(
+                    session_id=session.pk,
+                    owner_id=owner.pk,
+                    key_roles=key_roles,
+                    results=chat.tool_results,
+                    options=chat.options,
+                )
+            else:
+                posted = services.chat_turn_post(
+                    session_id=session.pk,
+                    owner_id=owner.pk,
+                    key_roles=key_roles,
+                    content=chat.content,
+                    options=chat.options,
+                )
         except BaseException:
             frames.leave_sync()
             raise

@@ -223,6 +223,7 @@ class TurnAnswer:
             usage=usage,
             extension=outcome.extension,
             created=self.writer.created,
+            tool_calls=outcome.tool_calls,
         )
         return _once(json.dumps(body, ensure_ascii=False).encode())
 
@@ -241,6 +242,8 @@ class TurnAnswer:
             yield sse(failed.body)
             return
         usage = await self._usage(outcome)
+        if outcome.tool_calls:
+            yield writer.tool_calls(outcome.tool_calls)
         yield writer.finish(outcome.finish_reason, outcome.extension)
         if self.turn.chat.include_usage:
             yield writer.usage(usage)

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from runtime.breaker import model_breaker
 from sessions.errors import NotFound
-from sessions.models import Agent, ModelCall, Session
+from sessions.models import Agent, ModelCall, Session, ToolCall, ToolCallStatus
 from sessions.selectors import agents_enabled
 
 from .turns import FailureFacts
@@ -59,3 +59,20 @@ def turn_failure_facts(*, session_id: UUID | str, turn: int | None) -> FailureFa
         outcomes=tuple(outcome for _, outcome, _ in last_step),
         retry_after_s=min(waits) if waits else None,
     )
+
+
+def session_waiting_for(*, owner_id: int, call_ids: list[str]) -> UUID | None:
+    """The owner's session whose turn waits for the client's results of these calls: how a
+    client that sends no X-Session-Id (LangChain, the Agents SDK) goes on with its turn.
+    None when no session, or more than one, has them open."""
+    found = list(
+        ToolCall.objects.filter(
+            client=True,
+            status=ToolCallStatus.EXECUTING,
+            call_id__in=call_ids,
+            session__owner_id=owner_id,
+        )
+        .values_list("session_id", flat=True)
+        .distinct()[:2]
+    )
+    return found[0] if len(found) == 1 else None

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .wire import ErrorBody, Extension, FinishReason, error_body
+from .wire import ErrorBody, Extension, FinishReason, WireToolCall, error_body, wire_tool_call
 
 # Stop reasons (sessions.events.StopReason values) that are an answer; any other ended the
 # turn early: the text says why, unless it is a failure (FAILED), which is an HTTP error.
@@ -39,6 +39,8 @@ class Outcome:
     # The stop reason of a turn that failed (one of FAILED), and its number.
     failure: str | None = None
     turn: int | None = None
+    # The turn called the client's own tools: the client runs them and sends the results.
+    tool_calls: list[WireToolCall] | None = None
 
 
 @dataclass
@@ -53,6 +55,8 @@ class TurnReader:
     _separate: bool = False  # an earlier assistant message was streamed: a paragraph break first
     _question: dict[str, Any] = field(default_factory=dict)
     _approval: dict[str, Any] = field(default_factory=dict)
+    _client_calls: list[dict[str, Any]] = field(default_factory=list)
+    _said_with_calls: str = ""  # the text of the model's last message with tool calls
     outcome: Outcome | None = None
     # A pause the turn reached whose details (the question, the approval) may come in
     # the frames right after the state change; `settle()` ends it with what is known.
@@ -78,6 +82,7 @@ class TurnReader:
                 # Text before tool calls was said on the way (streamed, set apart from what
                 # follows by a blank line); it is not the answer.
                 self._separate = self._separate or bool(already)
+                self._said_with_calls = content
                 return ""
             self.answer = content
             # Text the stream did not carry (a model that does not stream, or a lost
@@ -90,6 +95,10 @@ class TurnReader:
             self._question = data
             if self.paused == "paused_for_user":
                 return self.settle()
+        elif kind == "progress" and data.get("stage") == "client_tools":
+            self._client_calls = [c for c in data.get("calls") or [] if isinstance(c, dict)]
+            if self.paused == "paused_for_user":
+                return self.settle()
         elif kind == "approval.requested":
             self._approval = data
             if self.paused == "awaiting_approval":
@@ -100,7 +109,7 @@ class TurnReader:
                 self.paused = to
                 if (
                     to == "waiting_timer"
-                    or (to == "paused_for_user" and self._question)
+                    or (to == "paused_for_user" and (self._question or self._client_calls))
                     or (to == "awaiting_approval" and self._approval)
                 ):
                     return self.settle()
@@ -129,6 +138,20 @@ class TurnReader:
 
     def _paused(self, state: str) -> str:
         ext: Extension = {"session_id": self.session_id, "status": ""}
+        if state == "paused_for_user" and self._client_calls:
+            ext["status"] = "awaiting_tool_results"
+            self.outcome = Outcome(
+                content=self._said_with_calls,
+                finish_reason="tool_calls",
+                extension=ext,
+                tool_calls=[
+                    wire_tool_call(
+                        str(c.get("call_id") or ""), str(c.get("tool") or ""), c.get("input")
+                    )
+                    for c in self._client_calls
+                ],
+            )
+            return ""
         if state == "paused_for_user":
             question = str(self._question.get("question") or "")
             options = [str(o) for o in self._question.get("options") or []]

@@ -18,7 +18,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from llm.types import ModelOptions, ResponseFormatJson
+from llm.types import ClientToolJson, ModelOptions, ResponseFormatJson
 
 # The roles of OpenAI's messages array. "developer" is the newer name for "system".
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -47,12 +47,15 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "service_tier": ("auto", "default"),
     "modalities": (["text"],),
 }
-READ = frozenset({"model", "messages", "stream", "stream_options", "response_format", *SAMPLING})
+READ = frozenset(
+    {"model", "messages", "stream", "stream_options", "response_format", "tools", *SAMPLING}
+)
+# The client's own tools offered in one request.
+MAX_CLIENT_TOOLS = 128
 # Why a known parameter cannot be honoured, for its 400.
 REFUSED = {
-    "tools": "the agent's tools run on the platform",
-    "functions": "the agent's tools run on the platform",
-    "function_call": "the agent's tools run on the platform",
+    "functions": "use 'tools' (the legacy functions are not supported)",
+    "function_call": "use 'tools' (the legacy functions are not supported)",
     "tool_choice": "the agent decides when to call its tools (only 'auto' is accepted)",
     "parallel_tool_calls": "the agent may call several tools at once (only true is accepted)",
     "n": "only n=1 is supported",
@@ -87,6 +90,14 @@ class HistoryItem:
 
 
 @dataclass(frozen=True)
+class ToolResult:
+    """A `tool` message: the client's result of one of its tools' calls."""
+
+    call_id: str
+    content: str
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     content: str  # the last user message: this turn's input
@@ -97,6 +108,8 @@ class ChatRequest:
     # The settings the turn's model calls take (sampling, response_format), stored with
     # the turn's message; empty when the request sets none.
     options: ModelOptions = field(default_factory=lambda: ModelOptions())
+    # The request's trailing tool messages: the turn that called the client's tools goes on.
+    tool_results: list[ToolResult] = field(default_factory=list)
 
     @property
     def json_answer(self) -> bool:
@@ -137,12 +150,15 @@ def chat_request_parse(body: Any) -> ChatRequest:
     """Check a request body and read what the platform uses from it.
 
     1. `model` and a non-empty `messages` array are required; the last message
-       must be the user's, with text: it is the turn's input.
+       must be the user's, with text: it is the turn's input; or the `tool` messages
+       that end the array are the results of the client's own tools' calls, which the
+       turn that made them waits for.
     2. Earlier user and assistant texts become the history of a new session;
        system/developer messages are counted and ignored (the agent's own
-       system prompt governs its tools and approvals); tool results are the
-       platform's own business and are dropped, as are assistant tool calls.
-    3. Every other parameter: honoured (the sampling ones, `response_format`: they go
+       system prompt governs its tools and approvals); earlier tool results and
+       assistant tool calls are dropped (the platform keeps its own).
+    3. `tools`: the client's own function tools, offered beside the agent's.
+    4. Every other parameter: honoured (the sampling ones, `response_format`: they go
        with the turn to its model calls), accepted without effect (`ACCEPTED`, a default
        in `DEFAULTS`), or refused naming it (`param`); null is the same as absent.
     """
@@ -182,10 +198,22 @@ def chat_request_parse(body: Any) -> ChatRequest:
         elif role == "assistant" and text:
             history.append(HistoryItem(role="assistant", content=text))
     last = messages[-1]
+    if last.get("role") == "tool":
+        return ChatRequest(
+            model=model,
+            content="",
+            stream=stream,
+            include_usage=include_usage,
+            ignored_system_messages=ignored,
+            options=options,
+            tool_results=_tool_results(messages),
+        )
     last_text = _text(last.get("content"), f"messages[{len(messages) - 1}].content")
     if last.get("role") != "user" or not last_text or not last_text.strip():
         raise RequestInvalid(
-            "the last message must be the user's, with text: it is the turn's input", "messages"
+            "the last message must be the user's, with text (the turn's input), or the "
+            "results of your tools' calls (tool messages)",
+            "messages",
         )
     return ChatRequest(
         model=model,
@@ -196,6 +224,79 @@ def chat_request_parse(body: Any) -> ChatRequest:
         ignored_system_messages=ignored,
         options=options,
     )
+
+
+def _tool_results(messages: list[Any]) -> list[ToolResult]:
+    """The `tool` messages that end the array, in order, each naming its call once."""
+    results: list[ToolResult] = []
+    at = len(messages) - 1
+    while at >= 0 and isinstance(messages[at], dict) and messages[at].get("role") == "tool":
+        message, param = messages[at], f"messages[{at}]"
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not 0 < len(call_id) <= 100:
+            raise RequestInvalid("a tool message needs its tool_call_id", f"{param}.tool_call_id")
+        _no_nul(call_id, f"{param}.tool_call_id")
+        text = _text(message.get("content"), f"{param}.content") or ""
+        results.append(ToolResult(call_id=call_id, content=text))
+        at -= 1
+    results.reverse()
+    ids = [r.call_id for r in results]
+    if len(set(ids)) != len(ids):
+        raise RequestInvalid("each tool_call_id may have one result", "messages")
+    return results
+
+
+def _client_tools(value: Any) -> list[ClientToolJson]:
+    """OpenAI function tools: a name the wire formats accept, a JSON Schema for arguments."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_CLIENT_TOOLS:
+        raise RequestInvalid(f"'tools' must be an array of at most {MAX_CLIENT_TOOLS}", "tools")
+    tools: list[ClientToolJson] = []
+    for i, tool in enumerate(value):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise RequestInvalid("only function tools are supported", f"{param}.type")
+        spec = tool.get("function")
+        if not isinstance(spec, dict):
+            raise RequestInvalid("'function' must be an object", f"{param}.function")
+        name = spec.get("name")
+        if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+            raise RequestInvalid(
+                "a tool's name must be 1-64 letters, digits, underscores or dashes",
+                f"{param}.function.name",
+            )
+        if any(t["name"] == name for t in tools):
+            raise RequestInvalid(f"two tools are named '{name}'", f"{param}.function.name")
+        description = spec.get("description") or ""
+        if not isinstance(description, str):
+            raise RequestInvalid("'description' must be a string", f"{param}.function.description")
+        parameters = spec.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        where = f"{param}.function.parameters"
+        if not isinstance(parameters, dict):
+            raise RequestInvalid("'parameters' must be a JSON Schema object", where)
+        _schema_check(parameters, where)
+        tools.append(
+            {"name": name, "description": _no_nul(description, f"{param}.function.description"),
+             "parameters": parameters}
+        )  # fmt: skip
+    return tools
+
+
+def _schema_check(schema: dict[str, Any], where: str) -> None:
+    """A JSON Schema stored with the turn and sent with each model call: draft 2020-12,
+    within MAX_SCHEMA_BYTES, and no NUL (PostgreSQL keeps none in JSON text)."""
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise RequestInvalid(f"the schema is larger than {MAX_SCHEMA_BYTES} bytes", where)
+    if "\\u0000" in text:
+        raise RequestInvalid("the schema must not contain a NUL (\\u0000) character", where)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise RequestInvalid(f"not a valid JSON Schema: {exc.message}", where) from None
 
 
 def _parameters_check(body: dict[str, Any]) -> None:
@@ -286,6 +387,9 @@ def _model_options(body: dict[str, Any]) -> ModelOptions:
     answer = _response_format(body.get("response_format"))
     if answer is not None:
         options["response_format"] = answer
+    tools = _client_tools(body.get("tools"))
+    if tools:
+        options["tools"] = tools
     return options
 
 
@@ -323,21 +427,34 @@ def _response_format(value: Any) -> ResponseFormatJson | None:
     where = f"{param}.json_schema.schema"
     if not isinstance(schema, dict):
         raise RequestInvalid("'schema' must be a JSON Schema object", where)
-    text = json.dumps(schema, ensure_ascii=False)
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise RequestInvalid(f"the schema is larger than {MAX_SCHEMA_BYTES} bytes", where)
-    if "\\u0000" in text:  # stored with the turn: PostgreSQL keeps no NUL in JSON text
-        raise RequestInvalid("the schema must not contain a NUL (\\u0000) character", where)
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise RequestInvalid(f"not a valid JSON Schema: {exc.message}", where) from None
+    _schema_check(schema, where)
     return {"schema": schema, "name": name, "strict": strict is True}
 
 
 # Responses -----------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class WireFunction(TypedDict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class WireToolCall(TypedDict):
+    """A call of the client's own tools, as OpenAI's `tool_calls` spell it."""
+
+    id: str
+    type: Literal["function"]
+    function: WireFunction
+
+
+def wire_tool_call(call_id: str, name: str, arguments: Any) -> WireToolCall:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
 
 
 class Usage(TypedDict):
@@ -350,7 +467,7 @@ class Extension(TypedDict):
     """The `agentplatform` key: what an OpenAI object cannot say."""
 
     session_id: str
-    # finished | awaiting_approval | awaiting_user | waiting_timer | timeout
+    # finished | awaiting_approval | awaiting_user | awaiting_tool_results | waiting_timer | timeout
     status: str
     stop_reason: NotRequired[str]  # the turn's stop_reason when it finished
     approval_id: NotRequired[str]
@@ -394,7 +511,12 @@ def completion(
     usage: Usage,
     extension: Extension,
     created: int | None = None,
+    tool_calls: list[WireToolCall] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        # As OpenAI: the calls, and the text said with them (null when none was).
+        message.update(content=content or None, tool_calls=tool_calls)
     return {
         "id": id_,
         "object": "chat.completion",
@@ -404,7 +526,7 @@ def completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -446,6 +568,10 @@ class ChunkWriter:
 
     def content(self, text: str) -> bytes:
         return self.delta({"content": text})
+
+    def tool_calls(self, calls: list[WireToolCall]) -> bytes:
+        """Every call in one chunk, each whole (its `index` says which it is)."""
+        return self.delta({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]})
 
     def finish(self, finish_reason: FinishReason, extension: Extension) -> bytes:
         return self.delta({}, finish_reason, agentplatform=extension)

@@ -21,7 +21,7 @@ from billing.services import account_ensure
 from sessions.models import Message, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
-from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tests.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -656,3 +656,162 @@ def test_the_agents_sdk_and_langchain_get_structured_output(
     )
     formats = [r.body["response_format"]["type"] for r in openai_server.requests]
     assert formats == ["json_schema", "json_schema", "json_object"]
+
+
+# The client's own tools -----------------------------------------------------------------------
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _weather_agent() -> str:
+    """Offline: asked about the weather, it calls the client's get_weather, then answers
+    with what the client's tool said."""
+    slug = f"weather-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        rules=[
+            {"when": {"user": "weather", "last_tool": None},
+             "tool_calls": [{"tool": "get_weather", "args": {"city": "Paris"}}]},
+            {"when": {"last_tool": "get_weather"}, "answer": "Paris: {{ result.sky }}"},
+            {"answer": "?"},
+        ],
+    )  # fmt: skip
+    return slug
+
+
+def test_a_call_of_the_clients_tool_comes_back_as_tool_calls_and_its_result_resumes_the_turn(
+    live_stack, key
+):
+    slug = _weather_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "what is the weather?"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=slug, messages=messages, tools=[WEATHER_TOOL]
+    )
+    asked = raw.parse()
+    session_id = raw.headers["X-Session-Id"]
+    choice = asked.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert _ext(asked) == {"session_id": session_id, "status": "awaiting_tool_results"}
+    session = Session.objects.get(pk=session_id)
+    assert session.state == "paused_for_user"
+    # It never ran here: no result, no tool.finished, until the client's comes.
+    row = session.tool_calls.get(call_id=call.id)
+    assert (row.client, row.status, row.output) == (True, "executing", None)
+    # The client runs it; its result, with the same X-Session-Id, resumes the same turn.
+    with client.chat.completions.create(
+        model=slug,
+        messages=[
+            *messages,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'},
+        ],
+        tools=[WEATHER_TOOL],
+        stream=True,
+        extra_headers={"X-Session-Id": session_id},
+    ) as stream:
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Paris: sunny"
+    session.refresh_from_db()
+    assert (session.state, session.turn) == ("finished", 1)
+    row.refresh_from_db()
+    assert (row.status, row.output) == ("success", {"result": '{"sky": "sunny"}'})
+
+
+def test_client_tools_are_refused_when_they_clash_or_answer_nothing(live_stack, key):
+    slug = _asking_agent()  # its own tools: ask_user
+    client = _client(live_stack, key)
+    clash = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "name": "ask_user"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=slug, messages=HI, tools=[clash])
+    assert _error(refused.value)["param"] == "tools[0].function.name"
+    with pytest.raises(openai.BadRequestError) as nothing:
+        client.chat.completions.create(
+            model=slug,
+            messages=[*HI, {"role": "tool", "tool_call_id": "call_nobody", "content": "x"}],
+        )
+    assert _error(nothing.value)["param"] == "messages"
+
+
+def test_an_agents_sdk_agent_with_its_own_function_tool_and_the_platforms_tool(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    """The Agents SDK sends no X-Session-Id: its tool results find the turn that waits for
+    them by their call ids. The platform's tool runs on the platform in the same step."""
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    ToolFactory(
+        name="stamp_time",
+        handler="builtin.current_time",
+        parameters={"type": "object", "properties": {}},
+    )
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-tools-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    slug = f"mixed-{uuid.uuid4().hex[:8]}"
+    AgentFactory(slug=slug, model=endpoint, tools=["stamp_time"])
+    openai_server.script(
+        Reply(calls=[Call("stamp_time", {}), Call("get_weather", {"city": "Paris"})]),
+        Reply(text="It is sunny in Paris."),
+    )
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return "sunny"
+
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=slug,
+        openai_client=openai.AsyncOpenAI(
+            base_url=f"{live_stack.http}/openai/v1", api_key=key, max_retries=0
+        ),
+    )
+    result = Runner.run_sync(
+        Agent(name="weather", model=model, tools=[get_weather]), "weather in Paris?"
+    )
+    assert result.final_output == "It is sunny in Paris."
+    assert ran == ["Paris"]
+    first, second = openai_server.requests
+    offered = {t["function"]["name"] for t in first.body["tools"]}
+    assert offered == {"stamp_time", "get_weather"}
+    results = {m["tool_call_id"]: m["content"] for m in second.messages if m["role"] == "tool"}
+    assert len(results) == 2 and "sunny" in results.values()
+    session = Session.objects.get(agent__slug=slug)
+    assert session.turn == 1 and session.state == "finished"
+    statuses = dict(session.tool_calls.values_list("tool_name", "client"))
+    assert statuses == {"stamp_time": False, "get_weather": True}

@@ -249,3 +249,31 @@ def test_the_other_failures_have_their_own_status() -> None:
     assert (credits.status, credits.body["error"]["code"]) == (429, "insufficient_quota")
     crashed = _reply("error", last_error="boom")
     assert (crashed.status, crashed.body["error"]["code"]) == (500, "turn_failed")
+
+
+def test_a_pause_for_the_clients_tools_is_tool_calls_whichever_comes_first() -> None:
+    calls = _f(
+        "progress",
+        stage="client_tools",
+        turn=1,
+        calls=[{"call_id": "c1", "tool": "get_weather", "input": {"city": "Paris"}}],
+    )
+    said = _f("message.completed", seq=2, role="assistant", content="Let me check.", turn=1,
+              tool_calls=[{"id": "c1"}])  # fmt: skip
+    for frames in (
+        [said, calls, _state("paused_for_user")],
+        [said, _state("paused_for_user"), calls],
+    ):
+        reader = TurnReader(session_id="s")
+        assert _feed(reader, frames) == ""
+        outcome = reader.outcome
+        assert outcome is not None
+        assert (outcome.finish_reason, outcome.content) == ("tool_calls", "Let me check.")
+        assert outcome.tool_calls == [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ]
+        assert outcome.extension == {"session_id": "s", "status": "awaiting_tool_results"}

@@ -10,10 +10,12 @@ from openai_compat.wire import (
     ChunkWriter,
     HistoryItem,
     RequestInvalid,
+    ToolResult,
     chat_request_parse,
     completion,
     error_body,
     usage_of,
+    wire_tool_call,
 )
 
 
@@ -192,7 +194,7 @@ def test_a_parameter_the_platform_cannot_honour_is_refused_by_name(
             _body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
             "messages[0].content[0]",
         ),
-        (_body(tools=[{"type": "function"}]), "tools"),
+        (_body(tools=[{"type": "function"}]), "tools[0].function"),
         (_body(n=2), "n"),
         (_body(stream="yes"), "stream"),
         (_body(stream_options=[]), "stream_options"),
@@ -278,3 +280,85 @@ def test_nul_characters_are_refused_naming_the_field() -> None:
         with pytest.raises(RequestInvalid) as refused:
             chat_request_parse(body)
         assert refused.value.param == param
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_the_clients_tools_go_with_the_turn() -> None:
+    chat = chat_request_parse(_body(tools=[TOOL, {"type": "function", "function": {"name": "b"}}]))
+    assert chat.options["tools"] == [
+        {"name": "get_weather", "description": "Weather.", "parameters": TOOL["function"]["parameters"]},
+        {"name": "b", "description": "", "parameters": {"type": "object", "properties": {}}},
+    ]  # fmt: skip
+
+
+def test_trailing_tool_messages_are_the_clients_results() -> None:
+    chat = chat_request_parse(
+        _body(
+            messages=[
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}, {"id": "c2"}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "12"}]},
+            ],
+            tools=[TOOL],
+        )
+    )
+    assert chat.tool_results == [ToolResult("c1", "sunny"), ToolResult("c2", "12")]
+    assert (chat.content, chat.history) == ("", [])
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"name": "a.b"}}]}, "tools[0].function.name"),
+        ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [TOOL] * 129}, "tools"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        (
+            {"messages": [{"role": "tool", "tool_call_id": "c", "content": "x"}] * 2},
+            "messages",
+        ),
+    ],
+)
+def test_client_tools_and_results_we_cannot_take_name_the_field(
+    extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(RequestInvalid) as refused:
+        chat_request_parse(_body(**extra))
+    assert refused.value.param == param
+
+
+def test_tool_calls_in_a_completion_and_in_a_chunk() -> None:
+    call = wire_tool_call("c1", "get_weather", {"city": "Paris"})
+    assert call == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    body = completion(
+        id_="x",
+        model="m",
+        content="",
+        finish_reason="tool_calls",
+        usage=usage_of(1, 1),
+        extension={"session_id": "s", "status": "awaiting_tool_results"},
+        tool_calls=[call],
+    )
+    message = body["choices"][0]["message"]
+    assert (message["content"], message["tool_calls"]) == (None, [call])
+    chunk = _data(ChunkWriter(id_="x", model="m", include_usage=False).tool_calls([call]))
+    assert chunk["choices"][0]["delta"] == {"tool_calls": [{"index": 0, **call}]}

@@ -78,7 +78,7 @@ def test_the_openai_error_component_is_openais_shape(schema):
         (
             "post",
             "/openai/v1/chat/completions",
-            {400, 401, 403, 404, 413, 415, 429, 500, 502, 503},
+            {400, 401, 403, 404, 409, 413, 415, 429, 500, 502, 503},
         ),
         ("get", "/api/v1/tools/", {401, 429}),
         ("get", "/api/v1/agents/", {401, 429}),
