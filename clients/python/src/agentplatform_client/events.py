@@ -88,6 +88,8 @@ class Progress(Event):
     options: list[str] = field(default_factory=list)
     call_id: str = ""
     deadline: str | None = None
+    # stage "client_tools": the calls of the client's own tools the turn waits on.
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
