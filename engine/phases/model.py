@@ -296,6 +296,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             spend=ModelSpend(calls=plan.side_calls, iteration=session.iteration),
             context=plan.context(session, None),
             reason=stop.reason,
+            calls=run.turn_call_counts(session),
         )
         return
     model_rate_limit(session, plan.gate.endpoint, request)
@@ -335,6 +336,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             context=context,
             last_error=problem,
             reason=f"{stop_reason}: {problem}" if refused else "",
+            calls=run.turn_call_counts(session),
         )
         return
 
@@ -367,6 +369,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             stop_reason=plan.stop.stop_reason if plan.stop else StopReason.ANSWER,
             spend=spend,
             context=context,
+            calls=run.turn_call_counts(session),
         )
         user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
         if wants_turn_memory(agent, user_text):

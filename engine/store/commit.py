@@ -94,6 +94,8 @@ TOOL_CALL_RESULT_COLUMNS = (
     # The call's assessed risk rides on the results' commit (no write of its own).
     "risk_level",
     "risk_reason",
+    # Why a call did not run (an approver, its deadline, the credits), for the turn's outcome.
+    "refusal",
 )
 MODEL_CALL_COLUMNS = (
     "session",
@@ -171,6 +173,10 @@ SETTABLE = {
     "degradation_level",
     "dialogue_state",
     "workflow_state",
+    # The step that ends a turn records its outcome (from its turn.finished).
+    "last_turn_number",
+    "last_turn_outcome",
+    "last_turn_calls",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
@@ -184,13 +190,14 @@ STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
 class CallsCommitted:
     """What one commit did to the tool calls of its turn, for the run's loop guards
     (run_cache.RunContext): from which version to which, and each call it
-    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
+    inserted or updated as (step, position, idempotency key, tool, input, output, status,
+    refusal)."""
 
     before: int
     after: int
     turn: int
     new_turn: bool
-    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
+    calls: tuple[tuple[int, int, str, str, Any, Any, str, str], ...]
 
 
 class StaleSession(Exception):
@@ -532,7 +539,16 @@ def step_commit(step: Step) -> Committed:
             turn=turn,
             new_turn=turn != session.turn,
             calls=tuple(
-                (c.step, c.position, c.idempotency_key, c.tool_name, c.input, c.output, c.status)
+                (
+                    c.step,
+                    c.position,
+                    c.idempotency_key,
+                    c.tool_name,
+                    c.input,
+                    c.output,
+                    c.status,
+                    c.refusal,
+                )
                 for c in (*step.new_tool_calls, *step.updated_tool_calls)
                 if c.turn == turn
             ),

@@ -104,6 +104,8 @@ def test_approve_with_edited_arguments_runs_exactly_once_with_the_edit(make_sess
     assert _answer(session) == "Refunded 40 on A1"
     transition = ApprovalTransition.objects.get(approval=approval)
     assert transition.arguments == {"order": "A1", "amount": 40} and transition.actor == "alice"
+    outcome = Session.objects.get(pk=session.pk)
+    assert (outcome.last_turn_outcome, outcome.last_turn_calls["ok"]) == ("ok", 1)
 
 
 def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, approver):
@@ -125,7 +127,15 @@ def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, appr
     assert answer.startswith("Not refunded: alice rejected this call")
     assert "order already refunded" in answer
     call = ToolCall.objects.get(session=session)
-    assert call.status == "rejected"
+    assert (call.status, call.refusal) == ("rejected", "rejected")
+    # The turn answered, but its call did not run: not "ok", on the event and on the row.
+    finished = Event.objects.get(session=session, type="turn.finished").data
+    assert finished["stop_reason"] == "answer" and finished["outcome"] == "tool_failures"
+    assert finished["calls"] == {"ok": 0, "failed": 0, "rejected": 1, "expired": 0, "unpaid": 0}
+    assert (session.last_turn_number, session.last_turn_outcome) == (1, "tool_failures")
+    assert session.last_turn_calls == finished["calls"]
+    closed = Event.objects.get(session=session, type="tool.finished").data
+    assert (closed["status"], closed["refusal"]) == ("rejected", "rejected")
 
 
 def test_ungated_calls_of_the_response_wait_and_results_keep_the_models_order(
@@ -188,6 +198,8 @@ def test_the_deadline_rejects_by_default_and_the_model_is_told(make_session):
     approval.refresh_from_db()
     assert approval.status == "expired" and approval.decided_by_name == "system"
     assert "before its deadline" in _answer(session)
+    assert ToolCall.objects.get(session=session).refusal == "expired"
+    assert (session.last_turn_outcome, session.last_turn_calls["expired"]) == ("tool_failures", 1)
     resolved = Event.objects.get(session=session, type="approval.resolved").data
     assert resolved["outcome"] == "expired" and resolved["by"] == "system"
 
