@@ -25,7 +25,7 @@ from engine.store.open_calls import open_calls_statement, prefetched_keep
 from engine.store.turn_calls import turn_calls_counted
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
-from observability import tracing
+from observability import metrics, tracing
 from observability.redaction import scrub
 from sessions.dispatch import run_enqueue_on_commit
 from sessions.events import (
@@ -65,6 +65,11 @@ def step_commit(step: Step) -> Committed:
             # The turn's outcome on the row too, for the lists: from the event, so they agree.
             step.set_fields.update(last_turn_fields(spec.data))  # type: ignore[arg-type]
     committed = store.step_commit(step)
+    for call in (*step.new_tool_calls, *step.updated_tool_calls):
+        # Every call's end is counted once, by the commit that records it: the calls that
+        # ran and those refused before running (an approver, a deadline, credits, a limit).
+        if call.status != ToolCallStatus.EXECUTING:
+            metrics.TOOL_CALLS.labels(call.tool_name, call.status).inc()
     parent = step.session.parent_id
     if parent is not None and committed.state in TURN_ENDED:
         # A child's end: its parent's waiting call has its answer now.

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from approvals.models import Approval, ApprovalTransition
 from engine import session_run
@@ -136,6 +137,34 @@ def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, appr
     assert session.last_turn_calls == finished["calls"]
     closed = Event.objects.get(session=session, type="tool.finished").data
     assert (closed["status"], closed["refusal"]) == ("rejected", "rejected")
+
+
+def test_every_call_outcome_is_counted_in_the_tool_call_metric(make_session, approver):
+    """A rejected call never runs, yet it is a call outcome: agent_tool_calls_total counts it
+    (before, only calls that were sent were counted: a dashboard read 100 % success)."""
+    user, _ = approver
+
+    def rejected() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "agent_tool_calls_total", {"tool": "refund", "status": "rejected"}
+            )
+            or 0.0
+        )
+
+    before = rejected()
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval_decide(
+        approval_id=Approval.objects.get(session=session).pk,
+        approve=False,
+        user=user,
+        groups=["approvers"],
+        comment="no",
+    )
+    _run(session)
+    assert rejected() == before + 1
 
 
 def test_ungated_calls_of_the_response_wait_and_results_keep_the_models_order(
