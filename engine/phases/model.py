@@ -19,6 +19,7 @@ from engine.gates.budget import (
     model_gate,
     model_rate_limit,
 )
+from engine.gates.calls_note import calls_note
 from engine.gates.context_layers import context_layers
 from engine.gates.environment import environment_note
 from engine.gates.guards import GuardLimits, GuardVerdict
@@ -203,7 +204,11 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     env = runtime.environment(session.role)
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
-    notes = Contribution.join(environment_note(session, env), revalidation(session, history, tools))
+    notes = Contribution.join(
+        environment_note(session, env),
+        revalidation(session, history, tools),
+        calls_note(session, history, lambda: run.turn_calls(session)),
+    )
     history.extend(notes.notes)
     read = gate_read(session, agent, run.figures)
     added = Contribution.join(notes, context_layers(session, agent, history, read, tools))

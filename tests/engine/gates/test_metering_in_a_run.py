@@ -127,6 +127,10 @@ def test_an_unaffordable_call_does_not_run_and_the_model_is_told_why(
     finished = turn_finished(session)
     assert finished["stop_reason"] == "answer" and finished["outcome"] == "tool_failures"
     assert finished["calls"] == {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 1}
+    # And the model was told plainly, after the result, that the call did not run.
+    note = openai_server.requests[1].messages[-1]
+    assert note["role"] == "system"
+    assert "1 of 1 charge call did NOT run (not enough credit points)" in note["content"]
     assert assert_books_balance(owner.pk).balance == 4
 
 

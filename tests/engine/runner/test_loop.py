@@ -139,7 +139,7 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     # Reads: the tool step reads nothing (its open calls, with any cached result,
     # came back with the model step's commit, in the same round trip); model
     # steps after the first read nothing either: the turn's calls (for the loop
-    # guards and the turn's outcome) are the run's own commits, the
+    # guards, the calls note and the turn's outcome) are the run's own commits, the
     # lease having seen that the turn had none when the run began.
     tools = [s for s in counted if s.state == "tool_wait"]
     assert [s.round_trips for s in tools] == [1] * CALLS, [s.statements for s in tools]
