@@ -180,6 +180,10 @@ class ToolFinished(TypedDict):
     cached: NotRequired[bool]
     coercions: NotRequired[list[Any]]
     probed: NotRequired[str | None]
+    # Only for a call that ran with an approver's edited arguments: what ran (`input`)
+    # and what the model had proposed (`proposed_input`).
+    input: NotRequired[Any]
+    proposed_input: NotRequired[Any]
     # Only for a call that did not run: rejected | expired | unpaid.
     refusal: NotRequired[str]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES

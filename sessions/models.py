@@ -449,7 +449,14 @@ class ToolCall(models.Model):
     position = models.PositiveSmallIntegerField(default=0)
     call_id = models.CharField(max_length=100)
     tool_name = models.CharField(max_length=100)
+    # The arguments the call ran with (an approver's edit, if any: then the model's are in
+    # `proposed_input`).
     input = models.JSONField(default=dict, blank=True)
+    proposed_input = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The model's arguments, when an approver edited them (input is what ran).",
+    )
     status = models.CharField(
         max_length=10, choices=ToolCallStatus.choices, default=ToolCallStatus.EXECUTING
     )

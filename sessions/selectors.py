@@ -242,6 +242,7 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "call_id",
             "tool_name",
             "input",
+            "proposed_input",
             "status",
             "output",
             "error",

@@ -94,9 +94,11 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
             if approval.status == ApprovalStatus.PENDING:
                 pending = True
             elif approval.status == ApprovalStatus.APPROVED:
-                if approval.edited_arguments is not None:
-                    # What runs is what the approver approved; both stay on the approval.
-                    call.input = approval.edited_arguments
+                if approval.edited_arguments is not None and call.proposed_input is None:
+                    # What runs is what the approver approved; the results' commit records
+                    # it as the call's input and keeps the model's beside it (both stay on
+                    # the approval too).
+                    call.proposed_input, call.input = call.input, approval.edited_arguments
             else:
                 gate.outcomes[call.pk] = refused_outcome(approval)
             continue

@@ -448,6 +448,9 @@ def tool_results(
             probed=call.probe_outcome or None,
             turn=call.turn,
         )
+        if call.proposed_input is not None:
+            # Ran with an approver's edit: what ran, and what the model had proposed.
+            finished["input"], finished["proposed_input"] = call.input, call.proposed_input
         if call.refusal:
             finished["refusal"] = call.refusal
         events.append(EventSpec(EventType.TOOL_FINISHED, finished))

@@ -97,6 +97,9 @@ TOOL_CALL_RESULT_COLUMNS = (
     # Why a call did not run (an approver, its deadline, the credits), for the turn's outcome.
     "refusal",
 )
+# A call that ran with an approver's edited arguments: what ran and what the model proposed,
+# written by the same commit as its result (only for such calls: a statement of its own).
+TOOL_CALL_EDITED_COLUMNS = ("input", "proposed_input")
 MODEL_CALL_COLUMNS = (
     "session",
     "turn",
@@ -410,6 +413,8 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
     )
+    edited = [c for c in step.updated_tool_calls if c.proposed_input is not None]
+    writes.append(update_statement(ToolCall, edited, TOOL_CALL_EDITED_COLUMNS, guard=GUARD))
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )

@@ -91,6 +91,22 @@ def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
     )
 
 
+def arguments_diff(before: Any, after: Any) -> str:
+    """What an approver changed in a call's arguments: `key: old → new; ...`."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return f"{short(before, 80)} → {short(after, 80)}"
+    missing = object()
+    parts = []
+    for key in dict.fromkeys([*before, *after]):
+        old, new = before.get(key, missing), after.get(key, missing)
+        if old == new:
+            continue
+        was = "(none)" if old is missing else short(old, 60)
+        now = "(removed)" if new is missing else short(new, 60)
+        parts.append(f"{key}: {was} → {now}")
+    return "; ".join(parts) or "(no change)"
+
+
 HIDDEN = "(content hidden)"
 
 
@@ -111,9 +127,13 @@ def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> 
         return f"{data.get('tool')}({short(data.get('input'), 100) if content else '…'})"
     if type_ == EventType.TOOL_FINISHED:
         error = data.get("error") if content else None
-        return f"{data.get('tool')} {data.get('status')} in {data.get('elapsed_ms')} ms" + (
-            f": {short(error, 100)}" if error else ""
-        )
+        line = f"{data.get('tool')} {data.get('status')}"
+        if data.get("elapsed_ms") is not None:
+            line += f" in {data.get('elapsed_ms')} ms"
+        if "proposed_input" in data:
+            edit = arguments_diff(data.get("proposed_input"), data.get("input")) if content else "…"
+            line += f" · ran with an approver's edit: {edit}"
+        return line + (f": {short(error, 100)}" if error else "")
     if type_ == EventType.TURN_FINISHED:
         usage = data.get("usage") or {}
         return (

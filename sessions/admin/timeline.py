@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from .. import selectors
-from .display import HIDDEN, event_summary, pretty_json, short
+from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
 # What was said, per kind of row: shown only with the message content permission.
@@ -74,6 +74,9 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
         return summary
     if entry.kind == "toolcall":
         summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {r['status']}"
+        if r.get("proposed_input") is not None:
+            edit = arguments_diff(r["proposed_input"], r["input"]) if content else "…"
+            summary += f" · ran with an approver's edit: {edit}"
         if r.get("risk_level") is not None:
             summary += f" · risk {r['risk_level']} ({r['risk_reason']})"
         if r["elapsed_ms"] is not None:

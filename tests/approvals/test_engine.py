@@ -105,8 +105,34 @@ def test_approve_with_edited_arguments_runs_exactly_once_with_the_edit(make_sess
     assert _answer(session) == "Refunded 40 on A1"
     transition = ApprovalTransition.objects.get(approval=approval)
     assert transition.arguments == {"order": "A1", "amount": 40} and transition.actor == "alice"
+    # The call's record says what ran, and keeps what the model proposed beside it.
+    call = ToolCall.objects.get(session=session)
+    assert call.input == {"order": "A1", "amount": 40}
+    assert call.proposed_input == {"order": "A1", "amount": "80"}
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    assert finished["input"] == {"order": "A1", "amount": 40}
+    assert finished["proposed_input"] == {"order": "A1", "amount": "80"}
+    assert finished["status"] == "success"
     outcome = Session.objects.get(pk=session.pk)
     assert (outcome.last_turn_outcome, outcome.last_turn_calls["ok"]) == ("ok", 1)
+
+
+def test_a_call_approved_as_proposed_keeps_no_proposed_input(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval_decide(
+        approval_id=Approval.objects.get(session=session).pk,
+        approve=True,
+        user=user,
+        groups=["approvers"],
+    )
+    session = _run(session)
+    call = ToolCall.objects.get(session=session)
+    assert call.input == {"order": "A1", "amount": "80"} and call.proposed_input is None
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    assert "proposed_input" not in finished and "input" not in finished
 
 
 def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, approver):

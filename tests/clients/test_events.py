@@ -113,6 +113,24 @@ def test_turn_finished_carries_the_turns_outcome_and_its_calls_typed():
     assert event.calls == TurnCalls(ok=1, rejected=3) and event.calls.not_done == 3
 
 
+def test_a_call_that_ran_with_an_approvers_edit_shows_both_inputs():
+    event = parse_event(
+        _frame(
+            "tool.finished",
+            {
+                "call_id": "c", "tool": "issue_coupon", "status": "success", "error": "", "turn": 1,
+                "input": {"amount": 20}, "proposed_input": {"amount": 60},
+            },
+        )
+    )  # fmt: skip
+    assert isinstance(event, ToolFinished)
+    assert (event.input, event.proposed_input, event.refusal) == (
+        {"amount": 20},
+        {"amount": 60},
+        "",
+    )
+
+
 def test_a_session_shows_its_last_turn():
     data = {"id": "s", "last_turn": {"turn": 2, "outcome": "stopped", "calls": {"unpaid": 2}}}
     session = Session.from_dict(data)

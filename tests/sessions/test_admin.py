@@ -9,7 +9,7 @@ from django.urls import reverse
 from engine import session_run
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.models import Event, Session
+from sessions.models import Event, Session, ToolCall
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
 
@@ -435,3 +435,26 @@ def test_a_traced_turn_links_its_trace_from_the_summary_and_the_timeline(
     link = f'href="http://jaeger.example:16686/trace/{trace_id}"'
     # Once in the summary's facts, and on each traced event of the timeline.
     assert page.content.decode().count(link) >= 1 + len(types)
+
+
+# --- The truth about a turn: its outcome, what ran, what was said ------------------------
+
+
+def test_the_timeline_and_the_tool_call_list_show_an_approvers_edit(client, operator):
+    session = SessionFactory(state="finished", turn=1)
+    common = {"session": session, "turn": 1, "step": 1}
+    ToolCall.objects.create(
+        **common, position=0, call_id="a", tool_name="issue_coupon", idempotency_key="k-a",
+        input={"customer_id": 17, "amount": 20}, proposed_input={"customer_id": 17, "amount": 60},
+        status="success", output={"coupon_code": "C-1"},
+    )  # fmt: skip
+    items, _ = session_timeline(session.pk)
+    (coupon,) = (i for i in items if i.kind == "toolcall")
+    assert "ran with an approver's edit: amount: 60 → 20" in coupon.summary
+    page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    assert "amount: 60 → 20" in page.content.decode()
+
+    calls = client.get(reverse("admin:agent_sessions_toolcall_changelist")).content.decode()
+    assert "amount: 60 → 20" in calls
+    edited = client.get(reverse("admin:agent_sessions_toolcall_changelist"), {"edited": "yes"})
+    assert [c.call_id for c in edited.context["cl"].result_list] == ["a"]

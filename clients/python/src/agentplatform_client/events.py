@@ -112,6 +112,9 @@ class ToolFinished(Event):
     cached: bool = False
     coercions: list[Any] = field(default_factory=list)
     probed: str | None = None
+    # A call that ran with an approver's edited arguments: what ran, and the model's.
+    input: Any = None
+    proposed_input: Any = None
     refusal: str = ""  # a call that did not run: rejected | expired | unpaid
 
 
