@@ -244,6 +244,7 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "input",
             "proposed_input",
             "status",
+            "refusal",
             "output",
             "error",
             "elapsed_ms",

@@ -17,7 +17,7 @@ from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, ma
 from accounts.tenancy import TenantScopedAdmin
 
 from .. import services
-from ..models import Checkpoint, Event, Message, ToolCall, Transition
+from ..models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
 from .base import ReadOnlyAdmin
 from .display import arguments_diff, event_summary, pre, short
 
@@ -109,14 +109,14 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "turn",
         "step",
         "tool_name",
-        "status",
+        "status_display",
         "edited",
         "risk",
         "elapsed_ms",
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", EditedFilter, "risk_level", "tool_name")
+    list_filter = ("status", "refusal", EditedFilter, "risk_level", "tool_name")
     search_fields = ("tool_name", "call_id", "idempotency_key")
     ordering = ("-id",)
     fields = (
@@ -127,6 +127,7 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "call_id",
         "tool_name",
         "status",
+        "refusal",
         "elapsed_ms",
         "attempts",
         "cached",
@@ -163,6 +164,14 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         if obj.risk_level is None:
             return "–"
         return format_html('<span title="{}">{}</span>', obj.risk_reason, obj.risk_level)
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: ToolCall) -> str:
+        # Red for a call that did not run or did not succeed, with why it did not run.
+        label = obj.status + (f" ({obj.refusal})" if obj.refusal else "")
+        if obj.status in (ToolCallStatus.SUCCESS, ToolCallStatus.EXECUTING):
+            return label
+        return format_html('<span style="color:#dc2626;font-weight:600">{}</span>', label)
 
     @admin.display(description="approver's edit")
     def edited(self, obj: ToolCall) -> str:

@@ -41,12 +41,42 @@ from tools.execution import tools_for_agent
 
 from .. import selectors, services
 from ..errors import Conflict, DomainError, InvalidInput
-from ..models import Session
+from ..models import Session, TurnOutcomeChoice
 from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
-from .display import format_cost, outcome_badge, pre, state_badge
+from .display import (
+    calls_line,
+    format_cost,
+    outcome_badge,
+    pre,
+    state_badge,
+    turn_outcome_badge,
+)
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 from .workflow_run import workflow_run_view
+
+
+class LastTurnOutcomeFilter(admin.SimpleListFilter):
+    """How the last ended turn went (DESIGN.md "A turn's outcome"); "not ok" is any of
+    the three others."""
+
+    title = "last turn"
+    parameter_name = "last_turn"
+    NOT_OK = "not_ok"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (self.NOT_OK, "not ok (failures, stops, errors)"),
+            *((choice.value, choice.label) for choice in TurnOutcomeChoice),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
+        value = self.value()
+        if value == self.NOT_OK:
+            return queryset.exclude(last_turn_outcome__in=[TurnOutcomeChoice.OK, ""])
+        if value in TurnOutcomeChoice.values:
+            return queryset.filter(last_turn_outcome=value)
+        return queryset
 
 
 @dataclass
@@ -70,6 +100,23 @@ class SessionSummary:
     @property
     def outcome(self) -> str:
         return outcome_badge(self.stop_reason)
+
+    @property
+    def last_turn(self) -> str:
+        """The last ended turn's outcome badge (ok, tool failures, stopped, error)."""
+        session = self.session
+        if not session.last_turn_outcome:
+            return ""
+        return turn_outcome_badge(session.last_turn_outcome)
+
+    @property
+    def last_turn_calls(self) -> str:
+        return calls_line(self.session.last_turn_calls)
+
+    @property
+    def model_calls_url(self) -> str:
+        """The model call list of this session (each call's tokens, time, cost and outcome)."""
+        return f"{reverse('admin:agent_sessions_modelcall_changelist')}?session={self.session.pk}"
 
     @property
     def cost(self) -> str:
@@ -208,6 +255,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     )
     list_filter = (
         "state",
+        LastTurnOutcomeFilter,
         "degradation_level",
         "agent",
         # Names owners only to who may view users (auth.view_user).
@@ -355,9 +403,13 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     def cost_display(self, obj: Session) -> str:
         return format_cost(obj.cost)
 
-    @admin.display(description="last turn")
+    @admin.display(description="last turn", ordering="last_turn_outcome")
     def outcome(self, obj: Session) -> str:
-        return outcome_badge(getattr(obj, "_stop_reason", None), obj.last_error)
+        stop_reason = getattr(obj, "_stop_reason", None)
+        if not obj.last_turn_outcome:
+            # A turn that ended before outcomes were recorded: its stop reason only.
+            return outcome_badge(stop_reason, obj.last_error)
+        return turn_outcome_badge(obj.last_turn_outcome, obj.last_turn_calls, stop_reason)
 
     @admin.display(description="metadata")
     def metadata_pretty(self, obj: Session) -> str:
@@ -597,6 +649,12 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 for kind, (label, _) in KINDS.items()
             ],
             cancellable_states=[s.value for s in State if s not in TURN_ENDED],
+        )
+        extra_context["history_links"].append(
+            (
+                "Model call",
+                reverse("admin:agent_sessions_modelcall_changelist") + f"?session={session_id}",
+            )
         )
         if session is not None:
             extra_context["takeover"] = takeover_context(session, self.allowed_controls(request))

@@ -9,7 +9,7 @@ from django.urls import reverse
 from engine import session_run
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.models import Event, Session, ToolCall
+from sessions.models import Event, ModelCall, Session, ToolCall
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
 
@@ -106,7 +106,7 @@ def test_session_page_opens_with_the_summary_and_offers_no_save_or_delete(
     assert summary.model_calls == 4 and summary.models == "rules"
     # The summary comes first, then the timeline, then the raw fields.
     assert page.index('id="ap-summary"') < page.index('id="ap-timeline"') < page.index("Details")
-    for label in ("State", "Turn", "Stop reason", "Cost", "Usage (tokens)", "Last error"):
+    for label in ("State", "Turn", "Last turn", "Cost", "Usage (tokens)", "Last error"):
         assert f">{label}<" in page, label
     assert "model &#x27;main&#x27; timed out &lt;b&gt;" in page
     # A record, not a form: no Save, no Delete, no inputs for metadata.
@@ -440,7 +440,52 @@ def test_a_traced_turn_links_its_trace_from_the_summary_and_the_timeline(
 # --- The truth about a turn: its outcome, what ran, what was said ------------------------
 
 
-def test_the_timeline_and_the_tool_call_list_show_an_approvers_edit(client, operator):
+def _finished(outcome: str, calls: dict[str, int], **fields: object) -> Session:
+    session = SessionFactory(state="finished", turn=1, **fields)
+    Session.objects.filter(pk=session.pk).update(
+        last_turn_number=1, last_turn_outcome=outcome, last_turn_calls=calls
+    )
+    return session
+
+
+def test_the_session_list_colours_and_filters_by_the_last_turns_outcome(client, operator):
+    ok = _finished("ok", {"ok": 2})
+    refused = _finished("tool_failures", {"ok": 0, "rejected": 3})
+    stopped = _finished("stopped", {"unpaid": 2})
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    page = client.get(url).content.decode()
+    assert "ap-turn-tool_failures" in page and "3 rejected" in page
+    assert "ap-turn-ok" in page and "ap-turn-stopped" in page
+    assert "last turn" in page  # the filter's title
+
+    def listed(**query: str) -> set[str]:
+        return {s.pk for s in client.get(url, query).context["cl"].result_list}
+
+    assert listed(last_turn="tool_failures") == {refused.pk}
+    assert listed(last_turn="ok") == {ok.pk}
+    assert listed(last_turn="not_ok") == {refused.pk, stopped.pk}
+    assert listed(last_turn="anything-else") == {ok.pk, refused.pk, stopped.pk}
+
+
+def test_the_session_page_shows_the_last_turn_and_links_its_model_calls(client, operator):
+    session = _finished("tool_failures", {"ok": 1, "expired": 1})
+    ModelCall.objects.create(
+        session=session, turn=1, step=1, endpoint_name="rules", api="rules", outcome="success"
+    )
+    response = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    page = response.content.decode()
+    summary = response.context["summary"]
+    assert "ap-turn-tool_failures" in summary.last_turn
+    assert summary.last_turn_calls == "1 ok · 1 expired"
+    model_calls = reverse("admin:agent_sessions_modelcall_changelist") + f"?session={session.pk}"
+    assert f'id="ap-summary-model-calls" href="{model_calls}"'.replace("&", "&amp;") in page
+    assert ">1 model call<" in page
+    listed = client.get(model_calls).context["cl"].result_list
+    assert [c.session_id for c in listed] == [session.pk]
+
+
+def test_the_timeline_colours_what_did_not_run_and_shows_an_approvers_edit(client, operator):
     session = SessionFactory(state="finished", turn=1)
     common = {"session": session, "turn": 1, "step": 1}
     ToolCall.objects.create(
@@ -448,13 +493,19 @@ def test_the_timeline_and_the_tool_call_list_show_an_approvers_edit(client, oper
         input={"customer_id": 17, "amount": 20}, proposed_input={"customer_id": 17, "amount": 60},
         status="success", output={"coupon_code": "C-1"},
     )  # fmt: skip
+    ToolCall.objects.create(
+        **common, position=1, call_id="b", tool_name="send_notification", idempotency_key="k-b",
+        input={"customer_id": 17}, status="rejected", refusal="expired",
+        error="no one approved this call before its deadline; it did not run.",
+    )  # fmt: skip
     items, _ = session_timeline(session.pk)
-    (coupon,) = (i for i in items if i.kind == "toolcall")
-    assert "ran with an approver's edit: amount: 60 → 20" in coupon.summary
+    coupon, notification = (i for i in items if i.kind == "toolcall")
+    assert coupon.tone == "" and "ran with an approver's edit: amount: 60 → 20" in coupon.summary
+    assert notification.tone == "failed" and "rejected (expired)" in notification.summary
     page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
-    assert "amount: 60 → 20" in page.content.decode()
+    assert 'class="toolcall ap-failed"' in page.content.decode()
 
     calls = client.get(reverse("admin:agent_sessions_toolcall_changelist")).content.decode()
-    assert "amount: 60 → 20" in calls
+    assert "amount: 60 → 20" in calls and "rejected (expired)" in calls
     edited = client.get(reverse("admin:agent_sessions_toolcall_changelist"), {"edited": "yes"})
     assert [c.call_id for c in edited.context["cl"].result_list] == ["a"]
