@@ -3,6 +3,8 @@ import uuid
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 from django.db.models import Q
 from pgvector.django import VectorField
@@ -420,6 +422,9 @@ class Message(models.Model):
             models.Index(
                 fields=["session", "id"], name="message_queued", condition=Q(status="queued")
             ),
+            # Full-text search over what was said (the admin's session search:
+            # selectors.sessions_saying), 'simple' so names and codes match as written.
+            GinIndex(SearchVector("content", config="simple"), name="message_content_search"),
         ]
 
     def __str__(self) -> str:

@@ -49,11 +49,22 @@ from .display import (
     format_cost,
     outcome_badge,
     pre,
+    short,
     state_badge,
     turn_outcome_badge,
 )
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 from .workflow_run import workflow_run_view
+
+FIRST_MESSAGE_CHARS = 80
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 class LastTurnOutcomeFilter(admin.SimpleListFilter):
@@ -243,6 +254,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "short_id",
         "state_display",
         "outcome",
+        "first_message",
         "cost_display",
         "degraded",
         "tokens",
@@ -263,16 +275,26 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "role",
         "model_calls__endpoint_name",
     )
-    # A full id is an exact lookup; a part of one (the short id shown) a text match.
+    # A full id is an exact lookup; a part of one (the short id shown) a text match; with
+    # the content permission, words also find the sessions whose messages say them
+    # (PostgreSQL full-text search, `get_search_results`).
     session_lookup = "pk"
     search_fields = ("id", "owner__username", "agent__slug")
+    search_help_text = (
+        "A session id (or its first characters), an owner, an agent, or words said in the "
+        'session\'s messages (e.g. coupon, "Ada Lovelace", SO-1001).'
+    )
     date_hierarchy = "created_at"
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
     content_permission = MESSAGE_CONTENT
-    content_fields = {"dialogue_pretty": "dialogue_hidden"}
+    content_fields = {
+        "dialogue_pretty": "dialogue_hidden",
+        "first_message": "first_message_hidden",
+    }
     dialogue_hidden = masked("dialogue state", MESSAGE_CONTENT)
+    first_message_hidden = masked("first message", MESSAGE_CONTENT)
     readonly_fields = (
         "id",
         "agent",
@@ -411,6 +433,10 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             return outcome_badge(stop_reason, obj.last_error)
         return turn_outcome_badge(obj.last_turn_outcome, obj.last_turn_calls, stop_reason)
 
+    @admin.display(description="first message")
+    def first_message(self, obj: Session) -> str:
+        return short(getattr(obj, "_first_message", None), FIRST_MESSAGE_CHARS) or "—"
+
     @admin.display(description="metadata")
     def metadata_pretty(self, obj: Session) -> str:
         return pre(obj.metadata)
@@ -420,8 +446,8 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         return pre(obj.dialogue_state)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
-        # One aggregate and one indexed subquery for the list instead of queries per row.
-        return (
+        # One aggregate and indexed subqueries for the list instead of queries per row.
+        queryset = (
             super()
             .get_queryset(request)
             .annotate(
@@ -431,6 +457,22 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 _stop_reason=selectors.last_stop_reason(OuterRef("pk")),
             )
         )
+        if self.shows_content(request):
+            queryset = queryset.annotate(
+                _first_message=selectors.first_message(OuterRef("pk"), FIRST_MESSAGE_CHARS + 1)
+            )
+        return queryset
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Session], search_term: str
+    ) -> tuple[QuerySet[Session], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if not term or _is_uuid(term) or not self.shows_content(request):
+            # No term, a full session id (an exact lookup), or no right to search what was
+            # said (finding a session would tell what its messages say).
+            return found, duplicates
+        return found | queryset.filter(pk__in=selectors.sessions_saying(text=term)), duplicates
 
     @admin.display(description="models used")
     def models_used(self, obj: Session) -> str:

@@ -4,12 +4,15 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from engine import session_run
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.models import Event, ModelCall, Session, ToolCall
+from sessions.models import Event, Message, ModelCall, Session, ToolCall
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
 
@@ -466,6 +469,74 @@ def test_the_session_list_colours_and_filters_by_the_last_turns_outcome(client, 
     assert listed(last_turn="ok") == {ok.pk}
     assert listed(last_turn="not_ok") == {refused.pk, stopped.pk}
     assert listed(last_turn="anything-else") == {ok.pk, refused.pk, stopped.pk}
+
+
+def _said(session: Session, *texts: str) -> None:
+    for seq, text in enumerate(texts, start=1):
+        Message.objects.create(session=session, seq=seq, role="user", content=text)
+
+
+def test_the_session_list_finds_sessions_by_what_their_messages_say(client, operator):
+    coupon = SessionFactory()
+    _said(coupon, "Please issue a coupon of 20 for customer 17", "Thanks, Ada Lovelace here")
+    order = SessionFactory()
+    _said(order, "Where is order SO-1001?")
+    SessionFactory()  # says nothing
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    def found(term: str) -> set[str]:
+        return {s.pk for s in client.get(url, {"q": term}).context["cl"].result_list}
+
+    assert found("coupon") == {coupon.pk}
+    assert found("Lovelace") == {coupon.pk}  # names match as written ('simple')
+    assert found('"Ada Lovelace"') == {coupon.pk}
+    assert found("SO-1001") == {order.pk}
+    assert found("refund") == set()
+    # The old searches still work alongside it.
+    assert found(coupon.owner.username) == {coupon.pk}
+
+
+def test_searching_what_was_said_takes_the_content_permission(client):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(
+        Permission.objects.get(codename="view_session", content_type__app_label="agent_sessions")
+    )
+    said = SessionFactory(owner=viewer)  # the viewer's own tenant's session
+    _said(said, "a coupon please")
+    client.force_login(viewer)
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    def found(term: str) -> set[str]:
+        return {s.pk for s in client.get(url, {"q": term}).context["cl"].result_list}
+
+    # Finding the session would tell what it says: without the permission, words find nothing.
+    assert found("coupon") == set()
+    listing = client.get(url).content.decode()
+    assert str(said.pk)[:8] in listing
+    assert "a coupon please" not in listing and "hidden: needs the view_message_content" in listing
+    viewer.user_permissions.add(
+        Permission.objects.get(
+            codename="view_message_content", content_type__app_label="agent_sessions"
+        )
+    )
+    assert found("coupon") == {said.pk}
+    assert "a coupon please" in client.get(url).content.decode()
+
+
+def test_the_session_list_shows_each_first_message_in_one_query(
+    client, operator, django_assert_max_num_queries
+):
+    for n in range(3):
+        _said(SessionFactory(), f"first words {n} " + "x" * 200, "second words")
+    url = reverse("admin:agent_sessions_session_changelist")
+    with CaptureQueriesContext(connection) as three:
+        page = client.get(url).content.decode()
+    assert "first words 0" in page and "second words" not in page
+    assert "x" * 90 not in page  # cut to the column's width
+    for n in range(3, 9):
+        _said(SessionFactory(), f"first words {n}")
+    with django_assert_max_num_queries(len(three.captured_queries)):
+        assert "first words 8" in client.get(url).content.decode()
 
 
 def test_the_session_page_shows_the_last_turn_and_links_its_model_calls(client, operator):
