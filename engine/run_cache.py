@@ -21,6 +21,7 @@ from engine.gates.memory import turn_memory_block
 from engine.model.context import SUMMARY_NAME
 from engine.model.environment import Environment, environment
 from engine.store.commit import CallsCommitted
+from sessions.events import CallCounts, call_counts
 from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
 from sessions.rows import json_value, jsonb_value
 from tools.execution import ToolSnapshot, tools_for_agent
@@ -137,16 +138,18 @@ def _turn_calls_rows(session: Session) -> dict[CallKey, CallRecord]:
     with connection.cursor() as cursor:
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
-            "SELECT step, position, idempotency_key, tool_name, input, output, status "
+            "SELECT step, position, idempotency_key, tool_name, input, output, status, refusal "
             f'FROM "{ToolCall._meta.db_table}" '
             "WHERE session_id = %s AND turn = %s",  # nosec B608
             [session.pk, session.turn],
         )
         return {
             (step, position, key): CallRecord(
-                name, json_value(raw_input), json_value(raw_output), status
+                name, json_value(raw_input), json_value(raw_output), status, refusal
             )
-            for step, position, key, name, raw_input, raw_output, status in cursor.fetchall()
+            for step, position, key, name, raw_input, raw_output, status, refusal in (
+                cursor.fetchall()
+            )
         }
 
 
@@ -171,10 +174,10 @@ class TurnCalls:
     calls: dict[CallKey, CallRecord]
 
     def apply(self, commit: CallsCommitted) -> None:
-        for step, position, key, name, arguments, output, status in commit.calls:
+        for step, position, key, name, arguments, output, status, refusal in commit.calls:
             # As the database gives them back, so a re-run from the rows judges alike.
             self.calls[(step, position, key)] = CallRecord(
-                name, jsonb_value(arguments), jsonb_value(output), status
+                name, jsonb_value(arguments), jsonb_value(output), status, refusal
             )
         self.version = commit.after
 
@@ -197,12 +200,19 @@ class RunContext:
 
         1. Replay this run's commits since the last read (`step_commit` logs
            each on the session object): a commit that started the turn starts
-           an empty list; one that follows the known version adds its calls.
+           an empty list, as does a lease that found the turn without calls
+           (`lease_take`); one that follows the known version adds its calls.
         2. Any gap (a commit by someone else: an approval decided, a takeover,
            or a run that starts mid-turn) reads the database once, so a re-run
            reaches the same verdict as the run before it.
         """
         known = self.turn_calls_cache
+        seed = getattr(session, "turn_calls_none", None)
+        if seed is not None:
+            # The lease saw the turn without calls: the run's commits since tell the rest.
+            session.turn_calls_none = None  # type: ignore[attr-defined]
+            if known is None:
+                known = TurnCalls(turn=seed[1], version=seed[0], calls={})
         for commit in getattr(session, "committed_calls", ()):
             if commit.new_turn:
                 known = TurnCalls(turn=commit.turn, version=commit.before, calls={})
@@ -217,6 +227,12 @@ class RunContext:
             )
         self.turn_calls_cache = known
         return _by_step(known.calls)
+
+    def turn_call_counts(self, session: Session) -> CallCounts:
+        """The turn's calls by how they ended (`turn.finished` `calls`), from `turn_calls`."""
+        return call_counts(
+            (record.status, record.refusal) for step in self.turn_calls(session) for record in step
+        )
 
     def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
         key = (str(session.pk), session.turn)

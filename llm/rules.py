@@ -16,8 +16,10 @@ null for "no tool yet this turn"), `result` (regex over the latest result as
 compact JSON), `truthy` / `falsy` (a path in the template context). Rules are
 tried in order; the first that holds answers. Templates see `user`, `match`
 (regex groups), `result`, `results` (the latest tool results), `tools` (latest
-result per tool this turn), `calls` (number of calls per tool this turn) and,
-inside `for_each`, `item`. The context layers the engine adds are there too:
+result per tool this turn), `calls` (number of calls per tool this turn), `ok`
+and `failed` (of those, how many succeeded and how many did not: failed,
+rejected, expired, unpaid; a tool absent from one has none) and, inside
+`for_each`, `item`. The context layers the engine adds are there too:
 `dialogue` (`intent`, `slots`), `environment` (time, budgets, credits, degraded
 services) and `extra_context` (what the customer app sent with this turn), e.g.
 `{"truthy": "dialogue.slots.order"}` or `{{ dialogue.slots.order }}`.
@@ -48,6 +50,8 @@ from .types import (
 )
 
 NO_RULE_ANSWER = "I'm sorry, I can't help with that request."
+# How a tool result that did not succeed begins (tools/rendering.py; llm imports no tools).
+FAILURE_MARKER = "[FAILED]"
 
 # What a user says that a summary must keep: first-person facts, preferences, instructions, numbers.
 _FACT = re.compile(
@@ -90,7 +94,7 @@ def summarise(data: Any) -> str:
             if (_FACT.search(content) or _NUMBER.search(content)) and content[:300] not in facts:
                 facts.append(content[:300])
         elif row.get("role") == "tool":
-            failed = content.startswith("[FAILED]")
+            failed = content.startswith(FAILURE_MARKER)
             actions.append(f"{row.get('name') or 'tool'}: {'failed' if failed else 'done'}")
     last = rows[-1] if rows else {}
     open_items = [str(last.get("content"))[:200]] if last.get("role") == "user" else []
@@ -115,6 +119,8 @@ def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
     user, turn = _turn_slice(messages)
     tools: dict[str, Any] = {}
     calls: dict[str, int] = {}
+    ok: dict[str, int] = {}
+    failed: dict[str, int] = {}
     trailing: list[ChatMessage] = []
     note = ""
     for message in turn:
@@ -127,6 +133,9 @@ def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
             result = message.data if message.data is not None else _maybe_json(message.content)
             tools[message.name] = result
             calls[message.name] = calls.get(message.name, 0) + 1
+            # A result that did not succeed (failed, refused, never run) says so first.
+            done = failed if message.content.startswith(FAILURE_MARKER) else ok
+            done[message.name] = done.get(message.name, 0) + 1
             trailing.append(message)
         else:
             trailing = []
@@ -138,6 +147,8 @@ def build_context(messages: tuple[ChatMessage, ...]) -> dict[str, Any]:
         "results": results,
         "tools": tools,
         "calls": calls,
+        "ok": ok,
+        "failed": failed,
         "note": note,
         "match": {},
     }

@@ -7,8 +7,9 @@ built, and by a test against what the suite writes, never at run time (the
 step path stays as cheap as a tuple).
 """
 
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, NamedTuple, NotRequired, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict, cast
 
 
 class EventType(StrEnum):
@@ -55,6 +56,64 @@ class StopReason(StrEnum):
     # Tool calls the owner's credit points could not pay for, twice in a turn.
     INSUFFICIENT_CREDITS = "insufficient_credits"
     OPERATOR = "operator"  # an operator ended the turn with their own answer
+
+
+class TurnOutcome(StrEnum):
+    """How a turn went (`turn.finished` `outcome`, DESIGN.md "A turn's outcome")."""
+
+    OK = "ok"  # every tool call ran and succeeded (or there were none)
+    TOOL_FAILURES = "tool_failures"  # a call failed, was rejected, expired or was unpaid
+    STOPPED = "stopped"  # a guard, a budget, the credits, a cancel or an operator ended it
+    ERROR = "error"  # the run failed, or no model could answer
+
+
+# Stop reasons of a turn that failed: the run stopped in error, or the user got the busy
+# message because no model answered (or the endpoint refused the request).
+ERROR_STOPS = frozenset({StopReason.ERROR, StopReason.MODEL_UNAVAILABLE, StopReason.MODEL_REFUSED})
+
+
+class CallCounts(TypedDict):
+    """A turn's tool calls by how they ended (`turn.finished` `calls`)."""
+
+    ok: int  # ran and succeeded
+    failed: int  # ran and failed or timed out, or was held back (rate limit, degradation)
+    rejected: int  # an approver rejected it, or the turn ended before it ran
+    expired: int  # no approver decided before its deadline
+    unpaid: int  # the owner's credit points could not pay for it
+
+
+CALL_KINDS = ("ok", "failed", "rejected", "expired", "unpaid")
+
+
+def call_kind(status: str, refusal: str = "") -> str:
+    """The key of `CallCounts` a tool call counts under, from its stored status and, for a
+    call that did not run, why (ToolCall.refusal: rejected, expired, unpaid)."""
+    if status == "success":
+        return "ok"
+    if status == "rejected":
+        return refusal if refusal in ("expired", "unpaid") else "rejected"
+    return "failed"  # failed, timeout; an open call (executing) counts as not done
+
+
+def call_counts(calls: Iterable[tuple[str, str]]) -> CallCounts:
+    """Counts of (status, refusal) pairs; calls still executing are left out."""
+    counts: dict[str, int] = dict.fromkeys(CALL_KINDS, 0)
+    for status, refusal in calls:
+        if status != "executing":
+            counts[call_kind(status, refusal)] += 1
+    return cast(CallCounts, counts)
+
+
+def turn_outcome(stop_reason: str, calls: CallCounts) -> TurnOutcome:
+    """The contract's outcome: an error first, then a stop, then any call that did not
+    succeed."""
+    if stop_reason in ERROR_STOPS:
+        return TurnOutcome.ERROR
+    if stop_reason != StopReason.ANSWER:
+        return TurnOutcome.STOPPED
+    if calls["failed"] or calls["rejected"] or calls["expired"] or calls["unpaid"]:
+        return TurnOutcome.TOOL_FAILURES
+    return TurnOutcome.OK
 
 
 # Every payload may carry `truncated`: the fields cut so the event fits EVENT_MAX_BYTES,
@@ -138,6 +197,12 @@ class ToolFinished(TypedDict):
     cached: NotRequired[bool]
     coercions: NotRequired[list[Any]]
     probed: NotRequired[str | None]
+    # Only for a call that ran with an approver's edited arguments: what ran (`input`)
+    # and what the model had proposed (`proposed_input`).
+    input: NotRequired[Any]
+    proposed_input: NotRequired[Any]
+    # Only for a call that did not run: rejected | expired | unpaid.
+    refusal: NotRequired[str]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
@@ -169,6 +234,8 @@ class TurnFinished(TypedDict):
     stop_reason: str
     iterations: int
     usage: UsageTotals
+    outcome: str  # a TurnOutcome
+    calls: CallCounts
     reason: NotRequired[str]
     trace_id: NotRequired[str]  # the turn's OpenTelemetry trace, when traces are on
     # A workflow run's result (the state key its definition names as `result`).

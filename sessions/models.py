@@ -3,10 +3,13 @@ import uuid
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 from django.db.models import Q
 from pgvector.django import VectorField
 
+from .events import TurnOutcome
 from .states import State
 
 
@@ -194,6 +197,13 @@ class Agent(models.Model):
         return self.slug
 
 
+class TurnOutcomeChoice(models.TextChoices):
+    OK = TurnOutcome.OK.value, "ok"
+    TOOL_FAILURES = TurnOutcome.TOOL_FAILURES.value, "tool failures"
+    STOPPED = TurnOutcome.STOPPED.value, "stopped"
+    ERROR = TurnOutcome.ERROR.value, "error"
+
+
 class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of their own: session_agent_created and session_owner_created lead with them.
@@ -291,6 +301,15 @@ class Session(models.Model):
         default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
     )
     last_error = models.TextField(blank=True)
+    # How the last turn that ended went (DESIGN.md "A turn's outcome"), written by the step
+    # that ends it, from its `turn.finished`: the list filters on it without reading events.
+    last_turn_number = models.PositiveIntegerField(null=True, blank=True)
+    last_turn_outcome = models.CharField(
+        max_length=20, choices=TurnOutcomeChoice.choices, blank=True, db_default="", default=""
+    )
+    last_turn_calls = models.JSONField(
+        null=True, blank=True, help_text="The last ended turn's tool calls by how they ended."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -424,6 +443,9 @@ class Message(models.Model):
             models.Index(
                 fields=["session", "id"], name="message_queued", condition=Q(status="queued")
             ),
+            # Full-text search over what was said (the admin's session search:
+            # selectors.sessions_saying), 'simple' so names and codes match as written.
+            GinIndex(SearchVector("content", config="simple"), name="message_content_search"),
         ]
 
     def __str__(self) -> str:
@@ -438,6 +460,14 @@ class ToolCallStatus(models.TextChoices):
     REJECTED = "rejected"
 
 
+class Refusal(models.TextChoices):
+    """Why a call with status `rejected` did not run (blank: the turn ended before it ran)."""
+
+    REJECTED = "rejected", "rejected by an approver"
+    EXPIRED = "expired", "no decision before the deadline"
+    UNPAID = "unpaid", "not enough credit points"
+
+
 class ToolCall(models.Model):
     session = _session_key(related_name="tool_calls")
     turn = models.PositiveIntegerField()
@@ -445,9 +475,19 @@ class ToolCall(models.Model):
     position = models.PositiveSmallIntegerField(default=0)
     call_id = models.CharField(max_length=100)
     tool_name = models.CharField(max_length=100)
+    # The arguments the call ran with (an approver's edit, if any: then the model's are in
+    # `proposed_input`).
     input = models.JSONField(default=dict, blank=True)
+    proposed_input = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The model's arguments, when an approver edited them (input is what ran).",
+    )
     status = models.CharField(
         max_length=10, choices=ToolCallStatus.choices, default=ToolCallStatus.EXECUTING
+    )
+    refusal = models.CharField(
+        max_length=10, choices=Refusal.choices, blank=True, db_default="", default=""
     )
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)

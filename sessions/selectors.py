@@ -8,7 +8,9 @@ from uuid import UUID
 
 from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
+from django.contrib.postgres.search import SearchQuery, SearchVector
 from django.db.models import Count, F, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from observability.readings import Gauge
@@ -253,7 +255,9 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
             "call_id",
             "tool_name",
             "input",
+            "proposed_input",
             "status",
+            "refusal",
             "output",
             "error",
             "elapsed_ms",
@@ -291,6 +295,32 @@ def last_stop_reason(session_ref: Any) -> Subquery:
         Event.objects.filter(session=session_ref, type=EventType.TURN_FINISHED)
         .order_by("-seq")
         .values("data__stop_reason")[:1]
+    )
+
+
+def first_message(session_ref: Any, chars: int) -> Subquery:
+    """The first `chars` characters of a session's first user message (the list's column:
+    one probe of the (session, seq) index per row, no more of the text than is shown)."""
+    return Subquery(
+        Message.objects.filter(session=session_ref, role="user")
+        .order_by("seq")
+        .values(text=Substr("content", 1, chars))[:1]
+    )
+
+
+# 'simple': no stemming and no stop words, so names, codes and order numbers match as
+# written (a GIN index on this very expression: message_content_search).
+SEARCH_CONFIG = "simple"
+
+
+def sessions_saying(*, text: str) -> QuerySet[Message, Any]:
+    """The ids of the sessions whose messages say `text` (web-search syntax: words, "a
+    phrase", -word, or), by PostgreSQL full-text search on the messages' GIN index."""
+    query = SearchQuery(text, config=SEARCH_CONFIG, search_type="websearch")
+    return (
+        Message.objects.annotate(said=SearchVector("content", config=SEARCH_CONFIG))
+        .filter(said=query)
+        .values("session_id")
     )
 
 

@@ -23,7 +23,7 @@ from approvals.services import approval_request
 from approvals.states import ApprovalStatus
 from engine.gates.risk import calls_assess
 from sessions.events import ApprovalRequested, EventSpec, EventType
-from sessions.models import Session, ToolCall, ToolCallStatus
+from sessions.models import Refusal, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
 
@@ -57,9 +57,12 @@ def requested_event(approval: Approval) -> EventSpec:
 def refused_outcome(approval: Approval) -> ToolOutcome:
     """What the model reads for a call that did not run, with the approver's comment."""
     comment = f' Comment: "{approval.comment}"' if approval.comment else ""
+    refusal = ""
     if approval.status == ApprovalStatus.REJECTED:
+        refusal = Refusal.REJECTED
         message = f"{approval.decided_by_name or 'an approver'} rejected this call; it did not run.{comment}"
     elif approval.status == ApprovalStatus.EXPIRED:
+        refusal = Refusal.EXPIRED
         message = f"no one approved this call before its deadline; it did not run.{comment}"
     else:
         message = f"this call was {approval.status} and did not run.{comment}"
@@ -68,7 +71,7 @@ def refused_outcome(approval: Approval) -> ToolOutcome:
         output=None,
         error=message,
         content=render_failure(ToolCallStatus.REJECTED, message),
-        extra={"approval": str(approval.pk)},
+        extra={"approval": str(approval.pk), "refusal": refusal},
     )
 
 
@@ -91,9 +94,11 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
             if approval.status == ApprovalStatus.PENDING:
                 pending = True
             elif approval.status == ApprovalStatus.APPROVED:
-                if approval.edited_arguments is not None:
-                    # What runs is what the approver approved; both stay on the approval.
-                    call.input = approval.edited_arguments
+                if approval.edited_arguments is not None and call.proposed_input is None:
+                    # What runs is what the approver approved; the results' commit records
+                    # it as the call's input and keeps the model's beside it (both stay on
+                    # the approval too).
+                    call.proposed_input, call.input = call.input, approval.edited_arguments
             else:
                 gate.outcomes[call.pk] = refused_outcome(approval)
             continue

@@ -23,6 +23,7 @@ class CallRecord:
     arguments: Any
     output: Any
     status: str
+    refusal: str = ""  # why a call did not run (ToolCall.refusal), for the turn's outcome
 
     # Made once per call, not at every judgement: the run keeps a turn's records
     # (runtime_cache.TurnCalls) and judges them again at each model step.

@@ -49,7 +49,7 @@ from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
 from sessions.events import EventSpec, EventType, Progress, StopReason
-from sessions.models import ModelCall, ModelEndpoint, Session, ToolCall, ToolCallStatus
+from sessions.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
 from sessions.rows import execute_batch
 from sessions.states import Trigger
 from tools.execution import ToolOutcome, ToolSnapshot
@@ -131,6 +131,7 @@ def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
         output={"code": INSUFFICIENT, "points_needed": needed, "points_left": left},
         error=message,
         content=render_failure(ToolCallStatus.REJECTED, message),
+        extra={"refusal": Refusal.UNPAID},
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from engine.model.usage import ModelSpend
 from engine.moves.turn import build_step, step_commit, turn_summary
 from engine.store.open_calls import open_calls_statement, prefetched_keep
+from engine.store.turn_calls import turn_calls_counted
 from memory.tokens import count_message_tokens
 from sessions.events import EventSpec, EventType, StopReason
 from sessions.models import Message, ModelCall, Session, ToolCall
@@ -73,7 +74,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         trigger = Trigger.FAILURE
         reason = f"node {node} failed: {error}"[:2000]
         set_fields["last_error"] = reason
-        summary = turn_summary(session, StopReason.ERROR, usage)
+        summary = turn_summary(session, StopReason.ERROR, usage, calls=turn_calls_counted(session))
         summary["reason"] = reason
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
     elif writes.finished:
@@ -89,7 +90,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
                 token_count=count_message_tokens(text),
             )
         )
-        summary = turn_summary(session, StopReason.ANSWER, usage)
+        summary = turn_summary(session, StopReason.ANSWER, usage, calls=turn_calls_counted(session))
         summary["result"] = result
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
     step = build_step(

@@ -22,13 +22,15 @@ from engine.model.usage import ModelSpend, Usage
 from engine.store import commit as store
 from engine.store.commit import GUARD, Committed, StaleSession, Step
 from engine.store.open_calls import open_calls_statement, prefetched_keep
+from engine.store.turn_calls import turn_calls_counted
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
-from observability import tracing
+from observability import metrics, tracing
 from observability.redaction import scrub
 from sessions.dispatch import run_enqueue_on_commit
 from sessions.events import (
     AgentChanged,
+    CallCounts,
     EventSpec,
     EventType,
     Progress,
@@ -36,6 +38,8 @@ from sessions.events import (
     ToolFinished,
     ToolStarted,
     TurnFinished,
+    call_counts,
+    turn_outcome,
 )
 from sessions.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
 from sessions.states import RUNNABLE, TURN_ENDED, State, Trigger
@@ -59,7 +63,16 @@ def step_commit(step: Step) -> Committed:
     """
     store.model_calls_number(step)  # the charges name each model call by its step
     step.charges = step_metering(step.session, step.model_calls, step.updated_tool_calls, GUARD)
+    for spec in step.after_events:
+        if spec.type == EventType.TURN_FINISHED:
+            # The turn's outcome on the row too, for the lists: from the event, so they agree.
+            step.set_fields.update(last_turn_fields(spec.data))  # type: ignore[arg-type]
     committed = store.step_commit(step)
+    for call in (*step.new_tool_calls, *step.updated_tool_calls):
+        # Every call's end is counted once, by the commit that records it: the calls that
+        # ran and those refused before running (an approver, a deadline, credits, a limit).
+        if call.status != ToolCallStatus.EXECUTING:
+            metrics.TOOL_CALLS.labels(call.tool_name, call.status).inc()
     parent = step.session.parent_id
     if parent is not None and committed.state in TURN_ENDED:
         # A child's end: its parent's waiting call has its answer now.
@@ -304,9 +317,11 @@ def answer(
     context: ModelContext,
     last_error: str = "",
     reason: str = "",
+    calls: CallCounts | None = None,
 ) -> None:
     """End the turn with the model's answer (or the busy message), unless a cancel came first.
 
+    `calls`: the turn's tool calls by how they ended, as the run holds them (None: read).
     An interrupt that arrived while the model answered wins: the turn ends
     cancelled (the call's usage is kept); any other conflict goes to the run loop.
     """
@@ -317,7 +332,13 @@ def answer(
         token_count=count_message_tokens(content),
     )
     usage = spend.usage
-    summary = turn_summary(session, stop_reason, usage, iterations=spend.iteration)
+    summary = turn_summary(
+        session,
+        stop_reason,
+        usage,
+        iterations=spend.iteration,
+        calls=calls if calls is not None else turn_calls_counted(session),
+    )
     level_fields, level_events = context.degradation_change(session)
     try:
         step_commit(
@@ -400,6 +421,7 @@ def tool_results(
         call.coercions = outcome.coercions
         call.attempts = max(call.attempts, 0) + outcome.attempts
         call.cached = bool(outcome.extra.get("cached"))
+        call.refusal = str(outcome.extra.get("refusal", ""))
         snapshot = tools.get(call.tool_name)
         if (
             snapshot is not None
@@ -424,23 +446,24 @@ def tool_results(
                 token_count=count_message_tokens(outcome.content),
             )
         )
-        events.append(
-            EventSpec(
-                EventType.TOOL_FINISHED,
-                ToolFinished(
-                    call_id=call.call_id,
-                    tool=call.tool_name,
-                    status=outcome.status,
-                    elapsed_ms=outcome.elapsed_ms,
-                    output=outcome.output,
-                    error=outcome.error,
-                    cached=call.cached,
-                    coercions=call.coercions,
-                    probed=call.probe_outcome or None,
-                    turn=call.turn,
-                ),
-            )
+        finished = ToolFinished(
+            call_id=call.call_id,
+            tool=call.tool_name,
+            status=outcome.status,
+            elapsed_ms=outcome.elapsed_ms,
+            output=outcome.output,
+            error=outcome.error,
+            cached=call.cached,
+            coercions=call.coercions,
+            probed=call.probe_outcome or None,
+            turn=call.turn,
         )
+        if call.proposed_input is not None:
+            # Ran with an approver's edit: what ran, and what the model had proposed.
+            finished["input"], finished["proposed_input"] = call.input, call.proposed_input
+        if call.refusal:
+            finished["refusal"] = call.refusal
+        events.append(EventSpec(EventType.TOOL_FINISHED, finished))
     set_fields: dict[str, Any] = {}
     trigger = Trigger.TOOL_RESULTS
     if timer is not None:
@@ -479,7 +502,9 @@ def tool_results(
                 token_count=count_message_tokens(stop_note),
             )
         )
-        finish = [EventSpec(EventType.TURN_FINISHED, turn_summary(session, stop))]
+        # A rare end (the credits refused twice): the turn's earlier calls are read.
+        summary = turn_summary(session, stop, calls=turn_calls_counted(session, calls))
+        finish = [EventSpec(EventType.TURN_FINISHED, summary)]
 
     def commit(fold: bool) -> None:
         step = build_step(
@@ -572,13 +597,19 @@ def turn_summary(
     stop_reason: StopReason | str,
     usage: Usage | None = None,
     iterations: int | None = None,
+    *,
+    calls: CallCounts,
 ) -> TurnFinished:
+    """The turn's `turn.finished`: why and how it ended (`calls`: its tool calls by how
+    they ended, this step's included), its model calls and usage."""
     summary: TurnFinished = {
         "turn": session.turn,
         "stop_reason": stop_reason,
         # Model calls in this turn, counting the one this step commits.
         "iterations": session.iteration if iterations is None else iterations,
         "usage": (usage or NO_USAGE).totals(session),
+        "outcome": turn_outcome(stop_reason, calls).value,
+        "calls": calls,
     }
     if session.trace_parent:
         summary["trace_id"] = tracing.trace_id_of(session.trace_parent)
@@ -586,6 +617,15 @@ def turn_summary(
 
 
 NO_USAGE = Usage()
+
+
+def last_turn_fields(summary: TurnFinished) -> dict[str, Any]:
+    """The session's record of its last ended turn, from that turn's `turn.finished`."""
+    return {
+        "last_turn_number": summary["turn"],
+        "last_turn_outcome": summary["outcome"],
+        "last_turn_calls": dict(summary["calls"]),
+    }
 
 
 def turn_finish(
@@ -614,14 +654,14 @@ def turn_finish(
     if error:
         code = "model_error" if trigger == Trigger.FAILURE else stop_reason
         events.append(EventSpec(EventType.ERROR, {"code": code, "message": scrub(error)[:500]}))
-    summary = turn_summary(
-        session, stop_reason, usage, iterations=spend.iteration if spend is not None else None
+    # One read: the turn's calls, the open ones to close and all of them to count (an
+    # open call has no output yet: the column is left unread).
+    turn_calls = list(
+        ToolCall.objects.filter(session=session, turn=session.turn)
+        .defer("output")
+        .order_by("step", "position")
     )
-    open_calls = list(
-        ToolCall.objects.filter(
-            session=session, turn=session.turn, status=ToolCallStatus.EXECUTING
-        ).order_by("step", "position")
-    )
+    open_calls = [c for c in turn_calls if c.status == ToolCallStatus.EXECUTING]
     now = timezone.now()
     for call in open_calls:
         call.status = (
@@ -634,7 +674,15 @@ def turn_finish(
             f"(idempotency key {call.idempotency_key})"
         )
         call.finished_at = now
+        call.output = None  # never read (deferred), still none: the results' columns write it
     results = [_closed_call_result(session, call) for call in open_calls]
+    summary = turn_summary(
+        session,
+        stop_reason,
+        usage,
+        iterations=spend.iteration if spend is not None else None,
+        calls=call_counts((c.status, c.refusal) for c in turn_calls),
+    )
     events[:0] = [
         EventSpec(
             EventType.TOOL_FINISHED,

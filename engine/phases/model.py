@@ -19,6 +19,7 @@ from engine.gates.budget import (
     model_gate,
     model_rate_limit,
 )
+from engine.gates.calls_note import calls_note
 from engine.gates.context_layers import context_layers
 from engine.gates.environment import environment_note
 from engine.gates.guards import GuardLimits, GuardVerdict
@@ -40,7 +41,7 @@ from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
 from sessions.dispatch import memory_enqueue_on_commit
-from sessions.events import EventType, Progress, StopReason
+from sessions.events import CallCounts, EventType, Progress, StopReason
 from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
 from sessions.publisher import publish_ephemeral
 from sessions.states import Trigger
@@ -211,7 +212,11 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     env = runtime.environment(session.role)
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
-    notes = Contribution.join(environment_note(session, env), revalidation(session, history, tools))
+    notes = Contribution.join(
+        environment_note(session, env),
+        revalidation(session, history, tools),
+        calls_note(session, history, lambda: run.turn_calls(session)),
+    )
     history.extend(notes.notes)
     read = gate_read(session, agent, run.figures)
     options = turn_options(history, session.turn)
@@ -308,6 +313,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             spend=ModelSpend(calls=plan.side_calls, iteration=session.iteration),
             context=plan.context(session, None),
             reason=stop.reason,
+            calls=run.turn_call_counts(session),
         )
         return
     model_rate_limit(session, plan.gate.endpoint, request)
@@ -340,7 +346,9 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     spend = ModelSpend(calls=plan.side_calls + routed.calls, iteration=iteration)
     context = plan.context(session, routed.endpoint.name if routed.endpoint else None)
     if routed.response is None:
-        _unanswered(session, owner, agent, routed.error, spend, context)
+        _unanswered(
+            session, owner, agent, routed.error, spend, context, run.turn_call_counts(session)
+        )
         return
 
     response = routed.response
@@ -394,6 +402,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             context=context,
             last_error=f"invalid_json: {problem}" if problem else "",
             reason=f"{stop_reason}: {problem}" if problem else "",
+            calls=run.turn_call_counts(session),
         )
         user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
         if wants_turn_memory(agent, user_text):
@@ -417,6 +426,7 @@ def _unanswered(
     error: ModelError | None,
     spend: ModelSpend,
     context: ModelContext,
+    calls: CallCounts | None = None,
 ) -> None:
     """No model could answer: the turn ends with the agent's busy message."""
     problem = str(error) if error else "model call failed"
@@ -435,6 +445,7 @@ def _unanswered(
         context=context,
         last_error=problem,
         reason=f"{stop_reason}: {problem}" if refused else "",
+        calls=calls,
     )
 
 

@@ -225,9 +225,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
 def _observe_tools(
     session: Session, calls: list[ToolCall], outcomes: list[ToolOutcome], started_ns: int
 ) -> None:
-    """Per call: a span (name, call id, status, duration) and the tool counters; no contents."""
+    """Per call: a span (name, call id, status, duration) and a log line; no contents. (The
+    tool-call counter counts every call's end, these and the refused, at its commit.)"""
     for call, outcome in zip(calls, outcomes, strict=True):
-        metrics.TOOL_CALLS.labels(call.tool_name, outcome.status).inc()
         # Arguments and results may hold personal data: their size and hash only.
         logger.info(
             "tool call ran: tool=%s call=%s status=%s elapsed_ms=%s arguments=%s result=%s",

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection
 
 from engine.store.commit import STAMP_RETURNING
-from sessions.models import Session
+from sessions.models import Session, ToolCall
 from sessions.rows import execute_batch, row_reader
 from sessions.states import RUNNABLE, STARTS_TURN
 
@@ -28,6 +28,15 @@ _TABLE = Session._meta.db_table
 _RUNNABLE = [s.value for s in RUNNABLE]
 # States a queued message can start a turn from.
 _STARTS_TURN = [s.value for s in STARTS_TURN]
+
+
+# Whether the session's current turn has tool calls yet: one probe of an index the
+# returned row already points at (toolcall_session_turn), in the lease's own statement.
+_TURN_HAS_CALLS = (
+    # SQL names from model metadata (constants).
+    f'EXISTS (SELECT 1 FROM "{ToolCall._meta.db_table}" c '  # nosec B608
+    f"WHERE c.session_id = {_TABLE}.id AND c.turn = {_TABLE}.turn)"
+)
 
 
 def worker_identity() -> str:
@@ -60,7 +69,7 @@ def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session
     [rows] = execute_batch(
         [
             (
-                f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}",
+                f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}, {_TURN_HAS_CALLS}",
                 [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
             )
         ],
@@ -71,7 +80,11 @@ def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session
     row = rows[0]
     session: Session = reader.instance(row)
     # The agent's configuration stamp as of this version, as a step commit returns it.
-    session.config_stamp = (session.version, row[-1])  # type: ignore[attr-defined]
+    session.config_stamp = (session.version, row[-2])  # type: ignore[attr-defined]
+    if not row[-1]:
+        # The turn has no tool call yet (a turn the web started): the run knows its calls
+        # from its own commits, with no read (run_cache.RunContext.turn_calls).
+        session.turn_calls_none = (session.version, session.turn)  # type: ignore[attr-defined]
     return session
 
 

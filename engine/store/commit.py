@@ -96,7 +96,12 @@ TOOL_CALL_RESULT_COLUMNS = (
     # The call's assessed risk rides on the results' commit (no write of its own).
     "risk_level",
     "risk_reason",
+    # Why a call did not run (an approver, its deadline, the credits), for the turn's outcome.
+    "refusal",
 )
+# A call that ran with an approver's edited arguments: what ran and what the model proposed,
+# written by the same commit as its result (only for such calls: a statement of its own).
+TOOL_CALL_EDITED_COLUMNS = ("input", "proposed_input")
 MODEL_CALL_COLUMNS = (
     "session",
     "turn",
@@ -177,6 +182,10 @@ SETTABLE = {
     "workflow_state",
     # A handoff (engine/gates/handoff.py): the agent that decides from the next step on.
     "agent_id",
+    # The step that ends a turn records its outcome (from its turn.finished).
+    "last_turn_number",
+    "last_turn_outcome",
+    "last_turn_calls",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 
@@ -190,13 +199,14 @@ STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
 class CallsCommitted:
     """What one commit did to the tool calls of its turn, for the run's loop guards
     (run_cache.RunContext): from which version to which, and each call it
-    inserted or updated as (step, position, idempotency key, tool, input, output, status)."""
+    inserted or updated as (step, position, idempotency key, tool, input, output, status,
+    refusal)."""
 
     before: int
     after: int
     turn: int
     new_turn: bool
-    calls: tuple[tuple[int, int, str, str, Any, Any, str], ...]
+    calls: tuple[tuple[int, int, str, str, Any, Any, str, str], ...]
 
 
 class StaleSession(Exception):
@@ -409,6 +419,8 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
     )
+    edited = [c for c in step.updated_tool_calls if c.proposed_input is not None]
+    writes.append(update_statement(ToolCall, edited, TOOL_CALL_EDITED_COLUMNS, guard=GUARD))
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
@@ -538,7 +550,16 @@ def step_commit(step: Step) -> Committed:
             turn=turn,
             new_turn=turn != session.turn,
             calls=tuple(
-                (c.step, c.position, c.idempotency_key, c.tool_name, c.input, c.output, c.status)
+                (
+                    c.step,
+                    c.position,
+                    c.idempotency_key,
+                    c.tool_name,
+                    c.input,
+                    c.output,
+                    c.status,
+                    c.refusal,
+                )
                 for c in (*step.new_tool_calls, *step.updated_tool_calls)
                 if c.turn == turn
             ),

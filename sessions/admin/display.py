@@ -92,6 +92,71 @@ def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
     )
 
 
+# A turn's outcome (DESIGN.md "A turn's outcome"): green only when every call succeeded.
+TURN_OUTCOME_COLOURS = {
+    "ok": "#15803d",
+    "tool_failures": "#dc2626",
+    "stopped": "#b45309",
+    "error": "#991b1b",
+}
+CALL_KIND_LABELS = {
+    "ok": "ok",
+    "failed": "failed",
+    "rejected": "rejected",
+    "expired": "expired",
+    "unpaid": "unpaid",
+}
+
+
+def calls_line(calls: Any) -> str:
+    """A turn's tool calls by how they ended, e.g. `1 ok · 3 rejected`; zeros left out."""
+    if not isinstance(calls, dict):
+        return ""
+    parts = [f"{calls[k]} {label}" for k, label in CALL_KIND_LABELS.items() if calls.get(k)]
+    return " · ".join(parts) or "no tool calls"
+
+
+def turn_outcome_badge(outcome: str, calls: Any = None, stop_reason: str | None = None) -> str:
+    """The last turn's outcome as a coloured badge, its calls and stop reason beside it."""
+    if not outcome:
+        return "—"
+    colour = TURN_OUTCOME_COLOURS.get(outcome, GUARD_COLOUR)
+    parts = []
+    if stop_reason and stop_reason != "answer":
+        parts.append(stop_reason.replace("_", " "))
+    line = calls_line(calls)
+    if line and line != "no tool calls":
+        parts.append(line)
+    detail = " · ".join(parts)
+    return format_html(
+        '<span class="ap-turn-outcome ap-turn-{}" style="background:{};color:#fff;'
+        'padding:1px 7px;border-radius:9px;font-size:11px;white-space:nowrap">{}</span>'
+        "{}",
+        outcome,
+        colour,
+        outcome.replace("_", " "),
+        format_html(' <span class="ap-turn-detail" style="font-size:11px">{}</span>', detail)
+        if detail
+        else "",
+    )
+
+
+def arguments_diff(before: Any, after: Any) -> str:
+    """What an approver changed in a call's arguments: `key: old → new; ...`."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return f"{short(before, 80)} → {short(after, 80)}"
+    missing = object()
+    parts = []
+    for key in dict.fromkeys([*before, *after]):
+        old, new = before.get(key, missing), after.get(key, missing)
+        if old == new:
+            continue
+        was = "(none)" if old is missing else short(old, 60)
+        now = "(removed)" if new is missing else short(new, 60)
+        parts.append(f"{key}: {was} → {now}")
+    return "; ".join(parts) or "(no change)"
+
+
 HIDDEN = "(content hidden)"
 
 
@@ -112,13 +177,27 @@ def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> 
         return f"{data.get('tool')}({short(data.get('input'), 100) if content else '…'})"
     if type_ == EventType.TOOL_FINISHED:
         error = data.get("error") if content else None
-        return f"{data.get('tool')} {data.get('status')} in {data.get('elapsed_ms')} ms" + (
-            f": {short(error, 100)}" if error else ""
-        )
+        status = str(data.get("status"))
+        if data.get("refusal"):
+            status += f" ({data['refusal']})"
+        line = f"{data.get('tool')} {status}"
+        if data.get("elapsed_ms") is not None:
+            line += f" in {data.get('elapsed_ms')} ms"
+        if "proposed_input" in data:
+            edit = arguments_diff(data.get("proposed_input"), data.get("input")) if content else "…"
+            line += f" · ran with an approver's edit: {edit}"
+        return line + (f": {short(error, 100)}" if error else "")
     if type_ == EventType.TURN_FINISHED:
         usage = data.get("usage") or {}
+        outcome = data.get("outcome")
         return (
-            f"turn {data.get('turn')} {data.get('stop_reason')}, {data.get('iterations')} model call(s), "
+            f"turn {data.get('turn')} {data.get('stop_reason')}"
+            + (
+                f" · {str(outcome).replace('_', ' ')} ({calls_line(data.get('calls'))})"
+                if outcome
+                else ""
+            )
+            + f", {data.get('iterations')} model call(s), "
             f"{usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tokens, cost {usage.get('cost', 0)}"
         )
     if type_ == EventType.ERROR:

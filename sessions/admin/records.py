@@ -17,9 +17,9 @@ from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, ma
 from accounts.tenancy import TenantScopedAdmin
 
 from .. import services
-from ..models import Checkpoint, Event, Message, ToolCall, Transition
+from ..models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
 from .base import ReadOnlyAdmin
-from .display import event_summary, pre, short
+from .display import arguments_diff, event_summary, pre, short
 
 
 class MessageContentAdmin(ContentMaskedAdmin):
@@ -83,6 +83,23 @@ class MessageAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         return pre(obj.data)
 
 
+class EditedFilter(admin.SimpleListFilter):
+    """Calls that ran with an approver's edited arguments."""
+
+    title = "approver's edit"
+    parameter_name = "edited"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "edited by an approver"), ("no", "as the model proposed")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ToolCall]) -> QuerySet[ToolCall]:
+        if self.value() == "yes":
+            return queryset.filter(proposed_input__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(proposed_input__isnull=True)
+        return queryset
+
+
 @admin.register(ToolCall)
 class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
@@ -92,13 +109,14 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "turn",
         "step",
         "tool_name",
-        "status",
+        "status_display",
+        "edited",
         "risk",
         "elapsed_ms",
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "risk_level", "tool_name")
+    list_filter = ("status", "refusal", EditedFilter, "risk_level", "tool_name")
     search_fields = ("tool_name", "call_id", "idempotency_key")
     ordering = ("-id",)
     fields = (
@@ -109,11 +127,13 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "call_id",
         "tool_name",
         "status",
+        "refusal",
         "elapsed_ms",
         "attempts",
         "cached",
         "coercions",
         "input_pretty",
+        "proposed_input_pretty",
         "output_pretty",
         "error",
         "risk_level",
@@ -127,10 +147,14 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     readonly_fields = fields
     content_fields = {
         "input_pretty": "input_hidden",
+        "proposed_input_pretty": "proposed_input_hidden",
         "output_pretty": "output_hidden",
         "error": "error_hidden",
+        "edited": "edited_hidden",
     }
-    input_hidden = masked("input", MESSAGE_CONTENT)
+    input_hidden = masked("input (what ran)", MESSAGE_CONTENT)
+    proposed_input_hidden = masked("proposed input (the model's)", MESSAGE_CONTENT)
+    edited_hidden = masked("approver's edit", MESSAGE_CONTENT)
     output_hidden = masked("output", MESSAGE_CONTENT)
     error_hidden = masked("error", MESSAGE_CONTENT)
 
@@ -141,9 +165,28 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
             return "–"
         return format_html('<span title="{}">{}</span>', obj.risk_reason, obj.risk_level)
 
-    @admin.display(description="input")
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: ToolCall) -> str:
+        # Red for a call that did not run or did not succeed, with why it did not run.
+        label = obj.status + (f" ({obj.refusal})" if obj.refusal else "")
+        if obj.status in (ToolCallStatus.SUCCESS, ToolCallStatus.EXECUTING):
+            return label
+        return format_html('<span style="color:#dc2626;font-weight:600">{}</span>', label)
+
+    @admin.display(description="approver's edit")
+    def edited(self, obj: ToolCall) -> str:
+        """An approver's edit of the arguments: what the model proposed → what ran."""
+        if obj.proposed_input is None:
+            return "–"
+        return arguments_diff(obj.proposed_input, obj.input)
+
+    @admin.display(description="input (what ran)")
     def input_pretty(self, obj: ToolCall) -> str:
         return pre(obj.input)
+
+    @admin.display(description="proposed input (the model's, before an approver's edit)")
+    def proposed_input_pretty(self, obj: ToolCall) -> str:
+        return pre(obj.proposed_input) if obj.proposed_input is not None else "–"
 
     @admin.display(description="output")
     def output_pretty(self, obj: ToolCall) -> str:

@@ -41,12 +41,53 @@ from tools.execution import tools_for_agent
 
 from .. import selectors, services
 from ..errors import Conflict, DomainError, InvalidInput
-from ..models import Session
+from ..models import Session, TurnOutcomeChoice
 from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
-from .display import format_cost, outcome_badge, pre, state_badge
+from .display import (
+    calls_line,
+    format_cost,
+    outcome_badge,
+    pre,
+    short,
+    state_badge,
+    turn_outcome_badge,
+)
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 from .workflow_run import workflow_run_view
+
+FIRST_MESSAGE_CHARS = 80
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+class LastTurnOutcomeFilter(admin.SimpleListFilter):
+    """How the last ended turn went (DESIGN.md "A turn's outcome"); "not ok" is any of
+    the three others."""
+
+    title = "last turn"
+    parameter_name = "last_turn"
+    NOT_OK = "not_ok"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (self.NOT_OK, "not ok (failures, stops, errors)"),
+            *((choice.value, choice.label) for choice in TurnOutcomeChoice),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
+        value = self.value()
+        if value == self.NOT_OK:
+            return queryset.exclude(last_turn_outcome__in=[TurnOutcomeChoice.OK, ""])
+        if value in TurnOutcomeChoice.values:
+            return queryset.filter(last_turn_outcome=value)
+        return queryset
 
 
 @dataclass
@@ -70,6 +111,23 @@ class SessionSummary:
     @property
     def outcome(self) -> str:
         return outcome_badge(self.stop_reason)
+
+    @property
+    def last_turn(self) -> str:
+        """The last ended turn's outcome badge (ok, tool failures, stopped, error)."""
+        session = self.session
+        if not session.last_turn_outcome:
+            return ""
+        return turn_outcome_badge(session.last_turn_outcome)
+
+    @property
+    def last_turn_calls(self) -> str:
+        return calls_line(self.session.last_turn_calls)
+
+    @property
+    def model_calls_url(self) -> str:
+        """The model call list of this session (each call's tokens, time, cost and outcome)."""
+        return f"{reverse('admin:agent_sessions_modelcall_changelist')}?session={self.session.pk}"
 
     @property
     def cost(self) -> str:
@@ -198,6 +256,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "short_id",
         "state_display",
         "outcome",
+        "first_message",
         "cost_display",
         "degraded",
         "tokens",
@@ -210,6 +269,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     )
     list_filter = (
         "state",
+        LastTurnOutcomeFilter,
         "degradation_level",
         "agent",
         # Names owners only to who may view users (auth.view_user).
@@ -217,16 +277,26 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "role",
         "model_calls__endpoint_name",
     )
-    # A full id is an exact lookup; a part of one (the short id shown) a text match.
+    # A full id is an exact lookup; a part of one (the short id shown) a text match; with
+    # the content permission, words also find the sessions whose messages say them
+    # (PostgreSQL full-text search, `get_search_results`).
     session_lookup = "pk"
     search_fields = ("id", "owner__username", "agent__slug")
+    search_help_text = (
+        "A session id (or its first characters), an owner, an agent, or words said in the "
+        'session\'s messages (e.g. coupon, "Ada Lovelace", SO-1001).'
+    )
     date_hierarchy = "created_at"
     list_select_related = ("agent", "owner")
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
     content_permission = MESSAGE_CONTENT
-    content_fields = {"dialogue_pretty": "dialogue_hidden"}
+    content_fields = {
+        "dialogue_pretty": "dialogue_hidden",
+        "first_message": "first_message_hidden",
+    }
     dialogue_hidden = masked("dialogue state", MESSAGE_CONTENT)
+    first_message_hidden = masked("first message", MESSAGE_CONTENT)
     readonly_fields = (
         "id",
         "agent",
@@ -357,9 +427,17 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     def cost_display(self, obj: Session) -> str:
         return format_cost(obj.cost)
 
-    @admin.display(description="last turn")
+    @admin.display(description="last turn", ordering="last_turn_outcome")
     def outcome(self, obj: Session) -> str:
-        return outcome_badge(getattr(obj, "_stop_reason", None), obj.last_error)
+        stop_reason = getattr(obj, "_stop_reason", None)
+        if not obj.last_turn_outcome:
+            # A turn that ended before outcomes were recorded: its stop reason only.
+            return outcome_badge(stop_reason, obj.last_error)
+        return turn_outcome_badge(obj.last_turn_outcome, obj.last_turn_calls, stop_reason)
+
+    @admin.display(description="first message")
+    def first_message(self, obj: Session) -> str:
+        return short(getattr(obj, "_first_message", None), FIRST_MESSAGE_CHARS) or "—"
 
     @admin.display(description="metadata")
     def metadata_pretty(self, obj: Session) -> str:
@@ -370,8 +448,8 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         return pre(obj.dialogue_state)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
-        # One aggregate and one indexed subquery for the list instead of queries per row.
-        return (
+        # One aggregate and indexed subqueries for the list instead of queries per row.
+        queryset = (
             super()
             .get_queryset(request)
             .annotate(
@@ -381,6 +459,22 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 _stop_reason=selectors.last_stop_reason(OuterRef("pk")),
             )
         )
+        if self.shows_content(request):
+            queryset = queryset.annotate(
+                _first_message=selectors.first_message(OuterRef("pk"), FIRST_MESSAGE_CHARS + 1)
+            )
+        return queryset
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Session], search_term: str
+    ) -> tuple[QuerySet[Session], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if not term or _is_uuid(term) or not self.shows_content(request):
+            # No term, a full session id (an exact lookup), or no right to search what was
+            # said (finding a session would tell what its messages say).
+            return found, duplicates
+        return found | queryset.filter(pk__in=selectors.sessions_saying(text=term)), duplicates
 
     @admin.display(description="models used")
     def models_used(self, obj: Session) -> str:
@@ -599,6 +693,12 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 for kind, (label, _) in KINDS.items()
             ],
             cancellable_states=[s.value for s in State if s not in TURN_ENDED],
+        )
+        extra_context["history_links"].append(
+            (
+                "Model call",
+                reverse("admin:agent_sessions_modelcall_changelist") + f"?session={session_id}",
+            )
         )
         if session is not None:
             extra_context["takeover"] = takeover_context(session, self.allowed_controls(request))

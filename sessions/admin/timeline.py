@@ -8,8 +8,11 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from tools.rendering import FAILURE_MARKER
+
 from .. import selectors
-from .display import HIDDEN, event_summary, pretty_json, short
+from ..events import EventType
+from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
 # What was said, per kind of row: shown only with the message content permission.
@@ -36,6 +39,9 @@ class TimelineItem:
     day_label: str = ""
     trace_id: str = ""  # an event of a traced turn: its trace, linked through TRACE_URL_TEMPLATE
     trace_url: str = ""
+    # "failed": something did not run or did not succeed (the row is drawn red); "warn": a
+    # turn stopped short, an approval refused (amber); "": as usual.
+    tone: str = ""
 
     @property
     def time_label(self) -> str:
@@ -73,7 +79,11 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
             summary += " [archived: a summary replaced it]"
         return summary
     if entry.kind == "toolcall":
-        summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {r['status']}"
+        status = r["status"] + (f" ({r['refusal']})" if r.get("refusal") else "")
+        summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {status}"
+        if r.get("proposed_input") is not None:
+            edit = arguments_diff(r["proposed_input"], r["input"]) if content else "…"
+            summary += f" · ran with an approver's edit: {edit}"
         if r.get("risk_level") is not None:
             summary += f" · risk {r['risk_level']} ({r['risk_reason']})"
         if r["elapsed_ms"] is not None:
@@ -91,6 +101,33 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
     if isinstance(tokens, dict):
         summary += " · " + context_tokens(tokens)
     return summary
+
+
+FAILED_CALLS = ("failed", "timeout", "rejected")
+
+
+def _tone(entry: selectors.TimelineEntry) -> str:
+    """Whether the row tells of something that did not run or did not succeed."""
+    r = entry.row
+    if entry.kind == "toolcall":
+        return "failed" if r["status"] in FAILED_CALLS else ""
+    if entry.kind == "transition":
+        return "failed" if r["to_state"] == "error" else ""
+    if entry.kind == "message":
+        failed = r["role"] == "tool" and str(r["content"] or "").startswith(FAILURE_MARKER)
+        return "failed" if failed else ""
+    if entry.kind == "event":
+        data = r["data"] if isinstance(r["data"], dict) else {}
+        if r["type"] == EventType.TOOL_FINISHED:
+            return "failed" if data.get("status") in FAILED_CALLS else ""
+        if r["type"] == EventType.TURN_FINISHED:
+            outcome = data.get("outcome")
+            return {"tool_failures": "failed", "error": "failed", "stopped": "warn"}.get(
+                str(outcome), ""
+            )
+        if r["type"] == EventType.ERROR:
+            return "failed"
+    return ""
 
 
 def context_tokens(tokens: dict[str, Any]) -> str:
@@ -140,6 +177,7 @@ def session_timeline(
             detail=_detail(entry, content),
             url=f"{urls[entry.kind]}{entry.pk}/change/",
             state=entry.state,
+            tone=_tone(entry),
         )
         if entry.kind == "event" and isinstance(entry.row.get("data"), dict):
             item.trace_id = str(entry.row["data"].get("trace_id") or "")
@@ -200,6 +238,7 @@ def approval_items(
                     at=a.decided_at, rank=5, order=1, kind="approval", label="Approval", seq=None,
                     summary=f"{a.tool_name} {outcome}{edits} by {a.decided_by_name}{comment}",
                     detail=detail, url=url,
+                    tone="warn" if a.status in ("rejected", "expired") else "",
                 )
             )  # fmt: skip
     return items

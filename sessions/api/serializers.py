@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..errors import PayloadTooLarge
+from ..events import CALL_KINDS, TurnOutcome
 from ..json_limits import JsonRejected, json_check
 from ..models import Agent, Checkpoint, Event, Message, Session
 
@@ -133,6 +134,27 @@ class WorkflowRunSerializer(_FieldsBuiltOnce, serializers.Serializer):
     )
 
 
+class CallCountsSerializer(_FieldsBuiltOnce, serializers.Serializer):
+    ok = serializers.IntegerField(help_text="Ran and succeeded.")
+    failed = serializers.IntegerField(help_text="Ran and failed or timed out, or was held back.")
+    rejected = serializers.IntegerField(
+        help_text="Rejected by an approver, or the turn ended before it ran."
+    )
+    expired = serializers.IntegerField(help_text="No approver decided before its deadline.")
+    unpaid = serializers.IntegerField(help_text="The owner's credit points could not pay for it.")
+
+
+class LastTurnSerializer(_FieldsBuiltOnce, serializers.Serializer):
+    turn = serializers.IntegerField()
+    outcome = serializers.ChoiceField(
+        choices=[o.value for o in TurnOutcome],
+        help_text="ok: every tool call ran and succeeded; tool_failures: at least one failed, "
+        "was rejected, expired or was refused for credits; stopped: a guard, budget or cancel "
+        "ended the turn; error.",
+    )
+    calls = CallCountsSerializer(help_text="The turn's tool calls by how they ended.")
+
+
 class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
@@ -143,6 +165,7 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
         read_only=True,
         help_text="The session whose agent.<slug> call (or workflow agent node) started this one.",
     )
+    last_turn = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -159,12 +182,24 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
             "ephemeral",
             "usage",
             "last_error",
+            "last_turn",
             "workflow",
             "parent",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(LastTurnSerializer(allow_null=True))
+    def get_last_turn(self, obj: Session) -> dict[str, object] | None:
+        """How the last turn that ended went; null before any turn ended."""
+        if obj.last_turn_number is None or not obj.last_turn_outcome:
+            return None
+        return {
+            "turn": obj.last_turn_number,
+            "outcome": obj.last_turn_outcome,
+            "calls": {**dict.fromkeys(CALL_KINDS, 0), **(obj.last_turn_calls or {})},
+        }
 
     @extend_schema_field(WorkflowRunSerializer(allow_null=True))
     def get_workflow(self, obj: Session) -> dict[str, object] | None:

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from approvals.models import Approval, ApprovalTransition
 from engine import session_run
@@ -104,6 +105,34 @@ def test_approve_with_edited_arguments_runs_exactly_once_with_the_edit(make_sess
     assert _answer(session) == "Refunded 40 on A1"
     transition = ApprovalTransition.objects.get(approval=approval)
     assert transition.arguments == {"order": "A1", "amount": 40} and transition.actor == "alice"
+    # The call's record says what ran, and keeps what the model proposed beside it.
+    call = ToolCall.objects.get(session=session)
+    assert call.input == {"order": "A1", "amount": 40}
+    assert call.proposed_input == {"order": "A1", "amount": "80"}
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    assert finished["input"] == {"order": "A1", "amount": 40}
+    assert finished["proposed_input"] == {"order": "A1", "amount": "80"}
+    assert finished["status"] == "success"
+    outcome = Session.objects.get(pk=session.pk)
+    assert (outcome.last_turn_outcome, outcome.last_turn_calls["ok"]) == ("ok", 1)
+
+
+def test_a_call_approved_as_proposed_keeps_no_proposed_input(make_session, approver):
+    user, _ = approver
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval_decide(
+        approval_id=Approval.objects.get(session=session).pk,
+        approve=True,
+        user=user,
+        groups=["approvers"],
+    )
+    session = _run(session)
+    call = ToolCall.objects.get(session=session)
+    assert call.input == {"order": "A1", "amount": "80"} and call.proposed_input is None
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    assert "proposed_input" not in finished and "input" not in finished
 
 
 def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, approver):
@@ -125,7 +154,43 @@ def test_a_rejected_call_never_runs_and_the_model_is_told_why(make_session, appr
     assert answer.startswith("Not refunded: alice rejected this call")
     assert "order already refunded" in answer
     call = ToolCall.objects.get(session=session)
-    assert call.status == "rejected"
+    assert (call.status, call.refusal) == ("rejected", "rejected")
+    # The turn answered, but its call did not run: not "ok", on the event and on the row.
+    finished = Event.objects.get(session=session, type="turn.finished").data
+    assert finished["stop_reason"] == "answer" and finished["outcome"] == "tool_failures"
+    assert finished["calls"] == {"ok": 0, "failed": 0, "rejected": 1, "expired": 0, "unpaid": 0}
+    assert (session.last_turn_number, session.last_turn_outcome) == (1, "tool_failures")
+    assert session.last_turn_calls == finished["calls"]
+    closed = Event.objects.get(session=session, type="tool.finished").data
+    assert (closed["status"], closed["refusal"]) == ("rejected", "rejected")
+
+
+def test_every_call_outcome_is_counted_in_the_tool_call_metric(make_session, approver):
+    """A rejected call never runs, yet it is a call outcome: agent_tool_calls_total counts it
+    (before, only calls that were sent were counted: a dashboard read 100 % success)."""
+    user, _ = approver
+
+    def rejected() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "agent_tool_calls_total", {"tool": "refund", "status": "rejected"}
+            )
+            or 0.0
+        )
+
+    before = rejected()
+    session = make_session()
+    message_post(session=session, content="refund A1 80")
+    session = _run(session)
+    approval_decide(
+        approval_id=Approval.objects.get(session=session).pk,
+        approve=False,
+        user=user,
+        groups=["approvers"],
+        comment="no",
+    )
+    _run(session)
+    assert rejected() == before + 1
 
 
 def test_ungated_calls_of_the_response_wait_and_results_keep_the_models_order(
@@ -188,6 +253,8 @@ def test_the_deadline_rejects_by_default_and_the_model_is_told(make_session):
     approval.refresh_from_db()
     assert approval.status == "expired" and approval.decided_by_name == "system"
     assert "before its deadline" in _answer(session)
+    assert ToolCall.objects.get(session=session).refusal == "expired"
+    assert (session.last_turn_outcome, session.last_turn_calls["expired"]) == ("tool_failures", 1)
     resolved = Event.objects.get(session=session, type="approval.resolved").data
     assert resolved["outcome"] == "expired" and resolved["by"] == "system"
 

@@ -11,9 +11,12 @@ from agentplatform_client import (
     ApprovalRequested,
     ErrorEvent,
     Event,
+    LastTurn,
     MessageCompleted,
+    Session,
     StateChanged,
     ToolFinished,
+    TurnCalls,
     TurnFinished,
     parse_event,
 )
@@ -89,6 +92,50 @@ def test_turn_finished_usage_is_typed_with_a_decimal_cost():
     assert isinstance(event, TurnFinished)
     assert event.usage.cost == Decimal("0.000120") and event.usage.input_tokens == 10
     assert event.reason == ""
+
+
+def test_turn_finished_carries_the_turns_outcome_and_its_calls_typed():
+    event = parse_event(
+        _frame(
+            "turn.finished",
+            {
+                "turn": 1,
+                "stop_reason": "answer",
+                "iterations": 2,
+                "usage": {"input_tokens": 1, "output_tokens": 1, "cost": "0"},
+                "outcome": "tool_failures",
+                "calls": {"ok": 1, "failed": 0, "rejected": 3, "expired": 0, "unpaid": 0},
+            },
+        )
+    )
+    assert isinstance(event, TurnFinished)
+    assert event.outcome == "tool_failures"
+    assert event.calls == TurnCalls(ok=1, rejected=3) and event.calls.not_done == 3
+
+
+def test_a_call_that_ran_with_an_approvers_edit_shows_both_inputs():
+    event = parse_event(
+        _frame(
+            "tool.finished",
+            {
+                "call_id": "c", "tool": "issue_coupon", "status": "success", "error": "", "turn": 1,
+                "input": {"amount": 20}, "proposed_input": {"amount": 60},
+            },
+        )
+    )  # fmt: skip
+    assert isinstance(event, ToolFinished)
+    assert (event.input, event.proposed_input, event.refusal) == (
+        {"amount": 20},
+        {"amount": 60},
+        "",
+    )
+
+
+def test_a_session_shows_its_last_turn():
+    data = {"id": "s", "last_turn": {"turn": 2, "outcome": "stopped", "calls": {"unpaid": 2}}}
+    session = Session.from_dict(data)
+    assert session.last_turn == LastTurn(turn=2, outcome="stopped", calls=TurnCalls(unpaid=2))
+    assert Session.from_dict({"id": "s", "last_turn": None}).last_turn is None
 
 
 def test_optional_keys_default_and_nulls_keep_the_default():

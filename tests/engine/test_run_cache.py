@@ -1,5 +1,6 @@
 """The run's memory of its turn's tool calls (RunContext.turn_calls): the loop
-guards judge from it as they would from the database, read once per run and
+guards (and the turn's outcome) judge from it as they would from the database,
+read at most once per run (never when the lease saw the turn without calls) and
 again only after a commit the run did not make itself."""
 
 import uuid
@@ -87,9 +88,11 @@ def _stop(session: Session) -> tuple[list[str], str]:
     return moves, finished["stop_reason"]
 
 
-def test_a_run_judges_its_turn_from_memory_after_one_read(make_session, rules_model, reads):
+def test_a_run_judges_its_turn_from_memory_without_a_read(make_session, rules_model, reads):
     session = make_session(agent=_repeating_agent(rules_model))
-    # The turn starts in the request, not in the run: the run reads its calls once.
+    # The turn starts in the request, not in the run; the lease sees it has no calls yet, so
+    # the run knows them all from its own commits (checked against the database at every
+    # judgement by the `reads` fixture).
     message_post(session=session, content="go")
 
     assert session_run(session_id=session.pk).stopped == "idle"
@@ -99,7 +102,7 @@ def test_a_run_judges_its_turn_from_memory_after_one_read(make_session, rules_mo
     assert moves == ["user_message"] + ["tool_calls", "tool_results", "model_call"] * 3 + [
         "limit_reached"
     ]
-    assert len(reads) == 1, reads
+    assert reads == []
 
 
 def test_a_takeover_mid_turn_trips_the_repeat_guard_as_one_run_would(

@@ -201,6 +201,86 @@ def test_context_counts_calls_per_tool_and_keeps_the_latest_result_per_tool():
     assert context["last_tool"] == "notify" and context["result"] == {"n": 2}
 
 
+def failed_result(name: str, error: str) -> ChatMessage:
+    """A result as the platform renders one that did not succeed (tools/rendering.py)."""
+    return ChatMessage(
+        role="tool",
+        content=f"[FAILED] (status: rejected): {error}",
+        name=name,
+        tool_call_id=f"c-{name}",
+        data={"error": error, "status": "rejected"},
+    )
+
+
+def test_context_counts_per_tool_the_calls_that_succeeded_and_those_that_did_not():
+    history = (
+        user("x"),
+        called("notify", "notify", "notify"),
+        tool_result("notify", {"n": 1}),
+        failed_result("notify", "alice rejected this call; it did not run."),
+        failed_result("notify", "not enough credit points"),
+        called("report"),
+        tool_result("report", {"report_id": 7}),
+    )
+    context = build_context(history)
+    assert context["calls"] == {"notify": 3, "report": 1}
+    assert context["ok"] == {"notify": 1, "report": 1}
+    assert context["failed"] == {"notify": 2}
+
+
+def _demo_rules() -> list[dict]:  # type: ignore[type-arg]
+    from pathlib import Path
+
+    import yaml
+
+    demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+    return yaml.safe_load(demo.read_text())["agents"][0]["rules"]
+
+
+def _demo_turn(notified: list[bool], report: bool = True) -> str:
+    """The demo's summary after its notifications (True: sent) and its report."""
+    orders = {
+        "count": len(notified),
+        "days": 7,
+        "orders": [{"order_number": f"SO-{i}", "customer_id": i} for i in range(len(notified))],
+    }
+    history = [user("find orders with logistics exceptions"), called("query_orders")]
+    history.append(tool_result("query_orders", orders))
+    history.append(called(*["send_notification"] * len(notified)))
+    for i, sent in enumerate(notified):
+        history.append(
+            tool_result("send_notification", {"notification_id": i})
+            if sent
+            else failed_result("send_notification", "alice rejected this call; it did not run.")
+        )
+    history.append(called("generate_report"))
+    history.append(
+        tool_result("generate_report", {"report_id": 9, "title": "Logistics"})
+        if report
+        else failed_result("generate_report", "the report service is down")
+    )
+    answer, calls = decide(_demo_rules(), tuple(history), "")
+    assert calls == []
+    return answer
+
+
+def test_the_demo_says_each_customer_was_notified_only_when_every_notification_went_out():
+    assert "notified each customer (3 notifications sent)" in _demo_turn([True, True, True])
+
+    none = _demo_turn([False, False, False])
+    assert "notified" not in none.replace("no customer was notified", "")
+    assert "none of the 3 notifications could be sent" in none
+    assert "no customer was notified" in none and 'report #9 "Logistics"' in none
+
+    some = _demo_turn([True, False, False])
+    assert "sent 1 of 3 notifications (2 could not be sent)" in some
+    assert "notified each customer" not in some
+
+    unwritten = _demo_turn([True, True, True], report=False)
+    assert "sent 3 of 3 notifications" in unwritten
+    assert "the report could not be written: the report service is down" in unwritten
+
+
 def test_a_tool_result_without_data_is_read_from_its_json_content():
     message = ChatMessage(role="tool", content='{"count": 3}', name="q", tool_call_id="c")
     assert build_context((user("x"), called("q"), message))["result"] == {"count": 3}

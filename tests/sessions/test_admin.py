@@ -4,12 +4,15 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from engine import session_run
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.models import Event, Session
+from sessions.models import Event, Message, ModelCall, Session, ToolCall
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
 
@@ -106,7 +109,7 @@ def test_session_page_opens_with_the_summary_and_offers_no_save_or_delete(
     assert summary.model_calls == 4 and summary.models == "rules"
     # The summary comes first, then the timeline, then the raw fields.
     assert page.index('id="ap-summary"') < page.index('id="ap-timeline"') < page.index("Details")
-    for label in ("State", "Turn", "Stop reason", "Cost", "Usage (tokens)", "Last error"):
+    for label in ("State", "Turn", "Last turn", "Cost", "Usage (tokens)", "Last error"):
         assert f">{label}<" in page, label
     assert "model &#x27;main&#x27; timed out &lt;b&gt;" in page
     # A record, not a form: no Save, no Delete, no inputs for metadata.
@@ -435,3 +438,145 @@ def test_a_traced_turn_links_its_trace_from_the_summary_and_the_timeline(
     link = f'href="http://jaeger.example:16686/trace/{trace_id}"'
     # Once in the summary's facts, and on each traced event of the timeline.
     assert page.content.decode().count(link) >= 1 + len(types)
+
+
+# --- The truth about a turn: its outcome, what ran, what was said ------------------------
+
+
+def _finished(outcome: str, calls: dict[str, int], **fields: object) -> Session:
+    session = SessionFactory(state="finished", turn=1, **fields)
+    Session.objects.filter(pk=session.pk).update(
+        last_turn_number=1, last_turn_outcome=outcome, last_turn_calls=calls
+    )
+    return session
+
+
+def test_the_session_list_colours_and_filters_by_the_last_turns_outcome(client, operator):
+    ok = _finished("ok", {"ok": 2})
+    refused = _finished("tool_failures", {"ok": 0, "rejected": 3})
+    stopped = _finished("stopped", {"unpaid": 2})
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    page = client.get(url).content.decode()
+    assert "ap-turn-tool_failures" in page and "3 rejected" in page
+    assert "ap-turn-ok" in page and "ap-turn-stopped" in page
+    assert "last turn" in page  # the filter's title
+
+    def listed(**query: str) -> set[str]:
+        return {s.pk for s in client.get(url, query).context["cl"].result_list}
+
+    assert listed(last_turn="tool_failures") == {refused.pk}
+    assert listed(last_turn="ok") == {ok.pk}
+    assert listed(last_turn="not_ok") == {refused.pk, stopped.pk}
+    assert listed(last_turn="anything-else") == {ok.pk, refused.pk, stopped.pk}
+
+
+def _said(session: Session, *texts: str) -> None:
+    for seq, text in enumerate(texts, start=1):
+        Message.objects.create(session=session, seq=seq, role="user", content=text)
+
+
+def test_the_session_list_finds_sessions_by_what_their_messages_say(client, operator):
+    coupon = SessionFactory()
+    _said(coupon, "Please issue a coupon of 20 for customer 17", "Thanks, Ada Lovelace here")
+    order = SessionFactory()
+    _said(order, "Where is order SO-1001?")
+    SessionFactory()  # says nothing
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    def found(term: str) -> set[str]:
+        return {s.pk for s in client.get(url, {"q": term}).context["cl"].result_list}
+
+    assert found("coupon") == {coupon.pk}
+    assert found("Lovelace") == {coupon.pk}  # names match as written ('simple')
+    assert found('"Ada Lovelace"') == {coupon.pk}
+    assert found("SO-1001") == {order.pk}
+    assert found("refund") == set()
+    # The old searches still work alongside it.
+    assert found(coupon.owner.username) == {coupon.pk}
+
+
+def test_searching_what_was_said_takes_the_content_permission(client):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(
+        Permission.objects.get(codename="view_session", content_type__app_label="agent_sessions")
+    )
+    said = SessionFactory(owner=viewer)  # the viewer's own tenant's session
+    _said(said, "a coupon please")
+    client.force_login(viewer)
+    url = reverse("admin:agent_sessions_session_changelist")
+
+    def found(term: str) -> set[str]:
+        return {s.pk for s in client.get(url, {"q": term}).context["cl"].result_list}
+
+    # Finding the session would tell what it says: without the permission, words find nothing.
+    assert found("coupon") == set()
+    listing = client.get(url).content.decode()
+    assert str(said.pk)[:8] in listing
+    assert "a coupon please" not in listing and "hidden: needs the view_message_content" in listing
+    viewer.user_permissions.add(
+        Permission.objects.get(
+            codename="view_message_content", content_type__app_label="agent_sessions"
+        )
+    )
+    assert found("coupon") == {said.pk}
+    assert "a coupon please" in client.get(url).content.decode()
+
+
+def test_the_session_list_shows_each_first_message_in_one_query(
+    client, operator, django_assert_max_num_queries
+):
+    for n in range(3):
+        _said(SessionFactory(), f"first words {n} " + "x" * 200, "second words")
+    url = reverse("admin:agent_sessions_session_changelist")
+    with CaptureQueriesContext(connection) as three:
+        page = client.get(url).content.decode()
+    assert "first words 0" in page and "second words" not in page
+    assert "x" * 90 not in page  # cut to the column's width
+    for n in range(3, 9):
+        _said(SessionFactory(), f"first words {n}")
+    with django_assert_max_num_queries(len(three.captured_queries)):
+        assert "first words 8" in client.get(url).content.decode()
+
+
+def test_the_session_page_shows_the_last_turn_and_links_its_model_calls(client, operator):
+    session = _finished("tool_failures", {"ok": 1, "expired": 1})
+    ModelCall.objects.create(
+        session=session, turn=1, step=1, endpoint_name="rules", api="rules", outcome="success"
+    )
+    response = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    page = response.content.decode()
+    summary = response.context["summary"]
+    assert "ap-turn-tool_failures" in summary.last_turn
+    assert summary.last_turn_calls == "1 ok · 1 expired"
+    model_calls = reverse("admin:agent_sessions_modelcall_changelist") + f"?session={session.pk}"
+    assert f'id="ap-summary-model-calls" href="{model_calls}"'.replace("&", "&amp;") in page
+    assert ">1 model call<" in page
+    listed = client.get(model_calls).context["cl"].result_list
+    assert [c.session_id for c in listed] == [session.pk]
+
+
+def test_the_timeline_colours_what_did_not_run_and_shows_an_approvers_edit(client, operator):
+    session = SessionFactory(state="finished", turn=1)
+    common = {"session": session, "turn": 1, "step": 1}
+    ToolCall.objects.create(
+        **common, position=0, call_id="a", tool_name="issue_coupon", idempotency_key="k-a",
+        input={"customer_id": 17, "amount": 20}, proposed_input={"customer_id": 17, "amount": 60},
+        status="success", output={"coupon_code": "C-1"},
+    )  # fmt: skip
+    ToolCall.objects.create(
+        **common, position=1, call_id="b", tool_name="send_notification", idempotency_key="k-b",
+        input={"customer_id": 17}, status="rejected", refusal="expired",
+        error="no one approved this call before its deadline; it did not run.",
+    )  # fmt: skip
+    items, _ = session_timeline(session.pk)
+    coupon, notification = (i for i in items if i.kind == "toolcall")
+    assert coupon.tone == "" and "ran with an approver's edit: amount: 60 → 20" in coupon.summary
+    assert notification.tone == "failed" and "rejected (expired)" in notification.summary
+    page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    assert 'class="toolcall ap-failed"' in page.content.decode()
+
+    calls = client.get(reverse("admin:agent_sessions_toolcall_changelist")).content.decode()
+    assert "amount: 60 → 20" in calls and "rejected (expired)" in calls
+    edited = client.get(reverse("admin:agent_sessions_toolcall_changelist"), {"edited": "yes"})
+    assert [c.call_id for c in edited.context["cl"].result_list] == ["a"]

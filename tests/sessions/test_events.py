@@ -16,7 +16,7 @@ from engine import session_run
 from engine.moves.turn import turn_fail
 from engine.runner.lease import lease_acquire, lease_drop
 from engine.runner.loop import run_step
-from sessions.events import PAYLOADS, EventType
+from sessions.events import PAYLOADS, EventType, call_counts, call_kind, turn_outcome
 from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
 from sessions.publisher import frame_of, group_name
 from sessions.services import message_post, session_cancel
@@ -67,6 +67,8 @@ def test_every_type_of_the_contract_has_one_payload_type():
                 "stop_reason": "answer",
                 "iterations": 1,
                 "usage": {"input_tokens": 1, "output_tokens": 1, "cost": 0},
+                "outcome": "ok",
+                "calls": {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 0},
             },
             "usage.cost: expected str",
         ),
@@ -145,6 +147,11 @@ def test_a_demo_turn_with_tools_writes_and_streams_only_declared_payloads(demo_s
         "turn.finished",
     }
     _assert_all_match([(f["type"], f["data"]) for f in frames])
+    # Every call ran and succeeded: query_orders, a notification per order, the report.
+    (finished,) = [e.data for e in events if e.type == "turn.finished"]
+    calls = ToolCall.objects.filter(session=demo_session).count()
+    assert finished["outcome"] == "ok" and calls >= 3
+    assert finished["calls"] == {"ok": calls, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 0}
     # The stream carries what is not persisted too: the answer's text as it comes.
     assert "message.delta" in {f["type"] for f in frames if f["seq"] is None}
 
@@ -181,3 +188,62 @@ def test_a_cancel_that_closes_a_call_and_a_failed_turn_write_declared_payloads(d
     assert closed["status"] == "rejected" and "elapsed_ms" not in closed
     finished = [e.data for e in events if e.type == "turn.finished"]
     assert [f["stop_reason"] for f in finished] == ["cancelled", "error"]
+    # The cancel closed the open call (counted rejected: it never ran); the failed turn had none.
+    assert [f["outcome"] for f in finished] == ["stopped", "error"]
+    assert finished[0]["calls"]["rejected"] == 1 and sum(finished[1]["calls"].values()) == 0
+    session.refresh_from_db()
+    assert (session.last_turn_number, session.last_turn_outcome) == (2, "error")
+
+
+# --- A turn's outcome (DESIGN.md "A turn's outcome") ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "refusal", "kind"),
+    [
+        ("success", "", "ok"),
+        ("failed", "", "failed"),
+        ("timeout", "", "failed"),
+        ("rejected", "rejected", "rejected"),
+        ("rejected", "", "rejected"),  # the turn ended before it ran
+        ("rejected", "expired", "expired"),
+        ("rejected", "unpaid", "unpaid"),
+    ],
+)
+def test_a_call_counts_by_its_status_and_why_it_did_not_run(status, refusal, kind):
+    assert call_kind(status, refusal) == kind
+
+
+def test_call_counts_leave_open_calls_out_and_name_every_kind():
+    counts = call_counts(
+        [("success", ""), ("success", ""), ("rejected", "unpaid"), ("executing", "")]
+    )
+    assert counts == {"ok": 2, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 1}
+
+
+NONE = {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 0}
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "calls", "outcome"),
+    [
+        ("answer", NONE, "ok"),
+        ("answer", {**NONE, "ok": 3}, "ok"),
+        ("answer", {**NONE, "ok": 1, "failed": 1}, "tool_failures"),
+        ("answer", {**NONE, "rejected": 3}, "tool_failures"),
+        ("answer", {**NONE, "expired": 1}, "tool_failures"),
+        ("answer", {**NONE, "unpaid": 3}, "tool_failures"),
+        ("max_iterations", {**NONE, "ok": 8}, "stopped"),
+        ("budget_exceeded", NONE, "stopped"),
+        ("insufficient_credits", {**NONE, "unpaid": 2}, "stopped"),
+        ("cancelled", {**NONE, "rejected": 1}, "stopped"),
+        ("operator", NONE, "stopped"),
+        ("error", {**NONE, "ok": 1}, "error"),
+        ("model_unavailable", NONE, "error"),
+        ("model_refused", NONE, "error"),
+    ],
+)
+def test_a_turns_outcome_is_an_error_then_a_stop_then_any_call_not_done(
+    stop_reason, calls, outcome
+):
+    assert turn_outcome(stop_reason, calls) == outcome

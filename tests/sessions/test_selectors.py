@@ -96,3 +96,38 @@ def test_a_session_without_a_finished_turn_has_no_stop_reason():
         tool_calls=0,
         tool_failures=0,
     )
+
+
+# --- Search by what was said ----------------------------------------------------------
+
+
+def test_sessions_are_found_by_words_names_and_codes_their_messages_say():
+    coupon, order, quiet = SessionFactory(), SessionFactory(), SessionFactory()
+    Message.objects.create(session=coupon, seq=1, role="user", content="A coupon for Ada, please")
+    Message.objects.create(session=coupon, seq=2, role="assistant", content="Coupon C-17 issued.")
+    Message.objects.create(session=order, seq=1, role="user", content="Where is SO-1001?")
+
+    def saying(text: str) -> set:
+        return set(selectors.sessions_saying(text=text).values_list("session_id", flat=True))
+
+    assert saying("coupon") == {coupon.pk}  # any case, either message
+    assert saying("ada") == {coupon.pk}
+    assert saying("SO-1001") == {order.pk}
+    assert saying('"coupon for ada"') == {coupon.pk}  # web-search syntax: a phrase
+    assert saying('"ada for coupon"') == set()
+    assert saying("SO-1001 -where") == set()  # and a word left out
+    assert saying("coupon or SO-1001") == {coupon.pk, order.pk}
+    assert saying("refund") == set() and quiet.pk not in saying("a")
+
+
+def test_the_search_reads_the_messages_gin_index():
+    from django.db import connection, transaction
+
+    sql, params = selectors.sessions_saying(text="coupon").query.sql_with_params()
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The planner takes a sequential scan of a small table: forbid it, as a large
+        # table's statistics would.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "message_content_search" in plan, plan

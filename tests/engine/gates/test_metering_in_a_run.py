@@ -121,9 +121,16 @@ def test_an_unaffordable_call_does_not_run_and_the_model_is_told_why(
     told = openai_server.requests[1].last_tool_result()
     assert "insufficient_credits" in told and "needs 10 points and 4 are left" in told
     call = ToolCall.objects.get(session=session)
-    assert call.status == "rejected"
+    assert (call.status, call.refusal) == ("rejected", "unpaid")
     assert call.output == {"code": "insufficient_credits", "points_needed": 10, "points_left": 4}
-    assert turn_finished(session)["stop_reason"] == "answer"
+    # The model answered, but the call it asked for did not run: the turn is not "ok".
+    finished = turn_finished(session)
+    assert finished["stop_reason"] == "answer" and finished["outcome"] == "tool_failures"
+    assert finished["calls"] == {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 1}
+    # And the model was told plainly, after the result, that the call did not run.
+    note = openai_server.requests[1].messages[-1]
+    assert note["role"] == "system"
+    assert "1 of 1 charge call did NOT run (not enough credit points)" in note["content"]
     assert assert_books_balance(owner.pk).balance == 4
 
 
@@ -140,6 +147,12 @@ def test_a_model_that_insists_ends_the_turn_with_insufficient_credits(
     assert effects() == 1  # the first call was paid for; the next two were refused
     assert session.state == "finished"
     assert turn_finished(session)["stop_reason"] == "insufficient_credits"
+    # Ended in the tool step: its calls are counted with those of the earlier steps.
+    assert turn_finished(session)["outcome"] == "stopped"
+    assert turn_finished(session)["calls"] == {
+        "ok": 1, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 2
+    }  # fmt: skip
+    assert (session.last_turn_outcome, session.last_turn_calls["unpaid"]) == ("stopped", 2)
     partial = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
     assert "needs 10 credit points and only 5 are left" in partial.content
     assert len(openai_server.requests) == 3

@@ -182,7 +182,10 @@ def test_the_model_fixes_bad_arguments_from_the_feedback_and_answers(
         'days must be an integer; got "seven"; '
         'status must be one of "exception", "ok"; got "late". Fix them and call again.'
     )
-    assert second.messages[-1]["tool_call_id"] == "call_1"
+    # The result, then the platform's note that the call did not succeed.
+    assert second.messages[-2]["tool_call_id"] == "call_1"
+    assert second.messages[-1]["role"] == "system"
+    assert "1 of 1 count_orders call did NOT succeed" in second.messages[-1]["content"]
     # The corrected call ran once, its "7" coerced, and its result came back as compact text.
     assert third.last_tool_result() == "count: 3, days: 7, status: exception"
     assert RAN["count_orders"] == 1

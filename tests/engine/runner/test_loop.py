@@ -138,12 +138,13 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     assert all(sql.startswith(("PREPARE ", "EXECUTE ", "DEALLOCATE ")) for sql in writes), writes
     # Reads: the tool step reads nothing (its open calls, with any cached result,
     # came back with the model step's commit, in the same round trip); model
-    # steps after the first read nothing but, once per run, the turn's calls for the
-    # loop guards (from the third model step; the run keeps them from then on).
+    # steps after the first read nothing either: the turn's calls (for the loop
+    # guards, the calls note and the turn's outcome) are the run's own commits, the
+    # lease having seen that the turn had none when the run began.
     tools = [s for s in counted if s.state == "tool_wait"]
     assert [s.round_trips for s in tools] == [1] * CALLS, [s.statements for s in tools]
     models = [s for s in counted if s.state == "processing"]
-    assert [s.round_trips for s in models[1:]] == [1, 2, 1], [s.statements for s in models]
+    assert [s.round_trips for s in models[1:]] == [1, 1, 1], [s.statements for s in models]
     # Both moves of each tool-results commit are recorded.
     moves = list(
         Transition.objects.filter(session=session).order_by("id").values_list("trigger", flat=True)

@@ -161,6 +161,8 @@ def test_a_step_numbers_messages_and_events_without_gaps(make_session):
                         "stop_reason": StopReason.ANSWER,
                         "iterations": 1,
                         "usage": {"input_tokens": 0, "output_tokens": 0, "cost": "0"},
+                        "outcome": "ok",
+                        "calls": {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 0},
                     },
                 )
             ],

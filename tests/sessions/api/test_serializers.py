@@ -22,8 +22,10 @@ class PlainSession(serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
     workflow = serializers.SerializerMethodField()
+    last_turn = serializers.SerializerMethodField()
     get_workflow = SessionSerializer.get_workflow
     parent = serializers.UUIDField(source="parent_id", allow_null=True, read_only=True)
+    get_last_turn = SessionSerializer.get_last_turn
 
     class Meta(SessionSerializer.Meta):
         pass
@@ -44,7 +46,12 @@ class PlainMessage(serializers.ModelSerializer):
 
 def test_session_and_message_representations_match_drfs():
     session = SessionFactory(metadata={"k": [1, "two"]}, input_tokens=3, cost=Decimal("0.5"))
-    other = SessionFactory(role="")
+    other = SessionFactory(
+        role="",
+        last_turn_number=2,
+        last_turn_outcome="tool_failures",
+        last_turn_calls={"ok": 1, "rejected": 3},
+    )
     messages = [
         Message.objects.create(session=session, role="user", content="hi", token_count=1),
         Message.objects.create(

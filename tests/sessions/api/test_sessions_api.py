@@ -4,6 +4,7 @@ import uuid
 
 import pytest
 
+from engine import session_run
 from sessions.models import Event, Session
 
 from .conftest import assert_error
@@ -56,6 +57,33 @@ def test_get_a_session(api, session_id):
     assert {"state", "version", "usage", "created_at", "updated_at", "turn", "last_error"} <= set(
         body
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_shows_how_its_last_turn_went(api, session_id):
+    assert api.get(f"{BASE}{session_id}/").json()["last_turn"] is None
+    api.post(f"{BASE}{session_id}/messages/", {"content": "hello"})
+    assert session_run(session_id=session_id).stopped == "idle"
+
+    body = api.get(f"{BASE}{session_id}/").json()
+    assert body["last_turn"] == {
+        "turn": 1,
+        "outcome": "ok",
+        "calls": {"ok": 0, "failed": 0, "rejected": 0, "expired": 0, "unpaid": 0},
+    }
+    # What the row says is what the turn's turn.finished said.
+    finished = Event.objects.get(session_id=session_id, type="turn.finished").data
+    assert (finished["outcome"], finished["calls"]) == ("ok", body["last_turn"]["calls"])
+    # A turn that ended otherwise shows so (the list and the detail read the same columns).
+    Session.objects.filter(pk=session_id).update(
+        last_turn_number=2, last_turn_outcome="tool_failures", last_turn_calls={"rejected": 3}
+    )
+    listed = next(s for s in api.get(BASE).json() if s["id"] == session_id)
+    assert listed["last_turn"] == {
+        "turn": 2,
+        "outcome": "tool_failures",
+        "calls": {"ok": 0, "failed": 0, "rejected": 3, "expired": 0, "unpaid": 0},
+    }
 
 
 def test_post_a_message_is_202_and_starts_the_turn(api, session_id):

@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from .models import parse_time
+from .models import TurnCalls, parse_time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +114,10 @@ class ToolFinished(Event):
     cached: bool = False
     coercions: list[Any] = field(default_factory=list)
     probed: str | None = None
+    # A call that ran with an approver's edited arguments: what ran, and the model's.
+    input: Any = None
+    proposed_input: Any = None
+    refusal: str = ""  # a call that did not run: rejected | expired | unpaid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +153,9 @@ class TurnFinished(Event):
     stop_reason: str = ""
     iterations: int = 0
     usage: TurnUsage = field(default_factory=TurnUsage)
+    # ok | tool_failures (a call failed, was rejected, expired or unpaid) | stopped | error
+    outcome: str = ""
+    calls: TurnCalls = field(default_factory=TurnCalls)
     reason: str = ""
     trace_id: str = ""  # set when traces are on
     result: Any = None  # a workflow run's result
@@ -273,4 +280,6 @@ def parse_event(frame: dict[str, Any]) -> Event:
             output_tokens=int(usage.get("output_tokens", 0)),
             cost=Decimal(str(usage.get("cost") or 0)),
         )
+    if cls is TurnFinished and "calls" in values:
+        values["calls"] = TurnCalls.from_dict(values["calls"])
     return cls(**envelope, **values)

@@ -6,7 +6,7 @@ is readable before this library names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -72,6 +72,8 @@ class Session:
     updated_at: datetime | None
     # Opened by a stateless OpenAI-compatible request: pruned once idle a while.
     ephemeral: bool = False
+    # How the last turn that ended went; None before any turn ended.
+    last_turn: LastTurn | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -91,7 +93,47 @@ class Session:
             created_at=parse_time(data.get("created_at")),
             updated_at=parse_time(data.get("updated_at")),
             ephemeral=bool(data.get("ephemeral")),
+            last_turn=LastTurn.from_dict(data["last_turn"]) if data.get("last_turn") else None,
             raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class TurnCalls:
+    """A turn's tool calls by how they ended."""
+
+    ok: int = 0  # ran and succeeded
+    failed: int = 0  # ran and failed or timed out, or was held back
+    rejected: int = 0  # rejected by an approver, or the turn ended before it ran
+    expired: int = 0  # no approver decided before its deadline
+    unpaid: int = 0  # the owner's credit points could not pay for it
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TurnCalls:
+        data = data if isinstance(data, dict) else {}
+        return cls(**{f.name: int(data.get(f.name) or 0) for f in fields(cls)})
+
+    @property
+    def not_done(self) -> int:
+        """Calls that did not run or did not succeed."""
+        return self.failed + self.rejected + self.expired + self.unpaid
+
+
+@dataclass(frozen=True)
+class LastTurn:
+    """`last_turn` of a session: the turn number, its outcome (ok | tool_failures | stopped |
+    error) and its tool calls by how they ended, as its `turn.finished` carried them."""
+
+    turn: int
+    outcome: str
+    calls: TurnCalls
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LastTurn:
+        return cls(
+            turn=int(data.get("turn") or 0),
+            outcome=str(data.get("outcome") or ""),
+            calls=TurnCalls.from_dict(data.get("calls")),
         )
 
 
