@@ -155,7 +155,7 @@ class Probe:
 
         found = False
         for name, module in list(sys.modules.items()):
-            if not name.startswith(("sessions", "tools")) or module is None:
+            if not name.startswith(("engine", "sessions", "tools")) or module is None:
                 continue
             for attr, value in list(vars(module).items()):
                 if value is original:

@@ -1,0 +1,570 @@
+"""Benchmark: a workflow of ten instant tool nodes against LangGraph + PostgresSaver.
+
+DESIGN "Performance targets": a 10-node tool chain at most 1.0x a LangGraph
+`StateGraph` + `PostgresSaver` with the same nodes, side by side in one run; a
+workflow node's overhead at most an agent step's.
+
+- **LangGraph**: a `StateGraph` over a state of `input` and one key per node,
+  nodes s1 -> s2 -> ... -> s10, each calling `fixtures.chain_step` (the counter
+  plus one) on the previous node's output; `PostgresSaver` (psycopg,
+  `durability="sync"`: each node's checkpoint is written before the next node
+  runs, as the platform's are) in a database of its own on the same PostgreSQL
+  server; a fresh `thread_id` per run.
+- **Platform**: workflow `bench-chain` (`bench/fixtures.py`: ten `tool` nodes,
+  each calling the read-only python tool `bench_step`, whose handler is the same
+  `chain_step`), started with `workflows.services.workflow_run_start` (the
+  run's session and its turn start, as `POST /workflows/{slug}/runs/` does:
+  LangGraph's `invoke` writes its input checkpoint too) and walked with
+  `engine.session_run` in this process, no worker.
+
+As in the `langgraph` benchmark, the two alternate run by run (ABAB...) after a
+warm-up, and each side's server work is the delta of its own database's
+`pg_stat_database` / `pg_stat_user_tables` counters. Per side: wall and CPU per
+run and per node, server commits (and, for LangGraph, checkpoint rows) per node.
+
+Then a second pass on the platform alone, with the engine benchmark's probe
+(`bench/engine_step.py`) installed: each step's overhead (its wall time minus
+the tools' `execute_all` and the model's `complete`, as the engine benchmark
+defines it) summed over a run and divided by its nodes is the **node overhead**,
+set next to the agent loop's step overhead (the `engine` benchmark's p50, from
+this invocation, or measured here on a few turns when it did not run), with
+SQL statements, round trips and commits per node.
+"""
+
+import cProfile
+import io
+import os
+import pstats
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from . import fixtures
+from .environment import BENCH_DB, with_database
+from .langgraph_compare import _counting_cursor, _Counts
+from .results_model import Result, figure
+from .runs import MachineLoad, database_server_pid, tree_cpu_s
+from .sqlcount import SqlCounter, Tally, server_counters, server_delta
+from .stats import percentile, summary
+
+NODES = fixtures.CHAIN_NODES
+LANGGRAPH_TABLES = ("checkpoints", "checkpoint_writes", "checkpoint_blobs")
+
+
+@dataclass
+class Side:
+    name: str
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+    server: dict[str, int] = field(default_factory=dict)
+    statements: int = 0
+    round_trips: int = 0
+
+
+# --- LangGraph ---------------------------------------------------------------------
+
+
+def _langgraph_database() -> str:
+    return f"{BENCH_DB}_langgraph_wf"
+
+
+def _table_inserts(database: str) -> dict[str, int]:
+    """Rows inserted per LangGraph table (pg_stat_user_tables), for deltas."""
+    import psycopg
+
+    with psycopg.connect(
+        with_database(os.environ["DATABASE_URL"], database), autocommit=True
+    ) as conn:
+        rows = conn.execute(
+            "SELECT relname, n_tup_ins + n_tup_upd FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+            [list(LANGGRAPH_TABLES)],
+        ).fetchall()
+    return {name: int(n) for name, n in rows}
+
+
+@contextmanager
+def _langgraph(counts: type[_Counts]) -> Iterator[tuple[Callable[[], None], Callable[[], None]]]:
+    """(run once, close) on a database of LangGraph's own."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.graph import END, START, StateGraph
+    from psycopg.rows import dict_row
+
+    base = os.environ["DATABASE_URL"]
+    name = _langgraph_database()
+    with psycopg.connect(with_database(base, "postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+    keys = [f"s{i}" for i in range(1, NODES + 1)]
+    # The state: the input and one key per node (TypedDict's functional form: the keys
+    # follow NODES).
+    chain_state = TypedDict(  # type: ignore[misc]
+        "chain_state", {"input": dict[str, Any], **dict.fromkeys(keys, dict[str, Any])}, total=False
+    )
+
+    def node(key: str, previous: str) -> Callable[[Any], dict[str, Any]]:
+        def run(state: Any) -> dict[str, Any]:
+            return {key: fixtures.chain_step(state[previous]["n"])}
+
+        run.__name__ = key
+        return run
+
+    graph = StateGraph(chain_state)
+    previous = "input"
+    for key in keys:
+        graph.add_node(key, node(key, previous))
+        graph.add_edge(START if previous == "input" else previous, key)
+        previous = key
+    graph.add_edge(previous, END)
+
+    conn = psycopg.connect(
+        with_database(base, name),
+        autocommit=True,
+        prepare_threshold=0,
+        row_factory=dict_row,
+        cursor_factory=_counting_cursor(counts),
+    )
+    saver = PostgresSaver(conn)  # type: ignore[arg-type]
+    saver.setup()
+    app = graph.compile(checkpointer=saver)
+
+    def run_once() -> None:
+        config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+        out = app.invoke({"input": {"n": 0}}, config, durability="sync")  # type: ignore[arg-type]
+        if out.get(keys[-1]) != {"n": NODES}:
+            raise RuntimeError(f"LangGraph chain ended with {out.get(keys[-1])!r}")
+
+    try:
+        yield run_once, conn.close
+    finally:
+        conn.close()
+
+
+# --- The platform --------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    session_id: Any
+    start_s: float  # workflow_run_start: the session and its turn start
+    steps: int
+
+
+def _platform_run(owner: Any) -> Run:
+    from engine import session_run
+    from workflows.services import workflow_run_start
+
+    started = time.perf_counter()
+    session, created = workflow_run_start(
+        owner=owner, key_roles=[fixtures.ROLE], slug=fixtures.CHAIN_WORKFLOW, input={"n": 0}
+    )
+    start_s = time.perf_counter() - started
+    assert created
+    result = session_run(session_id=session.pk)
+    if result.stopped != "idle":
+        raise RuntimeError(f"session_run stopped with {result.stopped!r}")
+    return Run(session.pk, start_s, result.steps)
+
+
+def _check_runs(ids: list[Any]) -> None:
+    from sessions.models import Session
+
+    wrong = [
+        (str(pk), state, (wf or {}).get("result"))
+        for pk, state, wf in Session.objects.filter(pk__in=ids).values_list(
+            "pk", "state", "workflow_state"
+        )
+        if state != "finished" or (wf or {}).get("result") != {"n": NODES}
+    ]
+    if wrong:
+        raise RuntimeError(
+            f"{len(wrong)} of {len(ids)} runs did not end with n={NODES}: {wrong[0]}"
+        )
+
+
+def _flush() -> None:
+    """Close every pooled connection: backends flush their statistics when they exit."""
+    from django.db import connection
+
+    connection.close()
+    connection.close_pool()
+    time.sleep(0.6)
+
+
+@dataclass
+class NodePass:
+    """The platform alone, with the engine benchmark's probe: per-run overhead per node."""
+
+    overhead_ms: list[float]
+    steps_per_run: float
+    sql: Tally
+    by_state: dict[str, dict[str, Any]]
+    runs: int
+    start_sql: Tally
+    profile_top: list[str] | None = None
+
+
+def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
+    from engine.runner import loop as runner
+
+    from .engine_step import Probe
+
+    counter = SqlCounter(threading.current_thread())
+    counter.install()
+    probe = Probe(counter)
+    probe.install()
+    # The probe names a step by the state it started in; a node step starts in processing.
+    states: list[str] = []
+    patched_run_step = runner.run_step
+
+    def run_step(session: Any, owner_: str, run: Any = None) -> bool:
+        state = session.state
+        progressed = patched_run_step(session, owner_, run)
+        if progressed and probe.recording:
+            states.append(state)
+        return progressed
+
+    runner.run_step = run_step  # type: ignore[assignment]
+    overhead: list[float] = []
+    steps = 0
+    start_sql = Tally()
+    profiler = cProfile.Profile() if profile_path else None
+    try:
+        _platform_run(owner)  # the probe's own warm-up
+        for _ in range(runs):
+            before = counter.snapshot()
+            from workflows.services import workflow_run_start
+
+            session, _ = workflow_run_start(
+                owner=owner,
+                key_roles=[fixtures.ROLE],
+                slug=fixtures.CHAIN_WORKFLOW,
+                input={"n": 0},
+            )
+            start_sql = start_sql.plus(counter.snapshot().minus(before))
+            first = len(probe.steps)
+            probe.recording = True
+            probe.begin()
+            from engine import session_run
+
+            if profiler:
+                profiler.enable()
+            result = session_run(session_id=session.pk)
+            if profiler:
+                profiler.disable()
+            probe.recording = False
+            if result.stopped != "idle":
+                raise RuntimeError(f"session_run stopped with {result.stopped!r}")
+            mine = probe.steps[first:]
+            steps += len(mine)
+            overhead.append(sum(s.overhead for s in mine) * 1000 / NODES)
+    finally:
+        runner.run_step = patched_run_step  # type: ignore[assignment]
+        probe.uninstall()
+        counter.uninstall()
+    records = probe.steps
+    if len(states) != len(records):
+        raise RuntimeError(f"{len(states)} states for {len(records)} steps")
+    total = Tally()
+    for record in records:
+        total = total.plus(record.sql)
+    by_state: dict[str, dict[str, Any]] = {}
+    for state in sorted(set(states)):
+        group = [r for r, s in zip(records, states, strict=True) if s == state]
+        by_state[state] = {
+            "steps_per_node": round(len(group) / (runs * NODES), 2),
+            "overhead_ms": summary([r.overhead * 1000 for r in group]),
+            "tool_ms_mean": round(sum(r.tool for r in group) / len(group) * 1000, 3),
+            "step_commit_ms_mean": round(sum(r.commit_wall for r in group) / len(group) * 1000, 3),
+            "statements_mean": round(sum(r.sql.statements for r in group) / len(group), 2),
+            "round_trips_mean": round(sum(r.sql.all_round_trips for r in group) / len(group), 2),
+            "commits_mean": round(sum(r.sql.commits for r in group) / len(group), 2),
+        }
+    top = None
+    if profiler and profile_path:
+        profiler.dump_stats(profile_path)
+        buffer = io.StringIO()
+        pstats.Stats(profiler, stream=buffer).sort_stats("cumulative").print_stats(40)
+        top = buffer.getvalue().splitlines()[:80]
+    return NodePass(overhead, steps / runs, total, by_state, runs, start_sql, top)
+
+
+def _agent_step_overhead(engine: Result | None) -> tuple[float, float, str]:
+    """The agent loop's step overhead (p50, p95 ms) and where it comes from."""
+    if engine is not None and not engine.error:
+        values = {f.key: f.value for f in engine.figures}
+        p50, p95 = values.get("overhead_p50_ms"), values.get("overhead_p95_ms")
+        if p50 is not None and p95 is not None:
+            return p50, p95, "the engine benchmark of this invocation"
+    from . import engine_step
+
+    measured = engine_step.run(sessions=5, turns=2, warmup_turns=2)
+    values = {f.key: f.value for f in measured.figures}
+    return (
+        float(values["overhead_p50_ms"] or 0.0),
+        float(values["overhead_p95_ms"] or 0.0),
+        "measured here (engine benchmark, 5 sessions x 2 turns)",
+    )
+
+
+def run(
+    *,
+    runs: int,
+    warmup: int = 3,
+    node_runs: int | None = None,
+    engine: Result | None = None,
+    profile_path: str | None = None,
+) -> Result:
+    from django.db import connection
+
+    node_runs = node_runs or runs
+    result = Result(
+        name="workflow",
+        title=f"Side by side: a {NODES}-node chain of instant tool nodes, LangGraph StateGraph + PostgresSaver against a workflow run",
+        params={
+            "runs_per_side": runs,
+            "warmup_per_side": warmup,
+            "nodes": NODES,
+            "node_pass_runs": node_runs,
+            "langgraph_durability": "sync",
+            "workflow": fixtures.CHAIN_WORKFLOW,
+            "tool": f"{fixtures.STEP_TOOL} (python, read-only)",
+        },
+    )
+    counts = _Counts
+    counts.statements = counts.round_trips = 0
+    counter = SqlCounter()
+    owner = fixtures.owner()
+    with _langgraph(counts) as (langgraph_once, langgraph_close):
+        for _ in range(warmup):
+            langgraph_once()
+            _platform_run(owner)
+        _flush()
+        server = database_server_pid()
+
+        def server_cpu_s() -> float:
+            return tree_cpu_s(server) if server else 0.0
+
+        lg, pf = Side("langgraph"), Side("platform")
+        lg_db = _langgraph_database()
+        lg_before, pf_before = server_counters(lg_db), server_counters(BENCH_DB)
+        lg_tables_before = _table_inserts(lg_db)
+        counts.statements = counts.round_trips = 0
+        counter.install()
+        load = MachineLoad()
+        load.start()
+        done: list[Run] = []
+        try:
+            for i in range(runs):
+                order = ["lg", "pf"] if i % 2 == 0 else ["pf", "lg"]
+                for which in order:
+                    server_cpu = server_cpu_s()
+                    started, cpu = time.perf_counter(), time.process_time()
+                    if which == "lg":
+                        langgraph_once()
+                    else:
+                        done.append(_platform_run(owner))
+                    side = lg if which == "lg" else pf
+                    side.wall.append(time.perf_counter() - started)
+                    side.cpu.append(time.process_time() - cpu)
+                    side.server_cpu.append(server_cpu_s() - server_cpu)
+        finally:
+            machine = load.stop()
+            counter.uninstall()
+        langgraph_close()
+        _flush()
+        lg.server = server_delta(server_counters(lg_db), lg_before)
+        pf.server = server_delta(server_counters(BENCH_DB), pf_before)
+        lg_tables_after = _table_inserts(lg_db)
+        lg.statements, lg.round_trips = counts.statements, counts.round_trips
+        total = Tally()
+        for bucket in ("engine", "heartbeat", "other"):
+            total = total.plus(counter.snapshot(bucket))
+        pf.statements, pf.round_trips = total.statements, total.all_round_trips
+        client_commits = total.commits
+        _check_runs([r.session_id for r in done])
+
+    node_pass = _node_pass(owner, node_runs, profile_path)
+    agent_p50, agent_p95, agent_from = _agent_step_overhead(engine)
+    connection.close()
+
+    ms = 1000.0
+    per_node = runs * NODES
+
+    def p(values: list[float], q: float) -> float:
+        return percentile(values, q) * ms
+
+    def server_ms(side: Side) -> float:
+        return sum(side.server_cpu) / len(side.server_cpu) * ms / NODES
+
+    checkpoint_rows = {
+        t: lg_tables_after.get(t, 0) - lg_tables_before.get(t, 0) for t in LANGGRAPH_TABLES
+    }
+    ratio = p(pf.wall, 50) / p(lg.wall, 50)
+    node_p50 = percentile(node_pass.overhead_ms, 50)
+    node_p95 = percentile(node_pass.overhead_ms, 95)
+    start_ms = [r.start_s * ms for r in done]
+    result.figures += [
+        figure("langgraph_run_p50", "LangGraph+PostgresSaver per run, p50", p(lg.wall, 50), "ms"),
+        figure(
+            "platform_run_p50", "platform per run (start + session_run), p50", p(pf.wall, 50), "ms"
+        ),
+        figure("langgraph_run_p95", "LangGraph+PostgresSaver per run, p95", p(lg.wall, 95), "ms"),
+        figure("platform_run_p95", "platform per run, p95", p(pf.wall, 95), "ms"),
+        figure("langgraph_node_p50", "LangGraph per node, p50", p(lg.wall, 50) / NODES, "ms"),
+        figure("platform_node_p50", "platform per node, p50", p(pf.wall, 50) / NODES, "ms"),
+        figure("ratio_wall_p50", "platform / LangGraph, wall p50", ratio, "x", le=1.0),
+        figure(
+            "ratio_cpu_p50",
+            "platform / LangGraph, CPU p50 (steadier)",
+            p(pf.cpu, 50) / p(lg.cpu, 50),
+            "x",
+        ),
+        *(
+            [
+                figure(
+                    "langgraph_server_cpu_per_node",
+                    "LangGraph: the database server's CPU per node, mean",
+                    server_ms(lg),
+                    "ms",
+                ),
+                figure(
+                    "platform_server_cpu_per_node",
+                    "platform: the database server's CPU per node, mean",
+                    server_ms(pf),
+                    "ms",
+                ),
+            ]
+            if server
+            else []
+        ),
+        figure(
+            "platform_commits_per_node",
+            "platform server commits per node (pg_stat_database)",
+            pf.server["xact_commit"] / per_node,
+        ),
+        figure(
+            "platform_client_commits_per_node",
+            "platform write commits per node (client: transactions that wrote)",
+            client_commits / per_node,
+        ),
+        figure(
+            "langgraph_commits_per_node",
+            "LangGraph server commits per node (pg_stat_database)",
+            lg.server["xact_commit"] / per_node,
+        ),
+        figure(
+            "langgraph_checkpoints_per_node",
+            "LangGraph checkpoint rows written per node (checkpoints table)",
+            checkpoint_rows["checkpoints"] / per_node,
+        ),
+        figure(
+            "node_overhead_p50",
+            "platform node overhead (a run's steps / nodes), p50",
+            node_p50,
+            "ms",
+        ),
+        figure("node_overhead_p95", "platform node overhead, p95", node_p95, "ms"),
+        figure(
+            "agent_step_overhead_p50",
+            f"agent loop step overhead, p50 ({agent_from})",
+            agent_p50,
+            "ms",
+        ),
+        figure(
+            "node_vs_step_overhead_p50",
+            "node overhead / agent step overhead, p50",
+            node_p50 / agent_p50 if agent_p50 else None,
+            "x",
+            le=1.0,
+        ),
+        figure(
+            "platform_statements_per_node",
+            "platform SQL statements per node (session_run)",
+            node_pass.sql.statements / (node_pass.runs * NODES),
+        ),
+    ]
+
+    def side_details(side: Side) -> dict[str, Any]:
+        return {
+            "wall_ms_per_run": summary([w * ms for w in side.wall]),
+            "cpu_ms_per_run": summary([c * ms for c in side.cpu]),
+            "per_node": {
+                "wall_ms_p50": round(p(side.wall, 50) / NODES, 3),
+                "wall_ms_p95": round(p(side.wall, 95) / NODES, 3),
+                "cpu_ms_p50": round(p(side.cpu, 50) / NODES, 3),
+                "server_cpu_ms_mean": round(server_ms(side), 3),
+                "server_commits": round(side.server["xact_commit"] / per_node, 2),
+                "rows_written": round(side.server["rows_written"] / per_node, 2),
+                "statements": round(side.statements / per_node, 2),
+                "round_trips": round(side.round_trips / per_node, 2),
+            },
+            "server_delta": side.server,
+        }
+
+    n = node_pass.runs * NODES
+    sql = node_pass.sql
+    result.details = {
+        "langgraph": {
+            **side_details(lg),
+            "rows_written_per_node_by_table": {
+                t: round(v / per_node, 2) for t, v in checkpoint_rows.items()
+            },
+        },
+        "platform": {
+            **side_details(pf),
+            "start_ms": summary(start_ms),
+            "session_run_ms": summary([w * ms - s for w, s in zip(pf.wall, start_ms, strict=True)]),
+            "client_write_commits_per_node": round(client_commits / per_node, 2),
+        },
+        "node_pass": {
+            "runs": node_pass.runs,
+            "steps_per_run": round(node_pass.steps_per_run, 2),
+            "node_overhead_ms": summary(node_pass.overhead_ms),
+            "per_node": {
+                "statements": round(sql.statements / n, 2),
+                "round_trips": round(sql.all_round_trips / n, 2),
+                "reads": round(sql.reads / n, 2),
+                "writes": round(sql.writes / n, 2),
+                "commits": round(sql.commits / n, 2),
+                "rows_written": round(sql.rows_written / n, 2),
+                "rows_by_table": {
+                    k: round(v / n, 2) for k, v in sorted(sql.rows_by_table.items()) if v
+                },
+                "by_verb": {k: round(v / n, 2) for k, v in sorted(sql.by_verb.items()) if v},
+            },
+            "by_state": node_pass.by_state,
+            "run_start_per_run": {
+                "statements": round(node_pass.start_sql.statements / node_pass.runs, 2),
+                "commits": round(node_pass.start_sql.commits / node_pass.runs, 2),
+            },
+            "profile": profile_path,
+            "profile_top": node_pass.profile_top,
+        },
+        "agent_step_overhead_ms": {"p50": agent_p50, "p95": agent_p95, "from": agent_from},
+        "machine_load": machine,
+    }
+    result.notes.append(
+        f"per run p50 / p95: LangGraph {p(lg.wall, 50):.1f} / {p(lg.wall, 95):.1f} ms, "
+        f"platform {p(pf.wall, 50):.1f} / {p(pf.wall, 95):.1f} ms "
+        f"(of which the run's start {percentile(start_ms, 50):.1f} ms p50); CPU p50 "
+        f"{p(lg.cpu, 50):.1f} vs {p(pf.cpu, 50):.1f} ms"
+    )
+    result.notes.append(
+        f"per node: LangGraph {checkpoint_rows['checkpoints'] / per_node:.2f} checkpoints, "
+        f"{lg.server['xact_commit'] / per_node:.2f} server commits; platform "
+        f"{client_commits / per_node:.2f} write commits, {pf.server['xact_commit'] / per_node:.2f} "
+        f"server commits, {node_pass.steps_per_run / NODES:.2f} steps, "
+        f"{sql.statements / n:.2f} statements, {sql.all_round_trips / n:.2f} round trips"
+    )
+    result.notes.append(
+        f"node overhead p50 / p95 {node_p50:.2f} / {node_p95:.2f} ms against the agent loop's "
+        f"step overhead p50 / p95 {agent_p50:.2f} / {agent_p95:.2f} ms ({agent_from})"
+    )
+    return result
