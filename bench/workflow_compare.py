@@ -25,10 +25,12 @@ run and per node, server commits (and, for LangGraph, checkpoint rows) per node.
 Then a second pass on the platform alone, with the engine benchmark's probe
 (`bench/engine_step.py`) installed: each step's overhead (its wall time minus
 the tools' `execute_all` and the model's `complete`, as the engine benchmark
-defines it) summed over a run and divided by its nodes is the **node overhead**,
-set next to the agent loop's step overhead (the `engine` benchmark's p50, from
-this invocation, or measured here on a few turns when it did not run), with
-SQL statements, round trips and commits per node.
+defines it) summed over a run and divided by its nodes is the **node overhead**;
+each run is followed by one turn of the engine benchmark's demo agent, whose
+steps give the agent loop's **step overhead** in the same window (the same
+load), with the engine thread's CPU of both; and SQL statements, round trips
+and commits per node. The `engine` benchmark's own figures, when it ran in
+this invocation, are in the details.
 """
 
 import cProfile
@@ -221,21 +223,28 @@ def _flush() -> None:
 
 @dataclass
 class NodePass:
-    """The platform alone, with the engine benchmark's probe: per-run overhead per node."""
+    """The platform alone under the engine benchmark's probe: workflow runs alternated with
+    turns of the agent loop (the engine benchmark's demo agent), so both see the same load."""
 
-    overhead_ms: list[float]
-    steps_per_run: float
-    sql: Tally
-    by_state: dict[str, dict[str, Any]]
     runs: int
+    node_overhead_ms: list[float]  # per run: its steps' overheads / nodes
+    node_cpu_ms: list[float]  # per run: its steps' engine-thread CPU / nodes
+    step_overhead_ms: list[float]  # each agent step
+    step_cpu_ms: list[float]
+    steps_per_run: float
+    sql: Tally  # the workflow runs' steps
+    by_state: dict[str, dict[str, Any]]
     start_sql: Tally
     profile_top: list[str] | None = None
 
 
 def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
+    from engine import session_run
     from engine.runner import loop as runner
+    from sessions.models import Session
+    from workflows.services import workflow_run_start
 
-    from .engine_step import Probe
+    from .engine_step import Probe, _turn
 
     counter = SqlCounter(threading.current_thread())
     counter.install()
@@ -253,17 +262,20 @@ def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
         return progressed
 
     runner.run_step = run_step  # type: ignore[assignment]
-    overhead: list[float] = []
-    steps = 0
+    node_overhead: list[float] = []
+    node_cpu: list[float] = []
+    agent_steps: list[Any] = []
+    mine: list[int] = []  # indices of the workflow runs' steps in probe.steps
     start_sql = Tally()
     profiler = cProfile.Profile() if profile_path else None
+    agents = fixtures.sessions_create("bench-demo", max(1, min(8, runs)))
     try:
-        _platform_run(owner)  # the probe's own warm-up
-        for _ in range(runs):
+        _platform_run(owner)  # warm-up, as the engine benchmark's
+        for session in agents[:2]:
+            _turn(session, probe)
+        for i in range(runs):
             before = counter.snapshot()
-            from workflows.services import workflow_run_start
-
-            session, _ = workflow_run_start(
+            run, _ = workflow_run_start(
                 owner=owner,
                 key_roles=[fixtures.ROLE],
                 slug=fixtures.CHAIN_WORKFLOW,
@@ -273,35 +285,41 @@ def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
             first = len(probe.steps)
             probe.recording = True
             probe.begin()
-            from engine import session_run
-
             if profiler:
                 profiler.enable()
-            result = session_run(session_id=session.pk)
+            result = session_run(session_id=run.pk)
             if profiler:
                 profiler.disable()
-            probe.recording = False
             if result.stopped != "idle":
                 raise RuntimeError(f"session_run stopped with {result.stopped!r}")
-            mine = probe.steps[first:]
-            steps += len(mine)
-            overhead.append(sum(s.overhead for s in mine) * 1000 / NODES)
+            records = probe.steps[first:]
+            mine += range(first, len(probe.steps))
+            node_overhead.append(sum(r.overhead for r in records) * 1000 / NODES)
+            node_cpu.append(sum(r.cpu for r in records) * 1000 / NODES)
+            # Then one turn of the agent loop, as the engine benchmark runs it.
+            first = len(probe.steps)
+            agent = Session.objects.get(pk=agents[i % len(agents)].pk)
+            _turn(agent, probe)
+            agent_steps += probe.steps[first:]
+            probe.recording = False
     finally:
         runner.run_step = patched_run_step  # type: ignore[assignment]
         probe.uninstall()
         counter.uninstall()
-    records = probe.steps
-    if len(states) != len(records):
-        raise RuntimeError(f"{len(states)} states for {len(records)} steps")
+    if len(states) != len(probe.steps):
+        raise RuntimeError(f"{len(states)} states for {len(probe.steps)} steps")
+    records = [probe.steps[i] for i in mine]
+    run_states = [states[i] for i in mine]
     total = Tally()
     for record in records:
         total = total.plus(record.sql)
     by_state: dict[str, dict[str, Any]] = {}
-    for state in sorted(set(states)):
-        group = [r for r, s in zip(records, states, strict=True) if s == state]
+    for state in sorted(set(run_states)):
+        group = [r for r, s in zip(records, run_states, strict=True) if s == state]
         by_state[state] = {
             "steps_per_node": round(len(group) / (runs * NODES), 2),
             "overhead_ms": summary([r.overhead * 1000 for r in group]),
+            "engine_cpu_ms": summary([r.cpu * 1000 for r in group]),
             "tool_ms_mean": round(sum(r.tool for r in group) / len(group) * 1000, 3),
             "step_commit_ms_mean": round(sum(r.commit_wall for r in group) / len(group) * 1000, 3),
             "statements_mean": round(sum(r.sql.statements for r in group) / len(group), 2),
@@ -314,25 +332,30 @@ def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
         buffer = io.StringIO()
         pstats.Stats(profiler, stream=buffer).sort_stats("cumulative").print_stats(40)
         top = buffer.getvalue().splitlines()[:80]
-    return NodePass(overhead, steps / runs, total, by_state, runs, start_sql, top)
-
-
-def _agent_step_overhead(engine: Result | None) -> tuple[float, float, str]:
-    """The agent loop's step overhead (p50, p95 ms) and where it comes from."""
-    if engine is not None and not engine.error:
-        values = {f.key: f.value for f in engine.figures}
-        p50, p95 = values.get("overhead_p50_ms"), values.get("overhead_p95_ms")
-        if p50 is not None and p95 is not None:
-            return p50, p95, "the engine benchmark of this invocation"
-    from . import engine_step
-
-    measured = engine_step.run(sessions=5, turns=2, warmup_turns=2)
-    values = {f.key: f.value for f in measured.figures}
-    return (
-        float(values["overhead_p50_ms"] or 0.0),
-        float(values["overhead_p95_ms"] or 0.0),
-        "measured here (engine benchmark, 5 sessions x 2 turns)",
+    return NodePass(
+        runs=runs,
+        node_overhead_ms=node_overhead,
+        node_cpu_ms=node_cpu,
+        step_overhead_ms=[r.overhead * 1000 for r in agent_steps],
+        step_cpu_ms=[r.cpu * 1000 for r in agent_steps],
+        steps_per_run=len(records) / runs,
+        sql=total,
+        by_state=by_state,
+        start_sql=start_sql,
+        profile_top=top,
     )
+
+
+def _engine_figures(engine: Result | None) -> dict[str, Any] | None:
+    """The engine benchmark's step overhead, when it ran earlier in this invocation."""
+    if engine is None or engine.error:
+        return None
+    values = {f.key: f.value for f in engine.figures}
+    return {
+        "overhead_p50_ms": values.get("overhead_p50_ms"),
+        "overhead_p95_ms": values.get("overhead_p95_ms"),
+        "engine_cpu_p50_ms": values.get("engine_cpu_p50_ms"),
+    }
 
 
 def run(
@@ -416,7 +439,6 @@ def run(
         _check_runs([r.session_id for r in done])
 
     node_pass = _node_pass(owner, node_runs, profile_path)
-    agent_p50, agent_p95, agent_from = _agent_step_overhead(engine)
     connection.close()
 
     ms = 1000.0
@@ -432,8 +454,12 @@ def run(
         t: lg_tables_after.get(t, 0) - lg_tables_before.get(t, 0) for t in LANGGRAPH_TABLES
     }
     ratio = p(pf.wall, 50) / p(lg.wall, 50)
-    node_p50 = percentile(node_pass.overhead_ms, 50)
-    node_p95 = percentile(node_pass.overhead_ms, 95)
+    node_p50 = percentile(node_pass.node_overhead_ms, 50)
+    node_p95 = percentile(node_pass.node_overhead_ms, 95)
+    step_p50 = percentile(node_pass.step_overhead_ms, 50)
+    step_p95 = percentile(node_pass.step_overhead_ms, 95)
+    node_cpu = percentile(node_pass.node_cpu_ms, 50)
+    step_cpu = percentile(node_pass.step_cpu_ms, 50)
     start_ms = [r.start_s * ms for r in done]
     result.figures += [
         figure("langgraph_run_p50", "LangGraph+PostgresSaver per run, p50", p(lg.wall, 50), "ms"),
@@ -476,7 +502,7 @@ def run(
         ),
         figure(
             "platform_client_commits_per_node",
-            "platform write commits per node (client: transactions that wrote)",
+            "platform write commits per node (client; the run's start and lease included)",
             client_commits / per_node,
         ),
         figure(
@@ -491,23 +517,30 @@ def run(
         ),
         figure(
             "node_overhead_p50",
-            "platform node overhead (a run's steps / nodes), p50",
+            "platform node overhead (a run's step overheads / nodes), p50",
             node_p50,
             "ms",
         ),
         figure("node_overhead_p95", "platform node overhead, p95", node_p95, "ms"),
         figure(
             "agent_step_overhead_p50",
-            f"agent loop step overhead, p50 ({agent_from})",
-            agent_p50,
+            "agent loop step overhead (demo agent, turns alternated with the runs), p50",
+            step_p50,
             "ms",
         ),
+        figure("agent_step_overhead_p95", "agent loop step overhead, p95", step_p95, "ms"),
         figure(
             "node_vs_step_overhead_p50",
             "node overhead / agent step overhead, p50",
-            node_p50 / agent_p50 if agent_p50 else None,
+            node_p50 / step_p50 if step_p50 else None,
             "x",
             le=1.0,
+        ),
+        figure(
+            "node_vs_step_cpu_p50",
+            "engine-thread CPU per node / per agent step, p50 (steadier)",
+            node_cpu / step_cpu if step_cpu else None,
+            "x",
         ),
         figure(
             "platform_statements_per_node",
@@ -551,7 +584,11 @@ def run(
         "node_pass": {
             "runs": node_pass.runs,
             "steps_per_run": round(node_pass.steps_per_run, 2),
-            "node_overhead_ms": summary(node_pass.overhead_ms),
+            "node_overhead_ms": summary(node_pass.node_overhead_ms),
+            "node_engine_cpu_ms": summary(node_pass.node_cpu_ms),
+            "agent_steps": len(node_pass.step_overhead_ms),
+            "agent_step_overhead_ms": summary(node_pass.step_overhead_ms),
+            "agent_step_engine_cpu_ms": summary(node_pass.step_cpu_ms),
             "per_node": {
                 "statements": round(sql.statements / n, 2),
                 "round_trips": round(sql.all_round_trips / n, 2),
@@ -572,7 +609,8 @@ def run(
             "profile": profile_path,
             "profile_top": node_pass.profile_top,
         },
-        "agent_step_overhead_ms": {"p50": agent_p50, "p95": agent_p95, "from": agent_from},
+        # The engine benchmark of this invocation (its own window), for reference.
+        "engine_benchmark": _engine_figures(engine),
         "machine_load": machine,
     }
     result.notes.append(
@@ -590,6 +628,8 @@ def run(
     )
     result.notes.append(
         f"node overhead p50 / p95 {node_p50:.2f} / {node_p95:.2f} ms against the agent loop's "
-        f"step overhead p50 / p95 {agent_p50:.2f} / {agent_p95:.2f} ms ({agent_from})"
+        f"step overhead p50 / p95 {step_p50:.2f} / {step_p95:.2f} ms in the same pass "
+        f"({len(node_pass.step_overhead_ms)} demo steps alternated with the runs); engine-thread "
+        f"CPU {node_cpu:.2f} ms per node, {step_cpu:.2f} ms per step"
     )
     return result
