@@ -11,7 +11,9 @@ A request's body is read before it queues for the gate (up to BUFFER_BYTES;
 a larger one streams on inside), so a slow uploader holds no slot. The slot is
 given back when the response starts: what follows is sending, on the loop, and
 a long streamed answer (the OpenAI-compatible endpoint's SSE, written from the
-loop as the turn runs) must not keep other requests out of Django.
+loop as the turn runs) must not keep other requests out of Django. An answer
+whose head waits on the loop for its status (runtime/deferred_response.py) leaves
+the gate earlier, through `scope[GATE_LEAVE]`, when its wait begins.
 """
 
 import asyncio
@@ -19,6 +21,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.conf import settings
+
+from runtime.deferred_response import GATE_LEAVE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,17 +68,20 @@ def bounded(app: App, limit: int | None = None) -> App:
         await gate.acquire()
         held = True
 
-        async def send_releasing(message: Message) -> None:
+        def leave() -> None:
             nonlocal held
-            if held and message.get("type") == "http.response.start":
+            if held:
                 held = False
                 gate.release()
+
+        async def send_releasing(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                leave()
             await send(message)
 
         try:
-            await app(scope, replay, send_releasing)
+            await app({**scope, GATE_LEAVE: leave}, replay, send_releasing)
         finally:
-            if held:
-                gate.release()
+            leave()
 
     return gated

@@ -195,6 +195,10 @@ APPROVAL_WS_MAX_SOCKETS_PER_KEY = env.int("APPROVAL_WS_MAX_SOCKETS_PER_KEY", def
 CREDITS_REQUIRED = env.bool("CREDITS_REQUIRED", default=False)
 CREDITS_WAIT_S = env.float("CREDITS_WAIT_S", default=10.0)
 CREDITS_WAIT_RETRY_S = env.float("CREDITS_WAIT_RETRY_S", default=0.5)
+# Child sessions (engine/gates/children.py): how long a parent waiting on its children is
+# left alone before the sweeper looks again (a child's end wakes it at once; this only
+# covers a lost wake-up). How deep they nest is each agent's `max_depth`.
+CHILDREN_RECHECK_S = env.float("CHILDREN_RECHECK_S", default=300.0)
 BILLING_TIME_ZONE = env.str("BILLING_TIME_ZONE", default="UTC")
 
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
@@ -248,6 +252,9 @@ DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # The OpenAI-compatible endpoint waits for a turn at most its agent's turn_timeout_s + 30 s,
 # and never longer than this; then it answers with what it has (finish_reason "length").
 OPENAI_MAX_WAIT_S = env.float("OPENAI_MAX_WAIT_S", default=600.0)
+# How long a turn waits for the results of the client's own tool calls (the OpenAI-compatible
+# request's `tools`) before the sweeper fails them and the model goes on without them.
+OPENAI_CLIENT_TOOLS_WAIT_S = env.float("OPENAI_CLIENT_TOOLS_WAIT_S", default=900.0)
 # A model endpoint is skipped for a cool-down after this many consecutive failures.
 MODEL_BREAKER_THRESHOLD = env.int("MODEL_BREAKER_THRESHOLD", default=5)
 MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)

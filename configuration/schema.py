@@ -18,6 +18,7 @@ from tools.env_access import header_env_allowed, header_env_rule
 from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
 from workflows.definition import WorkflowInvalid, definition_parse
+from workflows.expressions import ExpressionError, expression_compile
 
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 # An agent's or a rule's tool: a tool's name, or an MCP server's `<server>.<tool>`.
@@ -250,6 +251,22 @@ AGENT_ENTRY = {
         "budget_day_cost": {"type": ["number", "null"], "minimum": 0},
         "memory": AGENT_MEMORY,
         "enabled": {"type": "boolean"},
+        # Agents together (README "Agents together"): handoffs, nesting, routing.
+        "handoffs": {"type": "array", "items": SLUG},
+        "max_depth": {"type": "integer", "minimum": 0, "maximum": 5},
+        "routing": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["small", "when"],
+            "properties": {
+                "small": SLUG,
+                "when": {"type": "string", "minLength": 1},
+                "escalate_on": {
+                    "type": "array",
+                    "items": {"enum": ["invalid_tool_call", "invalid_json"]},
+                },
+            },
+        },
     },
 }
 
@@ -512,7 +529,32 @@ def config_errors(
         problem = dialogue_config_problem(entry.get("dialogue"))
         if problem:
             errors.append(f"{where}.{problem}")
+        known_agents_here = (known_agents or set()) | {
+            a["slug"] for a in document.get("agents") or []
+        }
+        for j, slug in enumerate(entry.get("handoffs") or []):
+            if slug not in known_agents_here or slug == entry["slug"]:
+                errors.append(
+                    f"{where}.handoffs[{j}]: unknown agent '{slug}' (known: "
+                    f"{', '.join(sorted(known_agents_here - {entry['slug']})) or 'none'})"
+                )
+        routing = entry.get("routing")
+        if routing:
+            if routing["small"] not in models:
+                errors.append(
+                    f"{where}.routing.small: unknown model '{routing['small']}' (known: {', '.join(sorted(models)) or 'none'})"
+                )
+            errors.extend(
+                f"{where}.routing.when: {p}" for p in routing_rule_problems(routing["when"])
+            )
         for j, name in enumerate(entry.get("tools") or []):
+            if name.startswith(AGENT_TOOL_PREFIX):
+                if name.removeprefix(AGENT_TOOL_PREFIX) not in known_agents_here:
+                    errors.append(
+                        f"{where}.tools[{j}]: unknown agent '{name.removeprefix(AGENT_TOOL_PREFIX)}' "
+                        f"for {name} (known: {', '.join(sorted(known_agents_here)) or 'none'})"
+                    )
+                continue
             if "." in name and name.split(".", 1)[0] in servers:
                 continue  # checked against the server's list once it is discovered
             if name not in tools:
@@ -584,3 +626,22 @@ def _mcp_server_errors(document: dict[str, Any], known_roles: set[str] | None) -
                     f"{where}.{field}: unknown role '{role}' (known: {', '.join(sorted(roles)) or 'none'}; declare it under roles:)"
                 )
     return errors
+
+
+AGENT_TOOL_PREFIX = "agent."  # engine/gates/children.py: another agent as a tool
+ROUTING_NAMES = frozenset({"message", "length", "dialogue", "failures", "iteration"})
+
+
+def routing_rule_problems(rule: str) -> list[str]:
+    """A routing rule is CEL over the turn's names (engine/gates/routing.py)."""
+    try:
+        compiled = expression_compile(rule)
+    except ExpressionError as exc:
+        return [exc.message]
+    unknown = sorted(compiled.names - ROUTING_NAMES)
+    if unknown:
+        return [
+            f"names {', '.join(unknown)}; a routing rule may read "
+            f"{', '.join(sorted(ROUTING_NAMES))}"
+        ]
+    return []

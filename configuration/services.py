@@ -23,7 +23,7 @@ from workflows.definition import WorkflowInvalid
 from workflows.selectors import definition_compile, tool_roles
 from workflows.services import workflow_apply
 
-from .schema import config_errors, resolve_urls
+from .schema import AGENT_TOOL_PREFIX, config_errors, resolve_urls
 
 
 class ConfigInvalid(Exception):
@@ -82,6 +82,9 @@ AGENT_FIELDS = (
     "name",
     "system_prompt",
     "tools",
+    "handoffs",
+    "max_depth",
+    "routing",
     "max_iterations",
     "context_window",
     "rules",
@@ -186,8 +189,8 @@ def _mcp_reference_errors(
     errors: list[str] = []
     for i, entry in enumerate(document.get("agents") or []):
         for j, name in enumerate(entry.get("tools") or []):
-            if "." not in name:
-                continue
+            if "." not in name or name.startswith(AGENT_TOOL_PREFIX):
+                continue  # another agent as a tool: checked with the file (schema.py)
             server, tool = name.split(".", 1)
             if server in found:
                 listed = found[server]

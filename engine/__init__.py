@@ -6,11 +6,12 @@ edges' callers) use it. Inside: `runner` (the run loop and lease), the phases
 change, and `commit` that writes a step atomically.
 """
 
+from engine.gates.client_tools import open_client_calls
 from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
 from engine.model.context import summary_through
 from engine.moves.approval import approval_recorded
-from engine.moves.ask_user import user_answer
+from engine.moves.ask_user import client_results, user_answer
 from engine.moves.takeover import (
     hand_back,
     operator_finish,
@@ -26,13 +27,16 @@ from engine.moves.turn import (
     turn_cancel,
     turn_start,
 )
+from engine.run_cache import agent_tool_names
 from engine.runner.loop import RunResult, session_run
 from engine.store.commit import StaleSession
 
 __all__ = [
     "INTERRUPT_REASON",
     "RunResult",
+    "agent_tool_names",
     "approval_recorded",
+    "client_results",
     "StaleSession",
     "fork_start",
     "hand_back",
@@ -40,6 +44,7 @@ __all__ = [
     "operator_reply",
     "operator_tool_intent",
     "operator_tool_result",
+    "open_client_calls",
     "open_question",
     "run_resume",
     "session_run",

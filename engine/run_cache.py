@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connection
 
 from engine.gates.budget import FiguresKeeper
+from engine.gates.children import AGENT_TOOL_PREFIX, agent_tools
 from engine.gates.guards import CallRecord
 from engine.gates.memory import turn_memory_block
 from engine.model.context import SUMMARY_NAME
@@ -81,7 +82,9 @@ def agent_runtime(agent_id: int, session: Session | None = None) -> AgentRuntime
     agent = Agent.objects.select_related(
         "model", "fallback_model", "candidate_model", "cheap_model", "summary_model"
     ).get(pk=agent_id)
-    tools = tools_for_agent(list(agent.tools))
+    # Its own tools, then the agents it may ask (agent.<slug>) or hand over to (transfer_to_<slug>).
+    own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
+    tools = {**tools_for_agent(own), **agent_tools(list(agent.tools), list(agent.handoffs))}
     runtime = AgentRuntime(agent=agent, tools=tools, stamp=stamp)
     with _lock:
         _agents[agent_id] = runtime
@@ -271,3 +274,9 @@ class RunContext:
                 self._read(session, 0)
                 return
             self.history_cache.extend(new)
+
+
+def agent_tool_names(agent_id: int) -> frozenset[str]:
+    """Every tool the agent offers its model, whatever the session's role: the names a
+    client's own tools (the OpenAI-compatible request's `tools`) may not take."""
+    return frozenset(agent_runtime(agent_id).tools)

@@ -143,6 +143,12 @@ class AnthropicAdapter(HttpAdapter):
             )
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        if request.stop:
+            body["stop_sequences"] = list(request.stop)
+        # No seed and no structured output on this wire: the engine asks for JSON in the
+        # prompt and validates the answer (engine/model/structured.py).
         if stream:
             body["stream"] = True
         return body

@@ -122,13 +122,22 @@ class OpenAIAdapter(HttpAdapter):
             )
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
-        if request.response_schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": request.response_schema},
-            }
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.seed is not None:
+            body["seed"] = request.seed
+        answer = request.response_format
+        if answer is not None and answer.schema is None:
+            body["response_format"] = {"type": "json_object"}
+        elif answer is not None:
+            schema: dict[str, Any] = {"name": answer.name, "schema": answer.schema}
+            if answer.strict:
+                schema["strict"] = True
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

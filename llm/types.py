@@ -1,7 +1,7 @@
 """Provider-neutral chat types. Nothing above `llm/` sees a wire format."""
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -36,17 +36,58 @@ class ToolSpec:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """The answer must be JSON: any JSON object (`schema` None, OpenAI's `json_object`), or
+    a value valid against `schema`. Sent as the wire's structured output where it has one
+    (OpenAI's response_format); the caller validates the answer either way."""
+
+    schema: dict[str, Any] | None = None
+    name: str = "answer"  # the schema's name on the wire (a client's own, when it gave one)
+    strict: bool = False  # OpenAI's strict schema mode (the client's choice)
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: Literal["auto", "none", "required"] | str = "auto"
     temperature: float | None = None
     max_tokens: int | None = None
-    # A JSON Schema the answer must satisfy: sent as the wire's structured output where it
-    # has one (OpenAI's response_format); the caller validates the answer either way.
-    response_schema: dict[str, Any] | None = None
+    # Sampling a client may set (the OpenAI-compatible endpoint); an adapter sends what its
+    # wire format has (Anthropic has no seed).
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    response_format: ResponseFormat | None = None
     # Agent-level configuration an adapter may need (the rules table, for one).
     agent_config: dict[str, Any] = field(default_factory=dict)
+
+
+class ResponseFormatJson(TypedDict):
+    schema: dict[str, Any] | None
+    name: str
+    strict: bool
+
+
+class ClientToolJson(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ModelOptions(TypedDict, total=False):
+    """A client's settings for the model calls of one turn, as JSON: stored with the turn's
+    message (Message.turn_options) by the OpenAI-compatible endpoint, read by every model
+    step of the turn (engine/gates/turn_options.py)."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop: list[str]
+    seed: int
+    response_format: ResponseFormatJson
+    # The client's own tools, offered beside the agent's: the client runs them.
+    tools: list[ClientToolJson]
 
 
 # Stream events -------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 Views translate and delegate. The request's thread does the checks and the
 writes (a session seeded with the request's history, the turn's message) and
-returns at once; the answer is written from the event loop by `relay.answer`,
-which waits on the session's frames holding no thread and no connection. So
-every error a request can be refused for (401, 400, 404, 429, 503) has its own
-status, and what happens to a turn once it runs is told in the answer itself
-(`finish_reason` and the `agentplatform` key).
+returns at once a DeferredResponse; its status and body are decided on the event
+loop by `relay.TurnAnswer`, which waits on the session's frames holding no thread
+and no connection. So every error a request can be refused for (401, 400, 404,
+429, 503) has its own status, and so has a turn that failed (502 when no model
+could answer, 503 when it is overloaded, 429 when the budget ran out); how a turn
+that answered or paused ended is told in the answer itself (`finish_reason` and
+the `agentplatform` key).
 """
 
 import logging
@@ -15,11 +17,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, serializers, status
+from rest_framework import exceptions, serializers
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,12 +30,13 @@ from rest_framework.views import APIView
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
 from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 
 from . import selectors, services
-from .relay import Turn, TurnFrames, answer
+from .relay import Turn, TurnAnswer, TurnFrames
 from .wire import ErrorBody, RequestInvalid, chat_request_parse, error_body
 
 logger = logging.getLogger(__name__)
@@ -131,12 +134,19 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
         statuses = self._error_statuses(operation)
         if self.method == "POST":
-            statuses += [404, 503]
+            statuses += [404, 409, 429, 500, 502, 503]
         for code in sorted(set(statuses)):
             description = {
                 404: "No agent has this model name, or X-Session-Id names no session of yours.",
-                503: "The session's turn is still running; retry after Retry-After seconds.",
-            }.get(code) or ERROR_DESCRIPTIONS[code]
+                409: "The session's turn waits for the results of your tools' calls "
+                "(client_tools_pending): send them as tool messages.",
+                429: "The key's request rate, or the owner's credits or budget (insufficient_quota).",
+                500: "The turn failed inside the platform (turn_failed).",
+                502: "No model could answer (model_unavailable, model_refused), or its answer "
+                "is not valid for response_format (invalid_json).",
+                503: "The session's turn is still running (session_busy), or the model is "
+                "overloaded (model_overloaded); retry after Retry-After seconds.",
+            }.get(code) or ERROR_DESCRIPTIONS.get(code, "")
             response: dict[str, Any] = {
                 "description": description,
                 "content": {"application/json": {"schema": ref}},
@@ -154,25 +164,95 @@ class OpenAIChatMessageSerializer(serializers.Serializer):
         choices=["system", "developer", "user", "assistant", "tool", "function"]
     )
     content = serializers.JSONField(help_text="A string or an array of text parts.")
+    tool_call_id = serializers.CharField(
+        required=False, help_text="A tool message: the call of your own tool it answers."
+    )
+
+
+class OpenAIFunctionSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-zA-Z0-9_-]{1,64}$")
+    description = serializers.CharField(required=False)
+    parameters = serializers.JSONField(required=False, help_text="A JSON Schema object.")
+
+
+class OpenAIToolSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["function"])
+    function = OpenAIFunctionSerializer()
 
 
 class OpenAIStreamOptionsSerializer(serializers.Serializer):
     include_usage = serializers.BooleanField(required=False)
+    include_obfuscation = serializers.BooleanField(
+        required=False, help_text="Accepted; no padding is added."
+    )
+
+
+class OpenAIJsonSchemaSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-zA-Z0-9_-]{1,64}$")
+    schema = serializers.JSONField(help_text="A JSON Schema (draft 2020-12) the answer must meet.")
+    strict = serializers.BooleanField(required=False)
+    description = serializers.CharField(required=False)
+
+
+class OpenAIResponseFormatSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["text", "json_object", "json_schema"])
+    json_schema = OpenAIJsonSchemaSerializer(required=False)
 
 
 class ChatCompletionRequestSerializer(serializers.Serializer):
-    """For the schema only: the body is read by `wire.chat_request_parse`."""
+    """For the schema only: the body is read by `wire.chat_request_parse`. Any parameter
+    not listed here is refused (400, naming it in `param`), except the defaults client
+    libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls: true`, penalties
+    of 0, `logprobs: false`, `service_tier: "auto"`, `modalities: ["text"]`) and nulls."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
     messages = OpenAIChatMessageSerializer(many=True)
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = OpenAIStreamOptionsSerializer(required=False)
+    tools = OpenAIToolSerializer(
+        many=True,
+        required=False,
+        help_text="Your own tools, offered beside the agent's; a call of one comes back as "
+        "tool_calls (finish_reason tool_calls), and your tool messages resume the turn.",
+    )
+    response_format = OpenAIResponseFormatSerializer(
+        required=False,
+        help_text="json_object or json_schema: the answer is JSON, valid against the schema "
+        "(else 502 invalid_json).",
+    )
+    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
+    top_p = serializers.FloatField(required=False, min_value=0, max_value=1)
+    max_tokens = serializers.IntegerField(
+        required=False, min_value=1, help_text="Capped by the agent's model settings."
+    )
+    max_completion_tokens = serializers.IntegerField(required=False, min_value=1)
+    stop = serializers.JSONField(required=False, help_text="A string or up to 4 strings.")
+    seed = serializers.IntegerField(
+        required=False, help_text="Sent where the model's wire format has it."
+    )
+    user = serializers.CharField(required=False, help_text="Accepted, not used.")
+    safety_identifier = serializers.CharField(required=False, help_text="Accepted, not used.")
+    prompt_cache_key = serializers.CharField(required=False, help_text="Accepted, not used.")
+    store = serializers.BooleanField(required=False, help_text="Accepted, not used.")
+    metadata = serializers.DictField(required=False, help_text="Accepted, not used.")
+
+
+class OpenAIToolCallFunctionSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    arguments = serializers.CharField(help_text="JSON text.")
+
+
+class OpenAIToolCallSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    type = serializers.CharField()
+    function = OpenAIToolCallFunctionSerializer()
 
 
 class OpenAIChatCompletionMessageSerializer(serializers.Serializer):
     role = serializers.CharField()
-    content = serializers.CharField()
+    content = serializers.CharField(allow_null=True)
     refusal = serializers.CharField(allow_null=True)
+    tool_calls = OpenAIToolCallSerializer(many=True, required=False)
 
 
 class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
@@ -180,7 +260,7 @@ class OpenAIChatCompletionChoiceSerializer(serializers.Serializer):
     message = OpenAIChatCompletionMessageSerializer()
     logprobs = serializers.JSONField(allow_null=True)
     finish_reason = serializers.CharField(
-        help_text="stop, length (the wait ran out) or content_filter"
+        help_text="stop, length (the wait ran out) or tool_calls (your own tools')"
     )
 
 
@@ -193,7 +273,8 @@ class OpenAIUsageSerializer(serializers.Serializer):
 class OpenAIExtensionSerializer(serializers.Serializer):
     session_id = serializers.CharField()
     status = serializers.CharField(
-        help_text="finished | awaiting_approval | awaiting_user | waiting_timer | timeout"
+        help_text="finished | awaiting_approval | awaiting_user | awaiting_tool_results | "
+        "waiting_timer | timeout"
     )
     stop_reason = serializers.CharField(required=False)
     approval_id = serializers.CharField(required=False)
@@ -302,21 +383,39 @@ class ChatCompletionView(OpenAIView):
             ),
         },
     )
-    def post(self, request: Request) -> StreamingHttpResponse:
-        """One turn of an agent: the last user message is its input.
+    def post(self, request: Request) -> DeferredResponse:
+        """One turn of an agent: the last user message is its input; or the client's
+        results of its own tools' calls (trailing `tool` messages), and the turn that
+        made them goes on.
 
         1. Read the body (400), find the agent named by `model` (404) and, with
-           X-Session-Id, the caller's session (404; 400 when it runs another agent).
+           X-Session-Id, the caller's session (404; 400 when it runs another agent);
+           tool results without it find the session whose turn waits for those calls.
+           The client's own tools may not take the name of one of the agent's (400).
         2. Refuse when the owner's credits cannot pay for a model call (429).
         3. Without X-Session-Id, open a session seeded with the earlier messages.
-        4. Join the session's channel group, then post the turn (503 while one runs).
-        5. Answer from the loop (relay.answer).
+        4. Join the session's channel group, then post the turn or the results (503
+           while a turn runs).
+        5. Answer from the loop once the turn's outcome decides the status (relay.TurnAnswer).
         """
         chat = chat_request_parse(request.data)
         agent = selectors.agent_for_model(model=chat.model)
         owner = request.user
         key_roles = list(getattr(request.auth, "roles", None) or [])
+        services.client_tools_check(agent_id=agent.pk, tools=chat.options.get("tools", []))
         session_id = request.headers.get(SESSION_HEADER, "").strip()
+        if not session_id and chat.tool_results:
+            waiting = selectors.session_waiting_for(
+                owner_id=owner.pk, call_ids=[r.call_id for r in chat.tool_results]
+            )
+            if waiting is None:
+                raise InvalidInput(
+                    "no turn of yours waits for the results of these tool calls "
+                    "(send X-Session-Id to name its session)",
+                    details={"field": "messages"},
+                    code="invalid_request",
+                )
+            session_id = str(waiting)
         if session_id:
             try:
                 session = session_get_for_owner(session_id=session_id, owner_id=owner.pk)
@@ -345,9 +444,22 @@ class ChatCompletionView(OpenAIView):
             )
         frames = TurnFrames.join(session.pk)
         try:
-            posted = services.chat_turn_post(
-                session_id=session.pk, owner_id=owner.pk, key_roles=key_roles, content=chat.content
-            )
+            if chat.tool_results:
+                posted = services.chat_tool_results_post(
+                    session_id=session.pk,
+                    owner_id=owner.pk,
+                    key_roles=key_roles,
+                    results=chat.tool_results,
+                    options=chat.options,
+                )
+            else:
+                posted = services.chat_turn_post(
+                    session_id=session.pk,
+                    owner_id=owner.pk,
+                    key_roles=key_roles,
+                    content=chat.content,
+                    options=chat.options,
+                )
         except BaseException:
             frames.leave_sync()
             raise
@@ -358,10 +470,11 @@ class ChatCompletionView(OpenAIView):
             actor=f"openai:{owner}",
             wait_s=min(agent.turn_timeout_s + 30, settings.OPENAI_MAX_WAIT_S),
         )
-        response = StreamingHttpResponse(
-            answer(frames, turn),
+        # The status waits for the turn (200, or 502/503 when no model could answer),
+        # decided on the event loop: the request's thread and connection are free meanwhile.
+        response = DeferredResponse(
+            TurnAnswer(frames, turn),
             content_type="text/event-stream" if chat.stream else "application/json",
-            status=status.HTTP_200_OK,
         )
         response[SESSION_HEADER] = str(session.pk)
         response["Cache-Control"] = "no-cache"

@@ -1,4 +1,4 @@
-"""One request's view of its turn: the session's frames, then the bytes of the answer.
+"""One request's view of its turn: the session's frames, then the status and bytes of the answer.
 
 Runs on the web process's event loop and holds no thread and no database
 connection while it waits: frames arrive through the channel layer (the group
@@ -21,14 +21,15 @@ from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
+from runtime.deferred_response import DeferredResponse
 from sessions import selectors as session_selectors
 from sessions.publisher import frame_of, group_name
 from sessions.services import session_cancel
 
 from . import selectors
 from .services import TurnPosted
-from .turns import Outcome, TurnReader
-from .wire import DONE, KEEPALIVE, ChatRequest, ChunkWriter, completion, usage_of
+from .turns import ErrorReply, Outcome, TurnReader, failure_reply
+from .wire import DONE, KEEPALIVE, ChatRequest, ChunkWriter, Usage, completion, sse, usage_of
 
 logger = logging.getLogger(__name__)
 
@@ -124,97 +125,159 @@ class Turn:
     wait_s: float
 
 
-async def answer(frames: TurnFrames, turn: Turn) -> AsyncIterator[bytes]:
-    """The response body: SSE chunks while the turn runs, or one chat.completion at its end.
+class TurnAnswer:
+    """One request's answer to the turn it posted: the `Answer` of its DeferredResponse.
 
-    1. Read the turn's frames (persisted ones after the post's `after_seq`) into a
-       `TurnReader` until the turn finishes or pauses, or `wait_s` passes.
-    2. Streaming: the role chunk, a content chunk per piece of text, the finish
-       chunk, the usage chunk if asked for, `[DONE]`. Not streaming: one object.
-    3. Usage is what the session's token totals grew by since the post.
-    4. A client gone before the end (the server cancels this generator) cancels
-       the turn, as pressing stop would; a pause or a timeout leaves it as it is.
+    The status is decided once it is known (runtime/deferred_response.py):
+
+    - Not streaming: wait for the turn's end (or pause, or `wait_s`), then 200 with one
+      chat.completion, or the failure's HTTP error (`turns.failure_reply`).
+    - Streaming: wait for the first text, the end, or KEEPALIVE_S, whichever comes first;
+      a failure by then is an HTTP error too. Otherwise 200, then the role chunk, a
+      content chunk per piece of text, and the finish chunk, the usage chunk if asked
+      for and `[DONE]`; or, for a failure once the stream has started, one error chunk
+      (`data: {"error": {...}}`, what the openai SDK raises `APIError` for) and the end,
+      without `[DONE]`.
+
+    Usage is what the session's token totals grew by since the post. A client gone before
+    the turn ended (the server cancels the wait) cancels the turn, as pressing stop would;
+    a pause or a timeout leaves it as it is.
     """
-    session_id = str(turn.posted.session_id)
-    frames.last_seq = turn.posted.after_seq
-    reader = TurnReader(session_id=session_id)
-    writer = ChunkWriter(
-        id_=f"chatcmpl-{session_id.replace('-', '')}-{turn.posted.after_seq}",
-        model=turn.chat.model,
-        include_usage=turn.chat.include_usage,
-    )
-    stream = turn.chat.stream
-    ended = False
-    try:
-        if stream:
-            yield writer.role()
+
+    def __init__(self, frames: TurnFrames, turn: Turn) -> None:
+        session_id = str(turn.posted.session_id)
+        self.frames = frames
+        self.turn = turn
+        self.reader = TurnReader(session_id=session_id, buffer_answer=turn.chat.json_answer)
+        self.writer = ChunkWriter(
+            id_=f"chatcmpl-{session_id.replace('-', '')}-{turn.posted.after_seq}",
+            model=turn.chat.model,
+            include_usage=turn.chat.include_usage,
+        )
+        self._pieces: AsyncIterator[str | None] = self._follow()
+
+    async def _follow(self) -> AsyncIterator[str | None]:
+        """The turn's text as it comes (None when KEEPALIVE_S passed without any), until
+        the reader has the turn's outcome: its end, a pause, or `wait_s` gone."""
+        reader, frames = self.reader, self.frames
+        frames.last_seq = self.turn.posted.after_seq
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + turn.wait_s
+        deadline = loop.time() + self.turn.wait_s
         pending = await frames.catch_up()
-        while reader.outcome is None:
+        while True:
             for frame in pending:
                 text = reader.feed(frame)
-                if text and stream:
-                    yield writer.content(text)
+                if text:
+                    yield text
                 if reader.outcome is not None:
-                    break
-            if reader.outcome is not None:
-                break
+                    return
             if reader.paused is not None:
                 # A step commits its events together: the pause's details are stored by now.
                 for frame in await frames.catch_up():
                     text = reader.feed(frame)
-                    if text and stream:
-                        yield writer.content(text)
+                    if text:
+                        yield text
                 text = reader.settle()
-                if text and stream:
-                    yield writer.content(text)
+                if text:
+                    yield text
                 if reader.outcome is not None:
-                    break
+                    return
             remaining = deadline - loop.time()
             if remaining <= 0:
-                reader.timed_out()
-                break
+                text = reader.timed_out()
+                if text:
+                    yield text
+                return
             got = await frames.next(timeout=min(remaining, KEEPALIVE_S))
-            if got is None and stream:
-                yield KEEPALIVE
+            if got is None:
+                yield None
             pending = got or []
-        outcome = reader.outcome
-        if outcome is None:  # the loop above ends only once the reader has one
+
+    async def settle(self, response: DeferredResponse) -> AsyncIterator[bytes]:
+        chat = self.turn.chat
+        head: list[str] = []
+        async for piece in self._pieces:
+            if not chat.stream:
+                continue  # the whole answer, once the turn has ended
+            if piece:
+                head.append(piece)
+            break  # streaming: the first text, or KEEPALIVE_S of silence, starts the stream
+        outcome = self.reader.outcome
+        if outcome is not None and outcome.failure is not None:
+            failed = await self._failure(outcome)
+            response.status_code = failed.status
+            response["Content-Type"] = "application/json"
+            if failed.retry_after_s is not None:
+                response["Retry-After"] = str(failed.retry_after_s)
+            return _once(json.dumps(failed.body, ensure_ascii=False).encode())
+        response.status_code = 200
+        if chat.stream:
+            return self._stream(head)
+        assert outcome is not None  # the pieces end only once the reader has an outcome
+        usage = await self._usage(outcome)
+        body = completion(
+            id_=self.writer.id_,
+            model=chat.model,
+            content=outcome.content,
+            finish_reason=outcome.finish_reason,
+            usage=usage,
+            extension=outcome.extension,
+            created=self.writer.created,
+            tool_calls=outcome.tool_calls,
+        )
+        return _once(json.dumps(body, ensure_ascii=False).encode())
+
+    async def _stream(self, head: list[str]) -> AsyncIterator[bytes]:
+        writer = self.writer
+        yield writer.role()
+        for text in head:
+            yield writer.content(text)
+        async for piece in self._pieces:
+            yield writer.content(piece) if piece else KEEPALIVE
+        outcome = self.reader.outcome
+        if outcome is None:  # the pieces end only once the reader has an outcome
             raise RuntimeError("the turn's frames ended without an outcome")
-        usage = await _usage(outcome, turn)
-        if stream:
-            yield writer.finish(outcome.finish_reason, outcome.extension)
-            if turn.chat.include_usage:
-                yield writer.usage(usage)
-            yield DONE
+        if outcome.failure is not None:
+            failed = await self._failure(outcome)
+            yield sse(failed.body)
+            return
+        usage = await self._usage(outcome)
+        if outcome.tool_calls:
+            yield writer.tool_calls(outcome.tool_calls)
+        yield writer.finish(outcome.finish_reason, outcome.extension)
+        if self.turn.chat.include_usage:
+            yield writer.usage(usage)
+        yield DONE
+
+    async def _failure(self, outcome: Outcome) -> ErrorReply:
+        assert outcome.failure is not None
+        facts = await database_sync_to_async(selectors.turn_failure_facts)(
+            session_id=self.turn.posted.session_id, turn=outcome.turn
+        )
+        return failure_reply(outcome.failure, facts)
+
+    async def _usage(self, outcome: Outcome) -> Usage:
+        if outcome.totals is not None:
+            totals = outcome.totals
         else:
-            body = completion(
-                id_=writer.id_,
-                model=turn.chat.model,
-                content=outcome.content,
-                finish_reason=outcome.finish_reason,
-                usage=usage,
-                extension=outcome.extension,
-                created=writer.created,
+            totals = await database_sync_to_async(selectors.session_tokens)(
+                session_id=self.turn.posted.session_id
             )
-            yield json.dumps(body, ensure_ascii=False).encode()
-        ended = True
-    finally:
-        cleanup = asyncio.ensure_future(_end(frames, turn, cancel=not ended and not reader.outcome))
+        before = self.turn.posted.tokens_before
+        return usage_of(max(totals[0] - before[0], 0), max(totals[1] - before[1], 0))
+
+    async def close(self) -> None:
+        """Leave the session's group; cancel the turn if the client left before its end.
+        Detached: the request's task may itself be cancelled (the client went away)."""
+        cleanup = asyncio.ensure_future(
+            _end(self.frames, self.turn, cancel=self.reader.outcome is None)
+        )
         _cleanups.add(cleanup)
         cleanup.add_done_callback(_cleanups.discard)
 
 
-async def _usage(outcome: Outcome, turn: Turn) -> Any:
-    if outcome.totals is not None:
-        totals = outcome.totals
-    else:
-        totals = await database_sync_to_async(selectors.session_tokens)(
-            session_id=turn.posted.session_id
-        )
-    before = turn.posted.tokens_before
-    return usage_of(max(totals[0] - before[0], 0), max(totals[1] - before[1], 0))
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
 
 
 async def _end(frames: TurnFrames, turn: Turn, *, cancel: bool) -> None:

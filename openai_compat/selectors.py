@@ -1,12 +1,17 @@
-"""Named reads of the OpenAI-compatible endpoint: the agents a key may use, a turn's token use."""
+"""Named reads of the OpenAI-compatible endpoint: the agents a key may use, a turn's token
+use, what a failed turn's model calls said."""
 
+import time
 from uuid import UUID
 
 from django.db.models import QuerySet
 
+from runtime.breaker import model_breaker
 from sessions.errors import NotFound
-from sessions.models import Agent, Session
+from sessions.models import Agent, ModelCall, Session, ToolCall, ToolCallStatus
 from sessions.selectors import agents_enabled
+
+from .turns import FailureFacts
 
 
 def agents_for_key() -> QuerySet[Agent]:
@@ -28,3 +33,46 @@ def session_tokens(*, session_id: UUID | str) -> tuple[int, int]:
     """The session's running (input, output) token totals."""
     row = Session.objects.filter(pk=session_id).values_list("input_tokens", "output_tokens").first()
     return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def turn_failure_facts(*, session_id: UUID | str, turn: int | None) -> FailureFacts:
+    """The session's last_error and the outcomes of the turn's last step's model calls, with
+    how long the breakers of the rate-limited endpoints stay open (a 503's Retry-After)."""
+    last_error = Session.objects.filter(pk=session_id).values_list("last_error", flat=True).first()
+    rows = (
+        list(
+            ModelCall.objects.filter(session_id=session_id, turn=turn, purpose="step")
+            .order_by("-step", "-id")
+            .values_list("step", "outcome", "endpoint_name")[:8]
+        )
+        if turn is not None
+        else []
+    )
+    last_step = [row for row in rows if row[0] == rows[0][0]] if rows else []
+    last_step.reverse()
+    limited = {name for _, outcome, name in last_step if outcome == "rate_limited"}
+    now = time.time()
+    waits = [model_breaker().state(name).open_until - now for name in sorted(limited)]
+    waits = [w for w in waits if w > 0]
+    return FailureFacts(
+        last_error=last_error or "",
+        outcomes=tuple(outcome for _, outcome, _ in last_step),
+        retry_after_s=min(waits) if waits else None,
+    )
+
+
+def session_waiting_for(*, owner_id: int, call_ids: list[str]) -> UUID | None:
+    """The owner's session whose turn waits for the client's results of these calls: how a
+    client that sends no X-Session-Id (LangChain, the Agents SDK) goes on with its turn.
+    None when no session, or more than one, has them open."""
+    found = list(
+        ToolCall.objects.filter(
+            client=True,
+            status=ToolCallStatus.EXECUTING,
+            call_id__in=call_ids,
+            session__owner_id=owner_id,
+        )
+        .values_list("session_id", flat=True)
+        .distinct()[:2]
+    )
+    return found[0] if len(found) == 1 else None

@@ -1,5 +1,6 @@
 """Writes of the OpenAI-compatible endpoint: open a session seeded with a request's history,
-post a request's input as one turn. Each is one short transaction; the turn runs on a worker."""
+post a request's input as one turn, or the client's results of its own tools' calls to
+the turn that waits for them. Each is one short transaction; the turn runs on a worker."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,14 +10,18 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from engine import agent_tool_names, client_results, open_client_calls
+from llm.types import ClientToolJson, ModelOptions
+from llm.wire_names import wire_name
 from memory.tokens import count_message_tokens
-from sessions.errors import DomainError, NotFound, PayloadTooLarge
+from sessions import dispatch
+from sessions.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
 from sessions.models import Message, MessageStatus, Session
 from sessions.selectors import session_id_parse
 from sessions.services import message_post_for_owner, session_create, session_role_check
 from sessions.states import STARTS_TURN, State
 
-from .wire import HistoryItem
+from .wire import HistoryItem, ToolResult
 
 
 class SessionBusy(DomainError):
@@ -90,7 +95,12 @@ def chat_session_create(
 
 
 def chat_turn_post(
-    *, session_id: UUID | str, owner_id: int, key_roles: Sequence[str], content: str
+    *,
+    session_id: UUID | str,
+    owner_id: int,
+    key_roles: Sequence[str],
+    content: str,
+    options: ModelOptions | None = None,
 ) -> TurnPosted:
     """Post `content` as the next turn of the owner's session, or refuse while one runs.
 
@@ -101,7 +111,9 @@ def chat_turn_post(
        A session paused on the model's question takes the content as the answer.
     3. Note where the session's events and token totals stand, then post
        (`message_post_for_owner`, the same rules as REST) in the same transaction,
-       so no event of another step falls between the two.
+       so no event of another step falls between the two. The request's `options`
+       (sampling, response_format) are stored with the message: every step of the
+       turn reads them there, after a worker crash too.
     """
     pk = session_id_parse(session_id)
     with transaction.atomic():
@@ -127,6 +139,90 @@ def chat_turn_post(
             tokens_before=(locked.input_tokens, locked.output_tokens),
         )
         message_post_for_owner(
-            session_id=locked.pk, owner_id=owner_id, key_roles=key_roles, content=content
+            session_id=locked.pk,
+            owner_id=owner_id,
+            key_roles=key_roles,
+            content=content,
+            turn_options=options or None,
         )
+    return posted
+
+
+def client_tools_check(*, agent_id: int, tools: Sequence[ClientToolJson]) -> None:
+    """The client's own tools may not take the name of one of the agent's (as configured,
+    or as the wire spells it): a call must say whose it is."""
+    taken = agent_tool_names(agent_id)
+    taken |= {wire_name(name) for name in taken}
+    for i, tool in enumerate(tools):
+        if tool["name"] in taken:
+            raise InvalidInput(
+                f"the tool '{tool['name']}' is one of the agent's own: give yours another name",
+                details={"field": f"tools[{i}].function.name"},
+                code="invalid_request",
+            )
+
+
+def chat_tool_results_post(
+    *,
+    session_id: UUID | str,
+    owner_id: int,
+    key_roles: Sequence[str],
+    results: Sequence[ToolResult],
+    options: ModelOptions | None = None,
+) -> TurnPosted:
+    """The client's results of its own tools' calls: the turn that made them goes on.
+
+    1. Lock the owner's session (NotFound); a key without its role is refused (403).
+    2. Its turn must wait for the client's calls: one still running is busy (503); a
+       session whose turn waits for nothing of the client's is a 400.
+    3. The results answer exactly the open calls, each once (400 naming the missing or
+       unknown tool_call_id).
+    4. Note where the events and token totals stand, write the results (the engine's
+       `client_results`: the same turn goes on, with the request's `options`), and
+       wake a worker once committed.
+    """
+    pk = session_id_parse(session_id)
+    with transaction.atomic():
+        locked = (
+            None
+            if pk is None
+            else Session.objects.select_for_update(of=("self",), no_key=True)
+            .filter(pk=pk, owner_id=owner_id)
+            .first()
+        )
+        if locked is None:
+            raise NotFound(f"session {session_id} not found", code="session_not_found")
+        session_role_check(role=locked.role, key_roles=key_roles)
+        state = State(locked.state)
+        waiting = open_client_calls(locked) if state == State.PAUSED_FOR_USER else []
+        if not waiting and state not in STARTS_TURN:
+            raise SessionBusy(
+                f"session {locked.pk} is busy ({state.value}); retry when its turn has ended",
+                details={"state": state.value},
+            )
+        if not waiting:
+            raise InvalidInput(
+                f"no turn of session {locked.pk} waits for tool results",
+                details={"field": "messages"},
+                code="invalid_request",
+            )
+        given = {r.call_id: r.content for r in results}
+        missing = [c.call_id for c in waiting if c.call_id not in given]
+        unknown = sorted(set(given) - {c.call_id for c in waiting})
+        if missing or unknown:
+            said = f"missing: {', '.join(missing)}" if missing else f"unknown: {', '.join(unknown)}"
+            raise InvalidInput(
+                f"the tool messages must answer the turn's open calls, each once ({said})",
+                details={"field": "messages"},
+                code="invalid_request",
+            )
+        posted = TurnPosted(
+            session_id=locked.pk,
+            after_seq=locked.event_seq,
+            tokens_before=(locked.input_tokens, locked.output_tokens),
+        )
+        client_results(
+            session=locked, calls=waiting, results=given, by="client", turn_options=options or None
+        )
+        dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return posted

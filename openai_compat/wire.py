@@ -8,47 +8,70 @@ SDKs keep (`completion.model_extra["agentplatform"]`).
 """
 
 import json
+import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from llm.types import ClientToolJson, ModelOptions, ResponseFormatJson
+
 # The roles of OpenAI's messages array. "developer" is the newer name for "system".
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # How many earlier messages a request may bring to seed a new session.
 MAX_HISTORY = 200
+# A response_format's JSON Schema is stored with the turn and sent with each model call.
+MAX_SCHEMA_BYTES = 64 * 1024
+_SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
-# Sampling and formatting parameters a client library sends by default; the
-# agent's model settings decide them, so they are accepted and ignored.
-IGNORED_PARAMETERS = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "seed",
-        "stop",
-        "user",
-        "metadata",
-        "store",
-        "service_tier",
-        "parallel_tool_calls",
-        "reasoning_effort",
-        "response_format",
-        "modalities",
-        "prediction",
-        "audio",
-        "web_search_options",
-        "verbosity",
-        "prompt_cache_key",
-        "safety_identifier",
-    }
+# What the platform does with each parameter of a request. Read here: `model`, `messages`,
+# `stream`, `stream_options`, and the ones the model call honours (`SAMPLING`,
+# `response_format`). Accepted and not used: identifiers and storage flags, which change
+# nothing in the answer. Defaults some client libraries send: accepted at the default only.
+# Anything else is refused by name (400, `param`), never silently dropped.
+SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed")
+ACCEPTED = frozenset({"user", "store", "metadata", "safety_identifier", "prompt_cache_key"})
+DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "parallel_tool_calls": (True,),
+    "tool_choice": ("auto",),
+    "service_tier": ("auto", "default"),
+    "modalities": (["text"],),
+}
+READ = frozenset(
+    {"model", "messages", "stream", "stream_options", "response_format", "tools", *SAMPLING}
 )
+# The client's own tools offered in one request.
+MAX_CLIENT_TOOLS = 128
+# Why a known parameter cannot be honoured, for its 400.
+REFUSED = {
+    "functions": "use 'tools' (the legacy functions are not supported)",
+    "function_call": "use 'tools' (the legacy functions are not supported)",
+    "tool_choice": "the agent decides when to call its tools (only 'auto' is accepted)",
+    "parallel_tool_calls": "the agent may call several tools at once (only true is accepted)",
+    "n": "only n=1 is supported",
+    "presence_penalty": "penalties cannot be set (only 0 is accepted)",
+    "frequency_penalty": "penalties cannot be set (only 0 is accepted)",
+    "logprobs": "log probabilities are not returned (only false is accepted)",
+    "top_logprobs": "log probabilities are not returned (only 0 is accepted)",
+    "logit_bias": "logit bias cannot be set",
+    "service_tier": "only 'auto' or 'default' is accepted",
+    "modalities": "only text is supported",
+    "audio": "only text is supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "the agent's model settings decide the reasoning effort",
+    "verbosity": "the agent's model settings decide the verbosity",
+    "web_search_options": "web search is not available; the agent's tools run on the platform",
+}
 
 
 class RequestInvalid(ValueError):
@@ -67,6 +90,14 @@ class HistoryItem:
 
 
 @dataclass(frozen=True)
+class ToolResult:
+    """A `tool` message: the client's result of one of its tools' calls."""
+
+    call_id: str
+    content: str
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     content: str  # the last user message: this turn's input
@@ -74,6 +105,16 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     ignored_system_messages: int = 0
+    # The settings the turn's model calls take (sampling, response_format), stored with
+    # the turn's message; empty when the request sets none.
+    options: ModelOptions = field(default_factory=lambda: ModelOptions())
+    # The request's trailing tool messages: the turn that called the client's tools goes on.
+    tool_results: list[ToolResult] = field(default_factory=list)
+
+    @property
+    def json_answer(self) -> bool:
+        """The answer must be JSON (response_format): it is sent whole, once checked."""
+        return "response_format" in self.options
 
 
 def _no_nul(text: str, param: str) -> str:
@@ -109,12 +150,17 @@ def chat_request_parse(body: Any) -> ChatRequest:
     """Check a request body and read what the platform uses from it.
 
     1. `model` and a non-empty `messages` array are required; the last message
-       must be the user's, with text: it is the turn's input.
+       must be the user's, with text: it is the turn's input; or the `tool` messages
+       that end the array are the results of the client's own tools' calls, which the
+       turn that made them waits for.
     2. Earlier user and assistant texts become the history of a new session;
        system/developer messages are counted and ignored (the agent's own
-       system prompt governs its tools and approvals); tool results are the
-       platform's own business and are dropped, as are assistant tool calls.
-    3. Client-side tools (`tools`, `functions`), `n` > 1 and unknown types are refused.
+       system prompt governs its tools and approvals); earlier tool results and
+       assistant tool calls are dropped (the platform keeps its own).
+    3. `tools`: the client's own function tools, offered beside the agent's.
+    4. Every other parameter: honoured (the sampling ones, `response_format`: they go
+       with the turn to its model calls), accepted without effect (`ACCEPTED`, a default
+       in `DEFAULTS`), or refused naming it (`param`); null is the same as absent.
     """
     if not isinstance(body, dict):
         raise RequestInvalid("the request body must be a JSON object")
@@ -122,30 +168,14 @@ def chat_request_parse(body: Any) -> ChatRequest:
     if not isinstance(model, str) or not model.strip():
         raise RequestInvalid("'model' is required: the slug of an agent", "model")
     _no_nul(model, "model")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise RequestInvalid(
-                f"'{name}' is not supported: the agent's tools run on the platform", name
-            )
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise RequestInvalid("only n=1 is supported", "n")
+    _parameters_check(body)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise RequestInvalid("'stream' must be a boolean", "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise RequestInvalid("'stream_options' must be an object", "stream_options")
-        flag = options.get("include_usage", False)
-        if not isinstance(flag, bool):
-            raise RequestInvalid(
-                "'include_usage' must be a boolean", "stream_options.include_usage"
-            )
-        include_usage = flag
+    include_usage = _stream_options(body.get("stream_options"))
+    options = _model_options(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestInvalid("'messages' must be a non-empty array", "messages")
@@ -168,10 +198,22 @@ def chat_request_parse(body: Any) -> ChatRequest:
         elif role == "assistant" and text:
             history.append(HistoryItem(role="assistant", content=text))
     last = messages[-1]
+    if last.get("role") == "tool":
+        return ChatRequest(
+            model=model,
+            content="",
+            stream=stream,
+            include_usage=include_usage,
+            ignored_system_messages=ignored,
+            options=options,
+            tool_results=_tool_results(messages),
+        )
     last_text = _text(last.get("content"), f"messages[{len(messages) - 1}].content")
     if last.get("role") != "user" or not last_text or not last_text.strip():
         raise RequestInvalid(
-            "the last message must be the user's, with text: it is the turn's input", "messages"
+            "the last message must be the user's, with text (the turn's input), or the "
+            "results of your tools' calls (tool messages)",
+            "messages",
         )
     return ChatRequest(
         model=model,
@@ -180,12 +222,239 @@ def chat_request_parse(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         ignored_system_messages=ignored,
+        options=options,
     )
+
+
+def _tool_results(messages: list[Any]) -> list[ToolResult]:
+    """The `tool` messages that end the array, in order, each naming its call once."""
+    results: list[ToolResult] = []
+    at = len(messages) - 1
+    while at >= 0 and isinstance(messages[at], dict) and messages[at].get("role") == "tool":
+        message, param = messages[at], f"messages[{at}]"
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not 0 < len(call_id) <= 100:
+            raise RequestInvalid("a tool message needs its tool_call_id", f"{param}.tool_call_id")
+        _no_nul(call_id, f"{param}.tool_call_id")
+        text = _text(message.get("content"), f"{param}.content") or ""
+        results.append(ToolResult(call_id=call_id, content=text))
+        at -= 1
+    results.reverse()
+    ids = [r.call_id for r in results]
+    if len(set(ids)) != len(ids):
+        raise RequestInvalid("each tool_call_id may have one result", "messages")
+    return results
+
+
+def _client_tools(value: Any) -> list[ClientToolJson]:
+    """OpenAI function tools: a name the wire formats accept, a JSON Schema for arguments."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_CLIENT_TOOLS:
+        raise RequestInvalid(f"'tools' must be an array of at most {MAX_CLIENT_TOOLS}", "tools")
+    tools: list[ClientToolJson] = []
+    for i, tool in enumerate(value):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise RequestInvalid("only function tools are supported", f"{param}.type")
+        spec = tool.get("function")
+        if not isinstance(spec, dict):
+            raise RequestInvalid("'function' must be an object", f"{param}.function")
+        name = spec.get("name")
+        if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+            raise RequestInvalid(
+                "a tool's name must be 1-64 letters, digits, underscores or dashes",
+                f"{param}.function.name",
+            )
+        if any(t["name"] == name for t in tools):
+            raise RequestInvalid(f"two tools are named '{name}'", f"{param}.function.name")
+        description = spec.get("description") or ""
+        if not isinstance(description, str):
+            raise RequestInvalid("'description' must be a string", f"{param}.function.description")
+        parameters = spec.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        where = f"{param}.function.parameters"
+        if not isinstance(parameters, dict):
+            raise RequestInvalid("'parameters' must be a JSON Schema object", where)
+        _schema_check(parameters, where)
+        tools.append(
+            {"name": name, "description": _no_nul(description, f"{param}.function.description"),
+             "parameters": parameters}
+        )  # fmt: skip
+    return tools
+
+
+def _schema_check(schema: dict[str, Any], where: str) -> None:
+    """A JSON Schema stored with the turn and sent with each model call: draft 2020-12,
+    within MAX_SCHEMA_BYTES, and no NUL (PostgreSQL keeps none in JSON text)."""
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise RequestInvalid(f"the schema is larger than {MAX_SCHEMA_BYTES} bytes", where)
+    if "\\u0000" in text:
+        raise RequestInvalid("the schema must not contain a NUL (\\u0000) character", where)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise RequestInvalid(f"not a valid JSON Schema: {exc.message}", where) from None
+
+
+def _parameters_check(body: dict[str, Any]) -> None:
+    for name, value in body.items():
+        if value is None or name in READ or name in ACCEPTED:
+            continue
+        if name in DEFAULTS:
+            if any(value == d and type(value) is type(d) for d in DEFAULTS[name]) or (
+                name in ("presence_penalty", "frequency_penalty") and value == 0
+            ):
+                continue
+            raise RequestInvalid(f"'{name}' is not supported: {REFUSED[name]}", name)
+        if name in REFUSED:
+            raise RequestInvalid(f"'{name}' is not supported: {REFUSED[name]}", name)
+        raise RequestInvalid(f"Unrecognized request argument supplied: {name}", name)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise RequestInvalid("'metadata' must be an object", "metadata")
+
+
+def _stream_options(options: Any) -> bool:
+    """`include_usage`; `include_obfuscation` is accepted (no padding is added anyway)."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise RequestInvalid("'stream_options' must be an object", "stream_options")
+    for key, value in options.items():
+        if key not in ("include_usage", "include_obfuscation"):
+            raise RequestInvalid(f"Unrecognized stream option: {key}", f"stream_options.{key}")
+        if value is not None and not isinstance(value, bool):
+            raise RequestInvalid(f"'{key}' must be a boolean", f"stream_options.{key}")
+    return options.get("include_usage") is True
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestInvalid(f"'{name}' must be a number", name)
+    if not low <= value <= high:
+        raise RequestInvalid(f"'{name}' must be between {low:g} and {high:g}", name)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, low: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestInvalid(f"'{name}' must be an integer", name)
+    if low is not None and value < low:
+        raise RequestInvalid(f"'{name}' must be at least {low}", name)
+    return value
+
+
+def _model_options(body: dict[str, Any]) -> ModelOptions:
+    """The settings the turn's model calls take, as they are stored with the turn."""
+    options = ModelOptions()
+    temperature = _number(body, "temperature", 0, 2)
+    if temperature is not None:
+        options["temperature"] = temperature
+    top_p = _number(body, "top_p", 0, 1)
+    if top_p is not None:
+        options["top_p"] = top_p
+    limits = [
+        n
+        for n in (_integer(body, "max_tokens", 1), _integer(body, "max_completion_tokens", 1))
+        if n is not None
+    ]
+    if limits:
+        options["max_tokens"] = min(limits)
+    seed = _integer(body, "seed")
+    if seed is not None:
+        options["seed"] = seed
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or len(stop) > 4:
+            raise RequestInvalid("'stop' must be a string or an array of up to 4 strings", "stop")
+        for i, item in enumerate(stop):
+            if not isinstance(item, str) or not item:
+                raise RequestInvalid("each stop sequence must be a non-empty string", f"stop[{i}]")
+            _no_nul(item, f"stop[{i}]")
+        if stop:
+            options["stop"] = list(stop)
+    answer = _response_format(body.get("response_format"))
+    if answer is not None:
+        options["response_format"] = answer
+    tools = _client_tools(body.get("tools"))
+    if tools:
+        options["tools"] = tools
+    return options
+
+
+def _response_format(value: Any) -> ResponseFormatJson | None:
+    """`text` (the default: None), `json_object`, or `json_schema` with a usable schema."""
+    if value is None:
+        return None
+    param = "response_format"
+    if not isinstance(value, dict):
+        raise RequestInvalid("'response_format' must be an object", param)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"schema": None, "name": "answer", "strict": False}
+    if kind != "json_schema":
+        raise RequestInvalid(
+            f"response_format type {kind!r} is not supported: "
+            "use 'text', 'json_object' or 'json_schema'",
+            f"{param}.type",
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise RequestInvalid("'json_schema' must be an object", f"{param}.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise RequestInvalid(
+            "'name' must be 1-64 letters, digits, underscores or dashes",
+            f"{param}.json_schema.name",
+        )
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise RequestInvalid("'strict' must be a boolean", f"{param}.json_schema.strict")
+    schema = spec.get("schema")
+    where = f"{param}.json_schema.schema"
+    if not isinstance(schema, dict):
+        raise RequestInvalid("'schema' must be a JSON Schema object", where)
+    _schema_check(schema, where)
+    return {"schema": schema, "name": name, "strict": strict is True}
 
 
 # Responses -----------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length", "content_filter"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class WireFunction(TypedDict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class WireToolCall(TypedDict):
+    """A call of the client's own tools, as OpenAI's `tool_calls` spell it."""
+
+    id: str
+    type: Literal["function"]
+    function: WireFunction
+
+
+def wire_tool_call(call_id: str, name: str, arguments: Any) -> WireToolCall:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
 
 
 class Usage(TypedDict):
@@ -198,7 +467,7 @@ class Extension(TypedDict):
     """The `agentplatform` key: what an OpenAI object cannot say."""
 
     session_id: str
-    # finished | awaiting_approval | awaiting_user | waiting_timer | timeout
+    # finished | awaiting_approval | awaiting_user | awaiting_tool_results | waiting_timer | timeout
     status: str
     stop_reason: NotRequired[str]  # the turn's stop_reason when it finished
     approval_id: NotRequired[str]
@@ -242,7 +511,12 @@ def completion(
     usage: Usage,
     extension: Extension,
     created: int | None = None,
+    tool_calls: list[WireToolCall] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        # As OpenAI: the calls, and the text said with them (null when none was).
+        message.update(content=content or None, tool_calls=tool_calls)
     return {
         "id": id_,
         "object": "chat.completion",
@@ -252,7 +526,7 @@ def completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -294,6 +568,10 @@ class ChunkWriter:
 
     def content(self, text: str) -> bytes:
         return self.delta({"content": text})
+
+    def tool_calls(self, calls: list[WireToolCall]) -> bytes:
+        """Every call in one chunk, each whole (its `index` says which it is)."""
+        return self.delta({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]})
 
     def finish(self, finish_reason: FinishReason, extension: Extension) -> bytes:
         return self.delta({}, finish_reason, agentplatform=extension)

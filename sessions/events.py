@@ -26,6 +26,10 @@ class EventType(StrEnum):
     NODE_STARTED = "node.started"
     NODE_FINISHED = "node.finished"
     NODE_FAILED = "node.failed"
+    # Agents together: a handoff, and the child sessions of agent.<slug> calls.
+    AGENT_CHANGED = "agent.changed"
+    CHILD_STARTED = "child.started"
+    CHILD_FINISHED = "child.finished"
 
 
 class StopReason(StrEnum):
@@ -40,6 +44,9 @@ class StopReason(StrEnum):
     CYCLE = "cycle"
     MODEL_UNAVAILABLE = "model_unavailable"
     MODEL_REFUSED = "model_refused"
+    # The client asked for a JSON answer (response_format) and the model's is not valid
+    # for it, after one repair (engine/phases/model.py answer_conform).
+    INVALID_OUTPUT = "invalid_output"
     CANCELLED = "cancelled"
     # A budget of the agent or the owner (billing/budgets.py) does not cover another model call.
     BUDGET_EXCEEDED = "budget_exceeded"
@@ -84,8 +91,15 @@ class MessageCompleted(TypedDict):
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
+class ClientCall(TypedDict):
+    call_id: str
+    tool: str
+    input: Any  # what the model sent; not always an object
+
+
 class Progress(TypedDict):
-    stage: str  # preparing_tool | answer_discarded | credits_low | degradation | question
+    # preparing_tool | answer_discarded | credits_low | degradation | question | client_tools
+    stage: str
     turn: int
     tool: NotRequired[str]
     level: NotRequired[int]  # stage degradation: the session's new level (0-3)
@@ -98,6 +112,9 @@ class Progress(TypedDict):
     options: NotRequired[list[str]]
     call_id: NotRequired[str]
     deadline: NotRequired[str | None]
+    # stage "client_tools": the calls the client runs (the OpenAI-compatible request's tools);
+    # its next request brings their results.
+    calls: NotRequired[list[ClientCall]]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
@@ -182,6 +199,32 @@ class NodeFailed(TypedDict):
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 
+AgentChanged = TypedDict(
+    "AgentChanged",
+    {
+        "from": str,
+        "to": str,
+        "reason": str,
+        "truncated": NotRequired[dict[str, int]],
+    },
+)
+
+
+class ChildStarted(TypedDict):
+    call_id: str
+    session: str  # the child session's id: its own events are on its own stream
+    agent: str
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
+class ChildFinished(TypedDict):
+    call_id: str
+    session: str
+    agent: str
+    state: str  # finished | error | cancelled
+    truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
+
+
 class Error(TypedDict):
     code: str
     message: str
@@ -203,6 +246,9 @@ Payload = (
     | NodeStarted
     | NodeFinished
     | NodeFailed
+    | AgentChanged
+    | ChildStarted
+    | ChildFinished
     | Error
 )
 
@@ -219,6 +265,9 @@ PAYLOADS: dict[EventType, type] = {
     EventType.NODE_STARTED: NodeStarted,
     EventType.NODE_FINISHED: NodeFinished,
     EventType.NODE_FAILED: NodeFailed,
+    EventType.AGENT_CHANGED: AgentChanged,
+    EventType.CHILD_STARTED: ChildStarted,
+    EventType.CHILD_FINISHED: ChildFinished,
     EventType.ERROR: Error,
 }
 

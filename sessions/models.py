@@ -163,6 +163,22 @@ class Agent(models.Model):
         null=True, blank=True, help_text="Per owner of a session, this agent's tokens a day."
     )
     budget_day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # Agents together (DESIGN.md "Agents together, and model routing").
+    handoffs = ArrayField(
+        models.CharField(max_length=100),
+        default=list,
+        blank=True,
+        help_text="Agents this one may hand the conversation to (a transfer_to_<slug> tool each).",
+    )
+    max_depth = models.PositiveSmallIntegerField(
+        default=2, help_text="How deep its agent.<slug> tools may nest child sessions."
+    )
+    routing = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Simple turns to a smaller model: {"small": endpoint, "when": CEL, '
+        '"escalate_on": ["invalid_tool_call", "invalid_json"]} (see README, "Model routing").',
+    )
     enabled = models.BooleanField(default=True)
     value = models.FloatField(
         default=1.0,
@@ -247,6 +263,24 @@ class Session(models.Model):
         db_index=False,
     )
     workflow_state = models.JSONField(null=True, blank=True)
+    # A child session: the run of another agent that a call of this session's (an agent
+    # node, an `agent.<slug>` tool) started; its finish wakes the parent. One child per
+    # call, so a step re-run after a crash finds the child it started.
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        db_index=False,
+    )
+    parent_call = models.OneToOneField(
+        "ToolCall",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="child_session",
+    )
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
@@ -299,6 +333,11 @@ class Session(models.Model):
                 fields=["workflow_version", "-created_at"],
                 name="session_workflow_runs",
                 condition=Q(workflow_version__isnull=False),
+            ),
+            models.Index(
+                fields=["parent", "created_at"],
+                name="session_children",
+                condition=Q(parent__isnull=False),
             ),
             models.Index(
                 fields=["forked_from"],
@@ -357,6 +396,11 @@ class Message(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # The customer app's extra_context for a user message: data for the model, never instructions.
     extra_context = models.JSONField(null=True, blank=True)
+    # A client's settings for the model calls of the turn this message starts or answers
+    # (llm.types.ModelOptions: the OpenAI-compatible endpoint's response_format and sampling
+    # parameters). Kept with the message so every step of the turn, a re-run after a worker
+    # crash included, reads them from the history it already reads.
+    turn_options = models.JSONField(null=True, blank=True)
     # Set when a summary replaced this message in the context; archived, never deleted.
     archived_at = models.DateTimeField(null=True, blank=True)
     # For recall over archived messages; any dimension (the embeddings endpoint decides).
@@ -424,6 +468,9 @@ class ToolCall(models.Model):
     risk_reason = models.CharField(max_length=200, blank=True, db_default="")
     # Unique by a constraint, not `unique=True`, which also builds a LIKE index never used.
     idempotency_key = models.CharField(max_length=200)
+    # A tool of the client's (the OpenAI-compatible request's `tools`): never run here; the
+    # turn waits (paused_for_user) until the client posts its result.
+    client = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -539,6 +586,9 @@ class ModelCall(models.Model):
     # "step" answers the session; "summary" condensed its oldest history (engine/model/summaries.py);
     # "extraction" listed what a finished turn is worth remembering (engine/gates/memory.py).
     purpose = models.CharField(max_length=20, default="step", db_default="step")
+    # Model routing: the tier that served the call ("main" or "small") and why.
+    tier = models.CharField(max_length=10, default="main", db_default="main")
+    tier_reason = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

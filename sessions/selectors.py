@@ -2,20 +2,32 @@
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any, Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
-from django.db.models import Count, F, Q, QuerySet, Subquery
+from django.db.models import Count, F, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
+from workflows.selectors import run_graph_svg
 
 from .errors import InvalidInput, NotFound
 from .events import EventType
-from .models import Agent, Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
+from .models import (
+    Agent,
+    Checkpoint,
+    Event,
+    Message,
+    ModelCall,
+    ModelEndpoint,
+    Session,
+    ToolCall,
+    Transition,
+)
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
@@ -369,3 +381,49 @@ def sessions_gauges() -> list[Gauge]:
             [((), in_flight)],
         ),
     ]
+
+
+def workflow_run_graph(*, session: Session) -> str:
+    """A workflow run's graph as SVG, coloured by what it did (404 for a conversation)."""
+    if session.workflow_version_id is None:
+        raise NotFound(
+            f"session {session.pk} is a conversation, not a workflow run",
+            code="not_a_workflow_run",
+        )
+    return run_graph_svg(session)
+
+
+@dataclass(frozen=True)
+class RoutingFigures:
+    turns: int
+    small_turns: int
+    escalated: int
+    cost: Decimal
+    cost_main_only: Decimal
+
+
+def agent_routing_figures(*, agent: Agent, days: int = 30) -> RoutingFigures:
+    """An agent's turns by model tier over the last `days`, and what the small model saved:
+    its calls priced at the agent's own model's prices, against what they cost."""
+    since = timezone.now() - timedelta(days=days)
+    calls = ModelCall.objects.filter(session__agent=agent, purpose="step", created_at__gte=since)
+    turns = calls.values("session_id", "turn").distinct().count()
+    small = calls.filter(tier="small")
+    small_turns = small.values("session_id", "turn").distinct().count()
+    escalated = calls.filter(tier_reason__startswith="escalated").count()
+    totals = small.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), c=Sum("cost"))
+    cost = calls.aggregate(c=Sum("cost"))["c"] or Decimal(0)
+    main = ModelEndpoint.objects.get(pk=agent.model_id)  # today's prices
+    main_price = (
+        Decimal(totals["i"] or 0) * main.price_input_per_1k
+        + Decimal(totals["o"] or 0) * main.price_output_per_1k
+    ) / 1000
+    return RoutingFigures(
+        turns=turns,
+        small_turns=small_turns,
+        escalated=escalated,
+        cost=cost,
+        cost_main_only=(cost - (totals["c"] or Decimal(0)) + main_price).quantize(
+            Decimal("0.000001")
+        ),
+    )

@@ -40,6 +40,7 @@ class Trigger(StrEnum):
     OPERATOR_ANSWER = "operator_answer"
     HAND_BACK = "hand_back"
     FORK = "fork"
+    HANDOFF = "handoff"
 
 
 S, T = State, Trigger
@@ -61,6 +62,8 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.PROCESSING, T.CANCEL): S.CANCELLED,
     # Tools ran (or wait on a human or a clock).
     (S.TOOL_WAIT, T.TOOL_RESULTS): S.TOOL_LOOP,
+    # A transfer_to_<slug> call: the results are back and another agent decides from now on.
+    (S.TOOL_WAIT, T.HANDOFF): S.TOOL_LOOP,
     (S.TOOL_WAIT, T.APPROVAL_NEEDED): S.AWAITING_APPROVAL,
     # The model's `ask_user` call stays open until the user answers it.
     (S.TOOL_WAIT, T.ASK_USER): S.PAUSED_FOR_USER,

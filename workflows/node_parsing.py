@@ -28,13 +28,13 @@ _MOVES_ON = ("next", "output", "max_visits")
 # Each kind's own fields, inline or not.
 _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "tool": ("tool", "args", "timeout_s", "retry"),
-    "llm": ("prompt", "system", "output_schema", "model", "timeout_s", "retry"),
-    "choice": ("prompt", "system", "options", "default", "model", "timeout_s", "retry"),
+    "llm": ("prompt", "system", "output_schema", "model"),
+    "choice": ("prompt", "system", "options", "default", "model"),
     "condition": ("cases", "default"),
     "human": ("summary", "on_timeout", "rejected", "group", "timeout_s"),
-    "agent": ("agent", "task", "timeout_s", "retry"),
-    "map": ("over", "as", "node", "concurrency", "timeout_s"),
-    "parallel": ("branches", "join", "timeout_s"),
+    "agent": ("agent", "task"),
+    "map": ("over", "as", "node", "concurrency"),
+    "parallel": ("branches", "join"),
     "wait": ("seconds",),
 }
 # What a top-level node adds: where it goes next, the state key it writes, its visit cap.

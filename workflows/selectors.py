@@ -6,11 +6,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from sessions.models import Agent, ModelEndpoint
+from sessions.models import Agent, Event, ModelEndpoint, Session
 from tools.execution import BUILTIN_TOOLS, ToolSnapshot
 from tools.models import Tool
 
 from .definition import Definition, definition_parse
+from .graph_svg import NodeMark, workflow_svg
 from .models import Workflow, WorkflowVersion
 
 # A version never changes once stored, so its compiled form is kept for the process's life
@@ -92,3 +93,36 @@ def definition_check(raw: Mapping[str, Any], *, where: str) -> Definition:
         ),
         known_models=set(ModelEndpoint.objects.values_list("name", flat=True)),
     )
+
+
+NODE_EVENTS = ("node.started", "node.finished", "node.failed")
+
+
+def run_node_marks(session: Session) -> dict[str, NodeMark]:
+    """What the run did at each node, from its node events and where it stands now: visits,
+    and visited, active or failed (a branch `any` dropped: cancelled)."""
+    visits: dict[str, int] = {}
+    status: dict[str, str] = {}
+    for kind, data in (
+        Event.objects.filter(session=session, type__in=NODE_EVENTS)
+        .order_by("seq")
+        .values_list("type", "data")
+    ):
+        node = str(data.get("node", ""))
+        if kind == "node.started":
+            visits[node] = max(visits.get(node, 0), int(data.get("visit") or 1))
+            status[node] = "active"
+        else:
+            status[node] = "visited" if kind == "node.finished" else "failed"
+    state = session.workflow_state or {}
+    for node in state.get("active") or []:
+        if status.get(node) != "failed":
+            status[node] = "active"
+    return {node: NodeMark(visits=visits.get(node, 0), status=s) for node, s in status.items()}
+
+
+def run_graph_svg(session: Session, *, link: Any = None) -> str:
+    """The run's version drawn with what the run did at each node."""
+    version = session.workflow_version
+    assert version is not None
+    return workflow_svg(version.definition, marks=run_node_marks(session), link=link)

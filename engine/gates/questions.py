@@ -62,9 +62,12 @@ def questions_of(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[
 
 
 def open_question(session: Session) -> ToolCall | None:
-    """The open `ask_user` call of the session's current turn, if it waits for the user."""
+    """The open `ask_user` call of the session's current turn, if it waits for the user
+    (not a call of the client's own tools, which waits for the client's result)."""
     return (
-        ToolCall.objects.filter(session=session, turn=session.turn, status=ToolCallStatus.EXECUTING)
+        ToolCall.objects.filter(
+            session=session, turn=session.turn, status=ToolCallStatus.EXECUTING, client=False
+        )
         .order_by("step", "position")
         .first()
     )

@@ -458,3 +458,9 @@ def call_model(
 
 def has_text(response: ChatResponse) -> bool:
     return bool(response.text.strip()) or bool(response.tool_calls)
+
+
+def tiers_record(calls: list[ModelCall], tier: str, reason: str) -> None:
+    """Model routing: which tier served each call and why (recorded with the step)."""
+    for call in calls:
+        call.tier, call.tier_reason = tier, reason[:200]

@@ -23,6 +23,13 @@ class Usage:
             cost=sum((c.cost for c in calls), Decimal(0)),
         )
 
+    def plus(self, other: "Usage") -> "Usage":
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cost + other.cost,
+        )
+
     def add_fields(self) -> dict[str, int | Decimal]:
         """The session counters a step adds this usage to."""
         return {

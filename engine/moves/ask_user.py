@@ -4,6 +4,9 @@ the question's default, at its deadline) is the call's result and the same turn 
 - `user_answer`, for the next user message or the question's deadline (the
   default answer, filled in by the sweeper): the call's result, -> tool_loop.
 - `queued_answer`, in the run loop: a message queued while the session ran answers it.
+- `client_results`, for the client's own tools' calls (engine/gates/client_tools.py):
+  the client's next request brings their results (or the sweeper, past the deadline,
+  their failure), -> tool_loop.
 
 Which calls are questions is engine/gates/questions.py.
 """
@@ -15,10 +18,12 @@ from django.utils import timezone
 
 from engine.gates.questions import open_question
 from engine.moves.turn import build_step, step_commit
+from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
+from sessions.events import EventSpec, EventType, ToolFinished
 from sessions.models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
 from sessions.states import Trigger
-from tools.rendering import render_success
+from tools.rendering import render_failure, render_success
 
 
 def user_answer(
@@ -30,9 +35,11 @@ def user_answer(
     owner: str | None = None,
     add_fields: dict[str, Any] | None = None,
     extra_context: dict[str, Any] | None = None,
+    turn_options: ModelOptions | None = None,
 ) -> Message:
     """Write the answer as the call's result and continue the turn (-> tool_loop); the
-    customer app's `extra_context` sent with it is kept on the result's message."""
+    customer app's `extra_context` and the client's `turn_options` sent with it are kept
+    on the result's message (the turn's next steps read them there)."""
     output: dict[str, Any] = {"answer": answer, "by": by}
     content = render_success(output)
     call.status = ToolCallStatus.SUCCESS
@@ -49,6 +56,7 @@ def user_answer(
         data=output,
         token_count=count_message_tokens(content),
         extra_context=extra_context,
+        turn_options=turn_options,
     )
     step_commit(
         build_step(
@@ -87,5 +95,83 @@ def queued_answer(session: Session, owner: str) -> bool:
             owner=owner,
             add_fields={"queued_count": -1},
             extra_context=queued.extra_context,
+            turn_options=queued.turn_options,
         )
     return True
+
+
+CLIENT_DEADLINE_ERROR = "the client did not return a result before the deadline"
+
+
+def client_results(
+    *,
+    session: Session,
+    calls: list[ToolCall],
+    results: dict[str, str],
+    by: str,
+    owner: str | None = None,
+    turn_options: ModelOptions | None = None,
+) -> list[Message]:
+    """Write the client's results of its tool calls (`results` by call id; a call missing
+    from it failed: the deadline passed) and continue the turn (-> tool_loop) in one step.
+
+    A result is the client's text as the model reads it (JSON or not). The client's
+    `turn_options` sent with them (its tools again, its sampling) are kept on the first
+    result's message, where the turn's next steps read them.
+    """
+    now = timezone.now()
+    messages: list[Message] = []
+    events: list[EventSpec] = []
+    for call in calls:
+        text = results.get(call.call_id)
+        if text is None:
+            call.status, call.output, call.error = (
+                ToolCallStatus.FAILED,
+                None,
+                CLIENT_DEADLINE_ERROR,
+            )
+            content = render_failure(call.status, call.error)
+            data: Any = {"error": call.error, "status": call.status}
+        else:
+            call.status, call.output, call.error = ToolCallStatus.SUCCESS, {"result": text}, ""
+            content, data = text, None
+        call.finished_at = now
+        call.elapsed_ms = int((now - call.created_at).total_seconds() * 1000)
+        messages.append(
+            Message(
+                turn=session.turn,
+                role="tool",
+                content=content,
+                tool_call_id=call.call_id,
+                name=call.tool_name,
+                data=data,
+                token_count=count_message_tokens(content),
+                turn_options=turn_options if not messages else None,
+            )
+        )
+        finished = ToolFinished(
+            call_id=call.call_id,
+            tool=call.tool_name,
+            status=call.status,
+            elapsed_ms=call.elapsed_ms,
+            output=call.output,
+            error=call.error,
+            turn=call.turn,
+        )
+        events.append(EventSpec(EventType.TOOL_FINISHED, finished))
+    step_commit(
+        build_step(
+            session,
+            owner,
+            trigger=Trigger.USER_ANSWER,
+            phase="client_results",
+            reason=f"results by {by}",
+            actor=by if by not in ("user", "client") else "",
+            messages=messages,
+            updated_tool_calls=calls,
+            events=events,
+            set_fields={"timer_due_at": None, "turn_started_at": now},
+            checkpoint={"answered": [c.call_id for c in calls]},
+        )
+    )
+    return messages

@@ -26,7 +26,9 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import tracing
 from observability.redaction import scrub
+from sessions.dispatch import run_enqueue_on_commit
 from sessions.events import (
+    AgentChanged,
     EventSpec,
     EventType,
     Progress,
@@ -36,11 +38,13 @@ from sessions.events import (
     TurnFinished,
 )
 from sessions.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
-from sessions.states import RUNNABLE, State, Trigger
+from sessions.states import RUNNABLE, TURN_ENDED, State, Trigger
 from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
 if TYPE_CHECKING:
+    from engine.gates.client_tools import ClientWait
+    from engine.gates.handoff import HandoffTo
     from engine.gates.questions import Question
 
 INTERRUPT_REASON = "interrupted by a new message"
@@ -58,7 +62,12 @@ def step_commit(step: Step) -> Committed:
     # (a workflow node's read-only call, run in its node step; new intents are executing).
     finished = [*step.new_tool_calls, *step.updated_tool_calls]
     step.charges = step_metering(step.session, step.model_calls, finished, GUARD)
-    return store.step_commit(step)
+    committed = store.step_commit(step)
+    parent = step.session.parent_id
+    if parent is not None and committed.state in TURN_ENDED:
+        # A child's end: its parent's waiting call has its answer now.
+        run_enqueue_on_commit(parent, step.session.value)
+    return committed
 
 
 def build_step(
@@ -222,8 +231,10 @@ def tool_intents(
     tool_calls: list[ToolCallRequest],
     spend: ModelSpend,
     context: ModelContext,
+    client_tools: frozenset[str] = frozenset(),
 ) -> None:
-    """Commit the model's tool calls as intents (-> tool_wait), before any of them runs."""
+    """Commit the model's tool calls as intents (-> tool_wait), before any of them runs.
+    A call to one of `client_tools` is marked the client's: it never runs here."""
     step_no = session.step + 1
     calls = [
         ToolCall(
@@ -238,6 +249,7 @@ def tool_intents(
             error=call.arguments_error or "",
             # Stable per logical call: a re-run of this step reuses the stored row and key.
             idempotency_key=f"{session.pk}:{session.turn}:{step_no}:{position}:{call.name[:100]}",
+            client=call.name in client_tools,
         )
         for position, call in enumerate(tool_calls)
     ]
@@ -406,13 +418,17 @@ def tool_results(
     stop: StopReason | None = None,
     stop_note: str = "",
     ask: "Question | None" = None,
+    usage: Usage | None = None,
+    handoff: "HandoffTo | None" = None,
+    client: "ClientWait | None" = None,
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
     scheduled follow-up moves the session to `waiting_timer` instead, and
     `stop` ends the turn there (-> tool_loop -> finished) with `stop_note` as
     the agent's partial answer. An open question (`ask_user`) moves it to
-    `paused_for_user` instead.
+    `paused_for_user` instead, as do calls of the client's own tools (`client`), left
+    open for the client's results.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
     are kept), where the run loop carries the cancel out.
@@ -445,7 +461,21 @@ def tool_results(
     if ask is not None:
         trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": ask.due_at, "timer_note": ""}
         events.append(ask.event(session.turn))
-    fold = trigger == Trigger.TOOL_RESULTS and not session.cancel_requested
+    if client is not None:
+        # The client runs them: the turn waits for its results, as for the user's answer.
+        trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": client.due_at, "timer_note": ""}
+        events.append(client.event(session.turn))
+    if handoff is not None and trigger == Trigger.TOOL_RESULTS:
+        # Another agent decides from the next step on, with the history as it is.
+        trigger = Trigger.HANDOFF
+        set_fields["agent_id"] = handoff.agent.pk
+        changed: AgentChanged = {
+            "from": session.agent.slug,
+            "to": handoff.agent.slug,
+            "reason": handoff.reason,
+        }
+        events.append(EventSpec(EventType.AGENT_CHANGED, changed))
+    fold = trigger in (Trigger.TOOL_RESULTS, Trigger.HANDOFF) and not session.cancel_requested
     events += extra_events or []
     finish: list[EventSpec] = []
     if stop is not None and fold:
@@ -472,6 +502,7 @@ def tool_results(
             after_events=finish if fold else [],
             env=env,
             set_fields=dict(set_fields),
+            add_fields=usage.add_fields() if usage is not None and usage != NO_USAGE else None,
             checkpoint={
                 "done": [[c.call_id, c.status, c.attempts] for c in calls],
                 **(
@@ -480,6 +511,7 @@ def tool_results(
                     else {}
                 ),
                 **({"question": ask.call.call_id} if ask is not None else {}),
+                **({"client_calls": [c.call_id for c in client.calls]} if client else {}),
             },
             unless_cancel_requested=fold,
         )

@@ -25,20 +25,24 @@ from engine.gates.guards import GuardLimits, GuardVerdict
 from engine.gates.memory import wants_turn_memory
 from engine.gates.metering import credits_stop, model_credits_check, model_points
 from engine.gates.revalidation import revalidation
-from engine.model.calls import RunCancelled, call_model, primary_endpoint
+from engine.gates.routing import MAIN, SMALL, escalation, route
+from engine.gates.turn_options import answer_format_block, turn_options, with_turn_options
+from engine.model.calls import RunCancelled, call_model, primary_endpoint, tiers_record
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
+from engine.model.structured import answer_check, repair_messages
 from engine.model.summaries import SummaryOutcome, summarise, summary_retry_at
 from engine.model.usage import ModelSpend
 from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
-from llm.base import ModelConfigError
+from llm.base import ModelConfigError, ModelError
 from llm.types import ChatRequest
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
 from sessions.dispatch import memory_enqueue_on_commit
-from sessions.events import StopReason
-from sessions.models import Agent, Message, Session
+from sessions.events import EventType, Progress, StopReason
+from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
+from sessions.publisher import publish_ephemeral
 from sessions.states import Trigger
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
@@ -156,6 +160,8 @@ class ModelPlan:
     tokens: dict[str, int]
     env: dict[str, Any]
     archive_through: int | None
+    # The client's own tools offered in this step (the OpenAI-compatible request's `tools`).
+    client_tools: frozenset[str] = frozenset()
 
     def context(self, session: Session, model: str | None) -> ModelContext:
         """What the step's move commits besides its outcome."""
@@ -189,7 +195,9 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     2. The loop guards and limits: may make the step final (no more tools).
     3. The contributing gates, in order: what changed in the environment, preconditions
        after a resume or fork (notes appended to the history), then the context layers
-       (the environment, the dialogue state, the turn's extra_context).
+       (the environment, the dialogue state, the turn's extra_context), and the answer's
+       form when the turn's client asked for one; the client's sampling settings
+       (`turn_options`) go on the request.
     4. Assemble within the context budget; past the summary watermark, summarise the
        oldest third first (engine/model/summaries.py).
     5. The budget gate's degradation: a degraded step goes to a cheaper model, whose
@@ -206,7 +214,10 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     notes = Contribution.join(environment_note(session, env), revalidation(session, history, tools))
     history.extend(notes.notes)
     read = gate_read(session, agent, run.figures)
-    added = Contribution.join(notes, context_layers(session, agent, history, read, tools))
+    options = turn_options(history, session.turn)
+    added = Contribution.join(
+        notes, context_layers(session, agent, history, read, tools), answer_format_block(options)
+    )
     assembly, summary = fitted_context(
         session,
         agent,
@@ -218,7 +229,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         memory_block=memory_block,
         context_blocks=added.blocks,
     )
-    request = assembly.request
+    request = with_turn_options(assembly.request, options, agent.model, final=final)
     request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
     gate = model_gate(session, agent, request, read)
@@ -254,6 +265,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
             if summary.message is not None and summary.message.data
             else None
         ),
+        client_tools=options.client_tools if options is not None and not final else frozenset(),
     )
 
 
@@ -302,9 +314,19 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
-    tier = plan.gate.endpoint if plan.gate.endpoint.pk != agent.model_id else None
+    degraded = plan.gate.endpoint.pk != agent.model_id
+    tier = plan.gate.endpoint if degraded else None
+    way = route(session, agent, history, degraded)
     try:
-        routed = call_model(session, agent, request, tier=tier)
+        routed = call_model(session, agent, request, tier=way.endpoint or tier)
+        tiers_record(routed.calls, way.tier, way.reason)
+        why = escalation(agent, request, routed.response) if way.tier == SMALL else ""
+        if why:
+            # The small model faltered: the agent's own model answers, in this same step.
+            again = call_model(session, agent, request, tier=tier)
+            tiers_record(again.calls, MAIN, f"escalated: {why}")
+            again.calls[:0] = routed.calls
+            routed = again
         # Taken by this step's commit: the run's kept credit figures count them from now.
         run.figures.spent_points(model_points(plan.summary.calls + routed.calls))
     except RunCancelled as cancelled:
@@ -318,24 +340,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     spend = ModelSpend(calls=plan.side_calls + routed.calls, iteration=iteration)
     context = plan.context(session, routed.endpoint.name if routed.endpoint else None)
     if routed.response is None:
-        error = routed.error
-        problem = str(error) if error else "model call failed"
-        # The user gets the busy message either way; a refusal (a 4xx such as an
-        # unknown model, a missing key) is told apart for the operator, who also
-        # finds the reason in the ModelCall rows, last_error, the transition and the log.
-        refused = isinstance(error, ModelConfigError)
-        stop_reason = StopReason.MODEL_REFUSED if refused else StopReason.MODEL_UNAVAILABLE
-        answer(
-            session,
-            owner,
-            content=agent.busy_message or BUSY_ANSWER,
-            trigger=Trigger.ANSWER,
-            stop_reason=stop_reason,
-            spend=spend,
-            context=context,
-            last_error=problem,
-            reason=f"{stop_reason}: {problem}" if refused else "",
-        )
+        _unanswered(session, owner, agent, routed.error, spend, context)
         return
 
     response = routed.response
@@ -359,14 +364,36 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         if plan.final and not content.strip():
             content = LIMIT_ANSWER
         turn = session.turn
+        stop_reason: StopReason = plan.stop.stop_reason if plan.stop else StopReason.ANSWER
+        problem = ""
+        if request.response_format is not None:
+            try:
+                conformed = answer_conform(session, agent, request, content, tier=tier)
+            except RunCancelled as cancelled:
+                fresh = Session.objects.get(pk=session.pk)
+                spent = dataclasses.replace(spend, calls=spend.calls + cancelled.calls)
+                turn_cancel(
+                    session=fresh, owner=owner, spend=dataclasses.replace(spent, answered=False)
+                )
+                return
+            spend = dataclasses.replace(spend, calls=spend.calls + conformed.calls)
+            run.figures.spent_points(model_points(conformed.calls))
+            if conformed.failed is not None:
+                _unanswered(session, owner, agent, conformed.failed, spend, context)
+                return
+            content, problem = conformed.text, conformed.problem
+            if problem:
+                stop_reason = StopReason.INVALID_OUTPUT
         answer(
             session,
             owner,
             content=content,
             trigger=Trigger.LIMIT_REACHED if plan.final else Trigger.ANSWER,
-            stop_reason=plan.stop.stop_reason if plan.stop else StopReason.ANSWER,
+            stop_reason=stop_reason,
             spend=spend,
             context=context,
+            last_error=f"invalid_json: {problem}" if problem else "",
+            reason=f"{stop_reason}: {problem}" if problem else "",
         )
         user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
         if wants_turn_memory(agent, user_text):
@@ -379,4 +406,73 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         tool_calls=list(tool_calls),
         spend=spend,
         context=context,
+        client_tools=plan.client_tools,
     )
+
+
+def _unanswered(
+    session: Session,
+    owner: str,
+    agent: Agent,
+    error: ModelError | None,
+    spend: ModelSpend,
+    context: ModelContext,
+) -> None:
+    """No model could answer: the turn ends with the agent's busy message."""
+    problem = str(error) if error else "model call failed"
+    # The user gets the busy message either way; a refusal (a 4xx such as an
+    # unknown model, a missing key) is told apart for the operator, who also
+    # finds the reason in the ModelCall rows, last_error, the transition and the log.
+    refused = isinstance(error, ModelConfigError)
+    stop_reason = StopReason.MODEL_REFUSED if refused else StopReason.MODEL_UNAVAILABLE
+    answer(
+        session,
+        owner,
+        content=agent.busy_message or BUSY_ANSWER,
+        trigger=Trigger.ANSWER,
+        stop_reason=stop_reason,
+        spend=spend,
+        context=context,
+        last_error=problem,
+        reason=f"{stop_reason}: {problem}" if refused else "",
+    )
+
+
+@dataclass(frozen=True)
+class Conformed:
+    text: str  # the answer to store: valid JSON text, or the last try when still invalid
+    problem: str  # what is still wrong with it ("" when valid)
+    calls: list[ModelCall]  # the repair's model calls
+    failed: ModelError | None = None  # the repair found no model to answer
+
+
+def answer_conform(
+    session: Session, agent: Agent, request: ChatRequest, text: str, *, tier: ModelEndpoint | None
+) -> Conformed:
+    """An answer the client asked to be JSON (`request.response_format`): checked, and when
+    it is not valid, repaired once in this same step (the answer and what is wrong with it,
+    then "again", without tools), as a workflow's llm node does (engine/model/structured.py).
+
+    The first try was streamed to the session's clients: they are told it is discarded
+    (`answer_discarded`) before the repair streams. The OpenAI-compatible endpoint sends
+    such an answer whole, from the stored message, so its clients never see the first try.
+    """
+    assert request.response_format is not None
+    checked = answer_check(text, request.response_format)
+    if not checked.problem:
+        return Conformed(checked.text, "", [])
+    discarded: Progress = {"stage": "answer_discarded", "turn": session.turn}
+    publish_ephemeral(session.pk, EventType.PROGRESS, discarded)
+    repair = dataclasses.replace(
+        request,
+        messages=(*request.messages, *repair_messages(text, checked.problem)),
+        tools=(),
+        tool_choice="none",
+    )
+    routed = call_model(session, agent, repair, tier=tier)
+    if routed.response is None:
+        return Conformed(text, checked.problem, routed.calls, failed=routed.error)
+    again = answer_check(routed.response.text, request.response_format)
+    if again.problem:
+        return Conformed(routed.response.text, again.problem, routed.calls)
+    return Conformed(again.text, "", routed.calls)

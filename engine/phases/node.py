@@ -23,6 +23,7 @@ A node reads only the state keys its expressions name and writes only its `outpu
 """
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -30,17 +31,18 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 
 from engine.gates.budget import model_gate, model_rate_limit
+from engine.gates.children import AGENT_TOOL_PREFIX
 from engine.gates.metering import model_credits_check
 from engine.model.calls import RunCancelled, call_model
+from engine.model.structured import answer_check, answer_instruction, repair_messages
 from engine.moves.node import NodeWrites, nodes_commit
 from engine.moves.turn import call_result, turn_cancel
 from engine.phases.tools import runs_in_step, tool_run_in_step
 from engine.run_cache import RunContext, WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import calls_by_id
-from llm.types import ChatMessage, ChatRequest
+from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from sessions.events import EventSpec, EventType, NodeFailed, NodeFinished, NodeStarted
 from sessions.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
@@ -286,7 +288,9 @@ class Walk:
             return self._map(node, progress)
         if kind == "parallel":
             return self._parallel(node, progress, extra)
-        return Failed(f"node kind '{kind}' is not supported yet")
+        if kind == "agent":
+            return self._agent(node, progress, extra)
+        return Failed(f"node kind '{kind}' is not supported")
 
     def _call_id(self, node: Node, extra: dict[str, Any], suffix: str = "") -> str:
         visit = int(self.state["visits"].get(node.id.split(".")[0], 1))
@@ -468,6 +472,23 @@ class Walk:
             return Done(None, node.next)
         return Failed(found.error or "the timer could not be set")
 
+    def _agent(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
+        """The agent's loop as a child session (engine/gates/children.py); the output is its
+        answer. The run holds no worker meanwhile."""
+        assert node.agent is not None and node.task is not None
+        arguments = None
+        if "call" not in progress:
+            task = node.task.evaluate(self.scope(extra))
+            if not isinstance(task, str) or not task.strip():
+                return Failed(f"task must give a non-empty string, not {_compact(task)[:200]}")
+            arguments = {"task": task}
+        found = self._called(node, progress, extra, f"{AGENT_TOOL_PREFIX}{node.agent}", arguments)
+        if not isinstance(found, ToolCall):
+            return found
+        if found.status == ToolCallStatus.SUCCESS and isinstance(found.output, dict):
+            return Done(found.output.get("answer"), node.next)
+        return self._retry_or_fail(node, progress, found, found.error or "the agent's run failed")
+
     # --- Model nodes -------------------------------------------------------------------
 
     def _endpoint(self, node: Node) -> ModelEndpoint | None:
@@ -476,14 +497,14 @@ class Walk:
             return None
         return ModelEndpoint.objects.filter(name=name, enabled=True).first()
 
-    def _ask(self, node: Node, messages: list[ChatMessage], schema: dict[str, Any] | None) -> str:
+    def _ask(self, node: Node, messages: list[ChatMessage], answer: ResponseFormat | None) -> str:
         """One model call through the adapters (the run's agent: fallback, budgets, credits,
         the rate limit); its record rides on this step's commit. Raises ModelFailed."""
         agent = self.runtime.agent
         request = ChatRequest(
             messages=tuple(messages),
             tool_choice="none",
-            response_schema=schema,
+            response_format=answer,
             agent_config={"rules": list(agent.rules or []), "fallback_answer": ""},
         )
         gate = model_gate(self.session, agent, request, keep=self.run.figures)
@@ -521,34 +542,24 @@ class Walk:
 
     def _llm(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         messages = self._prompt_messages(node, extra)
-        schema = node.output_schema
-        if schema is None:
+        if node.output_schema is None:
             try:
                 return Done(self._ask(node, messages, None), node.next)
             except ModelFailed as exc:
                 return Failed(exc.message)
-        instruction = (
-            "Answer with one JSON value only, no prose, valid against this JSON Schema: "
-            + _compact(schema)
-        )
-        messages = [*messages, ChatMessage(role="system", content=instruction)]
-        validator = Draft202012Validator(schema)
+        answer = ResponseFormat(schema=node.output_schema)
+        messages = [*messages, ChatMessage(role="system", content=answer_instruction(answer))]
         problem = ""
         for _attempt in range(2):  # the answer, then one repair with what was wrong
             try:
-                text = self._ask(node, messages, schema)
+                text = self._ask(node, messages, answer)
             except ModelFailed as exc:
                 return Failed(exc.message)
-            value, problem = _parsed(text, validator)
+            checked = answer_check(text, answer)
+            problem = checked.problem
             if not problem:
-                return Done(value, node.next)
-            messages += [
-                ChatMessage(role="assistant", content=text),
-                ChatMessage(
-                    role="user",
-                    content=f"That answer is not valid: {problem}. Answer again with the JSON only.",
-                ),
-            ]
+                return Done(checked.value, node.next)
+            messages += repair_messages(text, problem)
         return Failed(
             f"invalid_json: the model's answer is not valid against output_schema: {problem}"
         )
@@ -564,9 +575,16 @@ class Walk:
                 f"Answer with the option's name only: one of {', '.join(options)}.",
             ),
         ]
+        # Constrained where the wire has structured output: the answer can only be an option.
+        schema = {
+            "type": "object",
+            "properties": {"option": {"type": "string", "enum": options}},
+            "required": ["option"],
+            "additionalProperties": False,
+        }
         for _attempt in range(2):  # an invalid pick is asked again once, then the default
             try:
-                text = self._ask(node, messages, None)
+                text = self._ask(node, messages, ResponseFormat(schema=schema, name="option"))
             except ModelFailed as exc:
                 return Failed(exc.message)
             picked = _picked(text, options)
@@ -630,13 +648,16 @@ class Walk:
     def _parallel(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         """Every branch runs; `all` waits for each, `any` takes the first to finish (of
         branches whose calls ran in the same step, the quickest) and the others are
-        cancelled: their calls that have not run are never sent."""
+        cancelled: their calls that have not run are never sent. Under `any` a wait branch
+        is a timer the others race (`_race`), not a call of its own: its timer would hold
+        the run until due even when another branch had finished long before."""
         done: dict[str, Any] = progress.setdefault("done", {})
         failed: dict[str, str] = progress.setdefault("failed", {})
         branches: dict[str, Any] = progress.setdefault("branches", {})
+        timers = self._race_timers(node, progress, extra) if node.join == "any" else {}
         finished_now: list[str] = []
         for name, branch in node.branches.items():
-            if name in done or name in failed:
+            if name in done or name in failed or name in timers:
                 continue
             outcome = self.settle(branch, branches.setdefault(name, {}), extra)
             if isinstance(outcome, Done):
@@ -645,28 +666,81 @@ class Walk:
             elif isinstance(outcome, Failed):
                 failed[name] = outcome.error
         if node.join == "any":
-            if finished_now:
-                winner = min(finished_now, key=lambda n: self._elapsed(branches.get(n, {})))
-                unsent: set[str] = set()
-                for name in node.branches:
-                    if name != winner:
-                        self.state["status"][f"{node.id}.{name}"] = "cancelled"
-                        unsent.update(self._opened_ids(branches.get(name, {})))
-                # Calls the losers opened in this very step are never sent.
-                self.writes.new_calls = [
-                    c for c in self.writes.new_calls if c.call_id not in unsent
-                ]
-                return Done({winner: done[winner]}, node.next)
-            if len(failed) == len(node.branches):
-                return Failed(
-                    "every branch failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                )
-            return WAITING
+            return self._race(node, progress, finished_now, timers)
         if failed:
             return Failed("; ".join(f"{k}: {v}" for k, v in failed.items()))
         if len(done) == len(node.branches):
             return Done({name: done[name] for name in node.branches}, node.next)
         return WAITING
+
+    def _race_timers(
+        self, node: Node, progress: dict[str, Any], extra: dict[str, Any]
+    ) -> dict[str, float]:
+        """`join: any`: each wait branch's seconds, evaluated once, when the race began."""
+        if "timers" not in progress:
+            timers: dict[str, float] = {}
+            for name, branch in node.branches.items():
+                if branch.kind == "wait":
+                    assert branch.seconds is not None
+                    seconds = branch.seconds.evaluate(self.scope(extra))
+                    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+                        raise EvaluationError(
+                            f"{name}: seconds must be a number, not {_compact(seconds)}"
+                        )
+                    timers[name] = float(seconds)
+            progress["timers"] = timers
+            progress["since"] = time.time()
+        return dict(progress["timers"])
+
+    def _race(
+        self,
+        node: Node,
+        progress: dict[str, Any],
+        finished_now: list[str],
+        timers: dict[str, float],
+    ) -> Outcome:
+        done, failed, branches = progress["done"], progress["failed"], progress["branches"]
+        # When each contender finished, in seconds from the start: a call by its own run
+        # time (a step's calls run side by side), a timer by its seconds.
+        finish = {n: self._elapsed(branches.get(n, {})) / 1000 for n in finished_now}
+        over = time.time() - float(progress["since"]) if timers else 0.0
+        for name, seconds in timers.items():
+            fired = self._call_done(branches.get(name, {}))
+            if fired or seconds <= over or (finish and seconds < min(finish.values())):
+                finish[name] = seconds
+        if finish:
+            winner = min(finish, key=lambda n: finish[n])
+            unsent: set[str] = set()
+            for name in node.branches:
+                if name != winner:
+                    self.state["status"][f"{node.id}.{name}"] = "cancelled"
+                    unsent.update(self._opened_ids(branches.get(name, {})))
+            # Calls the losers opened in this very step are never sent.
+            self.writes.new_calls = [c for c in self.writes.new_calls if c.call_id not in unsent]
+            return Done({winner: done.get(winner)}, node.next)  # a timer's output is null
+        racing = [n for n in node.branches if n not in failed and n not in timers]
+        if not racing and timers:
+            # Nothing else can finish first: the shortest timer, for what is left of it.
+            name = min(timers, key=lambda n: timers[n])
+            branch = branches.setdefault(name, {})
+            if "call" not in branch:
+                branch["call"] = self._call_id(node.branches[name], {})
+                left = max(1, math.ceil(timers[name] - over))
+                self._open(
+                    branch["call"],
+                    WAIT_TOOL,
+                    {"after_seconds": left, "note": f"wait node {node.id}.{name}"},
+                )
+            return WAITING
+        if not racing:
+            return Failed(
+                "every branch failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+            )
+        return WAITING
+
+    def _call_done(self, progress: dict[str, Any]) -> bool:
+        call = self.calls.get(progress.get("call") or "")
+        return call is not None and call.status == ToolCallStatus.SUCCESS
 
     def _elapsed(self, progress: dict[str, Any]) -> int:
         call = self.calls.get(progress.get("call") or "")
@@ -696,23 +770,15 @@ def _transient(call: ToolCall) -> bool:
     )
 
 
-def _parsed(text: str, validator: Draft202012Validator) -> tuple[Any, str]:
-    cleaned = text.strip()
-    if cleaned.startswith("```"):
-        cleaned = cleaned.strip("`")
-        cleaned = cleaned[cleaned.find("\n") + 1 :] if "\n" in cleaned else cleaned
-    try:
-        value = json.loads(cleaned)
-    except json.JSONDecodeError as exc:
-        return None, f"not JSON ({exc.msg} at character {exc.pos})"
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
-    if errors:
-        where = "/".join(map(str, errors[0].absolute_path)) or "(top)"
-        return None, f"{where}: {errors[0].message}"
-    return value, ""
-
-
 def _picked(text: str, options: list[str]) -> str | None:
+    """The option an answer names: `{"option": name}` (structured output), the bare name, or
+    the one option the text mentions."""
+    try:
+        structured = json.loads(text)
+    except ValueError:
+        structured = None
+    if isinstance(structured, dict) and structured.get("option") in options:
+        return str(structured["option"])
     cleaned = text.strip().strip(".'\"`").strip()
     if cleaned in options:
         return cleaned

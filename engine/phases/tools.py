@@ -14,6 +14,9 @@ from django.db import connection
 
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper
+from engine.gates.children import ChildrenWait, children_gate
+from engine.gates.client_tools import client_wait
+from engine.gates.handoff import handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
@@ -22,6 +25,7 @@ from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
+from engine.moves.children import children_start, children_started
 from engine.moves.turn import TIMER_HANDLER, tool_results
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import cached_output_read, open_calls
@@ -89,19 +93,45 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     4. Run the rest concurrently under the agent's step time limit, without
        holding a database connection.
     5. One move: results, tool messages and events in one commit (`tool_results`);
-       a scheduled follow-up waits for its timer.
+       a scheduled follow-up waits for its timer, calls the client runs (its own tools,
+       never sent here: engine/gates/client_tools.py) wait for its results.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
     calls = open_calls(session)
+    # The client's own tools' calls are its to run: they never reach a gate or the executor.
+    client = client_wait(calls)
+    calls = [c for c in calls if not c.client]
     tools = runtime.tools_for(session.role)
     workflow = workflow_runtime(session)
     if workflow is not None:
         tools = workflow.tools_with(tools)
+    if not calls and client is not None:
+        tool_results(
+            session,
+            owner,
+            calls=[],
+            outcomes={},
+            tools=tools,
+            env=runtime.environment(session.role),
+            client=client,
+        )
+        return
     gate = approval_gate(session, calls, tools)
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
         return
+    # Calls another agent answers: their children run first; this step waits without a worker.
+    kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes], agent.max_depth)
+    if kids.waits:
+        started = kids.unannounced + children_start(session, kids.to_start)
+        if started:
+            children_started(session, owner, started)
+        raise ChildrenWait
+    gate.outcomes.update(kids.outcomes)
+    # A transfer_to_<slug> call: settled here; the results' commit switches the agent.
+    handoffs = handoff_gate(session, [c for c in calls if c.pk not in gate.outcomes])
+    gate.outcomes.update(handoffs.outcomes)
     # A recall must see memory as it is now, not an earlier identical call's answer.
     outcomes = _cached_outcomes(
         session,
@@ -173,10 +203,13 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         outcomes=outcomes,
         tools=tools,
         env=env,
-        extra_events=credits.events,
+        extra_events=credits.events + kids.announcements + kids.events,
+        usage=kids.usage,
+        handoff=handoffs.chosen,
         stop=stop.stop_reason if stop else None,
         stop_note=stop.content if stop else "",
         ask=questions[0] if questions else None,
+        client=client,
     )
 
 
@@ -196,6 +229,8 @@ def _invocation(call: ToolCall, workflow: WorkflowRuntime | None) -> ToolInvocat
 # Tools the tool step treats apart (a timer, a question to the user, memory, a person's
 # review): their calls always take the ordinary way.
 _APART = frozenset({TIMER_HANDLER, ASK_USER_HANDLER, WORKFLOW_REVIEW_HANDLER, *MEMORY_HANDLERS})
+# The kinds the executor itself runs (tools/execution.py `_invoke`).
+_EXECUTED = frozenset({"python", "http", "mcp"})
 
 
 def runs_in_step(tool: ToolSnapshot | None) -> bool:
@@ -203,12 +238,14 @@ def runs_in_step(tool: ToolSnapshot | None) -> bool:
     node step), its result committed with that step's other writes: one commit, not an
     intent's and then a result's?
 
-    Only a read-only tool that no person has to approve, that costs no credit points,
-    whose declared risk needs no pre-run checkpoint and that the tool step does not treat
+    Only a read-only tool the executor runs (python, http, mcp: not another agent's loop
+    nor a handoff) that no person has to approve, that costs no credit points, whose
+    declared risk needs no pre-run checkpoint and that the tool step does not treat
     apart: nothing of what the ordinary way commits before a call is sent applies to it.
     """
     return (
         tool is not None
+        and tool.kind in _EXECUTED  # not another agent's loop, a handoff, ...
         and not tool.side_effects
         and not tool.requires_approval
         and not tool.approval_when

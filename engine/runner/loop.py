@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from engine.gates.budget import StepDeferred
+from engine.gates.children import ChildrenWait, children_running
 from engine.gates.metering import CreditsWait
 from engine.moves.ask_user import queued_answer
 from engine.moves.turn import tool_loop_next, turn_cancel, turn_fail, turn_start
@@ -27,7 +28,7 @@ from engine.runner.lease import heartbeat, lease_drop, lease_release, lease_take
 from engine.store.commit import StaleSession
 from observability import logs, metrics, tracing
 from runtime import health
-from sessions.dispatch import run_enqueue_later
+from sessions.dispatch import run_enqueue, run_enqueue_later
 from sessions.models import Session
 from sessions.states import RUNNABLE, STARTS_TURN, State
 
@@ -107,6 +108,18 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
                 lease_drop(session_id=session_id, owner=owner, after_s=deferred.seconds)
                 run_enqueue_later(session_id, deferred.seconds, session.value)
                 return RunResult(steps, "deferred")
+            except ChildrenWait:
+                # Other agents' runs answer this step: no worker waits for them; each one's
+                # end wakes this run, the sweeper only covers a lost wake-up.
+                heartbeat.release(session_id)
+                lease_drop(session_id=session_id, owner=owner, after_s=settings.CHILDREN_RECHECK_S)
+                if not children_running(session_id):
+                    # The last one ended while we held the lease: its wake-up was refused.
+                    try:
+                        run_enqueue(session_id, session.value)
+                    except Exception:  # noqa: BLE001 - the sweeper looks again after the recheck
+                        logger.warning("could not wake session %s", session_id, exc_info=True)
+                return RunResult(steps, "waiting")
             except CreditsWait:
                 # Points held by in-flight calls: no worker waits for them; the
                 # sweeper picks the run up again once the short lease runs out.

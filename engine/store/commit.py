@@ -59,6 +59,7 @@ MESSAGE_COLUMNS = (
     "token_count",
     "idempotency_key",
     "extra_context",
+    "turn_options",
     "created_at",
 )
 TOOL_CALL_COLUMNS = (
@@ -79,6 +80,7 @@ TOOL_CALL_COLUMNS = (
     "dispatched_at",
     "probe_outcome",
     "idempotency_key",
+    "client",
     "created_at",
     "finished_at",
 )
@@ -119,6 +121,8 @@ MODEL_CALL_COLUMNS = (
     "error",
     "cost",
     "purpose",
+    "tier",
+    "tier_reason",
     "created_at",
 )
 EVENT_COLUMNS = ("session", "seq", "type", "data", "created_at")
@@ -175,6 +179,8 @@ SETTABLE = {
     "degradation_level",
     "dialogue_state",
     "workflow_state",
+    # A handoff (engine/gates/handoff.py): the agent that decides from the next step on.
+    "agent_id",
 }
 ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 

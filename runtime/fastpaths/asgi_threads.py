@@ -23,7 +23,8 @@ have their own thread, as before.
 It relies on Django's handler internals (`load_middleware(is_async=...)`,
 `handle`, `get_response_async`) and asgiref's `ThreadSensitiveContext`
 executor; the versions it was written for are in runtime/fastpaths/__init__.py.
-Off, `http_application()` is Django's own ASGIHandler.
+Off, `http_application()` is Django's own ASGIHandler (both settle a
+`DeferredResponse` before its head: runtime/deferred_response.py).
 """
 
 import os
@@ -37,6 +38,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
 from runtime import fastpaths
+from runtime.deferred_response import DeferringASGIHandler
 
 # Idle threads kept for the next requests. The request gate lets
 # WEB_MAX_CONCURRENT_REQUESTS (16) requests into Django at once, so a process
@@ -111,7 +113,7 @@ request_threads = RequestThreads()
 os.register_at_fork(after_in_child=lambda: request_threads.after_fork())
 
 
-class SyncChainASGIHandler(ASGIHandler):
+class SyncChainASGIHandler(DeferringASGIHandler):
     def __init__(self) -> None:
         # Not ASGIHandler.__init__: that builds the async chain.
         self.load_middleware(is_async=False)
@@ -133,7 +135,8 @@ class SyncChainASGIHandler(ASGIHandler):
 
 
 def http_application() -> ASGIHandler:
-    """The HTTP application daphne serves: this one, or Django's with the fast path off."""
+    """The HTTP application daphne serves: this one, or Django's with the fast path off
+    (either settles a DeferredResponse before sending its head)."""
     if fastpaths.enabled("asgi_threads"):
         return SyncChainASGIHandler()
-    return ASGIHandler()
+    return DeferringASGIHandler()

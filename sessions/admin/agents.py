@@ -10,12 +10,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
-from configuration.schema import RULE
+from configuration.schema import RULE, routing_rule_problems
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
+from .. import selectors
 from ..models import Agent
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
@@ -87,6 +88,17 @@ class AgentAdminForm(forms.ModelForm):
             raise forms.ValidationError(f"Invalid context budget: {'; '.join(problems)}.")
         return budget
 
+    def clean_routing(self) -> Any:
+        routing = self.cleaned_data.get("routing") or {}
+        if not routing:
+            return {}
+        if not isinstance(routing, dict) or not routing.get("small") or not routing.get("when"):
+            raise forms.ValidationError('routing needs "small" (a model endpoint) and "when" (CEL)')
+        problems = routing_rule_problems(str(routing["when"]))
+        if problems:
+            raise forms.ValidationError(f"when: {problems[0]}")
+        return routing
+
     def clean_rules(self) -> Any:
         rules = self.cleaned_data.get("rules")
         if rules in (None, ""):
@@ -119,7 +131,7 @@ class AgentAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "model")
     list_select_related = ("model", "fallback_model", "candidate_model")
     search_fields = ("slug", "name", "system_prompt")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("created_at", "updated_at", "routing_figures")
     fieldsets = (
         (None, {"fields": ("slug", "name", "enabled", "system_prompt")}),
         (
@@ -174,6 +186,16 @@ class AgentAdmin(admin.ModelAdmin):
             },
         ),
         ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
+        (
+            "Agents together and model routing",
+            {
+                "fields": ("handoffs", "max_depth", "routing", "routing_figures"),
+                "description": "agent.<slug> in its tools asks another agent (a child session); "
+                "handoffs lets it hand the conversation over (transfer_to_<slug>); routing sends "
+                'turns whose CEL rule holds to a small model, e.g. {"small": "cheap", "when": '
+                '"length < 300", "escalate_on": ["invalid_tool_call"]} (README, "Agents together").',
+            },
+        ),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
         ("Dialogue state", {"fields": ("dialogue",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
@@ -186,6 +208,25 @@ class AgentAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Agent]:
         return super().get_queryset(request).annotate(_session_count=Count("sessions"))
+
+    @admin.display(description="Routing, last 30 days")
+    def routing_figures(self, obj: Agent) -> str:
+        if not obj.pk:
+            return "—"
+        figures = selectors.agent_routing_figures(agent=obj, days=30)
+        if not figures.turns:
+            return "no turns in the last 30 days"
+        return format_html(
+            "{} turns: {} on the small model ({}%), {} escalated; cost {} (on the main model "
+            "alone: about {}, saved about {})",
+            figures.turns,
+            figures.small_turns,
+            round(100 * figures.small_turns / figures.turns),
+            figures.escalated,
+            figures.cost,
+            figures.cost_main_only,
+            figures.cost_main_only - figures.cost,
+        )
 
     @admin.display(description="rollout")
     def rollout(self, obj: Agent) -> str:

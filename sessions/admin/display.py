@@ -74,6 +74,7 @@ OUTCOME_COLOURS = {
     "interrupted": "#374151",
     "error": "#dc2626",
     "model_unavailable": "#dc2626",
+    "invalid_output": "#dc2626",
 }
 # Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
 GUARD_COLOUR = "#b45309"
@@ -122,4 +123,11 @@ def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> 
         )
     if type_ == EventType.ERROR:
         return f"{data.get('code')}: {short(data.get('message'), 160) if content else HIDDEN}"
+    if type_ in (EventType.CHILD_STARTED, EventType.CHILD_FINISHED):
+        state = data.get("state") if type_ == EventType.CHILD_FINISHED else "started"
+        child = str(data.get("session") or "")[:8]
+        return f"{data.get('agent')} {state} · session {child} · call {data.get('call_id')}"
+    if type_ == EventType.AGENT_CHANGED:
+        reason = short(data.get("reason"), 120) if content else HIDDEN
+        return f"{data.get('from')} → {data.get('to')}: {reason}"
     return short(data, 160) if content else HIDDEN

@@ -139,11 +139,13 @@ def takeover_context(session: Session, allowed: set[str]) -> dict[str, Any]:
     ones the operator holds the permission for (`allowed`: operate, take_over, run_tool, fork)."""
     state = State(session.state)
     ended = state in TURN_ENDED
+    # A workflow run is no conversation: nobody to reply to or hand back to.
+    conversation = session.workflow_version_id is None
     controls = {
-        "force_finish": state in services.WAITING and "take_over" in allowed,
+        "force_finish": conversation and state in services.WAITING and "take_over" in allowed,
         "resume": state == State.ERROR and "operate" in allowed,
-        "takeover": ended and "take_over" in allowed,
-        "run_tool": ended and "run_tool" in allowed,
+        "takeover": conversation and ended and "take_over" in allowed,
+        "run_tool": conversation and ended and "run_tool" in allowed,
         "fork": session.step > 0 and "fork" in allowed,
     }
     tools = (
@@ -603,4 +605,10 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             extra_context["timeline_kinds"].append(("approval", "Approval"))
             if session.workflow_version_id is not None:
                 extra_context["workflow_run"] = workflow_run_view(session, content=content)
+            # The tree: who started this session, and the sessions its agent calls started.
+            extra_context["children"] = list(
+                Session.objects.filter(parent=session)
+                .order_by("created_at")
+                .values("pk", "agent__slug", "state", "parent_call__call_id")
+            )
         return super().change_view(request, object_id, form_url, extra_context=extra_context)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
-from workflows.graph_svg import NodeMark, workflow_svg
+from workflows.selectors import run_graph_svg
 
 from ..models import Checkpoint, Event, Session, ToolCall
 
@@ -43,6 +43,32 @@ def _text(value: Any) -> str:
     return text if len(text) <= OUTPUT_PREVIEW_CHARS else text[:OUTPUT_PREVIEW_CHARS] + " …"
 
 
+def _inputs(session: Session, rows: dict[str, NodeRow]) -> None:
+    """Each node's calls' arguments, in the order they were opened: a map's items and a
+    parallel node's branches are named (`item 2: {...}`, `fast: {...}`), one line each."""
+    for call_id, arguments in (
+        ToolCall.objects.filter(session=session)
+        .order_by("step", "position")
+        .values_list("call_id", "input")
+    ):
+        if "~" in call_id:  # a retry's pause, not the node's own call
+            continue
+        inner, _, visit = call_id.partition("#")
+        node_id, _, branch = inner.partition(".")
+        row = rows.get(node_id)
+        if row is None or len(row.input) > OUTPUT_PREVIEW_CHARS:
+            continue
+        item = visit.partition("[")[2].rstrip("]")
+        if item or branch:
+            label = f"item {item}" if item else branch
+            text = f"{label}: {json.dumps(arguments, ensure_ascii=False, sort_keys=True)}"
+        else:
+            text = _text(arguments)
+        row.input = f"{row.input}\n{text}" if row.input else text
+        if len(row.input) > OUTPUT_PREVIEW_CHARS:
+            row.input = row.input[:OUTPUT_PREVIEW_CHARS] + " …"
+
+
 def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
     """Read the run's node events, checkpoints and calls; `content` False (no right to
     read what messages say) leaves inputs and outputs out."""
@@ -64,7 +90,9 @@ def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
             row.status = "active"
         elif kind == "node.finished":
             row.status = "visited"
-            row.output = _text(data.get("output")) if content else ""
+            # A condition or a wait node writes nothing: no "null" to read.
+            output = data.get("output")
+            row.output = _text(output) if content and output is not None else ""
             row.next = str(data.get("next", ""))
         else:
             row.status = "failed"
@@ -78,28 +106,23 @@ def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
             if node_id in rows:
                 rows[node_id].step = step
     if content:
-        for call_id, arguments in ToolCall.objects.filter(session=session).values_list(
-            "call_id", "input"
-        ):
-            node_id = call_id.partition("#")[0]
-            if node_id in rows and "~" not in call_id:
-                row = rows[node_id]
-                row.input = (
-                    _text(arguments) if not row.input else row.input + "\n" + _text(arguments)
-                )
-    for node_id in state.get("active") or []:
-        if node_id in rows and rows[node_id].status != "failed":
-            rows[node_id].status = "active"
-    marks = {r.node: NodeMark(visits=r.visits, status=r.status) for r in rows.values() if r.status}
-    svg = workflow_svg(version.definition, marks=marks, link=lambda n: f"#node-{n}")
+        _inputs(session, rows)
     error = state.get("error")
+    # A failed run keeps its failed node among the active ones (a resume runs it again):
+    # it is not waiting for anything.
+    failed = error.get("node") if isinstance(error, dict) else None
+    active = [n for n in state.get("active") or [] if n != failed]
+    for node_id in active:
+        if node_id in rows:
+            rows[node_id].status = "active"
+    svg = run_graph_svg(session, link=lambda n: f"#node-{n}")
     return WorkflowRunView(
         slug=version.workflow.slug,
         version=version.number,
         # Drawn by our own code from the stored definition; every text in it is escaped there.
         svg=mark_safe(svg),  # noqa: S308  # nosec B308 B703
         rows=list(rows.values()),
-        active=list(state.get("active") or []),
+        active=active,
         result=_text(state.get("result")) if content and "result" in state else "",
         error=f"{error.get('node')}: {error.get('message')}" if isinstance(error, dict) else "",
     )

@@ -137,6 +137,12 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
     workflow = serializers.SerializerMethodField()
+    parent = serializers.UUIDField(
+        source="parent_id",
+        allow_null=True,
+        read_only=True,
+        help_text="The session whose agent.<slug> call (or workflow agent node) started this one.",
+    )
 
     class Meta:
         model = Session
@@ -154,6 +160,7 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
             "usage",
             "last_error",
             "workflow",
+            "parent",
             "created_at",
             "updated_at",
         ]
@@ -254,3 +261,17 @@ class AgentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Agent
         fields = ("slug", "name")
+
+
+class SessionDetailSerializer(SessionSerializer):
+    """One session: also its children (the sessions its agent calls started), oldest first."""
+
+    children = serializers.SerializerMethodField()
+
+    class Meta(SessionSerializer.Meta):
+        fields = [*SessionSerializer.Meta.fields, "children"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.UUIDField()))
+    def get_children(self, obj: Session) -> list[str]:
+        return [str(pk) for pk in obj.children.order_by("created_at").values_list("pk", flat=True)]

@@ -28,6 +28,9 @@ urlpatterns = [
         name="session-resume",
     ),
     path(
+        "sessions/<uuid:session_id>/graph/", views.SessionGraphView.as_view(), name="session-graph"
+    ),
+    path(
         "sessions/<uuid:session_id>/checkpoints/",
         views.SessionCheckpointsView.as_view(),
         name="session-checkpoints",

@@ -3,13 +3,16 @@
 from typing import Any
 from urllib.parse import urlencode
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+from restapi.renderers import SvgRenderer
 
 from .. import selectors, services
 from ..errors import InvalidInput
@@ -22,6 +25,7 @@ from .serializers import (
     MessageCreateSerializer,
     MessageSerializer,
     SessionCreateSerializer,
+    SessionDetailSerializer,
     SessionSerializer,
 )
 
@@ -117,10 +121,10 @@ class SessionListView(APIView):
 
 
 class SessionDetailView(APIView):
-    @extend_schema(responses=SessionSerializer)
+    @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        return Response(SessionSerializer(session).data)
+        return Response(SessionDetailSerializer(session).data)
 
 
 class SessionMessagesView(APIView):
@@ -251,6 +255,24 @@ class SessionCheckpointsView(APIView):
         limit = _int_param(request, "limit", 100, 1, 1000)
         rows = selectors.checkpoints_of(session=session, limit=limit)
         return Response(CheckpointSerializer(rows, many=True).data)
+
+
+class SessionGraphView(APIView):
+    # The drawing for a client that asks for SVG (or anything), JSON for one that asks for it.
+    renderer_classes = [SvgRenderer, JSONRenderer]
+
+    @extend_schema(
+        summary="A workflow run's graph",
+        description=(
+            "The run's workflow version drawn as SVG, its nodes coloured by what the run did "
+            "(visited, active, failed) with a visit count; 404 `not_a_workflow_run` for a "
+            "conversation. Fetch it again on each node.* event to watch the run advance."
+        ),
+        responses={(200, "image/svg+xml"): OpenApiTypes.STR},
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
+        return Response(selectors.workflow_run_graph(session=session))
 
 
 class AgentListView(APIView):

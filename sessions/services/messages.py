@@ -16,10 +16,12 @@ from django.db.models import F, QuerySet
 
 from engine import (
     INTERRUPT_REASON,
+    open_client_calls,
     open_question,
     turn_start,
     user_answer,
 )
+from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from runtime.fastpaths.prepared import PreparedQuery
 from sessions import dispatch
@@ -93,6 +95,7 @@ def message_post(
     content: str,
     idempotency_key: str | None = None,
     extra_context: dict[str, Any] | None = None,
+    turn_options: ModelOptions | None = None,
 ) -> PostedMessage:
     """Accept a user message durably, then start its turn or deal with the running one.
 
@@ -102,7 +105,8 @@ def message_post(
     3. While a turn runs, the agent's double-texting policy decides: `enqueue`
        (wait for the turn, in order), `interrupt` (stop the turn at its next
        step boundary, then run this one) or `reject` (409).
-    4. Store the message (with its `extra_context`, data for the model) as queued; if
+    4. Store the message (with its `extra_context`, data for the model, and its
+       `turn_options`, the client's settings for the turn's model calls) as queued; if
        no turn is running, start one now.
     5. After commit, wake a worker (and, on interrupt, close a running stream).
     """
@@ -114,7 +118,11 @@ def message_post(
         if locked is None:
             raise Session.DoesNotExist(f"session {session.pk} is gone")
         return _message_accept(
-            locked, content=content, idempotency_key=idempotency_key, extra_context=extra_context
+            locked,
+            content=content,
+            idempotency_key=idempotency_key,
+            extra_context=extra_context,
+            turn_options=turn_options,
         )
 
 
@@ -126,6 +134,7 @@ def message_post_for_owner(
     content: str,
     idempotency_key: str | None = None,
     extra_context: dict[str, Any] | None = None,
+    turn_options: ModelOptions | None = None,
 ) -> PostedMessage:
     """`message_post` for an API caller: the session is looked up and locked in one
     statement, and another owner's session is missing (NotFound), as in
@@ -141,7 +150,11 @@ def message_post_for_owner(
         _content_check(content)
         extra_context_check(extra_context)
         return _message_accept(
-            locked, content=content, idempotency_key=idempotency_key, extra_context=extra_context
+            locked,
+            content=content,
+            idempotency_key=idempotency_key,
+            extra_context=extra_context,
+            turn_options=turn_options,
         )
 
 
@@ -219,6 +232,7 @@ def _message_accept(
     content: str,
     idempotency_key: str | None,
     extra_context: dict[str, Any] | None = None,
+    turn_options: ModelOptions | None = None,
 ) -> PostedMessage:
     """message_post's steps 2-5, inside its transaction, with the session row locked."""
     if locked.workflow_version_id is not None:
@@ -239,10 +253,24 @@ def _message_accept(
             return PostedMessage(message=existing, created=False)
     state = State(locked.state)
     question = open_question(locked) if state == State.PAUSED_FOR_USER else None
+    if question is None and state == State.PAUSED_FOR_USER and open_client_calls(locked):
+        # The turn waits for the results of the client's own tools (the OpenAI-compatible
+        # endpoint's tool messages bring them); a message is no answer to them.
+        raise Conflict(
+            "the turn waits for the results of the client's tool calls; send them with the "
+            "OpenAI-compatible endpoint, or cancel the turn",
+            details={"state": state.value},
+            code="client_tools_pending",
+        )
     if question is not None:
         # The answer to the model's ask_user: that call's result; the same turn goes on.
         answer = user_answer(
-            session=locked, call=question, answer=content, by="user", extra_context=extra_context
+            session=locked,
+            call=question,
+            answer=content,
+            by="user",
+            extra_context=extra_context,
+            turn_options=turn_options,
         )
         if idempotency_key:
             Message.objects.filter(pk=answer.pk).update(idempotency_key=idempotency_key)
@@ -263,6 +291,7 @@ def _message_accept(
         idempotency_key=idempotency_key or None,
         token_count=count_message_tokens(content),
         extra_context=extra_context,
+        turn_options=turn_options,
     )
     if not busy and locked.queued_count == 0:
         # The common case: straight into the history, in the turn-start step itself.

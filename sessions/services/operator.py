@@ -50,12 +50,27 @@ def _operator_content(content: str) -> str:
     return content.strip()
 
 
+def _conversation(locked: Session) -> Session:
+    """Takeover speaks for an agent in a conversation; a workflow run has no one to answer
+    (cancel, resume or fork it instead)."""
+    if locked.workflow_version_id is not None:
+        raise Conflict(
+            "this session is a workflow run: it has no conversation to take over "
+            "(cancel, resume or fork it)",
+            details={"session": str(locked.pk)},
+            code="not_a_conversation",
+        )
+    return locked
+
+
 def session_force_finish(*, session: Session, content: str, actor: str) -> Session:
     """End a turn that waits (on a person, the user, a clock) or failed, with the operator's
     message as the answer. A running step must be cancelled first (409)."""
     content = _operator_content(content)
     with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        locked = _conversation(
+            Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        )
         state = State(locked.state)
         if state not in WAITING:
             raise Conflict(
@@ -76,7 +91,9 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
 
 def _taken_over(session: Session) -> Session:
     """The locked session, if no turn runs or waits (takeover happens between turns)."""
-    locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+    locked = _conversation(
+        Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+    )
     if State(locked.state) not in TURN_ENDED:
         raise Conflict(
             f"the session is {locked.state}: cancel or force-finish its turn before taking over",

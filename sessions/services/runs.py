@@ -77,7 +77,12 @@ def session_cancel(
         if interrupted and State(locked.state) in RUNNABLE:
             # If no worker holds the session, the woken run finishes the cancel.
             dispatch.run_enqueue_on_commit(locked.pk, locked.value)
-        return interrupted
+    # Its children's runs serve only this one: they stop too (and theirs, in turn).
+    for child in Session.objects.filter(parent=session).exclude(
+        state__in=[s.value for s in TURN_ENDED]
+    ):
+        session_cancel(session=child, reason=f"its parent was cancelled: {reason}", actor=actor)
+    return interrupted
 
 
 def session_run_pending(*, session_id: UUID | str) -> RunResult:

@@ -18,6 +18,8 @@ from billing.selectors import reservations_open
 from billing.services import credits_close, waiting_expire
 from engine import (
     StaleSession,
+    client_results,
+    open_client_calls,
     open_question,
     timer_fire,
     user_answer,
@@ -158,7 +160,8 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
 
 
 def questions_expire_due(*, limit: int = 100) -> list[str]:
-    """Answer overdue `ask_user` questions with their default answer (the system answers)."""
+    """Answer overdue `ask_user` questions with their default answer (the system answers);
+    fail overdue calls of the client's own tools (the model is told they did not come back)."""
     woken: list[str] = []
     due = Session.objects.filter(
         state=State.PAUSED_FOR_USER.value, timer_due_at__lte=timezone.now()
@@ -171,6 +174,12 @@ def questions_expire_due(*, limit: int = 100) -> list[str]:
                 .first()
             )
             question = open_question(locked) if locked is not None else None
+            waiting = open_client_calls(locked) if locked is not None and question is None else []
+            if locked is not None and waiting:
+                client_results(session=locked, calls=waiting, results={}, by=SYSTEM_ACTOR)
+                dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+                woken.append(str(session.pk))
+                continue
             if locked is None or question is None:
                 continue  # answered (or cancelled) meanwhile
             default = (

@@ -18,6 +18,7 @@ from sessions.models import Agent, ModelEndpoint
 from tests.demo_setup import DEMO_CONFIG
 from tests.stack import free_port
 from tools.models import Tool
+from workflows.models import Workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -682,3 +683,108 @@ def test_an_agents_dialogue_config_is_applied_and_a_wrong_one_named():
         "agents[0] (support).dialogue.slots[0].patterns[0]: not a valid regular expression"
     ), info.value.errors
     assert Agent.objects.get(slug="support").dialogue == dialogue  # nothing changed
+
+
+# Workflows --------------------------------------------------------------------------------------
+
+
+def _with_workflow() -> dict:
+    document = _base()
+    document["roles"] = [{"name": "support"}]
+    document["workflows"] = [
+        {
+            "slug": "tick",
+            "role": "support",
+            "start": "read",
+            "nodes": {
+                "read": {
+                    "kind": "tool",
+                    "tool": "clock",
+                    "args": {},
+                    "output": "now",
+                    "next": "end",
+                }
+            },
+        }
+    ]
+    return document
+
+
+def test_a_workflow_applies_as_a_version_and_again_unchanged() -> None:
+    document = _with_workflow()
+    assert config_apply(document=document)[-1] == "workflow tick: created (version 1)"
+    before = _state()
+    assert config_apply(document=document)[-1] == "workflow tick: unchanged (version 1)"
+    assert _state() == before
+    document["workflows"][0]["name"] = "Tick"
+    assert config_apply(document=document)[-1] == "workflow tick: updated (version 2)"
+
+
+def test_a_wrong_workflow_changes_nothing_and_names_workflow_node_and_field() -> None:
+    document = _with_workflow()
+    node = document["workflows"][0]["nodes"]["read"]
+    node["tool"] = "clonk"
+    node["args"] = {"x": "now +"}
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    errors = info.value.errors
+    assert errors[0].startswith("workflows[0] (tick).nodes.read.tool: unknown tool 'clonk'")
+    assert errors[1].startswith("workflows[0] (tick).nodes.read.args.x: CEL syntax error")
+    assert _state() == ([], [], [], [])
+    assert not Workflow.objects.exists()
+
+
+def test_a_workflow_may_use_only_its_roles_tools() -> None:
+    document = _with_workflow()
+    document["roles"].append({"name": "admin"})
+    document["tools"][0]["roles"] = ["admin"]
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors == [
+        "workflows[0] (tick).nodes.read.tool: the workflow's role 'support' may not use tool "
+        "'clock' (allowed roles: admin)"
+    ]
+
+
+# Agents together ------------------------------------------------------------------------------
+
+
+def test_agents_name_other_agents_as_tools_and_handoffs_with_routing() -> None:
+    document = _base()
+    document["models"].append({"name": "small", "api": "rules"})
+    document["agents"].append({"slug": "billing", "model": "main"})
+    support = document["agents"][0]
+    support.update(
+        tools=["clock", "agent.billing"],
+        handoffs=["billing"],
+        max_depth=1,
+        routing={"small": "small", "when": "length < 300 && dialogue.intent == 'greeting'"},
+    )
+    config_apply(document=document)
+    agent = Agent.objects.get(slug="support")
+    assert (agent.tools, agent.handoffs, agent.max_depth) == (
+        ["clock", "agent.billing"],
+        ["billing"],
+        1,
+    )
+    assert agent.routing["small"] == "small"
+
+
+def test_wrong_agent_references_and_routing_rules_change_nothing() -> None:
+    document = _base()
+    support = document["agents"][0]
+    support.update(
+        tools=["clock", "agent.billng"],
+        handoffs=["support"],
+        routing={"small": "tiny", "when": "size(mesage) < 3"},
+    )
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    assert info.value.errors == [
+        "agents[0] (support).handoffs[0]: unknown agent 'support' (known: none)",
+        "agents[0] (support).routing.small: unknown model 'tiny' (known: main)",
+        "agents[0] (support).routing.when: names mesage; a routing rule may read dialogue, "
+        "failures, iteration, length, message",
+        "agents[0] (support).tools[1]: unknown agent 'billng' for agent.billng (known: support)",
+    ]
+    assert _state() == ([], [], [], [])

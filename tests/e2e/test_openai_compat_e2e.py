@@ -4,6 +4,7 @@ seeded with the request's history; the models list; errors in OpenAI's shape wit
 statuses; an ask_user or approval pause ends the request instead of hanging; a client that
 goes away cancels its turn."""
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,13 +13,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
+from pydantic import BaseModel
 
 from billing.services import account_ensure
 from sessions.models import Message, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
-from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tests.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -358,3 +361,457 @@ def test_a_client_that_goes_away_cancels_its_turn(
         time.sleep(0.2)
     session = Session.objects.get(pk=session_id)
     assert session.state == "cancelled", live_stack.log_tail("worker")
+
+
+# A failure is never a 200 -----------------------------------------------------------------
+
+
+def _failing_agent(openai_server: FakeModelServer, busy: str = "BUSY-MESSAGE") -> str:  # noqa: F811
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-failing-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    slug = f"failing-{uuid.uuid4().hex[:8]}"
+    AgentFactory(slug=slug, model=endpoint, busy_message=busy)
+    return slug
+
+
+HI: Any = [{"role": "user", "content": "hi"}]
+
+
+def test_a_provider_that_refuses_is_a_502_model_refused_not_the_busy_message(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(status=401, error_message="Incorrect API key provided"))
+    with pytest.raises(openai.InternalServerError) as failed:
+        _client(live_stack, key).chat.completions.create(model=slug, messages=HI)
+    assert failed.value.status_code == 502
+    error = _error(failed.value)
+    assert (error["type"], error["code"]) == ("server_error", "model_refused")
+    assert "Incorrect API key provided" in error["message"]
+    assert "BUSY-MESSAGE" not in failed.value.response.text
+    assert failed.value.response.headers["X-Session-Id"]
+
+
+def test_an_outage_is_a_502_model_unavailable_streamed_or_not(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    client = _client(live_stack, key)
+    openai_server.script(Reply(status=500), Reply(status=500))
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model=slug, messages=HI)
+    assert (failed.value.status_code, _error(failed.value)["code"]) == (502, "model_unavailable")
+    # Streamed: it failed before any text, so the status says so (the SDK raises at create).
+    openai_server.script(Reply(status=500), Reply(status=500))
+    with pytest.raises(openai.InternalServerError) as streamed:
+        client.chat.completions.create(model=slug, messages=HI, stream=True)
+    assert (streamed.value.status_code, _error(streamed.value)["code"]) == (
+        502,
+        "model_unavailable",
+    )
+
+
+def test_a_rate_limited_model_is_a_503_with_retry_after(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(status=429, headers={"Retry-After": "7"}))
+    with pytest.raises(openai.InternalServerError) as busy:
+        _client(live_stack, key).chat.completions.create(model=slug, messages=HI)
+    assert busy.value.status_code == 503
+    assert _error(busy.value)["code"] == "model_overloaded"
+    # When the model's breaker (opened for the provider's Retry-After, at least its cool-down)
+    # lets calls through again.
+    cooldown = max(7, settings.MODEL_BREAKER_COOLDOWN_S)
+    assert cooldown - 5 <= int(busy.value.response.headers["Retry-After"]) <= cooldown
+
+
+def test_a_failure_once_the_stream_has_started_is_an_error_chunk_the_sdk_raises(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    # Three words arrive, then the provider drops the connection: no fallback answers.
+    openai_server.script(Reply(text="one two three four five six", delay_s=0.4, cut_after=4))
+    client = _client(live_stack, key)
+    texts: list[str] = []
+    with pytest.raises(openai.APIError) as failed:  # noqa: PT012 - the chunks before it count
+        for chunk in client.chat.completions.create(model=slug, messages=HI, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                texts.append(chunk.choices[0].delta.content)
+    assert not isinstance(failed.value, openai.APIStatusError)  # the status was a 200
+    assert failed.value.body == {
+        "message": failed.value.message,
+        "type": "server_error",
+        "param": None,
+        "code": "model_unavailable",
+    }
+    assert "".join(texts).startswith("one")
+    assert "BUSY-MESSAGE" not in "".join(texts)
+
+
+def test_the_raw_error_chunk_is_openais_error_shape_and_no_done_follows(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    slug = _failing_agent(openai_server)
+    openai_server.script(Reply(text="one two three four five six", delay_s=0.4, cut_after=4))
+    with httpx.stream(
+        "POST",
+        f"{live_stack.http}/openai/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": slug, "stream": True, "messages": HI},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert "data: [DONE]" not in lines
+    last = json.loads(lines[-1][len("data: ") :])
+    assert set(last) == {"error"} and last["error"]["code"] == "model_unavailable"
+
+
+def test_langchain_and_the_agents_sdk_see_an_exception_not_an_answer(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from langchain_openai import ChatOpenAI
+
+    slug = _failing_agent(openai_server)
+    base = f"{live_stack.http}/openai/v1"
+    openai_server.script(*[Reply(status=401)] * 4)
+    chat = ChatOpenAI(model=slug, base_url=base, api_key=key, max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        chat.invoke("hi")
+    with pytest.raises(openai.InternalServerError):
+        list(chat.stream("hi"))
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=slug, openai_client=openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+    )
+    with pytest.raises(openai.InternalServerError):
+        Runner.run_sync(Agent(name="support", model=model), "hi")
+
+
+# response_format and the sampling parameters -------------------------------------------------
+
+
+class City(BaseModel):
+    city: str
+    population: int
+
+
+CITY_JSON = '{"city": "Lyon", "population": 522000}'
+
+
+def test_sampling_and_structured_output_reach_the_model_and_parse_in_the_sdk(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    openai_server.script(Reply(text=CITY_JSON))
+    parsed = _client(live_stack, key).chat.completions.parse(
+        model=fake_agent,
+        messages=[{"role": "user", "content": "the biggest city on the Rhône?"}],
+        response_format=City,
+        temperature=0.1,
+        top_p=0.8,
+        max_completion_tokens=300,
+        stop=["END"],
+        seed=11,
+        user="u-1",
+        store=False,
+        metadata={"app": "tests"},
+    )
+    assert parsed.choices[0].message.parsed == City(city="Lyon", population=522000)
+    body = openai_server.requests[0].body
+    assert (body["temperature"], body["top_p"], body["max_tokens"], body["stop"], body["seed"]) == (
+        0.1,
+        0.8,
+        300,
+        ["END"],
+        11,
+    )
+    wire = body["response_format"]
+    assert wire["type"] == "json_schema" and wire["json_schema"]["name"] == "City"
+    assert wire["json_schema"]["strict"] is True
+    assert set(wire["json_schema"]["schema"]["required"]) == {"city", "population"}
+
+
+def _json_agent() -> str:
+    """An offline agent whose first answer misses a field; told what is wrong, it repairs it.
+    Asked for 'nonsense', it never answers JSON."""
+    slug = f"json-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        rules=[
+            {"when": {"user": "^That answer is not valid.*population"}, "answer": CITY_JSON},
+            {"when": {"user": "nonsense"}, "answer": "Lyon, probably."},
+            {"when": {"user": "^That answer is not valid"}, "answer": "Still Lyon."},
+            {"answer": '{"city": "Lyon"}'},
+        ],
+    )  # fmt: skip
+    return slug
+
+
+def test_an_answer_repaired_once_is_json_streamed_or_not(live_stack, key):
+    slug = _json_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "the biggest city on the Rhône?"}]
+    parsed = client.chat.completions.parse(model=slug, messages=messages, response_format=City)
+    assert parsed.choices[0].message.parsed == City(city="Lyon", population=522000)
+    with client.chat.completions.stream(
+        model=slug, messages=messages, response_format=City
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == City(city="Lyon", population=522000)
+    # json_object: any JSON object will do, the first answer stands.
+    plain = client.chat.completions.create(
+        model=slug, messages=messages, response_format={"type": "json_object"}
+    )
+    assert json.loads(plain.choices[0].message.content or "") == {"city": "Lyon"}
+
+
+def test_an_answer_still_invalid_is_a_502_invalid_json(live_stack, key):
+    slug = _json_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "nonsense"}]
+    for stream in (False, True):
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(
+                model=slug,
+                messages=messages,
+                response_format={"type": "json_object"},
+                stream=stream,
+            )
+        error = _error(failed.value)
+        assert (failed.value.status_code, error["code"], error["param"]) == (
+            502,
+            "invalid_json",
+            "response_format",
+        )
+        assert "not JSON" in error["message"]
+
+
+def test_a_parameter_the_platform_cannot_honour_is_a_400_naming_it(live_stack, key):
+    slug = _echo_agent()
+    client = _client(live_stack, key)
+    for extra, param in (
+        ({"logprobs": True}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=slug, messages=HI, **extra)
+        error = _error(refused.value)
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    # The harmless defaults the SDKs send pass.
+    client.chat.completions.create(
+        model=slug, messages=HI, n=1, parallel_tool_calls=True, tool_choice="auto", logprobs=False
+    )
+
+
+def test_the_agents_sdk_and_langchain_get_structured_output(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from langchain_openai import ChatOpenAI
+
+    base = f"{live_stack.http}/openai/v1"
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=fake_agent,
+        openai_client=openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0),
+    )
+    openai_server.script(*[Reply(text=CITY_JSON)] * 3)
+    result = Runner.run_sync(Agent(name="geo", model=model, output_type=City), "Rhône?")
+    assert result.final_output == City(city="Lyon", population=522000)
+    chat = ChatOpenAI(model=fake_agent, base_url=base, api_key=key, max_retries=0)
+    assert chat.with_structured_output(City).invoke("Rhône?") == City(
+        city="Lyon", population=522000
+    )
+    assert chat.with_structured_output(City, method="json_mode").invoke("Rhône? JSON") == City(
+        city="Lyon", population=522000
+    )
+    formats = [r.body["response_format"]["type"] for r in openai_server.requests]
+    assert formats == ["json_schema", "json_schema", "json_object"]
+
+
+# The client's own tools -----------------------------------------------------------------------
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _weather_agent() -> str:
+    """Offline: asked about the weather, it calls the client's get_weather, then answers
+    with what the client's tool said."""
+    slug = f"weather-{uuid.uuid4().hex[:8]}"
+    AgentFactory(
+        slug=slug,
+        model=ModelEndpointFactory(name="rules", api="rules", options={}),
+        rules=[
+            {"when": {"user": "weather", "last_tool": None},
+             "tool_calls": [{"tool": "get_weather", "args": {"city": "Paris"}}]},
+            {"when": {"last_tool": "get_weather"}, "answer": "Paris: {{ result.sky }}"},
+            {"answer": "?"},
+        ],
+    )  # fmt: skip
+    return slug
+
+
+def test_a_call_of_the_clients_tool_comes_back_as_tool_calls_and_its_result_resumes_the_turn(
+    live_stack, key
+):
+    slug = _weather_agent()
+    client = _client(live_stack, key)
+    messages: Any = [{"role": "user", "content": "what is the weather?"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=slug, messages=messages, tools=[WEATHER_TOOL]
+    )
+    asked = raw.parse()
+    session_id = raw.headers["X-Session-Id"]
+    choice = asked.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert _ext(asked) == {"session_id": session_id, "status": "awaiting_tool_results"}
+    session = Session.objects.get(pk=session_id)
+    assert session.state == "paused_for_user"
+    # It never ran here: no result, no tool.finished, until the client's comes.
+    row = session.tool_calls.get(call_id=call.id)
+    assert (row.client, row.status, row.output) == (True, "executing", None)
+    # The client runs it; its result, with the same X-Session-Id, resumes the same turn.
+    with client.chat.completions.create(
+        model=slug,
+        messages=[
+            *messages,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'},
+        ],
+        tools=[WEATHER_TOOL],
+        stream=True,
+        extra_headers={"X-Session-Id": session_id},
+    ) as stream:
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Paris: sunny"
+    session.refresh_from_db()
+    assert (session.state, session.turn) == ("finished", 1)
+    row.refresh_from_db()
+    assert (row.status, row.output) == ("success", {"result": '{"sky": "sunny"}'})
+
+
+def test_client_tools_are_refused_when_they_clash_or_answer_nothing(live_stack, key):
+    slug = _asking_agent()  # its own tools: ask_user
+    client = _client(live_stack, key)
+    clash = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "name": "ask_user"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=slug, messages=HI, tools=[clash])
+    assert _error(refused.value)["param"] == "tools[0].function.name"
+    with pytest.raises(openai.BadRequestError) as nothing:
+        client.chat.completions.create(
+            model=slug,
+            messages=[*HI, {"role": "tool", "tool_call_id": "call_nobody", "content": "x"}],
+        )
+    assert _error(nothing.value)["param"] == "messages"
+
+
+def test_an_agents_sdk_agent_with_its_own_function_tool_and_the_platforms_tool(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    """The Agents SDK sends no X-Session-Id: its tool results find the turn that waits for
+    them by their call ids. The platform's tool runs on the platform in the same step."""
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    ToolFactory(
+        name="stamp_time",
+        handler="builtin.current_time",
+        parameters={"type": "object", "properties": {}},
+    )
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-tools-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    slug = f"mixed-{uuid.uuid4().hex[:8]}"
+    AgentFactory(slug=slug, model=endpoint, tools=["stamp_time"])
+    openai_server.script(
+        Reply(calls=[Call("stamp_time", {}), Call("get_weather", {"city": "Paris"})]),
+        Reply(text="It is sunny in Paris."),
+    )
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return "sunny"
+
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model=slug,
+        openai_client=openai.AsyncOpenAI(
+            base_url=f"{live_stack.http}/openai/v1", api_key=key, max_retries=0
+        ),
+    )
+    result = Runner.run_sync(
+        Agent(name="weather", model=model, tools=[get_weather]), "weather in Paris?"
+    )
+    assert result.final_output == "It is sunny in Paris."
+    assert ran == ["Paris"]
+    first, second = openai_server.requests
+    offered = {t["function"]["name"] for t in first.body["tools"]}
+    assert offered == {"stamp_time", "get_weather"}
+    results = {m["tool_call_id"]: m["content"] for m in second.messages if m["role"] == "tool"}
+    assert len(results) == 2 and "sunny" in results.values()
+    session = Session.objects.get(agent__slug=slug)
+    assert session.turn == 1 and session.state == "finished"
+    statuses = dict(session.tool_calls.values_list("tool_name", "client"))
+    assert statuses == {"stamp_time": False, "get_weather": True}

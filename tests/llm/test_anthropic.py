@@ -19,6 +19,7 @@ from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,
+    ResponseFormat,
     StreamEvent,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -159,6 +160,25 @@ async def test_tool_input_that_is_not_json_is_reported_for_the_tool_layer(
     anthropic_server.script(Reply(calls=[Call("query_orders", '{"days": ')]))
     response = await adapter_for(endpoint_for(anthropic_server)).complete(HELLO)
     assert response.tool_calls[0].arguments == {} and response.tool_calls[0].arguments_error
+
+
+async def test_sampling_on_the_wire_and_what_it_has_no_field_for(anthropic_server, endpoint_for):
+    """Anthropic has stop sequences and top_p, no seed and no structured output: the engine
+    asks for JSON in words and checks the answer (engine/model/structured.py)."""
+    anthropic_server.script(Reply(text="{}"))
+    await adapter_for(endpoint_for(anthropic_server)).complete(
+        ChatRequest(
+            messages=(ChatMessage(role="user", content="hi"),),
+            top_p=0.5,
+            stop=("END",),
+            seed=42,
+            max_tokens=99,
+            response_format=ResponseFormat(schema={"type": "object"}),
+        )
+    )
+    body = anthropic_server.requests[0].body
+    assert (body["top_p"], body["stop_sequences"], body["max_tokens"]) == (0.5, ["END"], 99)
+    assert not {"seed", "response_format", "output_format"} & set(body)
 
 
 async def test_request_payload_and_headers(anthropic_server, endpoint_for):

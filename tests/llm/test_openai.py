@@ -19,6 +19,7 @@ from llm.types import (
     ChatMessage,
     ChatRequest,
     Finish,
+    ResponseFormat,
     StreamEvent,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -383,6 +384,37 @@ async def test_no_tools_means_no_tools_field_and_no_key_means_no_auth_header(
     sent = openai_server.requests[0]
     assert "tools" not in sent.body and "tool_choice" not in sent.body
     assert "authorization" not in sent.headers
+
+
+async def test_sampling_and_the_answers_json_form_on_the_wire(openai_server, endpoint_for):
+    adapter = adapter_for(endpoint_for(openai_server))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    openai_server.script(*[Reply(text="{}")] * 3)
+    await adapter.complete(
+        ChatRequest(
+            messages=HELLO.messages,
+            top_p=0.5,
+            stop=("END", "STOP"),
+            seed=42,
+            response_format=ResponseFormat(schema=schema, name="City", strict=True),
+        )
+    )
+    await adapter.complete(
+        ChatRequest(messages=HELLO.messages, response_format=ResponseFormat(schema=schema))
+    )
+    await adapter.complete(ChatRequest(messages=HELLO.messages, response_format=ResponseFormat()))
+    strict, plain, any_object = (r.body for r in openai_server.requests)
+    assert (strict["top_p"], strict["stop"], strict["seed"]) == (0.5, ["END", "STOP"], 42)
+    assert strict["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "City", "schema": schema, "strict": True},
+    }
+    assert plain["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": schema},
+    }
+    assert any_object["response_format"] == {"type": "json_object"}
+    assert not {"top_p", "stop", "seed"} & set(plain)
 
 
 # Failures -----------------------------------------------------------------------------

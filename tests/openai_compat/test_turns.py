@@ -2,7 +2,15 @@
 
 from typing import Any
 
-from openai_compat.turns import TurnReader
+import pytest
+
+from openai_compat.turns import (
+    RATE_LIMITED_RETRY_AFTER_S,
+    ErrorReply,
+    FailureFacts,
+    TurnReader,
+    failure_reply,
+)
 
 
 def _f(kind: str, **data: Any) -> dict[str, Any]:
@@ -44,7 +52,7 @@ def test_deltas_stream_and_the_stored_answer_is_not_sent_twice() -> None:
     }
 
 
-def test_text_the_stream_missed_is_sent_from_the_stored_message() -> None:
+def test_text_the_stream_missed_is_sent_from_the_stored_message_once_the_turn_answered() -> None:
     reader = TurnReader(session_id="s")
     sent = _feed(
         reader,
@@ -53,11 +61,11 @@ def test_text_the_stream_missed_is_sent_from_the_stored_message() -> None:
             _f("message.completed", seq=2, role="assistant", content="Hello", turn=1),
         ],
     )
-    assert sent == "Hello"
+    assert sent == "Hel"  # the rest waits for the turn's end, in the same commit
+    assert reader.feed(_finished()) == "lo"
     reader = TurnReader(session_id="s")
-    assert (
-        reader.feed(_f("message.completed", seq=2, role="assistant", content="Hi", turn=1)) == "Hi"
-    )
+    assert reader.feed(_f("message.completed", seq=2, role="assistant", content="Hi", turn=1)) == ""
+    assert reader.feed(_finished()) == "Hi"
 
 
 def test_text_before_tool_calls_is_set_apart_and_not_the_answer() -> None:
@@ -121,22 +129,14 @@ def test_a_turn_that_ends_without_an_answer_says_why() -> None:
     sent = _feed(reader, [_finished("max_iterations")])
     assert sent == "(The turn ended without an answer: max_iterations.)"
     assert reader.outcome is not None and reader.outcome.finish_reason == "stop"
-    reader = TurnReader(session_id="s")
-    _feed(
-        reader,
-        [
-            _f("message.completed", seq=2, role="assistant", content="No.", turn=1),
-            _finished("model_refused"),
-        ],
-    )
-    assert reader.outcome is not None and reader.outcome.finish_reason == "content_filter"
 
 
 def test_frames_after_the_end_change_nothing_and_a_timeout_keeps_what_was_said() -> None:
     reader = TurnReader(session_id="s")
     _feed(reader, [_f("message.delta", text="Part", turn=1)])
-    outcome = reader.timed_out()
-    assert (outcome.content, outcome.finish_reason) == ("Part", "length")
+    assert reader.timed_out() == ""
+    assert reader.outcome is not None
+    assert (reader.outcome.content, reader.outcome.finish_reason) == ("Part", "length")
     assert reader.feed(_f("message.delta", text="more", turn=1)) == ""
 
 
@@ -152,3 +152,128 @@ def test_a_late_delta_of_an_answer_already_read_is_not_sent_again() -> None:
         ],
     )
     assert sent == "Hello"
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "model_unavailable",
+        "model_refused",
+        "invalid_output",
+        "error",
+        "budget_exceeded",
+        "insufficient_credits",
+    ],
+)
+def test_a_failed_turn_is_a_failure_not_an_answer_and_its_busy_message_is_not_sent(
+    stop: str,
+) -> None:
+    """The engine stores the agent's busy message as the failed turn's answer: a client must
+    get an error, never that text as if the model had said it."""
+    reader = TurnReader(session_id="s")
+    sent = _feed(
+        reader,
+        [
+            _f("message.completed", seq=2, role="assistant", content="Busy, try later.", turn=1),
+            _finished(stop),
+        ],
+    )
+    assert sent == ""
+    assert reader.outcome is not None
+    assert (reader.outcome.failure, reader.outcome.turn) == (stop, 1)
+
+
+def test_text_streamed_before_a_failure_stays_sent_and_the_outcome_is_a_failure() -> None:
+    reader = TurnReader(session_id="s")
+    sent = _feed(
+        reader,
+        [
+            _f("message.delta", text="The parcel", turn=1),
+            _f("message.completed", seq=2, role="assistant", content="Busy.", turn=1),
+            _finished("model_unavailable"),
+        ],
+    )
+    assert sent == "The parcel"
+    assert reader.outcome is not None and reader.outcome.failure == "model_unavailable"
+
+
+def test_a_buffered_answer_is_sent_whole_from_the_stored_message() -> None:
+    """With response_format the answer may be repaired: its first try's deltas are not sent."""
+    reader = TurnReader(session_id="s", buffer_answer=True)
+    sent = _feed(
+        reader,
+        [
+            _f("message.delta", text="{not json", turn=1),
+            _f("message.completed", seq=2, role="assistant", content='{"a": 1}', turn=1),
+            _finished(),
+        ],
+    )
+    assert sent == '{"a": 1}'
+    assert reader.outcome is not None and reader.outcome.content == '{"a": 1}'
+
+
+def _reply(stop: str, **facts: Any) -> ErrorReply:
+    return failure_reply(stop, FailureFacts(**facts))
+
+
+def test_no_model_could_answer_is_a_502_naming_the_reason() -> None:
+    reply = _reply(
+        "model_unavailable", last_error="'main' did not answer", outcomes=("timeout", "unavailable")
+    )
+    assert (reply.status, reply.retry_after_s) == (502, None)
+    error = reply.body["error"]
+    assert (error["type"], error["code"]) == ("server_error", "model_unavailable")
+    assert "'main' did not answer" in error["message"]
+    refused = _reply("model_refused", last_error="401 bad key", outcomes=("bad_request",))
+    assert (refused.status, refused.body["error"]["code"]) == (502, "model_refused")
+    breaker = _reply("model_unavailable", outcomes=("breaker_open",))
+    assert (breaker.status, breaker.body["error"]["code"]) == (502, "model_unavailable")
+
+
+def test_a_rate_limited_model_is_a_503_with_retry_after() -> None:
+    reply = _reply("model_unavailable", outcomes=("rate_limited",), retry_after_s=7.2)
+    assert (reply.status, reply.retry_after_s) == (503, 8)
+    assert reply.body["error"]["code"] == "model_overloaded"
+    unknown = _reply("model_unavailable", outcomes=("timeout", "rate_limited"))
+    assert (unknown.status, unknown.retry_after_s) == (503, RATE_LIMITED_RETRY_AFTER_S)
+
+
+def test_the_other_failures_have_their_own_status() -> None:
+    invalid = _reply("invalid_output", last_error="(top): 'city' is a required property")
+    assert (invalid.status, invalid.body["error"]["code"]) == (502, "invalid_json")
+    assert invalid.body["error"]["param"] == "response_format"
+    assert "'city' is a required property" in invalid.body["error"]["message"]
+    budget = _reply("budget_exceeded")
+    assert (budget.status, budget.body["error"]["type"]) == (429, "insufficient_quota")
+    credits = _reply("insufficient_credits")
+    assert (credits.status, credits.body["error"]["code"]) == (429, "insufficient_quota")
+    crashed = _reply("error", last_error="boom")
+    assert (crashed.status, crashed.body["error"]["code"]) == (500, "turn_failed")
+
+
+def test_a_pause_for_the_clients_tools_is_tool_calls_whichever_comes_first() -> None:
+    calls = _f(
+        "progress",
+        stage="client_tools",
+        turn=1,
+        calls=[{"call_id": "c1", "tool": "get_weather", "input": {"city": "Paris"}}],
+    )
+    said = _f("message.completed", seq=2, role="assistant", content="Let me check.", turn=1,
+              tool_calls=[{"id": "c1"}])  # fmt: skip
+    for frames in (
+        [said, calls, _state("paused_for_user")],
+        [said, _state("paused_for_user"), calls],
+    ):
+        reader = TurnReader(session_id="s")
+        assert _feed(reader, frames) == ""
+        outcome = reader.outcome
+        assert outcome is not None
+        assert (outcome.finish_reason, outcome.content) == ("tool_calls", "Let me check.")
+        assert outcome.tool_calls == [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ]
+        assert outcome.extension == {"session_id": "s", "status": "awaiting_tool_results"}

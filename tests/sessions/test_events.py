@@ -41,6 +41,10 @@ DESIGN_TYPES = [
     "node.started",
     "node.finished",
     "node.failed",
+    # Agents together (DESIGN.md "Agents together, and model routing").
+    "agent.changed",
+    "child.started",
+    "child.finished",
 ]
 
 

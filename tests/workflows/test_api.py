@@ -170,3 +170,34 @@ def test_the_schema_documents_the_run_operation_with_an_example(support: Api) ->
     assert {"201", "400", "403", "404", "409"} <= set(operation["responses"])
     body = operation["requestBody"]["content"]["application/json"]
     assert body["examples"]["Refund"]["value"]["input"] == {"order_number": "SO-1001"}
+
+
+def test_a_runs_graph_is_svg_coloured_by_the_run(workflow: Workflow, support: Api) -> None:
+    run = support.post(RUNS, {"input": {"number": "SO-1"}}).json()
+    response = support.get(f"/api/v1/sessions/{run['id']}/graph/")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("image/svg+xml")
+    svg = response.content.decode()
+    assert svg.startswith("<svg") and 'data-node="look"' in svg and "wf-active" in svg
+    other = Api(api_key_for("mallory", roles=("support",)))
+    assert_error(other.get(f"/api/v1/sessions/{run['id']}/graph/"), 404, "not_found")
+
+
+def test_a_conversation_has_no_graph(workflow: Workflow, support: Api) -> None:
+    AgentFactory(slug="helper")
+    created = support.post("/api/v1/sessions/", {"agent": "helper"}).json()
+    assert_error(support.get(f"/api/v1/sessions/{created['id']}/graph/"), 404, "not_a_workflow_run")
+
+
+def test_the_graph_answers_whatever_the_client_accepts(workflow: Workflow, support: Api) -> None:
+    run = support.post(RUNS, {"input": {"number": "SO-1"}}).json()
+    path = f"/api/v1/sessions/{run['id']}/graph/"
+    for accept in ("image/svg+xml", "*/*", "image/svg+xml, application/json;q=0.5"):
+        response = support.client.get(path, HTTP_ACCEPT=accept)
+        assert response.status_code == 200, accept
+        assert response["Content-Type"].startswith("image/svg+xml"), accept
+    missing = support.client.get(
+        f"/api/v1/sessions/{uuid.uuid4()}/graph/", HTTP_ACCEPT="image/svg+xml"
+    )
+    assert_error(missing, 404, "not_found")

@@ -102,7 +102,6 @@ nodes:
       kind: agent
       agent: researcher
       task: "'Research ' + input.topic + ' (' + angle + ', part ' + string(index) + ')'"
-      retry: {max_attempts: 3, backoff_s: 2, max_backoff_s: 10}
     output: findings
     next: both
   both:
@@ -287,7 +286,7 @@ def test_every_kind_parses() -> None:
     research = definition.nodes["research"]
     assert (research.as_name, research.concurrency) == ("angle", 2)
     assert research.inner is not None and research.inner.id == "research.node"
-    assert research.inner.retry == RetryPolicy(max_attempts=3, backoff_s=2.0, max_backoff_s=10.0)
+    assert research.inner.retry == RetryPolicy()  # retries are a tool node's
     assert research.reads() == {"input"}  # `angle` and `index` are the map's own
     both = definition.nodes["both"]
     assert list(both.branches) == ["lookup", "summary", "pause"]
@@ -823,7 +822,7 @@ def test_inline_nodes_neither_move_on_nor_write() -> None:
         f"{WHERE}.nodes.tell_no.node.next: not for a map's node: the map node has the next",
         f"{WHERE}.nodes.tell_no.node.output: not for a map's node: the map node has the output",
         f"{WHERE}.nodes.tell_no.node.max_visits: unknown field for an inline llm node "
-        "(allowed: kind, prompt, system, output_schema, model, timeout_s, retry)",
+        "(allowed: kind, prompt, system, output_schema, model)",
     ]
 
 

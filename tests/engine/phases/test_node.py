@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures imported by name and used as parameters
 """Workflow runs in process (workflow_run_start + session_run, no worker): each node kind, the
 graph's edges, retries, a person's review, timers, max_visits, deadlines, resume and fork.
 
@@ -5,6 +6,7 @@ graph's edges, retries, a person's review, timers, max_visits, deadlines, resume
 """
 
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -16,15 +18,23 @@ from django.utils import timezone
 from accounts.services import approver_grant
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Checkpoint, Event, Session, ToolCall
+from sessions.errors import Conflict
+from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
+    session_cancel,
+    session_force_finish,
     session_fork,
+    session_hand_back,
+    session_operator_reply,
     session_resume,
     timers_fire_due,
 )
-from tests.factories import ModelEndpointFactory, ToolFactory, UserFactory
+from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
+from tests.fakes.fixtures import openai_server, unique  # noqa: F401
+from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.tools.conftest import fake_endpoint  # noqa: F401
 from tools.registry import tool_handler
 from workflows.selectors import definition_check
 from workflows.services import workflow_apply, workflow_run_start
@@ -70,6 +80,14 @@ def _flaky(n: int, idempotency_key: str = "") -> dict[str, Any]:
     return {"n": n}
 
 
+@tool_handler("tests.node.slow")
+def _slow(seconds: float) -> dict[str, Any]:
+    time.sleep(seconds)
+    with _lock:
+        RAN["slow"] += 1
+    return {"slept": seconds}
+
+
 @tool_handler("tests.node.refuse")
 def _refuse(n: int) -> dict[str, Any]:
     with _lock:
@@ -103,6 +121,11 @@ def _tools() -> None:
         parameters={**object_schema, "properties": {"n": {"type": "integer"}}},
     )
     ToolFactory(
+        name="slow",
+        handler="tests.node.slow",
+        parameters={**object_schema, "properties": {"seconds": {"type": "number"}}},
+    )
+    ToolFactory(
         name="refuse",
         handler="tests.node.refuse",
         parameters={**object_schema, "properties": {"n": {"type": "integer"}}},
@@ -130,9 +153,9 @@ def _start(owner: Any, slug: str, value: dict[str, Any], **kwargs: Any) -> Sessi
     return session
 
 
-def _run(session: Session) -> Session:
+def _run(session: Session, stopped: str = "idle") -> Session:
     result = session_run(session_id=session.pk)
-    assert result.stopped == "idle", result
+    assert result.stopped == stopped, result
     return Session.objects.get(pk=session.pk)
 
 
@@ -382,6 +405,69 @@ def test_parallel_any_takes_the_first_branch_and_cancels_the_others(owner: Any) 
     assert session.workflow_state["status"]["fan.a"] == "cancelled"
 
 
+RACE = """
+slug: race
+role: support
+start: fan
+nodes:
+  fan:
+    kind: parallel
+    join: any
+    branches:
+      work: {kind: tool, tool: TOOL, args: ARGS}
+      timeout: {kind: wait, seconds: 1}
+    output: got
+    next: end
+"""
+
+
+def _race(tool: str, args: str) -> str:
+    return RACE.replace("TOOL", tool).replace("ARGS", args)
+
+
+def test_parallel_any_against_a_wait_takes_a_branch_that_finished_first_without_the_timer(
+    owner: Any,
+) -> None:
+    _apply(_race("lookup", "{number: \"'SO-2'\"}"))
+    session = _run(_start(owner, "race", {}))
+
+    # The lookup finished in milliseconds: it wins at once; no timer holds the run.
+    assert session.state == "finished", session.state
+    assert session.workflow_state["result"] == {
+        "work": {"number": "SO-2", "total": 20, "customer_id": 7}
+    }
+    assert session.workflow_state["status"]["fan.timeout"] == "cancelled"
+    assert [c.tool_name for c in ToolCall.objects.filter(session=session)] == ["lookup"]
+
+
+def test_parallel_any_against_a_wait_takes_the_timer_when_the_work_ran_past_it(
+    owner: Any,
+) -> None:
+    _apply(_race("slow", "{seconds: 1.2}"))
+    session = _run(_start(owner, "race", {}))
+
+    assert session.state == "finished" and RAN["slow"] == 1
+    assert session.workflow_state["result"] == {"timeout": None}
+    assert session.workflow_state["status"]["fan.work"] == "cancelled"
+
+
+def test_parallel_any_against_a_wait_waits_for_the_timer_when_the_work_failed(
+    owner: Any,
+) -> None:
+    _apply(_race("refuse", "{n: 3}"))
+    session = _run(_start(owner, "race", {}))
+
+    # Nothing else can finish: the timer runs (durable, no worker held), then wins.
+    assert session.state == "waiting_timer" and session.lease_owner is None
+    assert session.timer_due_at <= timezone.now() + timedelta(seconds=1)
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == {"timeout": None}
+
+
 JSON_OUT = """
 slug: extract
 role: support
@@ -511,3 +597,123 @@ def test_a_run_keeps_its_version_when_the_workflow_is_edited(owner: Any) -> None
     assert _apply(REFUND.replace("refund on {{ input.number }} done", "all done")).endswith(
         "unchanged (version 2)"
     )
+
+
+DELEGATE = """
+slug: delegate
+role: support
+start: ask
+nodes:
+  ask: {kind: agent, agent: helper, task: "'look into ' + input.topic", output: found, next: end}
+"""
+
+
+def test_an_agent_node_runs_the_agents_loop_as_a_child_session(owner: Any) -> None:
+    AgentFactory(slug="helper", rules=[{"answer": "Echo: {{ user }}"}])
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "SO-9"}), stopped="waiting")
+
+    # The parent waits without a worker; its child runs for the same owner and role.
+    assert session.state == "tool_wait" and session.lease_owner is None
+    child = Session.objects.get(parent=session)
+    assert (child.owner_id, child.role, child.agent.slug) == (owner.pk, "support", "helper")
+    assert child.parent_call.call_id == "ask#1"
+    # A stray run of the parent (a redelivered task) starts no second child.
+    assert _run(session, stopped="waiting").state == "tool_wait"
+    assert Session.objects.filter(parent=session).count() == 1
+
+    assert _run(child).state == "finished"
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == "Echo: look into SO-9"
+
+
+def test_a_child_that_fails_fails_the_agent_node_with_a_clear_error(owner: Any) -> None:
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "x"}), stopped="waiting")
+    child = Session.objects.get(parent=session)
+    Session.objects.filter(pk=child.pk).update(state="error", turn=1, last_error="boom")
+
+    session = _run(session)
+
+    assert session.state == "error"
+    assert "ended error: boom" in session.workflow_state["error"]["message"]
+
+
+def test_cancelling_the_parent_cancels_its_children(owner: Any) -> None:
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    session = _run(_start(owner, "delegate", {"topic": "x"}), stopped="waiting")
+    child = Session.objects.get(parent=session)
+
+    session_cancel(session=session, actor="op")
+
+    assert Session.objects.get(pk=child.pk).cancel_requested
+    assert _run(child).state == "cancelled"
+    assert _run(session).state == "cancelled"
+
+
+def test_agents_nest_no_deeper_than_the_agents_max_depth(owner: Any) -> None:
+    AgentFactory(slug="helper")
+    _apply(DELEGATE)
+    Agent.objects.filter(slug="workflow-delegate").update(max_depth=0)
+    session = _run(_start(owner, "delegate", {"topic": "x"}))
+
+    assert session.state == "error" and not Session.objects.filter(parent=session).exists()
+    assert "max_depth" in session.workflow_state["error"]["message"]
+
+
+@tool_handler("tests.node.sluggish")
+def _sluggish(n: int) -> dict[str, Any]:
+    time.sleep(1.0)
+    return {"n": n}
+
+
+def test_a_tool_nodes_timeout_s_limits_its_call(owner: Any) -> None:
+    ToolFactory(
+        name="sluggish",
+        handler="tests.node.sluggish",
+        timeout_s=30,
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    _apply(
+        "slug: quick\nrole: support\nstart: call\nnodes:\n"
+        "  call: {kind: tool, tool: sluggish, args: {n: 1}, timeout_s: 0.2, output: got, next: end}\n"
+    )
+    started = time.monotonic()
+    session = _run(_start(owner, "quick", {}))
+
+    assert session.state == "error"
+    assert "did not answer within 0.2 s" in session.workflow_state["error"]["message"]
+    assert time.monotonic() - started < 3  # 0.2 s twice (a read-only call is tried again), not 30
+
+
+def test_a_run_cannot_be_taken_over_like_a_conversation(owner: Any) -> None:
+    _apply(REFUND)
+    session = _run(_start(owner, "refund", {"number": "SO-2"}))
+
+    for takeover in (
+        lambda: session_operator_reply(session=session, content="hi", actor="op"),
+        lambda: session_hand_back(session=session, actor="op"),
+        lambda: session_force_finish(session=session, content="done", actor="op"),
+    ):
+        with pytest.raises(Conflict) as info:
+            takeover()
+        assert info.value.code == "not_a_conversation"
+
+
+def test_a_choice_is_constrained_by_structured_output_where_the_wire_has_it(
+    owner: Any, openai_server: FakeModelServer, fake_endpoint: ModelEndpoint
+) -> None:
+    _apply(CHOICE.replace("slug: route", f"slug: route\nmodel: {fake_endpoint.name}"))
+    openai_server.script(
+        Reply(text='{"option": "billing"}'), Reply(text="billing team, via the real wire")
+    )
+    session = _run(_start(owner, "route", {"text": "hello"}))
+
+    assert session.workflow_state["values"]["picked"] == "billing"
+    sent = openai_server.requests[0].body["response_format"]
+    assert sent["type"] == "json_schema"
+    assert sent["json_schema"]["schema"]["properties"]["option"]["enum"] == ["billing", "shipping"]

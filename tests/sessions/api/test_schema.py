@@ -75,7 +75,11 @@ def test_the_openai_error_component_is_openais_shape(schema):
             {400, 401, 403, 404, 409, 413, 415, 429},
         ),
         ("post", "/api/v1/sessions/{session_id}/fork/", {400, 401, 403, 404, 409, 413, 415, 429}),
-        ("post", "/openai/v1/chat/completions", {400, 401, 403, 404, 413, 415, 429, 503}),
+        (
+            "post",
+            "/openai/v1/chat/completions",
+            {400, 401, 403, 404, 409, 413, 415, 429, 500, 502, 503},
+        ),
         ("get", "/api/v1/tools/", {401, 429}),
         ("get", "/api/v1/agents/", {401, 429}),
     ],

@@ -23,6 +23,7 @@ class PlainSession(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
     workflow = serializers.SerializerMethodField()
     get_workflow = SessionSerializer.get_workflow
+    parent = serializers.UUIDField(source="parent_id", allow_null=True, read_only=True)
 
     class Meta(SessionSerializer.Meta):
         pass

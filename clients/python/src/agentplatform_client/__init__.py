@@ -26,8 +26,11 @@ from .errors import (
 )
 from .events import (
     EVENT_TYPES,
+    AgentChanged,
     ApprovalRequested,
     ApprovalResolved,
+    ChildFinished,
+    ChildStarted,
     ErrorEvent,
     Event,
     MessageCompleted,
@@ -105,6 +108,9 @@ __all__ = [
     "NodeStarted",
     "NodeFinished",
     "NodeFailed",
+    "AgentChanged",
+    "ChildStarted",
+    "ChildFinished",
     "TurnResult",
     "TurnUsage",
     "UnsupportedMediaTypeError",

@@ -179,6 +179,38 @@ class NodeFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentChanged(Event):
+    """A handoff: from the next step on another agent answers, with the history kept."""
+
+    TYPE: ClassVar[str] = "agent.changed"
+    RENAMED: ClassVar[dict[str, str]] = {"from": "from_agent", "to": "to_agent"}
+    from_agent: str = ""
+    to_agent: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildStarted(Event):
+    """An agent.<slug> call started a child session (its events are on its own stream)."""
+
+    TYPE: ClassVar[str] = "child.started"
+    call_id: str = ""
+    session_id: str = ""
+    agent: str = ""
+    RENAMED: ClassVar[dict[str, str]] = {"session": "session_id"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildFinished(Event):
+    TYPE: ClassVar[str] = "child.finished"
+    RENAMED: ClassVar[dict[str, str]] = {"session": "session_id"}
+    call_id: str = ""
+    session_id: str = ""
+    agent: str = ""
+    state: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ErrorEvent(Event):
     """A run failure (persisted, with a seq) or the socket's answer to a bad frame (no seq)."""
 
@@ -203,6 +235,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeStarted,
         NodeFinished,
         NodeFailed,
+        AgentChanged,
+        ChildStarted,
+        ChildFinished,
         ErrorEvent,
     )
 }

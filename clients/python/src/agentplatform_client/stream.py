@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from websockets.asyncio.client import ClientConnection as AsyncConnection
@@ -379,12 +379,17 @@ class EventStream:
             url = session_ws_url(self._ws_base, self.session_id, self._tracker.last_seq)
             try:
                 # Entered as a context manager: websockets 17 warns about a bare connect().
-                self._ws = sync_connect(
-                    url,
-                    additional_headers=self._headers,
-                    open_timeout=self._policy.open_timeout_s,
-                    max_size=2**24,
-                ).__enter__()
+                # (Before 17 connect() is the connection, whose __enter__ is typed as the base
+                # class: the cast keeps both versions' types.)
+                self._ws = cast(
+                    SyncConnection,
+                    sync_connect(
+                        url,
+                        additional_headers=self._headers,
+                        open_timeout=self._policy.open_timeout_s,
+                        max_size=2**24,
+                    ).__enter__(),
+                )
                 return
             except _CONNECT_ERRORS as exc:
                 attempt += 1

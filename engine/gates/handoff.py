@@ -1,0 +1,72 @@
+"""A handoff: a `transfer_to_<slug>` call hands the conversation to another agent.
+
+The call is settled here, never by the tool executor: refused (a tool error the model can
+act on) when the agent is unknown, when one handoff of the step already won, or when the
+session's role may not use every tool of that agent (the role stays the session's; an agent
+whose tools it could not use would only fail later); accepted otherwise, and the results'
+commit then switches the session's agent (a `handoff` transition and `agent.changed`).
+"""
+
+from dataclasses import dataclass, field
+
+from sessions.models import Agent, Session, ToolCall, ToolCallStatus
+from tools.execution import ToolOutcome, tools_for_agent
+from tools.rendering import render_failure, render_success
+
+from .children import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
+
+
+@dataclass(frozen=True)
+class HandoffTo:
+    call: ToolCall
+    agent: Agent
+    reason: str
+
+
+@dataclass
+class Handoffs:
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    chosen: HandoffTo | None = None
+
+
+def _refused(message: str) -> ToolOutcome:
+    return ToolOutcome(
+        status=ToolCallStatus.FAILED,
+        output=None,
+        error=message,
+        content=render_failure(ToolCallStatus.FAILED, message),
+    )
+
+
+def handoff_gate(session: Session, calls: list[ToolCall]) -> Handoffs:
+    found = Handoffs()
+    for call in calls:
+        if not call.tool_name.startswith(HANDOFF_PREFIX):
+            continue
+        slug = call.tool_name.removeprefix(HANDOFF_PREFIX)
+        if found.chosen is not None:
+            found.outcomes[call.pk] = _refused(
+                f"the conversation is already handed to {found.chosen.agent.slug} in this step"
+            )
+            continue
+        agent = Agent.objects.filter(slug=slug, enabled=True, workflow__isnull=True).first()
+        if agent is None:
+            found.outcomes[call.pk] = _refused(f"no agent '{slug}' to hand over to")
+            continue
+        own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
+        usable = tools_for_agent(own)
+        barred = sorted(n for n, t in usable.items() if not t.allows(session.role))
+        if barred:
+            found.outcomes[call.pk] = _refused(
+                f"handoff to {slug} refused: this conversation's role '{session.role}' may not "
+                f"use its tools {', '.join(barred)}; go on yourself or tell the user"
+            )
+            continue
+        arguments = call.input if isinstance(call.input, dict) else {}
+        reason = str(arguments.get("reason") or "")[:500]
+        output = {"transferred_to": slug}
+        found.outcomes[call.pk] = ToolOutcome(
+            status=ToolCallStatus.SUCCESS, output=output, content=render_success(output)
+        )
+        found.chosen = HandoffTo(call=call, agent=agent, reason=reason)
+    return found

@@ -1,0 +1,236 @@
+"""A client's settings for a turn's model calls (Message.turn_options): sampling parameters
+and the answer's JSON form reach every model call of the turn, a worker's crash between
+steps included; a JSON answer is checked and repaired once, or the turn ends invalid_output.
+The client's own tools: a call of one never runs here, the turn waits for its result.
+"""
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from engine import client_results, session_run
+from engine.moves.ask_user import CLIENT_DEADLINE_ERROR
+from engine.phases.model import model_step
+from engine.runner.lease import lease_acquire
+from llm.types import ModelOptions
+from sessions.errors import Conflict
+from sessions.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session, ToolCall
+from sessions.services import message_post, questions_expire_due
+from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
+from tests.fakes.model_servers import Call, FakeModelServer, Reply
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+OPTIONS: ModelOptions = {
+    "temperature": 0.3,
+    "top_p": 0.9,
+    "max_tokens": 500,
+    "stop": ["END"],
+    "seed": 7,
+    "response_format": {"schema": CITY, "name": "City", "strict": True},
+}
+
+
+def _run(session: Session) -> Session:
+    result = session_run(session_id=session.pk)
+    assert result.stopped == "idle", result
+    return Session.objects.get(pk=session.pk)
+
+
+def _answer(session: Session) -> Message:
+    message = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
+    assert message is not None
+    return message
+
+
+def _finished(session: Session) -> dict[str, Any]:
+    event = Event.objects.filter(session=session, type="turn.finished").order_by("-seq").first()
+    assert event is not None
+    return dict(event.data)
+
+
+def test_the_options_reach_every_model_call_of_the_turn_across_a_crash(
+    make_agent: Any, make_session: Any, fake_endpoint: ModelEndpoint, openai_server: FakeModelServer
+) -> None:
+    """The first step asks for a tool and its worker dies; the worker that takes over reads
+    the options from the turn's message, not from anything the first one kept."""
+    ModelEndpoint.objects.filter(pk=fake_endpoint.pk).update(options={"max_tokens": 200})
+    tool = ToolFactory(
+        name=f"clock_{uuid.uuid4().hex[:6]}",
+        handler="builtin.current_time",
+        parameters={"type": "object", "properties": {}},
+    )
+    session = make_session(make_agent(tools=[tool.name]))
+    openai_server.script(Reply(calls=[Call(tool.name, {})]), Reply(text='{"city": "Paris"}'))
+    message_post(session=session, content="where?", turn_options=OPTIONS)
+    crashed = "crashed-worker:1:1:dead"
+    assert lease_acquire(session_id=session.pk, owner=crashed, seconds=30)
+    model_step(Session.objects.get(pk=session.pk), crashed)
+    Session.objects.filter(pk=session.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    session = _run(session)
+    first, last = openai_server.wait_requests(2)
+    for recorded in (first, last):
+        body = recorded.body
+        assert (body["temperature"], body["top_p"], body["stop"], body["seed"]) == (
+            0.3,
+            0.9,
+            ["END"],
+            7,
+        )
+        assert body["max_tokens"] == 200  # the client's 500, within the endpoint's own 200
+        assert body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "City", "schema": CITY, "strict": True},
+        }
+        # The answer's form is told in words too: tool calls before it stay free.
+        assert '"city"' in recorded.text() and "final answer" in recorded.text()
+    assert (session.state, _answer(session).content) == ("finished", '{"city": "Paris"}')
+    assert _finished(session)["stop_reason"] == "answer"
+
+
+def test_json_object_is_sent_as_such_and_without_options_nothing_is_sent(
+    make_agent: Any, make_session: Any, openai_server: FakeModelServer
+) -> None:
+    agent = make_agent()
+    openai_server.script(Reply(text='{"a": 1}'), Reply(text="plain"))
+    options: ModelOptions = {"response_format": {"schema": None, "name": "answer", "strict": False}}
+    message_post(session=make_session(agent), content="json please", turn_options=options)
+    _run(Session.objects.get(agent=agent))
+    message_post(session=make_session(agent), content="hi")
+    _run(Session.objects.filter(agent=agent).order_by("-created_at").first())  # type: ignore[arg-type]
+    with_format, without = openai_server.wait_requests(2)
+    assert with_format.body["response_format"] == {"type": "json_object"}
+    assert "JSON object" in with_format.text()
+    for name in ("response_format", "temperature", "top_p", "stop", "seed", "max_tokens"):
+        assert name not in without.body
+
+
+def _rules_agent(rules: list[dict[str, Any]]) -> Agent:
+    agent: Agent = AgentFactory(
+        slug=f"json-{uuid.uuid4().hex[:8]}",
+        model=ModelEndpointFactory(name=f"rules-{uuid.uuid4().hex[:6]}", api="rules", options={}),
+        rules=rules,
+    )
+    return agent
+
+
+def _session_of(agent: Agent) -> Session:
+    session: Session = SessionFactory(agent=agent)
+    return session
+
+
+def test_a_valid_json_answer_stands_and_a_fenced_one_is_unwrapped() -> None:
+    agent = _rules_agent([{"answer": '```json\n{"city": "{{ user }}"}\n```'}])
+    session = _session_of(agent)
+    message_post(session=session, content="Oslo", turn_options=OPTIONS)
+    session = _run(session)
+    assert _answer(session).content == '{"city": "Oslo"}'
+    assert ModelCall.objects.filter(session=session).count() == 1
+
+
+def test_an_invalid_answer_is_repaired_once_in_the_same_step() -> None:
+    agent = _rules_agent(
+        [
+            {"when": {"user": "^That answer is not valid: \\(top\\): 'city' is a required"},
+             "answer": '{"city": "Rome"}'},
+            {"answer": '{"town": "Rome"}'},
+        ]
+    )  # fmt: skip
+    session = _session_of(agent)
+    message_post(session=session, content="where?", turn_options=OPTIONS)
+    session = _run(session)
+    assert _answer(session).content == '{"city": "Rome"}'
+    assert _finished(session)["stop_reason"] == "answer"
+    assert ModelCall.objects.filter(session=session).count() == 2
+
+
+def test_an_answer_still_invalid_after_the_repair_ends_the_turn_invalid_output() -> None:
+    agent = _rules_agent([{"answer": "Rome, I think."}])
+    session = _session_of(agent)
+    message_post(session=session, content="where?", turn_options=OPTIONS)
+    session = _run(session)
+    assert _finished(session)["stop_reason"] == "invalid_output"
+    assert session.state == "finished"
+    assert session.last_error.startswith("invalid_json: not JSON")
+    assert _answer(session).content == "Rome, I think."  # what the model said, for the operator
+    assert ModelCall.objects.filter(session=session).count() == 2
+
+
+# The client's own tools ---------------------------------------------------------------
+
+WEATHER: ModelOptions = {
+    "tools": [
+        {
+            "name": "send_refund",  # what a platform tool might do: here only the client's
+            "description": "The client's own.",
+            "parameters": {"type": "object", "properties": {"amount": {"type": "integer"}}},
+        }
+    ]
+}
+
+
+def _client_tool_session() -> Session:
+    agent = _rules_agent(
+        [
+            {"when": {"user": "refund", "last_tool": None},
+             "tool_calls": [{"tool": "send_refund", "args": {"amount": 5}}]},
+            {"when": {"last_tool": "send_refund"}, "answer": "Refund: {{ result }}"},
+        ]
+    )  # fmt: skip
+    session = _session_of(agent)
+    message_post(session=session, content="refund me", turn_options=WEATHER)
+    return _run(session)
+
+
+def test_a_call_of_the_clients_tool_never_runs_here_and_the_turn_waits_without_a_worker() -> None:
+    session = _client_tool_session()
+    assert session.state == "paused_for_user" and session.timer_due_at is not None
+    call = ToolCall.objects.get(session=session)
+    assert (call.client, call.status, call.output, call.dispatched_at) == (
+        True,
+        "executing",
+        None,
+        None,
+    )
+    assert not Event.objects.filter(session=session, type="tool.finished").exists()
+    waiting = Event.objects.get(session=session, type="progress", data__stage="client_tools")
+    assert waiting.data["calls"] == [
+        {"call_id": call.call_id, "tool": "send_refund", "input": {"amount": 5}}
+    ]
+    # A user message is no answer to it.
+    with pytest.raises(Conflict) as refused:
+        message_post(session=session, content="hello?")
+    assert refused.value.code == "client_tools_pending"
+    # The client's result: the same turn goes on.
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(session=locked, calls=[call], results={call.call_id: "done"}, by="client")
+    session = _run(session)
+    assert (session.state, session.turn, _answer(session).content) == (
+        "finished",
+        1,
+        "Refund: done",
+    )
+
+
+def test_past_the_deadline_the_sweeper_fails_the_clients_calls_and_the_model_is_told() -> None:
+    session = _client_tool_session()
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now() - timedelta(seconds=1))
+    assert questions_expire_due() == [str(session.pk)]
+    session = _run(session)
+    call = ToolCall.objects.get(session=session)
+    assert (call.status, call.error) == ("failed", CLIENT_DEADLINE_ERROR)
+    assert session.state == "finished"
+    assert CLIENT_DEADLINE_ERROR in _answer(session).content

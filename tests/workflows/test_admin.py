@@ -1,0 +1,135 @@
+"""Workflows in the admin: drawn, edited as YAML with apply_config's validation inline, each save
+a new version; a run's page draws its graph with what the run did."""
+
+from typing import Any
+
+import pytest
+import yaml
+from django.test import Client
+
+from engine import session_run
+from tests.factories import ModelEndpointFactory, StaffUserFactory, ToolFactory, UserFactory
+from workflows.models import Workflow, WorkflowVersion
+from workflows.selectors import definition_check
+from workflows.services import workflow_apply, workflow_run_start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FLOW = """slug: look
+name: Look up
+role: support
+start: first
+nodes:
+  first: {kind: tool, tool: clock, args: {}, output: now, next: second}
+  second:
+    kind: condition
+    cases: [{when: "now.now != ''", next: end}]
+    default: end
+"""
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    ModelEndpointFactory()
+    ToolFactory(name="clock", roles=["support"])
+    user = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _apply(text: str = FLOW) -> Workflow:
+    raw = yaml.safe_load(text)
+    workflow_apply(definition=definition_check(raw, where="t"), where="t", default_model="rules")
+    return Workflow.objects.get(slug=raw["slug"])
+
+
+def test_the_change_page_draws_the_graph_and_shows_the_yaml(admin_client: Client) -> None:
+    workflow = _apply()
+    page = admin_client.get(f"/admin/workflows/workflow/{workflow.pk}/change/")
+
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert body.count('class="wf-node wf-') == 2 and 'data-node="second"' in body
+    assert "kind: condition" in body  # the current version as YAML
+
+
+def test_an_edit_with_errors_is_refused_inline_naming_node_and_field(admin_client: Client) -> None:
+    workflow = _apply()
+    broken = FLOW.replace("tool: clock", "tool: clonk").replace("now.now != ''", "now.now !=")
+    page = admin_client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": broken, "enabled": "on"},
+    )
+
+    assert page.status_code == 200  # the form again, with the errors
+    body = page.content.decode()
+    assert "workflow look.nodes.first.tool: unknown tool &#x27;clonk&#x27;" in body
+    assert "workflow look.nodes.second.cases[0].when: CEL syntax error" in body
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 1
+
+
+def test_a_valid_edit_stores_a_new_version(admin_client: Client) -> None:
+    workflow = _apply()
+    edited = FLOW.replace("name: Look up", "name: Look it up")
+    page = admin_client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": edited, "enabled": "on"},
+    )
+
+    assert page.status_code == 302, page.content.decode()[:2000]
+    workflow.refresh_from_db()
+    assert (workflow.current_version, workflow.name) == (2, "Look it up")
+    version = WorkflowVersion.objects.get(workflow=workflow, number=2)
+    assert version.source == "admin" and version.created_by.username == "root"
+
+
+def test_a_new_workflow_can_be_added_as_yaml(admin_client: Client) -> None:
+    page = admin_client.post(
+        "/admin/workflows/workflow/add/",
+        {"definition_yaml": FLOW.replace("slug: look", "slug: other")},
+    )
+
+    assert page.status_code == 302, page.content.decode()[:2000]
+    assert Workflow.objects.get(slug="other").current_version == 1
+
+
+def test_the_slug_of_an_existing_workflow_cannot_change(admin_client: Client) -> None:
+    workflow = _apply()
+    page = admin_client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": FLOW.replace("slug: look", "slug: renamed"), "enabled": "on"},
+    )
+    assert page.status_code == 200 and "a new slug is a new workflow" in page.content.decode()
+    assert not Workflow.objects.filter(slug="renamed").exists()
+
+
+def test_a_view_only_user_sees_the_graph_but_cannot_edit(admin_client: Client) -> None:
+    workflow = _apply()
+    viewer = StaffUserFactory(username="viewer", perms=["workflows.view_workflow"])
+    client = Client()
+    client.force_login(viewer)
+
+    page = client.get(f"/admin/workflows/workflow/{workflow.pk}/change/")
+    assert page.status_code == 200 and 'class="wf-node' in page.content.decode()
+    posted = client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": FLOW.replace("Look up", "x"), "enabled": "on"},
+    )
+    assert posted.status_code == 403
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 1
+
+
+def test_a_runs_page_draws_the_graph_with_what_the_run_did(admin_client: Client) -> None:
+    _apply()
+    owner: Any = UserFactory(username="runner")
+    session, _ = workflow_run_start(owner=owner, key_roles=["support"], slug="look", input={})
+    session_run(session_id=session.pk)
+
+    page = admin_client.get(f"/admin/agent_sessions/session/{session.pk}/change/")
+
+    body = page.content.decode()
+    assert page.status_code == 200
+    assert "Workflow look · version 1" in body
+    assert body.count("wf-visited") >= 2  # both nodes, in the graph
+    assert 'id="node-first"' in body and "arguments" not in body.split('id="node-second"')[1][:400]
