@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import ToolUsageDaily, UsageDaily
+from engine.phases.tools import runs_in_step
 from engine.store.open_calls import (
     cached_output_keep,
     cached_output_read,
@@ -25,6 +26,7 @@ from sessions.rows import json_value
 from sessions.services import session_resume, timers_fire_due
 from tests.engine.phases.test_node import KEYS, RAN, _apply, _events, _run, _start, owner
 from tests.factories import ToolFactory
+from tools.execution import ToolSnapshot
 from tools.registry import tool_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -265,3 +267,39 @@ def test_a_node_step_takes_the_calls_the_results_commit_wrote(
     session.version += 1
     with django_assert_num_queries(1):  # another version
         calls_by_id(session, ["s1#1"])
+
+
+@pytest.mark.parametrize(
+    ("change", "in_step"),
+    [
+        ({}, True),
+        ({"kind": "http"}, True),
+        ({"side_effects": True}, False),
+        ({"requires_approval": True}, False),
+        ({"approval_when": {"field": "n", "op": ">", "value": 1}}, False),
+        ({"credit_cost": 1}, False),
+        ({"risk_level": 2}, False),
+        ({"kind": "agent", "handler": ""}, False),  # another agent's loop, a handoff
+        ({"handler": "builtin.schedule_followup"}, False),  # a timer
+        ({"handler": "builtin.ask_user"}, False),
+        ({"handler": "builtin.recall"}, False),
+        ({"handler": "builtin.workflow_review"}, False),
+    ],
+)
+def test_which_calls_may_run_in_their_node_step(change: dict[str, Any], in_step: bool) -> None:
+    tool = ToolSnapshot(
+        name="t",
+        description="",
+        parameters={"type": "object"},
+        kind="python",
+        handler="tests.in_step.add",
+        url="",
+        method="",
+        headers={},
+        timeout_s=5.0,
+        side_effects=False,
+        roles=(),
+        version="1",
+    )
+    assert runs_in_step(ToolSnapshot(**{**tool.__dict__, **change})) is in_step
+    assert runs_in_step(None) is False
