@@ -14,6 +14,7 @@ from . import environment
 BENCHMARKS = (
     "engine",
     "langgraph",
+    "workflow",
     "checkpoint",
     "tools",
     "adapters",
@@ -137,7 +138,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="cProfile the engine benchmark; writes bench/results/engine-<ts>.pstats",
+        help="cProfile the engine and workflow benchmarks; writes bench/results/engine-<ts>.pstats "
+        "and workflow-<ts>.pstats",
     )
     parser.add_argument(
         "--pyspy",
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench: running {name} ...", flush=True)
                 t0 = time.perf_counter()
                 try:
-                    result = _run_one(name, sizes, args, procs, stamp)
+                    result = _run_one(name, sizes, args, procs, stamp, results)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # noqa: BLE001 - report it, run the rest
@@ -323,7 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stamp: str) -> Any:
+def _run_one(
+    name: str,
+    sizes: Sizes,
+    args: argparse.Namespace,
+    procs: Any,
+    stamp: str,
+    done: list[Any],
+) -> Any:
     if name == "engine":
         from . import engine_step
 
@@ -343,6 +352,19 @@ def _run_one(name: str, sizes: Sizes, args: argparse.Namespace, procs: Any, stam
         from . import langgraph_compare
 
         return langgraph_compare.run(runs=sizes.langgraph_runs)
+    if name == "workflow":
+        from . import workflow_compare
+
+        return workflow_compare.run(
+            runs=sizes.langgraph_runs,
+            # The agent loop's step overhead, if the engine benchmark ran before this one.
+            engine=next((r for r in done if r.name == "engine"), None),
+            profile_path=(
+                str(environment.ROOT / "bench" / "results" / f"workflow-{stamp}.pstats")
+                if args.profile
+                else None
+            ),
+        )
     if name == "worker":
         from . import worker_rate
 

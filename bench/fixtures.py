@@ -14,6 +14,10 @@ Everything goes through the real `config_apply` service, as `apply_config` does.
 - `bench-noop`: an agent whose one tool, `bench_noop`, does nothing (the
   handler `bench.noop`, registered by this module, so only in this process:
   the `tools` benchmark runs its tool steps here, never in a worker).
+- workflow `bench-chain`: ten tool nodes in a row, each calling the read-only
+  python tool `bench_step` (handler `bench.step`, this process only) with the
+  previous node's counter; it returns the counter plus one at once (the
+  `workflow` benchmark's chain, against a LangGraph `StateGraph` of the same).
 """
 
 import copy
@@ -47,6 +51,45 @@ LOOP_RULES = [
     {"name": "call", "tool_calls": [{"tool": LOREM_TOOL, "args": {"n": "{{ result.n }}"}}]},
 ]
 LOREM_TEXT = ("lorem ipsum dolor sit amet " * 16)[:400]
+STEP_HANDLER = "bench.step"
+STEP_TOOL = "bench_step"
+CHAIN_WORKFLOW = "bench-chain"
+CHAIN_NODES = 10
+
+
+def chain_step(n: int) -> dict[str, Any]:
+    """One node's work on both sides of the workflow comparison: the counter plus one."""
+    return {"n": n + 1}
+
+
+def chain_workflow() -> dict[str, Any]:
+    """`CHAIN_NODES` tool nodes s1 -> s2 -> ... -> end, each passing on the counter (so no
+    call repeats an earlier one and none is answered from the read-only cache)."""
+    nodes: dict[str, Any] = {}
+    for i in range(1, CHAIN_NODES + 1):
+        nodes[f"s{i}"] = {
+            "kind": "tool",
+            "tool": STEP_TOOL,
+            "args": {"n": "input.n" if i == 1 else f"s{i - 1}.n"},
+            "output": f"s{i}",
+            "next": f"s{i + 1}" if i < CHAIN_NODES else "end",
+        }
+    return {
+        "slug": CHAIN_WORKFLOW,
+        "name": f"bench: {CHAIN_NODES} instant tool nodes in a row (LangGraph comparison)",
+        "role": ROLE,
+        "input": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
+        "start": "s1",
+        "result": f"s{CHAIN_NODES}",
+        "model": INSTANT,
+        "nodes": nodes,
+    }
+
 
 ONE_ROUND_RULES = [
     {
@@ -72,6 +115,12 @@ def _register_noop() -> None:
         @tool_handler(LOREM_HANDLER)
         def lorem(n: int | None = None, **_arguments: Any) -> dict[str, Any]:
             return {"n": (n or 0) + 1, "text": LOREM_TEXT}
+
+    if STEP_HANDLER not in HANDLERS:
+
+        @tool_handler(STEP_HANDLER)
+        def step(n: int) -> dict[str, Any]:
+            return chain_step(n)
 
 
 def config_document() -> dict[str, Any]:
@@ -180,8 +229,22 @@ def config_document() -> dict[str, Any]:
                 },
                 "roles": [ROLE],
             },
+            {
+                "name": STEP_TOOL,
+                "description": "The counter plus one, at once (benchmark).",
+                "kind": "python",
+                "handler": STEP_HANDLER,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer"}},
+                    "required": ["n"],
+                    "additionalProperties": False,
+                },
+                "roles": [ROLE],
+            },
         ],
         "agents": agents,
+        "workflows": [*passthrough.get("workflows", []), chain_workflow()],
     }
 
 

@@ -3,7 +3,8 @@ and a checkpoint of where the run stands, in the one conditional UPDATE every st
 
 The node phase (engine/phases/node.py) decides; the moves here only write. Tool, human and
 wait nodes open calls (-> tool_wait) that the tool phase runs with all its guarantees; the
-results fold back to `processing`, where the node phase reads them.
+results fold back to `processing`, where the node phase reads them. A read-only call the
+node step ran itself is inserted with its result, in the commit of that node's output.
 """
 
 import json
@@ -12,7 +13,12 @@ from typing import Any
 
 from engine.model.usage import ModelSpend
 from engine.moves.turn import build_step, step_commit, turn_summary
-from engine.store.open_calls import open_calls_statement, prefetched_keep
+from engine.store.open_calls import (
+    cached_output_keep,
+    cached_output_statement,
+    open_calls_statement,
+    prefetched_keep,
+)
 from engine.store.turn_calls import turn_calls_counted
 from memory.tokens import count_message_tokens
 from sessions.events import EventSpec, EventType, StopReason
@@ -27,7 +33,14 @@ class NodeWrites:
     state: dict[str, Any]
     events: list[EventSpec] = field(default_factory=list)
     new_calls: list[ToolCall] = field(default_factory=list)
+    # Read-only calls the step ran itself (engine/phases/node.py): inserted with their
+    # results, tool messages (`messages`) and `tool.finished` events; no tool step follows.
+    ran_calls: list[ToolCall] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     reopened: list[ToolCall] = field(default_factory=list)
+    # The (tool, arguments) of the call the next step will run itself: the commit reads
+    # its cached output for that step (`cached_output_read`).
+    cached_read: tuple[str, dict[str, Any]] | None = None
     model_calls: list[ModelCall] = field(default_factory=list)
     # The nodes that finished or failed in this step (the checkpoint says which).
     settled: list[str] = field(default_factory=list)
@@ -38,11 +51,15 @@ class NodeWrites:
 
 def _checkpoint(writes: NodeWrites) -> dict[str, Any]:
     # The whole run state: a fork from this node's checkpoint starts from exactly here.
-    return {
+    checkpoint: dict[str, Any] = {
         "nodes": writes.settled,
         "workflow": writes.state,
         "pending": [[c.call_id, c.idempotency_key] for c in writes.new_calls + writes.reopened],
     }
+    if writes.ran_calls:
+        # As a tool step's results' checkpoint says it.
+        checkpoint["done"] = [[c.call_id, c.status, c.attempts] for c in writes.ran_calls]
+    return checkpoint
 
 
 def _result_text(result: Any) -> str:
@@ -62,7 +79,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
     spend = ModelSpend(calls=writes.model_calls, iteration=session.iteration)
     usage = spend.usage
     set_fields: dict[str, Any] = {"workflow_state": writes.state}
-    messages: list[Message] = []
+    messages: list[Message] = list(writes.messages)
     after: list[EventSpec] = []
     trigger: Trigger | None = None
     reason = ", ".join(writes.settled)
@@ -100,7 +117,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         phase="nodes",
         reason=reason,
         messages=messages,
-        new_tool_calls=writes.new_calls,
+        new_tool_calls=writes.new_calls + writes.ran_calls,
         updated_tool_calls=writes.reopened,
         model_calls=writes.model_calls,
         events=writes.events,
@@ -111,8 +128,13 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         # A cancel that came meanwhile is carried out by the run loop at the next step.
         unless_cancel_requested=trigger is not None,
     )
+    cached_read = writes.cached_read if trigger is None else None
     if trigger == Trigger.TOOL_CALLS:
         step.then_read = open_calls_statement(session, session.turn)
+    elif cached_read is not None:
+        step.then_read = cached_output_statement(session, *cached_read)
     committed = step_commit(step)
     if trigger == Trigger.TOOL_CALLS:
         prefetched_keep(session, committed.version, session.turn, committed.read or [])
+    elif cached_read is not None:
+        cached_output_keep(session, committed.version, *cached_read, committed.read or [])

@@ -21,7 +21,7 @@ from engine.model.environment import fingerprint as env_fingerprint
 from engine.model.usage import ModelSpend, Usage
 from engine.store import commit as store
 from engine.store.commit import GUARD, Committed, StaleSession, Step
-from engine.store.open_calls import open_calls_statement, prefetched_keep
+from engine.store.open_calls import finished_keep, open_calls_statement, prefetched_keep
 from engine.store.turn_calls import turn_calls_counted
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
@@ -62,7 +62,10 @@ def step_commit(step: Step) -> Committed:
     records, and the store writes them last, in the same transaction.
     """
     store.model_calls_number(step)  # the charges name each model call by its step
-    step.charges = step_metering(step.session, step.model_calls, step.updated_tool_calls, GUARD)
+    # Calls with their result: those the step finishes, and those it inserts already run
+    # (a workflow node's read-only call, run in its node step; new intents are executing).
+    finished = [*step.new_tool_calls, *step.updated_tool_calls]
+    step.charges = step_metering(step.session, step.model_calls, finished, GUARD)
     for spec in step.after_events:
         if spec.type == EventType.TURN_FINISHED:
             # The turn's outcome on the row too, for the lists: from the event, so they agree.
@@ -377,6 +380,56 @@ def answer(
 # --- Tools ran ------------------------------------------------------------------
 
 
+def call_result(
+    session: Session, call: ToolCall, outcome: ToolOutcome, finished_at: Any
+) -> tuple[Message, EventSpec]:
+    """Put a call's outcome on the call, and make its tool message and `tool.finished` event:
+    what the commit that records a result writes (the results' commit of a tool step, or a
+    workflow node step that ran its read-only call itself)."""
+    # Results the executor did not make (memory tools, probes, a person's review) are
+    # held to the same size limit as those it did; a failure from the executor comes
+    # scrubbed (tools.execution._failure).
+    outcome = outcome_within_limit(outcome)
+    call.status = outcome.status
+    call.output = outcome.output
+    call.error = outcome.error
+    call.elapsed_ms = outcome.elapsed_ms
+    call.finished_at = finished_at
+    call.coercions = outcome.coercions
+    call.attempts = max(call.attempts, 0) + outcome.attempts
+    call.cached = bool(outcome.extra.get("cached"))
+    call.refusal = str(outcome.extra.get("refusal", ""))
+    message = Message(
+        turn=session.turn,
+        role="tool",
+        content=outcome.content,
+        tool_call_id=call.call_id,
+        name=call.tool_name,
+        data=outcome.output
+        if outcome.output is not None
+        else {"error": outcome.error, "status": outcome.status},
+        token_count=count_message_tokens(outcome.content),
+    )
+    finished = ToolFinished(
+        call_id=call.call_id,
+        tool=call.tool_name,
+        status=outcome.status,
+        elapsed_ms=outcome.elapsed_ms,
+        output=outcome.output,
+        error=outcome.error,
+        cached=call.cached,
+        coercions=call.coercions,
+        probed=call.probe_outcome or None,
+        turn=call.turn,
+    )
+    if getattr(call, "proposed_input", None) is not None:
+        # Ran with an approver's edit: what ran, and what the model had proposed.
+        finished["input"], finished["proposed_input"] = call.input, call.proposed_input
+    if call.refusal:
+        finished["refusal"] = call.refusal
+    return message, EventSpec(EventType.TOOL_FINISHED, finished)
+
+
 def tool_results(
     session: Session,
     owner: str,
@@ -409,61 +462,17 @@ def tool_results(
     events: list[EventSpec] = []
     timer: tuple[int, str] | None = None
     for call in calls:
-        # Results the executor did not make (memory tools, probes, a person's review) are
-        # held to the same size limit as those it did; a failure from the executor comes
-        # scrubbed (tools.execution._failure).
-        outcome = outcome_within_limit(outcomes[call.pk])
-        call.status = outcome.status
-        call.output = outcome.output
-        call.error = outcome.error
-        call.elapsed_ms = outcome.elapsed_ms
-        call.finished_at = finished_at
-        call.coercions = outcome.coercions
-        call.attempts = max(call.attempts, 0) + outcome.attempts
-        call.cached = bool(outcome.extra.get("cached"))
-        call.refusal = str(outcome.extra.get("refusal", ""))
+        message, event = call_result(session, call, outcomes[call.pk], finished_at)
+        messages.append(message)
+        events.append(event)
         snapshot = tools.get(call.tool_name)
         if (
             snapshot is not None
             and snapshot.handler == TIMER_HANDLER
-            and outcome.status == ToolCallStatus.SUCCESS
-            and outcome.output
+            and call.status == ToolCallStatus.SUCCESS
+            and call.output
         ):
-            timer = (
-                int(outcome.output.get("after_seconds", 0)),
-                str(outcome.output.get("note", "")),
-            )
-        messages.append(
-            Message(
-                turn=session.turn,
-                role="tool",
-                content=outcome.content,
-                tool_call_id=call.call_id,
-                name=call.tool_name,
-                data=outcome.output
-                if outcome.output is not None
-                else {"error": outcome.error, "status": outcome.status},
-                token_count=count_message_tokens(outcome.content),
-            )
-        )
-        finished = ToolFinished(
-            call_id=call.call_id,
-            tool=call.tool_name,
-            status=outcome.status,
-            elapsed_ms=outcome.elapsed_ms,
-            output=outcome.output,
-            error=outcome.error,
-            cached=call.cached,
-            coercions=call.coercions,
-            probed=call.probe_outcome or None,
-            turn=call.turn,
-        )
-        if call.proposed_input is not None:
-            # Ran with an approver's edit: what ran, and what the model had proposed.
-            finished["input"], finished["proposed_input"] = call.input, call.proposed_input
-        if call.refusal:
-            finished["refusal"] = call.refusal
-        events.append(EventSpec(EventType.TOOL_FINISHED, finished))
+            timer = (int(call.output.get("after_seconds", 0)), str(call.output.get("note", "")))
     set_fields: dict[str, Any] = {}
     trigger = Trigger.TOOL_RESULTS
     if timer is not None:
@@ -534,6 +543,8 @@ def tool_results(
         )
         step.then = (Trigger.LIMIT_REACHED if finish else Trigger.MODEL_CALL) if fold else None
         step_commit(step)
+        # A workflow's node step reads these calls next (engine/phases/node.py).
+        finished_keep(session, calls)
 
     try:
         commit(fold)

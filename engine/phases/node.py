@@ -9,6 +9,13 @@
 - opens the calls the next nodes need (tool, a map's items, human, wait, a retry's pause),
   which the tool phase runs with all its guarantees (role gating, schema validation,
   approvals, idempotency keys, probes after a crash, credits, the breaker);
+- except one: the call of a tool node whose tool is read-only and needs nothing committed
+  before it is sent (no person, no credits, no pre-run checkpoint: `tools.runs_in_step`)
+  runs in the step itself, through the tool phase's gates and executor
+  (`tools.tool_run_in_step`), and its result is committed with the node's output and the
+  next active nodes: one commit per such node instead of two (intent, then result). A
+  step runs at most one such call: the next node that would is left active for the next
+  step, so each node still gets a checkpoint of its own and a step stays short;
 - ends in one move (engine/moves/node.py) that writes outputs, the next active nodes and
   a checkpoint together. No model or HTTP call happens inside a transaction.
 
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from engine.gates.budget import model_gate, model_rate_limit
 from engine.gates.children import AGENT_TOOL_PREFIX
@@ -30,12 +38,15 @@ from engine.gates.metering import model_credits_check
 from engine.model.calls import RunCancelled, call_model
 from engine.model.structured import answer_check, answer_instruction, repair_messages
 from engine.moves.node import NodeWrites, nodes_commit
-from engine.moves.turn import turn_cancel
-from engine.run_cache import RunContext, agent_runtime, workflow_runtime
+from engine.moves.turn import call_result, turn_cancel
+from engine.phases.tools import runs_in_step, tool_run_in_step
+from engine.run_cache import RunContext, WorkflowRuntime, agent_runtime, workflow_runtime
+from engine.store.open_calls import calls_by_id
 from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from sessions.events import EventSpec, EventType, NodeFailed, NodeFinished, NodeStarted
 from sessions.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
-from workflows.definition import END, Definition, Node
+from tools.execution import ToolSnapshot
+from workflows.definition import END, Node
 from workflows.expressions import EvaluationError
 from workflows.node_tools import WAIT_TOOL, review_tool_name
 
@@ -70,10 +81,14 @@ def _compact(value: Any) -> str:
 class Walk:
     """One node step's walk over the graph; `writes` is what its move commits."""
 
-    def __init__(self, session: Session, definition: Definition, run: RunContext) -> None:
+    def __init__(self, session: Session, workflow: WorkflowRuntime, run: RunContext) -> None:
         self.session = session
-        self.definition = definition
+        self.workflow = workflow
+        self.definition = definition = workflow.definition
         self.run = run
+        # This step ran a read-only call itself (at most one: `_runs_in_step`).
+        self.ran_in_step = False
+        self._tools: dict[str, ToolSnapshot] | None = None
         raw = session.workflow_state or {}
         self.state: dict[str, Any] = json.loads(json.dumps(raw))  # a copy the step may change
         self.state.setdefault("values", {})
@@ -127,10 +142,8 @@ class Walk:
         ids = [i for p in self.state["progress"].values() for i in self._opened_ids(p)]
         if not ids:
             return {}
-        rows = ToolCall.objects.filter(
-            session_id=self.session.pk, turn=self.session.turn, call_id__in=ids
-        )
-        return {c.call_id: c for c in rows}
+        # The tool step's results' commit just wrote them: taken from it, not read again.
+        return calls_by_id(self.session, ids)
 
     # --- The walk -----------------------------------------------------------------
 
@@ -149,6 +162,10 @@ class Walk:
         while queue and self.writes.failed is None:
             node_id = queue.pop(0)
             node = self.definition.node(node_id)
+            if self.ran_in_step and self._runs_in_step(node, self.state["progress"].get(node_id)):
+                # This step ran its one call already: the next step starts this node.
+                self._cached_read(node)
+                continue
             progress = self.state["progress"].setdefault(node_id, {})
             if not progress.get("started"):
                 progress["started"] = True
@@ -175,6 +192,7 @@ class Walk:
         if not (
             writes.settled
             or writes.new_calls
+            or writes.ran_calls
             or writes.reopened
             or writes.model_calls
             or writes.failed
@@ -279,21 +297,73 @@ class Walk:
         item = f"[{extra['index']}]" if "index" in extra else ""
         return f"{node.id}#{visit}{item}{suffix}"
 
-    def _open(self, call_id: str, tool: str, arguments: dict[str, Any]) -> None:
-        step = self.session.step + 1
-        self.writes.new_calls.append(
-            ToolCall(
-                turn=self.session.turn,
-                step=step,
-                position=len(self.writes.new_calls),
-                call_id=call_id[:100],
-                tool_name=tool[:100],
-                input=arguments,
-                # Stable per logical call: a re-run of this step (after a crash before its
-                # commit) opens the same call with the same key.
-                idempotency_key=f"{self.session.pk}:{call_id}"[:200],
-            )
+    def _call(self, call_id: str, tool: str, arguments: dict[str, Any]) -> ToolCall:
+        return ToolCall(
+            turn=self.session.turn,
+            step=self.session.step + 1,
+            position=len(self.writes.new_calls) + len(self.writes.ran_calls),
+            call_id=call_id[:100],
+            tool_name=tool[:100],
+            input=arguments,
+            # Stable per logical call: a re-run of this step (after a crash before its
+            # commit) opens the same call with the same key.
+            idempotency_key=f"{self.session.pk}:{call_id}"[:200],
         )
+
+    def _open(self, call_id: str, tool: str, arguments: dict[str, Any]) -> None:
+        self.writes.new_calls.append(self._call(call_id, tool, arguments))
+
+    # --- A read-only call run in the step ------------------------------------------
+
+    @property
+    def tools(self) -> dict[str, ToolSnapshot]:
+        """The tools the run's calls may use, as the tool phase looks them up."""
+        if self._tools is None:
+            self._tools = self.workflow.tools_with(self.runtime.tools_for(self.session.role))
+        return self._tools
+
+    def _runs_in_step(self, node: Node, progress: Any) -> bool:
+        """A top-level tool node not started yet whose tool may run in the step (map items
+        and parallel branches run their calls concurrently, the ordinary way)."""
+        return (
+            node.kind == "tool"
+            and not (isinstance(progress, dict) and "call" in progress)
+            and self.definition.nodes.get(node.id) is node
+            and runs_in_step(self.tools.get(node.tool or ""))
+        )
+
+    def _cached_read(self, node: Node) -> None:
+        """Have this step's commit read the cached output the next step's call would look
+        up (the latest identical successful call), in the same round trip."""
+        if self.writes.cached_read is not None or node.tool is None:
+            return
+        try:
+            scope = self.scope()
+            arguments = {name: expr.evaluate(scope) for name, expr in node.args.items()}
+        except EvaluationError:
+            return  # the next step fails the node on it
+        self.writes.cached_read = (node.tool, arguments)
+
+    def _run_in_step(self, call: ToolCall) -> bool:
+        """Run the call now through the tool phase's gates and executor; False when it has
+        to take the ordinary way. Its row, result, tool message and `tool.finished` ride on
+        this step's commit, as a tool step's results' commit would write them."""
+        outcome = tool_run_in_step(
+            self.session,
+            call,
+            self.tools,
+            workflow=self.workflow,
+            step_timeout_s=self.runtime.agent.step_timeout_s,
+        )
+        if outcome is None:
+            return False
+        message, event = call_result(self.session, call, outcome, timezone.now())
+        self.writes.ran_calls.append(call)
+        self.writes.messages.append(message)
+        self.writes.events.append(event)
+        self.calls[call.call_id] = call
+        self.ran_in_step = True
+        return True
 
     def _retry_or_fail(
         self, node: Node, progress: dict[str, Any], call: ToolCall, error: str
@@ -331,13 +401,18 @@ class Walk:
         extra: dict[str, Any],
         tool: str,
         arguments: dict[str, Any] | None,
+        in_step: bool = False,
     ) -> ToolCall | Outcome:
-        """The node's call: opened now (WAITING), still running (WAITING), or finished."""
+        """The node's call: opened now (WAITING), still running (WAITING), or finished
+        (`in_step`: run in this step when it may be, `_run_in_step`)."""
         call_id = progress.get("call")
         if call_id is None:
             call_id = self._call_id(node, extra)
             progress["call"] = call_id
-            self._open(call_id, tool, arguments or {})
+            fresh = self._call(call_id, tool, arguments or {})
+            if in_step and self._run_in_step(fresh):
+                return fresh
+            self.writes.new_calls.append(fresh)
             return WAITING
         call = self.calls.get(call_id)
         if call is None or call.status == ToolCallStatus.EXECUTING:
@@ -347,10 +422,12 @@ class Walk:
     def _tool(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         assert node.tool is not None
         arguments = None
+        in_step = False
         if "call" not in progress:
             scope = self.scope(extra)
             arguments = {name: expr.evaluate(scope) for name, expr in node.args.items()}
-        found = self._called(node, progress, extra, node.tool, arguments)
+            in_step = not self.ran_in_step and self._runs_in_step(node, progress)
+        found = self._called(node, progress, extra, node.tool, arguments, in_step)
         if not isinstance(found, ToolCall):
             return found
         if found.status == ToolCallStatus.SUCCESS:
@@ -725,7 +802,7 @@ def node_step(session: Session, owner: str, run: RunContext | None = None) -> No
     run = run or RunContext()
     workflow = workflow_runtime(session)
     assert workflow is not None
-    walk = Walk(session, workflow.definition, run)
+    walk = Walk(session, workflow, run)
     try:
         writes = walk.walk()
     except RunCancelled:

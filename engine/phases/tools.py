@@ -21,13 +21,14 @@ from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
 from engine.gates.recovery import recovery_probe
+from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
 from engine.moves.children import children_start, children_started
-from engine.moves.turn import tool_results
-from engine.run_cache import agent_runtime, workflow_runtime
-from engine.store.open_calls import open_calls
+from engine.moves.turn import TIMER_HANDLER, tool_results
+from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
+from engine.store.open_calls import cached_output_read, open_calls
 from observability import metrics, tracing
 from observability.redaction import digest
 from observability.turns import tool_calls_count
@@ -35,6 +36,7 @@ from runtime import io_loop
 from runtime.faults import fault_point
 from sessions.models import Session, ToolCall, ToolCallStatus
 from sessions.rows import json_value
+from tools.builtin import ASK_USER_HANDLER, MEMORY_HANDLERS, WORKFLOW_REVIEW_HANDLER
 from tools.execution import (
     ToolInvocation,
     ToolOutcome,
@@ -181,18 +183,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     env = runtime.environment(session.role)
     connection.close()
 
-    invocations = [
-        ToolInvocation(
-            call_id=c.call_id,
-            name=c.tool_name,
-            arguments=c.input if isinstance(c.input, dict) else {},
-            idempotency_key=c.idempotency_key,
-            arguments_error=c.error
-            or (None if isinstance(c.input, dict) else "arguments must be a JSON object"),
-            timeout_s=workflow.timeout_of(c.call_id) if workflow is not None else None,
-        )
-        for c in to_run
-    ]
+    invocations = [_invocation(c, workflow) for c in to_run]
     started_ns = tracing.now_ns()
     ran = io_loop.run(
         execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s)
@@ -220,6 +211,102 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         ask=questions[0] if questions else None,
         client=client,
     )
+
+
+def _invocation(call: ToolCall, workflow: WorkflowRuntime | None) -> ToolInvocation:
+    return ToolInvocation(
+        call_id=call.call_id,
+        name=call.tool_name,
+        arguments=call.input if isinstance(call.input, dict) else {},
+        idempotency_key=call.idempotency_key,
+        arguments_error=call.error
+        or (None if isinstance(call.input, dict) else "arguments must be a JSON object"),
+        # A workflow node's own time limit (its timeout_s) instead of the tool's.
+        timeout_s=workflow.timeout_of(call.call_id) if workflow is not None else None,
+    )
+
+
+# Tools the tool step treats apart (a timer, a question to the user, memory, a person's
+# review): their calls always take the ordinary way.
+_APART = frozenset({TIMER_HANDLER, ASK_USER_HANDLER, WORKFLOW_REVIEW_HANDLER, *MEMORY_HANDLERS})
+# The kinds the executor itself runs (tools/execution.py `_invoke`).
+_EXECUTED = frozenset({"python", "http", "mcp"})
+
+
+def runs_in_step(tool: ToolSnapshot | None) -> bool:
+    """May a call of this tool run in the step that decides it (a workflow's tool node, in its
+    node step), its result committed with that step's other writes: one commit, not an
+    intent's and then a result's?
+
+    Only a read-only tool the executor runs (python, http, mcp: not another agent's loop
+    nor a handoff) that no person has to approve, that costs no credit points, whose
+    declared risk needs no pre-run checkpoint and that the tool step does not treat
+    apart: nothing of what the ordinary way commits before a call is sent applies to it.
+    """
+    return (
+        tool is not None
+        and tool.kind in _EXECUTED  # not another agent's loop, a handoff, ...
+        and not tool.side_effects
+        and not tool.requires_approval
+        and not tool.approval_when
+        and tool.credit_cost <= 0
+        and (tool.risk_level or 0) < CHECKPOINT_LEVEL
+        and tool.handler not in _APART
+    )
+
+
+def tool_run_in_step(
+    session: Session,
+    call: ToolCall,
+    tools: dict[str, ToolSnapshot],
+    *,
+    workflow: WorkflowRuntime | None,
+    step_timeout_s: float | None,
+) -> ToolOutcome | None:
+    """Run one read-only call now, in the step that decided it, with the tool step's gates in
+    the tool step's order (the same functions); None when it has to take the ordinary way
+    instead (its intent committed, then a tool step), which decides it again.
+
+    1. `runs_in_step`; memory tools and questions to the user take the ordinary way.
+    2. The approval gate (a risk level or condition that asks for a person, or a level
+       that needs the pre-run checkpoint: the ordinary way).
+    3. The read-only cache: the latest identical successful call in the session answers.
+    4. Degradation and the tool's rate limit; credits (a free tool reserves nothing).
+    5. The executor (role, validation, coercions, the time limits, the breaker, the
+       result's size limit), without a database connection held; then the tool's
+       metrics, log line and span.
+
+    The call is not stored yet: nothing was dispatched, so nothing is probed or reviewed
+    after a crash. A crash before the step's commit loses the result and the call runs
+    again, as a read-only call does whose results' commit was lost.
+    """
+    if (
+        not runs_in_step(tools.get(call.tool_name))
+        or is_memory_call(call, tools)
+        or questions_of([call], tools)
+    ):
+        return None
+    call.has_approval = False  # type: ignore[attr-defined] # not stored: never asked about
+    gate = approval_gate(session, [call], tools)
+    if gate.waits or gate.outcomes or (call.risk_level or 0) >= CHECKPOINT_LEVEL:
+        return None
+    if isinstance(call.input, dict) and not call.error:
+        call.cached_output = cached_output_read(session, call.tool_name, call.input)  # type: ignore[attr-defined]
+    # The gates key their outcomes by the call's id: this one has none yet (None).
+    settled = _cached_outcomes(session, [call], tools)
+    settled = settled or tool_gates(session, [call], tools)
+    settled = settled or credits_reserve(session, [call], tools).refused
+    if settled:
+        return settled[call.pk]
+    connection.close()
+    started_ns = tracing.now_ns()
+    ran = io_loop.run(
+        execute_all(
+            [_invocation(call, workflow)], tools, session.role, step_timeout_s=step_timeout_s
+        )
+    )
+    _observe_tools(session, [call], ran, started_ns)
+    return ran[0]
 
 
 def _observe_tools(

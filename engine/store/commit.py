@@ -30,6 +30,7 @@ from sessions.models import (
     ModelCall,
     Session,
     ToolCall,
+    ToolCallStatus,
     Transition,
 )
 from sessions.publisher import Frame, make_frame, publish
@@ -83,6 +84,9 @@ TOOL_CALL_COLUMNS = (
     "created_at",
     "finished_at",
 )
+# A call inserted with its result (a workflow node's read-only call, run in its node step)
+# carries its assessed risk too, as the results' commit writes it for the others.
+TOOL_CALL_RAN_COLUMNS = (*TOOL_CALL_COLUMNS, "risk_level", "risk_reason")
 TOOL_CALL_RESULT_COLUMNS = (
     "status",
     "output",
@@ -413,9 +417,10 @@ def step_commit(step: Step) -> Committed:
         )
     for call in step.new_tool_calls:
         call.session_id = session.pk
-    writes.append(
-        insert_statement(ToolCall, step.new_tool_calls, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW)
-    )
+    intents = [c for c in step.new_tool_calls if c.status == ToolCallStatus.EXECUTING]
+    ran = [c for c in step.new_tool_calls if c.status != ToolCallStatus.EXECUTING]
+    writes.append(insert_statement(ToolCall, intents, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW))
+    writes.append(insert_statement(ToolCall, ran, TOOL_CALL_RAN_COLUMNS, guard=GUARD, now=NOW))
     writes.append(
         update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
     )

@@ -14,11 +14,13 @@ commit in between, a session re-read, a run that starts at `tool_wait`)
 reads them.
 """
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from django.db import connection
+from psycopg.types.json import Jsonb
 
 from approvals.models import Approval
 from sessions.models import Session, ToolCall, ToolCallStatus
@@ -95,3 +97,127 @@ def open_calls(session: Session) -> list[ToolCall]:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return _calls(rows)
+
+
+@lru_cache(maxsize=1)
+def _cached_query() -> str:
+    table = ToolCall._meta.db_table
+    return (
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        f"""SELECT e.output FROM "{table}" e
+     WHERE e.session_id = %s AND e.status = 'success' AND e.tool_name = %s AND e.input = %s
+     ORDER BY e.id DESC LIMIT 1"""  # nosec B608
+    )
+
+
+@dataclass(frozen=True)
+class CachedPrefetched:
+    """`cached_output_statement`'s answer as the commit that wrote `version` read it."""
+
+    version: int
+    turn: int
+    tool_name: str
+    arguments: Any
+    output: Any
+
+
+def cached_output_statement(session: Session, tool_name: str, arguments: Any) -> Statement:
+    """The query, for a commit to run after its writes (`Step.then_read`): the commit that
+    activates a node whose read-only call the next step will run reads its cached output
+    in its own round trip, so that step sends none."""
+    return _cached_query(), [session.pk, tool_name, Jsonb(arguments)]
+
+
+def cached_output_keep(
+    session: Session,
+    version: int,
+    tool_name: str,
+    arguments: Any,
+    rows: list[tuple[Any, ...]],
+) -> None:
+    session.cached_output_prefetched = CachedPrefetched(  # type: ignore[attr-defined]
+        version, session.turn, tool_name, arguments, rows[0][0] if rows else None
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values (True is not 1, as jsonb has it)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def cached_output_read(session: Session, tool_name: str, arguments: Any) -> Any:
+    """The output of the latest successful call of this tool with these arguments in the
+    session (None if there is none): `open_calls`' `cached_output`, for a call not stored yet
+    (a workflow node's read-only call that its node step runs itself).
+
+    The answer the previous commit read (`cached_output_keep`) is used once, and only while
+    the session object is still at that commit's version (and turn) and the call is the
+    one it was read for: calls are written by step commits (each moves the version), so
+    equal versions mean the same answer.
+    """
+    kept: CachedPrefetched | None = getattr(session, "cached_output_prefetched", None)
+    session.cached_output_prefetched = None  # type: ignore[attr-defined]
+    if (
+        kept is not None
+        and kept.version == session.version
+        and kept.turn == session.turn
+        and kept.tool_name == tool_name
+        and _same(kept.arguments, arguments)
+    ):
+        return kept.output
+    sql, params = cached_output_statement(session, tool_name, arguments)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# --- A workflow's node step reads the calls its waiting nodes opened -----------------
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The calls a tool step's results' commit wrote, as that commit (at `version`) left them."""
+
+    version: int
+    turn: int
+    calls: dict[str, ToolCall]
+
+
+def finished_keep(session: Session, calls: list[ToolCall]) -> None:
+    """Keep the calls a commit just wrote the results of (the session object is at that
+    commit's version) for the node step that follows."""
+    session.finished_calls = Finished(  # type: ignore[attr-defined]
+        session.version, session.turn, {c.call_id: c for c in calls}
+    )
+
+
+@lru_cache(maxsize=1)
+def _calls_query() -> str:
+    return (
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        f'SELECT {row_reader(ToolCall).select("c")} FROM "{ToolCall._meta.db_table}" c '
+        "WHERE c.session_id = %s AND c.turn = %s AND c.call_id = ANY(%s) ORDER BY c.id"  # nosec B608
+    )
+
+
+def calls_by_id(session: Session, call_ids: list[str]) -> dict[str, ToolCall]:
+    """This turn's calls with these ids, by id.
+
+    The calls the results' commit before wrote (`finished_keep`) are used once, and only
+    while the session object is still at that commit's version and they hold every id
+    asked for: equal versions mean equal rows (`open_calls`). Otherwise one query.
+    """
+    kept: Finished | None = getattr(session, "finished_calls", None)
+    session.finished_calls = None  # type: ignore[attr-defined]
+    if (
+        kept is not None
+        and kept.version == session.version
+        and kept.turn == session.turn
+        and all(i in kept.calls for i in call_ids)
+    ):
+        return {i: kept.calls[i] for i in call_ids}
+    reader = row_reader(ToolCall)
+    with connection.cursor() as cursor:
+        cursor.execute(_calls_query(), [session.pk, session.turn, list(call_ids)])
+        return {call.call_id: call for call in map(reader.instance, cursor.fetchall())}

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from bench import checkpoint, context, fixtures, tool_dispatch
+from bench import checkpoint, context, fixtures, tool_dispatch, workflow_compare
 from bench.results_model import Result
 
 # The benchmarks' helper threads (tools, the publisher) need committed rows.
@@ -49,3 +49,14 @@ def test_the_context_benchmark_assembles_each_size(bench_config: None) -> None:
     values = _measured(context.run(steps=3))
     assert values["assembly_2000_p50_ms"] > 0
     assert values["assembly_growth_2000_vs_200"] > 0
+
+
+def test_the_workflow_benchmarks_node_pass_times_nodes_and_agent_steps(bench_config: None) -> None:
+    # The platform's half (the LangGraph side needs LangGraph and a database of its own);
+    # it installs the engine benchmark's probe, which must find what it times.
+    measured = workflow_compare._node_pass(fixtures.owner(), runs=2, profile_path=None)
+    assert len(measured.node_overhead_ms) == 2 and min(measured.node_overhead_ms) > 0
+    assert measured.step_overhead_ms and min(measured.step_cpu_ms) > 0
+    # The chain's read-only tool nodes: one step, one commit each.
+    assert measured.steps_per_run == fixtures.CHAIN_NODES
+    assert measured.by_state["processing"]["commits_mean"] >= 1
