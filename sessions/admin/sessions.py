@@ -56,7 +56,7 @@ from .display import (
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 from .workflow_run import workflow_run_view
 
-FIRST_MESSAGE_CHARS = 80
+FIRST_MESSAGE_CHARS = 60
 
 
 def _is_uuid(text: str) -> bool:
@@ -119,6 +119,11 @@ class SessionSummary:
         if not session.last_turn_outcome:
             return ""
         return turn_outcome_badge(session.last_turn_outcome)
+
+    @property
+    def stop_label(self) -> str:
+        """The last ended turn's stop reason in words (model unavailable, max iterations)."""
+        return (self.stop_reason or "").replace("_", " ")
 
     @property
     def last_turn_calls(self) -> str:
@@ -256,7 +261,6 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "short_id",
         "state_display",
         "outcome",
-        "first_message",
         "cost_display",
         "degraded",
         "tokens",
@@ -291,12 +295,8 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     ordering = ("-created_at",)
     actions = ("cancel_running_turn", "resume_failed_run")
     content_permission = MESSAGE_CONTENT
-    content_fields = {
-        "dialogue_pretty": "dialogue_hidden",
-        "first_message": "first_message_hidden",
-    }
+    content_fields = {"dialogue_pretty": "dialogue_hidden"}
     dialogue_hidden = masked("dialogue state", MESSAGE_CONTENT)
-    first_message_hidden = masked("first message", MESSAGE_CONTENT)
     readonly_fields = (
         "id",
         "agent",
@@ -398,9 +398,24 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         ("Dialogue state", {"fields": ("dialogue_pretty",), "classes": ("collapse",)}),
     )
 
-    @admin.display(description="id", ordering="id")
+    @admin.display(description="session", ordering="id")
     def short_id(self, obj: Session) -> str:
-        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
+        """The id, and under it the first thing the user said (its first words, wrapped
+        within the id's width: a column of its own did not fit a 1400 px screen). Read only
+        with the content permission (`get_queryset`)."""
+        said = short(getattr(obj, "_first_message", None), FIRST_MESSAGE_CHARS)
+        return format_html(
+            '<code title="{}">{}</code>{}',
+            obj.pk,
+            str(obj.pk)[:8],
+            format_html(
+                '<span class="ap-first-message" style="display:block;max-width:22ch;'
+                'white-space:normal;font-size:11px;color:var(--body-quiet-color)">{}</span>',
+                said,
+            )
+            if said
+            else "",
+        )
 
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: Session) -> str:
@@ -434,10 +449,6 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             # A turn that ended before outcomes were recorded: its stop reason only.
             return outcome_badge(stop_reason, obj.last_error)
         return turn_outcome_badge(obj.last_turn_outcome, obj.last_turn_calls, stop_reason)
-
-    @admin.display(description="first message")
-    def first_message(self, obj: Session) -> str:
-        return short(getattr(obj, "_first_message", None), FIRST_MESSAGE_CHARS) or "—"
 
     @admin.display(description="metadata")
     def metadata_pretty(self, obj: Session) -> str:

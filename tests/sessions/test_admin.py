@@ -513,7 +513,7 @@ def test_searching_what_was_said_takes_the_content_permission(client):
     assert found("coupon") == set()
     listing = client.get(url).content.decode()
     assert str(said.pk)[:8] in listing
-    assert "a coupon please" not in listing and "hidden: needs the view_message_content" in listing
+    assert "a coupon please" not in listing and "ap-first-message" not in listing
     viewer.user_permissions.add(
         Permission.objects.get(
             codename="view_message_content", content_type__app_label="agent_sessions"
@@ -532,7 +532,7 @@ def test_the_session_list_shows_each_first_message_in_one_query(
     with CaptureQueriesContext(connection) as three:
         page = client.get(url).content.decode()
     assert "first words 0" in page and "second words" not in page
-    assert "x" * 90 not in page  # cut to the column's width
+    assert "x" * 60 not in page  # cut to the column's width
     for n in range(3, 9):
         _said(SessionFactory(), f"first words {n}")
     with django_assert_max_num_queries(len(three.captured_queries)):
@@ -549,6 +549,14 @@ def test_the_session_page_shows_the_last_turn_and_links_its_model_calls(client, 
     summary = response.context["summary"]
     assert "ap-turn-tool_failures" in summary.last_turn
     assert summary.last_turn_calls == "1 ok · 1 expired"
+    Event.objects.create(
+        session=session,
+        seq=1,
+        type="turn.finished",
+        data={"turn": 1, "stop_reason": "max_iterations"},
+    )
+    again = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    assert "turn 1: max iterations · 1 ok · 1 expired" in again.content.decode()
     model_calls = reverse("admin:agent_sessions_modelcall_changelist") + f"?session={session.pk}"
     assert f'id="ap-summary-model-calls" href="{model_calls}"'.replace("&", "&amp;") in page
     assert ">1 model call<" in page
