@@ -16,7 +16,6 @@ from engine.moves.takeover import (
     operator_finish,
     operator_reply,
     operator_tool_intent,
-    operator_tool_result,
 )
 from engine.moves.turn import (
     INTERRUPT_REASON,
@@ -39,7 +38,6 @@ __all__ = [
     "operator_finish",
     "operator_reply",
     "operator_tool_intent",
-    "operator_tool_result",
     "open_question",
     "run_resume",
     "session_run",

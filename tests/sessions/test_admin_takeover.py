@@ -76,11 +76,21 @@ def test_takeover_from_the_session_page_then_hand_back(client, operator, session
     assert "Take over: reply to the user" in html and "lookup" in html
 
     _operate(client, session, action="reply", content="Operator speaking.")
-    page = _operate(client, session, action="run_tool", tool="lookup", arguments="{}")
-    assert "Lookup ran by hand: success." in page.content.decode()
+    preview = _operate(client, session, action="run_tool", tool="lookup", arguments="{}")
+    html = preview.content.decode()
+    assert "tool-preview" in html and "read-only" in html and "none needed" in html
+    assert not ToolCall.objects.filter(session=session).exists()
+    page = _operate(client, session, action="run_tool", tool="lookup", arguments="{}", confirm="yes")
+    assert "Lookup runs by hand on a worker" in page.content.decode()
+    session_run(session_id=session.pk)
+    assert ToolCall.objects.get(session=session).status == "success"
     bad = _operate(client, session, action="run_tool", tool="lookup", arguments="{nope")
     assert "not valid JSON" in bad.content.decode()
     refused = _operate(client, session, action="run_tool", tool="missing", arguments="{}")
+    assert "not available" in refused.content.decode()
+    refused = _operate(
+        client, session, action="run_tool", tool="missing", arguments="{}", confirm="yes"
+    )
     assert "not available" in refused.content.decode()
     assert ToolCall.objects.filter(session=session).count() == 1
 
@@ -91,7 +101,10 @@ def test_takeover_from_the_session_page_then_hand_back(client, operator, session
     answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content.startswith("It is ")
 
-    page = _operate(client, session, action="fork")
+    preview = _operate(client, session, action="fork")
+    assert "fork-preview" in preview.content.decode()
+    assert not Session.objects.filter(forked_from=session).exists()
+    page = _operate(client, session, action="fork", confirm="yes")
     fork = Session.objects.get(forked_from=session)
     assert page.redirect_chain[-1][0].endswith(f"/{fork.pk}/change/")
 
