@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "workflows",
     "demo",
     "observability",
+    "audit",
 ]
 
 MIDDLEWARE = [

@@ -84,6 +84,11 @@ def _groups(request: Request) -> list[str]:
     return groups
 
 
+def _key_prefix(request: Request) -> str:
+    """The presenting key's prefix, for the audit trail."""
+    return str(getattr(request.auth, "prefix", "") or "")
+
+
 class ApprovalListView(APIView):
     permission_classes = APPROVER_ONLY
 
@@ -127,6 +132,7 @@ class ApprovalApproveView(APIView):
             groups=groups,
             comment=data.get("comment") or "",
             arguments=data.get("arguments"),
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)
 
@@ -145,6 +151,7 @@ class ApprovalRejectView(APIView):
             user=request.user,
             groups=groups,
             comment=payload.validated_data["comment"],
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)
 
@@ -167,5 +174,6 @@ class ApprovalReviewView(APIView):
             user=request.user,
             groups=groups,
             comment=data.get("comment") or "",
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)

@@ -228,7 +228,10 @@ class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: CreditAccount, form: Any, change: bool) -> None:
         # Only the settings are editable here; points move through grant and adjust.
         account_settings_update(
-            owner_id=obj.owner_id, daily_cap=obj.daily_cap, low_water_mark=obj.low_water_mark
+            owner_id=obj.owner_id,
+            daily_cap=obj.daily_cap,
+            low_water_mark=obj.low_water_mark,
+            actor=f"admin:{request.user.get_username()}",
         )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

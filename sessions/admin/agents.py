@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
+from audit.edits import AuditedAdmin
 from configuration.schema import RULE
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
@@ -102,7 +103,7 @@ class AgentAdminForm(forms.ModelForm):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
     form = AgentAdminForm
     formfield_overrides = JSON_FIELD
     list_display = (

@@ -20,6 +20,9 @@ from approvals.services import (
     approval_resolve,
 )
 from approvals.states import Outcome
+from audit.diff import changes
+from audit.models import AuditAction
+from audit.services import audit_record
 from engine import (
     approval_recorded,
 )
@@ -48,6 +51,7 @@ def _approval_apply(
     answer: str = "",
     answer_result: Any = None,
     within_deadline: bool = False,
+    key_prefix: str = "",
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -55,7 +59,7 @@ def _approval_apply(
     queue behind each other), then the approval moves by a conditional
     UPDATE: of two racing deciders exactly one gets a row back. When the
     step has nothing pending any more, the session goes back to `tool_wait`
-    and a worker is woken after commit.
+    and a worker is woken after commit. The decision's audit entry commits with it.
     """
     with transaction.atomic():
         locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
@@ -77,6 +81,15 @@ def _approval_apply(
         )
         if resolved is None:
             return None
+        _decision_audit(
+            approval=resolved,
+            outcome=outcome,
+            actor=actor,
+            user=user,
+            owner_id=locked.owner_id,
+            key_prefix=key_prefix,
+            reason=comment,
+        )
         if State(locked.state) == State.AWAITING_APPROVAL:
             resume = not approval_pending_exists(session_id=locked.pk)
             approval_recorded(
@@ -85,6 +98,64 @@ def _approval_apply(
             if resume:
                 dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return resolved
+
+
+def _decision_audit(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None,
+    owner_id: int | None,
+    key_prefix: str = "",
+    reason: str = "",
+) -> None:
+    """The audit entry of a decision: a person's (approve, edit, reject, a review's answer)
+    or the deadline policy's (the system's, in a person's place)."""
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    if actor == SYSTEM_ACTOR:
+        action = AuditAction.APPROVAL_EXPIRED
+    elif approval.answer:
+        action = AuditAction.REVIEW_ANSWERED
+    elif outcome == Outcome.APPROVED and approval.edited_arguments is not None:
+        action = AuditAction.APPROVAL_EDITED
+        before, after = {"arguments": approval.arguments}, {"arguments": approval.edited_arguments}
+    elif outcome == Outcome.APPROVED:
+        action = AuditAction.APPROVAL_APPROVED
+    else:
+        action = AuditAction.APPROVAL_REJECTED
+    data: dict[str, Any] = {
+        "tool": approval.tool_name,
+        "session": str(approval.session_id),
+        "outcome": outcome.value,
+        "status": approval.status,
+    }
+    if approval.remember:
+        data["remember"] = True
+    if approval.answer:
+        data["answer"] = approval.answer
+    if actor == SYSTEM_ACTOR:
+        data["policy"] = approval.on_timeout
+    if before is not None:
+        before, after = changes(before, after)
+    if user is not None:
+        # A key decides over the API; without one, a person decided in the admin.
+        actor = f"{'api' if key_prefix else 'admin'}:{user.get_username()}"
+    audit_record(
+        action=action,
+        actor=actor,
+        user_id=user.pk if user is not None else None,
+        key_prefix=key_prefix,
+        object_type=Approval._meta.label_lower,
+        object_id=approval.pk,
+        object_repr=f"{approval.tool_name} ({approval.kind.replace('_', ' ')})",
+        owner_id=owner_id,
+        before=before,
+        after=after,
+        reason=reason,
+        data=data,
+    )
 
 
 def approval_decide(
@@ -96,6 +167,7 @@ def approval_decide(
     comment: str = "",
     arguments: dict[str, Any] | None = None,
     remember: bool = False,
+    key_prefix: str = "",
 ) -> Approval:
     """An approver's decision: approve (maybe with edited arguments), or reject with a comment.
 
@@ -134,6 +206,7 @@ def approval_decide(
         edited_arguments=edited,
         remember=remember and approve,
         within_deadline=True,
+        key_prefix=key_prefix,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)
@@ -149,6 +222,7 @@ def review_answer(
     groups: list[str],
     result: Any = None,
     comment: str = "",
+    key_prefix: str = "",
 ) -> Approval:
     """A person's answer to "did this uncertain call take effect?"; the run goes on.
 
@@ -182,6 +256,7 @@ def review_answer(
         comment=comment,
         answer=answer,
         answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
+        key_prefix=key_prefix,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)

@@ -9,6 +9,7 @@ from django.db import transaction
 from approvals.services import (
     approvals_cancel,
 )
+from audit.models import AuditAction
 from engine import (
     hand_back,
     operator_finish,
@@ -23,6 +24,7 @@ from sessions.models import (
     Session,
     ToolCall,
 )
+from sessions.services.trail import session_audit
 from sessions.states import RUNNABLE, TURN_ENDED, State
 from tools.execution import tools_for_agent
 
@@ -61,11 +63,22 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
                 details={"state": state.value},
                 code="not_finishable",
             )
+        closed = []
         if state == State.AWAITING_APPROVAL:
-            approvals_cancel(
+            closed = approvals_cancel(
                 session_id=locked.pk, actor=actor, reason="force-finished by an operator"
             )
         operator_finish(session=locked, content=content, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_FORCE_FINISH,
+            session=locked,
+            actor=actor,
+            data={
+                "from_state": state.value,
+                "answer_chars": len(content),
+                "approvals_cancelled": [str(a.pk) for a in closed],
+            },
+        )
         if locked.queued_count:
             dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked
@@ -87,7 +100,15 @@ def session_operator_reply(*, session: Session, content: str, actor: str) -> Mes
     """The operator answers the user in the agent's place (recorded as from the operator)."""
     content = _operator_content(content)
     with transaction.atomic():
-        return operator_reply(session=_taken_over(session), content=content, actor=actor)
+        locked = _taken_over(session)
+        message = operator_reply(session=locked, content=content, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_REPLY,
+            session=locked,
+            actor=actor,
+            data={"message_seq": message.seq, "chars": len(content)},
+        )
+        return message
 
 
 # The model's question to the user: an operator asks by replying instead.
@@ -100,7 +121,7 @@ def session_operator_tool_run(
     """Run one of the agent's tools by hand, between turns, as a model's call runs.
 
     The intent commits here (the call row with a fresh idempotency key, the assistant's
-    request, `tool.started`, the session -> `tool_wait`), and a
+    request, `tool.started`, the session -> `tool_wait`) with its audit entry, and a
     worker is woken. Its tool step then runs the call through everything a model's call
     goes through: the session's role gating and the tool's schema, the risk assessment
     (and a level 2+ call's pre-run checkpoint), the approval gate (the session waits in
@@ -126,6 +147,17 @@ def session_operator_tool_run(
         intent = operator_tool_intent(
             session=locked, tool_name=tool_name, arguments=arguments, actor=actor
         )
+        session_audit(
+            action=AuditAction.SESSION_TOOL_RUN,
+            session=locked,
+            actor=actor,
+            after={"arguments": arguments},
+            data={
+                "tool": tool_name,
+                "call": intent.call_id,
+                "idempotency_key": intent.idempotency_key,
+            },
+        )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     # The step inserts rows in bulk; the stored row (with its id) is the one to return.
     return ToolCall.objects.get(idempotency_key=intent.idempotency_key)
@@ -135,9 +167,16 @@ def session_hand_back(*, session: Session, actor: str) -> Session:
     """Give the session back to the agent: the model decides from the history as it stands."""
     with transaction.atomic():
         locked = _taken_over(session)
+        state = locked.state
         if State(locked.state) == State.ERROR:
             run_resume(session=locked, actor=actor)
         else:
             hand_back(session=locked, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_HAND_BACK,
+            session=locked,
+            actor=actor,
+            data={"from_state": state},
+        )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked
