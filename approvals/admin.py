@@ -31,7 +31,12 @@ from sessions.selectors import messages_recent
 
 from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer
 from .policy import four_eyes_forbids
-from .selectors import approvals_count, approvals_queue, approvals_recently_decided
+from .selectors import (
+    approvals_changeable,
+    approvals_count,
+    approvals_queue,
+    approvals_recently_decided,
+)
 
 
 def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
@@ -142,7 +147,7 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     search_fields = ("tool_name", "session__id", "decided_by_name")
     readonly_fields = tuple(f.name for f in Approval._meta.fields)
     inlines = [ApprovalTransitionInline]
-    actions = ["approve", "approve_and_remember", "reject"]
+    actions = ["approve", "approve_and_remember", "reject", "withdraw_decision", "change_decision"]
     content_permission = MESSAGE_CONTENT
     content_fields = {
         "arguments": "arguments_hidden",
@@ -185,9 +190,15 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             )
             for a in pending
         ]
+        recently = approvals_recently_decided(groups=groups)
+        changeable = approvals_changeable(approval_ids=[a.pk for a in recently])
         decided = [
-            (a, arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [])
-            for a in approvals_recently_decided(groups=groups)
+            (
+                a,
+                arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [],
+                a.pk in changeable,
+            )
+            for a in recently
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -234,6 +245,20 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                         user=request.user,  # type: ignore[arg-type]
                         groups=allowed,
                         comment=comment or f"rejected in the queue by {request.user}",
+                    )
+                elif action in ("withdraw", "change"):
+                    flipped = "rejected" if approval.status == "approved" else "approved"
+                    services.approval_change(
+                        approval_id=approval.pk,
+                        decision="pending" if action == "withdraw" else flipped,
+                        user=request.user,  # type: ignore[arg-type]
+                        groups=allowed,
+                        comment=comment
+                        or (
+                            f"changed in the queue by {request.user}"
+                            if flipped == "rejected"
+                            else ""
+                        ),
                     )
                 elif action == "review":
                     answer = request.POST.get("answer", "")
@@ -308,6 +333,45 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     @admin.action(description="Reject", permissions=["decide"])
     def reject(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=False, remember=False)
+
+    def _change(
+        self, request: HttpRequest, queryset: QuerySet[Approval], *, withdraw: bool
+    ) -> None:
+        user_id = request.user.pk
+        groups = (approver_groups(user_id=user_id) or []) if user_id is not None else []
+        done = 0
+        for approval in queryset:
+            allowed = [approval.group] if request.user.is_superuser else groups
+            flipped = "rejected" if approval.status == "approved" else "approved"
+            try:
+                services.approval_change(
+                    approval_id=approval.pk,
+                    decision="pending" if withdraw else flipped,
+                    user=request.user,  # type: ignore[arg-type]
+                    groups=allowed,
+                    comment=""
+                    if withdraw or flipped == "approved"
+                    else f"changed in the admin by {request.user}",
+                )
+                done += 1
+            except DomainError as exc:
+                self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
+        verb = "Withdrew" if withdraw else "Changed"
+        self.message_user(request, f"{verb} {done} decision(s).", messages.SUCCESS)
+
+    @admin.action(
+        description="Withdraw the decision (pending again; only before the call starts)",
+        permissions=["decide"],
+    )
+    def withdraw_decision(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        self._change(request, queryset, withdraw=True)
+
+    @admin.action(
+        description="Change the decision: approved <-> rejected (only before the call starts)",
+        permissions=["decide"],
+    )
+    def change_decision(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        self._change(request, queryset, withdraw=False)
 
 
 _stock_index = admin.site.index

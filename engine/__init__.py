@@ -9,7 +9,7 @@ change, and `commit` that writes a step atomically.
 from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
 from engine.model.context import summary_through
-from engine.moves.approval import approval_recorded
+from engine.moves.approval import approval_changed, approval_recorded
 from engine.moves.ask_user import user_answer
 from engine.moves.takeover import (
     hand_back,
@@ -31,6 +31,7 @@ from engine.store.commit import StaleSession
 __all__ = [
     "INTERRUPT_REASON",
     "RunResult",
+    "approval_changed",
     "approval_recorded",
     "StaleSession",
     "fork_start",

@@ -196,3 +196,44 @@ def test_arguments_diff():
         ("b", "2", "3"),
         ("c", "(absent)", "null"),
     ]
+
+
+def test_a_decision_is_withdrawn_or_changed_from_the_queue_until_its_call_runs(
+    client, operator, make_session
+):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    client.post(QUEUE, {"id": approval.pk, "action": "approve"})
+    row = client.get(QUEUE).content.decode().split(f'id="decided-{approval.pk}"')[1]
+    assert 'value="withdraw"' in row.split("</tr>")[0] and "Reject instead" in row
+
+    client.post(QUEUE, {"id": approval.pk, "action": "withdraw", "comment": "let me look"})
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert Session.objects.get(pk=session.pk).state == "awaiting_approval"
+    client.post(QUEUE, {"id": approval.pk, "action": "approve"})
+    client.post(QUEUE, {"id": approval.pk, "action": "change", "comment": "on second thought"})
+    approval.refresh_from_db()
+    assert (approval.status, approval.comment) == ("rejected", "on second thought")
+
+    session_run(session_id=session.pk)  # the call is closed as rejected: the decision stands
+    page = client.get(QUEUE).content.decode()
+    row = page.split(f'id="decided-{approval.pk}"')[1].split("</tr>")[0]
+    assert 'value="withdraw"' not in row
+    late = client.post(QUEUE, {"id": approval.pk, "action": "withdraw"}, follow=True)
+    assert "has started" in late.content.decode()
+    assert Approval.objects.get(pk=approval.pk).status == "rejected" and EFFECTS == []
+
+
+def test_the_approval_list_withdraws_and_changes_decisions(client, operator, make_session):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    url = reverse("admin:approvals_approval_changelist")
+    client.post(url, {"action": "approve", "_selected_action": [approval.pk]})
+    client.post(url, {"action": "change_decision", "_selected_action": [approval.pk]})
+    approval.refresh_from_db()
+    assert approval.status == "rejected" and approval.comment == "changed in the admin by op"
+    client.post(url, {"action": "withdraw_decision", "_selected_action": [approval.pk]})
+    assert Approval.objects.get(pk=approval.pk).status == "pending"
+    moves = list(approval.transitions.values_list("outcome", flat=True))
+    assert moves == ["approved", "rejected", "withdrawn"]
