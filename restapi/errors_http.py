@@ -1,6 +1,10 @@
-"""Plain-Django error handlers, so even a URL that matches nothing answers in the API's shape."""
+"""Plain-Django error handlers, so even a URL that matches nothing answers in the API's shape,
+and a refusal in the admin is one of the admin's own pages."""
 
-from django.http import HttpRequest, JsonResponse
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from .errors import error_body
 
@@ -14,3 +18,26 @@ def json_server_error(request: HttpRequest) -> JsonResponse:
         error_body("internal_error", "something went wrong on our side; it has been logged"),
         status=500,
     )
+
+
+def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """403: in the admin, the admin's page saying what happened and where to go (not a bare
+    "403 Forbidden"); anywhere else, the API's shape."""
+    home = reverse("admin:index")
+    if request.path.startswith(home):
+        user = getattr(request, "user", None)
+        context = {
+            **admin.site.each_context(request),
+            "title": "Not allowed",
+            "username": user.get_username() if user is not None else "",
+            "reason": str(exception or ""),
+            "back": _same_site(request, request.META.get("HTTP_REFERER", "")),
+        }
+        response = TemplateResponse(request, "admin/403.html", context, status=403)
+        return response.render()
+    return JsonResponse(error_body("permission_denied", "you may not do this here"), status=403)
+
+
+def _same_site(request: HttpRequest, url: str) -> str:
+    """`url` if it is a page of this site (a link back), else ""."""
+    return url if url.startswith(request.build_absolute_uri("/")) else ""
