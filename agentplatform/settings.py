@@ -346,6 +346,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# One date format in every admin page (agentplatform/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["agentplatform.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -107,7 +108,10 @@ class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
     @admin.display(description="Versions")
     def versions(self, obj: Workflow) -> str:
         rows = WorkflowVersion.objects.filter(workflow=obj).order_by("-number")[:20]
-        return ", ".join(f"v{v.number} ({v.source}, {v.created_at:%Y-%m-%d %H:%M})" for v in rows)
+        return ", ".join(
+            f"v{v.number} ({v.source}, {timezone.localtime(v.created_at):%Y-%m-%d %H:%M:%S})"
+            for v in rows
+        )
 
     @admin.display(description="Runs", ordering="run_count")
     def runs_link(self, obj: Workflow) -> str:

@@ -67,7 +67,7 @@ class ModelEndpointAdmin(AuditedAdmin, admin.ModelAdmin):
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: ModelEndpoint) -> str:
-        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M")
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M:%S")
 
     @admin.display(description="API key")
     def key_status(self, obj: ModelEndpoint) -> str:

@@ -243,14 +243,14 @@ def test_agent_form_rejects_unknown_tools_and_bad_rules(client, operator, demo_s
         slug=agent.slug,
         model=agent.model_id,
         fallback_model="",
-        tools="query_orders,no_such_tool",
+        tools=["query_orders", "no_such_tool"],
         rules='[{"when": {}}]',
         enabled="on",
     )
     response = client.post(url, data)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
-    assert "Unknown tool(s): no_such_tool." in errors["tools"]
+    assert "no_such_tool is not one of the available choices" in errors["tools"][0]
     assert errors["rules"] and "Invalid rules" in errors["rules"][0]
 
 
@@ -266,7 +266,7 @@ def test_agent_form_checks_the_context_budget(client, operator, demo_session):
         model=agent.model_id,
         fallback_model="",
         summary_model=agent.model_id,
-        tools=",".join(agent.tools),
+        tools=list(agent.tools),
         rules=json.dumps(agent.rules),
         context_budget='{"histroy": 5, "trim_at": 3}',
         dialogue="{}",
@@ -435,3 +435,26 @@ def test_a_traced_turn_links_its_trace_from_the_summary_and_the_timeline(
     link = f'href="http://jaeger.example:16686/trace/{trace_id}"'
     # Once in the summary's facts, and on each traced event of the timeline.
     assert page.content.decode().count(link) >= 1 + len(types)
+
+
+@runs_a_turn
+def test_an_agents_tools_are_picked_from_the_known_tools(client, operator, demo_session):
+    agent = demo_session.agent
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    html = page.content.decode()
+    # A two-pane picker of every known tool, the agent's own chosen.
+    assert 'class="selectfilter"' in html and 'name="tools"' in html and "SelectFilter2.js" in html
+    field = page.context["adminform"].form.fields["tools"]
+    names = [name for name, _ in field.choices]
+    assert {"query_orders", "send_notification", "ask_user", "remember", "recall"} <= set(names)
+    assert "send_notification (side effects)" in dict(field.choices).values()
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug, model=agent.model_id, fallback_model="", enabled="on",
+        tools=["query_orders", "ask_user"], rules="[]", dialogue="{}", context_budget="{}",
+    )  # fmt: skip
+    response = client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    agent.refresh_from_db()
+    assert agent.tools == ["query_orders", "ask_user"]

@@ -80,7 +80,9 @@ def test_takeover_from_the_session_page_then_hand_back(client, operator, session
     html = preview.content.decode()
     assert "tool-preview" in html and "read-only" in html and "none needed" in html
     assert not ToolCall.objects.filter(session=session).exists()
-    page = _operate(client, session, action="run_tool", tool="lookup", arguments="{}", confirm="yes")
+    page = _operate(
+        client, session, action="run_tool", tool="lookup", arguments="{}", confirm="yes"
+    )
     assert "Lookup runs by hand on a worker" in page.content.decode()
     session_run(session_id=session.pk)
     assert ToolCall.objects.get(session=session).status == "success"
@@ -122,3 +124,18 @@ def test_approvals_show_inline_in_the_timeline(client, operator, session):
     assert "approval refund" in html and "risk 3" in html
     assert 'refund rejected by alice: "not today"' in html.replace("&quot;", '"')
     assert 'data-kind="approval"' in html
+
+
+def test_a_decision_names_who_once_in_the_timeline():
+    from sessions.admin.timeline import _summary
+    from sessions.selectors import TimelineEntry
+
+    def move(reason: str, actor: str) -> str:
+        row = {"from_state": "awaiting_approval", "to_state": "tool_wait", "trigger": "approved",
+               "reason": reason, "actor": actor}  # fmt: skip
+        entry = TimelineEntry("transition", 1, timezone.now(), 1, None, "tool_wait", row)
+        return _summary(entry, content=True)
+
+    assert move("refund: approved by alice", "alice").endswith(": refund: approved by alice")
+    assert "by alice by alice" not in move("refund: approved by alice", "alice")
+    assert move("resumed", "admin:op").endswith("(approved): resumed by admin:op")
