@@ -363,3 +363,23 @@ def test_an_admin_save_that_fails_validation_writes_nothing(root, rules_model):
 def test_an_agent_created_outside_the_admin_is_not_an_admin_entry(rules_model):
     AgentFactory(slug="config-made", model=rules_model)
     assert not AuditEntry.objects.exists()
+
+
+def test_a_fork_resume_and_cancel_over_the_api_name_the_key(finished):
+    from accounts.services import api_key_create
+
+    issued = api_key_create(username=finished.owner.username, roles=["support"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.raw}")
+    base = f"/api/v1/sessions/{finished.pk}"
+    assert (
+        client.post(f"{base}/fork/", {"checkpoint": finished.step}, format="json").status_code
+        == 201
+    )
+    Session.objects.filter(pk=finished.pk).update(state="error", last_error="boom")
+    assert client.post(f"{base}/resume/", {}, format="json").status_code == 200
+    client.post(f"{base}/cancel/", {}, format="json")
+    for action in ("session.fork", "session.resume", "session.cancel"):
+        entry = _only(action)
+        assert entry.key_prefix == issued.raw[:10], action
+        assert (entry.actor, entry.user_id) == (f"api:{finished.owner.username}", finished.owner_id)
