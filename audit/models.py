@@ -34,9 +34,10 @@ class AuditAction(models.TextChoices):
 class AuditEntry(models.Model):
     """Who did what to which object, when, with the difference it made and why."""
 
-    at = models.DateTimeField(default=timezone.now)
+    at = models.DateTimeField(default=timezone.now, verbose_name="date")
     actor = models.CharField(
-        max_length=150, help_text="As the action recorded it: admin:<user>, api:<user>, system."
+        max_length=150,
+        help_text="As the action recorded it: admin:NAME (the admin), api:NAME (a key) or system.",
     )
     # The indexes below lead with these: no index of their own.
     user = models.ForeignKey(
@@ -70,7 +71,7 @@ class AuditEntry(models.Model):
 
     class Meta:
         verbose_name = "audit entry"
-        verbose_name_plural = "audit trail"
+        verbose_name_plural = "audit entries"
         ordering = ["-at", "-id"]
         indexes = [
             models.Index(fields=["-at"], name="audit_at"),
@@ -81,4 +82,5 @@ class AuditEntry(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.action} {self.object_type}:{self.object_id} by {self.actor}"
+        what = self.object_repr or f"{self.object_type} {self.object_id}"
+        return f"{self.get_action_display()}: {what}, by {self.actor}"

@@ -155,7 +155,7 @@ def _credits_audit(
         actor=actor,
         object_type=CreditAccount._meta.label_lower,
         object_id=after.pk,
-        object_repr=f"credits of {after.owner.get_username()}",
+        object_repr=after.owner.get_username(),
         owner_id=after.owner_id,
         before={f: old[f] for f in changed},
         after={f: new[f] for f in changed},

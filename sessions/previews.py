@@ -4,6 +4,7 @@ fork from one would copy and may repeat, and what running a tool by hand would d
 Reads only: the actions themselves are the services' (sessions/services/fork.py, operator.py).
 """
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,7 +48,7 @@ class CheckpointStory:
         return f"{self.phase.replace('_', ' ')}" + (f": {self.tools}" if self.tools else "")
 
 
-def _message_line(message: Message) -> str:
+def message_line(message: Message) -> str:
     if message.content:
         return _short(message.content)
     names = [str(c.get("name", "?")) for c in message.tool_calls or [] if isinstance(c, dict)]
@@ -105,7 +106,7 @@ def checkpoints_described(checkpoints: Iterable[Checkpoint]) -> dict[int, Checkp
             message_role=(message.role + (f" ({message.name})" if message.name else ""))
             if message
             else "",
-            message_text=_message_line(message) if message else "",
+            message_text=message_line(message) if message else "",
             message_seq=cp.message_seq,
             at=cp.created_at,
         )
@@ -123,14 +124,19 @@ class RepeatableCall:
     def took_effect(self) -> bool:
         return self.call.status == "success" and self.side_effects
 
+    @property
+    def arguments(self) -> str:
+        return _short(json.dumps(self.call.input, ensure_ascii=False, default=str), 160)
+
 
 @dataclass
 class ForkPreview:
     source: Session
     checkpoint: Checkpoint
     story: CheckpointStory
-    # The last messages the fork copies (the model reads them next), oldest first.
-    copied: list[Message]
+    # The last messages the fork copies (the model reads them next), oldest first, each
+    # with its line (what was said, or the calls asked for).
+    copied: list[tuple[Message, str]]
     copied_count: int
     # A trailing tool request whose results lie beyond the checkpoint: not copied.
     dropped_request: bool
@@ -203,7 +209,7 @@ def fork_preview(*, session: Session, step: int, shown: int = 6) -> ForkPreview:
         source=session,
         checkpoint=checkpoint,
         story=story,
-        copied=kept[-shown:],
+        copied=[(m, message_line(m)) for m in kept[-shown:]],
         copied_count=max(count, 0),
         dropped_request=dropped,
         decides=decides,

@@ -289,7 +289,8 @@ class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
 
     @admin.display(description="at", ordering="created_at")
     def at(self, obj: Checkpoint) -> str:
-        return timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        stamp = timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        return format_html('<span style="white-space:nowrap">{}</span>', stamp)
 
     @admin.display(description="context (what changed in this step)")
     def context_pretty(self, obj: Checkpoint) -> str:

@@ -27,7 +27,7 @@ def session_audit(
         key_prefix=key_prefix,
         object_type=Session._meta.label_lower,
         object_id=session.pk,
-        object_repr=f"session {str(session.pk)[:8]}",
+        object_repr=str(session.pk)[:8],
         owner_id=session.owner_id,
         after=after,
         reason=reason,

@@ -44,9 +44,10 @@ def test_the_list_filters_by_action_actor_object_type_and_date(entries):
     client = _client(root)
     url = reverse(LIST)
     page = client.get(url).content.decode()
-    for label in ("By actor", "By action", "By object type", "By at"):
+    for label in ("By actor", "By action", "By object type", "By date"):
         assert label in page
     assert "credits.grant" in page and "tool refund" in page
+    assert "Audit trail</a>\n&rsaquo; Audit entries" in page and "4 audit entries" in page
     only = client.get(url, {"action__exact": "approval.edited"}).context["cl"].result_list
     assert [e.action for e in only] == ["approval.edited"]
     by_actor = client.get(url, {"actor": "system"}).context["cl"].result_list

@@ -35,7 +35,11 @@ def test_a_fork_before_the_notifications_lists_them_as_repeatable(demo_run):
     effects = [(r.call.tool_name, r.took_effect) for r in preview.side_effects]
     assert effects == [("send_notification", True)] * 3 + [("generate_report", True)]
     assert preview.decides and not preview.dropped_request
-    assert preview.copied[-1].role == "tool" and preview.copied_count == before.message_seq
+    last, line = preview.copied[-1]
+    assert last.role == "tool" and line.startswith("count: 3")
+    assert preview.copied[1][1] == "asks for query_orders"  # the assistant's request
+    assert preview.copied_count == before.message_seq
+    assert preview.side_effects[0].arguments.startswith('{"')  # JSON, shortened
     assert preview.story.what == "tool results: query_orders=success"
 
 
