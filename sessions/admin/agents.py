@@ -26,7 +26,7 @@ _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
 AGENT_TOOL_PREFIX = "agent."
 
 
-def tool_choices(current: list[str]) -> list[tuple[str, str]]:
+def tool_choices(current: list[str], own_slug: str = "") -> list[tuple[str, str]]:
     """Every tool an agent may list: the tools (a disabled one says so), the built-ins, and
     the other agents as tools (`agent.<slug>`); a listed name that is none of these stays,
     marked, so the form shows what the agent has."""
@@ -39,6 +39,7 @@ def tool_choices(current: list[str]) -> list[tuple[str, str]]:
     choices += [
         (f"{AGENT_TOOL_PREFIX}{slug}", f"{AGENT_TOOL_PREFIX}{slug} (another agent)")
         for slug in Agent.objects.filter(workflow__isnull=True)
+        .exclude(slug=own_slug)
         .order_by("slug")
         .values_list("slug", flat=True)
     ]
@@ -50,6 +51,7 @@ class AgentAdminForm(forms.ModelForm):
     # The known tools to pick from, not a comma-separated text field.
     tools = forms.MultipleChoiceField(
         required=False,
+        label="",  # the fieldset and the picker's two panes name it
         widget=FilteredSelectMultiple("tools", is_stacked=False),
         help_text="The tools the agent's model may call (each still gated by the session's role).",
     )
@@ -57,7 +59,7 @@ class AgentAdminForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         current = list(self.instance.tools or []) if self.instance.pk else []
-        self.fields["tools"].choices = tool_choices(current)
+        self.fields["tools"].choices = tool_choices(current, own_slug=self.instance.slug or "")
 
     class Meta:
         model = Agent
@@ -219,7 +221,7 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
             {
                 "fields": ("tools",),
                 "description": "Pick from the known tools: this platform's, the built-ins, "
-                "and the other agents (agent.<slug>).",
+                "and the other agents (agent.SLUG).",
             },
         ),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),

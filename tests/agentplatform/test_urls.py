@@ -69,3 +69,11 @@ def test_a_refusal_outside_the_admin_answers_in_the_apis_shape(rf):
     response = forbidden(rf.get("/somewhere/"))
     assert response.status_code == 403
     assert b'"code": "permission_denied"' in response.content
+
+
+def test_a_page_not_found_in_the_admin_is_an_admin_page_and_json_elsewhere(admin_client):
+    page = admin_client.get("/admin/billing/creditaccount/999/points/grant/")
+    assert page.status_code == 404 and "Not found (404)" in page.content.decode()
+    assert 'id="site-name"' in page.content.decode()
+    api = admin_client.get("/api/v1/nowhere/")
+    assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"

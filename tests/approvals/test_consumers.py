@@ -243,8 +243,11 @@ async def test_a_signed_in_user_who_may_not_see_the_queue_is_refused(fields):
 async def test_a_page_whose_approver_rights_go_is_closed():
     _, cookie = await sync_to_async(_signed_in)("dave", is_staff=True)
     await sync_to_async(approver_grant)(username="dave")
+    await sync_to_async(_approval)()
     ws = await _page_socket(cookie)
     try:
+        # The pending approval comes once the socket has joined the approvers' group.
+        assert json.loads(await ws.receive_from(timeout=10))["type"] == "approval.requested"
         await sync_to_async(
             lambda: Approver.objects.filter(user__username="dave").update(is_active=False)
         )()
