@@ -196,9 +196,12 @@ def api_request_retry_after(*, key_id: int) -> int | None:
 # A pool is a kind of socket, counted per key against its own setting.
 SESSION_SOCKETS = "sockets"
 APPROVAL_SOCKETS = "approval-sockets"
+# The admin's queue page on the same socket, signed in (counted per user, not per key).
+ADMIN_APPROVAL_SOCKETS = "admin-approval-sockets"
 _POOL_LIMITS = {
     SESSION_SOCKETS: "WS_MAX_SOCKETS_PER_KEY",
     APPROVAL_SOCKETS: "APPROVAL_WS_MAX_SOCKETS_PER_KEY",
+    ADMIN_APPROVAL_SOCKETS: "APPROVAL_WS_MAX_SOCKETS_PER_KEY",
 }
 Slot = tuple[str, int, str]  # (pool, key id, socket id)
 

@@ -44,6 +44,26 @@ def approver_groups(*, user_id: int) -> list[str] | None:
     return list(row) or ["approvers"]
 
 
+def queue_viewer_groups(*, user_id: int) -> tuple[bool, list[str] | None]:
+    """Whether this signed-in user may see the approvals queue in the admin, and its groups
+    (None: every group). An active staff superuser sees every group; an active staff
+    approver their groups; anyone else nothing."""
+    from django.contrib.auth import get_user_model
+
+    row = (
+        get_user_model()
+        .objects.filter(pk=user_id, is_active=True, is_staff=True)
+        .values_list("is_superuser", flat=True)
+        .first()
+    )
+    if row is None:
+        return False, []
+    if row:
+        return True, None
+    groups = approver_groups(user_id=user_id)
+    return (groups is not None), groups or []
+
+
 def api_key_approver_groups(*, key_id: int) -> list[str] | None:
     """`approver_groups` of this key's owner while the key is active too: one query for
     what an approvers' socket must still hold before each frame it sends."""

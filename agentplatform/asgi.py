@@ -14,6 +14,7 @@ from runtime.fastpaths.asgi_threads import http_application  # noqa: E402
 
 django_asgi_app = http_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
@@ -26,7 +27,11 @@ application = ProtocolTypeRouter(
         "http": bounded(django_asgi_app),
         "websocket": URLRouter(
             # Before the sessions' routes: their last one closes any other path with 4404.
-            [path("ws/approvals/", ApprovalsConsumer.as_asgi()), *websocket_urlpatterns]
+            # The approvers' socket also takes the admin's signed-in user (the queue page).
+            [
+                path("ws/approvals/", AuthMiddlewareStack(ApprovalsConsumer.as_asgi())),
+                *websocket_urlpatterns,
+            ]
         ),
     }
 )

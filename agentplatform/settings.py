@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "workflows",
     "demo",
     "observability",
+    "audit",
 ]
 
 MIDDLEWARE = [
@@ -347,6 +348,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# One date format in every admin page (agentplatform/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["agentplatform.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

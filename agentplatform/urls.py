@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from billing.api import UsageView
 from observability.views import metrics
-from restapi.errors_http import json_not_found, json_server_error
+from restapi.errors_http import forbidden, json_not_found, json_server_error
 from sessions.api import health
 from sessions.views import playground
 from tools.api import ToolListView
@@ -33,5 +33,6 @@ urlpatterns = [
     path("openai/v1/", include("openai_compat.urls")),
 ]
 
+handler403 = forbidden
 handler404 = json_not_found
 handler500 = json_server_error

@@ -31,7 +31,13 @@ from sessions.selectors import messages_recent
 
 from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer
 from .policy import four_eyes_forbids
-from .selectors import approvals_count, approvals_queue, approvals_recently_decided
+from .selectors import (
+    approval_get,
+    approvals_changeable,
+    approvals_count,
+    approvals_queue,
+    approvals_recently_decided,
+)
 
 
 def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
@@ -50,11 +56,21 @@ def arguments_diff(before: Any, after: Any) -> list[tuple[str, str, str]]:
 
 
 @dataclass
+class KeptEdit:
+    """Arguments an approver typed that were refused: shown again with why."""
+
+    arguments: str
+    comment: str
+    error: str
+
+
+@dataclass
 class QueueCard:
     approval: Approval
     recent: list[Message]
     # The viewer owns the session: four eyes leave the decision to someone else.
     own_session: bool = False
+    kept: KeptEdit | None = None
 
     @property
     def age(self) -> str:
@@ -75,8 +91,23 @@ class QueueCard:
 
     @property
     def overdue_in(self) -> str:
-        seconds = int((self.approval.deadline - timezone.now()).total_seconds())
-        return "overdue" if seconds <= 0 else f"{seconds // 60}m left"
+        return time_left(int((self.approval.deadline - timezone.now()).total_seconds()))
+
+    @property
+    def typed_arguments(self) -> str:
+        """What the edit box holds: the refused text, else the model's arguments."""
+        return self.kept.arguments if self.kept is not None else self.arguments_json
+
+
+def time_left(seconds: int) -> str:
+    """A deadline as an approver reads it (the queue page's script counts down the same way)."""
+    if seconds <= 0:
+        return "overdue"
+    if seconds < 120:
+        return f"{seconds}s left"
+    if seconds < 3600:
+        return f"{seconds // 60}m left"
+    return f"{seconds // 3600}h {seconds % 3600 // 60}m left"
 
 
 def queue_groups(request: HttpRequest) -> list[str] | None:
@@ -142,7 +173,7 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     search_fields = ("tool_name", "session__id", "decided_by_name")
     readonly_fields = tuple(f.name for f in Approval._meta.fields)
     inlines = [ApprovalTransitionInline]
-    actions = ["approve", "approve_and_remember", "reject"]
+    actions = ["approve", "approve_and_remember", "reject", "withdraw_decision", "change_decision"]
     content_permission = MESSAGE_CONTENT
     content_fields = {
         "arguments": "arguments_hidden",
@@ -168,13 +199,21 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     def queue_view(self, request: HttpRequest) -> HttpResponse:
         """Pending approvals and reviews, oldest first: decide each in one click, or reject many."""
         groups = queue_groups(request)
+        kept: dict[str, KeptEdit] = {}
         if request.method == "POST":
             if not may_decide(request):
                 raise PermissionDenied
-            self._queue_post(request, groups)
-            return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
+            kept = self._queue_post(request, groups)
+            if not kept:
+                return HttpResponseRedirect(reverse("admin:approvals_approval_queue"))
         pending = approvals_queue(groups=groups)
-        recent = messages_recent(session_ids=list({a.session_id for a in pending}))
+        # The conversation so far (not only the last user message), for who may read it.
+        context_shown = holds(request, MESSAGE_CONTENT) or may_decide(request)
+        recent = (
+            messages_recent(session_ids=list({a.session_id for a in pending}), per_session=6)
+            if context_shown
+            else {}
+        )
         cards = [
             QueueCard(
                 a,
@@ -182,12 +221,19 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                 own_session=four_eyes_forbids(
                     session_owner_id=a.session.owner_id, decider_id=request.user.pk
                 ),
+                kept=kept.get(str(a.pk)),
             )
             for a in pending
         ]
+        recently = approvals_recently_decided(groups=groups)
+        changeable = approvals_changeable(approval_ids=[a.pk for a in recently])
         decided = [
-            (a, arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [])
-            for a in approvals_recently_decided(groups=groups)
+            (
+                a,
+                arguments_diff(a.arguments, a.edited_arguments) if a.edited_arguments else [],
+                a.pk in changeable,
+            )
+            for a in recently
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -199,10 +245,15 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             "review_answers": ReviewAnswer.choices,
             "approver_only": approver_only(request),
             "can_decide": may_decide(request),
+            "context_shown": context_shown,
         }
-        return TemplateResponse(request, "admin/approvals/queue.html", context)
+        # A refused edit comes back with what was typed and why (400), not a redirect.
+        status = 400 if kept else 200
+        return TemplateResponse(request, "admin/approvals/queue.html", context, status=status)
 
-    def _queue_post(self, request: HttpRequest, groups: list[str] | None) -> None:
+    def _queue_post(self, request: HttpRequest, groups: list[str] | None) -> dict[str, KeptEdit]:
+        """Carry out the queue's form; a refused edit of arguments is returned (by approval
+        id) with what was typed, for the page to show again with the reason."""
         action = request.POST.get("action", "")
         ids = (
             request.POST.getlist("ids")
@@ -210,9 +261,11 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             else [request.POST.get("id", "")]
         )
         comment = request.POST.get("comment", "").strip()
+        typed = request.POST.get("arguments", "")
+        kept: dict[str, KeptEdit] = {}
         done = 0
         for approval_id in ids:
-            approval = Approval.objects.filter(pk=approval_id).first() if approval_id else None
+            approval = approval_get(approval_id=approval_id) if approval_id else None
             if approval is None:
                 self.message_user(request, "No such approval.", messages.WARNING)
                 continue
@@ -235,6 +288,20 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                         groups=allowed,
                         comment=comment or f"rejected in the queue by {request.user}",
                     )
+                elif action in ("withdraw", "change"):
+                    flipped = "rejected" if approval.status == "approved" else "approved"
+                    services.approval_change(
+                        approval_id=approval.pk,
+                        decision="pending" if action == "withdraw" else flipped,
+                        user=request.user,  # type: ignore[arg-type]
+                        groups=allowed,
+                        comment=comment
+                        or (
+                            f"changed in the queue by {request.user}"
+                            if flipped == "rejected"
+                            else ""
+                        ),
+                    )
                 elif action == "review":
                     answer = request.POST.get("answer", "")
                     services.review_answer(
@@ -247,12 +314,21 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                     )
                 else:
                     self.message_user(request, f"Unknown action {action!r}.", messages.ERROR)
-                    return
+                    return kept
                 done += 1
             except DomainError as exc:
-                self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
+                edited = action == "approve" and typed.strip() != self._shown(approval).strip()
+                if edited and isinstance(exc, InvalidInput) and approval.status == "pending":
+                    kept[str(approval.pk)] = KeptEdit(typed, comment, exc.message)
+                else:
+                    self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
         if done:
             self.message_user(request, f"Decided {done} approval(s).", messages.SUCCESS)
+        return kept
+
+    @staticmethod
+    def _shown(approval: Approval) -> str:
+        return json.dumps(approval.arguments, indent=2, ensure_ascii=False)
 
     def _json(self, request: HttpRequest, field: str) -> Any:
         raw = request.POST.get(field, "").strip()
@@ -308,6 +384,45 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     @admin.action(description="Reject", permissions=["decide"])
     def reject(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         self._decide(request, queryset, approve=False, remember=False)
+
+    def _change(
+        self, request: HttpRequest, queryset: QuerySet[Approval], *, withdraw: bool
+    ) -> None:
+        user_id = request.user.pk
+        groups = (approver_groups(user_id=user_id) or []) if user_id is not None else []
+        done = 0
+        for approval in queryset:
+            allowed = [approval.group] if request.user.is_superuser else groups
+            flipped = "rejected" if approval.status == "approved" else "approved"
+            try:
+                services.approval_change(
+                    approval_id=approval.pk,
+                    decision="pending" if withdraw else flipped,
+                    user=request.user,  # type: ignore[arg-type]
+                    groups=allowed,
+                    comment=""
+                    if withdraw or flipped == "approved"
+                    else f"changed in the admin by {request.user}",
+                )
+                done += 1
+            except DomainError as exc:
+                self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
+        verb = "Withdrew" if withdraw else "Changed"
+        self.message_user(request, f"{verb} {done} decision(s).", messages.SUCCESS)
+
+    @admin.action(
+        description="Withdraw the decision (pending again; only before the call starts)",
+        permissions=["decide"],
+    )
+    def withdraw_decision(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        self._change(request, queryset, withdraw=True)
+
+    @admin.action(
+        description="Change the decision: approved <-> rejected (only before the call starts)",
+        permissions=["decide"],
+    )
+    def change_decision(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        self._change(request, queryset, withdraw=False)
 
 
 _stock_index = admin.site.index

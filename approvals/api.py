@@ -64,6 +64,33 @@ class ReviewSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
 
 
+class WithdrawSerializer(serializers.Serializer):
+    comment = serializers.CharField(
+        required=False, allow_blank=True, max_length=4000, default="", help_text="Why."
+    )
+
+
+class ChangeSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(
+        choices=["approved", "rejected"], help_text="The decision it becomes."
+    )
+    comment = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=4000,
+        default="",
+        help_text="The model receives it (needed to reject).",
+    )
+    arguments = serializers.DictField(
+        required=False, help_text="Approving: edited arguments (what runs)."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["decision"] == "rejected" and not attrs.get("comment"):
+            raise serializers.ValidationError({"comment": "a rejection needs a comment"})
+        return attrs
+
+
 class IsApprover(permissions.BasePermission):
     """Only approvers' keys (403 otherwise); the OpenAPI schema documents it from here."""
 
@@ -82,6 +109,11 @@ def _groups(request: Request) -> list[str]:
     if groups is None:
         raise PermissionDenied("this API key belongs to a user who is not an approver")
     return groups
+
+
+def _key_prefix(request: Request) -> str:
+    """The presenting key's prefix, for the audit trail."""
+    return str(getattr(request.auth, "prefix", "") or "")
 
 
 class ApprovalListView(APIView):
@@ -127,6 +159,7 @@ class ApprovalApproveView(APIView):
             groups=groups,
             comment=data.get("comment") or "",
             arguments=data.get("arguments"),
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)
 
@@ -145,6 +178,7 @@ class ApprovalRejectView(APIView):
             user=request.user,
             groups=groups,
             comment=payload.validated_data["comment"],
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)
 
@@ -167,5 +201,73 @@ class ApprovalReviewView(APIView):
             user=request.user,
             groups=groups,
             comment=data.get("comment") or "",
+            key_prefix=_key_prefix(request),
+        )
+        return Response(ApprovalSerializer(approval).data)
+
+
+CHANGE_DOC = (
+    " Only while the call has not started: 409 `call_started` once the session has moved on "
+    "(another turn or state), a worker has picked the run up, or the call was sent or "
+    "finished; 409 `approval_not_changeable` for a pending, expired or cancelled approval or "
+    "a recovery review. Recorded in the approval's transitions, on the session's stream "
+    "(`approval.resolved` with `previous`) and in the audit trail."
+)
+
+
+class ApprovalWithdrawView(APIView):
+    """Take a decision back: the call waits for a person again, with a fresh deadline."""
+
+    permission_classes = APPROVER_ONLY
+
+    @extend_schema(
+        summary="Withdraw a decision (pending again)",
+        description="The approved or rejected call waits for a decision again, with a "
+        "fresh deadline (`approval.resolved` outcome `withdrawn`, then `approval.requested`)."
+        + CHANGE_DOC,
+        request=WithdrawSerializer,
+        responses=ApprovalSerializer,
+    )
+    def post(self, request: Request, approval_id: str) -> Response:
+        groups = _groups(request)
+        payload = WithdrawSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        approval = services.approval_change(
+            approval_id=approval_id,
+            decision="pending",
+            user=request.user,
+            groups=groups,
+            comment=payload.validated_data.get("comment") or "",
+            key_prefix=_key_prefix(request),
+        )
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalChangeView(APIView):
+    """Change a decision the other way: approved -> rejected, or rejected -> approved."""
+
+    permission_classes = APPROVER_ONLY
+
+    @extend_schema(
+        summary="Change a decision (approved <-> rejected)",
+        description="An approved call becomes rejected (it never runs; the model reads the "
+        "comment), or a rejected one approved (it runs, with edited arguments if given)."
+        + CHANGE_DOC,
+        request=ChangeSerializer,
+        responses=ApprovalSerializer,
+    )
+    def post(self, request: Request, approval_id: str) -> Response:
+        groups = _groups(request)
+        payload = ChangeSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data: dict[str, Any] = payload.validated_data
+        approval = services.approval_change(
+            approval_id=approval_id,
+            decision=data["decision"],
+            user=request.user,
+            groups=groups,
+            comment=data.get("comment") or "",
+            arguments=data.get("arguments"),
+            key_prefix=_key_prefix(request),
         )
         return Response(ApprovalSerializer(approval).data)

@@ -11,20 +11,33 @@ nothing more, and the socket is closed with the reason; an approver taken out of
 a group no longer sees that group's approvals. Browsers may connect only from
 allowed origins (accounts/origins.py, as the sessions' socket), and a key holds
 at most APPROVAL_WS_MAX_SOCKETS_PER_KEY of these sockets at once.
+
+The admin's queue page opens the same socket without a key: the signed-in admin user
+(their Django session, over the page's own origin) stands in for it, if they may see the
+queue (a superuser: every group; an approver on staff: their groups), with the same
+per-frame checks (the session still signed in, the user active, on staff and an approver)
+and as many sockets per user as a key may hold.
 """
 
 import json
 import logging
 import uuid
+from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from accounts import limits
 from accounts.origins import websocket_origin_allowed
-from accounts.selectors import api_key_approver_groups, api_key_is_active, approver_groups
+from accounts.selectors import (
+    api_key_approver_groups,
+    api_key_is_active,
+    approver_groups,
+    queue_viewer_groups,
+)
 from accounts.services import api_key_authenticate, key_group_name
 
 from .notify import APPROVERS_GROUP, make_frame
@@ -54,15 +67,32 @@ def _token(scope: dict[str, Any]) -> tuple[str, str | None]:
     return token, SUBPROTOCOL if SUBPROTOCOL in offered else None
 
 
-def _pending_frames(groups: list[str]) -> list[dict[str, Any]]:
+def _pending_frames(groups: list[str] | None) -> list[dict[str, Any]]:
     rows = approvals_list(status=ApprovalStatus.PENDING.value, groups=groups)[:500]
     return [dict(make_frame("approval.requested", a)) for a in rows]
+
+
+def _session_store() -> Any:
+    return import_module(settings.SESSION_ENGINE).SessionStore()
+
+
+def _user_groups_now(user_id: int, session_key: str | None) -> tuple[list[str] | None, str | None]:
+    """(the groups a signed-in admin sees now, None: all) and why they see none, if so."""
+    if not session_key or not _session_store().exists(session_key):
+        return [], "signed_out"
+    allowed, groups = queue_viewer_groups(user_id=user_id)
+    if not allowed:
+        return [], "approver_revoked"
+    return groups, None
 
 
 class ApprovalsConsumer(AsyncWebsocketConsumer):
     key_id: int | None = None
     key_group: str | None = None
     slot_id: str | None = None
+    # A signed-in admin's socket (the queue page): its user, and the pool its slot is in.
+    user_id: int | None = None
+    pool: str = limits.APPROVAL_SOCKETS
     joined: bool = False
     _closing: bool = False
 
@@ -76,6 +106,10 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
             return
         token, subprotocol = _token(self.scope)
         await self.accept(subprotocol=subprotocol)
+        user = self.scope.get("user")
+        if not token and user is not None and user.is_authenticated:
+            await self._connect_signed_in(user)
+            return
         client = self.scope.get("client") or (None, None)
         address = limits.client_address(peer=client[0], forwarded_for=None)
         authn = await database_sync_to_async(api_key_authenticate)(raw=token, address=address)
@@ -115,15 +149,41 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         for frame in await database_sync_to_async(_pending_frames)(groups):
             await self.send(text_data=json.dumps(frame))
 
+    async def _connect_signed_in(self, user: Any) -> None:
+        """The admin's queue page: the signed-in user, if they may see the queue."""
+        allowed, groups = await database_sync_to_async(queue_viewer_groups)(user_id=user.pk)
+        if not allowed:
+            await self._fail(
+                "permission_denied",
+                "this user may not see the approvals queue (staff approvers and superusers)",
+                CLOSE_FORBIDDEN,
+            )
+            return
+        slot_id = uuid.uuid4().hex
+        pool = limits.ADMIN_APPROVAL_SOCKETS
+        if not await limits.socket_slots.acquire(key_id=user.pk, socket_id=slot_id, pool=pool):
+            limit = limits.socket_limit(pool)
+            await self._fail(
+                "too_many_sockets",
+                f"this user already has {limit} approvals websockets open",
+                CLOSE_RATE_LIMITED,
+                {"limit": limit},
+            )
+            return
+        self.user_id, self.slot_id, self.pool = user.pk, slot_id, pool
+        await self.channel_layer.group_add(APPROVERS_GROUP, self.channel_name)
+        self.joined = True
+        for frame in await database_sync_to_async(_pending_frames)(groups):
+            await self.send(text_data=json.dumps(frame))
+
     async def disconnect(self, code: int) -> None:
         if self.joined:
             await self.channel_layer.group_discard(APPROVERS_GROUP, self.channel_name)
         if self.key_group is not None:
             await self.channel_layer.group_discard(self.key_group, self.channel_name)
-        if self.key_id is not None and self.slot_id is not None:
-            await limits.socket_slots.release(
-                key_id=self.key_id, socket_id=self.slot_id, pool=limits.APPROVAL_SOCKETS
-            )
+        holder = self.key_id if self.key_id is not None else self.user_id
+        if holder is not None and self.slot_id is not None:
+            await limits.socket_slots.release(key_id=holder, socket_id=self.slot_id, pool=self.pool)
             self.slot_id = None
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -131,7 +191,12 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
 
     async def approval_frame(self, message: dict[str, Any]) -> None:
         """Send a frame only to a receiver who, as the database says now, may see it."""
-        if self._closing or self.key_id is None:
+        if self._closing:
+            return
+        if self.user_id is not None:
+            await self._frame_for_user(message["frame"])
+            return
+        if self.key_id is None:
             return
         groups, lost = await database_sync_to_async(self._current_groups)(self.key_id)
         if lost == "key_revoked":
@@ -146,6 +211,23 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
             return
         frame = message["frame"]
         if frame["data"].get("group") in groups:
+            await self.send(text_data=json.dumps(frame))
+
+    async def _frame_for_user(self, frame: dict[str, Any]) -> None:
+        """A signed-in admin's frame: still signed in, still allowed, and their group's."""
+        assert self.user_id is not None
+        session_key = getattr(self.scope.get("session"), "session_key", None)
+        groups, lost = await database_sync_to_async(_user_groups_now)(self.user_id, session_key)
+        if lost == "signed_out":
+            await self._close_for("signed_out", "the admin session has ended", CLOSE_UNAUTHORIZED)
+            return
+        if lost == "approver_revoked":
+            await self._close_for(
+                "approver_revoked", "this user may no longer see the approvals queue",
+                CLOSE_FORBIDDEN,
+            )  # fmt: skip
+            return
+        if groups is None or frame["data"].get("group") in groups:
             await self.send(text_data=json.dumps(frame))
 
     @staticmethod

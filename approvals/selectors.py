@@ -4,13 +4,13 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
 from observability.readings import Gauge
 
 from .models import Approval, ApprovalKind
-from .states import ApprovalStatus
+from .states import CHANGEABLE, ApprovalStatus
 
 
 def approval_get(*, approval_id: UUID | str) -> Approval | None:
@@ -117,3 +117,25 @@ def approvals_pending_gauges() -> list[Gauge]:
             [((), age)],
         ),
     ]
+
+
+def approvals_changeable(*, approval_ids: list[Any]) -> set[Any]:
+    """Which of these decisions may still be withdrawn or changed: an approved or rejected
+    call of the session's current turn, the session waiting (for a person, or for a worker
+    nobody has taken yet), the call neither sent nor finished. The service checks the same
+    under the session's row lock (sessions/services/approvals.py `call_started`)."""
+    if not approval_ids:
+        return set()
+    return set(
+        Approval.objects.filter(
+            pk__in=approval_ids,
+            kind=ApprovalKind.TOOL_CALL,
+            status__in=[s.value for s in CHANGEABLE],
+            turn=F("session__turn"),
+            session__state__in=["awaiting_approval", "tool_wait"],
+            tool_call__status="executing",
+            tool_call__dispatched_at__isnull=True,
+        )
+        .filter(Q(session__lease_owner__isnull=True) | Q(session__lease_owner=""))
+        .values_list("pk", flat=True)
+    )

@@ -148,6 +148,68 @@ def approval_resolve(
     return fresh
 
 
+def approval_change(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None = None,
+    comment: str = "",
+    edited_arguments: dict[str, Any] | None = None,
+) -> Approval | None:
+    """Withdraw a decision (`withdrawn`: pending again, with a fresh deadline) or change it
+    (approved <-> rejected), or return None if the approval moved meanwhile.
+
+    One conditional UPDATE on (id, the decided status, version), as a decision: of two
+    people changing one approval at once exactly one gets a row back. Whether the call
+    has started is the caller's to check, under the session's row lock
+    (sessions/services/approvals.py `approval_change`).
+    """
+    current = ApprovalStatus(approval.status)
+    to_status = approval_next(current, outcome)
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "status": to_status.value,
+        "version": F("version") + 1,
+        "remember": False,
+        "edited_arguments": edited_arguments,
+    }
+    if outcome == Outcome.WITHDRAWN:
+        fields.update(
+            decided_by=None,
+            decided_by_name="",
+            decided_at=None,
+            comment="",
+            deadline=now + timedelta(seconds=approval.timeout_s),
+        )
+    else:
+        fields.update(decided_by=user, decided_by_name=actor[:150], decided_at=now, comment=comment)
+    changed = Approval.objects.filter(
+        pk=approval.pk, status=current.value, version=approval.version
+    ).update(**fields)
+    if changed != 1:
+        return None
+    fresh = Approval.objects.get(pk=approval.pk)
+    ApprovalTransition.objects.create(
+        approval=fresh,
+        from_status=current.value,
+        to_status=to_status.value,
+        outcome=outcome.value,
+        actor=actor[:150],
+        user=user,
+        comment=comment,
+        arguments=edited_arguments,
+        group=fresh.group,
+        version=fresh.version,
+    )
+    announce_on_commit(
+        [("approval.resolved", fresh)], outcome=outcome.value, by=actor, previous=current.value
+    )
+    if outcome == Outcome.WITHDRAWN:
+        announce_on_commit([("approval.requested", fresh)])
+    return fresh
+
+
 def approvals_cancel(*, session_id: UUID | str, actor: str, reason: str) -> list[Approval]:
     """Close a session's pending approvals (its turn was cancelled): none of them runs."""
     closed: list[Approval] = []

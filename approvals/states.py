@@ -3,7 +3,9 @@
 A decision or the deadline sweep changes an approval only by a conditional
 UPDATE from `pending` (sessions/services and approvals/services), so two
 deciders racing on one approval get exactly one outcome; this table says which
-outcome may follow which state.
+outcome may follow which state. An approver's decision may be withdrawn (back to
+`pending`) or changed (approved <-> rejected) while its call has not started, by
+the same kind of conditional UPDATE from the decided state.
 """
 
 from enum import StrEnum
@@ -25,6 +27,7 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     ESCALATED = "escalated"
     CANCELLED = "cancelled"
+    WITHDRAWN = "withdrawn"  # a decision taken back: pending again
 
 
 A, Out = ApprovalStatus, Outcome
@@ -36,7 +39,14 @@ MOVES: dict[tuple[ApprovalStatus, Outcome], ApprovalStatus] = {
     (A.PENDING, Out.EXPIRED): A.EXPIRED,
     (A.PENDING, Out.ESCALATED): A.PENDING,
     (A.PENDING, Out.CANCELLED): A.CANCELLED,
+    # A decision whose call has not started: withdrawn, or changed the other way.
+    (A.APPROVED, Out.WITHDRAWN): A.PENDING,
+    (A.REJECTED, Out.WITHDRAWN): A.PENDING,
+    (A.APPROVED, Out.REJECTED): A.REJECTED,
+    (A.REJECTED, Out.APPROVED): A.APPROVED,
 }
+# The decisions a person may still withdraw or change (their call not started yet).
+CHANGEABLE: frozenset[ApprovalStatus] = frozenset({A.APPROVED, A.REJECTED})
 
 RESOLVED: frozenset[ApprovalStatus] = frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.CANCELLED})
 

@@ -209,6 +209,7 @@ class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
         "updated_at",
     )
     search_fields = ("owner__username",)
+    list_select_related = ("owner",)
     readonly_fields = ("owner", "balance", "reserved", "spent_today", "spent_day", "actions_links")
     fields = (
         "owner",
@@ -225,10 +226,29 @@ class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # accounts open with their first grant
 
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Titled by whose credits they are, not the row's id."""
+        rows = tenant_scope(CreditAccount.objects.select_related("owner"), request.user, "owner")
+        account = rows.filter(pk=int(object_id)).first() if str(object_id).isdigit() else None
+        extra = dict(extra_context or {})
+        if account is not None:
+            extra["title"] = f"Credits of {account.owner.get_username()}"
+            extra["subtitle"] = None  # the title says it; the fields show the balance
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
     def save_model(self, request: HttpRequest, obj: CreditAccount, form: Any, change: bool) -> None:
         # Only the settings are editable here; points move through grant and adjust.
         account_settings_update(
-            owner_id=obj.owner_id, daily_cap=obj.daily_cap, low_water_mark=obj.low_water_mark
+            owner_id=obj.owner_id,
+            daily_cap=obj.daily_cap,
+            low_water_mark=obj.low_water_mark,
+            actor=f"admin:{request.user.get_username()}",
         )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

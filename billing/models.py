@@ -49,7 +49,8 @@ class CreditAccount(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"credits of {self.owner_id}: {self.balance}"
+        # Named by its owner, as the admin's pages title it (the balance moves).
+        return f"credits of {self.owner.get_username()}"
 
 
 class LedgerKind(models.TextChoices):
@@ -230,4 +231,4 @@ class OwnerBudget(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
-        return f"budget of {self.owner_id}"
+        return f"budget of {self.owner.get_username()}"

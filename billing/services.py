@@ -24,6 +24,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.models import AuditAction
+from audit.services import audit_record
+
 from .models import (
     CreditAccount,
     CreditLedger,
@@ -78,8 +81,8 @@ def credits_grant(
     if points < 0:
         raise CreditError("a grant cannot be negative; use an adjustment")
     with transaction.atomic():
-        account_ensure(owner_id=owner_id)
-        return _balance_change(
+        before = account_ensure(owner_id=owner_id)
+        account = _balance_change(
             owner_id=owner_id,
             delta=points,
             kind=LedgerKind.GRANT,
@@ -88,27 +91,77 @@ def credits_grant(
             daily_cap=daily_cap,
             set_daily_cap=set_daily_cap,
         )
+        _credits_audit(
+            AuditAction.CREDITS_GRANT, before, account, actor=actor, note=note, delta=points
+        )
+        return account
 
 
 def credits_adjust(*, owner_id: int, delta: int, actor: str, note: str = "") -> CreditAccount:
     """Correct a balance up or down (never below zero)."""
     with transaction.atomic():
-        account_ensure(owner_id=owner_id)
-        return _balance_change(
+        before = account_ensure(owner_id=owner_id)
+        account = _balance_change(
             owner_id=owner_id, delta=delta, kind=LedgerKind.ADJUST, actor=actor, note=note
         )
+        _credits_audit(
+            AuditAction.CREDITS_ADJUST, before, account, actor=actor, note=note, delta=delta
+        )
+        return account
 
 
 def account_settings_update(
-    *, owner_id: int, daily_cap: int | None, low_water_mark: int | None = None
+    *,
+    owner_id: int,
+    daily_cap: int | None,
+    low_water_mark: int | None = None,
+    actor: str = "",
 ) -> CreditAccount:
-    account = account_ensure(owner_id=owner_id)
-    fields = {"daily_cap": daily_cap}
-    if low_water_mark is not None:
-        fields["low_water_mark"] = low_water_mark
-    CreditAccount.objects.filter(pk=account.pk).update(**fields)
-    account.refresh_from_db()
-    return account
+    with transaction.atomic():
+        account = account_ensure(owner_id=owner_id)
+        before = CreditAccount.objects.get(pk=account.pk)
+        fields = {"daily_cap": daily_cap}
+        if low_water_mark is not None:
+            fields["low_water_mark"] = low_water_mark
+        CreditAccount.objects.filter(pk=account.pk).update(**fields)
+        account.refresh_from_db()
+        if actor:
+            _credits_audit(AuditAction.CREDITS_SETTINGS, before, account, actor=actor)
+        return account
+
+
+AUDITED_ACCOUNT_FIELDS = ("balance", "daily_cap", "low_water_mark")
+
+
+def _credits_audit(
+    action: AuditAction,
+    before: CreditAccount,
+    after: CreditAccount,
+    *,
+    actor: str,
+    note: str = "",
+    delta: int = 0,
+) -> None:
+    """A grant's, an adjustment's or a settings change's audit entry, in its transaction."""
+    old = {f: getattr(before, f) for f in AUDITED_ACCOUNT_FIELDS}
+    new = {f: getattr(after, f) for f in AUDITED_ACCOUNT_FIELDS}
+    # What the guarded UPDATE moved from (calls may have reserved points meanwhile).
+    old["balance"] = after.balance - delta
+    changed = [f for f in AUDITED_ACCOUNT_FIELDS if old[f] != new[f]]
+    if action == AuditAction.CREDITS_SETTINGS and not changed:
+        return
+    audit_record(
+        action=action,
+        actor=actor,
+        object_type=CreditAccount._meta.label_lower,
+        object_id=after.pk,
+        object_repr=after.owner.get_username(),
+        owner_id=after.owner_id,
+        before={f: old[f] for f in changed},
+        after={f: new[f] for f in changed},
+        reason=note,
+        data={"points": delta} if delta else {},
+    )
 
 
 def _balance_change(

@@ -4,14 +4,18 @@ Not session logic: an edge-ish service (the `apply_config` command, `make run`, 
 test and benchmark fixtures call it) that writes rows of several apps at once.
 """
 
+import json
 import os
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from accounts.models import Role
+from audit.selectors import admin_changed_fields
 from memory.models import EmbeddingEndpoint
 from sessions.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
@@ -107,21 +111,65 @@ AGENT_FIELDS = (
 )
 EMBEDDINGS_FIELDS = ("base_url", "model", "dimension", "api_key_env", "timeout_s", "enabled")
 AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")
+# Everything of an agent a file may set (its model, fallback and candidate are always set).
+AGENT_MANAGED = (*AGENT_FIELDS, *AGENT_COST_FIELDS, "cheap_model", "summary_model")
 
 
-def _upsert(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> str:
-    """Create or update one row; say which, or 'unchanged'."""
+def _upsert(
+    model: Any, lookup: dict[str, Any], values: dict[str, Any], managed: Sequence[str] = ()
+) -> str:
+    """Create or update one row; say which, or 'unchanged'. An unchanged row whose `managed`
+    fields the file leaves out but the database holds otherwise (the admin changed them)
+    says so, with the difference: applying the file does not take those back."""
     row = model.objects.filter(**lookup).first()
     if row is None:
         model.objects.create(**lookup, **values)
         return "created"
     changed = [name for name, value in values.items() if getattr(row, name) != value]
     if not changed:
-        return "unchanged"
+        drift = _drift(row, values, managed)
+        return f"unchanged in the file; {drift}" if drift else "unchanged"
     for name in changed:
         setattr(row, name, values[name])
     row.save()
     return "updated (" + ", ".join(changed) + ")"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _drift(row: Any, values: dict[str, Any], managed: Sequence[str]) -> str:
+    """The fields the file leaves at their default that the row holds otherwise, as
+    `the admin changed: a (now 3; the file: null, by admin:alice 2026-...)` for those the
+    audit trail shows an admin edit of, `differs from the file: b (...)` for the rest."""
+    edits = admin_changed_fields(object_type=row._meta.label_lower, object_id=row.pk)
+    by_admin: list[str] = []
+    other: list[str] = []
+    for name in managed:
+        if name in values:
+            continue
+        field = row._meta.get_field(name)
+        now = getattr(row, field.attname)
+        default = field.get_default()
+        if field.is_relation:
+            default = None
+        if now == default or (now in (None, "") and default in (None, "")):
+            continue
+        line = f"{name} (now {_shown(now)}; the file: {_shown(default)}"
+        entry = edits.get(field.attname) or edits.get(name)
+        if entry is not None:
+            when = timezone.localtime(entry.at).strftime("%Y-%m-%d %H:%M:%S")
+            by_admin.append(f"{line}, by {entry.actor} {when})")
+        else:
+            other.append(line + ")")
+    parts = []
+    if by_admin:
+        parts.append("the admin changed: " + ", ".join(by_admin))
+    if other:
+        parts.append("differs from the file: " + ", ".join(other))
+    return "; ".join(parts)
 
 
 MCP_SERVER_FIELDS = ("url", "command", "headers", "timeout_s", "roles", "tool_roles", "enabled")
@@ -273,16 +321,16 @@ def config_apply(
     with transaction.atomic():
         for entry in document.get("roles") or []:
             values = {"description": entry.get("description", "")}
-            report.append(f"role {entry['name']}: {_upsert(Role, {'name': entry['name']}, values)}")
+            done = _upsert(Role, {"name": entry["name"]}, values, ("description",))
+            report.append(f"role {entry['name']}: {done}")
         for i, entry in enumerate(document.get("models") or []):
             values = {k: entry[k] for k in MODEL_FIELDS if k in entry}
             for price in ("price_input_per_1k", "price_output_per_1k", "credits_per_1k_tokens"):
                 if price in values:
                     values[price] = Decimal(str(values[price]))
             notes = resolved("models", i, values)
-            report.append(
-                f"model {entry['name']}: {_upsert(ModelEndpoint, {'name': entry['name']}, values)}{notes}"
-            )
+            done = _upsert(ModelEndpoint, {"name": entry["name"]}, values, MODEL_FIELDS)
+            report.append(f"model {entry['name']}: {done}{notes}")
             key_env = entry.get("api_key_env")
             if key_env and not os.environ.get(key_env):
                 warnings.append(
@@ -292,7 +340,7 @@ def config_apply(
         for i, entry in enumerate(document.get("embeddings") or []):
             values = {k: entry[k] for k in EMBEDDINGS_FIELDS if k in entry}
             notes = resolved("embeddings", i, values)
-            done = _upsert(EmbeddingEndpoint, {"name": entry["name"]}, values)
+            done = _upsert(EmbeddingEndpoint, {"name": entry["name"]}, values, EMBEDDINGS_FIELDS)
             report.append(f"embeddings {entry['name']}: {done}{notes}")
             key_env = entry.get("api_key_env")
             if key_env and not os.environ.get(key_env):
@@ -304,15 +352,13 @@ def config_apply(
             values = {k: entry[k] for k in TOOL_FIELDS if k in entry}
             values.setdefault("parameters", {"type": "object", "properties": {}})
             notes = resolved("tools", i, values)
-            report.append(
-                f"tool {entry['name']}: {_upsert(Tool, {'name': entry['name']}, values)}{notes}"
-            )
+            done = _upsert(Tool, {"name": entry["name"]}, values, TOOL_FIELDS)
+            report.append(f"tool {entry['name']}: {done}{notes}")
         for i, entry in enumerate(document.get("mcp_servers") or []):
             values = {k: entry[k] for k in MCP_SERVER_FIELDS if k in entry}
             notes = resolved("mcp_servers", i, values)
-            report.append(
-                f"mcp server {entry['name']}: {_upsert(McpServer, {'name': entry['name']}, values)}{notes}"
-            )
+            done = _upsert(McpServer, {"name": entry["name"]}, values, MCP_SERVER_FIELDS)
+            report.append(f"mcp server {entry['name']}: {done}{notes}")
             listed = discovered.get(entry["name"])
             if listed is not None:
                 server = McpServer.objects.get(name=entry["name"])
@@ -348,9 +394,8 @@ def config_apply(
             values["candidate_model"] = (
                 ModelEndpoint.objects.get(name=candidate) if candidate else None
             )
-            report.append(
-                f"agent {entry['slug']}: {_upsert(Agent, {'slug': entry['slug']}, values)}"
-            )
+            done = _upsert(Agent, {"slug": entry["slug"]}, values, AGENT_MANAGED)
+            report.append(f"agent {entry['slug']}: {done}")
         default_model = (document.get("models") or [{}])[0].get("name")
         for i, entry in enumerate(document.get("workflows") or []):
             where = f"workflows[{i}] ({entry['slug']})"

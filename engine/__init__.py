@@ -10,14 +10,13 @@ from engine.gates.client_tools import open_client_calls
 from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
 from engine.model.context import summary_through
-from engine.moves.approval import approval_recorded
+from engine.moves.approval import approval_changed, approval_recorded
 from engine.moves.ask_user import client_results, user_answer
 from engine.moves.takeover import (
     hand_back,
     operator_finish,
     operator_reply,
     operator_tool_intent,
-    operator_tool_result,
 )
 from engine.moves.turn import (
     INTERRUPT_REASON,
@@ -35,6 +34,7 @@ __all__ = [
     "INTERRUPT_REASON",
     "RunResult",
     "agent_tool_names",
+    "approval_changed",
     "approval_recorded",
     "client_results",
     "StaleSession",

@@ -217,9 +217,11 @@ class ApprovalRequested(TypedDict):
 
 class ApprovalResolved(TypedDict):
     approval_id: str
-    outcome: str  # approved | rejected | expired | escalated
+    outcome: str  # approved | rejected | expired | escalated | cancelled | withdrawn
     by: str
     comment: str
+    # A changed decision: the one it replaces (approved | rejected).
+    previous: NotRequired[str]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 

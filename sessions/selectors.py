@@ -369,20 +369,25 @@ def session_activity(*, session: Session) -> SessionActivity:
 
 
 def messages_recent(*, session_ids: list[Any], per_session: int = 4) -> dict[Any, list[Message]]:
-    """Each session's last few user and assistant messages, oldest first (one query)."""
+    """Each session's last few messages of the conversation, oldest first (one query): what
+    the user and the assistant said, the tool calls the assistant asked for and their
+    results (platform notes and summaries left out)."""
     from django.db.models import Window
     from django.db.models.functions import RowNumber
 
     if not session_ids:
         return {}
     rows = (
-        Message.objects.filter(session_id__in=session_ids, role__in=["user", "assistant"])
-        .exclude(content="")
+        Message.objects.filter(
+            session_id__in=session_ids, role__in=["user", "assistant", "tool"], status="final"
+        )
+        .exclude(Q(content="") & Q(tool_calls__isnull=True))
+        .exclude(Q(content="") & Q(tool_calls=[]))
         .annotate(
             recent=Window(RowNumber(), partition_by=[F("session_id")], order_by=F("id").desc())
         )
         .filter(recent__lte=per_session)
-        .only("session_id", "role", "content", "created_at", "seq")
+        .only("session_id", "role", "name", "content", "tool_calls", "created_at", "seq")
     )
     found: dict[Any, list[Message]] = {}
     for message in sorted(rows, key=lambda m: m.pk):

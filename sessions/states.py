@@ -39,6 +39,8 @@ class Trigger(StrEnum):
     RESUME = "resume"
     OPERATOR_ANSWER = "operator_answer"
     HAND_BACK = "hand_back"
+    OPERATOR_TOOL = "operator_tool"
+    OPERATOR_DONE = "operator_done"
     FORK = "fork"
     HANDOFF = "handoff"
 
@@ -96,6 +98,13 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.IDLE, T.HAND_BACK): S.TOOL_LOOP,
     (S.FINISHED, T.HAND_BACK): S.TOOL_LOOP,
     (S.CANCELLED, T.HAND_BACK): S.TOOL_LOOP,
+    # An operator runs a tool by hand between turns: the tool phase runs it like a model's
+    # call (gates, approval, credits, probes), then the turn ends again without the model.
+    (S.IDLE, T.OPERATOR_TOOL): S.TOOL_WAIT,
+    (S.FINISHED, T.OPERATOR_TOOL): S.TOOL_WAIT,
+    (S.CANCELLED, T.OPERATOR_TOOL): S.TOOL_WAIT,
+    (S.ERROR, T.OPERATOR_TOOL): S.TOOL_WAIT,
+    (S.TOOL_LOOP, T.OPERATOR_DONE): S.FINISHED,
     # A session forked from a checkpoint starts with the model deciding.
     (S.IDLE, T.FORK): S.TOOL_LOOP,
 }

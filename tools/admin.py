@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from accounts.admin_access import holds
+from audit.edits import AuditedAdmin, breaker_reset_audit
 
 from .descriptions import description_problems
 from .env_access import HeaderEnvRefused
@@ -157,7 +158,7 @@ class ToolAdminForm(forms.ModelForm):
 
 
 @admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
+class ToolAdmin(AuditedAdmin, admin.ModelAdmin):
     form = ToolAdminForm
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
     list_display = (
@@ -176,6 +177,7 @@ class ToolAdmin(admin.ModelAdmin):
     list_filter = ("kind", "enabled", "side_effects", "requires_approval", "risk_level")
     search_fields = ("name", "description", "handler", "url")
     readonly_fields = ("updated_at", "description_check", "mcp_source")
+    actions = ("reset_breaker",)
     fieldsets = (
         (
             None,
@@ -257,6 +259,19 @@ class ToolAdmin(admin.ModelAdmin):
         return optional_count_field(db_field) or super().formfield_for_dbfield(
             db_field, request, **kwargs
         )
+
+    def has_reset_breaker_permission(self, request: HttpRequest) -> bool:
+        # A reset sends calls to a tool the breaker judged down: not an edit of the row.
+        return holds(request, "tools.reset_breaker_tool")
+
+    @admin.action(description="Reset the circuit breaker", permissions=["reset_breaker"])
+    def reset_breaker(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        breaker = tool_breaker()
+        for tool in queryset:
+            state = breaker.state(tool.name).state
+            breaker.reset(tool.name)
+            breaker_reset_audit(request, tool, state)
+        self.message_user(request, f"Reset {queryset.count()} breaker(s).")
 
     @admin.display(description="approval", boolean=True, ordering="requires_approval")
     def approval(self, obj: Tool) -> bool:

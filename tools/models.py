@@ -170,6 +170,8 @@ class Tool(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # Beyond Django's four: a reset sends calls to a tool its breaker judged down.
+        permissions = [("reset_breaker_tool", "Can reset a tool's breaker")]
 
     def __str__(self) -> str:
         return self.name

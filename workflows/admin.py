@@ -10,8 +10,13 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+
+from audit.edits import AuditedAdmin, admin_actor
+from audit.models import AuditAction
+from audit.services import admin_change_record
 
 from .definition import Definition, WorkflowInvalid
 from .graph_svg import workflow_svg
@@ -76,7 +81,7 @@ class WorkflowForm(forms.ModelForm):
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
     form = WorkflowForm
     list_display = ("slug", "name", "role", "current_version", "enabled", "runs_link")
     list_filter = ("enabled", "role")
@@ -103,7 +108,10 @@ class WorkflowAdmin(admin.ModelAdmin):
     @admin.display(description="Versions")
     def versions(self, obj: Workflow) -> str:
         rows = WorkflowVersion.objects.filter(workflow=obj).order_by("-number")[:20]
-        return ", ".join(f"v{v.number} ({v.source}, {v.created_at:%Y-%m-%d %H:%M})" for v in rows)
+        return ", ".join(
+            f"v{v.number} ({v.source}, {timezone.localtime(v.created_at):%Y-%m-%d %H:%M:%S})"
+            for v in rows
+        )
 
     @admin.display(description="Runs", ordering="run_count")
     def runs_link(self, obj: Workflow) -> str:
@@ -118,6 +126,12 @@ class WorkflowAdmin(admin.ModelAdmin):
         step), never by saving the row as the form left it."""
         definition = form.definition
         assert definition is not None
+        enabled = form.cleaned_data.get("enabled", True)
+        was_enabled = (
+            Workflow.objects.filter(pk=obj.pk).values_list("enabled", flat=True).first()
+            if change
+            else None
+        )
         with transaction.atomic():
             workflow_apply(
                 definition=definition,
@@ -126,8 +140,17 @@ class WorkflowAdmin(admin.ModelAdmin):
                 user=request.user,  # type: ignore[arg-type]
             )
             saved = Workflow.objects.get(slug=definition.slug)
-            if change and saved.enabled != form.cleaned_data.get("enabled", True):
-                Workflow.objects.filter(pk=saved.pk).update(enabled=form.cleaned_data["enabled"])
+            if change and saved.enabled != enabled:
+                Workflow.objects.filter(pk=saved.pk).update(enabled=enabled)
+            if was_enabled is not None and was_enabled != enabled:
+                admin_change_record(
+                    actor=admin_actor(request),
+                    user_id=request.user.pk,
+                    obj=saved,
+                    before={"enabled": was_enabled},
+                    after={"enabled": enabled},
+                    action=AuditAction.ADMIN_CHANGE,
+                )
         obj.pk = saved.pk
         obj.slug = saved.slug
 

@@ -13,6 +13,9 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from jsonschema import Draft202012Validator
 
+from audit.diff import changes
+from audit.models import AuditAction
+from audit.services import audit_record
 from engine import turn_start
 from memory.tokens import count_message_tokens
 from sessions import dispatch
@@ -147,6 +150,23 @@ def _workflow_store(
     )
     workflow.current_version = number
     workflow.save()
+    if user is not None:
+        # A person's edit (the admin) is in the audit trail, as the definition's changes.
+        before, after = changes(
+            {"definition": latest.definition} if latest is not None else None,
+            {"definition": raw},
+        )
+        audit_record(
+            action=AuditAction.ADMIN_ADD if created else AuditAction.ADMIN_CHANGE,
+            actor=f"{source}:{user.get_username()}",
+            user_id=user.pk,
+            object_type=Workflow._meta.label_lower,
+            object_id=workflow.pk,
+            object_repr=str(workflow),
+            before=before,
+            after=after,
+            data={"version": number},
+        )
     return f"workflow {definition.slug}: {'created' if created else 'updated'} (version {number})"
 
 

@@ -7,6 +7,7 @@ effect. The gate that decides which calls wait is engine/gates/approval.py.
 - `approval_recorded`, for a decision or a deadline: the `approval.resolved` event, and
   once nothing of the step is pending, back to `tool_wait`, where the gate lets approved
   calls run and turns refused ones into results.
+- `approval_changed`, for a decision withdrawn or changed before its call started.
 - `recovery_reviews_open`: an uncertain call no probe could settle goes to a person.
 """
 
@@ -20,7 +21,7 @@ from engine.gates.approval import requested_event
 from engine.moves.turn import build_step, step_commit
 from sessions.events import ApprovalResolved, EventSpec, EventType
 from sessions.models import Session, ToolCall
-from sessions.states import Trigger
+from sessions.states import State, Trigger
 from tools.execution import ToolSnapshot
 
 
@@ -70,6 +71,40 @@ def approval_recorded(
             checkpoint={"approval": [str(approval.pk), outcome.value]},
             # Waiting for a person was not running: the resumed turn gets its full time.
             set_fields={"turn_started_at": timezone.now()} if resume else None,
+        )
+    )
+
+
+def approval_changed(
+    *, session: Session, approval: Approval, outcome: Outcome, previous: str, by: str
+) -> None:
+    """Record a decision withdrawn (pending again: the step waits for a person again,
+    `tool_wait` -> `awaiting_approval`) or changed (approved <-> rejected) while its call
+    had not started. The version moves either way, so a step begun on the old decision
+    cannot commit on it."""
+    resolved: ApprovalResolved = {
+        "approval_id": str(approval.pk),
+        "outcome": outcome.value,
+        "by": by,
+        "comment": approval.comment,
+        "previous": previous,
+    }
+    events = [EventSpec(EventType.APPROVAL_RESOLVED, resolved)]
+    trigger = None
+    if outcome == Outcome.WITHDRAWN:
+        events.append(requested_event(approval))
+        if State(session.state) == State.TOOL_WAIT:
+            trigger = Trigger.APPROVAL_NEEDED
+    step_commit(
+        build_step(
+            session,
+            None,
+            trigger=trigger,
+            phase="approval_change",
+            reason=f"{approval.tool_name}: {previous} -> {approval.status} by {by}",
+            actor=by,
+            events=events,
+            checkpoint={"approval": [str(approval.pk), outcome.value, previous]},
         )
     )
 

@@ -2,7 +2,8 @@
 
 Each is a step like any other (transition, checkpoint, events), recorded with
 the operator as the actor; the messages carry `data.from = "operator"` so
-every reader (admin, API, the model's history) can tell them apart.
+every reader (admin, API, the model's history) can tell them apart. A tool run
+by hand commits its intent here; the tool phase runs it, as it runs the model's.
 """
 
 import uuid
@@ -12,13 +13,12 @@ from django.utils import timezone
 
 from engine.gates.guards import canonical_json
 from engine.model.context import tool_calls_json
-from engine.moves.turn import build_step, step_commit, turn_finish
+from engine.moves.turn import OPERATOR_CALL_PREFIX, build_step, step_commit, turn_finish
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason, ToolFinished, ToolStarted
+from sessions.events import EventSpec, EventType, StopReason, ToolStarted
 from sessions.models import Message, Session, ToolCall
 from sessions.states import Trigger
-from tools.execution import ToolOutcome
 
 
 def operator_message(session: Session, content: str, actor: str) -> Message:
@@ -64,8 +64,13 @@ def operator_reply(*, session: Session, content: str, actor: str) -> Message:
 def operator_tool_intent(
     *, session: Session, tool_name: str, arguments: dict[str, Any], actor: str
 ) -> ToolCall:
-    """Commit a hand-run call like a model's: its row, key, the assistant's request, tool.started."""
-    call_id = f"op_{uuid.uuid4().hex[:12]}"
+    """Commit a hand-run call's intent like a model's: its row and idempotency key, the
+    assistant's request, tool.started, and the move to `tool_wait` (from a turn that has
+    ended). A worker's tool step runs it from there as it runs any call: role gating and
+    the schema, the risk assessment and its pre-run checkpoint, the approval gate, credits,
+    the dispatched mark and, after a crash, the probe; its results end the turn again
+    (engine/moves/turn.py `tool_results`)."""
+    call_id = f"{OPERATOR_CALL_PREFIX}{uuid.uuid4().hex[:12]}"
     step_no = session.step + 1
     call = ToolCall(
         turn=session.turn,
@@ -89,7 +94,7 @@ def operator_tool_intent(
         build_step(
             session,
             None,
-            trigger=None,
+            trigger=Trigger.OPERATOR_TOOL,
             phase="operator_tool",
             reason=f"{tool_name} run by {actor}",
             actor=actor,
@@ -102,63 +107,11 @@ def operator_tool_intent(
                 )
             ],
             checkpoint={"pending": [[call_id, call.idempotency_key]], "by": actor},
+            # The tool phase's time limits count from here; an earlier failure is history.
+            set_fields={"turn_started_at": timezone.now(), "last_error": ""},
         )
     )
     return call
-
-
-def operator_tool_result(
-    *, session: Session, call: ToolCall, outcome: ToolOutcome, actor: str
-) -> None:
-    """Commit the hand-run call's result: the row, the tool message, tool.finished."""
-    call.status = outcome.status
-    call.output = outcome.output
-    call.error = outcome.error
-    call.elapsed_ms = outcome.elapsed_ms
-    call.coercions = outcome.coercions
-    call.attempts = outcome.attempts
-    call.finished_at = timezone.now()
-    message = Message(
-        turn=session.turn,
-        role="tool",
-        content=outcome.content,
-        tool_call_id=call.call_id,
-        name=call.tool_name,
-        data=outcome.output
-        if outcome.output is not None
-        else {"error": outcome.error, "status": outcome.status},
-        token_count=count_message_tokens(outcome.content),
-    )
-    step_commit(
-        build_step(
-            session,
-            None,
-            trigger=None,
-            phase="operator_tool_result",
-            reason=f"{call.tool_name}={call.status}",
-            actor=actor,
-            messages=[message],
-            updated_tool_calls=[call],
-            events=[
-                EventSpec(
-                    EventType.TOOL_FINISHED,
-                    ToolFinished(
-                        call_id=call.call_id,
-                        tool=call.tool_name,
-                        status=call.status,
-                        elapsed_ms=call.elapsed_ms,
-                        output=call.output,
-                        error=call.error,
-                        cached=False,
-                        coercions=call.coercions,
-                        probed=None,
-                        turn=call.turn,
-                    ),
-                )
-            ],
-            checkpoint={"done": [[call.call_id, call.status, call.attempts]], "by": actor},
-        )
-    )
 
 
 def hand_back(*, session: Session, actor: str) -> None:

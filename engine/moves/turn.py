@@ -53,6 +53,13 @@ if TYPE_CHECKING:
 
 INTERRUPT_REASON = "interrupted by a new message"
 TIMER_HANDLER = "builtin.schedule_followup"
+# A call an operator runs by hand (engine/moves/takeover.py) has an id with this prefix.
+OPERATOR_CALL_PREFIX = "op_"
+
+
+def operator_call(call: ToolCall) -> bool:
+    """The call was run by hand by an operator, not asked for by the model."""
+    return call.call_id.startswith(OPERATOR_CALL_PREFIX)
 
 
 def step_commit(step: Step) -> Committed:
@@ -455,7 +462,9 @@ def tool_results(
     open for the client's results.
 
     A cancel requested while the tools ran stops at `tool_loop` (the results
-    are kept), where the run loop carries the cancel out.
+    are kept), where the run loop carries the cancel out. Calls an operator ran by
+    hand end the turn again (-> tool_loop -> finished, stop reason `operator`): the
+    model decides only once they hand the session back.
     """
     finished_at = timezone.now()
     messages: list[Message] = []
@@ -502,8 +511,16 @@ def tool_results(
     fold = trigger in (Trigger.TOOL_RESULTS, Trigger.HANDOFF) and not session.cancel_requested
     events += extra_events or []
     finish: list[EventSpec] = []
-    if stop is not None and fold:
-        messages.append(
+    # What the turn's end adds (the agent's partial answer), only if this commit ends it.
+    closing: list[Message] = []
+    by_hand = bool(calls) and all(operator_call(c) for c in calls)
+    if by_hand and fold:
+        summary = turn_summary(
+            session, StopReason.OPERATOR, calls=turn_calls_counted(session, calls)
+        )
+        finish = [EventSpec(EventType.TURN_FINISHED, summary)]
+    elif stop is not None and fold:
+        closing.append(
             Message(
                 turn=session.turn,
                 role="assistant",
@@ -522,7 +539,7 @@ def tool_results(
             trigger=trigger,
             phase="tool_results",
             reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
-            messages=messages if fold or not finish else messages[:-1],
+            messages=messages + closing if fold else messages,
             updated_tool_calls=calls,
             events=events,
             after_events=finish if fold else [],
@@ -541,7 +558,8 @@ def tool_results(
             },
             unless_cancel_requested=fold,
         )
-        step.then = (Trigger.LIMIT_REACHED if finish else Trigger.MODEL_CALL) if fold else None
+        then = Trigger.OPERATOR_DONE if by_hand else Trigger.LIMIT_REACHED
+        step.then = (then if finish else Trigger.MODEL_CALL) if fold else None
         step_commit(step)
         # A workflow's node step reads these calls next (engine/phases/node.py).
         finished_keep(session, calls)

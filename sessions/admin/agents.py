@@ -4,15 +4,18 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
+from audit.edits import AuditedAdmin
 from configuration.schema import RULE, routing_rule_problems
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
+from tools.execution import BUILTIN_TOOLS
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
@@ -20,9 +23,45 @@ from .. import selectors
 from ..models import Agent
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
+# Another agent as a tool (engine/gates/children.py names it the same way).
+AGENT_TOOL_PREFIX = "agent."
+
+
+def tool_choices(current: list[str], own_slug: str = "") -> list[tuple[str, str]]:
+    """Every tool an agent may list: the tools (a disabled one says so), the built-ins, and
+    the other agents as tools (`agent.<slug>`); a listed name that is none of these stays,
+    marked, so the form shows what the agent has."""
+    rows = Tool.objects.order_by("name").values_list("name", "enabled", "side_effects")
+    choices = [
+        (name, name + (" (side effects)" if effects else "") + ("" if enabled else " (disabled)"))
+        for name, enabled, effects in rows
+    ]
+    choices += [(name, f"{name} (built in)") for name in sorted(BUILTIN_TOOLS)]
+    choices += [
+        (f"{AGENT_TOOL_PREFIX}{slug}", f"{AGENT_TOOL_PREFIX}{slug} (another agent)")
+        for slug in Agent.objects.filter(workflow__isnull=True)
+        .exclude(slug=own_slug)
+        .order_by("slug")
+        .values_list("slug", flat=True)
+    ]
+    known = {name for name, _ in choices}
+    return choices + [(name, f"{name} (unknown)") for name in current if name not in known]
 
 
 class AgentAdminForm(forms.ModelForm):
+    # The known tools to pick from, not a comma-separated text field.
+    tools = forms.MultipleChoiceField(
+        required=False,
+        label="",  # the fieldset and the picker's two panes name it
+        widget=FilteredSelectMultiple("tools", is_stacked=False),
+        help_text="The tools the agent's model may call (each still gated by the session's role).",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        current = list(self.instance.tools or []) if self.instance.pk else []
+        self.fields["tools"].choices = tool_choices(current, own_slug=self.instance.slug or "")
+
     class Meta:
         model = Agent
         fields = (
@@ -57,12 +96,16 @@ class AgentAdminForm(forms.ModelForm):
         )
         widgets = {
             "system_prompt": forms.Textarea(attrs={"rows": 8, "cols": 100}),
-            "tools": forms.TextInput(attrs={"size": 90}),
         }
 
     def clean_tools(self) -> list[str]:
-        names: list[str] = self.cleaned_data.get("tools") or []
+        names: list[str] = list(self.cleaned_data.get("tools") or [])
         known = set(Tool.objects.filter(name__in=names).values_list("name", flat=True))
+        known |= set(BUILTIN_TOOLS)
+        known |= {
+            f"{AGENT_TOOL_PREFIX}{slug}"
+            for slug in Agent.objects.filter(workflow__isnull=True).values_list("slug", flat=True)
+        }
         unknown = [name for name in names if name not in known]
         if unknown:
             raise forms.ValidationError(f"Unknown tool(s): {', '.join(unknown)}.")
@@ -114,7 +157,7 @@ class AgentAdminForm(forms.ModelForm):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
     form = AgentAdminForm
     formfield_overrides = JSON_FIELD
     list_display = (
@@ -185,7 +228,14 @@ class AgentAdmin(admin.ModelAdmin):
                 "model, else the cheap model, else the fallback, else the model.",
             },
         ),
-        ("Tools", {"fields": ("tools",), "description": "Comma-separated tool names."}),
+        (
+            "Tools",
+            {
+                "fields": ("tools",),
+                "description": "Pick from the known tools: this platform's, the built-ins, "
+                "and the other agents (agent.SLUG).",
+            },
+        ),
         (
             "Agents together and model routing",
             {

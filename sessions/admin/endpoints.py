@@ -12,6 +12,7 @@ from django.utils.html import format_html
 
 from accounts.admin_access import holds
 from accounts.tenancy import TenantScopedAdmin
+from audit.edits import AuditedAdmin, breaker_reset_audit
 from runtime.breaker import model_breaker
 from tools.forms import JSON_FIELD, breaker_badge, optional_count_field
 
@@ -21,7 +22,7 @@ from .display import format_cost, short
 
 
 @admin.register(ModelEndpoint)
-class ModelEndpointAdmin(admin.ModelAdmin):
+class ModelEndpointAdmin(AuditedAdmin, admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}
     list_display = (
         "name",
@@ -66,7 +67,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: ModelEndpoint) -> str:
-        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M")
+        return timezone.localtime(obj.updated_at).strftime("%Y-%m-%d %H:%M:%S")
 
     @admin.display(description="API key")
     def key_status(self, obj: ModelEndpoint) -> str:
@@ -87,8 +88,11 @@ class ModelEndpointAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reset the circuit breaker", permissions=["reset_breaker"])
     def reset_breaker(self, request: HttpRequest, queryset: QuerySet[ModelEndpoint]) -> None:
+        breaker = model_breaker()
         for endpoint in queryset:
-            model_breaker().reset(endpoint.name)
+            state = breaker.state(endpoint.name).state
+            breaker.reset(endpoint.name)
+            breaker_reset_audit(request, endpoint, state)
         self.message_user(request, f"Reset {queryset.count()} breaker(s).")
 
     readonly_fields = ("updated_at", "key_status")

@@ -1,25 +1,29 @@
 """A session's stored history, one list per table: messages, tool calls, transitions,
-checkpoints (forkable) and events.
+checkpoints (each with what happened at its step; forkable) and events.
 
 What was said (a message's text, a tool call's input and output, an event's payload, a
-checkpoint's context) takes `view_message_content` on top of each list's view permission;
-forking takes `fork_session` (a fork may repeat side effects)."""
+checkpoint's context and last message) takes `view_message_content` on top of each list's
+view permission; forking takes `fork_session` and a confirmation after its preview (a fork
+may repeat side effects)."""
 
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.tenancy import TenantScopedAdmin
 
-from .. import services
+from ..errors import DomainError
 from ..models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
+from ..previews import CheckpointStory, checkpoints_described
 from .base import ReadOnlyAdmin
 from .display import arguments_diff, event_summary, pre, short
+from .previews import fork_preview_page
 
 
 class MessageContentAdmin(ContentMaskedAdmin):
@@ -224,6 +228,22 @@ class TransitionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     readonly_fields = fields
 
 
+class CheckpointChangeList(ChangeList):
+    """The page's checkpoints, each with what happened at its step (three queries a page)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        stories = checkpoints_described(self.result_list)
+        for checkpoint in self.result_list:
+            checkpoint.story = stories.get(checkpoint.pk)
+
+
+def _story(obj: Checkpoint) -> CheckpointStory | None:
+    if not hasattr(obj, "story"):
+        obj.story = checkpoints_described([obj]).get(obj.pk)  # type: ignore[attr-defined]
+    return getattr(obj, "story", None)
+
+
 @admin.register(Checkpoint)
 class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     tenant_owner_path = "session__owner"
@@ -233,9 +253,10 @@ class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "step",
         "turn",
         "state",
-        "message_seq",
+        "happened",
+        "last_message",
         "size_bytes",
-        "created_at",
+        "at",
     )
     list_filter = ("state",)
     search_fields = ("=state",)
@@ -245,16 +266,24 @@ class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "step",
         "turn",
         "state",
+        "happened",
+        "last_message",
         "message_seq",
         "size_bytes",
         "fingerprint",
         "context_pretty",
-        "created_at",
+        "at",
     )
     readonly_fields = fields
     actions = ("fork_from_checkpoint",)
-    content_fields = {"context_pretty": "context_hidden"}
+    content_fields = {
+        "context_pretty": "context_hidden",
+        "last_message": "last_message_without_content",
+    }
     context_hidden = masked("context (what changed in this step)", MESSAGE_CONTENT)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return CheckpointChangeList
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # History is read-only, but forking writes a new session, not this row.
@@ -264,26 +293,47 @@ class CheckpointAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         return holds(request, "agent_sessions.fork_session")
 
     @admin.action(
-        description="Fork a new session from this checkpoint (may repeat side effects)",
+        description="Fork a new session from this checkpoint (preview first)",
         permissions=["fork"],
     )
-    def fork_from_checkpoint(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
-        actor = f"admin:{request.user.get_username()}"
-        for checkpoint in queryset.select_related("session"):
-            fork = services.session_fork(
-                session=checkpoint.session, step=checkpoint.step, actor=actor
-            )
-            url = reverse("admin:agent_sessions_session_change", args=[fork.pk])
-            self.message_user(
-                request,
-                format_html(
-                    'Forked <a href="{}">{}</a> from step {}.',
-                    url,
-                    str(fork.pk)[:8],
-                    checkpoint.step,
-                ),
-                messages.SUCCESS,
-            )
+    def fork_from_checkpoint(
+        self, request: HttpRequest, queryset: QuerySet[Checkpoint]
+    ) -> HttpResponse | None:
+        """The fork's preview (what it copies and may repeat); the fork needs its confirmation."""
+        chosen = list(queryset.select_related("session", "session__agent")[:2])
+        if len(chosen) != 1:
+            self.message_user(request, "Select one checkpoint to fork from.", messages.WARNING)
+            return None
+        checkpoint = chosen[0]
+        try:
+            return fork_preview_page(self, request, checkpoint.session, checkpoint.step)
+        except DomainError as exc:
+            self.message_user(request, exc.message, messages.WARNING)
+            return None
+
+    @admin.display(description="what happened")
+    def happened(self, obj: Checkpoint) -> str:
+        story = _story(obj)
+        return story.what if story is not None else "—"
+
+    @admin.display(description="last message")
+    def last_message(self, obj: Checkpoint) -> str:
+        story = _story(obj)
+        if story is None or not story.message_role:
+            return "—"
+        return f"#{story.message_seq} {story.message_role}: {story.message_text or '—'}"
+
+    @admin.display(description="last message")
+    def last_message_without_content(self, obj: Checkpoint) -> str:
+        story = _story(obj)
+        if story is None or not story.message_role:
+            return "—"
+        return f"#{story.message_seq} {story.message_role}"
+
+    @admin.display(description="at", ordering="created_at")
+    def at(self, obj: Checkpoint) -> str:
+        stamp = timezone.localtime(obj.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        return format_html('<span style="white-space:nowrap">{}</span>', stamp)
 
     @admin.display(description="context (what changed in this step)")
     def context_pretty(self, obj: Checkpoint) -> str:

@@ -53,6 +53,7 @@ from .display import (
     state_badge,
     turn_outcome_badge,
 )
+from .previews import fork_preview_page, tool_run_preview_page
 from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
 from .workflow_run import workflow_run_view
 
@@ -244,6 +245,7 @@ def _step_or_invalid(raw: str) -> int:
 
 
 # Each control of the session page, and the permission it takes (a has_<name>_permission).
+# Fork and run_tool first show a preview; only a POST with confirm=yes acts.
 CONTROLS = {
     "resume": "operate",
     "force_finish": "take_over",
@@ -617,19 +619,21 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 services.session_operator_reply(session=session, content=content, actor=actor)
                 done = "Your reply was recorded as from the operator."
             elif action == "run_tool":
+                tool = request.POST.get("tool", "")
+                arguments = _json_or_invalid(request.POST.get("arguments", ""))
+                if request.POST.get("confirm") != "yes":  # a preview first
+                    return tool_run_preview_page(self, request, session, tool, arguments)
                 call = services.session_operator_tool_run(
-                    session=session,
-                    tool_name=request.POST.get("tool", ""),
-                    arguments=_json_or_invalid(request.POST.get("arguments", "")),
-                    actor=actor,
+                    session=session, tool_name=tool, arguments=arguments, actor=actor
                 )
-                call.refresh_from_db()
-                done = f"{call.tool_name} ran by hand: {call.status}."
+                done = f"{call.tool_name} runs by hand on a worker (call {call.call_id}); see the timeline."
             elif action == "hand_back":
                 services.session_hand_back(session=session, actor=actor)
                 done = "Handed back: the agent decides next."
             elif action == "fork":
                 step = _step_or_invalid(at) if at else session.step
+                if request.POST.get("confirm") != "yes":  # a preview first
+                    return fork_preview_page(self, request, session, step)
                 target = services.session_fork(session=session, step=step, actor=actor)
                 done = f"Forked at step {step}: this is the new session."
             else:

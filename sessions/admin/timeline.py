@@ -64,7 +64,8 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
         summary = f"{r['from_state']} → {r['to_state']} ({r['trigger']})"
         if r["reason"]:
             summary += f": {short(r['reason'], 120)}"
-        if r["actor"]:
+        # A reason that already names who ("refund: approved by alice") is not told twice.
+        if r["actor"] and not r["reason"].endswith(f"by {r['actor']}"):
             summary += f" by {r['actor']}"
         return summary
     if entry.kind == "message":

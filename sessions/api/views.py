@@ -58,6 +58,11 @@ def _key_roles(request: Request) -> list[str]:
     return list(getattr(request.auth, "roles", None) or [])
 
 
+def _key_prefix(request: Request) -> str:
+    """The presenting key's prefix, for the audit trail."""
+    return str(getattr(request.auth, "prefix", "") or "")
+
+
 def _key_value_max(request: Request) -> float | None:
     """The highest session value an operator granted the caller's key (None: none granted)."""
     return getattr(request.auth, "max_value", None)
@@ -209,7 +214,9 @@ class SessionCancelView(APIView):
     @extend_schema(request=None, responses=CancelResultSerializer)
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
-        cancelled = services.session_cancel(session=session, actor=f"api:{request.user}")
+        cancelled = services.session_cancel(
+            session=session, actor=f"api:{request.user}", key_prefix=_key_prefix(request)
+        )
         session.refresh_from_db()
         return Response({"cancelled": cancelled, "session": SessionSerializer(session).data})
 
@@ -229,6 +236,7 @@ class SessionForkView(APIView):
             actor=f"api:{request.user}",
             role=payload.validated_data.get("role") or None,
             key_roles=_key_roles(request),
+            key_prefix=_key_prefix(request),
         )
         return Response(SessionSerializer(fork).data, status=status.HTTP_201_CREATED)
 
@@ -240,7 +248,10 @@ class SessionResumeView(APIView):
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
         resumed = services.session_resume(
-            session=session, actor=f"api:{request.user}", key_roles=_key_roles(request)
+            session=session,
+            actor=f"api:{request.user}",
+            key_roles=_key_roles(request),
+            key_prefix=_key_prefix(request),
         )
         resumed.refresh_from_db()
         return Response(SessionSerializer(resumed).data)

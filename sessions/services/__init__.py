@@ -13,7 +13,12 @@ commit. One module per concern:
 This module only names them, so the edges import `sessions.services` as before.
 """
 
-from sessions.services.approvals import approval_decide, approvals_expire_due, review_answer
+from sessions.services.approvals import (
+    approval_change,
+    approval_decide,
+    approvals_expire_due,
+    review_answer,
+)
 from sessions.services.fork import session_fork
 from sessions.services.grants import session_role_check, session_value_check
 from sessions.services.messages import (
@@ -52,6 +57,7 @@ __all__ = [
     "ephemeral_sessions_prune",
     "WAITING",
     "PostedMessage",
+    "approval_change",
     "approval_decide",
     "approvals_expire_due",
     "checkpoints_prune",

@@ -1,5 +1,6 @@
 """Decisions on approvals and recovery reviews (REST, the admin, the sweeper's expiry): the
-four-eyes rule, the deadline, and the move each decision causes.
+four-eyes rule, the deadline, and the move each decision causes; a decision withdrawn or
+changed while its call has not started.
 """
 
 import logging
@@ -19,14 +20,23 @@ from approvals.services import (
     approval_arguments_check,
     approval_resolve,
 )
-from approvals.states import Outcome
+from approvals.services import (
+    approval_change as approval_change_row,
+)
+from approvals.states import CHANGEABLE, Outcome
+from audit.diff import changes
+from audit.models import AuditAction
+from audit.services import audit_record
 from engine import (
+    approval_changed,
     approval_recorded,
 )
 from sessions import dispatch
 from sessions.errors import Conflict, Forbidden, InvalidInput, NotFound
 from sessions.models import (
     Session,
+    ToolCall,
+    ToolCallStatus,
 )
 from sessions.states import State
 from tools.execution import tools_for_agent
@@ -48,6 +58,7 @@ def _approval_apply(
     answer: str = "",
     answer_result: Any = None,
     within_deadline: bool = False,
+    key_prefix: str = "",
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -55,7 +66,7 @@ def _approval_apply(
     queue behind each other), then the approval moves by a conditional
     UPDATE: of two racing deciders exactly one gets a row back. When the
     step has nothing pending any more, the session goes back to `tool_wait`
-    and a worker is woken after commit.
+    and a worker is woken after commit. The decision's audit entry commits with it.
     """
     with transaction.atomic():
         locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
@@ -77,6 +88,15 @@ def _approval_apply(
         )
         if resolved is None:
             return None
+        _decision_audit(
+            approval=resolved,
+            outcome=outcome,
+            actor=actor,
+            user=user,
+            owner_id=locked.owner_id,
+            key_prefix=key_prefix,
+            reason=comment,
+        )
         if State(locked.state) == State.AWAITING_APPROVAL:
             resume = not approval_pending_exists(session_id=locked.pk)
             approval_recorded(
@@ -85,6 +105,64 @@ def _approval_apply(
             if resume:
                 dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return resolved
+
+
+def _decision_audit(
+    *,
+    approval: Approval,
+    outcome: Outcome,
+    actor: str,
+    user: User | None,
+    owner_id: int | None,
+    key_prefix: str = "",
+    reason: str = "",
+) -> None:
+    """The audit entry of a decision: a person's (approve, edit, reject, a review's answer)
+    or the deadline policy's (the system's, in a person's place)."""
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    if actor == SYSTEM_ACTOR:
+        action = AuditAction.APPROVAL_EXPIRED
+    elif approval.answer:
+        action = AuditAction.REVIEW_ANSWERED
+    elif outcome == Outcome.APPROVED and approval.edited_arguments is not None:
+        action = AuditAction.APPROVAL_EDITED
+        before, after = {"arguments": approval.arguments}, {"arguments": approval.edited_arguments}
+    elif outcome == Outcome.APPROVED:
+        action = AuditAction.APPROVAL_APPROVED
+    else:
+        action = AuditAction.APPROVAL_REJECTED
+    data: dict[str, Any] = {
+        "tool": approval.tool_name,
+        "session": str(approval.session_id),
+        "outcome": outcome.value,
+        "status": approval.status,
+    }
+    if approval.remember:
+        data["remember"] = True
+    if approval.answer:
+        data["answer"] = approval.answer
+    if actor == SYSTEM_ACTOR:
+        data["policy"] = approval.on_timeout
+    if before is not None:
+        before, after = changes(before, after)
+    if user is not None:
+        # A key decides over the API; without one, a person decided in the admin.
+        actor = f"{'api' if key_prefix else 'admin'}:{user.get_username()}"
+    audit_record(
+        action=action,
+        actor=actor,
+        user_id=user.pk if user is not None else None,
+        key_prefix=key_prefix,
+        object_type=Approval._meta.label_lower,
+        object_id=approval.pk,
+        object_repr=f"{approval.tool_name} ({approval.kind.replace('_', ' ')})",
+        owner_id=owner_id,
+        before=before,
+        after=after,
+        reason=reason,
+        data=data,
+    )
 
 
 def approval_decide(
@@ -96,6 +174,7 @@ def approval_decide(
     comment: str = "",
     arguments: dict[str, Any] | None = None,
     remember: bool = False,
+    key_prefix: str = "",
 ) -> Approval:
     """An approver's decision: approve (maybe with edited arguments), or reject with a comment.
 
@@ -134,11 +213,189 @@ def approval_decide(
         edited_arguments=edited,
         remember=remember and approve,
         within_deadline=True,
+        key_prefix=key_prefix,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)
         raise _resolved_conflict(fresh or approval)
     return resolved
+
+
+CHANGES = {
+    "pending": Outcome.WITHDRAWN,
+    "approved": Outcome.APPROVED,
+    "rejected": Outcome.REJECTED,
+}
+
+
+def approval_change(
+    *,
+    approval_id: UUID | str,
+    decision: str,
+    user: User,
+    groups: list[str],
+    comment: str = "",
+    arguments: dict[str, Any] | None = None,
+    key_prefix: str = "",
+) -> Approval:
+    """Withdraw a decision (`decision` "pending": the call waits for a person again, with a
+    fresh deadline) or change it ("approved" <-> "rejected"), while its call has not started.
+
+    The same rights as deciding (the group, four eyes; edited arguments re-validated).
+    Under the session's row lock, then the call's: 409 `call_started` once the run has
+    gone past the decision (another turn or state, a worker holding the run, the call
+    sent or finished); a decision is changed only from approved or rejected (409
+    `approval_not_changeable` for a pending, expired or cancelled one, or a review's
+    answer). The session records it (`approval.resolved` with `previous`; a withdrawal
+    asks again with `approval.requested`), the version moves so a step begun on the old
+    decision cannot commit on it, and the audit trail has it, in one transaction.
+    """
+    if decision not in CHANGES:
+        raise InvalidInput(
+            f"decision must be one of {', '.join(CHANGES)}", details={"field": "decision"}
+        )
+    approval = approval_get(approval_id=approval_id)
+    if approval is None:
+        raise NotFound(f"approval {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    _four_eyes_check(approval=approval, user=user)
+    _changeable_check(approval)
+    if decision == approval.status:
+        raise InvalidInput(f"approval {approval.pk} is already {decision}", code="unchanged")
+    outcome = CHANGES[decision]
+    edited = None
+    if outcome == Outcome.APPROVED and arguments is not None:
+        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
+        edited = approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+    actor = user.get_username()
+    with transaction.atomic():
+        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
+            pk=approval.session_id
+        )
+        call = (
+            ToolCall.objects.select_for_update().filter(pk=approval.tool_call_id).first()
+            if approval.tool_call_id
+            else None
+        )
+        started = call_started(session=locked, approval=approval, call=call)
+        if started is not None:
+            raise Conflict(
+                f"the call of approval {approval.pk} has started ({started}); its decision stands",
+                details={
+                    "reason": started,
+                    "state": locked.state,
+                    "call_status": call.status if call is not None else None,
+                },
+                code="call_started",
+            )
+        previous = approval.status
+        changed = approval_change_row(
+            approval=approval,
+            outcome=outcome,
+            actor=actor,
+            user=user,
+            comment=comment,
+            edited_arguments=edited,
+        )
+        if changed is None:
+            fresh = approval_get(approval_id=approval.pk)
+            raise Conflict(
+                f"approval {approval.pk} changed meanwhile; it is now {(fresh or approval).status}",
+                details={"status": (fresh or approval).status},
+                code="approval_resolved",
+            )
+        approval_changed(
+            session=locked, approval=changed, outcome=outcome, previous=previous, by=actor
+        )
+        _change_audit(
+            approval=changed,
+            previous=previous,
+            before_arguments=approval.edited_arguments,
+            user=user,
+            owner_id=locked.owner_id,
+            key_prefix=key_prefix,
+            reason=comment,
+        )
+        if State(locked.state) == State.TOOL_WAIT:
+            dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+    return changed
+
+
+def call_started(*, session: Session, approval: Approval, call: ToolCall | None) -> str | None:
+    """Why the approval's call can no longer be held back (None: it has not started).
+
+    Read under the session's row lock: a worker takes the run by a conditional UPDATE of
+    that row, so a run nobody holds now cannot start before the change commits, and the
+    change moves the version, so a step that read the old decision cannot commit on it.
+    """
+    if session.turn != approval.turn:
+        return "the session has gone on to another turn"
+    if State(session.state) not in (State.AWAITING_APPROVAL, State.TOOL_WAIT):
+        return f"the session is {session.state}"
+    if call is None:
+        return "its call is gone"
+    if call.status != ToolCallStatus.EXECUTING:
+        return f"the call has finished ({call.status})"
+    if call.dispatched_at is not None:
+        return "the call was sent"
+    if session.lease_owner:
+        return "a worker has picked the run up"
+    return None
+
+
+def _changeable_check(approval: Approval) -> None:
+    if approval.kind != ApprovalKind.TOOL_CALL or approval.status not in CHANGEABLE:
+        what = (
+            "a recovery review's answer"
+            if approval.kind != ApprovalKind.TOOL_CALL
+            else (f"a {approval.status} approval")
+        )
+        raise Conflict(
+            f"{what} cannot be withdrawn or changed (only an approved or rejected call's "
+            "decision, before the call starts)",
+            details={"status": approval.status, "kind": approval.kind},
+            code="approval_not_changeable",
+        )
+
+
+def _change_audit(
+    *,
+    approval: Approval,
+    previous: str,
+    before_arguments: dict[str, Any] | None,
+    user: User,
+    owner_id: int | None,
+    key_prefix: str,
+    reason: str,
+) -> None:
+    withdrawn = approval.status == "pending"
+    before: dict[str, Any] = {"status": previous}
+    after: dict[str, Any] = {"status": approval.status}
+    if before_arguments is not None or approval.edited_arguments is not None:
+        before["edited_arguments"] = before_arguments
+        after["edited_arguments"] = approval.edited_arguments
+    audit_record(
+        action=AuditAction.APPROVAL_WITHDRAWN if withdrawn else AuditAction.APPROVAL_CHANGED,
+        actor=f"{'api' if key_prefix else 'admin'}:{user.get_username()}",
+        user_id=user.pk,
+        key_prefix=key_prefix,
+        object_type=Approval._meta.label_lower,
+        object_id=approval.pk,
+        object_repr=f"{approval.tool_name} ({approval.kind.replace('_', ' ')})",
+        owner_id=owner_id,
+        before=before,
+        after=after,
+        reason=reason,
+        data={
+            "tool": approval.tool_name,
+            "session": str(approval.session_id),
+            "deadline": approval.deadline.isoformat() if withdrawn else None,
+        },
+    )
 
 
 def review_answer(
@@ -149,6 +406,7 @@ def review_answer(
     groups: list[str],
     result: Any = None,
     comment: str = "",
+    key_prefix: str = "",
 ) -> Approval:
     """A person's answer to "did this uncertain call take effect?"; the run goes on.
 
@@ -182,6 +440,7 @@ def review_answer(
         comment=comment,
         answer=answer,
         answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
+        key_prefix=key_prefix,
     )
     if resolved is None:
         fresh = approval_get(approval_id=approval.pk)

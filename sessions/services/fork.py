@@ -8,6 +8,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from audit.models import AuditAction
 from engine import (
     fork_start,
     summary_through,
@@ -21,6 +22,7 @@ from sessions.models import (
     Session,
 )
 from sessions.services.grants import session_role_check
+from sessions.services.trail import session_audit
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ def session_fork(
     actor: str = "",
     role: str | None = None,
     key_roles: Sequence[str] | None = None,
+    key_prefix: str = "",
 ) -> Session:
     """A new session from checkpoint `step` of this one; the original is untouched.
 
@@ -44,6 +47,7 @@ def session_fork(
        (-> tool_loop) and a worker is woken; otherwise it waits for the user.
     3. The next model step compares the environment recorded at the fork with
        today's and tells the model what changed.
+    4. The audit trail records the fork on the source session, in the same transaction.
     """
     fork_role = role or session.role
     if key_roles is not None:
@@ -115,6 +119,13 @@ def session_fork(
             env=recorded_env["env"] if recorded_env else None,
             decide=decide,
             actor=actor,
+        )
+        session_audit(
+            action=AuditAction.SESSION_FORK,
+            session=session,
+            actor=actor,
+            key_prefix=key_prefix,
+            data={"fork": str(fork.pk), "at_step": step, "role": fork_role, "decides": decide},
         )
         if decide:
             dispatch.run_enqueue_on_commit(fork.pk, fork.value)

@@ -5,20 +5,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from approvals.services import (
     approvals_cancel,
 )
+from audit.models import AuditAction
 from engine import (
     hand_back,
     operator_finish,
     operator_reply,
     operator_tool_intent,
-    operator_tool_result,
     run_resume,
 )
-from runtime import io_loop
 from sessions import dispatch
 from sessions.errors import Conflict, Forbidden, InvalidInput, PayloadTooLarge
 from sessions.models import (
@@ -26,8 +24,9 @@ from sessions.models import (
     Session,
     ToolCall,
 )
+from sessions.services.trail import session_audit
 from sessions.states import RUNNABLE, TURN_ENDED, State
-from tools.execution import ToolInvocation, execute_all, tools_for_agent
+from tools.execution import tools_for_agent
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +78,22 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
                 details={"state": state.value},
                 code="not_finishable",
             )
+        closed = []
         if state == State.AWAITING_APPROVAL:
-            approvals_cancel(
+            closed = approvals_cancel(
                 session_id=locked.pk, actor=actor, reason="force-finished by an operator"
             )
         operator_finish(session=locked, content=content, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_FORCE_FINISH,
+            session=locked,
+            actor=actor,
+            data={
+                "from_state": state.value,
+                "answer_chars": len(content),
+                "approvals_cancelled": [str(a.pk) for a in closed],
+            },
+        )
         if locked.queued_count:
             dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked
@@ -107,16 +117,42 @@ def session_operator_reply(*, session: Session, content: str, actor: str) -> Mes
     """The operator answers the user in the agent's place (recorded as from the operator)."""
     content = _operator_content(content)
     with transaction.atomic():
-        return operator_reply(session=_taken_over(session), content=content, actor=actor)
+        locked = _taken_over(session)
+        message = operator_reply(session=locked, content=content, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_REPLY,
+            session=locked,
+            actor=actor,
+            data={"message_seq": message.seq, "chars": len(content)},
+        )
+        return message
+
+
+# The model's question to the user: an operator asks by replying instead.
+NOT_BY_HAND = frozenset({"ask_user"})
 
 
 def session_operator_tool_run(
     *, session: Session, tool_name: str, arguments: Any, actor: str
 ) -> ToolCall:
-    """Run one of the agent's tools by hand: the session's role gating, schema validation,
-    an idempotency key and the same records (call row, messages, events) as a model's call."""
+    """Run one of the agent's tools by hand, between turns, as a model's call runs.
+
+    The intent commits here (the call row with a fresh idempotency key, the assistant's
+    request, `tool.started`, the session -> `tool_wait`) with its audit entry, and a
+    worker is woken. Its tool step then runs the call through everything a model's call
+    goes through: the session's role gating and the tool's schema, the risk assessment
+    (and a level 2+ call's pre-run checkpoint), the approval gate (the session waits in
+    `awaiting_approval`), credits, the dispatched mark, and after a crash the probe. Its
+    result ends the turn again (stop reason `operator`); the model decides only once the
+    operator hands back.
+    """
     if not isinstance(arguments, dict):
         raise InvalidInput("arguments must be a JSON object", details={"field": "arguments"})
+    if tool_name in NOT_BY_HAND:
+        raise Forbidden(
+            f"{tool_name} is the model's question to the user; reply to the user instead",
+            details={"field": "tool"},
+        )
     tools = tools_for_agent(list(session.agent.tools), role=session.role)
     if tool_name not in tools:
         raise Forbidden(
@@ -124,42 +160,40 @@ def session_operator_tool_run(
             details={"field": "tool", "available": sorted(tools)},
         )
     with transaction.atomic():
+        locked = _taken_over(session)
         intent = operator_tool_intent(
-            session=_taken_over(session), tool_name=tool_name, arguments=arguments, actor=actor
+            session=locked, tool_name=tool_name, arguments=arguments, actor=actor
         )
-    # The step inserts rows in bulk; the stored row (with its id) is the one to update.
-    call = ToolCall.objects.get(idempotency_key=intent.idempotency_key)
-    if tools[tool_name].side_effects:
-        ToolCall.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
-    # Outside any transaction: the tool may be an HTTP call.
-    [outcome] = io_loop.run(
-        execute_all(
-            [
-                ToolInvocation(
-                    call_id=call.call_id,
-                    name=tool_name,
-                    arguments=arguments,
-                    idempotency_key=call.idempotency_key,
-                )
-            ],
-            tools,
-            session.role,
-            step_timeout_s=session.agent.step_timeout_s,
+        session_audit(
+            action=AuditAction.SESSION_TOOL_RUN,
+            session=locked,
+            actor=actor,
+            after={"arguments": arguments},
+            data={
+                "tool": tool_name,
+                "call": intent.call_id,
+                "idempotency_key": intent.idempotency_key,
+            },
         )
-    )
-    with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
-        operator_tool_result(session=locked, call=call, outcome=outcome, actor=actor)
-    return call
+        dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+    # The step inserts rows in bulk; the stored row (with its id) is the one to return.
+    return ToolCall.objects.get(idempotency_key=intent.idempotency_key)
 
 
 def session_hand_back(*, session: Session, actor: str) -> Session:
     """Give the session back to the agent: the model decides from the history as it stands."""
     with transaction.atomic():
         locked = _taken_over(session)
+        state = locked.state
         if State(locked.state) == State.ERROR:
             run_resume(session=locked, actor=actor)
         else:
             hand_back(session=locked, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_HAND_BACK,
+            session=locked,
+            actor=actor,
+            data={"from_state": state},
+        )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked

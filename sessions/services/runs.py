@@ -13,6 +13,7 @@ from approvals.services import (
     SYSTEM_ACTOR,
     approvals_cancel,
 )
+from audit.models import AuditAction
 from engine import (
     RunResult,
     run_resume,
@@ -28,6 +29,7 @@ from sessions.models import (
     Session,
 )
 from sessions.services.grants import session_role_check
+from sessions.services.trail import session_audit
 from sessions.states import RUNNABLE, TURN_ENDED, State
 
 logger = logging.getLogger(__name__)
@@ -63,17 +65,33 @@ def turn_interrupt(locked: Session, *, reason: str, actor: str) -> bool:
 
 
 def session_cancel(
-    *, session: Session, reason: str = "cancelled by the client", actor: str = ""
+    *,
+    session: Session,
+    reason: str = "cancelled by the client",
+    actor: str = "",
+    key_prefix: str = "",
+    audited: bool = True,
 ) -> bool:
     """Interrupt the current turn; False if there was nothing to interrupt.
 
     A running tool finishes and its result is recorded; a streaming model
     call is closed; no further step starts; the turn ends `cancelled` with
-    the reason and who asked.
+    the reason and who asked. A cancel that interrupted something is in the audit
+    trail (its children's cascade is not: it follows from this one).
     """
     with transaction.atomic():
         locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        state = locked.state
         interrupted = turn_interrupt(locked, reason=reason, actor=actor)
+        if interrupted and audited:
+            session_audit(
+                action=AuditAction.SESSION_CANCEL,
+                session=locked,
+                actor=actor,
+                key_prefix=key_prefix,
+                reason=reason,
+                data={"from_state": state},
+            )
         if interrupted and State(locked.state) in RUNNABLE:
             # If no worker holds the session, the woken run finishes the cancel.
             dispatch.run_enqueue_on_commit(locked.pk, locked.value)
@@ -81,7 +99,12 @@ def session_cancel(
     for child in Session.objects.filter(parent=session).exclude(
         state__in=[s.value for s in TURN_ENDED]
     ):
-        session_cancel(session=child, reason=f"its parent was cancelled: {reason}", actor=actor)
+        session_cancel(
+            session=child,
+            reason=f"its parent was cancelled: {reason}",
+            actor=actor,
+            audited=False,
+        )
     return interrupted
 
 
@@ -102,7 +125,11 @@ def session_run_pending(*, session_id: UUID | str) -> RunResult:
 
 
 def session_resume(
-    *, session: Session, actor: str = "", key_roles: Sequence[str] | None = None
+    *,
+    session: Session,
+    actor: str = "",
+    key_roles: Sequence[str] | None = None,
+    key_prefix: str = "",
 ) -> Session:
     """Continue a run that stopped in `error`, from where it stopped. A key's request
     (`key_roles` given) needs the session's role; an operator's (None) does not."""
@@ -115,7 +142,15 @@ def session_resume(
                 f"only a session in error can be resumed; this one is {locked.state}",
                 code="not_resumable",
             )
+        error = locked.last_error
         run_resume(session=locked, actor=actor)
+        session_audit(
+            action=AuditAction.SESSION_RESUME,
+            session=locked,
+            actor=actor,
+            key_prefix=key_prefix,
+            data={"error": error[:200]},
+        )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from accounts.services import approver_grant
-from approvals.admin import arguments_diff
+from approvals.admin import arguments_diff, time_left
 from approvals.models import Approval
 from engine import session_run
 from sessions.models import Session
@@ -196,3 +196,103 @@ def test_arguments_diff():
         ("b", "2", "3"),
         ("c", "(absent)", "null"),
     ]
+
+
+def test_a_decision_is_withdrawn_or_changed_from_the_queue_until_its_call_runs(
+    client, operator, make_session
+):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    client.post(QUEUE, {"id": approval.pk, "action": "approve"})
+    row = client.get(QUEUE).content.decode().split(f'id="decided-{approval.pk}"')[1]
+    assert 'value="withdraw"' in row.split("</tr>")[0] and "Reject instead" in row
+
+    client.post(QUEUE, {"id": approval.pk, "action": "withdraw", "comment": "let me look"})
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert Session.objects.get(pk=session.pk).state == "awaiting_approval"
+    client.post(QUEUE, {"id": approval.pk, "action": "approve"})
+    client.post(QUEUE, {"id": approval.pk, "action": "change", "comment": "on second thought"})
+    approval.refresh_from_db()
+    assert (approval.status, approval.comment) == ("rejected", "on second thought")
+
+    session_run(session_id=session.pk)  # the call is closed as rejected: the decision stands
+    page = client.get(QUEUE).content.decode()
+    row = page.split(f'id="decided-{approval.pk}"')[1].split("</tr>")[0]
+    assert 'value="withdraw"' not in row
+    late = client.post(QUEUE, {"id": approval.pk, "action": "withdraw"}, follow=True)
+    assert "has started" in late.content.decode()
+    assert Approval.objects.get(pk=approval.pk).status == "rejected" and EFFECTS == []
+
+
+def test_the_approval_list_withdraws_and_changes_decisions(client, operator, make_session):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    url = reverse("admin:approvals_approval_changelist")
+    client.post(url, {"action": "approve", "_selected_action": [approval.pk]})
+    client.post(url, {"action": "change_decision", "_selected_action": [approval.pk]})
+    approval.refresh_from_db()
+    assert approval.status == "rejected" and approval.comment == "changed in the admin by op"
+    client.post(url, {"action": "withdraw_decision", "_selected_action": [approval.pk]})
+    assert Approval.objects.get(pk=approval.pk).status == "pending"
+    moves = list(approval.transitions.values_list("outcome", flat=True))
+    assert moves == ["approved", "rejected", "withdrawn"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(-3, "overdue"), (0, "overdue"), (6, "6s left"), (119, "119s left"), (120, "2m left"),
+     (3599, "59m left"), (3900, "1h 5m left")],
+)  # fmt: skip
+def test_a_deadline_reads_in_seconds_when_under_two_minutes(seconds, shown):
+    assert time_left(seconds) == shown
+
+
+def test_a_refused_edit_keeps_what_was_typed_with_the_reason(client, operator, make_session):
+    session = _pending(make_session)
+    approval = Approval.objects.get(session=session)
+    typed = '{"order": "A1", "amount": 5000, "note": "typed by hand"}'
+    page = client.post(
+        QUEUE, {"id": approval.pk, "action": "approve", "arguments": typed, "comment": "ok"}
+    )
+    html = page.content.decode()
+    assert page.status_code == 400
+    card = html.split(f'id="approval-{approval.pk}"')[1]
+    assert "Not approved: the edited arguments do not match the schema of refund" in card
+    assert "typed by hand" in card and "<details open>" in card and 'value="ok"' in card
+    assert Approval.objects.get(pk=approval.pk).status == "pending"
+
+    broken = client.post(QUEUE, {"id": approval.pk, "action": "approve", "arguments": "{nope"})
+    assert broken.status_code == 400 and "{nope" in broken.content.decode()
+    assert "not valid JSON" in broken.content.decode()
+
+
+def test_the_approver_reads_the_conversation_not_only_the_last_message(
+    client, operator, make_session
+):
+    session = make_session()
+    message_post(session=session, content="refund A1 20")  # under 50: no approval
+    session_run(session_id=session.pk)
+    message_post(session=session, content="refund A2 80")
+    session_run(session_id=session.pk)
+    assert Session.objects.get(pk=session.pk).state == "awaiting_approval"
+    html = client.get(QUEUE).content.decode()
+    card = html.split('aria-label="Recent messages"')[1].split("</ul>")[0]
+    lines = [line.split("</li>")[0] for line in card.split("<li")[1:]]
+    assert len(lines) == 6
+    assert "refund A1 20" in lines[0]  # the earlier turn, in order
+    assert "→ refund" in lines[1]  # what the assistant asked for
+    assert "refund result" in lines[2] and "refunded" in lines[2]  # and what came back
+    assert "Refunded 20 on A1" in lines[3]
+    assert "refund A2 80" in lines[4] and "→ refund" in lines[5]
+
+
+def test_without_the_content_or_decide_permission_the_conversation_is_hidden(
+    client, approver_only, make_session
+):
+    _pending(make_session, content="refund A1 80 secret-words")
+    Approval.objects.update(group="managers")
+    html = client.get(QUEUE).content.decode()
+    assert "secret-words" not in html and "The conversation is hidden" in html
+    approver_only.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    assert "secret-words" in client.get(QUEUE).content.decode()

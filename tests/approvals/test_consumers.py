@@ -158,3 +158,101 @@ async def test_a_key_holds_at_most_the_configured_number_of_approvals_sockets(se
         await again.disconnect()
     finally:
         await second.disconnect()
+
+
+# --- The admin's queue page: the same socket, signed in instead of a key ------------------
+
+
+def _signed_in(username: str, **fields: Any) -> tuple[Any, str]:
+    """(user, session cookie) of a signed-in admin user."""
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(username, password="pw-not-used", **fields)
+    client = Client()
+    client.force_login(user)
+    return user, client.cookies["sessionid"].value
+
+
+async def _page_socket(cookie: str) -> WebsocketCommunicator:
+    ws = WebsocketCommunicator(
+        application,
+        "/ws/approvals/",
+        headers=[
+            (b"cookie", f"sessionid={cookie}".encode()),
+            (b"origin", b"http://127.0.0.1:8000"),
+            (b"host", b"127.0.0.1:8000"),
+        ],
+    )
+    connected, _ = await ws.connect(timeout=10)
+    assert connected
+    return ws
+
+
+async def test_the_queue_page_listens_signed_in_and_sees_its_groups_only():
+    _, cookie = await sync_to_async(_signed_in)("bob", is_staff=True)
+    await sync_to_async(approver_grant)(username="bob", groups=["managers"])
+    await sync_to_async(_approval)("approvers")
+    mine = await sync_to_async(_approval)("managers")
+    ws = await _page_socket(cookie)
+    try:
+        first = json.loads(await ws.receive_from(timeout=10))
+        assert first["type"] == "approval.requested" and first["data"]["id"] == str(mine.pk)
+        assert await ws.receive_nothing(timeout=0.3)
+        await _publish("approvers")
+        shown = await _publish("managers")
+        frame = json.loads(await ws.receive_from(timeout=10))
+        assert frame["data"]["id"] == str(shown.pk)
+    finally:
+        await ws.disconnect()
+
+
+async def test_a_superuser_sees_every_group_and_a_signed_out_page_is_closed():
+    from django.contrib.sessions.models import Session as DjangoSession
+
+    _, cookie = await sync_to_async(_signed_in)("root", is_staff=True, is_superuser=True)
+    await sync_to_async(_approval)("managers")
+    ws = await _page_socket(cookie)
+    try:
+        assert json.loads(await ws.receive_from(timeout=10))["data"]["group"] == "managers"
+        await _publish("anyone")
+        assert json.loads(await ws.receive_from(timeout=10))["data"]["group"] == "anyone"
+        await sync_to_async(lambda: DjangoSession.objects.filter(session_key=cookie).delete())()
+        await _publish("anyone")
+        error = json.loads(await ws.receive_from(timeout=10))
+        assert error["data"]["code"] == "signed_out"
+        assert await ws.receive_output(timeout=10) == {"type": "websocket.close", "code": 4401}
+    finally:
+        await ws.disconnect()
+
+
+@pytest.mark.parametrize("fields", [{"is_staff": True}, {"is_staff": False}])
+async def test_a_signed_in_user_who_may_not_see_the_queue_is_refused(fields):
+    _, cookie = await sync_to_async(_signed_in)("carol", **fields)
+    if not fields["is_staff"]:
+        await sync_to_async(approver_grant)(username="carol")  # an approver, not on staff
+    await sync_to_async(_approval)()
+    ws = await _page_socket(cookie)
+    try:
+        error = json.loads(await ws.receive_from(timeout=10))
+        assert error["data"]["code"] == "permission_denied"
+        assert await ws.receive_output(timeout=10) == {"type": "websocket.close", "code": 4403}
+    finally:
+        await ws.disconnect()
+
+
+async def test_a_page_whose_approver_rights_go_is_closed():
+    _, cookie = await sync_to_async(_signed_in)("dave", is_staff=True)
+    await sync_to_async(approver_grant)(username="dave")
+    await sync_to_async(_approval)()
+    ws = await _page_socket(cookie)
+    try:
+        # The pending approval comes once the socket has joined the approvers' group.
+        assert json.loads(await ws.receive_from(timeout=10))["type"] == "approval.requested"
+        await sync_to_async(
+            lambda: Approver.objects.filter(user__username="dave").update(is_active=False)
+        )()
+        await _publish()
+        error = json.loads(await ws.receive_from(timeout=10))
+        assert error["data"]["code"] == "approver_revoked"
+    finally:
+        await ws.disconnect()

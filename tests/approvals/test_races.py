@@ -1,6 +1,7 @@
 """Races on one approval give exactly one outcome: real concurrent database connections."""
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,12 @@ from approvals.models import Approval, ApprovalTransition
 from engine import session_run
 from sessions.errors import Conflict
 from sessions.models import Event, Session
-from sessions.services import approval_decide, approvals_expire_due, message_post
+from sessions.services import (
+    approval_change,
+    approval_decide,
+    approvals_expire_due,
+    message_post,
+)
 from tests.approvals.conftest import EFFECTS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -135,3 +141,88 @@ def test_a_hundred_gated_calls_across_sessions_none_runs_before_its_decision(mak
     assert set(
         Session.objects.filter(pk__in=[s.pk for s in sessions]).values_list("state", flat=True)
     ) == {"finished"}
+
+
+def _approved(make_session: Callable[..., Session], user: Any) -> Approval:
+    """An approved call whose session waits in tool_wait for a worker (none holds it yet)."""
+    approval = _pending(make_session)
+    approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
+    session = Session.objects.get(pk=approval.session_id)
+    assert session.state == "tool_wait" and not session.lease_owner
+    return Approval.objects.get(pk=approval.pk)
+
+
+WORKER_DELAYS_S = [0.0, 0.002, 0.005, 0.01, 0.02, 0.05]
+
+
+@pytest.mark.parametrize("decision", ["pending", "rejected"])
+@pytest.mark.parametrize("attempt", range(len(WORKER_DELAYS_S)))
+def test_a_change_racing_the_worker_holds_the_call_back_or_is_409_never_both(
+    make_session, decision, attempt
+):
+    """The worker picking the run up and an approver taking the approval back, on two
+    connections at once: either the change commits first and the call never runs, or the
+    worker got there first and the change is 409 `call_started`."""
+    user = api_key_create(username="alice", roles=[]).api_key.owner
+    approver_grant(username="alice")
+    approval = _approved(make_session, user)
+    # The worker starts a little later in each attempt, so that both orders happen.
+    delay = WORKER_DELAYS_S[attempt]
+
+    def change() -> Any:
+        return approval_change(
+            approval_id=approval.pk, decision=decision, user=user, groups=["approvers"],
+            comment="wait",
+        )  # fmt: skip
+
+    def worker() -> Any:
+        time.sleep(delay)
+        return session_run(session_id=approval.session_id)
+
+    changed, _run = _concurrently(change, worker)
+    session_run(session_id=approval.session_id)  # whatever is left to run
+    approval.refresh_from_db()
+    print(
+        "RACE",
+        "change-won"
+        if isinstance(changed, Approval)
+        else f"worker-won {getattr(changed, 'details', changed)}",
+    )
+    if isinstance(changed, Approval):
+        assert EFFECTS == [] and approval.status == decision
+        assert ApprovalTransition.objects.filter(approval=approval).count() == 2
+    else:
+        assert isinstance(changed, Conflict) and changed.code == "call_started", changed
+        assert len(EFFECTS) == 1 and approval.status == "approved"
+        assert ApprovalTransition.objects.filter(approval=approval).count() == 1
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_two_approvers_changing_one_decision_get_exactly_one_change(make_session, attempt):
+    users = []
+    for name in ("alice", "bob"):
+        users.append(api_key_create(username=name, roles=[]).api_key.owner)
+        approver_grant(username=name)
+    approval = _approved(make_session, users[0])
+
+    results = _concurrently(
+        lambda: approval_change(
+            approval_id=approval.pk, decision="pending", user=users[0], groups=["approvers"]
+        ),
+        lambda: approval_change(
+            approval_id=approval.pk,
+            decision="rejected",
+            user=users[1],
+            groups=["approvers"],
+            comment="no",
+        ),  # fmt: skip
+    )
+    winners = [r for r in results if isinstance(r, Approval)]
+    losers = [r for r in results if isinstance(r, Conflict)]
+    assert len(winners) == 1 and len(losers) == 1, results
+    assert losers[0].code in ("approval_resolved", "approval_not_changeable"), losers[0].code
+    assert ApprovalTransition.objects.filter(approval=approval).count() == 2
+    changes = Event.objects.filter(
+        session=approval.session_id, type="approval.resolved", data__previous="approved"
+    )
+    assert changes.count() == 1

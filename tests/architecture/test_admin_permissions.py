@@ -25,6 +25,7 @@ from django.urls import URLPattern, reverse
 
 from accounts.models import Role
 from accounts.services import api_key_create, approver_grant
+from approvals.models import Approval
 from billing.models import OwnerBudget
 from billing.services import credits_grant
 from demo.models import Customer, Notification, Order, Report
@@ -34,7 +35,7 @@ from memory.models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from observability.prompts import prompt_sample_record
 from runtime.breaker import model_breaker
 from sessions.models import Session
-from sessions.services import message_post
+from sessions.services import approval_decide, message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, StaffUserFactory, ToolFactory
 from tests.fakes.mcp_fixtures import free_port
 from tools.models import McpServer
@@ -52,8 +53,8 @@ OBJECT_PARAMS = {"object_id", "pk", "id"}
 WORD_PARAMS = {"action": ["grant", "adjust"]}
 # What a POST handler of the admin may read as its "action"; each is sent to every custom URL.
 ACTION_WORDS = [
-    "approve", "reject", "reject_selected", "review", "resume", "force_finish", "reply",
-    "run_tool", "hand_back", "fork", "grant", "adjust", "cancel",
+    "approve", "reject", "reject_selected", "review", "withdraw", "change", "resume",
+    "force_finish", "reply", "run_tool", "hand_back", "fork", "grant", "adjust", "cancel",
 ]  # fmt: skip
 STANDARD_PAGES = ("changelist", "add", "history", "delete", "change")
 # Pages that show what people said by design, to rights other than a model permission.
@@ -98,6 +99,9 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     # Open for the whole walk: with the default 30 s cooldown a slow machine saw it turn
     # half-open by itself before the end, which is not a change the viewer made.
     settings.MODEL_BREAKER_COOLDOWN_S = 3600
+    # The viewer owns the sessions and approves for their group: with four eyes on, that
+    # alone would refuse their decisions; off, only the permission stands in the way.
+    settings.APPROVAL_FOUR_EYES = False
     viewer = StaffUserFactory(username="viewer")
     endpoint = ModelEndpointFactory(name="rules", api="rules", options={})
     ToolFactory(
@@ -106,6 +110,15 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     )  # fmt: skip
     agent = AgentFactory(slug="walk", model=endpoint, tools=["gate"], rules=RULES)
     waiting = _ran(agent, viewer, f"gate {SECRET}")
+    # A decision another approver made, its call not run yet: one a viewer must not take back.
+    decided = _ran(agent, viewer, "gate later")
+    boss = StaffUserFactory(username="boss")
+    approver_grant(username=boss.username)
+    approval_decide(
+        approval_id=Approval.objects.get(session=decided).pk, approve=True, user=boss,
+        groups=["approvers"],
+    )  # fmt: skip
+    assert Session.objects.get(pk=decided.pk).state == "tool_wait"
     finished = _ran(agent, viewer, f"hello {SECRET}")
     failed = _ran(agent, viewer, f"hello again {SECRET}")
     Session.objects.filter(pk=failed.pk).update(state="error", last_error="boom")
@@ -215,15 +228,24 @@ def _pattern_urls(model: type[Model], model_admin: admin.ModelAdmin) -> list[tup
 
 
 def _post_bodies() -> list[dict[str, Any]]:
-    from approvals.models import Approval
-
     approvals = [str(pk) for pk in Approval.objects.values_list("pk", flat=True)]
+    decided = [
+        str(pk) for pk in Approval.objects.exclude(status="pending").values_list("pk", flat=True)
+    ]
     common = {
         "id": approvals[0], "ids": approvals, "content": "x", "tool": "gate",
         "arguments": '{"code": "x"}', "answer": "took_effect", "result": "{}", "comment": "x",
         "points": "5", "note": "x", "confirm": "yes", "post": "yes", "_save": "Save",
     }  # fmt: skip
-    return [{}, *({**common, "action": word} for word in ACTION_WORDS)]
+    # A decision is taken back from a decided approval; the others act on a pending one.
+    taken_back = {"withdraw", "change"}
+    return [
+        {},
+        *(
+            {**common, "action": word, **({"id": decided[0]} if word in taken_back else {})}
+            for word in ACTION_WORDS
+        ),
+    ]
 
 
 def _viewer_request(viewer: Any) -> Any:

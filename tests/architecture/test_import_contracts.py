@@ -97,6 +97,10 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("approvals/services.py", "import sessions.services"),
         Plant("approvals/policy.py", "from engine import session_run"),
     ],
+    "The audit trail's record imports no app": [
+        Plant("audit/services.py", "from sessions.models import Session"),
+        Plant("audit/selectors.py", "from billing.services import credits_grant"),
+    ],
     "runtime imports no app": [
         Plant("runtime/faults.py", "import tools.registry"),
         Plant("runtime/breaker.py", "from accounts import models"),
@@ -147,11 +151,13 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/execution.py", "import tools.admin"),
         Plant("approvals/services.py", "from approvals import consumers"),
         Plant("memory/services.py", "from restapi.errors import error_body"),
+        Plant("audit/diff.py", "from audit import admin"),
     ],
     "No edge imports another app's edge": [
         Plant("openai_compat/api.py", "from sessions.api import views"),
         Plant("approvals/api.py", "from sessions import consumers"),
         Plant("tools/admin.py", "from sessions.admin import display"),
+        Plant("sessions/admin/records.py", "from audit import admin"),
     ],
     "The engine is entered through its public surface only": [
         Plant("sessions/services/runs.py", "from engine.store.commit import step_commit"),

@@ -134,6 +134,14 @@ def test_grant_and_adjust_from_the_admin_go_through_the_ledger(admin_client) -> 
     assert sum(e.delta for e in ledger) == account.balance
     page = admin_client.get(url + "change/")
     assert page.status_code == 200 and b"refund" in page.content
+    # Titled by whose credits they are (not "credits of <id>: <balance>"), dates in one format.
+    html = page.content.decode()
+    assert "<h1>Credits of dora</h1>" in html
+    assert "<title>Credits of dora |" in html and f"credits of {owner.pk}" not in html
+    stamp = timezone.localtime(ledger[0].created_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert stamp in html  # the ledger's times, as every admin page writes them
+    listing = admin_client.get("/admin/billing/creditaccount/").content.decode()
+    assert "dora" in listing and "a.m." not in listing and "p.m." not in listing
 
 
 @pytest.mark.parametrize("group", ["user", "agent", "day"])

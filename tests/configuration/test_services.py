@@ -788,3 +788,39 @@ def test_wrong_agent_references_and_routing_rules_change_nothing() -> None:
         "agents[0] (support).tools[1]: unknown agent 'billng' for agent.billng (known: support)",
     ]
     assert _state() == ([], [], [], [])
+
+
+def test_an_entry_the_admin_changed_beyond_the_file_is_not_just_unchanged(tmp_path):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    _apply(DEMO_CONFIG, "--no-url-check")
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(root)
+    tool = Tool.objects.get(name="send_notification")
+    # The admin asks for approval and a timeout the demo file does not mention...
+    url = reverse("admin:tools_tool_change", args=[tool.pk])
+    form = client.get(url).context["adminform"].form
+    data = {
+        name: json.dumps(value) if isinstance(value, dict | list) and name != "roles" else value
+        for name, value in form.initial.items()
+        if value is not None
+    }
+    data.update(requires_approval="on", timeout_s=3, roles="support", idempotent="")
+    data = {k: v for k, v in data.items() if v is not False and v != ""}
+    response = client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    # ...and someone changes another straight in the database (no audit entry).
+    Tool.objects.filter(name="send_notification").update(critical=True)
+
+    lines = _apply(DEMO_CONFIG, "--no-url-check")
+
+    [line] = [line for line in lines if line.startswith("tool send_notification:")]
+    assert line.startswith("tool send_notification: unchanged in the file; the admin changed: ")
+    assert "requires_approval (now true; the file: false, by admin:root 20" in line
+    assert "timeout_s (now 3.0; the file: 10.0, by admin:root" in line
+    assert line.endswith("; differs from the file: critical (now true; the file: false)")
+    assert "tool query_orders: unchanged" in lines  # untouched entries say no more
+    assert Tool.objects.get(name="send_notification").requires_approval  # not taken back

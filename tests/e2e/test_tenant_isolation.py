@@ -116,6 +116,8 @@ def test_cross_tenant_attempts_all_fail(live_stack: Stack):
         ("POST", "/api/v1/approvals/{id}/approve/", {"comment": "ok {n}"}),
         ("POST", "/api/v1/approvals/{id}/reject/", {"comment": "no {n}"}),
         ("POST", "/api/v1/approvals/{id}/review/", {"answer": "yes"}),
+        ("POST", "/api/v1/approvals/{id}/withdraw/", {"comment": "mine {n}"}),
+        ("POST", "/api/v1/approvals/{id}/change/", {"decision": "rejected", "comment": "{n}"}),
     ]
     requests = [(m, p, b, i) for (m, p, b), i in itertools.product(rest, ids)]
     requests += [rng.choice(requests) for _ in range(400 - len(requests))]

@@ -246,14 +246,14 @@ def test_agent_form_rejects_unknown_tools_and_bad_rules(client, operator, demo_s
         slug=agent.slug,
         model=agent.model_id,
         fallback_model="",
-        tools="query_orders,no_such_tool",
+        tools=["query_orders", "no_such_tool"],
         rules='[{"when": {}}]',
         enabled="on",
     )
     response = client.post(url, data)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
-    assert "Unknown tool(s): no_such_tool." in errors["tools"]
+    assert "no_such_tool is not one of the available choices" in errors["tools"][0]
     assert errors["rules"] and "Invalid rules" in errors["rules"][0]
 
 
@@ -269,7 +269,7 @@ def test_agent_form_checks_the_context_budget(client, operator, demo_session):
         model=agent.model_id,
         fallback_model="",
         summary_model=agent.model_id,
-        tools=",".join(agent.tools),
+        tools=list(agent.tools),
         rules=json.dumps(agent.rules),
         context_budget='{"histroy": 5, "trim_at": 3}',
         dialogue="{}",
@@ -588,3 +588,26 @@ def test_the_timeline_colours_what_did_not_run_and_shows_an_approvers_edit(clien
     assert "amount: 60 → 20" in calls and "rejected (expired)" in calls
     edited = client.get(reverse("admin:agent_sessions_toolcall_changelist"), {"edited": "yes"})
     assert [c.call_id for c in edited.context["cl"].result_list] == ["a"]
+
+
+@runs_a_turn
+def test_an_agents_tools_are_picked_from_the_known_tools(client, operator, demo_session):
+    agent = demo_session.agent
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    html = page.content.decode()
+    # A two-pane picker of every known tool, the agent's own chosen.
+    assert 'class="selectfilter"' in html and 'name="tools"' in html and "SelectFilter2.js" in html
+    field = page.context["adminform"].form.fields["tools"]
+    names = [name for name, _ in field.choices]
+    assert {"query_orders", "send_notification", "ask_user", "remember", "recall"} <= set(names)
+    assert "send_notification (side effects)" in dict(field.choices).values()
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug, model=agent.model_id, fallback_model="", enabled="on",
+        tools=["query_orders", "ask_user"], rules="[]", dialogue="{}", context_budget="{}",
+    )  # fmt: skip
+    response = client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    agent.refresh_from_db()
+    assert agent.tools == ["query_orders", "ask_user"]

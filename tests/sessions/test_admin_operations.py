@@ -8,9 +8,10 @@ from django.utils.html import strip_tags
 from engine import session_run
 from runtime.breaker import model_breaker
 from sessions import services
-from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, Transition
+from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, ToolCall, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory
+from tools.models import Tool
 
 # session_run closes its connection between steps, so these tests need real transactions.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,9 +86,25 @@ def test_fork_from_a_checkpoint_in_the_admin(client, operator, finished_session)
         .order_by("step")
         .first()
     )
-    client.post(
+    preview = client.post(
         reverse("admin:agent_sessions_checkpoint_changelist"),
         {"action": "fork_from_checkpoint", "_selected_action": [middle.pk]},
+    )
+    # First the preview: the checkpoint, and the notifications sent after it, which a
+    # continued run may send again; nothing is forked yet.
+    html = preview.content.decode()
+    assert preview.status_code == 200 and "fork-preview" in html
+    assert f"Fork session {str(finished_session.pk)[:8]} at step {middle.step}?" in html
+    effects = set(Tool.objects.filter(side_effects=True).values_list("name", flat=True))
+    after = ToolCall.objects.filter(session=finished_session, step__gt=middle.step)
+    sent_after = sum(1 for call in after if call.tool_name in effects)
+    assert sent_after == 4  # three notifications and the report
+    assert f"May be repeated: {sent_after} side-effecting calls after this checkpoint" in html
+    assert "send_notification" in html and "took effect" in html
+    assert not Session.objects.filter(forked_from=finished_session).exists()
+    client.post(
+        reverse("admin:agent_sessions_session_operate", args=[finished_session.pk]),
+        {"action": f"fork@{middle.step}", "confirm": "yes"},
     )
     fork = Session.objects.get(forked_from=finished_session)
     assert fork.forked_at_step == middle.step
@@ -115,3 +132,19 @@ def test_the_session_page_shows_checkpoint_counts_and_sizes(client, operator, fi
     page = client.get(reverse("admin:agent_sessions_session_change", args=[finished_session.pk]))
     count = Checkpoint.objects.filter(session=finished_session).count()
     assert f"{count} checkpoints" in page.content.decode()
+
+
+def test_the_checkpoint_list_says_what_happened_at_each_step(client, operator, finished_session):
+    page = client.get(
+        reverse("admin:agent_sessions_checkpoint_changelist"), {"q": str(finished_session.pk)}
+    )
+    html = page.content.decode()
+    assert "What happened" in html and "Last message" in html
+    # A tool step names its calls and their outcome; a model step the calls it asked for.
+    assert "tool results: send_notification=success, send_notification=success" in html
+    assert "tool intent: send_notification, send_notification, send_notification" in html
+    assert "#4 assistant: asks for send_notification" in html
+    # Each with its message (who said it, and its start) and its time to the second.
+    assert "#1 user: find last week" in html
+    first = Checkpoint.objects.filter(session=finished_session).order_by("step").first()
+    assert first.created_at.strftime("%Y-%m-%d %H:%M:%S") in html

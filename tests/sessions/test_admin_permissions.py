@@ -77,9 +77,11 @@ def _page(client: Client, session: Session) -> str:
         ("take_over_session", "finished", "reply", {"content": "Operator here."},
          lambda s: Message.objects.filter(session=s, content="Operator here.").exists()),
         ("take_over_session", "finished", "hand_back", {}, lambda s: s.state == "tool_loop"),
-        ("run_tool_session", "finished", "run_tool", {"tool": "lookup", "arguments": "{}"},
+        ("run_tool_session", "finished", "run_tool",
+         {"tool": "lookup", "arguments": "{}", "confirm": "yes"},
          lambda s: ToolCall.objects.filter(session=s, tool_name="lookup").exists()),
-        ("fork_session", "finished", "fork", {}, lambda s: Session.objects.filter(forked_from=s).exists()),
+        ("fork_session", "finished", "fork", {"confirm": "yes"},
+         lambda s: Session.objects.filter(forked_from=s).exists()),
     ],
 )  # fmt: skip
 def test_each_control_takes_its_own_permission(
@@ -134,8 +136,34 @@ def test_forking_from_a_checkpoint_takes_the_fork_permission(staff, make_run) ->
     assert not Session.objects.filter(forked_from=session).exists()
 
     staff.user_permissions.add(*permissions("agent_sessions.fork_session"))
-    client.post(url, fork)
+    preview = client.post(url, fork)
+    # The action shows the fork's preview; only its confirmation forks.
+    assert preview.status_code == 200 and "fork-preview" in preview.content.decode()
+    assert not Session.objects.filter(forked_from=session).exists()
+    confirm = {"action": f"fork@{checkpoint.step}", "confirm": "yes"}
+    assert _operate(client, session, **confirm) == 302
     assert Session.objects.filter(forked_from=session).exists()
+
+
+@pytest.mark.parametrize(
+    ("permission", "action", "data", "page"),
+    [
+        ("run_tool_session", "run_tool", {"tool": "lookup", "arguments": "{}"}, "tool-preview"),
+        ("fork_session", "fork", {}, "fork-preview"),
+    ],
+)
+def test_a_fork_and_a_hand_run_show_a_preview_before_they_act(
+    staff, make_run, permission: str, action: str, data: dict[str, str], page: str
+) -> None:
+    session = make_run("hi")
+    staff.user_permissions.add(*permissions(f"agent_sessions.{permission}"))
+    client = _client(staff)
+    url = reverse("admin:agent_sessions_session_operate", args=[session.pk])
+    response = client.post(url, {"action": action, **data})
+    assert response.status_code == 200 and page in response.content.decode()
+    assert not Session.objects.filter(forked_from=session).exists()
+    assert not ToolCall.objects.filter(session=session, tool_name="lookup").exists()
+    assert Session.objects.get(pk=session.pk).state == "finished"
 
 
 def test_what_was_said_takes_the_message_content_permission(staff, make_run) -> None:

@@ -76,11 +76,23 @@ def test_takeover_from_the_session_page_then_hand_back(client, operator, session
     assert "Take over: reply to the user" in html and "lookup" in html
 
     _operate(client, session, action="reply", content="Operator speaking.")
-    page = _operate(client, session, action="run_tool", tool="lookup", arguments="{}")
-    assert "Lookup ran by hand: success." in page.content.decode()
+    preview = _operate(client, session, action="run_tool", tool="lookup", arguments="{}")
+    html = preview.content.decode()
+    assert "tool-preview" in html and "read-only" in html and "none needed" in html
+    assert not ToolCall.objects.filter(session=session).exists()
+    page = _operate(
+        client, session, action="run_tool", tool="lookup", arguments="{}", confirm="yes"
+    )
+    assert "Lookup runs by hand on a worker" in page.content.decode()
+    session_run(session_id=session.pk)
+    assert ToolCall.objects.get(session=session).status == "success"
     bad = _operate(client, session, action="run_tool", tool="lookup", arguments="{nope")
     assert "not valid JSON" in bad.content.decode()
     refused = _operate(client, session, action="run_tool", tool="missing", arguments="{}")
+    assert "not available" in refused.content.decode()
+    refused = _operate(
+        client, session, action="run_tool", tool="missing", arguments="{}", confirm="yes"
+    )
     assert "not available" in refused.content.decode()
     assert ToolCall.objects.filter(session=session).count() == 1
 
@@ -91,7 +103,10 @@ def test_takeover_from_the_session_page_then_hand_back(client, operator, session
     answer = Message.objects.filter(session=session, role="assistant").latest("seq")
     assert answer.content.startswith("It is ")
 
-    page = _operate(client, session, action="fork")
+    preview = _operate(client, session, action="fork")
+    assert "fork-preview" in preview.content.decode()
+    assert not Session.objects.filter(forked_from=session).exists()
+    page = _operate(client, session, action="fork", confirm="yes")
     fork = Session.objects.get(forked_from=session)
     assert page.redirect_chain[-1][0].endswith(f"/{fork.pk}/change/")
 
@@ -109,3 +124,18 @@ def test_approvals_show_inline_in_the_timeline(client, operator, session):
     assert "approval refund" in html and "risk 3" in html
     assert 'refund rejected by alice: "not today"' in html.replace("&quot;", '"')
     assert 'data-kind="approval"' in html
+
+
+def test_a_decision_names_who_once_in_the_timeline():
+    from sessions.admin.timeline import _summary
+    from sessions.selectors import TimelineEntry
+
+    def move(reason: str, actor: str) -> str:
+        row = {"from_state": "awaiting_approval", "to_state": "tool_wait", "trigger": "approved",
+               "reason": reason, "actor": actor}  # fmt: skip
+        entry = TimelineEntry("transition", 1, timezone.now(), 1, None, "tool_wait", row)
+        return _summary(entry, content=True)
+
+    assert move("refund: approved by alice", "alice").endswith(": refund: approved by alice")
+    assert "by alice by alice" not in move("refund: approved by alice", "alice")
+    assert move("resumed", "admin:op").endswith("(approved): resumed by admin:op")

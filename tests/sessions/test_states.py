@@ -26,7 +26,7 @@ def test_the_table_only_names_known_states_and_triggers():
         )
     # The pairs split cleanly into allowed and illegal.
     assert len(ALLOWED) + len(ILLEGAL) == len(State) * len(Trigger)
-    assert len(ALLOWED) == 38  # 37, and a handoff (tool_wait -> tool_loop)
+    assert len(ALLOWED) == 43  # and a handoff (tool_wait -> tool_loop)
 
 
 @pytest.mark.parametrize(("pair", "target"), ALLOWED, ids=[f"{s}-{t}" for (s, t), _ in ALLOWED])
@@ -70,10 +70,18 @@ def test_every_runnable_state_can_be_cancelled_and_can_fail():
         assert next_state(state, Trigger.FAILURE) is State.ERROR
 
 
-def test_terminal_states_only_leave_through_a_new_turn_or_an_operators_hand_back():
+def test_terminal_states_only_leave_through_a_new_turn_or_an_operators_takeover():
     for state in (State.FINISHED, State.CANCELLED):
         leaving = {t for (s, t) in TRANSITIONS if s == state}
-        assert leaving == {Trigger.USER_MESSAGE, Trigger.HAND_BACK}
+        assert leaving == {Trigger.USER_MESSAGE, Trigger.HAND_BACK, Trigger.OPERATOR_TOOL}
+
+
+def test_a_tool_run_by_hand_goes_through_the_tool_phase_and_ends_the_turn_again():
+    for state in (State.IDLE, State.FINISHED, State.CANCELLED, State.ERROR):
+        assert next_state(state, Trigger.OPERATOR_TOOL) is State.TOOL_WAIT
+    assert next_state(State.TOOL_LOOP, Trigger.OPERATOR_DONE) is State.FINISHED
+    for state in (State.PROCESSING, State.AWAITING_APPROVAL, State.PAUSED_FOR_USER):
+        assert (state, Trigger.OPERATOR_TOOL) not in TRANSITIONS
 
 
 def test_every_state_is_reachable_from_idle():

@@ -133,3 +133,25 @@ def test_a_runs_page_draws_the_graph_with_what_the_run_did(admin_client: Client)
     assert "Workflow look · version 1" in body
     assert body.count("wf-visited") >= 2  # both nodes, in the graph
     assert 'id="node-first"' in body and "arguments" not in body.split('id="node-second"')[1][:400]
+
+
+def test_a_nodes_fork_here_button_shows_the_preview_before_it_forks(admin_client: Client) -> None:
+    from sessions.models import Checkpoint, Session
+
+    _apply()
+    owner: Any = UserFactory(username="runner")
+    session, _ = workflow_run_start(owner=owner, key_roles=["support"], slug="look", input={})
+    session_run(session_id=session.pk)
+    page = admin_client.get(f"/admin/agent_sessions/session/{session.pk}/change/").content.decode()
+    row = page.split('id="node-first"')[1].split("</tr>")[0]
+    step = row.split('value="fork@')[1].split('"')[0]
+    assert "Fork here…" in row and "confirm(" not in row  # no bare browser dialog any more
+    assert Checkpoint.objects.filter(session=session, step=int(step)).exists()
+
+    url = f"/admin/agent_sessions/session/{session.pk}/operate/"
+    preview = admin_client.post(url, {"action": f"fork@{step}"})
+    assert preview.status_code == 200 and "fork-preview" in preview.content.decode()
+    assert f'name="action" value="fork@{step}"' in preview.content.decode()
+    assert not Session.objects.filter(forked_from=session).exists()
+    admin_client.post(url, {"action": f"fork@{step}", "confirm": "yes"})
+    assert Session.objects.get(forked_from=session).forked_at_step == int(step)
