@@ -474,11 +474,11 @@ async def _invoke(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> An
 def _reject_unknown(
     invocation: ToolInvocation, tools: dict[str, ToolSnapshot], role: str, started: float
 ) -> ToolOutcome:
-    # Named as the model sees them (`parcels__track_parcel` for `parcels.track_parcel`).
-    allowed = (
-        ", ".join(sorted(wire_name(t.name) for t in tools.values() if t.allows(role))) or "none"
-    )
     name = invocation.name
+    # Named as the model sees them: a wire that needs it spells `parcels.track_parcel` as
+    # `parcels__track_parcel`; a model that wrote a dotted name sees them as stored.
+    spell = (lambda n: n) if "." in name else wire_name
+    allowed = ", ".join(sorted(spell(t.name) for t in tools.values() if t.allows(role))) or "none"
     if name.replace("_", "").replace("-", "").isalnum() and len(name) <= 64:
         shown = f"'{name}'"
     else:

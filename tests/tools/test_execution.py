@@ -306,6 +306,14 @@ def test_an_unknown_tool_is_rejected_listing_the_allowed_ones():
     )
 
 
+def test_the_refusal_names_the_tools_as_the_model_spells_them():
+    tools = (snapshot("parcels.track_parcel"), snapshot("clock"))
+    dotted = run(call(name="parcels.track"), *tools)  # a model that sees the stored names
+    wired = run(call(name="parcels__track"), *tools)  # one behind a wire that renames them
+    assert dotted.content.endswith("Tools you may use: clock, parcels.track_parcel.")
+    assert wired.content.endswith("Tools you may use: clock, parcels__track_parcel.")
+
+
 def test_a_hidden_tool_gets_exactly_the_answer_an_unknown_one_gets_and_never_runs():
     SEEN_KEYS.clear()
     hidden = snapshot(
