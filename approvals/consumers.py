@@ -215,7 +215,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
 
     async def _frame_for_user(self, frame: dict[str, Any]) -> None:
         """A signed-in admin's frame: still signed in, still allowed, and their group's."""
-        assert self.user_id is not None
+        if self.user_id is None:
+            return
         session_key = getattr(self.scope.get("session"), "session_key", None)
         groups, lost = await database_sync_to_async(_user_groups_now)(self.user_id, session_key)
         if lost == "signed_out":
