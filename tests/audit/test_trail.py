@@ -237,6 +237,7 @@ def test_an_agent_added_changed_and_deleted_in_the_admin(root, rules_model):
         "repeat_call_limit": 3, "same_result_limit": 3, "step_timeout_s": 60,
         "turn_timeout_s": 300, "tools": ["lookup"], "rules": "[]", "dialogue": "{}",
         "context_budget": "{}", "candidate_percent": 0, "busy_message": "busy",
+        "max_depth": 2, "routing": "{}",
     }  # fmt: skip
     response = root.post(add, form)
     assert response.status_code == 302, response.content.decode()[:3000]

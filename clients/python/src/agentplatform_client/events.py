@@ -134,9 +134,10 @@ class ApprovalRequested(Event):
 class ApprovalResolved(Event):
     TYPE: ClassVar[str] = "approval.resolved"
     approval_id: str = ""
-    outcome: str = ""  # approved | rejected | expired | escalated
+    outcome: str = ""  # approved | rejected | expired | escalated | cancelled | withdrawn
     by: str = ""
     comment: str = ""
+    previous: str = ""  # a changed decision: the one it replaces
 
 
 @dataclass(frozen=True)
