@@ -8,6 +8,8 @@ they get its guarantees (recorded intent, approvals over REST, websocket, webhoo
 the admin, cancel, fork) without a second mechanism.
 """
 
+from typing import Any
+
 from tools.builtin import WORKFLOW_REVIEW_HANDLER
 from tools.execution import ToolSnapshot
 
@@ -18,24 +20,35 @@ WAIT_TOOL = "workflow.wait"
 TIMER_HANDLER = "builtin.schedule_followup"
 DEFAULT_REVIEW_TIMEOUT_S = 1800
 
-_WAIT = ToolSnapshot(
-    name=WAIT_TOOL,
-    description="Wait until a time has passed (a workflow's wait node or a retry's pause).",
+
+def _engine_tool(name: str, description: str, handler: str, **extra: Any) -> ToolSnapshot:
+    """A tool the workflow engine calls for itself: no row, no side effect, every role."""
+    return ToolSnapshot(
+        name=name,
+        description=description,
+        kind="python",
+        handler=handler,
+        url="",
+        method="",
+        headers={},
+        timeout_s=5.0,
+        side_effects=False,
+        roles=(),
+        version="workflow-1",
+        risk_level=0,
+        **extra,
+    )
+
+
+_WAIT = _engine_tool(
+    WAIT_TOOL,
+    "Wait until a time has passed (a workflow's wait node or a retry's pause).",
+    TIMER_HANDLER,
     parameters={
         "type": "object",
         "properties": {"after_seconds": {"type": "integer"}, "note": {"type": "string"}},
         "required": ["after_seconds", "note"],
     },
-    kind="python",
-    handler=TIMER_HANDLER,
-    url="",
-    method="",
-    headers={},
-    timeout_s=5.0,
-    side_effects=False,
-    roles=(),
-    version="workflow-1",
-    risk_level=0,
 )
 
 
@@ -44,21 +57,12 @@ def review_tool_name(node_id: str) -> str:
 
 
 def _review_tool(node: Node) -> ToolSnapshot:
-    return ToolSnapshot(
-        name=review_tool_name(node.id),
-        description=f"A person's review: workflow node {node.id}.",
+    return _engine_tool(
+        review_tool_name(node.id),
+        f"A person's review: workflow node {node.id}.",
+        WORKFLOW_REVIEW_HANDLER,
         parameters={"type": "object"},
-        kind="python",
-        handler=WORKFLOW_REVIEW_HANDLER,
-        url="",
-        method="",
-        headers={},
-        timeout_s=5.0,
-        side_effects=False,
-        roles=(),
-        version="workflow-1",
         requires_approval=True,
-        risk_level=0,
         approval_timeout_s=int(node.timeout_s or DEFAULT_REVIEW_TIMEOUT_S),
         approval_on_timeout=node.on_timeout,
         approval_group=node.group or "",

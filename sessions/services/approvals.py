@@ -183,15 +183,7 @@ def approval_decide(
     409 `approval_resolved` if it is no longer pending (another approver or the deadline
     was first).
     """
-    approval = approval_get(approval_id=approval_id)
-    if approval is None:
-        raise NotFound(f"approval {approval_id} not found")
-    if approval.group not in groups:
-        raise Forbidden(
-            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
-            details={"group": approval.group},
-        )
-    _four_eyes_check(approval=approval, user=user)
+    approval = _approvers_approval(approval_id=approval_id, user=user, groups=groups)
     if approval.status != "pending":
         raise _resolved_conflict(approval)
     if approval.kind == ApprovalKind.RECOVERY_REVIEW and approve:
@@ -254,15 +246,7 @@ def approval_change(
         raise InvalidInput(
             f"decision must be one of {', '.join(CHANGES)}", details={"field": "decision"}
         )
-    approval = approval_get(approval_id=approval_id)
-    if approval is None:
-        raise NotFound(f"approval {approval_id} not found")
-    if approval.group not in groups:
-        raise Forbidden(
-            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
-            details={"group": approval.group},
-        )
-    _four_eyes_check(approval=approval, user=user)
+    approval = _approvers_approval(approval_id=approval_id, user=user, groups=groups)
     _changeable_check(approval)
     if decision == approval.status:
         raise InvalidInput(f"approval {approval.pk} is already {decision}", code="unchanged")
@@ -446,6 +430,21 @@ def review_answer(
         fresh = approval_get(approval_id=approval.pk)
         raise _resolved_conflict(fresh or approval)
     return resolved
+
+
+def _approvers_approval(*, approval_id: UUID | str, user: User, groups: list[str]) -> Approval:
+    """The approval, if this approver may decide it: 404 if there is none, 403 if it is for
+    another group than theirs, 403 `four_eyes` if they own its session."""
+    approval = approval_get(approval_id=approval_id)
+    if approval is None:
+        raise NotFound(f"approval {approval_id} not found")
+    if approval.group not in groups:
+        raise Forbidden(
+            f"this approval is for the group '{approval.group}'; you approve for {', '.join(groups)}",
+            details={"group": approval.group},
+        )
+    _four_eyes_check(approval=approval, user=user)
+    return approval
 
 
 def _four_eyes_check(*, approval: Approval, user: User) -> None:
