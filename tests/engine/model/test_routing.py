@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from billing import pressure
 from engine import session_run
 from engine.model.calls import _scrub, endpoint_config, primary_endpoint, rollout_bucket
 from engine.phases.model import BUSY_ANSWER
 from llm.base import ModelUnavailable
 from llm.prompt_tools import GAVE_UP_ANSWER
 from memory.tokens import count_tokens
+from runtime import health
 from sessions.models import (
     Agent,
     Checkpoint,
@@ -44,6 +46,19 @@ from tools.registry import tool_handler
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BUSY = "We are a bit busy, please try again shortly."
+
+
+@pytest.fixture(autouse=True)
+def _no_pressure(settings: Any) -> Any:
+    """Routing and fallback alone: no pressure from the rest of the lane (its queue, the
+    workers' health, both read through per-process caches) may degrade these steps to
+    the cheaper tier; degradation has tests of its own (tests/billing, tests/engine/gates)."""
+    never = [float("inf")] * 3
+    settings.DEGRADE_QUEUE_DEPTHS, settings.DEGRADE_WORKER_SHARES = never, never
+    health.cache_reset()
+    pressure._queue_seen[:] = [0.0, 0.0]
+    yield
+    health.cache_reset()
 
 
 @tool_handler("tests.adapters.lookup")
