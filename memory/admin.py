@@ -13,6 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from accounts.admin_access import MEMORY_CONTENT, ContentMaskedAdmin, holds, masked
@@ -39,6 +40,32 @@ class LiveFilter(admin.SimpleListFilter):
         return queryset
 
 
+class MemoryItemForm(forms.ModelForm):
+    class Meta:
+        model = MemoryItem
+        fields = ("owner", "tag", "subject", "content", "importance", "confidence")
+
+    def clean(self) -> dict[str, Any]:
+        """One live item per subject and owner (the database enforces it too): a clear
+        form error instead of a failed save."""
+        data = super().clean() or {}
+        subject = " ".join(str(data.get("subject") or "").lower().split())
+        owner_id = (
+            self.instance.owner_id if self.instance.pk else getattr(data.get("owner"), "pk", None)
+        )
+        live = self.instance.pk is None or self.instance.superseded_at is None
+        if subject and owner_id and live:
+            clash = MemoryItem.objects.filter(
+                owner_id=owner_id, subject=subject, superseded_at__isnull=True
+            ).exclude(pk=self.instance.pk)
+            if clash.exists():
+                self.add_error(
+                    "subject",
+                    f"this owner already has a live item about {subject!r}: edit that one",
+                )
+        return data
+
+
 @admin.register(MemoryItem)
 class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
@@ -50,6 +77,7 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         "status",
         "updated_at",
     )
+    form = MemoryItemForm
     list_filter = (LiveFilter, "tag", "source")
     search_fields = ("content", "subject", "owner__username", "owner__email")
     list_select_related = ("owner",)
@@ -61,19 +89,49 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         "content_short": "content_hidden",
         "subject": "subject_hidden",
         "content": "content_hidden",
+        "history": "history_hidden",
     }
     content_search_fields = ("content", "subject")
     subject_hidden = masked("subject", MEMORY_CONTENT)
     content_hidden = masked("content", MEMORY_CONTENT)
+    history_hidden = masked("history", MEMORY_CONTENT)
     fields = (
         "owner", "tag", "subject", "content", "importance", "confidence", "source",
         "source_session_id", "superseded_by", "superseded_at", "embedding_model", "dims",
-        "created_at", "updated_at", "last_used_at",
+        "created_at", "updated_at", "last_used_at", "history",
     )  # fmt: skip
     readonly_fields = (
         "source", "source_session_id", "superseded_by", "superseded_at", "embedding_model",
-        "dims", "created_at", "updated_at", "last_used_at",
+        "dims", "created_at", "updated_at", "last_used_at", "history",
     )  # fmt: skip
+
+    @admin.display(description="history")
+    def history(self, obj: MemoryItem) -> str:
+        """Every value the item held, oldest first: when, what, who brought it, what decided."""
+        if obj.pk is None:
+            return "-"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    f"{v.created_at:%Y-%m-%d %H:%M}",
+                    v.action,
+                    v.subject,
+                    v.content,
+                    v.get_actor_display(),
+                    v.actor_ref,
+                    v.decided_by,
+                    v.reason,
+                )  # fmt: skip
+                for v in obj.versions.order_by("id")
+            ),
+        )
+        return format_html(
+            "<table><tr><th>when</th><th>action</th><th>subject</th><th>content</th>"
+            "<th>who</th><th>decided by</th><th>why</th></tr>{}</table>",
+            rows,
+        )
 
     @admin.display(description="subject")
     def subject_short(self, obj: MemoryItem) -> str:
@@ -85,7 +143,9 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
     @admin.display(description="status")
     def status(self, obj: MemoryItem) -> str:
-        return "superseded" if obj.superseded_at else "latest"
+        if obj.superseded_at is None:
+            return "latest"
+        return "superseded" if obj.superseded_by_id else "deleted"
 
     # Whoever edits an item writes into its owner's prompts: only someone who may also read
     # what it says. The owner never changes (that would hand one person's memory to another).
@@ -104,7 +164,11 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: MemoryItem, form: Any, change: bool) -> None:
         # An edited text gets its new vector, or search would keep finding the old one.
-        memory_item_save(item=obj, reembed=not change or "content" in form.changed_data)
+        memory_item_save(
+            item=obj,
+            reembed=not change or "content" in form.changed_data,
+            actor_ref=f"admin:{request.user.get_username()}",
+        )
 
     @admin.action(
         description="Erase everything remembered about the selected items' owners",

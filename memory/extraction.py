@@ -2,7 +2,6 @@
 deterministic extractor the offline rules model uses at the end of a turn.
 """
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -34,17 +33,36 @@ class Candidate:
     importance: float = 0.5
 
 
+# Sentences that name their subject without saying "my X": (pattern, the subject).
+_NAMED_SUBJECTS = (
+    (re.compile(r"\b(?:call me|i am called|i'm called)\s+\w", re.IGNORECASE), "name"),
+    (re.compile(r"\bI(?:'ve| have)?\s+(?:live|moved|relocated)\s+(?:in|to)\s+\w", re.IGNORECASE), "home city"),
+    (re.compile(r"\bI(?:'m| am)?\s+(?:work(?:ing)?)\s+(?:at|for)\s+\w", re.IGNORECASE), "employer"),
+    (re.compile(r"我(?:住在|搬到了?)"), "home city"),
+    (re.compile(r"(?:叫我|我叫)"), "name"),
+)  # fmt: skip
+
+
 def subject_of(content: str) -> str:
-    """What the item is about, when the text says it plainly ("my X is ..."); else ""."""
+    """What the item is about, when the text says it plainly; else "".
+
+    "my X is ..." / "我的X是..." name X (spelling normalised: "favorite color" is
+    "favourite colour"); a few set phrases name theirs ("call me ..." is the name,
+    "I live in / moved to ..." the home city, "I work at ..." the employer).
+    """
     for pattern in (_MY_X_IS, _MY_X_IS_ZH):
         found = pattern.search(content)
         if found:
             subject = " ".join(found.group("subject").lower().split())
+            subject = subject.removeprefix("the ")
             return subject.replace("favorite", "favourite").replace("color", "colour")
+    for named, subject in _NAMED_SUBJECTS:
+        if named.search(content):
+            return subject
     return ""
 
 
-def _tag_of(content: str) -> str:
+def tag_of(content: str) -> str:
     if _PREFER.search(content) or re.search(r"\b(favou?rite|prefer)", content, re.IGNORECASE):
         return MemoryTag.PREFERENCE
     if _AGREED.search(content):
@@ -59,7 +77,7 @@ def explicit_requests(text: str) -> list[Candidate]:
         for match in pattern.finditer(text):
             what = match.group("what").strip(" ,;:")
             if what:
-                found.append(Candidate(what, _tag_of(what), subject_of(what), importance=0.9))
+                found.append(Candidate(what, tag_of(what), subject_of(what), importance=0.9))
     return found
 
 
@@ -76,45 +94,9 @@ def rule_extract(user_texts: list[str]) -> list[Candidate]:
             if not sentence or asks_to_remember(sentence):
                 continue  # an explicit request is stored as such
             if _MY_X_IS.search(sentence) or _MY_X_IS_ZH.search(sentence):
-                found.append(Candidate(sentence, _tag_of(sentence), subject_of(sentence), 0.6))
+                found.append(Candidate(sentence, tag_of(sentence), subject_of(sentence), 0.6))
             elif _PREFER.search(sentence):
                 found.append(Candidate(sentence, MemoryTag.PREFERENCE, "", 0.6))
             elif _AGREED.search(sentence):
                 found.append(Candidate(sentence, MemoryTag.AGREEMENT, "", 0.7))
-    return found
-
-
-EXTRACTION_PROMPT = (
-    "You maintain a user's long-term memory. From the conversation turn below, list only what "
-    "is worth remembering across conversations: stable preferences, facts about the user, "
-    "agreements, business conclusions. Skip small talk and anything only relevant now. "
-    'Answer with JSON only: {"items": [{"content": str, "tag": "preference"|"fact"|'
-    '"agreement"|"business conclusion", "subject": str (what it is about, short), '
-    '"importance": 0..1}]}. An empty list is a fine answer.'
-)
-
-
-def parse_extraction(text: str) -> list[Candidate]:
-    """The model's JSON answer as candidates; anything malformed is skipped, never raised."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        return []
-    try:
-        items = json.loads(text[start : end + 1]).get("items") or []
-    except (ValueError, AttributeError):
-        return []
-    found: list[Candidate] = []
-    for item in items[:20] if isinstance(items, list) else []:
-        if not isinstance(item, dict) or not isinstance(item.get("content"), str):
-            continue
-        content = item["content"].strip()[:2000]
-        if not content:
-            continue
-        try:
-            importance = min(1.0, max(0.0, float(item.get("importance", 0.5))))
-        except (TypeError, ValueError):
-            importance = 0.5
-        tag = str(item.get("tag") or MemoryTag.FACT)[:40]
-        subject = str(item.get("subject") or "")[:200].strip().lower() or subject_of(content)
-        found.append(Candidate(content, tag, subject, importance))
     return found

@@ -95,12 +95,79 @@ class MemoryItem(models.Model):
                 fields=["owner", "source_key"],
                 name="memory_item_owner_source_key",
                 condition=~Q(source_key=""),
-            )
+            ),
+            # One live value per subject: two writers of the same subject racing past the
+            # service's lock still cannot both stay live.
+            models.UniqueConstraint(
+                fields=["owner", "subject"],
+                name="memory_item_one_live_subject",
+                condition=Q(superseded_at__isnull=True) & ~Q(subject=""),
+            ),
         ]
 
     def __str__(self) -> str:
         # The name shows in breadcrumbs, history and links (and logs): never what it says.
         return f"{self.tag} #{self.pk}"
+
+
+class VersionAction(models.TextChoices):
+    CREATED = "created", "created"
+    UPDATED = "updated", "updated"  # a new value, or a near-duplicate's newer wording
+    DELETED = "deleted", "deleted"  # no longer live; the row stays as history
+    EDITED = "edited", "edited"  # an operator's edit in the admin
+
+
+class VersionActor(models.TextChoices):
+    """Who brought the change: the `remember` tool call, the user's own words ("remember
+    that ..."), the end-of-turn extraction, or an operator."""
+
+    TOOL = "tool", "tool call"
+    USER = "user", "user"
+    EXTRACTION = "extraction", "extraction"
+    ADMIN = "admin", "admin"
+
+
+class MemoryVersion(models.Model):
+    """One state of a memory item: every change writes one, so no value is lost.
+
+    The item holds its latest state; its versions, oldest first, are what it said before
+    (`content` is the item's text after the change this row records).
+    """
+
+    item = models.ForeignKey(MemoryItem, on_delete=models.CASCADE, related_name="versions")
+    # The item's owner, copied: a re-run write is found by (owner, source_key).
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memory_versions",
+        db_index=False,
+    )
+    action = models.CharField(max_length=10, choices=VersionAction.choices)
+    content = models.TextField()
+    subject = models.CharField(max_length=200, blank=True)
+    tag = models.CharField(max_length=40, blank=True)
+    actor = models.CharField(max_length=20, choices=VersionActor.choices)
+    # Which tool call, message or operator ("call:<idempotency key>", "msg:12:0", "admin:ann").
+    actor_ref = models.CharField(max_length=200, blank=True)
+    # What decided the action: "rules", "model:<endpoint name>", or "admin".
+    decided_by = models.CharField(max_length=120, blank=True)
+    reason = models.CharField(max_length=300, blank=True)
+    source_session_id = models.UUIDField(null=True, blank=True)
+    source_key = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("item", "id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "source_key"],
+                name="memory_version_owner_source_key",
+                condition=~Q(source_key=""),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} of #{self.item_id}"
 
 
 class EmbeddingCache(models.Model):

@@ -25,7 +25,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from .models import MemoryItem, MemoryOwnerIndex, OwnerIndexState
+from .decision import Neighbour
+from .models import MemoryItem, MemoryOwnerIndex, MemoryVersion, OwnerIndexState, VersionAction
 from .scoring import DEFAULT_HALF_LIFE_DAYS, memory_score
 
 # With a tag filter the owner's graph may hold fewer matching rows near the query
@@ -283,12 +284,87 @@ def memory_owner_has_items(owner_id: int) -> bool:
     return bool(row[0])
 
 
+def memory_neighbours(
+    *, owner_id: int, vector: Sequence[float], model: str, k: int, subject: str = ""
+) -> tuple[list[Neighbour], Neighbour | None]:
+    """What a new memory is compared with: the owner's K nearest live items, and the
+    owner's live item of `subject` (found by subject, however far its vector)."""
+    hits = memory_nearest(owner_id=owner_id, vector=vector, model=model, k=k) if vector else []
+    similarity = {h.item_id: h.similarity for h in hits}
+    items = MemoryItem.objects.filter(owner_id=owner_id, superseded_at__isnull=True)
+    wanted = items.filter(pk__in=list(similarity))
+    if subject:
+        wanted = wanted | items.filter(subject=subject)
+    found = {
+        row.pk: Neighbour(
+            id=row.pk,
+            content=row.content,
+            subject=row.subject,
+            tag=row.tag,
+            similarity=similarity.get(row.pk, 0.0),
+            updated_at=row.updated_at,
+        )
+        for row in wanted.only("content", "subject", "tag", "updated_at")
+    }
+    current = next((n for n in found.values() if subject and n.subject == subject), None)
+    ordered = [found[h.item_id] for h in hits if h.item_id in found]
+    return ordered, current
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A value an item held before its latest, and when it was written."""
+
+    content: str
+    at: datetime
+
+
 @dataclass
 class RankedItem:
     item: MemoryItem
     similarity: float
     score: float
-    before: list[str] = field(default_factory=list)
+    before: list[Earlier] = field(default_factory=list)
+
+
+def memory_earlier(*, owner_id: int, items: Sequence[MemoryItem]) -> dict[int, list[Earlier]]:
+    """What each item said before its latest value, newest first.
+
+    1. Its own versions, other than the latest text (updates are made in place).
+    2. Items superseded on its subject before versions were kept (a value was then a
+       new row): their text and when they were written.
+    """
+    earlier: dict[int, list[Earlier]] = {item.pk: [] for item in items}
+    if not items:
+        return earlier
+    for item_id, content, at in (
+        MemoryVersion.objects.filter(owner_id=owner_id, item_id__in=list(earlier))
+        .exclude(action=VersionAction.DELETED)
+        .order_by("-id")
+        .values_list("item_id", "content", "created_at")
+    ):
+        earlier[item_id].append(Earlier(content, at))
+    by_subject = {item.subject: item.pk for item in items if item.subject}
+    if by_subject:
+        for subject, content, at in (
+            MemoryItem.objects.filter(
+                owner_id=owner_id, subject__in=list(by_subject), superseded_by__isnull=False
+            )
+            .order_by("-created_at")
+            .values_list("subject", "content", "created_at")
+        ):
+            earlier[by_subject[subject]].append(Earlier(content, at))
+    current = {item.pk: " ".join(item.content.split()) for item in items}
+    for item_id, values in earlier.items():
+        seen = {current[item_id]}
+        kept: list[Earlier] = []
+        for value in values:
+            text = " ".join(value.content.split())
+            if text not in seen:  # the latest text, and a value said twice, once
+                seen.add(text)
+                kept.append(value)
+        earlier[item_id] = kept
+    return earlier
 
 
 def memory_ranked(
@@ -302,11 +378,12 @@ def memory_ranked(
     half_life_days: float = DEFAULT_HALF_LIFE_DAYS,
     now: datetime | None = None,
 ) -> list[RankedItem]:
-    """The owner's top K items by similarity x time decay x importance, with what they superseded.
+    """The owner's top K live items by similarity x time decay x importance, with what they
+    said before.
 
     1. Take 4K nearest candidates (the decay and importance reorder them).
     2. Score, keep the best K above `min_similarity`.
-    3. Attach the previous values of each kept item's subject, newest first.
+    3. Attach each kept item's earlier values, newest first (memory_earlier).
     """
     now = now or timezone.now()
     hits = memory_nearest(owner_id=owner_id, vector=vector, model=model, k=4 * k, tags=tags)
@@ -329,27 +406,21 @@ def memory_ranked(
     ]
     ranked.sort(key=lambda r: -r.score)
     ranked = ranked[:k]
-    previous: dict[str, list[str]] = {}
-    subjects = {r.item.subject for r in ranked if r.item.subject}
-    if subjects:
-        for subject, content in (
-            MemoryItem.objects.filter(
-                owner_id=owner_id, subject__in=subjects, superseded_at__isnull=False
-            )
-            .order_by("-created_at")
-            .values_list("subject", "content")
-        ):
-            previous.setdefault(subject, []).append(content)
+    earlier = memory_earlier(owner_id=owner_id, items=[r.item for r in ranked])
     for r in ranked:
-        r.before = previous.get(r.item.subject, []) if r.item.subject else []
+        r.before = earlier.get(r.item.pk, [])
     return ranked
+
+
+BEFORE_SHOWN = 2  # earlier values per item in the model's context
 
 
 def memory_block(ranked: Sequence[RankedItem]) -> str:
     """The compact lines the model gets before the conversation; "" when there is nothing.
 
-    No heading: the context assembly puts the memory partition's one heading above them
-    (engine/model/context.py), so it is not printed twice.
+    An item that changed reads "latest: <now> (before: <earlier>, <date>; ...)", the
+    date being when the earlier value was written. No heading: the context assembly
+    puts the memory partition's one heading above them (engine/model/context.py).
     """
     if not ranked:
         return ""
@@ -358,7 +429,8 @@ def memory_block(ranked: Sequence[RankedItem]) -> str:
         about = f" {r.item.subject}:" if r.item.subject else ""
         line = f"- [{r.item.tag}]{about} "
         if r.before:
-            line += f"latest: {r.item.content} (before: {'; '.join(r.before[:2])})"
+            earlier = "; ".join(f"{e.content}, {e.at:%Y-%m-%d}" for e in r.before[:BEFORE_SHOWN])
+            line += f"latest: {r.item.content} (before: {earlier})"
         else:
             line += r.item.content
         lines.append(line)
@@ -369,12 +441,17 @@ def memory_as_data(ranked: Sequence[RankedItem]) -> list[dict[str, object]]:
     """What `recall` returns for memory items."""
     return [
         {
+            "id": r.item.pk,
             "content": r.item.content,
             "tag": r.item.tag,
             "subject": r.item.subject,
             "updated_at": r.item.updated_at.isoformat(),
             "similarity": round(r.similarity, 3),
-            **({"before": r.before} if r.before else {}),
+            **(
+                {"before": [{"content": e.content, "at": e.at.isoformat()} for e in r.before]}
+                if r.before
+                else {}
+            ),
         }
         for r in ranked
     ]

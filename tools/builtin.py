@@ -51,6 +51,9 @@ REMEMBER_PARAMETERS: dict[str, object] = {
     "properties": {
         "content": {"type": "string", "minLength": 1, "maxLength": 2000},
         "tag": {"type": "string", "minLength": 1, "maxLength": 40},
+        # What the memory is about ("favourite colour"): a new value for a subject the owner
+        # already has updates that memory (the old value kept as its history).
+        "subject": {"type": "string", "minLength": 1, "maxLength": 200},
     },
     "required": ["content"],
     "additionalProperties": False,

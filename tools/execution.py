@@ -224,12 +224,17 @@ REMEMBER_TOOL = _builtin_tool(
     description=(
         "Store something worth knowing in later conversations with this user (a preference, "
         "a fact about them, an agreement, a conclusion). tag: preference, fact, agreement or "
-        "business conclusion. A new value for the same thing replaces the old one."
+        "business conclusion. subject (optional, short): what it is about, e.g. "
+        "'favourite colour'; a new value for a subject already remembered updates that "
+        "memory, the old value kept as its history. Do not use it for what matters only now."
     ),
     parameters=builtin.REMEMBER_PARAMETERS,
     handler=builtin.REMEMBER_HANDLER,
     timeout_s=10.0,
-    result_description="{stored: true, action: created|merged|superseded|unchanged}.",
+    result_description=(
+        "{stored: true, action: created|updated|unchanged, id, subject, replaces?: the "
+        "previous text}."
+    ),
 )
 RECALL_TOOL = _builtin_tool(
     name=builtin.RECALL,

@@ -11,9 +11,12 @@ Agent.memory (JSON, every key optional):
 - min_similarity (0.1): items less similar to the user's message stay out;
 - half_life_days (30): the time decay of an item's score;
 - remember_phrases (true): "remember that ..." / "记住 ..." in a user message is stored;
-- extraction (false): at the end of a turn, the agent's cheap model (else its model)
-  lists what is worth keeping; with the offline `rules` model a deterministic extractor
-  answers instead.
+- extraction (on for an agent with memory: one that lists `remember` or `recall`, or
+  has a `memory` setting; off for the others): at the end of a turn, one call to the
+  agent's cheap model (else its model) is shown the owner's nearest memories and the
+  turn, and answers what to add, update, delete or keep (memory/decision.py); with the
+  offline `rules` model, or when the call fails or answers invalid JSON, the rules
+  extract and decide instead.
 """
 
 import logging
@@ -25,19 +28,29 @@ from django.db import connection
 
 from engine.gates.metering import model_credits_check, side_call_commit
 from engine.model.calls import cheap_endpoint, side_call
-from llm.types import ChatMessage, ChatRequest
+from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from memory import extraction
+from memory.decision import (
+    DECISION_PROMPT,
+    DECISIONS_SCHEMA,
+    Decision,
+    Neighbour,
+    decision_input,
+    parse_decisions,
+)
 from memory.embeddings import EmbeddingError, current_embedder, embed_texts
+from memory.models import VersionActor
 from memory.selectors import (
     memory_as_data,
     memory_block,
+    memory_neighbours,
     memory_owner_has_items,
     memory_ranked,
     vector_literal,
 )
-from memory.services import memory_remember, memory_touch
+from memory.services import Remembered, memory_forget, memory_remember, memory_touch
 from sessions.models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
-from tools.builtin import MEMORY_HANDLERS, RECALL_HANDLER
+from tools.builtin import MEMORY_HANDLERS, RECALL, RECALL_HANDLER, REMEMBER
 from tools.execution import ToolOutcome, ToolSnapshot, validator_for
 from tools.rendering import render_failure, render_success
 from tools.validation import check_arguments
@@ -47,6 +60,7 @@ ARCHIVE_EMBED_BATCH = 200
 RECALL_MESSAGES = 5
 EXTRACTION = "extraction"  # the ModelCall purpose of the end-of-turn extraction
 EXTRACTION_MAX_TOKENS = 600
+EXTRACTION_NEIGHBOURS = 10  # the owner's nearest live items the extraction call is shown
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,9 @@ class MemorySettings:
     @classmethod
     def of(cls, agent: Agent) -> "MemorySettings":
         raw: dict[str, Any] = agent.memory if isinstance(agent.memory, dict) else {}
+        # An agent with memory (it lists the memory tools, or has memory settings) keeps
+        # what its turns say unless told not to; one without pays for no extraction.
+        has_memory = bool(raw) or bool({REMEMBER, RECALL} & set(agent.tools or ()))
         try:
             return cls(
                 enabled=bool(raw.get("enabled", True)),
@@ -70,7 +87,8 @@ class MemorySettings:
                 min_similarity=float(raw.get("min_similarity", 0.1)),
                 half_life_days=float(raw.get("half_life_days", 30.0)),
                 remember_phrases=bool(raw.get("remember_phrases", True)),
-                extraction=bool(raw.get("extraction", False)),
+                extraction=bool(raw.get("extraction", has_memory))
+                and bool(raw.get("enabled", True)),
             )
         except (TypeError, ValueError):
             logger.warning("agent %s has malformed memory settings; using defaults", agent.slug)
@@ -159,17 +177,27 @@ def memory_tool_outcomes(
 
 
 def remember(session: Session, call: ToolCall, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Apply the model's `remember` by the rules (no second model call inside a step): its
+    `subject`, when given, names what it replaces. The turn's extraction call sees the
+    result among the owner's memories and may still correct it."""
     done = memory_remember(
         owner_id=session.owner_id,
         content=str(arguments["content"]),
         tag=str(arguments.get("tag") or "fact").lower(),
+        subject=str(arguments.get("subject") or ""),
         importance=0.8,
-        source="tool",
+        source=VersionActor.TOOL,
         source_session_id=session.pk,
         # The call's idempotency key: a step re-run after a crash finds its write.
         source_key=f"call:{call.idempotency_key}",
+        actor_ref=f"call:{call.idempotency_key}",
     )
-    result: dict[str, Any] = {"stored": True, "action": done.action, "id": done.item.pk}
+    result: dict[str, Any] = {
+        "stored": True,
+        "action": done.action,
+        "id": done.item.pk,
+        "subject": done.item.subject,
+    }
     if done.previous:
         result["replaces"] = done.previous
     return result
@@ -263,11 +291,15 @@ def wants_turn_memory(agent: Agent, user_text: str) -> bool:
 
 
 def turn_memory_keep(*, session_id: str, turn: int) -> int:
-    """Keep what a finished turn said worth keeping; the number of items written.
+    """Keep what a finished turn said worth keeping; the number of changes made.
 
-    1. "remember that ..." in the user's messages, stored as they said it.
-    2. With extraction on: the cheap model (or the deterministic extractor for the
-       offline rules model) lists items from the turn's messages.
+    1. "remember that ..." in the user's messages, stored as they said it (the rules
+       decide what it replaces).
+    2. With extraction on: one call to the cheap model, shown the owner's nearest
+       memories (those of step 1 included) and the turn, answers add / update / delete /
+       keep entries, each applied under the owner's lock. The offline rules model, a
+       call that fails or an invalid answer: the deterministic extractor, decided by the
+       rules.
     Each write's key names the turn, so a task run twice writes nothing twice.
     """
     session = Session.objects.select_related("agent__model", "agent__cheap_model").get(
@@ -280,80 +312,150 @@ def turn_memory_keep(*, session_id: str, turn: int) -> int:
         .exclude(content="")
         .order_by("seq")
     )
-    user_texts = [m.content for m in messages if m.role == "user"]
-    candidates: list[tuple[str, str, extraction.Candidate]] = []
-    if settings.remember_phrases:
-        for m in messages:
-            if m.role == "user":
-                for i, c in enumerate(extraction.explicit_requests(m.content)):
-                    candidates.append((f"msg:{m.pk}:{i}", "user", c))
-    if settings.extraction:
-        for i, c in enumerate(_extract(session, turn, agent, messages, user_texts)):
-            candidates.append((f"turn:{session.pk}:{turn}:{i}", "extraction", c))
     written = 0
-    for key, source, c in candidates:
-        try:
-            memory_remember(
-                owner_id=session.owner_id,
-                content=c.content,
-                tag=c.tag,
-                subject=c.subject,
-                importance=c.importance,
-                confidence=0.9 if source == "user" else 0.6,
-                source=source,
-                source_session_id=session.pk,
-                source_key=key,
-            )
-            written += 1
-        except EmbeddingError as exc:
-            logger.warning("memory of session %s turn %s not kept: %s", session.pk, turn, exc)
-            break
+    try:
+        if settings.remember_phrases:
+            for m in messages:
+                if m.role != "user":
+                    continue
+                for i, c in enumerate(extraction.explicit_requests(m.content)):
+                    key = f"msg:{m.pk}:{i}"
+                    done = _keep(session, c, key, VersionActor.USER, confidence=0.9)
+                    written += done.action != "unchanged"
+        if settings.extraction:
+            written += _extract_and_apply(session, turn, agent, messages)
+    except EmbeddingError as exc:
+        logger.warning("memory of session %s turn %s not kept: %s", session.pk, turn, exc)
     return written
 
 
-def _extract(
-    session: Session, turn: int, agent: Agent, messages: list[Message], user_texts: list[str]
-) -> list[Any]:
-    """The cheap model's list of what the turn is worth keeping, metered like a step's call.
+def _keep(
+    session: Session,
+    candidate: extraction.Candidate,
+    key: str,
+    actor: str,
+    *,
+    confidence: float,
+    decision: Decision | None = None,
+    decided_by: str = "rules",
+) -> Remembered:
+    return memory_remember(
+        owner_id=session.owner_id,
+        content=candidate.content,
+        tag=candidate.tag,
+        subject=candidate.subject,
+        importance=candidate.importance,
+        confidence=confidence,
+        source=actor,
+        source_session_id=session.pk,
+        source_key=key,
+        decision=decision,
+        decided_by=decided_by,
+    )
 
-    1. The offline rules model: the deterministic extractor, no call.
-    2. Already recorded for this turn (the task ran before): no second call, no charge.
-    3. A paid endpoint the owner's free points cannot cover: skipped, never run on credit.
-    4. The call (no connection held across it), then its row, rollup and charge committed
-       in a short transaction of their own (`side_call_commit`).
+
+def _extract_and_apply(session: Session, turn: int, agent: Agent, messages: list[Message]) -> int:
+    """Step 2 of turn_memory_keep: the model's decisions, else the rules'; changes made."""
+    user_texts = [m.content for m in messages if m.role == "user"]
+    decisions, decided_by = _decide_by_model(session, turn, agent, messages, user_texts)
+    written = 0
+    if decisions is None:  # no model, or no valid answer: the rules extract and decide
+        for i, c in enumerate(extraction.rule_extract(user_texts)):
+            key = f"turn:{session.pk}:{turn}:{i}"
+            done = _keep(session, c, key, VersionActor.EXTRACTION, confidence=0.6)
+            written += done.action != "unchanged"
+        return written
+    for i, d in enumerate(decisions):
+        key = f"turn:{session.pk}:{turn}:{i}"
+        if d.action == "keep":
+            continue
+        if d.action == "delete" and d.target is not None:
+            gone = memory_forget(
+                owner_id=session.owner_id, item_id=d.target, reason=d.reason,
+                source=VersionActor.EXTRACTION, source_session_id=session.pk, source_key=key,
+                decided_by=decided_by,
+            )  # fmt: skip
+            written += gone is not None
+            continue
+        candidate = extraction.Candidate(
+            d.content, d.tag or extraction.tag_of(d.content), d.subject,
+            d.importance if d.importance is not None else 0.6,
+        )  # fmt: skip
+        done = _keep(
+            session, candidate, key, VersionActor.EXTRACTION, confidence=0.6, decision=d,
+            decided_by=decided_by,
+        )  # fmt: skip
+        written += done.action != "unchanged"
+    return written
+
+
+def _decide_by_model(
+    session: Session, turn: int, agent: Agent, messages: list[Message], user_texts: list[str]
+) -> tuple[list[Decision] | None, str]:
+    """The cheap model's decisions for the turn, metered like a step's call; (None, "rules")
+    when the rules must decide instead, ([], ...) when nothing is to be done.
+
+    1. The offline rules model: the rules, no call.
+    2. Already recorded for this turn (the task ran before): no second call, no charge,
+       nothing applied twice.
+    3. The owner's nearest live memories to the turn's user messages (embedded outside
+       any transaction), shown with their ids.
+    4. A paid endpoint the owner's free points cannot cover: the rules, never run on credit.
+    5. The call (no connection held across it), asking for DECISIONS_SCHEMA as structured
+       output where the wire has it; its row, rollup and charge committed in a short
+       transaction of their own (`side_call_commit`).
+    6. The answer validated (memory/decision.py): invalid, or a failed call, the rules.
     """
     endpoint = cheap_endpoint(agent)
     if endpoint.api == "rules":
-        return extraction.rule_extract(user_texts)
+        return None, "rules"
     if ModelCall.objects.filter(session=session, turn=turn, purpose=EXTRACTION).exists():
-        return []
+        return [], "rules"
+    query = "\n".join(user_texts)[:4000]
+    neighbours: list[Neighbour] = []
+    if query.strip() and memory_owner_has_items(session.owner_id):
+        embedder = current_embedder()
+        vector = embed_texts([query], embedder)[0]
+        neighbours, _ = memory_neighbours(
+            owner_id=session.owner_id, vector=vector, model=embedder.model,
+            k=EXTRACTION_NEIGHBOURS,
+        )  # fmt: skip
     transcript = "\n".join(f"{m.role}: {m.content[:2000]}" for m in messages)
     request = ChatRequest(
         messages=(
-            ChatMessage(role="system", content=extraction.EXTRACTION_PROMPT),
-            ChatMessage(role="user", content=transcript),
+            ChatMessage(role="system", content=DECISION_PROMPT),
+            ChatMessage(role="user", content=decision_input(neighbours, transcript)),
         ),
         tool_choice="none",
         temperature=0,
         max_tokens=EXTRACTION_MAX_TOKENS,
+        response_format=ResponseFormat(schema=DECISIONS_SCHEMA, name="memory_updates"),
     )
     check = model_credits_check(session, endpoint, request, EXTRACTION_MAX_TOKENS)
     if check is not None and check.outcome == "insufficient":
         logger.info(
-            "memory extraction of session %s turn %s skipped: %s (%s points needed, %s left)",
+            "memory extraction of session %s turn %s by the rules: %s (%s points needed, %s left)",
             session.pk,
             turn,
             check.reason,
             check.points,
             check.points_left,
         )
-        return []
+        return None, "rules"
     connection.close()  # no connection held across the model call
     response, record = side_call(session, endpoint, request, purpose="extraction")
     record.turn = turn
     if not side_call_commit(session=session, record=record):
-        return []  # a concurrent run of the task recorded (and keeps) this turn's items
+        return [], "rules"  # a concurrent run of the task recorded (and applies) this turn's
     if response is None:
         logger.warning("memory extraction with %s failed: %s", endpoint.name, record.error)
-        return []
-    return extraction.parse_extraction(response.text)
+        return None, "rules"
+    decisions, problem = parse_decisions(response.text, {n.id for n in neighbours})
+    if decisions is None:
+        logger.warning(
+            "memory extraction with %s answered invalid JSON (%s); the rules decide",
+            endpoint.name,
+            problem,
+        )
+        return None, "rules"
+    return decisions, f"model:{endpoint.name}"

@@ -24,7 +24,7 @@ def test_list_search_and_edit(client, operator, embeddings):
     memory_remember(owner_id=alice.pk, content="My favourite colour is red")
     url = reverse("admin:memory_memoryitem_changelist")
     page = client.get(url, {"q": "alice"}).content.decode()
-    assert "My favourite colour is red" in page and "superseded" in page and "latest" in page
+    assert "My favourite colour is red" in page and "latest" in page
     assert "My favourite colour is red" not in client.get(url, {"q": "nobody"}).content.decode()
     item = MemoryItem.objects.get(content="My favourite colour is red")
     before = list(item.embedding)
@@ -37,6 +37,27 @@ def test_list_search_and_edit(client, operator, embeddings):
     assert response.status_code == 302, response.content.decode()[:2000]
     item.refresh_from_db()
     assert item.content == "My favourite colour is green" and list(item.embedding) != before
+    # The change page shows the item's history: every value, who brought it, what decided.
+    page = client.get(change).content.decode()
+    history = page[page.index("<th>when</th>") :]
+    assert history.index("colour is blue") < history.index("colour is red") < history.index(
+        "colour is green"
+    )
+    assert "admin:operator" in history and "same subject: favourite colour" in history
+
+
+def test_an_edit_cannot_make_two_live_items_of_one_subject(client, operator, embeddings):
+    alice = UserFactory(username="alice")
+    memory_remember(owner_id=alice.pk, content="My favourite colour is blue")
+    tea = memory_remember(owner_id=alice.pk, content="I like tea").item
+    change = reverse("admin:memory_memoryitem_change", args=[tea.pk])
+    response = client.post(
+        change,
+        {"owner": alice.pk, "tag": "preference", "subject": "Favourite Colour",
+         "content": "I like tea", "importance": 0.5, "confidence": 0.8},
+    )  # fmt: skip
+    assert response.status_code == 200 and "already has a live item" in response.content.decode()
+    assert MemoryItem.objects.get(pk=tea.pk).subject == ""
 
 
 def test_erase_everything_of_a_user_asks_first(client, operator, embeddings):
@@ -51,8 +72,8 @@ def test_erase_everything_of_a_user_asks_first(client, operator, embeddings):
 
     confirm = client.post(url, data)
     assert confirm.status_code == 200
-    assert "alice: 3 items" in confirm.content.decode()
-    assert MemoryItem.objects.filter(owner=alice).count() == 3  # nothing erased yet
+    assert "alice: 2 items" in confirm.content.decode()
+    assert MemoryItem.objects.filter(owner=alice).count() == 2  # nothing erased yet
 
     done = client.post(url, {**data, "confirm": "yes"})
     assert done.status_code == 302
