@@ -40,8 +40,10 @@ def test_list_search_and_edit(client, operator, embeddings):
     # The change page shows the item's history: every value, who brought it, what decided.
     page = client.get(change).content.decode()
     history = page[page.index("<th>when</th>") :]
-    assert history.index("colour is blue") < history.index("colour is red") < history.index(
-        "colour is green"
+    assert (
+        history.index("colour is blue")
+        < history.index("colour is red")
+        < history.index("colour is green")
     )
     assert "admin:operator" in history and "same subject: favourite colour" in history
 

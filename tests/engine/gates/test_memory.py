@@ -1,6 +1,7 @@
 """Long-term memory in the engine: the remember/recall tools, the block before a turn,
 and what a finished turn keeps; semantics from a fake embeddings server on 127.0.0.1."""
 
+import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -125,14 +126,18 @@ def test_the_next_session_sees_the_latest_value_in_its_context(
         # After the prompt: the context layers (environment), then the memory block.
         memory = [s for s in system if "latest:" in s]
         assert len(memory) == 1
+        today = timezone.now().strftime("%Y-%m-%d")
         assert (
-            "latest: My favourite colour is red (before: My favourite colour is blue)" in memory[0]
+            f"latest: My favourite colour is red (before: My favourite colour is blue, {today})"
+            in memory[0]
         )
         assert "green" not in " ".join(system)  # another owner's memory never appears
     assert len(blocks) == 1  # computed once for the turn, not per step
     recalled = ToolCall.objects.get(session=session).output
     assert [m["content"] for m in recalled["memories"]] == ["My favourite colour is red"]
-    assert recalled["memories"][0]["before"] == ["My favourite colour is blue"]
+    assert [b["content"] for b in recalled["memories"][0]["before"]] == [
+        "My favourite colour is blue"
+    ]
 
 
 RECALL_RULES = [
@@ -204,8 +209,8 @@ def test_no_task_when_there_is_nothing_to_keep(embeddings, _no_worker):
 
 
 EXTRACTED = Reply(
-    text='{"items": [{"content": "I prefer email over phone.", "tag": "preference", '
-    '"subject": "contact", "importance": 0.7}]}',
+    text='{"memories": [{"action": "add", "target": null, "content": "Prefers email over phone",'
+    ' "subject": "contact channel", "tag": "preference", "importance": 0.7}]}',
     usage=(300, 40),
 )
 
@@ -245,6 +250,8 @@ def test_the_extraction_call_is_recorded_rolled_up_and_charged_once(
     openai_server.script(EXTRACTED)
 
     assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    item = MemoryItem.objects.get(owner=session.owner)
+    assert (item.content, item.subject) == ("Prefers email over phone", "contact channel")
     call = ModelCall.objects.get(session=session, purpose="extraction")
     assert (call.turn, call.input_tokens, call.output_tokens, call.outcome) == (
         1, 300, 40, "success"
@@ -280,10 +287,14 @@ def test_an_extraction_the_credits_cannot_cover_is_skipped(
     session = _paid_extraction_session(openai_server, unique, monkeypatch, points=100)
     openai_server.script(EXTRACTED)
 
-    assert memory_turn_keep(session_id=session.pk, turn=1) == 0
+    # No call: the free rules extract and decide instead.
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
     assert openai_server.requests == []
     assert not ModelCall.objects.filter(purpose="extraction").exists()
-    assert not MemoryItem.objects.filter(owner=session.owner).exists()
+    item = MemoryItem.objects.get(owner=session.owner)
+    assert (item.content, item.versions.get().decided_by) == (
+        "I prefer email over phone.", "rules"
+    )  # fmt: skip
     assert _books(session.owner_id).balance == 100
 
 
@@ -302,3 +313,163 @@ def test_a_disabled_cheap_model_is_never_called_for_the_extraction(
     assert openai_server.requests == []
     assert not ModelCall.objects.filter(purpose="extraction").exists()
     assert _books(session.owner_id).balance == 2000
+
+
+# --- The cheap model decides add / update / delete / keep --------------------------
+
+
+def _decided_session(server: FakeModelServer, suffix: str, owner=None, **agent_fields) -> Session:  # type: ignore[no-untyped-def]
+    """An agent with memory (it lists `remember`): its turns answered by the rules model,
+    its end-of-turn extraction by a cheap model on the fake OpenAI server (free)."""
+    cheap = ModelEndpointFactory(
+        name=f"cheap-{suffix}", api="openai", base_url=server.base_url, model="fake-model-1"
+    )
+    return _rules_session(
+        [{"answer": "Sure."}], owner=owner, cheap_model=cheap, tools=["remember"], **agent_fields
+    )
+
+
+def _answer(*entries: dict) -> Reply:  # type: ignore[type-arg]
+    return Reply(text=json.dumps({"memories": list(entries)}), usage=(200, 30))
+
+
+def test_the_cheap_model_updates_a_kept_memory_and_its_history_is_kept(
+    embeddings,
+    openai_server: FakeModelServer,
+    unique: str,
+    _no_worker,  # noqa: F811
+):
+    owner = UserFactory()
+    blue = memory_remember(owner_id=owner.pk, content="Favourite colour: blue").item
+    stranger = memory_remember(owner_id=UserFactory().pk, content="My favourite colour is green")
+    session = _decided_session(openai_server, unique, owner=owner)  # extraction on by default
+    session = _turn(session, "Actually these days I'd pick red over anything.")
+    assert _no_worker == [(session.pk, 1)]  # the task is enqueued after the turn's commit
+    openai_server.script(
+        _answer({"action": "update", "target": blue.pk, "content": "Favourite colour: red",
+                 "subject": "favourite colour", "tag": "preference"})
+    )  # fmt: skip
+
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    [request] = openai_server.requests  # one cheap call for the turn
+    shown = request.messages[-1]["content"]
+    assert f'"id": {blue.pk}' in shown and "red over anything" in shown
+    assert "green" not in shown  # another owner's memory is never shown to the decider
+    schema = request.body["response_format"]["json_schema"]
+    assert schema["name"] == "memory_updates" and "memories" in schema["schema"]["properties"]
+    blue.refresh_from_db()
+    assert (blue.content, blue.subject, blue.superseded_at) == (
+        "Favourite colour: red", "favourite colour", None
+    )  # fmt: skip
+    first, second = blue.versions.order_by("id")
+    assert (first.content, second.content) == ("Favourite colour: blue", "Favourite colour: red")
+    assert (second.actor, second.decided_by, second.source_session_id) == (
+        "extraction", f"model:cheap-{unique}", session.pk
+    )  # fmt: skip
+    assert MemoryItem.objects.get(pk=stranger.item.pk).content == "My favourite colour is green"
+
+    # The task run again: no second call, nothing applied twice.
+    memory_turn_keep(session_id=session.pk, turn=1)
+    assert len(openai_server.requests) == 1 and blue.versions.count() == 2
+
+
+def test_the_cheap_model_deletes_and_keeps(
+    embeddings,
+    openai_server: FakeModelServer,
+    unique: str,  # noqa: F811
+):
+    owner = UserFactory()
+    dog = memory_remember(owner_id=owner.pk, content="My dog is called Rex").item
+    tea = memory_remember(owner_id=owner.pk, content="I like tea").item
+    session = _turn(_decided_session(openai_server, unique, owner=owner), "Rex died last year.")
+    openai_server.script(
+        _answer(
+            {"action": "delete", "target": dog.pk, "content": "", "subject": "dog"},
+            {"action": "keep", "target": tea.pk, "content": "I like tea", "subject": ""},
+        )
+    )
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    dog.refresh_from_db()
+    assert dog.superseded_at is not None and dog.superseded_by_id is None
+    assert [v.action for v in dog.versions.order_by("id")] == ["created", "deleted"]
+    assert MemoryItem.objects.get(pk=tea.pk).superseded_at is None
+    # A deleted item is never shown as live.
+    other = _decided_session(openai_server, unique + "b", owner=owner)
+    openai_server.script(_answer())
+    assert "Rex" not in turn_memory_block_for(other, "what is my dog called?")
+
+
+def turn_memory_block_for(session: Session, text: str) -> str:
+    from engine.gates.memory import turn_memory_block
+
+    message_post(session=session, content=text)
+    history = list(Message.objects.filter(session=session))
+    return turn_memory_block(Session.objects.get(pk=session.pk), session.agent, history)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Reply(text="I would update the colour to red.", usage=(10, 5)),  # not JSON
+        Reply(text='{"items": [{"content": "red"}]}', usage=(10, 5)),  # not the schema
+        "another owner's item",  # a target the model was not shown
+        Reply(status=500, error_message="boom"),  # no answer at all
+    ],
+)
+def test_an_invalid_answer_falls_back_to_the_rules(
+    embeddings,
+    openai_server: FakeModelServer,
+    unique: str,
+    answer,  # noqa: F811
+):
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="I prefer tea")
+    stranger = memory_remember(owner_id=UserFactory().pk, content="I prefer milk").item
+    if answer == "another owner's item":
+        answer = _answer({"action": "delete", "target": stranger.pk, "content": "", "subject": ""})
+    session = _turn(_decided_session(openai_server, unique, owner=owner), "I prefer coffee.")
+    openai_server.script(answer)
+
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    # The rules: the same statement with a new value updates it, the old kept as history.
+    [item] = MemoryItem.objects.filter(owner=owner)
+    assert (item.content, item.superseded_at) == ("I prefer coffee.", None)
+    last = item.versions.order_by("id").last()
+    assert (last.action, last.decided_by, last.reason) == (
+        "updated", "rules", "the same statement, a new value"
+    )  # fmt: skip
+    stranger.refresh_from_db()
+    assert stranger.superseded_at is None and stranger.versions.count() == 1  # untouched
+
+
+def test_extraction_is_on_only_for_agents_with_memory(embeddings, _no_worker):
+    plain = _rules_session([{"answer": "Sure."}])
+    _turn(plain, "I prefer email over phone.")
+    assert _no_worker == []  # no memory tools, no memory settings: no task, no cost
+    with_tools = _turn(_rules_session([{"answer": "Sure."}], tools=["recall"]), "I prefer tea.")
+    opted_out = _rules_session([{"answer": "Sure."}], memory={"extraction": False})
+    _turn(opted_out, "I prefer email over phone.")
+    assert _no_worker == [(with_tools.pk, 1)]
+
+
+SUBJECT_RULES = [
+    {"when": {"user": "^colour (?P<c>\\w+)", "last_tool": None},
+     "tool_calls": [{"tool": "remember", "args": {
+         "content": "Paint things {{ match.c }}", "subject": "Favourite colour"}}]},
+    {"when": {"last_tool": "remember"}, "answer": "{{ result.action }}: {{ result.replaces }}"},
+    {"answer": "ok"},
+]  # fmt: skip
+
+
+def test_remember_with_a_subject_updates_that_subject(embeddings):
+    owner = UserFactory()
+    session = _rules_session(
+        SUBJECT_RULES, owner=owner, tools=["remember"], memory={"extraction": False}
+    )
+    _turn(session, "colour blue")
+    session = _turn(session, "colour red")
+    answer = Message.objects.filter(session=session, role="assistant").latest("seq")
+    assert answer.content == "updated: Paint things blue"
+    [item] = MemoryItem.objects.filter(owner=owner)
+    assert (item.content, item.subject) == ("Paint things red", "favourite colour")
+    assert [v.actor for v in item.versions.all()] == ["tool", "tool"]
