@@ -90,8 +90,10 @@ def memory_remember(
     5. A new item that takes the owner past the exact-scan limit queues the build of
        the owner's own index (memory_owner_index_request).
     """
-    if decision is not None and decision.content:
-        content = decision.content  # the model's wording is what is stored (and embedded)
+    if decision is not None:
+        # The model's wording and subject are what is stored (and embedded, and locked on).
+        content = decision.content or content
+        subject = decision.subject or subject
     content = content.strip()[:MAX_CONTENT_CHARS]
     if source_key:
         done = _done(owner_id, source_key)

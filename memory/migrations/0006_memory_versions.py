@@ -15,7 +15,10 @@ WITH ranked AS (
     WINDOW w AS (PARTITION BY owner_id, subject ORDER BY updated_at DESC, id DESC)
 )
 UPDATE memory_memoryitem m SET superseded_at = now(), superseded_by_id = ranked.newest
-FROM ranked WHERE m.id = ranked.id AND ranked.n > 1
+FROM ranked WHERE m.id = ranked.id AND ranked.n > 1;
+-- The update's deferred foreign-key checks run now: PostgreSQL builds no index (the
+-- constraint below) on a table with pending trigger events.
+SET CONSTRAINTS ALL IMMEDIATE
 """
 
 # Every existing item gets its first version, so its history starts where it began.

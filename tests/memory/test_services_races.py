@@ -66,7 +66,8 @@ def test_two_values_of_one_subject_at_once_leave_one_live(lock, attempt, monkeyp
     assert MemoryItem.objects.get(owner=other).content == "My favourite colour is green"
 
 
-def test_a_model_add_decided_before_a_concurrent_write_becomes_an_update():
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_model_add_decided_before_a_concurrent_write_becomes_an_update(attempt):
     """The model decided "add" while another write of the subject was on its way: applied
     under the lock, it finds the live item and updates it."""
     owner = UserFactory()

@@ -335,9 +335,9 @@ def _answer(*entries: dict) -> Reply:  # type: ignore[type-arg]
 
 def test_the_cheap_model_updates_a_kept_memory_and_its_history_is_kept(
     embeddings,
-    openai_server: FakeModelServer,
-    unique: str,
-    _no_worker,  # noqa: F811
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    _no_worker,
 ):
     owner = UserFactory()
     blue = memory_remember(owner_id=owner.pk, content="Favourite colour: blue").item
@@ -375,7 +375,7 @@ def test_the_cheap_model_updates_a_kept_memory_and_its_history_is_kept(
 
 def test_the_cheap_model_deletes_and_keeps(
     embeddings,
-    openai_server: FakeModelServer,
+    openai_server: FakeModelServer,  # noqa: F811
     unique: str,  # noqa: F811
 ):
     owner = UserFactory()
@@ -418,9 +418,9 @@ def turn_memory_block_for(session: Session, text: str) -> str:
 )
 def test_an_invalid_answer_falls_back_to_the_rules(
     embeddings,
-    openai_server: FakeModelServer,
-    unique: str,
-    answer,  # noqa: F811
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    answer,
 ):
     owner = UserFactory()
     memory_remember(owner_id=owner.pk, content="I prefer tea")
