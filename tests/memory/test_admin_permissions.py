@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from memory.models import MemoryItem
+from memory.models import MemoryItem, MemoryVersion
 from tests.factories import StaffUserFactory, UserFactory, permissions
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +27,10 @@ def _item(owner) -> MemoryItem:  # type: ignore[no-untyped-def]
 def test_view_lists_items_with_their_content_masked() -> None:
     staff = StaffUserFactory(username="tenant", perms=["memory.view_memoryitem"])
     item = _item(staff)
+    # Its history holds an earlier value: masked like the content.
+    MemoryVersion.objects.create(
+        item=item, owner=staff, action="created", content="My PIN is 1234", actor="tool"
+    )
     client = _client(staff)
     listing = client.get(CHANGELIST).content.decode()
     assert "4711" not in listing and "pin code" not in listing
@@ -37,8 +41,11 @@ def test_view_lists_items_with_their_content_masked() -> None:
     link = reverse("admin:memory_memoryitem_change", args=[item.pk])
     assert link not in client.get(CHANGELIST, {"q": "4711"}).content.decode()
 
+    assert "1234" not in page and "hidden: needs the view_memory_content permission" in page
+
     staff.user_permissions.add(*permissions("memory.view_memory_content"))
     assert PIN in client.get(CHANGELIST).content.decode()
+    assert "My PIN is 1234" in client.get(link).content.decode()  # the history, readable now
     assert link in client.get(CHANGELIST, {"q": "4711"}).content.decode()
 
 
