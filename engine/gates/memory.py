@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from engine.gates.metering import model_credits_check, side_call_commit
 from engine.model.calls import cheap_endpoint, side_call
@@ -355,45 +355,77 @@ def _keep(
 
 
 def _extract_and_apply(session: Session, turn: int, agent: Agent, messages: list[Message]) -> int:
-    """Step 2 of turn_memory_keep: the model's decisions, else the rules'; changes made."""
+    """Step 2 of turn_memory_keep: the model's decisions, else the rules'; changes made.
+
+    1. Decide: the cheap model (one call), else the rules (`_decide_by_model`).
+    2. Embed every text to be written, outside any transaction: the vectors land in the
+       embedding cache, so the writes below make no HTTP call under a lock.
+    3. In one transaction: the call's record (row, rollups, charge) and every write it
+       decided. A task that dies before this commits leaves neither, and its retry calls
+       again; one that dies after finds the record and does nothing. The turn is kept
+       exactly once.
+    """
     user_texts = [m.content for m in messages if m.role == "user"]
-    decisions, decided_by = _decide_by_model(session, turn, agent, messages, user_texts)
-    written = 0
-    if decisions is None:  # no model, or no valid answer: the rules extract and decide
+    decided = _decide_by_model(session, turn, agent, messages, user_texts)
+    if decided.done:
+        return 0
+    writes: list[tuple[str, extraction.Candidate, Decision | None]] = []
+    deletes: list[tuple[str, Decision]] = []
+    if decided.decisions is None:  # no model, or no valid answer: the rules extract and decide
         for i, c in enumerate(extraction.rule_extract(user_texts)):
+            writes.append((f"turn:{session.pk}:{turn}:{i}", c, None))
+    else:
+        for i, d in enumerate(decided.decisions):
             key = f"turn:{session.pk}:{turn}:{i}"
-            done = _keep(session, c, key, VersionActor.EXTRACTION, confidence=0.6)
-            written += done.action != "unchanged"
-        return written
-    for i, d in enumerate(decisions):
-        key = f"turn:{session.pk}:{turn}:{i}"
-        if d.action == "keep":
-            continue
-        if d.action == "delete" and d.target is not None:
+            if d.action == "delete" and d.target is not None:
+                deletes.append((key, d))
+            elif d.action in ("add", "update"):
+                importance = d.importance if d.importance is not None else 0.6
+                tag = d.tag or extraction.tag_of(d.content)
+                writes.append((key, extraction.Candidate(d.content, tag, d.subject, importance), d))
+    try:
+        if writes:
+            embed_texts([c.content for _, c, _ in writes], current_embedder())
+    except EmbeddingError:
+        if decided.record is not None:  # the call was made: metered, whatever comes of it
+            side_call_commit(session=session, record=decided.record)
+        raise
+    written = 0
+    with transaction.atomic():
+        if decided.record is not None and not side_call_commit(
+            session=session, record=decided.record
+        ):
+            return 0  # a concurrent run of the task recorded (and keeps) this turn's
+        for key, d in deletes:
             gone = memory_forget(
-                owner_id=session.owner_id, item_id=d.target, reason=d.reason,
+                owner_id=session.owner_id, item_id=d.target or 0, reason=d.reason,
                 source=VersionActor.EXTRACTION, source_session_id=session.pk, source_key=key,
-                decided_by=decided_by,
+                decided_by=decided.decided_by,
             )  # fmt: skip
             written += gone is not None
-            continue
-        candidate = extraction.Candidate(
-            d.content, d.tag or extraction.tag_of(d.content), d.subject,
-            d.importance if d.importance is not None else 0.6,
-        )  # fmt: skip
-        done = _keep(
-            session, candidate, key, VersionActor.EXTRACTION, confidence=0.6, decision=d,
-            decided_by=decided_by,
-        )  # fmt: skip
-        written += done.action != "unchanged"
+        for key, candidate, decision in writes:
+            done = _keep(
+                session, candidate, key, VersionActor.EXTRACTION, confidence=0.6,
+                decision=decision, decided_by=decided.decided_by,
+            )  # fmt: skip
+            written += done.action != "unchanged"
     return written
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """What the turn's extraction decided, and the call that decided it (not yet committed)."""
+
+    decisions: list[Decision] | None  # None: the rules extract and decide
+    decided_by: str = "rules"
+    record: ModelCall | None = None
+    done: bool = False  # this turn's call is recorded already: nothing to do
 
 
 def _decide_by_model(
     session: Session, turn: int, agent: Agent, messages: list[Message], user_texts: list[str]
-) -> tuple[list[Decision] | None, str]:
-    """The cheap model's decisions for the turn, metered like a step's call; (None, "rules")
-    when the rules must decide instead, ([], ...) when nothing is to be done.
+) -> _Decided:
+    """The cheap model's decisions for the turn; the rules' when there is no valid answer.
 
     1. The offline rules model: the rules, no call.
     2. Already recorded for this turn (the task ran before): no second call, no charge,
@@ -402,15 +434,15 @@ def _decide_by_model(
        any transaction), shown with their ids.
     4. A paid endpoint the owner's free points cannot cover: the rules, never run on credit.
     5. The call (no connection held across it), asking for DECISIONS_SCHEMA as structured
-       output where the wire has it; its row, rollup and charge committed in a short
-       transaction of their own (`side_call_commit`).
+       output where the wire has it. Its record is returned uncommitted: the caller
+       commits it with the writes (`side_call_commit`).
     6. The answer validated (memory/decision.py): invalid, or a failed call, the rules.
     """
     endpoint = cheap_endpoint(agent)
     if endpoint.api == "rules":
-        return None, "rules"
+        return _Decided(None)
     if ModelCall.objects.filter(session=session, turn=turn, purpose=EXTRACTION).exists():
-        return [], "rules"
+        return _Decided([], done=True)
     query = "\n".join(user_texts)[:4000]
     neighbours: list[Neighbour] = []
     if query.strip() and memory_owner_has_items(session.owner_id):
@@ -441,15 +473,13 @@ def _decide_by_model(
             check.points,
             check.points_left,
         )
-        return None, "rules"
+        return _Decided(None)
     connection.close()  # no connection held across the model call
     response, record = side_call(session, endpoint, request, purpose="extraction")
     record.turn = turn
-    if not side_call_commit(session=session, record=record):
-        return [], "rules"  # a concurrent run of the task recorded (and applies) this turn's
     if response is None:
         logger.warning("memory extraction with %s failed: %s", endpoint.name, record.error)
-        return None, "rules"
+        return _Decided(None, record=record)
     decisions, problem = parse_decisions(response.text, {n.id for n in neighbours})
     if decisions is None:
         logger.warning(
@@ -457,5 +487,5 @@ def _decide_by_model(
             endpoint.name,
             problem,
         )
-        return None, "rules"
-    return decisions, f"model:{endpoint.name}"
+        return _Decided(None, record=record)
+    return _Decided(decisions, f"model:{endpoint.name}", record)

@@ -473,3 +473,37 @@ def test_remember_with_a_subject_updates_that_subject(embeddings):
     [item] = MemoryItem.objects.filter(owner=owner)
     assert (item.content, item.subject) == ("Paint things red", "favourite colour")
     assert [v.actor for v in item.versions.all()] == ["tool", "tool"]
+
+
+def test_a_task_that_dies_before_its_writes_commit_keeps_the_turn_on_retry(
+    embeddings,
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+    monkeypatch,
+):
+    """The call's record and the writes it decided commit together: a task killed between
+    them leaves neither, and the retry (a new call) keeps the turn once."""
+    owner = UserFactory()
+    session = _turn(_decided_session(openai_server, unique, owner=owner), "I work at Acme now.")
+    add = {"action": "add", "target": None, "content": "Works at Acme", "subject": "employer"}
+    openai_server.script(_answer(add), _answer(add))
+    import engine.gates.memory as gate
+
+    real = gate.memory_remember
+
+    def dies(**kwargs):  # type: ignore[no-untyped-def]
+        real(**kwargs)
+        raise RuntimeError("worker killed")
+
+    monkeypatch.setattr(gate, "memory_remember", dies)
+    with pytest.raises(RuntimeError):
+        memory_turn_keep(session_id=session.pk, turn=1)
+    assert not ModelCall.objects.filter(session=session, purpose="extraction").exists()
+    assert not MemoryItem.objects.filter(owner=owner).exists()
+
+    monkeypatch.setattr(gate, "memory_remember", real)
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 0  # and once only
+    assert ModelCall.objects.filter(session=session, purpose="extraction").count() == 1
+    assert [i.content for i in MemoryItem.objects.filter(owner=owner)] == ["Works at Acme"]
+    assert len(openai_server.requests) == 2
