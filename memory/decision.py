@@ -97,10 +97,20 @@ DECISION_PROMPT = (
 )
 
 
-def decision_input(neighbours: list[Neighbour], transcript: str) -> str:
-    """The user message of the decision call: the kept memories, then the turn."""
+def decision_input(
+    neighbours: list[Neighbour], transcript: str, fresh: frozenset[int] = frozenset()
+) -> str:
+    """The user message of the decision call: the kept memories (those stored during this
+    turn marked), then the turn."""
     kept = [
-        {"id": n.id, "subject": n.subject, "content": n.content, "tag": n.tag} for n in neighbours
+        {
+            "id": n.id,
+            "subject": n.subject,
+            "content": n.content,
+            "tag": n.tag,
+            **({"written_this_turn": True} if n.id in fresh else {}),
+        }
+        for n in neighbours
     ]
     return (
         "Kept memories:\n"

@@ -311,6 +311,35 @@ def memory_neighbours(
     return ordered, current
 
 
+def memory_written_since(
+    *, owner_id: int, session_id: Any, since: datetime, k: int
+) -> tuple[list[Neighbour], set[int]]:
+    """The owner's live items a session changed since `since` (a turn's `remember` calls and
+    "remember that ..."), each with its K nearest live items: what a reviewer of those
+    writes must see. Returns (the items, the ids of those changed)."""
+    changed = list(
+        MemoryItem.objects.filter(
+            owner_id=owner_id,
+            superseded_at__isnull=True,
+            versions__source_session_id=session_id,
+            versions__created_at__gte=since,
+        )
+        .distinct()
+        .only("content", "subject", "tag", "updated_at", "embedding", "embedding_model")
+    )
+    found: dict[int, Neighbour] = {}
+    for item in changed:
+        if item.embedding is not None:
+            near, _ = memory_neighbours(
+                owner_id=owner_id, vector=list(item.embedding), model=item.embedding_model, k=k
+            )
+            found.update((n.id, n) for n in near)
+        found.setdefault(
+            item.pk, Neighbour(item.pk, item.content, item.subject, item.tag, 1.0, item.updated_at)
+        )
+    return list(found.values()), {item.pk for item in changed}
+
+
 @dataclass(frozen=True)
 class Earlier:
     """A value an item held before its latest, and when it was written."""

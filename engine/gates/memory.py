@@ -46,6 +46,7 @@ from memory.selectors import (
     memory_neighbours,
     memory_owner_has_items,
     memory_ranked,
+    memory_written_since,
     vector_literal,
 )
 from memory.services import Remembered, memory_forget, memory_remember, memory_touch
@@ -61,6 +62,7 @@ RECALL_MESSAGES = 5
 EXTRACTION = "extraction"  # the ModelCall purpose of the end-of-turn extraction
 EXTRACTION_MAX_TOKENS = 600
 EXTRACTION_NEIGHBOURS = 10  # the owner's nearest live items the extraction call is shown
+WRITTEN_NEIGHBOURS = 3  # and, for each item written during the turn, its nearest
 
 
 @dataclass(frozen=True)
@@ -445,6 +447,7 @@ def _decide_by_model(
         return _Decided([], done=True)
     query = "\n".join(user_texts)[:4000]
     neighbours: list[Neighbour] = []
+    fresh: set[int] = set()
     if query.strip() and memory_owner_has_items(session.owner_id):
         embedder = current_embedder()
         vector = embed_texts([query], embedder)[0]
@@ -452,11 +455,21 @@ def _decide_by_model(
             owner_id=session.owner_id, vector=vector, model=embedder.model,
             k=EXTRACTION_NEIGHBOURS,
         )  # fmt: skip
+        # What this turn's `remember` calls and "remember that ..." wrote, with their own
+        # neighbours: the model reviews those writes too.
+        written, fresh = memory_written_since(
+            owner_id=session.owner_id, session_id=session.pk, since=messages[0].created_at,
+            k=WRITTEN_NEIGHBOURS,
+        ) if messages else ([], set())  # fmt: skip
+        shown = {n.id for n in neighbours}
+        neighbours += [n for n in written if n.id not in shown]
     transcript = "\n".join(f"{m.role}: {m.content[:2000]}" for m in messages)
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content=DECISION_PROMPT),
-            ChatMessage(role="user", content=decision_input(neighbours, transcript)),
+            ChatMessage(
+                role="user", content=decision_input(neighbours, transcript, frozenset(fresh))
+            ),
         ),
         tool_choice="none",
         temperature=0,

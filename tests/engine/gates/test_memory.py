@@ -507,3 +507,54 @@ def test_a_task_that_dies_before_its_writes_commit_keeps_the_turn_on_retry(
     assert ModelCall.objects.filter(session=session, purpose="extraction").count() == 1
     assert [i.content for i in MemoryItem.objects.filter(owner=owner)] == ["Works at Acme"]
     assert len(openai_server.requests) == 2
+
+
+COFFEE_RULES = [
+    {"when": {"user": "coffee", "last_tool": None},
+     "tool_calls": [{"tool": "remember", "args": {"content": "Coffee please, tea no more"}}]},
+    {"when": {"last_tool": "remember"}, "answer": "Noted."},
+    {"answer": "ok"},
+]  # fmt: skip
+
+
+def test_the_turns_extraction_reviews_what_remember_wrote(
+    embeddings,
+    openai_server: FakeModelServer,  # noqa: F811
+    unique: str,  # noqa: F811
+):
+    """A `remember` the rules could not match (another wording, no subject) is shown to the
+    model marked as written this turn, beside the older item it replaces; the model folds
+    it into the older one, which keeps its history."""
+    owner = UserFactory()
+    memory_remember(owner_id=owner.pk, content="Old news", tag="fact")
+    tea = memory_remember(owner_id=owner.pk, content="I like tea", tag="preference").item
+    cheap = ModelEndpointFactory(
+        name=f"cheap-{unique}", api="openai", base_url=openai_server.base_url, model="m"
+    )
+    session = _rules_session(COFFEE_RULES, owner=owner, cheap_model=cheap, tools=["remember"])
+    session = _turn(session, "Switching to coffee")
+    fresh = MemoryItem.objects.get(owner=owner, content="Coffee please, tea no more")
+    openai_server.script(
+        _answer(
+            {"action": "delete", "target": fresh.pk, "content": "", "subject": "drink"},
+            {
+                "action": "update",
+                "target": tea.pk,
+                "content": "Drinks coffee, not tea",
+                "subject": "drink",
+            },
+        )  # fmt: skip
+    )
+
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 2
+    shown = json.loads(
+        openai_server.requests[0].messages[-1]["content"].split("\n\n")[0].split("\n", 1)[1]
+    )
+    marked = {m["id"]: m.get("written_this_turn", False) for m in shown}
+    assert marked[fresh.pk] is True and marked[tea.pk] is False
+    [live] = MemoryItem.objects.filter(owner=owner, superseded_at__isnull=True, tag="preference")
+    assert (live.pk, live.content, live.subject) == (tea.pk, "Drinks coffee, not tea", "drink")
+    assert [v.content for v in live.versions.order_by("id")] == [
+        "I like tea", "Drinks coffee, not tea"
+    ]  # fmt: skip
+    assert MemoryItem.objects.get(pk=fresh.pk).superseded_at is not None
