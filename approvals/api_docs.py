@@ -39,6 +39,14 @@ DECIDED = {
     "comment": "20 is our maximum without a manager",
 }
 
+APPROVAL_PARAMETER = OpenApiParameter(
+    "approval_id",
+    str,
+    OpenApiParameter.PATH,
+    description="The approval's `id`, from `GET /api/v1/approvals/` or the session's "
+    "`approval.requested` event.",
+)
+
 WHO = (
     "Only an approver's key may call this (403 `permission_denied` otherwise; an operator "
     "makes a user an approver), and only for approvals of the approver's groups (403 "
@@ -87,6 +95,7 @@ Errors: 400 `invalid_input` for an unknown `status` or a `limit` out of range, 4
 )
 
 approval_approve = extend_schema(
+    parameters=[APPROVAL_PARAMETER],
     summary="Approve a tool call",
     description=f"""
 Lets the call run; the agent's turn goes on. Give `arguments` to run the call with
@@ -118,6 +127,7 @@ decided: a repeated approve gets this) or `approval_expired` (past its deadline)
 )
 
 approval_reject = extend_schema(
+    parameters=[APPROVAL_PARAMETER],
     summary="Reject a tool call",
     description=f"""
 The call never runs. The agent receives a tool result saying it was rejected, with your
@@ -143,6 +153,7 @@ Errors: 400 `invalid_input` (no `comment`), 403, 404, 409 `approval_resolved` or
 )
 
 approval_review = extend_schema(
+    parameters=[APPROVAL_PARAMETER],
     summary="Answer a recovery review",
     description=f"""
 After an outage the platform cannot always tell whether a call with side effects took
@@ -190,6 +201,7 @@ review). The session's events show the change (`approval.resolved` with `previou
 """
 
 approval_withdraw = extend_schema(
+    parameters=[APPROVAL_PARAMETER],
     summary="Withdraw a decision",
     description=f"""
 Takes an approval or a rejection back: the call waits for a decision again, with a fresh
@@ -208,6 +220,7 @@ deadline (`approval.resolved` with outcome `withdrawn`, then a new `approval.req
 )
 
 approval_change = extend_schema(
+    parameters=[APPROVAL_PARAMETER],
     summary="Change a decision",
     description=f"""
 Turns an approval into a rejection (the call never runs; the agent reads your

@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
-from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema, operation_text_trim
 from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
@@ -130,6 +130,7 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         operation = AutoSchema.get_operation(self, *args, **kwargs)
         if operation is None:
             return None
+        operation_text_trim(operation)
         responses = operation.setdefault("responses", {})
         ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
         statuses = self._error_statuses(operation)

@@ -16,7 +16,7 @@ Talk to the platform's agents from your app: open a **session** on an agent, pos
 user's **messages**, and follow the run as **events** (over REST, or live over the
 [websocket]({WEBSOCKET_PAGE})). Every request example on this page works against the
 offline demo that `make run` starts: the agent `order-support`, the workflows
-`logistics-exceptions` and `refund`, the orders `SO-1001` to `SO-1005`.
+`logistics-exceptions` and `refund`, the orders `SO-1001` to `SO-1006`.
 
 **Authentication.** Every request carries `Authorization: Bearer <api key>` (press
 *Authorize* above and paste the key; `make run` prints the demo key, user `demo`, role

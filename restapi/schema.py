@@ -85,11 +85,19 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
+def operation_text_trim(operation: dict[str, Any]) -> None:
+    """Descriptions are written as indented triple-quoted blocks (sessions/api/docs.py): the
+    schema carries them without the blank first and last lines."""
+    if isinstance(operation.get("description"), str):
+        operation["description"] = operation["description"].strip()
+
+
 class ErrorDocumentingAutoSchema(AutoSchema):
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation = super().get_operation(*args, **kwargs)
         if operation is None:
             return None
+        operation_text_trim(operation)
         responses = operation.setdefault("responses", {})
         ref = self.resolve_serializer(ErrorSerializer, "response").ref
         for status in self._error_statuses(operation):

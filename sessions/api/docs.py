@@ -66,6 +66,14 @@ USER_MESSAGE = {
 
 NOT_FOUND = error_example(404, "not_found", f"session {SESSION_ID} not found")
 
+SESSION_PARAMETER = OpenApiParameter(
+    "session_id",
+    str,
+    OpenApiParameter.PATH,
+    description="The session's `id`, as `POST /api/v1/sessions/` or `GET /api/v1/sessions/` "
+    "gave it.",
+)
+
 
 def _limit(default: int, high: int, what: str) -> OpenApiParameter:
     return OpenApiParameter(
@@ -135,6 +143,7 @@ above what your key may set), 413 `payload_too_large` (`metadata` too large), 42
 )
 
 session_retrieve = extend_schema(
+    parameters=[SESSION_PARAMETER],
     summary="Get a session",
     description="""
 A session's state, version (it grows with every step), turn number, usage (tokens and
@@ -158,7 +167,7 @@ Errors: 404 `not_found` when no session of yours has this id.
 )
 
 message_list = extend_schema(
-    parameters=[_limit(20, 1000, "messages")],
+    parameters=[SESSION_PARAMETER, _limit(20, 1000, "messages")],
     summary="Read a session's messages",
     description="""
 The conversation, oldest first: the user's messages, the agent's answers and tool calls,
@@ -175,6 +184,7 @@ Errors: 400 `invalid_input` for a `limit` or `before` out of range; 404 `not_fou
 )
 
 message_create = extend_schema(
+    parameters=[SESSION_PARAMETER],
     summary="Send a message (starts a turn)",
     description="""
 Adds the user's message and starts a turn. The answer is not in the response: the run
@@ -247,6 +257,7 @@ Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character)
 
 event_list = extend_schema(
     parameters=[
+        SESSION_PARAMETER,
         OpenApiParameter(
             "after", int, description="Only events after this seq (0, the default: from the start)."
         ),
@@ -291,6 +302,7 @@ Errors: 400 `invalid_input` for an `after` or `limit` out of range; 404 `not_fou
 )
 
 session_cancel = extend_schema(
+    parameters=[SESSION_PARAMETER],
     summary="Cancel the running turn",
     description="""
 Stops the session's current turn: a tool call that is running finishes and is recorded,
@@ -314,7 +326,7 @@ Errors: 404 `not_found`.
 )
 
 checkpoint_list = extend_schema(
-    parameters=[_limit(100, 1000, "checkpoints")],
+    parameters=[SESSION_PARAMETER, _limit(100, 1000, "checkpoints")],
     summary="List a session's checkpoints",
     description="""
 The points a session can be forked from, newest first: one per step of its runs, with
@@ -344,6 +356,7 @@ the step number, the turn, the state after it and how many messages it had. Pass
 )
 
 session_fork = extend_schema(
+    parameters=[SESSION_PARAMETER],
     summary="Fork a session from a checkpoint",
     description="""
 Creates a new session from one of this session's checkpoints: the conversation up to
@@ -377,6 +390,7 @@ Errors: 400 `invalid_input` (a missing or non-integer `checkpoint`), 403 `role_n
 )
 
 session_resume = extend_schema(
+    parameters=[SESSION_PARAMETER],
     summary="Resume a session that failed",
     description="""
 Continues a run that stopped in the `error` state (see `last_error`) from where it
@@ -395,6 +409,16 @@ Errors: 403 `role_not_held`, 404 `not_found`, 409 `not_resumable` (the session i
 )
 
 session_graph = extend_schema(
+    parameters=[
+        SESSION_PARAMETER,
+        OpenApiParameter(
+            "format",
+            str,
+            enum=["svg", "json"],
+            description="Instead of the Accept header: `svg` for the drawing, `json` to get "
+            "errors as JSON.",
+        ),
+    ],
     summary="Draw a workflow run's graph",
     description="""
 The workflow a run follows, drawn as SVG: nodes coloured by what the run did (visited,

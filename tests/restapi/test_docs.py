@@ -70,7 +70,7 @@ def _texts(node: Any, where: str = "$") -> Iterator[tuple[str, str]]:
             yield from _texts(value, f"{where}[{i}]")
 
 
-def test_every_operation_has_a_short_summary_and_a_description(schema):
+def test_every_operation_and_parameter_is_described(schema):
     problems = []
     for method, path, operation in _operations(schema):
         summary = (operation.get("summary") or "").strip()
@@ -79,6 +79,9 @@ def test_every_operation_has_a_short_summary_and_a_description(schema):
             problems.append(f"{method} {path}: summary {summary!r}")
         if len(description) < 80:
             problems.append(f"{method} {path}: description {description!r}")
+        for parameter in operation.get("parameters", []):
+            if not parameter.get("description"):
+                problems.append(f"{method} {path}: parameter {parameter['name']}")
     assert problems == []
 
 
