@@ -36,7 +36,7 @@ SESSION = {
 
 FINISHED_SESSION = {
     **SESSION,
-    "state": "idle",
+    "state": "finished",
     "version": 4,
     "turn": 1,
     "usage": {"input_tokens": 412, "output_tokens": 38, "cost": "0.000000"},
@@ -151,8 +151,11 @@ cost so far), `last_turn` (how the last ended turn went: its `outcome` and its t
 calls by result; null before any turn ended), `workflow` (for a workflow run: where it
 stands and, at the end, its result) and `children` (sessions its agent started).
 
-Poll this, or better follow the events, to see when a turn has finished: the session is
-back in `idle` (or `error`, `cancelled`, `paused_for_user`, `awaiting_approval`).
+Poll this, or better follow the events, to see where a turn stands: `processing`,
+`tool_wait` and `tool_loop` while it runs; `awaiting_approval` (a person must decide a
+tool call), `paused_for_user` (the agent asked the user something) or `waiting_timer`
+while it waits; `finished` once it answered, `cancelled` or `error` when it stopped. A new
+message starts the next turn from `idle`, `finished`, `cancelled` or `error`.
 
 Errors: 404 `not_found` when no session of yours has this id.
 """,
