@@ -19,7 +19,7 @@ offline demo that `make run` starts: the agent `order-support`, the workflows
 `logistics-exceptions` and `refund`, the orders `SO-1001` to `SO-1006`.
 
 **Authentication.** Every request carries `Authorization: Bearer <api key>` (press
-*Authorize* above and paste the key; `make run` prints the demo key, user `demo`, role
+*Authorize* below and paste the key; `make run` prints the demo key, user `demo`, role
 `support`). A key sees only its own user's sessions: anybody else's is a 404. A key
 carries roles; a session's role decides which tools its agent may use, and only a key
 holding that role may run its turns (403 `role_not_held`).

@@ -38,7 +38,7 @@ ERROR_DESCRIPTIONS = {
 # own example for a status (`OpenApiExample(..., status_codes=[409], response_only=True)`
 # in its extend_schema) replaces the generic one.
 ERROR_EXAMPLES: dict[int, tuple[str, str, dict[str, Any]]] = {
-    400: ("invalid_input", "limit must be between 1 and 200; got 500", {"field": "limit"}),
+    400: ("malformed_json", "request body is not valid JSON", {}),
     401: ("authentication_failed", "Invalid or revoked API key.", {}),
     403: ("permission_denied", "You do not have permission to perform this action.", {}),
     404: ("not_found", "not found", {}),
@@ -101,9 +101,7 @@ class ErrorDocumentingAutoSchema(AutoSchema):
         responses = operation.setdefault("responses", {})
         ref = self.resolve_serializer(ErrorSerializer, "response").ref
         for status in self._error_statuses(operation):
-            examples = self._error_examples(status) or [
-                error_example(status, *ERROR_EXAMPLES[status])
-            ]
+            examples = self._error_examples(status) or [self._error_example(status, operation)]
             response: dict[str, Any] = {
                 "description": ERROR_DESCRIPTIONS[status],
                 "content": {
@@ -116,6 +114,14 @@ class ErrorDocumentingAutoSchema(AutoSchema):
                 }
             responses.setdefault(str(status), response)
         return operation
+
+    def _error_example(self, status: int, operation: dict[str, Any]) -> OpenApiExample:
+        """The generic example of a status; a 400 without a body is about a query parameter."""
+        query = [p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"]
+        if status == 400 and "requestBody" not in operation and query:
+            name = query[-1]
+            return error_example(400, "invalid_input", f"{name} is not valid", {"field": name})
+        return error_example(status, *ERROR_EXAMPLES[status])
 
     def _error_examples(self, status: int) -> list[OpenApiExample]:
         """The operation's own examples of this error status."""

@@ -236,6 +236,9 @@ Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character)
             "A repeated idempotency_key", value=USER_MESSAGE, response_only=True, status_codes=[200]
         ),
         error_example(
+            400, "invalid_input", "content must be a non-empty string", {"field": "content"}
+        ),
+        error_example(
             409,
             "idempotency_conflict",
             "idempotency_key was already used with a different content or extra_context",
