@@ -373,10 +373,32 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agent platform API",
+    # The overview (auth, errors, paging, the websocket page) is restapi/docs.py's, set by its hook.
     "DESCRIPTION": "Durable, observable agent runs: sessions, messages, events.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operations grouped by resource (the path's first part after /api/v1), in this order.
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "TAGS": [
+        {"name": "sessions", "description": "Conversations with an agent: messages, events, runs."},
+        {"name": "agents", "description": "The agents a session can be opened on."},
+        {"name": "workflows", "description": "Fixed processes that run as a session."},
+        {
+            "name": "approvals",
+            "description": "Approvers decide the tool calls that wait for a person.",
+        },
+        {"name": "tools", "description": "The tools your key's roles may use."},
+        {"name": "usage", "description": "Your credits, tokens and cost."},
+        {
+            "name": "openai",
+            "description": "OpenAI-compatible endpoint: any OpenAI client talks to an agent.",
+        },
+    ],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "restapi.docs.overview_hook",
+    ],
     # Served by WhiteNoise from drf-spectacular-sidecar, never from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

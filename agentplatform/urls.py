@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from billing.api import UsageView
 from observability.views import metrics
+from restapi.docs import WebsocketProtocolView
 from restapi.errors_http import forbidden, json_not_found, json_server_error
 from sessions.api import health
 from sessions.views import playground
@@ -19,6 +20,7 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/v1/docs/websocket/", WebsocketProtocolView.as_view(), name="docs-websocket"),
     path(
         "api/v1/redoc/",
         SpectacularRedocView.as_view(url_name="schema", template_name="docs/redoc.html"),

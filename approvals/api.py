@@ -13,6 +13,7 @@ from accounts.selectors import approver_groups
 from sessions import services
 from sessions.errors import InvalidInput
 
+from . import api_docs
 from .models import Approval, ReviewAnswer
 from .selectors import approvals_list
 from .states import ApprovalStatus
@@ -119,6 +120,7 @@ def _key_prefix(request: Request) -> str:
 class ApprovalListView(APIView):
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_list
     @extend_schema(
         responses=ApprovalSerializer(many=True),
         parameters=[
@@ -146,6 +148,7 @@ class ApprovalListView(APIView):
 class ApprovalApproveView(APIView):
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_approve
     @extend_schema(request=ApproveSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -167,6 +170,7 @@ class ApprovalApproveView(APIView):
 class ApprovalRejectView(APIView):
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_reject
     @extend_schema(request=RejectSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -188,6 +192,7 @@ class ApprovalReviewView(APIView):
 
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_review
     @extend_schema(request=ReviewSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: str) -> Response:
         groups = _groups(request)
@@ -206,25 +211,13 @@ class ApprovalReviewView(APIView):
         return Response(ApprovalSerializer(approval).data)
 
 
-CHANGE_DOC = (
-    " Only while the call has not started: 409 `call_started` once the session has moved on "
-    "(another turn or state), a worker has picked the run up, or the call was sent or "
-    "finished; 409 `approval_not_changeable` for a pending, expired or cancelled approval or "
-    "a recovery review. Recorded in the approval's transitions, on the session's stream "
-    "(`approval.resolved` with `previous`) and in the audit trail."
-)
-
-
 class ApprovalWithdrawView(APIView):
     """Take a decision back: the call waits for a person again, with a fresh deadline."""
 
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_withdraw
     @extend_schema(
-        summary="Withdraw a decision (pending again)",
-        description="The approved or rejected call waits for a decision again, with a "
-        "fresh deadline (`approval.resolved` outcome `withdrawn`, then `approval.requested`)."
-        + CHANGE_DOC,
         request=WithdrawSerializer,
         responses=ApprovalSerializer,
     )
@@ -248,11 +241,8 @@ class ApprovalChangeView(APIView):
 
     permission_classes = APPROVER_ONLY
 
+    @api_docs.approval_change
     @extend_schema(
-        summary="Change a decision (approved <-> rejected)",
-        description="An approved call becomes rejected (it never runs; the model reads the "
-        "comment), or a rejected one approved (it runs, with edited arguments if given)."
-        + CHANGE_DOC,
         request=ChangeSerializer,
         responses=ApprovalSerializer,
     )

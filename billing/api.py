@@ -6,6 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from . import api_docs
 from .selectors import usage_for_owner
 
 
@@ -28,6 +29,7 @@ class OwnerUsageSerializer(serializers.Serializer):
 
 
 class UsageView(APIView):
+    @api_docs.usage_retrieve
     @extend_schema(responses=OwnerUsageSerializer)
     def get(self, request: Request) -> Response:
         usage = usage_for_owner(owner_id=request.user.pk)

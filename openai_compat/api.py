@@ -29,13 +29,13 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
-from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema
+from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema, operation_text_trim
 from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 
-from . import selectors, services
+from . import api_docs, selectors, services
 from .relay import Turn, TurnAnswer, TurnFrames
 from .wire import ErrorBody, RequestInvalid, chat_request_parse, error_body
 
@@ -130,6 +130,7 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
         operation = AutoSchema.get_operation(self, *args, **kwargs)
         if operation is None:
             return None
+        operation_text_trim(operation)
         responses = operation.setdefault("responses", {})
         ref = self.resolve_serializer(OpenAIErrorSerializer, "response").ref
         statuses = self._error_statuses(operation)
@@ -200,10 +201,11 @@ class OpenAIResponseFormatSerializer(serializers.Serializer):
 
 
 class ChatCompletionRequestSerializer(serializers.Serializer):
-    """For the schema only: the body is read by `wire.chat_request_parse`. Any parameter
-    not listed here is refused (400, naming it in `param`), except the defaults client
-    libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls: true`, penalties
-    of 0, `logprobs: false`, `service_tier: "auto"`, `modalities: ["text"]`) and nulls."""
+    # For the schema only: the body is read by `wire.chat_request_parse`.
+    """Any parameter not listed here is refused (400, naming it in `param`), except the
+    defaults client libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls:
+    true`, penalties of 0, `logprobs: false`, `service_tier: "auto"`, `modalities:
+    ["text"]`) and nulls."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
     messages = OpenAIChatMessageSerializer(many=True)
@@ -335,6 +337,7 @@ def _model_object(agent: Any) -> dict[str, Any]:
 
 
 class ModelListView(OpenAIView):
+    @api_docs.model_list
     @extend_schema(
         tags=["openai"], operation_id="openai_models_list", responses=OpenAIModelListSerializer
     )
@@ -345,6 +348,7 @@ class ModelListView(OpenAIView):
 
 
 class ModelDetailView(OpenAIView):
+    @api_docs.model_retrieve
     @extend_schema(
         tags=["openai"], operation_id="openai_models_retrieve", responses=OpenAIModelSerializer
     )
@@ -360,6 +364,7 @@ class ChatCompletionView(OpenAIView):
     # (LangChain, the Agents SDK) are limited by the request rate alone.
     throttle_classes = [ApiKeyRateThrottle]
 
+    @api_docs.chat_completion_create
     @extend_schema(
         tags=["openai"],
         request=ChatCompletionRequestSerializer,

@@ -19,6 +19,8 @@ than in a decorator on each view:
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import build_examples_list
+from drf_spectacular.utils import OpenApiExample
 from rest_framework import permissions, serializers
 
 ERROR_DESCRIPTIONS = {
@@ -31,6 +33,37 @@ ERROR_DESCRIPTIONS = {
     415: "The request body is not application/json.",
     429: "Too many requests; retry after the number of seconds in Retry-After.",
 }
+
+# What each status looks like, shown on every operation that can answer it. An operation's
+# own example for a status (`OpenApiExample(..., status_codes=[409], response_only=True)`
+# in its extend_schema) replaces the generic one.
+ERROR_EXAMPLES: dict[int, tuple[str, str, dict[str, Any]]] = {
+    400: ("malformed_json", "request body is not valid JSON", {}),
+    401: ("authentication_failed", "Invalid or revoked API key.", {}),
+    403: ("permission_denied", "You do not have permission to perform this action.", {}),
+    404: ("not_found", "not found", {}),
+    409: ("conflict", "the resource's current state does not allow this", {}),
+    413: ("payload_too_large", "request body is larger than 2621440 bytes", {"limit": 2621440}),
+    415: ("unsupported_media_type", 'Unsupported media type "text/plain" in request.', {}),
+    429: (
+        "rate_limited",
+        "Request was throttled. Expected available in 12 seconds.",
+        {"retry_after_s": 12},
+    ),
+}
+
+
+def error_example(
+    status: int, code: str, message: str, details: dict[str, Any] | None = None, *, name: str = ""
+) -> OpenApiExample:
+    """An error response example in the one error shape, for an operation's extend_schema."""
+    return OpenApiExample(
+        name or code,
+        value={"error": {"code": code, "message": message, "details": details or {}}},
+        status_codes=[status],
+        response_only=True,
+    )
+
 
 # A view's attribute: the HTTP methods a key's grants can refuse with 403 (role_not_held,
 # value_not_allowed; sessions/services/grants.py).
@@ -52,17 +85,28 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
+def operation_text_trim(operation: dict[str, Any]) -> None:
+    """Descriptions are written as indented triple-quoted blocks (sessions/api/docs.py): the
+    schema carries them without the blank first and last lines."""
+    if isinstance(operation.get("description"), str):
+        operation["description"] = operation["description"].strip()
+
+
 class ErrorDocumentingAutoSchema(AutoSchema):
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation = super().get_operation(*args, **kwargs)
         if operation is None:
             return None
+        operation_text_trim(operation)
         responses = operation.setdefault("responses", {})
         ref = self.resolve_serializer(ErrorSerializer, "response").ref
         for status in self._error_statuses(operation):
+            examples = self._error_examples(status) or [self._error_example(status, operation)]
             response: dict[str, Any] = {
                 "description": ERROR_DESCRIPTIONS[status],
-                "content": {"application/json": {"schema": ref}},
+                "content": {
+                    "application/json": {"schema": ref, "examples": build_examples_list(examples)}
+                },
             }
             if status == 429:
                 response["headers"] = {
@@ -70,6 +114,22 @@ class ErrorDocumentingAutoSchema(AutoSchema):
                 }
             responses.setdefault(str(status), response)
         return operation
+
+    def _error_example(self, status: int, operation: dict[str, Any]) -> OpenApiExample:
+        """The generic example of a status; a 400 without a body is about a query parameter."""
+        query = [p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"]
+        if status == 400 and "requestBody" not in operation and query:
+            name = query[-1]
+            return error_example(400, "invalid_input", f"{name} is not valid", {"field": name})
+        return error_example(status, *ERROR_EXAMPLES[status])
+
+    def _error_examples(self, status: int) -> list[OpenApiExample]:
+        """The operation's own examples of this error status."""
+        return [
+            e
+            for e in self.get_examples()
+            if e.response_only and str(status) in {str(c) for c in e.status_codes or ()}
+        ]
 
     def _error_statuses(self, operation: dict[str, Any]) -> list[int]:
         parameters = operation.get("parameters", [])

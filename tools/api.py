@@ -6,6 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from . import api_docs
 from .models import Tool
 from .selectors import tools_for_roles
 
@@ -30,6 +31,7 @@ class ToolSerializer(serializers.ModelSerializer):
 
 
 class ToolListView(APIView):
+    @api_docs.tool_list
     @extend_schema(responses=ToolSerializer(many=True))
     def get(self, request: Request) -> Response:
         roles = list(getattr(request.auth, "roles", None) or [])

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
 
-from . import selectors, services
+from . import api_docs, selectors, services
 
 
 class WorkflowSerializer(serializers.Serializer):
@@ -47,9 +47,8 @@ def _key_roles(request: Request) -> list[str]:
 
 
 class WorkflowListView(APIView):
+    @api_docs.workflow_list
     @extend_schema(
-        summary="Workflows this key may start",
-        description="Enabled workflows whose role the API key holds, with the JSON Schema of their input.",
         responses=WorkflowSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
@@ -73,23 +72,10 @@ class WorkflowRunsView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a run is a new session
     key_grants_checked = ("POST",)  # the workflow's role the key does not hold (403, schema.py)
 
+    @api_docs.workflow_run_create
     @extend_schema(
-        summary="Start a run",
-        description=(
-            "Starts a run of the workflow's current version: a session that walks the graph. "
-            "Follow it like any session (events, websocket, cancel); `workflow` in the session "
-            "shows the active nodes and, at the end, the result. A repeated idempotency_key "
-            "returns the first run (200)."
-        ),
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer},
-        examples=[
-            OpenApiExample(
-                "Refund",
-                value={"input": {"order_number": "SO-1001"}, "idempotency_key": "refund-SO-1001"},
-                request_only=True,
-            )
-        ],
     )
     def post(self, request: Request, slug: str) -> Response:
         payload = RunCreateSerializer(data=request.data)

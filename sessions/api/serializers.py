@@ -75,8 +75,8 @@ EXTRA_CONTEXT_SCHEMA = {
     "description": (
         "Optional data from your app for this turn (the page the user is on, their cart, "
         "...). The model sees it as data, never as instructions. A JSON object of at most "
-        "EXTRA_CONTEXT_MAX_BYTES (default 8192) bytes as compact UTF-8 JSON (413 beyond) and "
-        "EXTRA_CONTEXT_MAX_DEPTH (default 8) levels of nesting (400 beyond)."
+        "8,192 bytes as compact UTF-8 JSON (413 beyond) and 8 levels of nesting (400 beyond), "
+        "unless the operator set other limits."
     ),
     "example": {"page": "orders/SO-1001", "plan": "gold"},
 }
@@ -98,17 +98,16 @@ class MessageCreateSerializer(StrictSerializer):
 _built_fields: dict[type, list[serializers.Field]] = {}
 
 
+# For read-only serializers: the readable fields are built once per class.
+#
+# DRF builds a ModelSerializer's fields, and deep-copies them, for every instance: a third
+# of a millisecond of CPU per response here, more than the representation itself. The
+# fields hold no state of a response; they are bound once to an instance of the class,
+# whose methods they may call (a SerializerMethodField's), and that instance takes no
+# context. The output is the same dict DRF builds (tests/sessions/api/test_serializers.py).
+# (A comment, not a docstring: the API schema would show a docstring as each serializer's
+# description.)
 class _FieldsBuiltOnce:
-    """For read-only serializers: the readable fields are built once per class.
-
-    DRF builds a ModelSerializer's fields, and deep-copies them, for every
-    instance: a third of a millisecond of CPU per response here, more than
-    the representation itself. The fields hold no state of a response; they
-    are bound once to an instance of the class, whose methods they may call
-    (a SerializerMethodField's), and that instance takes no context. The
-    output is the same dict DRF builds (tests/sessions/api/test_serializers.py).
-    """
-
     @property
     def _readable_fields(self) -> list[serializers.Field]:
         cls = type(self)

@@ -16,6 +16,7 @@ from restapi.renderers import SvgRenderer
 
 from .. import selectors, services
 from ..errors import InvalidInput
+from . import docs
 from .serializers import (
     AgentSerializer,
     CancelResultSerializer,
@@ -72,6 +73,7 @@ class SessionListView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # POST only: creating sessions
     key_grants_checked = ("POST",)  # a value above the key's grant (403, schema.py)
 
+    @docs.session_list
     @extend_schema(
         responses=SessionSerializer(many=True),
         parameters=[
@@ -108,6 +110,7 @@ class SessionListView(APIView):
             response["Link"] = f'<{request.path}?{urlencode(params)}>; rel="next"'
         return response
 
+    @docs.session_create
     @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
     def post(self, request: Request) -> Response:
         payload = SessionCreateSerializer(data=request.data)
@@ -126,6 +129,7 @@ class SessionListView(APIView):
 
 
 class SessionDetailView(APIView):
+    @docs.session_retrieve
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
@@ -135,6 +139,7 @@ class SessionDetailView(APIView):
 class SessionMessagesView(APIView):
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
+    @docs.message_list
     @extend_schema(
         responses=MessageSerializer(many=True),
         parameters=[
@@ -162,6 +167,7 @@ class SessionMessagesView(APIView):
             response["Link"] = f'<{request.path}?before={first}&limit={limit}>; rel="next"'
         return response
 
+    @docs.message_create
     @extend_schema(
         request=MessageCreateSerializer, responses={202: MessageSerializer, 200: MessageSerializer}
     )
@@ -187,12 +193,8 @@ class SessionMessagesView(APIView):
 
 
 class SessionEventsView(APIView):
+    @docs.event_list
     @extend_schema(
-        description=(
-            "Persisted events after `after`: at most `limit` of them and about "
-            "EVENTS_PAGE_MAX_BYTES of payload, at least one. While more follow, a "
-            '`Link: <...?after=SEQ&limit=N>; rel="next"` header names the next page.'
-        ),
         responses=EventSerializer(many=True),
         parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
     )
@@ -211,6 +213,7 @@ class SessionEventsView(APIView):
 
 
 class SessionCancelView(APIView):
+    @docs.session_cancel
     @extend_schema(request=None, responses=CancelResultSerializer)
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
@@ -225,6 +228,7 @@ class SessionForkView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # a fork is a new session
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
+    @docs.session_fork
     @extend_schema(request=ForkSerializer, responses={201: SessionSerializer})
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
@@ -244,6 +248,7 @@ class SessionForkView(APIView):
 class SessionResumeView(APIView):
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403, schema.py)
 
+    @docs.session_resume
     @extend_schema(request=None, responses=SessionSerializer)
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
@@ -258,6 +263,7 @@ class SessionResumeView(APIView):
 
 
 class SessionCheckpointsView(APIView):
+    @docs.checkpoint_list
     @extend_schema(
         responses=CheckpointSerializer(many=True), parameters=[OpenApiParameter("limit", int)]
     )
@@ -272,13 +278,8 @@ class SessionGraphView(APIView):
     # The drawing for a client that asks for SVG (or anything), JSON for one that asks for it.
     renderer_classes = [SvgRenderer, JSONRenderer]
 
+    @docs.session_graph
     @extend_schema(
-        summary="A workflow run's graph",
-        description=(
-            "The run's workflow version drawn as SVG, its nodes coloured by what the run did "
-            "(visited, active, failed) with a visit count; 404 `not_a_workflow_run` for a "
-            "conversation. Fetch it again on each node.* event to watch the run advance."
-        ),
         responses={(200, "image/svg+xml"): OpenApiTypes.STR},
     )
     def get(self, request: Request, session_id: str) -> Response:
@@ -287,6 +288,7 @@ class SessionGraphView(APIView):
 
 
 class AgentListView(APIView):
+    @docs.agent_list
     @extend_schema(responses=AgentSerializer(many=True))
     def get(self, request: Request) -> Response:
         return Response(AgentSerializer(selectors.agents_enabled(), many=True).data)

@@ -1,5 +1,6 @@
 """Swagger UI and Redoc work offline: every file their pages load comes from the live server."""
 
+import json
 import re
 
 import httpx
@@ -67,3 +68,30 @@ def test_swagger_ui_renders_the_operations_with_the_internet_cut_off(live_stack:
             browser.close()
     assert blocked == []
     assert any("/api/v1/sessions/{session_id}/messages/" in p for p in paths), paths
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium and the playwright package")
+def test_swagger_try_it_out_fills_in_the_demo_request_and_links_the_websocket_page(
+    live_stack: Stack,
+) -> None:
+    """The body "Try it out" offers for opening a session names the demo's agent (not a
+    random string that fails with unknown_agent), and the header links the websocket page."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{live_stack.http}/api/v1/docs/")
+            operation = page.locator("#operations-sessions-sessions_create")
+            operation.locator(".opblock-summary").click()
+            operation.locator(".try-out__btn").click()
+            body = operation.locator("textarea.body-param__text").input_value(timeout=10_000)
+            links = page.locator('.info a[href="/api/v1/docs/websocket/"]').count()
+            page.goto(f"{live_stack.http}/api/v1/docs/websocket/")
+            heading = page.locator("h1").inner_text()
+        finally:
+            browser.close()
+    assert json.loads(body) == {"agent": "order-support", "metadata": {"customer_ref": "crm-4711"}}
+    assert links >= 1
+    assert heading == "Websocket protocol"
