@@ -11,8 +11,8 @@ only: DATABASE_URL, REDIS_URL, ALLOWED_HOSTS, the model and tool URLs in the
 configuration it applies. Set-up is what a deployment does: `migrate`,
 `apply_config`, `create_api_key` on the web host.
 
-SCALE_OUT_RUNS runs (40) start at once, each a turn of two calls of `ship_parcel`
-(1.5 s each) between three model calls. Once about half the first calls are
+SCALE_OUT_RUNS runs (40) start at once, each a turn of SCALE_OUT_CALLS (2) calls of
+`ship_parcel` (1.5 s each) between model calls. Once about half the first calls are
 in flight, every process in w1's namespace is SIGKILLed at once. Then: every run
 ends with the model's answer, the runs w1 held were finished by w2, the business
 API saw each idempotency key exactly once and each order under one key (0 duplicate
@@ -54,7 +54,8 @@ LEASE_S = 2.0
 SWEEP_S = 0.5
 # What a busy 2-core CI machine adds to a takeover (processes waiting for the CPU).
 SLACK_S = float(os.environ.get("SCALE_OUT_SLACK_S", "5.0"))
-CALLS = 2
+# Side-effecting tool calls per run (the model is called once more than that).
+CALLS = int(os.environ.get("SCALE_OUT_CALLS", "2"))
 ROLES = ("db", "web", "w1", "w2", "ext")
 PG_PORT, REDIS_PORT, WEB_PORT, EXT_PORT, METRICS_PORT = 5432, 6379, 8000, 8080, 9100
 METRICS_TOKEN = "scale-out-metrics-token"
@@ -352,6 +353,56 @@ def _sessions(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, tuple[
     return {row[0]: row[1:] for row in rows}
 
 
+@dataclass(frozen=True)
+class DbTally:
+    """The database host's counters at one moment."""
+
+    at: float
+    transactions: int  # pg_stat_database.xact_commit: every transaction, read-only ones too
+    xids: int  # transaction ids handed out: the transactions that wrote
+    postgres_cpu_s: float
+    valkey_cpu_s: float
+
+    def minus(self, other: "DbTally") -> "DbTally":
+        return DbTally(
+            self.at - other.at,
+            self.transactions - other.transactions,
+            self.xids - other.xids,
+            self.postgres_cpu_s - other.postgres_cpu_s,
+            self.valkey_cpu_s - other.valkey_cpu_s,
+        )
+
+
+def _cpu_s(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds of the db host's PostgreSQL (with its exited backends) and Valkey."""
+    tick = os.sysconf("SC_CLK_TCK")
+    postgres = valkey = 0.0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        # utime, stime; then cutime, cstime: the postmaster's reaped backends.
+        used = sum(int(v) for v in fields[11:15]) / tick
+        if name.startswith("valkey"):
+            valkey += used
+        elif name in ("postgres", "postmaster") or name.startswith("postgres"):
+            postgres += used
+    return postgres, valkey
+
+
+def _db_tally(conn: psycopg.Connection[Any], hosts: Hosts) -> DbTally:
+    row = conn.execute(
+        "SELECT xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+        " FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    postgres, valkey = _cpu_s(netns.pids(hosts.net["db"].netns))
+    return DbTally(time.monotonic(), int(row[0]), int(row[1]), postgres, valkey)
+
+
 def _owner_pid(owner: str | None) -> int | None:
     # engine/runner/lease.py: "<host>:<pid>:<thread>:<random>"
     parts = (owner or "").split(":")
@@ -360,7 +411,7 @@ def _owner_pid(owner: str | None) -> int | None:
 
 def test_losing_a_worker_host_loses_no_run_and_repeats_no_side_effect(hosts: Hosts) -> None:
     started = time.monotonic()
-    figures: dict[str, Any] = {"runs": RUNS, "tool_latency_s": TOOL_LATENCY_S}
+    figures: dict[str, Any] = {"runs": RUNS, "calls": CALLS, "tool_latency_s": TOOL_LATENCY_S}
 
     # 1. The hosts: database and Redis, the model and the business API, checkouts.
     _start_db(hosts)
@@ -427,6 +478,8 @@ def test_losing_a_worker_host_loses_no_run_and_repeats_no_side_effect(hosts: Hos
     figures["ready_s"] = round(time.monotonic() - started, 1)
 
     # 3. RUNS runs at once.
+    with psycopg.connect(hosts.database_url, autocommit=True) as conn:
+        tally_start = _db_tally(conn, hosts)
     headers = {"Authorization": f"Bearer {key}"}
     ids: list[str] = []
     with httpx.Client(base_url=hosts.web, headers=headers, timeout=30) as client:
@@ -461,8 +514,10 @@ def test_losing_a_worker_host_loses_no_run_and_repeats_no_side_effect(hosts: Hos
             {sid: row[1] for sid, row in before.items()},
         )
         # 5. Watch the runs w1 held move again, until every run has finished.
+        polls = 1
         while time.monotonic() - killed_at < 90:
             now = _sessions(conn, ids)
+            polls += 1
             for sid, (owner, step) in watch.at_kill.items():
                 if sid in watch.moved_at:
                     continue
@@ -473,7 +528,26 @@ def test_losing_a_worker_host_loses_no_run_and_repeats_no_side_effect(hosts: Hos
                 break
             time.sleep(0.05)
         final = _sessions(conn, ids)
-    figures["finished_s_after_kill"] = round(time.monotonic() - killed_at, 1)
+        figures["finished_s_after_kill"] = round(time.monotonic() - killed_at, 1)
+        # What the runs cost the database host, less what it does idle (sweeps, the
+        # health probes): the statistics reach pg_stat_database within a second.
+        time.sleep(1.2)
+        tally_end = _db_tally(conn, hosts)
+        time.sleep(3.0)
+        idle = _db_tally(conn, hosts).minus(tally_end)
+    run = tally_end.minus(tally_start)
+    share = run.at / idle.at
+    figures["per_run"] = {
+        "db_transactions": round(
+            (run.transactions - polls - 3 - share * (idle.transactions - 1)) / RUNS, 1
+        ),
+        "db_write_transactions": round((run.xids - share * idle.xids) / RUNS, 1),
+        "postgres_cpu_ms": round(
+            1000 * (run.postgres_cpu_s - share * idle.postgres_cpu_s) / RUNS, 1
+        ),
+        "valkey_cpu_ms": round(1000 * (run.valkey_cpu_s - share * idle.valkey_cpu_s) / RUNS, 1),
+    }
+    figures["idle_db_transactions_per_s"] = round((idle.transactions - 1) / idle.at, 1)
     w2_pids = set(netns.pids(hosts.net["w2"].netns))
 
     # Every run ended with the model's answer.
