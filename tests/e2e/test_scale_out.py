@@ -23,6 +23,7 @@ side effects), and each run w1 held moved again within the lease and a sweep
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,8 @@ CALLS = int(os.environ.get("SCALE_OUT_CALLS", "2"))
 ROLES = ("db", "web", "w1", "w2", "ext")
 PG_PORT, REDIS_PORT, WEB_PORT, EXT_PORT, METRICS_PORT = 5432, 6379, 8000, 8080, 9100
 METRICS_TOKEN = "scale-out-metrics-token"
+# PostgreSQL refuses to run as root: the embedded stack's user (devstack/postgres.py).
+PG_USER = "pgserver"
 FIGURES = ROOT / ".data" / "test-logs" / f"scale-out-{os.getpid()}.json"
 # Every host's process logs are copied here at the end, pass or fail.
 LOGS = ROOT / ".data" / "test-logs" / f"scale-out-{os.getpid()}"
@@ -109,6 +112,10 @@ def _skip_reason() -> str | None:
         return reason
     if shutil.which("runuser") is None:
         return "runuser (util-linux) is needed to run PostgreSQL as a non-root user"
+    try:
+        pwd.getpwnam(PG_USER)
+    except KeyError:
+        return f"no `{PG_USER}` user to run PostgreSQL as (`python -m devstack up` creates it)"
     return None
 
 
@@ -240,7 +247,7 @@ def _start_db(hosts: Hosts) -> None:
     address = hosts.address("db")
     data = hosts.tmp / "pg"
     data.mkdir()
-    owner = "pgserver"
+    owner = PG_USER
     shutil.chown(data, owner, owner)
     os.chmod(hosts.tmp, 0o755)
     subprocess.run(
@@ -269,8 +276,12 @@ def _start_db(hosts: Hosts) -> None:
         hosts.tmp / "valkey",
     )  # fmt: skip
     admin = f"postgresql://postgres@{address}:{PG_PORT}/postgres"
-    _wait("PostgreSQL up", lambda: psycopg.connect(admin, connect_timeout=2).close() or True, 30,
-          lambda: hosts.tail("postgres"))  # fmt: skip
+
+    def answers() -> bool:
+        with psycopg.connect(admin, connect_timeout=2):
+            return True
+
+    _wait("PostgreSQL up", answers, 30, lambda: hosts.tail("postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("CREATE DATABASE agentplatform")
     with psycopg.connect(hosts.database_url, autocommit=True) as conn:
