@@ -21,6 +21,7 @@ side effects), and each run w1 held moved again within the lease and a sweep
 .data/test-logs/scale-out-<pid>.json. `make scale-out` runs it alone.
 """
 
+import contextlib
 import json
 import os
 import pwd
@@ -316,6 +317,17 @@ def _load_schema(hosts: Hosts, web_env: dict[str, str], checkout: Path) -> str:
     return "template"
 
 
+def _stop_postgres(data: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Fast shutdown (SIGINT to the postmaster, which runs under runuser), then wait for it."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        os.kill(int((data / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
 def _procfile() -> dict[str, str]:
     commands = {}
     for line in (ROOT / "Procfile").read_text().splitlines():
@@ -335,6 +347,9 @@ def hosts(django_db_setup: None) -> Iterator[Hosts]:
         try:
             yield found
         finally:
+            # PostgreSQL last, with a fast shutdown: killed, it would leave its shared
+            # memory segment behind.
+            database = found.procs.pop("postgres", None)
             for proc in found.procs.values():
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -344,6 +359,8 @@ def hosts(django_db_setup: None) -> Iterator[Hosts]:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(5)
+            if database is not None:
+                _stop_postgres(found.tmp / "pg", database)
             if (found.tmp / "logs").exists():
                 shutil.copytree(found.tmp / "logs", LOGS, dirs_exist_ok=True)
 
