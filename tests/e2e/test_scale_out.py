@@ -1,6 +1,6 @@
 """The platform as separate hosts on one machine, and one worker host lost at once.
 
-Six network namespaces on a private bridge (tests/netns.py): `db` (PostgreSQL with
+Five hosts, network namespaces on a private bridge (tests/netns.py): `db` (PostgreSQL with
 pgvector from the embedded stack's binaries, and Valkey, both listening on the host's
 address only; PostgreSQL has no Unix socket at all), `web` (the Procfile's `web`: two
 daphnes on one port), `w1` and `w2` (the Procfile's `worker` and `beat` each), and
@@ -8,8 +8,9 @@ daphnes on one port), `w1` and `w2` (the Procfile's `worker` and `beat` each), a
 tests/fakes/remote_services.py). Each platform host runs from a checkout of its own
 (the repository's files, no `.data/`, no `.env`) and is configured by environment
 only: DATABASE_URL, REDIS_URL, ALLOWED_HOSTS, the model and tool URLs in the
-configuration it applies. Set-up is what a deployment does: `migrate`,
-`apply_config`, `create_api_key` on the web host.
+configuration it applies. Set-up is what a deployment does, `apply_config` and
+`create_api_key` on the web host, after the schema: copied from this test run's migrated
+template (`manage.py migrate` from the web host where there is none).
 
 SCALE_OUT_RUNS runs (40) start at once, each a turn of SCALE_OUT_CALLS (2) calls of
 `ship_parcel` (1.5 s each) between model calls. Once about half the first calls are
@@ -17,8 +18,11 @@ in flight, every process in w1's namespace is SIGKILLed at once. Then: every run
 ends with the model's answer, the runs w1 held were finished by w2, the business
 API saw each idempotency key exactly once and each order under one key (0 duplicate
 side effects), and each run w1 held moved again within the lease and a sweep
-(plus SCALE_OUT_SLACK_S for a shared CI machine). Figures go to stdout (`-s`) and
-.data/test-logs/scale-out-<pid>.json. `make scale-out` runs it alone.
+(plus SCALE_OUT_SLACK_S for a shared CI machine). It also measures what a turn costs
+the database host, which runs nothing else (`per_run`: writing transactions, PostgreSQL
+and Valkey CPU; README "Deployment" sizes one primary with them). Figures go to stdout
+(`-s`) and .data/test-logs/scale-out-<pid>.json, the hosts' logs to
+.data/test-logs/scale-out-<pid>/. `make scale-out` runs it alone.
 """
 
 import contextlib
