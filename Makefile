@@ -16,6 +16,10 @@
 #   make bench   python -m bench (BENCH_ARGS=...)
 #   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N) and the 3 s
 #                recovery target (FAULT_RECOVERY_P95_S), alone on the machine; not in CI
+#   make scale-out  the platform as separate hosts (network namespaces: db, web, w1, w2 and the
+#                model/tool host), 40 runs in flight (SCALE_OUT_RUNS=N), then every process of
+#                w1 killed at once; prints the recovery figures. Needs root (skips otherwise);
+#                also part of `make test`'s end-to-end lane
 #   make down    stop the embedded PostgreSQL and Valkey (they outlive `make run`)
 #   make clean   down, then delete .data/ (the embedded databases)
 
@@ -43,7 +47,7 @@ PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.data/prometheus
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv .venv run test test-fast browser lint fmt bench soak up down stop status env clean
+.PHONY: help venv .venv run test test-fast browser lint fmt bench soak scale-out up down stop status env clean
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
@@ -150,6 +154,11 @@ bench: $(DEV_STAMP)
 soak: $(DEV_STAMP)
 	$(PY) -m devstack up
 	FAULT_RUNS=$${FAULT_RUNS:-200} FAULT_RECOVERY_P95_S=$${FAULT_RECOVERY_P95_S:-3} $(PY) -m pytest tests/e2e/test_faults.py -k random_points -q -s -p no:cacheprovider $(PYTEST_ARGS)
+
+# Scale-out (tests/e2e/test_scale_out.py): separate hosts in network namespaces, one killed.
+scale-out: $(DEV_STAMP)
+	$(PY) -m devstack up
+	$(PY) -m pytest tests/e2e/test_scale_out.py -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- embedded stack
 up: $(STAMP)

@@ -405,7 +405,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Production hardening, switched on by environment (see README "Deploying").
+# Production hardening, switched on by environment (see README "Deployment").
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
@@ -430,6 +430,11 @@ TRACE_URL_TEMPLATE = env.str("TRACE_URL_TEMPLATE", default="")
 # /metrics: a bearer token, or (unset) only these client networks.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+# A worker's own /metrics (observability/worker_endpoint.py), for worker hosts without a web
+# process; every worker process of a host binds this port (0 = off, as under `make run`,
+# where the web's /metrics already sums the workers of its machine).
+WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
+WORKER_METRICS_BIND = env.str("WORKER_METRICS_BIND", default="0.0.0.0")  # nosec B104 - a host's scrape port
 # Gauges read at scrape time from the apps that own the rows (observability/collector.py).
 METRICS_SOURCES = [
     "sessions.selectors.sessions_gauges",

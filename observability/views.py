@@ -6,17 +6,15 @@ served. Anyone else gets a 404 in the API's error shape, so the endpoint does
 not announce itself.
 """
 
-import hmac
-import ipaddress
 import os
 from functools import lru_cache
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.registry import REGISTRY
 
+from .access import scraper_allowed
 from .collector import ScrapeTimeCollector
 
 
@@ -42,15 +40,10 @@ class _Delegate:
 
 
 def allowed(request: HttpRequest) -> bool:
-    token = settings.METRICS_TOKEN
-    if token:
-        sent = request.headers.get("Authorization", "")
-        return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
-    try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return False
-    return any(address in ipaddress.ip_network(n) for n in settings.METRICS_ALLOWED_NETWORKS)
+    return scraper_allowed(
+        authorization=request.headers.get("Authorization", ""),
+        address=request.META.get("REMOTE_ADDR", ""),
+    )
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

@@ -24,7 +24,7 @@ def run_session(self, session_id: str) -> str:  # type: ignore[no-untyped-def]
 
 @shared_task(name="sessions.tasks.sweep_sessions", ignore_result=True)
 def sweep_sessions() -> int:
-    return len(services.sessions_sweep())
+    return len(services.sessions_sweep_scheduled())
 
 
 @shared_task(name="sessions.tasks.prune_checkpoints", ignore_result=True)

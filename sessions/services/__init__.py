@@ -49,6 +49,7 @@ from sessions.services.sweep import (
     ephemeral_sessions_prune,
     questions_expire_due,
     sessions_sweep,
+    sessions_sweep_scheduled,
     steps_pace,
     timers_fire_due,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "session_run_pending",
     "session_value_check",
     "sessions_sweep",
+    "sessions_sweep_scheduled",
     "steps_pace",
     "timers_fire_due",
     "turn_interrupt",

@@ -34,9 +34,17 @@ from sessions.models import (
 )
 from sessions.services.approvals import approvals_expire_due
 from sessions.states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
-from sessions.sweep_status import sweep_mark_completed
+from sessions.sweep_status import sweep_mark_completed, sweep_slot_take
 
 logger = logging.getLogger(__name__)
+
+
+def sessions_sweep_scheduled() -> list[str]:
+    """Beat's sweep: skipped when another beat's sweep already ran this interval
+    (sweep_status.sweep_slot_take), so every worker host may run beat."""
+    if not sweep_slot_take(interval_s=settings.SWEEPER_INTERVAL_S):
+        return []
+    return sessions_sweep()
 
 
 def sessions_sweep() -> list[str]:

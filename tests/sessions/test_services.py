@@ -14,7 +14,7 @@ from sessions import selectors, services
 from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from sessions.models import Agent, Event, Message, Session, Transition
 from sessions.states import RUNNABLE, State
-from sessions.sweep_status import sweep_age_s, sweep_mark_completed
+from sessions.sweep_status import _client, _slot_key, sweep_age_s, sweep_mark_completed
 
 pytestmark = pytest.mark.django_db
 
@@ -344,6 +344,24 @@ def test_a_sweep_records_its_completion_for_readyz(make_session):
     assert sweep_age_s() >= 3599
     services.sessions_sweep()
     assert sweep_age_s() < 5
+
+
+def test_beat_on_two_hosts_sweeps_once_per_interval(make_session, settings):
+    # Two beats (one per worker host) each send a sweep every interval: the first of an
+    # interval sweeps, the other finds the slot taken and does nothing.
+    settings.SWEEPER_INTERVAL_S = 30.0
+    _client(settings.REDIS_URL).delete(_slot_key())
+    first = make_session(state=State.PROCESSING.value)
+    _expire(first)
+    assert services.sessions_sweep_scheduled() == [str(first.pk)]
+    second = make_session(state=State.TOOL_LOOP.value)
+    _expire(second)
+    assert services.sessions_sweep_scheduled() == []
+    assert _row(second).lease_expires_at < _db_now()  # untouched
+    # The slot lapses within the interval (here: removed), and the next sweep runs.
+    _client(settings.REDIS_URL).delete(_slot_key())
+    assert services.sessions_sweep_scheduled() == [str(second.pk)]
+    assert 0 < _client(settings.REDIS_URL).pttl(_slot_key()) <= 24_000
 
 
 # row locks ----------------------------------------------------------------------------------------
