@@ -115,9 +115,14 @@ def recovery_reviews_open(
     owner: str,
     uncertain: list[tuple[ToolCall, str]],
     tools: dict[str, ToolSnapshot],
+    *,
+    revalidated: bool = False,
 ) -> None:
     """Ask a person about each call, with why (-> awaiting_approval), in one commit: did
-    an uncertain call take effect, or may a call whose precondition failed be sent?"""
+    an uncertain call take effect, or may a call whose precondition failed be sent?
+
+    `revalidated`: the step ran a recovery's business prechecks; `resume_check` is spent
+    (engine/moves/turn.py `tool_results`)."""
     now = timezone.now()
     reviews = [
         approval_request(
@@ -145,6 +150,7 @@ def recovery_reviews_open(
                 phase="recovery_review",
                 reason="a person decides: " + ", ".join(c.tool_name for c, _ in uncertain),
                 events=[requested_event(a) for a in reviews],
+                set_fields={"resume_check": False} if revalidated else None,
                 checkpoint={
                     "reviews": [
                         [str(a.pk), c.idempotency_key, reason]

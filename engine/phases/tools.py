@@ -176,7 +176,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     outcomes.update(rechecked.outcomes)
     to_review = recovered.to_review + rechecked.to_review
     if to_review:
-        recovery_reviews_open(session, owner, to_review, tools)
+        recovery_reviews_open(session, owner, to_review, tools, revalidated=rechecked.checked)
         return
 
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
