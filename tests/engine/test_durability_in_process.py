@@ -315,6 +315,41 @@ def test_an_idempotent_tool_whose_probe_cannot_tell_is_sent_again_with_the_same_
     assert session.state == "finished"
 
 
+SAYS_UNKNOWN = Answer(200, {"status": "unknown"})
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
+def test_a_probe_answering_unknown_is_asked_again_and_never_read_as_not_done(
+    make_session, rules_model, idempotent
+):
+    """`{"status": "unknown"}` is the service saying it cannot tell yet, not "no": the
+    probe is asked again after a backoff, then the call is not re-sent blindly. A call
+    that is not idempotent goes to a person; an idempotent one goes again with its key."""
+    with ScriptedApi() as api:
+        api.script(*[SAYS_UNKNOWN] * 2, DONE if idempotent else SAYS_UNKNOWN, SENT)
+        tool = _http_tool(api, idempotent=idempotent)
+        session = _session(make_session, _agent_with(tool, rules_model))
+        call = _crash_after_dispatch(session)
+
+        waits: list[float] = []
+        session = _recover(session, waits)
+
+        seen = [r.method for r in api.requests]
+    assert waits == [5, 10]
+    call.refresh_from_db()
+    if idempotent:
+        # The third probe found the effect: settled with its result, never sent again.
+        assert seen == ["GET", "GET", "GET"]
+        assert (call.status, call.probe_outcome, call.probes) == ("success", "done", 2)
+        assert session.state == "finished"
+    else:
+        assert seen == ["GET", "GET", "GET"]  # three probes, no POST
+        assert (call.status, call.probe_outcome, call.probes) == ("executing", "unknown", 3)
+        review = Approval.objects.get(session=session)
+        assert "could not tell after 3 probes (the status URL answered: unknown)" in review.reason
+        assert session.state == "awaiting_approval"
+
+
 @pytest.mark.parametrize("probe", [True, False], ids=["probe-fails", "no-probe"])
 def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_goes_to_a_person(
     make_session, rules_model, probe
