@@ -390,3 +390,30 @@ def test_a_fresh_call_is_sent_without_a_check(
     message_post(session=session, content="pay order A-6")
     assert _run(session).state == "finished"
     assert orders.prechecks() == [] and len(orders.payments()) == 1
+
+
+def test_after_a_crash_a_read_only_call_whose_precheck_fails_is_not_run_and_the_model_told(
+    orders: OrdersApi,
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    no_worker: None,
+):
+    """A read-only call has no effect to protect: no person is asked, the model reads what
+    no longer holds instead of a result read on a stale premise."""
+    orders.orders["A-8"] = "unpaid"
+    tool = _pay_tool(orders)
+    Tool.objects.filter(pk=tool.pk).update(side_effects=False)
+    session = _session(tool, endpoint)
+    openai_server.script(Reply(calls=[Call(tool.name, {"order_id": "A-8"}, id="call_look")]))
+    _decided_then_crashed(session, "look at order A-8")
+    del orders.orders["A-8"]
+    openai_server.script(Reply(text="Order A-8 no longer exists."))
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    assert Session.objects.get(pk=session.pk).state == "finished"
+    assert orders.payments() == [] and not Approval.objects.filter(session=session).exists()
+    call = ToolCall.objects.get(session=session)
+    assert call.status == "rejected"
+    told = [m["content"] for m in openai_server.requests[-1].messages if m["role"] == "tool"]
+    assert "this call was not run" in told[-1] and "order A-8 no longer exists" in told[-1]
