@@ -47,23 +47,26 @@ def past_pause(since: datetime | None, now: datetime | None = None) -> bool:
 
 
 def recorded_drift(session: Session, env: dict[str, Any], seen: Seen | None) -> Drift:
-    """Today's environment and `seen` against the latest ones the checkpoints recorded."""
-    recorded = (
-        Checkpoint.objects.filter(session=session, context__has_key="env")
-        .order_by("-step")
-        .values_list("context", flat=True)
-        .first()
-    )
-    recorded_seen = (
+    """Today's environment and `seen` against what the model saw at its latest step.
+
+    The environment is the one in force at that step: a later tool step records a new
+    one when it changed, but the model has not seen that one yet. A session with no
+    `seen` recorded (a fork's first step) compares with the latest environment.
+    """
+    latest_seen = (
         Checkpoint.objects.filter(session=session, context__has_key="seen")
         .order_by("-step")
-        .values_list("context", flat=True)
+        .values_list("step", "context")
         .first()
     )
+    envs = Checkpoint.objects.filter(session=session, context__has_key="env")
+    if latest_seen is not None:
+        envs = envs.filter(step__lte=latest_seen[0])
+    recorded = envs.order_by("-step").values_list("context", flat=True).first()
     return drift(
         recorded["env"] if recorded else None,
         env,
-        cast(Seen, recorded_seen["seen"]) if recorded_seen else None,
+        cast(Seen, latest_seen[1]["seen"]) if latest_seen else None,
         seen,
     )
 

@@ -227,3 +227,44 @@ def test_a_recovered_side_effect_with_nothing_changed_is_sent(
 
     assert session_run(session_id=session.pk).stopped == "idle"
     assert SHIPPED == [{"order": "SO-8"}]
+
+
+def test_a_change_a_recovered_tool_step_recorded_is_still_told_to_the_model(
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+):
+    """A read-only call is not held back; its results' commit records the new
+    environment. The model has not seen that one: its next step still gets the note."""
+    tool: Tool = ToolFactory.create(
+        name=f"look_{uuid.uuid4().hex[:6]}",
+        kind="python",
+        handler="tests.drift.ship",
+        side_effects=False,
+        parameters={
+            "type": "object",
+            "properties": {"order": {"type": "string"}},
+            "required": ["order"],
+        },
+    )
+    session = _session(endpoint, tools=[tool.name])
+    openai_server.script(Reply(calls=[Call(tool.name, {"order": "SO-7"}, id="call_look")]))
+    message_post(session=session, content="look at SO-7")
+    assert lease_acquire(session_id=session.pk, owner=CRASHED, seconds=30)
+    model_step(Session.objects.get(pk=session.pk), CRASHED)
+    Session.objects.filter(pk=session.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    agent = Agent.objects.get(pk=session.agent_id)
+    agent.system_prompt = "Answer in French."
+    agent.save()
+    openai_server.script(Reply(text="SO-7 est en route."))
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    assert SHIPPED == [{"order": "SO-7"}]
+    notes = [
+        m["content"]
+        for m in openai_server.requests[-1].messages
+        if m["role"] == "system" and NOTE in m["content"]
+    ]
+    assert len(notes) == 1 and "the agent's instructions or configuration were changed" in notes[0]
