@@ -171,12 +171,16 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         for c in calls
         if c.pk not in outcomes and c.pk not in reviewed.resend and c.pk not in reviewing
     ]
-    outcomes.update(drift_hold(session, agent, unsettled, tools, env))
+    held = drift_hold(session, agent, unsettled, tools, env)
+    outcomes.update(held)
     rechecked = pending_prechecks(session, [c for c in unsettled if c.pk not in outcomes], tools)
     outcomes.update(rechecked.outcomes)
     to_review = recovered.to_review + rechecked.to_review
     if to_review:
-        recovery_reviews_open(session, owner, to_review, tools, revalidated=rechecked.checked)
+        # The calls held for the drift are only settled by the results' commit: until
+        # then the recovery's resume_check must keep holding them.
+        spent = rechecked.checked and not held
+        recovery_reviews_open(session, owner, to_review, tools, revalidated=spent)
         return
 
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))

@@ -32,6 +32,7 @@ from tests.factories import AgentFactory, SessionFactory, ToolFactory, UserFacto
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 from tools.models import Tool
+from tools.registry import tool_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -417,3 +418,76 @@ def test_after_a_crash_a_read_only_call_whose_precheck_fails_is_not_run_and_the_
     assert call.status == "rejected"
     told = [m["content"] for m in openai_server.requests[-1].messages if m["role"] == "tool"]
     assert "this call was not run" in told[-1] and "order A-8 no longer exists" in told[-1]
+
+
+NOTIFIED: list[str] = []
+
+
+@tool_handler("tests.revalidation.notify")
+def _notify(order_id: str) -> dict[str, Any]:
+    NOTIFIED.append(order_id)
+    return {"ok": True}
+
+
+def test_a_call_held_for_drift_stays_held_while_a_person_reviews_its_sibling(
+    orders: OrdersApi,
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    no_worker: None,
+):
+    """Pay and notify were decided; the worker died having sent the payment (uncertain);
+    meanwhile the agent was changed and the order paid. The payment goes to a person, the
+    notice is held for the drift; after the person's answer the notice is still not sent:
+    the model re-plans first."""
+    NOTIFIED.clear()
+    orders.orders["A-9"] = "unpaid"
+    pay = _pay_tool(orders)
+    Tool.objects.filter(pk=pay.pk).update(status_url=orders.url("/pay/status"))
+    notify: Tool = ToolFactory.create(
+        name=f"notify_{uuid.uuid4().hex[:6]}",
+        kind="python",
+        handler="tests.revalidation.notify",
+        side_effects=True,
+        parameters={
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+    )
+    agent = AgentFactory.create(
+        slug=f"orders-{uuid.uuid4().hex[:8]}", model=endpoint, tools=[pay.name, notify.name]
+    )
+    session = SessionFactory.create(agent=agent, owner=UserFactory(username="orders-owner"))
+    openai_server.script(
+        Reply(
+            calls=[
+                Call(pay.name, {"order_id": "A-9"}, id="call_pay"),
+                Call(notify.name, {"order_id": "A-9"}, id="call_notify"),
+            ]
+        )
+    )
+    _decided_then_crashed(session, "pay A-9 and tell the customer")
+    ToolCall.objects.filter(session=session, tool_name=pay.name).update(
+        dispatched_at=timezone.now()
+    )
+    orders.orders["A-9"] = "paid"
+    agent.system_prompt = "Never notify customers directly."
+    agent.save()
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+    review = Approval.objects.get(session=session)
+    assert review.tool_name == pay.name
+    assert "Did this call take effect?" in review.reason
+    review_answer(
+        approval_id=review.pk,
+        answer="not_taken",
+        user=UserFactory(username="dave"),
+        groups=["approvers"],
+    )
+    openai_server.script(Reply(text="A-9 was already paid; I did not notify the customer."))
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    assert NOTIFIED == [] and orders.payments() == []
+    held = ToolCall.objects.get(session=session, tool_name=notify.name)
+    assert held.status == "rejected" and "this call was not sent" in (held.error or "")
+    assert Session.objects.get(pk=session.pk).state == "finished"
