@@ -2,7 +2,8 @@
 was interrupted, the declared prechecks run again before it acts on a stale picture.
 
 - In a model step (`revalidation`), after a resume, a fork or a crash recovery
-  (`session.resume_check`): on the arguments of each tool's last call; the model is told
+  (`session.resume_check`), or a pause longer than `ENV_CHECK_PAUSE_S` since the model's
+  latest message: on the arguments of each tool's last call; the model is told
   what no longer holds ("the order was paid meanwhile"), in a system note written with
   the step's commit and seen by every later model call of the run.
 - In a tool step (`pending_prechecks`), on the calls about to be sent: after a crash
@@ -21,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from engine.gates import Contribution
-from engine.gates.environment import past_pause
+from engine.gates.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from runtime import io_loop
 from sessions.models import Message, Session, ToolCall, ToolCallStatus
@@ -75,10 +76,10 @@ def note_text(results: list[PrecheckResult]) -> str | None:
 def revalidation(
     session: Session, history: list[Message], tools: dict[str, ToolSnapshot]
 ) -> Contribution:
-    """After a resume, a fork or a crash recovery (`session.resume_check`), run the
-    prechecks; a note if any precondition changed. No database connection is held
-    across the checks."""
-    if not session.resume_check:
+    """After a resume, a fork or a crash recovery (`session.resume_check`), or when the
+    model last spoke longer than `ENV_CHECK_PAUSE_S` ago, run the prechecks; a note if
+    any precondition changed. No database connection is held across the checks."""
+    if not (session.resume_check or model_paused(history)):
         return Contribution()
     calls = last_calls(history, tools)
     if not calls:

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from approvals.models import Approval
@@ -491,3 +492,33 @@ def test_a_call_held_for_drift_stays_held_while_a_person_reviews_its_sibling(
     held = ToolCall.objects.get(session=session, tool_name=notify.name)
     assert held.status == "rejected" and "this call was not sent" in (held.error or "")
     assert Session.objects.get(pk=session.pk).state == "finished"
+
+
+def test_after_a_long_pause_the_model_is_told_what_no_longer_holds(
+    orders: OrdersApi,
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    no_worker: None,
+    settings,
+):
+    """The user comes back hours later: the last payment's premise is checked before the
+    model decides again (the order was refunded meanwhile)."""
+    orders.orders["A-10"] = "unpaid"
+    tool = _pay_tool(orders)
+    session = _session(tool, endpoint)
+    openai_server.script(
+        Reply(calls=[Call(tool.name, {"order_id": "A-10"}, id="call_pay")]), Reply(text="Paid.")
+    )
+    message_post(session=session, content="pay A-10")
+    assert _run(session).state == "finished"
+    assert orders.prechecks() == []
+
+    orders.orders["A-10"] = "refunded"
+    back = timedelta(seconds=settings.ENV_CHECK_PAUSE_S + 60)
+    Message.objects.filter(session=session).update(created_at=F("created_at") - back)
+    openai_server.script(Reply(text="A-10 was refunded meanwhile."))
+    message_post(session=session, content="is A-10 all right?")
+    assert _run(session).state == "finished"
+
+    notes = [n for n in _system_notes(openai_server) if "checked again" in n]
+    assert len(notes) == 1 and "order A-10 is already refunded" in notes[0], notes
