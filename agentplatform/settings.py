@@ -236,8 +236,17 @@ MEMORY_EXACT_SCAN_MAX = env.int("MEMORY_EXACT_SCAN_MAX", default=5000)
 MEMORY_HNSW_EF_SEARCH = env.int("MEMORY_HNSW_EF_SEARCH", default=100)
 # Memory of the owner-index build (a Celery task, CREATE INDEX CONCURRENTLY).
 MEMORY_INDEX_BUILD_MEM = env.str("MEMORY_INDEX_BUILD_MEM", default="512MB")
-# A run that continues after this long a pause is told what changed in its environment.
+# A run that continues after this long a pause is told what changed in its environment
+# (and runs the business prechecks of calls decided before it).
 ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
+# How far the situation must have moved for that note (engine/model/environment.py WEIGHTS:
+# a change of the agent, a tool or the model weighs 1, a dialogue slot or a degraded
+# service 0.5, a degradation level 0.5, 25 points of a budget's share 0.5).
+ENV_DRIFT_THRESHOLD = env.float("ENV_DRIFT_THRESHOLD", default=1.0)
+# An uncertain call's probe that cannot tell is asked again this many times in all,
+# RECOVERY_PROBE_BACKOFF_S, then twice that, ... apart (a durable wait, no worker held).
+RECOVERY_PROBE_ATTEMPTS = env.int("RECOVERY_PROBE_ATTEMPTS", default=3)
+RECOVERY_PROBE_BACKOFF_S = env.float("RECOVERY_PROBE_BACKOFF_S", default=5.0)
 # Checkpoints of finished turns older than this are pruned (the latest per session is kept).
 CHECKPOINT_RETENTION_DAYS = env.float("CHECKPOINT_RETENTION_DAYS", default=30.0)
 # Sessions of stateless OpenAI-compatible requests (no X-Session-Id) are deleted, with

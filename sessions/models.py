@@ -503,6 +503,9 @@ class ToolCall(models.Model):
     # found executing with this set after a crash is uncertain and is probed.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     probe_outcome = models.CharField(max_length=20, blank=True)
+    # Probes that could not tell so far: each backs off and asks again, up to
+    # RECOVERY_PROBE_ATTEMPTS (engine/gates/recovery.py).
+    probes = models.PositiveSmallIntegerField(default=0, db_default=0)
     # The call's risk level (declared by its tool or assessed) and why: tools/risk.py.
     risk_level = models.PositiveSmallIntegerField(null=True, blank=True)
     risk_reason = models.CharField(max_length=200, blank=True, db_default="")

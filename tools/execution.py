@@ -749,6 +749,10 @@ def tools_for_agent(names: list[str], role: str | None = None) -> dict[str, Tool
     return found
 
 
+# A probe's detail when the tool has none: asking again cannot help.
+NO_PROBE = "the tool has no probe"
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What a probe learned about an uncertain side-effecting call."""
@@ -762,7 +766,8 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
     """Ask the tool whether a call with this key took effect, without repeating it.
 
     HTTP tools answer at `status_url?idempotency_key=K` (200 with
-    {"status": "done", "result": {...}}, or 404 when nothing happened);
+    {"status": "done", "result": {...}}, or 404 when nothing happened; 200 with
+    {"status": "unknown"} or any other answer: it cannot tell);
     Python tools through their registered probe (a dict when done, None when not).
     """
     try:
@@ -780,8 +785,12 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
                 return ProbeResult(
                     "done", result if isinstance(result, dict) else {"result": result}
                 )
-            if isinstance(body, dict) and body.get("status") in ("unknown", "not_found", "none"):
+            if isinstance(body, dict) and body.get("status") in ("not_found", "none"):
                 return ProbeResult("not_done")
+            if isinstance(body, dict) and body.get("status") == "unknown":
+                # The service itself cannot tell yet (a replica behind, a ledger being
+                # written): not a "no", so the call is not sent again on it.
+                return ProbeResult("unknown", detail="the status URL answered: unknown")
             return ProbeResult("unknown", detail=f"status URL answered HTTP {answer.status}")
         if tool.kind == "python" and tool.probe_handler:
             handler = get_handler(tool.probe_handler)
@@ -802,4 +811,4 @@ async def probe(tool: ToolSnapshot, idempotency_key: str) -> ProbeResult:
             return ProbeResult("done", found if isinstance(found, dict) else {"result": found})
     except Exception as exc:  # noqa: BLE001 - a probe that fails cannot tell
         return ProbeResult("unknown", detail=f"probe failed: {type(exc).__name__}")
-    return ProbeResult("unknown", detail="the tool has no probe")
+    return ProbeResult("unknown", detail=NO_PROBE)

@@ -1,6 +1,8 @@
-"""Business-rule prechecks (runtime-mechanisms 4.2): before a resumed or forked run
-continues, each tool that declares one checks again the preconditions an earlier call's
-arguments depended on ("the order still exists and is unpaid").
+"""Business-rule prechecks (runtime-mechanisms 4.2): when a run continues on a picture that
+may be stale (a resume, a fork, a crash recovery, a long pause, an uncertain call about to
+be sent again), each tool that declares one checks again the preconditions a call's
+arguments depend on ("the order still exists and is unpaid"); engine/gates/revalidation.py
+decides when and what follows.
 
 A tool declares its check in the config file (or the admin):
 

@@ -11,6 +11,7 @@ own (the phase that consults it does):
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.model.environment import Seen
 from sessions.events import StopReason
 from sessions.models import Message, ModelCall
 from sessions.states import Trigger
@@ -43,6 +44,9 @@ class Contribution:
     calls: tuple[ModelCall, ...] = ()
     # The session's new dialogue state for this step's commit; None: unchanged.
     dialogue_state: dict[str, Any] | None = None
+    # What the model sees of its situation this step (engine/model/environment.py `Seen`),
+    # recorded by the step's checkpoint for the drift check after a pause.
+    seen: Seen | None = None
 
     @classmethod
     def note(cls, message: Message | None) -> "Contribution":
@@ -50,16 +54,19 @@ class Contribution:
 
     @classmethod
     def join(cls, *parts: "Contribution") -> "Contribution":
-        """The parts in order; a later part's dialogue state or configuration key wins."""
+        """The parts in order; a later part's dialogue state, seen or configuration key wins."""
         config: dict[str, Any] = {}
         state: dict[str, Any] | None = None
+        seen: Seen | None = None
         for part in parts:
             config.update(part.config)
             state = part.dialogue_state if part.dialogue_state is not None else state
+            seen = part.seen if part.seen is not None else seen
         return cls(
             notes=tuple(n for part in parts for n in part.notes),
             blocks=tuple(b for part in parts for b in part.blocks),
             config=config,
             calls=tuple(c for part in parts for c in part.calls),
             dialogue_state=state,
+            seen=seen,
         )

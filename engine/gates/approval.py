@@ -21,6 +21,7 @@ from approvals.policy import approval_reason
 from approvals.selectors import approval_remembered, approvals_for_calls, reviews_for_calls
 from approvals.services import approval_request
 from approvals.states import ApprovalStatus
+from engine.gates.revalidation import SEND_ANYWAY
 from engine.gates.risk import calls_assess
 from sessions.events import ApprovalRequested, EventSpec, EventType
 from sessions.models import Refusal, Session, ToolCall, ToolCallStatus
@@ -141,16 +142,20 @@ class Reviewed:
 
 
 def review_outcomes(calls: list[ToolCall]) -> Reviewed:
-    """What the people asked about this step's uncertain calls answered."""
+    """What the people asked about this step's calls answered: uncertain calls (dispatched
+    before a crash), and calls never sent whose business precheck failed (those a person
+    was asked about: `has_approval`)."""
     reviewed = Reviewed()
-    uncertain = [c for c in calls if c.dispatched_at is not None]
-    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in uncertain]).items():
-        call = next(c for c in uncertain if c.pk == call_id)
+    asked = [c for c in calls if c.dispatched_at is not None or getattr(c, "has_approval", True)]
+    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in asked]).items():
+        call = next(c for c in asked if c.pk == call_id)
         if review.status == ApprovalStatus.PENDING:
             reviewed.pending = True
         elif review.answer == ReviewAnswer.SEND_AGAIN:
             # Sent again after the answer and uncertain once more: probe (and ask) anew.
-            if review.decided_at is not None and call.dispatched_at <= review.decided_at:  # type: ignore[operator]
+            if call.dispatched_at is None or (
+                review.decided_at is not None and call.dispatched_at <= review.decided_at
+            ):
                 reviewed.resend.add(call_id)
         elif review.answer == ReviewAnswer.TOOK_EFFECT:
             output = review.answer_result if review.answer_result is not None else {}
@@ -162,7 +167,16 @@ def review_outcomes(calls: list[ToolCall]) -> Reviewed:
             )
         else:
             by = review.decided_by_name or "an operator"
-            if review.answer == ReviewAnswer.NOT_TAKEN:
+            if review.answer == ReviewAnswer.NOT_TAKEN and call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = f"{by} decided not to send this call. {why}"
+            elif call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = (
+                    f"no one decided whether to send this call (review {review.status}); "
+                    f"it was not sent. {why}"
+                )
+            elif review.answer == ReviewAnswer.NOT_TAKEN:
                 message = f"{by} checked: this call did not take effect, and it was not sent again."
             else:
                 message = (

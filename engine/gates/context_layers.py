@@ -28,6 +28,7 @@ from engine.gates import Contribution
 from engine.gates.budget import GateRead
 from engine.gates.metering import model_credits_check
 from engine.model.calls import cheap_endpoint, side_call
+from engine.model.environment import BUDGET_STEP, Seen
 from llm.types import ChatMessage, ChatRequest
 from memory.dialogue import (
     Extractor,
@@ -225,6 +226,52 @@ def environment_now(
     )
 
 
+def _budgets_left(read: GateRead) -> dict[str, int]:
+    """Each limited budget's share left, in percent rounded down to BUDGET_STEP."""
+    left: dict[str, int] = {}
+    for budget, spent in read.budgets:
+        shares = []
+        if budget.tokens:
+            shares.append(1 - spent.tokens / budget.tokens)
+        if budget.cost:
+            shares.append(float(1 - spent.cost / budget.cost))
+        if shares:
+            percent = int(max(0.0, min(shares)) * 100)
+            left[budget.label] = percent - percent % BUDGET_STEP
+    return left
+
+
+def seen_of(
+    state: dict[str, Any], degradation: int, degraded: list[str], read: GateRead | None
+) -> Seen:
+    """What the model sees of its situation (recorded by every model step; compared after
+    a pause: engine/gates/environment.py). `read` None: the budgets were not read."""
+    seen: Seen = {
+        "intent": state.get("intent"),
+        "slots": dict(state.get("slots") or {}),
+        "degradation": degradation,
+        "degraded": sorted(degraded),
+    }
+    if read is not None:
+        seen["budgets"] = _budgets_left(read)
+    return seen
+
+
+def seen_in_tool_step(session: Session, agent: Agent, tools: dict[str, ToolSnapshot]) -> Seen:
+    """`seen_of` from what a tool step has at hand: the session's dialogue state and level,
+    the circuit breakers this process knows open (no budget read)."""
+    models = [agent.model.name]
+    if agent.fallback_model is not None:
+        models.append(agent.fallback_model.name)
+    degraded = [
+        f"model {n}: unavailable (circuit open)" for n in model_breaker().known_open(models)
+    ]
+    degraded += [
+        f"tool {n}: unavailable (circuit open)" for n in tool_breaker().known_open(sorted(tools))
+    ]
+    return seen_of(session.dialogue_state or {}, session.degradation_level or 0, degraded, None)
+
+
 def context_layers(
     session: Session,
     agent: Agent,
@@ -232,7 +279,8 @@ def context_layers(
     read: GateRead,
     tools: dict[str, ToolSnapshot],
 ) -> Contribution:
-    """The blocks (environment, dialogue state, extra context) and their facts for one step."""
+    """The blocks (environment, dialogue state, extra context) and their facts for one step;
+    what the model sees of its situation goes to `config["seen"]` for the checkpoint."""
     update = dialogue_update(session, agent, history)
     state = update.state if update.state is not None else (session.dialogue_state or {})
     environment = environment_now(session, agent, read, tools)
@@ -249,6 +297,7 @@ def context_layers(
         "extra_context": extra,
     }
     return Contribution(
+        seen=seen_of(state, read.level, environment["degraded"], read),
         blocks=tuple(blocks),
         config=config,
         dialogue_state=update.state,

@@ -1,48 +1,143 @@
-"""After a fork, a resume or a long pause: a note on what changed in the environment the
-tools run in, against the one the session's latest checkpoint recorded."""
+"""Context drift (runtime-mechanisms 4.3): after a fork, a resume, a crash recovery or a
+long pause, how far the world the model planned in has moved, and what is done about it.
 
-from datetime import timedelta
-from typing import Any
+- In a model step (`environment_note`): past `ENV_DRIFT_THRESHOLD`, a note lists what
+  changed and asks the model to re-plan before any side effect. The note is in the
+  request of that very step, so whatever the model decides next was decided seeing it.
+- In a tool step (`drift_hold`): side-effecting calls the model decided before the pause
+  are not sent when the drift is past the threshold; their result is the same note, so
+  the model re-plans before anything happens.
+
+The reference is what the session's latest checkpoints recorded: the environment (agent
+configuration, tools, model: recorded when it changes; a fork copies its source's) and
+what the model saw (`Seen`: recorded by every model step).
+"""
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from django.conf import settings
 from django.utils import timezone
 
 from engine.gates import Contribution
-from engine.model.environment import describe_changes
+from engine.gates.context_layers import seen_in_tool_step
+from engine.model.environment import Drift, Seen, drift
 from memory.tokens import count_message_tokens
-from sessions.models import Checkpoint, Message, Session
+from sessions.models import Agent, Checkpoint, Message, Session, ToolCall, ToolCallStatus
+from tools.execution import ToolOutcome, ToolSnapshot
+from tools.rendering import render_failure
 
 
-def environment_note(session: Session, env: dict[str, Any]) -> Contribution:
-    """After a fork, a resume or a long pause, say what changed in the environment.
-
-    The reference is the environment recorded by the session's latest
-    checkpoint that recorded one (a fork copies its source's).
-    """
-    # The row's updated_at is the last step's commit: no query to tell a pause.
-    paused = session.updated_at is not None and timezone.now() - session.updated_at > timedelta(
-        seconds=settings.ENV_CHECK_PAUSE_S
+def model_paused(history: Sequence[Message], now: datetime | None = None) -> bool:
+    """Has the model been silent longer than `ENV_CHECK_PAUSE_S`? Measured from its latest
+    message in the history (the session row's `updated_at` cannot tell: the commit that
+    starts a turn or records a decision moves it)."""
+    latest = max(
+        (m.created_at for m in history if m.role == "assistant" and m.created_at is not None),
+        default=None,
     )
-    if not (session.resume_check or paused):
-        return Contribution()
-    recorded = (
-        Checkpoint.objects.filter(session=session, context__has_key="env")
+    return past_pause(latest, now)
+
+
+def past_pause(since: datetime | None, now: datetime | None = None) -> bool:
+    if since is None:
+        return False
+    return (now or timezone.now()) - since > timedelta(seconds=settings.ENV_CHECK_PAUSE_S)
+
+
+def recorded_drift(session: Session, env: dict[str, Any], seen: Seen | None) -> Drift:
+    """Today's environment and `seen` against what the model saw at its latest step.
+
+    The environment is the one in force at that step: a later tool step records a new
+    one when it changed, but the model has not seen that one yet. A session with no
+    `seen` recorded (a fork's first step) compares with the latest environment.
+    """
+    latest_seen = (
+        Checkpoint.objects.filter(session=session, context__has_key="seen")
         .order_by("-step")
-        .values_list("context", flat=True)
+        .values_list("step", "context")
         .first()
     )
-    if not recorded:
-        return Contribution()
-    changes = describe_changes(recorded["env"], env)
-    if not changes:
-        return Contribution()
-    text = (
-        "Note from the platform: since this conversation was paused, "
-        + "; ".join(changes)
-        + ". Take this into account."
+    envs = Checkpoint.objects.filter(session=session, context__has_key="env")
+    if latest_seen is not None:
+        envs = envs.filter(step__lte=latest_seen[0])
+    recorded = envs.order_by("-step").values_list("context", flat=True).first()
+    return drift(
+        recorded["env"] if recorded else None,
+        env,
+        cast(Seen, latest_seen[1]["seen"]) if latest_seen else None,
+        seen,
     )
+
+
+def drift_text(found: Drift) -> str:
+    return (
+        "Note from the platform: since this conversation was paused, the situation changed: "
+        + "; ".join(found.texts)
+        + ". Re-plan from the current state before any action with side effects (a payment, "
+        "a booking, a message sent): do not carry out a plan made before these changes "
+        "without checking that it still fits."
+    )
+
+
+def environment_note(
+    session: Session, env: dict[str, Any], seen: Seen | None, history: Sequence[Message]
+) -> Contribution:
+    """After a fork, a resume, a crash recovery or a long pause, say what changed, when it
+    changed enough (`ENV_DRIFT_THRESHOLD`)."""
+    if not (session.resume_check or model_paused(history)):
+        return Contribution()
+    found = recorded_drift(session, env, seen)
+    if not found.above(settings.ENV_DRIFT_THRESHOLD):
+        return Contribution()
+    text = drift_text(found)
     return Contribution.note(
         Message(
             turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
         )
     )
+
+
+def drift_hold(
+    session: Session,
+    agent: Agent,
+    calls: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    env: dict[str, Any],
+) -> dict[int, ToolOutcome]:
+    """The outcomes of side-effecting calls not to send because the world moved since the
+    model decided them (after a resume, a crash recovery, or a pause longer than
+    `ENV_CHECK_PAUSE_S` since the calls were decided).
+
+    Only calls never dispatched: one that was (uncertain after a crash) is the probe's
+    and the reviewers' (engine/gates/recovery.py).
+    """
+    held = [
+        c
+        for c in calls
+        if c.dispatched_at is None
+        and (tool := tools.get(c.tool_name)) is not None
+        and tool.side_effects
+    ]
+    if not held:
+        return {}
+    decided = min((c.created_at for c in held if c.created_at is not None), default=None)
+    if not (session.resume_check or past_pause(decided)):
+        return {}
+    found = recorded_drift(session, env, seen_in_tool_step(session, agent, tools))
+    if not found.above(settings.ENV_DRIFT_THRESHOLD):
+        return {}
+    message = "this call was not sent: " + drift_text(found).removeprefix(
+        "Note from the platform: "
+    )
+    return {
+        c.pk: ToolOutcome(
+            status=ToolCallStatus.REJECTED,
+            output=None,
+            error=message,
+            content=render_failure(ToolCallStatus.REJECTED, message),
+            extra={"drift": True},
+        )
+        for c in held
+    }

@@ -1,15 +1,24 @@
 """Recovery in the tool step: calls that were dispatched before a crash (their send may or
-may not have happened) are probed once; a call the probe finds done is settled with its
-result, and one no probe could settle that is not safe to send again goes to a person (the
-`recovery_reviews_open` move). The rest are sent again with the same idempotency key.
+may not have happened) are probed; a call the probe finds done is settled with its result.
+
+A probe that cannot tell (it failed, timed out, answered 5xx or `{"status": "unknown"}`)
+is asked again later: the step is deferred (`StepDeferred`: the session's lease lapses
+then, in the database, and no worker waits), `RECOVERY_PROBE_BACKOFF_S`, then twice that,
+... up to `RECOVERY_PROBE_ATTEMPTS` probes in all. Still unknown after that, a call that is
+not safe to send again goes to a person (the `recovery_reviews_open` move: took effect /
+not taken / send again); an idempotent one is sent again with the same idempotency key,
+after its business precheck (engine/gates/revalidation.py `pending_prechecks`).
 """
 
 import asyncio
 from dataclasses import dataclass, field
 
+from django.conf import settings
+from django.db.models import F
+
 from runtime import io_loop
 from sessions.models import ToolCall, ToolCallStatus
-from tools.execution import ProbeResult, ToolOutcome, ToolSnapshot, probe
+from tools.execution import NO_PROBE, ProbeResult, ToolOutcome, ToolSnapshot, probe
 from tools.rendering import render_success
 
 
@@ -17,13 +26,37 @@ from tools.rendering import render_success
 class Recovered:
     # Calls a probe found done: settled with what it read back, not sent again.
     outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Calls no probe could settle and not safe to send again, with what the probe said.
+    # Calls no probe could settle and not safe to send again, with why a person must decide.
     to_review: list[tuple[ToolCall, str]] = field(default_factory=list)
+    # A probe could not tell and may be asked again: the step waits this long first.
+    retry_after_s: float | None = None
+
+
+def review_reason(call: ToolCall, said: str) -> str:
+    return (
+        f"Did this call take effect? {call.tool_name} was sent with idempotency key "
+        f"{call.idempotency_key} before a crash; it cannot safely be sent again and "
+        f"the probe said: {said}."
+    )
+
+
+def probe_backoff_s(probes: int) -> float:
+    """The wait before probe number `probes + 1` (`probes` >= 1 could not tell)."""
+    return float(settings.RECOVERY_PROBE_BACKOFF_S * 2 ** max(probes - 1, 0))
 
 
 def recovery_probe(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Recovered:
     """Probe the side-effecting calls among `calls` that were dispatched; each probe's
-    verdict is kept on its call (the admin shows it)."""
+    verdict (and the count of those that could not tell) is kept on its call (the admin
+    shows it).
+
+    1. Probe them all at once.
+    2. Done: settled with the result read back. Not done: sent again (same key).
+    3. Unknown, from a probe that may answer later, with probes left: the step waits
+       (`retry_after_s`, the shortest call's backoff) and probes again.
+    4. Unknown for good (or no probe at all): a person decides when the tool is not
+       idempotent; an idempotent call is sent again with its key.
+    """
     uncertain = [
         c
         for c in calls
@@ -35,7 +68,12 @@ def recovery_probe(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Rec
     probes = io_loop.run(_probe_all(uncertain, tools))
     for call, result in zip(uncertain, probes, strict=True):
         call.probe_outcome = result.verdict
-        ToolCall.objects.filter(pk=call.pk).update(probe_outcome=result.verdict)
+        updates: dict[str, object] = {"probe_outcome": result.verdict}
+        unsure = result.verdict == "unknown" and result.detail != NO_PROBE
+        if unsure:
+            call.probes += 1
+            updates["probes"] = F("probes") + 1
+        ToolCall.objects.filter(pk=call.pk).update(**updates)
         if result.verdict == "done":
             output = result.output or {}
             recovered.outcomes[call.pk] = ToolOutcome(
@@ -44,9 +82,15 @@ def recovery_probe(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Rec
                 content=render_success(output),
                 extra={"probed": True},
             )
+        elif unsure and call.probes < settings.RECOVERY_PROBE_ATTEMPTS:
+            wait = probe_backoff_s(call.probes)
+            recovered.retry_after_s = min(recovered.retry_after_s or wait, wait)
         elif result.verdict == "unknown" and not tools[call.tool_name].idempotent:
             # Not safe to send again, and no probe could tell: a person decides.
-            recovered.to_review.append((call, result.detail or "the tool has no probe"))
+            said = result.detail or NO_PROBE
+            if unsure:
+                said = f"it could not tell after {call.probes} probes ({said})"
+            recovered.to_review.append((call, review_reason(call, said)))
     return recovered
 
 

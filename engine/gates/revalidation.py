@@ -1,23 +1,34 @@
-"""Business-rule revalidation (runtime-mechanisms 4.2): before a resumed or forked run
-continues, the declared prechecks of the tools it used run on the arguments of each
-tool's last call, and the model is told what no longer holds, so it does not repeat an
-action whose premise changed ("the order was paid meanwhile") on a stale picture.
+"""Business-rule revalidation (runtime-mechanisms 4.2): when a run continues after it
+was interrupted, the declared prechecks run again before it acts on a stale picture.
 
-The note is a system message like the environment note (environment.py): written with
-the model step's commit, seen by this and every later model call of the run.
+- In a model step (`revalidation`), after a resume, a fork or a crash recovery
+  (`session.resume_check`), or a pause longer than `ENV_CHECK_PAUSE_S` since the model's
+  latest message: on the arguments of each tool's last call; the model is told
+  what no longer holds ("the order was paid meanwhile"), in a system note written with
+  the step's commit and seen by every later model call of the run.
+- In a tool step (`pending_prechecks`), on the calls about to be sent: after a crash
+  recovery, after a pause longer than `ENV_CHECK_PAUSE_S` since the model decided them,
+  and before an uncertain call (its probe could not tell, or said not done) is sent
+  again. A side-effecting call whose check fails (or cannot answer) is not sent: it goes
+  to a person in the approvals queue (a recovery review, with what failed); a read-only
+  one is not run and the model reads why.
 """
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from engine.gates import Contribution
+from engine.gates.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from runtime import io_loop
-from sessions.models import Message, Session
-from tools.execution import ToolSnapshot
+from sessions.models import Message, Session, ToolCall, ToolCallStatus
+from tools.execution import ToolOutcome, ToolSnapshot
 from tools.prechecks import PrecheckResult, has_precheck, prechecks_run
+from tools.rendering import render_failure
 
 ARGS_MAX_CHARS = 200
 
@@ -65,9 +76,10 @@ def note_text(results: list[PrecheckResult]) -> str | None:
 def revalidation(
     session: Session, history: list[Message], tools: dict[str, ToolSnapshot]
 ) -> Contribution:
-    """After a resume or a fork (`session.resume_check`), run the prechecks; a note if
+    """After a resume, a fork or a crash recovery (`session.resume_check`), or when the
+    model last spoke longer than `ENV_CHECK_PAUSE_S` ago, run the prechecks; a note if
     any precondition changed. No database connection is held across the checks."""
-    if not session.resume_check:
+    if not (session.resume_check or model_paused(history)):
         return Contribution()
     calls = last_calls(history, tools)
     if not calls:
@@ -81,3 +93,86 @@ def revalidation(
             turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
         )
     )
+
+
+# What a person is asked about a call never sent whose check failed (the model, if they
+# say not_taken, reads the reason without it).
+SEND_ANYWAY = " Send this call anyway (send_again), or not (not_taken: the model is told)?"
+
+
+@dataclass
+class Rechecked:
+    # Read-only calls whose precondition no longer holds: not run, the model reads why.
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    # Side-effecting calls whose check failed or could not answer, with what a person reads.
+    to_review: list[tuple[ToolCall, str]] = field(default_factory=list)
+    # Some check ran: this recovery's revalidation is done (the results' commit clears
+    # `resume_check`, so the next model step does not check the calls just sent again).
+    checked: bool = False
+
+
+def _why(session: Session, call: ToolCall) -> str:
+    if call.dispatched_at is not None:
+        return f"before sending it again (its probe said: {call.probe_outcome or 'nothing'})"
+    if session.resume_check:
+        return "after the run was interrupted and recovered"
+    minutes = (timezone.now() - call.created_at).total_seconds() / 60 if call.created_at else 0
+    return f"after a pause of {minutes:.0f} min since it was decided"
+
+
+def _wants_check(session: Session, call: ToolCall) -> bool:
+    return call.dispatched_at is not None or session.resume_check or past_pause(call.created_at)
+
+
+def pending_prechecks(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Rechecked:
+    """Check again the preconditions of the calls about to be sent, when they may be stale.
+
+    1. The calls whose tool declares a precheck and that were decided before a crash
+       recovery or a long pause, or are uncertain and about to be sent again.
+    2. Run the checks at once, holding no database connection.
+    3. A check that does not hold or cannot answer: a side-effecting call goes to a
+       person (a recovery review saying what failed); a read-only call whose check
+       does not hold is not run and the model reads why (one that cannot answer runs).
+    """
+    wanted = [
+        c
+        for c in calls
+        if (tool := tools.get(c.tool_name)) is not None
+        and has_precheck(tool)
+        and isinstance(c.input, dict)
+        and not c.error
+        and _wants_check(session, c)
+    ]
+    rechecked = Rechecked()
+    if not wanted:
+        return rechecked
+    connection.close()
+    results = io_loop.run(prechecks_run([(tools[c.tool_name], dict(c.input)) for c in wanted]))
+    rechecked.checked = True
+    for call, result in zip(wanted, results, strict=True):
+        if result.holds:
+            continue
+        verdict = "could not be confirmed" if result.holds is None else "no longer holds"
+        what = f"its precondition was checked again {_why(session, call)} and {verdict}: {result.reason}"
+        if tools[call.tool_name].side_effects:
+            if call.dispatched_at is not None:
+                reason = (
+                    f"Did this call take effect? {call.tool_name} was sent with idempotency "
+                    f"key {call.idempotency_key} before a crash; {what}. Answer took_effect, "
+                    "not_taken (the model is told) or send_again."
+                )
+            else:
+                reason = f"{what[0].upper()}{what[1:]}.{SEND_ANYWAY}"
+            rechecked.to_review.append((call, reason))
+        elif result.holds is False:
+            message = f"this call was not run: {what}. Work from the current state."
+            rechecked.outcomes[call.pk] = ToolOutcome(
+                status=ToolCallStatus.REJECTED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.REJECTED, message),
+                extra={"precheck": True},
+            )
+    return rechecked

@@ -1,14 +1,24 @@
-"""What a step ran against (agent config, tools, model), and how to say what changed.
+"""What a step ran against, and how far the world moved since (runtime-mechanisms 4.3).
 
-A checkpoint stores this environment and its fingerprint. When a forked or
-resumed run continues, or a run continues after a long pause, the next model
-step compares it with the current one and tells the model what changed.
+Two parts, both kept in checkpoints:
+
+- the environment (agent config, tools, model) with its fingerprint, recorded when
+  it changes;
+- what the model saw besides (`Seen`): the dialogue's intent and slots, the degradation
+  level, the services whose circuit is open, the budgets left; every model step records it.
+
+When a forked, resumed or recovered run continues, or a run continues after a long pause,
+the current values are compared with the recorded ones (`drift`). Each change weighs
+something (`WEIGHTS`); past `ENV_DRIFT_THRESHOLD` the model is told what changed and asked
+to re-plan before any side effect. A distance rather than "any change": a budget that
+went from 81 % to 79 % left, or one slot the user just filled, is no reason to re-plan.
 """
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypedDict
 
 from sessions.models import Agent
 from tools.execution import ToolSnapshot
@@ -60,20 +70,144 @@ def fingerprint(env: dict[str, Any]) -> str:
     return env.fingerprint if isinstance(env, Environment) else _digest(env)
 
 
+class Seen(TypedDict, total=False):
+    """What the model saw of its situation at a step, as a checkpoint records it."""
+
+    intent: str | None
+    slots: dict[str, Any]
+    degradation: int
+    degraded: list[str]  # "tool refund: unavailable (circuit open)", ...
+    # Per budget with a limit, the share left in percent, rounded down to BUDGET_STEP
+    # (a checkpoint need not follow every token).
+    budgets: dict[str, int]
+
+
+BUDGET_STEP = 10
+
+# What each change weighs in the drift distance. A change of what the agent is or can do
+# (its configuration, a tool, the model) is always worth a note; a change of the
+# situation it works in adds up.
+WEIGHTS: dict[str, float] = {
+    "agent": 1.0,
+    "tool": 1.0,
+    "model": 1.0,
+    "intent": 0.5,
+    "slot": 0.5,
+    "degradation": 0.5,  # per level
+    "degraded": 0.5,  # per service that failed or came back
+    "budget": 0.5,  # per 25 points of a budget's share left
+}
+BUDGET_POINTS = 25
+VALUE_MAX_CHARS = 60
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What changed since a recorded step, each change with its weight."""
+
+    changes: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def distance(self) -> float:
+        return sum(weight for _, weight in self.changes)
+
+    def above(self, threshold: float) -> bool:
+        return bool(self.changes) and self.distance >= threshold
+
+    @property
+    def texts(self) -> list[str]:
+        return [text for text, _ in self.changes]
+
+
 def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    changes: list[str] = []
+    return [text for text, _ in _environment_changes(before, now)]
+
+
+def _environment_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, float]]:
+    changes: list[tuple[str, float]] = []
     if before.get("agent") != now.get("agent"):
-        changes.append("the agent's instructions or configuration were changed")
+        changes.append(("the agent's instructions or configuration were changed", WEIGHTS["agent"]))
     old_tools, new_tools = before.get("tools") or {}, now.get("tools") or {}
     added = sorted(set(new_tools) - set(old_tools))
     removed = sorted(set(old_tools) - set(new_tools))
     changed = sorted(n for n in set(old_tools) & set(new_tools) if old_tools[n] != new_tools[n])
+    tool = WEIGHTS["tool"]
     if added:
-        changes.append(f"tools now available: {', '.join(added)}")
+        changes.append((f"tools now available: {', '.join(added)}", tool * len(added)))
     if removed:
-        changes.append(f"tools no longer available: {', '.join(removed)}")
+        changes.append((f"tools no longer available: {', '.join(removed)}", tool * len(removed)))
     if changed:
-        changes.append(f"tools whose definition changed: {', '.join(changed)}")
+        changes.append(
+            (f"tools whose definition changed: {', '.join(changed)}", tool * len(changed))
+        )
     if before.get("model") and now.get("model") and before["model"] != now["model"]:
-        changes.append(f"the model changed from {before['model']} to {now['model']}")
+        changes.append(
+            (f"the model changed from {before['model']} to {now['model']}", WEIGHTS["model"])
+        )
     return changes
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= VALUE_MAX_CHARS else text[: VALUE_MAX_CHARS - 1] + "…"
+
+
+def _seen_changes(before: Seen, now: Seen) -> list[tuple[str, float]]:
+    """Only what both sides recorded is compared (a tool step does not read the budgets)."""
+    changes: list[tuple[str, float]] = []
+    if "intent" in before and "intent" in now and before["intent"] != now["intent"]:
+        was = f" (was {_shown(before['intent'])})" if before["intent"] else ""
+        changes.append(
+            (f"the user's intent is now {_shown(now['intent'])}{was}", WEIGHTS["intent"])
+        )
+    if "slots" in before and "slots" in now:
+        old, new = before["slots"] or {}, now["slots"] or {}
+        for slot in sorted(set(old) | set(new)):
+            if slot not in new:
+                text = f"{slot} is no longer set (was {_shown(old[slot])})"
+            elif slot not in old:
+                text = f"{slot} is now {_shown(new[slot])}"
+            elif old[slot] != new[slot]:
+                text = f"{slot} is now {_shown(new[slot])} (was {_shown(old[slot])})"
+            else:
+                continue
+            changes.append((text, WEIGHTS["slot"]))
+    if "degradation" in before and "degradation" in now:
+        levels = abs(now["degradation"] - before["degradation"])
+        if levels:
+            changes.append(
+                (
+                    f"the service's degradation level went from {before['degradation']} "
+                    f"to {now['degradation']}",
+                    WEIGHTS["degradation"] * levels,
+                )
+            )
+    if "degraded" in before and "degraded" in now:
+        old_set, new_set = set(before["degraded"]), set(now["degraded"])
+        for item in sorted(new_set - old_set):
+            changes.append((item, WEIGHTS["degraded"]))
+        for item in sorted(old_set - new_set):
+            service = item.split(":", 1)[0]
+            changes.append((f"{service}: available again", WEIGHTS["degraded"]))
+    if "budgets" in before and "budgets" in now:
+        for label in sorted(set(before["budgets"]) & set(now["budgets"])):
+            earlier, left = before["budgets"][label], now["budgets"][label]
+            steps = abs(left - earlier) // BUDGET_POINTS
+            if steps:
+                changes.append(
+                    (f"budget {label}: {left} % left (was {earlier} %)", WEIGHTS["budget"] * steps)
+                )
+    return changes
+
+
+def drift(
+    before_env: dict[str, Any] | None,
+    now_env: dict[str, Any],
+    before_seen: Seen | None,
+    now_seen: Seen | None,
+) -> Drift:
+    """The changes between a recorded step and now, each weighed (`WEIGHTS`)."""
+    changes = _environment_changes(before_env, now_env) if before_env else []
+    if before_seen is not None and now_seen is not None:
+        changes += _seen_changes(before_seen, now_seen)
+    return Drift(changes)

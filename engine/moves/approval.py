@@ -8,7 +8,8 @@ effect. The gate that decides which calls wait is engine/gates/approval.py.
   once nothing of the step is pending, back to `tool_wait`, where the gate lets approved
   calls run and turns refused ones into results.
 - `approval_changed`, for a decision withdrawn or changed before its call started.
-- `recovery_reviews_open`: an uncertain call no probe could settle goes to a person.
+- `recovery_reviews_open`: an uncertain call no probe could settle, or a call whose
+  business precheck failed after a recovery or a pause, goes to a person.
 """
 
 from django.db import transaction
@@ -114,8 +115,14 @@ def recovery_reviews_open(
     owner: str,
     uncertain: list[tuple[ToolCall, str]],
     tools: dict[str, ToolSnapshot],
+    *,
+    revalidated: bool = False,
 ) -> None:
-    """Ask a person whether each call took effect (-> awaiting_approval), in one commit."""
+    """Ask a person about each call, with why (-> awaiting_approval), in one commit: did
+    an uncertain call take effect, or may a call whose precondition failed be sent?
+
+    `revalidated`: the step ran a recovery's business prechecks; `resume_check` is spent
+    (engine/moves/turn.py `tool_results`)."""
     now = timezone.now()
     reviews = [
         approval_request(
@@ -126,16 +133,12 @@ def recovery_reviews_open(
             call_position=call.position,
             tool=tools[call.tool_name],
             arguments=call.input,
-            reason=(
-                f"Did this call take effect? {call.tool_name} was sent with idempotency key "
-                f"{call.idempotency_key} before a crash; it cannot safely be sent again and "
-                f"the probe said: {said}."
-            ),
+            reason=reason,
             now=now,
             risk_level=call.risk_level,
             kind=ApprovalKind.RECOVERY_REVIEW,
         )
-        for call, said in uncertain
+        for call, reason in uncertain
     ]
     with transaction.atomic():
         approvals_insert(approvals=reviews)
@@ -145,12 +148,13 @@ def recovery_reviews_open(
                 owner,
                 trigger=Trigger.APPROVAL_NEEDED,
                 phase="recovery_review",
-                reason="did it take effect? " + ", ".join(c.tool_name for c, _ in uncertain),
+                reason="a person decides: " + ", ".join(c.tool_name for c, _ in uncertain),
                 events=[requested_event(a) for a in reviews],
+                set_fields={"resume_check": False} if revalidated else None,
                 checkpoint={
                     "reviews": [
-                        [str(a.pk), c.idempotency_key, said]
-                        for a, (c, said) in zip(reviews, uncertain, strict=True)
+                        [str(a.pk), c.idempotency_key, reason]
+                        for a, (c, reason) in zip(reviews, uncertain, strict=True)
                     ]
                 },
             )

@@ -225,11 +225,16 @@ class ModelContext:
     tokens: dict[str, int] | None = None
     # A new summary among the notes replaced the history up to this seq.
     archive_through: int | None = None
+    # What the model saw of its situation (engine/model/environment.py `Seen`): the
+    # reference of the drift check after a pause.
+    seen: dict[str, Any] | None = None
 
     def checkpoint(self) -> dict[str, Any]:
         recorded: dict[str, Any] = {"model": self.model, "deadline": self.deadline}
         if self.tokens is not None:
             recorded["context"] = self.tokens
+        if self.seen is not None:
+            recorded["seen"] = self.seen
         return recorded
 
     def dialogue_fields(self) -> dict[str, Any]:
@@ -452,6 +457,7 @@ def tool_results(
     usage: Usage | None = None,
     handoff: "HandoffTo | None" = None,
     client: "ClientWait | None" = None,
+    revalidated: bool = False,
 ) -> None:
     """Commit the calls' results, their tool messages and events, and move on to
     the model (-> tool_loop -> processing, both moves in this one commit); a
@@ -465,6 +471,10 @@ def tool_results(
     are kept), where the run loop carries the cancel out. Calls an operator ran by
     hand end the turn again (-> tool_loop -> finished, stop reason `operator`): the
     model decides only once they hand the session back.
+
+    `revalidated`: the step ran the business prechecks of a recovery
+    (engine/gates/revalidation.py): `resume_check` is spent, so the next model step does
+    not check again the calls just sent (their check would now find them done).
     """
     finished_at = timezone.now()
     messages: list[Message] = []
@@ -498,6 +508,8 @@ def tool_results(
         # The client runs them: the turn waits for its results, as for the user's answer.
         trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": client.due_at, "timer_note": ""}
         events.append(client.event(session.turn))
+    if revalidated:
+        set_fields["resume_check"] = False
     if handoff is not None and trigger == Trigger.TOOL_RESULTS:
         # Another agent decides from the next step on, with the history as it is.
         trigger = Trigger.HANDOFF

@@ -180,6 +180,7 @@ class ModelPlan:
             tokens=self.tokens,
             archive_through=self.archive_through,
             dialogue_state=self.added.dialogue_state,
+            seen=dict(self.added.seen) if self.added.seen is not None else None,
         )
 
     @property
@@ -194,11 +195,12 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     1. Read the agent, its endpoints and tools fresh (the run cache validates them by
        their stamp): edits in the admin or by apply_config take effect at the next step.
     2. The loop guards and limits: may make the step final (no more tools).
-    3. The contributing gates, in order: what changed in the environment, preconditions
-       after a resume or fork (notes appended to the history), then the context layers
-       (the environment, the dialogue state, the turn's extra_context), and the answer's
-       form when the turn's client asked for one; the client's sampling settings
-       (`turn_options`) go on the request.
+    3. The contributing gates: the context layers (the environment, the dialogue state,
+       the turn's extra_context; what the model sees of its situation), then the notes
+       appended to the history: what changed since a pause, a resume, a fork or a crash
+       recovery when it changed enough (the drift, against the layers just made),
+       preconditions checked again; and the answer's form when the turn's client asked
+       for one; the client's sampling settings (`turn_options`) go on the request.
     4. Assemble within the context budget; past the summary watermark, summarise the
        oldest third first (engine/model/summaries.py).
     5. The budget gate's degradation: a degraded step goes to a cheaper model, whose
@@ -212,17 +214,17 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     env = runtime.environment(session.role)
     history = run.history(session)
     memory_block = run.memory_block(session, agent, history)
+    read = gate_read(session, agent, run.figures)
+    # The layers first: the drift check compares what the model is about to see.
+    layers = context_layers(session, agent, history, read, tools)
     notes = Contribution.join(
-        environment_note(session, env),
+        environment_note(session, env, layers.seen, history),
         revalidation(session, history, tools),
         calls_note(session, history, lambda: run.turn_calls(session)),
     )
     history.extend(notes.notes)
-    read = gate_read(session, agent, run.figures)
     options = turn_options(history, session.turn)
-    added = Contribution.join(
-        notes, context_layers(session, agent, history, read, tools), answer_format_block(options)
-    )
+    added = Contribution.join(notes, layers, answer_format_block(options))
     assembly, summary = fitted_context(
         session,
         agent,

@@ -3,9 +3,15 @@
 Side-effecting calls are marked dispatched (committed) just before they are
 sent. A call found still executing and dispatched after a crash is uncertain:
 the tool's probe is asked with the idempotency key; if it took effect its
-result is used, if not (or the probe cannot tell and the tool is idempotent)
-it is sent again with the same key; for a tool that is not idempotent a
-person is asked instead of guessing (a recovery review in the approvals queue).
+result is used; if it cannot tell, it is asked again later (bounded); if not
+(or the probe still cannot tell and the tool is idempotent) it is sent again
+with the same key; for a tool that is not idempotent a person is asked instead
+of guessing (a recovery review in the approvals queue).
+
+Calls that may be stale (after a crash recovery, a long pause, or an uncertain call
+about to be sent again) are not sent on a picture that moved: past the drift
+threshold a side-effecting call goes back to the model, and a call whose business
+precheck fails goes to a person (engine/gates/environment.py, revalidation.py).
 """
 
 import logging
@@ -13,14 +19,16 @@ import logging
 from django.db import connection
 
 from engine.gates.approval import approval_gate, review_outcomes
-from engine.gates.budget import FiguresKeeper
+from engine.gates.budget import FiguresKeeper, StepDeferred
 from engine.gates.children import ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
+from engine.gates.environment import drift_hold
 from engine.gates.handoff import handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import questions_of
 from engine.gates.recovery import recovery_probe
+from engine.gates.revalidation import pending_prechecks
 from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
@@ -85,7 +93,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     2. The gates, in order; each settles some calls (their outcomes: they do not run)
        or makes the step wait (the move that pauses it, then return): approvals (wait
        for a person, or a refusal), cached results of identical read-only calls,
-       recovery reviews and probes of calls dispatched before a crash, degradation
+       recovery reviews and probes of calls dispatched before a crash (a probe that
+       cannot tell defers the step), the drift and the business prechecks of calls
+       that may be stale (a failed check waits for a person), degradation
        and per-tool rate limits, `ask_user` questions (left open), memory tools (run
        here), credits (reserved, or refused).
     3. Before sending: the pre-run recovery checkpoint and the dispatched marks
@@ -147,9 +157,30 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     recovered = recovery_probe(
         [c for c in calls if c.pk not in outcomes and c.pk not in reviewed.resend], tools
     )
+    if recovered.retry_after_s is not None:
+        # A probe could not tell yet: ask again later; the wait lives in the lease's
+        # expiry (the sweeper's), no worker holds it.
+        raise StepDeferred(recovered.retry_after_s)
     outcomes.update(recovered.outcomes)
-    if recovered.to_review:
-        recovery_reviews_open(session, owner, recovered.to_review, tools)
+    env = runtime.environment(session.role)
+    # What a person already decided to send is sent; the rest may be stale after a
+    # crash recovery or a long pause: the drift, then the business prechecks.
+    reviewing = {c.pk for c, _ in recovered.to_review}
+    unsettled = [
+        c
+        for c in calls
+        if c.pk not in outcomes and c.pk not in reviewed.resend and c.pk not in reviewing
+    ]
+    held = drift_hold(session, agent, unsettled, tools, env)
+    outcomes.update(held)
+    rechecked = pending_prechecks(session, [c for c in unsettled if c.pk not in outcomes], tools)
+    outcomes.update(rechecked.outcomes)
+    to_review = recovered.to_review + rechecked.to_review
+    if to_review:
+        # The calls held for the drift are only settled by the results' commit: until
+        # then the recovery's resume_check must keep holding them.
+        spent = rechecked.checked and not held
+        recovery_reviews_open(session, owner, to_review, tools, revalidated=spent)
         return
 
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
@@ -180,7 +211,6 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         owner,
         [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects],
     )
-    env = runtime.environment(session.role)
     connection.close()
 
     invocations = [_invocation(c, workflow) for c in to_run]
@@ -210,6 +240,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         stop_note=stop.content if stop else "",
         ask=questions[0] if questions else None,
         client=client,
+        revalidated=rechecked.checked,
     )
 
 

@@ -45,8 +45,11 @@ def worker_identity() -> str:
 
 
 # SQL names from model metadata (constants); every value is a bound parameter.
+# Taking over a lease that lapsed in another owner's hands (a worker that died before the
+# sweeper came by) is a crash recovery, as the sweeper's requeue is: `resume_check`.
 _ACQUIRE = f"""UPDATE {_TABLE}
-       SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s)
+       SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s),
+           resume_check = resume_check OR (lease_owner IS NOT NULL AND lease_owner <> %s)
      WHERE id = %s
        AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
        AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))"""  # nosec B608
@@ -55,7 +58,9 @@ _ACQUIRE = f"""UPDATE {_TABLE}
 def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool:
     """Take the lease if it is free, expired or already ours, and there is work."""
     with connection.cursor() as cursor:
-        cursor.execute(_ACQUIRE, [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN])
+        cursor.execute(
+            _ACQUIRE, [owner, seconds, owner, session_id, owner, _RUNNABLE, _STARTS_TURN]
+        )
         return cursor.rowcount == 1
 
 
@@ -70,7 +75,7 @@ def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session
         [
             (
                 f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}, {_TURN_HAS_CALLS}",
-                [owner, seconds, session_id, owner, _RUNNABLE, _STARTS_TURN],
+                [owner, seconds, owner, session_id, owner, _RUNNABLE, _STARTS_TURN],
             )
         ],
         prepare=True,

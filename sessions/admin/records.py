@@ -145,6 +145,7 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "idempotency_key",
         "dispatched_at",
         "probe_outcome",
+        "probes",
         "created_at",
         "finished_at",
     )

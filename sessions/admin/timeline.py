@@ -215,7 +215,9 @@ def approval_items(
     items: list[TimelineItem] = []
     for a in rows[:TIMELINE_LIMIT]:
         url = reverse("admin:approvals_approval_change", args=[a.pk])
-        what = "review: did it take effect?" if a.kind == "recovery_review" else "approval"
+        # A recovery review asks whether an uncertain call took effect, or whether a call
+        # whose precheck failed is sent: its reason says which.
+        what = "recovery review" if a.kind == "recovery_review" else "approval"
         detail = pretty_json(
             {"arguments": a.arguments, "edited_arguments": a.edited_arguments, "reason": a.reason}
             if content

@@ -50,6 +50,9 @@ def sessions_sweep_scheduled() -> list[str]:
 def sessions_sweep() -> list[str]:
     """Requeue runs whose lease ran out and queued turns nobody runs; wake due timers.
 
+    A run whose worker died is marked `resume_check`: its next step runs the business
+    prechecks and the drift check (engine/gates/revalidation.py, environment.py).
+
     Claiming a session here pushes its lease expiry one pickup grace ahead, so
     a sweep every half second does not enqueue the same session each time.
     """
@@ -60,8 +63,13 @@ def sessions_sweep() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
+            # A lease that lapsed with its owner still named is a run that died (or
+            # stalled past its lease) mid-step: its successor checks the business rules
+            # and the drift again before going on (`resume_check`). A run that stepped
+            # aside gave its lease back (owner NULL) and is not a recovery.
             f"""UPDATE {Session._meta.db_table}
-                   SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s)
+                   SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s),
+                       resume_check = resume_check OR lease_owner IS NOT NULL
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
              RETURNING id, value""",  # nosec B608

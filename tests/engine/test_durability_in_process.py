@@ -153,8 +153,21 @@ def _crash_after_dispatch(session: Session, *, dispatched: bool = True) -> ToolC
     return call
 
 
-def _recover(session: Session) -> Session:
-    result = session_run(session_id=session.pk)
+def _recover(session: Session, waits: list[float] | None = None) -> Session:
+    """Run the session as a replacement worker would, through the waits of probes that
+    could not tell (each a deferred step: the lease lapses later, the sweeper requeues);
+    `waits` gets each wait's length in seconds."""
+    while True:
+        result = session_run(session_id=session.pk)
+        if result.stopped != "deferred":
+            break
+        row = Session.objects.get(pk=session.pk)
+        assert row.lease_owner is None and row.state == "tool_wait"
+        if waits is not None:
+            waits.append(round((_when(row.lease_expires_at) - timezone.now()).total_seconds()))
+        Session.objects.filter(pk=session.pk).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
     assert result.stopped == "idle", result
     return Session.objects.get(pk=session.pk)
 
@@ -277,20 +290,64 @@ def test_an_idempotent_tool_whose_probe_cannot_tell_is_sent_again_with_the_same_
     make_session, rules_model, probe
 ):
     with ScriptedApi() as api:
-        api.script(*([CANNOT_TELL] if probe else []), SENT)
+        api.script(*([CANNOT_TELL] * 3 if probe else []), SENT)
         tool = _http_tool(api, idempotent=True, probe=probe)
         session = _session(make_session, _agent_with(tool, rules_model))
         call = _crash_after_dispatch(session)
 
-        session = _recover(session)
+        waits: list[float] = []
+        session = _recover(session, waits)
 
         posts = [
             (r.path, r.headers.get("idempotency-key")) for r in api.requests if r.method == "POST"
         ]
+        probes = [r for r in api.requests if r.method == "GET"]
     assert posts == [("/pay", call.idempotency_key)]
+    # A probe that cannot tell is asked again, backing off (5 s, then 10 s); no probe at
+    # all has nothing to ask again.
+    assert (len(probes), waits) == ((3, [5, 10]) if probe else (0, []))
     call.refresh_from_db()
-    assert (call.status, call.probe_outcome) == ("success", "unknown")
+    assert (call.status, call.probe_outcome, call.probes) == (
+        "success",
+        "unknown",
+        3 if probe else 0,
+    )
     assert session.state == "finished"
+
+
+SAYS_UNKNOWN = Answer(200, {"status": "unknown"})
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
+def test_a_probe_answering_unknown_is_asked_again_and_never_read_as_not_done(
+    make_session, rules_model, idempotent
+):
+    """`{"status": "unknown"}` is the service saying it cannot tell yet, not "no": the
+    probe is asked again after a backoff, then the call is not re-sent blindly. A call
+    that is not idempotent goes to a person; an idempotent one goes again with its key."""
+    with ScriptedApi() as api:
+        api.script(*[SAYS_UNKNOWN] * 2, DONE if idempotent else SAYS_UNKNOWN, SENT)
+        tool = _http_tool(api, idempotent=idempotent)
+        session = _session(make_session, _agent_with(tool, rules_model))
+        call = _crash_after_dispatch(session)
+
+        waits: list[float] = []
+        session = _recover(session, waits)
+
+        seen = [r.method for r in api.requests]
+    assert waits == [5, 10]
+    call.refresh_from_db()
+    if idempotent:
+        # The third probe found the effect: settled with its result, never sent again.
+        assert seen == ["GET", "GET", "GET"]
+        assert (call.status, call.probe_outcome, call.probes) == ("success", "done", 2)
+        assert session.state == "finished"
+    else:
+        assert seen == ["GET", "GET", "GET"]  # three probes, no POST
+        assert (call.status, call.probe_outcome, call.probes) == ("executing", "unknown", 3)
+        review = Approval.objects.get(session=session)
+        assert "could not tell after 3 probes (the status URL answered: unknown)" in review.reason
+        assert session.state == "awaiting_approval"
 
 
 @pytest.mark.parametrize("probe", [True, False], ids=["probe-fails", "no-probe"])
@@ -298,15 +355,17 @@ def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_goes_to_a_person(
     make_session, rules_model, probe
 ):
     with ScriptedApi() as api:
-        api.script(*([CANNOT_TELL] if probe else []))
+        api.script(*([CANNOT_TELL] * 3 if probe else []))
         tool = _http_tool(api, idempotent=False, probe=probe)
         session = _session(make_session, _agent_with(tool, rules_model))
         call = _crash_after_dispatch(session)
 
-        session = _recover(session)
+        waits: list[float] = []
+        session = _recover(session, waits)
 
         posts = [r for r in api.requests if r.method == "POST"]
     assert posts == []  # never re-sent blindly
+    assert waits == ([5, 10] if probe else [])
     assert (session.state, session.lease_owner) == ("awaiting_approval", None)
     review = Approval.objects.get(session=session)
     assert (review.kind, review.status, review.tool_call_id) == (
@@ -315,7 +374,9 @@ def test_a_tool_that_is_not_idempotent_and_cannot_be_probed_goes_to_a_person(
         call.pk,
     )
     assert call.idempotency_key in review.reason and "take effect" in review.reason
-    assert ("HTTP 503" if probe else "has no probe") in review.reason
+    assert (
+        "could not tell after 3 probes (status URL answered HTTP 503)" if probe else "has no probe"
+    ) in review.reason
     call.refresh_from_db()
     assert (call.status, call.probe_outcome) == ("executing", "unknown")
     requested = Event.objects.filter(session=session).latest("seq")
@@ -338,7 +399,7 @@ def test_the_reviewers_answer_continues_the_run(
 ):
     reviewer = UserFactory(username="alice")
     with ScriptedApi() as api:
-        api.script(CANNOT_TELL, SENT)
+        api.script(*[CANNOT_TELL] * 3, SENT)
         tool = _http_tool(api, idempotent=False)
         session = _session(make_session, _agent_with(tool, rules_model))
         call = _crash_after_dispatch(session)
