@@ -18,9 +18,9 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from datetime import date
 from decimal import Decimal
+from functools import partial
 from typing import Any, Literal
 from uuid import UUID
 
