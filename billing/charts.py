@@ -81,15 +81,12 @@ def spend_chart(data: SpendSeries) -> SafeString:
             f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" '
             f'stroke="#ddd" stroke-width="1"/>'
             f'<text class="y-label" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end" '
-            f'font-size="13">{escape(amount(tick))}</text>'
+            f'font-size="13">{format(tick, ",.10g")}</text>'
         )
-    # Dates: at most MAX_DATE_LABELS, evenly spaced, the last day always named.
+    # Dates: at most MAX_DATE_LABELS, evenly spaced back from the last day (today).
     every = max(1, math.ceil(len(days) / MAX_DATE_LABELS))
-    for i, day in enumerate(days):
-        if i % every and i != len(days) - 1:
-            continue
-        if i != len(days) - 1 and len(days) - 1 - i < every / 2 and i % every == 0 and i:
-            continue  # too close to the last day's label
+    for i in range(len(days) - 1, -1, -every):
+        day = days[i]
         x = LEFT + slot * (i + 0.5)
         parts.append(
             f'<text class="x-label" x="{x:.1f}" y="{HEIGHT - BOTTOM + 18}" text-anchor="middle" '

@@ -656,41 +656,19 @@ def notices_raise(candidates: Iterable[NoticeCandidate]) -> list[int]:
     """Insert the notices not raised yet in their period; returns the new rows' ids.
 
     1. A crossing this process saw already is skipped (no query).
-    2. INSERT ... ON CONFLICT DO NOTHING on (subject, threshold, period_start): under
-       concurrency exactly one inserter gets the id back.
+    2. `notice_insert`: under concurrency exactly one inserter gets the id back.
     3. The inserter logs it and, after its commit, queues the webhook (if configured)."""
     new: list[int] = []
     for notice in candidates:
         seen_key = (notice.subject, notice.threshold, notice.period_start)
         if seen_key in _seen:
             continue
-        with connection.cursor() as cursor:
-            cursor.execute(
-                # SQL names from model metadata (constants); every value is a bound parameter.
-                f"""INSERT INTO "{SpendNotice._meta.db_table}"
-                        (kind, subject, threshold, period_start, period_end, owner_id, message,
-                         data, created_at, dismissed_by, webhook_status)
-                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), '', '')
-                    ON CONFLICT (subject, threshold, period_start) DO NOTHING
-                    RETURNING id""",  # nosec B608
-                [
-                    notice.kind,
-                    notice.subject[:100],
-                    notice.threshold,
-                    notice.period_start,
-                    notice.period_end,
-                    notice.owner_id,
-                    notice.message[:300],
-                    json.dumps(notice.data, default=str),
-                ],
-            )
-            row = cursor.fetchone()
+        notice_id = notice_insert(notice=notice)
         if len(_seen) > _SEEN_MAX:
             _seen.clear()
         _seen.add(seen_key)
-        if row is None:
+        if notice_id is None:
             continue
-        notice_id = int(row[0])
         new.append(notice_id)
         logger.warning(
             "cost notice: %s",
@@ -700,6 +678,34 @@ def notices_raise(candidates: Iterable[NoticeCandidate]) -> list[int]:
         if settings.COST_NOTICE_WEBHOOK_URL:
             transaction.on_commit(partial(_webhook_enqueue, notice_id))
     return new
+
+
+def notice_insert(*, notice: NoticeCandidate) -> int | None:
+    """One INSERT ... ON CONFLICT DO NOTHING on (subject, threshold, period_start): the new
+    row's id, or None if the notice of this threshold and period exists (race-safe: the
+    unique index decides, not a read before the write)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""INSERT INTO "{SpendNotice._meta.db_table}"
+                    (kind, subject, threshold, period_start, period_end, owner_id, message,
+                     data, created_at, dismissed_by, webhook_status)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), '', '')
+                ON CONFLICT (subject, threshold, period_start) DO NOTHING
+                RETURNING id""",  # nosec B608
+            [
+                notice.kind,
+                notice.subject[:100],
+                notice.threshold,
+                notice.period_start,
+                notice.period_end,
+                notice.owner_id,
+                notice.message[:300],
+                json.dumps(notice.data, default=str),
+            ],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
 
 
 def _webhook_enqueue(notice_id: int) -> None:
