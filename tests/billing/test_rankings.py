@@ -17,7 +17,7 @@ from billing.rankings import METRICS, cost_rankings
 from engine import session_run
 from sessions.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
-from tests.factories import AgentFactory, SessionFactory, UserFactory
+from tests.factories import AgentFactory, SessionFactory, UserFactory, api_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,6 +28,8 @@ def _brute_force(key: str) -> dict[str, Decimal]:
         "user": "s.owner_id::text",
         "agent": "s.agent_id::text",
         "day": "((m.created_at AT TIME ZONE %s)::date)::text",
+        "model": "m.endpoint_name",
+        "key": "coalesce(s.api_key_id, 0)::text",
     }[key]
     params = [str(settings.BILLING_TIME_ZONE)] if key == "day" else []
     with connection.cursor() as cursor:
@@ -42,22 +44,32 @@ def _brute_force(key: str) -> dict[str, Decimal]:
 @pytest.fixture
 def usage() -> list[Session]:
     """Real turns for three owners on two priced agents (the engine keeps the rollups)."""
-    endpoint = ModelEndpoint.objects.create(
-        name="priced-rules",
-        api="rules",
-        options={},
-        price_input_per_1k=Decimal("0.5"),
-        price_output_per_1k=Decimal("1.5"),
-    )
+    endpoints = [
+        ModelEndpoint.objects.create(
+            name=f"priced-rules-{i}",
+            api="rules",
+            options={},
+            price_input_per_1k=Decimal("0.5") * (i + 1),
+            price_output_per_1k=Decimal("1.5"),
+        )
+        for i in range(2)
+    ]
     agents = [
-        AgentFactory(slug=f"rank-{i}", model=endpoint, rules=[{"answer": "word " * (5 + 20 * i)}])
+        AgentFactory(
+            slug=f"rank-{i}", model=endpoints[i], rules=[{"answer": "word " * (5 + 20 * i)}]
+        )
         for i in range(2)
     ]
     sessions = []
     for n, name in enumerate(["ann", "bob", "cy"]):
         owner = UserFactory(username=name)
+        # ann's and cy's sessions are opened with a key of theirs, bob's with none.
+        key_id = None
+        if name != "bob":
+            api_key_for(name)
+            key_id = owner.api_keys.get().pk
         for agent in agents[: 1 + n % 2]:
-            session = SessionFactory(owner=owner, agent=agent)
+            session = SessionFactory(owner=owner, agent=agent, api_key_id=key_id)
             for turn in range(n + 1):
                 message_post(session=session, content=f"question {turn} " * (n + 1))
             started = time.monotonic()
@@ -67,7 +79,7 @@ def usage() -> list[Session]:
     return sessions
 
 
-@pytest.mark.parametrize("group", ["user", "agent", "day"])
+@pytest.mark.parametrize("group", ["user", "agent", "day", "model", "key"])
 def test_rankings_equal_a_brute_force_sum_over_the_raw_calls(usage, group) -> None:  # type: ignore[no-untyped-def]
     today = timezone.localdate()
     rows = cost_rankings(group=group, start=today.replace(day=1), end=today, order="-cost")
