@@ -132,7 +132,9 @@ def notice_candidates(
 def _spent_text(budget: Budget, spent: Spent) -> str:
     parts = []
     if budget.cost is not None:
-        parts.append(f"cost {spent.cost.quantize(Decimal('0.0001'))} of {budget.cost}")
+        # 1.000000 (the column's scale) reads as 1.
+        limit = budget.cost.normalize()
+        parts.append(f"cost {spent.cost.quantize(Decimal('0.0001'))} of {limit:f}")
     if budget.tokens is not None:
         parts.append(f"{spent.tokens} of {budget.tokens} tokens")
     return ", ".join(parts)

@@ -121,14 +121,25 @@ def _spend_rankings(
     metric = metric if metric in SPEND_METRICS else "cost"
     direction = "DESC" if descending else "ASC"
     column = {"input_tokens": 2, "output_tokens": 3, "cost": 4, "model_calls": 5}[metric]
+    table = SpendDaily._meta.db_table
+    sums = "sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls)"
+    if group == "key":
+        # As many keys as users: the two passes of the user ranking (the sorted metric
+        # alone for the top keys, then every sum of those through the key's index).
+        sql = f"""WITH top AS (
+                      SELECT {key} AS k FROM "{table}" WHERE day BETWEEN %s AND %s
+                       GROUP BY {key} ORDER BY sum({metric}) {direction}, {key} LIMIT %s)
+                  SELECT {key}, {sums} FROM "{table}"
+                   WHERE day BETWEEN %s AND %s AND {key} IN (SELECT k FROM top)
+                   GROUP BY {key} ORDER BY {column} {direction}, {key}"""  # nosec B608
+        params: list[Any] = [start, end, limit, start, end]
+    else:
+        sql = f"""SELECT {key}, {sums} FROM "{table}" WHERE day BETWEEN %s AND %s
+                   GROUP BY {key} ORDER BY {column} {direction}, {key} LIMIT %s"""  # nosec B608
+        params = [start, end, limit]
     with connection.cursor() as cursor:
-        cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""SELECT {key}, sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls)
-                  FROM "{SpendDaily._meta.db_table}" WHERE day BETWEEN %s AND %s
-                 GROUP BY {key} ORDER BY {column} {direction}, {key} LIMIT %s""",  # nosec B608
-            [start, end, limit],
-        )
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     labels = _labels(group, [r[0] for r in rows])
     return [
