@@ -480,7 +480,13 @@ class SpendNoticeAdmin(TenantScopedAdmin, admin.ModelAdmin):
             return f"dismissed by {obj.dismissed_by}"
         return "open" if obj.period_end > billing_today() else "period over"
 
-    @admin.action(description="Dismiss the selected notices (hide their banner)")
+    def has_dismiss_permission(self, request: HttpRequest) -> bool:
+        # The platform's operators' notices: the banner shows to superusers only.
+        return bool(request.user.is_superuser)
+
+    @admin.action(
+        description="Dismiss the selected notices (hide their banner)", permissions=["dismiss"]
+    )
     def dismiss(self, request: HttpRequest, queryset: Any) -> None:
         dismissed = sum(
             notice_dismiss(notice_id=pk, actor=admin_actor(request))
@@ -500,6 +506,8 @@ class SpendNoticeAdmin(TenantScopedAdmin, admin.ModelAdmin):
 
     def dismiss_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """The banner's "dismiss" button (a POST; a GET changes nothing)."""
+        if not self.has_dismiss_permission(request):
+            raise PermissionDenied
         notice = get_object_or_404(self.get_queryset(request), pk=pk)
         if request.method == "POST":
             notice_dismiss(notice_id=notice.pk, actor=admin_actor(request))

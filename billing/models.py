@@ -255,10 +255,11 @@ class SpendDaily(models.Model):
     commit of its own; striped by session like UsageDaily. `api_key_id` 0: no key (the
     session was opened by the admin, a command or a workflow)."""
 
-    day = models.DateField()
+    # No index of its own: spend_daily_key leads with it.
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
     )
+    day = models.DateField()
     agent_id = models.BigIntegerField()
     endpoint = models.CharField(max_length=100)
     # A plain id, not a foreign key: billing never imports accounts, and a revoked or
@@ -275,12 +276,14 @@ class SpendDaily(models.Model):
         verbose_name_plural = "spend per day"
         constraints = [
             models.UniqueConstraint(
-                fields=["day", "owner", "agent_id", "endpoint", "api_key_id", "shard"],
+                fields=["owner", "day", "agent_id", "endpoint", "api_key_id", "shard"],
                 name="spend_daily_key",
             )
         ]
         indexes = [
-            # A key's budget sums its days of the period.
+            # The cost page's period: the series by model and the ranking of endpoints.
+            models.Index(fields=["day", "endpoint"], name="spend_daily_day_endpoint"),
+            # A key's budget sums its days of the period; the key ranking's second pass.
             models.Index(fields=["api_key_id", "day"], name="spend_daily_key_day"),
         ]
 

@@ -554,7 +554,7 @@ def spend_statement(
                                   input_tokens, output_tokens, cost, model_calls)
             SELECT {_TODAY}, %s, %s, %s, {_SHARD}, v.endpoint, v.i, v.o, v.c, v.n
               FROM (VALUES {values}) AS v(endpoint, i, o, c, n){where}
-            ON CONFLICT (day, owner_id, agent_id, endpoint, api_key_id, shard) DO UPDATE SET
+            ON CONFLICT (owner_id, day, agent_id, endpoint, api_key_id, shard) DO UPDATE SET
                 input_tokens = {_SPEND}.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = {_SPEND}.output_tokens + EXCLUDED.output_tokens,
                 cost = {_SPEND}.cost + EXCLUDED.cost,

@@ -99,9 +99,9 @@ def test_the_cost_page_draws_spend_per_day_at_full_width_with_its_notices(live_s
         # The full width of the content at 1,400 px, not a third of it.
         box = chart.bounding_box()
         assert box is not None and box["width"] > 1200, box
-        labels = chart.locator("text.x-label").all_inner_texts()
+        labels = chart.locator("text.x-label").all_text_contents()
         assert 5 <= len(labels) <= 15
-        assert "total" in chart.locator("text.chart-total").inner_text()
+        assert "total" in chart.locator("text.chart-total").text_content()
         width = page.evaluate("[document.body.scrollWidth, window.innerWidth]")
         assert width[0] <= width[1], width
         # The key's row links to its sessions.
