@@ -712,7 +712,10 @@ def _webhook_enqueue(notice_id: int) -> None:
     # Imported here: the task module imports this one.
     from .tasks import notice_webhook_send  # noqa: PLC0415
 
-    notice_webhook_send.delay(notice_id)
+    try:
+        notice_webhook_send.delay(notice_id)
+    except Exception:  # noqa: BLE001 - the broker down must not fail a step; the row and the banner stay
+        logger.warning("cost notice %s: could not enqueue its webhook", notice_id, exc_info=True)
 
 
 def notices_seen_reset() -> None:
