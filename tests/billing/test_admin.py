@@ -18,6 +18,7 @@ from tests.factories import (
     UsageDailyFactory,
     UserFactory,
     api_key_for,
+    permissions,
 )
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +135,17 @@ def test_a_key_budget_is_saved_with_the_keys_owner_and_audited(admin_client) -> 
     budget = KeyBudget.objects.get(api_key=key)
     assert budget.owner_id == owner.pk and budget.cost == Decimal("12.5")
     assert AuditEntry.objects.filter(object_type="billing.keybudget", action="admin.add").exists()
+
+
+def test_a_staff_user_cannot_budget_another_tenants_key(client) -> None:  # type: ignore[no-untyped-def]
+    api_key_for("dave")
+    theirs = UserFactory._meta.model.objects.get(username="dave").api_keys.get()
+    staff = StaffUserFactory(username="erin")
+    staff.user_permissions.set(permissions("billing.add_keybudget", "billing.view_keybudget"))
+    client.force_login(staff)
+    response = client.post(
+        "/admin/billing/keybudget/add/", {"api_key": theirs.pk, "period": "day", "tokens": "5"}
+    )
+    assert response.status_code == 200  # the form again, with an error on the key
+    assert "api_key" in response.context["adminform"].form.errors
+    assert not KeyBudget.objects.exists()
