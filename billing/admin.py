@@ -439,6 +439,13 @@ class KeyBudgetAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     fields = ("api_key", "period", "tokens", "cost")
     raw_id_fields = ("api_key",)
 
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "api_key":
+            # A staff user budgets their own tenant's keys only (superusers: every key).
+            keys = db_field.remote_field.model.objects.all()
+            kwargs["queryset"] = tenant_scope(keys, request.user, "owner")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def save_model(self, request: HttpRequest, obj: KeyBudget, form: Any, change: bool) -> None:
         # The owner is the key's: the gate finds watched owners without a join.
         obj.owner_id = obj.api_key.owner_id
@@ -462,6 +469,7 @@ class SpendNoticeAdmin(TenantScopedAdmin, admin.ModelAdmin):
     )
     list_filter = ("kind", "threshold", "period_start")
     search_fields = ("message", "subject")
+    ordering = ("-created_at",)
     readonly_fields = [f.name for f in SpendNotice._meta.fields]
     actions = ["dismiss"]
 
