@@ -201,6 +201,15 @@ CREDITS_WAIT_RETRY_S = env.float("CREDITS_WAIT_RETRY_S", default=0.5)
 # covers a lost wake-up). How deep they nest is each agent's `max_depth`.
 CHILDREN_RECHECK_S = env.float("CHILDREN_RECHECK_S", default=300.0)
 BILLING_TIME_ZONE = env.str("BILLING_TIME_ZONE", default="UTC")
+# Cost notices (billing/notices.py): a budget of a day or a month reaching one of these
+# percentages of its limit, or a balance under its low-water mark, shows a banner on every
+# admin page and is POSTed to COST_NOTICE_WEBHOOK_URL (signed like the approvals webhook
+# when COST_NOTICE_WEBHOOK_SECRET is set), once per threshold and period.
+COST_NOTICE_THRESHOLDS = env.list("COST_NOTICE_THRESHOLDS", cast=int, default=[80, 100])
+COST_NOTICE_WEBHOOK_URL = env.str("COST_NOTICE_WEBHOOK_URL", default="")
+COST_NOTICE_WEBHOOK_SECRET = env.str("COST_NOTICE_WEBHOOK_SECRET", default="")
+COST_NOTICE_WEBHOOK_RETRIES = env.int("COST_NOTICE_WEBHOOK_RETRIES", default=8)
+COST_NOTICE_WEBHOOK_TIMEOUT_S = env.float("COST_NOTICE_WEBHOOK_TIMEOUT_S", default=10.0)
 
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
 # worker's sessions be taken over within ~3 s (lease + one sweeper period).

@@ -1,5 +1,6 @@
-"""The billing pages of the admin: cost rankings (table, chart, CSV), credit accounts with
-their ledger and grant/adjust actions, and owner budgets.
+"""The billing pages of the admin: the cost page (spend per day as a stacked chart by
+model or agent, and rankings as a table, a chart and CSV), credit accounts with their
+ledger and grant/adjust actions, owner and API key budgets, and cost notices.
 
 Pages read through billing/rankings.py and write through billing/services.py only.
 """
@@ -7,6 +8,7 @@ Pages read through billing/rankings.py and write through billing/services.py onl
 import csv
 from datetime import date, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -15,18 +17,38 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
 from accounts.tenancy import TenantScopedAdmin, tenant_scope
+from audit.edits import AuditedAdmin, admin_actor
 
-from .models import CreditAccount, CreditLedger, OwnerBudget, UsageDaily
-from .rankings import GROUPS, METRICS, RankRow, cost_rankings, degradation_levels
-from .services import CreditError, account_settings_update, credits_adjust, credits_grant
+from .charts import spend_chart
+from .models import (
+    CreditAccount,
+    CreditLedger,
+    KeyBudget,
+    OwnerBudget,
+    SpendNotice,
+    UsageDaily,
+)
+from .notices import billing_today
+from .rankings import GROUPS, METRICS, SPEND_GROUPS, RankRow, cost_rankings, degradation_levels
+from .series import RANGES, STACKS, spend_series
+from .services import (
+    CreditError,
+    account_settings_update,
+    credits_adjust,
+    credits_grant,
+    notice_dismiss,
+)
 
 CHART_BARS = 20
 CSV_LIMIT = 10_000
+# The time series draws at most this many days (a longer custom period: its last days).
+SERIES_MAX_DAYS = 366
+DEFAULT_RANGE = 30
 
 
 class PeriodForm(forms.Form):
@@ -34,6 +56,28 @@ class PeriodForm(forms.Form):
     start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     o = forms.CharField(required=False)
+    days = forms.TypedChoiceField(
+        choices=[(str(n), str(n)) for n in RANGES], coerce=int, required=False, empty_value=None
+    )
+    stack = forms.ChoiceField(choices=[(s, s) for s in STACKS], required=False)
+
+
+def ranked_link(group: str, key: str) -> str:
+    """Where a ranked row leads: a user's or a key's sessions, an agent's sessions, an
+    endpoint's model calls, a session's page; '' for a day or sessions opened without a key."""
+    sessions = reverse("admin:agent_sessions_session_changelist")
+    if group == "user":
+        return f"{sessions}?{urlencode({'owner__id__exact': key})}"
+    if group == "agent":
+        return f"{sessions}?{urlencode({'agent__id__exact': key})}"
+    if group == "key":
+        return f"{sessions}?{urlencode({'api_key_id': key})}" if key != "0" else ""
+    if group == "model":
+        calls = reverse("admin:agent_sessions_modelcall_changelist")
+        return f"{calls}?{urlencode({'endpoint_name': key})}"
+    if group == "session":
+        return reverse("admin:agent_sessions_session_change", args=[key])
+    return ""
 
 
 def bar_chart(rows: list[RankRow], metric: str) -> SafeString:
@@ -41,17 +85,18 @@ def bar_chart(rows: list[RankRow], metric: str) -> SafeString:
     rows = rows[:CHART_BARS]
     values = [float(r.value(metric) or 0) for r in rows]
     top = max(values, default=0) or 1.0
-    height, width, label_w = 18, 640, 220
+    # Drawn 1300 wide and scaled to the page's width (viewBox): about 1:1 at 1,400 px.
+    height, width, label_w = 20, 1300, 280
     bars = format_html_join(
         "",
-        '<g transform="translate(0,{})"><text x="{}" y="13" text-anchor="end" font-size="11">{}</text>'
-        '<rect x="{}" y="2" height="14" width="{}" fill="#417690"><title>{}: {}</title></rect>'
-        '<text x="{}" y="13" font-size="11">{}</text></g>',
+        '<g transform="translate(0,{})"><text x="{}" y="14" text-anchor="end" font-size="13">{}</text>'
+        '<rect x="{}" y="2" height="15" width="{}" fill="#417690"><title>{}: {}</title></rect>'
+        '<text x="{}" y="14" font-size="13">{}</text></g>',
         (
             (
                 i * height,
                 label_w - 6,
-                row.label[:32],
+                row.label[:40],
                 label_w,
                 round((width - label_w - 80) * value / top, 1),
                 row.label,
@@ -63,8 +108,8 @@ def bar_chart(rows: list[RankRow], metric: str) -> SafeString:
         ),
     )
     return format_html(
-        '<svg role="img" aria-label="{} by {}" width="{}" height="{}" '
-        'xmlns="http://www.w3.org/2000/svg">{}</svg>',
+        '<svg role="img" aria-label="{} by {}" viewBox="0 0 {} {}" width="100%" '
+        'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif">{}</svg>',
         metric,
         "row",
         width,
@@ -97,13 +142,23 @@ class CostRankingsAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         form = PeriodForm(request.GET or None)
-        today = timezone.localdate()
-        group, start, end, order = "user", today - timedelta(days=29), today, "-cost"
+        # The rollups' days are BILLING_TIME_ZONE's.
+        today = billing_today()
+        days, stack = DEFAULT_RANGE, "model"
+        group, order = "user", "-cost"
+        start, end = today - timedelta(days=days - 1), today
         if form.is_valid():
-            group = form.cleaned_data["group"] or group
-            start = form.cleaned_data["start"] or start
-            end = form.cleaned_data["end"] or end
-            order = form.cleaned_data["o"] or order
+            data = form.cleaned_data
+            group = data["group"] or group
+            order = data["o"] or order
+            stack = data["stack"] or stack
+            if data["days"]:
+                days = data["days"]
+                start, end = today - timedelta(days=days - 1), today
+            elif data["start"] or data["end"]:
+                days = 0  # a custom period
+                start = data["start"] or start
+                end = data["end"] or end
         if start > end:
             start, end = end, start
         metric = order.lstrip("-") if order.lstrip("-") in METRICS else "cost"
@@ -112,6 +167,9 @@ class CostRankingsAdmin(admin.ModelAdmin):
             return _csv(rows, group, start, end)
         rows = cost_rankings(group=group, start=start, end=end, order=order, limit=100)
         levels = degradation_levels(group=group, keys=[r.key for r in rows])
+        series = spend_series(
+            stack=stack, start=max(start, end - timedelta(days=SERIES_MAX_DAYS - 1)), end=end
+        )
         query = {"group": group, "start": start.isoformat(), "end": end.isoformat()}
         columns = [
             (
@@ -121,13 +179,35 @@ class CostRankingsAdmin(admin.ModelAdmin):
                 order.startswith("-"),
             )
             for m in METRICS
+            if group not in SPEND_GROUPS or m not in ("tool_calls", "credits_spent")
         ]
+        period = {"start": start.isoformat(), "end": end.isoformat()}
         context = {
             **self.admin_site.each_context(request),
-            "title": "Cost rankings",
+            "title": "Cost",
             "opts": self.model._meta,
             "form": PeriodForm(initial={**query, "o": order}),
-            "rows": [(row, levels.get(row.key)) for row in rows],
+            "rows": [(row, levels.get(row.key), ranked_link(group, row.key)) for row in rows],
+            "spend_groups": group in SPEND_GROUPS,
+            "series_chart": spend_chart(series),
+            "series": series,
+            "stack": stack,
+            "stacks": STACKS,
+            "days": days,
+            "ranges": RANGES,
+            "today": today,
+            # Links that change one choice and keep the others.
+            "range_links": [
+                (n, "?" + urlencode({"days": n, "stack": stack, "group": group, "o": order}))
+                for n in RANGES
+            ],
+            "stack_links": [
+                (s, "?" + urlencode({"stack": s, "group": group, "o": order, **period}))
+                for s in STACKS
+            ],
+            "group_links": [
+                (g, "?" + urlencode({"group": g, "stack": stack, **period})) for g in GROUPS
+            ],
             "levels": group in ("user", "agent"),
             "group": group,
             "groups": GROUPS,
@@ -321,7 +401,7 @@ class CreditAccountAdmin(TenantScopedAdmin, admin.ModelAdmin):
 
 
 @admin.register(OwnerBudget)
-class OwnerBudgetAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class OwnerBudgetAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "owner",
         "turn_tokens",
@@ -330,6 +410,116 @@ class OwnerBudgetAdmin(TenantScopedAdmin, admin.ModelAdmin):
         "session_cost",
         "day_tokens",
         "day_cost",
+        "month_tokens",
+        "month_cost",
     )
     search_fields = ("owner__username",)
     autocomplete_fields = ("owner",)
+    fieldsets = (
+        (None, {"fields": ("owner",)}),
+        (
+            "Per turn and per session (a run's own limits)",
+            {"fields": ("turn_tokens", "turn_cost", "session_tokens", "session_cost")},
+        ),
+        (
+            "Per day and per calendar month (BILLING_TIME_ZONE; a new period starts at zero)",
+            {"fields": ("day_tokens", "day_cost", "month_tokens", "month_cost")},
+        ),
+    )
+
+
+@admin.register(KeyBudget)
+class KeyBudgetAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    """A budget for the sessions one API key opens, per day or calendar month."""
+
+    list_display = ("api_key", "owner", "period", "tokens", "cost", "updated_at")
+    list_filter = ("period",)
+    search_fields = ("api_key__prefix", "api_key__name", "owner__username")
+    list_select_related = ("api_key__owner", "owner")
+    fields = ("api_key", "period", "tokens", "cost")
+    raw_id_fields = ("api_key",)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "api_key":
+            # A staff user budgets their own tenant's keys only (superusers: every key).
+            keys = db_field.remote_field.model.objects.all()
+            kwargs["queryset"] = tenant_scope(keys, request.user, "owner")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request: HttpRequest, obj: KeyBudget, form: Any, change: bool) -> None:
+        # The owner is the key's: the gate finds watched owners without a join.
+        obj.owner_id = obj.api_key.owner_id
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(SpendNotice)
+class SpendNoticeAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    """Cost notices: budgets past a threshold and low balances, newest first. The banner on
+    every admin page shows those not dismissed whose period still runs."""
+
+    list_display = (
+        "created_at",
+        "kind",
+        "message",
+        "threshold",
+        "period_start",
+        "period_end",
+        "state",
+        "webhook_status",
+    )
+    list_filter = ("kind", "threshold", "period_start")
+    search_fields = ("message", "subject")
+    ordering = ("-created_at",)
+    readonly_fields = [f.name for f in SpendNotice._meta.fields]
+    actions = ["dismiss"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="state")
+    def state(self, obj: SpendNotice) -> str:
+        if obj.dismissed_at is not None:
+            return f"dismissed by {obj.dismissed_by}"
+        return "open" if obj.period_end > billing_today() else "period over"
+
+    def has_dismiss_permission(self, request: HttpRequest) -> bool:
+        # The platform's operators' notices: the banner shows to superusers only.
+        return bool(request.user.is_superuser)
+
+    @admin.action(
+        description="Dismiss the selected notices (hide their banner)", permissions=["dismiss"]
+    )
+    def dismiss(self, request: HttpRequest, queryset: Any) -> None:
+        dismissed = sum(
+            notice_dismiss(notice_id=pk, actor=admin_actor(request))
+            for pk in queryset.values_list("pk", flat=True)
+        )
+        messages.success(request, f"{dismissed} notice(s) dismissed.")
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<int:pk>/dismiss/",
+                self.admin_site.admin_view(self.dismiss_view),
+                name="billing_spendnotice_dismiss",
+            ),
+            *super().get_urls(),
+        ]
+
+    def dismiss_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """The banner's "dismiss" button (a POST; a GET changes nothing)."""
+        if not self.has_dismiss_permission(request):
+            raise PermissionDenied
+        notice = get_object_or_404(self.get_queryset(request), pk=pk)
+        if request.method == "POST":
+            notice_dismiss(notice_id=notice.pk, actor=admin_actor(request))
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = reverse("admin:billing_spendnotice_changelist")
+        return HttpResponseRedirect(back)

@@ -177,6 +177,9 @@ class UsageDaily(models.Model):
     shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
+        # The admin's index names the page after what it shows (not "Usage dailys").
+        verbose_name = "cost and usage"
+        verbose_name_plural = "cost and usage"
         constraints = [
             models.UniqueConstraint(
                 fields=["owner", "agent", "day", "shard"], name="usage_daily_key"
@@ -204,6 +207,8 @@ class ToolUsageDaily(models.Model):
     shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
+        verbose_name = "tool usage per day"
+        verbose_name_plural = "tool usage per day"
         constraints = [
             models.UniqueConstraint(
                 fields=["tool", "owner", "day", "shard"], name="tool_usage_daily_key"
@@ -228,7 +233,139 @@ class OwnerBudget(models.Model):
     session_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     day_tokens = models.BigIntegerField(null=True, blank=True)
     day_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # A calendar month in BILLING_TIME_ZONE: the spend is the sum of the month's daily
+    # rollups, so a new month starts at zero with no reset job.
+    month_tokens = models.BigIntegerField(null=True, blank=True)
+    month_cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "owner budget"
 
     def __str__(self) -> str:
         return f"budget of {self.owner.get_username()}"
+
+
+class SpendDaily(models.Model):
+    """Per day, owner, agent, model endpoint and API key: the model calls' tokens and cost.
+
+    The cost pages' series by model and their breakdowns per endpoint and per key read it
+    (a few rows per key and day, never the raw calls), and so do the per-key budgets. A
+    step writes it in its own batch (engine/gates/metering.py), one multi-row upsert, no
+    commit of its own; striped by session like UsageDaily. `api_key_id` 0: no key (the
+    session was opened by the admin, a command or a workflow)."""
+
+    # No index of its own: spend_daily_key leads with it.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    day = models.DateField()
+    agent_id = models.BigIntegerField()
+    endpoint = models.CharField(max_length=100)
+    # A plain id, not a foreign key: billing never imports accounts, and a revoked or
+    # deleted key's spend stays on the books.
+    api_key_id = models.BigIntegerField(default=0)
+    shard = models.SmallIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    model_calls = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "spend per day"
+        verbose_name_plural = "spend per day"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "day", "agent_id", "endpoint", "api_key_id", "shard"],
+                name="spend_daily_key",
+            )
+        ]
+        indexes = [
+            # The cost page's period: the series by model and the ranking of endpoints.
+            models.Index(fields=["day", "endpoint"], name="spend_daily_day_endpoint"),
+            # A key's budget sums its days of the period; the key ranking's second pass.
+            models.Index(fields=["api_key_id", "day"], name="spend_daily_key_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.endpoint} key {self.api_key_id}"
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day"
+    MONTH = "month"
+
+
+class KeyBudget(models.Model):
+    """A budget for the model calls of sessions opened with one API key, per day or per
+    calendar month (BILLING_TIME_ZONE). Spend is keyed by day (SpendDaily), so a new
+    period starts at zero: nothing has to reset it. Empty limits: no limit."""
+
+    api_key = models.OneToOneField(
+        "accounts.ApiKey", on_delete=models.CASCADE, related_name="budget"
+    )
+    # The key's owner, copied when the budget is saved: the gate asks "is this owner
+    # watched?" without a join through accounts.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    period = models.CharField(
+        max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
+    )
+    tokens = models.BigIntegerField(null=True, blank=True)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "API key budget"
+
+    def __str__(self) -> str:
+        return f"budget of key {self.api_key_id} per {self.period}"
+
+
+class NoticeKind(models.TextChoices):
+    BUDGET = "budget"
+    CREDITS_LOW = "credits_low"
+
+
+class SpendNotice(models.Model):
+    """A budget crossed a threshold share of its limit, or a balance fell below its
+    low-water mark: shown as a banner on every admin page until its period ends or an
+    operator dismisses it, and POSTed to COST_NOTICE_WEBHOOK_URL.
+
+    One row per (subject, threshold, period): the unique constraint is the dedupe, so
+    concurrent steps that see the same crossing insert one row and send one webhook."""
+
+    kind = models.CharField(max_length=12, choices=NoticeKind.choices)
+    # What crossed: "owner:<id>:month", "key:<id>:day", "agent:<id>:day", "credits:<owner id>".
+    subject = models.CharField(max_length=100)
+    threshold = models.PositiveSmallIntegerField(help_text="Percent of the limit (or 0).")
+    period_start = models.DateField()
+    period_end = models.DateField(help_text="The first day the notice no longer applies.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", null=True
+    )
+    message = models.CharField(max_length=300)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    dismissed_at = models.DateTimeField(null=True, blank=True)
+    dismissed_by = models.CharField(max_length=150, blank=True)
+    webhook_sent_at = models.DateTimeField(null=True, blank=True)
+    webhook_status = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        verbose_name = "cost notice"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subject", "threshold", "period_start"], name="spend_notice_once"
+            )
+        ]
+        indexes = [
+            # The banner: notices not dismissed whose period still runs.
+            models.Index(
+                fields=["period_end"],
+                condition=Q(dismissed_at__isnull=True),
+                name="spend_notice_open",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,8 +1,11 @@
-"""Cost rankings per user, agent, session or day over a period: named reads for the admin.
+"""Cost rankings per user, agent, model endpoint, API key, session or day over a period:
+named reads for the admin.
 
 Users, agents and days come from the daily rollups (UsageDaily: per owner, agent and day,
 at most 8 rows, one per session shard, summed here), so a ranking costs the same however
-many calls the period saw. Sessions carry
+many calls the period saw. Model endpoints and API keys come from the spend rollups
+(SpendDaily: per day, owner, agent, endpoint and key), which count model calls' tokens
+and cost only (tool calls and credit points are per owner and agent). Sessions carry
 their own running totals; a session ranks in the period it was created in.
 """
 
@@ -17,9 +20,12 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
-from .models import UsageDaily
+from .models import SpendDaily, UsageDaily
 
-GROUPS = ("user", "agent", "session", "day")
+GROUPS = ("user", "agent", "model", "key", "session", "day")
+# Grouped from the spend rollups; their tool calls and credits are not known (None).
+SPEND_GROUPS = {"model": "endpoint", "key": "api_key_id"}
+SPEND_METRICS = ("cost", "input_tokens", "output_tokens", "model_calls")
 METRICS = ("cost", "input_tokens", "output_tokens", "model_calls", "tool_calls", "credits_spent")
 _KEY = {"user": "owner_id", "agent": "agent_id", "day": "day"}
 # The metric's column in the rollup query below.
@@ -63,6 +69,8 @@ def cost_rankings(
     metric, descending = _order(order)
     if group == "session":
         return _session_rankings(start, end, metric, descending, limit)
+    if group in SPEND_GROUPS:
+        return _spend_rankings(group, start, end, metric, descending, limit)
     key = _KEY.get(group, "owner_id")
     direction = "DESC" if descending else "ASC"
     table = UsageDaily._meta.db_table
@@ -106,6 +114,49 @@ def cost_rankings(
     ]
 
 
+def _spend_rankings(
+    group: str, start: date, end: date, metric: str, descending: bool, limit: int
+) -> list[RankRow]:
+    key = SPEND_GROUPS[group]
+    metric = metric if metric in SPEND_METRICS else "cost"
+    direction = "DESC" if descending else "ASC"
+    column = {"input_tokens": 2, "output_tokens": 3, "cost": 4, "model_calls": 5}[metric]
+    table = SpendDaily._meta.db_table
+    sums = "sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls)"
+    if group == "key":
+        # As many keys as users: the two passes of the user ranking (the sorted metric
+        # alone for the top keys, then every sum of those through the key's index).
+        sql = f"""WITH top AS (
+                      SELECT {key} AS k FROM "{table}" WHERE day BETWEEN %s AND %s
+                       GROUP BY {key} ORDER BY sum({metric}) {direction}, {key} LIMIT %s)
+                  SELECT {key}, {sums} FROM "{table}"
+                   WHERE day BETWEEN %s AND %s AND {key} IN (SELECT k FROM top)
+                   GROUP BY {key} ORDER BY {column} {direction}, {key}"""  # nosec B608
+        params: list[Any] = [start, end, limit, start, end]
+    else:
+        sql = f"""SELECT {key}, {sums} FROM "{table}" WHERE day BETWEEN %s AND %s
+                   GROUP BY {key} ORDER BY {column} {direction}, {key} LIMIT %s"""  # nosec B608
+        params = [start, end, limit]
+    with connection.cursor() as cursor:
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    labels = _labels(group, [r[0] for r in rows])
+    return [
+        RankRow(
+            key=str(r[0]),
+            label=labels.get(r[0], str(r[0])),
+            input_tokens=int(r[1]),
+            output_tokens=int(r[2]),
+            cost=Decimal(r[3]),
+            model_calls=int(r[4]),
+            tool_calls=None,
+            credits_spent=None,
+        )
+        for r in rows
+    ]
+
+
 def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[str, int]:
     """The highest degradation level among each owner's or agent's sessions active in the
     last `hours` (the level is set at every model step)."""
@@ -128,6 +179,21 @@ def _labels(group: str, keys: list[Any]) -> dict[Any, str]:
         return dict(agent.objects.filter(pk__in=keys).values_list("pk", "slug"))
     if group == "day":
         return {k: k.isoformat() for k in keys}
+    if group == "model":
+        return {k: str(k) for k in keys}
+    if group == "key":
+        # Looked up by name: billing never imports accounts. 0: sessions opened without a key.
+        api_key = apps.get_model("accounts", "ApiKey")
+        found = {
+            pk: f"{prefix}… {name or ''} ({owner})".replace("  ", " ")
+            for pk, prefix, name, owner in api_key.objects.filter(pk__in=keys).values_list(
+                "pk", "prefix", "name", "owner__username"
+            )
+        }
+        return {
+            k: found.get(k, "no key (admin, command, workflow)" if k == 0 else f"key {k}")
+            for k in keys
+        }
     user = get_user_model()
     return dict(user.objects.filter(pk__in=keys).values_list("pk", user.USERNAME_FIELD))
 

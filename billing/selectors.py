@@ -9,7 +9,8 @@ from django.db.models import Sum
 
 from observability.readings import Gauge
 
-from .models import CreditAccount, CreditReservation, ReservationStatus, UsageDaily
+from .models import CreditAccount, CreditReservation, ReservationStatus, SpendNotice, UsageDaily
+from .notices import billing_today
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,12 @@ def credits_reserved_gauges() -> list[Gauge]:
             [((), total)],
         )
     ]
+
+
+def notices_open(*, limit: int = 10) -> list[SpendNotice]:
+    """Cost notices not dismissed whose period still runs (BILLING_TIME_ZONE), newest first."""
+    return list(
+        SpendNotice.objects.filter(
+            dismissed_at__isnull=True, period_end__gt=billing_today()
+        ).order_by("-created_at")[:limit]
+    )

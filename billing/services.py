@@ -13,10 +13,14 @@ round trip, no second commit); each carries the step's `guard` so it writes
 only if the step's own UPDATE matched.
 """
 
+import json
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal
+from functools import partial
 from typing import Any, Literal
 from uuid import UUID
 
@@ -33,17 +37,22 @@ from .models import (
     CreditReservation,
     LedgerKind,
     ReservationStatus,
+    SpendDaily,
+    SpendNotice,
     ToolUsageDaily,
     UsageDaily,
 )
+from .notices import NoticeCandidate
 
 Statement = tuple[str, list[Any]]
+logger = logging.getLogger(__name__)
 
 _ACCOUNT = CreditAccount._meta.db_table
 _LEDGER = CreditLedger._meta.db_table
 _RESERVATION = CreditReservation._meta.db_table
 _USAGE = UsageDaily._meta.db_table
 _TOOL_USAGE = ToolUsageDaily._meta.db_table
+_SPEND = SpendDaily._meta.db_table
 
 # The owner's day, on the database clock: the same for every process.
 _TODAY = "(now() AT TIME ZONE %s)::date"
@@ -501,6 +510,59 @@ def tool_usage_statement(
     )
 
 
+@dataclass(frozen=True)
+class EndpointSpend:
+    """One model call's figures for the spend rollup (billing.SpendDaily)."""
+
+    endpoint: str
+    input_tokens: int
+    output_tokens: int
+    cost: Decimal
+
+
+def spend_statement(
+    *,
+    owner_id: int,
+    agent_id: int,
+    session_id: UUID | str | None,
+    api_key_id: int | None,
+    calls: Iterable[EndpointSpend],
+    guard: str = "",
+) -> Statement | None:
+    """Add a step's model calls to the day's spend per endpoint and API key, in the
+    session's shard: one multi-row upsert for the step's batch (no commit of its own)."""
+    totals: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0), 0])
+    for call in calls:
+        row = totals[call.endpoint[:100]]
+        row[0] += call.input_tokens
+        row[1] += call.output_tokens
+        row[2] += call.cost
+        row[3] += 1
+    if not totals:
+        return None
+    values = ", ".join(
+        ["(%s::varchar, %s::bigint, %s::bigint, %s::numeric, %s::bigint)"] * len(totals)
+    )
+    params: list[Any] = [_tz(), owner_id, agent_id, api_key_id or 0, session_id]
+    # In the rows' key order: concurrent steps lock the rows they share in one order.
+    for endpoint, (tokens_in, tokens_out, cost, calls_n) in sorted(totals.items()):
+        params += [endpoint, tokens_in, tokens_out, cost, calls_n]
+    where = f" WHERE {guard}" if guard else ""
+    return (
+        # SQL names from model metadata (constants); every value is a bound parameter.
+        f"""INSERT INTO {_SPEND} (day, owner_id, agent_id, api_key_id, shard, endpoint,
+                                  input_tokens, output_tokens, cost, model_calls)
+            SELECT {_TODAY}, %s, %s, %s, {_SHARD}, v.endpoint, v.i, v.o, v.c, v.n
+              FROM (VALUES {values}) AS v(endpoint, i, o, c, n){where}
+            ON CONFLICT (owner_id, day, agent_id, endpoint, api_key_id, shard) DO UPDATE SET
+                input_tokens = {_SPEND}.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = {_SPEND}.output_tokens + EXCLUDED.output_tokens,
+                cost = {_SPEND}.cost + EXCLUDED.cost,
+                model_calls = {_SPEND}.model_calls + EXCLUDED.model_calls""",  # nosec B608
+        params,
+    )
+
+
 # --- A model call's points ----------------------------------------------------------------
 
 
@@ -580,3 +642,132 @@ def model_charge_statement(
             figures.tool_calls,
         ],
     )
+
+
+# --- Cost notices (billing/notices.py) ------------------------------------------------------
+
+# Crossings this process already saw inserted (or found), so a step after a crossing
+# costs no query. Cleared when it grows past this (the row still dedupes).
+_SEEN_MAX = 50_000
+_seen: set[tuple[str, int, date]] = set()
+
+
+def notices_raise(candidates: Iterable[NoticeCandidate]) -> list[int]:
+    """Insert the notices not raised yet in their period; returns the new rows' ids.
+
+    1. A crossing this process saw already is skipped (no query).
+    2. `notice_insert`: under concurrency exactly one inserter gets the id back.
+    3. The inserter logs it and, after its commit, queues the webhook (if configured)."""
+    new: list[int] = []
+    for notice in candidates:
+        seen_key = (notice.subject, notice.threshold, notice.period_start)
+        if seen_key in _seen:
+            continue
+        notice_id = notice_insert(notice=notice)
+        if len(_seen) > _SEEN_MAX:
+            _seen.clear()
+        _seen.add(seen_key)
+        if notice_id is None:
+            continue
+        new.append(notice_id)
+        logger.warning(
+            "cost notice: %s",
+            notice.message,
+            extra={"notice_id": notice_id, "subject": notice.subject},
+        )
+        if settings.COST_NOTICE_WEBHOOK_URL:
+            transaction.on_commit(partial(_webhook_enqueue, notice_id))
+    return new
+
+
+def notice_insert(*, notice: NoticeCandidate) -> int | None:
+    """One INSERT ... ON CONFLICT DO NOTHING on (subject, threshold, period_start): the new
+    row's id, or None if the notice of this threshold and period exists (race-safe: the
+    unique index decides, not a read before the write)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""INSERT INTO "{SpendNotice._meta.db_table}"
+                    (kind, subject, threshold, period_start, period_end, owner_id, message,
+                     data, created_at, dismissed_by, webhook_status)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), '', '')
+                ON CONFLICT (subject, threshold, period_start) DO NOTHING
+                RETURNING id""",  # nosec B608
+            [
+                notice.kind,
+                notice.subject[:100],
+                notice.threshold,
+                notice.period_start,
+                notice.period_end,
+                notice.owner_id,
+                notice.message[:300],
+                json.dumps(notice.data, default=str),
+            ],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _webhook_enqueue(notice_id: int) -> None:
+    # Imported here: the task module imports this one.
+    from .tasks import notice_webhook_send  # noqa: PLC0415
+
+    try:
+        notice_webhook_send.delay(notice_id)
+    except Exception:  # noqa: BLE001 - the broker down must not fail a step; the row and the banner stay
+        logger.warning("cost notice %s: could not enqueue its webhook", notice_id, exc_info=True)
+
+
+def notices_seen_reset() -> None:
+    """Forget what this process saw (tests; a period's rows were deleted by hand)."""
+    _seen.clear()
+
+
+def notice_dismiss(*, notice_id: int, actor: str) -> bool:
+    """An operator hides a notice's banner before its period ends (recorded in the audit
+    trail). False if it was dismissed already."""
+    with transaction.atomic():
+        changed = SpendNotice.objects.filter(pk=notice_id, dismissed_at__isnull=True).update(
+            dismissed_at=timezone.now(), dismissed_by=actor[:150]
+        )
+        if changed:
+            notice = SpendNotice.objects.get(pk=notice_id)
+            audit_record(
+                action=AuditAction.ADMIN_CHANGE,
+                actor=actor,
+                object_type=SpendNotice._meta.label_lower,
+                object_id=notice.pk,
+                object_repr=notice.message[:200],
+                owner_id=notice.owner_id,
+                before={"dismissed": False},
+                after={"dismissed": True},
+            )
+    return bool(changed)
+
+
+def notice_payload(*, notice_id: int) -> dict[str, Any] | None:
+    """The webhook's JSON body for a notice (None if it is gone)."""
+    notice = SpendNotice.objects.filter(pk=notice_id).first()
+    if notice is None:
+        return None
+    return {
+        "type": "cost.notice",
+        "id": notice.pk,
+        "kind": notice.kind,
+        "subject": notice.subject,
+        "threshold": notice.threshold,
+        "period_start": notice.period_start.isoformat(),
+        "period_end": notice.period_end.isoformat(),
+        "owner_id": notice.owner_id,
+        "message": notice.message,
+        "data": notice.data,
+        "created_at": notice.created_at.isoformat(),
+    }
+
+
+def notice_webhook_record(*, notice_id: int, status: str, sent: bool) -> None:
+    """What the last delivery attempt got, shown in the notices' admin list."""
+    fields: dict[str, Any] = {"webhook_status": status[:200]}
+    if sent:
+        fields["webhook_sent_at"] = timezone.now()
+    SpendNotice.objects.filter(pk=notice_id).update(**fields)

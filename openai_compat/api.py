@@ -446,6 +446,7 @@ class ChatCompletionView(OpenAIView):
                 history=chat.history,
                 content=chat.content,
                 ephemeral=True,
+                api_key_id=getattr(request.auth, "pk", None),
             )
         frames = TurnFrames.join(session.pk)
         try:

@@ -55,6 +55,7 @@ def chat_session_create(
     history: Sequence[HistoryItem],
     content: str,
     ephemeral: bool = False,
+    api_key_id: int | None = None,
 ) -> Session:
     """A new session on the agent whose history is `history` (earlier user and assistant
     messages, in order, as turn 0); no turn starts until `chat_turn_post`. The turn's
@@ -74,7 +75,11 @@ def chat_session_create(
             )
     with transaction.atomic():
         session = session_create(
-            owner=owner, agent_slug=agent_slug, key_roles=key_roles, ephemeral=ephemeral
+            owner=owner,
+            agent_slug=agent_slug,
+            key_roles=key_roles,
+            ephemeral=ephemeral,
+            api_key_id=api_key_id,
         )
         if history:
             Message.objects.bulk_create(

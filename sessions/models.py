@@ -297,6 +297,10 @@ class Session(models.Model):
     value = models.FloatField(
         default=1.0, help_text="Set at creation (default: the agent's value)."
     )
+    # The API key that opened the session (a plain id: sessions never import accounts):
+    # its model calls' cost is written to the key's spend rollup (billing.SpendDaily) in
+    # each step's own batch, and the key's budget is judged from it. Empty: no key.
+    api_key_id = models.BigIntegerField(null=True, blank=True)
     degradation_level = models.PositiveSmallIntegerField(
         default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
     )
@@ -323,6 +327,12 @@ class Session(models.Model):
         ]
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="session_owner_created"),
+            # The admin's "sessions of this key" (a ranked key's link); most rows have none.
+            models.Index(
+                fields=["api_key_id", "-created_at"],
+                name="session_key_created",
+                condition=models.Q(api_key_id__isnull=False),
+            ),
             # The pruning of ephemeral sessions reads only them (a small share of sessions).
             models.Index(
                 fields=["updated_at"],

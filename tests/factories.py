@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from accounts.services import api_key_create
+from billing.models import SpendDaily, UsageDaily
 from sessions.models import Agent, ModelEndpoint, Session
 from tools.models import Tool
 
@@ -86,3 +87,26 @@ class SessionFactory(factory.django.DjangoModelFactory):
 
 def api_key_for(username: str, roles: tuple[str, ...] = ("support",)) -> str:
     return api_key_create(username=username, roles=list(roles)).raw
+
+
+class UsageDailyFactory(factory.django.DjangoModelFactory):
+    """A rollup row as the steps write it (one shard of an owner's agent and day)."""
+
+    class Meta:
+        model = UsageDaily
+
+    owner = factory.SubFactory(UserFactory)
+    agent = factory.SubFactory(AgentFactory)
+    model_calls = 1
+
+
+class SpendDailyFactory(factory.django.DjangoModelFactory):
+    """A spend rollup row (per day, owner, agent, endpoint and key)."""
+
+    class Meta:
+        model = SpendDaily
+
+    owner = factory.SubFactory(UserFactory)
+    agent_id = factory.LazyAttribute(lambda _: AgentFactory().pk)
+    endpoint = "rules"
+    model_calls = 1

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from billing.budgets import Budget, BudgetVerdict, CallEstimate, Spent, budget_check, used_share
 from billing.degradation import CHEAPER, Pressure, degradation_level
+from billing.notices import notice_candidates
 from billing.pressure import (
     OwnerFigures,
     owner_figures,
@@ -31,6 +32,7 @@ from billing.pressure import (
     worker_pressure,
 )
 from billing.ratelimit import RateLimit, rate_limit_take
+from billing.services import notices_raise
 from engine.gates import Stop
 from engine.model.calls import first_enabled_endpoint, give_back_connection
 from llm.types import ChatRequest
@@ -180,6 +182,7 @@ def _figures(session: Session, agent: Agent, keep: "FiguresKeeper | None") -> Ow
         turn=session.turn,
         session_spent=session_spent,
         model_call_table=ModelCall._meta.db_table,
+        api_key_id=session.api_key_id,
     )
     if keep is not None:
         keep.points_since = 0
@@ -211,6 +214,19 @@ def gate_read(session: Session, agent: Agent, keep: FiguresKeeper | None = None)
     `keep` (the run's) lets later steps of a turn use the figures of an earlier read."""
     figures = _figures(session, agent, keep)
     budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
+    # Operators hear of a day or month budget nearing its limit, or a low balance (an
+    # insert only at a new crossing; nothing while none is new to this process).
+    notices_raise(
+        notice_candidates(
+            budgets=budgets,
+            owner_id=session.owner_id,
+            agent_id=agent.pk,
+            api_key_id=session.api_key_id,
+            credits=None
+            if figures.credits is None
+            else (figures.credits[0], figures.low_water_mark),
+        )
+    )
     failing = _model_failing(agent.model)
     level = degradation_level(
         Pressure(

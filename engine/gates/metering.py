@@ -32,6 +32,7 @@ from billing.pressure import OwnerFigures
 from billing.pricing import model_call_points
 from billing.selectors import CreditsCheck, credits_cover
 from billing.services import (
+    EndpointSpend,
     ModelCharge,
     Reservation,
     Statement,
@@ -41,6 +42,7 @@ from billing.services import (
     credits_close_statement,
     model_charge_statement,
     reservation_of,
+    spend_statement,
     tool_usage_statement,
     usage_statement,
 )
@@ -179,7 +181,10 @@ def step_metering(
         model_calls=len(model_calls),
         tool_calls=len(ran),
     )
-    writes: list[Statement | None] = [rollup_and_charges(session, model_calls, usage, guard)]
+    writes: list[Statement | None] = [
+        rollup_and_charges(session, model_calls, usage, guard),
+        model_spend(session, model_calls, guard),
+    ]
     if ran:
         writes.append(
             tool_usage_statement(
@@ -308,6 +313,22 @@ def rollup_and_charges(
     )
 
 
+def model_spend(session: Session, model_calls: list[Any], guard: str) -> Statement | None:
+    """The step's model calls in the spend rollup per endpoint and API key (the cost pages'
+    series by model, the breakdowns per endpoint and key, the key budgets)."""
+    return spend_statement(
+        owner_id=session.owner_id,
+        agent_id=session.agent_id,
+        session_id=session.pk,
+        api_key_id=session.api_key_id,
+        calls=[
+            EndpointSpend(call.endpoint_name, call.input_tokens, call.output_tokens, call.cost)
+            for call in model_calls
+        ],
+        guard=guard,
+    )
+
+
 def model_charges(
     session: Session,
     model_calls: list[Any],
@@ -379,7 +400,9 @@ def side_call_commit(*, session: Session, record: ModelCall) -> bool:
         statement = rollup_and_charges(
             session, [record], usage, guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
         )
-        if statement is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(*statement)
+        spend = model_spend(session, [record], guard="")
+        with connection.cursor() as cursor:
+            for write in (statement, spend):
+                if write is not None:
+                    cursor.execute(*write)
     return True

@@ -124,6 +124,7 @@ class SessionListView(APIView):
             metadata=data.get("metadata") or {},
             value=data.get("value"),
             value_max=_key_value_max(request),
+            api_key_id=getattr(request.auth, "pk", None),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 

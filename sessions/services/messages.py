@@ -52,11 +52,13 @@ def session_create(
     value: float | None = None,
     value_max: float | None = None,
     ephemeral: bool = False,
+    api_key_id: int | None = None,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows,
     its value (priority for credits and workers) from the caller, within what the key is
     granted (`value_max`, see `session_value_check`), or else the agent's. An `ephemeral`
-    one (a stateless OpenAI-compatible request) is pruned once idle for a while."""
+    one (a stateless OpenAI-compatible request) is pruned once idle for a while. The
+    `api_key_id` that opened it is charged with its model calls' cost (billing.SpendDaily)."""
     # A workflow's runtime agent runs that workflow's runs only.
     agent = Agent.objects.filter(slug=agent_slug, enabled=True, workflow__isnull=True).first()
     if agent is None:
@@ -80,6 +82,7 @@ def session_create(
         metadata=metadata or {},
         value=agent.value if value is None else value,
         ephemeral=ephemeral,
+        api_key_id=api_key_id,
     )
 
 

@@ -12,6 +12,7 @@ action is offered, and a custom URL answers POST with 403 (or 405).
 import re
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -26,7 +27,8 @@ from django.urls import URLPattern, reverse
 from accounts.models import Role
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
-from billing.models import OwnerBudget
+from billing.models import KeyBudget, OwnerBudget, SpendNotice
+from billing.notices import billing_today
 from billing.services import credits_grant
 from demo.models import Customer, Notification, Order, Report
 from engine import session_run
@@ -140,6 +142,16 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     McpServer.objects.create(name="down", url=f"http://127.0.0.1:{free_port()}/mcp", timeout_s=1)
     credits_grant(owner_id=viewer.pk, points=100, actor="test")
     OwnerBudget.objects.create(owner=viewer, turn_tokens=1000)
+    KeyBudget.objects.create(
+        api_key=api_key_create(username=viewer.username, roles=["support"]).api_key,
+        owner=viewer,
+        cost=1,
+    )
+    SpendNotice.objects.create(
+        kind="budget", subject=f"owner:{viewer.pk}:day", threshold=80, owner=viewer,
+        period_start=billing_today(), period_end=billing_today() + timedelta(days=1),
+        message=f"owner day budget of owner {viewer.pk}: 80 % reached",
+    )  # fmt: skip
     customer = Customer.objects.create(name="Ann", email="ann@example.com")
     order = Order.objects.create(
         number="A1", customer=customer, placed_at="2026-01-01T00:00:00Z", amount=10

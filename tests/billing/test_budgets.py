@@ -1,9 +1,11 @@
 """Budgets: the pre-call check (unit) and a budget ending a real turn cleanly (engine)."""
 
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db.models import Sum
 
 from billing.budgets import (
     MIN_OUTPUT_TOKENS,
@@ -12,13 +14,14 @@ from billing.budgets import (
     Spent,
     budget_check,
 )
-from billing.models import OwnerBudget
+from billing.models import KeyBudget, OwnerBudget, SpendDaily, UsageDaily
+from billing.notices import billing_today
 from billing.pressure import owner_watch_reset, owner_watched
 from engine import session_run
 from engine.gates.budget import BUDGET_NOTE, partial_answer
 from sessions.models import Event, Message, ModelCall, Session
 from sessions.services import message_post
-from tests.factories import ToolFactory
+from tests.factories import ToolFactory, api_key_for
 from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401
 
 
@@ -151,3 +154,66 @@ def test_an_owner_session_budget_refuses_the_next_turn(make_agent, make_session,
     last = Event.objects.filter(session=session, type="turn.finished").order_by("-seq").first()
     assert last.data["stop_reason"] == "budget_exceeded"
     assert "owner session" in session.transitions.order_by("-id").first().reason
+
+
+# --- Budgets of a calendar month and of an API key ---------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_month_budget_counts_this_months_days(make_agent, make_session, owner):  # noqa: F811
+    agent = make_agent()
+    today = billing_today()
+    OwnerBudget.objects.create(owner=owner, month_tokens=1000)
+    # Last month's spend is over the budget on its own: a new month starts at zero.
+    UsageDaily.objects.create(
+        owner=owner, agent=agent, day=today.replace(day=1) - timedelta(days=1), input_tokens=5000
+    )
+    owner_watch_reset()
+    session = make_session(agent=agent)
+    message_post(session=session, content="hello")
+    session = _run(session)
+    assert ModelCall.objects.filter(session=session).count() == 1
+
+    # This month's earlier spend (any day of it; a shard of its own) leaves no room.
+    UsageDaily.objects.create(
+        owner=owner, agent=agent, day=today.replace(day=1), shard=7, input_tokens=990
+    )
+    message_post(session=session, content="hello again")
+    session = _run(session)
+
+    assert ModelCall.objects.filter(session=session).count() == 1
+    last = Event.objects.filter(session=session, type="turn.finished").order_by("-seq").first()
+    assert last.data["stop_reason"] == "budget_exceeded"
+    assert "owner month budget" in session.transitions.order_by("-id").first().reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_budget_stops_the_keys_sessions_and_not_the_others(make_agent, make_session, owner):  # noqa: F811
+    api_key_for(owner.username)
+    key = owner.api_keys.get()
+    agent = make_agent()
+    keyed = make_session(agent=agent, api_key_id=key.pk)
+    message_post(session=keyed, content="hello")
+    keyed = _run(keyed)
+    # The step wrote the call's tokens and cost to the key's spend rollup.
+    spent = SpendDaily.objects.filter(api_key_id=key.pk).aggregate(
+        i=Sum("input_tokens"), o=Sum("output_tokens"), n=Sum("model_calls")
+    )
+    assert (spent["i"], spent["o"], spent["n"]) == (keyed.input_tokens, keyed.output_tokens, 1)
+
+    KeyBudget.objects.create(
+        api_key=key, owner=owner, period="day", tokens=keyed.input_tokens + keyed.output_tokens + 10
+    )
+    owner_watch_reset()
+    message_post(session=keyed, content="hello again")
+    keyed = _run(keyed)
+    assert ModelCall.objects.filter(session=keyed).count() == 1
+    last = Event.objects.filter(session=keyed, type="turn.finished").order_by("-seq").first()
+    assert last.data["stop_reason"] == "budget_exceeded"
+    assert "API key day budget" in keyed.transitions.order_by("-id").first().reason
+
+    # The owner's session opened without this key runs.
+    other = make_session(agent=agent)
+    message_post(session=other, content="hello")
+    _run(other)
+    assert ModelCall.objects.filter(session=other).count() == 1

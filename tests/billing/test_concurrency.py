@@ -103,3 +103,48 @@ def test_an_owners_sessions_in_other_shards_do_not_wait_for_a_rollup_row_in_flig
                 cursor.execute("RESET lock_timeout")
 
     assert usage_totals(owner=user, agent=agent).model_calls == 2
+
+
+def test_concurrent_steps_add_every_call_to_the_keys_spend_row():
+    """The spend rollup (per endpoint and key) is an upsert: steps of one key committing at
+    once into the same row lose no call, so a key's budget sees all of its spend."""
+    from decimal import Decimal
+
+    from django.db import transaction
+
+    from billing.models import SpendDaily
+    from billing.services import EndpointSpend, spend_statement
+
+    owner, agent = UserFactory(), AgentFactory()
+    threads, steps = 8, 10
+    session_id = sessions_in_shards("A")[0]
+
+    def commit_steps() -> None:
+        try:
+            for _ in range(steps):
+                statement = spend_statement(
+                    owner_id=owner.pk,
+                    agent_id=agent.pk,
+                    session_id=session_id,
+                    api_key_id=77,
+                    calls=[
+                        EndpointSpend("m", 10, 5, Decimal("0.001")),
+                        EndpointSpend("n", 1, 1, Decimal(0)),
+                    ],
+                )
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(*statement)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(commit_steps) for _ in range(threads)]:
+            future.result(timeout=60)
+
+    rows = SpendDaily.objects.filter(api_key_id=77, endpoint="m")
+    assert rows.count() == 1
+    totals = rows.aggregate(
+        i=Sum("input_tokens"), o=Sum("output_tokens"), c=Sum("cost"), n=Sum("model_calls")
+    )
+    n = threads * steps
+    assert totals == {"i": 10 * n, "o": 5 * n, "c": Decimal("0.001") * n, "n": n}

@@ -17,7 +17,7 @@ from billing.rankings import METRICS, cost_rankings
 from engine import session_run
 from sessions.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
-from tests.factories import AgentFactory, SessionFactory, UserFactory
+from tests.factories import AgentFactory, SessionFactory, UserFactory, api_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,6 +28,8 @@ def _brute_force(key: str) -> dict[str, Decimal]:
         "user": "s.owner_id::text",
         "agent": "s.agent_id::text",
         "day": "((m.created_at AT TIME ZONE %s)::date)::text",
+        "model": "m.endpoint_name",
+        "key": "coalesce(s.api_key_id, 0)::text",
     }[key]
     params = [str(settings.BILLING_TIME_ZONE)] if key == "day" else []
     with connection.cursor() as cursor:
@@ -42,22 +44,32 @@ def _brute_force(key: str) -> dict[str, Decimal]:
 @pytest.fixture
 def usage() -> list[Session]:
     """Real turns for three owners on two priced agents (the engine keeps the rollups)."""
-    endpoint = ModelEndpoint.objects.create(
-        name="priced-rules",
-        api="rules",
-        options={},
-        price_input_per_1k=Decimal("0.5"),
-        price_output_per_1k=Decimal("1.5"),
-    )
+    endpoints = [
+        ModelEndpoint.objects.create(
+            name=f"priced-rules-{i}",
+            api="rules",
+            options={},
+            price_input_per_1k=Decimal("0.5") * (i + 1),
+            price_output_per_1k=Decimal("1.5"),
+        )
+        for i in range(2)
+    ]
     agents = [
-        AgentFactory(slug=f"rank-{i}", model=endpoint, rules=[{"answer": "word " * (5 + 20 * i)}])
+        AgentFactory(
+            slug=f"rank-{i}", model=endpoints[i], rules=[{"answer": "word " * (5 + 20 * i)}]
+        )
         for i in range(2)
     ]
     sessions = []
     for n, name in enumerate(["ann", "bob", "cy"]):
         owner = UserFactory(username=name)
+        # ann's and cy's sessions are opened with a key of theirs, bob's with none.
+        key_id = None
+        if name != "bob":
+            api_key_for(name)
+            key_id = owner.api_keys.get().pk
         for agent in agents[: 1 + n % 2]:
-            session = SessionFactory(owner=owner, agent=agent)
+            session = SessionFactory(owner=owner, agent=agent, api_key_id=key_id)
             for turn in range(n + 1):
                 message_post(session=session, content=f"question {turn} " * (n + 1))
             started = time.monotonic()
@@ -67,7 +79,7 @@ def usage() -> list[Session]:
     return sessions
 
 
-@pytest.mark.parametrize("group", ["user", "agent", "day"])
+@pytest.mark.parametrize("group", ["user", "agent", "day", "model", "key"])
 def test_rankings_equal_a_brute_force_sum_over_the_raw_calls(usage, group) -> None:  # type: ignore[no-untyped-def]
     today = timezone.localdate()
     rows = cost_rankings(group=group, start=today.replace(day=1), end=today, order="-cost")
@@ -90,18 +102,20 @@ def test_the_rankings_page_has_a_sortable_table_a_chart_and_csv(usage, admin_cli
     page = admin_client.get("/admin/billing/usagedaily/", {"group": "user", "o": "-cost"})
     assert page.status_code == 200
     html = page.content.decode()
-    assert "<svg" in html and html.count("<rect") == 3
+    # The ranking's own chart (the page also draws the spend per day above it).
+    chart = html[html.index('id="rankings-chart"') : html.index('id="rankings"')]
+    assert "<svg" in chart and chart.count("<rect") == 3
     assert 'id="rankings"' in html and "o=-input_tokens" in html
     # Headings read as words, the sort keys stay field names.
     assert ">input tokens</a>" in html and ">input_tokens<" not in html
     # The current degradation level per owner: bob's sessions run at level 2.
-    bob = html.index("<td>bob</td>")
+    bob = html.index(">bob</a></td>")
     assert html.index('class="degradation-level">2<', bob) < html.index("</tr>", bob)
     # The top row is the owner the brute force says spent most.
     top = max(_brute_force("user").items(), key=lambda kv: kv[1])[0]
     name = Session.objects.filter(owner_id=int(top)).first().owner.username
-    assert html.index(f"<td>{name}</td>") < min(
-        html.index(f"<td>{n}</td>") for n in {"ann", "bob", "cy"} - {name}
+    assert html.index(f">{name}</a></td>") < min(
+        html.index(f">{n}</a></td>") for n in {"ann", "bob", "cy"} - {name}
     )
 
     exported = admin_client.get("/admin/billing/usagedaily/", {"group": "agent", "format": "csv"})

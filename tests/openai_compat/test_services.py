@@ -34,9 +34,12 @@ def test_a_new_session_holds_the_history_as_turn_zero(owner: User) -> None:
         agent_slug="helper",
         history=[HistoryItem("user", "I am Ada"), HistoryItem("assistant", "Hello Ada")],
         content="who am I?",
+        api_key_id=41,
     )
     session.refresh_from_db()
     assert (session.message_seq, session.state, session.role) == (2, "idle", "support")
+    # The key that sent the request is charged with the session's model calls.
+    assert session.api_key_id == 41
     rows = list(session.messages.order_by("seq").values_list("seq", "turn", "role", "content"))
     assert rows == [(1, 0, "user", "I am Ada"), (2, 0, "assistant", "Hello Ada")]
     assert all(m.token_count > 0 for m in session.messages.all())

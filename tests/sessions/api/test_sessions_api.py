@@ -28,6 +28,8 @@ def test_create_a_session(api):
     assert body["created_at"] and body["updated_at"]
     session = Session.objects.get(pk=body["id"])
     assert session.owner.username == "alice"
+    # The key that opened it is charged with its model calls (billing.SpendDaily).
+    assert session.api_key_id == session.owner.api_keys.get().pk
 
 
 def test_create_a_session_with_a_granted_role(api):

@@ -1,0 +1,151 @@
+"""The billing admin: the cost page (series, breakdowns, links to sessions), the notice
+banner on every admin page and its dismissal, and API key budgets."""
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from audit.models import AuditEntry
+from billing.models import KeyBudget, SpendNotice
+from billing.notices import billing_today
+from tests.factories import (
+    AgentFactory,
+    SessionFactory,
+    SpendDailyFactory,
+    StaffUserFactory,
+    UsageDailyFactory,
+    UserFactory,
+    api_key_for,
+    permissions,
+)
+
+pytestmark = pytest.mark.django_db
+
+COST = "/admin/billing/usagedaily/"
+
+
+def test_the_index_names_the_cost_page_in_words(admin_client) -> None:  # type: ignore[no-untyped-def]
+    html = admin_client.get("/admin/").content.decode()
+    assert "Usage dailys" not in html and "Tool usage dailys" not in html
+    assert ">Cost and usage<" in html
+
+
+def test_the_cost_page_draws_the_chosen_range_stacked_by_model_or_agent(admin_client) -> None:  # type: ignore[no-untyped-def]
+    today = billing_today()
+    agent = AgentFactory(slug="helpdesk")
+    SpendDailyFactory(day=today, endpoint="gpt-big", cost=Decimal("1.25"), agent_id=agent.pk)
+    SpendDailyFactory(day=today - timedelta(days=20), endpoint="rules", cost=Decimal(2))
+    UsageDailyFactory(agent=agent, day=today, cost=Decimal("1.25"))
+
+    week = admin_client.get(COST, {"days": 7}).content.decode()
+    assert re.findall(r'data-series="([^"]+)"', week) == ["gpt-big"]  # 20 days ago: outside
+    start = (today - timedelta(days=6)).isoformat()
+    assert f"Cost per day by model, {start} to {today.isoformat()}, total 1.25" in week
+
+    month = admin_client.get(COST, {"days": 30}).content.decode()
+    assert re.findall(r'data-series="([^"]+)"', month) == ["rules", "gpt-big"]
+    assert ">total 3.25<" in month
+
+    by_agent = admin_client.get(COST, {"days": 30, "stack": "agent"}).content.decode()
+    assert re.findall(r'data-series="([^"]+)"', by_agent) == ["helpdesk"]
+    # The toggles keep the other choice.
+    assert 'href="?days=90&amp;stack=agent' in by_agent
+
+
+def test_a_ranked_user_and_key_link_to_their_sessions(admin_client) -> None:  # type: ignore[no-untyped-def]
+    today = billing_today()
+    ann, bob = UserFactory(username="ann"), UserFactory(username="bob")
+    api_key_for("ann")
+    key = ann.api_keys.get()
+    keyed = SessionFactory(owner=ann, api_key_id=key.pk)
+    plain = SessionFactory(owner=ann)
+    others = SessionFactory(owner=bob)
+    UsageDailyFactory(owner=ann, day=today, cost=Decimal(3))
+    UsageDailyFactory(owner=bob, day=today, cost=Decimal(1))
+    SpendDailyFactory(owner=ann, day=today, api_key_id=key.pk, cost=Decimal(3))
+
+    users = admin_client.get(COST, {"group": "user"}).content.decode()
+    link = re.search(r'<a class="ranked-link" href="([^"]+)"[^>]*>ann</a>', users).group(1)
+    listed = admin_client.get(link.replace("&amp;", "&")).content.decode()
+    assert str(keyed.pk) in listed and str(plain.pk) in listed and str(others.pk) not in listed
+
+    keys = admin_client.get(COST, {"group": "key"}).content.decode()
+    link = re.search(r'<a class="ranked-link" href="([^"]+)"[^>]*>' + key.prefix, keys).group(1)
+    listed = admin_client.get(link.replace("&amp;", "&")).content.decode()
+    assert str(keyed.pk) in listed and str(plain.pk) not in listed
+    # The spend groups show model calls' columns only.
+    assert ">tool calls<" not in keys and ">model calls<" in keys
+
+
+def _notice(**fields):  # type: ignore[no-untyped-def]
+    today = billing_today()
+    values = {
+        "kind": "budget",
+        "subject": "owner:1:month",
+        "threshold": 80,
+        "period_start": today.replace(day=1),
+        "period_end": today + timedelta(days=1),
+        "message": "owner month budget of owner 1: 80 % reached",
+    }
+    return SpendNotice.objects.create(**{**values, **fields})
+
+
+def test_open_notices_show_on_every_admin_page_until_dismissed(admin_client) -> None:  # type: ignore[no-untyped-def]
+    notice = _notice()
+    _notice(subject="owner:2:day", message="period over", period_end=billing_today())
+    for page in ("/admin/", COST, "/admin/billing/creditaccount/"):
+        html = admin_client.get(page).content.decode()
+        assert 'id="cost-notices"' in html and "80 % reached" in html, page
+        assert "period over" not in html
+
+    response = admin_client.post(f"/admin/billing/spendnotice/{notice.pk}/dismiss/", {"next": COST})
+    assert response.status_code == 302 and response["Location"] == COST
+    assert 'id="cost-notices"' not in admin_client.get("/admin/").content.decode()
+    notice.refresh_from_db()
+    assert notice.dismissed_at is not None and notice.dismissed_by == "admin:admin"
+    entry = AuditEntry.objects.get(object_type="billing.spendnotice", object_id=str(notice.pk))
+    assert entry.after == {"dismissed": True}
+
+
+def test_a_dismiss_never_redirects_off_site(admin_client) -> None:  # type: ignore[no-untyped-def]
+    notice = _notice()
+    response = admin_client.post(
+        f"/admin/billing/spendnotice/{notice.pk}/dismiss/", {"next": "https://evil.example/"}
+    )
+    assert response["Location"] == "/admin/billing/spendnotice/"
+
+
+def test_staff_who_are_not_operators_see_no_banner(client) -> None:  # type: ignore[no-untyped-def]
+    _notice()
+    client.force_login(StaffUserFactory())
+    assert 'id="cost-notices"' not in client.get("/admin/").content.decode()
+
+
+def test_a_key_budget_is_saved_with_the_keys_owner_and_audited(admin_client) -> None:  # type: ignore[no-untyped-def]
+    api_key_for("carol")
+    owner = UserFactory._meta.model.objects.get(username="carol")
+    key = owner.api_keys.get()
+    response = admin_client.post(
+        "/admin/billing/keybudget/add/",
+        {"api_key": key.pk, "period": "month", "tokens": "", "cost": "12.5"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    budget = KeyBudget.objects.get(api_key=key)
+    assert budget.owner_id == owner.pk and budget.cost == Decimal("12.5")
+    assert AuditEntry.objects.filter(object_type="billing.keybudget", action="admin.add").exists()
+
+
+def test_a_staff_user_cannot_budget_another_tenants_key(client) -> None:  # type: ignore[no-untyped-def]
+    api_key_for("dave")
+    theirs = UserFactory._meta.model.objects.get(username="dave").api_keys.get()
+    staff = StaffUserFactory(username="erin")
+    staff.user_permissions.set(permissions("billing.add_keybudget", "billing.view_keybudget"))
+    client.force_login(staff)
+    response = client.post(
+        "/admin/billing/keybudget/add/", {"api_key": theirs.pk, "period": "day", "tokens": "5"}
+    )
+    assert response.status_code == 200  # the form again, with an error on the key
+    assert "api_key" in response.context["adminform"].form.errors
+    assert not KeyBudget.objects.exists()
