@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0027_message_content_search'),
+        ('agent_sessions', '0028_toolcall_probes'),
         ('workflows', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
