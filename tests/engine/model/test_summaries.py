@@ -301,3 +301,91 @@ def test_the_window_is_the_tightest_of_the_agent_and_the_endpoints_a_step_may_ca
     assert request_window(agent, session) == 8000
     agent.context_window = 2500
     assert request_window(agent, session) == 2500
+
+
+def transcript_lines(request: Recorded) -> list[str]:
+    prompt = request.messages[-1]["content"]
+    return prompt.split("Conversation to condense:\n", 1)[1].splitlines()
+
+
+def test_a_summary_covers_only_what_fitted_the_summary_models_window(
+    openai_server: FakeModelServer, endpoint: Any
+) -> None:
+    """The summary model's window holds a few messages of the oldest third: the summary
+    claims those, not the chunk's end, and the rest stays in the context."""
+    main = endpoint("main")
+    # Room for the instructions, the reply and about two transcript lines.
+    narrow = endpoint("narrow", context_window=1050)
+    agent = AgentFactory(
+        slug=f"narrow-{uuid.uuid4().hex[:8]}",
+        model=main,
+        summary_model=narrow,
+        context_window=WINDOW,
+        tools=[],
+    )
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="narrow"))
+    openai_server.script(*([fake_model] * 200))
+    n = 0
+    while not Message.objects.filter(session=session, name=SUMMARY_NAME).exists():
+        n += 1
+        assert n < 40, "no summary was made"
+        turn(session, user_text(n))
+
+    request = next(r for r in openai_server.requests if is_summary_request(r))
+    sent = transcript_lines(request)
+    summary = Message.objects.get(session=session, name=SUMMARY_NAME)
+    assert summary.data is not None
+    through = summary.data["through_seq"]
+    last_sent = Message.objects.get(session=session, seq=through)
+    # The summary ends at the last message the summary model read...
+    assert sent[-1] == f"{last_sent.role}: {last_sent.content[:600]}"
+    assert summary.data["messages"] == len(sent)
+    # ...the message after it was not read, is not archived, and the next step still sees it.
+    after = Message.objects.get(session=session, seq=through + 1)
+    assert after.archived_at is None and after.role in ("user", "assistant")
+    assert set(
+        Message.objects.filter(session=session, archived_at__isnull=False).values_list(
+            "seq", flat=True
+        )
+    ) == set(range(summary.data["from_seq"], through + 1))
+    turn(session, user_text(n + 1))
+    seen = [m.get("content") for m in openai_server.requests[-1].messages]
+    assert after.content in seen
+
+
+def test_a_summary_in_prose_keeps_the_prose_as_its_facts(
+    openai_server: FakeModelServer, endpoint: Any
+) -> None:
+    main = endpoint("main")
+    agent = AgentFactory(
+        slug=f"prose-{uuid.uuid4().hex[:8]}", model=main, context_window=WINDOW, tools=[]
+    )
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="prose"))
+    prose = "The user's account number is 4471.\nThey asked about parcel tracking."
+
+    def prose_model(request: Recorded) -> Reply:
+        if is_summary_request(request):
+            return Reply(text=prose, usage=(50, 20))
+        return fake_model(request)
+
+    openai_server.script(*([prose_model] * 200))
+    n = 0
+    while not Message.objects.filter(session=session, name=SUMMARY_NAME).exists():
+        n += 1
+        assert n < 40, "no summary was made"
+        turn(session, user_text(n))
+
+    summary = Message.objects.get(session=session, name=SUMMARY_NAME)
+    assert summary.data is not None
+    assert summary.data["sections"]["facts"] == [
+        "The user's account number is 4471.",
+        "They asked about parcel tracking.",
+    ]
+    assert "- The user's account number is 4471." in summary.content
+    # The next summary merges it like a JSON one: the prose facts go in as the previous summary.
+    while Message.objects.filter(session=session, name=SUMMARY_NAME).count() < 2:
+        n += 1
+        assert n < 80, "no second summary was made"
+        turn(session, user_text(n))
+    second = [r for r in openai_server.requests if is_summary_request(r)][1]
+    assert "4471" in second.messages[-1]["content"].split("Conversation to condense:")[0]
