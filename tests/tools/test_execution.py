@@ -1081,6 +1081,7 @@ def test_a_wait_too_long_for_the_worker_is_handed_to_the_tool_step(waits):
     assert waits == []  # not slept in the worker
     # Attempts made in earlier steps count: the last one allowed is not retried again.
     with ScriptedApi(Answer(503, {"error": "busy"}, headers={"Retry-After": "30"})) as api:
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
         outcome = run(call(tool.name, {"number": "1"}, attempts_before=2), tool)
         assert len(api.requests) == 1
     assert "retry_in_s" not in outcome.extra
