@@ -468,6 +468,32 @@ class Message(models.Model):
         return f"{self.session_id}#{self.seq} {self.role}"
 
 
+class SummaryDraft(models.Model):
+    """A summary of a session's oldest history made ahead of need, off the step's critical
+    path (engine/gates/summary_ahead.py): at most one per session, in flight or ready.
+
+    A cache of paid work, not a record: the step that reaches the summary watermark turns
+    it into the summary message (engine/model/summaries.py `summary_draft_use`); once a newer
+    summary exists (`base_through` no longer matches) it is stale and the next one replaces it.
+    """
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="summary_draft")
+    # The summary it extends (its last seq; 0: none) and the messages it covers.
+    base_through = models.PositiveIntegerField(default=0)
+    from_seq = models.PositiveIntegerField(default=0)
+    through_seq = models.PositiveIntegerField(default=0)
+    content = models.TextField(blank=True)
+    data = models.JSONField(null=True, blank=True)
+    token_count = models.PositiveIntegerField(default=0)
+    # Set while a task makes it (the claim; a stale claim may be taken over); NULL otherwise.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    ready = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.session_id} summary draft {self.from_seq}-{self.through_seq}"
+
+
 class ToolCallStatus(models.TextChoices):
     EXECUTING = "executing"
     SUCCESS = "success"

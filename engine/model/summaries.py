@@ -13,6 +13,12 @@ on with a trimmed history, and the next attempt waits (`summary_retry_at`):
 30 s after one failure, doubling per consecutive failure up to 15 minutes, so
 a broken summary model is not paid for (or waited on) at every step.
 
+Ahead of need: past the 60% watermark (`summarise_ahead_at`), the step that
+commits enqueues a task (engine/gates/summary_ahead.py) that makes the summary in
+the background and keeps it as the session's `SummaryDraft`; the step that
+reaches 90% turns a ready draft into its summary message without a model call
+(`summary_draft_use`), and only summarises inline when there is none.
+
 The summary model: `Agent.summary_model`, else the cheap model, else the
 fallback, else the agent's own. The offline `rules` model answers with a
 deterministic extract (llm/rules.py), so the demo summarises offline.
@@ -25,14 +31,31 @@ import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
 
 from engine.model.calls import first_enabled_endpoint, side_call
-from engine.model.context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
+from engine.model.context import (
+    SUMMARY_HEADING,
+    SUMMARY_NAME,
+    Assembly,
+    cap_text,
+    message_tokens,
+)
 from llm.types import ChatMessage, ChatRequest
 from memory.tokens import count_message_tokens, count_tokens
-from sessions.models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
+from sessions.models import (
+    Agent,
+    Message,
+    ModelCall,
+    ModelCallOutcome,
+    ModelEndpoint,
+    Session,
+    SummaryDraft,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -274,3 +297,105 @@ def summarise(
     summary.token_count = message_tokens(summary)
     outcome.message = summary
     return outcome
+
+
+# A claim on a session's draft older than this is taken to be a task that died.
+DRAFT_CLAIM_STALE_S = 300
+
+
+def summary_base(previous: Message | None) -> int:
+    """The last seq the latest summary covers (0: none): what a draft extends."""
+    if previous is None or not isinstance(previous.data, dict):
+        return 0
+    through = previous.data.get("through_seq")
+    return through if isinstance(through, int) else 0
+
+
+def summary_ahead_wanted(session: Session, assembly: Assembly) -> bool:
+    """Should a summary be prepared in the background after this step commits?
+
+    Only past the ahead watermark; not when a draft for the current summary is ready or
+    being made (a fresh claim), nor while failed summaries' wait runs.
+    """
+    if not assembly.ahead:
+        return False
+    now = timezone.now()
+    row = (
+        SummaryDraft.objects.filter(session_id=session.pk)
+        .values("ready", "base_through", "claimed_at")
+        .first()
+    )
+    if row is not None:
+        if row["ready"] and row["base_through"] == summary_base(assembly.previous_summary):
+            return False
+        claimed = row["claimed_at"]
+        if claimed is not None and claimed > now - timedelta(seconds=DRAFT_CLAIM_STALE_S):
+            return False
+    retry_at = summary_retry_at(session)
+    return retry_at is None or now >= retry_at
+
+
+def summary_draft_use(session: Session, assembly: Assembly, tokens: int) -> Message | None:
+    """The ready draft as this step's summary message, if it still fits; else None.
+
+    It must extend the latest summary, start where the chunk to summarise starts (the
+    oldest message not summarised yet), end within that chunk and fit `tokens`.
+    """
+    base = summary_base(assembly.previous_summary)
+    draft = SummaryDraft.objects.filter(
+        session_id=session.pk, ready=True, base_through=base
+    ).first()
+    chunk = [m.seq for m in assembly.summarise if m.seq is not None]
+    if draft is None or not chunk or not isinstance(draft.data, dict):
+        return None
+    if draft.from_seq != min(chunk) or draft.through_seq > max(chunk) or draft.token_count > tokens:
+        return None
+    return Message(
+        turn=session.turn,
+        role="system",
+        name=SUMMARY_NAME,
+        content=draft.content,
+        data={**draft.data, "prepared": True},
+        token_count=draft.token_count,
+    )
+
+
+def summary_draft_claim(session_id: UUID | str, base: int) -> datetime | None:
+    """Claim the session's draft for making it (the claim's time is its token); None when a
+    draft for `base` is ready already or another task holds a fresh claim."""
+    now = timezone.now()
+    SummaryDraft.objects.get_or_create(session_id=session_id)
+    claimed = (
+        SummaryDraft.objects.filter(session_id=session_id)
+        .filter(
+            Q(claimed_at__isnull=True)
+            | Q(claimed_at__lt=now - timedelta(seconds=DRAFT_CLAIM_STALE_S))
+        )
+        .exclude(ready=True, base_through=base)
+        .update(claimed_at=now, ready=False)
+    )
+    return now if claimed == 1 else None
+
+
+def summary_draft_store(
+    session_id: UUID | str, claim: datetime, base: int, message: Message
+) -> bool:
+    """Keep the made summary as the ready draft, if the claim is still ours."""
+    data = message.data if isinstance(message.data, dict) else {}
+    return (
+        SummaryDraft.objects.filter(session_id=session_id, claimed_at=claim).update(
+            claimed_at=None,
+            ready=True,
+            base_through=base,
+            from_seq=int(data.get("from_seq") or 0),
+            through_seq=int(data.get("through_seq") or 0),
+            content=message.content,
+            data=data,
+            token_count=message.token_count,
+        )
+        == 1
+    )
+
+
+def summary_draft_release(session_id: UUID | str, claim: datetime) -> None:
+    SummaryDraft.objects.filter(session_id=session_id, claimed_at=claim).update(claimed_at=None)
