@@ -135,7 +135,8 @@ def fitted_transcript(
     does not fit, and never between an assistant's tool call and its results
     (archiving the call without its results would leave orphan results in the
     context). The rest stays in the context for the next summary. When not even
-    the first message fits, it goes alone, capped to `room`.
+    the first unit (a message, or a tool call with its results) fits, it goes
+    alone, capped to `room`.
     """
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -155,8 +156,13 @@ def fitted_transcript(
         if nxt is None or nxt.role != "tool":
             cut = sent
     if not cut:
-        line, row = _line(messages[0])
-        return cap_text(line, room), [row], messages[:1]
+        # Not even the first unit fits: it goes alone (a tool call with its results), capped.
+        unit = 1
+        while unit < len(messages) and messages[unit].role == "tool":
+            unit += 1
+        first = [_line(m) for m in messages[:unit]]
+        text = cap_text("\n".join(line for line, _ in first), room)
+        return text, [row for _, row in first], messages[:unit]
     return "\n".join(lines[:cut]), rows[:cut], messages[:cut]
 
 

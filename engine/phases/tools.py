@@ -193,7 +193,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     _observe_tools(session, to_run, ran, started_ns)
     later = [(c, o) for c, o in zip(to_run, ran, strict=True) if "retry_in_s" in o.extra]
     if later:
-        parked = _park_retries(session, owner, calls, later, to_run, ran, tools)
+        parked = _park_retries(session, owner, calls, later, to_run, tools)
         if parked is not None:
             raise StepDeferred(parked)
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
@@ -234,7 +234,6 @@ def _park_retries(
     calls: list[ToolCall],
     later: list[tuple[ToolCall, ToolOutcome]],
     to_run: list[ToolCall],
-    ran: list[ToolOutcome],
     tools: dict[str, ToolSnapshot],
 ) -> float | None:
     """Park the session for the calls whose retry waits too long for a worker; the wait, or
@@ -246,18 +245,7 @@ def _park_retries(
     calls' attempts and due time are committed first (`calls_retry_later`).
     """
     waiting = {c.pk for c, _ in later}
-    harmful = [
-        c
-        for c in calls
-        if c.pk not in waiting
-        and (
-            is_memory_call(c, tools)
-            or (c in to_run and (t := tools.get(c.tool_name)) is not None and t.side_effects)
-            or (t := tools.get(c.tool_name)) is None
-            or t.kind not in _EXECUTED
-            or t.credit_cost > 0
-        )
-    ]
+    harmful = [c for c in calls if c.pk not in waiting and not _rerun_harmless(c, to_run, tools)]
     if harmful or any(getattr(c, "credit_points", 0) for c in to_run):
         for _, outcome in later:
             wait = float(outcome.extra["retry_in_s"])
@@ -274,6 +262,18 @@ def _park_retries(
         wait,
     )
     return wait
+
+
+def _rerun_harmless(call: ToolCall, to_run: list[ToolCall], tools: dict[str, ToolSnapshot]) -> bool:
+    """May this call's settling be done again when the step runs again? Not if it ran with
+    side effects, wrote memory, costs credits or is not the executor's (another agent, a
+    handoff): a gate's refusal or a read-only result is simply found again."""
+    tool = tools.get(call.tool_name)
+    if tool is None or tool.kind not in _EXECUTED or tool.credit_cost > 0:
+        return False
+    if is_memory_call(call, tools):
+        return False
+    return not (tool.side_effects and call in to_run)
 
 
 def _invocation(call: ToolCall, workflow: WorkflowRuntime | None) -> ToolInvocation:

@@ -483,3 +483,28 @@ def test_a_summary_is_made_ahead_off_the_step_and_the_step_at_the_limit_uses_it(
     assert set(archived.values_list("seq", flat=True)) == set(
         range(draft.from_seq, draft.through_seq + 1)
     )
+
+
+def test_the_transcript_ends_between_units_never_inside_a_tool_round() -> None:
+    from engine.model.summaries import fitted_transcript
+
+    def message(seq: int, role: str, content: str, **fields: Any) -> Message:
+        return Message(seq=seq, turn=1, role=role, content=content, **fields)
+
+    call = {"id": "c1", "name": "lookup", "arguments": {"n": 1}}
+    messages = (
+        message(1, "user", "Where is parcel 7? " * 5),
+        message(2, "assistant", "", tool_calls=[call]),
+        message(3, "tool", "parcel 7 is in Lyon " * 10, name="lookup", tool_call_id="c1"),
+        message(4, "assistant", "It is in Lyon."),
+    )
+    # Room for the question and the call, not for the call's result: the call stays out too.
+    room = count_tokens("user: " + messages[0].content + "\n") + 40
+    text, rows, sent = fitted_transcript(messages, room)
+    assert [m.seq for m in sent] == [1] and len(rows) == 1 and "lookup" not in text
+    # Everything fits: everything is sent.
+    _, _, sent = fitted_transcript(messages, 10_000)
+    assert [m.seq for m in sent] == [1, 2, 3, 4]
+    # Not even the first unit fits: a tool round goes whole (call and result), capped.
+    text, rows, sent = fitted_transcript(messages[1:], 10)
+    assert [m.seq for m in sent] == [2, 3] and count_tokens(text) <= 10
