@@ -280,6 +280,9 @@ MODEL_BREAKER_COOLDOWN_S = env.float("MODEL_BREAKER_COOLDOWN_S", default=30.0)
 # A tool fails fast for a cool-down after this many consecutive failures.
 TOOL_BREAKER_THRESHOLD = env.int("TOOL_BREAKER_THRESHOLD", default=5)
 TOOL_BREAKER_COOLDOWN_S = env.float("TOOL_BREAKER_COOLDOWN_S", default=30.0)
+# A retry's wait (runtime/retry.py) up to this long is slept in the worker; a tool call's
+# longer wait parks the session (no worker held) and the run comes back for it.
+RETRY_INLINE_WAIT_S = env.float("RETRY_INLINE_WAIT_S", default=2.0)
 # A tool header `{env: NAME}` may read only these variables: the worker's
 # environment also holds the database URL and every model key.
 TOOL_SECRET_ENV_PREFIXES = env.list("TOOL_SECRET_ENV_PREFIXES", default=["TOOL_SECRET_"])

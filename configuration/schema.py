@@ -13,6 +13,7 @@ from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
+from runtime.retry import retry_policy_problems
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.execution import BUILTIN_TOOLS
@@ -76,6 +77,7 @@ MODEL_ENTRY = {
         "options": {"type": "object"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
+        "retry": {"type": "object"},
         "enabled": {"type": "boolean"},
     },
 }
@@ -176,6 +178,7 @@ TOOL_ENTRY = {
         "critical": {"type": "boolean"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
+        "retry": {"type": "object"},
         "enabled": {"type": "boolean"},
     },
 }
@@ -458,10 +461,14 @@ def config_errors(
             errors.append(
                 f"models[{i}] ({entry['name']}).base_url: required for api '{entry['api']}'"
             )
+        for wrong in retry_policy_problems(entry.get("retry")):
+            errors.append(f"models[{i}] ({entry['name']}).retry: {wrong}")
     urls, url_errors = resolve_urls(document)
     errors.extend(url_errors)
     for i, entry in enumerate(document.get("tools") or []):
         where = f"tools[{i}] ({entry['name']})"
+        for wrong in retry_policy_problems(entry.get("retry")):
+            errors.append(f"{where}.retry: {wrong}")
         for header, value in (entry.get("headers") or {}).items():
             if isinstance(value, dict) and not header_env_allowed(value["env"]):
                 errors.append(

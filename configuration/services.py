@@ -51,6 +51,7 @@ MODEL_FIELDS = (
     "options",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",
+    "retry",
     "enabled",
 )
 TOOL_FIELDS = (
@@ -80,6 +81,7 @@ TOOL_FIELDS = (
     "critical",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",
+    "retry",
     "enabled",
 )
 AGENT_FIELDS = (

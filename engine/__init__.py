@@ -9,6 +9,7 @@ change, and `commit` that writes a step atomically.
 from engine.gates.client_tools import open_client_calls
 from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
+from engine.gates.summary_ahead import summary_ahead_make
 from engine.model.context import summary_through
 from engine.moves.approval import approval_changed, approval_recorded
 from engine.moves.ask_user import client_results, user_answer
@@ -48,6 +49,7 @@ __all__ = [
     "open_question",
     "run_resume",
     "session_run",
+    "summary_ahead_make",
     "summary_through",
     "timer_fire",
     "turn_cancel",

@@ -3,17 +3,16 @@ event loop, the three timeouts, status mapping and a Server-Sent Events parser."
 
 import asyncio
 import codecs
-import datetime
-import email.utils
 import json
 import os
-import time
 import weakref
 from collections.abc import AsyncIterator
 from json.scanner import make_scanner
 from typing import Any
 
 import httpx
+
+from runtime.retry import parse_retry_after as retry_after_seconds
 
 from .base import (
     EndpointConfig,
@@ -45,21 +44,9 @@ def shared_client() -> httpx.AsyncClient:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            parsed = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None  # neither seconds nor an HTTP date: ignore it, the 429 still counts
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=datetime.UTC)  # HTTP dates are GMT
-        seconds = parsed.timestamp() - time.time()
-    if seconds != seconds:  # NaN
-        return None
-    return max(0.0, min(seconds, RETRY_AFTER_CAP_S))
+    """A `Retry-After` header in seconds, capped (what a breaker's cool-down may follow)."""
+    seconds = retry_after_seconds(value)
+    return None if seconds is None else min(seconds, RETRY_AFTER_CAP_S)
 
 
 REDACTED = "[redacted]"
@@ -91,14 +78,16 @@ def _status_error(
 ) -> Exception:
     # A provider may echo the key it refused: never let it into a message.
     snippet = redact(body[:4000].decode("utf-8", errors="replace"), secrets).strip()[:300]
+    # As the server said (uncapped): a retry policy's own cap decides (runtime/retry.py).
+    retry_after = retry_after_seconds(headers.get("retry-after"))
     if status == 429:
         return ModelRateLimited(
-            f"rate limited (HTTP 429): {snippet}",
-            retry_after_s=parse_retry_after(headers.get("retry-after")),
-            status=status,
+            f"rate limited (HTTP 429): {snippet}", retry_after_s=retry_after, status=status
         )
     if status >= 500 or status == 408:
-        return ModelUnavailable(f"provider error (HTTP {status}): {snippet}", status=status)
+        return ModelUnavailable(
+            f"provider error (HTTP {status}): {snippet}", retry_after_s=retry_after, status=status
+        )
     return ModelConfigError(f"request refused (HTTP {status}): {snippet}", status=status)
 
 

@@ -6,7 +6,8 @@ long-term memory and a safety buffer (token counts are estimates). Smaller or
 larger windows scale the same shares. An agent overrides any partition in
 `Agent.context_budget`: a whole number is tokens, a number below 1 a share of
 the window, e.g. ``{"history": 32000, "memory": 0.05}``; ``trim_at`` and
-``summarise_at`` move the two watermarks (shares of the history partition).
+``summarise_at`` move the two watermarks (shares of the history partition), and
+``summarise_ahead_at`` the one where a summary is prepared off the critical path.
 
 Pure Python (no Django), so the configuration checks and the engine share it.
 """
@@ -25,7 +26,10 @@ DEFAULT_SHARES: dict[str, float] = {
 }
 TRIM_AT = 0.6
 SUMMARISE_AT = 0.9
-WATERMARKS = ("trim_at", "summarise_at")
+# Past this share (after trimming) a summary is prepared in the background, ready for
+# the step that reaches `summarise_at` (engine/gates/summary_ahead.py).
+SUMMARISE_AHEAD_AT = 0.6
+WATERMARKS = ("trim_at", "summarise_ahead_at", "summarise_at")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class ContextBudget:
     buffer: int
     trim_at: float = TRIM_AT
     summarise_at: float = SUMMARISE_AT
+    summarise_ahead_at: float = SUMMARISE_AHEAD_AT
 
     def partitions(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in PARTITIONS}
@@ -77,7 +82,14 @@ def context_budget(window: int, overrides: Mapping[str, Any] | None = None) -> C
         excess -= give
     trim_at = float(overrides.get("trim_at", TRIM_AT))
     summarise_at = float(overrides.get("summarise_at", SUMMARISE_AT))
-    return ContextBudget(window=window, trim_at=trim_at, summarise_at=summarise_at, **sizes)
+    ahead = float(overrides.get("summarise_ahead_at", min(SUMMARISE_AHEAD_AT, summarise_at)))
+    return ContextBudget(
+        window=window,
+        trim_at=trim_at,
+        summarise_at=summarise_at,
+        summarise_ahead_at=ahead,
+        **sizes,
+    )
 
 
 def budget_problems(overrides: Any) -> list[str]:
@@ -97,4 +109,7 @@ def budget_problems(overrides: Any) -> list[str]:
     summarise = overrides.get("summarise_at", SUMMARISE_AT)
     if not problems and trim > summarise:
         problems.append("'trim_at' must not be above 'summarise_at'")
+    ahead = overrides.get("summarise_ahead_at", min(SUMMARISE_AHEAD_AT, summarise))
+    if not problems and ahead > summarise:
+        problems.append("'summarise_ahead_at' must not be above 'summarise_at'")
     return problems

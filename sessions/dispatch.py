@@ -72,6 +72,7 @@ def run_enqueue_later(session_id: UUID | str, seconds: float, value: float | Non
 
 
 MEMORY_TASK = "sessions.tasks.keep_turn_memory"
+SUMMARY_AHEAD_TASK = "sessions.tasks.summarise_ahead"
 
 
 def _send_memory(session_id: str, turn: int) -> None:
@@ -85,3 +86,16 @@ def _send_memory(session_id: str, turn: int) -> None:
 def memory_enqueue_on_commit(session_id: UUID | str, turn: int) -> None:
     """After the turn's answer commits, keep its memory off the step's critical path."""
     transaction.on_commit(lambda: _sender.submit(_send_memory, str(session_id), turn))
+
+
+def _send_summary_ahead(session_id: str) -> None:
+    try:
+        # Behind the runs' steps, ahead of memory: the summary is needed a few steps later.
+        task_send(SUMMARY_AHEAD_TASK, (session_id,), priority=8)
+    except Exception:  # noqa: BLE001 - a lost message costs an inline summary, never the turn
+        logger.warning("could not enqueue the summary of session %s", session_id, exc_info=True)
+
+
+def summary_ahead_enqueue_on_commit(session_id: UUID | str) -> None:
+    """After the step commits, prepare the session's next summary off its critical path."""
+    transaction.on_commit(lambda: _sender.submit(_send_summary_ahead, str(session_id)))

@@ -42,6 +42,13 @@ class ModelEndpoint(models.Model):
     connect_timeout_s = models.FloatField(default=5.0)
     first_token_timeout_s = models.FloatField(default=15.0)
     total_timeout_s = models.FloatField(default=120.0)
+    # runtime/retry.py; empty = one attempt (the agent's fallback model is the second try).
+    retry = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Retry policy, e.g. {"attempts": 3, "backoff_base_s": 1, "backoff_max_s": 10, '
+        '"on": ["connect", "5xx", "429"], "retry_after_max_s": 30}; empty = one attempt.',
+    )
     price_input_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     price_output_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     # Credit points per 1,000 tokens (input + output), charged to the owner's account; 0 = free.
@@ -65,6 +72,15 @@ class ModelEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.api})"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from runtime.retry import retry_policy_problems
+
+        self.retry = self.retry or {}  # an emptied form field: the defaults
+        if problems := retry_policy_problems(self.retry):
+            raise ValidationError({"retry": "; ".join(problems)})
 
     @property
     def missing_key_env(self) -> str:
@@ -462,6 +478,32 @@ class Message(models.Model):
         return f"{self.session_id}#{self.seq} {self.role}"
 
 
+class SummaryDraft(models.Model):
+    """A summary of a session's oldest history made ahead of need, off the step's critical
+    path (engine/gates/summary_ahead.py): at most one per session, in flight or ready.
+
+    A cache of paid work, not a record: the step that reaches the summary watermark turns
+    it into the summary message (engine/model/summaries.py `summary_draft_use`); once a newer
+    summary exists (`base_through` no longer matches) it is stale and the next one replaces it.
+    """
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="summary_draft")
+    # The summary it extends (its last seq; 0: none) and the messages it covers.
+    base_through = models.PositiveIntegerField(default=0)
+    from_seq = models.PositiveIntegerField(default=0)
+    through_seq = models.PositiveIntegerField(default=0)
+    content = models.TextField(blank=True)
+    data = models.JSONField(null=True, blank=True)
+    token_count = models.PositiveIntegerField(default=0)
+    # Set while a task makes it (the claim; a stale claim may be taken over); NULL otherwise.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    ready = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.session_id} summary draft {self.from_seq}-{self.through_seq}"
+
+
 class ToolCallStatus(models.TextChoices):
     EXECUTING = "executing"
     SUCCESS = "success"
@@ -512,6 +554,8 @@ class ToolCall(models.Model):
     # Set (and committed) just before a side-effecting call is sent: a call
     # found executing with this set after a crash is uncertain and is probed.
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # A retry's wait too long to sleep in a worker parked the session: not sent before this.
+    retry_at = models.DateTimeField(null=True, blank=True)
     probe_outcome = models.CharField(max_length=20, blank=True)
     # Probes that could not tell so far: each backs off and asks again, up to
     # RECOVERY_PROBE_ATTEMPTS (engine/gates/recovery.py).

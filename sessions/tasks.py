@@ -42,6 +42,11 @@ def keep_turn_memory(session_id: str, turn: int) -> int:
     return services.memory_turn_keep(session_id=session_id, turn=turn)
 
 
+@shared_task(name="sessions.tasks.summarise_ahead", ignore_result=True)
+def summarise_ahead(session_id: str) -> bool:
+    return services.summary_ahead_run(session_id=session_id)
+
+
 @worker_ready.connect
 def health_start(sender: Any = None, **_: Any) -> None:
     """Start this worker's heartbeat. Over its thresholds the worker cancels its consumer

@@ -53,6 +53,7 @@ class ToolAdminForm(forms.ModelForm):
             "method",
             "headers",
             "timeout_s",
+            "retry",
             "status_url",
             "probe_handler",
             "precheck_url",
@@ -208,6 +209,7 @@ class ToolAdmin(AuditedAdmin, admin.ModelAdmin):
                     "method",
                     "headers",
                     "timeout_s",
+                    "retry",
                     "mcp_source",
                 )
             },

@@ -26,6 +26,7 @@ from llm.wire_names import wire_name
 from observability.redaction import scrub, scrub_value
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
+from runtime.retry import TOOL_DEFAULT, RetryPolicy, parse_retry_after, retry_policy
 
 from . import builtin
 from .env_access import HeaderEnvRefused, header_env_rule, refused_header_envs
@@ -93,6 +94,7 @@ class ToolSnapshot:
     # MCP tools: the server and the tool's name there.
     mcp: McpEndpoint | None = None
     mcp_tool: str = ""
+    retry: RetryPolicy = TOOL_DEFAULT
 
     @classmethod
     def from_model(cls, tool: Tool) -> "ToolSnapshot":
@@ -134,6 +136,7 @@ class ToolSnapshot:
                 else None
             ),
             mcp_tool=getattr(tool, "mcp_tool", ""),
+            retry=retry_policy(tool.retry, TOOL_DEFAULT),
         )
 
     @property
@@ -160,6 +163,8 @@ class ToolInvocation:
     arguments_error: str | None = None
     # This call's own time limit instead of the tool's (a workflow node's timeout_s).
     timeout_s: float | None = None
+    # Attempts made in earlier steps (a retry whose wait parked the session).
+    attempts_before: int = 0
 
 
 @dataclass
@@ -371,12 +376,13 @@ def url_with_arguments(url: str, arguments: dict[str, Any]) -> tuple[httpx.URL, 
 class ToolHttpError(Exception):
     """The business API answered with an error status; its body is the model's to read."""
 
-    def __init__(self, status: int, body: Any) -> None:
+    def __init__(self, status: int, body: Any, retry_after_s: float | None = None) -> None:
         detail = body.get("error") if isinstance(body, dict) and body.get("error") else body
         # Scrubbed before it is cut: a cut first could leave half an address the scrubber misses.
         super().__init__(f"HTTP {status}: {scrub(str(detail))[:500]}")
         self.status = status
         self.body = body
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -452,12 +458,61 @@ async def _run_http(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> 
                 "error": "the API answered with a redirect, which is not followed;"
                 " the tool's URL must be the final one",
             }
-        raise ToolHttpError(answer.status, body)
+        raise ToolHttpError(
+            answer.status, body, parse_retry_after(answer.response.headers.get("retry-after"))
+        )
     return body
 
 
 def _transport_error(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError | httpx.HTTPStatusError | McpUnreachable)
+
+
+@dataclass(frozen=True)
+class RetrySignal:
+    """What a failed attempt says about trying again (runtime/retry.py's error kinds)."""
+
+    kind: str | None  # timeout | connect | 5xx | 429; None: not worth another attempt
+    # The error proves the request did not take effect, so even a call with side
+    # effects may go again (with its idempotency key): the connection was never made
+    # (nothing was sent), or the server refused it unprocessed (429; 503 with Retry-After).
+    not_done: bool = False
+    retry_after_s: float | None = None
+
+
+def retry_signal(exc: BaseException) -> RetrySignal:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return RetrySignal("connect", not_done=True)
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return RetrySignal("timeout")
+    if isinstance(exc, httpx.TransportError | McpUnreachable):
+        return RetrySignal("connect")  # broke off after sending: it may have taken effect
+    if isinstance(exc, httpx.HTTPStatusError):
+        after = parse_retry_after(exc.response.headers.get("retry-after"))
+        status = exc.response.status_code
+        return RetrySignal("5xx", not_done=status == 503 and after is not None, retry_after_s=after)
+    if isinstance(exc, ToolHttpError) and exc.status == 429:
+        return RetrySignal("429", not_done=True, retry_after_s=exc.retry_after_s)
+    return RetrySignal(None)
+
+
+def retry_wait(
+    tool: ToolSnapshot, invocation: "ToolInvocation", signal: RetrySignal, failed: int
+) -> float | None:
+    """The wait before the next attempt after `failed` failed ones, or None: no retry.
+
+    A tool without side effects is retried on any error its policy names; one with
+    side effects only when the call carries an idempotency key, goes over HTTP (the
+    only kind whose errors say what happened) and the error proves it did not take
+    effect (`RetrySignal.not_done`).
+    """
+    if not tool.retry.retries(signal.kind):
+        return None
+    if tool.side_effects and not (
+        signal.not_done and invocation.idempotency_key and tool.kind == "http"
+    ):
+        return None
+    return tool.retry.wait_s(failed, signal.retry_after_s)
 
 
 async def _run_mcp(tool: ToolSnapshot, arguments: dict[str, Any], key: str) -> Any:
@@ -522,8 +577,9 @@ async def _execute_one(
     1. Refuse unknown tools and tools the session's role may not use (alike).
     2. Check arguments: safe coercions, then every remaining problem at once.
     3. Fail fast while the tool's breaker is open.
-    4. Run under the call's timeout; a tool without side effects gets one
-       retry after a timeout or a transport error.
+    4. Run under the call's timeout, retried as the tool's retry policy says
+       (`retry_wait`): a short wait here, a longer one marked on the outcome
+       (`extra["retry_in_s"]`) for the tool step to park the session.
     """
     started = time.perf_counter()
     tool = tools.get(invocation.name)
@@ -557,34 +613,28 @@ async def _execute_one(
         )
     attempts = 0
     output: Any = None
-    retries = 0 if tool.side_effects else 1
     while True:
         attempts += 1
         try:
             output = await _invoke(tool, checked.arguments, invocation.idempotency_key)
             break
-        except TimeoutError:
-            if attempts <= retries:
-                continue
-            breaker.record_failure(tool.name)
-            # What the caller waited in all, not one attempt's limit.
-            waited = (
-                f"{tool.timeout_s:g} s"
-                if attempts == 1
-                else f"{tool.timeout_s:g} s, {attempts} times ({tool.timeout_s * attempts:g} s in all)"
-            )
-            log_tool_failure(tool, "timeout", f"no answer within {waited}")
-            return _failure(
-                "timeout",
-                f"{tool.name} did not answer within {waited}.",
-                started,
-                coercions=checked.coercions,
-                attempts=attempts,
-            )
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's data, not the run's crash
-            if _transport_error(exc) and attempts <= retries:
+            failed = invocation.attempts_before + attempts
+            wait = retry_wait(tool, invocation, retry_signal(exc), failed)
+            if wait is not None and wait <= settings.RETRY_INLINE_WAIT_S:
+                await asyncio.sleep(wait)
                 continue
-            return _exception_outcome(tool, exc, started, checked.coercions, attempts, breaker)
+            if isinstance(exc, TimeoutError):
+                outcome = _timeout_outcome(tool, started, checked.coercions, attempts, breaker)
+            else:
+                outcome = _exception_outcome(
+                    tool, exc, started, checked.coercions, attempts, breaker
+                )
+            if wait is not None:
+                # Too long to wait here: the tool step parks the session and sends it again
+                # then (engine/phases/tools.py), or, when it cannot, the model is told.
+                outcome.extra["retry_in_s"] = round(wait, 3)
+            return outcome
     breaker.record_success(tool.name)
     if not isinstance(output, dict):
         output = {"result": output}
@@ -606,6 +656,26 @@ async def _execute_one(
         elapsed_ms=int((time.perf_counter() - started) * 1000),
         content=render_success(output),
         coercions=checked.coercions,
+        attempts=attempts,
+    )
+
+
+def _timeout_outcome(
+    tool: ToolSnapshot, started: float, coercions: list[str], attempts: int, breaker: CircuitBreaker
+) -> ToolOutcome:
+    breaker.record_failure(tool.name)
+    # What the caller waited in all, not one attempt's limit.
+    waited = (
+        f"{tool.timeout_s:g} s"
+        if attempts == 1
+        else f"{tool.timeout_s:g} s, {attempts} times ({tool.timeout_s * attempts:g} s in all)"
+    )
+    log_tool_failure(tool, "timeout", f"no answer within {waited}")
+    return _failure(
+        "timeout",
+        f"{tool.name} did not answer within {waited}.",
+        started,
+        coercions=coercions,
         attempts=attempts,
     )
 

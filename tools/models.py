@@ -118,6 +118,13 @@ class Tool(models.Model):
         help_text="The tool honours the idempotency key, so a call may safely be sent again.",
     )
     timeout_s = models.FloatField(default=10.0)
+    # runtime/retry.py; empty = the defaults (two attempts; README "Retry policies").
+    retry = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Retry policy, e.g. {"attempts": 3, "backoff_base_s": 0.5, "backoff_max_s": 20, '
+        '"on": ["timeout", "connect", "5xx", "429"], "retry_after_max_s": 60}; empty = defaults.',
+    )
     side_effects = models.BooleanField(default=False)
     requires_approval = models.BooleanField(default=False)
     risk_level = models.PositiveSmallIntegerField(
@@ -202,6 +209,11 @@ class Tool(models.Model):
             validate_condition(self.approval_when)
         except ConditionError as exc:
             raise ValidationError({"approval_when": str(exc)}) from None
+        from runtime.retry import retry_policy_problems
+
+        self.retry = self.retry or {}  # an emptied form field: the defaults
+        if problems := retry_policy_problems(self.retry):
+            raise ValidationError({"retry": "; ".join(problems)})
         if self.risk_level is not None and self.risk_level > 3:
             raise ValidationError({"risk_level": "goes from 0 (harmless) to 3 (highest)"})
         if self.approval_on_timeout == "escalate" and not self.approval_escalate_to:

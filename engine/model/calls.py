@@ -1,7 +1,8 @@
 """Choosing the model for a step and surviving its failures.
 
 Order of attempts: the agent's model (or its rollout candidate, sticky per
-session), then exactly one retry on the agent's fallback model; if both fail,
+session), retried as its endpoint's retry policy says (`ModelEndpoint.retry`, one
+attempt by default), then the agent's fallback model (under its own policy); if both fail,
 the caller answers with the agent's "service busy" message. Endpoints whose
 breaker is open are skipped without a call. The assembler
 (engine/model/context.py) fits every request to the tightest window of the
@@ -31,10 +32,12 @@ from llm.base import (
     ModelError,
     ModelKeyMissing,
     ModelProtocolError,
+    ModelRateLimited,
     ModelRequestTooLarge,
     ModelTimeout,
+    ModelUnavailable,
 )
-from llm.http import redact
+from llm.http import RETRY_AFTER_CAP_S, redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
 from memory.tokens import estimate_request_tokens, estimate_response_tokens
 from observability import metrics, tracing
@@ -43,6 +46,7 @@ from runtime import health, io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
 from runtime.faults import fault_point
+from runtime.retry import MODEL_DEFAULT, retry_policy
 from sessions.events import EventType, Progress
 from sessions.models import Agent, ModelCall, ModelEndpoint, Session
 from sessions.publisher import publish_ephemeral
@@ -64,6 +68,17 @@ def primary_endpoint(agent: Agent, session: Session) -> tuple[ModelEndpoint, boo
     ):
         return candidate, True
     return agent.model, False
+
+
+def request_window(agent: Agent, session: Session) -> int:
+    """The tightest window among the agent's and the endpoints this step may call
+    (the primary or rollout candidate, and the fallback it retries on)."""
+    primary, _ = primary_endpoint(agent, session)
+    windows = [agent.context_window, primary.context_window]
+    fallback = agent.fallback_model
+    if fallback is not None and fallback.enabled:
+        windows.append(fallback.context_window)
+    return min(windows)
 
 
 def first_enabled_endpoint(
@@ -127,6 +142,7 @@ def _attempt(
     fallback: bool,
     rollout: bool,
     purpose: str = "step",
+    record_failure: bool = True,
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, in a span of its own, counted in the metrics."""
     with tracing.model_span(endpoint=endpoint.name, api=endpoint.api, model=endpoint.model) as span:
@@ -138,9 +154,77 @@ def _attempt(
             fallback=fallback,
             rollout=rollout,
             purpose=purpose,
+            record_failure=record_failure,
         )
         _observe(span, endpoint, record, response, error)
     return response, record, error
+
+
+def error_kind(error: ModelError) -> str | None:
+    """The retry policy's name for a failed call (runtime/retry.py), None: not retried."""
+    if isinstance(error, ModelTimeout):
+        return "timeout"
+    if isinstance(error, ModelRateLimited):
+        return "429"
+    if isinstance(error, ModelUnavailable):
+        if error.status is None:
+            return "connect"
+        return "timeout" if error.status == 408 else "5xx"
+    return None
+
+
+def _attempts(
+    session: Session,
+    endpoint: ModelEndpoint,
+    request: ChatRequest,
+    *,
+    fallback: bool,
+    rollout: bool,
+    calls: list[ModelCall],
+) -> tuple[ChatResponse | None, ModelError | None]:
+    """Call one endpoint as its retry policy says; every attempt's record goes to `calls`.
+
+    1. Call; an answer, or an error the policy does not name, ends it.
+    2. The wait before the next attempt (Retry-After, else backoff with jitter): one up
+       to RETRY_INLINE_WAIT_S is slept here, without a database connection; a longer
+       one is not waited for in a worker holding a run: the fallback model (or the
+       busy answer) comes next, and the breaker keeps the endpoint aside meanwhile.
+    3. The breaker hears of the failure once, when this endpoint gives up.
+    """
+    policy = retry_policy(endpoint.retry, MODEL_DEFAULT)
+    tried = 0
+    while True:
+        tried += 1
+        response, record, error = _attempt(
+            session,
+            endpoint,
+            request,
+            retried=fallback or tried > 1,
+            fallback=fallback,
+            rollout=rollout,
+            record_failure=False,
+        )
+        calls.append(record)
+        if error is None:
+            return response, None
+        wait = (
+            policy.wait_s(tried, error.retry_after_s) if policy.retries(error_kind(error)) else None
+        )
+        if wait is None or wait > settings.RETRY_INLINE_WAIT_S:
+            _breaker_failure(endpoint, error)
+            return None, error
+        give_back_connection()
+        time.sleep(wait)
+
+
+def _breaker_failure(endpoint: ModelEndpoint, error: ModelError) -> None:
+    if error.outcome in ("breaker_open", "too_large", "bad_request"):
+        return
+    # A rate limit's Retry-After (capped) is the cool-down; other errors count toward it.
+    after = error.retry_after_s if isinstance(error, ModelRateLimited) else None
+    model_breaker().record_failure(
+        endpoint.name, retry_after_s=None if after is None else min(after, RETRY_AFTER_CAP_S)
+    )
 
 
 def _observe(
@@ -184,6 +268,7 @@ def _attempt_call(
     fallback: bool,
     rollout: bool,
     purpose: str,
+    record_failure: bool = True,
 ) -> tuple[ChatResponse | None, ModelCall, ModelError | None]:
     """One call to one endpoint, always described by an (unsaved) ModelCall.
 
@@ -247,7 +332,8 @@ def _attempt_call(
         if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
             # A slow failure (a timeout) is model latency too, for the sweeper's pacing.
             health.figures.model_call_done(record.total_ms / 1000)
-            breaker.record_failure(endpoint.name, retry_after_s=exc.retry_after_s)
+        if record_failure:
+            _breaker_failure(endpoint, exc)
         return None, record, exc
     breaker.record_success(endpoint.name)
     record.first_token_ms = timing.first_ms()
@@ -429,11 +515,18 @@ def call_model(
     """Primary (or `tier`, the cheaper model of a degraded session), then one retry on the
     fallback; never raises ModelError (RunCancelled ends the turn)."""
     primary, rollout = (tier, False) if tier is not None else primary_endpoint(agent, session)
-    response, record, error = _attempt(
-        session, primary, request, retried=False, fallback=False, rollout=rollout
-    )
-    routed = Routed(
-        response=response, endpoint=primary if response else None, calls=[record], error=error
+    routed = Routed(response=None, endpoint=None)
+    try:
+        response, error = _attempts(
+            session, primary, request, fallback=False, rollout=rollout, calls=routed.calls
+        )
+    except RunCancelled as cancelled:
+        cancelled.calls[:0] = routed.calls
+        raise
+    routed.response, routed.endpoint, routed.error = (
+        response,
+        primary if response else None,
+        error,
     )
     if error is None or not error.retryable:
         return routed
@@ -441,13 +534,12 @@ def call_model(
     if fallback is None or fallback.pk == primary.pk or not fallback.enabled:
         return routed
     try:
-        response, record, error = _attempt(
-            session, fallback, request, retried=True, fallback=True, rollout=False
+        response, error = _attempts(
+            session, fallback, request, fallback=True, rollout=False, calls=routed.calls
         )
     except RunCancelled as cancelled:
         cancelled.calls[:0] = routed.calls
         raise
-    routed.calls.append(record)
     routed.response, routed.endpoint, routed.error = (
         response,
         (fallback if response else None),

@@ -24,6 +24,8 @@ The history, when it outgrows its partition (memory/budget.py):
 2. Above `summarise_at` (90%), the oldest third (whole turns) is handed back to
    be summarised; the summary then stands at the head of the history and the
    originals are archived. Until it exists (or if it fails), step 3 applies.
+   Above `summarise_ahead_at` (60%, after trimming) it is handed back as `ahead`:
+   a summary prepared in the background, which the step at 90% uses if ready.
 3. Whatever still does not fit drops, oldest first, in whole units: an
    assistant tool call never loses its results (both wire formats reject that).
    The current turn's latest tool round and the user's message always stay.
@@ -245,6 +247,8 @@ class Assembly:
     usage: dict[str, int]
     # The oldest whole turns, when the history passed its summary watermark.
     summarise: tuple[Message, ...] = ()
+    # The same, when it passed only the watermark where a summary is prepared ahead.
+    ahead: tuple[Message, ...] = ()
     previous_summary: Message | None = None
     budget: ContextBudget | None = field(default=None, compare=False)
 
@@ -431,8 +435,13 @@ def assemble(
         trimmed = _trim(past, current, used - int(budget.trim_at * history_limit))
         used -= trimmed
     to_summarise: list[_Item] = []
+    to_prepare: list[_Item] = []
     if summarise and past and history_limit and used > budget.summarise_at * history_limit:
         to_summarise = _oldest_third(past, used)
+    elif summarise and past and history_limit and used > budget.summarise_ahead_at * history_limit:
+        # Trimming no longer keeps the history under its watermark: prepare the summary the
+        # step at `summarise_at` will need, while there is time (engine/gates/summary_ahead.py).
+        to_prepare = _oldest_third(past, used)
     if used > history_limit:
         used -= _hard_fit(past, current, used - history_limit)
 
@@ -468,6 +477,7 @@ def assemble(
         request=request,
         usage=usage,
         summarise=tuple(m for item in to_summarise for m in item.messages),
+        ahead=tuple(m for item in to_prepare for m in item.messages),
         previous_summary=summary,
         budget=budget,
     )

@@ -13,6 +13,12 @@ on with a trimmed history, and the next attempt waits (`summary_retry_at`):
 30 s after one failure, doubling per consecutive failure up to 15 minutes, so
 a broken summary model is not paid for (or waited on) at every step.
 
+Ahead of need: past the 60% watermark (`summarise_ahead_at`), the step that
+commits enqueues a task (engine/gates/summary_ahead.py) that makes the summary in
+the background and keeps it as the session's `SummaryDraft`; the step that
+reaches 90% turns a ready draft into its summary message without a model call
+(`summary_draft_use`), and only summarises inline when there is none.
+
 The summary model: `Agent.summary_model`, else the cheap model, else the
 fallback, else the agent's own. The offline `rules` model answers with a
 deterministic extract (llm/rules.py), so the demo summarises offline.
@@ -21,17 +27,35 @@ deterministic extract (llm/rules.py), so the demo summarises offline.
 import json
 import logging
 import re
+import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
 
 from engine.model.calls import first_enabled_endpoint, side_call
-from engine.model.context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
+from engine.model.context import (
+    SUMMARY_HEADING,
+    SUMMARY_NAME,
+    Assembly,
+    cap_text,
+    message_tokens,
+)
 from llm.types import ChatMessage, ChatRequest
-from memory.tokens import count_message_tokens
-from sessions.models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
+from memory.tokens import count_message_tokens, count_tokens
+from sessions.models import (
+    Agent,
+    Message,
+    ModelCall,
+    ModelCallOutcome,
+    ModelEndpoint,
+    Session,
+    SummaryDraft,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +70,8 @@ Merge the previous summary if one is given: keep its facts unless the conversati
 # Per message of the transcript: enough for the facts, not a whole tool result.
 TRANSCRIPT_MESSAGE_CHARS = 600
 SUMMARY_OUTPUT_TOKENS = 600
+# The longest item of a section kept.
+FACT_CHARS = 500
 # After a failed summary: the first retry's wait, doubled per consecutive failure, capped.
 SUMMARY_RETRY_BASE_S = 30
 SUMMARY_RETRY_MAX_S = 900
@@ -85,22 +111,59 @@ def summary_endpoint(agent: Agent) -> ModelEndpoint:
     )
 
 
-def _transcript(messages: tuple[Message, ...]) -> tuple[str, list[dict[str, Any]]]:
+def _line(m: Message) -> tuple[str, dict[str, Any]]:
+    """One message as the summary model reads it, cut to a few hundred characters."""
+    text = m.content
+    if m.role == "assistant" and m.tool_calls:
+        calls = ", ".join(
+            f"{c.get('name')}({json.dumps(c.get('arguments') or {}, ensure_ascii=False)})"
+            for c in m.tool_calls
+        )
+        text = f"{text} [called {calls}]".strip()
+    who = f"tool {m.name}" if m.role == "tool" else m.role
+    text = text[:TRANSCRIPT_MESSAGE_CHARS]
+    return f"{who}: {text}", {"role": m.role, "name": m.name, "content": text}
+
+
+def fitted_transcript(
+    messages: tuple[Message, ...], room: int
+) -> tuple[str, list[dict[str, Any]], tuple[Message, ...]]:
+    """The transcript of the oldest messages that fit in `room` tokens, and those messages.
+
+    The summary stands for exactly what the summary model read, so the
+    transcript is never cut mid-message: it ends before the first message that
+    does not fit, and never between an assistant's tool call and its results
+    (archiving the call without its results would leave orphan results in the
+    context). The rest stays in the context for the next summary. When not even
+    the first unit (a message, or a tool call with its results) fits, it goes
+    alone, capped to `room`.
+    """
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
-    for m in messages:
-        text = m.content
-        if m.role == "assistant" and m.tool_calls:
-            calls = ", ".join(
-                f"{c.get('name')}({json.dumps(c.get('arguments') or {}, ensure_ascii=False)})"
-                for c in m.tool_calls
-            )
-            text = f"{text} [called {calls}]".strip()
-        who = f"tool {m.name}" if m.role == "tool" else m.role
-        text = text[:TRANSCRIPT_MESSAGE_CHARS]
-        lines.append(f"{who}: {text}")
-        rows.append({"role": m.role, "name": m.name, "content": text})
-    return "\n".join(lines), rows
+    used = 0
+    sent = 0  # how many messages went into the transcript
+    cut = 0  # the last place the transcript may end: after `cut` messages
+    for index, m in enumerate(messages):
+        line, row = _line(m)
+        tokens = count_tokens(line + "\n")
+        if used + tokens > room:
+            break
+        lines.append(line)
+        rows.append(row)
+        used += tokens
+        sent = index + 1
+        nxt = messages[index + 1] if index + 1 < len(messages) else None
+        if nxt is None or nxt.role != "tool":
+            cut = sent
+    if not cut:
+        # Not even the first unit fits: it goes alone (a tool call with its results), capped.
+        unit = 1
+        while unit < len(messages) and messages[unit].role == "tool":
+            unit += 1
+        first = [_line(m) for m in messages[:unit]]
+        text = cap_text("\n".join(line for line, _ in first), room)
+        return text, [row for _, row in first], messages[:unit]
+    return "\n".join(lines[:cut]), rows[:cut], messages[:cut]
 
 
 def parse_sections(text: str) -> dict[str, Any] | None:
@@ -114,15 +177,27 @@ def parse_sections(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict) or not any(k in value for k in SECTIONS):
         return None
-    sections: dict[str, Any] = {"intent": str(value.get("intent") or "")[:500]}
+    sections: dict[str, Any] = {"intent": str(value.get("intent") or "")[:FACT_CHARS]}
     for key in SECTIONS[1:]:
         items = value.get(key) or []
         if isinstance(items, str):
             items = [items]
         sections[key] = (
-            [str(i)[:500] for i in items if str(i).strip()] if isinstance(items, list) else []
+            [str(i)[:FACT_CHARS] for i in items if str(i).strip()]
+            if isinstance(items, list)
+            else []
         )
     return sections
+
+
+def prose_sections(text: str) -> dict[str, Any]:
+    """A prose answer kept as the summary's facts: one per line (long lines wrapped)."""
+    facts: list[str] = []
+    for line in text.strip().splitlines():
+        line = line.strip().lstrip("-*• ").strip()
+        if line and not line.startswith("```"):
+            facts += textwrap.wrap(line, FACT_CHARS) or [line[:FACT_CHARS]]
+    return {"intent": "", "facts": facts, "actions": [], "open_items": []}
 
 
 def render_summary(sections: dict[str, Any], tokens: int) -> str:
@@ -163,22 +238,25 @@ def summarise(
 ) -> SummaryOutcome:
     """Condense `messages` (and the previous summary) into a summary message of at most `tokens`.
 
-    1. A transcript of the messages (each cut to a few hundred characters).
+    1. A transcript of the oldest messages that fit the summary model's window
+       (each cut to a few hundred characters; `fitted_transcript`): the summary
+       covers those only, the rest stays in the context.
     2. One call to the summary model, metered like any call (a ModelCall row
        with purpose "summary", committed with the step).
-    3. The answer's sections (or, not JSON, its text) rendered within `tokens`.
+    3. The answer's sections (or, not JSON, its prose as the facts) rendered within `tokens`.
     """
     if not messages:
         return SummaryOutcome()
     endpoint = summary_endpoint(agent)
-    transcript, rows = _transcript(messages)
     prior = previous.data.get("sections") if previous is not None and previous.data else None
     window = min(endpoint.context_window, agent.context_window)
     room = max(window - SUMMARY_OUTPUT_TOKENS - count_message_tokens(INSTRUCTIONS) - 64, 64)
     prompt = ""
     if prior:
         prompt += "Previous summary:\n" + json.dumps(prior, ensure_ascii=False) + "\n\n"
-    prompt = cap_text(prompt + "Conversation to condense:\n" + transcript, room)
+    prompt = cap_text(prompt, max(room // 2, 1)) + "Conversation to condense:\n"
+    transcript, rows, messages = fitted_transcript(messages, max(room - count_tokens(prompt), 16))
+    prompt += transcript
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content=INSTRUCTIONS),
@@ -198,13 +276,13 @@ def summarise(
             endpoint.name,
         )
         return outcome
-    sections = parse_sections(response.text)
-    if sections is None:
-        content = cap_text(f"{SUMMARY_HEADING}\n{response.text.strip()}", max(tokens - 4, 1))
-    else:
-        content = render_summary(sections, tokens)
-    # The summary stands for everything up to the chunk's last message; an older
-    # summary is never shown once a newer one exists, whatever its seq.
+    # Prose instead of the JSON asked for is still a summary: it becomes the facts,
+    # so the next summary merges it like any other (nothing the model said is lost).
+    sections = parse_sections(response.text) or prose_sections(response.text)
+    content = render_summary(sections, tokens)
+    # The summary stands for the messages the summary model read (the transcript
+    # may have stopped short of the chunk); an older summary is never shown once
+    # a newer one exists, whatever its seq.
     seqs = [m.seq for m in messages if m.seq is not None]
     if not seqs:
         return outcome
@@ -225,3 +303,105 @@ def summarise(
     summary.token_count = message_tokens(summary)
     outcome.message = summary
     return outcome
+
+
+# A claim on a session's draft older than this is taken to be a task that died.
+DRAFT_CLAIM_STALE_S = 300
+
+
+def summary_base(previous: Message | None) -> int:
+    """The last seq the latest summary covers (0: none): what a draft extends."""
+    if previous is None or not isinstance(previous.data, dict):
+        return 0
+    through = previous.data.get("through_seq")
+    return through if isinstance(through, int) else 0
+
+
+def summary_ahead_wanted(session: Session, assembly: Assembly) -> bool:
+    """Should a summary be prepared in the background after this step commits?
+
+    Only past the ahead watermark; not when a draft for the current summary is ready or
+    being made (a fresh claim), nor while failed summaries' wait runs.
+    """
+    if not assembly.ahead:
+        return False
+    now = timezone.now()
+    row = (
+        SummaryDraft.objects.filter(session_id=session.pk)
+        .values("ready", "base_through", "claimed_at")
+        .first()
+    )
+    if row is not None:
+        if row["ready"] and row["base_through"] == summary_base(assembly.previous_summary):
+            return False
+        claimed = row["claimed_at"]
+        if claimed is not None and claimed > now - timedelta(seconds=DRAFT_CLAIM_STALE_S):
+            return False
+    retry_at = summary_retry_at(session)
+    return retry_at is None or now >= retry_at
+
+
+def summary_draft_use(session: Session, assembly: Assembly, tokens: int) -> Message | None:
+    """The ready draft as this step's summary message, if it still fits; else None.
+
+    It must extend the latest summary, start where the chunk to summarise starts (the
+    oldest message not summarised yet), end within that chunk and fit `tokens`.
+    """
+    base = summary_base(assembly.previous_summary)
+    draft = SummaryDraft.objects.filter(
+        session_id=session.pk, ready=True, base_through=base
+    ).first()
+    chunk = [m.seq for m in assembly.summarise if m.seq is not None]
+    if draft is None or not chunk or not isinstance(draft.data, dict):
+        return None
+    if draft.from_seq != min(chunk) or draft.through_seq > max(chunk) or draft.token_count > tokens:
+        return None
+    return Message(
+        turn=session.turn,
+        role="system",
+        name=SUMMARY_NAME,
+        content=draft.content,
+        data={**draft.data, "prepared": True},
+        token_count=draft.token_count,
+    )
+
+
+def summary_draft_claim(session_id: UUID | str, base: int) -> datetime | None:
+    """Claim the session's draft for making it (the claim's time is its token); None when a
+    draft for `base` is ready already or another task holds a fresh claim."""
+    now = timezone.now()
+    SummaryDraft.objects.get_or_create(session_id=session_id)
+    claimed = (
+        SummaryDraft.objects.filter(session_id=session_id)
+        .filter(
+            Q(claimed_at__isnull=True)
+            | Q(claimed_at__lt=now - timedelta(seconds=DRAFT_CLAIM_STALE_S))
+        )
+        .exclude(ready=True, base_through=base)
+        .update(claimed_at=now, ready=False)
+    )
+    return now if claimed == 1 else None
+
+
+def summary_draft_store(
+    session_id: UUID | str, claim: datetime, base: int, message: Message
+) -> bool:
+    """Keep the made summary as the ready draft, if the claim is still ours."""
+    data = message.data if isinstance(message.data, dict) else {}
+    return (
+        SummaryDraft.objects.filter(session_id=session_id, claimed_at=claim).update(
+            claimed_at=None,
+            ready=True,
+            base_through=base,
+            from_seq=int(data.get("from_seq") or 0),
+            through_seq=int(data.get("through_seq") or 0),
+            content=message.content,
+            data=data,
+            token_count=message.token_count,
+        )
+        == 1
+    )
+
+
+def summary_draft_release(session_id: UUID | str, claim: datetime) -> None:
+    SummaryDraft.objects.filter(session_id=session_id, claimed_at=claim).update(claimed_at=None)

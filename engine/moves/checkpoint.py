@@ -1,7 +1,9 @@
 """What is committed before a tool call is sent, so a crash cannot repeat its side effect:
 the recovery checkpoint of a level 2 or 3 call (runtime-mechanisms 3.3: what recovering or
 compensating it needs; its level is the risk gate's, engine/gates/risk.py), then the mark
-that each side-effecting call is about to go out (`calls_dispatched`).
+that each side-effecting call is about to go out (`calls_dispatched`); and, for a retry
+whose wait is too long to sleep in the worker, when each call may go again
+(`calls_retry_later`).
 """
 
 from django.db import connection, transaction
@@ -84,3 +86,43 @@ def calls_dispatched(session: Session, owner: str, calls: list[ToolCall]) -> Non
             )
         for call in calls:
             call.dispatched_at = now
+
+
+_RETRY_LATER = f"""UPDATE "{ToolCall._meta.db_table}" c
+       SET attempts = c.attempts + v.tried,
+           retry_at = now() + make_interval(secs => v.wait),
+           dispatched_at = NULL
+      FROM unnest(%s::bigint[], %s::int[], %s::float8[]) AS v(id, tried, wait)
+     WHERE c.id = v.id AND c.status = '{ToolCallStatus.EXECUTING.value}'
+       AND EXISTS (SELECT 1 FROM "{Session._meta.db_table}" s
+                    WHERE s.id = c.session_id AND s.id = %s AND s.lease_owner = %s
+                      AND s.version = %s)"""  # nosec B608
+
+
+def calls_retry_later(
+    session: Session, owner: str, retries: list[tuple[ToolCall, int, float]]
+) -> None:
+    """Commit that these calls go again after their wait: (call, attempts made now, wait s).
+
+    The attempts add up across steps (the policy counts them all); a side-effecting
+    call is only here when its error proved it did not take effect, so its dispatched
+    mark goes (it is sent again as new, with the same idempotency key, never probed).
+    Only while this worker holds the lease and the calls are open (else StaleSession).
+    """
+    if not retries:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RETRY_LATER,
+            [
+                [c.pk for c, _, _ in retries],
+                [tried for _, tried, _ in retries],
+                [wait for _, _, wait in retries],
+                session.pk,
+                owner,
+                session.version,
+            ],
+        )
+        claimed = cursor.rowcount
+    if claimed != len(retries):
+        raise StaleSession(f"session {session.pk} was taken over before its retries were set")

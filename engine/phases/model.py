@@ -28,10 +28,16 @@ from engine.gates.metering import credits_stop, model_credits_check, model_point
 from engine.gates.revalidation import revalidation
 from engine.gates.routing import MAIN, SMALL, escalation, route
 from engine.gates.turn_options import answer_format_block, turn_options, with_turn_options
-from engine.model.calls import RunCancelled, call_model, primary_endpoint, tiers_record
+from engine.model.calls import RunCancelled, call_model, request_window, tiers_record
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
 from engine.model.structured import answer_check, repair_messages
-from engine.model.summaries import SummaryOutcome, summarise, summary_retry_at
+from engine.model.summaries import (
+    SummaryOutcome,
+    summarise,
+    summary_ahead_wanted,
+    summary_draft_use,
+    summary_retry_at,
+)
 from engine.model.usage import ModelSpend
 from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
@@ -40,7 +46,7 @@ from llm.types import ChatRequest
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
-from sessions.dispatch import memory_enqueue_on_commit
+from sessions.dispatch import memory_enqueue_on_commit, summary_ahead_enqueue_on_commit
 from sessions.events import CallCounts, EventType, Progress, StopReason
 from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
 from sessions.publisher import publish_ephemeral
@@ -75,17 +81,6 @@ def loop_stop(session: Session, agent: Agent, run: RunContext | None = None) -> 
     return guards.check(steps, limits)
 
 
-def request_window(agent: Agent, session: Session) -> int:
-    """The tightest window among the agent's and the endpoints this step may call
-    (the primary or rollout candidate, and the fallback it retries on)."""
-    primary, _ = primary_endpoint(agent, session)
-    windows = [agent.context_window, primary.context_window]
-    fallback = agent.fallback_model
-    if fallback is not None and fallback.enabled:
-        windows.append(fallback.context_window)
-    return min(windows)
-
-
 def fitted_context(
     session: Session,
     agent: Agent,
@@ -101,10 +96,10 @@ def fitted_context(
     """The step's request within the budget; past the summary watermark, with a new summary.
 
     1. Assemble (trimming what is not key).
-    2. If the history passed its summary watermark (and no failed summary's
-       wait is running): summarise the oldest third and assemble again with the
-       summary at the head. A failed summary leaves the trimmed request of
-       step 1: a summary never fails a turn.
+    2. If the history passed its summary watermark: the summary made ahead if one
+       is ready for it, else (and no failed summary's wait is running) summarise the
+       oldest third now; then assemble again with the summary at the head. A failed
+       summary leaves the trimmed request of step 1: a summary never fails a turn.
     """
     assembly = assemble(
         agent=agent,
@@ -118,16 +113,21 @@ def fitted_context(
     )
     if not assembly.summarise or assembly.budget is None:
         return assembly, SummaryOutcome()
-    retry_at = summary_retry_at(session)
-    if retry_at is not None and timezone.now() < retry_at:
-        return assembly, SummaryOutcome()  # trimmed until the failed summaries' wait ends
-    outcome = summarise(
-        session=session,
-        agent=agent,
-        messages=assembly.summarise,
-        previous=assembly.previous_summary,
-        tokens=max(assembly.usage["history_limit"] // 4, 64),
-    )
+    tokens = max(assembly.usage["history_limit"] // 4, 64)
+    prepared = summary_draft_use(session, assembly, tokens)
+    if prepared is not None:
+        outcome = SummaryOutcome(message=prepared)  # made ahead: no model call in this step
+    else:
+        retry_at = summary_retry_at(session)
+        if retry_at is not None and timezone.now() < retry_at:
+            return assembly, SummaryOutcome()  # trimmed until the failed summaries' wait ends
+        outcome = summarise(
+            session=session,
+            agent=agent,
+            messages=assembly.summarise,
+            previous=assembly.previous_summary,
+            tokens=tokens,
+        )
     if outcome.message is None:
         return assembly, outcome
     history.append(outcome.message)
@@ -163,6 +163,8 @@ class ModelPlan:
     archive_through: int | None
     # The client's own tools offered in this step (the OpenAI-compatible request's `tools`).
     client_tools: frozenset[str] = frozenset()
+    # Past the ahead watermark: prepare the next summary once this step commits.
+    summary_ahead: bool = False
 
     def context(self, session: Session, model: str | None) -> ModelContext:
         """What the step's move commits besides its outcome."""
@@ -273,6 +275,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
             else None
         ),
         client_tools=options.client_tools if options is not None and not final else frozenset(),
+        summary_ahead=summary.message is None and summary_ahead_wanted(session, assembly),
     )
 
 
@@ -409,6 +412,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
         if wants_turn_memory(agent, user_text):
             memory_enqueue_on_commit(session.pk, turn)
+        if plan.summary_ahead:
+            summary_ahead_enqueue_on_commit(session.pk)
         return
     tool_intents(
         session,
@@ -419,6 +424,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         context=context,
         client_tools=plan.client_tools,
     )
+    if plan.summary_ahead:
+        summary_ahead_enqueue_on_commit(session.pk)
 
 
 def _unanswered(

@@ -17,6 +17,7 @@ precheck fails goes to a person (engine/gates/environment.py, revalidation.py).
 import logging
 
 from django.db import connection
+from django.utils import timezone
 
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper, StepDeferred
@@ -32,7 +33,7 @@ from engine.gates.revalidation import pending_prechecks
 from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
-from engine.moves.checkpoint import calls_dispatched, pre_run_checkpoint
+from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
 from engine.moves.children import children_start, children_started
 from engine.moves.turn import TIMER_HANDLER, tool_results
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
@@ -109,6 +110,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
     calls = open_calls(session)
+    _retry_due(calls)  # StepDeferred: a parked retry's wait is not over
     # The client's own tools' calls are its to run: they never reach a gate or the executor.
     client = client_wait(calls)
     calls = [c for c in calls if not c.client]
@@ -218,8 +220,13 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     ran = io_loop.run(
         execute_all(invocations, tools, session.role, step_timeout_s=agent.step_timeout_s)
     )
-    outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     _observe_tools(session, to_run, ran, started_ns)
+    later = [(c, o) for c, o in zip(to_run, ran, strict=True) if "retry_in_s" in o.extra]
+    if later:
+        parked = _park_retries(session, owner, calls, later, to_run, tools)
+        if parked is not None:
+            raise StepDeferred(parked)
+    outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
     for call in calls:
         # Settled or released by the results' commit (a call never reserved is left alone).
@@ -244,6 +251,62 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     )
 
 
+def _retry_due(calls: list[ToolCall]) -> None:
+    """A run woken before a parked retry's time (a new message, the sweeper) parks again."""
+    now = timezone.now()
+    due = max((c.retry_at for c in calls if c.retry_at is not None), default=None)
+    if due is not None and due > now:
+        raise StepDeferred((due - now).total_seconds())
+
+
+def _park_retries(
+    session: Session,
+    owner: str,
+    calls: list[ToolCall],
+    later: list[tuple[ToolCall, ToolOutcome]],
+    to_run: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+) -> float | None:
+    """Park the session for the calls whose retry waits too long for a worker; the wait, or
+    None when they cannot be parked (then their failure goes to the model, with the wait).
+
+    Parking drops this step's other outcomes: the step runs again after the wait. So it
+    parks only when running the others again is harmless: no call of the batch with side
+    effects ran, nothing wrote memory, reserved credits or started another agent. The
+    calls' attempts and due time are committed first (`calls_retry_later`).
+    """
+    waiting = {c.pk for c, _ in later}
+    harmful = [c for c in calls if c.pk not in waiting and not _rerun_harmless(c, to_run, tools)]
+    if harmful or any(getattr(c, "credit_points", 0) for c in to_run):
+        for _, outcome in later:
+            wait = float(outcome.extra["retry_in_s"])
+            outcome.content += f" It may work if called again in {wait:.0f} s."
+        return None
+    wait = max(float(o.extra["retry_in_s"]) for _, o in later)
+    calls_retry_later(
+        session, owner, [(c, o.attempts, float(o.extra["retry_in_s"])) for c, o in later]
+    )
+    logger.info(
+        "tool retries parked: session=%s calls=%s wait_s=%.1f",
+        session.pk,
+        ",".join(c.call_id for c, _ in later),
+        wait,
+    )
+    return wait
+
+
+def _rerun_harmless(call: ToolCall, to_run: list[ToolCall], tools: dict[str, ToolSnapshot]) -> bool:
+    """May this call's settling be done again when the step runs again? Not if it ran with
+    side effects, wrote memory, costs credits or is not the executor's (another agent, a
+    handoff): a gate's refusal or a read-only result is simply found again."""
+    tool = tools.get(call.tool_name)
+    if tool is None or tool.kind not in _EXECUTED or tool.credit_cost > 0:
+        return False
+    if is_memory_call(call, tools):
+        return False
+    return not (tool.side_effects and call in to_run)
+
+
 def _invocation(call: ToolCall, workflow: WorkflowRuntime | None) -> ToolInvocation:
     return ToolInvocation(
         call_id=call.call_id,
@@ -254,6 +317,7 @@ def _invocation(call: ToolCall, workflow: WorkflowRuntime | None) -> ToolInvocat
         or (None if isinstance(call.input, dict) else "arguments must be a JSON object"),
         # A workflow node's own time limit (its timeout_s) instead of the tool's.
         timeout_s=workflow.timeout_of(call.call_id) if workflow is not None else None,
+        attempts_before=call.attempts,
     )
 
 

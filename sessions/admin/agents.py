@@ -224,7 +224,8 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
                 "fields": ("context_budget", "summary_model"),
                 "description": "Partitions of the window (system, memory, history, input, buffer) "
                 'in tokens, or shares below 1, e.g. {"history": 32000}; trim_at and summarise_at '
-                "move the two watermarks (0.6 and 0.9 of the history). Summaries use the summary "
+                "move the two watermarks (0.6 and 0.9 of the history), summarise_ahead_at where "
+                "a summary is prepared in the background (0.6). Summaries use the summary "
                 "model, else the cheap model, else the fallback, else the model.",
             },
         ),

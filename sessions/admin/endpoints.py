@@ -111,7 +111,10 @@ class ModelEndpointAdmin(AuditedAdmin, admin.ModelAdmin):
                 )
             },
         ),
-        ("Timeouts", {"fields": ("connect_timeout_s", "first_token_timeout_s", "total_timeout_s")}),
+        (
+            "Timeouts and retries",
+            {"fields": ("connect_timeout_s", "first_token_timeout_s", "total_timeout_s", "retry")},
+        ),
         (
             "Prices and limits",
             {

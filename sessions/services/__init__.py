@@ -41,6 +41,7 @@ from sessions.services.runs import (
     session_cancel,
     session_resume,
     session_run_pending,
+    summary_ahead_run,
     turn_interrupt,
 )
 from sessions.services.sweep import (
@@ -65,6 +66,7 @@ __all__ = [
     "credits_reconcile",
     "extra_context_check",
     "memory_turn_keep",
+    "summary_ahead_run",
     "message_post",
     "message_post_for_owner",
     "questions_expire_due",

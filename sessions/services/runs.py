@@ -18,6 +18,7 @@ from engine import (
     RunResult,
     run_resume,
     session_run,
+    summary_ahead_make,
     turn_cancel,
     turn_memory_keep,
 )
@@ -153,6 +154,12 @@ def session_resume(
         )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return locked
+
+
+def summary_ahead_run(*, session_id: UUID | str) -> bool:
+    """After a step past the ahead watermark: make the session's next summary, ready for
+    the step that needs it (engine/gates/summary_ahead.py)."""
+    return summary_ahead_make(session_id=str(session_id))
 
 
 def memory_turn_keep(*, session_id: UUID | str, turn: int) -> int:

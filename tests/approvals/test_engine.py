@@ -16,6 +16,7 @@ from sessions.services import (
     session_cancel,
 )
 from tests.approvals.conftest import EFFECTS
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -235,6 +236,29 @@ def test_approve_and_remember_is_not_asked_again_for_the_same_arguments(make_ses
     session = _run(session)
     assert session.state == "awaiting_approval"
     assert Approval.objects.filter(session=session).count() == 2
+
+
+def test_approve_and_remember_stays_within_its_session(make_session, approver):
+    """The remembered decision covers the session it was given in: the same owner's other
+    session and another owner's session with the same tool and arguments are asked again."""
+    user, _ = approver
+    owner = UserFactory(username="remembering-owner")
+    first = make_session(owner=owner)
+    message_post(session=first, content="refund A1 80")
+    first = _run(first)
+    approval = Approval.objects.get(session=first)
+    approval_decide(
+        approval_id=approval.pk, approve=True, user=user, groups=["approvers"], remember=True
+    )
+    _run(first)
+    assert len(EFFECTS) == 1
+
+    for other in (make_session(owner=owner), make_session(owner=UserFactory(username="stranger"))):
+        message_post(session=other, content="refund A1 80")
+        other = _run(other)
+        assert other.state == "awaiting_approval"
+        assert Approval.objects.get(session=other).status == "pending"
+    assert len(EFFECTS) == 1
 
 
 def test_the_deadline_rejects_by_default_and_the_model_is_told(make_session):

@@ -9,6 +9,7 @@ from engine import session_run
 from sessions.models import Event, ModelCall, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ModelEndpointFactory, ToolFactory
+from tests.fakes.model_servers import FakeModelServer, Reply
 from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401
 
 
@@ -93,6 +94,72 @@ def test_level_one_uses_the_cheaper_model_with_a_lower_output_limit(make_agent, 
     call = ModelCall.objects.get(session=session)
     assert call.endpoint_name == "cheap-rules"
     assert Event.objects.filter(session=session, type="progress", data__level=1).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_level_one_lowers_the_requests_output_limit_on_the_wire(
+    make_agent,  # noqa: F811
+    make_session,  # noqa: F811
+    openai_server: FakeModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cheaper model is asked for at most `degraded_max_tokens`: read from the request
+    the model server received, not from the platform's own record of it."""
+    monkeypatch.setenv("FAKE_DEGRADED_KEY", "sk-degraded")
+    cheap = ModelEndpointFactory(
+        name="cheap-wire",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-cheap",
+        api_key_env="FAKE_DEGRADED_KEY",
+    )
+    openai_server.script(Reply(text="ok"))
+    _, session = _level_one_turn(make_agent, make_session, cheap)
+
+    assert session.degradation_level == 1
+    (request,) = openai_server.requests
+    assert request.body["max_tokens"] == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_level_two_defers_side_effects_but_runs_reads_and_critical_tools(
+    make_agent,  # noqa: F811
+    make_session,  # noqa: F811
+) -> None:
+    """95 % of the session budget spent: level 2. A non-critical tool with side effects is
+    deferred (told to the model as `degraded`); a read-only tool and a critical tool with
+    side effects still run."""
+    ToolFactory(name="clock", roles=[])
+    ToolFactory(name="stamp_clock", roles=[], side_effects=True, handler="builtin.current_time")
+    ToolFactory(
+        name="vital_stamp",
+        roles=[],
+        side_effects=True,
+        critical=True,
+        handler="builtin.current_time",
+    )
+    agent = make_agent(
+        tools=["clock", "stamp_clock", "vital_stamp"],
+        budget_session_tokens=10**9,
+        rules=[
+            {
+                "when": {"last_tool": None},
+                "tool_calls": [{"tool": "clock"}, {"tool": "stamp_clock"}, {"tool": "vital_stamp"}],
+            },
+            {"answer": "done"},
+        ],
+    )
+    session = make_session(agent=agent, input_tokens=95 * 10**7)
+    message_post(session=session, content="go")
+    session = _run(session)
+
+    assert session.degradation_level == 2
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(session=session)}
+    assert calls["stamp_clock"].status == "failed"
+    assert calls["stamp_clock"].output["error"]["code"] == "degraded"
+    assert calls["stamp_clock"].output["error"]["level"] == 2
+    assert calls["clock"].status == "success"
+    assert calls["vital_stamp"].status == "success"
 
 
 @pytest.mark.django_db(transaction=True)

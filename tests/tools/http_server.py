@@ -25,6 +25,7 @@ class Answer:
     status: int = 200
     body: Any = field(default_factory=lambda: {"ok": True})
     delay_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +74,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(action.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in action.headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
         except OSError:  # the client gave up (a timeout)

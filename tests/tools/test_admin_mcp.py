@@ -98,3 +98,17 @@ def test_strict_mode_refuses_the_form(client, operator, settings):
     errors = response.context["adminform"].form.errors["description"]
     assert "parameters without a description: tz (TOOL_DESCRIPTIONS_STRICT is on)" in errors
     assert not Tool.objects.filter(name="clock").exists()
+
+
+def test_the_form_checks_a_tools_retry_policy_and_an_empty_one_is_the_default(client, operator):
+    response = client.post(reverse("admin:tools_tool_add"), _tool_post(retry='{"attempts": 0}'))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["retry"]
+    assert "'attempts' must be a whole number from 1 to 10" in errors[0]
+    assert not Tool.objects.filter(name="clock").exists()
+
+    client.post(reverse("admin:tools_tool_add"), _tool_post(retry='{"attempts": 3, "on": ["429"]}'))
+    assert Tool.objects.get(name="clock").retry == {"attempts": 3, "on": ["429"]}
+    tool = Tool.objects.get(name="clock")
+    client.post(reverse("admin:tools_tool_change", args=[tool.pk]), _tool_post(retry=""))
+    assert Tool.objects.get(name="clock").retry == {}

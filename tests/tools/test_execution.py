@@ -2,7 +2,9 @@
 HTTP tools (secrets from the environment, Idempotency-Key), and every failure as data."""
 
 import asyncio
+import email.utils
 import json
+import socket
 import threading
 import time
 import uuid
@@ -16,6 +18,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from runtime import io_loop
+from runtime.retry import RetryPolicy
 from tests.factories import ToolFactory
 from tools import execution
 from tools.execution import (
@@ -590,10 +593,12 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         critical = False
         rate_limit_calls_per_min = 0
         rate_limit_tokens_per_min = 0
+        retry = {"attempts": 4, "on": ["429"]}
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
     snap = ToolSnapshot.from_model(Row())  # type: ignore[arg-type]
     assert snap.result_description == "The things."
+    assert (snap.retry.attempts, snap.retry.on) == (4, frozenset({"429"}))
     assert snap.credit_cost == 25
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
@@ -999,3 +1004,128 @@ def test_a_success_is_the_owners_data_and_stays_whole():
     tool = snapshot(unique("echo"))
     outcome = run(call(tool.name, {"text": ECHOED}), tool)
     assert outcome.status == "success" and outcome.output["echo"] == ECHOED
+
+
+# retry policies (runtime/retry.py) -----------------------------------------------------------
+
+FAST = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_max_s=0.02)
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The executor's in-process waits, recorded and made instant (no timed test)."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(execution.asyncio, "sleep", sleep)
+    return slept
+
+
+def test_a_read_only_tool_is_retried_by_its_policy_on_503_then_succeeds(waits):
+    with ScriptedApi() as api:
+        api.script(Answer(503, {"error": "busy"}), Answer(503, {"error": "busy"}), Answer(200))
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert len(api.requests) == 3
+    assert (outcome.status, outcome.attempts) == ("success", 3)
+    # Exponential backoff with jitter: 0.01 then 0.02 s, each times 0.5..1.
+    assert len(waits) == 2 and 0.005 <= waits[0] <= 0.01 and 0.01 <= waits[1] <= 0.02
+
+
+def test_the_attempts_are_a_bound_and_a_policy_can_leave_an_error_out(waits):
+    with ScriptedApi(Answer(503, {"error": "busy"})) as api:
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert len(api.requests) == 3
+    assert (outcome.status, outcome.attempts) == ("failed", 3)
+    with ScriptedApi(Answer(503, {"error": "busy"})) as api:
+        only_429 = RetryPolicy(attempts=3, on=frozenset({"429"}))
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=only_429)
+        assert run(call(tool.name, {"number": "1"}), tool).attempts == 1
+        assert len(api.requests) == 1
+
+
+def test_retry_after_in_seconds_and_as_an_http_date_is_the_wait(waits):
+    when = email.utils.formatdate(time.time() + 1.5, usegmt=True)
+    with ScriptedApi() as api:
+        api.script(
+            Answer(429, {"error": "slow down"}, headers={"Retry-After": "1"}),
+            Answer(429, {"error": "slow down"}, headers={"Retry-After": when}),
+            Answer(200),
+        )
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert len(api.requests) == 3
+    assert (outcome.status, outcome.attempts) == ("success", 3)
+    assert waits[0] == 1.0 and 0 < waits[1] <= 1.5
+
+
+def test_a_retry_after_beyond_the_cap_ends_the_retries(waits):
+    with ScriptedApi(
+        Answer(429, {"error": "come back tomorrow"}, headers={"Retry-After": "86400"})
+    ) as api:
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert len(api.requests) == 1
+    assert outcome.status == "failed" and "retry_in_s" not in outcome.extra and waits == []
+
+
+def test_a_wait_too_long_for_the_worker_is_handed_to_the_tool_step(waits):
+    with ScriptedApi(Answer(503, {"error": "busy"}, headers={"Retry-After": "30"})) as api:
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}), tool)
+        assert len(api.requests) == 1
+    assert outcome.status == "failed" and outcome.extra["retry_in_s"] == 30.0
+    assert waits == []  # not slept in the worker
+    # Attempts made in earlier steps count: the last one allowed is not retried again.
+    with ScriptedApi(Answer(503, {"error": "busy"}, headers={"Retry-After": "30"})) as api:
+        tool = http_tool(unique("lookup"), api.url("/x"), method="GET", retry=FAST)
+        outcome = run(call(tool.name, {"number": "1"}, attempts_before=2), tool)
+        assert len(api.requests) == 1
+    assert "retry_in_s" not in outcome.extra
+
+
+@pytest.mark.parametrize(
+    ("answer", "retried"),
+    [
+        (Answer(429, {"error": "slow down"}, headers={"Retry-After": "0"}), True),
+        (Answer(503, {"error": "down"}, headers={"Retry-After": "0"}), True),
+        (Answer(503, {"error": "down"}), False),  # without Retry-After it may have run
+        (Answer(500, {"error": "oops"}), False),
+        (Drop(), False),  # sent, then the connection broke: it may have taken effect
+    ],
+)
+def test_a_side_effecting_tool_is_retried_only_when_the_error_says_the_call_did_not_happen(
+    waits, answer, retried
+):
+    with ScriptedApi() as api:
+        api.script(answer, Answer(200, {"ok": True, "refunded": 5}))
+        tool = http_tool(
+            unique("refund"), api.url("/refunds"), side_effects=True, idempotent=True, retry=FAST
+        )
+        outcome = run(call(tool.name, {"number": "1", "amount": 5}), tool)
+        seen = api.requests
+    assert len(seen) == (2 if retried else 1)
+    assert outcome.status == ("success" if retried else outcome.status)
+    if retried:
+        # The same idempotency key both times: the API can tell it is one call.
+        assert seen[0].headers["idempotency-key"] == seen[1].headers["idempotency-key"]
+
+
+def test_a_side_effecting_tool_is_retried_when_the_connection_was_never_made(waits):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    tool = http_tool(
+        unique("refund"), f"http://127.0.0.1:{port}/refunds", side_effects=True, retry=FAST
+    )
+    outcome = run(call(tool.name, {"number": "1", "amount": 5}), tool)
+    assert (outcome.status, outcome.attempts) == ("failed", 3)
+    assert len(waits) == 2
+    # Without an idempotency key the API could not tell a repeat: never retried.
+    unkeyed = ToolInvocation(
+        call_id="c1", name=tool.name, arguments={"number": "1", "amount": 5}, idempotency_key=""
+    )
+    assert run(unkeyed, tool).attempts == 1

@@ -116,6 +116,10 @@ def test_overrides_are_tokens_or_shares_and_the_window_stays_a_hard_limit():
         ({"history": True}, "'history' must be a number"),
         ({"trim_at": 1.5}, "'trim_at' must be a share between 0 and 1"),
         ({"trim_at": 0.9, "summarise_at": 0.5}, "'trim_at' must not be above 'summarise_at'"),
+        (
+            {"summarise_ahead_at": 0.95},
+            "'summarise_ahead_at' must not be above 'summarise_at'",
+        ),
     ],
 )
 def test_bad_overrides_are_named(overrides: Any, problem: str):
@@ -264,6 +268,28 @@ def test_past_the_summary_watermark_the_oldest_third_is_handed_back_in_whole_tur
     # Meanwhile (or if the summary fails) the request fits by dropping the oldest.
     assert assembly.usage["history"] <= assembly.usage["history_limit"]
     assert estimate_request_tokens(assembly.request) <= 2000
+
+
+def test_between_the_ahead_and_the_summary_watermarks_the_oldest_third_is_handed_back_ahead():
+    """Past 60 % (after trimming) and under 90 %: the same chunk comes back as `ahead`, for a
+    summary prepared in the background; nothing is to be summarised in the step yet."""
+    found = None
+    for turns in range(2, 20):
+        history = _chatty(turns).user("And now?")
+        assembly = assemble(agent=agent(2000), history=history.messages, tools={}, final=False)
+        if assembly.summarise:
+            break
+        if assembly.ahead:
+            found = (history, assembly)
+            break
+    assert found is not None, "no history fell between the watermarks"
+    history, assembly = found
+    used, limit = assembly.usage["history"], assembly.usage["history_limit"]
+    assert 0.6 * limit < used <= 0.9 * limit
+    assert assembly.ahead[0] is history.messages[0] and assembly.ahead[-1].role == "assistant"
+    # With the ahead watermark at the summary's, nothing is prepared ahead.
+    off = agent(2000, context_budget={"summarise_ahead_at": 0.9})
+    assert not assemble(agent=off, history=history.messages, tools={}, final=False).ahead
 
 
 def test_a_summary_stands_at_the_head_for_what_it_replaced():

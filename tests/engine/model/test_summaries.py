@@ -6,6 +6,7 @@ summary falling back to trimming, the offline rules model summarising, forks kee
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,37 @@ KEY_ENV = "FAKE_CONTEXT_TEST_KEY"
 WINDOW = 2000
 FACT = "Please remember: my account number is 4471."
 FILLER = "about the parcel tracking, the delivery window and the courier's notes " * 2
+
+
+def _broker_messages() -> Iterator[tuple[Any, bytes, dict[str, Any]]]:
+    """(list, raw message, its headers) of every task message waiting in the broker's queue."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for key in client.scan_iter(f"{settings.CELERY_TASK_DEFAULT_QUEUE}*"):
+        if client.type(key) == b"list":
+            for raw in client.lrange(key, 0, -1):
+                yield key, raw, json.loads(raw).get("headers") or {}
+
+
+@pytest.fixture(autouse=True)
+def _runs_dequeued(transactional_db: None) -> Iterator[None]:
+    """These long conversations queue a run message per turn that no worker takes in the
+    in-process lane; left behind they read as queue pressure (billing/pressure.py) and
+    degrade later tests' steps to the cheaper model. Taken out after each test."""
+    import redis
+    from django.conf import settings
+
+    from sessions import dispatch
+
+    yield
+    dispatch._sender.submit(lambda: None).result(timeout=10)  # what the sender still had
+    ids = [str(pk) for pk in Session.objects.values_list("pk", flat=True)]
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for key, raw, headers in list(_broker_messages()):
+        if any(i in str(headers.get("argsrepr")) for i in ids):
+            client.lrem(key, 1, raw)
 
 
 def wire_tokens(request: Recorded) -> int:
@@ -301,3 +333,178 @@ def test_the_window_is_the_tightest_of_the_agent_and_the_endpoints_a_step_may_ca
     assert request_window(agent, session) == 8000
     agent.context_window = 2500
     assert request_window(agent, session) == 2500
+
+
+def transcript_lines(request: Recorded) -> list[str]:
+    prompt = request.messages[-1]["content"]
+    return prompt.split("Conversation to condense:\n", 1)[1].splitlines()
+
+
+def test_a_summary_covers_only_what_fitted_the_summary_models_window(
+    openai_server: FakeModelServer, endpoint: Any
+) -> None:
+    """The summary model's window holds a few messages of the oldest third: the summary
+    claims those, not the chunk's end, and the rest stays in the context."""
+    main = endpoint("main")
+    # Room for the instructions, the reply and about two transcript lines.
+    narrow = endpoint("narrow", context_window=1050)
+    agent = AgentFactory(
+        slug=f"narrow-{uuid.uuid4().hex[:8]}",
+        model=main,
+        summary_model=narrow,
+        context_window=WINDOW,
+        tools=[],
+    )
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="narrow"))
+    openai_server.script(*([fake_model] * 200))
+    n = 0
+    while not Message.objects.filter(session=session, name=SUMMARY_NAME).exists():
+        n += 1
+        assert n < 40, "no summary was made"
+        turn(session, user_text(n))
+
+    request = next(r for r in openai_server.requests if is_summary_request(r))
+    sent = transcript_lines(request)
+    summary = Message.objects.get(session=session, name=SUMMARY_NAME)
+    assert summary.data is not None
+    through = summary.data["through_seq"]
+    last_sent = Message.objects.get(session=session, seq=through)
+    # The summary ends at the last message the summary model read...
+    assert sent[-1] == f"{last_sent.role}: {last_sent.content[:600]}"
+    assert summary.data["messages"] == len(sent)
+    # ...the message after it was not read, is not archived, and the next step still sees it.
+    after = Message.objects.get(session=session, seq=through + 1)
+    assert after.archived_at is None and after.role in ("user", "assistant")
+    assert set(
+        Message.objects.filter(session=session, archived_at__isnull=False).values_list(
+            "seq", flat=True
+        )
+    ) == set(range(summary.data["from_seq"], through + 1))
+    turn(session, user_text(n + 1))
+    seen = [m.get("content") for m in openai_server.requests[-1].messages]
+    assert after.content in seen
+
+
+def test_a_summary_in_prose_keeps_the_prose_as_its_facts(
+    openai_server: FakeModelServer, endpoint: Any
+) -> None:
+    main = endpoint("main")
+    agent = AgentFactory(
+        slug=f"prose-{uuid.uuid4().hex[:8]}", model=main, context_window=WINDOW, tools=[]
+    )
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="prose"))
+    prose = "The user's account number is 4471.\nThey asked about parcel tracking."
+
+    def prose_model(request: Recorded) -> Reply:
+        if is_summary_request(request):
+            return Reply(text=prose, usage=(50, 20))
+        return fake_model(request)
+
+    openai_server.script(*([prose_model] * 200))
+    n = 0
+    while not Message.objects.filter(session=session, name=SUMMARY_NAME).exists():
+        n += 1
+        assert n < 40, "no summary was made"
+        turn(session, user_text(n))
+
+    summary = Message.objects.get(session=session, name=SUMMARY_NAME)
+    assert summary.data is not None
+    assert summary.data["sections"]["facts"] == [
+        "The user's account number is 4471.",
+        "They asked about parcel tracking.",
+    ]
+    assert "- The user's account number is 4471." in summary.content
+    # The next summary merges it like a JSON one: the prose facts go in as the previous summary.
+    while Message.objects.filter(session=session, name=SUMMARY_NAME).count() < 2:
+        n += 1
+        assert n < 80, "no second summary was made"
+        turn(session, user_text(n))
+    second = [r for r in openai_server.requests if is_summary_request(r)][1]
+    assert "4471" in second.messages[-1]["content"].split("Conversation to condense:")[0]
+
+
+def _summaries_enqueued(session: Session) -> int:
+    """`summarise_ahead` messages for this session waiting in the broker."""
+    from sessions import dispatch
+
+    dispatch._sender.submit(lambda: None).result(timeout=10)  # the sender thread has sent
+    return sum(
+        1
+        for _, _, headers in _broker_messages()
+        if headers.get("task") == dispatch.SUMMARY_AHEAD_TASK
+        and str(session.pk) in str(headers.get("argsrepr"))
+    )
+
+
+def test_a_summary_is_made_ahead_off_the_step_and_the_step_at_the_limit_uses_it(
+    openai_server: FakeModelServer, endpoint: Any
+) -> None:
+    """Past 60 % the committed step enqueues the summary task; the task (run here as a
+    worker would) makes the summary once, whatever it is delivered twice; the step that
+    reaches 90 % uses it without a model call of its own."""
+    from engine import summary_ahead_make
+    from sessions.models import SummaryDraft
+
+    main = endpoint("main")
+    agent = AgentFactory(
+        slug=f"ahead-{uuid.uuid4().hex[:8]}", model=main, context_window=WINDOW, tools=[]
+    )
+    session: Session = SessionFactory.create(agent=agent, owner=UserFactory(username="ahead"))
+    openai_server.script(*([fake_model] * 200))
+
+    def summary_requests() -> int:
+        return sum(is_summary_request(r) for r in openai_server.requests)
+
+    n = 0
+    while not _summaries_enqueued(session):
+        n += 1
+        assert n < 40, "no summary was enqueued"
+        turn(session, user_text(n))
+    assert summary_requests() == 0  # enqueued, not made in the step
+    assert not Message.objects.filter(session=session, name=SUMMARY_NAME).exists()
+
+    assert summary_ahead_make(session_id=str(session.pk))
+    assert not summary_ahead_make(session_id=str(session.pk))  # delivered twice: made once
+    assert summary_requests() == 1
+    draft = SummaryDraft.objects.get(session=session)
+    assert draft.ready and draft.base_through == 0 and draft.claimed_at is None
+    recorded = ModelCall.objects.filter(session=session, purpose="summary")
+    assert recorded.count() == 1 and recorded.get().outcome == "success"  # metered like a step's
+
+    while not Message.objects.filter(session=session, name=SUMMARY_NAME).exists():
+        n += 1
+        assert n < 60, "the step never reached the summary watermark"
+        turn(session, user_text(n))
+    summary = Message.objects.get(session=session, name=SUMMARY_NAME)
+    assert summary.data is not None and summary.data["prepared"] is True
+    assert summary.content == draft.content and summary.data["through_seq"] == draft.through_seq
+    assert summary_requests() == 1  # the step made no summary call of its own
+    archived = Message.objects.filter(session=session, archived_at__isnull=False)
+    assert set(archived.values_list("seq", flat=True)) == set(
+        range(draft.from_seq, draft.through_seq + 1)
+    )
+
+
+def test_the_transcript_ends_between_units_never_inside_a_tool_round() -> None:
+    from engine.model.summaries import fitted_transcript
+
+    def message(seq: int, role: str, content: str, **fields: Any) -> Message:
+        return Message(seq=seq, turn=1, role=role, content=content, **fields)
+
+    call = {"id": "c1", "name": "lookup", "arguments": {"n": 1}}
+    messages = (
+        message(1, "user", "Where is parcel 7? " * 5),
+        message(2, "assistant", "", tool_calls=[call]),
+        message(3, "tool", "parcel 7 is in Lyon " * 10, name="lookup", tool_call_id="c1"),
+        message(4, "assistant", "It is in Lyon."),
+    )
+    # Room for the question and the call, not for the call's result: the call stays out too.
+    room = count_tokens("user: " + messages[0].content + "\n") + 40
+    text, rows, sent = fitted_transcript(messages, room)
+    assert [m.seq for m in sent] == [1] and len(rows) == 1 and "lookup" not in text
+    # Everything fits: everything is sent.
+    _, _, sent = fitted_transcript(messages, 10_000)
+    assert [m.seq for m in sent] == [1, 2, 3, 4]
+    # Not even the first unit fits: a tool round goes whole (call and result), capped.
+    text, rows, sent = fitted_transcript(messages[1:], 10)
+    assert [m.seq for m in sent] == [2, 3] and count_tokens(text) <= 10

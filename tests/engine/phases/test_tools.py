@@ -6,10 +6,13 @@ time limits, the read-only cache, and idempotency keys when a tool step runs aga
 """
 
 import time
+import uuid
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from demo.models import ApiRequestLog, Coupon
 from demo.services import demo_data_seed
@@ -21,6 +24,7 @@ from sessions.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import message_post
 from tests.factories import ToolFactory
 from tests.fakes.model_servers import Call, FakeModelServer, Recorded, Reply
+from tests.tools.http_server import Answer, ScriptedApi
 from tools.execution import FAILURE_MARKER
 from tools.registry import tool_handler
 from tools.validation import MAX_ARGUMENT_BYTES
@@ -756,3 +760,83 @@ def test_a_refusal_from_the_business_api_is_a_failed_result_the_model_reads(
     )
     assert Coupon.objects.count() == 0
     assert session.state == "finished" and _answer(session) == "That customer does not exist."
+
+
+# retries whose wait is too long for a worker (runtime/retry.py, engine/phases/tools.py) ----
+
+
+def _refund_tool(url: str) -> str:
+    name = f"refund_{uuid.uuid4().hex[:6]}"
+    ToolFactory(
+        name=name, kind="http", handler="", url=url, method="POST", side_effects=True,
+        roles=["support"], risk_level=1, timeout_s=5, retry={"attempts": 3},
+        parameters={
+            "type": "object",
+            "properties": {"order": {"type": "string"}},
+            "required": ["order"],
+            "additionalProperties": False,
+        },
+    )  # fmt: skip
+    return name
+
+
+def test_a_long_retry_after_parks_the_session_and_the_call_goes_again_after_it(
+    make_agent, make_session, openai_server
+):
+    """A 503 with Retry-After: 30 on a keyed side-effecting call: no worker waits 30 s;
+    the session is parked (the call's attempts and due time committed, the lease dropped
+    until then), a run woken early parks again without sending, and once due the same
+    call goes again with the same key and the turn finishes."""
+    with ScriptedApi() as api:
+        api.script(
+            Answer(503, {"error": "maintenance"}, headers={"Retry-After": "30"}),
+            Answer(200, {"ok": True, "refunded": "A1"}),
+        )
+        name = _refund_tool(api.url("/refunds"))
+        session = make_session(make_agent(tools=[name]))
+        openai_server.script(Reply(calls=[Call(name, {"order": "A1"})]), Reply(text="Refunded."))
+        message_post(session=session, content="refund A1")
+
+        assert runner.session_run(session_id=session.pk).stopped == "deferred"
+        call = ToolCall.objects.get(session=session)
+        assert (call.status, call.attempts, call.dispatched_at) == ("executing", 1, None)
+        assert call.retry_at is not None and call.retry_at > timezone.now() + timedelta(seconds=20)
+        parked = Session.objects.get(pk=session.pk)
+        assert parked.lease_owner is None and parked.lease_expires_at > timezone.now() + timedelta(
+            seconds=20
+        )
+        assert runner.session_run(session_id=session.pk).stopped == "deferred"  # woken early
+        assert len(api.requests) == 1
+
+        ToolCall.objects.filter(pk=call.pk).update(retry_at=timezone.now() - timedelta(seconds=1))
+        session = _run(session)
+        seen = api.requests
+    assert len(seen) == 2
+    assert seen[0].headers["idempotency-key"] == seen[1].headers["idempotency-key"]
+    call.refresh_from_db()
+    assert (call.status, call.attempts) == ("success", 2)
+    assert session.state == "finished" and _answer(session) == "Refunded."
+
+
+def test_a_long_retry_is_not_parked_when_a_sibling_call_with_side_effects_ran(
+    make_agent, make_session, openai_server
+):
+    """Parking would run the step again and lose the sibling's result: the failure goes
+    to the model instead, saying when the call may work."""
+    _tool("wipe_orders", "tests.loop.wipe", {}, side_effects=True, risk_level=1)
+    with ScriptedApi(Answer(429, {"error": "slow down"}, headers={"Retry-After": "45"})) as api:
+        name = _refund_tool(api.url("/refunds"))
+        session = make_session(make_agent(tools=[name, "wipe_orders"]))
+        openai_server.script(
+            Reply(calls=[Call(name, {"order": "A1"}), Call("wipe_orders", {})]),
+            Reply(text="The refund must wait."),
+        )
+        message_post(session=session, content="refund A1 and wipe")
+        session = _run(session)
+        assert len(api.requests) == 1
+    assert RAN["wipe"] == 1
+    refund = ToolCall.objects.get(session=session, tool_name=name)
+    assert (refund.status, refund.attempts, refund.retry_at) == ("failed", 1, None)
+    shown = Message.objects.get(session=session, role="tool", name=name).content
+    assert shown.endswith("It may work if called again in 45 s.")
+    assert session.state == "finished"
