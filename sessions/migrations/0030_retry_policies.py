@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0027_message_content_search'),
+        ('agent_sessions', '0029_session_api_key'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0028_retry_policies'),
+        ('agent_sessions', '0030_retry_policies'),
     ]
 
     operations = [
