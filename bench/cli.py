@@ -24,6 +24,7 @@ BENCHMARKS = (
     "recovery",
     "fanout",
     "load",
+    "sustained",
     "http",
     "billing",
     "approvals",
@@ -55,6 +56,8 @@ class Sizes:
     load_sessions: int
     http_seconds: float
     http_layouts: tuple[int, ...]  # WEB_PROCESSES values compared
+    sustained_rates: tuple[float, ...] = (10, 20, 40, 60, 80)
+    sustained_seconds: float = 60.0
     langgraph_runs: int = 40
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
@@ -114,6 +117,8 @@ QUICK = Sizes(
     approvals_samples=8,
     billing_ab_cycles=60,
     context_steps=50,
+    sustained_rates=(10, 30),
+    sustained_seconds=8.0,
 )
 
 
@@ -204,6 +209,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=256,
         help="memory benchmark: vector dimension (default 256, the offline embedder's)",
+    )
+    parser.add_argument(
+        "--sustained-rates",
+        type=lambda text: tuple(float(v) for v in text.split(",")),
+        default=None,
+        metavar="R1,R2,...",
+        help="sustained benchmark: the rates tried, turns/s (default 10,20,40,60,80; quick 10,30)",
+    )
+    parser.add_argument(
+        "--sustained-seconds",
+        type=float,
+        default=None,
+        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 8)",
     )
     parser.add_argument(
         "--worker-env",
@@ -442,6 +460,10 @@ def _run_one(
         from . import load
 
         return load.run(procs, sessions=sizes.load_sessions)
+    if name == "sustained":
+        from . import sustained
+
+        return sustained.run(procs, rates=sizes.sustained_rates, seconds=sizes.sustained_seconds)
     if name == "http":
         from . import http_serving
 
