@@ -463,7 +463,12 @@ def _run_one(
     if name == "sustained":
         from . import sustained
 
-        return sustained.run(procs, rates=sizes.sustained_rates, seconds=sizes.sustained_seconds)
+        return sustained.run(
+            procs,
+            rates=args.sustained_rates or sizes.sustained_rates,
+            seconds=args.sustained_seconds or sizes.sustained_seconds,
+            keep_going=args.sustained_rates is not None,
+        )
     if name == "http":
         from . import http_serving
 
