@@ -23,7 +23,9 @@ def task_send(
     headers: dict[str, str] | None = None,
 ) -> None:
     """Publish task `name` with `args` on the default queue; broker errors propagate."""
-    if countdown is None and celery_publish.send(name, args, priority=priority, headers=headers):
+    if countdown is None and celery_publish.send(
+        current_app, name, args, priority=priority, headers=headers
+    ):
         return
     options: dict[str, Any] = {}
     if priority is not None:

@@ -26,8 +26,6 @@ import threading
 import uuid
 from typing import Any
 
-from celery import current_app
-
 from runtime import fastpaths
 
 # Celery's embed of a plain task: no callbacks, no chain, no chord.
@@ -180,6 +178,7 @@ def publish(
 
 
 def send(
+    app: Any,
     name: str,
     args: tuple[Any, ...],
     *,
@@ -187,7 +186,6 @@ def send(
     headers: dict[str, str] | None = None,
 ) -> bool:
     """Publish through the fast path if it covers this app; False: use `send_task`."""
-    app = current_app
     if not covers(app):
         return False
     publish(app, name, args, priority=priority, headers=headers)
