@@ -104,12 +104,12 @@ QUICK = Sizes(
     tools_sessions=8,
     adapters_reps=10,
     adapters_paced_reps=1,
-    recovery_kills=3,
+    recovery_kills=2,
     recovery_standby_kills=0,
-    fanout_rounds=4,
-    fanout_idle_s=16.0,
+    fanout_rounds=3,
+    fanout_idle_s=8.0,
     langgraph_runs=12,
-    load_sessions=100,
+    load_sessions=50,
     http_seconds=2.0,
     http_layouts=(2,),
     billing_gate_reps=100,
@@ -118,7 +118,7 @@ QUICK = Sizes(
     billing_ab_cycles=60,
     context_steps=50,
     sustained_rates=(10, 30),
-    sustained_seconds=8.0,
+    sustained_seconds=5.0,
 )
 
 
@@ -186,9 +186,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--memory-items",
         type=int,
-        default=100_000,
-        help="memory benchmark: items over 1,000 owners (default 100,000; 1000000 for the "
-        "large case, which takes long to build)",
+        default=None,
+        help="memory benchmark: items over 1,000 owners (default 100,000, quick 20,000; "
+        "1000000 for the large case, which takes long to build)",
     )
     parser.add_argument(
         "--memory-large-items",
@@ -221,7 +221,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--sustained-seconds",
         type=float,
         default=None,
-        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 8)",
+        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 5)",
     )
     parser.add_argument(
         "--worker-env",
@@ -415,7 +415,7 @@ def _run_one(
         from . import memory_search
 
         return memory_search.run(
-            items=args.memory_items,
+            items=args.memory_items or (20_000 if args.quick else 100_000),
             dims=args.memory_dims,
             queries=60 if args.quick else 300,
             large_items=args.memory_large_items,
