@@ -4,8 +4,9 @@ Every posted message enqueues its session's run. Celery's `send_task` spends
 most of its CPU around the publish rather than in it: routing the task name,
 acquiring a producer from the pool, re-binding (deep-copying) the queue to
 "maybe declare" it again on every message, the publish signals, the retry
-policy's closures. Here the sender thread keeps one broker connection and its
-channel and writes the message Celery would write (protocol 2: the same
+policy's closures. Here the process keeps one broker connection and its channel
+(publishes take turns under a lock: the web's come from one sender thread,
+sessions/dispatch.py, and a lock is cheaper than a connection per thread) and writes the message Celery would write (protocol 2: the same
 headers, properties and body) with the channel's `basic_publish`, which puts it
 on the queue's list for its priority exactly as Celery's publish does. The
 queue needs no declaring: the anonymous exchange routes by the queue's name,
@@ -32,12 +33,27 @@ from runtime import fastpaths
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-class _Channel(threading.local):
-    connection: Any = None
-    channel: Any = None
+class _Kept:
+    """The process's one broker connection and channel for publishing (under `lock`: a
+    kombu channel is not thread-safe, and a publish holds it ~0.1 ms)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connection: Any = None
+        self.channel: Any = None
 
 
-_local = _Channel()
+_kept = _Kept()
+
+
+def _after_fork() -> None:
+    # A forked child must not write to its parent's socket, nor wait on a lock a parent's
+    # thread held at the fork.
+    global _kept
+    _kept = _Kept()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 # The origin header Celery writes (`anon_nodename()`): "gen<pid>@<host>", by process.
 _origin: tuple[int, str] | None = None
 
@@ -123,16 +139,15 @@ def message(
     return body, task_headers, properties
 
 
-def _channel(app: Any) -> Any:
-    if _local.channel is None:
-        connection = app.connection_for_write()
-        _local.connection = connection
-        _local.channel = connection.default_channel
-    return _local.channel
+def _channel(kept: _Kept, app: Any) -> Any:
+    if kept.channel is None:
+        kept.connection = app.connection_for_write()
+        kept.channel = kept.connection.default_channel
+    return kept.channel
 
 
-def _reset() -> None:
-    connection, _local.connection, _local.channel = _local.connection, None, None
+def _reset(kept: _Kept) -> None:
+    connection, kept.connection, kept.channel = kept.connection, None, None
     if connection is not None:
         with contextlib.suppress(Exception):  # the connection is gone already
             connection.release()
@@ -150,7 +165,7 @@ def publish(
     """Publish task `name` on `queue` (the app's default queue); broker errors propagate.
 
     1. Build the message as Celery's protocol 2 does.
-    2. Put it on the queue with the thread's kept channel.
+    2. Put it on the queue with the process's kept channel, one thread at a time.
     3. On a connection error, open a new connection and try once more (Celery's
        publish retries too); a second error propagates.
     """
@@ -158,23 +173,26 @@ def publish(
     body, task_headers, properties = message(
         name, args, priority=priority, headers=headers, reply_to=app.thread_oid
     )
-    for attempt in (1, 2):
-        channel = _channel(app)
-        try:
-            prepared = channel.prepare_message(
-                body,
-                properties.get("priority"),
-                "application/json",
-                "utf-8",
-                task_headers,
-                dict(properties),
-            )
-            channel.basic_publish(prepared, exchange="", routing_key=queue)
-            return
-        except (*_local.connection.connection_errors, *_local.connection.channel_errors):
-            _reset()
-            if attempt == 2:
-                raise
+    kept = _kept
+    with kept.lock:
+        for attempt in (1, 2):
+            channel = _channel(kept, app)
+            errors = (*kept.connection.connection_errors, *kept.connection.channel_errors)
+            try:
+                prepared = channel.prepare_message(
+                    body,
+                    properties.get("priority"),
+                    "application/json",
+                    "utf-8",
+                    task_headers,
+                    dict(properties),
+                )
+                channel.basic_publish(prepared, exchange="", routing_key=queue)
+                return
+            except errors:
+                _reset(kept)
+                if attempt == 2:
+                    raise
 
 
 def send(

@@ -1,6 +1,7 @@
 """runtime.fastpaths.celery_publish: the message it puts on the queue is the one Celery's
 `send_task` puts there (a worker cannot tell them apart); off, `task_send` uses send_task."""
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -93,3 +94,19 @@ def test_off_or_with_a_countdown_task_send_uses_send_task(
     settings.FAST_PATHS = False
     tasks.task_send("sessions.tasks.run_session", ("s-1",))
     assert used == ["celery", "celery"]
+
+
+def test_a_broken_connection_is_replaced_and_the_message_still_sent(queue: str) -> None:
+    """Redis restarted under the kept connection: one new connection, the message goes out."""
+    celery_publish.publish(current_app, "sessions.tasks.run_session", ("s-1",), queue=queue)
+    _taken(queue, 0)
+    broken = celery_publish._kept.channel
+
+    def refused(*_args: Any, **_kwargs: Any) -> None:
+        raise redis.exceptions.ConnectionError("Connection closed by server.")
+
+    broken.basic_publish = refused
+    celery_publish.publish(current_app, "sessions.tasks.run_session", ("s-2",), queue=queue)
+
+    assert json.loads(base64.b64decode(_taken(queue, 0)["body"]))[0] == ["s-2"]
+    assert celery_publish._kept.channel is not broken
