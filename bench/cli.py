@@ -24,6 +24,7 @@ BENCHMARKS = (
     "recovery",
     "fanout",
     "load",
+    "sustained",
     "http",
     "billing",
     "approvals",
@@ -55,6 +56,8 @@ class Sizes:
     load_sessions: int
     http_seconds: float
     http_layouts: tuple[int, ...]  # WEB_PROCESSES values compared
+    sustained_rates: tuple[float, ...] = (10, 20, 40, 60, 80)
+    sustained_seconds: float = 60.0
     langgraph_runs: int = 40
     billing_gate_reps: int = 300
     billing_ranking_reps: int = 10
@@ -101,12 +104,12 @@ QUICK = Sizes(
     tools_sessions=8,
     adapters_reps=10,
     adapters_paced_reps=1,
-    recovery_kills=3,
+    recovery_kills=2,
     recovery_standby_kills=0,
-    fanout_rounds=4,
-    fanout_idle_s=16.0,
+    fanout_rounds=3,
+    fanout_idle_s=8.0,
     langgraph_runs=12,
-    load_sessions=100,
+    load_sessions=50,
     http_seconds=2.0,
     http_layouts=(2,),
     billing_gate_reps=100,
@@ -114,6 +117,8 @@ QUICK = Sizes(
     approvals_samples=8,
     billing_ab_cycles=60,
     context_steps=50,
+    sustained_rates=(10, 30),
+    sustained_seconds=5.0,
 )
 
 
@@ -181,9 +186,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--memory-items",
         type=int,
-        default=100_000,
-        help="memory benchmark: items over 1,000 owners (default 100,000; 1000000 for the "
-        "large case, which takes long to build)",
+        default=None,
+        help="memory benchmark: items over 1,000 owners (default 100,000, quick 20,000; "
+        "1000000 for the large case, which takes long to build)",
     )
     parser.add_argument(
         "--memory-large-items",
@@ -204,6 +209,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=256,
         help="memory benchmark: vector dimension (default 256, the offline embedder's)",
+    )
+    parser.add_argument(
+        "--sustained-rates",
+        type=lambda text: tuple(float(v) for v in text.split(",")),
+        default=None,
+        metavar="R1,R2,...",
+        help="sustained benchmark: the rates tried, turns/s (default 10,20,40,60,80; quick 10,30)",
+    )
+    parser.add_argument(
+        "--sustained-seconds",
+        type=float,
+        default=None,
+        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 5)",
     )
     parser.add_argument(
         "--worker-env",
@@ -397,7 +415,7 @@ def _run_one(
         from . import memory_search
 
         return memory_search.run(
-            items=args.memory_items,
+            items=args.memory_items or (20_000 if args.quick else 100_000),
             dims=args.memory_dims,
             queries=60 if args.quick else 300,
             large_items=args.memory_large_items,
@@ -442,6 +460,15 @@ def _run_one(
         from . import load
 
         return load.run(procs, sessions=sizes.load_sessions)
+    if name == "sustained":
+        from . import sustained
+
+        return sustained.run(
+            procs,
+            rates=args.sustained_rates or sizes.sustained_rates,
+            seconds=args.sustained_seconds or sizes.sustained_seconds,
+            keep_going=args.sustained_rates is not None,
+        )
     if name == "http":
         from . import http_serving
 

@@ -360,32 +360,8 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
                 "s",
             ),
         ]
-    if database_waits["samples"] and not database_waits["error"]:
-        # What the database's active backends were doing: on a CPU, or waiting for
-        # another transaction's row lock or for the WAL (README: the burst's lock waits).
-        result.figures += [
-            figure(
-                f"database_{name}_pct",
-                f"database backends at work in the burst: {label}, % of samples",
-                database_waits[f"{name}_pct"],
-                "%",
-            )
-            for name, label in (
-                ("running", "on a CPU (or waiting for one)"),
-                ("row_lock", "waiting for a row lock"),
-                ("wal", "waiting for the WAL (commit flushes)"),
-            )
-        ]
-    for name, values in phases.items():
-        result.figures.append(
-            figure(
-                f"phase_{name}_p95_ms",
-                f"where it goes: {name.replace('_', ' ')}, p50 / p95",
-                percentile(values, 95) * 1000,
-                "ms",
-            )
-        )
-        result.figures[-1].label += f" (p50 {percentile(values, 50) * 1000:.0f} ms)"
+    # What the database's backends waited for and where a turn's time went stay in the
+    # details ("database_waits", "phases_ms"): the burst has no target any more.
     result.details = {
         "web_ready_s": round(web_s, 2),
         "workers_ready_s": round(worker_s, 2),

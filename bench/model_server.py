@@ -3,7 +3,7 @@
 A process of its own (its CPU is not the platform's) on one asyncio loop, so
 hundreds of calls can wait at once. Every `POST .../chat/completions` is
 answered after `--latency` seconds, streamed (SSE, rendered by the test fakes'
-`openai_events`): a call whose messages hold no `tool` message yet asks for
+`openai_events`): a call whose messages hold no `tool` message after the last user message asks for
 one call of the tool `--tool` (no arguments); a call after a tool result
 answers in text. That is the turn the `load` benchmark runs: model (tool call)
 -> tool -> model (answer).
@@ -43,8 +43,7 @@ class ModelServer:
         self.calls: list[dict[str, Any]] = []
 
     def _answer(self, body: dict[str, Any]) -> bytes:
-        messages = body.get("messages") or []
-        after_tool = any(m.get("role") == "tool" for m in messages)
+        after_tool = _after_tool(body)
         if after_tool:
             reply = self._reply(text="It is now, according to the clock tool.", usage=(60, 9))
         else:
@@ -81,9 +80,7 @@ class ModelServer:
                     {
                         "received": received,
                         "sent": time.time(),
-                        "tool_result": any(
-                            m.get("role") == "tool" for m in body.get("messages") or []
-                        ),
+                        "tool_result": _after_tool(body),
                         "tag": _tag(body),
                     }
                 )
@@ -92,6 +89,14 @@ class ModelServer:
             pass
         finally:
             writer.close()
+
+
+def _after_tool(body: dict[str, Any]) -> bool:
+    """Whether this turn's tool has answered: a `tool` message after the last user message
+    (a session's earlier turns are in its history: `sustained` posts several per session)."""
+    messages = body.get("messages") or []
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    return any(m.get("role") == "tool" for m in messages[last_user + 1 :])
 
 
 def _tag(body: dict[str, Any]) -> str:

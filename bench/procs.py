@@ -196,6 +196,8 @@ class Processes:
                 "200",
                 "--gil",
                 "--nonblocking",
+                # A web master's daphnes are its children.
+                "--subprocesses",
                 "-F",
                 "--output",
                 out,

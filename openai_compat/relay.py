@@ -23,7 +23,7 @@ from django.conf import settings
 
 from runtime.deferred_response import DeferredResponse
 from sessions import selectors as session_selectors
-from sessions.publisher import frame_of, group_name
+from sessions.publisher import frames_of, group_name
 from sessions.services import session_cancel
 
 from . import selectors
@@ -101,17 +101,23 @@ class TurnFrames:
         except TimeoutError:
             rows = await self.catch_up()
             return rows or None
-        frame: Frame = dict(frame_of(message))
-        seq = frame["seq"]
-        if seq is None:
-            return [frame]
-        if seq <= self.last_seq:
-            return []
-        if seq > self.last_seq + 1:
-            # Committed before it was published: the database has it and what came before.
-            return await self.catch_up()
-        self.last_seq = seq
-        return [frame]
+        frames: list[Frame] = []
+        # A group message carries one frame, or a step's frames in order.
+        for carried in frames_of(message):
+            frame: Frame = dict(carried)
+            seq = frame["seq"]
+            if seq is None:
+                frames.append(frame)
+                continue
+            if seq <= self.last_seq:
+                continue
+            if seq > self.last_seq + 1:
+                # Committed before it was published: the database has it, what came
+                # before and the rest of this message.
+                return frames + await self.catch_up()
+            self.last_seq = seq
+            frames.append(frame)
+        return frames
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from .errors import DomainError, NotFound
 from .event_limits import text_within_limit
 from .events import EventType
 from .json_limits import JsonRejected, json_loads
-from .publisher import frame_text, group_name, make_frame
+from .publisher import frame_text, group_name, make_frame, texts_of
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +158,9 @@ class _Feed:
                     self._resync_all(started)
                 while True:
                     message = await layer.receive(channel)
-                    if message.get("type") == "session.frame":
+                    for seq, text in texts_of(message):
                         # Too large a frame would close every socket with 1011.
-                        await self._fan_out(message["seq"], text_within_limit(message["text"]))
+                        await self._fan_out(seq, text_within_limit(text))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - restarted below; sockets resync then

@@ -6,6 +6,10 @@ which fills the gap from the database by `seq`.
 A frame is built once (by the step that commits it) and serialised to JSON once,
 on the committing thread: the group message carries its seq and its text, and
 every socket of the group forwards the text as is (500 watchers, one json.dumps).
+The frames of one `publish` (a step's) travel as one group message
+(`session.frames`, `[seq, text]` pairs): each listening process reads and parses
+one Pub/Sub message a step instead of one a frame. Listeners read either type
+with `texts_of` / `frames_of`.
 
 On the Redis Pub/Sub layer the committing thread writes the PUBLISH commands
 itself (a fast path, runtime/fastpaths/redis_pubsub.py): no hop to the io loop
@@ -80,10 +84,35 @@ def group_message(frame: Frame, data_text: str | None = None) -> dict[str, Any]:
     return {"type": "session.frame", "seq": frame["seq"], "text": frame_text(frame, data_text)}
 
 
-def frame_of(message: Mapping[str, Any]) -> Frame:
-    """The frame a group message carries (for listeners that want the object back)."""
-    frame: Frame = json.loads(message["text"])
-    return frame
+def step_message(frames: Sequence[Frame], data_texts: Sequence[str] | None) -> dict[str, Any]:
+    """One channel-layer message for several frames (a step's): `[seq, text]` pairs in order.
+
+    Every listener of the group reads, parses and wakes once per channel-layer message,
+    whatever it carries: a step's frames in one message cost that once, not per frame.
+    """
+    texts = data_texts if data_texts is not None else [None] * len(frames)
+    return {
+        "type": "session.frames",
+        "frames": [
+            [frame["seq"], frame_text(frame, text)]
+            for frame, text in zip(frames, texts, strict=True)
+        ],
+    }
+
+
+def texts_of(message: Mapping[str, Any]) -> list[tuple[int | None, str]]:
+    """The (seq, text) of each frame a group message carries, in order (none if another type)."""
+    kind = message.get("type")
+    if kind == "session.frame":
+        return [(message["seq"], message["text"])]
+    if kind == "session.frames":
+        return [(seq, text) for seq, text in message["frames"]]
+    return []
+
+
+def frames_of(message: Mapping[str, Any]) -> list[Frame]:
+    """The frames a group message carries (for listeners that want the objects back)."""
+    return [json.loads(text) for _seq, text in texts_of(message)]
 
 
 async def _group_send(session_id: str, messages: list[dict[str, Any]]) -> None:
@@ -108,13 +137,10 @@ def publish(
     """
     if frames:
         try:
-            if data_texts is None:
-                messages = [group_message(frame) for frame in frames]
+            if len(frames) == 1:
+                messages = [group_message(frames[0], data_texts[0] if data_texts else None)]
             else:
-                messages = [
-                    group_message(frame, text)
-                    for frame, text in zip(frames, data_texts, strict=True)
-                ]
+                messages = [step_message(frames, data_texts)]
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return

@@ -60,6 +60,11 @@ FAST_PATHS: dict[str, FastPath] = {
             {"django": ">=5.2,<5.3"},
         ),
         FastPath(
+            "celery_publish",
+            "a task message put on its queue by a kept channel, without Celery's send_task",
+            {"celery": ">=5.5,<5.8", "kombu": ">=5.5,<5.8"},
+        ),
+        FastPath(
             "asgi_threads",
             "an HTTP request's middleware chain and view run in one thread hop, on a kept thread",
             {"django": ">=5.2,<5.3", "asgiref": ">=3.8,<3.14"},

@@ -211,6 +211,35 @@ async def test_every_frame_reaches_every_socket_once_in_order(monkeypatch):
     assert extra == [True] * 7  # no duplicate
 
 
+def _commit_step(session: Session, seqs: range) -> None:
+    """Events committed together, as one step commits them, then published together."""
+    frames = []
+    for seq in seqs:
+        event = Event.objects.create(
+            session=session, seq=seq, type="progress", data={"note": f"s{seq}"}
+        )
+        frames.append(
+            publisher.make_frame(session.pk, seq, EventType.PROGRESS, event.data, event.created_at)
+        )
+    Session.objects.filter(pk=session.pk).update(event_seq=seqs[-1])
+    publisher.publish(session.pk, frames)
+
+
+async def test_a_steps_frames_in_one_group_message_reach_every_socket_one_by_one():
+    """The channel layer carries a step's frames in one message; a socket still gets one
+    websocket frame per event, in order, each once."""
+    session, key = await sync_to_async(_session_and_key)()
+    sockets = await _open(session, key, 3)
+    try:
+        await sync_to_async(_commit_step)(session, range(1, 5))
+        received = [await _notes(ws, 4) for ws in sockets]
+        extra = [await ws.receive_nothing(timeout=0.3) for ws in sockets]
+    finally:
+        await _close(sockets)
+    assert received == [[(seq, f"s{seq}") for seq in range(1, 5)]] * 3
+    assert extra == [True] * 3
+
+
 async def _all_notes(ws: WebsocketCommunicator) -> list[tuple[int, str]]:
     """Every frame the socket has, up to a quiet 0.3 s."""
     notes = []

@@ -18,7 +18,7 @@ from engine.runner.lease import lease_acquire, lease_drop
 from engine.runner.loop import run_step
 from sessions.events import PAYLOADS, EventType, call_counts, call_kind, turn_outcome
 from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
-from sessions.publisher import frame_of, group_name
+from sessions.publisher import frames_of, group_name
 from sessions.services import message_post, session_cancel
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.event_shapes import payload_problems
@@ -109,7 +109,7 @@ def _streamed(session: Session, run: Any) -> list[dict[str, Any]]:
                     message = await asyncio.wait_for(layer.receive(channel), timeout=1.0)
                 except TimeoutError:
                     return frames
-                frames.append(frame_of(message))
+                frames += frames_of(message)
         finally:
             await layer.group_discard(group_name(session.pk), channel)
 

@@ -14,7 +14,7 @@ from sessions import selectors, services
 from sessions.errors import DomainError
 from sessions.events import EventType
 from sessions.models import Agent, Session
-from sessions.publisher import frame_of, group_name
+from sessions.publisher import frames_of, group_name
 from tools.models import Tool
 
 DEFAULT_USER = "cli"
@@ -123,7 +123,7 @@ class Command(BaseCommand):
             while loop.time() < deadline:
                 try:
                     message = await asyncio.wait_for(layer.receive(channel), timeout=1.0)
-                    frames = [frame_of(message)]
+                    frames = frames_of(message)
                 except TimeoutError:
                     frames = []
                 # Anything the channel missed is in the database, in order.

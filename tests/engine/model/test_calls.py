@@ -16,7 +16,7 @@ from llm.types import ChatMessage, ChatRequest
 from runtime import io_loop
 from runtime.breaker import model_breaker
 from sessions.models import Message, ModelEndpoint
-from sessions.publisher import frame_of, group_name
+from sessions.publisher import frames_of, group_name
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory
 from tests.fakes.model_servers import FakeModelServer, Reply
@@ -57,7 +57,7 @@ def test_only_a_model_that_waits_is_called_on_the_io_loop(make_session, submitte
             await sync_to_async(run, thread_sensitive=False)()
             frames = []
             while not any(f["type"] == "turn.finished" for f in frames):
-                frames.append(dict(frame_of(await layer.receive(channel))))
+                frames += [dict(f) for f in frames_of(await layer.receive(channel))]
             return frames
         finally:
             await layer.group_discard(group_name(session.pk), channel)
