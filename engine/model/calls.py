@@ -36,7 +36,12 @@ from llm.base import (
 )
 from llm.http import redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
-from memory.tokens import estimate_request_tokens, estimate_response_tokens
+from memory.tokens import (
+    Tokenizer,
+    estimate_request_tokens,
+    estimate_response_tokens,
+    tokenizer_for,
+)
 from observability import metrics, tracing
 from observability.redaction import scrub
 from runtime import health, io_loop
@@ -80,6 +85,11 @@ def first_enabled_endpoint(
 def cheap_endpoint(agent: Agent) -> ModelEndpoint:
     """The model for the agent's small side jobs (dialogue state, memory extraction)."""
     return first_enabled_endpoint(agent.cheap_model, default=agent.model)
+
+
+def endpoint_tokenizer(endpoint: ModelEndpoint) -> Tokenizer:
+    """How `endpoint` counts tokens: its `tokenizer`, else its api's default."""
+    return tokenizer_for(endpoint.api, endpoint.tokenizer, endpoint.tokenizer_ratio)
 
 
 def endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
@@ -205,7 +215,8 @@ def _attempt_call(
         outcome="success",
         purpose=purpose,
     )
-    estimated_in = estimate_request_tokens(request)
+    counter = endpoint_tokenizer(endpoint)
+    estimated_in = estimate_request_tokens(request, counter)
     breaker = model_breaker()
     timing = _Timing()
     try:
@@ -259,7 +270,10 @@ def _attempt_call(
             response.usage.output_tokens,
         )
     else:
-        record.input_tokens, record.output_tokens = estimated_in, estimate_response_tokens(response)
+        record.input_tokens, record.output_tokens = (
+            estimated_in,
+            estimate_response_tokens(response, counter),
+        )
         record.tokens_estimated = True
     record.cost = model_call_cost(
         input_tokens=record.input_tokens,

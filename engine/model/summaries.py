@@ -27,10 +27,10 @@ from typing import Any
 
 from django.db import connection
 
-from engine.model.calls import first_enabled_endpoint, side_call
+from engine.model.calls import endpoint_tokenizer, first_enabled_endpoint, side_call
 from engine.model.context import SUMMARY_HEADING, SUMMARY_NAME, cap_text, message_tokens
 from llm.types import ChatMessage, ChatRequest
-from memory.tokens import count_message_tokens
+from memory.tokens import Tokenizer, count_message_tokens
 from sessions.models import Agent, Message, ModelCall, ModelCallOutcome, ModelEndpoint, Session
 
 logger = logging.getLogger(__name__)
@@ -125,9 +125,11 @@ def parse_sections(text: str) -> dict[str, Any] | None:
     return sections
 
 
-def render_summary(sections: dict[str, Any], tokens: int) -> str:
-    """The summary as the model reads it, within `tokens`: the oldest actions go
-    first, then open items; facts, the point of a summary, go last."""
+def render_summary(
+    sections: dict[str, Any], tokens: int, tokenizer: Tokenizer | None = None
+) -> str:
+    """The summary as the model reads it, within `tokens` (as `tokenizer` counts them):
+    the oldest actions go first, then open items; facts, the point of a summary, go last."""
     sections = {k: list(v) if isinstance(v, list) else v for k, v in sections.items()}
 
     def text() -> str:
@@ -147,10 +149,10 @@ def render_summary(sections: dict[str, Any], tokens: int) -> str:
     # Oldest actions go first; facts from the newest (the older ones are those a
     # rolling summary has carried forward every time: what the user said at the start).
     for key, at in (("actions", 0), ("open_items", 0), ("facts", -1)):
-        while sections.get(key) and count_message_tokens(rendered) > tokens:
+        while sections.get(key) and count_message_tokens(rendered, "", tokenizer) > tokens:
             sections[key].pop(at)
             rendered = text()
-    return cap_text(rendered, max(tokens - 4, 1))
+    return cap_text(rendered, max(tokens - 4, 1), tokenizer)
 
 
 def summarise(
@@ -160,8 +162,10 @@ def summarise(
     messages: tuple[Message, ...],
     previous: Message | None,
     tokens: int,
+    tokenizer: Tokenizer | None = None,
 ) -> SummaryOutcome:
-    """Condense `messages` (and the previous summary) into a summary message of at most `tokens`.
+    """Condense `messages` (and the previous summary) into a summary message of at most
+    `tokens` (as `tokenizer`, the step's, counts them).
 
     1. A transcript of the messages (each cut to a few hundred characters).
     2. One call to the summary model, metered like any call (a ModelCall row
@@ -174,11 +178,15 @@ def summarise(
     transcript, rows = _transcript(messages)
     prior = previous.data.get("sections") if previous is not None and previous.data else None
     window = min(endpoint.context_window, agent.context_window)
-    room = max(window - SUMMARY_OUTPUT_TOKENS - count_message_tokens(INSTRUCTIONS) - 64, 64)
+    # The summary model's request is counted with its own tokenizer.
+    counter = endpoint_tokenizer(endpoint)
+    room = max(
+        window - SUMMARY_OUTPUT_TOKENS - count_message_tokens(INSTRUCTIONS, "", counter) - 64, 64
+    )
     prompt = ""
     if prior:
         prompt += "Previous summary:\n" + json.dumps(prior, ensure_ascii=False) + "\n\n"
-    prompt = cap_text(prompt + "Conversation to condense:\n" + transcript, room)
+    prompt = cap_text(prompt + "Conversation to condense:\n" + transcript, room, counter)
     request = ChatRequest(
         messages=(
             ChatMessage(role="system", content=INSTRUCTIONS),
@@ -200,9 +208,11 @@ def summarise(
         return outcome
     sections = parse_sections(response.text)
     if sections is None:
-        content = cap_text(f"{SUMMARY_HEADING}\n{response.text.strip()}", max(tokens - 4, 1))
+        content = cap_text(
+            f"{SUMMARY_HEADING}\n{response.text.strip()}", max(tokens - 4, 1), tokenizer
+        )
     else:
-        content = render_summary(sections, tokens)
+        content = render_summary(sections, tokens, tokenizer)
     # The summary stands for everything up to the chunk's last message; an older
     # summary is never shown once a newer one exists, whatever its seq.
     seqs = [m.seq for m in messages if m.seq is not None]

@@ -15,6 +15,8 @@ from engine.gates.budget import (
     GateRead,
     ModelGate,
     budget_stop,
+    called_endpoint,
+    degraded_tier,
     gate_read,
     model_gate,
     model_rate_limit,
@@ -26,9 +28,15 @@ from engine.gates.guards import GuardLimits, GuardVerdict
 from engine.gates.memory import wants_turn_memory
 from engine.gates.metering import credits_stop, model_credits_check, model_points
 from engine.gates.revalidation import revalidation
-from engine.gates.routing import MAIN, SMALL, escalation, route
+from engine.gates.routing import MAIN, SMALL, Route, escalation, route
 from engine.gates.turn_options import answer_format_block, turn_options, with_turn_options
-from engine.model.calls import RunCancelled, call_model, primary_endpoint, tiers_record
+from engine.model.calls import (
+    RunCancelled,
+    call_model,
+    endpoint_tokenizer,
+    primary_endpoint,
+    tiers_record,
+)
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
 from engine.model.structured import answer_check, repair_messages
 from engine.model.summaries import SummaryOutcome, summarise, summary_retry_at
@@ -37,6 +45,7 @@ from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError, ModelError
 from llm.types import ChatRequest
+from memory.tokens import Tokenizer, tokenizer_strictest
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
@@ -75,15 +84,37 @@ def loop_stop(session: Session, agent: Agent, run: RunContext | None = None) -> 
     return guards.check(steps, limits)
 
 
-def request_window(agent: Agent, session: Session) -> int:
-    """The tightest window among the agent's and the endpoints this step may call
-    (the primary or rollout candidate, and the fallback it retries on)."""
+def step_endpoints(
+    agent: Agent, session: Session, called: ModelEndpoint | None = None
+) -> list[ModelEndpoint]:
+    """The endpoints this step may call: `called` (where the call goes first; None: the
+    agent's model or rollout candidate), the fallback it retries on, and the agent's own
+    model when `called` is another (a small model escalates to it)."""
     primary, _ = primary_endpoint(agent, session)
-    windows = [agent.context_window, primary.context_window]
+    endpoints = [called or primary]
+    if called is not None and called.pk != primary.pk:
+        endpoints.append(primary)
     fallback = agent.fallback_model
     if fallback is not None and fallback.enabled:
-        windows.append(fallback.context_window)
-    return min(windows)
+        endpoints.append(fallback)
+    return endpoints
+
+
+def request_window(agent: Agent, session: Session, called: ModelEndpoint | None = None) -> int:
+    """The tightest window among the agent's and the endpoints this step may call."""
+    return min(
+        [agent.context_window, *(e.context_window for e in step_endpoints(agent, session, called))]
+    )
+
+
+def request_tokenizer(
+    agent: Agent, session: Session, called: ModelEndpoint | None = None
+) -> Tokenizer:
+    """How the step counts tokens: the tokenizer of the endpoints it may call, the larger
+    count of theirs when they differ, so the request fits each of them."""
+    return tokenizer_strictest(
+        [endpoint_tokenizer(e) for e in step_endpoints(agent, session, called)]
+    )
 
 
 def fitted_context(
@@ -97,6 +128,7 @@ def fitted_context(
     window: int,
     memory_block: str = "",
     context_blocks: Sequence[str] = (),
+    tokenizer: Tokenizer | None = None,
 ) -> tuple[Assembly, SummaryOutcome]:
     """The step's request within the budget; past the summary watermark, with a new summary.
 
@@ -115,6 +147,7 @@ def fitted_context(
         window=window,
         memory_block=memory_block,
         context_blocks=context_blocks,
+        tokenizer=tokenizer,
     )
     if not assembly.summarise or assembly.budget is None:
         return assembly, SummaryOutcome()
@@ -127,6 +160,7 @@ def fitted_context(
         messages=assembly.summarise,
         previous=assembly.previous_summary,
         tokens=max(assembly.usage["history_limit"] // 4, 64),
+        tokenizer=tokenizer,
     )
     if outcome.message is None:
         return assembly, outcome
@@ -141,6 +175,7 @@ def fitted_context(
         summarise=False,
         memory_block=memory_block,
         context_blocks=context_blocks,
+        tokenizer=tokenizer,
     )
     return again, outcome
 
@@ -155,9 +190,10 @@ class ModelPlan:
     stop: GuardVerdict | None
     added: Contribution  # the contributing gates' notes, blocks, calls, dialogue state
     summary: SummaryOutcome
-    request: ChatRequest  # fitted to the window of the endpoint it goes to
+    request: ChatRequest  # fitted to the window and tokenizer of the endpoints it may go to
     gate: ModelGate  # the budget's degradation level, endpoint and verdict
     read: GateRead
+    way: Route  # model routing: the small model, or the agent's own
     tokens: dict[str, int]
     env: dict[str, Any]
     archive_through: int | None
@@ -199,10 +235,12 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
        (the environment, the dialogue state, the turn's extra_context), and the answer's
        form when the turn's client asked for one; the client's sampling settings
        (`turn_options`) go on the request.
-    4. Assemble within the context budget; past the summary watermark, summarise the
-       oldest third first (engine/model/summaries.py).
-    5. The budget gate's degradation: a degraded step goes to a cheaper model, whose
-       window the request is fitted to as well.
+    4. Where the call goes: the degraded tier (the budget gate's level), else the routed
+       small model, else the agent's model or rollout candidate.
+    5. Assemble within the context budget of the endpoints the step may call (their
+       tightest window, counted with their tokenizers); past the summary watermark,
+       summarise the oldest third first (engine/model/summaries.py).
+    6. The budget gate prices the call at the endpoint it goes to.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
@@ -223,6 +261,8 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     added = Contribution.join(
         notes, context_layers(session, agent, history, read, tools), answer_format_block(options)
     )
+    way = route(session, agent, history, degraded_tier(agent, read.level) is not None)
+    called, _tier = called_endpoint(session, agent, read.level, way.endpoint)
     assembly, summary = fitted_context(
         session,
         agent,
@@ -230,29 +270,16 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         tools={} if final else tools,
         final=final,
         note=stop.note if stop else "",
-        window=request_window(agent, session),
+        window=request_window(agent, session, called),
         memory_block=memory_block,
         context_blocks=added.blocks,
+        tokenizer=request_tokenizer(agent, session, called),
     )
     request = with_turn_options(assembly.request, options, agent.model, final=final)
     request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
-    gate = model_gate(session, agent, request, read)
+    gate = model_gate(session, agent, request, read, chosen=way.endpoint)
     request = gate.request
-    if gate.endpoint.context_window < assembly.usage["window"]:
-        smaller = assemble(
-            agent=agent,
-            history=history,
-            tools={} if final else tools,
-            final=final,
-            note=stop.note if stop else "",
-            window=gate.endpoint.context_window,
-            summarise=False,
-            memory_block=memory_block,
-            context_blocks=added.blocks,
-        )
-        request = dataclasses.replace(request, messages=smaller.request.messages)
-        tokens = dict(smaller.usage)
     return ModelPlan(
         agent=agent,
         history=history,
@@ -263,6 +290,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         request=request,
         gate=gate,
         read=read,
+        way=way,
         tokens=tokens,
         env=env,
         archive_through=(
@@ -320,9 +348,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
-    degraded = plan.gate.endpoint.pk != agent.model_id
-    tier = plan.gate.endpoint if degraded else None
-    way = route(session, agent, history, degraded)
+    tier, way = plan.gate.tier, plan.way
     try:
         routed = call_model(session, agent, request, tier=way.endpoint or tier)
         tiers_record(routed.calls, way.tier, way.reason)
