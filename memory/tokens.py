@@ -79,7 +79,8 @@ class EstimateTokenizer(Tokenizer):
 # history's texts, the same string objects every step (the run's cache holds them), so
 # the lookup is a hash Python already cached, not a second BPE pass over the history.
 MEMO_MIN_CHARS = 64
-MEMO_MAX_ENTRIES = 50_000
+# What the memo may hold (characters of the texts it keeps alive); then it starts afresh.
+MEMO_MAX_CHARS = 8_000_000
 
 
 class _BpeTokenizer(Tokenizer):
@@ -90,6 +91,7 @@ class _BpeTokenizer(Tokenizer):
         self._loaded: Any = None
         self._lock = threading.Lock()
         self._memo: dict[str, int] = {}
+        self._memo_chars = 0
 
     def _encoder(self) -> Any:
         encoder = self._loaded
@@ -107,9 +109,11 @@ class _BpeTokenizer(Tokenizer):
             return int(self._encoder().count(text)) if text else 0
         found = self._memo.get(text)
         if found is None:
-            if len(self._memo) >= MEMO_MAX_ENTRIES:
-                self._memo.clear()
-            found = self._memo[text] = int(self._encoder().count(text))
+            found = int(self._encoder().count(text))
+            if self._memo_chars + len(text) > MEMO_MAX_CHARS:
+                self._memo, self._memo_chars = {}, 0
+            self._memo[text] = found
+            self._memo_chars += len(text)
         return found
 
 
