@@ -5,6 +5,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -90,6 +91,13 @@ class ModelEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.api})"
+
+    def clean(self) -> None:
+        # A ratio is read by an explicit estimate only: next to a BPE tokenizer it would mislead.
+        if self.tokenizer_ratio is not None and self.tokenizer != TokenizerName.ESTIMATE:
+            raise ValidationError(
+                {"tokenizer_ratio": "Only with the tokenizer 'estimate'; leave it blank."}
+            )
 
     @property
     def missing_key_env(self) -> str:
