@@ -71,3 +71,21 @@ def reference_request_tokens(request: ChatRequest, name: str) -> int:
         }
         total += reference_tokens(json.dumps(wire), name)
     return total
+
+
+def reference_wire_tokens(body: Any, name: str) -> int:
+    """What a Chat Completions request body (as it went over the wire) costs, by tiktoken."""
+    total = 3
+    for m in body.get("messages") or []:
+        content = m.get("content") or ""
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        total += 3 + reference_tokens(m.get("role", ""), name) + reference_tokens(text, name)
+        if m.get("name"):
+            total += 1 + reference_tokens(m["name"], name)
+        for call in m.get("tool_calls") or []:
+            function = call.get("function") or {}
+            total += reference_tokens(function.get("name", ""), name)
+            total += reference_tokens(function.get("arguments", ""), name)
+    for tool in body.get("tools") or []:
+        total += reference_tokens(json.dumps(tool), name)
+    return total
