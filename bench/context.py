@@ -16,6 +16,12 @@ largest sizes hold more than the window. The target: the time follows what the
 model sees (bounded by the partition), not the whole conversation: p95 at 2,000
 messages is within 3x of p95 at 200. The first read of a run (all live messages
 in one query) is reported as well.
+
+Token counts (memory/tokens.py), no target of their own (the step's overhead is the
+`engine` benchmark's): the cost of one count per tokenizer for a prose, a JSON and a
+Chinese message, fresh (a new message is counted once, when stored) and again (the
+same text: a step's request re-counts the history's texts, kept by the tokenizer),
+and a whole 200-message request counted as the budget gate does each step.
 """
 
 import time
@@ -183,6 +189,61 @@ def _measure(count: int, steps: int) -> dict[str, Any]:
     }
 
 
+COUNT_TEXTS = {
+    "prose": WORDS * 3,
+    "json": '{"orders": [{"id": "550e8400-e29b-41d4-a716-446655440000", "number": '
+    '"SO-20261127", "amount": 1234.56, "placed_at": "2026-11-27T09:15:00Z", '
+    '"sku": [100234, 100235]}, {"id": "6fa459ea-ee8a-3ca4-894e-db77e160355e", '
+    '"number": "SO-20261128", "amount": 89.9, "placed_at": "2026-11-28T17:02:00Z", '
+    '"sku": [200871]}], "count": 2, "status": "exception: parcel held at customs"}',
+    "chinese": "您好，我的订单还没有到，物流显示在海关被扣留了，请帮我查一下什么时候能送到。" * 2,
+}
+COUNTERS = (("o200k_base", None), ("cl100k_base", None), ("estimate", 3.5))
+
+
+def _per_call_us(work: Any, calls: int) -> float:
+    started = time.perf_counter()
+    for i in range(calls):
+        work(i)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def _count_costs(calls: int = 2000) -> dict[str, float]:
+    """Microseconds per count: per tokenizer and text, fresh and again; a whole request."""
+    from llm.types import ChatMessage, ChatRequest
+    from memory.tokens import estimate_request_tokens, tokenizer_for, tokenizer_get
+
+    costs: dict[str, float] = {}
+    for name, ratio in COUNTERS:
+        counter = tokenizer_get(name, ratio)
+        counter.count("warm up: the vocabulary loads at the first count")
+        for kind, text in COUNT_TEXTS.items():
+            fresh = [f"{i} {text}" for i in range(calls)]  # new strings, as new messages are
+            costs[f"{counter.key} {kind} fresh"] = _per_call_us(
+                lambda i, c=counter, f=fresh: c.count(f[i]), calls
+            )
+            costs[f"{counter.key} {kind} again"] = _per_call_us(
+                lambda i, c=counter, t=text: c.count(t), calls
+            )
+    texts = list(COUNT_TEXTS.values())
+    messages = tuple(
+        ChatMessage(role="user", content=f"{n} " + texts[n % len(texts)]) for n in range(200)
+    )
+    for api in ("openai", "anthropic"):
+        counter = tokenizer_for(api)
+        costs[f"request of 200 messages, {counter.key}, first"] = _per_call_us(
+            lambda i, c=counter: estimate_request_tokens(ChatRequest(messages=messages), c), 1
+        )
+        # Each step builds a new request of the same history's texts: counted anew, texts kept.
+        costs[f"request of 200 messages, {counter.key}, a later step"] = _per_call_us(
+            lambda i, c=counter: estimate_request_tokens(
+                ChatRequest(messages=tuple(list(messages))), c
+            ),
+            50,
+        )
+    return costs
+
+
 def run(*, steps: int = 200) -> Result:
     result = Result(
         name="context",
@@ -229,7 +290,31 @@ def run(*, steps: int = 200) -> Result:
             le=3,
         )
     )
+    counts = _count_costs()
+    result.figures += [
+        figure(
+            "count_o200k_json_fresh_us",
+            "one count, o200k_base, a 400-character JSON message, fresh",
+            round(counts["o200k_base json fresh"], 2),
+            "us",
+        ),
+        figure(
+            "count_o200k_json_again_us",
+            "one count, o200k_base, the same text again (kept)",
+            round(counts["o200k_base json again"], 3),
+            "us",
+        ),
+        figure(
+            "count_request_200_later_step_us",
+            "a step's request of 200 messages, o200k_base, counted by the gate",
+            round(counts["request of 200 messages, o200k_base, a later step"], 1),
+            "us",
+        ),
+    ]
     result.details = {
+        "token_counts_us": {k: round(v, 3) for k, v in counts.items()},
+    }
+    result.details |= {
         str(n): {
             "archived_by_summary": m["archived"],
             "first_read_live_messages": m["live_messages_read_first"],

@@ -13,6 +13,7 @@ from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
+from memory.tokens import TOKENIZER_NAMES
 from runtime.retry import retry_policy_problems
 from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
@@ -74,6 +75,8 @@ MODEL_ENTRY = {
         "price_output_per_1k": NON_NEGATIVE,
         "credits_per_1k_tokens": NON_NEGATIVE,
         "context_window": {"type": "integer", "minimum": 256},
+        "tokenizer": {"enum": [*TOKENIZER_NAMES, ""]},
+        "tokenizer_ratio": {"type": ["number", "null"], "minimum": 0.5, "maximum": 10},
         "options": {"type": "object"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
@@ -463,6 +466,13 @@ def config_errors(
             )
         for wrong in retry_policy_problems(entry.get("retry")):
             errors.append(f"models[{i}] ({entry['name']}).retry: {wrong}")
+        # A ratio is read by an explicit estimate only: anywhere else it would mislead.
+        tokenizer = entry.get("tokenizer") or ""
+        if entry.get("tokenizer_ratio") is not None and tokenizer != "estimate":
+            errors.append(
+                f"models[{i}] ({entry['name']}).tokenizer_ratio: only with tokenizer: estimate "
+                f"(this model's tokenizer is {tokenizer or 'its api default'})"
+            )
     urls, url_errors = resolve_urls(document)
     errors.extend(url_errors)
     for i, entry in enumerate(document.get("tools") or []):

@@ -48,6 +48,8 @@ MODEL_FIELDS = (
     "price_output_per_1k",
     "credits_per_1k_tokens",
     "context_window",
+    "tokenizer",
+    "tokenizer_ratio",
     "options",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",

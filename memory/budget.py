@@ -1,8 +1,13 @@
 """The token budget of one model request: the window split into partitions.
 
 The seed's split for a 128K window is 8K for the system prompt and tools, 64K
-for the history, 16K for the current input plus the reply, the rest for
-long-term memory and a safety buffer (token counts are estimates). Smaller or
+for the history, 16K for long-term memory; the current input plus the reply
+get 36K and a safety buffer 4K. Counts are the endpoint's tokenizer's
+(memory/tokens.py), so the buffer covers only what the wire adds that no count
+sees: the reply's priming, the provider's rendering of the tool schemas (an
+Anthropic tool-use prompt is a few hundred tokens), a message's `name`.
+(Before real tokenizers it was 24K of 128K for estimated counts; the 20K it
+gave up went to the reply, so every history limit stayed the same.) Smaller or
 larger windows scale the same shares. An agent overrides any partition in
 `Agent.context_budget`: a whole number is tokens, a number below 1 a share of
 the window, e.g. ``{"history": 32000, "memory": 0.05}``; ``trim_at`` and
@@ -21,8 +26,8 @@ DEFAULT_SHARES: dict[str, float] = {
     "system": 8 / 128,
     "memory": 16 / 128,
     "history": 64 / 128,
-    "input": 16 / 128,
-    "buffer": 24 / 128,
+    "input": 36 / 128,
+    "buffer": 4 / 128,
 }
 TRIM_AT = 0.6
 SUMMARISE_AT = 0.9

@@ -5,6 +5,8 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from pgvector.django import VectorField
@@ -27,6 +29,14 @@ class ModelApi(models.TextChoices):
     ANTHROPIC = "anthropic"
     PROMPT_TOOLS = "prompt_tools"
     RULES = "rules"
+
+
+class TokenizerName(models.TextChoices):
+    """How an endpoint's tokens are counted (memory/tokens.py; README "Token counts")."""
+
+    O200K_BASE = "o200k_base", "o200k_base"
+    CL100K_BASE = "cl100k_base", "cl100k_base"
+    ESTIMATE = "estimate", "estimate (characters a token: tokenizer_ratio)"
 
 
 class ModelEndpoint(models.Model):
@@ -59,6 +69,22 @@ class ModelEndpoint(models.Model):
         help_text="Credit points per 1,000 tokens (input + output); 0: calls cost no points.",
     )
     context_window = models.PositiveIntegerField(default=128000)
+    # Blank: the api's default (memory.tokens.DEFAULT_BY_API).
+    tokenizer = models.CharField(
+        max_length=20,
+        choices=TokenizerName.choices,
+        blank=True,
+        help_text="How this model's tokens are counted; blank: its api's default (openai "
+        "o200k_base; anthropic, prompt_tools o200k_base but at least one token per 3.5 "
+        "ASCII characters; rules 4 characters a token).",
+    )
+    tokenizer_ratio = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.5), MaxValueValidator(10)],
+        help_text="With tokenizer 'estimate' only: ASCII characters a token (0.5-10; blank: "
+        "3); every other character counts one token.",
+    )
     options = models.JSONField(default=dict, blank=True)
     # Per owner, shared by every worker process through Redis (billing/ratelimit.py); 0 = no limit.
     rate_limit_calls_per_min = models.PositiveIntegerField(default=0)
@@ -74,13 +100,16 @@ class ModelEndpoint(models.Model):
         return f"{self.name} ({self.api})"
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         from runtime.retry import retry_policy_problems
 
         self.retry = self.retry or {}  # an emptied form field: the defaults
         if problems := retry_policy_problems(self.retry):
             raise ValidationError({"retry": "; ".join(problems)})
+        # A ratio is read by an explicit estimate only: next to a BPE tokenizer it would mislead.
+        if self.tokenizer_ratio is not None and self.tokenizer != TokenizerName.ESTIMATE:
+            raise ValidationError(
+                {"tokenizer_ratio": "Only with the tokenizer 'estimate'; leave it blank."}
+            )
 
     @property
     def missing_key_env(self) -> str:
@@ -437,6 +466,9 @@ class Message(models.Model):
         null=True, blank=True, help_text="Structured tool result, for tool messages."
     )
     token_count = models.PositiveIntegerField(default=0)
+    # The tokenizer (a memory.tokens key; new messages: its DEFAULT_TOKENIZER) that counted
+    # token_count: a step counting with another one counts the message again.
+    token_counter = models.CharField(max_length=40, default=TokenizerName.O200K_BASE.value)
     # NULL, not "", so the partial unique constraint ignores messages without a key.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # The customer app's extra_context for a user message: data for the model, never instructions.

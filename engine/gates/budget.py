@@ -7,9 +7,11 @@
    credits) are read once and kept for the run (`KeptFigures`, in the run's context),
    advanced locally with what each step of this session spent; read again at a new turn,
    when the local estimate nears a limit, or when they are `FIGURES_MAX_AGE_S` old.
-2. The call's estimate (memory.tokens, the endpoint's prices) is checked against every
-   budget of the agent and the owner: it runs, runs with a lower output limit, or is
-   refused (the turn ends with `budget_exceeded`).
+2. The call's estimate is checked against every budget of the agent and the owner: it
+   runs, runs with a lower output limit, or is refused (the turn ends with
+   `budget_exceeded`). It prices the endpoint the call goes to (`called_endpoint`: the
+   degraded tier, the caller's choice such as the routed small model, else the agent's
+   model or its rollout candidate), its tokens counted with that endpoint's tokenizer.
 3. The endpoint's per-owner rate limit: a short wait sleeps, a long one parks the session
    (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
 """
@@ -34,7 +36,12 @@ from billing.pressure import (
 from billing.ratelimit import RateLimit, rate_limit_take
 from billing.services import notices_raise
 from engine.gates import Stop
-from engine.model.calls import first_enabled_endpoint, give_back_connection
+from engine.model.calls import (
+    endpoint_tokenizer,
+    first_enabled_endpoint,
+    give_back_connection,
+    primary_endpoint,
+)
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
 from runtime.breaker import model_breaker
@@ -65,9 +72,29 @@ class StepDeferred(Exception):
 @dataclass(frozen=True)
 class ModelGate:
     level: int
-    endpoint: ModelEndpoint
+    endpoint: ModelEndpoint  # where the call goes, as priced
     request: ChatRequest
     verdict: BudgetVerdict
+    # The cheaper endpoint degradation chose (None: not degraded, or the caller chose).
+    tier: ModelEndpoint | None = None
+
+
+def degraded_tier(agent: Agent, level: int) -> ModelEndpoint | None:
+    """The cheaper endpoint a degraded step goes to; None below CHEAPER or without one."""
+    if level < CHEAPER:
+        return None
+    endpoint = first_enabled_endpoint(agent.cheap_model, agent.fallback_model, default=agent.model)
+    return None if endpoint.pk == agent.model_id else endpoint
+
+
+def called_endpoint(
+    session: Session, agent: Agent, level: int, chosen: ModelEndpoint | None = None
+) -> tuple[ModelEndpoint, ModelEndpoint | None]:
+    """Where a model call goes first, and the degraded tier if that is it: `chosen` (the
+    caller's: a workflow node's model, the routed small model), else the degraded tier,
+    else the agent's model or its rollout candidate (engine/model/calls.call_model)."""
+    tier = None if chosen is not None else degraded_tier(agent, level)
+    return chosen or tier or primary_endpoint(agent, session)[0], tier
 
 
 def _model_failing(endpoint: ModelEndpoint) -> bool:
@@ -246,15 +273,16 @@ def model_gate(
     request: ChatRequest,
     read: GateRead | None = None,
     keep: FiguresKeeper | None = None,
+    *,
+    chosen: ModelEndpoint | None = None,
 ) -> ModelGate:
+    """The degradation, and the budgets' verdict on the call priced at the endpoint it
+    goes to (`called_endpoint`; `chosen`: the caller's choice of endpoint)."""
     read = read or gate_read(session, agent, keep)
     budgets, level = read.budgets, read.level
-    estimate_in = estimate_request_tokens(request)
-    endpoint = agent.model
+    endpoint, tier = called_endpoint(session, agent, level, chosen)
+    estimate_in = estimate_request_tokens(request, endpoint_tokenizer(endpoint))
     if level >= CHEAPER:
-        endpoint = first_enabled_endpoint(
-            agent.cheap_model, agent.fallback_model, default=agent.model
-        )
         limit = min(request.max_tokens or agent.degraded_max_tokens, agent.degraded_max_tokens)
         request = dataclasses.replace(request, max_tokens=limit)
     verdict = budget_check(
@@ -268,7 +296,7 @@ def model_gate(
     )
     if verdict.max_tokens is not None:
         request = dataclasses.replace(request, max_tokens=verdict.max_tokens)
-    return ModelGate(level=level, endpoint=endpoint, request=request, verdict=verdict)
+    return ModelGate(level=level, endpoint=endpoint, request=request, verdict=verdict, tier=tier)
 
 
 def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatRequest) -> None:
@@ -276,7 +304,9 @@ def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatReq
     limit = RateLimit(endpoint.rate_limit_calls_per_min, endpoint.rate_limit_tokens_per_min)
     if not limit.active:
         return
-    tokens = estimate_request_tokens(request) + (request.max_tokens or 0)
+    tokens = estimate_request_tokens(request, endpoint_tokenizer(endpoint)) + (
+        request.max_tokens or 0
+    )
     while True:
         wait = rate_limit_take(
             kind="model", name=endpoint.name, owner_id=session.owner_id, limit=limit, tokens=tokens

@@ -48,6 +48,7 @@ from billing.services import (
 )
 from engine.gates import Stop
 from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
+from engine.model.calls import endpoint_tokenizer
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
 from sessions.events import EventSpec, EventType, Progress, StopReason
@@ -222,7 +223,9 @@ def model_credits_check(
     and more; anything closer is asked of the account row itself."""
     if not endpoint.credits_per_1k_tokens:
         return None
-    tokens = estimate_request_tokens(request) + (request.max_tokens or output_estimate)
+    tokens = estimate_request_tokens(request, endpoint_tokenizer(endpoint)) + (
+        request.max_tokens or output_estimate
+    )
     points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
     if figures is not None and figures.credits is None and not settings.CREDITS_REQUIRED:
         return CreditsCheck("unmetered", points)

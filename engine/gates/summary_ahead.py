@@ -12,7 +12,7 @@ import logging
 from datetime import datetime
 
 from engine.gates.metering import model_credits_check, side_call_commit
-from engine.model.calls import request_window
+from engine.model.calls import request_tokenizer, request_window
 from engine.model.context import assemble
 from engine.model.summaries import (
     SUMMARY_OUTPUT_TOKENS,
@@ -61,6 +61,7 @@ def summary_ahead_make(*, session_id: str) -> bool:
         tools=tools_for_agent(agent.tools, session.role),
         final=False,
         window=request_window(agent, session),
+        tokenizer=request_tokenizer(agent, session),
     )
     chunk = assembly.summarise or assembly.ahead
     if not chunk:
@@ -102,6 +103,7 @@ def _make(
         messages=chunk,
         previous=previous,
         tokens=max(usage["history_limit"] // 4, 64),
+        tokenizer=request_tokenizer(agent, session),
     )
     for record in outcome.calls:
         record.turn = session.turn

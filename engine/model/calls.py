@@ -39,7 +39,13 @@ from llm.base import (
 )
 from llm.http import RETRY_AFTER_CAP_S, redact
 from llm.types import ChatRequest, ChatResponse, StreamEvent
-from memory.tokens import estimate_request_tokens, estimate_response_tokens
+from memory.tokens import (
+    Tokenizer,
+    estimate_request_tokens,
+    estimate_response_tokens,
+    tokenizer_for,
+    tokenizer_strictest,
+)
 from observability import metrics, tracing
 from observability.redaction import scrub
 from runtime import health, io_loop
@@ -70,15 +76,37 @@ def primary_endpoint(agent: Agent, session: Session) -> tuple[ModelEndpoint, boo
     return agent.model, False
 
 
-def request_window(agent: Agent, session: Session) -> int:
-    """The tightest window among the agent's and the endpoints this step may call
-    (the primary or rollout candidate, and the fallback it retries on)."""
+def step_endpoints(
+    agent: Agent, session: Session, called: ModelEndpoint | None = None
+) -> list[ModelEndpoint]:
+    """The endpoints this step may call: `called` (where the call goes first; None: the
+    agent's model or rollout candidate), the fallback it retries on, and the agent's own
+    model when `called` is another (a small model escalates to it)."""
     primary, _ = primary_endpoint(agent, session)
-    windows = [agent.context_window, primary.context_window]
+    endpoints = [called or primary]
+    if called is not None and called.pk != primary.pk:
+        endpoints.append(primary)
     fallback = agent.fallback_model
     if fallback is not None and fallback.enabled:
-        windows.append(fallback.context_window)
-    return min(windows)
+        endpoints.append(fallback)
+    return endpoints
+
+
+def request_window(agent: Agent, session: Session, called: ModelEndpoint | None = None) -> int:
+    """The tightest window among the agent's and the endpoints this step may call."""
+    return min(
+        [agent.context_window, *(e.context_window for e in step_endpoints(agent, session, called))]
+    )
+
+
+def request_tokenizer(
+    agent: Agent, session: Session, called: ModelEndpoint | None = None
+) -> Tokenizer:
+    """How the step counts tokens: the tokenizer of the endpoints it may call, the larger
+    count of theirs when they differ, so the request fits each of them."""
+    return tokenizer_strictest(
+        [endpoint_tokenizer(e) for e in step_endpoints(agent, session, called)]
+    )
 
 
 def first_enabled_endpoint(
@@ -95,6 +123,11 @@ def first_enabled_endpoint(
 def cheap_endpoint(agent: Agent) -> ModelEndpoint:
     """The model for the agent's small side jobs (dialogue state, memory extraction)."""
     return first_enabled_endpoint(agent.cheap_model, default=agent.model)
+
+
+def endpoint_tokenizer(endpoint: ModelEndpoint) -> Tokenizer:
+    """How `endpoint` counts tokens: its `tokenizer`, else its api's default."""
+    return tokenizer_for(endpoint.api, endpoint.tokenizer, endpoint.tokenizer_ratio)
 
 
 def endpoint_config(endpoint: ModelEndpoint) -> EndpointConfig:
@@ -290,7 +323,8 @@ def _attempt_call(
         outcome="success",
         purpose=purpose,
     )
-    estimated_in = estimate_request_tokens(request)
+    counter = endpoint_tokenizer(endpoint)
+    estimated_in = estimate_request_tokens(request, counter)
     breaker = model_breaker()
     timing = _Timing()
     try:
@@ -345,7 +379,10 @@ def _attempt_call(
             response.usage.output_tokens,
         )
     else:
-        record.input_tokens, record.output_tokens = estimated_in, estimate_response_tokens(response)
+        record.input_tokens, record.output_tokens = (
+            estimated_in,
+            estimate_response_tokens(response, counter),
+        )
         record.tokens_estimated = True
     record.cost = model_call_cost(
         input_tokens=record.input_tokens,

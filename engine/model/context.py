@@ -4,9 +4,11 @@
 run's cached history and the blocks the caller gives it, and returns the
 request, the tokens each partition used and, when the history passed its
 summary watermark, the oldest messages the engine should summarise
-(engine/model/summaries.py). Token counts come from `Message.token_count`
-(counted once, when the message was made), so a step never re-counts the
-history.
+(engine/model/summaries.py). Tokens are counted with the tokenizer of the
+endpoints the step may call (memory/tokens.py). A message's count comes from
+`Message.token_count` (counted once, when the message was made, with the
+tokenizer `token_counter` names); for another tokenizer it is counted once per
+process and kept by message and tokenizer, so a step never re-counts the history.
 
 What the model sees, in order: the system prompt, the context blocks
 (environment, dialogue state, extra context), the long-term memory block, the
@@ -39,7 +41,7 @@ from typing import Any
 
 from llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from memory.budget import ContextBudget, context_budget
-from memory.tokens import count_message_tokens, count_tokens
+from memory.tokens import Tokenizer, count_message_tokens, default_tokenizer
 from sessions.models import Agent, Message
 from tools.execution import ToolSnapshot
 from tools.rendering import FAILURE_MARKER
@@ -124,12 +126,38 @@ def to_chat_message(message: Message) -> ChatMessage:
     )
 
 
-def message_tokens(message: Message) -> int:
-    """The message's cached count; counted once (and kept on the object) if it has none."""
+# Counts of stored messages under a tokenizer other than the one that made their
+# `token_count`, by (message id, tokenizer key): messages never change once stored.
+_other_counts: dict[tuple[int, str], int] = {}
+OTHER_COUNTS_KEPT = 200_000
+
+
+def message_tokens(message: Message, tokenizer: Tokenizer | None = None) -> int:
+    """The message's tokens as `tokenizer` (the default one if None) counts them.
+
+    1. Its stored count, if that tokenizer made it.
+    2. A message without a count is counted with the default tokenizer, kept on the object.
+    3. Another tokenizer: counted once per process and kept by message id and tokenizer key.
+    """
+    counter = tokenizer or default_tokenizer()
+    if message.token_count and message.token_counter == counter.key:
+        return message.token_count
+    calls = json.dumps(message.tool_calls, ensure_ascii=False) if message.tool_calls else ""
+    default = default_tokenizer()
     if not message.token_count:
-        calls = json.dumps(message.tool_calls, ensure_ascii=False) if message.tool_calls else ""
-        message.token_count = count_message_tokens(message.content, calls)
-    return message.token_count
+        message.token_count = count_message_tokens(message.content, calls, default)
+        message.token_counter = default.key
+        if counter is default:
+            return message.token_count
+    if message.pk is None:
+        return count_message_tokens(message.content, calls, counter)
+    key = (message.pk, counter.key)
+    found = _other_counts.get(key)
+    if found is None:
+        if len(_other_counts) >= OTHER_COUNTS_KEPT:
+            _other_counts.clear()
+        found = _other_counts[key] = count_message_tokens(message.content, calls, counter)
+    return found
 
 
 def summary_through(message: Message) -> int | None:
@@ -151,16 +179,17 @@ def is_small_talk(text: str) -> bool:
     return bool(words) and all(w in _SMALL_TALK_WORDS for w in words)
 
 
-def cap_text(text: str, tokens: int) -> str:
-    """`text` cut (at a character) to at most `tokens` estimated tokens."""
+def cap_text(text: str, tokens: int, tokenizer: Tokenizer | None = None) -> str:
+    """`text` cut (at a character) to at most `tokens` tokens as `tokenizer` counts them."""
     if tokens <= 0:
         return ""
-    if count_tokens(text) <= tokens:
+    counter = tokenizer or default_tokenizer()
+    if counter.count(text) <= tokens:
         return text
     low, high = 0, len(text)
     while low < high:
         middle = (low + high + 1) // 2
-        if count_tokens(text[:middle]) + 1 <= tokens:
+        if counter.count(text[:middle]) + 1 <= tokens:
             low = middle
         else:
             high = middle - 1
@@ -179,6 +208,7 @@ class _Item:
     # What the model sees instead of the messages once trimmed ([] = left out).
     view: list[ChatMessage] | None = None
     view_tokens: int = 0
+    counter: Tokenizer | None = None  # the tokenizer `tokens` was counted with
 
     def __post_init__(self) -> None:
         self.view_tokens = self.tokens
@@ -192,7 +222,7 @@ class _Item:
         before = self.view_tokens
         self.view = view
         self.view_tokens = sum(
-            count_message_tokens(m.content, _calls_text(m.tool_calls)) for m in view
+            count_message_tokens(m.content, _calls_text(m.tool_calls), self.counter) for m in view
         )
         return before - self.view_tokens
 
@@ -218,7 +248,7 @@ def _is_failure(message: Message) -> bool:
     )
 
 
-def _items(messages: Iterable[Message]) -> list[_Item]:
+def _items(messages: Iterable[Message], counter: Tokenizer) -> list[_Item]:
     items: list[_Item] = []
     open_round: _Item | None = None
     for m in messages:
@@ -226,16 +256,16 @@ def _items(messages: Iterable[Message]) -> list[_Item]:
             ids = {c.get("id") for c in open_round.messages[0].tool_calls or []}
             if m.tool_call_id in ids:
                 open_round.messages.append(m)
-                open_round.tokens += message_tokens(m)
+                open_round.tokens += message_tokens(m, counter)
                 open_round.view_tokens = open_round.tokens
                 continue
         open_round = None
         if m.role == "assistant" and m.tool_calls:
-            open_round = _Item("round", [m], m.turn, message_tokens(m))
+            open_round = _Item("round", [m], m.turn, message_tokens(m, counter), counter=counter)
             items.append(open_round)
             continue
         kind = {"user": "user", "assistant": "answer"}.get(m.role, "note")
-        items.append(_Item(kind, [m], m.turn, message_tokens(m)))
+        items.append(_Item(kind, [m], m.turn, message_tokens(m, counter), counter=counter))
     return items
 
 
@@ -360,12 +390,15 @@ def assemble(
     context_blocks: Sequence[str] = (),
     window: int | None = None,
     summarise: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> Assembly:
     """The request for one step, fitted to the budget (see the module docstring).
 
     `window`: the smallest window of the endpoints this step may call (the
-    agent's own `context_window` caps it in any case).
+    agent's own `context_window` caps it in any case); `tokenizer`: how they
+    count tokens (the strictest of theirs when they differ; the default if None).
     """
+    counter = tokenizer or default_tokenizer()
     limit_window = min(agent.context_window, window) if window else agent.context_window
     budget = context_budget(limit_window, agent.context_budget)
 
@@ -384,18 +417,24 @@ def assemble(
             for name, t in sorted(tools.items())
             if name in agent.tools
         )
-    system_used = sum(count_message_tokens(m.content) for m in head + tail) + sum(
-        count_tokens(s.name) + count_tokens(s.description) + count_tokens(json.dumps(s.parameters))
+    system_used = sum(count_message_tokens(m.content, "", counter) for m in head + tail) + sum(
+        counter.count(s.name)
+        + counter.count(s.description)
+        + counter.count(json.dumps(s.parameters))
         for s in specs
     )
 
     # 2. The memory partition, capped.
     memory: list[ChatMessage] = []
     if memory_block.strip():
-        text = cap_text(memory_block, budget.memory - count_message_tokens(MEMORY_HEADING) - 1)
+        text = cap_text(
+            memory_block,
+            budget.memory - count_message_tokens(MEMORY_HEADING, "", counter) - 1,
+            counter,
+        )
         if text:
             memory.append(ChatMessage(role="system", content=f"{MEMORY_HEADING}\n{text}"))
-    memory_used = sum(count_message_tokens(m.content) for m in memory)
+    memory_used = sum(count_message_tokens(m.content, "", counter) for m in memory)
 
     # 3. The history: what the latest summary did not replace, cut into units.
     messages = list(history)
@@ -413,7 +452,7 @@ def assemble(
         and m.archived_at is None
         and (m.seq is None or m.seq > through)
     ]
-    items = _items(kept)
+    items = _items(kept, counter)
     users = [i for i, item in enumerate(items) if item.kind == "user"]
     split = users[-1] if users else len(items)
     past, current_input, current = (
@@ -422,7 +461,7 @@ def assemble(
         items[split + 1 :],
     )
     input_used = sum(i.tokens for i in current_input)
-    summary_used = message_tokens(summary) if summary is not None else 0
+    summary_used = message_tokens(summary, counter) if summary is not None else 0
 
     # 4. The history's limit: its partition, less what the others overran.
     reserve = max(budget.input, input_used + MIN_REPLY_TOKENS)
@@ -493,6 +532,7 @@ def build_request(
     memory_block: str = "",
     context_blocks: Sequence[str] = (),
     window: int | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> ChatRequest:
     """The request alone (trimmed to fit; no summary is asked for)."""
     return assemble(
@@ -505,6 +545,7 @@ def build_request(
         context_blocks=context_blocks,
         window=window,
         summarise=False,
+        tokenizer=tokenizer,
     ).request
 
 

@@ -37,7 +37,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from engine.model.calls import first_enabled_endpoint, side_call
+from engine.model.calls import endpoint_tokenizer, first_enabled_endpoint, side_call
 from engine.model.context import (
     SUMMARY_HEADING,
     SUMMARY_NAME,
@@ -46,7 +46,7 @@ from engine.model.context import (
     message_tokens,
 )
 from llm.types import ChatMessage, ChatRequest
-from memory.tokens import count_message_tokens, count_tokens
+from memory.tokens import Tokenizer, count_message_tokens, count_tokens
 from sessions.models import (
     Agent,
     Message,
@@ -126,9 +126,10 @@ def _line(m: Message) -> tuple[str, dict[str, Any]]:
 
 
 def fitted_transcript(
-    messages: tuple[Message, ...], room: int
+    messages: tuple[Message, ...], room: int, counter: Tokenizer | None = None
 ) -> tuple[str, list[dict[str, Any]], tuple[Message, ...]]:
-    """The transcript of the oldest messages that fit in `room` tokens, and those messages.
+    """The transcript of the oldest messages that fit in `room` tokens (as the summary
+    model's `counter` counts them), and those messages.
 
     The summary stands for exactly what the summary model read, so the
     transcript is never cut mid-message: it ends before the first message that
@@ -145,7 +146,7 @@ def fitted_transcript(
     cut = 0  # the last place the transcript may end: after `cut` messages
     for index, m in enumerate(messages):
         line, row = _line(m)
-        tokens = count_tokens(line + "\n")
+        tokens = count_tokens(line + "\n", counter)
         if used + tokens > room:
             break
         lines.append(line)
@@ -161,7 +162,7 @@ def fitted_transcript(
         while unit < len(messages) and messages[unit].role == "tool":
             unit += 1
         first = [_line(m) for m in messages[:unit]]
-        text = cap_text("\n".join(line for line, _ in first), room)
+        text = cap_text("\n".join(line for line, _ in first), room, counter)
         return text, [row for _, row in first], messages[:unit]
     return "\n".join(lines[:cut]), rows[:cut], messages[:cut]
 
@@ -200,9 +201,11 @@ def prose_sections(text: str) -> dict[str, Any]:
     return {"intent": "", "facts": facts, "actions": [], "open_items": []}
 
 
-def render_summary(sections: dict[str, Any], tokens: int) -> str:
-    """The summary as the model reads it, within `tokens`: the oldest actions go
-    first, then open items; facts, the point of a summary, go last."""
+def render_summary(
+    sections: dict[str, Any], tokens: int, tokenizer: Tokenizer | None = None
+) -> str:
+    """The summary as the model reads it, within `tokens` (as `tokenizer` counts them):
+    the oldest actions go first, then open items; facts, the point of a summary, go last."""
     sections = {k: list(v) if isinstance(v, list) else v for k, v in sections.items()}
 
     def text() -> str:
@@ -222,10 +225,10 @@ def render_summary(sections: dict[str, Any], tokens: int) -> str:
     # Oldest actions go first; facts from the newest (the older ones are those a
     # rolling summary has carried forward every time: what the user said at the start).
     for key, at in (("actions", 0), ("open_items", 0), ("facts", -1)):
-        while sections.get(key) and count_message_tokens(rendered) > tokens:
+        while sections.get(key) and count_message_tokens(rendered, "", tokenizer) > tokens:
             sections[key].pop(at)
             rendered = text()
-    return cap_text(rendered, max(tokens - 4, 1))
+    return cap_text(rendered, max(tokens - 4, 1), tokenizer)
 
 
 def summarise(
@@ -235,8 +238,10 @@ def summarise(
     messages: tuple[Message, ...],
     previous: Message | None,
     tokens: int,
+    tokenizer: Tokenizer | None = None,
 ) -> SummaryOutcome:
-    """Condense `messages` (and the previous summary) into a summary message of at most `tokens`.
+    """Condense `messages` (and the previous summary) into a summary message of at most
+    `tokens` (as `tokenizer`, the step's, counts them).
 
     1. A transcript of the oldest messages that fit the summary model's window
        (each cut to a few hundred characters; `fitted_transcript`): the summary
@@ -250,12 +255,18 @@ def summarise(
     endpoint = summary_endpoint(agent)
     prior = previous.data.get("sections") if previous is not None and previous.data else None
     window = min(endpoint.context_window, agent.context_window)
-    room = max(window - SUMMARY_OUTPUT_TOKENS - count_message_tokens(INSTRUCTIONS) - 64, 64)
+    # The summary model's request is counted with its own tokenizer.
+    counter = endpoint_tokenizer(endpoint)
+    room = max(
+        window - SUMMARY_OUTPUT_TOKENS - count_message_tokens(INSTRUCTIONS, "", counter) - 64, 64
+    )
     prompt = ""
     if prior:
         prompt += "Previous summary:\n" + json.dumps(prior, ensure_ascii=False) + "\n\n"
-    prompt = cap_text(prompt, max(room // 2, 1)) + "Conversation to condense:\n"
-    transcript, rows, messages = fitted_transcript(messages, max(room - count_tokens(prompt), 16))
+    prompt = cap_text(prompt, max(room // 2, 1), counter) + "Conversation to condense:\n"
+    transcript, rows, messages = fitted_transcript(
+        messages, max(room - count_tokens(prompt, counter), 16), counter
+    )
     prompt += transcript
     request = ChatRequest(
         messages=(
@@ -279,7 +290,7 @@ def summarise(
     # Prose instead of the JSON asked for is still a summary: it becomes the facts,
     # so the next summary merges it like any other (nothing the model said is lost).
     sections = parse_sections(response.text) or prose_sections(response.text)
-    content = render_summary(sections, tokens)
+    content = render_summary(sections, tokens, tokenizer)
     # The summary stands for the messages the summary model read (the transcript
     # may have stopped short of the chunk); an older summary is never shown once
     # a newer one exists, whatever its seq.

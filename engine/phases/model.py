@@ -15,6 +15,8 @@ from engine.gates.budget import (
     GateRead,
     ModelGate,
     budget_stop,
+    called_endpoint,
+    degraded_tier,
     gate_read,
     model_gate,
     model_rate_limit,
@@ -26,9 +28,15 @@ from engine.gates.guards import GuardLimits, GuardVerdict
 from engine.gates.memory import wants_turn_memory
 from engine.gates.metering import credits_stop, model_credits_check, model_points
 from engine.gates.revalidation import revalidation
-from engine.gates.routing import MAIN, SMALL, escalation, route
+from engine.gates.routing import MAIN, SMALL, Route, escalation, route
 from engine.gates.turn_options import answer_format_block, turn_options, with_turn_options
-from engine.model.calls import RunCancelled, call_model, request_window, tiers_record
+from engine.model.calls import (
+    RunCancelled,
+    call_model,
+    request_tokenizer,
+    request_window,
+    tiers_record,
+)
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
 from engine.model.structured import answer_check, repair_messages
 from engine.model.summaries import (
@@ -43,6 +51,7 @@ from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError, ModelError
 from llm.types import ChatRequest
+from memory.tokens import Tokenizer
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
 from runtime.faults import fault_point
@@ -92,6 +101,7 @@ def fitted_context(
     window: int,
     memory_block: str = "",
     context_blocks: Sequence[str] = (),
+    tokenizer: Tokenizer | None = None,
 ) -> tuple[Assembly, SummaryOutcome]:
     """The step's request within the budget; past the summary watermark, with a new summary.
 
@@ -110,6 +120,7 @@ def fitted_context(
         window=window,
         memory_block=memory_block,
         context_blocks=context_blocks,
+        tokenizer=tokenizer,
     )
     if not assembly.summarise or assembly.budget is None:
         return assembly, SummaryOutcome()
@@ -127,6 +138,7 @@ def fitted_context(
             messages=assembly.summarise,
             previous=assembly.previous_summary,
             tokens=tokens,
+            tokenizer=tokenizer,
         )
     if outcome.message is None:
         return assembly, outcome
@@ -141,6 +153,7 @@ def fitted_context(
         summarise=False,
         memory_block=memory_block,
         context_blocks=context_blocks,
+        tokenizer=tokenizer,
     )
     return again, outcome
 
@@ -155,9 +168,10 @@ class ModelPlan:
     stop: GuardVerdict | None
     added: Contribution  # the contributing gates' notes, blocks, calls, dialogue state
     summary: SummaryOutcome
-    request: ChatRequest  # fitted to the window of the endpoint it goes to
+    request: ChatRequest  # fitted to the window and tokenizer of the endpoints it may go to
     gate: ModelGate  # the budget's degradation level, endpoint and verdict
     read: GateRead
+    way: Route  # model routing: the small model, or the agent's own
     tokens: dict[str, int]
     env: dict[str, Any]
     archive_through: int | None
@@ -203,10 +217,12 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
        recovery when it changed enough (the drift, against the layers just made),
        preconditions checked again; and the answer's form when the turn's client asked
        for one; the client's sampling settings (`turn_options`) go on the request.
-    4. Assemble within the context budget; past the summary watermark, summarise the
-       oldest third first (engine/model/summaries.py).
-    5. The budget gate's degradation: a degraded step goes to a cheaper model, whose
-       window the request is fitted to as well.
+    4. Where the call goes: the degraded tier (the budget gate's level), else the routed
+       small model, else the agent's model or rollout candidate.
+    5. Assemble within the context budget of the endpoints the step may call (their
+       tightest window, counted with their tokenizers); past the summary watermark, the
+       summary made ahead or summarise the oldest third now (engine/model/summaries.py).
+    6. The budget gate prices the call at the endpoint it goes to.
     """
     runtime = agent_runtime(session.agent_id, session)
     agent = runtime.agent
@@ -227,6 +243,8 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     history.extend(notes.notes)
     options = turn_options(history, session.turn)
     added = Contribution.join(notes, layers, answer_format_block(options))
+    way = route(session, agent, history, degraded_tier(agent, read.level) is not None)
+    called, _tier = called_endpoint(session, agent, read.level, way.endpoint)
     assembly, summary = fitted_context(
         session,
         agent,
@@ -234,29 +252,16 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         tools={} if final else tools,
         final=final,
         note=stop.note if stop else "",
-        window=request_window(agent, session),
+        window=request_window(agent, session, called),
         memory_block=memory_block,
         context_blocks=added.blocks,
+        tokenizer=request_tokenizer(agent, session, called),
     )
     request = with_turn_options(assembly.request, options, agent.model, final=final)
     request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
-    gate = model_gate(session, agent, request, read)
+    gate = model_gate(session, agent, request, read, chosen=way.endpoint)
     request = gate.request
-    if gate.endpoint.context_window < assembly.usage["window"]:
-        smaller = assemble(
-            agent=agent,
-            history=history,
-            tools={} if final else tools,
-            final=final,
-            note=stop.note if stop else "",
-            window=gate.endpoint.context_window,
-            summarise=False,
-            memory_block=memory_block,
-            context_blocks=added.blocks,
-        )
-        request = dataclasses.replace(request, messages=smaller.request.messages)
-        tokens = dict(smaller.usage)
     return ModelPlan(
         agent=agent,
         history=history,
@@ -267,6 +272,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         request=request,
         gate=gate,
         read=read,
+        way=way,
         tokens=tokens,
         env=env,
         archive_through=(
@@ -325,9 +331,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
-    degraded = plan.gate.endpoint.pk != agent.model_id
-    tier = plan.gate.endpoint if degraded else None
-    way = route(session, agent, history, degraded)
+    tier, way = plan.gate.tier, plan.way
     try:
         routed = call_model(session, agent, request, tier=way.endpoint or tier)
         tiers_record(routed.calls, way.tier, way.reason)

@@ -507,7 +507,8 @@ class Walk:
             response_format=answer,
             agent_config={"rules": list(agent.rules or []), "fallback_answer": ""},
         )
-        gate = model_gate(self.session, agent, request, keep=self.run.figures)
+        override = self._endpoint(node)
+        gate = model_gate(self.session, agent, request, keep=self.run.figures, chosen=override)
         if not gate.verdict.allowed:
             raise ModelFailed(f"budget_exceeded: {gate.verdict.message}")
         check = model_credits_check(
@@ -523,8 +524,7 @@ class Walk:
                 f"insufficient_credits: the model call needs {check.points} points, {check.points_left} left"
             )
         model_rate_limit(self.session, gate.endpoint, gate.request)
-        override = self._endpoint(node)
-        tier = override or (gate.endpoint if gate.endpoint.pk != agent.model_id else None)
+        tier = override or gate.tier
         routed = call_model(self.session, agent, gate.request, tier=tier)
         self.writes.model_calls += routed.calls
         if routed.response is None:

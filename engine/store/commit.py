@@ -57,6 +57,7 @@ MESSAGE_COLUMNS = (
     "name",
     "data",
     "token_count",
+    "token_counter",
     "idempotency_key",
     "extra_context",
     "turn_options",

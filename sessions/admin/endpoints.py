@@ -123,6 +123,8 @@ class ModelEndpointAdmin(AuditedAdmin, admin.ModelAdmin):
                     "price_output_per_1k",
                     "credits_per_1k_tokens",
                     "context_window",
+                    "tokenizer",
+                    "tokenizer_ratio",
                 )
             },
         ),

@@ -103,6 +103,7 @@ def session_fork(
                     name=m.name,
                     data=m.data,
                     token_count=m.token_count,
+                    token_counter=m.token_counter,
                     archived_at=(m.archived_at or timezone.now()) if i <= through else None,
                 )
                 for i, m in enumerate(history, start=1)

@@ -1,6 +1,7 @@
 """The gate's figures kept for a run: one read per turn, advanced locally with the
 session's own spend, read again when the local estimate nears a limit or a turn begins."""
 
+import dataclasses
 from collections.abc import Callable
 from decimal import Decimal
 
@@ -8,11 +9,15 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from billing.degradation import CHEAPER
 from billing.models import OwnerBudget
 from billing.pressure import owner_watch_reset
 from billing.services import usage_statement
-from engine.gates.budget import FiguresKeeper, gate_read
-from sessions.models import Session
+from engine.gates.budget import FiguresKeeper, called_endpoint, gate_read, model_gate
+from llm.types import ChatMessage, ChatRequest
+from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, tokenizer_get
+from sessions.models import ModelEndpoint, Session
+from tests.factories import ModelEndpointFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,3 +117,81 @@ def test_a_rate_limit_pause_does_not_hold_a_database_connection(make_session, mo
     request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),))
     budget_gate.model_rate_limit(session, endpoint, request)
     assert held_while_sleeping == [False]
+
+
+# The endpoint the call goes to is the one priced (issue 34, item 7) ---------------------
+
+PROMPT = ChatRequest(messages=(ChatMessage(role="user", content="Where is my parcel? " * 50),))
+
+
+def _priced(name: str, price: str, **fields: object) -> ModelEndpoint:
+    return ModelEndpointFactory(
+        name=name,
+        api="openai",
+        base_url="http://127.0.0.1:9/v1",
+        price_input_per_1k=Decimal(price),
+        price_output_per_1k=Decimal(price),
+        **fields,
+    )
+
+
+@pytest.fixture
+def two_prices(make_agent, make_session):  # type: ignore[no-untyped-def]
+    """An agent whose own model is cheap and whose rollout candidate costs 100 times more;
+    its turn budget covers a call on the cheap one only."""
+    cheap, dear = _priced("cheap", "0.01"), _priced("dear", "1.00")
+    agent = make_agent(
+        model=cheap, candidate_model=dear, candidate_percent=100, budget_turn_cost=Decimal("0.05")
+    )
+    return make_session(agent=agent), cheap, dear
+
+
+def test_a_call_to_the_rollout_candidate_is_priced_at_the_candidates_prices(two_prices):  # type: ignore[no-untyped-def]
+    session, cheap, dear = two_prices
+    agent = session.agent
+    gate = model_gate(session, agent, PROMPT)
+    assert gate.endpoint == dear and gate.tier is None
+    assert not gate.verdict.allowed and "agent turn budget" in gate.verdict.message
+
+    agent.candidate_percent = 0  # the same call on the agent's own model fits
+    gate = model_gate(session, agent, PROMPT)
+    assert gate.endpoint == cheap and gate.verdict.allowed
+
+
+def test_the_callers_choice_is_priced_and_named(two_prices):  # type: ignore[no-untyped-def]
+    session, cheap, dear = two_prices
+    agent = session.agent
+    agent.candidate_percent = 0
+    # A routed small model, a workflow node's model: whatever the caller will call.
+    gate = model_gate(session, agent, PROMPT, chosen=dear)
+    assert gate.endpoint == dear and not gate.verdict.allowed
+    assert called_endpoint(session, agent, 0, None) == (cheap, None)
+
+
+def test_a_degraded_step_is_priced_at_its_cheaper_tier(two_prices):  # type: ignore[no-untyped-def]
+    session, cheap, dear = two_prices
+    agent = session.agent
+    agent.model, agent.cheap_model, agent.candidate_percent = dear, cheap, 0
+    read = gate_read(session, agent)
+    degraded = dataclasses.replace(read, level=CHEAPER)
+    gate = model_gate(session, agent, PROMPT, degraded)
+    assert gate.endpoint == cheap == gate.tier and gate.verdict.allowed
+    assert not model_gate(session, agent, PROMPT, read).verdict.allowed
+
+
+def test_the_estimate_counts_with_the_called_endpoints_tokenizer(two_prices):  # type: ignore[no-untyped-def]
+    session, cheap, dear = two_prices
+    agent = session.agent
+    dear.tokenizer, dear.tokenizer_ratio = "estimate", 1.0  # a character a token
+    dear.price_input_per_1k = dear.price_output_per_1k = cheap.price_input_per_1k
+    agent.budget_turn_cost = Decimal("0.015")  # 1,500 tokens at either price
+    text = PROMPT.messages[0].content
+    gate = model_gate(session, agent, PROMPT)
+    assert gate.endpoint == dear
+    # What is left for the answer: the budget less the input as the candidate counts it.
+    assert gate.verdict.max_tokens == 1500 - (MESSAGE_OVERHEAD_TOKENS + len(text))
+    agent.candidate_percent = 0
+    gate = model_gate(session, agent, PROMPT)
+    room = 1500 - (MESSAGE_OVERHEAD_TOKENS + count_tokens(text, tokenizer_get("o200k_base")))
+    assert gate.endpoint == cheap and gate.verdict.max_tokens in (None, room)
+    assert room > 1500 - (MESSAGE_OVERHEAD_TOKENS + len(text))

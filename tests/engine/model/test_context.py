@@ -15,11 +15,19 @@ from engine.model.context import (
     build_request,
     cap_text,
     is_small_talk,
+    message_tokens,
 )
 from llm.types import ChatMessage
 from memory.budget import budget_problems, context_budget
-from memory.tokens import count_message_tokens, estimate_request_tokens
+from memory.tokens import (
+    MESSAGE_OVERHEAD_TOKENS,
+    EstimateTokenizer,
+    count_message_tokens,
+    estimate_request_tokens,
+    tokenizer_get,
+)
 from sessions.models import Agent, Message
+from tests.reference_tokenizer import reference_request_tokens, reference_tokens
 from tools.rendering import FAILURE_MARKER
 
 
@@ -92,11 +100,12 @@ def assert_pairs_intact(messages: tuple[ChatMessage, ...]) -> None:
 
 def test_the_default_partitions_are_the_seeds_128k_split_scaled():
     budget = context_budget(128000)
-    assert (budget.system, budget.history, budget.input) == (8000, 64000, 16000)
-    assert budget.memory + budget.buffer == 40000
+    assert (budget.system, budget.history, budget.memory) == (8000, 64000, 16000)
+    # Real counts: a small buffer for the wire's framing; the reply got the rest.
+    assert (budget.input, budget.buffer) == (36000, 4000)
     assert sum(budget.partitions().values()) == 128000
     small = context_budget(2000)
-    assert (small.system, small.history, small.input) == (125, 1000, 250)
+    assert (small.system, small.history, small.input, small.buffer) == (125, 1000, 562, 62)
 
 
 def test_overrides_are_tokens_or_shares_and_the_window_stays_a_hard_limit():
@@ -235,7 +244,7 @@ def test_a_finished_tool_round_collapses_to_its_conclusion():
 
 def test_the_current_turns_rounds_stay_while_older_turns_give_way():
     history = _chatty(8).user("Find order 123")
-    history.tool_round("find_order", "order 123: " + "x" * 400, order=123)
+    history.tool_round("find_order", "order 123: " + "line x " * 100, order=123)
     assembly = assemble(
         agent=agent(1200), history=history.messages, tools={}, final=False, summarise=False
     )
@@ -387,6 +396,140 @@ def test_cap_text_fits_the_tokens():
     assert cut.endswith("…") and len(cut) < 60
     assert cap_text("你好" * 50, 10).endswith("…")
     assert cap_text("anything", 0) == ""
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize("limit", [1, 7, 30, 101])
+def test_cap_text_fits_the_tokens_an_independent_tokenizer_counts(name: str, limit: int):
+    # BPE is not monotone over prefixes: every cut kept must still be checked.
+    for text in (_orders_json(3, random.Random(limit)), "您好，订单SO-1还没到，物流在海关。" * 20):
+        cut = cap_text(text, limit, tokenizer_get(name))
+        assert reference_tokens(cut, name) <= limit
+        assert cut in (text, "") or cut.endswith("…")
+
+
+# The window, counted by an independent tokenizer ------------------------------------------
+
+
+def _orders_json(count: int, rng: random.Random) -> str:
+    """A tool result as order systems return them: ids, amounts, timestamps, digits."""
+    return json.dumps(
+        {
+            "orders": [
+                {
+                    "id": f"{rng.getrandbits(32):08x}-{rng.getrandbits(16):04x}-4{rng.getrandbits(12):03x}"
+                    f"-a{rng.getrandbits(12):03x}-{rng.getrandbits(48):012x}",
+                    "number": f"SO-{rng.randint(10**7, 10**8 - 1)}",
+                    "amount": round(rng.uniform(1, 99999), 2),
+                    "placed_at": f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T"
+                    f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
+                    "sku": [rng.randint(100000, 999999) for _ in range(3)],
+                }
+                for _ in range(count)
+            ]
+        }
+    )
+
+
+def _json_history(turns: int) -> History:
+    rng = random.Random(34)
+    history = History()
+    for n in range(turns):
+        history.user(f"List the orders of customer {rng.randint(1000, 9999)} since {n + 1} May.")
+        history.tool_round("list_orders", _orders_json(rng.randint(2, 6), rng), customer=n)
+        history.answer(f"Customer {n} has these orders: " + _orders_json(1, rng))
+    return history
+
+
+def _chinese_history(turns: int) -> History:
+    rng = random.Random(10)
+    history = History()
+    for n in range(turns):
+        history.user(
+            f"您好，我的订单 SO-{rng.randint(10**5, 10**6)} 还没有到，物流显示在海关被扣留了，请帮我查一下。"
+        )
+        result = json.dumps(
+            {"状态": "海关扣留", "原因": "申报信息不完整，需要补充发票和身份证明", "单号": n},
+            ensure_ascii=False,
+        )
+        history.tool_round("查询物流", result, 单号=n)
+        history.answer(
+            "您的包裹因申报信息不完整被海关扣留，请补充发票和身份证明，我们会尽快处理。" * 2
+        )
+    return history
+
+
+def _requests(make: Any, window: int, counter: Any, budget: dict[str, Any] | None = None):
+    """Each step's request as the history grows, turn by turn."""
+    history = make(40).messages
+    a = agent(window, context_budget=budget or {})
+    for end, message in enumerate(history):
+        if message.role == "user" or message.role == "tool":
+            yield assemble(
+                agent=a,
+                history=history[: end + 1],
+                tools={},
+                final=False,
+                summarise=False,
+                tokenizer=counter,
+            )
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize("make", [_json_history, _chinese_history])
+@pytest.mark.parametrize("window", [2000, 6000])
+def test_no_request_exceeds_the_window_as_an_independent_tokenizer_counts(
+    name: str, make: Any, window: int
+):
+    """Counted by tiktoken (tests/reference_tokenizer.py, OpenAI's recipe for chat framing):
+    every step's request fits the window, and the buffer covers what the counts leave out."""
+    steps = 0
+    for assembly in _requests(make, window, tokenizer_get(name)):
+        usage = assembly.usage
+        real = reference_request_tokens(assembly.request, name)
+        counted = usage["system"] + usage["memory"] + usage["history"] + usage["input"]
+        assert real <= counted + usage["buffer"], (real, usage)
+        assert real <= window
+        steps += 1
+    assert steps == 80
+
+
+def test_the_old_estimate_overran_its_buffer_on_json_histories():
+    """The break the real counts fix: with the estimate (4 characters a token) and its
+    18.75 % buffer, a JSON history's requests took more than was counted plus the buffer:
+    the overrun ate the reply's room, one step from a provider's 400."""
+    old = {"input": 16 / 128, "buffer": 24 / 128}
+    overruns = []
+    for assembly in _requests(_json_history, 2000, EstimateTokenizer(4.0), old):
+        usage = assembly.usage
+        counted = usage["system"] + usage["memory"] + usage["history"] + usage["input"]
+        real = reference_request_tokens(assembly.request, "o200k_base")
+        overruns.append(real - counted - usage["buffer"])
+    assert max(overruns) > 0
+
+
+def test_a_message_is_counted_again_for_another_tokenizer():
+    stored = Message(
+        pk=7, role="user", content="您好，我的订单还没有到，物流显示在海关被扣留了。" * 5
+    )
+    default = count_message_tokens(stored.content)
+    stored.token_count, stored.token_counter = default, "o200k_base"
+    cl100k = tokenizer_get("cl100k_base")
+    assert message_tokens(stored) == default
+    assert message_tokens(stored, cl100k) == MESSAGE_OVERHEAD_TOKENS + reference_tokens(
+        stored.content, "cl100k_base"
+    )
+    assert message_tokens(stored, cl100k) != default
+    assert (stored.token_count, stored.token_counter) == (default, "o200k_base")
+
+
+def test_a_count_the_old_estimate_made_is_not_reused():
+    legacy = Message(pk=8, role="tool", content=_orders_json(4, random.Random(2)))
+    legacy.token_count, legacy.token_counter = 90, "estimate:4"
+    assert message_tokens(legacy) == MESSAGE_OVERHEAD_TOKENS + reference_tokens(
+        legacy.content, "o200k_base"
+    )
+    assert message_tokens(legacy, EstimateTokenizer(4.0)) == 90
 
 
 def test_dropped_turns_go_whole_so_the_history_starts_with_a_user_message():

@@ -318,7 +318,7 @@ def test_summary_sections_parse_and_render_within_their_tokens() -> None:
 
 
 def test_the_window_is_the_tightest_of_the_agent_and_the_endpoints_a_step_may_call() -> None:
-    from engine.phases.model import request_window
+    from engine.model.calls import request_window
 
     roomy = ModelEndpointFactory.create(name=f"roomy-{uuid.uuid4().hex[:6]}", context_window=8000)
     small: ModelEndpoint = ModelEndpointFactory.create(
