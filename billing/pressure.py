@@ -185,14 +185,18 @@ def _broker() -> redis.Redis:
     )
 
 
-def _broker_lengths() -> list[int]:
-    """The lengths of the worker queue's priority lists (one per step, `<queue><sep><n>`)."""
+def queue_list_names() -> list[str]:
+    """The worker queue's priority lists in the broker (one per step, `<queue><sep><n>`)."""
     queue = settings.CELERY_TASK_DEFAULT_QUEUE
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     sep = options.get("sep", PRIORITY_SEP)
-    names = [queue if p == 0 else f"{queue}{sep}{p}" for p in options.get("priority_steps", [0])]
+    return [queue if p == 0 else f"{queue}{sep}{p}" for p in options.get("priority_steps", [0])]
+
+
+def _broker_lengths() -> list[int]:
+    """The lengths of the worker queue's priority lists."""
     with _broker().pipeline(transaction=False) as pipe:
-        for name in names:
+        for name in queue_list_names():
             pipe.llen(name)
         return pipe.execute()
 

@@ -199,6 +199,29 @@ def live_stack(django_db_setup, django_db_blocker) -> Stack:  # type: ignore[no-
             LIVE_STACKS.remove(stack)
 
 
+@pytest.fixture(autouse=True)
+def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, None, None]:
+    """An in-process test's queued runs are taken out of its lane's worker queue after it.
+
+    No worker takes them in the in-process lane (each xdist worker has a queue of its own,
+    tests/pytest_env.py), so left behind they add up and read as queue pressure
+    (billing/pressure.py): a later test's steps would be degraded to the cheaper model.
+    The e2e lane's queues belong to its live workers and are left alone.
+    """
+    yield
+    if request.node.get_closest_marker("e2e") is not None:
+        return
+    from billing import pressure
+    from sessions import dispatch
+
+    try:
+        dispatch._sender.submit(lambda: None).result(timeout=10)  # what it still had to send
+        pressure._broker().delete(*pressure.queue_list_names())
+    except redis.RedisError:
+        pass  # a test that stopped the broker on purpose: nothing was queued since
+    pressure._queue_seen[:] = [0.0, 0.0]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """Every event a test wrote matches its payload type (sessions/events.py).
