@@ -1,59 +1,25 @@
 """The approvals webhook: one signed POST per frame, for teams that approve from elsewhere.
 
-`X-Approval-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`
-with APPROVAL_WEBHOOK_SECRET; the receiver recomputes it and checks that t is
-recent, so a captured request cannot be replayed later.
+Signed with APPROVAL_WEBHOOK_SECRET in `X-Approval-Signature` (runtime/webhooks.py).
 """
 
-import hashlib
-import hmac
-import json
-import time
 from typing import Any
 
-import httpx
 from django.conf import settings
+
+from runtime.webhooks import WebhookFailed, signature, signature_valid, signed_post
 
 SIGNATURE_HEADER = "X-Approval-Signature"
 
-
-def signature(secret: str, body: bytes, timestamp: int) -> str:
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-def signature_valid(secret: str, body: bytes, header: str, max_age_s: float = 300) -> bool:
-    try:
-        parts = dict(p.split("=", 1) for p in header.split(","))
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs(time.time() - timestamp) > max_age_s:
-        return False
-    return hmac.compare_digest(signature(secret, body, timestamp), header)
-
-
-class WebhookFailed(Exception):
-    """The receiver did not take the delivery (network error or a non-2xx answer)."""
+__all__ = ["SIGNATURE_HEADER", "WebhookFailed", "signature", "signature_valid", "webhook_post"]
 
 
 def webhook_post(payload: dict[str, Any]) -> int:
     """POST one frame; raise WebhookFailed when it should be retried."""
-    body = json.dumps(payload, separators=(",", ":"), default=str).encode()
-    headers = {"Content-Type": "application/json"}
-    if settings.APPROVAL_WEBHOOK_SECRET:
-        headers[SIGNATURE_HEADER] = signature(
-            settings.APPROVAL_WEBHOOK_SECRET, body, int(time.time())
-        )
-    try:
-        response = httpx.post(
-            settings.APPROVAL_WEBHOOK_URL,
-            content=body,
-            headers=headers,
-            timeout=settings.APPROVAL_WEBHOOK_TIMEOUT_S,
-        )
-    except httpx.HTTPError as exc:
-        raise WebhookFailed(type(exc).__name__) from exc
-    if not 200 <= response.status_code < 300:
-        raise WebhookFailed(f"HTTP {response.status_code}")
-    return response.status_code
+    return signed_post(
+        url=settings.APPROVAL_WEBHOOK_URL,
+        payload=payload,
+        secret=settings.APPROVAL_WEBHOOK_SECRET,
+        header=SIGNATURE_HEADER,
+        timeout_s=settings.APPROVAL_WEBHOOK_TIMEOUT_S,
+    )

@@ -13,7 +13,6 @@ import pytest
 from django.db import transaction
 
 from agentplatform.celery import app
-from approvals.webhook import WebhookFailed, signature_valid
 from billing.budgets import Budget, Spent
 from billing.models import OwnerBudget, SpendNotice
 from billing.notices import notice_candidates
@@ -22,6 +21,7 @@ from billing.services import notices_raise, notices_seen_reset
 from billing.tasks import notice_webhook_send
 from billing.webhook import SIGNATURE_HEADER, notice_post
 from engine import session_run
+from runtime.webhooks import WebhookFailed, signature_valid
 from sessions.models import ModelCall
 from sessions.services import message_post
 from tests.factories import UserFactory
