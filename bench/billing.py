@@ -134,8 +134,8 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
     import copy
 
     from billing.models import CreditAccount
-    from engine.store import commit as commit_module
-    from engine.store.commit import step_commit
+    from engine.moves import turn as commit_module
+    from engine.moves.turn import step_commit
     from sessions.models import ModelCall
 
     from . import stepkit
