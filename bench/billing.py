@@ -16,9 +16,12 @@
    The figures with the target: gate p50 + (commit p50 on - commit p50 off) per step.
 2. **Rankings** (target <= 200 ms): 1,000,000 model calls of 10,000 users as daily
    rollups: each user active every other day of 30 with both agents (300,000 rows, ~3.3
-   calls each), written with one `generate_series` INSERT; then the top 100 users, agents and days of the 30 days,
-   p50 of repeated calls of `billing.rankings.cost_rankings`. The rollups make the time
-   depend on users x days, never on the number of calls.
+   calls each), written with one `generate_series` INSERT; the same calls as spend rollups
+   (SpendDaily, `_spend`: ~460,000 rows, 3 API keys a user, 4 model endpoints); then the
+   top 100 users, agents, days, model endpoints and keys of the 30 days, p50 of repeated
+   calls of `billing.rankings.cost_rankings`, and the 30- and 90-day spend series stacked
+   by model and by agent (`billing.series.spend_series`). The rollups make the time
+   depend on users (keys) x days, never on the number of calls.
 """
 
 import time
