@@ -16,9 +16,12 @@
    The figures with the target: gate p50 + (commit p50 on - commit p50 off) per step.
 2. **Rankings** (target <= 200 ms): 1,000,000 model calls of 10,000 users as daily
    rollups: each user active every other day of 30 with both agents (300,000 rows, ~3.3
-   calls each), written with one `generate_series` INSERT; then the top 100 users, agents and days of the 30 days,
-   p50 of repeated calls of `billing.rankings.cost_rankings`. The rollups make the time
-   depend on users x days, never on the number of calls.
+   calls each), written with one `generate_series` INSERT; the same calls as spend rollups
+   (SpendDaily, `_spend`: ~460,000 rows, 3 API keys a user, 4 model endpoints); then the
+   top 100 users, agents, days, model endpoints and keys of the 30 days, p50 of repeated
+   calls of `billing.rankings.cost_rankings`, and the 30- and 90-day spend series stacked
+   by model and by agent (`billing.series.spend_series`). The rollups make the time
+   depend on users (keys) x days, never on the number of calls.
 """
 
 import time
@@ -34,6 +37,12 @@ DAYS = 30
 CALLS = 1_000_000
 # A user is active on one day in ACTIVE_EVERY: the rollup rows, not the calls, set the time.
 ACTIVE_EVERY = 2
+# The spend rollups: API keys per user (one of them used per day), a user in NO_KEY_EVERY
+# without a key, and the endpoints: the two agents' models, a summariser, a fallback.
+KEYS_PER_USER = 3
+NO_KEY_EVERY = 20
+ENDPOINTS = ("bench-large", "bench-small", "bench-summary", "bench-fallback")
+SERIES_DAYS = (30, 90)
 # Model steps per turn in the gate's measurement: a tool call or two, then the answer.
 TURN_MODEL_STEPS = 3
 
@@ -237,6 +246,84 @@ def _rollups() -> dict[str, Any]:
     }
 
 
+def _spend() -> dict[str, Any]:
+    """The spend rollups of the same calls (`_rollups` first): per user, agent and active
+    day, the agent's model endpoint, plus a summariser on a third of them and a fallback
+    on a tenth; the day's key one of the user's KEYS_PER_USER API keys (key 0, sessions
+    opened without a key, for one user in NO_KEY_EVERY). One INSERT of ApiKey rows, one
+    of SpendDaily rows, both from `generate_series`."""
+    from django.db import connection
+
+    from accounts.models import ApiKey
+    from billing.models import SpendDaily, UsageDaily
+
+    usage = UsageDaily._meta.db_table
+    spend = SpendDaily._meta.db_table
+    keys = ApiKey._meta.db_table
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(f'DELETE FROM "{spend}"')
+        cursor.execute(f"DELETE FROM \"{keys}\" WHERE name LIKE 'bench-rank-%%'")
+        cursor.execute(
+            f"""INSERT INTO "{keys}" (owner_id, name, prefix, key_hash, roles, is_active,
+                                      created_at)
+                SELECT u.owner_id, 'bench-rank-' || n, 'bk' || n, md5(u.owner_id || '-' || n),
+                       '{{}}', true, now()
+                  FROM (SELECT DISTINCT owner_id FROM "{usage}") u
+                 CROSS JOIN generate_series(1, %s) n""",
+            [KEYS_PER_USER],
+        )
+        # A day's rows split its UsageDaily calls between its endpoints; the main endpoint
+        # costs most per call, so the ranking by model is not by row count alone.
+        cursor.execute(
+            f"""WITH user_keys AS (
+                    SELECT owner_id, array_agg(id ORDER BY id) AS ids FROM "{keys}"
+                     WHERE name LIKE 'bench-rank-%%' GROUP BY owner_id),
+                agents AS (
+                    SELECT agent_id, row_number() OVER (ORDER BY agent_id) AS n
+                      FROM (SELECT DISTINCT agent_id FROM "{usage}") a)
+                INSERT INTO "{spend}" (owner_id, day, agent_id, endpoint, api_key_id, shard,
+                                       input_tokens, output_tokens, cost, model_calls)
+                SELECT r.owner_id, r.day, r.agent_id, e.endpoint,
+                       CASE WHEN r.owner_id %% %s = 0 THEN 0
+                            ELSE k.ids[1 + (r.day - date '2000-01-01') / 2 %% %s] END,
+                       0, c * 900, c * 250, c * e.per_call, c
+                  FROM "{usage}" r
+                  JOIN agents a USING (agent_id)
+                  JOIN user_keys k USING (owner_id)
+                 CROSS JOIN LATERAL (
+                       SELECT 1 + ((r.owner_id + r.day - date '2000-01-01') %% 3 = 0)::int
+                                + ((r.owner_id * 3 + r.day - date '2000-01-01') %% 10 = 0)::int
+                              AS n) split
+                 CROSS JOIN LATERAL (
+                       SELECT greatest(1, round(r.model_calls::numeric / split.n))::int AS c) calls
+                  JOIN (VALUES (%s, 1, 0.0031), (%s, 2, 0.0009),
+                               (%s, 0, 0.0002), (%s, -1, 0.0004)) AS e(endpoint, agent_n, per_call)
+                    ON e.agent_n = a.n
+                    OR (e.agent_n = 0 AND (r.owner_id + r.day - date '2000-01-01') %% 3 = 0)
+                    OR (e.agent_n = -1
+                        AND (r.owner_id * 3 + r.day - date '2000-01-01') %% 10 = 0)""",
+            [NO_KEY_EVERY, KEYS_PER_USER, *ENDPOINTS],
+        )
+        # VACUUM, not ANALYZE alone: it sets the visibility map that index-only scans
+        # need, as autovacuum does for the settled days of a real table.
+        cursor.execute(f'VACUUM ANALYZE "{spend}"')
+        cursor.execute(
+            f"""SELECT count(*), sum(model_calls), count(DISTINCT api_key_id),
+                       count(DISTINCT endpoint)
+                  FROM "{spend}"
+            """
+        )
+        count, calls, key_count, endpoints = cursor.fetchone()
+    return {
+        "rows": int(count),
+        "calls": int(calls),
+        "keys": int(key_count),
+        "endpoints": int(endpoints),
+        "load_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def _rankings(reps: int) -> dict[str, list[float]]:
     from django.utils import timezone
 
@@ -245,7 +332,7 @@ def _rankings(reps: int) -> dict[str, list[float]]:
     end = timezone.localdate()
     start = end.fromordinal(end.toordinal() - (DAYS - 1))
     times: dict[str, list[float]] = {}
-    for group in ("user", "agent", "day"):
+    for group in ("user", "agent", "day", "model", "key"):
         cost_rankings(group=group, start=start, end=end)  # warm the cache
         times[group] = []
         for _ in range(reps):
@@ -253,6 +340,28 @@ def _rankings(reps: int) -> dict[str, list[float]]:
             rows = cost_rankings(group=group, start=start, end=end, order="-cost", limit=100)
             times[group].append((time.perf_counter() - started) * 1000)
         assert rows, group
+    return times
+
+
+def _series(reps: int) -> dict[str, list[float]]:
+    """`spend_series` per stack and period, ending today (the fixture's last day)."""
+    from django.utils import timezone
+
+    from billing.series import spend_series
+
+    end = timezone.localdate()
+    times: dict[str, list[float]] = {}
+    for stack in ("model", "agent"):
+        for days in SERIES_DAYS:
+            start = end.fromordinal(end.toordinal() - (days - 1))
+            name = f"{stack}_{days}d"
+            spend_series(stack=stack, start=start, end=end)  # warm the cache
+            times[name] = []
+            for _ in range(reps):
+                started = time.perf_counter()
+                series = spend_series(stack=stack, start=start, end=end)
+                times[name].append((time.perf_counter() - started) * 1000)
+            assert series.total > 0, name
     return times
 
 
@@ -278,7 +387,9 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 1200) 
 
     gate = q(metering["gate_ms"], 50)
     data = _rollups()
+    spend = _spend()
     rankings = _rankings(ranking_reps)
+    series = _series(ranking_reps)
     result.figures = [
         figure(
             "metering_model_step_p50_ms",
@@ -360,9 +471,35 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 1200) 
         figure(
             "rankings_days_p50_ms", "days over 30 days, p50", q(rankings["day"], 50), "ms", le=200
         ),
+        figure(
+            "rankings_models_p50_ms",
+            f"top 100 model endpoints over 30 days ({spend['rows'] // 1000}k spend rows), p50",
+            q(rankings["model"], 50),
+            "ms",
+            le=200,
+        ),
+        figure(
+            "rankings_keys_p50_ms",
+            f"top 100 API keys over 30 days ({spend['keys'] // 1000}k keys), p50",
+            q(rankings["key"], 50),
+            "ms",
+            le=200,
+        ),
+        *(
+            figure(
+                f"series_{stack}_{days}d_p50_ms",
+                f"spend per day over {days} days stacked by {stack}, p50",
+                q(series[f"{stack}_{days}d"], 50),
+                "ms",
+                le=200,
+            )
+            for stack in ("model", "agent")
+            for days in SERIES_DAYS
+        ),
     ]
     result.details = {
         "rollups": data,
+        "spend_rollups": spend,
         "gate_ms": summary(metering["gate_ms"]),
         "gate_read_ms": summary(metering["gate_read_ms"]),
         "gate_kept_ms": summary(metering["gate_kept_ms"]),
@@ -374,5 +511,6 @@ def run(*, gate_reps: int = 300, ranking_reps: int = 10, ab_cycles: int = 1200) 
             for arm, kinds in ab.items()
         },
         "rankings_ms": {k: summary(v) for k, v in rankings.items()},
+        "series_ms": {k: summary(v) for k, v in series.items()},
     }
     return result

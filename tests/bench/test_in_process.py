@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from bench import checkpoint, context, fixtures, tool_dispatch, workflow_compare
+from bench import billing, checkpoint, context, fixtures, tool_dispatch, workflow_compare
 from bench.results_model import Result
 
 # The benchmarks' helper threads (tools, the publisher) need committed rows.
@@ -60,3 +60,23 @@ def test_the_workflow_benchmarks_node_pass_times_nodes_and_agent_steps(bench_con
     # The chain's read-only tool nodes: one step, one commit each.
     assert measured.steps_per_run == fixtures.CHAIN_NODES
     assert measured.by_state["processing"]["commits_mean"] >= 1
+
+
+def test_the_billing_benchmark_ranks_and_charts_every_rollup(
+    bench_config: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A few users' rollups stand for the 10,000: the same statements, every figure filled.
+    monkeypatch.setattr(billing, "USERS", 40)
+    monkeypatch.setattr(billing, "CALLS", 4_000)
+    result = billing.run(gate_reps=3, ranking_reps=1, ab_cycles=3)
+    values = _measured(result)
+    for key in ("models", "keys"):
+        assert values[f"rankings_{key}_p50_ms"] > 0
+    for stack in ("model", "agent"):
+        for days in billing.SERIES_DAYS:
+            assert values[f"series_{stack}_{days}d_p50_ms"] > 0
+    spend = result.details["spend_rollups"]
+    assert spend["endpoints"] == len(billing.ENDPOINTS)
+    assert spend["keys"] > 40  # several keys per user, plus key 0 (no key)
+    # The same calls, split between endpoints (rounded per row).
+    assert 0.75 < spend["calls"] / result.details["rollups"]["calls"] < 1.25

@@ -9,11 +9,11 @@ from decimal import Decimal
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from billing.models import CreditAccount, CreditLedger, UsageDaily
-from billing.rankings import METRICS, cost_rankings
+from billing.models import CreditAccount, CreditLedger, SpendDaily, UsageDaily
+from billing.rankings import METRICS, SPEND_METRICS, cost_rankings
 from engine import session_run
 from sessions.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
@@ -197,6 +197,57 @@ def test_the_top_rows_are_those_of_a_full_sum_for_any_period_metric_and_directio
                 )[:4]
                 assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
                 assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]
+
+
+def test_the_top_keys_are_those_of_a_full_sum_for_any_period_metric_and_direction() -> None:
+    """Spend rollups with ties: the key ranking's two passes (grouped in key order from
+    the covering index) pick and order exactly the rows a sort of the full sums would."""
+    owners = [UserFactory() for _ in range(3)]
+    today = timezone.localdate()
+    rows = []
+    for key in range(8):
+        for d in range(0, 40, 1 + key % 3):
+            for endpoint in ("large", "small"):
+                n = (key * 7 + d + len(endpoint)) % 4  # small values: many equal sums
+                rows.append(
+                    SpendDaily(
+                        owner=owners[key % 3], day=today - timedelta(days=d), agent_id=1,
+                        endpoint=endpoint, api_key_id=key, input_tokens=n * 10,
+                        output_tokens=(n % 2) * 5, cost=Decimal(n) / 1000, model_calls=n,
+                    )
+                )  # fmt: skip
+    SpendDaily.objects.bulk_create(rows)
+    for start, end in [(today - timedelta(days=33), today - timedelta(days=3)), (today, today)]:
+        sums: dict[int, dict[str, Decimal]] = {}
+        for row in rows:
+            if start <= row.day <= end:
+                bucket = sums.setdefault(row.api_key_id, dict.fromkeys(SPEND_METRICS, Decimal(0)))
+                for metric in SPEND_METRICS:
+                    bucket[metric] += getattr(row, metric)
+        for metric in SPEND_METRICS:
+            for descending in (True, False):
+                order = f"-{metric}" if descending else metric
+                got = cost_rankings(group="key", start=start, end=end, order=order, limit=4)
+                ranked = sorted(
+                    sums,
+                    key=lambda k: (-sums[k][metric] if descending else sums[k][metric], k),  # noqa: B023
+                )[:4]
+                assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
+                assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]
+
+
+def test_the_key_ranking_leaves_the_planner_as_it_found_it() -> None:
+    """It turns hash aggregation off for its own query; a caller's open transaction plans
+    its later queries as before (a SET LOCAL would outlive the ranking's savepoint)."""
+    today = timezone.localdate()
+    SpendDaily.objects.create(
+        owner=UserFactory(), day=today, agent_id=1, endpoint="m", api_key_id=7, cost=1
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        rows = cost_rankings(group="key", start=today, end=today)
+        cursor.execute("SHOW enable_hashagg")
+        assert cursor.fetchone()[0] == "on"
+    assert [r.key for r in rows] == ["7"]
 
 
 def test_the_csv_export_writes_formula_like_names_as_text(admin_client) -> None:  # type: ignore[no-untyped-def]
