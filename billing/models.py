@@ -283,15 +283,8 @@ class SpendDaily(models.Model):
         indexes = [
             # The cost page's period: the series by model and the ranking of endpoints.
             models.Index(fields=["day", "endpoint"], name="spend_daily_day_endpoint"),
-            # A key's budget sums its days of the period, and the key ranking sums every
-            # key's: both read the sums from the index alone (no heap visit), the ranking
-            # in key order (a streamed aggregate, no hash table of ~all keys). The price:
-            # an upsert changes an included column, so it is never a HOT update.
-            models.Index(
-                fields=["api_key_id", "day"],
-                include=["cost", "input_tokens", "output_tokens", "model_calls"],
-                name="spend_daily_key_sums",
-            ),
+            # A key's budget sums its days of the period; the key ranking's second pass.
+            models.Index(fields=["api_key_id", "day"], name="spend_daily_key_day"),
         ]
 
     def __str__(self) -> str:

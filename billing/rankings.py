@@ -9,8 +9,6 @@ and cost only (tool calls and credit points are per owner and agent). Sessions c
 their own running totals; a session ranks in the period it was created in.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
@@ -18,7 +16,7 @@ from typing import Any
 
 from django.apps import apps
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
@@ -127,8 +125,7 @@ def _spend_rankings(
     sums = "sum(input_tokens), sum(output_tokens), sum(cost), sum(model_calls)"
     if group == "key":
         # As many keys as users: the two passes of the user ranking (the sorted metric
-        # alone for the top keys, then every sum of those), both from the key's covering
-        # index (spend_daily_key_sums) alone.
+        # alone for the top keys, then every sum of those through the key's index).
         sql = f"""WITH top AS (
                       SELECT {key} AS k FROM "{table}" WHERE day BETWEEN %s AND %s
                        GROUP BY {key} ORDER BY sum({metric}) {direction}, {key} LIMIT %s)
@@ -140,11 +137,7 @@ def _spend_rankings(
         sql = f"""SELECT {key}, {sums} FROM "{table}" WHERE day BETWEEN %s AND %s
                    GROUP BY {key} ORDER BY {column} {direction}, {key} LIMIT %s"""  # nosec B608
         params = [start, end, limit]
-    with (
-        transaction.atomic(),
-        connection.cursor() as cursor,
-        _sorted_aggregates(cursor, on=group == "key"),
-    ):
+    with connection.cursor() as cursor:
         # SQL names from model metadata (constants); every value is a bound parameter.
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -162,27 +155,6 @@ def _spend_rankings(
         )
         for r in rows
     ]
-
-
-@contextmanager
-def _sorted_aggregates(cursor: Any, on: bool) -> Iterator[None]:
-    """Group by streaming in index order, not through a hash table, while in the block
-    (`on`; a transaction must be open).
-
-    The planner prices the key ranking's first pass over the covering index a few percent
-    above a heap scan into a hash table of every key; the streamed aggregate reads the
-    smaller index in key order, one group at a time, and measured about twice as fast
-    (bench/README.md, billing). The setting is put back after: a SET LOCAL outlives the
-    release of a savepoint, so a caller's transaction would keep it."""
-    if not on:
-        yield
-        return
-    cursor.execute(
-        "SELECT current_setting('enable_hashagg'), set_config('enable_hashagg', 'off', true)"
-    )
-    saved = cursor.fetchone()[0]
-    yield
-    cursor.execute("SELECT set_config('enable_hashagg', %s, true)", [saved])
 
 
 def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[str, int]:

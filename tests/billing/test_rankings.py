@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from billing.models import CreditAccount, CreditLedger, SpendDaily, UsageDaily
@@ -200,8 +200,7 @@ def test_the_top_rows_are_those_of_a_full_sum_for_any_period_metric_and_directio
 
 
 def test_the_top_keys_are_those_of_a_full_sum_for_any_period_metric_and_direction() -> None:
-    """Spend rollups with ties: the key ranking's two passes (grouped in key order from
-    the covering index) pick and order exactly the rows a sort of the full sums would."""
+    """Spend rollups with ties: the key ranking's two passes pick and order exactly the rows a sort of the full sums would."""
     owners = [UserFactory() for _ in range(3)]
     today = timezone.localdate()
     rows = []
@@ -234,20 +233,6 @@ def test_the_top_keys_are_those_of_a_full_sum_for_any_period_metric_and_directio
                 )[:4]
                 assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
                 assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]
-
-
-def test_the_key_ranking_leaves_the_planner_as_it_found_it() -> None:
-    """It turns hash aggregation off for its own query; a caller's open transaction plans
-    its later queries as before (a SET LOCAL would outlive the ranking's savepoint)."""
-    today = timezone.localdate()
-    SpendDaily.objects.create(
-        owner=UserFactory(), day=today, agent_id=1, endpoint="m", api_key_id=7, cost=1
-    )
-    with transaction.atomic(), connection.cursor() as cursor:
-        rows = cost_rankings(group="key", start=today, end=today)
-        cursor.execute("SHOW enable_hashagg")
-        assert cursor.fetchone()[0] == "on"
-    assert [r.key for r in rows] == ["7"]
 
 
 def test_the_csv_export_writes_formula_like_names_as_text(admin_client) -> None:  # type: ignore[no-untyped-def]
