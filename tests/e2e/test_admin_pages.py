@@ -99,19 +99,19 @@ def _busy_data(live_stack: Any) -> dict[str, Any]:
     for _ in range(breaker.threshold):
         breaker.record_failure(dead.name)
     get_user_model().objects.create_superuser("operator", "op@example.com", OPERATOR_PASSWORD)
-    # A remembered preference with its history (long text: the list must still fit).
-    from memory.models import MemoryItem, MemoryOwnerIndex
+    # A remembered preference with its history (long text: the list must still fit),
+    # written the way the `remember` tool writes it: the second value updates the item.
+    from memory.models import MemoryOwnerIndex
+    from memory.services import memory_remember
 
     owner = get_user_model().objects.create_user("memory-owner")
-    old = MemoryItem.objects.create(
-        owner=owner, tag="preference", subject="contact channel",
-        content="I prefer to be contacted by phone in the morning, never after 6 pm " * 3,
-    )  # fmt: skip
-    new = MemoryItem.objects.create(
-        owner=owner, tag="preference", subject="contact channel",
-        content="I prefer email for everything about orders and invoices, with a copy to my assistant " * 3,
-    )  # fmt: skip
-    MemoryItem.objects.filter(pk=old.pk).update(superseded_by=new, superseded_at=new.created_at)
+    for content in (
+        "I prefer to be contacted by phone in the morning, never after 6 pm " * 3,
+        "I prefer email for everything about orders and invoices, with a copy to my assistant " * 3,
+    ):
+        new = memory_remember(
+            owner_id=owner.pk, content=content, tag="preference", subject="contact channel"
+        ).item
     # A large owner's own search index: one built, one whose build failed.
     MemoryOwnerIndex.objects.create(
         owner=owner, dims=256, name="memory_owner_hnsw_256_o1", state="ready",
