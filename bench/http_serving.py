@@ -25,7 +25,7 @@ from typing import Any
 
 from . import fixtures
 from .environment import DATA, ROOT
-from .load import tree_cpu_s
+from .load import procfile_workers, tree_cpu_s
 from .procs import Processes, free_port, procfile
 from .results_model import Result, figure
 from .runs import MachineLoad
@@ -179,10 +179,8 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
             "agent": "bench-echo",
         },
     )
-    workers = [f"worker{i + 1}" for i in range(WORKER_PROCESSES)]
-    for name in workers:
-        procs.start_procfile("worker", name)
-    procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
+    # `sustained`'s workers and beat if it ran just before (the CLI hands them on).
+    workers = procfile_workers(procs, WORKER_PROCESSES)
     for name in workers:
         procs.wait_log(name, " ready.")
     key = fixtures.api_key("bench-http")

@@ -209,6 +209,53 @@ def _phases(
     return phases
 
 
+def procfile_workers(procs: Processes, count: int) -> list[str]:
+    """`count` Procfile `worker` processes and `beat`, those not already running (a
+    benchmark before this one may hand them on); returns the workers' names."""
+    workers = [f"worker{i + 1}" for i in range(count)]
+    for name in workers:
+        if not procs.running(name):
+            procs.start_procfile("worker", name)
+    if not procs.running("beat"):
+        procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
+    return workers
+
+
+def procfile_stack(procs: Processes) -> tuple[int, int, list[str], float, float]:
+    """The model server and `make run`'s processes (web, 2 workers, beat), as `load` and
+    `sustained` run them; those already running are kept.
+
+    Returns the model's port, web's port, the workers' names, and the seconds until web
+    and the workers were ready (0 for processes found running).
+    """
+    if not procs.running("model"):
+        model_port = free_port()
+        model = procs.start(
+            "model",
+            [
+                sys.executable,
+                "-m",
+                "bench.model_server",
+                "--port",
+                str(model_port),
+                "--latency",
+                str(LATENCY_S),
+            ],
+        )
+        procs.ports["model"] = model_port
+        _wait_port(model_port, model)
+    model_port = procs.ports["model"]
+    _configure(model_port)
+    if not procs.running("web"):
+        procs.port = free_port()
+        procs.start_procfile("web", env={"PORT": str(procs.port), "HOST": "127.0.0.1"})
+    assert procs.port is not None
+    workers = procfile_workers(procs, WORKER_PROCESSES)
+    web_s = procs.wait_web()
+    worker_s = max(procs.wait_log(name, " ready.") for name in workers)
+    return model_port, procs.port, workers, web_s, worker_s
+
+
 def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     from django.db import connection
 
@@ -225,30 +272,7 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             "turn": "model (tool call) -> bench_clock (read-only) -> tool-loop move -> model (answer)",
         },
     )
-    model_port = free_port()
-    model = procs.start(
-        "model",
-        [
-            sys.executable,
-            "-m",
-            "bench.model_server",
-            "--port",
-            str(model_port),
-            "--latency",
-            str(LATENCY_S),
-        ],
-    )
-    _wait_port(model_port, model)
-    _configure(model_port)
-    port = free_port()
-    procs.port = port
-    procs.start_procfile("web", env={"PORT": str(port), "HOST": "127.0.0.1"})
-    workers = [f"worker{i + 1}" for i in range(WORKER_PROCESSES)]
-    for name in workers:
-        procs.start_procfile("worker", name)
-    procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
-    web_s = procs.wait_web()
-    worker_s = max(procs.wait_log(name, " ready.") for name in workers)
+    model_port, port, workers, web_s, worker_s = procfile_stack(procs)
     key = fixtures.api_key("bench-load")
     base = f"http://127.0.0.1:{port}"
 
