@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import resource
 import signal
 import sys
 import time
@@ -129,7 +130,7 @@ QUICK = Sizes(
     context_steps=50,
     sustained_rates=(10,),
     sustained_seconds=4.0,
-    memory_items=20_000,
+    memory_items=10_000,
     memory_queries=60,
     memory_large_owners=1,
     memory_large_items=6_000,
@@ -154,7 +155,7 @@ QUICK_LEAVES_OUT: dict[str, str] = {
     "load": "30 users at once, not 200",
     "sustained": "one rate (10 turns/s for 4 s), not 10-80/s for 60 s each: max_rate is at most 10",
     "http": "the 2-daphne layout only (not WEB_PROCESSES=1)",
-    "memory": "20,000 items and 1 large owner of 6,000, not 100,000 and 4 of 10,000",
+    "memory": "10,000 items and 1 large owner of 6,000, not 100,000 and 4 of 10,000",
 }
 
 
@@ -225,7 +226,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--memory-items",
         type=int,
         default=None,
-        help="memory benchmark: items over 1,000 owners (default 100,000, quick 20,000; "
+        help="memory benchmark: items over 1,000 owners (default 100,000, quick 10,000; "
         "1000000 for the large case, which takes long to build)",
     )
     parser.add_argument(
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"bench: running {name} ...", flush=True)
                 t0 = time.perf_counter()
+                cpu0 = _cpu_s()
                 try:
                     result = _run_one(name, sizes, args, procs, stamp, results)
                 except KeyboardInterrupt:
@@ -345,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                     _purge_queue(queue, everything=False)
                 result.seconds = time.perf_counter() - t0
                 result.details["background_before"] = quiet
+                # Processes handed on to the next benchmark count there (when they stop).
+                result.details["cpu_s_bench_and_its_processes"] = round(_cpu_s() - cpu0, 1)
                 if args.quick and name in QUICK_LEAVES_OUT:
                     result.notes.append(f"--quick leaves out: {QUICK_LEAVES_OUT[name]}")
                 results.append(result)
@@ -361,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         _purge_queue(queue)
 
         total = time.perf_counter() - started
+        print(_time_per_part(results, setup_s=recreate_s + migrate_s), flush=True)
         doc = report.document(
             results,
             args=vars(args),
@@ -539,6 +544,25 @@ def _run_one(
             ab_cycles=sizes.billing_ab_cycles,
         )
     raise ValueError(name)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have exited (the processes
+    the benchmarks started and stopped); the database and Redis servers not included."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _time_per_part(results: list[Any], *, setup_s: float) -> str:
+    """Where the run's time went, with the CPU it used and the load it met: on a shared
+    machine, what an idle one would take can be inferred from these."""
+    parts = [f"setup {setup_s:.1f} s"]
+    for r in results:
+        cpu = r.details.get("cpu_s_bench_and_its_processes")
+        load = r.details.get("background_before", {}).get("loadavg_1m")
+        parts.append(f"{r.name} {r.seconds:.1f} s (CPU {cpu} s, load {load})")
+    return "bench: time per part: " + "; ".join(parts)
 
 
 def _background_load(seconds: float = 1.0) -> dict[str, float]:

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,13 +222,21 @@ def procfile_workers(procs: Processes, count: int) -> list[str]:
     return workers
 
 
-def procfile_stack(procs: Processes) -> tuple[int, int, list[str], float, float]:
-    """The model server and `make run`'s processes (web, 2 workers, beat), as `load` and
-    `sustained` run them; those already running are kept.
+@dataclass(frozen=True)
+class ProcfileStack:
+    model_port: int
+    port: int  # web's
+    workers: list[str]
+    web_ready_s: float
+    workers_ready_s: float
+    handed_on: bool  # every process was already running (warm): the benchmark before's
 
-    Returns the model's port, web's port, the workers' names, and the seconds until web
-    and the workers were ready (0 for processes found running).
-    """
+
+def procfile_stack(procs: Processes) -> ProcfileStack:
+    """The model server and `make run`'s processes (web, 2 workers, beat), as `load` and
+    `sustained` run them; those already running are kept."""
+    names = ["model", "web", *(f"worker{i + 1}" for i in range(WORKER_PROCESSES)), "beat"]
+    handed_on = all(procs.running(name) for name in names)
     if not procs.running("model"):
         model_port = free_port()
         model = procs.start(
@@ -253,7 +262,7 @@ def procfile_stack(procs: Processes) -> tuple[int, int, list[str], float, float]
     workers = procfile_workers(procs, WORKER_PROCESSES)
     web_s = procs.wait_web()
     worker_s = max(procs.wait_log(name, " ready.") for name in workers)
-    return model_port, procs.port, workers, web_s, worker_s
+    return ProcfileStack(model_port, procs.port, workers, web_s, worker_s, handed_on)
 
 
 def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
@@ -272,7 +281,9 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             "turn": "model (tool call) -> bench_clock (read-only) -> tool-loop move -> model (answer)",
         },
     )
-    model_port, port, workers, web_s, worker_s = procfile_stack(procs)
+    stack = procfile_stack(procs)
+    model_port, port, workers = stack.model_port, stack.port, stack.workers
+    web_s, worker_s = stack.web_ready_s, stack.workers_ready_s
     key = fixtures.api_key("bench-load")
     base = f"http://127.0.0.1:{port}"
 

@@ -214,7 +214,8 @@ def run(
         },
     )
     # `load`'s processes if it ran just before (the CLI hands them on), else new ones.
-    _model_port, port, workers, _web_s, _worker_s = procfile_stack(procs)
+    stack = procfile_stack(procs)
+    port, workers = stack.port, stack.workers
     base = f"http://127.0.0.1:{port}"
     pids = {name: procs.procs[name].pid for name in ["web", *workers]}
     server = database_server_pid()
@@ -223,8 +224,10 @@ def run(
     connection.close()
     if server is not None:
         pids["database"] = server
-    # Warm-up: every process's first requests, imports and connections, at a low rate.
-    _one_rate(base, pids, 5, 3, "warmup")
+    # Warm-up: every process's first requests, imports and connections, at a low rate;
+    # processes handed on by `load` served its warm-up and its burst already.
+    if not stack.handed_on:
+        _one_rate(base, pids, 5, 3, "warmup")
     stop_spy = {name: procs.spy(pid, f"sustained-{name}") for name, pid in pids.items()}
     rows: list[dict[str, Any]] = []
     try:
@@ -272,6 +275,7 @@ def run(
         )
     result.details = {
         "rates": rows,
+        "processes_handed_on_by_load": stack.handed_on,
         "pyspy": {k: v for k, v in spied.items() if v},
         "procfile": {name: line for name, line in procfile().items() if name in ("web", "worker")},
     }
