@@ -66,6 +66,7 @@ class Sizes:
     billing_ab_cycles: int = 1200
     context_steps: int = 200
     fanout_watchers: int = 500  # per session, of 4: 2,000 sockets
+    fanout_settle_s: float = 5.0  # after the sockets close, before daphne's RSS is read
     load_warmup: int = 4
     memory_items: int = 100_000
     memory_queries: int = 300
@@ -113,15 +114,16 @@ QUICK = Sizes(
     tools_sessions=8,
     adapters_reps=10,
     adapters_paced_reps=1,
-    recovery_kills=2,
+    recovery_kills=1,
     recovery_standby_kills=0,
     fanout_rounds=3,
-    fanout_idle_s=5.0,
+    fanout_idle_s=4.0,
+    fanout_settle_s=1.0,
     fanout_watchers=128,
     langgraph_runs=8,
     load_sessions=30,
     load_warmup=2,
-    http_seconds=2.0,
+    http_seconds=1.0,
     http_layouts=(2,),
     billing_gate_reps=100,
     billing_ranking_reps=5,
@@ -140,7 +142,9 @@ QUICK = Sizes(
 # Procfile's lines, same environment); `load` leaves every turn finished.
 _PROCFILE_WORKERS = {"worker1", "worker2", "beat"}
 SHARED: dict[str, set[str]] = {
-    # The same daphne and 100-thread worker; e2e's beat stops.
+    # The same 100-thread worker (`worker` leaves its queue consumed), then daphne too;
+    # e2e's beat stops.
+    "worker": {"worker"},
     "e2e": {"web", "worker"},
     "approvals": {"web", "worker"},
     "load": {"model", "web", *_PROCFILE_WORKERS},
@@ -149,7 +153,8 @@ SHARED: dict[str, set[str]] = {
 }
 # What `--quick` does not measure, said in its output and its JSON (nothing is skipped silently).
 QUICK_LEAVES_OUT: dict[str, str] = {
-    "recovery": "no standby series (kills with a second worker running); 2 kills, not 20",
+    "recovery": "no standby series (kills with a second worker running); 1 kill, not 20 "
+    "(its p50 is its p95)",
     "fanout": "4 x 128 watchers (512 sockets), not 4 x 500: the per-socket, idle-CPU and "
     "500-watcher latency targets are checked at a quarter of their load",
     "load": "30 users at once, not 200",
@@ -322,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 if STOP.is_set():
                     raise KeyboardInterrupt("stopping")
                 quiet = _wait_quiet(args.wait_quiet, sample_s=sizes.background_sample_s)
+                failed = True  # until it returns: a failed benchmark's processes all stop
                 print(
                     f"bench: machine {quiet['busy_pct']:.0f}% busy before {name} "
                     f"(CPU reference loop {quiet['cpu_reference_ms']} ms)",
@@ -332,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = _cpu_s()
                 try:
                     result = _run_one(name, sizes, args, procs, stamp, results)
+                    failed = bool(result.error)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # noqa: BLE001 - report it, run the rest
@@ -341,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                     result = Result(name=name, title=name, error=f"{type(exc).__name__}: {exc}")
                 finally:
                     following = selected[position + 1] if position + 1 < len(selected) else ""
+                    if failed:
+                        following = ""
                     # Processes both benchmarks start alike run on (their start-up is ~1/3
                     # of each on 2 cores); the rest stop.
                     procs.stop_all(keep=SHARED.get(name, set()) & SHARED.get(following, set()))
@@ -513,6 +522,7 @@ def _run_one(
             rounds=sizes.fanout_rounds,
             idle_s=sizes.fanout_idle_s,
             watchers=sizes.fanout_watchers,
+            settle_s=sizes.fanout_settle_s,
         )
     if name == "load":
         from . import load

@@ -90,7 +90,14 @@ def _dump(clients: list[_Client]) -> tuple[list[list[Any]], list[str]]:
     return frames, failures
 
 
-def run(procs: Processes, *, rounds: int, idle_s: float, watchers: int = WATCHERS) -> Result:
+def run(
+    procs: Processes,
+    *,
+    rounds: int,
+    idle_s: float,
+    watchers: int = WATCHERS,
+    settle_s: float = 5.0,
+) -> Result:
     from django.db import connection
 
     from sessions import services
@@ -105,6 +112,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float, watchers: int = WATCHER
             "client_processes": CLIENTS,
             "rounds": rounds,
             "idle_s": idle_s,
+            "settle_s_before_rss_after_close": settle_s,
             "agent": "bench-echo",
         },
     )
@@ -221,7 +229,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float, watchers: int = WATCHER
     finally:
         for client in clients:
             client.stop()
-    time.sleep(5.0)
+    time.sleep(settle_s)  # freed memory returns to the OS before RSS is read
     rss_closed = _rss_kb(web_pid)
     procs.stop("web")  # flushes its log
     gc_pauses = [

@@ -9,10 +9,11 @@ here (timings belong to `make bench`); only that each benchmark runs and measure
 """
 
 import math
+from typing import Any
 
 import pytest
 
-from bench import checkpoint, context, fixtures, tool_dispatch, workflow_compare
+from bench import checkpoint, context, fixtures, memory_search, tool_dispatch, workflow_compare
 from bench.results_model import Result
 
 # The benchmarks' helper threads (tools, the publisher) need committed rows.
@@ -60,3 +61,15 @@ def test_the_workflow_benchmarks_node_pass_times_nodes_and_agent_steps(bench_con
     # The chain's read-only tool nodes: one step, one commit each.
     assert measured.steps_per_run == fixtures.CHAIN_NODES
     assert measured.by_state["processing"]["commits_mean"] >= 1
+
+
+def test_the_memory_benchmark_loads_and_searches_both_cases(
+    bench_config: None, settings: Any
+) -> None:
+    # Tiny sizes: one large owner above a lowered exact-scan limit gets its own index.
+    settings.MEMORY_EXACT_SCAN_MAX = 50
+    values = _measured(
+        memory_search.run(items=1_200, dims=16, queries=3, large_items=100, large_owners=1)
+    )
+    assert values["uniform_recall_at_10"] > 0
+    assert values["large_p95_ms"] > 0
