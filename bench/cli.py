@@ -116,8 +116,8 @@ QUICK = Sizes(
     adapters_paced_reps=1,
     recovery_kills=1,
     recovery_standby_kills=0,
-    fanout_rounds=3,
-    fanout_idle_s=4.0,
+    fanout_rounds=2,
+    fanout_idle_s=3.0,
     fanout_settle_s=1.0,
     fanout_watchers=128,
     langgraph_runs=8,
@@ -131,12 +131,12 @@ QUICK = Sizes(
     billing_ab_cycles=60,
     context_steps=50,
     sustained_rates=(10,),
-    sustained_seconds=4.0,
+    sustained_seconds=3.0,
     memory_items=10_000,
     memory_queries=60,
     memory_large_owners=1,
     memory_large_items=6_000,
-    background_sample_s=0.3,
+    background_sample_s=0.2,
 )
 # Processes a benchmark hands on to the next one when that one starts them alike (the
 # Procfile's lines, same environment); `load` leaves every turn finished.
@@ -158,8 +158,8 @@ QUICK_LEAVES_OUT: dict[str, str] = {
     "fanout": "4 x 128 watchers (512 sockets), not 4 x 500: the per-socket, idle-CPU and "
     "500-watcher latency targets are checked at a quarter of their load",
     "load": "30 users at once, not 200",
-    "sustained": "one rate (10 turns/s for 4 s), not 10-80/s for 60 s each: max_rate is at most 10",
-    "http": "the 2-daphne layout only (not WEB_PROCESSES=1)",
+    "sustained": "one rate (10 turns/s for 3 s), not 10-80/s for 60 s each: max_rate is at most 10",
+    "http": "the 2-daphne layout only (not WEB_PROCESSES=1); 1 s a measure, not 10",
     "memory": "10,000 items and 1 large owner of 6,000, not 100,000 and 4 of 10,000",
 }
 
@@ -265,7 +265,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--sustained-seconds",
         type=float,
         default=None,
-        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 4)",
+        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 3)",
     )
     parser.add_argument(
         "--worker-env",

@@ -208,7 +208,8 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
         )
         procs.wait_web()
         base = f"http://127.0.0.1:{port}"
-        asyncio.run(_throughput(base, key, ids, 2, post=False))  # warm-up: every daphne, the pools
+        # Warm-up: every daphne, the pools (as long as a measure, at most 2 s).
+        asyncio.run(_throughput(base, key, ids, min(2.0, seconds), post=False))
         web_pid = procs.procs["web"].pid
         load = MachineLoad()
         load.start()
