@@ -66,7 +66,9 @@ class Sizes:
     billing_ab_cycles: int = 1200
     context_steps: int = 200
     fanout_watchers: int = 500  # per session, of 4: 2,000 sockets
-    fanout_settle_s: float = 5.0  # after the sockets close, before daphne's RSS is read
+    fanout_settle_s: float = (
+        5.0  # pauses before daphne's RSS is read: after the sockets open (<= 2 s), close
+    )
     load_warmup: int = 4
     memory_items: int = 100_000
     memory_queries: int = 300
@@ -122,7 +124,7 @@ QUICK = Sizes(
     fanout_watchers=128,
     langgraph_runs=8,
     load_sessions=30,
-    load_warmup=2,
+    load_warmup=0,
     http_seconds=1.0,
     http_layouts=(2,),
     billing_gate_reps=100,
@@ -157,7 +159,8 @@ QUICK_LEAVES_OUT: dict[str, str] = {
     "(its p50 is its p95)",
     "fanout": "4 x 128 watchers (512 sockets), not 4 x 500: the per-socket, idle-CPU and "
     "500-watcher latency targets are checked at a quarter of their load",
-    "load": "30 users at once, not 200",
+    "load": "30 users at once, not 200, and no warm-up turns first (the 202s include "
+    "the processes' first requests)",
     "sustained": "one rate (10 turns/s for 3 s), not 10-80/s for 60 s each: max_rate is at most 10",
     "http": "the 2-daphne layout only (not WEB_PROCESSES=1); 1 s a measure, not 10",
     "memory": "10,000 items and 1 large owner of 6,000, not 100,000 and 4 of 10,000",
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     with environment.exclusive():
-        background = _background_load()
+        background = _background_load(sizes.background_sample_s)
         if background["busy_pct"] > 25:
             print(
                 f"bench: WARNING the machine is busy before the run ({background['busy_pct']:.0f}% of all CPUs, "

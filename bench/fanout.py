@@ -155,7 +155,7 @@ def run(
                 f"only {opened} of {SESSIONS * watchers} sockets opened: {problems[:3]}\n"
                 + procs.log_tail("web", 10)
             )
-        time.sleep(2.0)
+        time.sleep(min(2.0, settle_s))
         _dump(clients)  # the replay frames of `?after=0`
         rss_open = _rss_kb(web_pid)
 
