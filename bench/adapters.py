@@ -96,7 +96,7 @@ async def _adapter_complete(adapter: Any, request: Any) -> int:
 
 
 async def _measure(
-    base: str, reps: int, mode: str, variants: tuple[str, ...]
+    base: str, reps: int, mode: str, variants: tuple[str, ...], warmup: bool = True
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]], dict[str, Any]]:
     from llm import EndpointConfig, adapter_for
 
@@ -132,7 +132,7 @@ async def _measure(
 
         # Warm-up: imports, connection setup paths, the first SSE parse.
         for api in APIS:
-            for variant in variants:
+            for variant in variants if warmup else ():
                 counts[f"{api}/{variant}"] = await one(api, variant)
         for rep in range(reps):
             for api in APIS:
@@ -146,7 +146,11 @@ async def _measure(
     return wall, cpu, counts
 
 
-def run(procs: Processes, *, reps: int, paced_reps: int, chunks: int = 2000) -> Result:
+def run(
+    procs: Processes, *, reps: int, paced_reps: int, chunks: int = 2000, paced_warmup: bool = True
+) -> Result:
+    """The burst series, then the paced one (its warm-up optional: the burst's ran the same
+    code paths in this process just before)."""
     from .runs import MachineLoad
 
     result = Result(
@@ -169,7 +173,9 @@ def run(procs: Processes, *, reps: int, paced_reps: int, chunks: int = 2000) -> 
     load = MachineLoad()
     load.start()
     burst_wall, burst_cpu, counts = asyncio.run(_measure(base, reps, "burst", VARIANTS))
-    paced_wall, paced_cpu, _ = asyncio.run(_measure(base, paced_reps, "paced", PACED_VARIANTS))
+    paced_wall, paced_cpu, _ = asyncio.run(
+        _measure(base, paced_reps, "paced", PACED_VARIANTS, warmup=paced_warmup)
+    )
     machine = load.stop()
     procs.stop("sse-server")
 

@@ -170,10 +170,8 @@ def run(procs: Processes, *, sessions: int, concurrency: int, warmup: int = 2) -
         },
     )
     _install()
-    port = procs.start_web()
-    node = procs.start_worker("worker", concurrency=concurrency)
-    web_s = procs.wait_web()
-    worker_s = procs.wait_worker("worker", node)
+    # `e2e`'s daphne and worker if it ran just before (the CLI hands them on).
+    port, _node, web_s, worker_s = procs.web_and_worker(concurrency)
     key = fixtures.api_key("bench-approvals")
     approver_key = api_key_create(username=APPROVER, roles=[], name="bench").raw
     ids = [

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import resource
 import signal
 import sys
 import time
@@ -20,6 +21,7 @@ BENCHMARKS = (
     "adapters",
     "worker",
     "e2e",
+    "approvals",
     "inflight",
     "recovery",
     "fanout",
@@ -27,7 +29,6 @@ BENCHMARKS = (
     "sustained",
     "http",
     "billing",
-    "approvals",
     "context",
     "memory",
 )
@@ -64,6 +65,16 @@ class Sizes:
     approvals_samples: int = 30
     billing_ab_cycles: int = 1200
     context_steps: int = 200
+    fanout_watchers: int = 500  # per session, of 4: 2,000 sockets
+    # Pauses before daphne's RSS is read: after the sockets open (at most 2 s), after they close.
+    fanout_settle_s: float = 5.0
+    load_warmup: int = 4
+    memory_items: int = 100_000
+    memory_queries: int = 300
+    memory_large_owners: int = 4
+    memory_large_items: int | None = None  # None: max(items / 20, 2 x MEMORY_EXACT_SCAN_MAX)
+    # Seconds of machine-load sampling before each benchmark (with the reference loop).
+    background_sample_s: float = 1.0
 
 
 FULL = Sizes(
@@ -104,28 +115,64 @@ QUICK = Sizes(
     tools_sessions=8,
     adapters_reps=10,
     adapters_paced_reps=1,
-    recovery_kills=2,
+    recovery_kills=1,
     recovery_standby_kills=0,
-    fanout_rounds=3,
-    fanout_idle_s=8.0,
-    langgraph_runs=12,
-    load_sessions=50,
-    http_seconds=2.0,
+    fanout_rounds=2,
+    fanout_idle_s=3.0,
+    fanout_settle_s=1.0,
+    fanout_watchers=128,
+    langgraph_runs=8,
+    load_sessions=30,
+    load_warmup=0,
+    http_seconds=1.0,
     http_layouts=(2,),
     billing_gate_reps=100,
     billing_ranking_reps=5,
-    approvals_samples=8,
+    approvals_samples=5,
     billing_ab_cycles=60,
     context_steps=50,
-    sustained_rates=(10, 30),
-    sustained_seconds=5.0,
+    sustained_rates=(10,),
+    sustained_seconds=3.0,
+    memory_items=10_000,
+    memory_queries=60,
+    memory_large_owners=1,
+    memory_large_items=6_000,
+    background_sample_s=0.2,
 )
+# Processes a benchmark hands on to the next one when that one starts them alike (the
+# Procfile's lines, same environment); `load` leaves every turn finished.
+_PROCFILE_WORKERS = {"worker1", "worker2", "beat"}
+SHARED: dict[str, set[str]] = {
+    # The same 100-thread worker (`worker` leaves its queue consumed), then daphne too;
+    # e2e's beat stops.
+    "worker": {"worker"},
+    "e2e": {"web", "worker"},
+    "approvals": {"web", "worker"},
+    "load": {"model", "web", *_PROCFILE_WORKERS},
+    "sustained": {"model", "web", *_PROCFILE_WORKERS},
+    "http": _PROCFILE_WORKERS,
+}
+# What `--quick` does not measure, said in its output and its JSON (nothing is skipped silently).
+QUICK_LEAVES_OUT: dict[str, str] = {
+    "adapters": "the paced series' warm-up streams (the burst series warmed the same code up)",
+    "recovery": "no standby series (kills with a second worker running); 1 kill, not 20 "
+    "(its p50 is its p95)",
+    "fanout": "4 x 128 watchers (512 sockets), not 4 x 500: the per-socket, idle-CPU and "
+    "500-watcher latency targets are checked at a quarter of their load",
+    "load": "30 users at once, not 200, and no warm-up turns first (the 202s include "
+    "the processes' first requests)",
+    "sustained": "one rate (10 turns/s for 3 s), not 10-80/s for 60 s each: max_rate is at most 10",
+    "http": "the 2-daphne layout only (not WEB_PROCESSES=1); 1 s a measure, not 10",
+    "memory": "10,000 items and 1 large owner of 6,000, not 100,000 and 4 of 10,000",
+}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "--quick", action="store_true", help="smaller counts: a smoke run in about 90 s"
+        "--quick",
+        action="store_true",
+        help="smaller counts: a smoke run in under 2 minutes on an idle 2-core machine",
     )
     parser.add_argument(
         "--only",
@@ -187,7 +234,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--memory-items",
         type=int,
         default=None,
-        help="memory benchmark: items over 1,000 owners (default 100,000, quick 20,000; "
+        help="memory benchmark: items over 1,000 owners (default 100,000, quick 10,000; "
         "1000000 for the large case, which takes long to build)",
     )
     parser.add_argument(
@@ -215,13 +262,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=lambda text: tuple(float(v) for v in text.split(",")),
         default=None,
         metavar="R1,R2,...",
-        help="sustained benchmark: the rates tried, turns/s (default 10,20,40,60,80; quick 10,30)",
+        help="sustained benchmark: the rates tried, turns/s (default 10,20,40,60,80; quick 10)",
     )
     parser.add_argument(
         "--sustained-seconds",
         type=float,
         default=None,
-        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 5)",
+        help="sustained benchmark: seconds of arrivals per rate (default 60; quick 3)",
     )
     parser.add_argument(
         "--worker-env",
@@ -252,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     with environment.exclusive():
-        background = _background_load()
+        background = _background_load(sizes.background_sample_s)
         if background["busy_pct"] > 25:
             print(
                 f"bench: WARNING the machine is busy before the run ({background['busy_pct']:.0f}% of all CPUs, "
@@ -262,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         env, recreate_s = environment.prepare(queue)
         os.environ.update(extra_env)
         print(
-            f"bench: database {environment.BENCH_DB} recreated in {recreate_s:.2f} s; queue {queue}",
+            f"bench: database {environment.BENCH_DB} recreated in {recreate_s:.2f} s"
+            f"{' from its migrated template' if environment.copied_from_template() else ''}; "
+            f"queue {queue}",
             flush=True,
         )
         migrate_s = environment.django_setup()
@@ -277,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
             procs.pyspy_prefix = str(environment.ROOT / "bench" / "results" / f"pyspy-{stamp}")
         results = []
         try:
-            for name in selected:
+            for position, name in enumerate(selected):
                 if STOP.is_set():
                     raise KeyboardInterrupt("stopping")
-                quiet = _wait_quiet(args.wait_quiet)
+                quiet = _wait_quiet(args.wait_quiet, sample_s=sizes.background_sample_s)
+                failed = True  # until it returns: a failed benchmark's processes all stop
                 print(
                     f"bench: machine {quiet['busy_pct']:.0f}% busy before {name} "
                     f"(CPU reference loop {quiet['cpu_reference_ms']} ms)",
@@ -288,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"bench: running {name} ...", flush=True)
                 t0 = time.perf_counter()
+                cpu0 = _cpu_s()
                 try:
                     result = _run_one(name, sizes, args, procs, stamp, results)
+                    failed = bool(result.error)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # noqa: BLE001 - report it, run the rest
@@ -298,12 +350,23 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
                     result = Result(name=name, title=name, error=f"{type(exc).__name__}: {exc}")
                 finally:
-                    procs.stop_all()
+                    following = selected[position + 1] if position + 1 < len(selected) else ""
+                    if failed:
+                        following = ""
+                    # Processes both benchmarks start alike run on (their start-up is ~1/3
+                    # of each on 2 cores); the rest stop.
+                    procs.stop_all(keep=SHARED.get(name, set()) & SHARED.get(following, set()))
                     _purge_queue(queue, everything=False)
                 result.seconds = time.perf_counter() - t0
                 result.details["background_before"] = quiet
+                # Processes handed on to the next benchmark count there (when they stop).
+                result.details["cpu_s_bench_and_its_processes"] = round(_cpu_s() - cpu0, 1)
+                if args.quick and name in QUICK_LEAVES_OUT:
+                    result.notes.append(f"--quick leaves out: {QUICK_LEAVES_OUT[name]}")
                 results.append(result)
                 print(report.result_lines(result), flush=True)
+                if args.quick and name in QUICK_LEAVES_OUT:
+                    print(f"    (--quick leaves out: {QUICK_LEAVES_OUT[name]})", flush=True)
         except KeyboardInterrupt:
             print("bench: interrupted; stopping processes", file=sys.stderr)
             procs.stop_all()
@@ -314,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         _purge_queue(queue)
 
         total = time.perf_counter() - started
+        print(_time_per_part(results, setup_s=recreate_s + migrate_s), flush=True)
         doc = report.document(
             results,
             args=vars(args),
@@ -415,10 +479,11 @@ def _run_one(
         from . import memory_search
 
         return memory_search.run(
-            items=args.memory_items or (20_000 if args.quick else 100_000),
+            items=args.memory_items or sizes.memory_items,
             dims=args.memory_dims,
-            queries=60 if args.quick else 300,
-            large_items=args.memory_large_items,
+            queries=sizes.memory_queries,
+            large_owners=sizes.memory_large_owners,
+            large_items=args.memory_large_items or sizes.memory_large_items,
             data=args.memory_data,
         )
     if name == "checkpoint":
@@ -439,7 +504,12 @@ def _run_one(
     if name == "adapters":
         from . import adapters
 
-        return adapters.run(procs, reps=sizes.adapters_reps, paced_reps=sizes.adapters_paced_reps)
+        return adapters.run(
+            procs,
+            reps=sizes.adapters_reps,
+            paced_reps=sizes.adapters_paced_reps,
+            paced_warmup=not args.quick,
+        )
     if name == "approvals":
         from . import approvals
 
@@ -455,11 +525,17 @@ def _run_one(
     if name == "fanout":
         from . import fanout
 
-        return fanout.run(procs, rounds=sizes.fanout_rounds, idle_s=sizes.fanout_idle_s)
+        return fanout.run(
+            procs,
+            rounds=sizes.fanout_rounds,
+            idle_s=sizes.fanout_idle_s,
+            watchers=sizes.fanout_watchers,
+            settle_s=sizes.fanout_settle_s,
+        )
     if name == "load":
         from . import load
 
-        return load.run(procs, sessions=sizes.load_sessions)
+        return load.run(procs, sessions=sizes.load_sessions, warmup=sizes.load_warmup)
     if name == "sustained":
         from . import sustained
 
@@ -486,6 +562,25 @@ def _run_one(
             ab_cycles=sizes.billing_ab_cycles,
         )
     raise ValueError(name)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have exited (the processes
+    the benchmarks started and stopped); the database and Redis servers not included."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _time_per_part(results: list[Any], *, setup_s: float) -> str:
+    """Where the run's time went, with the CPU it used and the load it met: on a shared
+    machine, what an idle one would take can be inferred from these."""
+    parts = [f"setup {setup_s:.1f} s"]
+    for r in results:
+        cpu = r.details.get("cpu_s_bench_and_its_processes")
+        load = r.details.get("background_before", {}).get("loadavg_1m")
+        parts.append(f"{r.name} {r.seconds:.1f} s (CPU {cpu} s, load {load})")
+    return "bench: time per part: " + "; ".join(parts)
 
 
 def _background_load(seconds: float = 1.0) -> dict[str, float]:
@@ -515,10 +610,10 @@ def cpu_reference_ms() -> float:
     return round(best, 1)
 
 
-def _wait_quiet(limit_s: float, threshold: float = 25.0) -> dict[str, float]:
+def _wait_quiet(limit_s: float, threshold: float = 25.0, sample_s: float = 1.0) -> dict[str, float]:
     deadline = time.monotonic() + limit_s
     while True:
-        load = _background_load()
+        load = _background_load(sample_s)
         if load["busy_pct"] < threshold or time.monotonic() >= deadline:
             load["cpu_reference_ms"] = cpu_reference_ms()
             return load

@@ -111,11 +111,8 @@ def run(
             "agent": "bench-echo",
         },
     )
-    port = procs.start_web()
-    node = procs.start_worker("worker", concurrency=concurrency)
     procs.start_beat()
-    web_s = procs.wait_web()
-    worker_s = procs.wait_worker("worker", node)
+    port, _node, web_s, worker_s = procs.web_and_worker(concurrency)
     key = fixtures.api_key("bench-e2e")
     ids = [
         str(s.pk) for s in fixtures.sessions_create("bench-echo", sessions, username="bench-e2e")

@@ -90,7 +90,14 @@ def _dump(clients: list[_Client]) -> tuple[list[list[Any]], list[str]]:
     return frames, failures
 
 
-def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
+def run(
+    procs: Processes,
+    *,
+    rounds: int,
+    idle_s: float,
+    watchers: int = WATCHERS,
+    settle_s: float = 5.0,
+) -> Result:
     from django.db import connection
 
     from sessions import services
@@ -98,13 +105,14 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
 
     result = Result(
         name="fanout",
-        title=f"websocket fan-out: {SESSIONS} sessions x {WATCHERS} watchers on one daphne",
+        title=f"websocket fan-out: {SESSIONS} sessions x {watchers} watchers on one daphne",
         params={
             "sessions": SESSIONS,
-            "watchers_per_session": WATCHERS,
+            "watchers_per_session": watchers,
             "client_processes": CLIENTS,
             "rounds": rounds,
             "idle_s": idle_s,
+            "settle_s_before_rss_after_close": settle_s,
             "agent": "bench-echo",
         },
     )
@@ -127,7 +135,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
     time.sleep(1.0)
     rss_before = _rss_kb(web_pid)
 
-    per_client = WATCHERS // CLIENTS
+    per_client = watchers // CLIENTS
     ws_base = f"ws://127.0.0.1:{port}"
     clients: list[_Client] = []
     try:
@@ -142,12 +150,12 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
             opened += int(ready[1])
             problems.extend(json.loads(ready[2]))
         open_s = time.monotonic() - t_open
-        if opened != SESSIONS * WATCHERS:
+        if opened != SESSIONS * watchers:
             raise RuntimeError(
-                f"only {opened} of {SESSIONS * WATCHERS} sockets opened: {problems[:3]}\n"
+                f"only {opened} of {SESSIONS * watchers} sockets opened: {problems[:3]}\n"
                 + procs.log_tail("web", 10)
             )
-        time.sleep(2.0)
+        time.sleep(min(2.0, settle_s))
         _dump(clients)  # the replay frames of `?after=0`
         rss_open = _rss_kb(web_pid)
 
@@ -193,9 +201,9 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
                     seen[fsid] = max(seen.get(fsid, 0), seq)
                     if fsid == sid and seq > before and index not in first:
                         first[index] = at
-                if len(first) == WATCHERS:
+                if len(first) == watchers:
                     break
-            late += WATCHERS - len(first)
+            late += watchers - len(first)
             arrivals = list(first.values())
             if not arrivals:
                 raise RuntimeError(f"round {r}: no watcher got a frame within 30 s")
@@ -221,7 +229,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
     finally:
         for client in clients:
             client.stop()
-    time.sleep(5.0)
+    time.sleep(settle_s)  # freed memory returns to the OS before RSS is read
     rss_closed = _rss_kb(web_pid)
     procs.stop("web")  # flushes its log
     gc_pauses = [
@@ -232,18 +240,18 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
     pause_cpu_ms = [p[3] for p in gc_pauses]
 
     idle_core_pct = 100.0 * idle_cpu / idle_wall
-    per_socket_kb = (rss_open - rss_before) / (SESSIONS * WATCHERS)
+    per_socket_kb = (rss_open - rss_before) / (SESSIONS * watchers)
     result.figures = [
         figure(
             "fanout_p50_ms",
-            "post -> frame at each of 500 watchers, p50",
+            f"post -> frame at each of {watchers} watchers, p50",
             percentile(latencies, 50),
             "ms",
             le=50,
         ),
         figure(
             "fanout_max_ms",
-            "post -> frame at each of 500 watchers, max",
+            f"post -> frame at each of {watchers} watchers, max",
             max(latencies) if not late else float("nan"),
             "ms",
             le=150,
@@ -268,7 +276,7 @@ def run(procs: Processes, *, rounds: int, idle_s: float) -> Result:
         ),
         figure(
             "idle_core_pct",
-            f"daphne CPU, {SESSIONS * WATCHERS} idle sockets",
+            f"daphne CPU, {SESSIONS * watchers} idle sockets",
             idle_core_pct,
             "% core",
             le=2,

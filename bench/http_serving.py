@@ -25,7 +25,7 @@ from typing import Any
 
 from . import fixtures
 from .environment import DATA, ROOT
-from .load import tree_cpu_s
+from .load import procfile_workers, tree_cpu_s
 from .procs import Processes, free_port, procfile
 from .results_model import Result, figure
 from .runs import MachineLoad
@@ -179,10 +179,8 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
             "agent": "bench-echo",
         },
     )
-    workers = [f"worker{i + 1}" for i in range(WORKER_PROCESSES)]
-    for name in workers:
-        procs.start_procfile("worker", name)
-    procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
+    # `sustained`'s workers and beat if it ran just before (the CLI hands them on).
+    workers = procfile_workers(procs, WORKER_PROCESSES)
     for name in workers:
         procs.wait_log(name, " ready.")
     key = fixtures.api_key("bench-http")
@@ -210,7 +208,8 @@ def run(procs: Processes, *, seconds: float, layouts: tuple[int, ...]) -> Result
         )
         procs.wait_web()
         base = f"http://127.0.0.1:{port}"
-        asyncio.run(_throughput(base, key, ids, 2, post=False))  # warm-up: every daphne, the pools
+        # Warm-up: every daphne, the pools (as long as a measure, at most 2 s).
+        asyncio.run(_throughput(base, key, ids, min(2.0, seconds), post=False))
         web_pid = procs.procs["web"].pid
         load = MachineLoad()
         load.start()

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,61 @@ def _phases(
     return phases
 
 
+def procfile_workers(procs: Processes, count: int) -> list[str]:
+    """`count` Procfile `worker` processes and `beat`, those not already running (a
+    benchmark before this one may hand them on); returns the workers' names."""
+    workers = [f"worker{i + 1}" for i in range(count)]
+    for name in workers:
+        if not procs.running(name):
+            procs.start_procfile("worker", name)
+    if not procs.running("beat"):
+        procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
+    return workers
+
+
+@dataclass(frozen=True)
+class ProcfileStack:
+    model_port: int
+    port: int  # web's
+    workers: list[str]
+    web_ready_s: float
+    workers_ready_s: float
+    handed_on: bool  # every process was already running (warm): the benchmark before's
+
+
+def procfile_stack(procs: Processes) -> ProcfileStack:
+    """The model server and `make run`'s processes (web, 2 workers, beat), as `load` and
+    `sustained` run them; those already running are kept."""
+    names = ["model", "web", *(f"worker{i + 1}" for i in range(WORKER_PROCESSES)), "beat"]
+    handed_on = all(procs.running(name) for name in names)
+    if not procs.running("model"):
+        model_port = free_port()
+        model = procs.start(
+            "model",
+            [
+                sys.executable,
+                "-m",
+                "bench.model_server",
+                "--port",
+                str(model_port),
+                "--latency",
+                str(LATENCY_S),
+            ],
+        )
+        procs.ports["model"] = model_port
+        _wait_port(model_port, model)
+    model_port = procs.ports["model"]
+    _configure(model_port)
+    if not procs.running("web"):
+        procs.port = free_port()
+        procs.start_procfile("web", env={"PORT": str(procs.port), "HOST": "127.0.0.1"})
+    assert procs.port is not None
+    workers = procfile_workers(procs, WORKER_PROCESSES)
+    web_s = procs.wait_web()
+    worker_s = max(procs.wait_log(name, " ready.") for name in workers)
+    return ProcfileStack(model_port, procs.port, workers, web_s, worker_s, handed_on)
+
+
 def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
     from django.db import connection
 
@@ -225,30 +281,9 @@ def run(procs: Processes, *, sessions: int, warmup: int = 4) -> Result:
             "turn": "model (tool call) -> bench_clock (read-only) -> tool-loop move -> model (answer)",
         },
     )
-    model_port = free_port()
-    model = procs.start(
-        "model",
-        [
-            sys.executable,
-            "-m",
-            "bench.model_server",
-            "--port",
-            str(model_port),
-            "--latency",
-            str(LATENCY_S),
-        ],
-    )
-    _wait_port(model_port, model)
-    _configure(model_port)
-    port = free_port()
-    procs.port = port
-    procs.start_procfile("web", env={"PORT": str(port), "HOST": "127.0.0.1"})
-    workers = [f"worker{i + 1}" for i in range(WORKER_PROCESSES)]
-    for name in workers:
-        procs.start_procfile("worker", name)
-    procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
-    web_s = procs.wait_web()
-    worker_s = max(procs.wait_log(name, " ready.") for name in workers)
+    stack = procfile_stack(procs)
+    model_port, port, workers = stack.model_port, stack.port, stack.workers
+    web_s, worker_s = stack.web_ready_s, stack.workers_ready_s
     key = fixtures.api_key("bench-load")
     base = f"http://127.0.0.1:{port}"
 

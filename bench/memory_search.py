@@ -107,7 +107,8 @@ def _load(rows: list[int], vectors: Vectors, seed: float) -> float:
         )
     with connection.cursor() as cursor:
         # A clean table: a DELETE of a million rows would leave a million dead tuples.
-        cursor.execute(f'TRUNCATE "{table}", "{MemoryOwnerIndex._meta.db_table}"')
+        # CASCADE: the items' versions (and any later table pointing at them) go too.
+        cursor.execute(f'TRUNCATE "{table}", "{MemoryOwnerIndex._meta.db_table}" CASCADE')
         cursor.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexname LIKE %s",
             [table, "memory\\_owner\\_%"],
@@ -188,7 +189,13 @@ def _latency_figures(
 
 
 def run(
-    *, items: int, dims: int, queries: int, large_items: int | None = None, data: str = "lowrank"
+    *,
+    items: int,
+    dims: int,
+    queries: int,
+    large_items: int | None = None,
+    large_owners: int = LARGE_OWNERS,
+    data: str = "lowrank",
 ) -> Result:
     """1. Uniform case: load, measure. 2. Skewed case: load, build the large owners'
     indexes through the service, measure small and large owners separately."""
@@ -211,7 +218,7 @@ def run(
             "queries": queries,
             "k": K,
             "exact_scan_max": limit,
-            "large_owners": LARGE_OWNERS,
+            "large_owners": large_owners,
             "large_owner_items": large_items,
             "hnsw_ef_search": settings.MEMORY_HNSW_EF_SEARCH,
         },
@@ -228,8 +235,8 @@ def run(
     uni_ms, uni_recall, _, uni_machine = _measured(owners, data, dims, queries, seed=3)
 
     # 2. Skewed: large owners' items scattered among everyone else's.
-    large, small = owners[:LARGE_OWNERS], owners[LARGE_OWNERS:]
-    rest = items - LARGE_OWNERS * large_items
+    large, small = owners[:large_owners], owners[large_owners:]
+    rest = items - large_owners * large_items
     rows = [o for o in large for _ in range(large_items)] + [
         small[i % len(small)] for i in range(max(0, rest))
     ]
@@ -284,7 +291,7 @@ def run(
     result.details = details
     result.notes = [
         f"Exact-scan limit {limit:,} items: small owners are scanned exactly (recall 1.0); "
-        f"the {LARGE_OWNERS} large owners go through their own HNSW index "
+        f"the {large_owners} large owners go through their own HNSW index "
         f"(ef_search {settings.MEMORY_HNSW_EF_SEARCH}).",
         f"Data {data!r}: "
         + (

@@ -62,6 +62,8 @@ class Processes:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self.port: int | None = None
+        # Ports of helper servers (e.g. "model"), for a benchmark that finds them running.
+        self.ports: dict[str, int] = {}
         # Set by `--pyspy`: where py-spy writes collapsed stacks of the measured windows.
         self.pyspy_prefix: str | None = None
         _RUNNING.append(self)
@@ -153,6 +155,18 @@ class Processes:
             ],
         )
         return self.port
+
+    def web_and_worker(self, concurrency: int) -> tuple[int, str, float, float]:
+        """daphne and a threads-pool `worker`, those not already running (the benchmark
+        before may hand them on); returns web's port, the worker's node name and the
+        seconds until each answered."""
+        if not self.running("web"):
+            self.start_web()
+        if not self.running("worker"):
+            self.start_worker("worker", concurrency=concurrency)
+        node = self.worker_node("worker")
+        assert self.port is not None
+        return self.port, node, self.wait_web(), self.wait_worker("worker", node)
 
     def start_procfile(
         self, entry: str, name: str | None = None, env: dict[str, str] | None = None
@@ -277,8 +291,16 @@ class Processes:
             for path in DATA.glob(f"bench-beat-{os.getpid()}*"):
                 path.unlink(missing_ok=True)
 
-    def stop_all(self) -> None:
+    def running(self, name: str) -> bool:
+        """Whether `name` was started and is still alive (handed on by the previous benchmark)."""
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def stop_all(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Stop every process but the live ones named in `keep` (the next benchmark's)."""
         for name in list(self.procs):
+            if name in keep and self.running(name):
+                continue
             try:
                 self.stop(name)
             except Exception as exc:  # noqa: BLE001 - keep stopping the others

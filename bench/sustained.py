@@ -35,13 +35,12 @@ from typing import Any
 
 from . import fixtures
 from .environment import DATA
-from .load import AGENT, CONTENT, LATENCY_S, _configure, _wait_port
-from .procs import Processes, free_port, procfile
+from .load import AGENT, CONTENT, LATENCY_S, WORKER_PROCESSES, procfile_stack
+from .procs import Processes, procfile
 from .results_model import Result, figure
 from .runs import MachineLoad, database_server_pid, tree_cpu_s
 from .stats import percentile, summary
 
-WORKER_PROCESSES = 2
 SESSIONS_PER_USER = 8
 POOL_SECONDS = 8.0  # a pool of this many seconds' arrivals: a turn takes ~4.1 s
 EXCESS_P95_MS = 500.0
@@ -214,31 +213,9 @@ def run(
             "turn": "model (tool call) -> bench_clock (read-only) -> tool-loop move -> model (answer)",
         },
     )
-    model_port = free_port()
-    model = procs.start(
-        "model",
-        [
-            sys.executable,
-            "-m",
-            "bench.model_server",
-            "--port",
-            str(model_port),
-            "--latency",
-            str(LATENCY_S),
-        ],
-    )
-    _wait_port(model_port, model)
-    _configure(model_port)
-    port = free_port()
-    procs.port = port
-    procs.start_procfile("web", env={"PORT": str(port), "HOST": "127.0.0.1"})
-    workers = [f"worker{i + 1}" for i in range(WORKER_PROCESSES)]
-    for name in workers:
-        procs.start_procfile("worker", name)
-    procs.start_procfile("beat", env={"CELERY_BEAT_SCHEDULE_FILENAME": ""})
-    procs.wait_web()
-    for name in workers:
-        procs.wait_log(name, " ready.")
+    # `load`'s processes if it ran just before (the CLI hands them on), else new ones.
+    stack = procfile_stack(procs)
+    port, workers = stack.port, stack.workers
     base = f"http://127.0.0.1:{port}"
     pids = {name: procs.procs[name].pid for name in ["web", *workers]}
     server = database_server_pid()
@@ -247,8 +224,10 @@ def run(
     connection.close()
     if server is not None:
         pids["database"] = server
-    # Warm-up: every process's first requests, imports and connections, at a low rate.
-    _one_rate(base, pids, 5, 3, "warmup")
+    # Warm-up: every process's first requests, imports and connections, at a low rate;
+    # processes handed on by `load` served its warm-up and its burst already.
+    if not stack.handed_on:
+        _one_rate(base, pids, 5, 3, "warmup")
     stop_spy = {name: procs.spy(pid, f"sustained-{name}") for name, pid in pids.items()}
     rows: list[dict[str, Any]] = []
     try:
@@ -296,6 +275,7 @@ def run(
         )
     result.details = {
         "rates": rows,
+        "processes_handed_on_by_load": stack.handed_on,
         "pyspy": {k: v for k, v in spied.items() if v},
         "procfile": {name: line for name, line in procfile().items() if name in ("web", "worker")},
     }

@@ -56,7 +56,7 @@ def run(procs: Processes, *, sessions: int, concurrency: int, live: bool = False
         timeout=240,
         label="worker_rate",
     )
-    procs.stop("worker")
+    # The worker runs on: the CLI stops it, or hands it on to `e2e` (same threads).
     posts, started, cpu_used, machine, spy_file = (
         run.posts,
         run.started,

@@ -9,10 +9,19 @@ here (timings belong to `make bench`); only that each benchmark runs and measure
 """
 
 import math
+from typing import Any
 
 import pytest
 
-from bench import billing, checkpoint, context, fixtures, tool_dispatch, workflow_compare
+from bench import (
+    billing,
+    checkpoint,
+    context,
+    fixtures,
+    memory_search,
+    tool_dispatch,
+    workflow_compare,
+)
 from bench.results_model import Result
 
 # The benchmarks' helper threads (tools, the publisher) need committed rows.
@@ -80,3 +89,15 @@ def test_the_billing_benchmark_ranks_and_charts_every_rollup(
     assert spend["keys"] > 40  # several keys per user, plus key 0 (no key)
     # The same calls, split between endpoints (rounded per row).
     assert 0.75 < spend["calls"] / result.details["rollups"]["calls"] < 1.25
+
+
+def test_the_memory_benchmark_loads_and_searches_both_cases(
+    bench_config: None, settings: Any
+) -> None:
+    # Tiny sizes: one large owner above a lowered exact-scan limit gets its own index.
+    settings.MEMORY_EXACT_SCAN_MAX = 50
+    values = _measured(
+        memory_search.run(items=1_200, dims=16, queries=3, large_items=100, large_owners=1)
+    )
+    assert values["uniform_recall_at_10"] > 0
+    assert values["large_p95_ms"] > 0
