@@ -185,7 +185,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--readme",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="rewrite the figures section of bench/README.md (default: only on a full run)",
+        help="rewrite bench/FIGURES.md with this run's figures (default: only on a full run)",
     )
     parser.add_argument(
         "--profile",
@@ -397,10 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         update_readme = args.readme if args.readme is not None else complete
         if update_readme:
             report.readme_update(doc)
-            print("bench: updated the figures in bench/README.md")
+            print("bench: updated the figures in bench/FIGURES.md")
         else:
             print(
-                "bench: bench/README.md left alone (only a full run without errors rewrites it;"
+                "bench: bench/FIGURES.md left alone (only a full run without errors rewrites it;"
                 " --readme forces it)"
             )
     failed = [r.name for r in results if r.error]

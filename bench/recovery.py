@@ -116,7 +116,9 @@ class Workers:
     def start(self) -> str:
         # Four log slots, reused in turn (at most two workers live at once): the
         # logs of the last few workers, killed ones included, stay in .data/bench-logs.
-        name = f"recovery-w{self.count % 4}"
+        # A slot still held by a live worker (the standby series keeps one running) is skipped.
+        while (name := f"recovery-w{self.count % 4}") in self.procs.procs:
+            self.count += 1
         self.count += 1
         self.procs.start_worker(name, concurrency=self.concurrency)
         self.names.append(name)

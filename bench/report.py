@@ -1,10 +1,9 @@
-"""Printing, saving (bench/results/*.json) and the figures section of bench/README.md."""
+"""Printing, saving (bench/results/*.json) and the latest full run's figures (bench/FIGURES.md)."""
 
 import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,9 @@ from .environment import ROOT
 from .results_model import Figure, Result
 
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "bench" / "README.md"
+# The latest full run's figures live in a file of their own: the README keeps the prose and
+# the targets' summary within a page, whatever number of figures a run measures.
+FIGURES = ROOT / "bench" / "FIGURES.md"
 START = "<!-- bench:figures:start (written by `make bench`; edits here are overwritten) -->"
 END = "<!-- bench:figures:end -->"
 
@@ -251,11 +252,9 @@ def _load_line(doc: dict[str, Any]) -> str:
 
 
 def readme_update(doc: dict[str, Any]) -> None:
-    text = README.read_text() if README.exists() else ""
-    section = markdown(doc)
-    pattern = re.compile(re.escape(START.split(" (")[0]) + r".*?" + re.escape(END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _m: section, text, count=1)
-    else:
-        text = text.rstrip() + "\n\n## Latest figures\n\n" + section + "\n"
-    README.write_text(text)
+    """Write the run's figures to bench/FIGURES.md (the README links to it)."""
+    FIGURES.write_text(
+        "# Latest full run of `make bench`\n\n"
+        "Written by `make bench` (a full run without errors); what the figures mean and the\n"
+        "targets' summary: [README.md](README.md).\n\n" + markdown(doc) + "\n"
+    )
