@@ -102,6 +102,55 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) ->
     raise RuntimeError("model server not listening")
 
 
+def client_process(
+    module: str,
+    spec: dict[str, Any],
+    label: str,
+    on_phase: Callable[[str], None],
+    *,
+    ready_phase: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Drive a client process (`bench.<module>`) through its phases; returns what it wrote.
+
+    1. The spec goes to a file; the client opens its websockets and prints "connected".
+    2. `on_phase(ready_phase)`, then "go" on its stdin; it posts and prints "posted".
+    3. `on_phase("posted")`, then it waits for every turn.finished: `on_phase("finished")`.
+    """
+    spec_path = DATA / f"bench-{label}-{os.getpid()}.json"
+    out = DATA / f"bench-{label}-{os.getpid()}-out.json"
+    spec_path.write_text(json.dumps(spec))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"bench.{module}", str(spec_path), str(out)],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            if proc.stdout.readline().strip() != "connected":
+                raise RuntimeError(f"{module}: the websockets did not connect")
+            on_phase(ready_phase)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            if proc.stdout.readline().strip() == "posted":
+                on_phase("posted")
+            if proc.wait(timeout=timeout_s) != 0:
+                raise RuntimeError(f"{module} exited with {proc.returncode}")
+            on_phase("finished")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        data: dict[str, Any] = json.loads(out.read_text())
+    finally:
+        spec_path.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+    return data
+
+
 def _client(
     base: str,
     key: str,
@@ -114,39 +163,14 @@ def _client(
     `on_phase` is called with "connected" (every websocket open, nothing posted yet),
     "posted" (every 202 in) and "finished" (every turn.finished in).
     """
-    spec = DATA / f"bench-load-{os.getpid()}-{label}.json"
-    out = DATA / f"bench-load-{os.getpid()}-{label}-out.json"
-    spec.write_text(
-        json.dumps({"base": base, "key": key, "sessions": ids, "content": CONTENT, "timeout": 180})
+    data = client_process(
+        "load_client",
+        {"base": base, "key": key, "sessions": ids, "content": CONTENT, "timeout": 180},
+        f"load-{label}",
+        on_phase,
+        ready_phase="connected",
+        timeout_s=300,
     )
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.load_client", str(spec), str(out)],
-            cwd=Path(__file__).resolve().parent.parent,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None
-        try:
-            if proc.stdout.readline().strip() != "connected":
-                raise RuntimeError("load_client: the websockets did not connect")
-            on_phase("connected")
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            if proc.stdout.readline().strip() == "posted":
-                on_phase("posted")
-            if proc.wait(timeout=300) != 0:
-                raise RuntimeError(f"load_client exited with {proc.returncode}")
-            on_phase("finished")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
-        data: dict[str, Any] = json.loads(out.read_text())
-    finally:
-        spec.unlink(missing_ok=True)
-        out.unlink(missing_ok=True)
     if data["errors"]:
         raise RuntimeError(f"{len(data['errors'])} sessions failed: {data['errors'][:3]}")
     bad = {s: v.get("status") for s, v in data["samples"].items() if v.get("status") != 202}

@@ -24,18 +24,13 @@ figure with the DESIGN.md target (>= 60 turns/s). Each rate records the load
 average and the reference loop (`cpu_reference_ms`) measured just before it.
 """
 
-import json
 import math
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from . import fixtures
-from .environment import DATA
-from .load import AGENT, CONTENT, LATENCY_S, WORKER_PROCESSES, procfile_stack
+from .load import AGENT, CONTENT, LATENCY_S, WORKER_PROCESSES, client_process, procfile_stack
 from .procs import Processes, procfile
 from .results_model import Result, figure
 from .runs import MachineLoad, database_server_pid, tree_cpu_s
@@ -73,51 +68,19 @@ def _client(
 
     The client takes one key per session (the session's owner's), so it gets a map.
     """
-    spec = DATA / f"bench-sustained-{os.getpid()}.json"
-    out = DATA / f"bench-sustained-{os.getpid()}-out.json"
     keys = {sid: key for key, ids in users for sid in ids}
-    spec.write_text(
-        json.dumps(
-            {
-                "base": base,
-                "keys": keys,
-                "sessions": list(keys),
-                "content": CONTENT,
-                "rate": rate,
-                "seconds": seconds,
-                "timeout": 120,
-            }
-        )
+    spec = {
+        "base": base,
+        "keys": keys,
+        "sessions": list(keys),
+        "content": CONTENT,
+        "rate": rate,
+        "seconds": seconds,
+        "timeout": 120,
+    }
+    return client_process(
+        "sustained_client", spec, "sustained", on_phase, ready_phase="go", timeout_s=seconds + 300
     )
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.sustained_client", str(spec), str(out)],
-            cwd=Path(__file__).resolve().parent.parent,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None
-        try:
-            if proc.stdout.readline().strip() != "connected":
-                raise RuntimeError("sustained_client: the websockets did not connect")
-            on_phase("go")
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            if proc.stdout.readline().strip() == "posted":
-                on_phase("posted")
-            if proc.wait(timeout=seconds + 300) != 0:
-                raise RuntimeError(f"sustained_client exited with {proc.returncode}")
-            on_phase("finished")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
-        data: dict[str, Any] = json.loads(out.read_text())
-    finally:
-        spec.unlink(missing_ok=True)
-        out.unlink(missing_ok=True)
-    return data
 
 
 def _one_rate(
