@@ -61,14 +61,20 @@ CLIENT := clients/python
 STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-# $(call pip_install,EXTRAS): the editable install, or, where that fails, the listed
-# dependencies (with those extras) from pyproject.toml.
+# $(call pip_install,TARGET): TARGET ('.' or '.[dev]') installed editable with uv (~10 s
+# where pip takes ~90 s: it fetches and installs in parallel); where uv cannot be had or
+# fails, with pip; where the editable install fails, the listed dependencies (with those
+# extras) from pyproject.toml.
+UV := $(VENV)/bin/uv
 define pip_install
-	@if $(PY) -m pip install --disable-pip-version-check -q -e '.$(1)'; then \
+	@if { [ -x $(UV) ] || $(PY) -m pip install --disable-pip-version-check -q uv; } \
+			&& $(UV) pip install --python $(PY) -q -e '$(1)'; then \
+		rm -rf agentplatform.egg-info; \
+	elif $(PY) -m pip install --disable-pip-version-check -q -e '$(1)'; then \
 		rm -rf agentplatform.egg-info; \
 	else \
 		echo "editable install failed; installing the listed dependencies instead"; \
-		$(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = sys.argv[1].strip("[]"); print("\n".join(p["dependencies"] + (p["optional-dependencies"][extras] if extras else [])))' '$(1)' > $(VENV)/requirements.txt; \
+		$(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = sys.argv[1].removeprefix(".").strip("[]"); print("\n".join(p["dependencies"] + (p["optional-dependencies"][extras] if extras else [])))' '$(1)' > $(VENV)/requirements.txt; \
 		$(PY) -m pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt; \
 	fi
 endef
@@ -76,13 +82,14 @@ endef
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
 	@echo "installing what running needs (pyproject.toml) into $(VENV)"
-	$(call pip_install,)
+	$(call pip_install,.)
 	@touch $@
 
 $(DEV_STAMP): $(STAMP) $(CLIENT)/pyproject.toml
 	@echo "adding the contributors' tools (pyproject.toml [dev]) and the Python client"
-	$(call pip_install,[dev])
-	@$(PY) -m pip install --disable-pip-version-check -q -e $(CLIENT)
+	$(call pip_install,.[dev])
+	@{ [ -x $(UV) ] && $(UV) pip install --python $(PY) -q -e $(CLIENT); } \
+		|| $(PY) -m pip install --disable-pip-version-check -q -e $(CLIENT)
 	@touch $@
 
 venv .venv: $(DEV_STAMP)
@@ -106,7 +113,10 @@ run: $(STAMP)
 		exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 
 # ---------------------------------------------------------------- checks
-test: $(DEV_STAMP) browser
+# The venv and the browser install side by side: both wait on downloads (~25 s and ~60 s on
+# a fresh machine, instead of one after the other).
+test:
+	@$(MAKE) -j2 $(DEV_STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
