@@ -163,6 +163,16 @@ def _one_rate(
     return row
 
 
+def rate_between(rows: list[dict[str, Any]]) -> float | None:
+    """The rate halfway between the highest met and the lowest missed, or None when no rate
+    missed or the two are within REFINE_STEP."""
+    met = max((r["rate"] for r in rows if r["met"]), default=0.0)
+    missed = min((r["rate"] for r in rows if not r["met"]), default=None)
+    if missed is None or missed - met <= REFINE_STEP:
+        return None
+    return round((met + missed) / 2, 1)
+
+
 def run(
     procs: Processes, *, rates: tuple[float, ...], seconds: float, keep_going: bool = False
 ) -> Result:
@@ -217,11 +227,10 @@ def run(
         # wider than REFINE_STEP: stepping 20 -> 40 alone would call a platform that holds
         # 35 turns/s a 20 one.
         for _ in range(REFINE_ROUNDS if not keep_going else 0):
-            met = max((r["rate"] for r in rows if r["met"]), default=0.0)
-            missed = min((r["rate"] for r in rows if not r["met"]), default=None)
-            if missed is None or missed - met <= REFINE_STEP:
+            between = rate_between(rows)
+            if between is None:
                 break
-            measure(round((met + missed) / 2, 1))
+            measure(between)
     finally:
         spied = {name: stop() for name, stop in stop_spy.items()}
     tried = [r["rate"] for r in rows]
