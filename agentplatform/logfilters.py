@@ -1,4 +1,5 @@
-"""Logging wiring: Celery's per-task chatter about the periodic sweeper goes to DEBUG."""
+"""Logging wiring: Celery's per-task chatter about the periodic sweeper goes to DEBUG; a
+refusal (4xx) is logged without the traceback of the exception that made it."""
 
 import logging
 
@@ -23,3 +24,20 @@ class QuietPeriodicTasks(logging.Filter):
         record.levelno = logging.DEBUG
         record.levelname = logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+class RefusalsWithoutTraceback(logging.Filter):
+    """Keep Django's line about a 4xx, drop the traceback Django attaches to it.
+
+    Django logs every PermissionDenied, SuspiciousOperation and Http404 with `exc_info`: a
+    denied admin POST wrote ~20 frames to the log, and formatting them (Python 3.11 parses
+    each source line for its carets) cost more than rendering the refusal page. A 4xx is
+    the platform working as meant; a 5xx keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if isinstance(status, int) and status < 500:
+            record.exc_info = None
+            record.exc_text = None
+        return True

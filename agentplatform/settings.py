@@ -480,6 +480,7 @@ LOGGING = {
         # Celery logs every sweep (every SWEEPER_INTERVAL_S) at INFO three times
         # over: sent by beat, received and succeeded on the worker. Those go to DEBUG.
         "quiet_sweeps": {"()": "agentplatform.logfilters.QuietPeriodicTasks"},
+        "refusals_without_traceback": {"()": "agentplatform.logfilters.RefusalsWithoutTraceback"},
     },
     "handlers": {
         "console": {
@@ -491,6 +492,9 @@ LOGGING = {
     "loggers": {
         "django.channels.server": {"filters": ["redact_keys"]},
         "django.server": {"level": "WARNING"},
+        # A 4xx is logged as one line (agentplatform/logfilters.py).
+        "django.request": {"filters": ["refusals_without_traceback"]},
+        "django.security": {"filters": ["refusals_without_traceback"]},
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},  # the mcp SDK's HTTP client
         "celery.beat": {"filters": ["quiet_sweeps"]},

@@ -2,6 +2,12 @@
 
 import logging
 
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
+from django.test import RequestFactory
+from django.utils.log import log_response
+
 from agentplatform.logfilters import QuietPeriodicTasks
 
 
@@ -62,3 +68,21 @@ def test_the_filter_is_installed_on_celerys_loggers(settings):
     for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace"):
         assert "quiet_sweeps" in loggers[name]["filters"]
     assert any(isinstance(f, QuietPeriodicTasks) for f in logging.getLogger("celery.beat").filters)
+
+
+@pytest.mark.parametrize(("status", "traceback"), [(403, False), (404, False), (500, True)])
+def test_a_refusal_is_logged_without_its_traceback_a_server_error_with_it(
+    caplog: pytest.LogCaptureFixture, status: int, traceback: bool
+) -> None:
+    """Through Django's own `log_response` and the configured `django.request` logger."""
+    caplog.set_level(logging.WARNING, logger="django.request")
+    try:
+        raise PermissionDenied("no")
+    except PermissionDenied as exc:
+        log_response(
+            "%s", "/admin/x/", response=HttpResponse(status=status),
+            request=RequestFactory().post("/admin/x/"), exception=exc,
+        )  # fmt: skip
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert record.status_code == status  # type: ignore[attr-defined]
+    assert (record.exc_info is not None) is traceback
