@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Kept alive, as a provider's API is: the platform's pooled client reuses the connection,
+# so a turn's CPU holds no TCP connect per call (closing each one charged the workers a
+# connect a call that production does not pay). The events go as one chunk.
 HEAD = (
     b"HTTP/1.1 200 OK\r\n"
     b"Content-Type: text/event-stream; charset=utf-8\r\n"
     b"Cache-Control: no-cache\r\n"
-    b"Connection: close\r\n\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
 )
+
+
+def _chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
 
 
 class ModelServer:
@@ -41,6 +48,7 @@ class ModelServer:
         self.tool = tool
         self.ids = itertools.count(1)
         self.calls: list[dict[str, Any]] = []
+        self.connections = 0
 
     def _answer(self, body: dict[str, Any]) -> bytes:
         after_tool = _after_tool(body)
@@ -50,45 +58,60 @@ class ModelServer:
             call = self._call(name=self.tool, arguments={}, id=f"call_load_{next(self.ids)}")
             reply = self._reply(calls=[call], usage=(50, 8))
         model = str(body.get("model") or "load-model")
-        return HEAD + b"".join(self._events(reply, model, include_usage=True))
+        return HEAD + _chunked(b"".join(self._events(reply, model, include_usage=True)))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Requests one after another on the connection, until the client closes it."""
+        self.connections += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, target = lines[0].split(" ")[:2]
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            raw = await reader.readexactly(length) if length else b""
-            received = time.time()
-            if method == "GET" and target.startswith("/stats"):
-                payload = json.dumps(self.calls).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-                    + payload
-                )
-            else:
-                body = json.loads(raw or b"{}")
-                answer = self._answer(body)
-                await asyncio.sleep(self.latency)
-                writer.write(answer)
-                self.calls.append(
-                    {
-                        "received": received,
-                        "sent": time.time(),
-                        "tool_result": _after_tool(body),
-                        "tag": _tag(body),
-                    }
-                )
-            await writer.drain()
+            while await self._one_request(reader, writer):
+                pass
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def _one_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Answer one request; False once the client has closed the connection."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as eof:
+            if eof.partial:
+                raise
+            return False
+        lines = head.decode("latin-1").split("\r\n")
+        method, target = lines[0].split(" ")[:2]
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+        raw = await reader.readexactly(length) if length else b""
+        received = time.time()
+        if method == "GET" and target.startswith("/stats"):
+            payload = json.dumps(self.calls).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+        else:
+            body = json.loads(raw or b"{}")
+            answer = self._answer(body)
+            await asyncio.sleep(self.latency)
+            writer.write(answer)
+            self.calls.append(
+                {
+                    "received": received,
+                    "sent": time.time(),
+                    "tool_result": _after_tool(body),
+                    "tag": _tag(body),
+                }
+            )
+        await writer.drain()
+        return True
 
 
 def _after_tool(body: dict[str, Any]) -> bool:
