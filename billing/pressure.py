@@ -90,20 +90,27 @@ def owner_watched(*, owner_id: int) -> bool:
     if seen is not None and now - seen[0] < OWNER_WATCH_TTL_S:
         return seen[1]
     with connection.cursor() as cursor:
-        cursor.execute(
-            # SQL names from model metadata (constants); every value is a bound parameter.
-            f"""SELECT EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = %s)
-                    OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}"
-                                WHERE owner_id = %s)
-                    OR EXISTS (SELECT 1 FROM "{KeyBudget._meta.db_table}"
-                                WHERE owner_id = %s)""",  # nosec B608
-            [owner_id, owner_id, owner_id],
-        )
+        cursor.execute(f"SELECT {owner_watch_sql('%s')}", [owner_id] * 3)  # nosec B608
         watched = bool(cursor.fetchone()[0])
+    owner_watch_note(owner_id=owner_id, watched=watched, at=now)
+    return watched
+
+
+def owner_watch_sql(owner: str) -> str:
+    """`owner_watched`'s question as an SQL expression of the owner's id `owner` (a column,
+    or a placeholder: then it takes the id three times). The engine asks it in the round
+    trip that takes a run's lease, and tells the answer with `owner_watch_note`."""
+    # SQL names from model metadata (constants); the owner is a column or a placeholder.
+    return f"""(EXISTS (SELECT 1 FROM "{OwnerBudget._meta.db_table}" WHERE owner_id = {owner})
+                OR EXISTS (SELECT 1 FROM "{CreditAccount._meta.db_table}" WHERE owner_id = {owner})
+                OR EXISTS (SELECT 1 FROM "{KeyBudget._meta.db_table}" WHERE owner_id = {owner}))"""  # nosec B608
+
+
+def owner_watch_note(*, owner_id: int, watched: bool, at: float | None = None) -> None:
+    """Remember an answer to `owner_watched` read just now (by `owner_watch_sql`)."""
     if len(_watched) > 100_000:
         _watched.clear()
-    _watched[owner_id] = (now, watched)
-    return watched
+    _watched[owner_id] = (time.monotonic() if at is None else at, watched)
 
 
 def owner_watch_reset() -> None:

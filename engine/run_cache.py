@@ -23,7 +23,7 @@ from engine.model.environment import Environment, environment
 from engine.store.commit import CallsCommitted
 from sessions.events import CallCounts, call_counts
 from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
-from sessions.rows import json_value, jsonb_value
+from sessions.rows import json_value, jsonb_value, row_reader
 from tools.execution import ToolSnapshot, tools_for_agent
 from workflows.definition import Definition
 from workflows.node_tools import node_tools
@@ -237,7 +237,10 @@ class RunContext:
     def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
         key = (str(session.pk), session.turn)
         if self.memory_turn != key:
-            self.memory_text = turn_memory_block(session, agent, history)
+            # Whether the owner has memory items, as the lease's round trip read it.
+            known = getattr(session, "memory_known", None)
+            has_items = known[1] if known is not None and known[0] == session.turn else None
+            self.memory_text = turn_memory_block(session, agent, history, has_items)
             self.memory_turn = key
         return self.memory_text
 
@@ -248,8 +251,15 @@ class RunContext:
         summary seen in new messages drops what it covers), so a step's work
         follows the live context, not the whole conversation.
         """
-        last = (self.history_cache[-1].seq or 0) if self.history_cache else 0
         known = len(self.history_cache)
+        seed = getattr(session, "history_seed", None)
+        if seed is not None:
+            # Read with the lease (lease_take): the run's first read, as the database had
+            # it then; what came after is read or replayed below, as after any read.
+            session.history_seed = None  # type: ignore[attr-defined]
+            if not self.history_cache:
+                self.history_cache = list(seed)
+        last = (self.history_cache[-1].seq or 0) if self.history_cache else 0
         self._read(session, last)
         through = max(
             (
@@ -277,14 +287,17 @@ class RunContext:
         if last and [m.seq for m in committed] == list(range(last + 1, session.message_seq + 1)):
             self.history_cache.extend(committed)
         elif last != session.message_seq:
-            new = list(
-                Message.objects.raw(
+            # A plain cursor: a RawQuerySet resolves its columns against the model anew
+            # at every read.
+            reader = row_reader(Message)
+            with connection.cursor() as cursor:
+                cursor.execute(
                     # SQL names from model metadata (constants); every value is a bound parameter.
-                    f'SELECT * FROM "{Message._meta.db_table}" WHERE session_id = %s AND status = %s AND seq > %s '
-                    "AND archived_at IS NULL ORDER BY seq",  # nosec B608
+                    f'SELECT {reader.select()} FROM "{Message._meta.db_table}" WHERE session_id = %s '
+                    "AND status = %s AND seq > %s AND archived_at IS NULL ORDER BY seq",  # nosec B608
                     [session.pk, MessageStatus.FINAL.value, last],
                 )
-            )
+                new = [reader.instance(row) for row in cursor.fetchall()]
             if new and last and new[0].seq != (last or 0) + 1:
                 self.history_cache = []
                 self._read(session, 0)

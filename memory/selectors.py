@@ -268,6 +268,15 @@ def owner_index_settings(k: int) -> tuple[str, list[Any]]:
     )
 
 
+def memory_owner_items_sql(owner: str) -> str:
+    """`memory_owner_has_items` as an SQL expression of the owner's id `owner` (a column or
+    a placeholder): the engine asks it in the round trip that takes a run's lease."""
+    return (
+        f"EXISTS (SELECT 1 FROM {MemoryItem._meta.db_table} "  # nosec B608 - a model's table
+        f"WHERE owner_id = {owner} AND superseded_at IS NULL)"
+    )
+
+
 def memory_owner_has_items(owner_id: int) -> bool:
     """Most owners have no memory: one cheap query spares them an embedding call per turn.
 
@@ -275,11 +284,7 @@ def memory_owner_has_items(owner_id: int) -> bool:
     `exists()` in CPU (0.06 against 0.27 ms).
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {MemoryItem._meta.db_table} "  # nosec B608 - a model's table
-            "WHERE owner_id = %s AND superseded_at IS NULL)",
-            [owner_id],
-        )
+        cursor.execute(f"SELECT {memory_owner_items_sql('%s')}", [owner_id])  # nosec B608
         row = cursor.fetchone()
     return bool(row[0])
 

@@ -100,8 +100,13 @@ class MemorySettings:
 # --- Before a turn -------------------------------------------------------------
 
 
-def turn_memory_block(session: Session, agent: Agent, history: list[Message]) -> str:
-    """The owner's most relevant memory for this turn's user message, as a system block."""
+def turn_memory_block(
+    session: Session, agent: Agent, history: list[Message], has_items: bool | None = None
+) -> str:
+    """The owner's most relevant memory for this turn's user message, as a system block.
+
+    `has_items`: whether the owner has live items, if the run read it already (the lease's
+    round trip); else asked here."""
     settings = MemorySettings.of(agent)
     if not settings.enabled or settings.top_k == 0:
         return ""
@@ -109,7 +114,9 @@ def turn_memory_block(session: Session, agent: Agent, history: list[Message]) ->
         (m.content for m in reversed(history) if m.role == "user" and m.turn == session.turn),
         "",
     )
-    if not query.strip() or not memory_owner_has_items(session.owner_id):
+    if not query.strip():
+        return ""
+    if not (has_items if has_items is not None else memory_owner_has_items(session.owner_id)):
         return ""
     try:
         embedder = current_embedder()

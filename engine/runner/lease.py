@@ -17,8 +17,10 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
-from engine.store.commit import STAMP_RETURNING
-from sessions.models import Session, ToolCall
+from billing.pressure import owner_watch_note, owner_watch_sql
+from engine.store.commit import GUARD, MARK_SET, STAMP_RETURNING
+from memory.selectors import memory_owner_items_sql
+from sessions.models import Message, MessageStatus, Session, ToolCall
 from sessions.rows import execute_batch, row_reader
 from sessions.states import RUNNABLE, STARTS_TURN
 
@@ -64,19 +66,47 @@ def lease_acquire(*, session_id: UUID | str, owner: str, seconds: float) -> bool
         return cursor.rowcount == 1
 
 
+# A conversation's history as a run's first model step reads it (run_cache.RunContext):
+# read with the lease, only if the lease was taken (the UPDATE's mark) and the run is
+# not a workflow's (its steps read no history).
+_HISTORY = (
+    # SQL names from model metadata (constants); every value is a bound parameter.
+    f'SELECT {{columns}} FROM "{Message._meta.db_table}" m '  # nosec B608
+    "WHERE m.session_id = %s AND m.status = %s AND m.archived_at IS NULL AND "
+    f'{GUARD} AND NOT EXISTS (SELECT 1 FROM "{_TABLE}" s '
+    "WHERE s.id = %s AND s.workflow_version_id IS NOT NULL) ORDER BY m.seq"
+)
+# What the run's first model step asks about the owner: has it memory items (the
+# memory gate), budgets or a credit account (the budget gate). Its row says the reads
+# of the batch ran in the lease's transaction.
+_OWNER = (
+    f"SELECT {memory_owner_items_sql('s.owner_id')}, {owner_watch_sql('s.owner_id')} "  # nosec B608
+    f'FROM "{_TABLE}" s WHERE s.id = %s AND {GUARD}'
+)
+
+
 def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session | None:
     """`lease_acquire`, returning the session row as the lease took it (None if not
     taken) with its agent's configuration stamp: a run's first reads come back with its
-    first write, in one round trip."""
+    first write, in one round trip: the history its first model step reads and what that
+    step asks about the owner (memory items, budgets) ride along, read only if the lease
+    was taken."""
     reader = row_reader(Session)
+    messages = row_reader(Message)
     # Prepared, as a step's statements are: a run's two lease statements were
     # mostly parsing and planning on the server (~1 ms of its time a run).
-    [rows] = execute_batch(
+    [rows, history, owner_rows] = execute_batch(
         [
             (
-                f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}, {_TURN_HAS_CALLS}",
+                f"{_ACQUIRE} RETURNING {reader.select()}, {STAMP_RETURNING}, {_TURN_HAS_CALLS}, "
+                f"{MARK_SET}",
                 [owner, seconds, owner, session_id, owner, _RUNNABLE, _STARTS_TURN],
-            )
+            ),
+            (
+                _HISTORY.format(columns=messages.select("m")),
+                [session_id, MessageStatus.FINAL.value, session_id],
+            ),
+            (_OWNER, [session_id]),
         ],
         prepare=True,
     )
@@ -85,11 +115,22 @@ def lease_take(*, session_id: UUID | str, owner: str, seconds: float) -> Session
     row = rows[0]
     session: Session = reader.instance(row)
     # The agent's configuration stamp as of this version, as a step commit returns it.
-    session.config_stamp = (session.version, row[-2])  # type: ignore[attr-defined]
-    if not row[-1]:
+    session.config_stamp = (session.version, row[-3])  # type: ignore[attr-defined]
+    if not row[-2]:
         # The turn has no tool call yet (a turn the web started): the run knows its calls
         # from its own commits, with no read (run_cache.RunContext.turn_calls).
         session.turn_calls_none = (session.version, session.turn)  # type: ignore[attr-defined]
+    if owner_rows:
+        # Read in the lease's transaction (no row without its mark): as of this version.
+        has_memory, watched = owner_rows[0]
+        owner_watch_note(owner_id=session.owner_id, watched=bool(watched))
+        session.memory_known = (session.turn, bool(has_memory))  # type: ignore[attr-defined]
+        if history:
+            session.history_seed = [  # type: ignore[attr-defined]
+                message
+                for message in map(messages.instance, history)
+                if message.seq is not None and message.seq <= session.message_seq
+            ]
     return session
 
 

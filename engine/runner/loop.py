@@ -73,6 +73,9 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
         while True:
             if not current:
                 session = _refresh(session_id, session)
+            if session is not None and session.lease_owner is None and not _work_left(session):
+                # Our last commit gave the lease back (step_commit): nothing left to run.
+                return RunResult(steps, "idle")
             if session is None or session.lease_owner != owner:
                 # Taken over after our lease ran out (a pause, a slow database):
                 # our last commit was refused, so nothing ran twice.
@@ -149,6 +152,12 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
         health.figures.run_end()
         heartbeat.release(session_id)
         connection.close()
+
+
+def _work_left(session: Session) -> bool:
+    """What lease_release asks of the row: is there a step to run or a turn to start?"""
+    state = State(session.state)
+    return state in RUNNABLE or (state in STARTS_TURN and session.queued_count > 0)
 
 
 def _pace() -> None:

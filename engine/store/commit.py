@@ -43,7 +43,7 @@ from sessions.rows import (
     one_round_trip,
     update_statement,
 )
-from sessions.states import State, Trigger, next_state
+from sessions.states import RUNNABLE, STARTS_TURN, State, Trigger, next_state
 
 MESSAGE_COLUMNS = (
     "session",
@@ -368,7 +368,30 @@ def step_commit(step: Step) -> Committed:
             raise ValueError(f"step may not add to {name}")
         assignments.append(f"{name} = {name} + %s")
         params.append(value)
-    if step.lease_seconds is not None:
+    if (
+        step.lease_owner is not None
+        and to_state not in RUNNABLE
+        and not {"lease_owner", "lease_expires_at"} & step.set_fields.keys()
+    ):
+        # The run's last commit gives its lease back, on lease_release's condition (nothing
+        # left to run: no message queued for a state that starts a turn), judged on the row
+        # as this UPDATE leaves it: the run ends with no round trip of its own.
+        if to_state in STARTS_TURN:
+            hold = "queued_count + %s > 0"
+            held = [int(step.add_fields.get("queued_count", 0))]
+        else:
+            hold, held = "false", []
+        assignments.append(f"lease_owner = CASE WHEN {hold} THEN lease_owner END")
+        params += held
+        if step.lease_seconds is not None:
+            assignments.append(
+                f"lease_expires_at = CASE WHEN {hold} THEN now() + make_interval(secs => %s) END"
+            )
+            params += [*held, step.lease_seconds]
+        else:
+            assignments.append(f"lease_expires_at = CASE WHEN {hold} THEN lease_expires_at END")
+            params += held
+    elif step.lease_seconds is not None:
         assignments.append("lease_expires_at = now() + make_interval(secs => %s)")
         params.append(step.lease_seconds)
     where = "id = %s AND version = %s AND message_seq = %s AND event_seq = %s AND step = %s"

@@ -145,6 +145,10 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     assert [s.round_trips for s in tools] == [1] * CALLS, [s.statements for s in tools]
     models = [s for s in counted if s.state == "processing"]
     assert [s.round_trips for s in models[1:]] == [1, 1, 1], [s.statements for s in models]
+    # The first model step reads only the agent's configuration (new to this process):
+    # the history, the owner's memory and budget questions came with the lease.
+    reads = [sql for sql in models[0].statements if not _writes(sql)]
+    assert all('"agent_sessions_agent"' in sql or '"tools_tool"' in sql for sql in reads), reads
     # Both moves of each tool-results commit are recorded.
     moves = list(
         Transition.objects.filter(session=session).order_by("id").values_list("trigger", flat=True)
@@ -152,6 +156,42 @@ def test_a_read_only_tool_iteration_is_two_commits(make_session, rules_model, co
     assert moves == ["user_message"] + ["tool_calls", "tool_results", "model_call"] * CALLS + [
         "answer"
     ]
+
+
+def test_a_run_is_its_lease_its_steps_and_nothing_else(make_session, rules_model):
+    """Around its steps a run makes one round trip: the lease (with the first reads). The
+    last step's commit gives the lease back, on lease_release's condition."""
+    session = make_session(agent=_loop_agent(rules_model))
+    message_post(session=session, content="go")
+    sent: list[str] = []
+
+    def execute(run: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return run(sql, params, many, context)
+
+    with connection.execute_wrapper(execute):
+        assert session_run(session_id=session.pk).stopped == "idle"
+
+    writes = [sql for sql in sent if _writes(sql)]
+    # The lease, then each step's one write: no release of its own.
+    assert len(writes) == 1 + 2 * CALLS + 1, writes
+    assert "lease_owner = CASE" in runner_text(writes[-1]), writes[-1]
+    row = Session.objects.get(pk=session.pk)
+    assert (row.state, row.lease_owner, row.lease_expires_at) == ("finished", None, None)
+
+
+def runner_text(batch: str) -> str:
+    """A batch's statements as text (a prepared one by the text this process prepared)."""
+    from sessions.rows import prepared_text
+
+    parts = []
+    for part in batch.split(";\n"):
+        if part.startswith("EXECUTE "):
+            name = part.split()[1].split("(")[0]
+            parts.append(prepared_text(name) or part)
+        else:
+            parts.append(part)
+    return ";\n".join(parts)
 
 
 def test_a_cancel_during_the_tools_stops_at_tool_loop(make_session, rules_model, monkeypatch):
