@@ -91,8 +91,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[StepCount]]:
     # OWNER_WATCH_TTL_S (2 s) of wall clock: on a slow, loaded machine it expired in the
     # middle of a counted run and a model step paid one more read than its twin. Here it
     # never expires: read once, at the first model step, then kept, so what a step costs
-    # is counted, not how long the steps before it took. (Its expiry is tested with the
-    # watch itself, tests/billing.)
+    # is counted, not how long the steps before it took. (The watch itself is tested in
+    # tests/billing.)
     owner_watch_reset()
     monkeypatch.setattr(pressure, "OWNER_WATCH_TTL_S", math.inf)
     monkeypatch.setattr(runner, "run_step", run_step)
