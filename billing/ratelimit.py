@@ -8,6 +8,7 @@ limits protect upstream quotas; they must not stop the platform).
 """
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -80,4 +81,13 @@ def rate_limit_take(
         return None
     if taken:
         return None
-    return round((window + 1) * WINDOW_S - now, 3) or 0.001
+    return seconds_until_window_turns(now)
+
+
+def seconds_until_window_turns(now: float) -> float:
+    """The wait of a call refused at `now`: up to the next millisecond at or after the
+    window turns, at least 1 ms. Rounded up, a caller that waits exactly this long is never
+    early (rounded to the nearest, it came back up to half a millisecond before the turn,
+    to a window still full)."""
+    end = (int(now // WINDOW_S) + 1) * WINDOW_S
+    return max(math.ceil((end - now) * 1000), 1) / 1000

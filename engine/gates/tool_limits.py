@@ -9,6 +9,7 @@ act on (Core invariant 6):
 """
 
 import json
+import math
 
 from billing.degradation import CACHED, CRITICAL_ONLY
 from billing.ratelimit import RateLimit, rate_limit_take
@@ -16,6 +17,11 @@ from memory.tokens import count_tokens
 from sessions.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
+
+
+def retry_after_whole_s(wait_s: float) -> int:
+    """A limiter's wait as the whole seconds a caller is told: rounded up, at least 1."""
+    return max(math.ceil(wait_s), 1)
 
 
 def _held(code: str, message: str, **details: object) -> ToolOutcome:
@@ -64,10 +70,14 @@ def tool_gates(
             kind="tool", name=tool.name, owner_id=session.owner_id, limit=limit, tokens=tokens
         )
         if wait is not None:
+            # Whole seconds, rounded up (as HTTP's Retry-After): rounded to the nearest, a
+            # call refused in a window's last moments told the model "again in 0 s" while
+            # the tool was still limited.
+            after_s = retry_after_whole_s(wait)
             held[call.pk] = _held(
                 "rate_limited",
                 f"{tool.name} is rate limited for this user; it can be called again in "
-                f"{wait:.0f} s. Do something else meanwhile or tell the user.",
-                retry_after_s=round(wait, 1),
+                f"{after_s} s. Do something else meanwhile or tell the user.",
+                retry_after_s=after_s,
             )
     return held

@@ -6,8 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from billing.ratelimit import RateLimit, rate_limit_take
+from billing.ratelimit import RateLimit, rate_limit_take, seconds_until_window_turns
 from engine import session_run
+from engine.gates.tool_limits import retry_after_whole_s
 from sessions.models import Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ToolFactory
@@ -82,5 +83,29 @@ def test_a_rate_limited_tool_call_returns_rate_limited_with_the_wait(make_agent,
     calls = list(ToolCall.objects.filter(session=session).order_by("position"))
     assert [c.status for c in calls] == ["success", "success", "failed"]
     limited = calls[2].output["error"]
-    assert limited["code"] == "rate_limited" and 0 < limited["retry_after_s"] <= 60
+    assert limited["code"] == "rate_limited" and 1 <= limited["retry_after_s"] <= 60
+    assert f"called again in {limited['retry_after_s']} s." in limited["message"]
     assert Session.objects.get(pk=session.pk).state == "finished"
+
+
+def test_the_wait_is_rounded_up_to_the_window_turn_never_zero() -> None:
+    """A call refused in a window's last moments is told to wait until it has turned:
+    rounded up to the millisecond, at least 1 ms (rounded to the nearest, it was early)."""
+    end = 120.0  # a window's end
+    assert seconds_until_window_turns(end - 0.0004) == 0.001
+    assert seconds_until_window_turns(end - 0.0014) == 0.002
+    assert seconds_until_window_turns(end - 0.0014) >= 0.0014
+    assert seconds_until_window_turns(end - 59.9995) == 60.0
+    assert seconds_until_window_turns(end) == 60.0  # the next window has begun
+    for now in (end - 0.0499, end - 0.0001, end - 37.25):
+        assert now + seconds_until_window_turns(now) >= end
+
+
+def test_a_limited_tool_call_is_told_whole_seconds_rounded_up() -> None:
+    """What the model (and the call's output) is told: never "again in 0 s"."""
+    assert retry_after_whole_s(0.001) == 1
+    assert retry_after_whole_s(0.04) == 1
+    assert retry_after_whole_s(0.6) == 1
+    assert retry_after_whole_s(1.0) == 1
+    assert retry_after_whole_s(1.2) == 2
+    assert retry_after_whole_s(59.9) == 60
