@@ -64,11 +64,13 @@ DEV_STAMP := $(VENV)/.installed-dev
 # $(call pip_install,TARGET): TARGET ('.' or '.[dev]') installed editable with uv (~10 s
 # where pip takes ~90 s: it fetches and installs in parallel); where uv cannot be had or
 # fails, with pip; where the editable install fails, the listed dependencies (with those
-# extras) from pyproject.toml.
+# extras) from pyproject.toml. Bytecode is compiled at install, as pip does: left to the
+# first import, every process of the first test stacks compiled it at once, and daphnes
+# missed their 30 s start.
 UV := $(VENV)/bin/uv
 define pip_install
 	@if { [ -x $(UV) ] || $(PY) -m pip install --disable-pip-version-check -q uv; } \
-			&& $(UV) pip install --python $(PY) -q -e '$(1)'; then \
+			&& $(UV) pip install --python $(PY) -q --compile-bytecode -e '$(1)'; then \
 		rm -rf agentplatform.egg-info; \
 	elif $(PY) -m pip install --disable-pip-version-check -q -e '$(1)'; then \
 		rm -rf agentplatform.egg-info; \
@@ -88,7 +90,7 @@ $(STAMP): pyproject.toml
 $(DEV_STAMP): $(STAMP) $(CLIENT)/pyproject.toml
 	@echo "adding the contributors' tools (pyproject.toml [dev]) and the Python client"
 	$(call pip_install,.[dev])
-	@{ [ -x $(UV) ] && $(UV) pip install --python $(PY) -q -e $(CLIENT); } \
+	@{ [ -x $(UV) ] && $(UV) pip install --python $(PY) -q --compile-bytecode -e $(CLIENT); } \
 		|| $(PY) -m pip install --disable-pip-version-check -q -e $(CLIENT)
 	@touch $@
 
