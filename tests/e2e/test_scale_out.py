@@ -616,7 +616,11 @@ def test_losing_a_worker_host_loses_no_run_and_repeats_no_side_effect(hosts: Hos
 
     # Every call sent after the kill came from w2.
     late = {k: peer for k, peer in seen["first_from"].items() if seen["first_at"][k] > killed_wall}
-    assert late and set(late.values()) == {hosts.address("w2")}, late
+    # With two calls a run, every run's second call comes after the kill; with one
+    # (SCALE_OUT_CALLS=1) an idle machine may have sent every first call before it, and
+    # the runs w1 held are shown taken over by having finished (above) with w1 dead.
+    assert late or CALLS == 1, late
+    assert set(late.values()) <= {hosts.address("w2")}, late
 
     # Metrics from other hosts: the web's (deployment-wide gauges) and w2's own (what its
     # worker counted), both with the token; w2 has no web process to sum its figures.
