@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.services import api_key_create, approver_grant
@@ -46,6 +46,36 @@ def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
     for t in threads:
         t.join(30)
     return results
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def _concurrently_behind(session_id: Any, *calls: Callable[[], Any]) -> list[Any]:
+    """`_concurrently`, with the session's row locked until every call waits for it.
+
+    Each call has then read its approval as it was before any of them changed it, which
+    is the race the conditional update must settle. Released together alone, a slow
+    machine sometimes ran one call to its commit before the other had started: both then
+    succeeded, one after the other, which is not a race.
+    """
+    done: list[list[Any]] = []
+    with transaction.atomic():
+        Session.objects.select_for_update(no_key=True).get(pk=session_id)
+        runner = threading.Thread(target=lambda: done.append(_concurrently(*calls)))
+        runner.start()
+        deadline = time.monotonic() + 20
+        while _lock_waiters() < len(calls):
+            assert time.monotonic() < deadline, "the calls never waited for the session's lock"
+            time.sleep(0.01)
+    runner.join(30)
+    return done[0]
 
 
 def _pending(make_session: Callable[..., Session]) -> Approval:
@@ -205,7 +235,8 @@ def test_two_approvers_changing_one_decision_get_exactly_one_change(make_session
         approver_grant(username=name)
     approval = _approved(make_session, users[0])
 
-    results = _concurrently(
+    results = _concurrently_behind(
+        approval.session_id,
         lambda: approval_change(
             approval_id=approval.pk, decision="pending", user=users[0], groups=["approvers"]
         ),

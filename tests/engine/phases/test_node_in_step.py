@@ -156,7 +156,9 @@ def test_read_only_tool_nodes_run_in_their_node_steps_one_commit_and_checkpoint_
     assert len({c.step for c in calls}) == 3
     tool_messages = Message.objects.filter(session=session, role="tool").order_by("seq")
     assert [m.tool_call_id for m in tool_messages] == ["s1#1", "s2#1", "s3#1"]
-    finished = [e.data for e in Event.objects.filter(session=session, type="tool.finished")]
+    finished = [
+        e.data for e in Event.objects.filter(session=session, type="tool.finished").order_by("seq")
+    ]
     assert [(d["call_id"], d["status"], d["output"]) for d in finished] == [
         (f"s{i}#1", "success", {"n": i}) for i in (1, 2, 3)
     ]
