@@ -201,13 +201,14 @@ def _snapshot() -> dict[str, str]:
     """A digest of every row of every table, per table, in one round trip: the walk compares
     it after each handler, so it must be cheap (the rows themselves took 7 s a walk)."""
     quote = connection.ops.quote_name
+    tables = _tables()
     parts = [
         f"SELECT %s, md5(coalesce(string_agg(r::text, E'\\n' ORDER BY r::text), '')) "
         f"FROM {quote(table)} r"
-        for table in _tables()
+        for table in tables
     ]
     with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), _tables())
+        cursor.execute(" UNION ALL ".join(parts), tables)
         return dict(cursor.fetchall())
 
 

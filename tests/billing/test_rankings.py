@@ -4,7 +4,8 @@
 import csv
 import io
 import time
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
@@ -180,23 +181,7 @@ def test_the_top_rows_are_those_of_a_full_sum_for_any_period_metric_and_directio
                 )  # fmt: skip
     UsageDaily.objects.bulk_create(rows)
     key = {"user": "owner_id", "agent": "agent_id", "day": "day"}[group]
-    for start, end in [(today - timedelta(days=33), today - timedelta(days=3)), (today, today)]:
-        sums: dict[object, dict[str, Decimal]] = {}
-        for row in rows:
-            if start <= row.day <= end:
-                bucket = sums.setdefault(getattr(row, key), dict.fromkeys(METRICS, Decimal(0)))
-                for metric in METRICS:
-                    bucket[metric] += getattr(row, metric)
-        for metric in METRICS:
-            for descending in (True, False):
-                order = f"-{metric}" if descending else metric
-                got = cost_rankings(group=group, start=start, end=end, order=order, limit=4)
-                ranked = sorted(
-                    sums,
-                    key=lambda k: (-sums[k][metric] if descending else sums[k][metric], k),  # noqa: B023
-                )[:4]
-                assert [r.key for r in got] == [str(k) for k in ranked], (start, end, order)
-                assert [r.value(metric) for r in got] == [sums[k][metric] for k in ranked]
+    _assert_rankings_are_full_sorts(rows, group=group, key=key, metrics=METRICS, today=today)
 
 
 def test_the_top_keys_are_those_of_a_full_sum_for_any_period_metric_and_direction() -> None:
@@ -216,17 +201,32 @@ def test_the_top_keys_are_those_of_a_full_sum_for_any_period_metric_and_directio
                     )
                 )  # fmt: skip
     SpendDaily.objects.bulk_create(rows)
+    _assert_rankings_are_full_sorts(
+        rows, group="key", key="api_key_id", metrics=SPEND_METRICS, today=today
+    )
+
+
+def _assert_rankings_are_full_sorts(
+    rows: Sequence[UsageDaily | SpendDaily],
+    *,
+    group: str,
+    key: str,
+    metrics: Sequence[str],
+    today: date,
+) -> None:
+    """For two periods, every metric and both directions: the top 4 of `cost_rankings`
+    are those of a sort of the rows' full sums by `key` (ties by key), with those sums."""
     for start, end in [(today - timedelta(days=33), today - timedelta(days=3)), (today, today)]:
-        sums: dict[int, dict[str, Decimal]] = {}
+        sums: dict[object, dict[str, Decimal]] = {}
         for row in rows:
             if start <= row.day <= end:
-                bucket = sums.setdefault(row.api_key_id, dict.fromkeys(SPEND_METRICS, Decimal(0)))
-                for metric in SPEND_METRICS:
+                bucket = sums.setdefault(getattr(row, key), dict.fromkeys(metrics, Decimal(0)))
+                for metric in metrics:
                     bucket[metric] += getattr(row, metric)
-        for metric in SPEND_METRICS:
+        for metric in metrics:
             for descending in (True, False):
                 order = f"-{metric}" if descending else metric
-                got = cost_rankings(group="key", start=start, end=end, order=order, limit=4)
+                got = cost_rankings(group=group, start=start, end=end, order=order, limit=4)
                 ranked = sorted(
                     sums,
                     key=lambda k: (-sums[k][metric] if descending else sums[k][metric], k),  # noqa: B023
