@@ -274,7 +274,10 @@ def _spend() -> dict[str, Any]:
             [KEYS_PER_USER],
         )
         # A day's rows split its UsageDaily calls between its endpoints; the main endpoint
-        # costs most per call, so the ranking by model is not by row count alone.
+        # costs most per call, so the ranking by model is not by row count alone. A user is
+        # active on days of one parity (owner + d even), so the fallback's condition must
+        # not depend on the owner and the day through their parity alone: with an odd
+        # owner factor it held on even dates only (no fallback row on an odd one).
         cursor.execute(
             f"""WITH user_keys AS (
                     SELECT owner_id, array_agg(id ORDER BY id) AS ids FROM "{keys}"
@@ -293,7 +296,7 @@ def _spend() -> dict[str, Any]:
                   JOIN user_keys k USING (owner_id)
                  CROSS JOIN LATERAL (
                        SELECT 1 + ((r.owner_id + r.day - date '2000-01-01') %% 3 = 0)::int
-                                + ((r.owner_id * 3 + r.day - date '2000-01-01') %% 10 = 0)::int
+                                + ((r.owner_id * 2 + r.day - date '2000-01-01') %% 10 = 0)::int
                               AS n) split
                  CROSS JOIN LATERAL (
                        SELECT greatest(1, round(r.model_calls::numeric / split.n))::int AS c) calls
@@ -302,7 +305,7 @@ def _spend() -> dict[str, Any]:
                     ON e.agent_n = a.n
                     OR (e.agent_n = 0 AND (r.owner_id + r.day - date '2000-01-01') %% 3 = 0)
                     OR (e.agent_n = -1
-                        AND (r.owner_id * 3 + r.day - date '2000-01-01') %% 10 = 0)""",
+                        AND (r.owner_id * 2 + r.day - date '2000-01-01') %% 10 = 0)""",
             [NO_KEY_EVERY, KEYS_PER_USER, *ENDPOINTS],
         )
         # VACUUM, not ANALYZE alone: it sets the visibility map that index-only scans
