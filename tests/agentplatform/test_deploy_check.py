@@ -1,5 +1,5 @@
-"""`manage.py check --deploy` is clean with the production settings the README documents
-(README "Production settings and hardening"), and flags their absence."""
+"""`manage.py check --deploy` is clean with the production settings the manual documents
+(docs/security.md, "Production settings and hardening"), and flags their absence."""
 
 import os
 import re
@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+SECURITY_PAGE = (ROOT / "docs" / "security.md").read_text()
 
 
 def _documented_env() -> dict[str, str]:
-    """The variables of the README's production example, taken from the README itself."""
-    section = README.split("## Production settings and hardening", 1)[1]
+    """The variables of the manual's production example, taken from the page itself."""
+    section = SECURITY_PAGE.split("## Production settings and hardening", 1)[1]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     values = dict(re.findall(r"\b([A-Z][A-Z0-9_]+)=(\"[^\"]*\"|\S+)", block))
     return {k: v.strip('"') for k, v in values.items()}

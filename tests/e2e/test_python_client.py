@@ -383,13 +383,12 @@ def _wait_for_state(client: Client, session_id: str, state: str, timeout: float 
 
 
 def _readme_examples() -> list[tuple[str, str]]:
-    """The Python programs of the README's "Python client" section: (the line that runs it, code)."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Python client\n", 1)[1].split("\n## ", 1)[0]
+    """The Python programs of the manual's "Python client" page: (the line that runs it, code)."""
+    section = (ROOT / "docs" / "python-client.md").read_text()
     return re.findall(r"^([^\n]*)<<'PY'\n(.*?)^PY$", section, flags=re.M | re.S)
 
 
-def test_the_readme_examples_run_against_the_live_stack(live_stack: Stack):
+def test_the_manual_examples_run_against_the_live_stack(live_stack: Stack):
     demo_install()
     customer = api_key_for("alice")
     approver = api_key_create(username="bob", roles=[]).raw
