@@ -13,6 +13,8 @@
 #   make lint    ruff check, ruff format --check, lint-imports, mypy, bandit, the dependency
 #                audit (pip-audit; it fails, saying why, when no vulnerability service answers)
 #   make fmt     ruff format + ruff check --fix
+#   make docs    build the manual (docs/, MkDocs + Material, offline) into site/;
+#                `make docs-serve` serves it with live reload on DOCS_PORT (8001)
 #   make bench   python -m bench (BENCH_ARGS=...)
 #   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N) and the 3 s
 #                recovery target (FAULT_RECOVERY_P95_S), alone on the machine; not in CI
@@ -47,7 +49,7 @@ PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.data/prometheus
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv .venv run test test-fast browser lint fmt bench soak scale-out up down stop status env clean
+.PHONY: help venv .venv run test test-fast browser lint fmt docs docs-serve bench soak scale-out up down stop status env clean
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
@@ -156,6 +158,14 @@ lint: $(DEV_STAMP)
 fmt: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+DOCS_PORT ?= 8001
+
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 bench: $(DEV_STAMP)
 	@$(PY) -c 'import langgraph.checkpoint.postgres' 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q 'langgraph>=1.2' 'langgraph-checkpoint-postgres>=2.0'
