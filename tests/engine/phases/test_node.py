@@ -290,6 +290,54 @@ def test_a_map_runs_its_items_at_most_concurrency_at_a_time_with_a_key_each(owne
     assert RAN["notify"] == 5
 
 
+@tool_handler("tests.node.first_fails", wants_idempotency_key=True)
+def _first_fails(n: int, idempotency_key: str = "") -> dict[str, Any]:
+    """Item 0's first attempt fails transiently; every other call succeeds."""
+    with _lock:
+        FLAKY[idempotency_key] = FLAKY.get(idempotency_key, 0) + 1
+        if n == 0 and FLAKY[idempotency_key] == 1:
+            raise ConnectionError("upstream reset")
+    return {"n": n}
+
+
+OUT_OF_ORDER = """
+slug: out-of-order
+role: support
+input: {type: object, properties: {ns: {type: array, items: {type: integer}}}}
+start: each
+nodes:
+  each:
+    kind: map
+    over: input.ns
+    as: n
+    concurrency: 3
+    node: {kind: tool, tool: first_fails, args: {n: n}, retry: {max_attempts: 2, backoff_s: 0}}
+    output: got
+    next: end
+"""
+
+
+def test_a_maps_results_are_in_the_items_order_when_they_finish_out_of_order(
+    owner: Any,
+) -> None:
+    # Items 1 and 2 finish at once; item 0 only after its retry's timer.
+    ToolFactory(
+        name="first_fails",
+        handler="tests.node.first_fails",
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    _apply(OUT_OF_ORDER)
+    session = _run(_start(owner, "out-of-order", {"ns": [0, 1, 2]}))
+    assert session.state == "waiting_timer"
+    assert session.workflow_state["progress"]["each"]["results"].keys() == {"1", "2"}
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
 LOOP = """
 slug: loop
 role: support
