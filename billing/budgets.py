@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
+from .pricing import model_call_cost
+
 # A smaller request is only worth sending if the model can still say something useful.
 MIN_OUTPUT_TOKENS = 64
 
@@ -28,6 +30,15 @@ class Budget:
     def label(self) -> str:
         return f"{self.who} {self.period}"
 
+    @property
+    def shared(self) -> bool:
+        """Spent by the owner's sessions at once (a day, a month, a key's period), so a call
+        holds its worst case against it before it is sent (`billing_budget_reserve`); a
+        turn's or session's budget is spent by one step at a time."""
+        return self.period in ("day", "month") and (
+            self.tokens is not None or self.cost is not None
+        )
+
 
 @dataclass(frozen=True)
 class Spent:
@@ -41,6 +52,19 @@ class CallEstimate:
     output_tokens: int
     price_input_per_1k: Decimal = Decimal(0)
     price_output_per_1k: Decimal = Decimal(0)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def cost(self) -> Decimal:
+        return model_call_cost(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            price_input_per_1k=self.price_input_per_1k,
+            price_output_per_1k=self.price_output_per_1k,
+        )
 
 
 @dataclass(frozen=True)
