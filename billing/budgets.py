@@ -5,6 +5,10 @@ far and an estimate of the call. The call runs as is if it fits; if only its out
 would cross a budget, the request is made smaller (a lower output limit); otherwise it
 is refused and the turn ends with what the agent has (`stop_reason: budget_exceeded`).
 Exact accounting happens after the call, from the tokens the model reported.
+
+The owner's sessions spend the `shared` budgets (a day, a month, a key's period) at once,
+so an allowed call also holds its worst case against them before it is sent
+(`services.budget_reserve`), and the step that records it gives the hold back.
 """
 
 from collections.abc import Iterable

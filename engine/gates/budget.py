@@ -14,6 +14,9 @@
    model or its rollout candidate), its tokens counted with that endpoint's tokenizer.
 3. The endpoint's per-owner rate limit: a short wait sleeps, a long one parks the session
    (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
+4. Last before the call (`budget_hold`): its worst case is held against the owner's day,
+   month, agent-day and key budgets, which the owner's other sessions spend at the same
+   time; the step's commit gives it back (engine/gates/metering.step_metering).
 """
 
 import dataclasses
