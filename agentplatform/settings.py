@@ -318,6 +318,9 @@ API_RATE_WINDOW_S = env.int("API_RATE_WINDOW_S", default=60)
 # Budgets, rate limits and degradation (README "Budgets, rate limits and degradation").
 # Output tokens a model call is assumed to produce when the budget check estimates it.
 BUDGET_OUTPUT_ESTIMATE_TOKENS = env.int("BUDGET_OUTPUT_ESTIMATE_TOKENS", default=512)
+# A model call's worst case is held against the owner's day, month and key budgets until
+# its step commits; a hold its run never released (a crash) stops counting after this.
+BUDGET_HOLD_S = env.float("BUDGET_HOLD_S", default=600.0)
 # A rate-limited model call waits this long in the worker at most; a longer wait parks
 # the session and re-enqueues it for when the window turns, holding no worker.
 RATE_LIMIT_INLINE_WAIT_S = env.float("RATE_LIMIT_INLINE_WAIT_S", default=2.0)

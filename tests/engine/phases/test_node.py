@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from accounts.services import approver_grant
 from approvals.models import Approval
+from billing.models import BudgetHold, OwnerBudget
 from engine import session_run
 from sessions.errors import Conflict
 from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
@@ -364,6 +365,40 @@ def test_a_cycle_is_stopped_by_max_visits(owner: Any) -> None:
     assert failed[0]["node"] == "poll" and "max_visits" in failed[0]["error"]
     assert session.workflow_state["error"]["node"] == "poll"
     assert "max_visits" in session.last_error
+
+
+TWO_ASKS = """
+slug: two-asks
+role: support
+start: first
+result: second_said
+nodes:
+  first: {kind: llm, prompt: "Tell: one", output: first_said, next: second}
+  second: {kind: llm, prompt: "Tell: two", output: second_said, next: end}
+rules:
+  - {when: {user: "^Tell: (.*)$"}, answer: "said {{ match.1 }}"}
+"""
+
+
+def test_two_model_nodes_of_one_step_hold_the_owners_budget_together(
+    owner: Any, settings: Any
+) -> None:
+    """Both nodes call the model in one step, before it commits: the second one's hold adds
+    to the first one's (its run's), so a day budget with room for one call stops it."""
+    settings.BUDGET_OUTPUT_ESTIMATE_TOKENS = 100
+    # A call holds 107 tokens (7 in, 100 out): the second finds 36 left, under 64.
+    OwnerBudget.objects.create(owner=owner, day_tokens=150)
+    _apply(TWO_ASKS)
+    session = _run(_start(owner, "two-asks", {}))
+
+    assert session.state == "error"
+    assert session.workflow_state["values"]["first_said"] == "said one"
+    failed = [d for t, d in _events(session) if t == "node.failed"]
+    assert failed[0]["node"] == "second"
+    assert failed[0]["error"].startswith(
+        "budget_exceeded: the owner day budget does not cover another model call"
+    )
+    assert not BudgetHold.objects.exists()
 
 
 RETRY = """
