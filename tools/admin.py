@@ -21,7 +21,7 @@ from .execution import tool_breaker
 from .forms import JSON_FIELD, breaker_badge, optional_count_field
 from .models import McpServer, RefreshState, Tool, ToolKind
 from .registry import HANDLERS
-from .services import mcp_server_refresh_queue
+from .services import RefreshNotQueued, mcp_server_refresh_queue
 from .stdio_policy import command_problem, env_problems
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -410,11 +410,19 @@ class McpServerAdmin(AuditedAdmin, admin.ModelAdmin):
         permissions=["refresh"],
     )
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        queued = []
         for server in queryset:
-            mcp_server_refresh_queue(
-                server=server, actor=admin_actor(request), user_id=request.user.pk
-            )
-        names = ", ".join(s.name for s in queryset)
+            try:
+                mcp_server_refresh_queue(
+                    server=server, actor=admin_actor(request), user_id=request.user.pk
+                )
+            except RefreshNotQueued as exc:
+                messages.error(request, str(exc))
+                continue
+            queued.append(server.name)
+        if not queued:
+            return
+        names = ", ".join(queued)
         messages.info(
             request,
             f"Refresh queued for {names}: a worker lists the tools; reload this page for "

@@ -188,7 +188,23 @@ def mcp_server_refresh_queue(*, server: McpServer, actor: str, user_id: int | No
             before={"refresh_state": server.refresh_state},
             after={"refresh_state": RefreshState.QUEUED},
         )
-        transaction.on_commit(lambda: task_send(REFRESH_TASK, (server.pk, actor)))
+        transaction.on_commit(lambda: _refresh_send(server, actor))
+
+
+class RefreshNotQueued(Exception):
+    """The broker did not take the refresh's task (recorded on the row as the outcome)."""
+
+
+def _refresh_send(server: McpServer, actor: str) -> None:
+    try:
+        task_send(REFRESH_TASK, (server.pk, actor))
+    except Exception as exc:
+        logger.warning("mcp server %s: refresh not queued", server.name, exc_info=True)
+        error = f"not queued: {type(exc).__name__}"
+        McpServer.objects.filter(pk=server.pk, refresh_state=RefreshState.QUEUED).update(
+            refresh_state=RefreshState.FAILED, refreshed_at=timezone.now(), last_error=error
+        )
+        raise RefreshNotQueued(f"mcp {server.name}: refresh {error} (is the broker up?)") from exc
 
 
 def mcp_server_refresh(*, server: McpServer, actor: str = SYSTEM) -> McpDiff:

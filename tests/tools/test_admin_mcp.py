@@ -11,12 +11,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import redis
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from audit.models import AuditEntry
 from billing import pressure
+from tools import services
 from tools.models import McpServer, Tool
 from tools.tasks import mcp_server_refresh_run
 
@@ -170,6 +172,22 @@ def test_a_failed_refresh_shows_the_error_class_never_the_answers_text(client, o
     assert "hunter2" not in listing + page
     done = AuditEntry.objects.get(action="mcp.refreshed", object_id=str(server.pk))
     assert done.data == {"outcome": "failed", "error": "MCPError (code -32700)"}
+
+
+def test_a_refresh_the_broker_does_not_take_is_an_error_on_the_page_and_the_row(
+    client, operator, monkeypatch, unique
+):
+    def broker_down(*args: Any, **kwargs: Any) -> None:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379")
+
+    monkeypatch.setattr(services, "task_send", broker_down)
+    server = McpServer.objects.create(name=f"b{unique}", url="http://127.0.0.1:9/mcp")
+
+    assert _refresh(client, server) == [
+        ("error", f"mcp {server.name}: refresh not queued: ConnectionError (is the broker up?)")
+    ]
+    server.refresh_from_db()
+    assert (server.refresh_state, server.last_error) == ("failed", "not queued: ConnectionError")
 
 
 def _tool_post(**overrides: str) -> dict[str, str]:
