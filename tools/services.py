@@ -16,7 +16,7 @@ from runtime.tasks import task_send
 
 from .descriptions import description_problems, tool_warnings
 from .env_access import HeaderEnvRefused
-from .mcp import DISCOVERY_TIMEOUT_S, ListedTool, McpEndpoint, McpUnreachable, list_tools
+from .mcp import DISCOVERY_TIMEOUT_S, ListedTool, McpEndpoint, McpError, list_tools
 from .models import McpServer, RefreshState, Tool, ToolKind
 
 logger = logging.getLogger("tools.mcp")
@@ -210,14 +210,15 @@ def _refresh_send(server: McpServer, actor: str) -> None:
 def mcp_server_refresh(*, server: McpServer, actor: str = SYSTEM) -> McpDiff:
     """List the server's tools now and store them, with the outcome on the row and the trail.
 
-    Run by a worker (the admin's queued refresh) or a test; McpUnreachable (recorded on
-    the row as its error's class, never the answer's text) if the server cannot be asked.
+    Run by a worker (the admin's queued refresh) or a test; McpUnreachable or McpToolError
+    (recorded on the row as its error's class, never the answer's text) if the server
+    cannot be asked or refuses.
     """
     before = _tool_names(server)
     try:
         listed = mcp_server_list(endpoint=McpEndpoint.from_model(server))
-    except (McpUnreachable, HeaderEnvRefused) as exc:
-        summary = exc.summary if isinstance(exc, McpUnreachable) else str(exc)
+    except (McpError, HeaderEnvRefused) as exc:
+        summary = exc.summary if isinstance(exc, McpError) else str(exc)
         # The whole (scrubbed) text for whoever reads the worker's log; the row gets the class.
         logger.warning("mcp server %s: refresh failed: %s", server.name, exc)
         with transaction.atomic():

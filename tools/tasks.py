@@ -5,7 +5,7 @@ from contextlib import suppress
 from celery import shared_task
 
 from .env_access import HeaderEnvRefused
-from .mcp import McpUnreachable
+from .mcp import McpError
 from .models import McpServer
 from .services import mcp_server_refresh
 
@@ -17,5 +17,5 @@ def mcp_server_refresh_run(server_id: int, actor: str) -> None:
     if server is None:
         return  # deleted since it was queued: nothing to list
     # A failure is recorded on the row, the trail and the worker's log; no retry (the operator's call).
-    with suppress(McpUnreachable, HeaderEnvRefused):
+    with suppress(McpError, HeaderEnvRefused):
         mcp_server_refresh(server=server, actor=actor)
