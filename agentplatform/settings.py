@@ -287,6 +287,10 @@ RETRY_INLINE_WAIT_S = env.float("RETRY_INLINE_WAIT_S", default=2.0)
 # environment also holds the database URL and every model key.
 TOOL_SECRET_ENV_PREFIXES = env.list("TOOL_SECRET_ENV_PREFIXES", default=["TOOL_SECRET_"])
 TOOL_SECRET_ENV_ALLOW = env.list("TOOL_SECRET_ENV_ALLOW", default=[])
+# The executables a stdio MCP server may start (comma-separated, compared with the
+# command's first word as written): what runs on the host is the deployer's decision.
+# Empty (the default): no stdio server starts; apply_config and the admin refuse one.
+MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[])
 # Tool descriptions that do not help the model (tools/descriptions.py): warnings, or with
 # this on errors that stop apply_config and the admin form (MCP tools only ever warn).
 TOOL_DESCRIPTIONS_STRICT = env.bool("TOOL_DESCRIPTIONS_STRICT", default=False)
