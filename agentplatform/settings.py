@@ -513,9 +513,11 @@ EXPRESSION_COST_LIMIT = env.int("EXPRESSION_COST_LIMIT", default=60_000)
 # Comprehensions (map, filter, all, exists...) nested deeper than this are refused when a
 # definition is read: their cost grows as the input's length to that power.
 EXPRESSION_MAX_NESTING = env.int("EXPRESSION_MAX_NESTING", default=2)
-# YAML definitions (configuration files, the workflow admin editor): at most this many bytes;
-# aliases (`*name`) are refused, so a few lines cannot expand into gigabytes.
+# YAML definitions (configuration files, the workflow admin editor): at most this many bytes,
+# and at most this many values once aliases (`*name`) are expanded, so a few lines cannot
+# expand into gigabytes (configuration/documents.py).
 DEFINITION_MAX_BYTES = env.int("DEFINITION_MAX_BYTES", default=1_048_576)
+DEFINITION_MAX_VALUES = env.int("DEFINITION_MAX_VALUES", default=100_000)
 WORKFLOW_MAX_NODES = env.int("WORKFLOW_MAX_NODES", default=500)
 WORKFLOW_MAX_VISITS = env.int("WORKFLOW_MAX_VISITS", default=1000)
 WORKFLOW_MAX_BRANCHES = env.int("WORKFLOW_MAX_BRANCHES", default=32)
