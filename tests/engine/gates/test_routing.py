@@ -106,12 +106,11 @@ def test_the_agents_routing_figures_show_the_share_and_the_saving(
 def test_a_rule_over_its_cost_limit_does_not_run_and_the_turn_stays_on_the_agents_model(
     routed: Session, openai_server: FakeModelServer, settings: Any
 ) -> None:
-    settings.EXPRESSION_COST_LIMIT = 20
-    routed.agent.routing = {
-        **routed.agent.routing,
-        "when": "['a', 'b'].exists(w, message.contains(w))",
-    }
+    settings.EXPRESSION_COST_LIMIT = 100  # the rule alone costs ~20: it compiles
+    routed.agent.routing = {**routed.agent.routing, "when": "dialogue.slots.all(k, k != '')"}
     routed.agent.save(update_fields=["routing"])
+    routed.dialogue_state = {"slots": {f"s{i}": i for i in range(200)}}
+    routed.save(update_fields=["dialogue_state"])
 
     answer, calls = _turn(routed, "a question")
 
