@@ -511,3 +511,28 @@ LOGGING = {
         "celery.worker.request": {"filters": ["quiet_sweeps"]},
     },
 }
+
+# Limits on definitions and expressions (docs/security.md "Limits on definitions and
+# expressions"). A CEL evaluation's cost is bounded before it runs (workflows/cel_cost.py):
+# one unit is about one evaluator step, at most ~0.7 µs here, so the default keeps one
+# evaluation under ~50 ms of CPU (cel holds the GIL: the worker's lease heartbeat waits on it).
+EXPRESSION_COST_LIMIT = env.int("EXPRESSION_COST_LIMIT", default=60_000)
+# Comprehensions (map, filter, all, exists...) nested deeper than this are refused when a
+# definition is read: their cost grows as the input's length to that power.
+EXPRESSION_MAX_NESTING = env.int("EXPRESSION_MAX_NESTING", default=2)
+# YAML definitions (configuration files, the workflow admin editor): at most this many bytes,
+# and at most this many values once aliases (`*name`) are expanded, so a few lines cannot
+# expand into gigabytes (configuration/documents.py).
+DEFINITION_MAX_BYTES = env.int("DEFINITION_MAX_BYTES", default=1_048_576)
+DEFINITION_MAX_VALUES = env.int("DEFINITION_MAX_VALUES", default=100_000)
+WORKFLOW_MAX_NODES = env.int("WORKFLOW_MAX_NODES", default=500)
+WORKFLOW_MAX_VISITS = env.int("WORKFLOW_MAX_VISITS", default=1000)
+WORKFLOW_MAX_BRANCHES = env.int("WORKFLOW_MAX_BRANCHES", default=32)
+WORKFLOW_MAX_MAP_CONCURRENCY = env.int("WORKFLOW_MAX_MAP_CONCURRENCY", default=50)
+# A map node whose `over` list is longer than this fails (expression_limit) at run time.
+WORKFLOW_MAP_MAX_ITEMS = env.int("WORKFLOW_MAP_MAX_ITEMS", default=1000)
+# Sub-agents (agent.* tools): at most this many started by one step of a session, and at most
+# this many sessions created in one run's tree (children, grandchildren...); past either the
+# model gets a tool error (`too_many_children`, `too_many_sessions`) it can act on.
+AGENT_MAX_CHILDREN_PER_STEP = env.int("AGENT_MAX_CHILDREN_PER_STEP", default=8)
+AGENT_MAX_TREE_SESSIONS = env.int("AGENT_MAX_TREE_SESSIONS", default=50)

@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 from audit.edits import AuditedAdmin, admin_actor
 from audit.models import AuditAction
 from audit.services import admin_change_record
+from configuration.documents import DocumentInvalid, document_load
 
 from .definition import Definition, WorkflowInvalid
 from .graph_svg import workflow_svg
@@ -63,9 +64,9 @@ class WorkflowForm(forms.ModelForm):
     def clean_definition_yaml(self) -> str:
         text: str = self.cleaned_data["definition_yaml"]
         try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise forms.ValidationError(f"not valid YAML: {exc}") from None
+            raw = document_load(text)
+        except DocumentInvalid as exc:
+            raise forms.ValidationError(str(exc)) from None
         if not isinstance(raw, dict):
             raise forms.ValidationError("the definition must be a mapping (slug, role, nodes, ...)")
         if self.instance.pk and raw.get("slug") != self.instance.slug:

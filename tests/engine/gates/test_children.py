@@ -263,3 +263,71 @@ def test_the_timeline_says_which_child_and_which_agent_in_a_line() -> None:
     )
     assert event_summary("agent.changed", changed) == "boss → billing: a billing question"
     assert event_summary("agent.changed", changed, content=False) == f"boss → billing: {HIDDEN}"
+
+
+NINE = [{"tool": "agent.researcher", "args": {"task": f"part {i}"}} for i in range(9)]
+
+
+def _fan_out_boss(boss: Session) -> Session:
+    boss.agent.rules = [
+        {"when": {"user": "fan out", "last_tool": None}, "tool_calls": NINE},
+        *BOSS_RULES,
+    ]
+    boss.agent.save(update_fields=["rules"])
+    message_post(session=boss, content="fan out")
+    return _run(boss, stopped="waiting")
+
+
+def _finish(parent: Session) -> Session:
+    for child in Session.objects.filter(parent=parent, state="processing"):
+        _run(child)
+    return _run(parent)
+
+
+def test_one_step_starts_at_most_8_agent_calls_and_the_rest_get_a_tool_error(
+    boss: Session,
+) -> None:
+    parent = _fan_out_boss(boss)
+
+    started = Session.objects.filter(parent=parent).order_by("parent_call__position")
+    assert [c.parent_call.input["task"] for c in started] == [f"part {i}" for i in range(8)]
+    parent = _finish(parent)
+
+    calls = list(ToolCall.objects.filter(session=parent).order_by("position"))
+    assert [c.status for c in calls] == ["success"] * 8 + ["failed"]
+    assert calls[8].error.startswith(
+        "too_many_children: one step may start at most 8 agent calls and this one asked for 9"
+    )
+    assert _answer(parent).startswith("The researcher failed: too_many_children")
+
+
+def test_a_run_tree_creates_at_most_50_sessions(boss: Session) -> None:
+    # 45 sessions this turn already made (children and grandchildren count alike).
+    turn = boss.turn + 1  # the turn `fan out` starts
+    first = ToolCall.objects.create(
+        session=boss, turn=turn, step=1, call_id="c-0", tool_name="agent.researcher",
+        idempotency_key="k-0", status="success",
+    )  # fmt: skip
+    ended = {"state": "finished", "turn": 1}
+    child = SessionFactory(agent=boss.agent, parent=boss, parent_call=first, **ended)
+    for i in range(44):
+        call = ToolCall.objects.create(
+            session=child, turn=1, step=1, position=i, call_id=f"g-{i}",
+            tool_name="agent.researcher", idempotency_key=f"g-{i}",
+        )  # fmt: skip
+        SessionFactory(agent=boss.agent, parent=child, parent_call=call, **ended)
+
+    parent = _fan_out_boss(boss)
+
+    assert Session.objects.filter(parent=parent).count() == 1 + 5  # 45 + 5 = 50
+    parent = _finish(parent)
+    calls = list(
+        ToolCall.objects.filter(session=parent, turn=turn, step__gt=1).order_by("position")
+    )
+    assert [c.status for c in calls] == ["success"] * 5 + ["failed"] * 4
+    assert all(
+        c.error.startswith("too_many_sessions: this run may create at most 50 agent sessions "
+                           "and has no room for this call")
+        for c in calls[5:8]
+    )  # fmt: skip
+    assert calls[8].error.startswith("too_many_children")
