@@ -53,6 +53,7 @@ class NodeMark:
 
     visits: int = 0
     status: str = ""  # "" (not visited) | "visited" | "active" | "failed"
+    seconds: float | None = None  # how long its last finished visit took
 
 
 # Bump when the drawing changes: a kept picture of an older revision is drawn again.
@@ -1074,6 +1075,8 @@ def _node(
     title = box.title
     if mark is not None and (mark.status or mark.visits):
         title += f"\nrun: {mark.status or 'not visited'}, {mark.visits} visit(s)"
+        if mark.seconds is not None:
+            title += f", the last took {mark.seconds:.3g} s"
     out.append(f"<title>{_esc(title)}</title>")
     out.append(
         f'<rect class="wf-box" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
