@@ -552,3 +552,29 @@ def test_missing_target_is_drawn_rather_than_crashing() -> None:
     found = nodes_by_id(parse(workflow_svg(raw)))
 
     assert "wf-missing" in classes(found["ghost"])
+
+
+def test_fifteen_hundred_nodes_are_drawn() -> None:
+    """A large definition draws (in seconds: bench/workflow_graph.py measures it), every
+    node once, every box inside the picture."""
+    rng = random.Random(11)
+    ids = [f"n{i:04d}" for i in range(1500)]
+    nodes: dict[str, Any] = {}
+    for i, node in enumerate(ids):
+        later = ids[i + 1 : i + 6] or ["end"]
+        if i % 7 == 3:
+            nodes[node] = {
+                "kind": "condition",
+                "cases": [{"when": f"x > {k}", "next": rng.choice(later)} for k in range(2)],
+                "default": ids[max(0, i - 4)] if i % 14 == 3 else "end",
+                "max_visits": 2,
+            }
+        else:
+            nodes[node] = {"kind": "tool", "tool": f"t{i}", "next": rng.choice(later)}
+
+    root = parse(workflow_svg({"slug": "huge", "start": ids[0], "nodes": nodes}))
+
+    assert list(nodes_by_id(root)) == ids
+    _x, _y, width, height = (float(v) for v in root.get("viewBox", "").split())
+    for name, (x, y, w, h) in all_boxes(root):
+        assert 0 <= x <= width - w and 0 <= y <= height - h, name
