@@ -140,14 +140,15 @@ def run_node_marks(session: Session) -> dict[str, NodeMark]:
     status: dict[str, str] = {}
     began: dict[str, datetime] = {}
     seconds: dict[str, float] = {}
-    for kind, data, at in (
+    # Two keys of each event's data, not the data: a node's events may carry its output.
+    for kind, name, visit, at in (
         Event.objects.filter(session=session, type__in=NODE_EVENTS)
         .order_by("seq")
-        .values_list("type", "data", "created_at")
+        .values_list("type", "data__node", "data__visit", "created_at")
     ):
-        node = str(data.get("node", ""))
+        node = "" if name is None else str(name)
         if kind == "node.started":
-            visits[node] = max(visits.get(node, 0), int(data.get("visit") or 1))
+            visits[node] = max(visits.get(node, 0), int(visit or 1))
             status[node] = "active"
             began[node] = at
             seconds.pop(node, None)
