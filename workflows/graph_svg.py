@@ -27,7 +27,7 @@ import math
 import re
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import igraph
@@ -103,6 +103,7 @@ class Picture:
 # --- sizes (px) ------------------------------------------------------------------------------
 
 MARGIN = 24
+END_REACH = 12  # layers an edge may run down to the end pill; further, it gets its own
 UNIT_X = 90.0  # igraph's unit gap between neighbours in a row, before the row makes room
 GAP_Y = 22  # between a row and the next (node row ↔ label row)
 GAP_NODES = 40  # between two boxes in a row
@@ -504,7 +505,7 @@ class _Layout:
         # A cut edge the layering happens to point downwards closes no cycle there: forward.
         forward += [e for e in self.back_edges if layer[e.source] < layer[e.target]]
         self.back_edges = [e for e in self.back_edges if layer[e.source] >= layer[e.target]]
-        self._build_vertices(layer, forward)
+        self._build_vertices(layer, self._ends_nearby(layer, forward))
         self._place_x()
         self._place_y()
         self._route_back_edges()
@@ -550,6 +551,21 @@ class _Layout:
         layer[END_KEY] = max(layer.values()) + 1
         return layer
 
+    def _ends_nearby(self, layer: dict[str, int], forward: list[_Edge]) -> list[_Edge]:
+        """An edge that ends the run far above the last row gets an end pill of its own in
+        the row below its source. Drawn down to the one pill, every such edge would cross
+        every row below it: a ladder of 1,500 approvals that may each end the run needs
+        over a million bends (minutes, gigabytes) for a picture nobody could follow."""
+        kept = []
+        for edge in forward:
+            if edge.target == END_KEY and layer[END_KEY] - layer[edge.source] > END_REACH:
+                key = f"e:{edge.index}"
+                self._keys.append(key)
+                layer[key] = layer[edge.source] + 1
+                edge = replace(edge, target=key)
+            kept.append(edge)
+        return kept
+
     # 3. vertices, order within rows (igraph) -----------------------------------------------
 
     def _build_vertices(self, layer: dict[str, int], forward: list[_Edge]) -> None:
@@ -588,7 +604,8 @@ class _Layout:
             )
             lanes = LOOP_OUT + LOOP_STEP * (len(loops) - 1)
             self.vertices[key].loop_room = lanes + (6 + label_w + 4 if label_w else 8)
-        self.vertices[END_KEY] = _Vertex(END_KEY, "end", 2 * layer[END_KEY], PILL_W, PILL_H, xs[-1])
+        for i, key in enumerate(keys[len(self.nodes) + 1 :], start=len(self.nodes) + 1):
+            self.vertices[key] = _Vertex(key, "end", 2 * layer[key], PILL_W, PILL_H, xs[i])
 
         self.chains: list[_Chain] = []
         for edge in forward:

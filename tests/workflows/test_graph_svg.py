@@ -578,3 +578,30 @@ def test_fifteen_hundred_nodes_are_drawn() -> None:
     _x, _y, width, height = (float(v) for v in root.get("viewBox", "").split())
     for name, (x, y, w, h) in all_boxes(root):
         assert 0 <= x <= width - w and 0 <= y <= height - h, name
+
+
+def test_an_edge_that_ends_the_run_far_up_gets_an_end_pill_nearby() -> None:
+    """A ladder of approvals that may each end the run: drawn down to the one end pill,
+    every rejection would cross every row below it (1,500 of them took minutes)."""
+    ids = [f"h{i:02d}" for i in range(30)]
+    nodes = {
+        node: {"kind": "human", "next": ids[i + 1] if i + 1 < 30 else "end", "rejected": "end"}
+        for i, node in enumerate(ids)
+    }
+    root = parse(workflow_svg({"slug": "ladder", "start": ids[0], "nodes": nodes}))
+    found = nodes_by_id(root)
+    pills = [rect_of(g) for g in groups(root, "wf-terminal") if "wf-end" in classes(g)]
+
+    assert len(pills) > 10
+    for g in groups(root, "wf-edge"):
+        if g.get("data-to") != "end":
+            continue
+        sx, sy, sw, sh = rect_of(found[g.get("data-from", "")])
+        end_x, end_y = path_end(g)
+        # Onto the top of a pill, at most a row below its source.
+        assert any(
+            x < end_x < x + w and end_y == pytest.approx(y, abs=0.2) for x, y, w, _h in pills
+        )
+        if int(g.get("data-from", "")[1:]) < 15:  # far above the last row
+            assert sy + sh < end_y < sy + sh + 200
+    assert overlapping(all_boxes(root)) == []
