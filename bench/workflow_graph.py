@@ -7,8 +7,9 @@ a stored picture back from its JSON (once per process), and drawing a run's mark
 (every request). `--old FILE` times another graph_svg.py side by side, e.g. the
 hand-written layout before igraph: `git show 2a6342d:workflows/graph_svg.py > /tmp/old.py`.
 
-The workflows are synthetic: chains whose nodes jump up to five ahead, every seventh a
-condition with two cases and a default that goes back four nodes (a loop) or ends the run.
+The workflows are synthetic. `mesh`: chains whose nodes jump up to five ahead, every
+seventh a condition with two cases and a default that goes back four nodes (a loop) or
+ends the run. `ladder`: approvals one after the other, each of which may end the run.
 """
 
 import argparse
@@ -42,6 +43,18 @@ def synthetic(size: int, seed: int = 11) -> dict[str, Any]:
     return {"slug": f"synthetic-{size}", "start": ids[0], "nodes": nodes}
 
 
+def ladder(size: int) -> dict[str, Any]:
+    ids = [f"h{i:04d}" for i in range(size)]
+    nodes = {
+        node: {"kind": "human", "next": ids[i + 1] if i + 1 < size else "end", "rejected": "end"}
+        for i, node in enumerate(ids)
+    }
+    return {"slug": f"ladder-{size}", "start": ids[0], "nodes": nodes}
+
+
+SHAPES = {"mesh": synthetic, "ladder": ladder}
+
+
 def _best_ms(action: Any, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -51,9 +64,9 @@ def _best_ms(action: Any, repeat: int) -> float:
     return best * 1000
 
 
-def measure(size: int, old: str | None) -> dict[str, Any]:
+def measure(shape: str, size: int, old: str | None) -> dict[str, Any]:
     """One size, in this process: its figures as a dict."""
-    raw = synthetic(size)
+    raw = SHAPES[shape](size)
     if old:
         spec = importlib.util.spec_from_file_location("old_graph_svg", old)
         assert spec is not None and spec.loader is not None
@@ -63,6 +76,7 @@ def measure(size: int, old: str | None) -> dict[str, Any]:
         began, cpu = time.perf_counter(), time.process_time()
         module.workflow_svg(raw)
         return {
+            "shape": shape,
             "size": size,
             "draw_s": round(time.perf_counter() - began, 3),
             "draw_cpu_s": round(time.process_time() - cpu, 3),
@@ -79,6 +93,7 @@ def measure(size: int, old: str | None) -> dict[str, Any]:
         for i, node in enumerate(raw["nodes"])
     }
     return {
+        "shape": shape,
         "size": size,
         "draw_s": round(draw_s, 3),
         "draw_cpu_s": round(draw_cpu_s, 3),
@@ -92,14 +107,16 @@ def measure(size: int, old: str | None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="mesh")
     parser.add_argument("--old", help="another graph_svg.py to time instead of this one")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child's size
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(measure(args.one, args.old)))
+        print(json.dumps(measure(args.shape, args.one, args.old)))
         return
     for size in args.sizes:
         command = [sys.executable, "-m", "bench.workflow_graph", "--one", str(size)]
+        command += ["--shape", args.shape]
         if args.old:
             command += ["--old", args.old]
         print(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip())
