@@ -20,9 +20,8 @@ from audit.services import admin_change_record
 from configuration.documents import DocumentInvalid, document_load
 
 from .definition import Definition, WorkflowInvalid
-from .graph_svg import workflow_svg
 from .models import Workflow, WorkflowVersion
-from .selectors import definition_check
+from .selectors import definition_check, version_svg
 from .services import workflow_apply
 
 YAML_HELP = (
@@ -103,7 +102,7 @@ class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
         if version is None:
             return mark_safe("")  # noqa: S308  # nosec B308 B703
         # Drawn by our own code; every text in it is escaped there.
-        svg = workflow_svg(version.definition)
+        svg = version_svg(version)
         return mark_safe(f'<div class="wf-graph" style="overflow-x:auto">{svg}</div>')  # noqa: S308  # nosec B308 B703
 
     @admin.display(description="Versions")

@@ -202,3 +202,20 @@ def test_the_graph_answers_whatever_the_client_accepts(workflow: Workflow, suppo
         f"/api/v1/sessions/{uuid.uuid4()}/graph/", HTTP_ACCEPT="image/svg+xml"
     )
     assert_error(missing, 404, "not_found")
+
+
+def test_the_graph_counts_against_the_keys_rate_like_every_read(
+    workflow: Workflow, support: Api, settings: Any
+) -> None:
+    settings.API_RATE_LIMIT = 3
+    settings.API_RATE_WINDOW_S = 40
+    run = support.post(RUNS, {"input": {"number": "SO-1"}}).json()
+    path = f"/api/v1/sessions/{run['id']}/graph/"
+    # The run's start was the key's first request in this window.
+    for _ in range(2):
+        assert support.get(path).status_code == 200
+
+    refused = support.get(path)
+
+    assert_error(refused, 429, "rate_limited")
+    assert 1 <= int(refused["Retry-After"]) <= 40
