@@ -33,7 +33,7 @@ holding that role may run its turns (403 `role_not_held`).
 `code` is stable (branch on it), `message` is for a person, `details` says which field
 or limit. 400 bad input (`invalid_input`, `malformed_json`, `unknown_agent`), 401 no or a
 bad key, 403 the key may not do this, 404 no such resource (or not yours), 409 the
-resource's state does not allow it (`turn_in_progress`, `idempotency_conflict`,
+resource's state does not allow it (`turn_in_progress`, `idempotency_key_reused`,
 `approval_resolved`), 413 too large (`payload_too_large`), 415 not JSON, 429 too many
 requests (`rate_limited`, wait the seconds in `Retry-After`). Bad input is never a 500
 and a refused request changes nothing.
@@ -43,7 +43,7 @@ and a refused request changes nothing.
 
 **Retries.** `POST .../messages/` and `POST /workflows/{{slug}}/runs/` take an
 `idempotency_key`: the same key with the same body returns the first result (200), with
-another body a 409 `idempotency_conflict`. Repeating a cancel or an approval decision is
+another body a 409 `idempotency_key_reused`. Repeating a cancel or an approval decision is
 harmless (`cancelled: false`, or 409 `approval_resolved`). Each `POST /sessions/` and each
 fork creates a new session.
 

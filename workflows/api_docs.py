@@ -74,14 +74,14 @@ the end, the result. A run takes no messages.
 - `input` must satisfy the workflow's `input` schema (`GET /api/v1/workflows/`): for the
   demo's `refund`, `{"order_number": "SO-1001"}`; for `logistics-exceptions`, `{"days": 7}`.
 - `idempotency_key` makes a retry safe: the same key with the same input returns the
-  first run (200) and starts nothing; with another input, 409 `idempotency_conflict`.
+  first run (200) and starts nothing; with another input, 409 `idempotency_key_reused`.
 - `metadata`: your own JSON, returned as is.
 
 Only a key holding the workflow's role may start it (403 `role_not_held`).
 
 Errors: 400 `invalid_input` (`details.path` says where the input is wrong), 403
 `role_not_held`, 404 `not_found` (no enabled workflow with this slug), 409
-`idempotency_conflict`, 429 `rate_limited` (runs count as sessions created).
+`idempotency_key_reused`, 429 `rate_limited` (runs count as sessions created).
 """,
     examples=[
         OpenApiExample(

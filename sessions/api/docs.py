@@ -198,7 +198,7 @@ goes on in the background. Follow it on the websocket (see the overview) or with
 - 202: accepted and stored; the turn runs (or waits behind the running one).
 - `idempotency_key` (up to 200 characters) makes a retry safe: the same key with the same
   content answers 200 with the first message and starts nothing; with other content, 409
-  `idempotency_conflict`.
+  `idempotency_key_reused`.
 - `extra_context`: data from your app for this turn (the page the user is on, their
   plan). The model reads it as data, never as instructions.
 - While a turn runs, the agent's policy decides: the message waits for its turn
@@ -209,7 +209,7 @@ goes on in the background. Follow it on the websocket (see the overview) or with
 Only a key holding the session's role may post (403 `role_not_held`).
 
 Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character), 403
-`role_not_held`, 404 `not_found`, 409 `turn_in_progress`, `idempotency_conflict` or
+`role_not_held`, 404 `not_found`, 409 `turn_in_progress`, `idempotency_key_reused` or
 `not_a_conversation` (a workflow run takes no messages), 413 `payload_too_large`
 (`content` over 32,000 characters, `extra_context` over 8 KiB).
 """,
@@ -240,7 +240,7 @@ Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character)
         ),
         error_example(
             409,
-            "idempotency_conflict",
+            "idempotency_key_reused",
             "idempotency_key was already used with a different content or extra_context",
             {"idempotency_key": "order-SO-1001-question"},
         ),

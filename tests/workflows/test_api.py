@@ -126,7 +126,7 @@ def test_a_repeated_idempotency_key_returns_the_first_run(workflow: Workflow, su
     assert first.json()["id"] == again.json()["id"]
     assert Session.objects.count() == 1
     other = {"input": {"number": "SO-2"}, "idempotency_key": "k-1"}
-    assert_error(support.post(RUNS, other), 409, "idempotency_conflict")
+    assert_error(support.post(RUNS, other), 409, "idempotency_key_reused")
     # Another user's key of the same name is theirs alone.
     carol = Api(api_key_for("carol", roles=("support",)))
     assert carol.post(RUNS, body).status_code == 201

@@ -120,7 +120,7 @@ def test_the_same_key_with_other_content_is_409(api, session_id):
     url = f"{BASE}{session_id}/messages/"
     api.post(url, {"content": "hello", "idempotency_key": "k-1"})
     assert_error(
-        api.post(url, {"content": "bye", "idempotency_key": "k-1"}), 409, "idempotency_conflict"
+        api.post(url, {"content": "bye", "idempotency_key": "k-1"}), 409, "idempotency_key_reused"
     )
 
 
