@@ -100,6 +100,7 @@ def _tool(slug: str) -> str:
 
 
 def _script_tool_then(server: FakeModelServer, slug: str, *after: Reply) -> None:
+    server.reset()  # what an earlier turn left unused
     server.script(Reply(calls=[Call(_tool(slug), {"customer_id": 7}, id="call_1")]), *after)
 
 
