@@ -30,7 +30,12 @@ from rest_framework.views import APIView
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
 from restapi.errors import SHOULD_RETRY, retry_advice
-from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema, operation_text_trim
+from restapi.schema import (
+    ERROR_DESCRIPTIONS,
+    IDEMPOTENCY_KEY_PARAMETER,
+    ErrorDocumentingAutoSchema,
+    operation_text_trim,
+)
 from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
@@ -156,7 +161,8 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
             description = {
                 404: "No agent has this model name, or X-Session-Id names no session of yours.",
                 409: "The session's turn waits for the results of your tools' calls "
-                "(client_tools_pending): send them as tool messages.",
+                "(client_tools_pending): send them as tool messages; or the Idempotency-Key "
+                "was used with another request (idempotency_key_reused).",
                 429: "The key's request rate, or the owner's credits or budget (insufficient_quota).",
                 500: "The turn failed inside the platform (turn_failed).",
                 502: "No model could answer (model_unavailable, model_refused), or its answer "
@@ -426,7 +432,8 @@ class ChatCompletionView(OpenAIView):
                 str,
                 OpenApiParameter.HEADER,
                 description="Continue this session (the response always names its session here).",
-            )
+            ),
+            IDEMPOTENCY_KEY_PARAMETER,
         ],
         operation_id="openai_chat_completions_create",
         responses={

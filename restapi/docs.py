@@ -41,9 +41,11 @@ and a refused request changes nothing.
 **Paging.** Lists return at most `limit` items. While more exist, the response carries
 `Link: <...>; rel="next"`: request that URL for the next page.
 
-**Retries.** `POST .../messages/` and `POST /workflows/{{slug}}/runs/` take an
-`idempotency_key`: the same key with the same body returns the first result (200), with
-another body a 409 `idempotency_key_reused`. Repeating a cancel or an approval decision is
+**Retries.** `POST .../messages/`, `POST /workflows/{{slug}}/runs/` and the OpenAI
+chat completions take an `Idempotency-Key` header (or the body's `idempotency_key`): the
+same key with the same body returns the first result (200), with another body a 409
+`idempotency_key_reused`. A refusal that a retry would meet again, and a failed turn in
+which a side effect ran, say `x-should-retry: false`. Repeating a cancel or an approval decision is
 harmless (`cancelled: false`, or 409 `approval_resolved`). Each `POST /sessions/` and each
 fork creates a new session.
 
