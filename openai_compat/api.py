@@ -41,6 +41,7 @@ from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 from sessions.services import (
+    IDEMPOTENCY_DERIVED_PREFIX,
     IDEMPOTENCY_HEADER,
     KeyedRequest,
     request_fingerprint,
@@ -407,7 +408,7 @@ def _chat_keyed(request: Request, session_id: str) -> KeyedRequest | None:
         read_timeout = settings.OPENAI_MAX_WAIT_S
     retries = min(int(count), 100)
     return KeyedRequest(
-        key=f"retry:{fingerprint}",
+        key=f"{IDEMPOTENCY_DERIVED_PREFIX}{fingerprint}",
         fingerprint=fingerprint,
         window_s=retries * (read_timeout + RETRY_PAUSE_MAX_S),
         first=retries == 0,

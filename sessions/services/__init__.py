@@ -23,6 +23,9 @@ from sessions.services.approvals import (
 from sessions.services.fork import session_fork
 from sessions.services.grants import session_role_check, session_value_check
 from sessions.services.idempotency import (
+    DERIVED_PREFIX as IDEMPOTENCY_DERIVED_PREFIX,
+)
+from sessions.services.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
 )
 from sessions.services.idempotency import (
@@ -70,6 +73,7 @@ from sessions.services.sweep import (
 )
 
 __all__ = [
+    "IDEMPOTENCY_DERIVED_PREFIX",
     "IDEMPOTENCY_HEADER",
     "KeyedRequest",
     "KeyedResponse",

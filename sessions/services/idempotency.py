@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sessions.errors import Conflict, InvalidInput
@@ -28,6 +28,10 @@ from sessions.models import RequestKey
 HEADER = "Idempotency-Key"
 # As long as the body's idempotency_key may be (it is stored on the message too).
 KEY_MAX_CHARS = 200
+# Keys the edge derives for a client library's own retries (not the client's) start so, and
+# serve at most this long: such a retry comes within its attempts' timeouts, not a day later.
+DERIVED_PREFIX = "retry:"
+DERIVED_TTL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,11 @@ def request_key_find(*, owner_id: int, keyed: KeyedRequest) -> RequestKey | None
     record = RequestKey.objects.filter(owner_id=owner_id, key=keyed.key).first()
     if record is None:
         return None
-    ttl = settings.IDEMPOTENCY_KEY_TTL_S if keyed.window_s is None else keyed.window_s
+    ttl = (
+        settings.IDEMPOTENCY_KEY_TTL_S
+        if keyed.window_s is None
+        else min(keyed.window_s, DERIVED_TTL_S)
+    )
     if record.created_at < timezone.now() - timedelta(seconds=ttl):
         return None  # expired: the key is free again (the record is overwritten)
     if record.fingerprint != keyed.fingerprint:
@@ -146,14 +154,18 @@ def request_keyed_respond(
 
 
 def request_keys_prune(*, older_than_s: float | None = None, batch: int = 5000) -> int:
-    """Delete the records older than IDEMPOTENCY_KEY_TTL_S, in batches."""
+    """Delete the records older than IDEMPOTENCY_KEY_TTL_S (a derived key's, DERIVED_TTL_S),
+    in batches."""
     ttl = settings.IDEMPOTENCY_KEY_TTL_S if older_than_s is None else older_than_s
-    cutoff = timezone.now() - timedelta(seconds=ttl)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=ttl)
+    derived_cutoff = now - timedelta(seconds=min(ttl, DERIVED_TTL_S))
+    stale = Q(created_at__lt=cutoff) | Q(
+        key__startswith=DERIVED_PREFIX, created_at__lt=derived_cutoff
+    )
     total = 0
     while True:
-        ids = list(
-            RequestKey.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch]
-        )
+        ids = list(RequestKey.objects.filter(stale).values_list("pk", flat=True)[:batch])
         if not ids:
             return total
         deleted, _ = RequestKey.objects.filter(pk__in=ids).delete()

@@ -109,6 +109,13 @@ def test_a_key_is_kept_its_ttl_then_free_and_pruned(owner: User, settings) -> No
     RequestKey.objects.update(created_at=timezone.now() - timedelta(seconds=61))
     other = KeyedRequest(key="k-2", fingerprint="0" * 64)
     request_keyed_respond(owner_id=owner.pk, keyed=other, run=lambda: (201, {"id": 3}))
+    # A key derived for a client library's retries serves an hour at most.
+    derived = KeyedRequest(key="retry:abc", fingerprint="1" * 64, window_s=10**6)
+    request_keyed_respond(owner_id=owner.pk, keyed=derived, run=lambda: (200, {}))
+    RequestKey.objects.filter(key="retry:abc").update(
+        created_at=timezone.now() - timedelta(seconds=3601)
+    )
+    assert request_keys_prune(older_than_s=86400) == 1  # the derived one; k-1 is 61 s old
     assert request_keys_prune() == 1
     assert list(RequestKey.objects.values_list("key", flat=True)) == ["k-2"]
     fresh = request_keyed_respond(owner_id=owner.pk, keyed=KEY, run=lambda: (201, {"id": 4}))
