@@ -300,16 +300,24 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 async def _end(frames: TurnFrames, turn: Turn, *, cancel: bool) -> None:
     await frames.leave()
     claim = turn.claim
+    # Run on the request's own thread while it lasts; after the grace the request's context
+    # is gone, and thread-sensitive calls would fail: any pool thread then.
+    sensitive = True
     if cancel and claim is not None:
         # A client that may retry (it sent a key, or is the openai SDK, which retries a
         # timeout at once): its retry re-attaches to the turn, which must still be there.
         await asyncio.sleep(settings.IDEMPOTENCY_RETRY_GRACE_S)
-        cancel = not await database_sync_to_async(selectors.turn_reattached)(
-            record_id=claim.record_id, attempt=claim.attempt, session_id=turn.posted.session_id
+        sensitive = False
+        left = database_sync_to_async(selectors.turn_left_running, thread_sensitive=False)
+        cancel = await left(
+            record_id=claim.record_id,
+            attempt=claim.attempt,
+            session_id=turn.posted.session_id,
+            after_seq=turn.posted.after_seq,
         )
     if cancel:
         try:
-            await database_sync_to_async(_cancel)(
+            await database_sync_to_async(_cancel, thread_sensitive=sensitive)(
                 str(turn.posted.session_id), turn.owner_id, turn.actor
             )
         except Exception:  # noqa: BLE001 - the turn then ends by itself

@@ -8,7 +8,15 @@ from django.db.models import QuerySet
 
 from runtime.breaker import model_breaker
 from sessions.errors import NotFound
-from sessions.models import Agent, ModelCall, RequestKey, Session, ToolCall, ToolCallStatus
+from sessions.models import (
+    Agent,
+    Event,
+    ModelCall,
+    RequestKey,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
 from sessions.selectors import agents_enabled
 
 from .turns import FailureFacts
@@ -86,9 +94,16 @@ def session_waiting_for(*, owner_id: int, call_ids: list[str]) -> UUID | None:
     return found[0] if len(found) == 1 else None
 
 
-def turn_reattached(*, record_id: int, attempt: int, session_id: UUID | str) -> bool:
-    """Whether a later request with the key of a request gone before its turn ended (its
-    retry) re-attached to that turn since the request claimed it: then the turn goes on."""
-    return not RequestKey.objects.filter(
+def turn_left_running(
+    *, record_id: int, attempt: int, session_id: UUID | str, after_seq: int
+) -> bool:
+    """Whether the turn a keyed request left (posted after `after_seq`) still runs with nobody
+    waiting for it: no later request with the key (a retry) re-attached since the request
+    claimed it, and the turn has not ended (a later turn of the session is not its to cancel)."""
+    if not RequestKey.objects.filter(
         pk=record_id, attempts=attempt, session_id=session_id
+    ).exists():
+        return False
+    return not Event.objects.filter(
+        session_id=session_id, seq__gt=after_seq, type="turn.finished"
     ).exists()

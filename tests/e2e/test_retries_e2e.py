@@ -6,6 +6,7 @@ the running turn); an `Idempotency-Key` returns the first answer without a new t
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
 from sessions.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ToolFactory, api_key_for
@@ -260,3 +262,39 @@ def test_a_streamed_retry_with_the_same_key_re_attaches_to_the_turn(
     )  # another body, the same key
     assert (other.status_code, other.json()["error"]["code"]) == (409, "idempotency_key_reused")
     assert other.headers["x-should-retry"] == "false"
+
+
+def test_a_client_that_may_retry_and_does_not_still_cancels_its_turn_after_the_grace(
+    live_stack,
+    key,
+    notifying_agent,
+    openai_server,  # noqa: F811
+):
+    """Gone without a retry (a key sent, nobody came back): the turn is cancelled, as for any
+    client that goes away, once IDEMPOTENCY_RETRY_GRACE_S passed without a re-attach."""
+    openai_server.reset()
+    # Longer than the grace: the turn is still running when it runs out.
+    words = " ".join(["one"] + ["more"] * 24)
+    openai_server.script(Reply(text=words, delay_s=0.8))
+    body = {
+        "model": notifying_agent,
+        "stream": True,
+        "messages": [{"role": "user", "content": "count slowly"}],
+    }
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": f"gone-{uuid.uuid4()}"}
+    left = time.monotonic()
+    with httpx.stream(
+        "POST", f"{_base(live_stack)}/chat/completions", headers=headers, json=body, timeout=30
+    ) as response:
+        session_id = response.headers["x-session-id"]
+        for line in response.iter_lines():
+            if '"content":' in line and "one" in line:
+                left = time.monotonic()
+                break
+    grace = settings.IDEMPOTENCY_RETRY_GRACE_S
+    rows = Session.objects.filter(pk=session_id).values_list("state", flat=True)
+    while rows.get() != "cancelled":
+        assert time.monotonic() < left + grace + 30, (rows.get(), live_stack.log_tail("web"))
+        time.sleep(0.2)
+    # Not at once: a retry had the grace to re-attach.
+    assert time.monotonic() - left >= grace - 1

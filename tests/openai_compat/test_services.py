@@ -246,3 +246,21 @@ def test_a_derived_key_matches_only_a_recent_first_attempt(owner: User) -> None:
     RequestKey.objects.update(created_at=timezone.now() - timedelta(seconds=61))
     assert not chat_request_claim(owner_id=owner.pk, keyed=retry, start=start).reattached
     assert len(start.sessions) == 3
+
+
+def test_a_turn_left_by_its_client_is_cancelled_only_if_it_runs_with_nobody_back(
+    owner: User,
+) -> None:
+    """relay's cancel after the grace asks `selectors.turn_left_running`."""
+    from openai_compat.selectors import turn_left_running
+
+    start = Starts(owner)
+    claim = chat_request_claim(owner_id=owner.pk, keyed=KEY, start=start)
+    session_id, after_seq = claim.posted.session_id, claim.posted.after_seq
+    facts = {"record_id": claim.record_id, "session_id": session_id, "after_seq": after_seq}
+    assert turn_left_running(attempt=claim.attempt, **facts)
+    retry = chat_request_claim(owner_id=owner.pk, keyed=KEY, start=start)
+    assert not turn_left_running(attempt=claim.attempt, **facts)  # its retry waits on it
+    assert turn_left_running(attempt=retry.attempt, **facts)
+    _finish(start.sessions[0], "answer")
+    assert not turn_left_running(attempt=retry.attempt, **facts)  # ended: nothing to cancel
