@@ -257,10 +257,15 @@ def test_a_turn_left_by_its_client_is_cancelled_only_if_it_runs_with_nobody_back
     start = Starts(owner)
     claim = chat_request_claim(owner_id=owner.pk, keyed=KEY, start=start)
     session_id, after_seq = claim.posted.session_id, claim.posted.after_seq
-    facts = {"record_id": claim.record_id, "session_id": session_id, "after_seq": after_seq}
-    assert turn_left_running(attempt=claim.attempt, **facts)
+
+    def left(attempt: int) -> bool:
+        return turn_left_running(
+            record_id=claim.record_id, attempt=attempt, session_id=session_id, after_seq=after_seq
+        )
+
+    assert left(claim.attempt)
     retry = chat_request_claim(owner_id=owner.pk, keyed=KEY, start=start)
-    assert not turn_left_running(attempt=claim.attempt, **facts)  # its retry waits on it
-    assert turn_left_running(attempt=retry.attempt, **facts)
+    assert not left(claim.attempt)  # its retry waits on it
+    assert left(retry.attempt)
     _finish(start.sessions[0], "answer")
-    assert not turn_left_running(attempt=retry.attempt, **facts)  # ended: nothing to cancel
+    assert not left(retry.attempt)  # ended: nothing to cancel
