@@ -175,6 +175,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "sessions.tasks.prune_ephemeral_sessions",
         "schedule": 600.0,
     },
+    "prune-request-keys": {
+        "task": "sessions.tasks.prune_request_keys",
+        "schedule": 3600.0,
+    },
 }
 
 # Engine limits and timings.
@@ -271,6 +275,12 @@ DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # The OpenAI-compatible endpoint waits for a turn at most its agent's turn_timeout_s + 30 s,
 # and never longer than this; then it answers with what it has (finish_reason "length").
 OPENAI_MAX_WAIT_S = env.float("OPENAI_MAX_WAIT_S", default=600.0)
+# Retried requests (docs/api.md "Retried requests"): an Idempotency-Key's first request is
+# remembered this long; an OpenAI-compatible client gone before its turn ended cancels the
+# turn only if no retry re-attached to it within IDEMPOTENCY_RETRY_GRACE_S (a client that
+# may retry: one that sent a key, or the openai SDK, which retries a timeout at once).
+IDEMPOTENCY_KEY_TTL_S = env.float("IDEMPOTENCY_KEY_TTL_S", default=86400.0)
+IDEMPOTENCY_RETRY_GRACE_S = env.float("IDEMPOTENCY_RETRY_GRACE_S", default=10.0)
 # How long a turn waits for the results of the client's own tool calls (the OpenAI-compatible
 # request's `tools`) before the sweeper fails them and the model goes on without them.
 OPENAI_CLIENT_TOOLS_WAIT_S = env.float("OPENAI_CLIENT_TOOLS_WAIT_S", default=900.0)

@@ -9,7 +9,7 @@ error it is.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .wire import ErrorBody, Extension, FinishReason, WireToolCall, error_body, wire_tool_call
@@ -240,6 +240,8 @@ class FailureFacts:
     outcomes: tuple[str, ...] = ()
     # Seconds until the rate-limited endpoints take calls again (their breakers), if known.
     retry_after_s: float | None = None
+    # A side-effecting tool call of the turn was sent: a retry would send another.
+    side_effects: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,9 +249,21 @@ class ErrorReply:
     status: int
     body: ErrorBody
     retry_after_s: int | None = None  # the Retry-After header, for a 503
+    # A retry would not cure it, or would repeat a side effect: `x-should-retry: false`.
+    final: bool = False
 
 
 def failure_reply(stop_reason: str, facts: FailureFacts) -> ErrorReply:
+    """The HTTP error of a failed turn (`_failure_reply`), final (`x-should-retry: false`)
+    when a retry would not cure it (a refusal as configured, no budget or credits left) or
+    when a side effect ran in the turn: the client libraries retry a 5xx by default, and
+    each retry would be a new turn that sends it again."""
+    reply = _failure_reply(stop_reason, facts)
+    final = facts.side_effects or reply.status == 429 or stop_reason == "model_refused"
+    return replace(reply, final=final)
+
+
+def _failure_reply(stop_reason: str, facts: FailureFacts) -> ErrorReply:
     """The HTTP error of a turn that ended in a failure (a stop reason of FAILED).
 
     - No model could answer: 502 `model_unavailable` (timeouts, 5xx, a cut stream, the

@@ -266,7 +266,7 @@ def workflow_run_start(
                     raise Conflict(
                         "idempotency_key was already used with a different input",
                         details={"idempotency_key": idempotency_key},
-                        code="idempotency_conflict",
+                        code="idempotency_key_reused",
                     )
                 return earlier, False
         agent = workflow.runtime_agent
