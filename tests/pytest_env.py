@@ -36,3 +36,6 @@ os.environ.setdefault("PROMPT_SAMPLE_RATE", "0")
 # Traces stay off unless a test turns them on for a stack of its own.
 for _name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
     os.environ.pop(_name, None)
+# The offline `rules` model is strict, as a real provider is: a rule calling a tool the
+# request did not offer fails (llm/rules.py; tests/conftest.py asserts none did).
+os.environ.setdefault("RULES_MODEL_STRICT", "1")

@@ -13,9 +13,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from engine import session_run
+from engine.phases.model import model_plan
+from engine.run_cache import RunContext
 from engine.runner import loop
 from sessions.admin.display import HIDDEN, event_summary
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from sessions.models import Agent, Event, Message, ModelEndpoint, Session, ToolCall, Transition
 from sessions.services import message_post, session_cancel
 from tests.factories import (
     AgentFactory,
@@ -223,15 +225,57 @@ def test_a_handoff_switches_the_agent_with_the_history_kept(boss: Session) -> No
     assert Message.objects.filter(session=session, role="user").count() == 2  # history kept
 
 
-def test_a_handoff_to_an_agent_whose_tools_the_role_may_not_use_is_refused(
+def _offered(session: Session) -> list[str]:
+    """The tool names the session's next model call is offered."""
+    return [t.name for t in model_plan(session, RunContext()).request.tools]
+
+
+def test_a_handoff_is_offered_only_to_a_role_that_may_use_the_agents_tools(
     boss: Session,
 ) -> None:
+    admin = SessionFactory(agent=boss.agent, role="admin", owner=boss.owner)
+    message_post(session=boss, content="hello")
+    message_post(session=admin, content="hello")
+
+    assert _offered(boss) == ["agent.researcher", "agent.writer", "transfer_to_billing"]
+    assert "transfer_to_vault" in _offered(admin)
+
+
+def test_a_triage_agent_with_only_handoffs_is_offered_them_and_hands_over() -> None:
+    model = ModelEndpointFactory(name="rules", api="rules", options={})
+    AgentFactory(slug="billing", model=model, rules=[{"answer": "billing speaking"}])
+    triage = AgentFactory(
+        slug="triage",
+        model=model,
+        tools=[],
+        handoffs=["billing"],
+        rules=[{"when": {"user": "invoice"},
+                "tool_calls": [{"tool": "transfer_to_billing", "args": {"reason": "invoices"}}]}],
+    )  # fmt: skip
+    session = SessionFactory(agent=triage, role="support")
+    message_post(session=session, content="about my invoice")
+
+    assert _offered(session) == ["transfer_to_billing"]
+    session = _run(session)
+    assert session.agent.slug == "billing"
+    assert _answer(session) == "billing speaking"
+
+
+def test_a_handoff_the_model_was_not_offered_is_refused(boss: Session) -> None:
+    # A model that calls what it was not offered (the strict rules model never does).
+    ModelEndpoint.objects.filter(name="rules").update(options={"strict": False})
     message_post(session=boss, content="go to vault")
     session = _run(boss)
 
     assert session.agent.slug == "boss"
     assert "may not use its tools vault_open" in _answer(session)
     assert not Event.objects.filter(session=session, type="agent.changed").exists()
+
+    Agent.objects.filter(slug="boss").update(handoffs=["billing"])
+    message_post(session=session, content="go to vault")
+    session = _run(session)
+    assert session.agent.slug == "boss"
+    assert "no agent 'vault' to hand over to" in _answer(session)
 
 
 def test_the_api_and_the_admin_show_the_tree(boss: Session) -> None:
