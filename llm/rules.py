@@ -27,7 +27,8 @@ services) and `extra_context` (what the customer app sent with this turn), e.g.
 Strict mode (the endpoint option `strict: true`, or RULES_MODEL_STRICT=1 in the
 environment, which the test suite sets): like a real provider, the model can only call
 what it was offered. A rule that names a tool the request does not offer, calls a tool
-when `tool_choice` is "none", or does not call the named/required tool raises
+when `tool_choice` is "none", does not call the named/required tool, or makes several
+calls when `parallel_tool_calls` is false raises
 `UnofferedToolCall` (and is recorded in STRICT_VIOLATIONS for the tests' teardown check)
 instead of calling it. Off, a rule's call goes out as written (the demo's behaviour).
 """
@@ -251,6 +252,8 @@ def offered_problem(request: ChatRequest, names: list[str]) -> str | None:
         return f"tool_choice is {choice!r} but the rules answer without a tool call"
     if choice not in ("auto", "none", "required") and any(n != choice for n in names):
         return f"tool_choice names {choice!r} but the rules call {', '.join(names)}"
+    if request.parallel_tool_calls is False and len(names) > 1:
+        return f"parallel tool calls are off but the rules make {len(names)} calls"
     return None
 
 

@@ -8,7 +8,8 @@ from django.db.models import QuerySet
 
 from runtime.breaker import model_breaker
 from sessions.errors import NotFound
-from sessions.models import Agent, ModelCall, Session, ToolCall, ToolCallStatus
+from sessions.events import EventType
+from sessions.models import Agent, Event, ModelCall, Session, ToolCall, ToolCallStatus
 from sessions.selectors import agents_enabled
 
 from .turns import FailureFacts
@@ -76,3 +77,16 @@ def session_waiting_for(*, owner_id: int, call_ids: list[str]) -> UUID | None:
         .distinct()[:2]
     )
     return found[0] if len(found) == 1 else None
+
+
+def session_agent_chain(*, session: Session) -> set[str]:
+    """The agents of the session's handoff chain: the one it runs now and every one a
+    handoff (`agent.changed`) came from or went to. A request naming any of them goes on
+    with the session (the agent it runs now answers)."""
+    chain = {session.agent.slug}
+    for data in Event.objects.filter(session=session, type=EventType.AGENT_CHANGED).values_list(
+        "data", flat=True
+    ):
+        if isinstance(data, dict):
+            chain |= {str(data.get("from") or ""), str(data.get("to") or "")} - {""}
+    return chain

@@ -518,7 +518,8 @@ def forced_tool(api: str, body: dict[str, Any]) -> tuple[str, str | None]:
         return ("named", str((choice.get("function") or {}).get("name")))
     if not isinstance(choice, dict):
         return ("auto", None)
-    kind = {"any": "required", "tool": "named"}.get(choice.get("type"), choice.get("type"))
+    kind = str(choice.get("type"))
+    kind = {"any": "required", "tool": "named"}.get(kind, kind)
     return (str(kind), choice.get("name"))
 
 
@@ -573,7 +574,7 @@ def _validate_openai_tools(body: dict[str, Any]) -> str | None:
                 return f"tools[{i}].function.name: must match ^[a-zA-Z0-9_-]{{1,64}}$"
             parameters = function.get("parameters")
             if parameters is not None and (
-                not isinstance(parameters, dict) or parameters.get("type") != "object"
+                not isinstance(parameters, dict) or parameters.get("type", "object") != "object"
             ):
                 return f"tools[{i}].function.parameters: must be a JSON Schema object"
         names = [t["function"]["name"] for t in tools]
