@@ -4,6 +4,7 @@ parallel, the parent holding no worker), and a handoff of the conversation to an
 `transaction=True`: tools run on helper threads with their own database connections.
 """
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -27,6 +28,8 @@ from tests.factories import (
     UserFactory,
     api_key_for,
 )
+from tests.fakes.fixtures import fake_servers  # noqa: F401
+from tests.fakes.model_servers import Call, FakeServers, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -259,6 +262,51 @@ def test_a_triage_agent_with_only_handoffs_is_offered_them_and_hands_over() -> N
     session = _run(session)
     assert session.agent.slug == "billing"
     assert _answer(session) == "billing speaking"
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "prompt_tools"])
+@pytest.mark.parametrize("own_tools", [[], ["agent.researcher"]])
+def test_the_transfer_is_offered_over_every_wire_and_a_real_model_hands_over(
+    boss: Session,
+    fake_servers: FakeServers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    api: str,
+    own_tools: list[str],
+) -> None:
+    server = fake_servers.anthropic if api == "anthropic" else fake_servers.openai
+    server.reset()
+    monkeypatch.setenv("HANDOFF_TEST_KEY", "sk-handoff-test")
+    endpoint = ModelEndpointFactory(
+        name=f"fake-{api}-{len(own_tools)}",
+        api=api,
+        base_url=server.base_url,
+        model="fake-model",
+        api_key_env="HANDOFF_TEST_KEY",
+    )
+    triage = AgentFactory(slug="triage", model=endpoint, tools=own_tools, handoffs=["billing"])
+    transfer = {"reason": "a billing question"}
+    server.script(
+        Reply(
+            text=json.dumps(
+                {"tool_calls": [{"name": "transfer_to_billing", "arguments": transfer}]}
+            )
+        )
+        if api == "prompt_tools"
+        else Reply(calls=[Call("transfer_to_billing", transfer)])
+    )
+    session = SessionFactory(agent=triage, role="support", owner=boss.owner)
+    message_post(session=session, content="about my bill")
+    session = _run(session)
+
+    (sent,) = server.requests
+    if api == "prompt_tools":
+        assert "- transfer_to_billing: Hand this conversation over" in sent.text()
+    else:
+        offered = [t.get("name") or t["function"]["name"] for t in sent.body["tools"]]
+        assert "transfer_to_billing" in offered
+    assert session.agent.slug == "billing"
+    assert _answer(session) == "billing speaking (about my bill)"
+    assert not server.violations and not server.invalid
 
 
 def test_a_handoff_the_model_was_not_offered_is_refused(boss: Session) -> None:
