@@ -226,9 +226,8 @@ class OpenAIResponseFormatSerializer(serializers.Serializer):
 class ChatCompletionRequestSerializer(serializers.Serializer):
     # For the schema only: the body is read by `wire.chat_request_parse`.
     """Any parameter not listed here is refused (400, naming it in `param`), except the
-    defaults client libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls:
-    true`, penalties of 0, `logprobs: false`, `service_tier: "auto"`, `modalities:
-    ["text"]`) and nulls."""
+    defaults client libraries send (`n: 1`, penalties of 0, `logprobs: false`,
+    `service_tier: "auto"`, `modalities: ["text"]`) and nulls."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
     messages = OpenAIChatMessageSerializer(many=True)
@@ -239,6 +238,14 @@ class ChatCompletionRequestSerializer(serializers.Serializer):
         required=False,
         help_text="Your own tools, offered beside the agent's; a call of one comes back as "
         "tool_calls (finish_reason tool_calls), and your tool messages resume the turn.",
+    )
+    tool_choice = serializers.JSONField(
+        required=False,
+        help_text='none, auto, required, or {"type": "function", "function": {"name"}} naming '
+        "one of your tools or the agent's; a forced choice holds until the turn's first tool call.",
+    )
+    parallel_tool_calls = serializers.BooleanField(
+        required=False, help_text="false: at most one tool call per model reply."
     )
     response_format = OpenAIResponseFormatSerializer(
         required=False,
@@ -469,7 +476,6 @@ class ChatCompletionView(OpenAIView):
         agent = selectors.agent_for_model(model=chat.model)
         owner = request.user
         key_roles = list(getattr(request.auth, "roles", None) or [])
-        services.client_tools_check(agent_id=agent.pk, tools=chat.options.get("tools", []))
         session_id = request.headers.get(SESSION_HEADER, "").strip()
         keyed = _chat_keyed(request, session_id)
         if not session_id and chat.tool_results:
@@ -492,10 +498,22 @@ class ChatCompletionView(OpenAIView):
                     f"session {session_id} not found", code="session_not_found"
                 ) from None
             if session.agent_id != agent.pk:
-                raise InvalidInput(
-                    f"session {session.pk} runs the model '{session.agent.slug}', not '{chat.model}'",
-                    details={"field": "model"},
-                )
+                # After a handoff the client may name any agent the conversation went through.
+                chain = selectors.session_agent_chain(session=session)
+                if chat.model not in chain:
+                    raise InvalidInput(
+                        f"session {session.pk} runs the model '{session.agent.slug}' (its "
+                        f"handoffs: {', '.join(sorted(chain))}), not '{chat.model}'",
+                        details={"field": "model"},
+                    )
+                agent = session.agent  # the agent that answers now
+        choice = services.client_tools_check(
+            agent_id=agent.pk,
+            tools=chat.options.get("tools", []),
+            tool_choice=chat.options.get("tool_choice"),
+        )
+        if choice is not None:
+            chat.options["tool_choice"] = choice
         check = credits_cover(owner_id=owner.pk, points=1)
         if check.outcome == "insufficient":
             raise services.CreditsExhausted(
@@ -552,6 +570,7 @@ class ChatCompletionView(OpenAIView):
             posted=posted,
             chat=chat,
             owner_id=owner.pk,
+            model=agent.slug,
             actor=f"openai:{owner}",
             wait_s=min(agent.turn_timeout_s + 30, settings.OPENAI_MAX_WAIT_S),
             claim=claim,

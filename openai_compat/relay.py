@@ -132,6 +132,9 @@ class Turn:
     wait_s: float
     # A keyed request's claim on its turn (services.chat_request_claim); None without a key.
     claim: ChatClaim | None = None
+    # The agent answering when the turn was posted (the session's, after a handoff);
+    # a handoff during the turn changes the `model` the response names.
+    model: str = ""
 
 
 class TurnAnswer:
@@ -166,7 +169,7 @@ class TurnAnswer:
         )
         self.writer = ChunkWriter(
             id_=f"chatcmpl-{session_id.replace('-', '')}-{turn.posted.after_seq}",
-            model=turn.chat.model,
+            model=turn.model or turn.chat.model,
             include_usage=turn.chat.include_usage,
         )
         self._pieces: AsyncIterator[str | None] = self._follow()
@@ -182,6 +185,8 @@ class TurnAnswer:
         while True:
             for frame in pending:
                 text = reader.feed(frame)
+                if reader.agent:
+                    self.writer.model = reader.agent  # a handoff: the new agent answers
                 if text:
                     yield text
                 if reader.outcome is not None:
@@ -234,7 +239,7 @@ class TurnAnswer:
         usage = await self._usage(outcome)
         body = completion(
             id_=self.writer.id_,
-            model=chat.model,
+            model=self.writer.model,
             content=outcome.content,
             finish_reason=outcome.finish_reason,
             usage=usage,

@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 
 from runtime.breaker import model_breaker
 from sessions.errors import NotFound
+from sessions.events import EventType
 from sessions.models import (
     Agent,
     Event,
@@ -107,3 +108,16 @@ def turn_left_running(
     return not Event.objects.filter(
         session_id=session_id, seq__gt=after_seq, type="turn.finished"
     ).exists()
+
+
+def session_agent_chain(*, session: Session) -> set[str]:
+    """The agents of the session's handoff chain: the one it runs now and every one a
+    handoff (`agent.changed`) came from or went to. A request naming any of them goes on
+    with the session (the agent it runs now answers)."""
+    chain = {session.agent.slug}
+    for data in Event.objects.filter(session=session, type=EventType.AGENT_CHANGED).values_list(
+        "data", flat=True
+    ):
+        if isinstance(data, dict):
+            chain |= {str(data.get("from") or ""), str(data.get("to") or "")} - {""}
+    return chain

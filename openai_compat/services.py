@@ -161,11 +161,16 @@ def chat_turn_post(
     return posted
 
 
-def client_tools_check(*, agent_id: int, tools: Sequence[ClientToolJson]) -> None:
+def client_tools_check(
+    *, agent_id: int, tools: Sequence[ClientToolJson], tool_choice: str | None = None
+) -> str | None:
     """The client's own tools may not take the name of one of the agent's (as configured,
-    or as the wire spells it): a call must say whose it is."""
-    taken = agent_tool_names(agent_id)
-    taken |= {wire_name(name) for name in taken}
+    or as the wire spells it): a call must say whose it is. A `tool_choice` naming a tool
+    must name one of them or one of the agent's; returned as the engine names it (an
+    agent's tool named as the wire spells it, `agent_researcher`, is `agent.researcher`)."""
+    agents = agent_tool_names(agent_id)
+    spelled = {wire_name(name): name for name in agents}
+    taken = agents | set(spelled)
     for i, tool in enumerate(tools):
         if tool["name"] in taken:
             raise InvalidInput(
@@ -173,6 +178,18 @@ def client_tools_check(*, agent_id: int, tools: Sequence[ClientToolJson]) -> Non
                 details={"field": f"tools[{i}].function.name"},
                 code="invalid_request",
             )
+    if tool_choice is None or tool_choice in ("none", "auto", "required"):
+        return tool_choice
+    if tool_choice in agents or any(t["name"] == tool_choice for t in tools):
+        return tool_choice
+    if tool_choice in spelled:
+        return spelled[tool_choice]
+    raise InvalidInput(
+        f"tool_choice names '{tool_choice}', which is neither one of the request's tools nor "
+        "one of the agent's",
+        details={"field": "tool_choice.function.name"},
+        code="invalid_request",
+    )
 
 
 def chat_tool_results_post(

@@ -64,6 +64,8 @@ class TurnReader:
     # The stored answer's text the deltas did not carry, sent once `turn.finished` says
     # it is an answer: a failed turn stores the agent's busy message, which is not one.
     _held: str = ""
+    # The agent a handoff (`agent.changed`) in this turn gave the conversation to.
+    agent: str = ""
 
     def feed(self, frame: dict[str, Any]) -> str:
         """Take one frame; return the text to stream for it (may be "")."""
@@ -115,6 +117,8 @@ class TurnReader:
                     return self.settle()
             else:
                 self.paused = None  # the turn went on
+        elif kind == "agent.changed":
+            self.agent = str(data.get("to") or "") or self.agent
         elif kind == "turn.finished":
             return self._finished(data)
         return ""

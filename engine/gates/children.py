@@ -8,6 +8,7 @@ child has ended, each call's outcome is its child's answer, or a tool error the 
 act on.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -16,15 +17,16 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
+from engine.model.context import HANDOFF_PREFIX
 from engine.model.usage import Usage
 from sessions.events import ChildFinished, ChildStarted, EventSpec, EventType
 from sessions.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
 from sessions.states import TURN_ENDED, State
-from tools.execution import ToolOutcome, ToolSnapshot
+from tools.execution import ToolOutcome, ToolSnapshot, tools_for_agent
 from tools.rendering import render_failure, render_success
 
 AGENT_TOOL_PREFIX = "agent."
-HANDOFF_PREFIX = "transfer_to_"
+__all__ = ["AGENT_TOOL_PREFIX", "HANDOFF_PREFIX"]
 AGENT_TOOL_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -74,9 +76,25 @@ def _snapshot(name: str, description: str, parameters: dict[str, Any], result: s
     )
 
 
+def handoff_roles(agent: Agent) -> tuple[str, ...] | None:
+    """The roles that may hand a conversation to `agent`: those that may use every one of its
+    own tools (the session keeps its role; engine/gates/handoff.py refuses the others).
+    () is every role; None is no role at all (two of its tools have no role in common)."""
+    own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
+    allowed: set[str] | None = None
+    for tool in tools_for_agent(own).values():
+        if tool.roles:
+            allowed = set(tool.roles) if allowed is None else allowed & set(tool.roles)
+    if allowed is None:
+        return ()
+    return tuple(sorted(allowed)) or None
+
+
 def agent_tools(names: list[str], handoffs: list[str]) -> dict[str, ToolSnapshot]:
     """The `agent.<slug>` tools an agent lists and a `transfer_to_<slug>` tool per handoff, for
-    the enabled conversational agents among them (a workflow's runtime agent is none)."""
+    the enabled conversational agents among them (a workflow's runtime agent is none). A
+    handoff carries the roles that may make it (`handoff_roles`), so a role is offered
+    only the handoffs it may make; one no role may make is not offered at all."""
     slugs = {n.removeprefix(AGENT_TOOL_PREFIX) for n in names if n.startswith(AGENT_TOOL_PREFIX)}
     if not slugs and not handoffs:
         return {}
@@ -98,16 +116,21 @@ def agent_tools(names: list[str], handoffs: list[str]) -> dict[str, ToolSnapshot
             "{answer: the agent's answer, session: its child session}",
         )
     for slug in handoffs:
-        if slug in rows:
-            title = rows[slug].name or slug
-            found[f"{HANDOFF_PREFIX}{slug}"] = _snapshot(
+        roles = handoff_roles(rows[slug]) if slug in rows else None
+        if roles is None:
+            continue
+        title = rows[slug].name or slug
+        found[f"{HANDOFF_PREFIX}{slug}"] = dataclasses.replace(
+            _snapshot(
                 f"{HANDOFF_PREFIX}{slug}",
                 f"Hand this conversation over to the {title} agent, which answers the user from "
                 "the next step on with the history as it is. Use when the request is that "
                 "agent's job, not yours; do not use it to ask a question of it.",
                 HANDOFF_PARAMETERS,
                 "{transferred_to: slug}",
-            )
+            ),
+            roles=roles,
+        )
     return found
 
 

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from billing.services import account_ensure
-from sessions.models import Session
+from sessions.models import Event, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, api_key_for
 
 pytestmark = pytest.mark.django_db
@@ -82,6 +82,42 @@ def test_a_session_not_yours_is_404_and_one_of_another_agent_400(client: APIClie
         URL, {"model": "helper", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(mine.pk)
     )
     assert _error(response, 400)["param"] == "model"
+
+
+def test_after_a_handoff_any_agent_of_the_chain_names_the_session(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
+    """The client keeps sending the `model` it started with (the Agents SDK does): the session
+    goes on (here busy: 503, past the model check); an agent outside the chain is a 400."""
+    billing = AgentFactory(slug="billing", model=agent.model)
+    AgentFactory(slug="stranger", model=agent.model)
+    handed = _session(agent=billing, owner=User.objects.get(username="alice"), state="processing")
+    Event.objects.create(
+        session=handed, seq=1, type="agent.changed",
+        data={"from": "helper", "to": "billing", "reason": "invoices"},
+    )  # fmt: skip
+    for model in ("helper", "billing"):
+        response = client.post(
+            URL, {"model": model, "messages": HI}, format="json", HTTP_X_SESSION_ID=str(handed.pk)
+        )
+        assert _error(response, 503)["code"] == "session_busy"
+    response = client.post(
+        URL, {"model": "stranger", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(handed.pk)
+    )
+    error = _error(response, 400)
+    assert error["param"] == "model" and "billing, helper" in error["message"]
+
+
+def test_a_tool_choice_naming_no_tool_of_the_request_or_the_agent_is_400(
+    client: APIClient, agent
+) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": "helper",
+        "messages": HI,
+        "tools": [{"type": "function", "function": {"name": "mine"}}],
+        "tool_choice": {"type": "function", "function": {"name": "theirs"}},
+    }
+    error = _error(client.post(URL, body, format="json"), 400)
+    assert error["param"] == "tool_choice.function.name" and "'theirs'" in error["message"]
+    assert not Session.objects.exists()
 
 
 def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]

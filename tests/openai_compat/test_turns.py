@@ -52,6 +52,21 @@ def test_deltas_stream_and_the_stored_answer_is_not_sent_twice() -> None:
     }
 
 
+def test_a_handoff_in_the_turn_names_the_agent_that_answers() -> None:
+    reader = TurnReader(session_id="s")
+    assert reader.agent == ""
+    _feed(
+        reader,
+        [
+            _f("agent.changed", **{"from": "triage", "to": "billing", "reason": "invoices"}),
+            _f("message.completed", seq=5, role="assistant", content="billing here", turn=1),
+            _finished(),
+        ],
+    )
+    assert reader.agent == "billing"
+    assert reader.outcome is not None and reader.outcome.content == "billing here"
+
+
 def test_text_the_stream_missed_is_sent_from_the_stored_message_once_the_turn_answered() -> None:
     reader = TurnReader(session_id="s")
     sent = _feed(

@@ -79,6 +79,7 @@ def test_an_invalid_tool_call_from_the_small_model_escalates_in_the_same_step(
     openai_server: FakeModelServer,
     fake_endpoint: ModelEndpoint,
 ) -> None:
+    openai_server.strict = False  # a small model that calls a tool it was not offered
     openai_server.script(Reply(calls=[Call("teleport", {"to": "mars"})]))
     answer, calls = _turn(routed, "hi there")
 
