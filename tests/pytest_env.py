@@ -36,3 +36,7 @@ os.environ.setdefault("PROMPT_SAMPLE_RATE", "0")
 # Traces stay off unless a test turns them on for a stack of its own.
 for _name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
     os.environ.pop(_name, None)
+# The tests' own servers (fake model endpoints, business APIs, webhook receivers, MCP servers)
+# listen on loopback, which the egress policy refuses unless listed (runtime/egress.py); the
+# live stacks inherit this. The policy's own tests override it.
+os.environ.setdefault("EGRESS_ALLOW", "127.0.0.0/8,::1,localhost")
