@@ -481,8 +481,9 @@ def _transports(x: ModuleType, core: ModuleType) -> tuple[type, type]:
     return AsyncTransport, SyncTransport
 
 
-# Proxies from the environment stay off (trust_env=False): a proxy resolves and connects
-# on its own, past the check; and redirects are answers, never followed.
+# A client given a transport never mounts the environment's proxies (a proxy would resolve
+# and connect on its own, past the check); trust_env=False also leaves out ~/.netrc
+# credentials. Redirects are answers, never followed.
 def async_client(*, limits: httpx.Limits | None = None, **options: Any) -> httpx.AsyncClient:
     """An httpx.AsyncClient whose every connection passes the egress policy."""
     transport = _transports(httpx, httpcore)[0](limits)
