@@ -115,6 +115,7 @@ def embedded_v4(address: IPAddress) -> ipaddress.IPv4Address | None:
     return address.sixtofour
 
 
+@functools.lru_cache(maxsize=4096)
 def refusal(address: IPAddress) -> str | None:
     """Why the policy refuses this address unless allowed (loopback, private, ...); None: public."""
     address = _bare(address)
@@ -134,7 +135,8 @@ def refusal(address: IPAddress) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+# eq=False: hashed by identity, cheaply, as a key of `_verdict` (one object per setting value).
+@dataclass(frozen=True, eq=False)
 class EgressPolicy:
     """What `EGRESS_ALLOW` lists: address ranges, host names and `*.suffix` host patterns."""
 
@@ -157,12 +159,22 @@ class EgressPolicy:
 
     def check(self, host: str, address: IPAddress) -> None:
         """Raise EgressRefused unless a connection for `host` may go to `address`."""
-        why = refusal(address)
-        if why is None or self.address_listed(address):
-            return
-        if why != "metadata" and self.host_listed(host):
-            return
-        raise EgressRefused(host, str(address), why)
+        why = _verdict(self, host, address)
+        if why is not None:
+            raise EgressRefused(host, str(address), why)
+
+
+@functools.lru_cache(maxsize=4096)
+def _verdict(policy: EgressPolicy, host: str, address: IPAddress) -> str | None:
+    """Why `policy` refuses a connection for `host` to `address` (None: it may go). A pure
+    function of its arguments, kept for repeated calls: the lookup that produced
+    `address` is never kept, so this cannot hide a changed DNS answer."""
+    why = refusal(address)
+    if why is None or policy.address_listed(address):
+        return None
+    if why != "metadata" and policy.host_listed(host):
+        return None
+    return why
 
 
 def parse_allow(entries: Iterable[str]) -> EgressPolicy:
@@ -218,6 +230,7 @@ def check(**_: Any) -> list[Any]:
     return []
 
 
+@functools.lru_cache(maxsize=4096)
 def _literal(host: str) -> IPAddress | None:
     try:
         return ipaddress.ip_address(host)
