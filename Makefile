@@ -6,6 +6,8 @@
 #                then web (daphne), worker, beat and demoapi under honcho (Ctrl-C stops
 #                them); the URLs and credentials are printed once they are up.
 #                PORT (8000) and DEMO_API_PORT (8765) must be free; it checks first.
+#                Outbound calls may reach 127.0.0.1 (the demo API) and nothing else private:
+#                EGRESS_ALLOW (docs/security.md "Egress") says otherwise.
 #   make test    lint gates (ruff check, ruff format --check, lint-imports), then every test:
 #                the in-process lane and the end-to-end lane side by side, each on its own
 #                pytest-xdist workers (tests/lanes.py; PYTEST_ARGS="-k foo -x" to pass arguments)
@@ -44,6 +46,10 @@ PORT ?= 8000
 # The demo business API (Procfile `demoapi`); config/demo.yaml's HTTP tools read DEMO_API_URL.
 DEMO_API_PORT ?= 8765
 DEMO_API_URL ?= http://127.0.0.1:$(DEMO_API_PORT)
+# The egress policy refuses loopback (docs/security.md "Egress"); the demo API listens there,
+# so `make run` allows 127.0.0.1, and only that, unless EGRESS_ALLOW is set (environment or
+# command line: it is passed on, so it takes the place of a `.env` entry).
+EGRESS_ALLOW ?= 127.0.0.1
 # Worker processes: the loop is I/O-bound but each step costs CPU, so one process per core.
 WORKER_PROCESSES ?= 2
 HOST ?= 127.0.0.1
@@ -110,13 +116,14 @@ run: $(STAMP)
 	$(if $(PORT_PROBLEM),$(error $(PORT_PROBLEM)))
 	$(PY) -m devstack up
 	@creds=$$($(PY) -m devstack credentials-path); \
-	DEMO_API_URL=$(DEMO_API_URL) $(PY) manage.py bootstrap_demo --migrate --config config/demo.yaml \
+	DEMO_API_URL=$(DEMO_API_URL) EGRESS_ALLOW='$(EGRESS_ALLOW)' $(PY) manage.py bootstrap_demo --migrate --config config/demo.yaml \
 		--no-url-check --credentials-file "$$creds"; \
 	$(PY) -m devstack banner --url http://127.0.0.1:$(PORT) --credentials "$$creds" & \
 	echo "starting web, worker, beat and demoapi; the URLs follow once /readyz is green"; \
 	rm -rf "$(PROMETHEUS_MULTIPROC_DIR)" && mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)"; \
 	PROMETHEUS_MULTIPROC_DIR=$(PROMETHEUS_MULTIPROC_DIR) \
 	PORT=$(PORT) HOST=$(HOST) DEMO_API_PORT=$(DEMO_API_PORT) DEMO_API_URL=$(DEMO_API_URL) \
+	EGRESS_ALLOW='$(EGRESS_ALLOW)' \
 		exec $(VENV)/bin/honcho start -f Procfile -c worker=$(WORKER_PROCESSES)
 
 # ---------------------------------------------------------------- checks

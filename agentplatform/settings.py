@@ -215,6 +215,13 @@ COST_NOTICE_WEBHOOK_SECRET = env.str("COST_NOTICE_WEBHOOK_SECRET", default="")
 COST_NOTICE_WEBHOOK_RETRIES = env.int("COST_NOTICE_WEBHOOK_RETRIES", default=8)
 COST_NOTICE_WEBHOOK_TIMEOUT_S = env.float("COST_NOTICE_WEBHOOK_TIMEOUT_S", default=10.0)
 
+# Egress (runtime/egress.py, docs/security.md "Egress"): outbound calls (HTTP tools, MCP,
+# webhooks, model and embeddings endpoints) never connect to loopback, private, link-local,
+# metadata or reserved addresses unless listed here: host names (`api.internal`,
+# `*.corp.example`) and address ranges (`10.2.0.0/16`, `127.0.0.1`). Empty: none allowed.
+# `make run` passes 127.0.0.1 for its demo API.
+EGRESS_ALLOW = env.list("EGRESS_ALLOW", default=[])
+
 # Short leases, renewed by a heartbeat while a run is in flight, let a crashed
 # worker's sessions be taken over within ~3 s (lease + one sweeper period).
 SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)

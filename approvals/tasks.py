@@ -5,7 +5,7 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from .webhook import WebhookFailed, webhook_post
+from .webhook import EgressRefused, WebhookFailed, webhook_post
 
 
 @shared_task(
@@ -21,4 +21,7 @@ from .webhook import WebhookFailed, webhook_post
 def webhook_send(self: Any, payload: dict[str, Any]) -> int:
     # max_retries comes from the settings at call time, so tests can shorten it.
     self.max_retries = settings.APPROVAL_WEBHOOK_RETRIES
-    return webhook_post(payload)
+    try:
+        return webhook_post(payload)
+    except EgressRefused:
+        return 0  # logged by signed_post; the address is refused on every attempt

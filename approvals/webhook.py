@@ -7,11 +7,24 @@ from typing import Any
 
 from django.conf import settings
 
-from runtime.webhooks import WebhookFailed, signature, signature_valid, signed_post
+from runtime.webhooks import (
+    EgressRefused,
+    WebhookFailed,
+    signature,
+    signature_valid,
+    signed_post,
+)
 
 SIGNATURE_HEADER = "X-Approval-Signature"
 
-__all__ = ["SIGNATURE_HEADER", "WebhookFailed", "signature", "signature_valid", "webhook_post"]
+__all__ = [
+    "SIGNATURE_HEADER",
+    "EgressRefused",
+    "WebhookFailed",
+    "signature",
+    "signature_valid",
+    "webhook_post",
+]
 
 
 def webhook_post(payload: dict[str, Any]) -> int:

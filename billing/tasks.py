@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 
 from .services import notice_payload, notice_webhook_record
-from .webhook import WebhookFailed, notice_post
+from .webhook import EgressRefused, WebhookFailed, notice_post
 
 
 @shared_task(
@@ -31,5 +31,9 @@ def notice_webhook_send(self: Any, notice_id: int) -> int:
     except WebhookFailed as exc:
         notice_webhook_record(notice_id=notice_id, status=f"failed: {exc}", sent=False)
         raise
+    except EgressRefused as exc:
+        # Logged by signed_post; not retried: the address is refused on every attempt.
+        notice_webhook_record(notice_id=notice_id, status=f"failed: {exc}", sent=False)
+        return 0
     notice_webhook_record(notice_id=notice_id, status=f"HTTP {status}", sent=True)
     return status

@@ -5,11 +5,11 @@ from typing import Any
 
 from django.conf import settings
 
-from runtime.webhooks import WebhookFailed, signed_post
+from runtime.webhooks import EgressRefused, WebhookFailed, signed_post
 
 SIGNATURE_HEADER = "X-Cost-Signature"
 
-__all__ = ["SIGNATURE_HEADER", "WebhookFailed", "notice_post"]
+__all__ = ["SIGNATURE_HEADER", "EgressRefused", "WebhookFailed", "notice_post"]
 
 
 def notice_post(payload: dict[str, Any]) -> int:

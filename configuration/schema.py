@@ -412,14 +412,20 @@ def _message(document: dict[str, Any], error: ValidationError) -> str:
 
 
 def url_problem(url: str, timeout_s: float = 2.0) -> str | None:
-    """Can a TCP connection reach the URL's host and port? None if so."""
+    """Can a TCP connection reach the URL's host and port, as the egress policy allows
+    (runtime/egress.py)? None if so."""
     import socket
+
+    from runtime import egress
 
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+        address = egress.addresses(parts.hostname or "", port)[0]
+        with socket.create_connection((address, port), timeout=timeout_s):
             return None
+    except egress.EgressRefused as exc:
+        return str(exc)
     except OSError as exc:
         return f"cannot connect to {parts.hostname}:{port} ({exc.strerror or type(exc).__name__})"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from runtime import egress
 from runtime.retry import parse_retry_after as retry_after_seconds
 
 from .base import (
@@ -31,13 +32,13 @@ _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClien
 
 
 def shared_client() -> httpx.AsyncClient:
-    """One connection pool per event loop (the worker has one long-lived loop)."""
+    """One connection pool per event loop (the worker has one long-lived loop); its
+    connections pass the egress policy (runtime/egress.py)."""
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None or client.is_closed:
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=500, max_keepalive_connections=100),
-            http2=False,
+        client = egress.async_client(
+            limits=httpx.Limits(max_connections=500, max_keepalive_connections=100)
         )
         _clients[loop] = client
     return client
@@ -130,6 +131,9 @@ async def post_stream(
         ) from None
     except httpx.HTTPError as exc:
         raise ModelUnavailable(f"cannot reach '{endpoint.name}': {type(exc).__name__}") from None
+    except egress.EgressRefused as exc:
+        # The same answer on every attempt: a configuration error, not an outage.
+        raise ModelConfigError(f"endpoint '{endpoint.name}': {exc}") from None
     try:
         chunks = response.aiter_bytes()
         if response.status_code >= 400:

@@ -21,6 +21,8 @@ from typing import Protocol
 
 import httpx
 
+from runtime import egress
+
 from .models import EmbeddingCache, EmbeddingEndpoint
 
 OFFLINE_DIMENSION = 256
@@ -125,14 +127,14 @@ class HttpEmbedder:
             headers["Authorization"] = f"Bearer {key}"
         url = self.base_url.rstrip("/") + "/embeddings"
         try:
-            response = httpx.post(
-                url,
-                json={"model": self.model, "input": list(texts)},
-                headers=headers,
-                timeout=self.timeout_s,
-            )
+            with egress.client(timeout=self.timeout_s) as client:
+                response = client.post(
+                    url, json={"model": self.model, "input": list(texts)}, headers=headers
+                )
         except httpx.HTTPError as exc:
             raise EmbeddingError(f"embeddings endpoint unreachable: {type(exc).__name__}") from exc
+        except egress.EgressRefused as exc:
+            raise EmbeddingError(f"embeddings endpoint: {exc}") from exc
         if response.status_code != 200:
             raise EmbeddingError(f"embeddings endpoint answered HTTP {response.status_code}")
         try:

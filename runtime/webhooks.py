@@ -2,16 +2,24 @@
 
 `<header>: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` with the hook's secret;
 the receiver recomputes it and checks that t is recent, so a captured request cannot be
-replayed later.
+replayed later. The URL passes the egress policy (runtime/egress.py): a refused one is
+never sent to, and not retried either.
 """
 
 import hashlib
 import hmac
 import json
+import logging
 import time
 from typing import Any
 
 import httpx
+
+from . import egress
+from .egress import EgressRefused
+
+logger = logging.getLogger(__name__)
+__all__ = ["EgressRefused", "WebhookFailed", "signature", "signature_valid", "signed_post"]
 
 
 class WebhookFailed(Exception):
@@ -38,15 +46,19 @@ def signed_post(
     *, url: str, payload: dict[str, Any], secret: str, header: str, timeout_s: float
 ) -> int:
     """POST one payload (signed when there is a secret); raise WebhookFailed when it
-    should be retried."""
+    should be retried, EgressRefused (logged here) when the policy refuses its address."""
     body = json.dumps(payload, separators=(",", ":"), default=str).encode()
     headers = {"Content-Type": "application/json"}
     if secret:
         headers[header] = signature(secret, body, int(time.time()))
     try:
-        response = httpx.post(url, content=body, headers=headers, timeout=timeout_s)
+        with egress.client(timeout=timeout_s) as client:
+            response = client.post(url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         raise WebhookFailed(type(exc).__name__) from exc
+    except EgressRefused as exc:
+        logger.warning("webhook not sent: %s", exc)
+        raise
     if not 200 <= response.status_code < 300:
         raise WebhookFailed(f"HTTP {response.status_code}")
     return response.status_code

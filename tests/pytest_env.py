@@ -46,3 +46,7 @@ os.environ.setdefault(
 # The offline `rules` model is strict, as a real provider is: a rule calling a tool the
 # request did not offer fails (llm/rules.py; tests/conftest.py asserts none did).
 os.environ.setdefault("RULES_MODEL_STRICT", "1")
+# The tests' own servers (fake model endpoints, business APIs, webhook receivers, MCP servers)
+# listen on loopback, which the egress policy refuses unless listed (runtime/egress.py); the
+# live stacks inherit this. The policy's own tests override it.
+os.environ.setdefault("EGRESS_ALLOW", "127.0.0.0/8,::1,localhost")

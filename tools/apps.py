@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.core import checks
+
+from runtime import egress
 
 
 class ToolsConfig(AppConfig):
@@ -8,3 +11,6 @@ class ToolsConfig(AppConfig):
     def ready(self) -> None:
         # Built-in handlers register themselves on import.
         from . import builtin  # noqa: F401
+
+        # An EGRESS_ALLOW entry that means nothing is an error in `manage.py check`.
+        checks.register(egress.check)

@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 
 from llm.wire_names import wire_name
 from observability.redaction import scrub, scrub_value
+from runtime import egress
 from runtime.breaker import CircuitBreaker
 from runtime.faults import fault_point
 from runtime.retry import TOOL_DEFAULT, RetryPolicy, parse_retry_after, retry_policy
@@ -333,10 +334,11 @@ _http_clients: dict[int, httpx.AsyncClient] = {}
 
 
 def _client() -> httpx.AsyncClient:
+    """One pool per event loop; its connections pass the egress policy (runtime/egress.py)."""
     loop_id = id(asyncio.get_running_loop())
     client = _http_clients.get(loop_id)
     if client is None or client.is_closed:
-        client = httpx.AsyncClient(
+        client = egress.async_client(
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50)
         )
         _http_clients[loop_id] = client
@@ -481,6 +483,8 @@ class RetrySignal:
 
 
 def retry_signal(exc: BaseException) -> RetrySignal:
+    if egress_refusal(exc) is not None:
+        return RetrySignal(None)  # the policy says the same on every attempt
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
         return RetrySignal("connect", not_done=True)
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
@@ -680,7 +684,27 @@ def _timeout_outcome(
     )
 
 
+def egress_refusal(exc: BaseException) -> egress.EgressRefused | None:
+    """The egress policy's refusal behind a failure, if that is what it was: raised as is by an
+    HTTP tool's client, or inside the MCP SDK's task groups behind McpUnreachable."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, egress.EgressRefused):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return None
+
+
 def _failure_status(exc: BaseException) -> str:
+    if egress_refusal(exc) is not None:
+        return "egress_refused"
     if isinstance(exc, ToolHttpError):
         return str(exc.status)
     if isinstance(exc, httpx.HTTPStatusError):
@@ -725,7 +749,23 @@ def _exception_outcome(
     attempts: int,
     breaker: CircuitBreaker,
 ) -> ToolOutcome:
-    log_tool_failure(tool, _failure_status(exc), str(exc) or type(exc).__name__)
+    refused = egress_refusal(exc)
+    log_tool_failure(tool, _failure_status(exc), str(refused or exc) or type(exc).__name__)
+    if refused is not None:
+        # The platform's own policy, not the tool's health: no breaker count, and nothing
+        # was sent. The model reads the host refused, never a URL's path or secrets.
+        return _failure(
+            "failed",
+            str(refused),
+            started,
+            output={"ok": False, "error": "egress_refused", "host": refused.host},
+            shown=(
+                f"{tool.name} cannot be called: {refused}. Tell the user it is unavailable; "
+                "calling it again will not help."
+            ),
+            coercions=coercions,
+            attempts=attempts,
+        )
     if isinstance(exc, UnknownHandler | ToolMisconfigured | HeaderEnvRefused):
         message = f"{tool.name} is misconfigured ({exc}); tell the user it is unavailable."
     elif isinstance(exc, McpToolError):

@@ -125,11 +125,14 @@ async def _connected(endpoint: McpEndpoint, shared: bool) -> AsyncIterator["Clie
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
+    from runtime import egress
+
     from .env_access import header_values
 
     if endpoint.url:
         # Slack over the call's own limit: the executor's timeout decides, and says "timeout".
-        http = httpx2.AsyncClient(
+        # Its connections pass the egress policy; redirects are not followed.
+        http = egress.mcp_async_client(
             headers=header_values(endpoint.headers),
             timeout=httpx2.Timeout(endpoint.timeout_s + 5),
         )

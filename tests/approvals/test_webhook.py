@@ -71,3 +71,12 @@ def test_the_task_retries_with_backoff():
 
     assert webhook_send.autoretry_for == (WebhookFailed,)
     assert webhook_send.retry_backoff is True and webhook_send.retry_jitter is True
+
+
+def test_a_frame_for_a_refused_address_is_not_sent_nor_retried(receiver, settings):
+    from approvals.tasks import webhook_send
+
+    settings.APPROVAL_WEBHOOK_URL = receiver
+    settings.EGRESS_ALLOW = []
+    assert webhook_send({"type": "approval.requested", "data": {}}) == 0
+    assert received == []

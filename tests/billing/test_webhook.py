@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import transaction
+from django.test import override_settings
 
 from agentplatform.celery import app
 from billing.budgets import Budget, Spent
@@ -132,3 +133,25 @@ def test_a_step_crossing_a_day_budget_notices_once_per_threshold(
     # One POST per notice row, however many steps saw the crossing.
     posted = [json.loads(body)["id"] for body, _ in received]
     assert sorted(posted) == [n.pk for n in notices]
+
+
+@pytest.mark.django_db
+def test_a_notice_for_a_refused_address_is_recorded_as_failing_not_sent_nor_retried(
+    receiver,
+) -> None:  # type: ignore[no-untyped-def]
+    notice = SpendNotice.objects.create(
+        kind="budget",
+        subject="owner:1:month",
+        threshold=80,
+        period_start=date(2026, 5, 1),
+        period_end=date(2026, 6, 1),
+        message="80% of the month's budget",
+    )
+    with override_settings(EGRESS_ALLOW=[]):
+        assert notice_webhook_send(notice.pk) == 0  # returned: no retry is scheduled
+    assert received == []
+    notice.refresh_from_db()
+    assert notice.webhook_sent_at is None
+    assert notice.webhook_status == (
+        "failed: egress refused: 127.0.0.1 is a loopback address that EGRESS_ALLOW does not list"
+    )

@@ -495,6 +495,17 @@ def test_http_tool_urls_are_checked_when_asked(listening_url):
     assert "tool clock: updated (url)" in report
 
 
+def test_the_url_check_names_an_address_the_egress_policy_refuses(listening_url, settings):
+    settings.EGRESS_ALLOW = []
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=_http_tool(listening_url), check_urls=True)
+    assert info.value.errors == [
+        "tools[0] (clock).url: unreachable: egress refused: 127.0.0.1 is a loopback address "
+        "that EGRESS_ALLOW does not list"
+    ]
+    assert _state() == ([], [], [], [])
+
+
 def test_the_command_checks_urls_unless_told_not_to(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/coupons"
     path = _write(tmp_path, _http_tool(dead))

@@ -83,7 +83,14 @@ def _env(port: int) -> dict[str, str]:
     env = dict(os.environ)
     # The test run's own settings must not leak in: `make run` uses the
     # embedded stack's URLs (.data/stack.env) and the default queue.
-    for name in ("CELERY_QUEUE", "DATABASE_URL", "REDIS_URL", "SESSION_PICKUP_GRACE_S"):
+    # EGRESS_ALLOW too: `make run` allows its demo API's address itself.
+    for name in (
+        "CELERY_QUEUE",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "SESSION_PICKUP_GRACE_S",
+        "EGRESS_ALLOW",
+    ):
         env.pop(name, None)
     env["PORT"] = str(port)
     # The demo business API (Procfile `demoapi`) on a free port too: a port
@@ -118,6 +125,22 @@ def _demo_turn(base: str, key: str) -> None:
             f"/api/v1/sessions/{session_id}/messages/", params={"limit": 100}
         ).json()
         assert messages[-1]["role"] == "assistant" and messages[-1]["content"], messages[-1]
+
+        # An HTTP tool: the demo API on 127.0.0.1, which the egress policy lets `make run` reach.
+        posted = client.post(
+            f"/api/v1/sessions/{session_id}/messages/", json={"content": "order SO-1001"}
+        )
+        assert posted.status_code == 202, posted.text
+        deadline = time.monotonic() + TURN_TIMEOUT_S
+        while time.monotonic() < deadline and len(finished) < 2:
+            events = client.get(f"/api/v1/sessions/{session_id}/events/", params={"after": 0})
+            finished = [e for e in events.json() if e["type"] == "turn.finished"]
+            time.sleep(0.2)
+        assert len(finished) == 2, f"no second turn.finished after {TURN_TIMEOUT_S} s"
+        messages = client.get(
+            f"/api/v1/sessions/{session_id}/messages/", params={"limit": 100}
+        ).json()
+        assert messages[-1]["content"].startswith("Order SO-1001 of "), messages[-2:]
 
 
 def test_make_run_serves_the_demo_and_stops_on_ctrl_c():

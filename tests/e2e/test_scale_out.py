@@ -165,6 +165,8 @@ class Hosts:
             "ALLOWED_HOSTS": self.address("web"),
             "SECRET_KEY": "scale-out-test-secret-" + "k" * 40,
             "METRICS_TOKEN": METRICS_TOKEN,
+            # The model and tool host is on the hosts' private network: a deployment lists it.
+            "EGRESS_ALLOW": self.address("ext"),
             **extra,
         }
 

@@ -482,6 +482,19 @@ async def test_connection_refused_is_unavailable(endpoint_for, openai_server, de
     assert "cannot reach" in str(caught.value)
 
 
+async def test_an_endpoint_at_a_refused_address_is_a_config_error_and_nothing_is_sent(
+    openai_server, endpoint_for, settings
+):
+    settings.EGRESS_ALLOW = []
+    with pytest.raises(ModelConfigError) as caught:
+        await adapter_for(endpoint_for(openai_server, name="internal")).complete(HELLO)
+    assert str(caught.value) == (
+        "endpoint 'internal': egress refused: 127.0.0.1 is a loopback address that "
+        "EGRESS_ALLOW does not list"
+    )
+    assert openai_server.requests == []
+
+
 async def test_a_server_that_never_sends_a_byte_times_out_on_the_first_token(
     openai_server, endpoint_for
 ):

@@ -69,6 +69,15 @@ def test_http_embedder_normalises_and_checks_the_dimension():
         embedder.embed(["blue"])
 
 
+def test_an_embeddings_endpoint_at_a_refused_address_is_an_error_and_nothing_is_sent(settings):
+    settings.EGRESS_ALLOW = []
+    with FakeEmbeddingServer(dimension=4) as server:
+        embedder = HttpEmbedder(base_url=server.base_url, model="m", dimension=4)
+        with pytest.raises(EmbeddingError, match="egress refused: 127.0.0.1 is a loopback"):
+            embedder.embed(["x"])
+        assert server.requests == []
+
+
 def test_http_embedder_sends_the_key_from_the_environment(monkeypatch):
     with FakeEmbeddingServer(dimension=4) as server:
         embedder = HttpEmbedder(server.base_url, "m", 4, api_key_env="EMBED_TEST_KEY")

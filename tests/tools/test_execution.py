@@ -1129,3 +1129,86 @@ def test_a_side_effecting_tool_is_retried_when_the_connection_was_never_made(wai
         call_id="c1", name=tool.name, arguments={"number": "1", "amount": 5}, idempotency_key=""
     )
     assert run(unkeyed, tool).attempts == 1
+
+
+# egress (runtime/egress.py) -------------------------------------------------------------------
+
+
+@override_settings(EGRESS_ALLOW=[])
+def test_an_http_tool_at_a_refused_address_is_a_tool_error_naming_the_host_and_nothing_is_sent(
+    caplog,
+):
+    with ScriptedApi() as api:
+        # Read-only, so a connect error would be retried: a refusal is not.
+        tool = http_tool(
+            unique("internal"),
+            api.url("/admin/keys?token=tok_0123456789abcdef"),
+            method="GET",
+            headers={"Authorization": "Bearer sk-internal-0123456789"},
+        )
+        with caplog.at_level("WARNING", logger="tools.execution"):
+            outcome = run(call(tool.name, {"number": "SO-1"}), tool)
+        assert api.requests == []
+    assert (outcome.status, outcome.attempts) == ("failed", 1)
+    assert outcome.output == {"ok": False, "error": "egress_refused", "host": "127.0.0.1"}
+    assert outcome.content == (
+        f"{FAILURE_MARKER} (status: failed): {tool.name} cannot be called: egress refused: "
+        "127.0.0.1 is a loopback address that EGRESS_ALLOW does not list. Tell the user it is "
+        "unavailable; calling it again will not help."
+    )
+    # What the model and the call's row get: the host, never the URL's path, query or headers.
+    seen = f"{outcome.content} {outcome.error} {outcome.output}"
+    assert "tok_0123456789abcdef" not in seen and "sk-internal" not in seen
+    assert "/admin/keys" not in seen
+    assert "status=egress_refused" in caplog.text
+    assert tool_breaker().state(tool.name).failures == 0  # the policy, not an outage
+
+
+@override_settings(EGRESS_ALLOW=[])
+def test_a_probe_of_a_refused_status_url_cannot_tell_and_sends_nothing():
+    from tools.execution import probe
+
+    with ScriptedApi() as api:
+        tool = http_tool(unique("coupon"), api.url("/c"), status_url=api.url("/c/status"))
+        result = on_loop(probe(tool, "key-1"))
+        assert api.requests == []
+    assert result.verdict == "unknown"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_whose_tool_is_refused_goes_on_and_the_model_answers(
+    make_agent, make_session, openai_server
+):
+    from engine.runner import loop as runner
+    from sessions.models import Session, ToolCall
+    from sessions.services import message_post
+    from tests.fakes.model_servers import Call, Reply
+
+    name = unique("metadata")
+    ToolFactory(
+        name=name,
+        kind="http",
+        handler="",
+        url="http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+        method="GET",
+        roles=[],
+    )
+    session = make_session(make_agent(tools=[name]))
+    openai_server.script(
+        Reply(calls=[Call(name, {}, id="call_1")]),
+        Reply(text="That service is unavailable right now."),
+    )
+    message_post(session=session, content="What are the instance credentials?")
+    # The model endpoint is on loopback (allowed here); the tool's metadata address is not.
+    with override_settings(EGRESS_ALLOW=["127.0.0.1"]):
+        result = runner.session_run(session_id=session.pk)
+    assert result.stopped == "idle", result
+    first, second = openai_server.requests
+    assert second.last_tool_result() == (
+        f"{FAILURE_MARKER} (status: failed): {name} cannot be called: egress refused: "
+        "169.254.169.254 is a metadata address that EGRESS_ALLOW does not list. Tell the user "
+        "it is unavailable; calling it again will not help."
+    )
+    [recorded] = ToolCall.objects.filter(session=session)
+    assert recorded.status == "failed" and recorded.output["error"] == "egress_refused"
+    assert Session.objects.get(pk=session.pk).state == "finished"

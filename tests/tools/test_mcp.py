@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from engine.runner import loop as runner
 from runtime import io_loop
@@ -17,8 +18,9 @@ from sessions.models import Event, Message, Session, ToolCall
 from sessions.services import message_post
 from tests.fakes.mcp_fixtures import free_port
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
+from tests.tools.http_server import ScriptedApi
 from tools.execution import FAILURE_MARKER, ToolInvocation, execute_one, tools_for_agent
-from tools.mcp import MESSAGE_MAX_CHARS, McpToolError, McpUnreachable
+from tools.mcp import MESSAGE_MAX_CHARS, McpEndpoint, McpToolError, McpUnreachable, list_tools
 from tools.models import McpServer, Tool
 from tools.services import mcp_server_refresh
 
@@ -285,3 +287,31 @@ def test_a_turn_calls_an_mcp_tool_under_a_name_valid_for_the_wire(
     answer = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
     assert answer is not None and answer.content.startswith("Your parcel JD0042 is in transit")
     assert Session.objects.get(pk=session.pk).state == "finished"
+
+
+# egress (runtime/egress.py) ---------------------------------------------------------------------
+
+
+def test_listing_the_tools_of_a_server_at_a_refused_address_sends_nothing_and_says_why(unique):
+    """What "Refresh tools" runs: no POST leaves for a refused address, whatever answers there."""
+    with ScriptedApi() as api:
+        server = _server(f"e{unique}", url=api.url("/internal/admin"), timeout_s=3)
+        with override_settings(EGRESS_ALLOW=[]), pytest.raises(McpUnreachable) as info:
+            io_loop.run(list_tools(McpEndpoint.from_model(server)), 60)
+        assert api.requests == []
+    assert "egress refused: 127.0.0.1 is a loopback address that EGRESS_ALLOW does not list" in str(
+        info.value
+    )
+
+
+def test_an_mcp_tool_at_a_refused_address_is_a_tool_error_for_the_model(mcp_server, unique):
+    server = _server(f"e{unique}", url=mcp_server.url, timeout_s=3)
+    mcp_server_refresh(server=server)
+
+    with override_settings(EGRESS_ALLOW=[]):
+        outcome = _call(f"{server.name}.track_parcel", {"tracking_number": "JD0042"})
+
+    assert (outcome.status, outcome.attempts) == ("failed", 1)
+    assert outcome.output == {"ok": False, "error": "egress_refused", "host": "127.0.0.1"}
+    assert "cannot be called: egress refused: 127.0.0.1 is a loopback address" in outcome.content
+    assert mcp_server.calls() == []
