@@ -136,7 +136,7 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
         name="walk", base_url="http://127.0.0.1:9/v1", model="m", dimension=16
     )
     prompt_sample_record(
-        session_id=waiting.pk, turn=1, iteration=1, endpoint="rules", model="m", trace_id="",
+        session_id=waiting.pk, owner_id=viewer.pk, turn=1, iteration=1, endpoint="rules", model="m", trace_id="",
         request=ChatRequest(messages=(ChatMessage(role="user", content=f"prompt {SECRET}"),)),
         response=ChatResponse(text=f"answer {SECRET}"), input_tokens=1, output_tokens=1,
     )  # fmt: skip
