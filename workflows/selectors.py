@@ -4,7 +4,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from sessions.models import Agent, Event, ModelEndpoint, Session
 from tools.execution import BUILTIN_TOOLS, ToolSnapshot
@@ -126,3 +126,12 @@ def run_graph_svg(session: Session, *, link: Any = None) -> str:
     version = session.workflow_version
     assert version is not None
     return workflow_svg(version.definition, marks=run_node_marks(session), link=link)
+
+
+def workflow_definition_current(*, slug: str) -> dict[str, Any] | None:
+    """The definition of the workflow's current version, as stored; None if it has none."""
+    return (
+        WorkflowVersion.objects.filter(workflow__slug=slug, number=F("workflow__current_version"))
+        .values_list("definition", flat=True)
+        .first()
+    )
