@@ -257,6 +257,7 @@ def approver_grant(*, username: str, groups: list[str] | None = None, actor: str
                 object_type=Approver._meta.label_lower,
                 object_id=approver.pk,
                 object_repr=str(approver),
+                owner_id=user.pk,  # the rights are this user's: they see the entry
                 before=before,
                 after=after,
             )

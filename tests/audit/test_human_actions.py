@@ -86,6 +86,7 @@ def test_the_commands_actor_option_and_an_approver_grant():
     assert grant.actor == "ci:release-42" and grant.before is None
     assert grant.after == {"groups": ["refunds"], "is_active": True}
     assert grant.object_id == str(Approver.objects.get(user__username="bob").pk)
+    assert grant.owner_id == get_user_model().objects.get(username="bob").pk
 
 
 def test_a_key_revoked_by_the_command_is_an_entry_once(monkeypatch):
