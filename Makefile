@@ -10,9 +10,14 @@
 #                the in-process lane and the end-to-end lane side by side, each on its own
 #                pytest-xdist workers (tests/lanes.py; PYTEST_ARGS="-k foo -x" to pass arguments)
 #   make test-fast  the in-process lane alone (no live processes, no browser): the edit loop
+#   make test-changed  only the in-process tests whose recorded coverage a change touches
+#                (pytest-testmon; .data/testmondata); the whole lane after a migration, a
+#                settings, pyproject or conftest change, where a selection cannot be trusted
 #   make lint    ruff check, ruff format --check, lint-imports, mypy, bandit, the dependency
 #                audit (pip-audit; it fails, saying why, when no vulnerability service answers)
 #   make fmt     ruff format + ruff check --fix
+#   make docs    build the manual (docs/, MkDocs + Material, offline) into site/;
+#                `make docs-serve` serves it with live reload on DOCS_PORT (8001)
 #   make bench   python -m bench (BENCH_ARGS=...)
 #   make soak    the random-kill crash test with 200 runs (FAULT_RUNS=N) and the 3 s
 #                recovery target (FAULT_RECOVERY_P95_S), alone on the machine; not in CI
@@ -47,7 +52,7 @@ PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.data/prometheus
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv .venv run test test-fast browser lint fmt bench soak scale-out up down stop status env clean
+.PHONY: help venv .venv run test test-fast test-changed browser lint fmt docs docs-serve bench soak scale-out up down stop status env clean
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
@@ -129,6 +134,23 @@ test-fast: $(DEV_STAMP)
 	$(PY) -m devstack up
 	$(PY) -m tests.lanes --lane fast $(PYTEST_ARGS)
 
+# pytest-testmon selects by what each test executed last time (its own coverage record).
+# What it cannot see (a migration, settings, the installed packages, conftest fixtures)
+# sends the change to the whole in-process lane, which also records anew.
+TESTMON_DATA := .data/testmondata
+UNTRUSTED := (^|/)migrations/|^agentplatform/settings|^pyproject.toml|conftest.py$$|^tests/pytest_env.py|^tests/database_template.py
+test-changed: $(DEV_STAMP)
+	$(PY) -m devstack up
+	@since=$$(cat $(TESTMON_DATA).rev 2>/dev/null || true); \
+	changed=$$( { [ -n "$$since" ] && git diff --name-only "$$since" 2>/dev/null; git ls-files --others --exclude-standard; } || true); \
+	if [ ! -f $(TESTMON_DATA) ] || [ -z "$$since" ] || printf '%s\n' "$$changed" | grep -qE '$(UNTRUSTED)'; then \
+		echo "test-changed: no trusted record (first run, or a migration/settings/dependency change since it): the whole in-process lane, recording"; \
+		rm -f $(TESTMON_DATA); \
+	fi; \
+	git rev-parse HEAD > $(TESTMON_DATA).rev; \
+	status=0; TESTMON_DATAFILE=$(TESTMON_DATA) $(PY) -m pytest --testmon -m "not e2e" -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "test-changed: no test is affected by the change"; status=0; fi; exit $$status
+
 # Browser tests drive Debian's chromium (never a downloaded browser). Installed where
 # we can (root with apt); elsewhere, or offline, those tests skip and say why.
 browser:
@@ -156,6 +178,14 @@ lint: $(DEV_STAMP)
 fmt: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+DOCS_PORT ?= 8001
+
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 bench: $(DEV_STAMP)
 	@$(PY) -c 'import langgraph.checkpoint.postgres' 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q 'langgraph>=1.2' 'langgraph-checkpoint-postgres>=2.0'

@@ -287,6 +287,10 @@ RETRY_INLINE_WAIT_S = env.float("RETRY_INLINE_WAIT_S", default=2.0)
 # environment also holds the database URL and every model key.
 TOOL_SECRET_ENV_PREFIXES = env.list("TOOL_SECRET_ENV_PREFIXES", default=["TOOL_SECRET_"])
 TOOL_SECRET_ENV_ALLOW = env.list("TOOL_SECRET_ENV_ALLOW", default=[])
+# The executables a stdio MCP server may start (comma-separated, compared with the
+# command's first word as written): what runs on the host is the deployer's decision.
+# Empty (the default): no stdio server starts; apply_config and the admin refuse one.
+MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[])
 # Tool descriptions that do not help the model (tools/descriptions.py): warnings, or with
 # this on errors that stop apply_config and the admin form (MCP tools only ever warn).
 TOOL_DESCRIPTIONS_STRICT = env.bool("TOOL_DESCRIPTIONS_STRICT", default=False)
@@ -318,6 +322,9 @@ API_RATE_WINDOW_S = env.int("API_RATE_WINDOW_S", default=60)
 # Budgets, rate limits and degradation (README "Budgets, rate limits and degradation").
 # Output tokens a model call is assumed to produce when the budget check estimates it.
 BUDGET_OUTPUT_ESTIMATE_TOKENS = env.int("BUDGET_OUTPUT_ESTIMATE_TOKENS", default=512)
+# A model call's worst case is held against the owner's day, month and key budgets until
+# its step commits; a hold its run never released (a crash) stops counting after this.
+BUDGET_HOLD_S = env.float("BUDGET_HOLD_S", default=600.0)
 # A rate-limited model call waits this long in the worker at most; a longer wait parks
 # the session and re-enqueues it for when the window turns, holding no worker.
 RATE_LIMIT_INLINE_WAIT_S = env.float("RATE_LIMIT_INLINE_WAIT_S", default=2.0)

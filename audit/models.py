@@ -29,6 +29,8 @@ class AuditAction(models.TextChoices):
     ADMIN_CHANGE = "admin.change", "changed in the admin"
     ADMIN_DELETE = "admin.delete", "deleted in the admin"
     BREAKER_RESET = "breaker.reset", "circuit breaker reset"
+    MCP_REFRESH_QUEUED = "mcp.refresh_queued", "MCP server refresh queued"
+    MCP_REFRESHED = "mcp.refreshed", "MCP server refreshed (or failed to)"
     API_KEY_CREATE = "apikey.create", "API key created"
     API_KEY_REVOKE = "apikey.revoke", "API key revoked"
     APPROVER_GRANT = "approver.grant", "approver rights granted"

@@ -5,11 +5,17 @@ far and an estimate of the call. The call runs as is if it fits; if only its out
 would cross a budget, the request is made smaller (a lower output limit); otherwise it
 is refused and the turn ends with what the agent has (`stop_reason: budget_exceeded`).
 Exact accounting happens after the call, from the tokens the model reported.
+
+The owner's sessions spend the `shared` budgets (a day, a month, a key's period) at once,
+so an allowed call also holds its worst case against them before it is sent
+(`services.budget_reserve`), and the step that records it gives the hold back.
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
+
+from .pricing import model_call_cost
 
 # A smaller request is only worth sending if the model can still say something useful.
 MIN_OUTPUT_TOKENS = 64
@@ -28,6 +34,15 @@ class Budget:
     def label(self) -> str:
         return f"{self.who} {self.period}"
 
+    @property
+    def shared(self) -> bool:
+        """Spent by the owner's sessions at once (a day, a month, a key's period), so a call
+        holds its worst case against it before it is sent (`billing_budget_reserve`); a
+        turn's or session's budget is spent by one step at a time."""
+        return self.period in ("day", "month") and (
+            self.tokens is not None or self.cost is not None
+        )
+
 
 @dataclass(frozen=True)
 class Spent:
@@ -41,6 +56,19 @@ class CallEstimate:
     output_tokens: int
     price_input_per_1k: Decimal = Decimal(0)
     price_output_per_1k: Decimal = Decimal(0)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def cost(self) -> Decimal:
+        return model_call_cost(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            price_input_per_1k=self.price_input_per_1k,
+            price_output_per_1k=self.price_output_per_1k,
+        )
 
 
 @dataclass(frozen=True)

@@ -369,3 +369,34 @@ class SpendNotice(models.Model):
 
     def __str__(self) -> str:
         return self.message
+
+
+class BudgetHold(models.Model):
+    """What a session's model call in flight may still cost: its worst case (the request's
+    input plus its `max_tokens`, priced at the endpoint it goes to), held against the
+    owner's shared budgets (owner day and month, the agent's day, the API key's period)
+    from before the call until the step that records it commits (which deletes the row).
+
+    `billing_budget_reserve` (migration 0010) takes it only if every budget's spend, plus
+    every other hold of the owner, plus this one fits, under a per-owner lock: concurrent
+    turns cannot all pass the same check. One row per session: a run taken over replaces
+    its session's row; a crashed run's row stops counting at `expires_at` and the sweeper
+    deletes it once the session's lease lapsed."""
+
+    session_id = models.UUIDField(primary_key=True)
+    owner_id = models.BigIntegerField()
+    agent_id = models.BigIntegerField()
+    api_key_id = models.BigIntegerField(default=0)
+    # The run (its lease owner) that holds it: more calls of the same run's step add up.
+    run = models.CharField(max_length=200, blank=True)
+    tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "budget hold"
+        indexes = [models.Index(fields=["owner_id"], name="budget_hold_owner")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {self.tokens} tokens, {self.cost}"

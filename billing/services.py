@@ -31,7 +31,9 @@ from django.utils import timezone
 from audit.models import AuditAction
 from audit.services import audit_record
 
+from .budgets import Budget, CallEstimate, Spent
 from .models import (
+    BudgetHold,
     CreditAccount,
     CreditLedger,
     CreditReservation,
@@ -53,6 +55,7 @@ _RESERVATION = CreditReservation._meta.db_table
 _USAGE = UsageDaily._meta.db_table
 _TOOL_USAGE = ToolUsageDaily._meta.db_table
 _SPEND = SpendDaily._meta.db_table
+_HOLD = BudgetHold._meta.db_table
 
 # The owner's day, on the database clock: the same for every process.
 _TODAY = "(now() AT TIME ZONE %s)::date"
@@ -642,6 +645,105 @@ def model_charge_statement(
             figures.tool_calls,
         ],
     )
+
+
+# --- A model call's hold on the shared budgets ----------------------------------------------
+
+# The budgets `billing_budget_reserve` checks, in its result's order.
+_HELD_BUDGETS = ("agent day", "owner day", "owner month", "API key")
+
+
+@dataclass(frozen=True)
+class BudgetHeld:
+    """What `budget_reserve` decided: `exceeded` names the budget that refused ("" when the
+    hold was taken); `spent` is each checked budget's spend plus what the owner's other calls
+    in flight hold, read under the owner's lock (by label), for a smaller call to be judged."""
+
+    exceeded: str
+    spent: dict[str, Spent]
+
+    @property
+    def held(self) -> bool:
+        return not self.exceeded
+
+
+def budget_reserve(
+    *,
+    owner_id: int,
+    agent_id: int,
+    api_key_id: int | None,
+    session_id: UUID | str,
+    run: str,
+    call: CallEstimate,
+    budgets: Sequence[Budget],
+) -> BudgetHeld:
+    """Hold a model call's worst case (`call`: its input and output limit at the endpoint's
+    prices) against the shared budgets among `budgets` (`Budget.shared`), if it fits them
+    all with what the periods spent and the owner's other calls hold: one statement, the
+    function `billing_budget_reserve` (migration 0010), its own short transaction. The
+    step that records the call deletes the hold in its commit (`budget_release_statement`).
+    """
+    limits: dict[str, Budget] = {}
+    for budget in budgets:
+        if budget.shared:
+            limits["API key" if budget.who == "API key" else budget.label] = budget
+    key = limits.get("API key")
+    params: list[Any] = [
+        owner_id,
+        agent_id,
+        api_key_id or 0,
+        session_id,
+        run[:200],
+        _tz(),
+        call.tokens,
+        call.cost,
+        float(settings.BUDGET_HOLD_S),
+    ]
+    for label in _HELD_BUDGETS[:3]:
+        limit = limits.get(label)
+        params += [None, None] if limit is None else [limit.tokens, limit.cost]
+    params += [None, None, None] if key is None else [key.period, key.tokens, key.cost]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM billing_budget_reserve("
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            params,
+        )
+        exceeded, *figures = cursor.fetchone()
+    spent = {
+        (f"API key {key.period}" if label == "API key" and key else label): Spent(
+            int(figures[2 * i]), Decimal(figures[2 * i + 1])
+        )
+        for i, label in enumerate(_HELD_BUDGETS)
+    }
+    return BudgetHeld(exceeded=exceeded, spent=spent)
+
+
+def budget_release_statement(*, session_id: UUID | str, guard: str = "") -> Statement:
+    """The statement a step's commit runs to give its session's hold back: the call's real
+    cost goes into the rollups in the same transaction, so a reserver never sees neither."""
+    where = f" AND {guard}" if guard else ""
+    # SQL names from model metadata (constants); every value is a bound parameter.
+    return (f"DELETE FROM {_HOLD} WHERE session_id = %s{where}", [session_id])  # nosec B608
+
+
+def budget_holds_sweep(*, session_table: str, lease_grace_s: float) -> int:
+    """Delete the holds no run will release: past `expires_at` (BUDGET_HOLD_S), or whose
+    session's lease is no longer the holding run's (the run crashed or was taken over) for
+    `lease_grace_s`. `session_table` is the engine's (billing never imports sessions)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""DELETE FROM {_HOLD} h
+                 WHERE h.expires_at <= now()
+                    OR (h.created_at < now() - make_interval(secs => %s)
+                        AND NOT EXISTS (
+                            SELECT 1 FROM "{session_table}" s
+                             WHERE s.id = h.session_id AND s.lease_owner = h.run
+                               AND s.lease_expires_at > now() - make_interval(secs => %s)))""",  # nosec B608
+            [lease_grace_s, lease_grace_s],
+        )
+        return cursor.rowcount
 
 
 # --- Cost notices (billing/notices.py) ------------------------------------------------------

@@ -19,6 +19,7 @@ from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
+from tools.stdio_policy import command_problem, env_problems
 from workflows.definition import WorkflowInvalid, definition_parse
 from workflows.expressions import ExpressionError, expression_compile
 
@@ -109,6 +110,8 @@ MCP_SERVER_ENTRY = {
         "name": MCP_SERVER_NAME,
         "url": URL,
         "command": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        # The stdio process's environment (nothing else of the worker's is passed on).
+        "env": {**HEADERS, "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
         "headers": HEADERS,
         "timeout_s": POSITIVE,
         "roles": ROLE_LIST,
@@ -632,6 +635,13 @@ def _mcp_server_errors(document: dict[str, Any], known_roles: set[str] | None) -
                 )
         if entry.get("command") and entry.get("headers"):
             errors.append(f"{where}.headers: only for url servers (stdio has no headers)")
+        if entry.get("command"):
+            problem = command_problem(entry["command"])
+            if problem:
+                errors.append(f"{where}.command: {problem}")
+            errors += [f"{where}.env.{line}" for line in env_problems(entry.get("env"))]
+        elif entry.get("env"):
+            errors.append(f"{where}.env: only for stdio servers (a command)")
         if roles is None:
             continue
         listed = [(f"roles[{j}]", r) for j, r in enumerate(entry.get("roles") or [])]

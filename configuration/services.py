@@ -260,7 +260,16 @@ def _drift(row: Any, values: dict[str, Any], managed: Sequence[str]) -> str:
     return "; ".join(parts)
 
 
-MCP_SERVER_FIELDS = ("url", "command", "headers", "timeout_s", "roles", "tool_roles", "enabled")
+MCP_SERVER_FIELDS = (
+    "url",
+    "command",
+    "env",
+    "headers",
+    "timeout_s",
+    "roles",
+    "tool_roles",
+    "enabled",
+)
 
 
 def _description_checks(document: dict[str, Any], strict: bool) -> tuple[list[str], list[str]]:
@@ -299,6 +308,7 @@ def _discover(
             url=url.value if url is not None else "",
             command=tuple(entry.get("command") or ()),
             headers=dict(entry.get("headers") or {}),
+            env=dict(entry.get("env") or {}),
             timeout_s=float(entry.get("timeout_s", 10.0)),
         )
         if entry.get("enabled") is False:

@@ -5,6 +5,7 @@ the tests' tasks.
 """
 
 import os
+import sys
 
 os.environ.setdefault("CELERY_QUEUE", f"agentplatform-test-{os.getpid()}")
 os.environ.setdefault("SESSION_PICKUP_GRACE_S", "3")
@@ -36,3 +37,9 @@ os.environ.setdefault("PROMPT_SAMPLE_RATE", "0")
 # Traces stay off unless a test turns them on for a stack of its own.
 for _name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
     os.environ.pop(_name, None)
+# The stdio MCP servers the tests start (the test server under this interpreter, the published
+# mcp-server-time); live stacks inherit it.
+os.environ.setdefault(
+    "MCP_STDIO_COMMANDS",
+    ",".join([sys.executable, os.path.join(os.path.dirname(sys.executable), "mcp-server-time")]),
+)

@@ -9,20 +9,20 @@ from django.db import models
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.text import Truncator
+from django.utils.timezone import localtime
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from accounts.admin_access import holds
-from audit.edits import AuditedAdmin, breaker_reset_audit
+from audit.edits import AuditedAdmin, admin_actor, breaker_reset_audit
 
 from .descriptions import description_problems
-from .env_access import HeaderEnvRefused
 from .execution import tool_breaker
 from .forms import JSON_FIELD, breaker_badge, optional_count_field
-from .mcp import McpUnreachable
-from .models import McpServer, Tool, ToolKind
+from .models import McpServer, RefreshState, Tool, ToolKind
 from .registry import HANDLERS
-from .services import mcp_server_refresh
+from .services import RefreshNotQueued, mcp_server_refresh_queue
+from .stdio_policy import command_problem, env_problems
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
@@ -318,17 +318,70 @@ class ToolAdmin(AuditedAdmin, admin.ModelAdmin):
             messages.warning(request, f"tool {obj.name}: {problem}")
 
 
+class McpServerAdminForm(forms.ModelForm):
+    """The command and env are fields of a superuser's form only (read-only for the rest)."""
+
+    url = forms.URLField(
+        max_length=500,
+        required=False,
+        assume_scheme="https",
+        help_text="Streamable HTTP endpoint.",
+    )
+
+    class Meta:
+        model = McpServer
+        fields = (
+            "name",
+            "enabled",
+            "url",
+            "headers",
+            "command",
+            "env",
+            "timeout_s",
+            "roles",
+            "tool_roles",
+        )
+
+    def clean_command(self) -> Any:
+        command = self.cleaned_data.get("command") or []
+        if command and (problem := command_problem(command)):
+            raise forms.ValidationError(problem)
+        return command
+
+    def clean_env(self) -> Any:
+        env = self.cleaned_data.get("env")
+        if env in (None, ""):
+            return {}
+        if problems := env_problems(env):
+            raise forms.ValidationError(problems)
+        return env
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "env" in self.fields and data.get("env") and data.get("url"):
+            self.add_error("env", "only for stdio servers (a command); a url server has headers")
+        return data
+
+
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(AuditedAdmin, admin.ModelAdmin):
+    form = McpServerAdminForm
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}, **JSON_FIELD}  # type: ignore[dict-item]
-    list_display = ("name", "enabled", "transport", "tool_count", "refreshed_at", "error_short")
-    list_filter = ("enabled",)
+    list_display = ("name", "enabled", "transport", "tool_count", "last_refresh")
+    list_filter = ("enabled", "refresh_state")
     search_fields = ("name", "url")
-    readonly_fields = ("refreshed_at", "last_error")
+    readonly_fields = ("refresh_state", "refresh_queued_at", "refreshed_at", "last_error")
     actions = ("refresh_tools",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[McpServer]:
         return super().get_queryset(request).annotate(tool_total=Count("tools"))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        # What runs on the host is the deployer's: apply_config or a superuser sets it.
+        if not request.user.is_superuser:
+            fields += [*STDIO_FIELDS]
+        return fields
 
     @admin.display(description="transport")
     def transport(self, obj: McpServer) -> str:
@@ -339,26 +392,46 @@ class McpServerAdmin(admin.ModelAdmin):
     def tool_count(self, obj: McpServer) -> int:
         return int(getattr(obj, "tool_total", 0))
 
-    @admin.display(description="last error")
-    def error_short(self, obj: McpServer) -> str:
-        return Truncator(obj.last_error).chars(60) or "—"
+    @admin.display(description="last refresh", ordering="refreshed_at")
+    def last_refresh(self, obj: McpServer) -> str:
+        if obj.refresh_state == RefreshState.QUEUED:
+            return f"queued {_when(obj.refresh_queued_at)}"
+        if not obj.refresh_state:
+            return "—"
+        outcome = f"{obj.refresh_state} {_when(obj.refreshed_at)}"
+        return f"{outcome}: {Truncator(obj.last_error).chars(60)}" if obj.last_error else outcome
 
     def has_refresh_permission(self, request: HttpRequest) -> bool:
         # A refresh adds, changes and disables Tool rows from what the server lists now.
         return holds(request, "tools.refresh_mcpserver")
 
     @admin.action(
-        description="Refresh tools (list them now and show what changed)", permissions=["refresh"]
+        description="Refresh tools (a worker lists them; the row shows the outcome)",
+        permissions=["refresh"],
     )
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        queued = []
         for server in queryset:
             try:
-                diff = mcp_server_refresh(server=server)
-            except (McpUnreachable, HeaderEnvRefused) as exc:
-                messages.error(request, f"mcp {server.name}: cannot list its tools: {exc}")
+                mcp_server_refresh_queue(
+                    server=server, actor=admin_actor(request), user_id=request.user.pk
+                )
+            except RefreshNotQueued as exc:
+                messages.error(request, str(exc))
                 continue
-            messages.success(request, "; ".join(diff.lines()))
-            for warning in diff.warning_lines(
-                see=f"see them on each tool's page (Tools, search '{server.name}.')"
-            ):
-                messages.warning(request, warning)
+            queued.append(server.name)
+        if not queued:
+            return
+        names = ", ".join(queued)
+        messages.info(
+            request,
+            f"Refresh queued for {names}: a worker lists the tools; reload this page for "
+            "the outcome (column 'last refresh').",
+        )
+
+
+STDIO_FIELDS = ("command", "env")
+
+
+def _when(at: Any) -> str:
+    return localtime(at).strftime("%Y-%m-%d %H:%M:%S") if at else ""

@@ -43,6 +43,7 @@ class McpEndpoint:
     url: str = ""
     command: tuple[str, ...] = ()
     headers: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 10.0
 
     @classmethod
@@ -52,6 +53,7 @@ class McpEndpoint:
             url=server.url,
             command=tuple(server.command or ()),
             headers=dict(server.headers or {}),
+            env=dict(server.env or {}),
             timeout_s=server.timeout_s,
         )
 
@@ -78,9 +80,12 @@ class McpError(Exception):
     here, for everything that stores or shows it: the tool result, the server's
     `last_error`, the admin's message, a config load's report."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, summary: str = "") -> None:
         # Cut after scrubbing: a cut first could leave half an address the scrubber misses.
         super().__init__(scrub(message)[:MESSAGE_MAX_CHARS])
+        # What an operator's page may show: the error's class and code, never the remote
+        # answer's text (a server, or any URL a refresh was pointed at, writes that).
+        self.summary = summary or type(self).__name__
 
 
 class McpUnreachable(McpError):
@@ -96,6 +101,16 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+def _summary(exc: BaseException) -> str:
+    """The failure without its text: the error's class, and its JSON-RPC code if it has one
+    (the SDK turns an HTTP status into one: -32601 a 404, -32603 another 4xx/5xx)."""
+    leaf = _leaf(exc)
+    if isinstance(leaf, mcp_stdio.StdioRefused):
+        return f"{type(leaf).__name__}: {leaf}"  # our own words, no server's
+    code = getattr(leaf, "code", None)
+    return f"{type(leaf).__name__} (code {code})" if isinstance(code, int) else type(leaf).__name__
 
 
 def _describe(exc: BaseException) -> str:
@@ -148,8 +163,12 @@ async def _guarded(endpoint: McpEndpoint, work: Any, shared: bool = False) -> An
             except MCPError as exc:
                 if exc.code == CONNECTION_CLOSED:
                     # The server went away (a stdio process that died): no answer, not a refusal.
-                    raise McpUnreachable(f"{endpoint.where}: the connection closed") from exc
-                raise McpToolError(str(exc) or "the server refused the call") from exc
+                    raise McpUnreachable(
+                        f"{endpoint.where}: the connection closed", _summary(exc)
+                    ) from exc
+                raise McpToolError(
+                    str(exc) or "the server refused the call", _summary(exc)
+                ) from exc
     except (McpToolError, McpUnreachable, HeaderEnvRefused):
         raise
     except BaseExceptionGroup as group:
@@ -158,9 +177,9 @@ async def _guarded(endpoint: McpEndpoint, work: Any, shared: bool = False) -> An
             leaf, McpToolError | McpUnreachable | HeaderEnvRefused | asyncio.CancelledError
         ):
             raise leaf from None
-        raise McpUnreachable(f"{endpoint.where}: {_describe(group)}") from group
+        raise McpUnreachable(f"{endpoint.where}: {_describe(group)}", _summary(group)) from group
     except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
-        raise McpUnreachable(f"{endpoint.where}: {_describe(exc)}") from exc
+        raise McpUnreachable(f"{endpoint.where}: {_describe(exc)}", _summary(exc)) from exc
 
 
 async def list_tools(endpoint: McpEndpoint) -> list[ListedTool]:

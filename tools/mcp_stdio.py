@@ -22,16 +22,23 @@ concurrent calls are plain concurrent requests on the session), and
 
 Discovery (tools/list for apply_config and refreshes) still starts a process
 of its own each time, so a refresh always sees what the server lists now.
+
+A process starts only from an executable on MCP_STDIO_COMMANDS, with the environment
+its entry declares over a base holding no secret (tools/stdio_policy.py); in a worker,
+or apply_config's process, never in a web process (the admin queues a refresh).
 """
 
 import asyncio
 import atexit
+import json
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, TextIO, cast
+
+from .stdio_policy import child_env, command_problem, env_problems
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -46,7 +53,13 @@ STDERR_LINE_MAX_CHARS = 2000
 # 2 s, SIGTERM, 2 s, SIGKILL).
 CLOSE_ALL_TIMEOUT_S = 8.0
 
-Key = tuple[str, tuple[str, ...]]
+# The server's name, its command and its declared environment (as JSON): an edit of either
+# starts a new process.
+Key = tuple[str, tuple[str, ...], str]
+
+
+class StdioRefused(PermissionError):
+    """The command is not on MCP_STDIO_COMMANDS, or its environment reads a refused variable."""
 
 
 def _drain(read_fd: int, name: str, on_exit: Callable[[], None] | None) -> None:
@@ -80,8 +93,15 @@ async def connected(
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    # The child gets the SDK's minimal environment (PATH, HOME, ...), never the worker's secrets.
-    params = StdioServerParameters(command=endpoint.command[0], args=list(endpoint.command[1:]))
+    # Refused here too: a row written around the admin and apply_config starts nothing else.
+    problem = command_problem(list(endpoint.command))
+    problems = [problem] if problem else env_problems(endpoint.env)
+    if problems:
+        raise StdioRefused(f"mcp server {endpoint.name}: " + "; ".join(problems))
+    # The child's environment is exactly what its entry declares over a base without secrets.
+    params = StdioServerParameters(
+        command=endpoint.command[0], args=list(endpoint.command[1:]), env=child_env(endpoint.env)
+    )
     errlog = stderr_pipe(endpoint.name, on_exit)
     async with AsyncExitStack() as stack:
         try:
@@ -164,7 +184,7 @@ _pools: dict[asyncio.AbstractEventLoop, dict[Key, Shared]] = {}
 
 
 def _key(endpoint: "McpEndpoint") -> Key:
-    return (endpoint.name, endpoint.command)
+    return (endpoint.name, endpoint.command, json.dumps(endpoint.env, sort_keys=True))
 
 
 @asynccontextmanager
@@ -181,7 +201,8 @@ async def shared_session(
     pool = _pools.get(loop, {})
     shared = pool.get(key)
     if shared is None or not shared.usable:
-        # The server's command changed since (its row was edited): the old process goes.
+        # The server's command or environment changed since (its row was edited): the old
+        # process goes.
         for other in [s for k, s in pool.items() if k[0] == endpoint.name and k != key]:
             other.close()
         # Looked up again: closing the last session drops its loop's pool.

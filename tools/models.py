@@ -8,6 +8,12 @@ class ToolKind(models.TextChoices):
     MCP = "mcp", "MCP server tool"
 
 
+class RefreshState(models.TextChoices):
+    QUEUED = "queued", "queued"
+    OK = "ok", "ok"
+    FAILED = "failed", "failed"
+
+
 class McpServer(models.Model):
     """A Model Context Protocol server whose tools are discovered and stored as Tool rows.
 
@@ -22,7 +28,14 @@ class McpServer(models.Model):
         models.CharField(max_length=500),
         default=list,
         blank=True,
-        help_text="Stdio: the command and its arguments, started for each call.",
+        help_text="Stdio: the executable (one on MCP_STDIO_COMMANDS) and its arguments. "
+        "Set by apply_config or a superuser.",
+    )
+    env = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Stdio: the whole environment of the process beyond PATH and HOME, e.g. {"TZ": '
+        '"UTC", "API_TOKEN": {"env": "TOOL_SECRET_X"}}. Set by apply_config or a superuser.',
     )
     headers = models.JSONField(
         default=dict,
@@ -42,8 +55,17 @@ class McpServer(models.Model):
         help_text='Per-tool roles, e.g. {"wipe_orders": ["admin"]}.',
     )
     enabled = models.BooleanField(default=True)
+    # The last refresh: queued by the admin, run by a worker (tools/tasks.py).
+    refresh_state = models.CharField(
+        max_length=10, choices=RefreshState.choices, blank=True, editable=False
+    )
+    refresh_queued_at = models.DateTimeField(null=True, blank=True, editable=False)
     refreshed_at = models.DateTimeField(null=True, blank=True, editable=False)
-    last_error = models.TextField(blank=True, editable=False)
+    last_error = models.TextField(
+        blank=True,
+        editable=False,
+        help_text="The last refresh's failure: its error class and code, never the answer's text.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -64,11 +86,15 @@ class McpServer(models.Model):
         from .env_access import header_env_rule, refused_header_envs
 
         if bool(self.url) == bool(self.command):
-            raise ValidationError("give either a url (streamable HTTP) or a command (stdio)")
+            raise ValidationError(
+                {"url": "give either a url (streamable HTTP) or a command (stdio)"}
+            )
         refused = refused_header_envs(self.headers)
         if refused:
             names = ", ".join(f"{header} reads {name}" for header, name in refused)
             raise ValidationError({"headers": f"{names}, but {header_env_rule()}"})
+        # The command and env are checked by the admin's form (shown to superusers only) and
+        # by apply_config; a field error here would name a field a staff user's form lacks.
 
 
 class Tool(models.Model):

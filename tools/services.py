@@ -1,5 +1,6 @@
 """Writes of the tools app: an MCP server's tools made to match what it lists."""
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -8,11 +9,18 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from audit.models import AuditAction
+from audit.services import SYSTEM, audit_record
 from runtime import io_loop
+from runtime.tasks import task_send
 
 from .descriptions import description_problems, tool_warnings
-from .mcp import DISCOVERY_TIMEOUT_S, ListedTool, McpEndpoint, McpUnreachable, list_tools
-from .models import McpServer, Tool, ToolKind
+from .env_access import HeaderEnvRefused
+from .mcp import DISCOVERY_TIMEOUT_S, ListedTool, McpEndpoint, McpError, list_tools
+from .models import McpServer, RefreshState, Tool, ToolKind
+
+logger = logging.getLogger("tools.mcp")
+REFRESH_TASK = "tools.tasks.mcp_server_refresh"
 
 NAME_MAX_CHARS = 64  # Tool.name
 # What a refresh reports as a change of the tool (roles and timeouts follow the server's row).
@@ -142,7 +150,9 @@ def mcp_tools_store(*, server: McpServer, listed: list[ListedTool]) -> McpDiff:
     for gone in existing.values():
         diff.removed.append(gone.name)
         gone.delete()
-    McpServer.objects.filter(pk=server.pk).update(refreshed_at=timezone.now(), last_error="")
+    McpServer.objects.filter(pk=server.pk).update(
+        refresh_state=RefreshState.OK, refreshed_at=timezone.now(), last_error=""
+    )
     return diff
 
 
@@ -153,12 +163,96 @@ def mcp_server_list(*, endpoint: McpEndpoint) -> list[ListedTool]:
     )
 
 
-def mcp_server_refresh(*, server: McpServer) -> McpDiff:
-    """List the server's tools now and store them; McpUnreachable (recorded on the row) if it cannot be asked."""
+def _tool_names(server: McpServer) -> list[str]:
+    return sorted(Tool.objects.filter(mcp_server=server).values_list("name", flat=True))
+
+
+def mcp_server_refresh_queue(*, server: McpServer, actor: str, user_id: int | None) -> None:
+    """A person asked for a refresh: mark it queued, audit it, and hand it to a worker.
+
+    Nothing here lists the tools: a stdio server's process and a URL's request run in a
+    worker (tools/tasks.py), never in the web process that took the click.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        McpServer.objects.filter(pk=server.pk).update(
+            refresh_state=RefreshState.QUEUED, refresh_queued_at=now
+        )
+        audit_record(
+            action=AuditAction.MCP_REFRESH_QUEUED,
+            actor=actor,
+            user_id=user_id,
+            object_type=McpServer._meta.label_lower,
+            object_id=server.pk,
+            object_repr=server.name,
+            before={"refresh_state": server.refresh_state},
+            after={"refresh_state": RefreshState.QUEUED},
+        )
+        transaction.on_commit(lambda: _refresh_send(server, actor))
+
+
+class RefreshNotQueued(Exception):
+    """The broker did not take the refresh's task (recorded on the row as the outcome)."""
+
+
+def _refresh_send(server: McpServer, actor: str) -> None:
+    try:
+        task_send(REFRESH_TASK, (server.pk, actor))
+    except Exception as exc:
+        logger.warning("mcp server %s: refresh not queued", server.name, exc_info=True)
+        error = f"not queued: {type(exc).__name__}"
+        McpServer.objects.filter(pk=server.pk, refresh_state=RefreshState.QUEUED).update(
+            refresh_state=RefreshState.FAILED, refreshed_at=timezone.now(), last_error=error
+        )
+        raise RefreshNotQueued(f"mcp {server.name}: refresh {error} (is the broker up?)") from exc
+
+
+def mcp_server_refresh(*, server: McpServer, actor: str = SYSTEM) -> McpDiff:
+    """List the server's tools now and store them, with the outcome on the row and the trail.
+
+    Run by a worker (the admin's queued refresh) or a test; McpUnreachable or McpToolError
+    (recorded on the row as its error's class, never the answer's text) if the server
+    cannot be asked or refuses.
+    """
+    before = _tool_names(server)
     try:
         listed = mcp_server_list(endpoint=McpEndpoint.from_model(server))
-    except McpUnreachable as exc:
-        McpServer.objects.filter(pk=server.pk).update(last_error=str(exc)[:2000])
+    except (McpError, HeaderEnvRefused) as exc:
+        summary = exc.summary if isinstance(exc, McpError) else str(exc)
+        # The whole (scrubbed) text for whoever reads the worker's log; the row gets the class.
+        logger.warning("mcp server %s: refresh failed: %s", server.name, exc)
+        with transaction.atomic():
+            McpServer.objects.filter(pk=server.pk).update(
+                refresh_state=RefreshState.FAILED,
+                refreshed_at=timezone.now(),
+                last_error=summary[:2000],
+            )
+            _refresh_audit(server, actor, before, before, {"outcome": "failed", "error": summary})
         raise
     with transaction.atomic():
-        return mcp_tools_store(server=server, listed=listed)
+        diff = mcp_tools_store(server=server, listed=listed)
+        outcome = {
+            "outcome": "ok",
+            "added": diff.added,
+            "removed": diff.removed,
+            "changed": diff.changed,
+            "skipped": diff.skipped,
+            "description_warnings": len(diff.warnings),
+        }
+        _refresh_audit(server, actor, before, _tool_names(server), outcome)
+    return diff
+
+
+def _refresh_audit(
+    server: McpServer, actor: str, before: list[str], after: list[str], data: dict[str, Any]
+) -> None:
+    audit_record(
+        action=AuditAction.MCP_REFRESHED,
+        actor=actor,
+        object_type=McpServer._meta.label_lower,
+        object_id=server.pk,
+        object_repr=server.name,
+        before={"tools": before},
+        after={"tools": after},
+        data=data,
+    )

@@ -87,8 +87,9 @@ Errors: 400 `invalid_input` (`details.path` says where the input is wrong), 403
         OpenApiExample(
             "Refund an order",
             value={
+                # No idempotency_key: "Try it out" must start a new run each time, not
+                # return the run an earlier reader started with the same key.
                 "input": {"order_number": "SO-1001"},
-                "idempotency_key": "refund-SO-1001",
                 "metadata": {"ticket": "T-1234"},
             },
             request_only=True,

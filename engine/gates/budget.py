@@ -14,6 +14,9 @@
    model or its rollout candidate), its tokens counted with that endpoint's tokenizer.
 3. The endpoint's per-owner rate limit: a short wait sleeps, a long one parks the session
    (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
+4. Last before the call (`budget_hold`): its worst case is held against the owner's day,
+   month, agent-day and key budgets, which the owner's other sessions spend at the same
+   time; the step's commit gives it back (engine/gates/metering.step_metering).
 """
 
 import dataclasses
@@ -34,7 +37,7 @@ from billing.pressure import (
     worker_pressure,
 )
 from billing.ratelimit import RateLimit, rate_limit_take
-from billing.services import notices_raise
+from billing.services import budget_reserve, notices_raise
 from engine.gates import Stop
 from engine.model.calls import (
     endpoint_tokenizer,
@@ -77,6 +80,10 @@ class ModelGate:
     verdict: BudgetVerdict
     # The cheaper endpoint degradation chose (None: not degraded, or the caller chose).
     tier: ModelEndpoint | None = None
+    # The call as priced (its output limit the request's) and the budgets it was judged by:
+    # what `budget_hold` holds, and against what.
+    call: CallEstimate | None = None
+    budgets: tuple[tuple[Budget, Spent], ...] = ()
 
 
 def degraded_tier(agent: Agent, level: int) -> ModelEndpoint | None:
@@ -285,18 +292,70 @@ def model_gate(
     if level >= CHEAPER:
         limit = min(request.max_tokens or agent.degraded_max_tokens, agent.degraded_max_tokens)
         request = dataclasses.replace(request, max_tokens=limit)
-    verdict = budget_check(
-        budgets=budgets,
-        call=CallEstimate(
-            estimate_in,
-            request.max_tokens or settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
-            endpoint.price_input_per_1k,
-            endpoint.price_output_per_1k,
-        ),
+    call = CallEstimate(
+        estimate_in,
+        request.max_tokens or settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+        endpoint.price_input_per_1k,
+        endpoint.price_output_per_1k,
     )
+    verdict = budget_check(budgets=budgets, call=call)
     if verdict.max_tokens is not None:
         request = dataclasses.replace(request, max_tokens=verdict.max_tokens)
-    return ModelGate(level=level, endpoint=endpoint, request=request, verdict=verdict, tier=tier)
+        call = dataclasses.replace(call, output_tokens=verdict.max_tokens)
+    return ModelGate(
+        level=level,
+        endpoint=endpoint,
+        request=request,
+        verdict=verdict,
+        tier=tier,
+        call=call,
+        budgets=tuple(budgets),
+    )
+
+
+def budget_hold(session: Session, gate: ModelGate) -> ModelGate:
+    """Right before an allowed call is sent: hold its worst case (its input and output limit
+    at the called endpoint's prices) against the owner's shared budgets (day, month, the
+    agent's day, the API key's), which other sessions spend at the same time. One round
+    trip, none without such a budget; the step's commit gives the hold back.
+
+    Refused (the owner's other calls hold or spent too much meanwhile): judged again on the
+    figures the refusal read, a smaller output limit is held once more; else the verdict
+    refuses the call, naming the budget (the turn stops as `budget_stop` says).
+    """
+    call = gate.call
+    if call is None or not gate.verdict.allowed or not any(b.shared for b, _ in gate.budgets):
+        return gate
+    for _attempt in range(2):
+        held = budget_reserve(
+            owner_id=session.owner_id,
+            agent_id=session.agent_id,
+            api_key_id=session.api_key_id,
+            session_id=session.pk,
+            run=session.lease_owner or "",
+            call=call,
+            budgets=[b for b, _ in gate.budgets],
+        )
+        if held.held:
+            # The step's commit releases it (engine/gates/metering.step_metering).
+            session.budget_held = True  # type: ignore[attr-defined]
+            request = dataclasses.replace(gate.request, max_tokens=call.output_tokens)
+            return dataclasses.replace(gate, request=request, call=call)
+        fresh = [(b, held.spent.get(b.label, spent)) for b, spent in gate.budgets]
+        verdict = budget_check(budgets=fresh, call=call)
+        if not verdict.allowed or verdict.max_tokens is None:
+            break
+        call = dataclasses.replace(call, output_tokens=verdict.max_tokens)
+    exceeded = next(b for b, _ in gate.budgets if b.label == held.exceeded)
+    refused = BudgetVerdict(False, exceeded=exceeded, used=gate.verdict.used)
+    return dataclasses.replace(gate, verdict=refused)
+
+
+def hold_carried(fresh: Session, session: Session) -> Session:
+    """The session read again (a cancel came mid-step), still knowing that its step holds a
+    budget: the cancel's commit gives the hold back."""
+    fresh.budget_held = getattr(session, "budget_held", False)  # type: ignore[attr-defined]
+    return fresh
 
 
 def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatRequest) -> None:

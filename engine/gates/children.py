@@ -61,7 +61,9 @@ def _snapshot(name: str, description: str, parameters: dict[str, Any], result: s
         url="",
         method="",
         headers={},
-        timeout_s=60.0,
+        # No tool timeout: nothing sends an agent tool; the child run is bounded by its own
+        # agent's turn_timeout_s and step_timeout_s (a 60 here was shown and never applied).
+        timeout_s=0.0,
         side_effects=False,  # the child's own tool calls carry its side effects, once each
         roles=(),
         version="agents-1",

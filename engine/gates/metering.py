@@ -38,6 +38,7 @@ from billing.services import (
     Statement,
     ToolRun,
     UsageFigures,
+    budget_release_statement,
     credit_reserve_statement,
     credits_close_statement,
     model_charge_statement,
@@ -170,11 +171,17 @@ def step_metering(
     tool_calls: list[ToolCall],
     guard: str,
 ) -> list[Statement | None]:
-    """The rollup upserts and credit settlements of one step, for its batch."""
+    """The rollup upserts and credit settlements of one step, for its batch, and the release
+    of the budget hold its model call took (`budget_gate.budget_hold`): the hold goes in
+    the same transaction as the cost comes into the rollups."""
     finished = [c for c in tool_calls if c.status != ToolCallStatus.EXECUTING]
     ran = [c for c in finished if c.status != ToolCallStatus.REJECTED]
+    held: list[Statement | None] = []
+    if getattr(session, "budget_held", False):
+        session.budget_held = False  # type: ignore[attr-defined]
+        held.append(budget_release_statement(session_id=session.pk, guard=guard))
     if not model_calls and not finished:
-        return []
+        return held
     usage = UsageFigures(
         input_tokens=sum(m.input_tokens for m in model_calls),
         output_tokens=sum(m.output_tokens for m in model_calls),
@@ -203,7 +210,7 @@ def step_metering(
     released = [c.idempotency_key for c in metered if c.status != ToolCallStatus.SUCCESS]
     writes.append(credits_close_statement(keys=settled, settle=True, guard=guard))
     writes.append(credits_close_statement(keys=released, settle=False, guard=guard))
-    return writes
+    return writes + held
 
 
 def model_credits_check(

@@ -71,7 +71,9 @@ def route(session: Session, agent: Agent, history: list[Any], degraded: bool) ->
 
 def escalation(agent: Agent, request: ChatRequest, response: ChatResponse | None) -> str:
     """Why the small model's answer goes to the agent's model instead ('' if it stands)."""
-    wanted = set((agent.routing or {}).get("escalate_on") or ESCALATIONS)
+    # Absent: both reasons; an empty list is the author's "never escalate".
+    listed = (agent.routing or {}).get("escalate_on")
+    wanted = set(ESCALATIONS if listed is None else listed)
     if response is None:
         return "the small model did not answer"
     if "invalid_tool_call" in wanted:

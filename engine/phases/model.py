@@ -14,10 +14,12 @@ from engine.gates import Contribution, guards
 from engine.gates.budget import (
     GateRead,
     ModelGate,
+    budget_hold,
     budget_stop,
     called_endpoint,
     degraded_tier,
     gate_read,
+    hold_carried,
     model_gate,
     model_rate_limit,
 )
@@ -313,6 +315,12 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         history,
         session.turn,
     )
+    if stop is None:
+        model_rate_limit(session, plan.gate.endpoint, request)
+        # Last before the call: the other sessions of the owner hold theirs meanwhile.
+        gate = budget_hold(session, plan.gate)
+        request = gate.request
+        stop = budget_stop(gate, history, session.turn)
     if stop is not None:
         metrics.BUDGET_REFUSALS.labels(stop.refused).inc()
         answer(
@@ -327,7 +335,6 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             calls=run.turn_call_counts(session),
         )
         return
-    model_rate_limit(session, plan.gate.endpoint, request)
 
     fault_point("before_model_call")
     iteration = session.iteration + 1
@@ -346,7 +353,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         run.figures.spent_points(model_points(plan.summary.calls + routed.calls))
     except RunCancelled as cancelled:
         # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
-        fresh = Session.objects.get(pk=session.pk)
+        fresh = hold_carried(Session.objects.get(pk=session.pk), session)
         spent = ModelSpend(
             calls=plan.side_calls + cancelled.calls, iteration=iteration, answered=False
         )
@@ -388,7 +395,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             try:
                 conformed = answer_conform(session, agent, request, content, tier=tier)
             except RunCancelled as cancelled:
-                fresh = Session.objects.get(pk=session.pk)
+                fresh = hold_carried(Session.objects.get(pk=session.pk), session)
                 spent = dataclasses.replace(spend, calls=spend.calls + cancelled.calls)
                 turn_cancel(
                     session=fresh, owner=owner, spend=dataclasses.replace(spent, answered=False)

@@ -32,7 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from engine.gates.budget import model_gate, model_rate_limit
+from engine.gates.budget import budget_hold, hold_carried, model_gate, model_rate_limit
 from engine.gates.children import AGENT_TOOL_PREFIX
 from engine.gates.metering import model_credits_check
 from engine.model.calls import RunCancelled, call_model
@@ -524,6 +524,9 @@ class Walk:
                 f"insufficient_credits: the model call needs {check.points} points, {check.points_left} left"
             )
         model_rate_limit(self.session, gate.endpoint, gate.request)
+        gate = budget_hold(self.session, gate)
+        if not gate.verdict.allowed:
+            raise ModelFailed(f"budget_exceeded: {gate.verdict.message}")
         tier = override or gate.tier
         routed = call_model(self.session, agent, gate.request, tier=tier)
         self.writes.model_calls += routed.calls
@@ -806,6 +809,6 @@ def node_step(session: Session, owner: str, run: RunContext | None = None) -> No
     try:
         writes = walk.walk()
     except RunCancelled:
-        turn_cancel(session=Session.objects.get(pk=session.pk), owner=owner)
+        turn_cancel(session=hold_carried(Session.objects.get(pk=session.pk), session), owner=owner)
         return
     nodes_commit(session, owner, writes)

@@ -45,6 +45,7 @@ from sessions.services.runs import (
     turn_interrupt,
 )
 from sessions.services.sweep import (
+    budget_holds_reconcile,
     checkpoints_prune,
     credits_reconcile,
     ephemeral_sessions_prune,
@@ -62,6 +63,7 @@ __all__ = [
     "approval_change",
     "approval_decide",
     "approvals_expire_due",
+    "budget_holds_reconcile",
     "checkpoints_prune",
     "credits_reconcile",
     "extra_context_check",

@@ -1,4 +1,5 @@
-"""The sweeper's work: leases that lapsed, pacing, stale credit reservations, due timers,
+"""The sweeper's work: leases that lapsed, pacing, stale credit reservations and budget
+holds, due timers,
 questions past their deadline, old checkpoints.
 """
 
@@ -15,7 +16,7 @@ from approvals.services import (
     SYSTEM_ACTOR,
 )
 from billing.selectors import reservations_open
-from billing.services import credits_close, waiting_expire
+from billing.services import budget_holds_sweep, credits_close, waiting_expire
 from engine import (
     StaleSession,
     client_results,
@@ -58,6 +59,7 @@ def sessions_sweep() -> list[str]:
     """
     woken = timers_fire_due() + approvals_expire_due() + questions_expire_due()
     credits_reconcile()
+    budget_holds_reconcile()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
     with connection.cursor() as cursor:
@@ -156,6 +158,17 @@ def credits_reconcile(*, older_than_s: float | None = None) -> int:
             "sweeper: settled %d and released %d orphaned reservation(s)", len(settle), len(release)
         )
     return len(settle) + len(release)
+
+
+def budget_holds_reconcile(*, lease_grace_s: float | None = None) -> int:
+    """Give back the budget holds of model calls whose run died: its session's lease lapsed
+    or passed to another run (which holds again for itself) `lease_grace_s` ago, or the hold
+    is past BUDGET_HOLD_S. Their calls' cost, if any was recorded, is in the rollups."""
+    grace = settings.SESSION_LEASE_S * 2 if lease_grace_s is None else lease_grace_s
+    released = budget_holds_sweep(session_table=Session._meta.db_table, lease_grace_s=grace)
+    if released:
+        logger.info("sweeper: released %d budget hold(s) of runs that died", released)
+    return released
 
 
 def timers_fire_due(*, limit: int = 100) -> list[str]:

@@ -8,6 +8,7 @@ from django.db import connection
 from django.db.models import Sum
 
 from billing.models import UsageDaily
+from billing.services import usage_statement
 
 USAGE = ("input_tokens", "output_tokens", "cost", "model_calls", "tool_calls", "credits_spent")
 
@@ -40,3 +41,17 @@ def sessions_in_shards(*shards: str) -> list[uuid.UUID]:
                 break
         picked.append(candidate)
     return picked
+
+
+def write_usage(*, owner: Any, agent: Any, cost: Any, session_id: Any = None) -> None:
+    """Today's spend of an owner's agent, as a step's commit adds it to the rollups."""
+    statement = usage_statement(
+        owner_id=owner.pk,
+        agent_id=agent.pk,
+        session_id=session_id or uuid.uuid4(),
+        cost=cost,
+        model_calls=1,
+    )
+    assert statement is not None
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)

@@ -3,15 +3,18 @@
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.test import override_settings
 
+from billing.budgets import Budget, CallEstimate, Spent
 from billing.models import (
+    BudgetHold,
     CreditAccount,
     CreditLedger,
     CreditReservation,
@@ -23,6 +26,8 @@ from billing.services import (
     CreditError,
     ModelCharge,
     ToolRun,
+    budget_release_statement,
+    budget_reserve,
     credit_reserve,
     credits_adjust,
     credits_close,
@@ -31,7 +36,7 @@ from billing.services import (
     tool_usage_statement,
     usage_statement,
 )
-from tests.factories import AgentFactory, UserFactory
+from tests.factories import AgentFactory, SpendDailyFactory, UsageDailyFactory, UserFactory
 
 from .rollups import rollup_shard, sessions_in_shards, usage_totals
 
@@ -495,3 +500,72 @@ def test_a_steps_tool_rollups_lock_their_rows_in_key_order():
     _, params = statement
     assert [p for p in params if p in ("alpha", "zeta")] == ["alpha", "zeta"]
     assert params[3:] == ["alpha", 1, 1, 7, "zeta", 2, 1, 6]
+
+
+# --- Budget holds (billing_budget_reserve) ---------------------------------------------------
+
+
+def _today():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT (now() AT TIME ZONE %s)::date", [settings.BILLING_TIME_ZONE])
+        return cursor.fetchone()[0]
+
+
+def _hold(owner, agent, budgets, *, key=None, session=None, run="r", output=100):
+    return budget_reserve(
+        owner_id=owner.pk,
+        agent_id=agent.pk,
+        api_key_id=key,
+        session_id=session or uuid.uuid4(),
+        run=run,
+        call=CallEstimate(0, output, Decimal(0), Decimal("1.0")),  # 0.1 for 100 tokens
+        budgets=budgets,
+    )
+
+
+def test_a_hold_fits_with_the_periods_spend_and_the_owners_other_holds():
+    owner, agent = UserFactory(), AgentFactory()
+    month = Budget("owner", "month", None, Decimal("0.35"))
+    # Spent earlier this month (its first day); last month's spend does not count.
+    first = _today().replace(day=1)
+    UsageDailyFactory(owner=owner, agent=agent, day=first, cost=Decimal("0.1"))
+    UsageDailyFactory(owner=owner, agent=agent, day=first - timedelta(days=1), cost=Decimal(9))
+
+    assert _hold(owner, agent, [month]).held
+    assert _hold(owner, agent, [month]).held
+    refused = _hold(owner, agent, [month])
+    assert refused.exceeded == "owner month"
+    assert refused.spent["owner month"] == Spent(200, Decimal("0.3"))  # 0.1 spent, 2 held
+    assert _hold(owner, agent, [month], output=50).held  # a smaller call still fits
+
+
+def test_a_keys_budget_counts_the_keys_spend_and_holds_only():
+    owner, agent = UserFactory(), AgentFactory()
+    key = Budget("API key", "day", 250, None)
+    for key_id, tokens in ((7, 100), (8, 900)):
+        SpendDailyFactory(
+            owner=owner, day=_today(), agent_id=agent.pk, api_key_id=key_id, input_tokens=tokens
+        )
+
+    assert _hold(owner, agent, [key], key=7).held
+    assert _hold(owner, agent, [Budget("owner", "day", 10_000, None)], key=9).held  # not key 7's
+    refused = _hold(owner, agent, [key], key=7)
+    assert (refused.exceeded, refused.spent["API key day"].tokens) == ("API key day", 200)
+
+
+def test_a_sessions_holds_add_up_within_its_run_and_are_replaced_by_another_run():
+    owner, agent = UserFactory(), AgentFactory()
+    day = Budget("owner", "day", None, Decimal("0.25"))
+    session = uuid.uuid4()
+    assert _hold(owner, agent, [day], session=session, run="w1").held
+    assert _hold(owner, agent, [day], session=session, run="w1").held
+    assert BudgetHold.objects.get(session_id=session).cost == Decimal("0.2")  # one step, two calls
+    assert _hold(owner, agent, [day], session=session, run="w1").exceeded == "owner day"
+
+    assert _hold(owner, agent, [day], session=session, run="w2").held  # a takeover
+    hold = BudgetHold.objects.get(session_id=session)
+    assert (hold.run, hold.cost) == ("w2", Decimal("0.1"))
+    release = budget_release_statement(session_id=session)
+    with connection.cursor() as cursor:
+        cursor.execute(*release)
+    assert not BudgetHold.objects.exists()

@@ -145,6 +145,54 @@ def test_server_headers_follow_the_env_rule_of_http_tools():
     )
 
 
+def _stdio_document(command: list[str], **server: Any) -> dict[str, Any]:
+    document = _document("", **server)
+    del document["mcp_servers"][0]["url"], document["mcp_servers"][0]["headers"]
+    document["mcp_servers"][0]["command"] = command
+    return document
+
+
+def test_a_stdio_server_may_start_only_an_allow_listed_executable_and_read_no_secret(settings):
+    document = _stdio_document(
+        ["/bin/sh", "-c", "env"], env={"TZ": "UTC", "KEY": {"env": "OPENAI_API_KEY"}}
+    )
+    document["mcp_servers"].append(
+        {"name": "web", "url": "http://127.0.0.1:9/mcp", "env": {"TZ": "UTC"}}
+    )
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    allowed = ", ".join(settings.MCP_STDIO_COMMANDS)
+    assert info.value.errors[:3] == [
+        "mcp_servers[0] (parcels).command: /bin/sh is not allowed: a stdio server may start "
+        f"only an executable on MCP_STDIO_COMMANDS ({allowed})",
+        "mcp_servers[0] (parcels).env.KEY reads OPENAI_API_KEY, but tool headers may read only "
+        "names starting with TOOL_SECRET_",
+        "mcp_servers[1] (web).env: only for stdio servers (a command)",
+    ]
+    assert not McpServer.objects.exists()
+
+    settings.MCP_STDIO_COMMANDS = []
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=_stdio_document([sys.executable, "server.py"]))
+    assert info.value.errors[0] == (
+        f"mcp_servers[0] (parcels).command: {sys.executable} is not allowed: "
+        "MCP_STDIO_COMMANDS is empty: no stdio server may start on this deployment"
+    )
+
+
+def test_a_stdio_servers_declared_environment_is_stored():
+    script = str(Path(__file__).parents[2] / "examples" / "mcp_parcels.py")
+    document = _stdio_document(
+        [sys.executable, script, "stdio"], env={"TZ": "UTC"}, timeout_s=30, roles=["support"]
+    )
+
+    report = config_apply(document=document)
+
+    assert "mcp parcels: added parcels.track_parcel" in report
+    server = McpServer.objects.get(name="parcels")
+    assert (server.env, server.refresh_state, server.last_error) == ({"TZ": "UTC"}, "ok", "")
+
+
 def _with_tool(description: str, **fields: Any) -> dict[str, Any]:
     return {
         "models": [{"name": "main", "api": "rules"}],

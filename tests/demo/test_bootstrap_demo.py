@@ -57,3 +57,15 @@ def test_migrate_and_config_in_the_same_start_with_no_description_warnings(tmp_p
     assert "warning" not in (out.getvalue() + err.getvalue()).lower(), out.getvalue()
     assert Agent.objects.filter(slug="order-support").exists()
     assert read_env_file(tmp_path / "credentials")["DEMO_API_KEY"].startswith("ap_")
+
+
+def test_the_demo_refund_review_waits_a_day_for_a_newcomer(tmp_path):
+    # Ten minutes expired it before a newcomer found the approvals queue: the run told
+    # the customer "declined after review" with nobody having looked.
+    from tests.demo_setup import demo_install
+    from workflows.models import Workflow
+
+    demo_install()
+    definition = Workflow.objects.get(slug="refund").versions.latest("number").definition
+    review = definition["nodes"]["review"]
+    assert review["timeout_s"] >= 24 * 3600 and review["on_timeout"] == "reject"

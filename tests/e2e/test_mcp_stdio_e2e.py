@@ -10,9 +10,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import psutil
 import pytest
+from django.contrib.auth import get_user_model
 
+from audit.models import AuditEntry
 from sessions.models import ModelEndpoint
 from tests.e2e.support import (
     api,
@@ -26,7 +29,7 @@ from tests.e2e.support import (
 from tests.factories import AgentFactory, api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Recorded, Reply
 from tests.stack import BIN, Stack
-from tools.models import McpServer
+from tools.models import McpServer, Tool
 from tools.services import mcp_server_refresh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -149,3 +152,56 @@ def test_a_server_killed_mid_session_is_started_again_by_the_next_call(
     assert took < 10
     worker_log = live_stack.logs["worker"].read_text(errors="replace")
     assert f"mcp server {server} (stdio:{SERVER}) exited" in worker_log
+
+
+def _admin_client(stack: Stack, username: str) -> httpx.Client:
+    """A signed-in admin session on the live web process."""
+    get_user_model().objects.create_superuser(username, f"{username}@example.com", "pw-e2e-1")
+    client = httpx.Client(base_url=stack.http, timeout=20)
+    client.get("/admin/login/")
+    client.post(
+        "/admin/login/?next=/admin/",
+        data={
+            "username": username,
+            "password": "pw-e2e-1",
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{stack.http}/admin/login/"},
+    )
+    return client
+
+
+def test_refresh_tools_in_the_admin_runs_in_the_live_worker(live_stack):
+    name = f"time{uuid.uuid4().hex[:8]}"
+    server = McpServer.objects.create(name=name, command=[SERVER], timeout_s=10)
+    username = f"ops{uuid.uuid4().hex[:6]}"
+    changelist = "/admin/tools/mcpserver/"
+    client = _admin_client(live_stack, username)
+    try:
+        answer = client.post(
+            changelist,
+            data={
+                "action": "refresh_tools",
+                "_selected_action": [server.pk],
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{live_stack.http}{changelist}"},
+            follow_redirects=True,
+        )
+        assert "Refresh queued for" in answer.text, answer.text[:2000]
+
+        deadline = time.monotonic() + 45
+        while McpServer.objects.get(pk=server.pk).refresh_state in ("", "queued"):
+            assert time.monotonic() < deadline, stack_logs(live_stack, "worker")()
+            time.sleep(0.2)
+        listing = client.get(changelist).text
+
+    finally:
+        client.close()
+
+    server.refresh_from_db()
+    assert (server.refresh_state, server.last_error) == ("ok", ""), server.last_error
+    assert Tool.objects.filter(name=f"{name}.get_current_time").exists()
+    assert "ok 20" in listing
+    done = AuditEntry.objects.get(action="mcp.refreshed", object_id=str(server.pk))
+    assert done.actor == f"admin:{username}" and f"{name}.get_current_time" in done.data["added"]

@@ -103,10 +103,12 @@ def test_a_server_that_is_down_cannot_be_refreshed_and_says_why(unique):
         mcp_server_refresh(server=server)
     assert "127.0.0.1" in str(info.value)
     server.refresh_from_db()
-    assert server.last_error and server.refreshed_at is None
+    # The row (shown in the admin) names the error's class, not what came back.
+    assert (server.refresh_state, server.last_error) == ("failed", "ConnectError")
+    assert server.refreshed_at is not None
 
 
-def test_a_down_servers_error_is_scrubbed_where_it_is_stored_and_shown(unique):
+def test_a_down_servers_error_is_scrubbed_where_it_is_logged_and_not_stored(unique):
     # Some hosted MCP servers carry their token in the URL; the error quotes the URL.
     token = "tok_9f8e7d6c5b4a39281706"
     url = f"http://127.0.0.1:{free_port()}/mcp?token={token}"
@@ -115,7 +117,7 @@ def test_a_down_servers_error_is_scrubbed_where_it_is_stored_and_shown(unique):
         mcp_server_refresh(server=server)
     server.refresh_from_db()
     assert token not in str(info.value) and token not in server.last_error
-    assert "token=[redacted:key]" in server.last_error
+    assert "token=[redacted:key]" in str(info.value)  # the worker's log line
 
 
 def test_an_mcp_error_is_scrubbed_before_it_is_cut():

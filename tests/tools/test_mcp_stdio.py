@@ -7,6 +7,7 @@ process that took each call.
 """
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import pytest
 
 from runtime import io_loop
 from tests.tools.test_mcp import _call, _server
-from tools import mcp_stdio
+from tools import mcp_stdio, stdio_policy
 from tools.execution import ToolInvocation, execute_one, tools_for_agent
 from tools.mcp import McpEndpoint, McpUnreachable, call_tool
 from tools.services import mcp_server_refresh
@@ -216,3 +217,70 @@ def test_a_changed_command_replaces_the_servers_process(mcp_files, unique):
     _, second, third = mcp_files.pids()
     assert second != first and third == second
     _wait_gone(first)
+
+
+# What the process may be and what it sees ------------------------------------------------------
+
+PLATFORM_SECRETS = {
+    "SECRET_KEY": "django-secret-planted",
+    "DATABASE_URL": "postgresql://u:planted@db/x",
+    "OPENAI_API_KEY": "sk-planted",
+    "APPROVAL_WEBHOOK_SECRET": "whsec-planted",
+    "TOOL_SECRET_NOT_DECLARED": "undeclared-planted",
+}
+
+
+def test_the_server_sees_only_the_variables_its_entry_declares(
+    mcp_files, unique, tmp_path, monkeypatch
+):
+    for name, value in PLATFORM_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TOOL_SECRET_TZ_TOKEN", "declared-token")
+    seen_file = tmp_path / "environment.json"
+    # Writes the environment it was started with, then becomes the test MCP server.
+    dump = (
+        "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps(dict(os.environ))); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+    )
+    server = _server(
+        f"e{unique}",
+        command=[sys.executable, "-c", dump, str(seen_file), *mcp_files.stdio_command()[1:]],
+        env={"TZ": "UTC", "TZ_TOKEN": {"env": "TOOL_SECRET_TZ_TOKEN"}},
+        timeout_s=30,
+    )
+
+    mcp_server_refresh(server=server)
+
+    seen = json.loads(seen_file.read_text())
+    assert {k: seen[k] for k in ("TZ", "TZ_TOKEN")} == {"TZ": "UTC", "TZ_TOKEN": "declared-token"}
+    # The base (PATH, HOME, ...), the declared two, and what Python sets in itself at start.
+    assert set(seen) - {"LC_CTYPE"} <= {*stdio_policy.BASE_ENV, "TZ", "TZ_TOKEN"}, sorted(seen)
+    assert not set(PLATFORM_SECRETS.values()) & set(seen.values())
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "refused"),
+    [
+        (["/bin/sh", "-c", "env"], {}, "/bin/sh is not allowed: a stdio server may start only"),
+        ([sys.executable, "x.py"], {"K": {"env": "SECRET_KEY"}}, "K reads SECRET_KEY, but tool"),
+    ],
+    ids=["not-allow-listed", "reads-a-secret"],
+)
+def test_a_row_written_around_the_checks_starts_nothing(unique, command, env, refused, tmp_path):
+    endpoint = McpEndpoint(name=f"r{unique}", command=tuple(command), env=env)
+
+    with pytest.raises(McpUnreachable) as info:
+        io_loop.run(call_tool(endpoint, "anything", {}, "k"), 30)
+
+    assert info.value.summary.startswith(f"StdioRefused: mcp server r{unique}: {refused}")
+
+
+def test_an_empty_allow_list_starts_no_stdio_server(mcp_files, unique, settings):
+    settings.MCP_STDIO_COMMANDS = []
+    endpoint = McpEndpoint(name=f"n{unique}", command=tuple(mcp_files.stdio_command()))
+
+    with pytest.raises(McpUnreachable) as info:
+        io_loop.run(call_tool(endpoint, "track_parcel", {"tracking_number": "X"}, "k"), 30)
+
+    assert "MCP_STDIO_COMMANDS is empty: no stdio server may start" in info.value.summary
+    assert mcp_files.pids() == []

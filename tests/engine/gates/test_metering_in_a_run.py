@@ -6,26 +6,33 @@ commit, and never charged twice across a crash after reserve or after dispatch.
 """
 
 import time
+from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import Sum
+from django.utils import timezone
 
 from billing.models import (
+    BudgetHold,
     CreditAccount,
     CreditLedger,
     CreditReservation,
+    OwnerBudget,
     ToolUsageDaily,
     UsageDaily,
 )
 from billing.services import credits_grant
+from engine.phases import model as model_phase
 from engine.phases import tools as tool_phase
 from engine.runner import loop as runner
 from engine.store import commit
-from sessions.models import Event, Message, ModelCall, Session, ToolCall
-from sessions.services import credits_reconcile, message_post
+from sessions.models import Agent, Event, Message, ModelCall, Session, ToolCall
+from sessions.services import budget_holds_reconcile, credits_reconcile, message_post
 from tests.billing.conftest import always_call, call_then_answer
-from tests.factories import SessionFactory, UserFactory
+from tests.factories import AgentFactory, SessionFactory, UserFactory
 from tests.fakes.model_servers import Recorded, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -336,3 +343,118 @@ def test_model_calls_of_an_owner_without_an_account_are_not_metered_unless_requi
     message_post(session=required, content="hello")
     assert turn_finished(run(required))["stop_reason"] == "insufficient_credits"
     assert len(openai_server.requests) == 1
+
+
+# --- Budget holds: a model call's worst case, held from before the call to its commit -------
+
+
+@pytest.fixture
+def budgeted(fake_endpoint, settings) -> Agent:
+    """An owner's day budget of 0.15 and calls whose worst case is 0.1: output at 1.00 per
+    1,000 tokens (input free), 100 tokens at most."""
+    settings.BUDGET_OUTPUT_ESTIMATE_TOKENS = 100
+    fake_endpoint.price_input_per_1k = Decimal(0)
+    fake_endpoint.price_output_per_1k = Decimal("1.0")
+    fake_endpoint.save()
+    return AgentFactory(model=fake_endpoint)
+
+
+def _owner_budget(cost: str) -> Any:
+    owner = UserFactory()
+    OwnerBudget.objects.create(owner=owner, day_cost=Decimal(cost))
+    return owner
+
+
+def test_a_steps_commit_gives_back_its_budget_hold_keeping_what_the_call_cost(
+    budgeted, openai_server
+):
+    owner = _owner_budget("0.15")
+    first, second = (SessionFactory(agent=budgeted, owner=owner) for _ in range(2))
+    seen: list[list[tuple[Any, Decimal]]] = []
+
+    def answer(recorded: Recorded) -> Reply:
+        seen.append(list(BudgetHold.objects.values_list("session_id", "cost")))
+        connection.close()  # the server's thread
+        return Reply(text="ok", usage=(10, 10))  # 0.01 of the 0.1 held
+
+    openai_server.script(answer, answer)
+    message_post(session=first, content="hello")
+    run(first)
+    assert seen == [[(first.pk, Decimal("0.1"))]]  # held while the call ran
+    assert not BudgetHold.objects.exists()  # given back by the step's commit
+    assert UsageDaily.objects.get(owner=owner).cost == Decimal("0.01")
+
+    # 0.01 spent + 0.1 held fits 0.15: the unused 0.09 is free again.
+    message_post(session=second, content="hello")
+    assert turn_finished(run(second))["stop_reason"] == "answer"
+    assert seen[1] == [(second.pk, Decimal("0.1"))]
+    assert UsageDaily.objects.filter(owner=owner).aggregate(c=Sum("cost"))["c"] == Decimal("0.02")
+
+
+def _crash_before_the_call(monkeypatch: pytest.MonkeyPatch, session: Session) -> BudgetHold:
+    crashed: list[bool] = []
+
+    def fault(name: str) -> None:
+        if name == "before_model_call" and not crashed:
+            crashed.append(True)
+            raise SimulatedCrash
+
+    monkeypatch.setattr(model_phase, "fault_point", fault)
+    message_post(session=session, content="hello")
+    with pytest.raises(SimulatedCrash):
+        runner.session_run(session_id=session.pk)
+    return BudgetHold.objects.get(session_id=session.pk)
+
+
+def test_the_takeover_of_a_crashed_run_replaces_its_sessions_budget_hold(
+    budgeted, openai_server, monkeypatch
+):
+    owner = _owner_budget("0.15")
+    session = SessionFactory(agent=budgeted, owner=owner)
+    crashed = _crash_before_the_call(monkeypatch, session)
+    assert crashed.cost == Decimal("0.1") and crashed.run  # held by the run that died
+    other = SessionFactory(agent=budgeted, owner=owner)
+    openai_server.script(Reply(text="ok", usage=(10, 100)), Reply(text="ok", usage=(10, 100)))
+
+    # While it may still be in flight, the dead run's hold counts for the owner's others.
+    message_post(session=other, content="hello")
+    assert turn_finished(run(other))["stop_reason"] == "budget_exceeded"
+
+    # The run that takes the session over holds for itself in place of the dead one's.
+    expire_lease(session)
+    assert turn_finished(run(session))["stop_reason"] == "answer"
+    assert not BudgetHold.objects.exists()
+    assert UsageDaily.objects.get(owner=owner).cost == Decimal("0.1")
+
+
+def test_the_sweeper_releases_the_budget_hold_of_a_run_that_died(
+    budgeted, openai_server, monkeypatch
+):
+    owner = _owner_budget("0.15")
+    session = SessionFactory(agent=budgeted, owner=owner)
+    _crash_before_the_call(monkeypatch, session)
+    Session.objects.filter(pk=session.pk).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=60)
+    )
+    assert budget_holds_reconcile(lease_grace_s=0) == 0  # its lease still runs: kept
+
+    expire_lease(session)  # the worker is gone
+    assert budget_holds_reconcile(lease_grace_s=0) == 1
+    assert not BudgetHold.objects.exists()
+    other = SessionFactory(agent=budgeted, owner=owner)
+    openai_server.script(Reply(text="ok", usage=(10, 100)))
+    message_post(session=other, content="hello")
+    assert turn_finished(run(other))["stop_reason"] == "answer"
+
+
+def test_a_hold_past_its_time_stops_counting(budgeted, openai_server, monkeypatch):
+    owner = _owner_budget("0.15")
+    session = SessionFactory(agent=budgeted, owner=owner)
+    _crash_before_the_call(monkeypatch, session)
+    BudgetHold.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    other = SessionFactory(agent=budgeted, owner=owner)
+    openai_server.script(Reply(text="ok", usage=(10, 100)))
+
+    message_post(session=other, content="hello")
+    assert turn_finished(run(other))["stop_reason"] == "answer"
+    assert not BudgetHold.objects.filter(session_id=session.pk).exists()  # deleted on the way

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from accounts.services import approver_grant
 from approvals.models import Approval
+from billing.models import BudgetHold, OwnerBudget
 from engine import session_run
 from sessions.errors import Conflict
 from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
@@ -290,6 +291,54 @@ def test_a_map_runs_its_items_at_most_concurrency_at_a_time_with_a_key_each(owne
     assert RAN["notify"] == 5
 
 
+@tool_handler("tests.node.first_fails", wants_idempotency_key=True)
+def _first_fails(n: int, idempotency_key: str = "") -> dict[str, Any]:
+    """Item 0's first attempt fails transiently; every other call succeeds."""
+    with _lock:
+        FLAKY[idempotency_key] = FLAKY.get(idempotency_key, 0) + 1
+        if n == 0 and FLAKY[idempotency_key] == 1:
+            raise ConnectionError("upstream reset")
+    return {"n": n}
+
+
+OUT_OF_ORDER = """
+slug: out-of-order
+role: support
+input: {type: object, properties: {ns: {type: array, items: {type: integer}}}}
+start: each
+nodes:
+  each:
+    kind: map
+    over: input.ns
+    as: n
+    concurrency: 3
+    node: {kind: tool, tool: first_fails, args: {n: n}, retry: {max_attempts: 2, backoff_s: 0}}
+    output: got
+    next: end
+"""
+
+
+def test_a_maps_results_are_in_the_items_order_when_they_finish_out_of_order(
+    owner: Any,
+) -> None:
+    # Items 1 and 2 finish at once; item 0 only after its retry's timer.
+    ToolFactory(
+        name="first_fails",
+        handler="tests.node.first_fails",
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    _apply(OUT_OF_ORDER)
+    session = _run(_start(owner, "out-of-order", {"ns": [0, 1, 2]}))
+    assert session.state == "waiting_timer"
+    assert session.workflow_state["progress"]["each"]["results"].keys() == {"1", "2"}
+    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now())
+    timers_fire_due()
+    session = _run(session)
+
+    assert session.state == "finished"
+    assert session.workflow_state["result"] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
 LOOP = """
 slug: loop
 role: support
@@ -316,6 +365,40 @@ def test_a_cycle_is_stopped_by_max_visits(owner: Any) -> None:
     assert failed[0]["node"] == "poll" and "max_visits" in failed[0]["error"]
     assert session.workflow_state["error"]["node"] == "poll"
     assert "max_visits" in session.last_error
+
+
+TWO_ASKS = """
+slug: two-asks
+role: support
+start: first
+result: second_said
+nodes:
+  first: {kind: llm, prompt: "Tell: one", output: first_said, next: second}
+  second: {kind: llm, prompt: "Tell: two", output: second_said, next: end}
+rules:
+  - {when: {user: "^Tell: (.*)$"}, answer: "said {{ match.1 }}"}
+"""
+
+
+def test_two_model_nodes_of_one_step_hold_the_owners_budget_together(
+    owner: Any, settings: Any
+) -> None:
+    """Both nodes call the model in one step, before it commits: the second one's hold adds
+    to the first one's (its run's), so a day budget with room for one call stops it."""
+    settings.BUDGET_OUTPUT_ESTIMATE_TOKENS = 100
+    # A call holds 107 tokens (7 in, 100 out): the second finds 36 left, under 64.
+    OwnerBudget.objects.create(owner=owner, day_tokens=150)
+    _apply(TWO_ASKS)
+    session = _run(_start(owner, "two-asks", {}))
+
+    assert session.state == "error"
+    assert session.workflow_state["values"]["first_said"] == "said one"
+    failed = [d for t, d in _events(session) if t == "node.failed"]
+    assert failed[0]["node"] == "second"
+    assert failed[0]["error"].startswith(
+        "budget_exceeded: the owner day budget does not cover another model call"
+    )
+    assert not BudgetHold.objects.exists()
 
 
 RETRY = """
