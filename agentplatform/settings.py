@@ -175,6 +175,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "sessions.tasks.prune_ephemeral_sessions",
         "schedule": 600.0,
     },
+    "prune-request-keys": {
+        "task": "sessions.tasks.prune_request_keys",
+        "schedule": 3600.0,
+    },
 }
 
 # Engine limits and timings.
@@ -271,6 +275,12 @@ DELTA_FLUSH_MS = env.int("DELTA_FLUSH_MS", default=50)
 # The OpenAI-compatible endpoint waits for a turn at most its agent's turn_timeout_s + 30 s,
 # and never longer than this; then it answers with what it has (finish_reason "length").
 OPENAI_MAX_WAIT_S = env.float("OPENAI_MAX_WAIT_S", default=600.0)
+# Retried requests (docs/api.md "Retried requests"): an Idempotency-Key's first request is
+# remembered this long; an OpenAI-compatible client gone before its turn ended cancels the
+# turn only if no retry re-attached to it within IDEMPOTENCY_RETRY_GRACE_S (a client that
+# may retry: one that sent a key, or the openai SDK, which retries a timeout at once).
+IDEMPOTENCY_KEY_TTL_S = env.float("IDEMPOTENCY_KEY_TTL_S", default=86400.0)
+IDEMPOTENCY_RETRY_GRACE_S = env.float("IDEMPOTENCY_RETRY_GRACE_S", default=10.0)
 # How long a turn waits for the results of the client's own tool calls (the OpenAI-compatible
 # request's `tools`) before the sweeper fails them and the model goes on without them.
 OPENAI_CLIENT_TOOLS_WAIT_S = env.float("OPENAI_CLIENT_TOOLS_WAIT_S", default=900.0)
@@ -511,3 +521,28 @@ LOGGING = {
         "celery.worker.request": {"filters": ["quiet_sweeps"]},
     },
 }
+
+# Limits on definitions and expressions (docs/security.md "Limits on definitions and
+# expressions"). A CEL evaluation's cost is bounded before it runs (workflows/cel_cost.py):
+# one unit is about one evaluator step, at most ~0.7 µs here, so the default keeps one
+# evaluation under ~50 ms of CPU (cel holds the GIL: the worker's lease heartbeat waits on it).
+EXPRESSION_COST_LIMIT = env.int("EXPRESSION_COST_LIMIT", default=60_000)
+# Comprehensions (map, filter, all, exists...) nested deeper than this are refused when a
+# definition is read: their cost grows as the input's length to that power.
+EXPRESSION_MAX_NESTING = env.int("EXPRESSION_MAX_NESTING", default=2)
+# YAML definitions (configuration files, the workflow admin editor): at most this many bytes,
+# and at most this many values once aliases (`*name`) are expanded, so a few lines cannot
+# expand into gigabytes (configuration/documents.py).
+DEFINITION_MAX_BYTES = env.int("DEFINITION_MAX_BYTES", default=1_048_576)
+DEFINITION_MAX_VALUES = env.int("DEFINITION_MAX_VALUES", default=100_000)
+WORKFLOW_MAX_NODES = env.int("WORKFLOW_MAX_NODES", default=500)
+WORKFLOW_MAX_VISITS = env.int("WORKFLOW_MAX_VISITS", default=1000)
+WORKFLOW_MAX_BRANCHES = env.int("WORKFLOW_MAX_BRANCHES", default=32)
+WORKFLOW_MAX_MAP_CONCURRENCY = env.int("WORKFLOW_MAX_MAP_CONCURRENCY", default=50)
+# A map node whose `over` list is longer than this fails (expression_limit) at run time.
+WORKFLOW_MAP_MAX_ITEMS = env.int("WORKFLOW_MAP_MAX_ITEMS", default=1000)
+# Sub-agents (agent.* tools): at most this many started by one step of a session, and at most
+# this many sessions created in one run's tree (children, grandchildren...); past either the
+# model gets a tool error (`too_many_children`, `too_many_sessions`) it can act on.
+AGENT_MAX_CHILDREN_PER_STEP = env.int("AGENT_MAX_CHILDREN_PER_STEP", default=8)
+AGENT_MAX_TREE_SESSIONS = env.int("AGENT_MAX_TREE_SESSIONS", default=50)

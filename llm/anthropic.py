@@ -128,19 +128,22 @@ class AnthropicAdapter(HttpAdapter):
         }
         if system:
             body["system"] = system
-        if request.tools and request.tool_choice != "none":
+        if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}
                 for t in request.tools
             ]
             choice = request.tool_choice
-            body["tool_choice"] = (
-                {"type": "auto"}
-                if choice == "auto"
+            tool_choice: dict[str, Any] = (
+                {"type": choice}
+                if choice in ("auto", "none")
                 else {"type": "any"}
                 if choice == "required"
                 else {"type": "tool", "name": choice}
             )
+            if request.parallel_tool_calls is False and choice != "none":
+                tool_choice["disable_parallel_tool_use"] = True
+            body["tool_choice"] = tool_choice
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.top_p is not None:

@@ -120,6 +120,8 @@ class OpenAIAdapter(HttpAdapter):
                 if request.tool_choice in ("auto", "none", "required")
                 else {"type": "function", "function": {"name": request.tool_choice}}
             )
+            if request.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = request.parallel_tool_calls
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.top_p is not None:

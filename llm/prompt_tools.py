@@ -13,6 +13,11 @@ The wire format, as FORMAT tells the model:
 - **Prose.** Any other reply is the answer, as written: a tool call quoted inside it
   (the model explaining, or repeating what a user or a tool result said) is text and
   never runs.
+- **tool_choice, parallel_tool_calls** (best effort: the model is only told). "none"
+  describes no tool (the reply is the answer); "required" or a tool's name adds a line
+  asking for that call, and an answer instead of it is fed back like any bad reply (a
+  call to another tool than the named one is an unknown tool); parallel_tool_calls
+  false asks for one call, and only the first call of a reply runs.
 - **Tool results.** The wire has no tool role: a result is replayed as a user message
   framed `<tool_result name="..." call_id="...">` ... `</tool_result>`. Only this
   adapter writes that frame: the tag in anyone else's text (a user's message, a tool's
@@ -87,12 +92,21 @@ class ReplyError(ValueError):
     pass
 
 
-def tools_prompt(tools: tuple[ToolSpec, ...]) -> str:
+def tools_prompt(
+    tools: tuple[ToolSpec, ...], choice: str = "auto", parallel: bool | None = None
+) -> str:
     lines = [
         f"- {t.name}: {t.description}\n  arguments schema: {json.dumps(t.parameters, ensure_ascii=False, separators=(',', ':'))}"
         for t in tools
     ]
-    return FORMAT.format(tools="\n".join(lines))
+    text = FORMAT.format(tools="\n".join(lines))
+    if choice == "required":
+        text += "\n\nThis reply must call a tool (a tool_calls object), not answer."
+    elif choice not in ("auto", "none"):
+        text += f"\n\nThis reply must call the tool {choice} (a tool_calls object), not answer."
+    if parallel is False:
+        text += "\nCall at most one tool in a reply."
+    return text
 
 
 def defused(text: str) -> str:
@@ -230,19 +244,29 @@ class PromptToolsAdapter(OpenAIAdapter):
             else:
                 flat.append(ChatMessage(role=m.role, content=defused(m.content)))
         if request.tools:
-            instructions = ChatMessage(role="system", content=tools_prompt(request.tools))
+            instructions = ChatMessage(
+                role="system",
+                content=tools_prompt(
+                    request.tools, request.tool_choice, request.parallel_tool_calls
+                ),
+            )
             flat.insert(1 if flat and flat[0].role == "system" else 0, instructions)
-        return replace(request, messages=tuple(flat), tools=(), tool_choice="none")
+        return replace(
+            request, messages=tuple(flat), tools=(), tool_choice="none", parallel_tool_calls=None
+        )
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Ask, parse, and on a bad reply show the model its reply and the error (at most twice)."""
-        if not request.tools:
+        choice = request.tool_choice
+        if not request.tools or choice == "none":
             # Nothing to call (the final step of a turn, or an agent without tools): the
             # model was told nothing about JSON, so its reply is the answer, streamed as is.
-            async for event in super().stream(self._request(request, [])):
+            async for event in super().stream(self._request(replace(request, tools=()), [])):
                 yield event
             return
         known = {t.name for t in request.tools}
+        if choice not in ("auto", "required") and choice in known:
+            known = {choice}
         extra: list[ChatMessage] = []
         input_tokens = output_tokens = 0
         for attempt in range(MAX_CORRECTIONS + 1):
@@ -256,6 +280,10 @@ class PromptToolsAdapter(OpenAIAdapter):
             reply = "".join(text_parts)
             try:
                 answer, calls = parse_reply(reply, known)
+                if not calls and choice != "auto":
+                    raise ReplyError("this reply must call a tool, not answer")
+                if request.parallel_tool_calls is False:
+                    calls = calls[:1]
             except (ReplyError, ValueError) as exc:
                 if attempt == MAX_CORRECTIONS:
                     answer, calls = GAVE_UP_ANSWER, []

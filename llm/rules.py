@@ -23,10 +23,19 @@ rejected, expired, unpaid; a tool absent from one has none) and, inside
 `dialogue` (`intent`, `slots`), `environment` (time, budgets, credits, degraded
 services) and `extra_context` (what the customer app sent with this turn), e.g.
 `{"truthy": "dialogue.slots.order"}` or `{{ dialogue.slots.order }}`.
+
+Strict mode (the endpoint option `strict: true`, or RULES_MODEL_STRICT=1 in the
+environment, which the test suite sets): like a real provider, the model can only call
+what it was offered. A rule that names a tool the request does not offer, calls a tool
+when `tool_choice` is "none", does not call the named/required tool, or makes several
+calls when `parallel_tool_calls` is false raises
+`UnofferedToolCall` (and is recorded in STRICT_VIOLATIONS for the tests' teardown check)
+instead of calling it. Off, a rule's call goes out as written (the demo's behaviour).
 """
 
 import asyncio
 import json
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -215,6 +224,39 @@ def decide(
     return fallback, []
 
 
+class UnofferedToolCall(ModelConfigError):
+    """Strict mode: a rule asked for a call a real model could not make with this request."""
+
+
+# Every strict-mode refusal in this process (the test suite asserts it stays empty).
+STRICT_VIOLATIONS: list[str] = []
+
+
+def strict_default() -> bool:
+    return os.environ.get("RULES_MODEL_STRICT", "").lower() in ("1", "true", "yes")
+
+
+def offered_problem(request: ChatRequest, names: list[str]) -> str | None:
+    """Why a real model given `request` could not answer with calls to `names`, or None."""
+    offered = {t.name for t in request.tools}
+    choice = request.tool_choice
+    unoffered = sorted({n for n in names if n not in offered})
+    if unoffered:
+        return (
+            f"the rules call {', '.join(unoffered)}, which the request does not offer "
+            f"(offered: {', '.join(sorted(offered)) or 'none'})"
+        )
+    if names and choice == "none":
+        return f"the rules call {', '.join(names)} but tool_choice is 'none'"
+    if not names and offered and choice not in ("auto", "none"):
+        return f"tool_choice is {choice!r} but the rules answer without a tool call"
+    if choice not in ("auto", "none", "required") and any(n != choice for n in names):
+        return f"tool_choice names {choice!r} but the rules call {', '.join(names)}"
+    if request.parallel_tool_calls is False and len(names) > 1:
+        return f"parallel tool calls are off but the rules make {len(names)} calls"
+    return None
+
+
 @register_adapter
 class RulesAdapter(ModelAdapter):
     api = "rules"
@@ -242,6 +284,12 @@ class RulesAdapter(ModelAdapter):
             raise ModelConfigError("agent rules must be a list")
         fallback = request.agent_config.get("fallback_answer") or NO_RULE_ANSWER
         answer, calls = decide(rules, request.messages, fallback, request.agent_config)
+        strict = self.endpoint.options.get("strict")
+        if strict if isinstance(strict, bool) else strict_default():
+            problem = offered_problem(request, [name for name, _ in calls])
+            if problem is not None:
+                STRICT_VIOLATIONS.append(f"{self.endpoint.name}: {problem}")
+                raise UnofferedToolCall(f"strict rules model: {problem}")
         delay = float(self.endpoint.options.get("latency_s", 0) or 0)
         if delay:
             await asyncio.sleep(delay)

@@ -50,7 +50,10 @@ class ResponseFormat:
 class ChatRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
+    # "auto", "none", "required" (some tool), or one tool's name (that tool).
     tool_choice: Literal["auto", "none", "required"] | str = "auto"
+    # False: at most one tool call in the reply; None leaves the wire's default (several).
+    parallel_tool_calls: bool | None = None
     temperature: float | None = None
     max_tokens: int | None = None
     # Sampling a client may set (the OpenAI-compatible endpoint); an adapter sends what its
@@ -88,6 +91,10 @@ class ModelOptions(TypedDict, total=False):
     response_format: ResponseFormatJson
     # The client's own tools, offered beside the agent's: the client runs them.
     tools: list[ClientToolJson]
+    # "none", "required" or a tool's name ("auto" is not stored); a forced choice holds
+    # until the turn's first tool call (engine/gates/turn_options.py).
+    tool_choice: str
+    parallel_tool_calls: bool
 
 
 # Stream events -------------------------------------------------------------

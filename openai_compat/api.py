@@ -29,11 +29,24 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
-from restapi.schema import ERROR_DESCRIPTIONS, ErrorDocumentingAutoSchema, operation_text_trim
+from restapi.errors import SHOULD_RETRY, retry_advice
+from restapi.schema import (
+    ERROR_DESCRIPTIONS,
+    IDEMPOTENCY_KEY_PARAMETER,
+    ErrorDocumentingAutoSchema,
+    operation_text_trim,
+)
 from runtime.deferred_response import DeferredResponse
 from sessions.errors import DomainError, InvalidInput, NotFound
 from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
+from sessions.services import (
+    IDEMPOTENCY_DERIVED_PREFIX,
+    IDEMPOTENCY_HEADER,
+    KeyedRequest,
+    request_fingerprint,
+    request_key_parse,
+)
 
 from . import api_docs, selectors, services
 from .relay import Turn, TurnAnswer, TurnFrames
@@ -68,7 +81,16 @@ def _error(message: str, code_status: int, code: str | None, param: str | None =
 
 
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
-    """Every refusal in OpenAI's error shape, with the status OpenAI would give."""
+    """Every refusal in OpenAI's error shape, with the status OpenAI would give; a final one
+    says `x-should-retry: false` (the SDKs retry 409 and 429 by default): a 4xx that the
+    same request would meet again, and no credits left (429 `insufficient_quota`)."""
+    response = retry_advice(_openai_error(exc, context))
+    if isinstance(exc, services.CreditsExhausted):
+        response[SHOULD_RETRY] = "false"
+    return response
+
+
+def _openai_error(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, RequestInvalid):
         return _error(exc.message, 400, "invalid_request", exc.param)
     if isinstance(exc, services.SessionBusy):
@@ -140,7 +162,8 @@ class OpenAISchema(ErrorDocumentingAutoSchema):
             description = {
                 404: "No agent has this model name, or X-Session-Id names no session of yours.",
                 409: "The session's turn waits for the results of your tools' calls "
-                "(client_tools_pending): send them as tool messages.",
+                "(client_tools_pending): send them as tool messages; or the Idempotency-Key "
+                "was used with another request (idempotency_key_reused).",
                 429: "The key's request rate, or the owner's credits or budget (insufficient_quota).",
                 500: "The turn failed inside the platform (turn_failed).",
                 502: "No model could answer (model_unavailable, model_refused), or its answer "
@@ -203,9 +226,8 @@ class OpenAIResponseFormatSerializer(serializers.Serializer):
 class ChatCompletionRequestSerializer(serializers.Serializer):
     # For the schema only: the body is read by `wire.chat_request_parse`.
     """Any parameter not listed here is refused (400, naming it in `param`), except the
-    defaults client libraries send (`n: 1`, `tool_choice: "auto"`, `parallel_tool_calls:
-    true`, penalties of 0, `logprobs: false`, `service_tier: "auto"`, `modalities:
-    ["text"]`) and nulls."""
+    defaults client libraries send (`n: 1`, penalties of 0, `logprobs: false`,
+    `service_tier: "auto"`, `modalities: ["text"]`) and nulls."""
 
     model = serializers.CharField(help_text="An agent's slug (GET /openai/v1/models).")
     messages = OpenAIChatMessageSerializer(many=True)
@@ -216,6 +238,14 @@ class ChatCompletionRequestSerializer(serializers.Serializer):
         required=False,
         help_text="Your own tools, offered beside the agent's; a call of one comes back as "
         "tool_calls (finish_reason tool_calls), and your tool messages resume the turn.",
+    )
+    tool_choice = serializers.JSONField(
+        required=False,
+        help_text='none, auto, required, or {"type": "function", "function": {"name"}} naming '
+        "one of your tools or the agent's; a forced choice holds until the turn's first tool call.",
+    )
+    parallel_tool_calls = serializers.BooleanField(
+        required=False, help_text="false: at most one tool call per model reply."
     )
     response_format = OpenAIResponseFormatSerializer(
         required=False,
@@ -356,6 +386,42 @@ class ModelDetailView(OpenAIView):
         return Response(_model_object(selectors.agent_for_model(model=model)))
 
 
+# The openai SDK numbers each attempt of a call (0 first) and says how long it waits for an
+# answer; it sends no key of its own, so its retries are known by these and the body.
+RETRY_COUNT_HEADER = "X-Stainless-Retry-Count"
+READ_TIMEOUT_HEADER = "X-Stainless-Read-Timeout"
+# The SDK's longest pause between attempts (it honours a Retry-After up to 60 s).
+RETRY_PAUSE_MAX_S = 60.0
+
+
+def _chat_keyed(request: Request, session_id: str) -> KeyedRequest | None:
+    """The request's key: the client's `Idempotency-Key`, else, from a client library that
+    numbers its attempts (the openai SDK, under LangChain and the Agents SDK too), one
+    derived from the body, so that its own retries find their first attempt's turn. A
+    derived key matches only a first attempt recent enough to be this call's: within the
+    attempts' waits and pauses since."""
+    fingerprint = request_fingerprint(request.method, request.path, request.data, session_id)
+    key = request_key_parse(request.headers.get(IDEMPOTENCY_HEADER))
+    if key is not None:
+        return KeyedRequest(key=key, fingerprint=fingerprint)
+    count = (request.headers.get(RETRY_COUNT_HEADER) or "").strip()
+    if not count.isdigit():
+        return None
+    try:
+        read_timeout = float(request.headers.get(READ_TIMEOUT_HEADER) or "")
+    except ValueError:
+        read_timeout = settings.OPENAI_MAX_WAIT_S
+    if not 0 < read_timeout <= settings.OPENAI_MAX_WAIT_S:
+        read_timeout = settings.OPENAI_MAX_WAIT_S
+    retries = min(int(count), 100)
+    return KeyedRequest(
+        key=f"{IDEMPOTENCY_DERIVED_PREFIX}{fingerprint}",
+        fingerprint=fingerprint,
+        window_s=retries * (read_timeout + RETRY_PAUSE_MAX_S),
+        first=retries == 0,
+    )
+
+
 class ChatCompletionView(OpenAIView):
     key_grants_checked = ("POST",)  # a session's role the key does not hold (403)
 
@@ -374,7 +440,8 @@ class ChatCompletionView(OpenAIView):
                 str,
                 OpenApiParameter.HEADER,
                 description="Continue this session (the response always names its session here).",
-            )
+            ),
+            IDEMPOTENCY_KEY_PARAMETER,
         ],
         operation_id="openai_chat_completions_create",
         responses={
@@ -400,15 +467,17 @@ class ChatCompletionView(OpenAIView):
         2. Refuse when the owner's credits cannot pay for a model call (429).
         3. Without X-Session-Id, open a session seeded with the earlier messages.
         4. Join the session's channel group, then post the turn or the results (503
-           while a turn runs).
+           while a turn runs). A request with a key (`Idempotency-Key`, or the openai
+           SDK's attempt numbers: `_chat_keyed`) whose first request's turn stands joins
+           that turn instead (`services.chat_request_claim`): a retry runs nothing again.
         5. Answer from the loop once the turn's outcome decides the status (relay.TurnAnswer).
         """
         chat = chat_request_parse(request.data)
         agent = selectors.agent_for_model(model=chat.model)
         owner = request.user
         key_roles = list(getattr(request.auth, "roles", None) or [])
-        services.client_tools_check(agent_id=agent.pk, tools=chat.options.get("tools", []))
         session_id = request.headers.get(SESSION_HEADER, "").strip()
+        keyed = _chat_keyed(request, session_id)
         if not session_id and chat.tool_results:
             waiting = selectors.session_waiting_for(
                 owner_id=owner.pk, call_ids=[r.call_id for r in chat.tool_results]
@@ -429,52 +498,82 @@ class ChatCompletionView(OpenAIView):
                     f"session {session_id} not found", code="session_not_found"
                 ) from None
             if session.agent_id != agent.pk:
-                raise InvalidInput(
-                    f"session {session.pk} runs the model '{session.agent.slug}', not '{chat.model}'",
-                    details={"field": "model"},
-                )
+                # After a handoff the client may name any agent the conversation went through.
+                chain = selectors.session_agent_chain(session=session)
+                if chat.model not in chain:
+                    raise InvalidInput(
+                        f"session {session.pk} runs the model '{session.agent.slug}' (its "
+                        f"handoffs: {', '.join(sorted(chain))}), not '{chat.model}'",
+                        details={"field": "model"},
+                    )
+                agent = session.agent  # the agent that answers now
+        choice = services.client_tools_check(
+            agent_id=agent.pk,
+            tools=chat.options.get("tools", []),
+            tool_choice=chat.options.get("tool_choice"),
+        )
+        if choice is not None:
+            chat.options["tool_choice"] = choice
         check = credits_cover(owner_id=owner.pk, points=1)
         if check.outcome == "insufficient":
             raise services.CreditsExhausted(
                 f"You exceeded your credits ({check.reason}): {check.points_left} points left."
             )
-        if not session_id:
-            session = services.chat_session_create(
-                owner=owner,
-                key_roles=key_roles,
-                agent_slug=agent.slug,
-                history=chat.history,
-                content=chat.content,
-                ephemeral=True,
-                api_key_id=getattr(request.auth, "pk", None),
-            )
-        frames = TurnFrames.join(session.pk)
-        try:
+        joined: list[TurnFrames] = []
+        known = session.pk if session_id else None
+
+        def start() -> services.TurnPosted:
+            target = known
+            if target is None:
+                target = services.chat_session_create(
+                    owner=owner,
+                    key_roles=key_roles,
+                    agent_slug=agent.slug,
+                    history=chat.history,
+                    content=chat.content,
+                    ephemeral=True,
+                    api_key_id=getattr(request.auth, "pk", None),
+                ).pk
+            frames = TurnFrames.join(target)
+            joined.append(frames)
             if chat.tool_results:
-                posted = services.chat_tool_results_post(
-                    session_id=session.pk,
+                return services.chat_tool_results_post(
+                    session_id=target,
                     owner_id=owner.pk,
                     key_roles=key_roles,
                     results=chat.tool_results,
                     options=chat.options,
                 )
+            return services.chat_turn_post(
+                session_id=target,
+                owner_id=owner.pk,
+                key_roles=key_roles,
+                content=chat.content,
+                options=chat.options,
+            )
+
+        claim: services.ChatClaim | None = None
+        try:
+            if keyed is None:
+                posted = start()
             else:
-                posted = services.chat_turn_post(
-                    session_id=session.pk,
-                    owner_id=owner.pk,
-                    key_roles=key_roles,
-                    content=chat.content,
-                    options=chat.options,
-                )
+                claim = services.chat_request_claim(owner_id=owner.pk, keyed=keyed, start=start)
+                posted = claim.posted
+                if claim.reattached:
+                    joined.append(TurnFrames.join(posted.session_id))
         except BaseException:
-            frames.leave_sync()
+            for frames in joined:
+                frames.leave_sync()
             raise
+        frames = joined[-1]
         turn = Turn(
             posted=posted,
             chat=chat,
             owner_id=owner.pk,
+            model=agent.slug,
             actor=f"openai:{owner}",
             wait_s=min(agent.turn_timeout_s + 30, settings.OPENAI_MAX_WAIT_S),
+            claim=claim,
         )
         # The status waits for the turn (200, or 502/503 when no model could answer),
         # decided on the event loop: the request's thread and connection are free meanwhile.
@@ -482,7 +581,7 @@ class ChatCompletionView(OpenAIView):
             TurnAnswer(frames, turn),
             content_type="text/event-stream" if chat.stream else "application/json",
         )
-        response[SESSION_HEADER] = str(session.pk)
+        response[SESSION_HEADER] = str(posted.session_id)
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass chunks on as they come
         return response

@@ -21,13 +21,14 @@ from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
+from restapi.errors import SHOULD_RETRY
 from runtime.deferred_response import DeferredResponse
 from sessions import selectors as session_selectors
 from sessions.publisher import frames_of, group_name
 from sessions.services import session_cancel
 
 from . import selectors
-from .services import TurnPosted
+from .services import ChatClaim, TurnPosted
 from .turns import ErrorReply, Outcome, TurnReader, failure_reply
 from .wire import DONE, KEEPALIVE, ChatRequest, ChunkWriter, Usage, completion, sse, usage_of
 
@@ -129,6 +130,11 @@ class Turn:
     owner_id: int
     actor: str
     wait_s: float
+    # A keyed request's claim on its turn (services.chat_request_claim); None without a key.
+    claim: ChatClaim | None = None
+    # The agent answering when the turn was posted (the session's, after a handoff);
+    # a handoff during the turn changes the `model` the response names.
+    model: str = ""
 
 
 class TurnAnswer:
@@ -147,17 +153,23 @@ class TurnAnswer:
 
     Usage is what the session's token totals grew by since the post. A client gone before
     the turn ended (the server cancels the wait) cancels the turn, as pressing stop would;
-    a pause or a timeout leaves it as it is.
+    a pause or a timeout leaves it as it is. A keyed request's client (one that may retry)
+    cancels it only if no retry re-attached within IDEMPOTENCY_RETRY_GRACE_S.
     """
 
     def __init__(self, frames: TurnFrames, turn: Turn) -> None:
         session_id = str(turn.posted.session_id)
         self.frames = frames
         self.turn = turn
-        self.reader = TurnReader(session_id=session_id, buffer_answer=turn.chat.json_answer)
+        # A retry re-attached to a turn under way missed its first text: it gets the answer
+        # whole, once stored (the reader sends what the deltas did not carry).
+        reattached = turn.claim is not None and turn.claim.reattached
+        self.reader = TurnReader(
+            session_id=session_id, buffer_answer=turn.chat.json_answer or reattached
+        )
         self.writer = ChunkWriter(
             id_=f"chatcmpl-{session_id.replace('-', '')}-{turn.posted.after_seq}",
-            model=turn.chat.model,
+            model=turn.model or turn.chat.model,
             include_usage=turn.chat.include_usage,
         )
         self._pieces: AsyncIterator[str | None] = self._follow()
@@ -173,6 +185,8 @@ class TurnAnswer:
         while True:
             for frame in pending:
                 text = reader.feed(frame)
+                if reader.agent:
+                    self.writer.model = reader.agent  # a handoff: the new agent answers
                 if text:
                     yield text
                 if reader.outcome is not None:
@@ -215,6 +229,8 @@ class TurnAnswer:
             response["Content-Type"] = "application/json"
             if failed.retry_after_s is not None:
                 response["Retry-After"] = str(failed.retry_after_s)
+            if failed.final:
+                response[SHOULD_RETRY] = "false"
             return _once(json.dumps(failed.body, ensure_ascii=False).encode())
         response.status_code = 200
         if chat.stream:
@@ -223,7 +239,7 @@ class TurnAnswer:
         usage = await self._usage(outcome)
         body = completion(
             id_=self.writer.id_,
-            model=chat.model,
+            model=self.writer.model,
             content=outcome.content,
             finish_reason=outcome.finish_reason,
             usage=usage,
@@ -288,9 +304,25 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 
 async def _end(frames: TurnFrames, turn: Turn, *, cancel: bool) -> None:
     await frames.leave()
+    claim = turn.claim
+    # Run on the request's own thread while it lasts; after the grace the request's context
+    # is gone, and thread-sensitive calls would fail: any pool thread then.
+    sensitive = True
+    if cancel and claim is not None:
+        # A client that may retry (it sent a key, or is the openai SDK, which retries a
+        # timeout at once): its retry re-attaches to the turn, which must still be there.
+        await asyncio.sleep(settings.IDEMPOTENCY_RETRY_GRACE_S)
+        sensitive = False
+        left = database_sync_to_async(selectors.turn_left_running, thread_sensitive=False)
+        cancel = await left(
+            record_id=claim.record_id,
+            attempt=claim.attempt,
+            session_id=turn.posted.session_id,
+            after_seq=turn.posted.after_seq,
+        )
     if cancel:
         try:
-            await database_sync_to_async(_cancel)(
+            await database_sync_to_async(_cancel, thread_sensitive=sensitive)(
                 str(turn.posted.session_id), turn.owner_id, turn.actor
             )
         except Exception:  # noqa: BLE001 - the turn then ends by itself

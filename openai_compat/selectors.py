@@ -8,7 +8,16 @@ from django.db.models import QuerySet
 
 from runtime.breaker import model_breaker
 from sessions.errors import NotFound
-from sessions.models import Agent, ModelCall, Session, ToolCall, ToolCallStatus
+from sessions.events import EventType
+from sessions.models import (
+    Agent,
+    Event,
+    ModelCall,
+    RequestKey,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
 from sessions.selectors import agents_enabled
 
 from .turns import FailureFacts
@@ -37,7 +46,8 @@ def session_tokens(*, session_id: UUID | str) -> tuple[int, int]:
 
 def turn_failure_facts(*, session_id: UUID | str, turn: int | None) -> FailureFacts:
     """The session's last_error and the outcomes of the turn's last step's model calls, with
-    how long the breakers of the rate-limited endpoints stay open (a 503's Retry-After)."""
+    how long the breakers of the rate-limited endpoints stay open (a 503's Retry-After), and
+    whether a side-effecting tool call of the turn was sent."""
     last_error = Session.objects.filter(pk=session_id).values_list("last_error", flat=True).first()
     rows = (
         list(
@@ -54,7 +64,14 @@ def turn_failure_facts(*, session_id: UUID | str, turn: int | None) -> FailureFa
     now = time.time()
     waits = [model_breaker().state(name).open_until - now for name in sorted(limited)]
     waits = [w for w in waits if w > 0]
+    side_effects = (
+        turn is not None
+        and ToolCall.objects.filter(
+            session_id=session_id, turn=turn, dispatched_at__isnull=False
+        ).exists()
+    )
     return FailureFacts(
+        side_effects=side_effects,
         last_error=last_error or "",
         outcomes=tuple(outcome for _, outcome, _ in last_step),
         retry_after_s=min(waits) if waits else None,
@@ -76,3 +93,31 @@ def session_waiting_for(*, owner_id: int, call_ids: list[str]) -> UUID | None:
         .distinct()[:2]
     )
     return found[0] if len(found) == 1 else None
+
+
+def turn_left_running(
+    *, record_id: int, attempt: int, session_id: UUID | str, after_seq: int
+) -> bool:
+    """Whether the turn a keyed request left (posted after `after_seq`) still runs with nobody
+    waiting for it: no later request with the key (a retry) re-attached since the request
+    claimed it, and the turn has not ended (a later turn of the session is not its to cancel)."""
+    if not RequestKey.objects.filter(
+        pk=record_id, attempts=attempt, session_id=session_id
+    ).exists():
+        return False
+    return not Event.objects.filter(
+        session_id=session_id, seq__gt=after_seq, type="turn.finished"
+    ).exists()
+
+
+def session_agent_chain(*, session: Session) -> set[str]:
+    """The agents of the session's handoff chain: the one it runs now and every one a
+    handoff (`agent.changed`) came from or went to. A request naming any of them goes on
+    with the session (the agent it runs now answers)."""
+    chain = {session.agent.slug}
+    for data in Event.objects.filter(session=session, type=EventType.AGENT_CHANGED).values_list(
+        "data", flat=True
+    ):
+        if isinstance(data, dict):
+            chain |= {str(data.get("from") or ""), str(data.get("to") or "")} - {""}
+    return chain

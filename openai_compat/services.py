@@ -2,7 +2,7 @@
 post a request's input as one turn, or the client's results of its own tools' calls to
 the turn that waits for them. Each is one short transaction; the turn runs on a worker."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -16,9 +16,17 @@ from llm.wire_names import wire_name
 from memory.tokens import count_message_tokens
 from sessions import dispatch
 from sessions.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
-from sessions.models import Message, MessageStatus, Session
+from sessions.events import StopReason
+from sessions.models import Event, Message, MessageStatus, Session, ToolCall
 from sessions.selectors import session_id_parse
-from sessions.services import message_post_for_owner, session_create, session_role_check
+from sessions.services import (
+    KeyedRequest,
+    message_post_for_owner,
+    request_key_find,
+    request_key_save,
+    session_create,
+    session_role_check,
+)
 from sessions.states import STARTS_TURN, State
 
 from .wire import HistoryItem, ToolResult
@@ -153,11 +161,16 @@ def chat_turn_post(
     return posted
 
 
-def client_tools_check(*, agent_id: int, tools: Sequence[ClientToolJson]) -> None:
+def client_tools_check(
+    *, agent_id: int, tools: Sequence[ClientToolJson], tool_choice: str | None = None
+) -> str | None:
     """The client's own tools may not take the name of one of the agent's (as configured,
-    or as the wire spells it): a call must say whose it is."""
-    taken = agent_tool_names(agent_id)
-    taken |= {wire_name(name) for name in taken}
+    or as the wire spells it): a call must say whose it is. A `tool_choice` naming a tool
+    must name one of them or one of the agent's; returned as the engine names it (an
+    agent's tool named as the wire spells it, `agent_researcher`, is `agent.researcher`)."""
+    agents = agent_tool_names(agent_id)
+    spelled = {wire_name(name): name for name in agents}
+    taken = agents | set(spelled)
     for i, tool in enumerate(tools):
         if tool["name"] in taken:
             raise InvalidInput(
@@ -165,6 +178,18 @@ def client_tools_check(*, agent_id: int, tools: Sequence[ClientToolJson]) -> Non
                 details={"field": f"tools[{i}].function.name"},
                 code="invalid_request",
             )
+    if tool_choice is None or tool_choice in ("none", "auto", "required"):
+        return tool_choice
+    if tool_choice in agents or any(t["name"] == tool_choice for t in tools):
+        return tool_choice
+    if tool_choice in spelled:
+        return spelled[tool_choice]
+    raise InvalidInput(
+        f"tool_choice names '{tool_choice}', which is neither one of the request's tools nor "
+        "one of the agent's",
+        details={"field": "tool_choice.function.name"},
+        code="invalid_request",
+    )
 
 
 def chat_tool_results_post(
@@ -231,3 +256,93 @@ def chat_tool_results_post(
         )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return posted
+
+
+# How a turn may end that a retry of its request runs again (when it sent no side effect):
+# no model answered, an answer not valid for response_format, an error inside the platform,
+# or the turn cancelled (its client went away and no retry came in time).
+RETRY_RUNS_AGAIN = frozenset(
+    {
+        StopReason.MODEL_UNAVAILABLE,
+        StopReason.INVALID_OUTPUT,
+        StopReason.ERROR,
+        StopReason.CANCELLED,
+        StopReason.INTERRUPTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class ChatClaim:
+    """A keyed request's turn: the one it posted, or its first request's (re-attached)."""
+
+    posted: TurnPosted
+    record_id: int
+    # The record's request count when this one claimed it: a later request (a retry) makes
+    # it larger, and a request gone before its turn ended cancels the turn only if not.
+    attempt: int
+    reattached: bool
+
+
+def chat_request_claim(
+    *, owner_id: int, keyed: KeyedRequest, start: Callable[[], TurnPosted]
+) -> ChatClaim:
+    """A request with a key (the client's `Idempotency-Key`, or the one derived for a client
+    library's own retries): the turn of its first request, or `start()` posts one.
+
+    Under the key's lock, in one transaction with what `start()` writes:
+    1. the same key with another request is a 409 `idempotency_key_reused`;
+    2. the first request's turn, running or paused, or ended with an answer, a refusal, or
+       after a side effect ran: re-attached (the retry answers what the first would have);
+    3. none, its session gone, or a turn that failed in a way a retry may cure without a
+       side effect sent (`RETRY_RUNS_AGAIN`): `start()` posts a new turn, and the record
+       points at it.
+    """
+    with transaction.atomic():
+        record = request_key_find(owner_id=owner_id, keyed=keyed)
+        if (
+            record is not None
+            and record.session_id is not None
+            and _turn_stands(record.session_id, record.after_seq)
+        ):
+            return ChatClaim(
+                posted=TurnPosted(
+                    session_id=record.session_id,
+                    after_seq=record.after_seq,
+                    tokens_before=(record.input_tokens, record.output_tokens),
+                ),
+                record_id=record.pk,
+                attempt=record.attempts,
+                reattached=True,
+            )
+        posted = start()
+        record = request_key_save(
+            owner_id=owner_id,
+            keyed=keyed,
+            session_id=posted.session_id,
+            after_seq=posted.after_seq,
+            input_tokens=posted.tokens_before[0],
+            output_tokens=posted.tokens_before[1],
+        )
+    return ChatClaim(posted=posted, record_id=record.pk, attempt=1, reattached=False)
+
+
+def _turn_stands(session_id: UUID, after_seq: int) -> bool:
+    """Whether a retry answers from the turn posted after `after_seq` rather than running a
+    new one."""
+    if not Session.objects.filter(pk=session_id).exists():
+        return False  # pruned: nothing to re-attach to
+    finished = (
+        Event.objects.filter(session_id=session_id, seq__gt=after_seq, type="turn.finished")
+        .order_by("seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    if finished is None:
+        return True  # still running, or paused: the retry waits for it as the first did
+    stop = str(finished.get("stop_reason") or "")
+    if stop not in RETRY_RUNS_AGAIN:
+        return True
+    return ToolCall.objects.filter(
+        session_id=session_id, turn=finished.get("turn"), dispatched_at__isnull=False
+    ).exists()

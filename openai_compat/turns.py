@@ -9,7 +9,7 @@ error it is.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .wire import ErrorBody, Extension, FinishReason, WireToolCall, error_body, wire_tool_call
@@ -64,6 +64,8 @@ class TurnReader:
     # The stored answer's text the deltas did not carry, sent once `turn.finished` says
     # it is an answer: a failed turn stores the agent's busy message, which is not one.
     _held: str = ""
+    # The agent a handoff (`agent.changed`) in this turn gave the conversation to.
+    agent: str = ""
 
     def feed(self, frame: dict[str, Any]) -> str:
         """Take one frame; return the text to stream for it (may be "")."""
@@ -115,6 +117,8 @@ class TurnReader:
                     return self.settle()
             else:
                 self.paused = None  # the turn went on
+        elif kind == "agent.changed":
+            self.agent = str(data.get("to") or "") or self.agent
         elif kind == "turn.finished":
             return self._finished(data)
         return ""
@@ -240,6 +244,8 @@ class FailureFacts:
     outcomes: tuple[str, ...] = ()
     # Seconds until the rate-limited endpoints take calls again (their breakers), if known.
     retry_after_s: float | None = None
+    # A side-effecting tool call of the turn was sent: a retry would send another.
+    side_effects: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,9 +253,21 @@ class ErrorReply:
     status: int
     body: ErrorBody
     retry_after_s: int | None = None  # the Retry-After header, for a 503
+    # A retry would not cure it, or would repeat a side effect: `x-should-retry: false`.
+    final: bool = False
 
 
 def failure_reply(stop_reason: str, facts: FailureFacts) -> ErrorReply:
+    """The HTTP error of a failed turn (`_failure_reply`), final (`x-should-retry: false`)
+    when a retry would not cure it (a refusal as configured, no budget or credits left) or
+    when a side effect ran in the turn: the client libraries retry a 5xx by default, and
+    each retry would be a new turn that sends it again."""
+    reply = _failure_reply(stop_reason, facts)
+    final = facts.side_effects or reply.status == 429 or stop_reason == "model_refused"
+    return replace(reply, final=final)
+
+
+def _failure_reply(stop_reason: str, facts: FailureFacts) -> ErrorReply:
     """The HTTP error of a turn that ended in a failure (a stop reason of FAILED).
 
     - No model could answer: 502 `model_unavailable` (timeouts, 5xx, a cut stream, the

@@ -42,13 +42,21 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "logprobs": (False,),
     "top_logprobs": (0,),
     "logit_bias": ({},),
-    "parallel_tool_calls": (True,),
-    "tool_choice": ("auto",),
     "service_tier": ("auto", "default"),
     "modalities": (["text"],),
 }
 READ = frozenset(
-    {"model", "messages", "stream", "stream_options", "response_format", "tools", *SAMPLING}
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        *SAMPLING,
+    }
 )
 # The client's own tools offered in one request.
 MAX_CLIENT_TOOLS = 128
@@ -56,8 +64,6 @@ MAX_CLIENT_TOOLS = 128
 REFUSED = {
     "functions": "use 'tools' (the legacy functions are not supported)",
     "function_call": "use 'tools' (the legacy functions are not supported)",
-    "tool_choice": "the agent decides when to call its tools (only 'auto' is accepted)",
-    "parallel_tool_calls": "the agent may call several tools at once (only true is accepted)",
     "n": "only n=1 is supported",
     "presence_penalty": "penalties cannot be set (only 0 is accepted)",
     "frequency_penalty": "penalties cannot be set (only 0 is accepted)",
@@ -390,7 +396,43 @@ def _model_options(body: dict[str, Any]) -> ModelOptions:
     tools = _client_tools(body.get("tools"))
     if tools:
         options["tools"] = tools
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is not None and choice != "auto":
+        options["tool_choice"] = choice
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None:
+        if not isinstance(parallel, bool):
+            raise RequestInvalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+        if not parallel:
+            options["parallel_tool_calls"] = False
     return options
+
+
+def _tool_choice(value: Any) -> str | None:
+    """`none`, `auto`, `required`, or `{"type": "function", "function": {"name"}}` (the name
+    of one of the request's tools or of the agent's: checked once the agent is known)."""
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    param = "tool_choice"
+    if isinstance(value, str):
+        raise RequestInvalid("'tool_choice' must be none, auto, required or a function", param)
+    function = value.get("function") if isinstance(value, dict) else None
+    if (
+        not isinstance(value, dict)
+        or value.get("type") != "function"
+        or not isinstance(function, dict)
+    ):
+        raise RequestInvalid(
+            "'tool_choice' must be none, auto, required or "
+            '{"type": "function", "function": {"name": ...}}',
+            param,
+        )
+    name = function.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise RequestInvalid(
+            "the function's name is not a valid tool name", f"{param}.function.name"
+        )
+    return name
 
 
 def _response_format(value: Any) -> ResponseFormatJson | None:
@@ -536,9 +578,10 @@ def completion(
     }
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChunkWriter:
-    """The SSE events of one streamed answer; every chunk shares the id and creation time."""
+    """The SSE events of one streamed answer; every chunk shares the id and creation time
+    (`model` changes when a handoff gives the conversation to another agent)."""
 
     id_: str
     model: str

@@ -33,7 +33,7 @@ holding that role may run its turns (403 `role_not_held`).
 `code` is stable (branch on it), `message` is for a person, `details` says which field
 or limit. 400 bad input (`invalid_input`, `malformed_json`, `unknown_agent`), 401 no or a
 bad key, 403 the key may not do this, 404 no such resource (or not yours), 409 the
-resource's state does not allow it (`turn_in_progress`, `idempotency_conflict`,
+resource's state does not allow it (`turn_in_progress`, `idempotency_key_reused`,
 `approval_resolved`), 413 too large (`payload_too_large`), 415 not JSON, 429 too many
 requests (`rate_limited`, wait the seconds in `Retry-After`). Bad input is never a 500
 and a refused request changes nothing.
@@ -41,9 +41,11 @@ and a refused request changes nothing.
 **Paging.** Lists return at most `limit` items. While more exist, the response carries
 `Link: <...>; rel="next"`: request that URL for the next page.
 
-**Retries.** `POST .../messages/` and `POST /workflows/{{slug}}/runs/` take an
-`idempotency_key`: the same key with the same body returns the first result (200), with
-another body a 409 `idempotency_conflict`. Repeating a cancel or an approval decision is
+**Retries.** `POST .../messages/`, `POST /workflows/{{slug}}/runs/` and the OpenAI
+chat completions take an `Idempotency-Key` header (or the body's `idempotency_key`): the
+same key with the same body returns the first result (200), with another body a 409
+`idempotency_key_reused`. A refusal that a retry would meet again, and a failed turn in
+which a side effect ran, say `x-should-retry: false`. Repeating a cancel or an approval decision is
 harmless (`cancelled: false`, or 409 `approval_resolved`). Each `POST /sessions/` and each
 fork creates a new session.
 

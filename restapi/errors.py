@@ -31,7 +31,26 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
+# Refusals a retry of the same request would meet again: said so to the client libraries that
+# retry by themselves (the openai SDK obeys `x-should-retry`; DESIGN.md "Requests that may be
+# retried"). 408, 429 and 5xx stay retryable, 429 and 503 with Retry-After.
+FINAL_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422})
+SHOULD_RETRY = "x-should-retry"
+
+
+def retry_advice(response: Response) -> Response:
+    """Mark a final refusal `x-should-retry: false` (unless already said)."""
+    if response.status_code in FINAL_STATUSES and SHOULD_RETRY not in response:
+        response[SHOULD_RETRY] = "false"
+    return response
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    response = _api_exception_response(exc, context)
+    return None if response is None else retry_advice(response)
+
+
+def _api_exception_response(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
     if isinstance(exc, JsonRejected):

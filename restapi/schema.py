@@ -20,7 +20,7 @@ from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_examples_list
-from drf_spectacular.utils import OpenApiExample
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter
 from rest_framework import permissions, serializers
 
 ERROR_DESCRIPTIONS = {
@@ -157,3 +157,14 @@ class ErrorDocumentingAutoSchema(AutoSchema):
         if needs_key or self.view.get_throttles():
             statuses.append(429)
         return statuses
+
+
+# The header of the requests that may be retried (docs/api.md "Retried requests").
+IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    description="Makes a retry safe (1-200 printable ASCII characters, kept 24 h per owner): "
+    "the same key with the same request returns the first response and does nothing again; "
+    "with another request, 409 `idempotency_key_reused`.",
+)

@@ -6,9 +6,11 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector
 from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from pgvector.django import VectorField
 
 from .events import TurnOutcome
@@ -745,3 +747,48 @@ class WorkerHealth(models.Model):
 
     def __str__(self) -> str:
         return "worker"
+
+
+class RequestKey(models.Model):
+    """A retried request's memory (DESIGN.md "Requests that may be retried"): what the first
+    request that carried this owner's key did, so a retry with the same key returns it
+    instead of running again. `fingerprint` is the hash of what the request asked (method,
+    path, body); a REST request keeps its response, an OpenAI-compatible one points at the
+    turn it posted (a retry re-attaches to it, running or done). Kept IDEMPOTENCY_KEY_TTL_S."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    key = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64)
+    # The turn an OpenAI-compatible request posted: its session, the session's last event and
+    # token totals before it (relay.TurnAnswer reads the turn's events from there).
+    # No constraint and no cascade: pruning a session must not scan this table (a record
+    # whose session is gone is a turn that cannot be re-attached: the retry runs anew).
+    session = models.ForeignKey(
+        Session,
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
+    )
+    after_seq = models.PositiveBigIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    # A REST request's response, returned as it was to a retry.
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    # Requests that used the record: a client gone from one is not cancelled while a later
+    # one (its retry) waits on the same turn.
+    attempts = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "key"], name="requestkey_owner_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}:{self.key}"

@@ -37,6 +37,11 @@ def prune_ephemeral_sessions() -> int:
     return services.ephemeral_sessions_prune()
 
 
+@shared_task(name="sessions.tasks.prune_request_keys", ignore_result=True)
+def prune_request_keys() -> int:
+    return services.request_keys_prune()
+
+
 @shared_task(name="sessions.tasks.keep_turn_memory", ignore_result=True)
 def keep_turn_memory(session_id: str, turn: int) -> int:
     return services.memory_turn_keep(session_id=session_id, turn=turn)

@@ -247,3 +247,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
             problems[:20]
         )
     return result
+
+
+@pytest.fixture(autouse=True)
+def _rules_model_strict() -> Generator[None, None, None]:
+    """No rule of the offline model called a tool its request did not offer (llm/rules.py's
+    strict mode, on for the whole suite): the engine may have survived the refused call, the
+    test must not pass because of it. A test of the strict mode itself empties the list."""
+    from llm import rules
+
+    rules.STRICT_VIOLATIONS.clear()
+    yield
+    found = list(rules.STRICT_VIOLATIONS)
+    rules.STRICT_VIOLATIONS.clear()
+    assert not found, f"the strict rules model was asked for unoffered calls: {found}"

@@ -17,11 +17,11 @@ from django.utils.safestring import SafeString, mark_safe
 from audit.edits import AuditedAdmin, admin_actor
 from audit.models import AuditAction
 from audit.services import admin_change_record
+from configuration.documents import DocumentInvalid, document_load
 
 from .definition import Definition, WorkflowInvalid
-from .graph_svg import workflow_svg
 from .models import Workflow, WorkflowVersion
-from .selectors import definition_check
+from .selectors import definition_check, version_svg
 from .services import workflow_apply
 
 YAML_HELP = (
@@ -63,9 +63,9 @@ class WorkflowForm(forms.ModelForm):
     def clean_definition_yaml(self) -> str:
         text: str = self.cleaned_data["definition_yaml"]
         try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise forms.ValidationError(f"not valid YAML: {exc}") from None
+            raw = document_load(text)
+        except DocumentInvalid as exc:
+            raise forms.ValidationError(str(exc)) from None
         if not isinstance(raw, dict):
             raise forms.ValidationError("the definition must be a mapping (slug, role, nodes, ...)")
         if self.instance.pk and raw.get("slug") != self.instance.slug:
@@ -102,7 +102,7 @@ class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
         if version is None:
             return mark_safe("")  # noqa: S308  # nosec B308 B703
         # Drawn by our own code; every text in it is escaped there.
-        svg = workflow_svg(version.definition)
+        svg = version_svg(version)
         return mark_safe(f'<div class="wf-graph" style="overflow-x:auto">{svg}</div>')  # noqa: S308  # nosec B308 B703
 
     @admin.display(description="Versions")

@@ -9,6 +9,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+from sessions.services import (
+    IDEMPOTENCY_HEADER,
+    KeyedRequest,
+    request_fingerprint,
+    request_key_parse,
+    request_keyed_respond,
+)
 
 from . import api_docs, selectors, services
 
@@ -81,15 +88,36 @@ class WorkflowRunsView(APIView):
         payload = RunCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data: dict[str, Any] = payload.validated_data
-        session, created = services.workflow_run_start(
-            owner=request.user,
-            key_roles=_key_roles(request),
-            slug=slug,
-            input=data["input"],
-            idempotency_key=data.get("idempotency_key"),
-            metadata=data.get("metadata") or {},
+        key = request_key_parse(
+            request.headers.get(IDEMPOTENCY_HEADER), data.get("idempotency_key")
         )
-        return Response(
-            RunSerializer(session).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+
+        def start() -> tuple[int, Any]:
+            session, created = services.workflow_run_start(
+                owner=request.user,
+                key_roles=_key_roles(request),
+                slug=slug,
+                input=data["input"],
+                idempotency_key=key,
+                metadata=data.get("metadata") or {},
+            )
+            code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            return code, RunSerializer(session).data
+
+        keyed = (
+            None
+            if key is None
+            else KeyedRequest(
+                key=key,
+                fingerprint=request_fingerprint(
+                    request.method, request.path, data["input"], data.get("metadata") or {}
+                ),
+            )
         )
+        answer = request_keyed_respond(owner_id=request.user.pk, keyed=keyed, run=start)
+        if not answer.replayed:
+            return Response(answer.body, status=answer.status)
+        # A retry's answer is the first one's body, with 200 (nothing new was started).
+        response = Response(answer.body, status=status.HTTP_200_OK)
+        response["Idempotent-Replayed"] = "true"
+        return response

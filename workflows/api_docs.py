@@ -7,7 +7,7 @@ workflows (config/demo.yaml).
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 
-from restapi.schema import error_example
+from restapi.schema import IDEMPOTENCY_KEY_PARAMETER, error_example
 
 RUN = {
     "id": "2c4e6a8b-0d1f-4a3c-9e5b-7d9f1b3d5f7a",
@@ -62,7 +62,8 @@ workflow_run_create = extend_schema(
             OpenApiParameter.PATH,
             description="The workflow's slug (`GET /api/v1/workflows/`).",
             examples=[OpenApiExample("The demo's refund workflow", value="refund")],
-        )
+        ),
+        IDEMPOTENCY_KEY_PARAMETER,
     ],
     summary="Start a workflow run",
     description="""
@@ -73,15 +74,16 @@ the end, the result. A run takes no messages.
 
 - `input` must satisfy the workflow's `input` schema (`GET /api/v1/workflows/`): for the
   demo's `refund`, `{"order_number": "SO-1001"}`; for `logistics-exceptions`, `{"days": 7}`.
-- `idempotency_key` makes a retry safe: the same key with the same input returns the
-  first run (200) and starts nothing; with another input, 409 `idempotency_conflict`.
+- `idempotency_key` (or the `Idempotency-Key` header) makes a retry safe: the same key
+  with the same input and metadata returns the first run (200) and starts nothing; with
+  another, 409 `idempotency_key_reused`.
 - `metadata`: your own JSON, returned as is.
 
 Only a key holding the workflow's role may start it (403 `role_not_held`).
 
 Errors: 400 `invalid_input` (`details.path` says where the input is wrong), 403
 `role_not_held`, 404 `not_found` (no enabled workflow with this slug), 409
-`idempotency_conflict`, 429 `rate_limited` (runs count as sessions created).
+`idempotency_key_reused`, 429 `rate_limited` (runs count as sessions created).
 """,
     examples=[
         OpenApiExample(

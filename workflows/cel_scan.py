@@ -169,3 +169,84 @@ def placeholder_end(text: str, start: int) -> int | None:
         elif token.text == "}" and depth:
             depth -= 1
     return None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One comprehension macro (`items.map(x, ...)`): the tokens of its body, the loops in it.
+
+    `accumulates`: the macro builds a list (map, filter), which cel 0.10 copies on every
+    step, so its own cost grows with the square of the list's length.
+    """
+
+    macro: str
+    accumulates: bool
+    body_tokens: int
+    body_reads: int  # names from the scope its body reads: cel copies the value on each read
+    inner: tuple["Loop", ...]
+
+    @property
+    def depth(self) -> int:
+        return 1 + max((loop.depth for loop in self.inner), default=0)
+
+
+_ACCUMULATING = frozenset({"map", "filter", "transformList", "transformMap", "sortBy"})
+
+
+@dataclass(frozen=True)
+class LoopScan:
+    loops: tuple[Loop, ...]  # the top-level ones, each with those nested in its body
+    tokens: int
+    joins: int  # `+`: each may join two lists, so a loop may range over a longer one
+    written: int  # no list or map written in the expression has more items than this (commas + 1)
+
+
+def loops(source: str) -> LoopScan:
+    """The comprehensions of `source` and what bounds the lists they may range over."""
+    tokens = [t for t in _tokens(source) if t.kind != "space"]
+    closers = _closers(tokens)
+    found = sorted(
+        (i, b, tokens[i - 1].text)
+        for i in closers
+        if (b := _binding(tokens, i, closers)) is not None
+    )
+    bound = frozenset().union(*(b.names for _, b, _ in found)) | {"true", "false", "null"}
+    reads = [
+        i
+        for i, token in enumerate(tokens)
+        if token.kind == "ident"
+        and token.text not in bound
+        and not (i > 0 and tokens[i - 1].text == ".")
+        and not (i + 1 < len(tokens) and tokens[i + 1].text == "(")
+    ]
+
+    def nested(inside: range | None) -> tuple[Loop, ...]:
+        # A loop belongs to the innermost loop whose body holds its `(`.
+        result: list[Loop] = []
+        for i, binding, macro in found:
+            if inside is not None and i not in inside:
+                continue
+            holders = [b for j, b, _ in found if j != i and i in b.visible]
+            if inside is None and holders:
+                continue
+            if inside is not None and any(
+                h.visible.start > inside.start and h.visible.stop <= inside.stop for h in holders
+            ):
+                continue
+            result.append(
+                Loop(
+                    macro=macro,
+                    accumulates=macro in _ACCUMULATING,
+                    body_tokens=len(binding.visible),
+                    body_reads=sum(1 for r in reads if r in binding.visible),
+                    inner=nested(binding.visible),
+                )
+            )
+        return tuple(result)
+
+    return LoopScan(
+        loops=nested(None),
+        tokens=len(tokens),
+        joins=sum(1 for t in tokens if t.text == "+"),
+        written=1 + sum(1 for t in tokens if t.text == ","),
+    )

@@ -16,6 +16,7 @@ from typing import Any
 
 from workflows.checks import cycle_problems, data_flow_problems, reachability_problems
 from workflows.fields import FieldReader, type_name, unknown
+from workflows.limits import limits
 from workflows.node_parsing import NAME_PATTERN, NAME_RULE, NodeContext, node_parse
 from workflows.nodes import END, INPUT, NODE_KINDS, Case, FrozenMap, Node, RetryPolicy
 
@@ -228,6 +229,11 @@ def definition_parse(
     model = fields.known("model", known_models, "model")
     deadline_s = fields.number("deadline_s", minimum=0, exclusive=True)
     declared = fields.mapping("nodes")
+    if declared is not None and len(declared) > (most := limits().nodes):
+        # Refused before any node is read: checking thousands of nodes is itself the cost.
+        raise WorkflowInvalid(
+            [f"{where}.nodes: has {len(declared)} nodes; at most {most} (WORKFLOW_MAX_NODES)"]
+        )
     node_ids, ids_valid = _node_ids(fields, declared)
     # Edges are judged against every declared id: one with a bad id is reported once, as such.
     ctx = NodeContext(

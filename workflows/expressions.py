@@ -18,7 +18,7 @@ How values behave (cel 0.10):
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -26,7 +26,9 @@ from typing import Any
 
 import cel
 
+from workflows.cel_cost import CostBound, cost_bound, extent
 from workflows.cel_scan import free_names, placeholder_end
+from workflows.limits import limits
 
 # Names CEL resolves itself (type names and the optional namespace): never state keys.
 CEL_BUILTIN_NAMES = frozenset(
@@ -60,6 +62,15 @@ class EvaluationError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ExpressionLimitError(EvaluationError):
+    """An expression that would cost more than EXPRESSION_COST_LIMIT over these inputs: it
+    is refused before it runs (cel cannot be stopped once it has started)."""
+
+    def __init__(self, message: str, source: str) -> None:
+        super().__init__(message)
+        self.source = source
 
 
 class _NotJson(Exception):
@@ -157,10 +168,28 @@ class Expression:
     names: frozenset[str]
     _program: cel.Program = field(compare=False, repr=False)
     _lookups: tuple[str, ...] = field(compare=False, repr=False, default=())
+    _cost: CostBound | None = field(compare=False, repr=False, default=None)
 
     def evaluate(self, scope: Mapping[str, Any]) -> Any:
         """The expression's value over `scope`, as plain JSON types."""
-        return self._run({name: scope[name] for name in self._lookups if name in scope})
+        context = {name: scope[name] for name in self._lookups if name in scope}
+        self.check_cost(context.values())
+        return self._run(context)
+
+    def check_cost(self, values: Iterable[Any]) -> None:
+        """Refuse (ExpressionLimitError) to run over inputs that would make it cost more than
+        EXPRESSION_COST_LIMIT; an expression without comprehensions is not measured."""
+        if self._cost is None or not self._cost.loops:
+            return
+        units = self._cost.units(extent(values))
+        limit = limits().expression_cost
+        if units > limit:
+            raise ExpressionLimitError(
+                f"CEL expression {_quoted(self.source)} would cost up to {units:,} units over "
+                f"these inputs, more than EXPRESSION_COST_LIMIT ({limit:,}): give it shorter "
+                "lists or fewer nested comprehensions",
+                self.source,
+            )
 
     def _run(self, context: dict[str, Any] | cel.Context) -> Any:
         try:
@@ -192,7 +221,27 @@ def expression_compile(source: str) -> Expression:
         raise ExpressionError(_syntax_message(source, exc)) from exc
     lookups = tuple(program.variables())
     names = (free_names(source) & frozenset(lookups)) - CEL_BUILTIN_NAMES
-    return Expression(source=source, names=names, _program=program, _lookups=lookups)
+    cost = _bounded_cost(source)
+    return Expression(source=source, names=names, _program=program, _lookups=lookups, _cost=cost)
+
+
+def _bounded_cost(source: str) -> CostBound:
+    """The expression's cost bound; raises ExpressionError when no input can make it cheap
+    enough: comprehensions nested past EXPRESSION_MAX_NESTING (cost grows as the input's
+    length to that power), or over the limit with empty inputs."""
+    cost = cost_bound(source)
+    if cost.depth > (deepest := limits().expression_nesting):
+        raise ExpressionError(
+            f"expression_limit: CEL expression {_quoted(source)} nests comprehensions "
+            f"{cost.depth} deep, more than EXPRESSION_MAX_NESTING ({deepest}): its cost "
+            "cannot be bounded"
+        )
+    if cost.loops and (units := cost.units(extent(()))) > (limit := limits().expression_cost):
+        raise ExpressionError(
+            f"expression_limit: CEL expression {_quoted(source)} costs {units:,} units even "
+            f"over empty inputs, more than EXPRESSION_COST_LIMIT ({limit:,})"
+        )
+    return cost
 
 
 @dataclass(frozen=True)
@@ -210,8 +259,12 @@ class Template:
         The placeholders share one converted scope: converting a value for cel costs far more
         than running an expression (a dict of 20 small lines: ~80 µs against ~1 µs).
         """
+        values = {name: scope[name] for name in self._lookups if name in scope}
+        for part in self.parts:
+            if isinstance(part, Expression):
+                part.check_cost(values[name] for name in part._lookups if name in values)
         try:
-            context = cel.Context({name: scope[name] for name in self._lookups if name in scope})
+            context = cel.Context(values)
         except Exception:  # a value cel cannot take: the placeholder reading it says which
             return "".join(
                 p if isinstance(p, str) else _json_text(p.evaluate(scope)) for p in self.parts

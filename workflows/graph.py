@@ -8,6 +8,8 @@ declaration order so error messages come out the same every time.
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 
+import igraph
+
 Edges = Mapping[str, tuple[str, ...]]
 
 
@@ -66,44 +68,12 @@ def unguarded_cycles(edges: Edges, guarded: Collection[str]) -> list[list[str]]:
 
 
 def _components(edges: Edges) -> list[set[str]]:
-    """Strongly connected components (Tarjan's algorithm, iterative: graphs may be deep)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[set[str]] = []
-    for root in edges:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, child = work.pop()
-            if child == 0:
-                index[node] = low[node] = len(index)
-                stack.append(node)
-                on_stack.add(node)
-            targets = edges[node]
-            if child < len(targets):
-                work.append((node, child + 1))
-                target = targets[child]
-                if target not in index:
-                    work.append((target, 0))
-                elif target in on_stack:
-                    low[node] = min(low[node], index[target])
-                continue
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                components.append(component)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    return components
+    """Strongly connected components (igraph's, in C: a graph may be large and deep)."""
+    names = list(edges)
+    index = {name: i for i, name in enumerate(names)}
+    links = [(index[source], index[t]) for source, targets in edges.items() for t in targets]
+    found = igraph.Graph(n=len(names), edges=links, directed=True).connected_components("strong")
+    return [{names[i] for i in component} for component in found]
 
 
 def _shortest_cycle(first: str, edges: Edges) -> list[str] | None:

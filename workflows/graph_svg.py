@@ -1,34 +1,46 @@
-"""A workflow's graph drawn as SVG on the server, for the Django admin.
+"""A workflow's graph drawn as SVG on the server, for the admin, the API and the playground.
 
-Pure Python: no JavaScript, no CDN, no drawing library (graphviz is not on the
-servers). The layout is a small Sugiyama-style pipeline:
+The layout is a Sugiyama pipeline whose hard parts are igraph's (C, near linear):
 
-1. a DFS from the "start" pill marks back edges (cycles); they are left out of
-   the layering and drawn as dashed detours on the right of the graph;
-2. layers are the longest-path distance from start over the remaining DAG, so
-   the flow reads top to bottom and the "end" pill is always the last row;
-3. an edge spanning several layers gets a dummy vertex in every row it crosses,
-   and each edge's label is itself a vertex in the row right below its source
-   (graphviz's trick): labels then take part in ordering and spacing, so they
-   never sit on a box or on another label;
-4. barycenter sweeps order each row to reduce crossings;
-5. x positions: neighbours pull each vertex towards them (dummy chains pull
-   hardest, so long edges come out straight) and an exact isotonic solve keeps
-   the row's order and spacing.
+1. back edges (cycles) are igraph's feedback arc set; they are left out of the
+   layering and drawn as dashed detours beside the graph (self-loops beside their box);
+2. layers are the longest-path distance from start over the remaining DAG, so the flow
+   reads top to bottom and the "end" pill is always the last row;
+3. igraph orders each layer (barycenters) and places it; an edge spanning several rows
+   gets a dummy vertex in every row it crosses, and each edge's label is itself a vertex
+   in the row right below its source (graphviz's trick): labels then take part in
+   spacing, so they never sit on a box or on another label;
+4. x: igraph's positions, each row spread just enough for its boxes' widths (an exact
+   isotonic solve keeps the row's order and spacing).
 
-The output is deterministic (same mapping in, same string out): every loop runs
-over lists or insertion-ordered dicts, every tie is broken by a position.
+Drawing is split in two: `workflow_picture` (layout, edges, labels: the costly part) is
+kept per version; `picture_svg` draws a run's marks onto it in milliseconds.
+
+The output is deterministic (same mapping in, same string out): every loop runs over
+lists or insertion-ordered dicts, every tie is broken by a position.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["END", "NodeMark", "workflow_svg"]
+import igraph
+
+__all__ = [
+    "END",
+    "REVISION",
+    "NodeMark",
+    "Picture",
+    "picture_svg",
+    "workflow_picture",
+    "workflow_svg",
+]
 
 END = "end"  # the reserved target: the run is over
 
@@ -41,11 +53,58 @@ class NodeMark:
 
     visits: int = 0
     status: str = ""  # "" (not visited) | "visited" | "active" | "failed"
+    seconds: float | None = None  # how long its last finished visit took
+
+
+# Bump when the drawing changes: a kept picture of an older revision is drawn again.
+REVISION = 2
+
+
+@dataclass(frozen=True)
+class NodeBox:
+    """A node's box as laid out, with its texts: what a run's marks are drawn onto."""
+
+    node_id: str
+    kind: str
+    x: float  # left
+    y: float  # top
+    w: float
+    h: float
+    sub: str
+    inner: str
+    tag: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A version's drawing without a run, kept once drawn: the SVG of its edges, pills and
+    labels, and its node boxes, which `picture_svg` colours by a run in milliseconds."""
+
+    width: int
+    height: int
+    name: str
+    defs: str
+    edges: str
+    terminals: str
+    labels: str
+    nodes: tuple[NodeBox, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["nodes"] = [[getattr(n, f.name) for f in fields(NodeBox)] for n in self.nodes]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Picture:
+        return cls(**{**data, "nodes": tuple(NodeBox(*n) for n in data["nodes"])})
 
 
 # --- sizes (px) ------------------------------------------------------------------------------
 
 MARGIN = 24
+END_REACH = 12  # layers an edge may run down to the end pill; further, it gets its own
+UNIT_X = 90.0  # igraph's unit gap between neighbours in a row, before the row makes room
 GAP_Y = 22  # between a row and the next (node row ↔ label row)
 GAP_NODES = 40  # between two boxes in a row
 GAP_THIN = 14  # between anything and a dummy or a label
@@ -268,7 +327,7 @@ def _describe(kind: str, spec: Mapping[str, Any]) -> tuple[str, str]:
     return sub, inner
 
 
-def _node_title(node_id: str, kind: str, spec: Mapping[str, Any], mark: NodeMark | None) -> str:
+def _node_title(node_id: str, kind: str, spec: Mapping[str, Any]) -> str:
     lines = [f"{node_id} ({kind or '?'})"]
     for key in ("tool", "agent", "over", "concurrency", "join", "seconds", "output"):
         if spec.get(key) is not None:
@@ -284,15 +343,13 @@ def _node_title(node_id: str, kind: str, spec: Mapping[str, Any], mark: NodeMark
             lines.append(f"branch {_str(name)}: {_inner_text(branch)}")
     if spec.get("max_visits") is not None:
         lines.append(f"max_visits: {_str(spec['max_visits'])}")
-    if mark is not None and (mark.status or mark.visits):
-        lines.append(f"run: {mark.status or 'not visited'}, {mark.visits} visit(s)")
     return "\n".join(lines)
 
 
 # --- layout ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Vertex:
     key: str
     role: str  # "node" | "start" | "end" | "label" | "dummy"
@@ -313,6 +370,7 @@ class _Vertex:
     # Room right of the box for its self-loops and their labels: reserved in the layout so
     # a loop is drawn right beside its node, never around the neighbours in its row.
     loop_room: float = 0.0
+    index: int = 0  # place in its row, once the rows are ordered
 
     @property
     def left(self) -> float:
@@ -363,9 +421,7 @@ class _Back:
     label_box: tuple[float, float, float, float] | None = None  # x, y, w, h
 
 
-def _node_vertex(
-    node_id: str, spec: Mapping[str, Any], row: int, hint: float, mark: NodeMark | None
-) -> _Vertex:
+def _node_vertex(node_id: str, spec: Mapping[str, Any], row: int, hint: float) -> _Vertex:
     kind = _str(spec.get("kind"))
     sub, inner = _describe(kind, spec)
     sub = _shorten(sub, NODE_MAX_CHARS_SUB)
@@ -390,7 +446,7 @@ def _node_vertex(
         sub=sub,
         inner=inner,
         tag=tag,
-        title=_node_title(node_id, kind, spec, mark),
+        title=_node_title(node_id, kind, spec),
     )
 
 
@@ -422,7 +478,7 @@ def _isotonic(desired: list[float], weights: list[float], gaps: list[float]) -> 
 class _Layout:
     """Positions of every box, pill, label and edge point; the drawing only reads them."""
 
-    def __init__(self, raw: Mapping[str, Any], marks: Mapping[str, NodeMark] | None) -> None:
+    def __init__(self, raw: Mapping[str, Any]) -> None:
         nodes_raw = raw.get("nodes")
         nodes: dict[str, Mapping[str, Any]] = {}
         if isinstance(nodes_raw, Mapping):
@@ -437,77 +493,56 @@ class _Layout:
             if edge.target != END_KEY and edge.target_id not in nodes:
                 nodes[edge.target_id] = {"kind": "missing"}
         self.nodes = nodes
-        self.marks = marks
         start = _str(raw.get("start"))
         self.start_edge: _Edge | None = None
         if start in nodes:
             self.start_edge = _Edge(-1, START_KEY, _node_key(start), "", "", "", start)
 
+        self._keys = [START_KEY] + [_node_key(n) for n in nodes] + [END_KEY]
         all_edges = ([self.start_edge] if self.start_edge else []) + self.edges
-        self.back_edges, forward, preorder = self._split_back_edges(all_edges)
+        self.back_edges, forward = self._split_back_edges(all_edges)
         layer = self._layers(forward)
-        self._build_vertices(layer, preorder, forward)
-        self._order_rows()
+        # A cut edge the layering happens to point downwards closes no cycle there: forward.
+        forward += [e for e in self.back_edges if layer[e.source] < layer[e.target]]
+        self.back_edges = [e for e in self.back_edges if layer[e.source] >= layer[e.target]]
+        self._build_vertices(layer, self._ends_nearby(layer, forward))
         self._place_x()
         self._place_y()
         self._route_back_edges()
 
     # 1. back edges -------------------------------------------------------------------------
 
-    def _split_back_edges(
-        self, edges: list[_Edge]
-    ) -> tuple[list[_Edge], list[_Edge], dict[str, int]]:
-        out: dict[str, list[_Edge]] = {}
-        for edge in edges:
-            out.setdefault(edge.source, []).append(edge)
-        roots = [START_KEY] + [_node_key(n) for n in self.nodes]
-        state: dict[str, int] = {}  # 1 on the stack, 2 done
-        preorder: dict[str, int] = {}
-        back: set[int] = set()  # edge indices (unique: the start edge is -1)
-        for root in roots:
-            if root in state:
-                continue
-            # Iterative DFS: a 50-node chain must not depend on the recursion limit.
-            state[root] = 1
-            preorder[root] = len(preorder)
-            stack: list[tuple[str, int]] = [(root, 0)]
-            while stack:
-                vertex, i = stack[-1]
-                successors = out.get(vertex, [])
-                if i == len(successors):
-                    state[vertex] = 2
-                    stack.pop()
-                    continue
-                stack[-1] = (vertex, i + 1)
-                edge = successors[i]
-                seen = state.get(edge.target)
-                if seen == 1:
-                    back.add(edge.index)
-                elif seen is None:
-                    state[edge.target] = 1
-                    preorder[edge.target] = len(preorder)
-                    stack.append((edge.target, 0))
-        preorder.setdefault(END_KEY, len(preorder))
-        back_edges = [e for e in edges if e.index in back]
-        forward = [e for e in edges if e.index not in back]
-        return back_edges, forward, preorder
+    def _split_back_edges(self, edges: list[_Edge]) -> tuple[list[_Edge], list[_Edge]]:
+        """The edges that close a cycle (a retry, a loop), by igraph's feedback arc set
+        (Eades, Lin and Smyth: linear, few edges); the rest is a DAG to lay out in rows."""
+        position = {key: i for i, key in enumerate(self._keys)}
+        graph = igraph.Graph(
+            n=len(self._keys),
+            edges=[(position[e.source], position[e.target]) for e in edges],
+            directed=True,
+        )
+        back = set(graph.feedback_arc_set(method="eades"))
+        return (
+            [e for i, e in enumerate(edges) if i in back],
+            [e for i, e in enumerate(edges) if i not in back],
+        )
 
     # 2. layers -----------------------------------------------------------------------------
 
     def _layers(self, forward: list[_Edge]) -> dict[str, int]:
-        """Longest path from start: a node sits below everything that leads to it."""
+        """Longest path from start: a node sits below everything that leads to it, and the
+        end pill is the last row."""
         keys = [START_KEY] + [_node_key(n) for n in self.nodes]
         incoming: dict[str, int] = {k: 0 for k in keys}
         out: dict[str, list[str]] = {k: [] for k in keys}
         for edge in forward:
-            if edge.target == END_KEY:
-                continue
-            out[edge.source].append(edge.target)
-            incoming[edge.target] += 1
+            if edge.target != END_KEY:
+                out[edge.source].append(edge.target)
+                incoming[edge.target] += 1
         layer = {k: (0 if k == START_KEY else 1) for k in keys}
-        ready = [k for k in keys if incoming[k] == 0]
+        ready = deque(k for k in keys if incoming[k] == 0)
         while ready:
-            vertex = ready.pop(0)
+            vertex = ready.popleft()
             for target in out[vertex]:
                 layer[target] = max(layer[target], layer[vertex] + 1)
                 incoming[target] -= 1
@@ -516,22 +551,49 @@ class _Layout:
         layer[END_KEY] = max(layer.values()) + 1
         return layer
 
-    # 3. vertices, dummies and labels -------------------------------------------------------
+    def _ends_nearby(self, layer: dict[str, int], forward: list[_Edge]) -> list[_Edge]:
+        """An edge that ends the run far above the last row gets an end pill of its own in
+        the row below its source. Drawn down to the one pill, every such edge would cross
+        every row below it: a ladder of 1,500 approvals that may each end the run needs
+        over a million bends (minutes, gigabytes) for a picture nobody could follow."""
+        kept = []
+        for edge in forward:
+            if edge.target == END_KEY and layer[END_KEY] - layer[edge.source] > END_REACH:
+                key = f"e:{edge.index}"
+                self._keys.append(key)
+                layer[key] = layer[edge.source] + 1
+                edge = replace(edge, target=key)
+            kept.append(edge)
+        return kept
 
-    def _build_vertices(
-        self, layer: dict[str, int], preorder: dict[str, int], forward: list[_Edge]
-    ) -> None:
-        # Layer L is row 2L; the odd rows between carry labels and dummies only.
-        self.vertices: dict[str, _Vertex] = {}
-        self.vertices[START_KEY] = _Vertex(
-            START_KEY, "start", 0, PILL_W, PILL_H, preorder.get(START_KEY, 0)
+    # 3. vertices, order within rows (igraph) -----------------------------------------------
+
+    def _build_vertices(self, layer: dict[str, int], forward: list[_Edge]) -> None:
+        """igraph's Sugiyama layout orders each layer (barycenters) and places it (unit gaps);
+        we keep its order and its x as the wish for the row, sized in `_place_x`.
+
+        Layer L is row 2L; the odd rows between carry labels and dummies only. Each edge's
+        label is the vertex in the row right below its source (graphviz's trick): labels
+        then take part in spacing, so they never sit on a box or on another label.
+        """
+        keys = self._keys
+        position = {key: i for i, key in enumerate(keys)}
+        graph = igraph.Graph(
+            n=len(keys),
+            edges=[(position[e.source], position[e.target]) for e in forward],
+            directed=True,
         )
+        # Crossing sweeps: few on a large graph, where each costs most and gains least.
+        sweeps = 100 if len(forward) < 500 else 20
+        placed = graph.layout_sugiyama(layers=[layer[k] for k in keys], maxiter=sweeps)
+        xs = [x for x, _y in placed.coords[: len(keys)]]
+
+        self.vertices: dict[str, _Vertex] = {
+            START_KEY: _Vertex(START_KEY, "start", 0, PILL_W, PILL_H, xs[0])
+        }
         for node_id, spec in self.nodes.items():
             key = _node_key(node_id)
-            mark = self.marks.get(node_id) if self.marks is not None else None
-            self.vertices[key] = _node_vertex(
-                node_id, spec, 2 * layer[key], preorder.get(key, 0), mark
-            )
+            self.vertices[key] = _node_vertex(node_id, spec, 2 * layer[key], xs[position[key]])
         self.self_loops: dict[str, list[_Edge]] = {}
         for edge in self.back_edges:
             if edge.source == edge.target:
@@ -542,122 +604,45 @@ class _Layout:
             )
             lanes = LOOP_OUT + LOOP_STEP * (len(loops) - 1)
             self.vertices[key].loop_room = lanes + (6 + label_w + 4 if label_w else 8)
-        self.vertices[END_KEY] = _Vertex(
-            END_KEY, "end", 2 * layer[END_KEY], PILL_W, PILL_H, preorder[END_KEY]
-        )
+        for i, key in enumerate(keys[len(self.nodes) + 1 :], start=len(self.nodes) + 1):
+            self.vertices[key] = _Vertex(key, "end", 2 * layer[key], PILL_W, PILL_H, xs[i])
+
         self.chains: list[_Chain] = []
         for edge in forward:
             source = self.vertices[edge.source]
             target = self.vertices[edge.target]
+            # The rows an edge crosses take their place on the straight line between its ends
+            # (igraph's own bend points are not used: its routing is garbled on large graphs
+            # in 1.0), nudged by declaration order so siblings that leave one box keep their
+            # declared left-to-right order.
+            slope = (target.order_hint - source.order_hint) / (target.row - source.row)
+            nudge = (edge.index + 2) / 10_000
             chain = [source]
             label_vertex: _Vertex | None = None
-            # Dummies sort among their row's nodes as if they were the source, shifted by the
-            # edge's order so siblings keep their declared left-to-right order.
-            hint = source.order_hint + (edge.index + 2) / 10_000
             for row in range(source.row + 1, target.row):
+                hint = source.order_hint + slope * (row - source.row)
                 key = f"d:{edge.index}:{row}"
                 if row == source.row + 1 and edge.label:
                     width = _text_width(edge.label, LABEL_SIZE) + 12
-                    vertex = _Vertex(key, "label", row, width, LABEL_H, hint, edge=edge)
+                    vertex = _Vertex(key, "label", row, width, LABEL_H, hint + nudge, edge=edge)
                     label_vertex = vertex
                 else:
-                    vertex = _Vertex(key, "dummy", row, DUMMY_W, 0.0, hint)
+                    vertex = _Vertex(key, "dummy", row, DUMMY_W, 0.0, hint + nudge)
                 self.vertices[key] = vertex
                 chain.append(vertex)
             chain.append(target)
             self.chains.append(_Chain(edge, chain, label_vertex))
-        self.row_count = max(v.row for v in self.vertices.values()) + 1
-        self.up: dict[str, list[tuple[_Vertex, float]]] = {k: [] for k in self.vertices}
-        self.down: dict[str, list[tuple[_Vertex, float]]] = {k: [] for k in self.vertices}
-        for c in self.chains:
-            for a, b in zip(c.vertices, c.vertices[1:], strict=False):
-                # Rows alternate (boxes, then labels and dummies), so a segment joins a box to
-                # a dummy or two dummies. Two dummies pull hardest: long edges come out straight.
-                weight = 2.0 if a.solid or b.solid else 8.0
-                self.down[a.key].append((b, weight))
-                self.up[b.key].append((a, weight))
-
-    # 4. order within rows ------------------------------------------------------------------
-
-    def _order_rows(self) -> None:
-        rows: list[list[_Vertex]] = [[] for _ in range(self.row_count)]
+        self.rows: list[list[_Vertex]] = [
+            [] for _ in range(max(v.row for v in self.vertices.values()) + 1)
+        ]
         for vertex in self.vertices.values():
-            rows[vertex.row].append(vertex)
-        for row in rows:
-            row.sort(key=lambda v: (v.order_hint, v.key))
-        best = [list(r) for r in rows]
-        best_crossings = self._crossings(rows)
-        # A few down/up barycenter sweeps; keep the best ordering seen, since a sweep can
-        # make things worse on some graphs.
-        for sweep in range(8):
-            downwards = sweep % 2 == 0
-            indices = range(1, self.row_count) if downwards else range(self.row_count - 2, -1, -1)
-            for r in indices:
-                neighbour_row = rows[r - 1] if downwards else rows[r + 1]
-                position = {v.key: i for i, v in enumerate(neighbour_row)}
-                links = self.up if downwards else self.down
-                keyed: list[tuple[float, int, _Vertex]] = []
-                for i, vertex in enumerate(rows[r]):
-                    linked = [position[n.key] for n, _w in links[vertex.key] if n.key in position]
-                    bary = sum(linked) / len(linked) if linked else float(i)
-                    # Scaled to the neighbour row's positions, an unlinked vertex keeps its
-                    # relative place instead of drifting to one end.
-                    if not linked and len(rows[r]) > 1:
-                        bary = i * (len(neighbour_row) - 1) / (len(rows[r]) - 1)
-                    keyed.append((bary, i, vertex))
-                keyed.sort(key=lambda item: (item[0], item[1]))
-                rows[r] = [vertex for _b, _i, vertex in keyed]
-            crossings = self._crossings(rows)
-            if crossings < best_crossings:
-                best, best_crossings = [list(r) for r in rows], crossings
-        self._transpose(best)
-        self.rows = best
+            self.rows[vertex.row].append(vertex)
+        for members in self.rows:
+            members.sort(key=lambda v: (v.order_hint, v.key))
+            for i, vertex in enumerate(members):
+                vertex.index = i
 
-    def _transpose(self, rows: list[list[_Vertex]]) -> None:
-        """Swap neighbours while that removes crossings: barycenters alone get stuck when
-        siblings start in the wrong order (a condition's case left of its default while
-        their targets sit the other way round)."""
-
-        def pair_crossings(u: _Vertex, v: _Vertex, position: dict[str, int]) -> int:
-            # Crossings among u's and v's segments, u left of v, both directions.
-            count = 0
-            for links in (self.up, self.down):
-                for a, _wa in links[u.key]:
-                    for b, _wb in links[v.key]:
-                        if position[a.key] > position[b.key]:
-                            count += 1
-            return count
-
-        for _ in range(20):
-            improved = False
-            position = {v.key: i for row in rows for i, v in enumerate(row)}
-            for row in rows:
-                for i in range(len(row) - 1):
-                    u, v = row[i], row[i + 1]
-                    if pair_crossings(v, u, position) < pair_crossings(u, v, position):
-                        row[i], row[i + 1] = v, u
-                        position[u.key], position[v.key] = i + 1, i
-                        improved = True
-            if not improved:
-                break
-
-    def _crossings(self, rows: list[list[_Vertex]]) -> int:
-        total = 0
-        for r in range(len(rows) - 1):
-            below = {v.key: i for i, v in enumerate(rows[r + 1])}
-            segments = sorted(
-                (i, below[n.key])
-                for i, v in enumerate(rows[r])
-                for n, _w in self.down[v.key]
-                if n.key in below
-            )
-            for a in range(len(segments)):
-                for b in range(a + 1, len(segments)):
-                    if segments[a][0] < segments[b][0] and segments[a][1] > segments[b][1]:
-                        total += 1
-        return total
-
-    # 5. x ----------------------------------------------------------------------------------
+    # 4. x ----------------------------------------------------------------------------------
 
     @staticmethod
     def _gap(a: _Vertex, b: _Vertex) -> float:
@@ -665,45 +650,15 @@ class _Layout:
         return (a.width + b.width) / 2 + a.loop_room + (GAP_NODES if both_boxes else GAP_THIN)
 
     def _place_x(self) -> None:
+        """igraph's x in units, each row then spread just enough for its widths: the closest
+        positions (least squares) that keep the row's order and spacing."""
         for row in self.rows:
-            x = 0.0
-            for i, vertex in enumerate(row):
-                if i:
-                    x += self._gap(row[i - 1], vertex)
-                vertex.x = x
-            shift = x / 2  # every row starts centred on 0
-            for vertex in row:
-                vertex.x -= shift
-
-        def relax(r: int, use_up: bool, use_down: bool) -> None:
-            row = self.rows[r]
             if not row:  # a label row nobody crosses (a node with no edge below it)
-                return
-            desired: list[float] = []
-            weights: list[float] = []
-            for vertex in row:
-                pulls = (self.up[vertex.key] if use_up else []) + (
-                    self.down[vertex.key] if use_down else []
-                )
-                total = sum(w for _n, w in pulls)
-                if total:
-                    desired.append(sum(n.x * w for n, w in pulls) / total)
-                    weights.append(total)
-                else:
-                    # Nothing pulls it: stay put, but give way easily to those that move.
-                    desired.append(vertex.x)
-                    weights.append(0.25)
+                continue
+            desired = [v.order_hint * UNIT_X for v in row]
             gaps = [self._gap(a, b) for a, b in zip(row, row[1:], strict=False)]
-            for vertex, x in zip(row, _isotonic(desired, weights, gaps), strict=True):
+            for vertex, x in zip(row, _isotonic(desired, [1.0] * len(row), gaps), strict=True):
                 vertex.x = x
-
-        for _ in range(12):
-            for r in range(1, self.row_count):
-                relax(r, True, False)
-            for r in range(self.row_count - 2, -1, -1):
-                relax(r, False, True)
-        for r in range(self.row_count):
-            relax(r, True, True)
         self._straighten()
         left = min(v.left for v in self.vertices.values())
         for vertex in self.vertices.values():
@@ -711,32 +666,30 @@ class _Layout:
 
     def room_for(self, vertex: _Vertex, x: float) -> bool:
         """Whether `vertex` may move to `x` and keep its spacing to its row's neighbours."""
-        row = self.rows[vertex.row]
-        i = row.index(vertex)
+        row, i = self.rows[vertex.row], vertex.index
         if i > 0 and x - row[i - 1].x < self._gap(row[i - 1], vertex) - 0.01:
             return False
         return not (i + 1 < len(row) and row[i + 1].x - x < self._gap(vertex, row[i + 1]) - 0.01)
 
     def _straighten(self) -> None:
-        """Line up each run of dummies on one x where the rows allow it: the pulls leave
-        jogs of a few pixels on long edges, which read as sloppy bends."""
-        for _ in range(3):
-            for chain in self.chains:
-                run: list[_Vertex] = []
-                for vertex in chain.vertices[1:-1] + [chain.vertices[-1]]:
-                    if vertex.role == "dummy":
-                        run.append(vertex)
-                        continue
-                    if len(run) > 1:
-                        xs = sorted(v.x for v in run)
-                        for x in (xs[len(xs) // 2], xs[0], xs[-1]):
-                            if all(self.room_for(v, x) for v in run):
-                                for v in run:
-                                    v.x = x
-                                break
-                    run = []
+        """Line up each run of dummies on one x where the rows allow it: rows spread apart
+        one by one leave jogs of a few pixels on long edges, which read as sloppy bends."""
+        for chain in self.chains:
+            run: list[_Vertex] = []
+            for vertex in chain.vertices[1:]:
+                if vertex.role == "dummy":
+                    run.append(vertex)
+                    continue
+                if len(run) > 1:
+                    xs = sorted(v.x for v in run)
+                    for x in (xs[len(xs) // 2], xs[0], xs[-1]):
+                        if all(self.room_for(v, x) for v in run):
+                            for v in run:
+                                v.x = x
+                            break
+                run = []
 
-    # 6. y ----------------------------------------------------------------------------------
+    # 5. y ----------------------------------------------------------------------------------
 
     def _place_y(self) -> None:
         self.row_top: list[float] = []
@@ -755,7 +708,7 @@ class _Layout:
             y += height + GAP_Y
         self.height = y - GAP_Y + MARGIN
 
-    # 7. back edges -------------------------------------------------------------------------
+    # 6. back edges -------------------------------------------------------------------------
 
     def _free(self, vertex: _Vertex, right: bool) -> bool:
         """No box or pill beside `vertex` on that side of its row: an edge can leave sideways."""
@@ -827,19 +780,19 @@ class _Layout:
         # Lanes: short detours hug the graph, longer ones go round them. A lane reserves its
         # label's width on its outer side, over the rows it spans.
         placed: list[tuple[float, float, float, float]] = []  # y0, y1, x_low, x_high
+        row_left = [min((v.left for v in row), default=math.inf) for row in self.rows]
+        row_right = [max((v.outer_right for v in row), default=-math.inf) for row in self.rows]
         for back, right in sorted(
             others, key=lambda item: (item[0].source.row - item[0].target.row, item[0].edge.index)
         ):
             ys = [p[1] for p in back.start + back.finish]
             xs = [p[0] for p in back.start + back.finish]
             y0, y1 = min(ys), max(ys)
-            spanned = [
-                v for v in self.vertices.values() if back.target.row <= v.row <= back.source.row
-            ]
+            spanned = range(back.target.row, back.source.row + 1)
             if right:
-                x = max(max(v.outer_right for v in spanned) + 18, max(xs) + 12)
+                x = max(max(row_right[r] for r in spanned) + 18, max(xs) + 12)
             else:
-                x = min(min(v.left for v in spanned) - 18, min(xs) - 12)
+                x = min(min(row_left[r] for r in spanned) - 18, min(xs) - 12)
             label_w = _text_width(back.edge.label, LABEL_SIZE) + 12 if back.edge.label else 0.0
             reserve = label_w + 8 if label_w else 0.0
             moved = True
@@ -893,7 +846,13 @@ def _curve(points: list[tuple[float, float]]) -> str:
     cleaned: list[tuple[float, float]] = []
     for point in points:
         if not cleaned or abs(point[0] - cleaned[-1][0]) + abs(point[1] - cleaned[-1][1]) > 0.05:
-            cleaned.append(point)
+            # A long edge runs straight down through many rows: one V for the whole run.
+            if len(cleaned) > 1 and abs(point[0] - cleaned[-1][0]) < 0.5 > abs(
+                cleaned[-1][0] - cleaned[-2][0]
+            ):
+                cleaned[-1] = point
+            else:
+                cleaned.append(point)
     x0, y0 = cleaned[0]
     parts = [f"M{_num(x0)} {_num(y0)}"]
     for x1, y1 in cleaned[1:]:
@@ -960,59 +919,66 @@ def _style() -> str:
 
 
 class _Svg:
-    def __init__(
-        self,
-        layout: _Layout,
-        raw: Mapping[str, Any],
-        marks: Mapping[str, NodeMark] | None,
-        link: Callable[[str], str] | None,
-    ) -> None:
+    """The static parts of the picture, drawn once per version: edges, pills, labels."""
+
+    def __init__(self, layout: _Layout, raw: Mapping[str, Any]) -> None:
         self.layout = layout
         self.raw = raw
-        self.marks = marks
-        self.link = link
         # Marker ids are document-wide once the SVG is inline in a page: two graphs on one
         # page must not share (or shadow) each other's.
         slug = re.sub(r"[^A-Za-z0-9_-]", "_", _str(raw.get("slug")))[:40] or "workflow"
         self.arrow_id = f"wf-arrow-{slug}"
         self.parts: list[str] = []
 
-    def render(self) -> str:
+    def _take(self) -> str:
+        text, self.parts = "".join(self.parts), []
+        return text
+
+    def picture(self) -> Picture:
         layout = self.layout
-        width, height = round(layout.width), round(layout.height)
-        name = _str(self.raw.get("name")) or _str(self.raw.get("slug")) or "workflow"
-        classes = "wf-graph wf-run" if self.marks is not None else "wf-graph"
-        out = self.parts
-        out.append(
-            f'<svg xmlns="http://www.w3.org/2000/svg" class="{classes}" '
-            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'role="img" aria-label="{_esc("Workflow " + name)}">'
-        )
-        out.append(f"<title>{_esc(name)}</title>")
-        out.append(_style())
-        out.append(
+        defs = (
             f'<defs><marker id="{self.arrow_id}" viewBox="0 0 10 10" refX="10" refY="5" '
             'markerWidth="9" markerHeight="9" markerUnits="userSpaceOnUse" '
             f'orient="auto"><path d="M0 0L10 5L0 10z" fill="{MUTED_COLOUR}"/></marker></defs>'
         )
-        # Edges first, boxes over them, labels last: a label's white background sits on
-        # top of whatever line runs under it.
-        out.append('<g class="wf-edges">')
+        self.parts.append('<g class="wf-edges">')
         self._forward_edges()
         self._back_edges()
-        out.append("</g>")
-        out.append('<g class="wf-nodes">')
-        for vertex in layout.vertices.values():
-            if vertex.role == "node":
-                self._node(vertex)
-            elif vertex.role in ("start", "end"):
-                self._terminal(vertex)
-        out.append("</g>")
-        out.append('<g class="wf-labels">')
+        self.parts.append("</g>")
+        edges = self._take()
+        boxes: list[NodeBox] = []
+        for v in layout.vertices.values():
+            if v.role in ("start", "end"):
+                self._terminal(v)
+            elif v.role == "node":
+                boxes.append(
+                    NodeBox(
+                        v.node_id,
+                        v.kind,
+                        v.left,
+                        v.top,
+                        v.width,
+                        v.height,
+                        v.sub,
+                        v.inner,
+                        v.tag,
+                        v.title,
+                    )
+                )
+        terminals = self._take()
+        self.parts.append('<g class="wf-labels">')
         self._labels()
-        out.append("</g>")
-        out.append("</svg>")
-        return "".join(out)
+        self.parts.append("</g>")
+        return Picture(
+            width=round(layout.width),
+            height=round(layout.height),
+            name=_str(self.raw.get("name")) or _str(self.raw.get("slug")) or "workflow",
+            defs=defs,
+            edges=edges,
+            terminals=terminals,
+            labels=self._take(),
+            nodes=tuple(boxes),
+        )
 
     def _edge_attrs(self, edge: _Edge) -> str:
         if edge.index < 0:
@@ -1126,70 +1092,113 @@ class _Svg:
             f'text-anchor="middle">{name}</text></g>'
         )
 
-    def _node(self, vertex: _Vertex) -> None:
-        mark = self.marks.get(vertex.node_id) if self.marks is not None else None
-        status = mark.status if mark is not None else ""
-        fill, stroke, stroke_width = MARK_STYLES.get(status, MARK_STYLES[""])
-        kind_class = re.sub(r"[^a-z0-9_-]", "", vertex.kind.lower()) or "unknown"
-        classes = f"wf-node wf-{kind_class}"
-        if status:
-            classes += " wf-" + (re.sub(r"[^a-z0-9_-]", "", status.lower()) or "unknown")
-        # On a run's page the nodes the run never reached step back.
-        dim = ' opacity="0.55"' if self.marks is not None and status not in STATUSES else ""
-        x, y, w, h = vertex.left, vertex.top, vertex.width, vertex.height
-        r = ACCENT_W
-        accent = KIND_COLOURS.get(vertex.kind, OTHER_KIND_COLOUR)
-        text_x = x + ACCENT_W + PAD_X
-        out = self.parts
-        if self.link is not None:
-            out.append(f'<a href="{_esc(self.link(vertex.node_id))}">')
-        out.append(f'<g class="{classes}" data-node="{_esc(vertex.node_id)}"{dim}>')
-        out.append(f"<title>{_esc(vertex.title)}</title>")
+
+def _node(
+    out: list[str],
+    box: NodeBox,
+    marks: Mapping[str, NodeMark] | None,
+    link: Callable[[str], str] | None,
+) -> None:
+    """One node's box, coloured by what the run did there (cheap: drawn on every request)."""
+    mark = marks.get(box.node_id) if marks is not None else None
+    status = mark.status if mark is not None else ""
+    fill, stroke, stroke_width = MARK_STYLES.get(status, MARK_STYLES[""])
+    kind_class = re.sub(r"[^a-z0-9_-]", "", box.kind.lower()) or "unknown"
+    classes = f"wf-node wf-{kind_class}"
+    if status:
+        classes += " wf-" + (re.sub(r"[^a-z0-9_-]", "", status.lower()) or "unknown")
+    # On a run's page the nodes the run never reached step back.
+    dim = ' opacity="0.55"' if marks is not None and status not in STATUSES else ""
+    x, y, w, h = box.x, box.y, box.w, box.h
+    r = ACCENT_W
+    accent = KIND_COLOURS.get(box.kind, OTHER_KIND_COLOUR)
+    text_x = x + ACCENT_W + PAD_X
+    if link is not None:
+        out.append(f'<a href="{_esc(link(box.node_id))}">')
+    out.append(f'<g class="{classes}" data-node="{_esc(box.node_id)}"{dim}>')
+    title = box.title
+    if mark is not None and (mark.status or mark.visits):
+        title += f"\nrun: {mark.status or 'not visited'}, {mark.visits} visit(s)"
+        if mark.seconds is not None:
+            title += f", the last took {mark.seconds:.3g} s"
+    out.append(f"<title>{_esc(title)}</title>")
+    out.append(
+        f'<rect class="wf-box" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+        f'height="{_num(h)}" rx="{r}" fill="{fill}"/>'
+    )
+    out.append(
+        f'<path class="wf-accent" d="M{_num(x + r)} {_num(y)}V{_num(y + h)}'
+        f"A{r} {r} 0 0 1 {_num(x)} {_num(y + h - r)}V{_num(y + r)}"
+        f'A{r} {r} 0 0 1 {_num(x + r)} {_num(y)}Z" fill="{accent}"/>'
+    )
+    out.append(
+        f'<rect class="wf-outline" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+        f'height="{_num(h)}" rx="{r}" fill="none" stroke="{stroke}" '
+        f'stroke-width="{_num(stroke_width)}"/>'
+    )
+    out.append(
+        f'<text class="wf-id" x="{_num(text_x)}" y="{_num(y + 20)}">'
+        f"{_esc(_shorten(box.node_id, NODE_MAX_CHARS_ID))}</text>"
+    )
+    if box.tag:
         out.append(
-            f'<rect class="wf-box" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
-            f'height="{_num(h)}" rx="{r}" fill="{fill}"/>'
+            f'<text class="wf-tag" x="{_num(x + w - 10)}" y="{_num(y + 19)}" '
+            f'text-anchor="end">{_esc(box.tag)}</text>'
         )
+    out.append(f'<text class="wf-sub" x="{_num(text_x)}" y="{_num(y + 38)}">{_esc(box.sub)}</text>')
+    if box.inner:
         out.append(
-            f'<path class="wf-accent" d="M{_num(x + r)} {_num(y)}V{_num(y + h)}'
-            f"A{r} {r} 0 0 1 {_num(x)} {_num(y + h - r)}V{_num(y + r)}"
-            f'A{r} {r} 0 0 1 {_num(x + r)} {_num(y)}Z" fill="{accent}"/>'
+            f'<text class="wf-inner" x="{_num(text_x)}" y="{_num(y + 54)}">{_esc(box.inner)}</text>'
         )
+    if mark is not None and mark.visits > 1:
+        text = f"×{mark.visits}"
+        badge_w = _text_width(text, 10, bold=True) + 10
+        colour = stroke if status in STATUSES else MUTED_COLOUR
+        bx, by = x + w - badge_w / 2 - 2, y
         out.append(
-            f'<rect class="wf-outline" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
-            f'height="{_num(h)}" rx="{r}" fill="none" stroke="{stroke}" '
-            f'stroke-width="{_num(stroke_width)}"/>'
+            f'<g class="wf-badge"><rect x="{_num(bx - badge_w / 2)}" y="{_num(by - 8)}" '
+            f'width="{_num(badge_w)}" height="16" rx="8" fill="{colour}"/>'
+            f'<text x="{_num(bx)}" y="{_num(by + 3.5)}" text-anchor="middle">'
+            f"{_esc(text)}</text></g>"
         )
-        out.append(
-            f'<text class="wf-id" x="{_num(text_x)}" y="{_num(y + 20)}">'
-            f"{_esc(_shorten(vertex.node_id, NODE_MAX_CHARS_ID))}</text>"
-        )
-        if vertex.tag:
-            out.append(
-                f'<text class="wf-tag" x="{_num(x + w - 10)}" y="{_num(y + 19)}" '
-                f'text-anchor="end">{_esc(vertex.tag)}</text>'
-            )
-        out.append(
-            f'<text class="wf-sub" x="{_num(text_x)}" y="{_num(y + 38)}">{_esc(vertex.sub)}</text>'
-        )
-        if vertex.inner:
-            out.append(
-                f'<text class="wf-inner" x="{_num(text_x)}" y="{_num(y + 54)}">'
-                f"{_esc(vertex.inner)}</text>"
-            )
-        if mark is not None and mark.visits > 1:
-            text = f"×{mark.visits}"
-            badge_w = _text_width(text, 10, bold=True) + 10
-            colour = stroke if status in STATUSES else MUTED_COLOUR
-            bx, by = x + w - badge_w / 2 - 2, y
-            out.append(
-                f'<g class="wf-badge"><rect x="{_num(bx - badge_w / 2)}" y="{_num(by - 8)}" '
-                f'width="{_num(badge_w)}" height="16" rx="8" fill="{colour}"/>'
-                f'<text x="{_num(bx)}" y="{_num(by + 3.5)}" text-anchor="middle">'
-                f"{_esc(text)}</text></g>"
-            )
-        out.append("</g>")
-        if self.link is not None:
-            out.append("</a>")
+    out.append("</g>")
+    if link is not None:
+        out.append("</a>")
+
+
+def workflow_picture(raw: Mapping[str, Any]) -> Picture:
+    """Lay out and draw a workflow mapping as declared in YAML (already validated): the
+    costly part, done once per version."""
+    return _Svg(_Layout(raw), raw).picture()
+
+
+def picture_svg(
+    picture: Picture,
+    *,
+    marks: Mapping[str, NodeMark] | None = None,
+    link: Callable[[str], str] | None = None,
+) -> str:
+    """The picture as an inline SVG document (no XML declaration). `marks` colour the nodes
+    a run visited (a run's page); `link(node_id)` makes each node a link."""
+    classes = "wf-graph wf-run" if marks is not None else "wf-graph"
+    width, height = picture.width, picture.height
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="{classes}" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{_esc("Workflow " + picture.name)}">',
+        f"<title>{_esc(picture.name)}</title>",
+        _style(),
+        picture.defs,
+        # Edges first, boxes over them, labels last: a label's white background sits on
+        # top of whatever line runs under it.
+        picture.edges,
+        '<g class="wf-nodes">',
+        picture.terminals,
+    ]
+    for box in picture.nodes:
+        _node(out, box, marks, link)
+    out += ["</g>", picture.labels, "</svg>"]
+    return "".join(out)
 
 
 def workflow_svg(
@@ -1198,10 +1207,5 @@ def workflow_svg(
     marks: Mapping[str, NodeMark] | None = None,
     link: Callable[[str], str] | None = None,
 ) -> str:
-    """The workflow's graph as an inline SVG document (no XML declaration).
-
-    `raw` is one workflow mapping as declared in YAML, already validated. `marks` colour
-    the nodes a run visited (the run's page); `link(node_id)` makes each node a link.
-    """
-    layout = _Layout(raw, marks)
-    return _Svg(layout, raw, marks, link).render()
+    """A workflow mapping drawn at once, without keeping its picture."""
+    return picture_svg(workflow_picture(raw), marks=marks, link=link)

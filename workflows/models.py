@@ -56,3 +56,21 @@ class WorkflowVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow.slug} v{self.number}"
+
+
+class WorkflowPicture(models.Model):
+    """A version's graph, drawn once when the version is stored (workflows/graph_svg.py's
+    Picture as JSON): every page and request that shows it, a run's too, reads it instead
+    of laying the graph out again. A row of its own, so that loading a version (every run
+    does) does not load its drawing."""
+
+    version = models.OneToOneField(
+        WorkflowVersion, on_delete=models.CASCADE, primary_key=True, related_name="picture"
+    )
+    # graph_svg.REVISION it was drawn with: an older drawing is drawn again, not shown.
+    revision = models.PositiveSmallIntegerField()
+    drawing = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"picture of version {self.version_id}"

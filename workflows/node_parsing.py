@@ -19,6 +19,7 @@ from workflows.expressions import (
     expression_compile,
 )
 from workflows.fields import FieldReader, type_name, unknown
+from workflows.limits import limits
 from workflows.nodes import END, INPUT, MAP_INDEX, NODE_KINDS, Case, FrozenMap, Node, RetryPolicy
 
 # Node ids, branch names and state keys: CEL identifiers, so expressions can name them.
@@ -71,7 +72,6 @@ _INLINE_KINDS = {"map": ("tool", "llm", "agent"), "parallel": ("tool", "llm", "a
 _INLINE_PLACE = {"map": "a map's node", "parallel": "a parallel branch"}
 _RETRY_FIELDS = ("max_attempts", "backoff_s", "max_backoff_s")
 _CASE_FIELDS = ("when", "next")
-_CONCURRENCY_MAX = 100
 _RETRY_ATTEMPTS_MAX = 10
 # Stands in for a case's `when` that did not compile, so its edge still counts (parse only).
 _UNKNOWN_CONDITION = "false"
@@ -181,7 +181,7 @@ def _common(fields: FieldReader, ctx: NodeContext) -> dict[str, Any]:
     return {
         "next": _edge(fields, "next", ctx),
         "output": _state_key(fields, "output"),
-        "max_visits": fields.integer("max_visits", minimum=1),
+        "max_visits": fields.integer("max_visits", minimum=1, maximum=limits().visits),
         "timeout_s": fields.number("timeout_s", minimum=0, exclusive=True),
         "retry": _retry(fields),
     }
@@ -338,7 +338,8 @@ def _map(fields: FieldReader, ctx: NodeContext, node_id: str) -> dict[str, Any]:
         "inner": _inline(
             fields.raw.get("node"), f"{node_id}.node", f"{fields.path}.node", ctx, "map"
         ),
-        "concurrency": fields.integer("concurrency", minimum=1, maximum=_CONCURRENCY_MAX) or 5,
+        "concurrency": fields.integer("concurrency", minimum=1, maximum=limits().map_concurrency)
+        or 5,
     }
 
 
@@ -348,6 +349,11 @@ def _branches(fields: FieldReader, ctx: NodeContext, node_id: str) -> Mapping[st
         return FrozenMap({})
     if not raw:
         fields.problem("branches", "must name at least one branch")
+    if len(raw) > (most := limits().branches):
+        fields.problem(
+            "branches", f"has {len(raw)} branches; at most {most} (WORKFLOW_MAX_BRANCHES)"
+        )
+        return FrozenMap({})
     branches: dict[str, Node] = {}
     for name, branch in raw.items():
         path = f"{fields.path}.branches.{name}"

@@ -2,6 +2,7 @@
 
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db.models import F, QuerySet
@@ -11,14 +12,17 @@ from tools.execution import BUILTIN_TOOLS, ToolSnapshot
 from tools.models import Tool
 
 from .definition import Definition, definition_parse
-from .graph_svg import NodeMark, workflow_svg
-from .models import Workflow, WorkflowVersion
+from .graph_svg import REVISION, NodeMark, Picture, picture_svg, workflow_picture
+from .models import Workflow, WorkflowPicture, WorkflowVersion
 
 # A version never changes once stored, so its compiled form is kept for the process's life
 # (bounded: the oldest go first).
 _CACHE_MAX = 256
 _compiled: dict[int, Definition] = {}
 _lock = threading.Lock()
+# Pictures likewise, bounded by their size: a 1,500-node one is megabytes.
+_PICTURES_MAX_CHARS = 20_000_000
+_pictures: dict[int, tuple[Picture, int]] = {}
 
 
 def _named(raw: Any, key: str) -> Iterator[str]:
@@ -95,37 +99,78 @@ def definition_check(raw: Mapping[str, Any], *, where: str) -> Definition:
     )
 
 
+def version_picture(version_id: int) -> Picture:
+    """The version's picture as kept when it was stored (workflows/services.py), read once
+    per process. A version stored before pictures were kept, or drawn by an older revision
+    of the drawing, is drawn here, once per process."""
+    found = _pictures.get(version_id)
+    if found is not None:
+        return found[0]
+    drawing = (
+        WorkflowPicture.objects.filter(version_id=version_id, revision=REVISION)
+        .values_list("drawing", flat=True)
+        .first()
+    )
+    if drawing is not None:
+        picture = Picture.from_json(drawing)
+    else:
+        version = WorkflowVersion.objects.only("definition").get(pk=version_id)
+        picture = workflow_picture(version.definition)
+    size = len(picture.edges) + len(picture.labels) + 200 * len(picture.nodes)
+    with _lock:
+        while _pictures and sum(n for _p, n in _pictures.values()) + size > _PICTURES_MAX_CHARS:
+            _pictures.pop(next(iter(_pictures)))
+        _pictures[version_id] = (picture, size)
+    return picture
+
+
+def version_svg(version: WorkflowVersion) -> str:
+    """The version drawn without a run (the workflow's admin page)."""
+    return picture_svg(version_picture(version.pk))
+
+
 NODE_EVENTS = ("node.started", "node.finished", "node.failed")
 
 
 def run_node_marks(session: Session) -> dict[str, NodeMark]:
     """What the run did at each node, from its node events and where it stands now: visits,
-    and visited, active or failed (a branch `any` dropped: cancelled)."""
+    visited, active or failed (a branch `any` dropped: cancelled), and how long its last
+    visit took."""
     visits: dict[str, int] = {}
     status: dict[str, str] = {}
-    for kind, data in (
+    began: dict[str, datetime] = {}
+    seconds: dict[str, float] = {}
+    # Two keys of each event's data, not the data: a node's events may carry its output.
+    for kind, name, visit, at in (
         Event.objects.filter(session=session, type__in=NODE_EVENTS)
         .order_by("seq")
-        .values_list("type", "data")
+        .values_list("type", "data__node", "data__visit", "created_at")
     ):
-        node = str(data.get("node", ""))
+        node = "" if name is None else str(name)
         if kind == "node.started":
-            visits[node] = max(visits.get(node, 0), int(data.get("visit") or 1))
+            visits[node] = max(visits.get(node, 0), int(visit or 1))
             status[node] = "active"
+            began[node] = at
+            seconds.pop(node, None)
         else:
             status[node] = "visited" if kind == "node.finished" else "failed"
+            if node in began:
+                seconds[node] = (at - began[node]).total_seconds()
     state = session.workflow_state or {}
     for node in state.get("active") or []:
         if status.get(node) != "failed":
             status[node] = "active"
-    return {node: NodeMark(visits=visits.get(node, 0), status=s) for node, s in status.items()}
+    return {
+        node: NodeMark(visits=visits.get(node, 0), status=s, seconds=seconds.get(node))
+        for node, s in status.items()
+    }
 
 
 def run_graph_svg(session: Session, *, link: Any = None) -> str:
-    """The run's version drawn with what the run did at each node."""
-    version = session.workflow_version
-    assert version is not None
-    return workflow_svg(version.definition, marks=run_node_marks(session), link=link)
+    """The run's version, as kept, with what the run did at each node drawn onto it."""
+    assert session.workflow_version_id is not None
+    picture = version_picture(session.workflow_version_id)
+    return picture_svg(picture, marks=run_node_marks(session), link=link)
 
 
 def workflow_definition_current(*, slug: str) -> dict[str, Any] | None:

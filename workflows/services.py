@@ -24,7 +24,8 @@ from sessions.models import Agent, Message, ModelEndpoint, Session
 from sessions.services.grants import session_role_check
 
 from .definition import Definition, WorkflowInvalid
-from .models import Workflow, WorkflowVersion
+from .graph_svg import REVISION, workflow_picture
+from .models import Workflow, WorkflowPicture, WorkflowVersion
 from .selectors import version_definition
 
 RUNTIME_AGENT_PREFIX = "workflow-"
@@ -145,8 +146,12 @@ def _workflow_store(
     if latest is not None and latest.definition == raw:
         return f"workflow {definition.slug}: unchanged (version {latest.number})"
     number = workflow.current_version + 1
-    WorkflowVersion.objects.create(
+    version = WorkflowVersion.objects.create(
         workflow=workflow, number=number, definition=raw, source=source, created_by=user
+    )
+    # Drawn once, here: every page and request that shows the version reads this picture.
+    WorkflowPicture.objects.create(
+        version=version, revision=REVISION, drawing=workflow_picture(raw).to_json()
     )
     workflow.current_version = number
     workflow.save()
@@ -261,7 +266,7 @@ def workflow_run_start(
                     raise Conflict(
                         "idempotency_key was already used with a different input",
                         details={"idempotency_key": idempotency_key},
-                        code="idempotency_conflict",
+                        code="idempotency_key_reused",
                     )
                 return earlier, False
         agent = workflow.runtime_agent

@@ -8,21 +8,25 @@ child has ended, each call's outcome is its child's answer, or a tool error the 
 act on.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 
+from engine.model.context import HANDOFF_PREFIX
 from engine.model.usage import Usage
 from sessions.events import ChildFinished, ChildStarted, EventSpec, EventType
 from sessions.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
 from sessions.states import TURN_ENDED, State
-from tools.execution import ToolOutcome, ToolSnapshot
+from tools.execution import ToolOutcome, ToolSnapshot, tools_for_agent
 from tools.rendering import render_failure, render_success
 
 AGENT_TOOL_PREFIX = "agent."
-HANDOFF_PREFIX = "transfer_to_"
+__all__ = ["AGENT_TOOL_PREFIX", "HANDOFF_PREFIX"]
 AGENT_TOOL_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -72,9 +76,25 @@ def _snapshot(name: str, description: str, parameters: dict[str, Any], result: s
     )
 
 
+def handoff_roles(agent: Agent) -> tuple[str, ...] | None:
+    """The roles that may hand a conversation to `agent`: those that may use every one of its
+    own tools (the session keeps its role; engine/gates/handoff.py refuses the others).
+    () is every role; None is no role at all (two of its tools have no role in common)."""
+    own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
+    allowed: set[str] | None = None
+    for tool in tools_for_agent(own).values():
+        if tool.roles:
+            allowed = set(tool.roles) if allowed is None else allowed & set(tool.roles)
+    if allowed is None:
+        return ()
+    return tuple(sorted(allowed)) or None
+
+
 def agent_tools(names: list[str], handoffs: list[str]) -> dict[str, ToolSnapshot]:
     """The `agent.<slug>` tools an agent lists and a `transfer_to_<slug>` tool per handoff, for
-    the enabled conversational agents among them (a workflow's runtime agent is none)."""
+    the enabled conversational agents among them (a workflow's runtime agent is none). A
+    handoff carries the roles that may make it (`handoff_roles`), so a role is offered
+    only the handoffs it may make; one no role may make is not offered at all."""
     slugs = {n.removeprefix(AGENT_TOOL_PREFIX) for n in names if n.startswith(AGENT_TOOL_PREFIX)}
     if not slugs and not handoffs:
         return {}
@@ -96,16 +116,21 @@ def agent_tools(names: list[str], handoffs: list[str]) -> dict[str, ToolSnapshot
             "{answer: the agent's answer, session: its child session}",
         )
     for slug in handoffs:
-        if slug in rows:
-            title = rows[slug].name or slug
-            found[f"{HANDOFF_PREFIX}{slug}"] = _snapshot(
+        roles = handoff_roles(rows[slug]) if slug in rows else None
+        if roles is None:
+            continue
+        title = rows[slug].name or slug
+        found[f"{HANDOFF_PREFIX}{slug}"] = dataclasses.replace(
+            _snapshot(
                 f"{HANDOFF_PREFIX}{slug}",
                 f"Hand this conversation over to the {title} agent, which answers the user from "
                 "the next step on with the history as it is. Use when the request is that "
                 "agent's job, not yours; do not use it to ask a question of it.",
                 HANDOFF_PARAMETERS,
                 "{transferred_to: slug}",
-            )
+            ),
+            roles=roles,
+        )
     return found
 
 
@@ -149,13 +174,58 @@ def child_started(call: ToolCall, child: Session) -> ChildStarted:
     return {"call_id": call.call_id, "session": str(child.pk), "agent": agent_of(call)}
 
 
-def depth_of(session: Session) -> int:
-    """How many parents stand above this session (0 for a top-level one)."""
-    depth, parent_id = 0, session.parent_id
+@dataclass(frozen=True)
+class Ancestry:
+    depth: int  # how many parents stand above the session (0 for a top-level one)
+    root: UUID  # the top-level session of its tree
+    root_turn: int
+
+
+def ancestry_of(session: Session) -> Ancestry:
+    depth, root, root_turn, parent_id = 0, session.pk, session.turn, session.parent_id
     while parent_id is not None and depth < 50:
         depth += 1
-        parent_id = Session.objects.filter(pk=parent_id).values_list("parent_id", flat=True).first()
-    return depth
+        row = Session.objects.filter(pk=parent_id).values_list("parent_id", "turn").first()
+        if row is None:
+            break
+        root, root_turn, parent_id = parent_id, row[1], row[0]
+    return Ancestry(depth=depth, root=root, root_turn=root_turn)
+
+
+def tree_sessions(ancestry: Ancestry) -> int:
+    """How many sessions the root's current turn has created: its children started by calls
+    of that turn, and all of theirs (a child lives for one call, so all its own are too)."""
+    session_table, call_table = Session._meta.db_table, ToolCall._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH RECURSIVE tree(id) AS (
+                SELECT s.id FROM {session_table} s JOIN {call_table} c ON c.id = s.parent_call_id
+                WHERE s.parent_id = %s AND c.turn = %s
+                UNION ALL
+                SELECT s.id FROM {session_table} s JOIN tree t ON s.parent_id = t.id
+            )
+            SELECT count(*) FROM tree
+            """,  # noqa: S608  # nosec B608: the tables are the models' own names
+            [ancestry.root, ancestry.root_turn],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def _too_many_children(asked: int, most: int) -> ToolOutcome:
+    return _failed(
+        f"too_many_children: one step may start at most {most} agent calls and this one asked "
+        f"for {asked}; the first {most} run. Ask for the rest in a later step, once their "
+        "answers are in, or do that part yourself."
+    )
+
+
+def _too_many_sessions(most: int) -> ToolOutcome:
+    return _failed(
+        f"too_many_sessions: this run may create at most {most} agent sessions and has no room "
+        "for this call; answer with what you have, without this agent."
+    )
 
 
 def _ended_q() -> Q:
@@ -212,9 +282,16 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
     """Which agent calls have a child that ended (their outcomes), which still run, and
     which have none yet (to start), or may not start (deeper than the agent's max_depth)."""
     found = Children()
-    agent_calls = [c for c in calls if is_agent_call(c)]
+    agent_calls = sorted((c for c in calls if is_agent_call(c)), key=lambda c: c.position)
     if not agent_calls:
         return found
+    most = settings.AGENT_MAX_CHILDREN_PER_STEP
+    if len(agent_calls) > most and session.workflow_version_id is None:
+        # A model's fan-out: the first calls run, the rest are told why they did not. (A
+        # workflow's map of agent nodes is held by its concurrency and the tree's limit.)
+        for call in agent_calls[most:]:
+            found.outcomes[call.pk] = _too_many_children(len(agent_calls), most)
+        agent_calls = agent_calls[:most]
     children = {
         s.parent_call_id: s
         for s in Session.objects.filter(parent_call_id__in=[c.pk for c in agent_calls])
@@ -230,7 +307,7 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
         if children
         else set()
     )
-    too_deep: bool | None = None
+    ancestry: Ancestry | None = None
     known = set(
         Agent.objects.filter(
             slug__in=[agent_of(c) for c in agent_calls], enabled=True, workflow__isnull=True
@@ -261,12 +338,18 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
                 f"unknown agent '{agent_of(call)}' (not enabled, or not an agent)"
             )
             continue
-        if too_deep is None:
-            too_deep = depth_of(session) + 1 > max_depth
-        if too_deep:
+        if ancestry is None:
+            ancestry = ancestry_of(session)
+        if ancestry.depth + 1 > max_depth:
             found.outcomes[call.pk] = _failed(
                 f"max_depth: agents may nest {max_depth} deep here; answer without this agent"
             )
         else:
             found.to_start.append(call)
+    if found.to_start and ancestry is not None:
+        made = tree_sessions(ancestry)
+        room = max(0, (most_sessions := settings.AGENT_MAX_TREE_SESSIONS) - made)
+        for call in found.to_start[room:]:
+            found.outcomes[call.pk] = _too_many_sessions(most_sessions)
+        found.to_start = found.to_start[:room]
     return found

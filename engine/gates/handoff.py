@@ -1,7 +1,8 @@
 """A handoff: a `transfer_to_<slug>` call hands the conversation to another agent.
 
 The call is settled here, never by the tool executor: refused (a tool error the model can
-act on) when the agent is unknown, when one handoff of the step already won, or when the
+act on) when the agent is not one of the current agent's `handoffs` (it was not offered)
+or unknown, when one handoff of the step already won, or when the
 session's role may not use every tool of that agent (the role stays the session's; an agent
 whose tools it could not use would only fail later); accepted otherwise, and the results'
 commit then switches the session's agent (a `handoff` transition and `agent.changed`).
@@ -38,7 +39,8 @@ def _refused(message: str) -> ToolOutcome:
     )
 
 
-def handoff_gate(session: Session, calls: list[ToolCall]) -> Handoffs:
+def handoff_gate(session: Session, calls: list[ToolCall], handoffs: list[str]) -> Handoffs:
+    """`handoffs`: the slugs the session's current agent may hand over to."""
     found = Handoffs()
     for call in calls:
         if not call.tool_name.startswith(HANDOFF_PREFIX):
@@ -49,7 +51,11 @@ def handoff_gate(session: Session, calls: list[ToolCall]) -> Handoffs:
                 f"the conversation is already handed to {found.chosen.agent.slug} in this step"
             )
             continue
-        agent = Agent.objects.filter(slug=slug, enabled=True, workflow__isnull=True).first()
+        agent = (
+            Agent.objects.filter(slug=slug, enabled=True, workflow__isnull=True).first()
+            if slug in handoffs
+            else None
+        )
         if agent is None:
             found.outcomes[call.pk] = _refused(f"no agent '{slug}' to hand over to")
             continue

@@ -15,7 +15,12 @@ from typing import Any
 from engine.model.structured import answer_check
 from llm.types import ChatRequest, ChatResponse
 from sessions.models import Agent, ModelEndpoint, Session
-from workflows.expressions import EvaluationError, ExpressionError, expression_compile
+from workflows.expressions import (
+    EvaluationError,
+    ExpressionError,
+    ExpressionLimitError,
+    expression_compile,
+)
 
 SMALL, MAIN = "small", "main"
 ESCALATIONS = ("invalid_tool_call", "invalid_json")
@@ -62,6 +67,9 @@ def route(session: Session, agent: Agent, history: list[Any], degraded: bool) ->
         return Route(None, MAIN, f"small model {small_name} is not available")
     try:
         holds = expression_compile(str(rule)).evaluate(_turn_scope(session, history))
+    except ExpressionLimitError as exc:
+        reason = f"expression_limit: agent '{agent.slug}', field 'routing.when': {exc.message}"
+        return Route(None, MAIN, reason[:200])
     except (ExpressionError, EvaluationError) as exc:
         return Route(None, MAIN, f"routing rule not usable: {exc}"[:200])
     if holds is True:

@@ -7,7 +7,11 @@ is: every step of the turn sees them, a step re-run after a worker crash include
 without a checkpoint of their own. The latest message of the turn that carries them wins.
 
 The client's own `tools` are offered beside the agent's; a call to one is the client's to
-run (engine/gates/client_tools.py). They shape the turn's main model calls only (not the
+run (engine/gates/client_tools.py). `tool_choice` "none" holds for every step of the turn;
+"required" or a tool's name forces the turn's steps until one of them calls a tool (then
+"auto": a forced choice on every step would never let the turn answer); a named tool the
+step does not offer leaves "auto". `parallel_tool_calls` false holds for every step (and
+the model phase runs only the first call of a reply that makes several anyway). They shape the turn's main model calls only (not the
 engine's own: summaries, dialogue state), within the agent's limits: `max_tokens` is capped by the endpoint's own
 `max_tokens` option, and the budget gate lowers it further when it must. The answer's
 form is told to the model in a context block (counted in the context budget) and sent
@@ -35,6 +39,8 @@ class TurnOptions:
     response_format: ResponseFormat | None = None
     # The client's own tools (it runs them: engine/gates/client_tools.py).
     tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool | None = None
 
     @property
     def client_tools(self) -> frozenset[str]:
@@ -82,7 +88,11 @@ def options_read(raw: Any) -> TurnOptions | None:
     if not isinstance(raw, dict):
         return None
     stop = raw.get("stop")
+    choice = raw.get("tool_choice")
+    parallel = raw.get("parallel_tool_calls")
     return TurnOptions(
+        tool_choice=choice if isinstance(choice, str) and choice else "auto",
+        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
         tools=_tools(raw.get("tools")),
         temperature=_number(raw.get("temperature")),
         top_p=_number(raw.get("top_p")),
@@ -112,13 +122,43 @@ def answer_format_block(options: TurnOptions | None) -> Contribution:
     return Contribution(blocks=(answer_instruction(options.response_format, final_only=True),))
 
 
+def turn_called_tools(history: list[Message], turn: int) -> bool:
+    """Whether a step of this turn already called a tool (a forced tool_choice is spent)."""
+    for message in reversed(history):
+        if message.turn != turn:
+            if message.turn < turn:
+                return False
+            continue
+        if message.role == "assistant" and message.tool_calls:
+            return True
+    return False
+
+
+def _tool_choice(options: TurnOptions, tools: tuple[ToolSpec, ...], called: bool) -> str:
+    choice = options.tool_choice
+    if not tools:
+        return "auto"
+    if choice in ("auto", "none"):
+        return choice
+    if called:
+        return "auto"
+    return choice if choice == "required" or any(t.name == choice for t in tools) else "auto"
+
+
 def with_turn_options(
-    request: ChatRequest, options: TurnOptions | None, endpoint: ModelEndpoint, *, final: bool
+    request: ChatRequest,
+    options: TurnOptions | None,
+    endpoint: ModelEndpoint,
+    *,
+    final: bool,
+    called: bool = False,
 ) -> ChatRequest:
-    """The request with the client's settings, `max_tokens` within the endpoint's own, and
-    the client's tools beside the agent's (none once the step may call no more tools)."""
+    """The request with the client's settings, `max_tokens` within the endpoint's own, the
+    client's tools beside the agent's (none once the step may call no more tools), and its
+    tool_choice and parallel_tool_calls (`called`: a step of the turn called a tool)."""
     if options is None:
         return request
+    tools = request.tools if final else (*request.tools, *options.tools)
     limits = [
         n
         for n in (
@@ -136,5 +176,7 @@ def with_turn_options(
         stop=options.stop or request.stop,
         seed=options.seed if options.seed is not None else request.seed,
         response_format=options.response_format or request.response_format,
-        tools=request.tools if final else (*request.tools, *options.tools),
+        tools=tools,
+        tool_choice=request.tool_choice if final else _tool_choice(options, tools, called),
+        parallel_tool_calls=(options.parallel_tool_calls if tools else request.parallel_tool_calls),
     )

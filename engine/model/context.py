@@ -46,6 +46,8 @@ from sessions.models import Agent, Message
 from tools.execution import ToolSnapshot
 from tools.rendering import FAILURE_MARKER
 
+# A handoff's tool: `transfer_to_<slug>` for each of the agent's `handoffs` (engine/gates/handoff.py).
+HANDOFF_PREFIX = "transfer_to_"
 LIMIT_NOTE = "You have used all the tool rounds allowed for this request."
 FINAL_INSTRUCTION = "Do not call tools; answer the user now with what you have found so far."
 
@@ -412,10 +414,13 @@ def assemble(
     if final:
         tail.append(ChatMessage(role="system", content=f"{note} {FINAL_INSTRUCTION}"))
     else:
+        # Its own tools and agents (`tools`), and a transfer per handoff: what `tools` holds
+        # beyond those (a workflow's node tools) is the engine's, never the model's.
+        offered = {*agent.tools, *(f"{HANDOFF_PREFIX}{slug}" for slug in agent.handoffs)}
         specs = tuple(
             ToolSpec(name=t.name, description=t.model_description, parameters=t.parameters)
             for name, t in sorted(tools.items())
-            if name in agent.tools
+            if name in offered
         )
     system_used = sum(count_message_tokens(m.content, "", counter) for m in head + tail) + sum(
         counter.count(s.name)

@@ -31,7 +31,12 @@ from engine.gates.memory import wants_turn_memory
 from engine.gates.metering import credits_stop, model_credits_check, model_points
 from engine.gates.revalidation import revalidation
 from engine.gates.routing import MAIN, SMALL, Route, escalation, route
-from engine.gates.turn_options import answer_format_block, turn_options, with_turn_options
+from engine.gates.turn_options import (
+    answer_format_block,
+    turn_called_tools,
+    turn_options,
+    with_turn_options,
+)
 from engine.model.calls import (
     RunCancelled,
     call_model,
@@ -259,7 +264,13 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         context_blocks=added.blocks,
         tokenizer=request_tokenizer(agent, session, called),
     )
-    request = with_turn_options(assembly.request, options, agent.model, final=final)
+    request = with_turn_options(
+        assembly.request,
+        options,
+        agent.model,
+        final=final,
+        called=options is not None and turn_called_tools(history, session.turn),
+    )
     request.agent_config.update(added.config)
     tokens = dict(assembly.usage)
     gate = model_gate(session, agent, request, read, chosen=way.endpoint)
@@ -384,6 +395,8 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
             output_tokens=call.output_tokens or 0,
         )
     tool_calls = [] if plan.final else response.tool_calls
+    if request.parallel_tool_calls is False:
+        tool_calls = tool_calls[:1]  # a model that ignored it: the client asked for one call
     if not tool_calls:
         content = response.text
         if plan.final and not content.strip():

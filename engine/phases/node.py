@@ -47,10 +47,9 @@ from sessions.events import EventSpec, EventType, NodeFailed, NodeFinished, Node
 from sessions.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
 from workflows.definition import END, Node
-from workflows.expressions import EvaluationError
+from workflows.expressions import EvaluationError, Expression, ExpressionLimitError, Template
 from workflows.node_tools import WAIT_TOOL, review_tool_name
 
-MAP_MAX_ITEMS = 1000
 WALK_MAX_NODES = 500  # nodes settled in one step: a guard against a runaway cycle of instant nodes
 
 
@@ -263,8 +262,26 @@ class Walk:
         state (a map's item and index)."""
         try:
             return self._settle(node, progress, extra)
+        except ExpressionLimitError as exc:
+            return Failed(self._limit_message(node, exc))
         except EvaluationError as exc:
             return Failed(exc.message)
+
+    def _limit_message(self, node: Node, exc: ExpressionLimitError) -> str:
+        """`expression_limit: ...` naming the workflow, the node and the field."""
+        field = next(
+            (
+                name
+                for name, value in node.cel_fields()
+                for part in (value.parts if isinstance(value, Template) else (value,))
+                if isinstance(part, Expression) and part.source == exc.source
+            ),
+            "?",
+        )
+        return (
+            f"expression_limit: workflow '{self.definition.slug}', node '{node.id}', "
+            f"field '{field}': {exc.message}"
+        )
 
     def _settle(self, node: Node, progress: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         kind = node.kind
@@ -612,8 +629,12 @@ class Walk:
             listed = node.over.evaluate(self.scope())
             if not isinstance(listed, list):
                 return Failed(f"over must give a list, not {_compact(listed)[:200]}")
-            if len(listed) > MAP_MAX_ITEMS:
-                return Failed(f"over gave {len(listed)} items; a map takes at most {MAP_MAX_ITEMS}")
+            if len(listed) > (most := settings.WORKFLOW_MAP_MAX_ITEMS):
+                return Failed(
+                    f"expression_limit: workflow '{self.definition.slug}', node '{node.id}', "
+                    f"field 'over': it gave {len(listed)} items; a map takes at most {most} "
+                    "(WORKFLOW_MAP_MAX_ITEMS)"
+                )
             progress.update(items=listed, results={}, items_progress={})
         items: list[Any] = progress["items"]
         results: dict[str, Any] = progress["results"]

@@ -142,7 +142,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         raise ChildrenWait
     gate.outcomes.update(kids.outcomes)
     # A transfer_to_<slug> call: settled here; the results' commit switches the agent.
-    handoffs = handoff_gate(session, [c for c in calls if c.pk not in gate.outcomes])
+    handoffs = handoff_gate(
+        session, [c for c in calls if c.pk not in gate.outcomes], list(agent.handoffs)
+    )
     gate.outcomes.update(handoffs.outcomes)
     # A recall must see memory as it is now, not an earlier identical call's answer.
     outcomes = _cached_outcomes(

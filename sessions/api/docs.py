@@ -9,7 +9,7 @@ sets up (the agent `order-support`). The first request example is what Swagger U
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 
-from restapi.schema import error_example
+from restapi.schema import IDEMPOTENCY_KEY_PARAMETER, error_example
 
 SESSION_ID = "0b6f2a4e-5d1c-4e8f-9a3b-7c2d1e0f4a5b"
 CREATED_AT = "2026-12-06T09:00:00.000000Z"
@@ -187,7 +187,7 @@ Errors: 400 `invalid_input` for a `limit` or `before` out of range; 404 `not_fou
 )
 
 message_create = extend_schema(
-    parameters=[SESSION_PARAMETER],
+    parameters=[SESSION_PARAMETER, IDEMPOTENCY_KEY_PARAMETER],
     summary="Send a message (starts a turn)",
     description="""
 Adds the user's message and starts a turn. The answer is not in the response: the run
@@ -196,9 +196,10 @@ goes on in the background. Follow it on the websocket (see the overview) or with
 `GET .../messages/`.
 
 - 202: accepted and stored; the turn runs (or waits behind the running one).
-- `idempotency_key` (up to 200 characters) makes a retry safe: the same key with the same
-  content answers 200 with the first message and starts nothing; with other content, 409
-  `idempotency_conflict`.
+- `idempotency_key` (or the `Idempotency-Key` header; up to 200 characters, per owner)
+  makes a retry safe: the same key with the same content answers 200 with the first
+  message and starts nothing; with other content or another session, 409
+  `idempotency_key_reused`.
 - `extra_context`: data from your app for this turn (the page the user is on, their
   plan). The model reads it as data, never as instructions.
 - While a turn runs, the agent's policy decides: the message waits for its turn
@@ -209,7 +210,7 @@ goes on in the background. Follow it on the websocket (see the overview) or with
 Only a key holding the session's role may post (403 `role_not_held`).
 
 Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character), 403
-`role_not_held`, 404 `not_found`, 409 `turn_in_progress`, `idempotency_conflict` or
+`role_not_held`, 404 `not_found`, 409 `turn_in_progress`, `idempotency_key_reused` or
 `not_a_conversation` (a workflow run takes no messages), 413 `payload_too_large`
 (`content` over 32,000 characters, `extra_context` over 8 KiB).
 """,
@@ -240,7 +241,7 @@ Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character)
         ),
         error_example(
             409,
-            "idempotency_conflict",
+            "idempotency_key_reused",
             "idempotency_key was already used with a different content or extra_context",
             {"idempotency_key": "order-SO-1001-question"},
         ),

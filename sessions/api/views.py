@@ -69,6 +69,24 @@ def _key_value_max(request: Request) -> float | None:
     return getattr(request.auth, "max_value", None)
 
 
+def _keyed(request: Request, key: str | None, *body: Any) -> "services.KeyedRequest | None":
+    """The request's key with the fingerprint of what it asks (its path and body)."""
+    if key is None:
+        return None
+    return services.KeyedRequest(
+        key=key, fingerprint=services.request_fingerprint(request.method, request.path, *body)
+    )
+
+
+def _keyed_response(answer: "services.KeyedResponse") -> Response:
+    """A retry's answer is the first one's body, with 200 (nothing new was done)."""
+    if not answer.replayed:
+        return Response(answer.body, status=answer.status)
+    response = Response(answer.body, status=status.HTTP_200_OK)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
 class SessionListView(APIView):
     throttle_classes = [ApiKeyRateThrottle, SessionCreateThrottle]  # POST only: creating sessions
     key_grants_checked = ("POST",)  # a value above the key's grant (403, schema.py)
@@ -180,17 +198,28 @@ class SessionMessagesView(APIView):
             # A missing session is a 404 whatever the body, as it always was.
             selectors.session_get_for_owner(session_id=session_id, owner_id=request.user.pk)
             raise
-        # The ownership check is the service's locking SELECT: one query, not two.
-        posted = services.message_post_for_owner(
-            session_id=session_id,
-            owner_id=request.user.pk,
-            key_roles=_key_roles(request),
-            content=payload.validated_data["content"],
-            idempotency_key=payload.validated_data.get("idempotency_key"),
-            extra_context=payload.validated_data.get("extra_context"),
+        data = payload.validated_data
+        key = services.request_key_parse(
+            request.headers.get(services.IDEMPOTENCY_HEADER), data.get("idempotency_key")
         )
-        code = status.HTTP_202_ACCEPTED if posted.created else status.HTTP_200_OK
-        return Response(MessageSerializer(posted.message).data, status=code)
+
+        def post() -> tuple[int, Any]:
+            # The ownership check is the service's locking SELECT: one query, not two.
+            posted = services.message_post_for_owner(
+                session_id=session_id,
+                owner_id=request.user.pk,
+                key_roles=_key_roles(request),
+                content=data["content"],
+                idempotency_key=key,
+                extra_context=data.get("extra_context"),
+            )
+            code = status.HTTP_202_ACCEPTED if posted.created else status.HTTP_200_OK
+            return code, MessageSerializer(posted.message).data
+
+        keyed = _keyed(request, key, data["content"], data.get("extra_context"))
+        return _keyed_response(
+            services.request_keyed_respond(owner_id=request.user.pk, keyed=keyed, run=post)
+        )
 
 
 class SessionEventsView(APIView):

@@ -8,6 +8,7 @@ commit. One module per concern:
 - approvals: decisions on approvals and reviews (four eyes, deadlines), expiry
 - operator: human takeover (answer, run a tool by hand, hand back)
 - fork: a new session from a checkpoint
+- idempotency: requests that may be retried (an owner's Idempotency-Key)
 - sweep: the sweeper's work (leases, pacing, credits, timers, deadlines, pruning)
 
 This module only names them, so the edges import `sessions.services` as before.
@@ -21,6 +22,22 @@ from sessions.services.approvals import (
 )
 from sessions.services.fork import session_fork
 from sessions.services.grants import session_role_check, session_value_check
+from sessions.services.idempotency import (
+    DERIVED_PREFIX as IDEMPOTENCY_DERIVED_PREFIX,
+)
+from sessions.services.idempotency import (
+    HEADER as IDEMPOTENCY_HEADER,
+)
+from sessions.services.idempotency import (
+    KeyedRequest,
+    KeyedResponse,
+    request_fingerprint,
+    request_key_find,
+    request_key_parse,
+    request_key_save,
+    request_keyed_respond,
+    request_keys_prune,
+)
 from sessions.services.messages import (
     PostedMessage,
     extra_context_check,
@@ -57,6 +74,16 @@ from sessions.services.sweep import (
 )
 
 __all__ = [
+    "IDEMPOTENCY_DERIVED_PREFIX",
+    "IDEMPOTENCY_HEADER",
+    "KeyedRequest",
+    "KeyedResponse",
+    "request_fingerprint",
+    "request_key_find",
+    "request_key_parse",
+    "request_key_save",
+    "request_keyed_respond",
+    "request_keys_prune",
     "ephemeral_sessions_prune",
     "WAITING",
     "PostedMessage",

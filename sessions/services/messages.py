@@ -251,7 +251,7 @@ def _message_accept(
                 raise Conflict(
                     "idempotency_key was already used with a different content or extra_context",
                     details={"idempotency_key": idempotency_key},
-                    code="idempotency_conflict",
+                    code="idempotency_key_reused",
                 )
             return PostedMessage(message=existing, created=False)
     state = State(locked.state)

@@ -102,7 +102,11 @@ def _looping_agent(agent_factory, **budgets):
     return agent_factory(
         tools=["clock"],
         max_iterations=8,
-        rules=[{"tool_calls": [{"tool": "clock"}]}],
+        # The final step (max_iterations) offers no tool: the model answers.
+        rules=[
+            {"when": {"note": "Do not call tools"}, "answer": "Out of steps."},
+            {"tool_calls": [{"tool": "clock"}]},
+        ],
         **budgets,
     )
 

@@ -4,6 +4,7 @@ import copy
 import io
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from django.core.management import CommandError, call_command
 
 from accounts.models import Role
 from accounts.services import api_key_create
+from configuration.documents import DocumentInvalid, document_load
 from configuration.services import ConfigInvalid, config_apply
 from sessions.models import Agent, ModelEndpoint
 from tests.demo_setup import DEMO_CONFIG
@@ -364,6 +366,33 @@ def test_unreadable_files_are_refused(tmp_path, name, text, expected):
     with pytest.raises(CommandError, match=expected):
         _apply(path)
     assert _state() == ([], [], [], [])
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path):
+    lines = ['lol: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 7)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="more than 100,000 values once its aliases"):
+        _apply(path)
+    assert time.monotonic() - started < 2
+    assert _state() == ([], [], [], [])
+
+
+def test_anchors_and_merges_written_by_hand_are_read(tmp_path):
+    text = "defaults: &d {max_iterations: 3}\nmodels: []\nsame: [*d, *d]\nmerged: {<<: *d, x: 1}\n"
+    assert document_load(text)["merged"] == {"max_iterations": 3, "x": 1}
+    with pytest.raises(DocumentInvalid, match="line 1: an alias"):
+        document_load("a: &a [1, *a]\n")
+
+
+def test_a_file_over_the_size_limit_is_refused(tmp_path, settings):
+    settings.DEFINITION_MAX_BYTES = 1000
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"models": [], "pad": "x" * 1000}))
+    with pytest.raises(CommandError, match=r"at most 1,000 \(DEFINITION_MAX_BYTES\)"):
+        _apply(path)
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path):

@@ -138,7 +138,7 @@ def test_twenty_clients_at_once_with_repeated_keys_make_exactly_one_turn_per_key
         )
         assert len({r.json()["id"] for r in answers}) == 1, k  # every repeat got the first message
     assert (
-        conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_conflict"
+        conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_key_reused"
     ), conflict.text
     assert again.status_code == 200 and again.json()["id"] == by_key["key-03"][0].json()["id"]
 

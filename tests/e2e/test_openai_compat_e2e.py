@@ -658,6 +658,94 @@ def test_the_agents_sdk_and_langchain_get_structured_output(
     assert formats == ["json_schema", "json_schema", "json_object"]
 
 
+def test_langchain_function_calling_structured_output_forces_the_clients_tool(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    """with_structured_output(method="function_calling") offers the schema as a tool, forces
+    it (tool_choice) and asks for one call (parallel_tool_calls false): the model's call of
+    it comes back as tool_calls, which LangChain parses."""
+    from langchain_openai import ChatOpenAI
+
+    openai_server.script(Reply(calls=[Call("City", {"city": "Lyon", "population": 522000})]))
+    chat = ChatOpenAI(
+        model=fake_agent, base_url=f"{live_stack.http}/openai/v1", api_key=key, max_retries=0
+    )
+    structured = chat.with_structured_output(City, method="function_calling")
+    assert structured.invoke("Rhône?") == City(city="Lyon", population=522000)
+    (sent,) = openai_server.requests
+    assert sent.body["tool_choice"] == {"type": "function", "function": {"name": "City"}}
+    assert sent.body["parallel_tool_calls"] is False
+    assert [t["function"]["name"] for t in sent.body["tools"]] == ["City"]
+
+
+def test_tool_choice_none_and_required_reach_the_model(
+    live_stack,
+    key,
+    fake_agent,
+    openai_server,  # noqa: F811
+):
+    openai_server.script(
+        Reply(text="no tool"), Reply(calls=[Call("get_weather", {"city": "Oslo"})])
+    )
+    client = _client(live_stack, key)
+    answered = client.chat.completions.create(
+        model=fake_agent, messages=HI, tools=[WEATHER_TOOL], tool_choice="none"
+    )
+    assert answered.choices[0].message.content == "no tool"
+    forced = client.chat.completions.create(
+        model=fake_agent, messages=HI, tools=[WEATHER_TOOL], tool_choice="required"
+    )
+    assert forced.choices[0].finish_reason == "tool_calls"
+    assert [r.body["tool_choice"] for r in openai_server.requests] == ["none", "required"]
+
+
+def test_after_a_handoff_the_response_names_the_agent_answering_and_the_session_goes_on(
+    live_stack, key
+):
+    """A triage agent with only handoffs is offered its transfer (the strict rules model
+    calls nothing else), hands over, and the response's `model` is the agent that answered;
+    the client's next request, still naming the first agent, goes on with the session."""
+    model = ModelEndpointFactory(name="rules", api="rules", options={})
+    tag = uuid.uuid4().hex[:6]
+    billing, triage = f"billing-{tag}", f"triage-{tag}"
+    AgentFactory(slug=billing, model=model, rules=[{"answer": "billing: {{ user }}"}])
+    AgentFactory(
+        slug=triage,
+        model=model,
+        handoffs=[billing],
+        rules=[{"when": {"user": "invoice", "last_tool": None},
+                "tool_calls": [{"tool": f"transfer_to_{billing}", "args": {"reason": "invoices"}}]},
+               {"answer": "triage here"}],
+    )  # fmt: skip
+    client = _client(live_stack, key)
+    raw = client.chat.completions.with_raw_response.create(
+        model=triage, messages=[{"role": "user", "content": "my invoice"}]
+    )
+    first = raw.parse()
+    session_id = raw.headers["X-Session-Id"]
+    assert (first.model, first.choices[0].message.content) == (billing, "billing: my invoice")
+    with client.chat.completions.create(
+        model=triage,
+        messages=[{"role": "user", "content": "and again"}],
+        stream=True,
+        extra_headers={"X-Session-Id": session_id},
+    ) as stream:
+        chunks = list(stream)
+    assert {c.model for c in chunks} == {billing}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "billing: and again"
+    )
+    stranger = _echo_agent()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=stranger, messages=HI, extra_headers={"X-Session-Id": session_id}
+        )
+    assert _error(refused.value)["param"] == "model"
+
+
 # The client's own tools -----------------------------------------------------------------------
 
 WEATHER_TOOL: Any = {

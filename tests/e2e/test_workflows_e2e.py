@@ -595,3 +595,46 @@ def test_a_run_streams_its_nodes_and_result_and_refuses_a_user_message(live_stac
     assert [m["role"] for m in messages] == ["user", "tool", "assistant"], messages
     assert not Message.objects.filter(session_id=run, content__in=["hurry up", "hello?"]).exists()
     assert len(prices.requests) == 1
+
+
+# 7. An expression too costly for its input ---------------------------------------------------
+
+COSTLY = """
+slug: costly
+role: support
+input: {type: object, properties: {items: {type: array}}}
+start: check
+nodes:
+  check:
+    kind: condition
+    cases: [{when: "input.items.map(x, input.items.map(y, x + y)).size() > 0", next: end}]
+    default: end
+"""
+QUICK = """
+slug: quick
+role: support
+start: check
+nodes:
+  check: {kind: condition, cases: [{when: "true", next: end}], default: end}
+"""
+
+
+def test_an_expression_too_costly_for_its_input_fails_at_once_and_stalls_no_other_run(
+    live_stack: Stack,
+) -> None:
+    _apply(COSTLY)
+    _apply(QUICK)
+    with api(live_stack, api_key_for("alice")) as client:
+        # Unbounded, cel ran this for ~20 s here, holding the worker's GIL (and its
+        # heartbeat), and then finished: it never ends in error.
+        costly = _start(client, "costly", {"items": list(range(300))})
+        quick = _start(client, "quick", {})
+        _wait_state(client, quick, "finished", 20, stack_logs(live_stack))
+        failed = _wait_state(client, costly, "error", 20, stack_logs(live_stack))
+        events = get_events(client, costly)
+
+    error = next(e["data"]["error"] for e in events if e["type"] == "node.failed")
+    assert error.startswith(
+        "expression_limit: workflow 'costly', node 'check', field 'cases[0].when'"
+    )
+    assert "expression_limit" in failed["last_error"]

@@ -14,7 +14,6 @@ from django.db.models.functions import Now
 
 from demo.models import Notification, Report
 from engine import session_run
-from engine.phases.model import LIMIT_ANSWER
 from sessions.models import (
     Agent,
     Checkpoint,
@@ -181,9 +180,12 @@ def test_two_queued_messages_run_as_two_turns_in_order(make_session):
 
 def test_max_iterations_stops_a_model_that_always_calls_a_tool(make_agent, make_session):
     ToolFactory(name="clock", roles=["support"])
-    agent = make_agent(
-        max_iterations=3, tools=["clock"], rules=[{"tool_calls": [{"tool": "clock"}]}]
-    )
+    # The final step offers no tool (its note says so): a model answers.
+    rules = [
+        {"when": {"note": "Do not call tools"}, "answer": "Out of steps."},
+        {"tool_calls": [{"tool": "clock"}]},
+    ]
+    agent = make_agent(max_iterations=3, tools=["clock"], rules=rules)
     session = make_session(agent=agent)
     message_post(session=session, content="loop forever")
 
@@ -197,7 +199,7 @@ def test_max_iterations_stops_a_model_that_always_calls_a_tool(make_agent, make_
     last = _events(session)[-1]
     assert last.type == "turn.finished" and last.data["stop_reason"] == "max_iterations"
     final = Message.objects.filter(session=session, role="assistant").order_by("-seq").first()
-    assert final.content == LIMIT_ANSWER and final.tool_calls == []
+    assert final.content == "Out of steps." and final.tool_calls == []
     move = Transition.objects.filter(session=session).order_by("-id").first()
     assert (move.from_state, move.trigger, move.to_state) == (
         "processing",
@@ -216,6 +218,8 @@ def test_an_unknown_tool_is_rejected_and_the_model_told_the_allowed_ones(make_ag
             {"answer": "gave up"},
         ],
     )
+    # A model that calls what it was not offered: the strict rules model would refuse to.
+    ModelEndpoint.objects.filter(pk=agent.model_id).update(options={"strict": False})
     session = make_session(agent=agent, role="support")
     message_post(session=session, content="go")
 

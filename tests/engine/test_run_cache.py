@@ -45,7 +45,11 @@ def _repeating_agent(model: ModelEndpoint) -> Any:
         max_iterations=10,
         repeat_call_limit=3,
         same_result_limit=5,
-        rules=[{"name": "call", "tool_calls": [{"tool": tool.name, "args": {"q": "shoes"}}]}],
+        rules=[
+            # Stopped by the guard, the final step offers no tool: the model answers.
+            {"when": {"note": "Do not call tools"}, "answer": "Stopped."},
+            {"name": "call", "tool_calls": [{"tool": tool.name, "args": {"q": "shoes"}}]},
+        ],
     )
 
 

@@ -15,6 +15,16 @@ body, depending on the request's `"stream"` flag.
     server.script(Reply(text="Hello"), Reply(status=429, headers={"Retry-After": "2"}))
     ... run the code under test against server.base_url ...
     assert server.requests[0].body["stream"] is True
+
+Like the real APIs, a server refuses (400) a request its wire's schema refuses
+(`validate_request`: roles, tool definitions, tool_choice, every tool call answered by a
+result with its id). And it is **strict** (`server.strict`, on by default): a scripted
+reply may only do what a real model could with that request. A reply that calls a tool
+the request did not offer, calls one under `tool_choice` "none", or ignores a forced
+`tool_choice` is not sent: the server answers 400 and records the reason in
+`server.violations`, which the fixtures (tests/fakes/fixtures.py) assert is empty at
+teardown. A test of how the platform survives a model calling an unknown tool turns it
+off (`server.strict = False`) and says so.
 """
 
 import contextlib
@@ -484,6 +494,62 @@ def error_body(api: str, status: int, message: str, kind: str | None) -> dict[st
 # Request validation (what the real APIs refuse) -----------------------------------
 
 _ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def offered_tools(api: str, body: Any) -> list[str]:
+    """The names of the tools a request offers, as sent."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    if not isinstance(tools, list):
+        return []
+    if api == "openai":
+        return [str(((t.get("function") or {}).get("name")) or "") for t in tools]
+    return [str(t.get("name") or "") for t in tools]
+
+
+def forced_tool(api: str, body: dict[str, Any]) -> tuple[str, str | None]:
+    """The request's tool_choice as (kind, name): kind is auto, none, required or named."""
+    choice = body.get("tool_choice")
+    if api == "openai":
+        if choice is None:
+            return ("auto", None)
+        if isinstance(choice, str):
+            return (choice, None)
+        return ("named", str((choice.get("function") or {}).get("name")))
+    if not isinstance(choice, dict):
+        return ("auto", None)
+    kind = str(choice.get("type"))
+    kind = {"any": "required", "tool": "named"}.get(kind, kind)
+    return (str(kind), choice.get("name"))
+
+
+def strict_problem(api: str, body: Any, reply: "Reply") -> str | None:
+    """Why a real model given `body` could not answer `reply`, or None."""
+    if not isinstance(body, dict) or reply.status >= 400 or reply.events is not None:
+        return None
+    offered = offered_tools(api, body)
+    names = [c.name for c in reply.calls]
+    unoffered = sorted({n for n in names if n not in offered})
+    if unoffered:
+        return (
+            f"the script calls {', '.join(unoffered)}, which the request does not offer "
+            f"(offered: {', '.join(offered) or 'none'})"
+        )
+    kind, forced = forced_tool(api, body)
+    if names and kind == "none":
+        return f"the script calls {', '.join(names)} but tool_choice is 'none'"
+    if offered and not names and kind in ("required", "named"):
+        return f"tool_choice forces a call ({forced or kind}) but the script answers with text"
+    if kind == "named" and any(n != forced for n in names):
+        return f"tool_choice names {forced} but the script calls {', '.join(names)}"
+    parallel_off = (
+        body.get("parallel_tool_calls") is False
+        if api == "openai"
+        else (body.get("tool_choice") or {}).get("disable_parallel_tool_use") is True
+    )
+    if parallel_off and len(names) > 1:
+        return f"parallel tool calls are off but the script makes {len(names)} calls"
+    return None
 
 
 def validate_request(api: str, body: Any) -> str | None:
@@ -495,7 +561,81 @@ def validate_request(api: str, body: Any) -> str | None:
     return _validate_openai(body) if api == "openai" else _validate_anthropic(body)
 
 
+def _validate_openai_tools(body: dict[str, Any]) -> str | None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not tools:
+            return "tools: must be a non-empty array"
+        for i, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if tool.get("type") != "function" or not isinstance(function, dict):
+                return f"tools[{i}]: type 'function' and a function object are required"
+            if not _TOOL_NAME.match(str(function.get("name") or "")):
+                return f"tools[{i}].function.name: must match ^[a-zA-Z0-9_-]{{1,64}}$"
+            parameters = function.get("parameters")
+            if parameters is not None and (
+                not isinstance(parameters, dict) or parameters.get("type", "object") != "object"
+            ):
+                return f"tools[{i}].function.parameters: must be a JSON Schema object"
+        names = [t["function"]["name"] for t in tools]
+        if len(set(names)) != len(names):
+            return "tools: function names must be unique"
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if not tools:
+            return "tool_choice: only allowed when tools are specified"
+        if isinstance(choice, str):
+            if choice not in ("auto", "none", "required"):
+                return f"tool_choice: invalid value {choice!r}"
+        elif not (
+            isinstance(choice, dict)
+            and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+        ):
+            return "tool_choice: a string or {type: function, function: {name}}"
+        elif choice["function"].get("name") not in offered_tools("openai", body):
+            return f"tool_choice: no tool named {choice['function'].get('name')!r} in tools"
+    if body.get("parallel_tool_calls") is not None:
+        if not tools:
+            return "parallel_tool_calls: only allowed when tools are specified"
+        if not isinstance(body["parallel_tool_calls"], bool):
+            return "parallel_tool_calls: must be a boolean"
+    return None
+
+
+def _validate_anthropic_tools(body: dict[str, Any]) -> str | None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            return "tools: Input should be a valid list"
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or not _TOOL_NAME.match(str(tool.get("name") or "")):
+                return f"tools.{i}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+            schema = tool.get("input_schema")
+            if not isinstance(schema, dict) or schema.get("type") != "object":
+                return f"tools.{i}.input_schema.type: Input should be 'object'"
+        names = [t["name"] for t in tools]
+        if len(set(names)) != len(names):
+            return "tools: Tool names must be unique"
+    choice = body.get("tool_choice")
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if kind not in ("auto", "any", "tool", "none"):
+            return "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'"
+        if kind == "tool" and choice.get("name") not in offered_tools("anthropic", body):
+            return f"tool_choice.name: no tool named {choice.get('name')!r} in tools"
+        if kind != "none" and not tools:
+            return "tool_choice: may only be specified while providing tools"
+        extra = set(choice) - {"type", "name", "disable_parallel_tool_use"}
+        if extra or not isinstance(choice.get("disable_parallel_tool_use", False), bool):
+            return f"tool_choice: unexpected fields {sorted(extra)}"
+    return None
+
+
 def _validate_openai(body: dict[str, Any]) -> str | None:
+    problem = _validate_openai_tools(body)
+    if problem is not None:
+        return problem
     pending: set[str] = set()  # tool calls of the latest assistant message not yet answered
     for i, message in enumerate(body["messages"]):
         role = message.get("role") if isinstance(message, dict) else None
@@ -538,6 +678,9 @@ def _validate_anthropic(body: dict[str, Any]) -> str | None:
     messages = body["messages"]
     if not isinstance(body.get("max_tokens"), int):
         return "max_tokens: field required"
+    problem = _validate_anthropic_tools(body)
+    if problem is not None:
+        return problem
     if not messages or messages[0].get("role") != "user":
         return 'messages: first message must use the "user" role'
     seen: set[str] = set()
@@ -632,6 +775,15 @@ class _Handler(BaseHTTPRequestHandler):
         if reply is None:
             self._send_json(
                 500, error_body(fake.api, 500, "fake server: the script has no reply left", None)
+            )
+            return
+        problem = strict_problem(fake.api, recorded.body, reply) if fake.strict else None
+        if problem is not None:
+            # A real model cannot do this: the test's script (or the platform's offer) is wrong.
+            with fake._lock:
+                fake.violations.append(f"request {len(fake._requests)}: {problem}")
+            self._send_json(
+                400, error_body(fake.api, 400, f"fake server (strict): {problem}", None)
             )
             return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up
@@ -834,6 +986,9 @@ class FakeModelServer:
         # Refuse requests the real API would refuse (see validate_request), with a 400.
         self.validate = True
         self.invalid: list[str] = []
+        # Scripted replies a real model could not give to their request (see strict_problem).
+        self.strict = True
+        self.violations: list[str] = []
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -898,6 +1053,8 @@ class FakeModelServer:
             self.errors = []
             self.invalid = []
             self.validate = True
+            self.violations = []
+            self.strict = True
             self._release.set()
             self._release = threading.Event()
 

@@ -49,6 +49,14 @@ ORDERS_TOOL = ToolSpec(
     },
 )
 
+NOTIFY_TOOL = ToolSpec(
+    name="send_notification",
+    description="Notify a customer.",
+    parameters={"type": "object", "properties": {"message": {"type": "string"}}},
+)
+# A request offering the tools the scripts call (the strict fake server refuses any other).
+ASK_ORDERS = ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL, NOTIFY_TOOL))
+
 
 async def collect(adapter: Any, request: ChatRequest = HELLO) -> list[StreamEvent]:
     return [event async for event in adapter.stream(request)]
@@ -69,7 +77,7 @@ async def test_unknown_events_blocks_and_pings_are_ignored(anthropic_server, end
     anthropic_server.script(
         Reply(text="still fine", unknown_events=True, calls=[Call("query_orders", {"days": 2})])
     )
-    response = await adapter_for(endpoint_for(anthropic_server)).complete(HELLO)
+    response = await adapter_for(endpoint_for(anthropic_server)).complete(ASK_ORDERS)
     assert response.text == "still fine"
     assert [c.arguments for c in response.tool_calls] == [{"days": 2}]
     assert anthropic_server.requests[0].stream
@@ -96,7 +104,7 @@ async def test_non_streamed_text_and_tool_use_with_respond(anthropic_server, end
             usage=(12, 30),
         )
     )
-    response = await adapter_for(endpoint_for(anthropic_server)).respond(HELLO)
+    response = await adapter_for(endpoint_for(anthropic_server)).respond(ASK_ORDERS)
     assert response.text == "Checking."
     assert response.tool_calls == [
         ToolCallRequest(id="toolu_1", name="query_orders", arguments={"days": 7})
@@ -109,7 +117,7 @@ async def test_non_streamed_tool_input_that_is_not_an_object_is_reported(
     anthropic_server, endpoint_for
 ):
     anthropic_server.script(Reply(calls=[Call("query_orders", "{broken")]))
-    response = await adapter_for(endpoint_for(anthropic_server)).respond(HELLO)
+    response = await adapter_for(endpoint_for(anthropic_server)).respond(ASK_ORDERS)
     assert response.tool_calls[0].arguments == {} and response.tool_calls[0].arguments_error
 
 
@@ -135,7 +143,7 @@ async def test_tool_use_blocks_with_partial_json_split_mid_token_and_mid_utf8(
             usage=(50, 70),
         )
     )
-    events = await collect(adapter_for(endpoint_for(anthropic_server)))
+    events = await collect(adapter_for(endpoint_for(anthropic_server)), ASK_ORDERS)
 
     started = [e for e in events if isinstance(e, ToolCallStarted)]
     assert [(e.id, e.name) for e in started] == [
@@ -158,7 +166,7 @@ async def test_tool_input_that_is_not_json_is_reported_for_the_tool_layer(
     anthropic_server, endpoint_for
 ):
     anthropic_server.script(Reply(calls=[Call("query_orders", '{"days": ')]))
-    response = await adapter_for(endpoint_for(anthropic_server)).complete(HELLO)
+    response = await adapter_for(endpoint_for(anthropic_server)).complete(ASK_ORDERS)
     assert response.tool_calls[0].arguments == {} and response.tool_calls[0].arguments_error
 
 
@@ -212,7 +220,7 @@ async def test_request_payload_and_headers(anthropic_server, endpoint_for):
     request = ChatRequest(
         messages=history, tools=(ORDERS_TOOL,), tool_choice="required", temperature=0.5
     )
-    anthropic_server.script(Reply(text="done"))
+    anthropic_server.script(Reply(calls=[Call("query_orders", {"days": 1})]))  # required: a call
     await adapter_for(endpoint_for(anthropic_server, model="claude-test")).complete(request)
 
     (sent,) = anthropic_server.requests
@@ -267,24 +275,49 @@ async def test_request_payload_and_headers(anthropic_server, endpoint_for):
 
 @pytest.mark.parametrize(
     ("choice", "wire"),
-    [("auto", {"type": "auto"}), ("query_orders", {"type": "tool", "name": "query_orders"})],
+    [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        ("required", {"type": "any"}),
+        ("query_orders", {"type": "tool", "name": "query_orders"}),
+    ],
 )
 async def test_tool_choice_on_the_wire(anthropic_server, endpoint_for, choice, wire):
-    anthropic_server.script(Reply(text="ok"))
+    forced = choice not in ("auto", "none")
+    anthropic_server.script(Reply(calls=[Call("query_orders")]) if forced else Reply(text="ok"))
     await adapter_for(endpoint_for(anthropic_server)).complete(
         ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL,), tool_choice=choice)
     )
+    body = anthropic_server.requests[0].body
+    assert body["tool_choice"] == wire
+    assert [t["name"] for t in body["tools"]] == ["query_orders"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", {"type": "auto", "disable_parallel_tool_use": True}),
+        ("none", {"type": "none"}),  # no call at all: nothing to disable
+        (
+            "query_orders",
+            {"type": "tool", "name": "query_orders", "disable_parallel_tool_use": True},
+        ),
+    ],
+)
+async def test_parallel_tool_calls_off_on_the_wire(anthropic_server, endpoint_for, choice, wire):
+    reply = Reply(text="ok") if choice == "none" else Reply(calls=[Call("query_orders")])
+    anthropic_server.script(reply)
+    request = ChatRequest(
+        messages=HELLO.messages, tools=(ORDERS_TOOL,), tool_choice=choice, parallel_tool_calls=False
+    )
+    await adapter_for(endpoint_for(anthropic_server)).complete(request)
     assert anthropic_server.requests[0].body["tool_choice"] == wire
 
 
-async def test_tool_choice_none_sends_no_tools_and_max_tokens_comes_from_options(
-    anthropic_server, endpoint_for
-):
+async def test_max_tokens_comes_from_options(anthropic_server, endpoint_for):
     anthropic_server.script(Reply(text="ok"))
     adapter = adapter_for(endpoint_for(anthropic_server, options={"max_tokens": 123}))
-    await adapter.complete(
-        ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL,), tool_choice="none")
-    )
+    await adapter.complete(HELLO)
     body = anthropic_server.requests[0].body
     assert "tools" not in body and "tool_choice" not in body and body["max_tokens"] == 123
 

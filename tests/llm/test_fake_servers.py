@@ -20,6 +20,12 @@ CALLS = [
         splits=4,
     ),
 ]
+# The tools CALLS call, offered in each wire's form (the strict servers refuse calls to others).
+OPENAI_TOOLS = [
+    {"type": "function", "function": {"name": c.name, "parameters": {"type": "object"}}}
+    for c in CALLS
+]
+ANTHROPIC_TOOLS = [{"name": c.name, "input_schema": {"type": "object"}} for c in CALLS]
 
 
 def test_openai_sdk_parses_a_streamed_text_answer(openai_server):
@@ -48,6 +54,7 @@ def test_openai_sdk_accumulates_interleaved_streamed_tool_calls(openai_server):
     with client.chat.completions.stream(
         model="gpt-fake",
         messages=[{"role": "user", "content": "go"}],
+        tools=OPENAI_TOOLS,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     ) as stream:
         for _ in stream:
@@ -70,7 +77,9 @@ def test_openai_sdk_parses_a_non_streamed_answer_and_errors(openai_server):
     )
     client = openai.OpenAI(api_key="sk-sdk", base_url=openai_server.base_url, max_retries=0)
     completion = client.chat.completions.create(
-        model="gpt-fake", messages=[{"role": "user", "content": "go"}]
+        model="gpt-fake",
+        messages=[{"role": "user", "content": "go"}],
+        tools=OPENAI_TOOLS,  # type: ignore[arg-type]
     )
     assert completion.choices[0].message.content == "whole"
     assert completion.choices[0].message.tool_calls[0].function.name == "query_orders"  # type: ignore[index, union-attr]
@@ -108,7 +117,10 @@ def test_anthropic_sdk_accumulates_streamed_tool_use_blocks(anthropic_server):
         api_key="ak-sdk", base_url=anthropic_server.base_url, max_retries=0
     )
     with client.messages.stream(
-        model="claude-fake", max_tokens=100, messages=[{"role": "user", "content": "go"}]
+        model="claude-fake",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "go"}],
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
     ) as stream:
         final = stream.get_final_message()
     blocks = [(b.type, getattr(b, "text", None) or (b.id, b.name, b.input)) for b in final.content]  # type: ignore[union-attr]
@@ -127,7 +139,10 @@ def test_anthropic_sdk_parses_a_non_streamed_answer_and_errors(anthropic_server)
         api_key="ak-sdk", base_url=anthropic_server.base_url, max_retries=0
     )
     message = client.messages.create(
-        model="claude-fake", max_tokens=100, messages=[{"role": "user", "content": "go"}]
+        model="claude-fake",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "go"}],
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
     )
     assert [b.type for b in message.content] == ["text", "tool_use"]
     with pytest.raises(anthropic.APIStatusError) as overloaded:
@@ -204,3 +219,110 @@ def test_the_fakes_refuse_what_the_real_apis_refuse(openai_server, anthropic_ser
         oclient.chat.completions.create(model="m", messages=unanswered)  # type: ignore[arg-type]
     assert "must be followed by tool messages" in str(refused.value)
     assert openai_server.invalid and openai_server.pending == 1
+
+
+def test_a_strict_fake_refuses_a_call_the_request_did_not_offer(openai_server, anthropic_server):
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    oclient = openai.OpenAI(api_key="sk", base_url=openai_server.base_url, max_retries=0)
+    openai_server.script(Reply(calls=[Call("delete_all")]), Reply(calls=[Call("lookup")]))
+    with pytest.raises(openai.BadRequestError) as refused:
+        oclient.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}], tools=[tool]
+        )
+    assert "delete_all, which the request does not offer (offered: lookup)" in str(refused.value)
+    assert openai_server.violations == [
+        "request 1: the script calls delete_all, which the request does not offer (offered: lookup)"
+    ]
+    openai_server.violations.clear()  # seen here: the fixture's teardown would fail the test
+    answered = oclient.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "go"}],
+        tools=[tool],
+        tool_choice="required",
+    )
+    assert answered.choices[0].message.tool_calls[0].function.name == "lookup"  # type: ignore[index]
+
+    aclient = anthropic.Anthropic(api_key="ak", base_url=anthropic_server.base_url, max_retries=0)
+    anthropic_server.script(Reply(calls=[Call("lookup"), Call("lookup")]))
+    with pytest.raises(anthropic.BadRequestError, match="parallel tool calls are off"):
+        aclient.messages.create(
+            model="m",
+            max_tokens=10,
+            messages=[{"role": "user", "content": "go"}],
+            tools=[{"name": "lookup", "input_schema": {"type": "object"}}],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        )
+    assert len(anthropic_server.violations) == 1
+    anthropic_server.violations.clear()
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "reply", "problem"),
+    [
+        ("none", Reply(calls=[Call("lookup")]), "tool_choice is 'none'"),
+        ("required", Reply(text="no"), "tool_choice forces a call (required)"),
+        (
+            {"type": "function", "function": {"name": "lookup"}},
+            Reply(calls=[Call("other")]),
+            "tool_choice names lookup but the script calls other",
+        ),
+    ],
+)
+def test_a_strict_fake_holds_the_script_to_tool_choice(openai_server, tool_choice, reply, problem):
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("lookup", "other")
+    ]
+    openai_server.script(reply)
+    client = openai.OpenAI(api_key="sk", base_url=openai_server.base_url, max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "go"}],
+            tools=tools,
+            tool_choice=tool_choice,
+        )
+    assert len(openai_server.violations) == 1 and problem in openai_server.violations[0]
+    openai_server.violations.clear()
+
+
+def test_a_fake_with_strict_off_sends_what_the_script_says(openai_server):
+    openai_server.strict = False  # how a test shows the platform surviving an unknown tool
+    openai_server.script(Reply(calls=[Call("delete_all")]))
+    client = openai.OpenAI(api_key="sk", base_url=openai_server.base_url, max_retries=0)
+    completion = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "go"}]
+    )
+    assert completion.choices[0].message.tool_calls[0].function.name == "delete_all"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("api", "extra", "problem"),
+    [
+        ("openai", {"tool_choice": "required"}, "tool_choice: only allowed when tools are specified"),
+        ("openai", {"parallel_tool_calls": False}, "parallel_tool_calls: only allowed when tools"),
+        ("openai", {"tools": [{"type": "function", "function": {"name": "a.b"}}]}, "function.name"),
+        (
+            "openai",
+            {"tools": [{"type": "function", "function": {"name": "a", "parameters": {}}}],
+             "tool_choice": {"type": "function", "function": {"name": "b"}}},
+            "no tool named 'b'",
+        ),
+        ("anthropic", {"tools": [{"name": "a", "input_schema": {}}]}, "input_schema.type"),
+        ("anthropic", {"tool_choice": {"type": "any"}}, "while providing tools"),
+    ],
+)  # fmt: skip
+def test_the_fakes_check_tool_definitions_and_tool_choice(
+    openai_server, anthropic_server, api, extra, problem
+):
+    server = openai_server if api == "openai" else anthropic_server
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "go"}],
+        **extra,
+    }
+    path = "/chat/completions" if api == "openai" else "/v1/messages"
+    response = httpx.post(server.base_url + path, json=body)
+    assert response.status_code == 400
+    assert problem in response.json()["error"]["message"]

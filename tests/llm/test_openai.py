@@ -52,6 +52,9 @@ NOTIFY_TOOL = ToolSpec(
     },
 )
 
+# A request offering the tools the scripts call (the strict fake server refuses any other).
+ASK_ORDERS = ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL, NOTIFY_TOOL))
+
 
 async def collect(adapter: Any, request: ChatRequest = HELLO) -> list[StreamEvent]:
     return [event async for event in adapter.stream(request)]
@@ -218,7 +221,7 @@ async def test_interleaved_fragments_are_reassembled_per_index(openai_server, en
         Call("query_orders", {"days": 30}, splits=3),
     ]
     openai_server.script(Reply(calls=calls, interleave=True))
-    events = await collect(adapter_for(endpoint_for(openai_server)))
+    events = await collect(adapter_for(endpoint_for(openai_server)), ASK_ORDERS)
     order = [e.index for e in events if isinstance(e, ToolCallArgumentsDelta)]
     assert order[:4] == [0, 1, 0, 1]  # really interleaved on the wire
     assert [e.index for e in events if isinstance(e, ToolCallStarted)] == [0, 1]
@@ -237,7 +240,7 @@ async def test_servers_that_omit_or_reuse_the_index_still_give_separate_calls(
         Call("query_orders", {"days": 30}, id="call_b", splits=5),
     ]
     openai_server.script(Reply(calls=calls, index_mode=mode))
-    events = await collect(adapter_for(endpoint_for(openai_server)))
+    events = await collect(adapter_for(endpoint_for(openai_server)), ASK_ORDERS)
     assert [(e.index, e.id) for e in events if isinstance(e, ToolCallStarted)] == [
         (0, "call_a"),
         (1, "call_b"),
@@ -263,7 +266,7 @@ async def test_an_id_repeated_in_every_fragment_is_still_one_call(openai_server,
 
 async def test_text_before_tool_calls_is_kept(openai_server, endpoint_for):
     openai_server.script(Reply(text="Let me look.", calls=[Call("query_orders", {"days": 1})]))
-    response = await adapter_for(endpoint_for(openai_server)).complete(HELLO)
+    response = await adapter_for(endpoint_for(openai_server)).complete(ASK_ORDERS)
     assert response.text == "Let me look." and response.tool_calls[0].name == "query_orders"
 
 
@@ -273,7 +276,7 @@ async def test_tool_arguments_that_are_not_json_are_reported_not_raised(
     openai_server.script(
         Reply(calls=[Call("query_orders", '{"days": 7,, oops'), Call("query_orders", "[1, 2]")])
     )
-    response = await adapter_for(endpoint_for(openai_server)).complete(HELLO)
+    response = await adapter_for(endpoint_for(openai_server)).complete(ASK_ORDERS)
     broken, not_object = response.tool_calls
     assert (
         broken.arguments == {} and broken.arguments_error and "position" in broken.arguments_error
@@ -287,7 +290,7 @@ async def test_non_streamed_tool_calls(openai_server, endpoint_for):
     openai_server.script(
         Reply(calls=[Call("query_orders", {"days": 3}, id="call_1"), Call("query_orders", "{bad")])
     )
-    response = await adapter_for(endpoint_for(openai_server)).respond(HELLO)
+    response = await adapter_for(endpoint_for(openai_server)).respond(ASK_ORDERS)
     assert response.finish_reason == "tool_calls"
     assert response.tool_calls[0] == ToolCallRequest(
         id="call_1", name="query_orders", arguments={"days": 3}
@@ -369,11 +372,24 @@ async def test_request_payload_and_headers(openai_server, endpoint_for):
     ],
 )
 async def test_tool_choice_on_the_wire(openai_server, endpoint_for, choice, wire):
-    openai_server.script(Reply(text="ok"))
+    # A forced choice is answered with the call (the strict fake server holds the model to it).
+    openai_server.script(
+        Reply(text="ok") if choice == "none" else Reply(calls=[Call("query_orders")])
+    )
     await adapter_for(endpoint_for(openai_server)).complete(
         ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL,), tool_choice=choice)
     )
     assert openai_server.requests[0].body["tool_choice"] == wire
+    assert "parallel_tool_calls" not in openai_server.requests[0].body  # the wire's default
+
+
+async def test_parallel_tool_calls_off_on_the_wire(openai_server, endpoint_for):
+    openai_server.script(Reply(calls=[Call("query_orders")]))
+    response = await adapter_for(endpoint_for(openai_server)).complete(
+        ChatRequest(messages=HELLO.messages, tools=(ORDERS_TOOL,), parallel_tool_calls=False)
+    )
+    assert openai_server.requests[0].body["parallel_tool_calls"] is False
+    assert [c.name for c in response.tool_calls] == ["query_orders"]
 
 
 async def test_no_tools_means_no_tools_field_and_no_key_means_no_auth_header(

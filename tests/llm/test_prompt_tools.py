@@ -384,3 +384,42 @@ async def test_without_tools_prose_with_braces_is_the_answer_not_a_broken_reply(
     assert response.text == prose
     assert len(openai_server.requests) == 1
     assert all(m["role"] != "tool" for m in openai_server.requests[0].messages)  # still flattened
+
+
+# tool_choice and parallel_tool_calls: best effort (the model is only told) -------------
+
+
+async def test_tool_choice_none_describes_no_tool_and_the_reply_is_the_answer(
+    openai_server, endpoint_for
+):
+    openai_server.script(Reply(text="No tools today."))
+    request = ChatRequest(messages=REQUEST.messages, tools=TOOLS, tool_choice="none")
+    adapter = adapter_for(endpoint_for(openai_server, api="prompt_tools"))
+    response = await adapter.complete(request)
+    assert response.text == "No tools today." and response.tool_calls == []
+    assert "query_orders" not in openai_server.requests[0].text()
+
+
+async def test_a_forced_choice_is_asked_for_and_an_answer_instead_is_fed_back(
+    openai_server, endpoint_for
+):
+    call = json.dumps({"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}}]})
+    openai_server.script(Reply(text='{"answer": "I will not."}'), Reply(text=call))
+    request = ChatRequest(messages=REQUEST.messages, tools=TOOLS, tool_choice="query_orders")
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(request)
+    assert [(c.name, c.arguments) for c in response.tool_calls] == CALL
+    first, second = openai_server.requests
+    assert "This reply must call the tool query_orders" in first.text()
+    assert "this reply must call a tool, not answer" in second.text()
+
+
+async def test_parallel_tool_calls_off_asks_for_one_and_runs_only_the_first(
+    openai_server, endpoint_for
+):
+    two = {"tool_calls": [{"name": "query_orders", "arguments": {"days": 7}},
+                          {"name": "send_notification", "arguments": {"customer_id": 1}}]}  # fmt: skip
+    openai_server.script(Reply(text=json.dumps(two)))
+    request = ChatRequest(messages=REQUEST.messages, tools=TOOLS, parallel_tool_calls=False)
+    response = await adapter_for(endpoint_for(openai_server, api="prompt_tools")).complete(request)
+    assert [(c.name, c.arguments) for c in response.tool_calls] == CALL
+    assert "Call at most one tool in a reply." in openai_server.requests[0].text()

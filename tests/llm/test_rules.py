@@ -2,8 +2,9 @@
 
 import pytest
 
+from llm import rules as rules_model
 from llm.base import EndpointConfig, ModelConfigError, adapter_for
-from llm.rules import NO_RULE_ANSWER, build_context, decide
+from llm.rules import NO_RULE_ANSWER, UnofferedToolCall, build_context, decide
 from llm.templating import lookup, render
 from llm.types import (
     ChatMessage,
@@ -14,6 +15,7 @@ from llm.types import (
     ToolCallFinished,
     ToolCallRequest,
     ToolCallStarted,
+    ToolSpec,
     Usage,
 )
 from runtime import io_loop
@@ -363,7 +365,11 @@ async def test_the_adapter_streams_text_deltas_then_usage_and_finish():
 
 async def test_the_adapter_streams_tool_calls_then_usage_and_finish():
     rules = [{"tool_calls": [{"tool": "a", "args": {"x": 1}}, {"tool": "b"}]}]
-    events = await _collect(ChatRequest(messages=(user("go"),), agent_config={"rules": rules}))
+    events = await _collect(
+        ChatRequest(
+            messages=(user("go"),), tools=(spec("a"), spec("b")), agent_config={"rules": rules}
+        )
+    )
 
     kinds = [type(e) for e in events]
     assert kinds == [
@@ -376,6 +382,62 @@ async def test_the_adapter_streams_tool_calls_then_usage_and_finish():
     assert [(c.name, c.arguments) for c in finished] == [("a", {"x": 1}), ("b", {})]
     assert len({c.id for c in finished}) == 2
     assert not any(isinstance(e, TextDelta) for e in events)
+
+
+def spec(name: str) -> ToolSpec:
+    return ToolSpec(name=name, description="", parameters={"type": "object"})
+
+
+CALL_A = [{"when": {"user": "go"}, "tool_calls": [{"tool": "a"}, {"tool": "b"}]},
+          {"when": {"user": "one"}, "tool_calls": [{"tool": "a"}]},
+          {"answer": "plain"}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("said", "tools", "choice", "parallel", "problem"),
+    [
+        ("go", ("a",), "auto", None, "the rules call b, which the request does not offer"),
+        ("go", (), "auto", None, "the rules call a, b, which the request does not offer"),
+        ("one", ("a",), "none", None, "the rules call a but tool_choice is 'none'"),
+        ("x", ("a",), "required", None, "tool_choice is 'required' but the rules answer"),
+        ("go", ("a", "b"), "a", None, "tool_choice names 'a' but the rules call a, b"),
+        ("go", ("a", "b"), "auto", False, "parallel tool calls are off but the rules make 2"),
+    ],
+)
+async def test_the_strict_model_refuses_what_a_real_model_could_not_do(
+    said: str, tools: tuple[str, ...], choice: str, parallel: bool | None, problem: str
+) -> None:
+    request = ChatRequest(
+        messages=(user(said),),
+        tools=tuple(spec(n) for n in tools),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        agent_config={"rules": CALL_A},
+    )
+    with pytest.raises(UnofferedToolCall, match=problem):
+        await _collect(request, {"strict": True})
+    assert rules_model.STRICT_VIOLATIONS and problem in rules_model.STRICT_VIOLATIONS[-1]
+    rules_model.STRICT_VIOLATIONS.clear()  # seen: the suite's teardown check would fail the test
+
+    # Off (the demo's default), the rule's calls go out as written.
+    response = await _adapter({"strict": False}).complete(request)
+    assert response.tool_calls or response.text == "plain"
+
+
+async def test_the_strict_model_makes_the_calls_it_was_offered() -> None:
+    request = ChatRequest(
+        messages=(user("go"),), tools=(spec("a"), spec("b")), agent_config={"rules": CALL_A}
+    )
+    response = await _adapter({"strict": True}).complete(request)
+    assert [c.name for c in response.tool_calls] == ["a", "b"]
+    forced = ChatRequest(
+        messages=(user("one"),), tools=(spec("a"),), tool_choice="a", agent_config={"rules": CALL_A}
+    )
+    assert [c.name for c in (await _adapter({"strict": True}).complete(forced)).tool_calls] == ["a"]
+
+
+def test_the_suite_runs_the_rules_model_strict() -> None:
+    assert rules_model.strict_default()
 
 
 async def test_the_adapter_answers_with_the_fallback_when_no_rule_holds():

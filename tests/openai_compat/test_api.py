@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from billing.services import account_ensure
-from sessions.models import Session
+from sessions.models import Event, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, api_key_for
 
 pytestmark = pytest.mark.django_db
@@ -84,6 +84,42 @@ def test_a_session_not_yours_is_404_and_one_of_another_agent_400(client: APIClie
     assert _error(response, 400)["param"] == "model"
 
 
+def test_after_a_handoff_any_agent_of_the_chain_names_the_session(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
+    """The client keeps sending the `model` it started with (the Agents SDK does): the session
+    goes on (here busy: 503, past the model check); an agent outside the chain is a 400."""
+    billing = AgentFactory(slug="billing", model=agent.model)
+    AgentFactory(slug="stranger", model=agent.model)
+    handed = _session(agent=billing, owner=User.objects.get(username="alice"), state="processing")
+    Event.objects.create(
+        session=handed, seq=1, type="agent.changed",
+        data={"from": "helper", "to": "billing", "reason": "invoices"},
+    )  # fmt: skip
+    for model in ("helper", "billing"):
+        response = client.post(
+            URL, {"model": model, "messages": HI}, format="json", HTTP_X_SESSION_ID=str(handed.pk)
+        )
+        assert _error(response, 503)["code"] == "session_busy"
+    response = client.post(
+        URL, {"model": "stranger", "messages": HI}, format="json", HTTP_X_SESSION_ID=str(handed.pk)
+    )
+    error = _error(response, 400)
+    assert error["param"] == "model" and "billing, helper" in error["message"]
+
+
+def test_a_tool_choice_naming_no_tool_of_the_request_or_the_agent_is_400(
+    client: APIClient, agent
+) -> None:  # type: ignore[no-untyped-def]
+    body = {
+        "model": "helper",
+        "messages": HI,
+        "tools": [{"type": "function", "function": {"name": "mine"}}],
+        "tool_choice": {"type": "function", "function": {"name": "theirs"}},
+    }
+    error = _error(client.post(URL, body, format="json"), 400)
+    assert error["param"] == "tool_choice.function.name" and "'theirs'" in error["message"]
+    assert not Session.objects.exists()
+
+
 def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> None:  # type: ignore[no-untyped-def]
     busy = _session(agent=agent, owner=User.objects.get(username="alice"), state="processing")
     response = client.post(
@@ -92,6 +128,7 @@ def test_a_busy_session_is_503_with_retry_after(client: APIClient, agent) -> Non
     error = _error(response, 503)
     assert (error["type"], error["code"]) == ("server_error", "session_busy")
     assert response["Retry-After"] == "2"
+    assert not response.has_header("x-should-retry")  # worth retrying: the turn ends
     assert busy.messages.count() == 0
 
 
@@ -164,3 +201,51 @@ def test_a_stateless_request_is_not_counted_as_a_session_created(settings) -> No
 
     throttles = {type(t).__name__ for t in ChatCompletionView().get_throttles()}
     assert throttles == {"ApiKeyRateThrottle"}
+
+
+# Retried requests ---------------------------------------------------------------------------
+
+
+def test_final_refusals_say_x_should_retry_false(client: APIClient) -> None:
+    """The SDKs retry 409 and 429 by default: a refusal the same request would meet again
+    says not to (a 400, a 404, no credits left)."""
+    bad = client.post(URL, {"model": "helper", "messages": []}, format="json")
+    unknown = client.post(URL, {"model": "nobody", "messages": HI}, format="json")
+    account_ensure(owner_id=User.objects.get(username="alice").pk)
+    broke = client.post(URL, {"model": "helper", "messages": HI}, format="json")
+    assert [r.status_code for r in (bad, unknown, broke)] == [400, 404, 429]
+    assert [r["x-should-retry"] for r in (bad, unknown, broke)] == ["false"] * 3
+
+
+def _post(client: APIClient, content: str = "hi", **headers: str) -> Any:
+    messages = [{"role": "user", "content": content}]
+    return client.post(URL, {"model": "helper", "messages": messages}, format="json", **headers)
+
+
+def test_the_same_idempotency_key_joins_the_first_requests_turn(client: APIClient) -> None:
+    first = _post(client, HTTP_IDEMPOTENCY_KEY="chat-1")
+    again = _post(client, HTTP_IDEMPOTENCY_KEY="chat-1")
+    # The status waits for the turn (no worker here): the session says which turn it joined.
+    assert first["X-Session-Id"] == again["X-Session-Id"]
+    assert Session.objects.count() == 1
+    assert Session.objects.get().messages.filter(role="user").count() == 1
+    reused = _post(client, "bye", HTTP_IDEMPOTENCY_KEY="chat-1")
+    error = _error(reused, 409)
+    assert (error["type"], error["code"]) == ("invalid_request_error", "idempotency_key_reused")
+    assert reused["x-should-retry"] == "false"
+    assert Session.objects.count() == 1
+
+
+def test_the_openai_sdks_retry_of_a_call_joins_its_first_attempts_turn(client: APIClient) -> None:
+    """The openai SDK sends no key; it numbers its attempts (x-stainless-retry-count)."""
+    sdk = {"HTTP_X_STAINLESS_RETRY_COUNT": "0", "HTTP_X_STAINLESS_READ_TIMEOUT": "5"}
+    first = _post(client, **sdk)
+    retry = _post(client, **{**sdk, "HTTP_X_STAINLESS_RETRY_COUNT": "1"})
+    assert first["X-Session-Id"] == retry["X-Session-Id"]
+    assert Session.objects.count() == 1
+    # A new call with the same question is its first attempt: a turn of its own.
+    assert _post(client, **sdk)["X-Session-Id"] != first["X-Session-Id"]
+    # Without the SDK's numbers, the same body twice is two requests (two turns).
+    _post(client)
+    _post(client)
+    assert Session.objects.count() == 4

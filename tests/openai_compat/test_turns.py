@@ -52,6 +52,21 @@ def test_deltas_stream_and_the_stored_answer_is_not_sent_twice() -> None:
     }
 
 
+def test_a_handoff_in_the_turn_names_the_agent_that_answers() -> None:
+    reader = TurnReader(session_id="s")
+    assert reader.agent == ""
+    _feed(
+        reader,
+        [
+            _f("agent.changed", **{"from": "triage", "to": "billing", "reason": "invoices"}),
+            _f("message.completed", seq=5, role="assistant", content="billing here", turn=1),
+            _finished(),
+        ],
+    )
+    assert reader.agent == "billing"
+    assert reader.outcome is not None and reader.outcome.content == "billing here"
+
+
 def test_text_the_stream_missed_is_sent_from_the_stored_message_once_the_turn_answered() -> None:
     reader = TurnReader(session_id="s")
     sent = _feed(
@@ -249,6 +264,24 @@ def test_the_other_failures_have_their_own_status() -> None:
     assert (credits.status, credits.body["error"]["code"]) == (429, "insufficient_quota")
     crashed = _reply("error", last_error="boom")
     assert (crashed.status, crashed.body["error"]["code"]) == (500, "turn_failed")
+
+
+def test_a_failure_is_final_when_a_retry_would_not_cure_it_or_a_side_effect_ran() -> None:
+    """`x-should-retry: false` (final): the client libraries retry a 5xx by default, and each
+    retry is a new turn that would send the side effect again."""
+    retryable = [
+        _reply("model_unavailable"),
+        _reply("model_unavailable", outcomes=("rate_limited",)),
+        _reply("invalid_output"),
+        _reply("error"),
+    ]
+    assert [r.final for r in retryable] == [False] * 4
+    final = [_reply("model_refused"), _reply("budget_exceeded"), _reply("insufficient_credits")]
+    assert [r.final for r in final] == [True] * 3
+    after = [_reply(stop, side_effects=True) for stop in ("model_unavailable", "error")]
+    assert [(r.status, r.final) for r in after] == [(502, True), (500, True)]
+    overloaded = _reply("model_unavailable", outcomes=("rate_limited",), side_effects=True)
+    assert (overloaded.status, overloaded.final, overloaded.retry_after_s) == (503, True, 5)
 
 
 def test_a_pause_for_the_clients_tools_is_tool_calls_whichever_comes_first() -> None:

@@ -119,14 +119,36 @@ def test_what_clients_send_by_default_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
+    ("extra", "options"),
+    [
+        ({"tool_choice": "required"}, {"tool_choice": "required"}),
+        ({"tool_choice": "none"}, {"tool_choice": "none"}),
+        ({"tool_choice": "auto", "parallel_tool_calls": True}, {}),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "City"}},
+             "parallel_tool_calls": False},
+            {"tool_choice": "City", "parallel_tool_calls": False},
+        ),
+    ],
+)  # fmt: skip
+def test_tool_choice_and_parallel_tool_calls_go_with_the_turn(
+    extra: dict[str, Any], options: dict[str, Any]
+) -> None:
+    """What LangChain's with_structured_output(method="function_calling") sends, among others."""
+    assert chat_request_parse(_body(**extra)).options == options
+
+
+@pytest.mark.parametrize(
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"tool_choice": "any"}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "a.b"}}}, "tool_choice.function.name"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"audio": {"voice": "x"}}, "audio"),
         ({"functions": [{"name": "f"}]}, "functions"),

@@ -190,7 +190,7 @@ def test_idempotency_key_with_different_content_is_a_conflict(make_session):
     with pytest.raises(Conflict) as info:
         services.message_post(session=session, content="something else", idempotency_key="k1")
     assert info.value.status == 409
-    assert info.value.code == "idempotency_conflict"
+    assert info.value.code == "idempotency_key_reused"
     assert Message.objects.filter(session=session).count() == 1
 
 

@@ -248,6 +248,7 @@ def test_a_turn_calls_an_mcp_tool_under_a_name_valid_for_the_wire(
     track, wipe = f"{server.name}.track_parcel", f"{server.name}.wipe_orders"
     wire = f"{server.name}__track_parcel"
     session = make_session(make_agent(tools=[track, wipe]), role="support")
+    openai_server.strict = False  # its second reply names the hidden tool it was not offered
     openai_server.script(
         Reply(calls=[Call(wire, {"tracking_number": "JD0042"}, id="call_1")]),
         # The model tries the tool it was not offered: refused, never sent to the server.

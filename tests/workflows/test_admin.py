@@ -1,6 +1,7 @@
 """Workflows in the admin: drawn, edited as YAML with apply_config's validation inline, each save
 a new version; a run's page draws its graph with what the run did."""
 
+import time
 from typing import Any
 
 import pytest
@@ -155,3 +156,43 @@ def test_a_nodes_fork_here_button_shows_the_preview_before_it_forks(admin_client
     assert not Session.objects.filter(forked_from=session).exists()
     admin_client.post(url, {"action": f"fork@{step}", "confirm": "yes"})
     assert Session.objects.get(forked_from=session).forked_at_step == int(step)
+
+
+def _alias_bomb(levels: int) -> str:
+    """`levels` lines; each alias line makes ten of the line before (9 lines: 1.1 GB loaded)."""
+    lines = [
+        "slug: look",
+        'l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+    ]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_once_with_a_form_error(admin_client: Client) -> None:
+    workflow = _apply()
+    admin_client.get(f"/admin/workflows/workflow/{workflow.pk}/change/")  # warm
+    started = time.monotonic()
+    page = admin_client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": _alias_bomb(7), "enabled": "on"},
+    )
+
+    assert time.monotonic() - started < 2
+    assert page.status_code == 200
+    assert "the document comes to more than 100,000 values once its aliases" in (
+        page.content.decode()
+    )
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 1
+
+
+def test_a_definition_over_the_size_limit_is_refused_with_a_form_error(
+    admin_client: Client, settings: Any
+) -> None:
+    settings.DEFINITION_MAX_BYTES = 100
+    page = admin_client.post("/admin/workflows/workflow/add/", {"definition_yaml": FLOW})
+
+    assert page.status_code == 200
+    assert f"the document is {len(FLOW.strip())} bytes; at most 100 (DEFINITION_MAX_BYTES)" in (
+        page.content.decode()
+    )
+    assert not Workflow.objects.exists()

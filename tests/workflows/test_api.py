@@ -126,10 +126,23 @@ def test_a_repeated_idempotency_key_returns_the_first_run(workflow: Workflow, su
     assert first.json()["id"] == again.json()["id"]
     assert Session.objects.count() == 1
     other = {"input": {"number": "SO-2"}, "idempotency_key": "k-1"}
-    assert_error(support.post(RUNS, other), 409, "idempotency_conflict")
+    assert_error(support.post(RUNS, other), 409, "idempotency_key_reused")
     # Another user's key of the same name is theirs alone.
     carol = Api(api_key_for("carol", roles=("support",)))
     assert carol.post(RUNS, body).status_code == 201
+
+
+def test_an_idempotency_key_header_returns_the_first_run(workflow: Workflow, support: Api) -> None:
+    body = {"input": {"number": "SO-1"}}
+    first = support.post(RUNS, body, HTTP_IDEMPOTENCY_KEY="run-1")
+    again = support.post(RUNS, body, HTTP_IDEMPOTENCY_KEY="run-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert Session.objects.count() == 1
+    reused = support.post(RUNS, {"input": {"number": "SO-2"}}, HTTP_IDEMPOTENCY_KEY="run-1")
+    assert_error(reused, 409, "idempotency_key_reused")
+    assert reused["x-should-retry"] == "false"
+    assert Session.objects.count() == 1
 
 
 def test_a_run_takes_no_messages(workflow: Workflow, support: Api) -> None:
@@ -202,3 +215,20 @@ def test_the_graph_answers_whatever_the_client_accepts(workflow: Workflow, suppo
         f"/api/v1/sessions/{uuid.uuid4()}/graph/", HTTP_ACCEPT="image/svg+xml"
     )
     assert_error(missing, 404, "not_found")
+
+
+def test_the_graph_counts_against_the_keys_rate_like_every_read(
+    workflow: Workflow, support: Api, settings: Any
+) -> None:
+    settings.API_RATE_LIMIT = 3
+    settings.API_RATE_WINDOW_S = 40
+    run = support.post(RUNS, {"input": {"number": "SO-1"}}).json()
+    path = f"/api/v1/sessions/{run['id']}/graph/"
+    # The run's start was the key's first request in this window.
+    for _ in range(2):
+        assert support.get(path).status_code == 200
+
+    refused = support.get(path)
+
+    assert_error(refused, 429, "rate_limited")
+    assert 1 <= int(refused["Retry-After"]) <= 40

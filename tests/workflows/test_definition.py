@@ -970,9 +970,10 @@ def test_the_result_must_be_written() -> None:
     ("node", "field", "value", "error"),
     [
         ("tell_no", "concurrency", 0, None),
-        ("tell_no", "concurrency", 101, "must be an integer from 1 to 100, not 101"),
-        ("lookup", "max_visits", 0, "must be an integer >= 1, not 0"),
-        ("lookup", "max_visits", True, "must be an integer >= 1, not True"),
+        ("tell_no", "concurrency", 51, "must be an integer from 1 to 50, not 51"),
+        ("lookup", "max_visits", 0, "must be an integer from 1 to 1000, not 0"),
+        ("lookup", "max_visits", True, "must be an integer from 1 to 1000, not True"),
+        ("lookup", "max_visits", 10**9, "must be an integer from 1 to 1000, not 1000000000"),
         ("lookup", "timeout_s", 0, "must be a number > 0, not 0"),
         ("lookup", "timeout_s", "10", "must be a number > 0, not str"),
         ("tell_no", "join", "some", "must be one of all, any, not 'some'"),
@@ -998,7 +999,7 @@ def test_field_ranges(node: str, field: str, value: Any, error: str | None) -> N
             }
         w["nodes"][node][field] = value
 
-    expected = error or "must be an integer from 1 to 100, not 0"
+    expected = error or "must be an integer from 1 to 50, not 0"
     assert _one_error(change) == f"{WHERE}.nodes.{node}.{field}: {expected}"
 
 
@@ -1108,3 +1109,34 @@ def test_a_definition_pickles() -> None:
 
     assert pickle.loads(pickle.dumps(definition)) == definition
     assert copy.deepcopy(definition).node("both.summary") == definition.node("both.summary")
+
+
+def test_a_workflow_of_more_than_500_nodes_is_refused_before_its_nodes_are_read() -> None:
+    def many(w: dict[str, Any]) -> None:
+        w["nodes"].update(
+            {f"n{i}": {"kind": "wait", "seconds": "1", "next": "end"} for i in range(495)}
+        )
+
+    assert len(_mutated(many)["nodes"]) == 501
+    assert _one_error(many) == (f"{WHERE}.nodes: has 501 nodes; at most 500 (WORKFLOW_MAX_NODES)")
+
+
+def test_a_parallel_node_of_more_than_32_branches_is_refused() -> None:
+    def wide(w: dict[str, Any]) -> None:
+        w["nodes"]["tell_no"] = {
+            "kind": "parallel",
+            "branches": {f"b{i}": {"kind": "llm", "prompt": "x"} for i in range(33)},
+            "output": "answer",
+            "next": "end",
+        }
+
+    assert _one_error(wide) == (
+        f"{WHERE}.nodes.tell_no.branches: has 33 branches; at most 32 (WORKFLOW_MAX_BRANCHES)"
+    )
+
+
+def test_comprehensions_nested_three_deep_are_refused_naming_node_and_field() -> None:
+    nested = "order.items.all(a, order.items.all(b, order.items.all(c, a == b)))"
+    error = _one_error(lambda w: w["nodes"]["check"]["cases"][0].update(when=nested))
+    assert error.startswith(f"{WHERE}.nodes.check.cases[0].when: expression_limit: ")
+    assert "nests comprehensions 3 deep, more than EXPRESSION_MAX_NESTING (2)" in error

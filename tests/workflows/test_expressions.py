@@ -10,6 +10,7 @@ from workflows.expressions import (
     EvaluationError,
     Expression,
     ExpressionError,
+    ExpressionLimitError,
     Template,
     expression_compile,
     template_compile,
@@ -324,3 +325,42 @@ def test_render_timing() -> None:
         template.render(scope)
     per_call_us = (time.perf_counter() - started) / calls * 1e6
     print(f"\nrender() of 3 placeholders: {per_call_us:.1f} µs per call ({calls} calls)")
+
+
+def test_an_expression_too_costly_for_its_input_is_refused_before_it_runs() -> None:
+    nested = expression_compile("items.map(x, items.map(y, x + y)).size()")
+    assert nested.evaluate({"items": [1, 2, 3]}) == 3
+
+    started = time.perf_counter()
+    with pytest.raises(ExpressionLimitError) as caught:
+        nested.evaluate({"items": list(range(100))})
+    # Run, it takes ~0.8 s here with the GIL held; refused, it takes the measuring.
+    assert time.perf_counter() - started < 0.05
+    assert caught.value.source == nested.source
+    assert "more than EXPRESSION_COST_LIMIT (60,000)" in caught.value.message
+
+
+def test_a_placeholder_too_costly_for_its_input_is_refused_before_the_template_renders() -> None:
+    template = template_compile("n={{ items.filter(x, items.exists(y, y > x)).size() }}")
+    assert template.render({"items": [1, 2]}) == "n=1"
+    with pytest.raises(ExpressionLimitError):
+        template.render({"items": list(range(1000))})
+
+
+def test_a_loop_body_reading_a_large_value_counts_its_size() -> None:
+    # cel copies a variable's value each time a loop body reads it: 1,000 reads of 1,000 keys.
+    lookup = expression_compile("keys.all(k, table[k] > 0)")
+    table = {str(i): i + 1 for i in range(1000)}
+    with pytest.raises(ExpressionLimitError):
+        lookup.evaluate({"keys": list(table), "table": table})
+    assert lookup.evaluate({"keys": ["1"], "table": {"1": 2}}) is True
+
+
+def test_an_expression_without_comprehensions_is_not_measured() -> None:
+    assert expression_compile("size(items) > 5").evaluate({"items": list(range(100_000))})
+
+
+def test_comprehensions_nested_past_the_limit_do_not_compile() -> None:
+    with pytest.raises(ExpressionError, match="nests comprehensions 3 deep"):
+        expression_compile("a.all(x, a.all(y, a.exists(z, x == y && y == z)))")
+    expression_compile("a.all(x, a.all(y, x == y))")

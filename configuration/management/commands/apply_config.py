@@ -1,10 +1,9 @@
-import json
 from pathlib import Path
 
-import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import command_actor
+from configuration.documents import DocumentInvalid, document_load
 from configuration.services import ConfigInvalid, config_apply
 
 
@@ -45,11 +44,9 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"{path}: cannot read ({exc.strerror})") from None
         try:
-            document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise CommandError(
-                f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
-            ) from None
+            document = document_load(text, as_json=path.suffix == ".json")
+        except DocumentInvalid as exc:
+            raise CommandError(f"{path}: {exc}") from None
         try:
             report = config_apply(
                 document=document or {},

@@ -4,6 +4,7 @@ parallel, the parent holding no worker), and a handoff of the conversation to an
 `transaction=True`: tools run on helper threads with their own database connections.
 """
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -13,9 +14,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from engine import session_run
+from engine.phases.model import model_plan
+from engine.run_cache import RunContext
 from engine.runner import loop
 from sessions.admin.display import HIDDEN, event_summary
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from sessions.models import Agent, Event, Message, ModelEndpoint, Session, ToolCall, Transition
 from sessions.services import message_post, session_cancel
 from tests.factories import (
     AgentFactory,
@@ -25,6 +28,8 @@ from tests.factories import (
     UserFactory,
     api_key_for,
 )
+from tests.fakes.fixtures import fake_servers  # noqa: F401
+from tests.fakes.model_servers import Call, FakeServers, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -223,15 +228,102 @@ def test_a_handoff_switches_the_agent_with_the_history_kept(boss: Session) -> No
     assert Message.objects.filter(session=session, role="user").count() == 2  # history kept
 
 
-def test_a_handoff_to_an_agent_whose_tools_the_role_may_not_use_is_refused(
+def _offered(session: Session) -> list[str]:
+    """The tool names the session's next model call is offered."""
+    return [t.name for t in model_plan(session, RunContext()).request.tools]
+
+
+def test_a_handoff_is_offered_only_to_a_role_that_may_use_the_agents_tools(
     boss: Session,
 ) -> None:
+    admin = SessionFactory(agent=boss.agent, role="admin", owner=boss.owner)
+    message_post(session=boss, content="hello")
+    message_post(session=admin, content="hello")
+
+    assert _offered(boss) == ["agent.researcher", "agent.writer", "transfer_to_billing"]
+    assert "transfer_to_vault" in _offered(admin)
+
+
+def test_a_triage_agent_with_only_handoffs_is_offered_them_and_hands_over() -> None:
+    model = ModelEndpointFactory(name="rules", api="rules", options={})
+    AgentFactory(slug="billing", model=model, rules=[{"answer": "billing speaking"}])
+    triage = AgentFactory(
+        slug="triage",
+        model=model,
+        tools=[],
+        handoffs=["billing"],
+        rules=[{"when": {"user": "invoice"},
+                "tool_calls": [{"tool": "transfer_to_billing", "args": {"reason": "invoices"}}]}],
+    )  # fmt: skip
+    session = SessionFactory(agent=triage, role="support")
+    message_post(session=session, content="about my invoice")
+
+    assert _offered(session) == ["transfer_to_billing"]
+    session = _run(session)
+    assert session.agent.slug == "billing"
+    assert _answer(session) == "billing speaking"
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "prompt_tools"])
+@pytest.mark.parametrize("own_tools", [[], ["agent.researcher"]])
+def test_the_transfer_is_offered_over_every_wire_and_a_real_model_hands_over(
+    boss: Session,
+    fake_servers: FakeServers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    api: str,
+    own_tools: list[str],
+) -> None:
+    server = fake_servers.anthropic if api == "anthropic" else fake_servers.openai
+    server.reset()
+    monkeypatch.setenv("HANDOFF_TEST_KEY", "sk-handoff-test")
+    endpoint = ModelEndpointFactory(
+        name=f"fake-{api}-{len(own_tools)}",
+        api=api,
+        base_url=server.base_url,
+        model="fake-model",
+        api_key_env="HANDOFF_TEST_KEY",
+    )
+    triage = AgentFactory(slug="triage", model=endpoint, tools=own_tools, handoffs=["billing"])
+    transfer = {"reason": "a billing question"}
+    server.script(
+        Reply(
+            text=json.dumps(
+                {"tool_calls": [{"name": "transfer_to_billing", "arguments": transfer}]}
+            )
+        )
+        if api == "prompt_tools"
+        else Reply(calls=[Call("transfer_to_billing", transfer)])
+    )
+    session = SessionFactory(agent=triage, role="support", owner=boss.owner)
+    message_post(session=session, content="about my bill")
+    session = _run(session)
+
+    (sent,) = server.requests
+    if api == "prompt_tools":
+        assert "- transfer_to_billing: Hand this conversation over" in sent.text()
+    else:
+        offered = [t.get("name") or t["function"]["name"] for t in sent.body["tools"]]
+        assert "transfer_to_billing" in offered
+    assert session.agent.slug == "billing"
+    assert _answer(session) == "billing speaking (about my bill)"
+    assert not server.violations and not server.invalid
+
+
+def test_a_handoff_the_model_was_not_offered_is_refused(boss: Session) -> None:
+    # A model that calls what it was not offered (the strict rules model never does).
+    ModelEndpoint.objects.filter(name="rules").update(options={"strict": False})
     message_post(session=boss, content="go to vault")
     session = _run(boss)
 
     assert session.agent.slug == "boss"
     assert "may not use its tools vault_open" in _answer(session)
     assert not Event.objects.filter(session=session, type="agent.changed").exists()
+
+    Agent.objects.filter(slug="boss").update(handoffs=["billing"])
+    message_post(session=session, content="go to vault")
+    session = _run(session)
+    assert session.agent.slug == "boss"
+    assert "no agent 'vault' to hand over to" in _answer(session)
 
 
 def test_the_api_and_the_admin_show_the_tree(boss: Session) -> None:
@@ -263,3 +355,71 @@ def test_the_timeline_says_which_child_and_which_agent_in_a_line() -> None:
     )
     assert event_summary("agent.changed", changed) == "boss → billing: a billing question"
     assert event_summary("agent.changed", changed, content=False) == f"boss → billing: {HIDDEN}"
+
+
+NINE = [{"tool": "agent.researcher", "args": {"task": f"part {i}"}} for i in range(9)]
+
+
+def _fan_out_boss(boss: Session) -> Session:
+    boss.agent.rules = [
+        {"when": {"user": "fan out", "last_tool": None}, "tool_calls": NINE},
+        *BOSS_RULES,
+    ]
+    boss.agent.save(update_fields=["rules"])
+    message_post(session=boss, content="fan out")
+    return _run(boss, stopped="waiting")
+
+
+def _finish(parent: Session) -> Session:
+    for child in Session.objects.filter(parent=parent, state="processing"):
+        _run(child)
+    return _run(parent)
+
+
+def test_one_step_starts_at_most_8_agent_calls_and_the_rest_get_a_tool_error(
+    boss: Session,
+) -> None:
+    parent = _fan_out_boss(boss)
+
+    started = Session.objects.filter(parent=parent).order_by("parent_call__position")
+    assert [c.parent_call.input["task"] for c in started] == [f"part {i}" for i in range(8)]
+    parent = _finish(parent)
+
+    calls = list(ToolCall.objects.filter(session=parent).order_by("position"))
+    assert [c.status for c in calls] == ["success"] * 8 + ["failed"]
+    assert calls[8].error.startswith(
+        "too_many_children: one step may start at most 8 agent calls and this one asked for 9"
+    )
+    assert _answer(parent).startswith("The researcher failed: too_many_children")
+
+
+def test_a_run_tree_creates_at_most_50_sessions(boss: Session) -> None:
+    # 45 sessions this turn already made (children and grandchildren count alike).
+    turn = boss.turn + 1  # the turn `fan out` starts
+    first = ToolCall.objects.create(
+        session=boss, turn=turn, step=1, call_id="c-0", tool_name="agent.researcher",
+        idempotency_key="k-0", status="success",
+    )  # fmt: skip
+    ended = {"state": "finished", "turn": 1}
+    child = SessionFactory(agent=boss.agent, parent=boss, parent_call=first, **ended)
+    for i in range(44):
+        call = ToolCall.objects.create(
+            session=child, turn=1, step=1, position=i, call_id=f"g-{i}",
+            tool_name="agent.researcher", idempotency_key=f"g-{i}",
+        )  # fmt: skip
+        SessionFactory(agent=boss.agent, parent=child, parent_call=call, **ended)
+
+    parent = _fan_out_boss(boss)
+
+    assert Session.objects.filter(parent=parent).count() == 1 + 5  # 45 + 5 = 50
+    parent = _finish(parent)
+    calls = list(
+        ToolCall.objects.filter(session=parent, turn=turn, step__gt=1).order_by("position")
+    )
+    assert [c.status for c in calls] == ["success"] * 5 + ["failed"] * 4
+    assert all(
+        c.error.startswith("too_many_sessions: this run may create at most 50 agent sessions "
+                           "and has no room for this call")
+        for c in calls[5:8]
+    )  # fmt: skip
+    assert calls[8].error.startswith("too_many_children")

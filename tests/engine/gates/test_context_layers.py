@@ -330,7 +330,7 @@ def test_a_repeated_idempotency_key_with_other_extra_context_is_a_conflict(clien
     assert _post(api, session_id, body).status_code == 202
     assert _post(api, session_id, body).status_code == 200
     other = _post(api, session_id, {**body, "extra_context": {"a": 2}})
-    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
 
 
 async def test_a_websocket_frame_carries_extra_context_to_the_model(client, agent, openai_server):

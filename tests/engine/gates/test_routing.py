@@ -79,6 +79,7 @@ def test_an_invalid_tool_call_from_the_small_model_escalates_in_the_same_step(
     openai_server: FakeModelServer,
     fake_endpoint: ModelEndpoint,
 ) -> None:
+    openai_server.strict = False  # a small model that calls a tool it was not offered
     openai_server.script(Reply(calls=[Call("teleport", {"to": "mars"})]))
     answer, calls = _turn(routed, "hi there")
 
@@ -101,3 +102,22 @@ def test_the_agents_routing_figures_show_the_share_and_the_saving(
 
     assert (figures.turns, figures.small_turns, figures.escalated) == (2, 1, 0)
     assert figures.cost_main_only > figures.cost  # the small turn priced at the main model's rates
+
+
+def test_a_rule_over_its_cost_limit_does_not_run_and_the_turn_stays_on_the_agents_model(
+    routed: Session, openai_server: FakeModelServer, settings: Any
+) -> None:
+    settings.EXPRESSION_COST_LIMIT = 100  # the rule alone costs ~20: it compiles
+    routed.agent.routing = {**routed.agent.routing, "when": "dialogue.slots.all(k, k != '')"}
+    routed.agent.save(update_fields=["routing"])
+    routed.dialogue_state = {"slots": {f"s{i}": i for i in range(200)}}
+    routed.save(update_fields=["dialogue_state"])
+
+    answer, calls = _turn(routed, "a question")
+
+    assert answer == "main says: a question"
+    assert calls[0][2] == "main"
+    assert calls[0][3].startswith(
+        "expression_limit: agent 'router', field 'routing.when': CEL expression"
+    )
+    assert openai_server.requests == []

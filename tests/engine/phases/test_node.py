@@ -800,3 +800,54 @@ def test_a_choice_is_constrained_by_structured_output_where_the_wire_has_it(
     sent = openai_server.requests[0].body["response_format"]
     assert sent["type"] == "json_schema"
     assert sent["json_schema"]["schema"]["properties"]["option"]["enum"] == ["billing", "shipping"]
+
+
+NESTED = """
+slug: nested
+role: support
+input: {type: object, properties: {items: {type: array}}}
+start: check
+nodes:
+  check:
+    kind: condition
+    cases: [{when: "input.items.map(x, input.items.map(y, x + y)).size() > 0", next: end}]
+    default: end
+"""
+
+
+def test_a_when_too_costly_for_its_input_fails_the_node_with_expression_limit_at_once(
+    owner: Any,
+) -> None:
+    _apply(NESTED)
+    small = _run(_start(owner, "nested", {"items": [1, 2, 3]}))
+    assert small.state == "finished"
+
+    started = time.monotonic()
+    session = _run(_start(owner, "nested", {"items": list(range(100))}))
+    elapsed = time.monotonic() - started
+
+    # Unbounded, cel took ~0.8 s over these 100 items (and 27 s a level deeper), holding the GIL.
+    assert elapsed < 0.5, elapsed
+    assert session.state == "error"
+    failed = [d for t, d in _events(session) if t == "node.failed"]
+    assert failed[0]["node"] == "check"
+    assert failed[0]["error"].startswith(
+        "expression_limit: workflow 'nested', node 'check', field 'cases[0].when': "
+    )
+    assert "more than EXPRESSION_COST_LIMIT (60,000)" in failed[0]["error"]
+
+
+def test_a_map_over_more_items_than_the_setting_fails_with_expression_limit(
+    owner: Any, settings: Any
+) -> None:
+    settings.WORKFLOW_MAP_MAX_ITEMS = 4
+    _apply(FAN)
+    session = _run(_start(owner, "fan", {"customers": [5, 6, 7, 8, 9]}))
+
+    assert session.state == "error"
+    failed = [d for t, d in _events(session) if t == "node.failed"]
+    assert failed[0]["error"] == (
+        "expression_limit: workflow 'fan', node 'each', field 'over': it gave 5 items; "
+        "a map takes at most 4 (WORKFLOW_MAP_MAX_ITEMS)"
+    )
+    assert RAN["notify"] == 0

@@ -285,6 +285,7 @@ def test_a_hidden_tool_is_not_offered_and_if_named_is_refused_like_an_unknown_on
     _tool("count_orders", "tests.loop.count_orders", {"days": {"type": "integer"}})
     _tool("wipe_orders", "tests.loop.wipe", {}, roles=["admin"])
     session = make_session(make_agent(tools=["count_orders", "wipe_orders"]), role="support")
+    openai_server.strict = False  # a model that names tools it was not offered
     openai_server.script(
         Reply(calls=[Call("wipe_orders", {}, id="call_1")]),
         Reply(calls=[Call("teleport_orders", {}, id="call_2")]),
@@ -324,6 +325,7 @@ def test_a_tool_name_with_odd_characters_is_refused_and_changes_nothing(
 ):
     _tool("count_orders", "tests.loop.count_orders", {"days": {"type": "integer"}})
     session = make_session(make_agent(tools=["count_orders"]))
+    openai_server.strict = False  # a model that names a tool it was not offered
     openai_server.script(Reply(calls=[Call(name, {"days": 7})]), Reply(text="I could not count."))
     message_post(session=session, content="count")
 

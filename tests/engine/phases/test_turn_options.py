@@ -21,6 +21,7 @@ from sessions.errors import Conflict
 from sessions.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session, ToolCall
 from sessions.services import message_post, questions_expire_due
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
+from tests.fakes.fixtures import anthropic_server  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -234,3 +235,87 @@ def test_past_the_deadline_the_sweeper_fails_the_clients_calls_and_the_model_is_
     assert (call.status, call.error) == ("failed", CLIENT_DEADLINE_ERROR)
     assert session.state == "finished"
     assert CLIENT_DEADLINE_ERROR in _answer(session).content
+
+
+# tool_choice and parallel_tool_calls --------------------------------------------------
+
+
+def _clock(unique_name: str) -> str:
+    tool = ToolFactory(
+        name=unique_name,
+        handler="builtin.current_time",
+        parameters={"type": "object", "properties": {}},
+    )
+    return str(tool.name)
+
+
+def test_a_forced_tool_choice_holds_until_the_turns_first_call_then_auto(
+    make_agent: Any, make_session: Any, openai_server: FakeModelServer
+) -> None:
+    """`required` on the first step (the model must call), `auto` once it has (else the turn
+    could never answer); parallel_tool_calls false on every step, in each wire's form."""
+    clock = _clock(f"clock_{uuid.uuid4().hex[:6]}")
+    session = make_session(make_agent(tools=[clock]))
+    openai_server.script(Reply(calls=[Call(clock, {})]), Reply(text="It is noon."))
+    options: ModelOptions = {"tool_choice": "required", "parallel_tool_calls": False}
+    message_post(session=session, content="time?", turn_options=options)
+    session = _run(session)
+
+    first, second = openai_server.wait_requests(2)
+    assert (first.body["tool_choice"], first.body["parallel_tool_calls"]) == ("required", False)
+    assert (second.body["tool_choice"], second.body["parallel_tool_calls"]) == ("auto", False)
+    assert _answer(session).content == "It is noon."
+
+
+def test_a_named_tool_choice_and_none_reach_the_anthropic_wire(
+    make_agent: Any,
+    make_session: Any,
+    anthropic_server: FakeModelServer,  # noqa: F811 - the fixture imported above
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_TURN_KEY", "ak-test")
+    endpoint = ModelEndpointFactory(
+        name=f"fake-anthropic-{uuid.uuid4().hex[:6]}",
+        api="anthropic",
+        base_url=anthropic_server.base_url,
+        model="claude-fake",
+        api_key_env="ANTHROPIC_TURN_KEY",
+    )
+    clock = _clock(f"clock_{uuid.uuid4().hex[:6]}")
+    agent = make_agent(tools=[clock], model=endpoint)
+    anthropic_server.script(
+        Reply(calls=[Call(clock, {})]), Reply(text="noon"), Reply(text="no tools then")
+    )
+    named: ModelOptions = {"tool_choice": clock, "parallel_tool_calls": False}
+    message_post(session=make_session(agent), content="time?", turn_options=named)
+    _run(Session.objects.get(agent=agent))
+    message_post(session=make_session(agent), content="time?", turn_options={"tool_choice": "none"})
+    _run(Session.objects.filter(agent=agent).order_by("-created_at").first())  # type: ignore[arg-type]
+
+    forced, after, none = anthropic_server.wait_requests(3)
+    assert forced.body["tool_choice"] == {
+        "type": "tool",
+        "name": clock,
+        "disable_parallel_tool_use": True,
+    }
+    assert after.body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    assert none.body["tool_choice"] == {"type": "none"}
+    assert [t["name"] for t in none.body["tools"]] == [clock]
+
+
+def test_with_parallel_tool_calls_off_only_the_first_call_of_a_reply_runs() -> None:
+    # A model that ignores the setting (the strict rules model would refuse to be one).
+    agent = _rules_agent(
+        [
+            {"when": {"last_tool": None},
+             "tool_calls": [{"tool": "send_refund", "args": {"amount": 1}},
+                            {"tool": "send_refund", "args": {"amount": 2}}]},
+        ]
+    )  # fmt: skip
+    ModelEndpoint.objects.filter(pk=agent.model_id).update(options={"strict": False})
+    session = _session_of(agent)
+    message_post(
+        session=session, content="refund", turn_options={**WEATHER, "parallel_tool_calls": False}
+    )
+    session = _run(session)
+    assert [c.input for c in ToolCall.objects.filter(session=session)] == [{"amount": 1}]

@@ -120,8 +120,58 @@ def test_the_same_key_with_other_content_is_409(api, session_id):
     url = f"{BASE}{session_id}/messages/"
     api.post(url, {"content": "hello", "idempotency_key": "k-1"})
     assert_error(
-        api.post(url, {"content": "bye", "idempotency_key": "k-1"}), 409, "idempotency_conflict"
+        api.post(url, {"content": "bye", "idempotency_key": "k-1"}), 409, "idempotency_key_reused"
     )
+
+
+def test_an_idempotency_key_header_is_the_body_field_per_owner(api, other_api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    first = api.post(url, {"content": "hello"}, HTTP_IDEMPOTENCY_KEY="h-1")
+    again = api.post(url, {"content": "hello"}, HTTP_IDEMPOTENCY_KEY="h-1")
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json() == first.json()  # the first response, as it was
+    assert again["Idempotent-Replayed"] == "true" and not first.has_header("Idempotent-Replayed")
+    assert first.json()["idempotency_key"] == "h-1"
+    # The body field is the same key.
+    by_body = api.post(url, {"content": "hello", "idempotency_key": "h-1"})
+    assert by_body.status_code == 200 and by_body.json()["id"] == first.json()["id"]
+    assert len(api.get(url).json()) == 1
+    # Another body, or another session (another request), with the key: 409, final.
+    for other_url, body in ((url, {"content": "bye"}), (None, {"content": "hello"})):
+        if other_url is None:
+            other_url = f"{BASE}{api.post(BASE, {'agent': 'helper'}).json()['id']}/messages/"
+        reused = api.post(other_url, body, HTTP_IDEMPOTENCY_KEY="h-1")
+        assert_error(reused, 409, "idempotency_key_reused")
+        assert reused["x-should-retry"] == "false"
+    assert len(api.get(url).json()) == 1
+    # A key is its owner's: another owner's "h-1" is theirs alone.
+    theirs = other_api.post(BASE, {"agent": "helper"}).json()["id"]
+    assert (
+        other_api.post(
+            f"{BASE}{theirs}/messages/", {"content": "hello"}, HTTP_IDEMPOTENCY_KEY="h-1"
+        ).status_code
+        == 202
+    )
+
+
+def test_a_header_and_a_body_key_that_differ_or_a_bad_key_are_400(api, session_id):
+    url = f"{BASE}{session_id}/messages/"
+    differ = api.post(url, {"content": "hi", "idempotency_key": "a"}, HTTP_IDEMPOTENCY_KEY="b")
+    assert_error(differ, 400, "invalid_idempotency_key")
+    assert differ["x-should-retry"] == "false"
+    for bad in ("with space", "x" * 201):
+        assert_error(
+            api.post(url, {"content": "hi"}, HTTP_IDEMPOTENCY_KEY=bad),
+            400,
+            "invalid_idempotency_key",
+        )
+    assert api.get(url).json() == []
+
+
+def test_a_final_refusal_says_x_should_retry_false(api):
+    missing = api.post(f"{BASE}{uuid.uuid4()}/messages/", {"content": "hi"})
+    assert_error(missing, 404)
+    assert missing["x-should-retry"] == "false"
 
 
 def test_a_second_message_while_processing_is_queued(api, session_id):
