@@ -3,6 +3,7 @@ from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
+from audit.edits import AuditedAdmin, admin_actor
 from tools.models import Tool
 
 from .admin_access import holds
@@ -12,7 +13,7 @@ from .tenancy import TenantScopedAdmin
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "prefix",
         "name",
@@ -57,26 +58,25 @@ class ApiKeyAdmin(TenantScopedAdmin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:
         # Unticking "is active" is a revocation: it goes through the service, which
-        # also closes the key's open websockets and logs who did it.
+        # also closes the key's open websockets and enters it in the audit trail (the
+        # other fields' edits are entered as an admin change).
         revoking = change and "is_active" in form.changed_data and not obj.is_active
         if revoking:
             obj.is_active = True
         super().save_model(request, obj, form, change)
         if revoking:
-            api_key_revoke(api_key=obj, actor=f"admin:{request.user}")
+            api_key_revoke(api_key=obj, actor=admin_actor(request))
 
     @admin.action(
         description="Revoke selected keys (closes their websockets)", permissions=["revoke"]
     )
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = sum(
-            api_key_revoke(api_key=key, actor=f"admin:{request.user}") for key in queryset
-        )
+        revoked = sum(api_key_revoke(api_key=key, actor=admin_actor(request)) for key in queryset)
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)
 
 
 @admin.register(Role)
-class RoleAdmin(admin.ModelAdmin):
+class RoleAdmin(AuditedAdmin, admin.ModelAdmin):
     """Which tools each role reaches; edit a tool's roles on the tool's page."""
 
     list_display = ("name", "description", "tools_reached")
@@ -94,7 +94,7 @@ class RoleAdmin(admin.ModelAdmin):
 
 
 @admin.register(Approver)
-class ApproverAdmin(admin.ModelAdmin):
+class ApproverAdmin(AuditedAdmin, admin.ModelAdmin):
     """Users whose keys may decide approvals; `groups` are what tools escalate to."""
 
     list_display = ("user", "groups", "is_active", "created_at")

@@ -13,6 +13,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from audit.models import AuditAction
+from audit.services import SYSTEM, audit_record
 from runtime.fastpaths.prepared import PreparedQuery
 
 from . import limits
@@ -27,27 +29,57 @@ class IssuedKey:
     raw: str
 
 
+def _key_audited(key: ApiKey) -> dict[str, object]:
+    # What the trail keeps of a key: never its hash.
+    return {
+        "name": key.name,
+        "prefix": key.prefix,
+        "roles": list(key.roles),
+        "max_value": key.max_value,
+        "is_active": key.is_active,
+    }
+
+
 def api_key_create(
-    *, username: str, roles: list[str], name: str = "", max_value: float | None = None
+    *,
+    username: str,
+    roles: list[str],
+    name: str = "",
+    max_value: float | None = None,
+    actor: str = SYSTEM,
 ) -> IssuedKey:
     """Create (or reuse) the user and issue a new key; the raw key is returned once.
-    `max_value` grants the key session values above its agents' own (None: no grant)."""
+    `max_value` grants the key session values above its agents' own (None: no grant).
+    The audit trail has the key (not its hash), created by `actor`, in the same transaction."""
     if max_value is not None and not (math.isfinite(max_value) and max_value >= 0):
         raise ValueError(f"max_value must be a finite number of at least 0; got {max_value}")
-    user, _ = get_user_model().objects.get_or_create(username=username)
-    for role in roles:
-        if role.strip():
-            Role.objects.get_or_create(name=role.strip())
-    raw = generate_api_key()
-    key = ApiKey.objects.create(
-        owner=user,
-        name=name,
-        prefix=raw[:PREFIX_CHARS],
-        key_hash=hash_api_key(raw),
-        # Keep the caller's order (deduplicated): the first role is a new session's default.
-        roles=list(dict.fromkeys(r.strip() for r in roles if r.strip())),
-        max_value=max_value,
-    )
+    with transaction.atomic():
+        user, user_created = get_user_model().objects.get_or_create(username=username)
+        new_roles = [
+            role.strip()
+            for role in roles
+            if role.strip() and Role.objects.get_or_create(name=role.strip())[1]
+        ]
+        raw = generate_api_key()
+        key = ApiKey.objects.create(
+            owner=user,
+            name=name,
+            prefix=raw[:PREFIX_CHARS],
+            key_hash=hash_api_key(raw),
+            # Keep the caller's order (deduplicated): the first role is a new session's default.
+            roles=list(dict.fromkeys(r.strip() for r in roles if r.strip())),
+            max_value=max_value,
+        )
+        audit_record(
+            action=AuditAction.API_KEY_CREATE,
+            actor=actor,
+            object_type=ApiKey._meta.label_lower,
+            object_id=key.pk,
+            object_repr=str(key),
+            owner_id=user.pk,
+            after=_key_audited(key),
+            data={"user_created": user_created, "roles_created": new_roles},
+        )
     return IssuedKey(api_key=key, raw=raw)
 
 
@@ -159,7 +191,8 @@ def api_key_revoke(*, api_key: ApiKey, actor: str) -> bool:
     """Deactivate a key and close its open websockets; True if it was active until now.
 
     Revoking an inactive key again is allowed and closes any socket still open
-    (one left from a change made behind the platform's back, for instance).
+    (one left from a change made behind the platform's back, for instance). A revocation
+    that deactivated the key is in the audit trail, by `actor`, in its transaction.
     """
     # Marked before the commit: a socket that sees the mark re-reads the key from
     # the database, so a frame arriving after the commit, even before the close
@@ -167,6 +200,17 @@ def api_key_revoke(*, api_key: ApiKey, actor: str) -> bool:
     limits.revocation_mark(key_id=api_key.pk)
     with transaction.atomic():
         changed = ApiKey.objects.filter(pk=api_key.pk, is_active=True).update(is_active=False)
+        if changed:
+            audit_record(
+                action=AuditAction.API_KEY_REVOKE,
+                actor=actor,
+                object_type=ApiKey._meta.label_lower,
+                object_id=api_key.pk,
+                object_repr=str(api_key),
+                owner_id=api_key.owner_id,
+                before={"is_active": True},
+                after={"is_active": False},
+            )
         transaction.on_commit(partial(_close_key_sockets, api_key.pk))
     api_key.is_active = False
     logger.info(
@@ -191,14 +235,29 @@ def _close_key_sockets(key_id: int) -> None:
         logger.warning("could not close the websockets of key %s", key_id, exc_info=True)
 
 
-def approver_grant(*, username: str, groups: list[str] | None = None) -> None:
-    """Make a user an approver (created if missing); `groups` adds to the ones already held."""
+def approver_grant(*, username: str, groups: list[str] | None = None, actor: str = SYSTEM) -> None:
+    """Make a user an approver (created if missing); `groups` adds to the ones already held.
+    A grant that changed something is in the audit trail, by `actor`."""
     from .models import Approver
 
-    user, _ = get_user_model().objects.get_or_create(username=username)
-    wanted = [g.strip() for g in (groups or ["approvers"]) if g.strip()]
-    approver, created = Approver.objects.get_or_create(user=user, defaults={"groups": wanted})
-    if not created:
-        approver.groups = list(dict.fromkeys([*approver.groups, *wanted]))
-        approver.is_active = True
-        approver.save(update_fields=["groups", "is_active"])
+    with transaction.atomic():
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        wanted = [g.strip() for g in (groups or ["approvers"]) if g.strip()]
+        approver, created = Approver.objects.get_or_create(user=user, defaults={"groups": wanted})
+        before = None if created else {"groups": approver.groups, "is_active": approver.is_active}
+        if not created:
+            approver.groups = list(dict.fromkeys([*approver.groups, *wanted]))
+            approver.is_active = True
+            approver.save(update_fields=["groups", "is_active"])
+        after = {"groups": approver.groups, "is_active": approver.is_active}
+        if before != after:
+            audit_record(
+                action=AuditAction.APPROVER_GRANT,
+                actor=actor,
+                object_type=Approver._meta.label_lower,
+                object_id=approver.pk,
+                object_repr=str(approver),
+                owner_id=user.pk,  # the rights are this user's: they see the entry
+                before=before,
+                after=after,
+            )

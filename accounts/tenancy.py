@@ -23,10 +23,20 @@ def tenant_scope(queryset: QuerySet[M], user: Any, owner_path: str) -> QuerySet[
 
 class TenantScopedAdmin:
     """A ModelAdmin mixin: list, change, history and delete pages only reach the rows
-    of the staff user's own tenant (unless a superuser)."""
+    of the staff user's own tenant (unless a superuser), and a row they add or edit can
+    name no other owner (their memory item would reach another tenant's prompts, their
+    budget stop another tenant's runs)."""
 
     tenant_owner_path = "owner"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)  # type: ignore[misc]
         return tenant_scope(queryset, request.user, self.tenant_owner_path)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == self.tenant_owner_path:
+            users = db_field.remote_field.model._default_manager.all()
+            if not getattr(request.user, "is_superuser", False):
+                users = users.filter(pk=request.user.pk)
+            kwargs["queryset"] = users
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]

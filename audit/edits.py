@@ -1,8 +1,11 @@
-"""The admin's edits of the platform's configuration, in the audit trail.
+"""The admin's edits of the platform's configuration (and of a tenant's rows: API keys,
+budgets, memory items), in the audit trail.
 
 A ModelAdmin mixin: each add, change (its change form or a list's editable column) and
 delete of a row is one entry with the fields that changed, before and after, written in
-the admin's own transaction by the audit service.
+the admin's own transaction by the audit service. A row with an owner is entered as that
+tenant's (its staff see the entry); `audit_withheld` fields are entered as changed without
+their values (what a person said).
 """
 
 from typing import Any
@@ -19,20 +22,37 @@ def admin_actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
+def _owner_id(obj: Model) -> int | None:
+    owner_id = getattr(obj, "owner_id", None)
+    return owner_id if isinstance(owner_id, int) else None
+
+
 class AuditedAdmin:
-    """Mix into a ModelAdmin (before admin.ModelAdmin) to audit its adds, changes and deletes."""
+    """Mix into a ModelAdmin (before admin.ModelAdmin) to audit its adds, changes and deletes.
+    An admin that saves through a service overrides `save_audited`, not `save_model`."""
+
+    audit_withheld: frozenset[str] = frozenset()
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        before = stored_snapshot(type(obj), obj.pk) if change and obj.pk is not None else None
-        super().save_model(request, obj, form, change)  # type: ignore[misc]
+        withheld = self.audit_withheld
+        before = (
+            stored_snapshot(type(obj), obj.pk, withheld) if change and obj.pk is not None else None
+        )
+        self.save_audited(request, obj, form, change)
         admin_change_record(
             actor=admin_actor(request),
             user_id=request.user.pk,
             obj=obj,
             before=before,
-            after=row_snapshot(obj),
+            after=row_snapshot(obj, withheld),
             action=AuditAction.ADMIN_CHANGE if change else AuditAction.ADMIN_ADD,
+            owner_id=_owner_id(obj),
+            withheld=self.audit_withheld,
         )
+
+    def save_audited(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """The save itself (the ModelAdmin's, unless overridden)."""
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         self._deleted(request, obj)
@@ -49,9 +69,11 @@ class AuditedAdmin:
             actor=admin_actor(request),
             user_id=request.user.pk,
             obj=obj,
-            before=row_snapshot(obj),
+            before=row_snapshot(obj, self.audit_withheld),
             after=None,
             action=AuditAction.ADMIN_DELETE,
+            owner_id=_owner_id(obj),
+            withheld=self.audit_withheld,
         )
 
 

@@ -31,6 +31,11 @@ class AuditAction(models.TextChoices):
     BREAKER_RESET = "breaker.reset", "circuit breaker reset"
     MCP_REFRESH_QUEUED = "mcp.refresh_queued", "MCP server refresh queued"
     MCP_REFRESHED = "mcp.refreshed", "MCP server refreshed (or failed to)"
+    API_KEY_CREATE = "apikey.create", "API key created"
+    API_KEY_REVOKE = "apikey.revoke", "API key revoked"
+    APPROVER_GRANT = "approver.grant", "approver rights granted"
+    MEMORY_ERASE = "memory.erase", "memory of a user erased"
+    CONFIG_APPLY = "config.apply", "configuration file applied"
 
 
 class AuditEntry(models.Model):
@@ -39,7 +44,9 @@ class AuditEntry(models.Model):
     at = models.DateTimeField(default=timezone.now, verbose_name="date")
     actor = models.CharField(
         max_length=150,
-        help_text="As the action recorded it: admin:NAME (the admin), api:NAME (a key) or system.",
+        help_text="As the action recorded it: admin:NAME (the admin), api:NAME (a key), "
+        "cli:NAME or deploy:NAME (a management command run by that OS user, or as its --actor "
+        "says) or system.",
     )
     # The indexes below lead with these: no index of their own.
     user = models.ForeignKey(

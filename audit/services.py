@@ -7,8 +7,11 @@ naming the action, the actor and the object, and only the names of the changed f
 never their values, a comment's text or anything a user said.
 """
 
+import getpass
+import hashlib
 import json
 import logging
+import os
 from decimal import Decimal
 from typing import Any
 
@@ -25,8 +28,24 @@ logger = logging.getLogger("audit")
 SYSTEM = "system"
 # An actor string names its user after one of these (admin:alice, api:alice).
 USER_PREFIXES = ("admin:", "api:")
-# Fields a snapshot of a row leaves out: bookkeeping, not configuration.
-SKIPPED_FIELDS = frozenset({"created_at", "updated_at"})
+# Fields a snapshot of a row leaves out: bookkeeping, not configuration (an API key's hash
+# is neither, and has no place in a trail many people read).
+# A memory item's vector is derived from its text: not kept either.
+SKIPPED_FIELDS = frozenset({"created_at", "updated_at", "last_used_at", "key_hash", "embedding"})
+# What an entry says instead of a value it does not keep (what a person said, a secret).
+WITHHELD = "(withheld)"
+
+
+def command_actor(*, given: str = "", prefix: str = "cli") -> str:
+    """Who ran a management command: `given` (its --actor option) as it is, else
+    `<prefix>:<the OS user>` (sudo keeps the person behind it)."""
+    if given.strip():
+        return given.strip()[:150]
+    try:
+        user = os.environ.get("SUDO_USER") or getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return f"{prefix}:{user}"
 
 
 def jsonable(value: Any) -> Any:
@@ -103,9 +122,17 @@ def _plain(value: Any) -> Any:
     return f"{value.normalize():f}" if isinstance(value, Decimal) else value
 
 
-def row_snapshot(obj: Model) -> dict[str, Any]:
+def _fingerprint(value: Any) -> str | None:
+    # Compared between before and after, then replaced by WITHHELD: never stored.
+    if value is None:
+        return None
+    return hashlib.sha256(json.dumps(value, cls=DjangoJSONEncoder).encode()).hexdigest()
+
+
+def row_snapshot(obj: Model, withheld: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The row's configuration as JSON: each concrete field (a foreign key by its id), each
-    value as the field reads it back from the database."""
+    value as the field reads it back from the database; a `withheld` field's as a
+    fingerprint, to tell a change (admin_change_record keeps neither)."""
     values = {
         field.attname: _plain(
             field.to_python(getattr(obj, field.attname))
@@ -115,13 +142,26 @@ def row_snapshot(obj: Model) -> dict[str, Any]:
         for field in obj._meta.concrete_fields
         if field.name not in SKIPPED_FIELDS
     }
+    for name in withheld & set(values):
+        values[name] = _fingerprint(values[name])
     return dict(jsonable(values))
 
 
-def stored_snapshot(model: type[Model], pk: Any) -> dict[str, Any] | None:
+def stored_snapshot(
+    model: type[Model], pk: Any, withheld: frozenset[str] = frozenset()
+) -> dict[str, Any] | None:
     """The row as the database holds it now (before an edit is saved), or None."""
     row = model._default_manager.filter(pk=pk).first()
-    return row_snapshot(row) if row is not None else None
+    return row_snapshot(row, withheld) if row is not None else None
+
+
+def _withhold(values: dict[str, Any] | None, withheld: frozenset[str]) -> dict[str, Any] | None:
+    if values is None or not withheld:
+        return values
+    return {
+        path: WITHHELD if path.split(".", 1)[0] in withheld and value is not None else value
+        for path, value in values.items()
+    }
 
 
 def admin_change_record(
@@ -132,9 +172,13 @@ def admin_change_record(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
     action: AuditAction,
+    owner_id: int | None = None,
+    withheld: frozenset[str] = frozenset(),
 ) -> AuditEntry | None:
-    """An admin's add, change or delete of a configuration row (an agent, a tool, a model
-    endpoint, a workflow). A change that changed nothing is not recorded."""
+    """An admin's add, change or delete of a row (an agent, a tool, a model endpoint, a
+    workflow, an API key, a tenant's budget or memory item). A change that changed nothing
+    is not recorded. The `withheld` fields' values are compared but not kept: the entry
+    says they changed, not what they said. `owner_id`: the tenant whose row it is."""
     old, new = changes(before, after) if action == AuditAction.ADMIN_CHANGE else (before, after)
     if action == AuditAction.ADMIN_CHANGE and not old and not new:
         return None
@@ -142,11 +186,12 @@ def admin_change_record(
         action=action,
         actor=actor,
         user_id=user_id,
+        owner_id=owner_id,
         object_type=obj._meta.label_lower,
         object_id=obj.pk,
         object_repr=str(obj),
-        before=old,
-        after=new,
+        before=_withhold(old, withheld),
+        after=_withhold(new, withheld),
     )
 
 

@@ -4,18 +4,25 @@ Not session logic: an edge-ish service (the `apply_config` command, `make run`, 
 test and benchmark fixtures call it) that writes rows of several apps at once.
 """
 
+import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from accounts.models import Role
+from audit.diff import changes
+from audit.models import AuditAction
 from audit.selectors import admin_changed_fields
+from audit.services import SYSTEM, audit_record
 from memory.models import EmbeddingEndpoint
 from sessions.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
@@ -24,7 +31,7 @@ from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
 from tools.models import McpServer, Tool
 from tools.services import mcp_server_list, mcp_tools_store
 from workflows.definition import WorkflowInvalid
-from workflows.selectors import definition_compile, tool_roles
+from workflows.selectors import definition_compile, tool_roles, workflow_definition_current
 from workflows.services import workflow_apply
 
 from .schema import AGENT_TOOL_PREFIX, config_errors, resolve_urls
@@ -119,24 +126,101 @@ AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost
 AGENT_MANAGED = (*AGENT_FIELDS, *AGENT_COST_FIELDS, "cheap_model", "summary_model")
 
 
+CONFIG_FILE = "configuration.file"  # the audit trail's object type of an applied file
+
+
+def _audited(value: Any) -> Any:
+    # A referenced row by its name (a model endpoint's), as the file names it.
+    if isinstance(value, Model):
+        return getattr(value, "name", None) or getattr(value, "slug", None) or str(value.pk)
+    return value
+
+
+@dataclass
+class _Trail:
+    """What one run changed, entry by entry ("tool clock"), for its audit entry: the
+    changed fields before and after (a created entry: None before, all its fields after)."""
+
+    before: dict[str, Any] = dataclasses.field(default_factory=dict)
+    after: dict[str, Any] = dataclasses.field(default_factory=dict)
+    created: list[str] = dataclasses.field(default_factory=list)
+    updated: list[str] = dataclasses.field(default_factory=list)
+    unchanged: int = 0
+
+    def note(self, entry: str, before: dict[str, Any] | None, after: dict[str, Any]) -> None:
+        (self.updated if before is not None else self.created).append(entry)
+        self.before[entry] = before
+        self.after[entry] = after
+
+
 def _upsert(
-    model: Any, lookup: dict[str, Any], values: dict[str, Any], managed: Sequence[str] = ()
+    model: Any,
+    lookup: dict[str, Any],
+    values: dict[str, Any],
+    managed: Sequence[str] = (),
+    *,
+    trail: _Trail | None = None,
+    entry: str = "",
 ) -> str:
     """Create or update one row; say which, or 'unchanged'. An unchanged row whose `managed`
     fields the file leaves out but the database holds otherwise (the admin changed them)
-    says so, with the difference: applying the file does not take those back."""
+    says so, with the difference: applying the file does not take those back. What
+    changed goes on the run's `trail` as `entry`."""
+    trail = trail if trail is not None else _Trail()
     row = model.objects.filter(**lookup).first()
     if row is None:
         model.objects.create(**lookup, **values)
+        trail.note(entry, None, {k: _audited(v) for k, v in {**lookup, **values}.items()})
         return "created"
     changed = [name for name, value in values.items() if getattr(row, name) != value]
     if not changed:
+        trail.unchanged += 1
         drift = _drift(row, values, managed)
         return f"unchanged in the file; {drift}" if drift else "unchanged"
+    trail.note(
+        entry,
+        {name: _audited(getattr(row, name)) for name in changed},
+        {name: _audited(values[name]) for name in changed},
+    )
     for name in changed:
         setattr(row, name, values[name])
     row.save()
     return "updated (" + ", ".join(changed) + ")"
+
+
+def _workflow_trail(trail: _Trail, slug: str, before: dict[str, Any] | None) -> None:
+    after = workflow_definition_current(slug=slug)
+    if after is None or after == before:
+        trail.unchanged += 1
+        return
+    if before is None:
+        trail.note(f"workflow {slug}", None, {"definition": after})
+        return
+    old, new = changes({"definition": before}, {"definition": after})
+    trail.note(f"workflow {slug}", old, new)
+
+
+def _config_audit(trail: _Trail, report: list[str], document: Any, actor: str, source: str) -> None:
+    """The run's one audit entry: which entries it created and updated, their changed
+    fields before and after, and the file's digest (what was applied, to compare)."""
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+    audit_record(
+        action=AuditAction.CONFIG_APPLY,
+        actor=actor,
+        object_type=CONFIG_FILE,
+        # By its file name (an id is short); the whole path is the entry's name.
+        object_id=os.path.basename(source) or digest[:16],
+        object_repr=source[-200:] or f"configuration {digest[:16]}",
+        before=trail.before,
+        after=trail.after,
+        data={
+            "sha256": digest,
+            "created": trail.created,
+            "updated": trail.updated,
+            "unchanged": trail.unchanged,
+            "report": report,
+        },
+    )
 
 
 def _shown(value: Any) -> str:
@@ -277,6 +361,8 @@ def config_apply(
     check_urls: bool = False,
     strict: bool | None = None,
     each_mcp_warning: bool = False,
+    actor: str = SYSTEM,
+    source: str = "",
 ) -> list[str]:
     """Create or update roles, models, tools, MCP servers and agents by name, all or nothing.
 
@@ -294,6 +380,8 @@ def config_apply(
        removed and changed), then the `warning:` lines: models whose key
        variable is not set here, and descriptions that do not help the model
        (an MCP server's as one line with their count, unless `each_mcp_warning`).
+    5. In the same transaction, one audit entry for the run, by `actor`, about the file
+       `source`: each entry created or updated, with its changed fields before and after.
     """
     strict = settings.TOOL_DESCRIPTIONS_STRICT if strict is None else strict
     known_tools = set(Tool.objects.values_list("name", flat=True))
@@ -332,10 +420,18 @@ def config_apply(
 
     report: list[str] = []
     warnings: list[str] = []
+    trail = _Trail()
     with transaction.atomic():
         for entry in document.get("roles") or []:
             values = {"description": entry.get("description", "")}
-            done = _upsert(Role, {"name": entry["name"]}, values, ("description",))
+            done = _upsert(
+                Role,
+                {"name": entry["name"]},
+                values,
+                ("description",),
+                trail=trail,
+                entry=f"role {entry['name']}",
+            )
             report.append(f"role {entry['name']}: {done}")
         for i, entry in enumerate(document.get("models") or []):
             values = {k: entry[k] for k in MODEL_FIELDS if k in entry}
@@ -343,7 +439,14 @@ def config_apply(
                 if price in values:
                     values[price] = Decimal(str(values[price]))
             notes = resolved("models", i, values)
-            done = _upsert(ModelEndpoint, {"name": entry["name"]}, values, MODEL_FIELDS)
+            done = _upsert(
+                ModelEndpoint,
+                {"name": entry["name"]},
+                values,
+                MODEL_FIELDS,
+                trail=trail,
+                entry=f"model {entry['name']}",
+            )
             report.append(f"model {entry['name']}: {done}{notes}")
             key_env = entry.get("api_key_env")
             if key_env and not os.environ.get(key_env):
@@ -354,7 +457,14 @@ def config_apply(
         for i, entry in enumerate(document.get("embeddings") or []):
             values = {k: entry[k] for k in EMBEDDINGS_FIELDS if k in entry}
             notes = resolved("embeddings", i, values)
-            done = _upsert(EmbeddingEndpoint, {"name": entry["name"]}, values, EMBEDDINGS_FIELDS)
+            done = _upsert(
+                EmbeddingEndpoint,
+                {"name": entry["name"]},
+                values,
+                EMBEDDINGS_FIELDS,
+                trail=trail,
+                entry=f"embeddings {entry['name']}",
+            )
             report.append(f"embeddings {entry['name']}: {done}{notes}")
             key_env = entry.get("api_key_env")
             if key_env and not os.environ.get(key_env):
@@ -366,12 +476,26 @@ def config_apply(
             values = {k: entry[k] for k in TOOL_FIELDS if k in entry}
             values.setdefault("parameters", {"type": "object", "properties": {}})
             notes = resolved("tools", i, values)
-            done = _upsert(Tool, {"name": entry["name"]}, values, TOOL_FIELDS)
+            done = _upsert(
+                Tool,
+                {"name": entry["name"]},
+                values,
+                TOOL_FIELDS,
+                trail=trail,
+                entry=f"tool {entry['name']}",
+            )
             report.append(f"tool {entry['name']}: {done}{notes}")
         for i, entry in enumerate(document.get("mcp_servers") or []):
             values = {k: entry[k] for k in MCP_SERVER_FIELDS if k in entry}
             notes = resolved("mcp_servers", i, values)
-            done = _upsert(McpServer, {"name": entry["name"]}, values, MCP_SERVER_FIELDS)
+            done = _upsert(
+                McpServer,
+                {"name": entry["name"]},
+                values,
+                MCP_SERVER_FIELDS,
+                trail=trail,
+                entry=f"mcp server {entry['name']}",
+            )
             report.append(f"mcp server {entry['name']}: {done}{notes}")
             listed = discovered.get(entry["name"])
             if listed is not None:
@@ -408,11 +532,19 @@ def config_apply(
             values["candidate_model"] = (
                 ModelEndpoint.objects.get(name=candidate) if candidate else None
             )
-            done = _upsert(Agent, {"slug": entry["slug"]}, values, AGENT_MANAGED)
+            done = _upsert(
+                Agent,
+                {"slug": entry["slug"]},
+                values,
+                AGENT_MANAGED,
+                trail=trail,
+                entry=f"agent {entry['slug']}",
+            )
             report.append(f"agent {entry['slug']}: {done}")
         default_model = (document.get("models") or [{}])[0].get("name")
         for i, entry in enumerate(document.get("workflows") or []):
             where = f"workflows[{i}] ({entry['slug']})"
+            before = workflow_definition_current(slug=entry["slug"])
             try:
                 definition = definition_compile(entry, where=where)
                 report.append(
@@ -420,4 +552,6 @@ def config_apply(
                 )
             except WorkflowInvalid as exc:
                 raise ConfigInvalid(exc.errors) from None
+            _workflow_trail(trail, entry["slug"], before)
+        _config_audit(trail, report, document, actor, source)
     return report + warnings + discovery_warnings + description_warnings

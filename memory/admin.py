@@ -18,6 +18,7 @@ from django.utils.text import Truncator
 
 from accounts.admin_access import MEMORY_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.tenancy import TenantScopedAdmin
+from audit.edits import AuditedAdmin, admin_actor
 
 from .models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from .services import embedding_endpoint_save, memory_erase_owner, memory_item_save
@@ -67,7 +68,7 @@ class MemoryItemForm(forms.ModelForm):
 
 
 @admin.register(MemoryItem)
-class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+class MemoryItemAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "owner",
         "tag",
@@ -92,6 +93,9 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         "history": "history_hidden",
     }
     content_search_fields = ("content", "subject")
+    # The audit trail says an item's text changed, never what it says (an erasure would
+    # leave it there).
+    audit_withheld = frozenset({"subject", "content", "embedding"})
     subject_hidden = masked("subject", MEMORY_CONTENT)
     content_hidden = masked("content", MEMORY_CONTENT)
     history_hidden = masked("history", MEMORY_CONTENT)
@@ -162,12 +166,12 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         fields = super().get_readonly_fields(request, obj)
         return fields if obj is None else [*fields, "owner"]
 
-    def save_model(self, request: HttpRequest, obj: MemoryItem, form: Any, change: bool) -> None:
+    def save_audited(self, request: HttpRequest, obj: MemoryItem, form: Any, change: bool) -> None:
         # An edited text gets its new vector, or search would keep finding the old one.
         memory_item_save(
             item=obj,
             reembed=not change or "content" in form.changed_data,
-            actor_ref=f"admin:{request.user.get_username()}",
+            actor_ref=admin_actor(request),
         )
 
     @admin.action(
@@ -195,7 +199,8 @@ class MemoryItemAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                     "selected": list(queryset.values_list("pk", flat=True)),
                 },
             )
-        erased = sum(memory_erase_owner(owner_id=o) for o in owner_ids)
+        actor = admin_actor(request)
+        erased = sum(memory_erase_owner(owner_id=o, actor=actor) for o in owner_ids)
         self.message_user(
             request, f"Erased {erased} items of {len(owner_ids)} users.", messages.SUCCESS
         )
@@ -213,12 +218,12 @@ class EmbeddingEndpointForm(forms.ModelForm):
 
 
 @admin.register(EmbeddingEndpoint)
-class EmbeddingEndpointAdmin(admin.ModelAdmin):
+class EmbeddingEndpointAdmin(AuditedAdmin, admin.ModelAdmin):
     form = EmbeddingEndpointForm
     list_display = ("name", "model", "dimension", "base_url", "enabled", "updated_at")
     list_filter = ("enabled",)
 
-    def save_model(
+    def save_audited(
         self, request: HttpRequest, obj: EmbeddingEndpoint, form: Any, change: bool
     ) -> None:
         embedding_endpoint_save(endpoint=obj)

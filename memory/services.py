@@ -8,8 +8,12 @@ from typing import Literal
 from uuid import UUID
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+
+from audit.models import AuditAction
+from audit.services import SYSTEM, audit_record
 
 from .decision import Decision, rule_decide
 from .dispatch import owner_index_enqueue
@@ -304,12 +308,14 @@ def memory_touch(*, item_ids: list[int]) -> None:
         MemoryItem.objects.filter(pk__in=item_ids).update(last_used_at=timezone.now())
 
 
-def memory_erase_owner(*, owner_id: int) -> int:
+def memory_erase_owner(*, owner_id: int, actor: str = SYSTEM) -> int:
     """Erase everything remembered about one user, history (versions) included, and the
     user's indexes; the number of items erased.
 
     1. Delete the items and the index records.
-    2. After commit, drop the indexes (CONCURRENTLY cannot run in a transaction;
+    2. Enter the erasure in the audit trail, by `actor`, with how much went: the counts,
+       never what was remembered (the trail would keep what the erasure took away).
+    3. After commit, drop the indexes (CONCURRENTLY cannot run in a transaction;
        an erase inside a caller's transaction drops them when that one commits).
     """
     names = list(MemoryOwnerIndex.objects.filter(owner_id=owner_id).values_list("name", flat=True))
@@ -317,6 +323,24 @@ def memory_erase_owner(*, owner_id: int) -> int:
         _, per_model = MemoryItem.objects.filter(owner_id=owner_id).delete()
         deleted = per_model.get(MemoryItem._meta.label, 0)  # the items (their versions go too)
         MemoryOwnerIndex.objects.filter(owner_id=owner_id).delete()
+        users = get_user_model()
+        username = (
+            users.objects.filter(pk=owner_id).values_list(users.USERNAME_FIELD, flat=True).first()
+        )
+        audit_record(
+            action=AuditAction.MEMORY_ERASE,
+            actor=actor,
+            object_type=users._meta.label_lower,
+            object_id=owner_id,
+            object_repr=str(username or owner_id),
+            owner_id=owner_id if username is not None else None,
+            before={
+                "items": deleted,
+                "versions": per_model.get(MemoryVersion._meta.label, 0),
+                "indexes": len(names),
+            },
+            after={"items": 0, "versions": 0, "indexes": 0},
+        )
         for name in names:
             transaction.on_commit(partial(owner_index_drop, name=name))
     return deleted

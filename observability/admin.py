@@ -1,5 +1,7 @@
 """Prompt samples in the admin: read-only. The view permission lists them (when, which
-model, how many tokens); what was sent and received takes `view_prompt_content` too."""
+model, how many tokens); what was sent and received takes `view_prompt_content` too. A
+staff user who is not a superuser reaches only their own tenant's samples, as with
+sessions and memory."""
 
 import json
 from typing import Any
@@ -8,19 +10,23 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from accounts.admin_access import PROMPT_CONTENT, ContentMaskedAdmin, masked
+from accounts.admin_access import PROMPT_CONTENT, ContentMaskedAdmin, OwnerFilter, masked
+from accounts.tenancy import TenantScopedAdmin
 
 from .models import PromptSample
 
 
 @admin.register(PromptSample)
-class PromptSampleAdmin(ContentMaskedAdmin, admin.ModelAdmin):
-    list_display = ("created_at", "session_id", "turn", "iteration", "endpoint", "model", "tokens")
-    list_filter = ("endpoint",)
+class PromptSampleAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    list_display = (
+        "created_at", "owner", "session_id", "turn", "iteration", "endpoint", "model", "tokens",
+    )  # fmt: skip
+    list_filter = ("endpoint", ("owner", OwnerFilter))
+    list_select_related = ("owner",)
     search_fields = ("=session_id", "=trace_id")
     date_hierarchy = "created_at"
     fields = (
-        "created_at", "session_id", "turn", "iteration", "endpoint", "model", "trace_id",
+        "created_at", "owner", "session_id", "turn", "iteration", "endpoint", "model", "trace_id",
         "input_tokens", "output_tokens", "request_pretty", "response_pretty",
     )  # fmt: skip
     readonly_fields = fields

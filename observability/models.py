@@ -4,8 +4,11 @@ A fraction of model calls (PROMPT_SAMPLE_RATE, default 1%) is written here,
 request and response in full. Only superusers and staff holding the
 `observability.view_promptsample` permission list it, and only those also holding
 `view_prompt_content` read a request or response (admin.py); the API never serves it.
+A staff user who is not a superuser sees only their own tenant's samples (the session's
+owner, kept on the row).
 """
 
+from django.conf import settings
 from django.db import models
 
 
@@ -13,6 +16,17 @@ class PromptSample(models.Model):
     # The session's id, not a foreign key: this app knows nothing of sessions'
     # tables (a port), and a sample outlives nothing it must cascade with.
     session_id = models.UUIDField(db_index=True)
+    # The session's owner (its tenant): who among the staff may list the sample. A user's
+    # samples go with the user. None only for rows sampled before tenants were kept here:
+    # superusers alone see those. The index below leads with it: no index of its own.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="prompt_samples",
+        db_index=False,
+    )
     turn = models.PositiveIntegerField()
     iteration = models.PositiveIntegerField(help_text="The model call's round in its turn.")
     endpoint = models.CharField(max_length=100)
@@ -27,6 +41,7 @@ class PromptSample(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "prompt sample"
+        indexes = [models.Index(fields=["owner", "-created_at"], name="prompt_sample_owner_at")]
         # "view" lists the samples; what was sent and received takes this one too.
         permissions = [("view_prompt_content", "Can view the full prompts and answers sampled")]
 

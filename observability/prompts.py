@@ -24,6 +24,7 @@ def sampled() -> bool:
 def prompt_sample_record(
     *,
     session_id: Any,
+    owner_id: int | None,
     turn: int,
     iteration: int,
     endpoint: str,
@@ -34,12 +35,14 @@ def prompt_sample_record(
     input_tokens: int,
     output_tokens: int,
 ) -> None:
-    """Store one call in full. A failure is logged and forgotten: a sample never fails a step."""
+    """Store one call in full, as the session's owner's (their tenant's staff may list it).
+    A failure is logged and forgotten: a sample never fails a step."""
     try:
         body = dataclasses.asdict(request)
         body.pop("agent_config", None)  # configuration, not the prompt
         PromptSample.objects.create(
             session_id=session_id,
+            owner_id=owner_id,
             turn=turn,
             iteration=iteration,
             endpoint=endpoint[:100],

@@ -5,7 +5,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from sessions.models import Agent, Event, ModelEndpoint, Session
 from tools.execution import BUILTIN_TOOLS, ToolSnapshot
@@ -171,3 +171,12 @@ def run_graph_svg(session: Session, *, link: Any = None) -> str:
     assert session.workflow_version_id is not None
     picture = version_picture(session.workflow_version_id)
     return picture_svg(picture, marks=run_node_marks(session), link=link)
+
+
+def workflow_definition_current(*, slug: str) -> dict[str, Any] | None:
+    """The definition of the workflow's current version, as stored; None if it has none."""
+    return (
+        WorkflowVersion.objects.filter(workflow__slug=slug, number=F("workflow__current_version"))
+        .values_list("definition", flat=True)
+        .first()
+    )

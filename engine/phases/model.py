@@ -383,6 +383,7 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         call = routed.calls[-1]
         prompt_sample_record(
             session_id=session.pk,
+            owner_id=session.owner_id,
             turn=session.turn,
             iteration=iteration,
             endpoint=call.endpoint_name,

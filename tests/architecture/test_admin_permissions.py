@@ -28,6 +28,7 @@ from django.urls import URLPattern, reverse
 from accounts.models import Role
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
+from audit.models import AuditEntry
 from billing.models import KeyBudget, OwnerBudget, SpendNotice
 from billing.notices import billing_today
 from billing.services import credits_grant
@@ -136,7 +137,7 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
         name="walk", base_url="http://127.0.0.1:9/v1", model="m", dimension=16
     )
     prompt_sample_record(
-        session_id=waiting.pk, turn=1, iteration=1, endpoint="rules", model="m", trace_id="",
+        session_id=waiting.pk, owner_id=viewer.pk, turn=1, iteration=1, endpoint="rules", model="m", trace_id="",
         request=ChatRequest(messages=(ChatMessage(role="user", content=f"prompt {SECRET}"),)),
         response=ChatResponse(text=f"answer {SECRET}"), input_tokens=1, output_tokens=1,
     )  # fmt: skip
@@ -167,6 +168,10 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     workflow_apply(
         definition=definition_check(workflow_raw, where="walk"), where="walk", default_model="rules"
     )
+
+    # The walk reaches the viewer's own rows: the audit entries about another user (the
+    # boss's approver rights) are that user's and a superuser's.
+    AuditEntry.objects.exclude(owner=viewer).exclude(user=viewer).delete()
 
     breaker = model_breaker()
     for _ in range(breaker.threshold):

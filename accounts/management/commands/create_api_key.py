@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.services import api_key_create, approver_grant, unknown_roles
+from audit.services import command_actor
 
 
 class Command(BaseCommand):
@@ -29,23 +30,30 @@ class Command(BaseCommand):
             default="approvers",
             help="Comma-separated approver groups (with --approver), default 'approvers'.",
         )
+        parser.add_argument(
+            "--actor",
+            default="",
+            help="Who issues the key, for the audit trail (default cli:<the OS user>).",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         roles = [r.strip() for r in str(options["roles"]).split(",") if r.strip()]
         new_roles = unknown_roles(roles)
         max_value = options["max_value"]
+        actor = command_actor(given=str(options["actor"] or ""))
         try:
             issued = api_key_create(
                 username=str(options["user"]),
                 roles=roles,
                 name=str(options["name"]),
                 max_value=float(max_value) if isinstance(max_value, float | int) else None,
+                actor=actor,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if options["approver"]:
             groups = [g.strip() for g in str(options["approver_groups"]).split(",") if g.strip()]
-            approver_grant(username=str(options["user"]), groups=groups)
+            approver_grant(username=str(options["user"]), groups=groups, actor=actor)
         self.stdout.write(issued.raw)
         if new_roles:
             # Said out loud, so a typo ("suport") is noticed rather than silently granting nothing.

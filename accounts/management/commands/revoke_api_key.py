@@ -1,19 +1,8 @@
-import getpass
-import os
-
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.selectors import api_keys_with_prefix, user_exists
 from accounts.services import api_key_revoke, api_keys_revoke_for_user
-
-
-def _actor() -> str:
-    """Who ran the command, for the log line (sudo keeps the person behind it)."""
-    try:
-        user = os.environ.get("SUDO_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid {os.getuid()}"
-    return f"cli:{user}"
+from audit.services import command_actor
 
 
 class Command(BaseCommand):
@@ -25,13 +14,18 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("prefix", nargs="?", help="the key's first characters, e.g. ap_3xY9kQ")
         parser.add_argument("--user", help="revoke every key of this user instead")
+        parser.add_argument(
+            "--actor",
+            default="",
+            help="who revokes, for the audit trail and the log (default cli:<the OS user>)",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         prefix = str(options["prefix"] or "").strip()
         username = str(options["user"] or "").strip()
         if bool(prefix) == bool(username):
             raise CommandError("give either a key prefix or --user NAME (not both)")
-        actor = _actor()
+        actor = command_actor(given=str(options["actor"] or ""))
         if username:
             if not user_exists(username=username):
                 raise CommandError(f"no user named {username!r}")

@@ -1,19 +1,8 @@
-import getpass
-import os
-
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.services import command_actor
 from billing.services import CreditError, credits_grant
-
-
-def _actor() -> str:
-    """Who ran the command, for the ledger (sudo keeps the person behind it)."""
-    try:
-        user = os.environ.get("SUDO_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid {os.getuid()}"
-    return f"cli:{user}"
 
 
 def _non_negative(text: str) -> int:
@@ -49,7 +38,7 @@ class Command(BaseCommand):
             account = credits_grant(
                 owner_id=owner.pk,
                 points=int(options["points"]),  # type: ignore[call-overload]
-                actor=_actor(),
+                actor=command_actor(),
                 daily_cap=cap,  # type: ignore[arg-type]
                 set_daily_cap=cap is not None,
                 note=str(options["note"]),

@@ -2,6 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.services import command_actor
 from configuration.documents import DocumentInvalid, document_load
 from configuration.services import ConfigInvalid, config_apply
 
@@ -27,6 +28,14 @@ class Command(BaseCommand):
                 "(as the TOOL_DESCRIPTIONS_STRICT setting does); nothing is applied."
             ),
         )
+        parser.add_argument(
+            "--actor",
+            default="",
+            help=(
+                "Who applies the file, for the audit trail's entry of this run, e.g. "
+                "ci:release-42 (default deploy:<the OS user running the command>)."
+            ),
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         path = Path(str(options["file"]))
@@ -45,6 +54,8 @@ class Command(BaseCommand):
                 strict=True if options["strict"] else None,
                 # -v 2 and up: each MCP tool's description warning, not just their count.
                 each_mcp_warning=int(str(options["verbosity"])) >= 2,
+                actor=command_actor(given=str(options["actor"] or ""), prefix="deploy"),
+                source=str(path),
             )
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)
