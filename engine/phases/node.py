@@ -359,6 +359,7 @@ class Walk:
             return False
         message, event = call_result(self.session, call, outcome, timezone.now())
         self.writes.ran_calls.append(call)
+        self.writes.message_slots.append(len(self.writes.events))  # with its tool.finished
         self.writes.messages.append(message)
         self.writes.events.append(event)
         self.calls[call.call_id] = call

@@ -1,6 +1,7 @@
 """Workflows in the admin: drawn, edited as YAML with apply_config's validation inline, each save
 a new version; a run's page draws its graph with what the run did."""
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -8,12 +9,22 @@ import yaml
 from django.test import Client
 
 from engine import session_run
+from tests.event_order import assert_events_in_order
 from tests.factories import ModelEndpointFactory, StaffUserFactory, ToolFactory, UserFactory
 from workflows.models import Workflow, WorkflowVersion
 from workflows.selectors import definition_check
 from workflows.services import workflow_apply, workflow_run_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _events_in_order() -> Iterator[None]:
+    """Every run's events, at the test's end, in the order a watcher can render
+    (tests/event_order.py)."""
+    yield
+    assert_events_in_order()
+
 
 FLOW = """slug: look
 name: Look up

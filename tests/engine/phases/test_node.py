@@ -8,6 +8,7 @@ graph's edges, retries, a person's review, timers, max_visits, deadlines, resume
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from sessions.services import (
     session_resume,
     timers_fire_due,
 )
+from tests.event_order import assert_events_in_order
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
 from tests.fakes.fixtures import openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import FakeModelServer, Reply
@@ -49,10 +51,14 @@ _lock = threading.Lock()
 
 
 @pytest.fixture(autouse=True)
-def _forget() -> None:
+def _forget() -> Iterator[None]:
     RAN.clear()
     KEYS.clear()
     FLAKY.clear()
+    yield
+    # Every run of every test, at its end: node events nest and follow the path taken,
+    # and turn.finished closes its turn (tests/event_order.py).
+    assert_events_in_order()
 
 
 @tool_handler("tests.node.lookup")
