@@ -1108,3 +1108,27 @@ def test_a_definition_pickles() -> None:
 
     assert pickle.loads(pickle.dumps(definition)) == definition
     assert copy.deepcopy(definition).node("both.summary") == definition.node("both.summary")
+
+
+def test_a_human_nodes_card_fields_parse_and_bad_ones_are_named() -> None:
+    def card(workflow: dict[str, Any]) -> None:
+        _nodes(workflow)["review"].update(
+            title="Refund",
+            show={"amount": "order.total"},
+            risk_level=3,
+            editable=["order"],
+        )
+
+    review = _parse(_mutated(card)).nodes["review"]
+    assert (review.title, review.risk_level, review.editable) == ("Refund", 3, ("order",))
+    assert review.show["amount"].evaluate({"order": {"total": 5}}) == 5
+
+    assert "nodes.review.risk_level: must be an integer from 0 to 3" in _one_error(
+        lambda w: _nodes(w)["review"].update(risk_level=4)
+    )
+    assert "nodes.review.editable: must be a list of state value names" in _one_error(
+        lambda w: _nodes(w)["review"].update(editable="order")
+    )
+    assert "nodes.review.show.amount" in _one_error(
+        lambda w: _nodes(w)["review"].update(show={"amount": "order.total +"})
+    )
