@@ -95,8 +95,17 @@ class QueueCard:
 
     @property
     def typed_arguments(self) -> str:
-        """What the edit box holds: the refused text, else the model's arguments."""
-        return self.kept.arguments if self.kept is not None else self.arguments_json
+        """What the edit box holds: the refused text, else what may be edited."""
+        if self.kept is not None:
+            return self.kept.arguments
+        return json.dumps(self.approval.editable_arguments, indent=2, ensure_ascii=False)
+
+    @property
+    def can_edit(self) -> bool:
+        """Only an edit that can succeed is offered: a review's only if its node declares
+        `editable` values."""
+        review = self.approval.review
+        return review is None or bool(review["editable"])
 
 
 def time_left(seconds: int) -> str:
@@ -328,7 +337,7 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
     @staticmethod
     def _shown(approval: Approval) -> str:
-        return json.dumps(approval.arguments, indent=2, ensure_ascii=False)
+        return json.dumps(approval.editable_arguments, indent=2, ensure_ascii=False)
 
     def _json(self, request: HttpRequest, field: str) -> Any:
         raw = request.POST.get(field, "").strip()
@@ -342,7 +351,7 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     def _edited(self, request: HttpRequest, approval: Approval) -> dict[str, Any] | None:
         """The arguments as edited on the card, or None when left as the model sent them."""
         edited = self._json(request, "arguments")
-        if edited is None or edited == approval.arguments:
+        if edited is None or edited == approval.editable_arguments:
             return None
         if not isinstance(edited, dict):
             raise InvalidInput("arguments must be a JSON object")

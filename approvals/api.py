@@ -23,6 +23,9 @@ class ApprovalSerializer(serializers.ModelSerializer):
     session = serializers.UUIDField(source="session_id", read_only=True)
     tool = serializers.CharField(source="tool_name", read_only=True)
     decided_by = serializers.CharField(source="decided_by_name", read_only=True)
+    # A workflow's review: which workflow, run and node, its title, summary and the values
+    # its node shows and lets the approver edit (null for an ordinary tool call).
+    review = serializers.JSONField(read_only=True)
 
     class Meta:
         model = Approval
@@ -44,6 +47,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "comment",
             "answer",
             "answer_result",
+            "review",
         ]
         read_only_fields = fields
 

@@ -1,4 +1,5 @@
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -7,6 +8,10 @@ from django.db.models import Q
 from .states import ApprovalStatus, Outcome
 
 DEFAULT_GROUP = "approvers"
+
+
+# The tool names of workflows' reviews (workflows/node_tools.py: review_tool_name).
+WORKFLOW_REVIEW_PREFIX = "workflow.review."
 
 
 class ApprovalKind(models.TextChoices):
@@ -120,6 +125,32 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_name or self.kind} ({self.status})"
+
+    @property
+    def review(self) -> dict[str, Any] | None:
+        """A workflow's review (its human node): what the card says is decided, as the
+        node wrote it (workflow, node, title, summary, the values it shows and those the
+        approver may edit); None for an ordinary tool call."""
+        if not self.tool_name.startswith(WORKFLOW_REVIEW_PREFIX):
+            return None
+        arguments = self.arguments if isinstance(self.arguments, dict) else {}
+        show = arguments.get("show")
+        editable = arguments.get("editable")
+        return {
+            "workflow": str(arguments.get("workflow", "")),
+            "run": str(self.session_id),
+            "node": str(arguments.get("node", self.tool_name[len(WORKFLOW_REVIEW_PREFIX) :])),
+            "title": str(arguments.get("title") or self.tool_name[len(WORKFLOW_REVIEW_PREFIX) :]),
+            "summary": str(arguments.get("summary", "")),
+            "show": show if isinstance(show, dict) else {},
+            "editable": editable if isinstance(editable, dict) else {},
+        }
+
+    @property
+    def editable_arguments(self) -> Any:
+        """What an approver may edit: a review's `editable` values, else all the arguments."""
+        review = self.review
+        return self.arguments if review is None else review["editable"]
 
 
 class ApprovalTransition(models.Model):

@@ -25,6 +25,7 @@ from sessions.events import CallCounts, call_counts
 from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
 from sessions.rows import json_value, jsonb_value, row_reader
 from tools.execution import ToolSnapshot, tools_for_agent
+from tools.models import Tool
 from workflows.definition import Definition
 from workflows.node_tools import node_tools
 from workflows.selectors import version_definition
@@ -116,6 +117,13 @@ class WorkflowRuntime:
 _workflows: dict[int, WorkflowRuntime] = {}
 
 
+def _all_nodes(definition: Definition) -> list[Any]:
+    found: list[Any] = []
+    for node in definition.nodes.values():
+        found += [node, *node.branches.values(), *([node.inner] if node.inner else [])]
+    return found
+
+
 def workflow_runtime(session: Session) -> WorkflowRuntime | None:
     """The run's workflow (None for a conversation): a version never changes, so kept."""
     version_id = session.workflow_version_id
@@ -124,7 +132,13 @@ def workflow_runtime(session: Session) -> WorkflowRuntime | None:
     found = _workflows.get(version_id)
     if found is None:
         definition = version_definition(version_id)
-        found = WorkflowRuntime(definition=definition, tools=node_tools(definition))
+        named = {n.tool for n in _all_nodes(definition) if n.tool}
+        # Once per version (it is kept): which of its tools have side effects, for the
+        # reviews guarding them (workflows/node_tools.py: review_risk).
+        side_effecting = set(
+            Tool.objects.filter(name__in=named, side_effects=True).values_list("name", flat=True)
+        )
+        found = WorkflowRuntime(definition=definition, tools=node_tools(definition, side_effecting))
         with _lock:
             _workflows[version_id] = found
     return found

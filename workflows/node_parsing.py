@@ -32,7 +32,17 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "llm": ("prompt", "system", "output_schema", "model"),
     "choice": ("prompt", "system", "options", "default", "model"),
     "condition": ("cases", "default"),
-    "human": ("summary", "on_timeout", "rejected", "group", "timeout_s"),
+    "human": (
+        "summary",
+        "on_timeout",
+        "rejected",
+        "group",
+        "timeout_s",
+        "title",
+        "show",
+        "risk_level",
+        "editable",
+    ),
     "agent": ("agent", "task"),
     "map": ("over", "as", "node", "concurrency"),
     "parallel": ("branches", "join"),
@@ -302,7 +312,39 @@ def _human(fields: FieldReader, ctx: NodeContext, node_id: str) -> dict[str, Any
         "on_timeout": fields.option("on_timeout", ("reject", "approve"), "reject"),
         "rejected": _edge(fields, "rejected", ctx),
         "group": fields.text("group"),
+        "title": fields.text("title"),
+        "show": _show(fields),
+        "risk_level": fields.integer("risk_level", minimum=0, maximum=3),
+        "editable": _editable(fields),
     }
+
+
+def _show(fields: FieldReader) -> Mapping[str, Expression]:
+    """`show: {label: CEL}`: the values an approver's card shows beside the summary."""
+    raw = fields.mapping("show")
+    if raw is None:
+        return FrozenMap({})
+    show = FieldReader(raw, f"{fields.path}.show", fields.problems)
+    compiled: dict[str, Expression] = {}
+    for label, value in raw.items():
+        if value is None:
+            show.problem(label, "must be a CEL expression, not null")
+        elif (expression := show.expression(label)) is not None:
+            compiled[label] = expression
+    return FrozenMap(compiled)
+
+
+def _editable(fields: FieldReader) -> tuple[str, ...]:
+    """`editable: [name, ...]`: state values the approver may change before the next node."""
+    raw = fields.raw.get("editable")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(
+        isinstance(n, str) and NAME_PATTERN.fullmatch(n) for n in raw
+    ):
+        fields.problem("editable", f"must be a list of state value names ({NAME_RULE})")
+        return ()
+    return tuple(dict.fromkeys(raw))
 
 
 def _agent(fields: FieldReader, ctx: NodeContext, node_id: str) -> dict[str, Any]:

@@ -97,6 +97,13 @@ class Node:
     on_timeout: str = "reject"
     rejected: str | None = None
     group: str | None = None
+    # What the approver's card says: its title, the values worth showing (label -> CEL),
+    # the risk the definition declares (0-3; None: derived), and the state values the
+    # approver may edit (the next node reads them).
+    title: str | None = None
+    show: Mapping[str, Expression] = field(default_factory=_frozen_empty)
+    risk_level: int | None = None
+    editable: tuple[str, ...] = ()
     # agent
     agent: str | None = None
     task: Expression | None = None
@@ -131,6 +138,8 @@ class Node:
             yield f"args.{name}", expression
         for i, case in enumerate(self.cases):
             yield f"cases[{i}].when", case.when
+        for label, expression in self.show.items():
+            yield f"show.{label}", expression
         for name in ("prompt", "system", "summary", "task", "over", "seconds"):
             value = getattr(self, name)
             if value is not None:

@@ -37,6 +37,9 @@ class NodeWrites:
     # results, tool messages (`messages`) and `tool.finished` events; no tool step follows.
     ran_calls: list[ToolCall] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
+    # Where each of `messages`' events goes among `events` (Step.message_slots): the node
+    # events tell the path as it was taken, each call's result inside its node.
+    message_slots: list[int] = field(default_factory=list)
     reopened: list[ToolCall] = field(default_factory=list)
     # The (tool, arguments) of the call the next step will run itself: the commit reads
     # its cached output for that step (`cached_output_read`).
@@ -74,12 +77,17 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
     - calls opened (tool, human, wait, a retry): -> tool_wait, read back for the tool step;
     - the run reached `end`: -> finished, the result as the answer and in `turn.finished`;
     - a node failed for good: -> error, with the node and why;
+
+    Its events in the order things happened: the node events along the path (a call run in
+    the step inside its node, the answer after the last node), then the move, then
+    `turn.finished`, the turn's last event.
     - otherwise (a batch of a map's model calls): no move, the progress is checkpointed.
     """
     spend = ModelSpend(calls=writes.model_calls, iteration=session.iteration)
     usage = spend.usage
     set_fields: dict[str, Any] = {"workflow_state": writes.state}
     messages: list[Message] = list(writes.messages)
+    slots = list(writes.message_slots)
     after: list[EventSpec] = []
     trigger: Trigger | None = None
     reason = ", ".join(writes.settled)
@@ -107,6 +115,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
                 token_count=count_message_tokens(text),
             )
         )
+        slots.append(len(writes.events))  # the answer after the last node finished
         summary = turn_summary(session, StopReason.ANSWER, usage, calls=turn_calls_counted(session))
         summary["result"] = result
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
@@ -123,6 +132,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         events=writes.events,
         after_events=after,
         checkpoint=_checkpoint(writes),
+        message_slots=slots,
         add_fields=usage.add_fields(),
         set_fields=set_fields,
         # A cancel that came meanwhile is carried out by the run loop at the next step.

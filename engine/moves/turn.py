@@ -111,6 +111,7 @@ def build_step(
     add_fields: dict[str, Any] | None = None,
     unless_cancel_requested: bool = False,
     archive_through: int | None = None,
+    message_slots: list[int] | None = None,
 ) -> Step:
     """A Step with the lease guard, lease renewal and a delta checkpoint.
 
@@ -151,6 +152,7 @@ def build_step(
         fingerprint=fingerprint or session.env_fingerprint,
         unless_cancel_requested=unless_cancel_requested,
         archive_through=archive_through,
+        message_slots=message_slots,
     )
 
 

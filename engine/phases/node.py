@@ -376,6 +376,7 @@ class Walk:
             return False
         message, event = call_result(self.session, call, outcome, timezone.now())
         self.writes.ran_calls.append(call)
+        self.writes.message_slots.append(len(self.writes.events))  # with its tool.finished
         self.writes.messages.append(message)
         self.writes.events.append(event)
         self.calls[call.call_id] = call
@@ -457,13 +458,31 @@ class Walk:
         arguments = None
         if "call" not in progress:
             assert node.summary is not None
-            arguments = {"summary": node.summary.render(self.scope(extra))}
+            scope = self.scope(extra)
+            # What the approver's card says is decided (approvals/ shows it as it is).
+            arguments = {
+                "summary": node.summary.render(scope),
+                "workflow": self.definition.slug,
+                "node": node.id,
+                "title": node.title or node.id,
+                "show": {label: e.evaluate(scope) for label, e in node.show.items()},
+            }
+            if node.editable:
+                values = self.state["values"]
+                arguments["editable"] = {name: values.get(name) for name in node.editable}
         found = self._called(node, progress, extra, review_tool_name(node.id), arguments)
         if not isinstance(found, ToolCall):
             return found
         if found.status == ToolCallStatus.SUCCESS:
             output = dict(found.output or {})
             output["approved"] = True
+            edited = found.input.get("editable") if isinstance(found.input, dict) else None
+            if isinstance(edited, dict):
+                # The approver's edits (only the names the node declares) are what the
+                # next node reads.
+                for name in node.editable:
+                    if name in edited:
+                        self.state["values"][name] = edited[name]
             return Done(output, node.next)
         if found.status == ToolCallStatus.REJECTED:
             output = {"approved": False, "reason": found.error}

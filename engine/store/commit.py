@@ -255,6 +255,12 @@ class Step:
     # Usage rollups and credit settlements, worked out by the move from the calls the
     # step records (engine/gates/metering.py): the store writes them, knowing no billing.
     charges: list[Statement | None] = field(default_factory=list)
+    # Where each of `messages`' message.completed goes among `events` (an index into
+    # `events`, one per message, in order): a step whose events tell a story of their own
+    # (a workflow's node step: node.started, the call's result, node.finished, the answer)
+    # places its messages in it, and its move follows them, as it happened. None: the move
+    # first, then the messages, then the events.
+    message_slots: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +285,27 @@ def _message_event(message: Message, seq: int, turn: int) -> EventSpec:
         data["tool_call_id"] = message.tool_call_id
         data["name"] = message.name
     return EventSpec(EventType.MESSAGE_COMPLETED, data)
+
+
+def _in_slots(
+    messages: list[EventSpec],
+    slots: list[int],
+    events: list[EventSpec],
+    *,
+    activated: list[EventSpec],
+) -> list[EventSpec]:
+    """`events` with each message's event placed before the event its slot names (after
+    them all for a slot past their end)."""
+    if len(slots) != len(messages):
+        raise ValueError(f"{len(messages)} messages but {len(slots)} message slots")
+    ordered = list(activated)
+    placed = 0
+    for i, spec in enumerate(events):
+        while placed < len(messages) and slots[placed] <= i:
+            ordered.append(messages[placed])
+            placed += 1
+        ordered.append(spec)
+    return ordered + messages[placed:]
 
 
 def _frames(session_id: UUID, first: int, events: list[EventSpec], ts: Any) -> list[Frame]:
@@ -453,9 +480,7 @@ def step_commit(step: Step) -> Committed:
     writes.append(
         insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
     )
-    # The move first, then what it brought: a turn's stream opens with
-    # state.changed and closes with turn.finished.
-    ordered = state_events + [
+    message_events = [
         # An activated (queued) message joins the step's turn; the object itself
         # changes only once the commit went through.
         _message_event(m, s, turn if i < len(activated) else m.turn)
@@ -463,7 +488,18 @@ def step_commit(step: Step) -> Committed:
             enumerate(activated + new_messages, start=message_seq - n_messages + 1)
         )
     ]
-    ordered += step.events + step.after_events
+    if step.message_slots is None:
+        # The move first, then what it brought: a turn's stream opens with
+        # state.changed and closes with turn.finished.
+        ordered = state_events + message_events + step.events + step.after_events
+    else:
+        ordered = _in_slots(
+            message_events[len(activated) :],
+            step.message_slots,
+            step.events,
+            activated=message_events[: len(activated)],
+        )
+        ordered += state_events + step.after_events
     # Events, transitions and the checkpoint are only written: rows of values
     # in their columns' order (no model instances).
     first = event_seq - n_events

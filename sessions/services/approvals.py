@@ -40,6 +40,7 @@ from sessions.models import (
 )
 from sessions.states import State
 from tools.execution import tools_for_agent
+from workflows.node_tools import REVIEW_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,7 @@ def approval_decide(
         )
     edited = None
     if approve and arguments is not None:
-        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
-        edited = approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+        edited = _edited_arguments(approval, arguments)
     resolved = _approval_apply(
         approval=approval,
         outcome=Outcome.APPROVED if approve else Outcome.REJECTED,
@@ -253,8 +253,7 @@ def approval_change(
     outcome = CHANGES[decision]
     edited = None
     if outcome == Outcome.APPROVED and arguments is not None:
-        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
-        edited = approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+        edited = _edited_arguments(approval, arguments)
     actor = user.get_username()
     with transaction.atomic():
         locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
@@ -459,6 +458,32 @@ def _four_eyes_check(*, approval: Approval, user: User) -> None:
             details={"session": str(approval.session_id)},
             code="four_eyes",
         )
+
+
+def _edited_arguments(approval: Approval, arguments: Any) -> dict[str, Any]:
+    """What runs after an approval with edits (InvalidInput: 400). A workflow's review
+    takes edits only of the state values its human node declares `editable`, sent as
+    `{name: value}`; the rest of its card is what was decided on and stays as it was."""
+    if not approval.tool_name.startswith(REVIEW_PREFIX):
+        tool = tools_for_agent([approval.tool_name]).get(approval.tool_name)
+        return approval_arguments_check(approval=approval, tool=tool, arguments=arguments)
+    editable = (approval.arguments or {}).get("editable")
+    if not isinstance(editable, dict) or not editable:
+        raise InvalidInput(
+            "this review has nothing to edit (its workflow node declares no `editable` "
+            "values): approve or reject it as it is",
+            code="not_editable",
+            details={"field": "arguments"},
+        )
+    unknown = sorted(set(arguments) - editable.keys()) if isinstance(arguments, dict) else None
+    if unknown is None or unknown:
+        raise InvalidInput(
+            f"edit only {', '.join(sorted(editable))}, as an object of name -> value"
+            + (f" (not {', '.join(unknown)})" if unknown else ""),
+            code="invalid_arguments",
+            details={"field": "arguments", "editable": sorted(editable)},
+        )
+    return {**approval.arguments, "editable": {**editable, **arguments}}
 
 
 def _resolved_conflict(approval: Approval) -> Conflict:

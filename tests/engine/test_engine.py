@@ -7,6 +7,7 @@ database connections, which must see the committed demo data.
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -26,11 +27,20 @@ from sessions.models import (
 )
 from sessions.services import message_post, session_cancel
 from tests.demo_setup import DEMO_REQUEST, demo_install
+from tests.event_order import assert_events_in_order
 from tests.factories import ToolFactory
 from tools.execution import FAILURE_MARKER
 from tools.registry import tool_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _events_in_order() -> Iterator[None]:
+    """Every run's events, at the test's end, in the order a watcher can render
+    (tests/event_order.py)."""
+    yield
+    assert_events_in_order()
 
 
 @tool_handler("tests.engine.boom")

@@ -51,3 +51,13 @@ def test_playground_without_agents_says_how_to_load_some(client):
 
 def test_playground_refuses_writes(client):
     assert client.post(reverse("playground")).status_code == 405
+
+
+def test_a_runs_answer_is_shown_once_from_its_message_not_again_from_turn_finished(client):
+    page = client.get(reverse("playground")).content.decode()
+    # The run's answer is an assistant message.completed, shown by onMessageCompleted;
+    # turn.finished's handler must not add a second bubble with its `result`.
+    handler = page.rsplit('case "turn.finished":', 1)[1].split("break;", 1)[0]
+    assert "onTurnFinished(d)" in handler
+    assert "addToTranscript" not in handler and "d.result" not in handler
+    assert 'case "message.completed": onMessageCompleted(d)' in page

@@ -2,6 +2,7 @@
 a new version; a run's page draws its graph with what the run did."""
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -9,12 +10,22 @@ import yaml
 from django.test import Client
 
 from engine import session_run
+from tests.event_order import assert_events_in_order
 from tests.factories import ModelEndpointFactory, StaffUserFactory, ToolFactory, UserFactory
 from workflows.models import Workflow, WorkflowVersion
 from workflows.selectors import definition_check
 from workflows.services import workflow_apply, workflow_run_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _events_in_order() -> Iterator[None]:
+    """Every run's events, at the test's end, in the order a watcher can render
+    (tests/event_order.py)."""
+    yield
+    assert_events_in_order()
+
 
 FLOW = """slug: look
 name: Look up

@@ -1140,3 +1140,27 @@ def test_comprehensions_nested_three_deep_are_refused_naming_node_and_field() ->
     error = _one_error(lambda w: w["nodes"]["check"]["cases"][0].update(when=nested))
     assert error.startswith(f"{WHERE}.nodes.check.cases[0].when: expression_limit: ")
     assert "nests comprehensions 3 deep, more than EXPRESSION_MAX_NESTING (2)" in error
+
+
+def test_a_human_nodes_card_fields_parse_and_bad_ones_are_named() -> None:
+    def card(workflow: dict[str, Any]) -> None:
+        _nodes(workflow)["review"].update(
+            title="Refund",
+            show={"amount": "order.total"},
+            risk_level=3,
+            editable=["order"],
+        )
+
+    review = _parse(_mutated(card)).nodes["review"]
+    assert (review.title, review.risk_level, review.editable) == ("Refund", 3, ("order",))
+    assert review.show["amount"].evaluate({"order": {"total": 5}}) == 5
+
+    assert "nodes.review.risk_level: must be an integer from 0 to 3" in _one_error(
+        lambda w: _nodes(w)["review"].update(risk_level=4)
+    )
+    assert "nodes.review.editable: must be a list of state value names" in _one_error(
+        lambda w: _nodes(w)["review"].update(editable="order")
+    )
+    assert "nodes.review.show.amount" in _one_error(
+        lambda w: _nodes(w)["review"].update(show={"amount": "order.total +"})
+    )

@@ -8,6 +8,7 @@ graph's edges, retries, a person's review, timers, max_visits, deadlines, resume
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from django.utils import timezone
 from accounts.services import approver_grant
 from approvals.models import Approval
 from billing.models import BudgetHold, OwnerBudget
-from engine import session_run
+from engine import run_cache, session_run
 from sessions.errors import Conflict
 from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
 from sessions.services import (
@@ -32,6 +33,7 @@ from sessions.services import (
     session_resume,
     timers_fire_due,
 )
+from tests.event_order import assert_events_in_order
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
 from tests.fakes.fixtures import openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import FakeModelServer, Reply
@@ -49,10 +51,16 @@ _lock = threading.Lock()
 
 
 @pytest.fixture(autouse=True)
-def _forget() -> None:
+def _forget() -> Iterator[None]:
     RAN.clear()
     KEYS.clear()
     FLAKY.clear()
+    # Version ids come again after each test's truncation: no runtime kept from another test.
+    run_cache._workflows.clear()
+    yield
+    # Every run of every test, at its end: node events nest and follow the path taken,
+    # and turn.finished closes its turn (tests/event_order.py).
+    assert_events_in_order()
 
 
 @tool_handler("tests.node.lookup")
@@ -851,3 +859,106 @@ def test_a_map_over_more_items_than_the_setting_fails_with_expression_limit(
         "a map takes at most 4 (WORKFLOW_MAP_MAX_ITEMS)"
     )
     assert RAN["notify"] == 0
+
+
+EDITED = """
+slug: edited
+role: support
+input: {type: object, properties: {number: {type: string}}, required: [number]}
+start: lookup
+nodes:
+  lookup: {kind: tool, tool: lookup, args: {number: input.number}, output: order, next: review}
+  review:
+    kind: human
+    title: Refund check
+    summary: "Refund {{ order.total }} on {{ input.number }}"
+    show: {amount: "order.total", customer: "order.customer_id"}
+    editable: [order]
+    output: decision
+    next: notify
+  notify: {kind: tool, tool: notify, args: {customer: order.customer_id}, output: sent, next: end}
+"""
+
+
+def test_a_review_card_says_what_is_decided_and_derives_its_risk_from_what_it_guards(
+    owner: Any,
+) -> None:
+    _apply(REFUND)  # review -> notify, a tool with side effects; no risk_level declared
+    session = _run(_start(owner, "refund", {"number": "SO-1"}))
+    approval = Approval.objects.get(session=session)
+    assert approval.risk_level == 2
+    assert approval.review == {
+        "workflow": "refund",
+        "run": str(session.pk),
+        "node": "review",
+        "title": "review",
+        "summary": "Refund 60.5 on SO-1",
+        "show": {},
+        "editable": {},
+    }
+
+    _apply(EDITED.replace("editable: [order]", "risk_level: 3"))
+    session = _run(_start(owner, "edited", {"number": "SO-1"}))
+    approval = Approval.objects.get(session=session)
+    assert approval.risk_level == 3  # as declared
+    assert approval.review is not None
+    assert approval.review["title"] == "Refund check"
+    assert approval.review["show"] == {"amount": 60.5, "customer": 7}
+
+
+def test_a_review_without_editable_values_refuses_an_edit_and_the_card_offers_none(
+    owner: Any,
+) -> None:
+    from approvals.admin import QueueCard
+    from sessions.errors import InvalidInput
+
+    _apply(REFUND)
+    approver = UserFactory(username="wf-approver")
+    approver_grant(username=approver.username, groups=["approvers"])
+    session = _run(_start(owner, "refund", {"number": "SO-1"}))
+    approval = Approval.objects.get(session=session)
+    assert QueueCard(approval=approval, recent=[]).can_edit is False
+    with pytest.raises(InvalidInput) as refused:
+        approval_decide(
+            approval_id=approval.pk,
+            approve=True,
+            user=approver,
+            groups=["approvers"],
+            arguments={"summary": "Refund 1 on SO-1"},
+        )
+    assert refused.value.code == "not_editable"
+    assert Approval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_an_approvers_edit_of_an_editable_value_reaches_the_next_node(owner: Any) -> None:
+    from approvals.admin import QueueCard
+    from sessions.errors import InvalidInput
+
+    _apply(EDITED)
+    approver = UserFactory(username="wf-approver")
+    approver_grant(username=approver.username, groups=["approvers"])
+    session = _run(_start(owner, "edited", {"number": "SO-1"}))
+    approval = Approval.objects.get(session=session)
+    assert QueueCard(approval=approval, recent=[]).can_edit is True
+    order = approval.review["editable"]["order"] if approval.review else None
+    assert order == {"number": "SO-1", "total": 60.5, "customer_id": 7}
+    with pytest.raises(InvalidInput):  # only the names the node declares
+        approval_decide(
+            approval_id=approval.pk,
+            approve=True,
+            user=approver,
+            groups=["approvers"],
+            arguments={"summary": "changed"},
+        )
+
+    approval_decide(
+        approval_id=approval.pk,
+        approve=True,
+        user=approver,
+        groups=["approvers"],
+        arguments={"order": {**order, "customer_id": 9}},
+    )
+    session = _run(session)
+
+    assert session.state == "finished", list(ToolCall.objects.values_list("tool_name", "error"))
+    assert session.workflow_state["values"]["sent"] == {"sent_to": 9}
