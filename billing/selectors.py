@@ -5,11 +5,20 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import DecimalField, F, OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 
 from observability.readings import Gauge
 
-from .models import CreditAccount, CreditReservation, ReservationStatus, SpendNotice, UsageDaily
+from .models import (
+    CreditAccount,
+    CreditReservation,
+    OwnerBudget,
+    ReservationStatus,
+    SpendDaily,
+    SpendNotice,
+    UsageDaily,
+)
 from .notices import billing_today
 
 
@@ -120,3 +129,41 @@ def notices_open(*, limit: int = 10) -> list[SpendNotice]:
             dismissed_at__isnull=True, period_end__gt=billing_today()
         ).order_by("-created_at")[:limit]
     )
+
+
+@dataclass(frozen=True)
+class OwnerDaySpend:
+    owner_id: int
+    username: str
+    spent: Decimal
+    limit: Decimal
+
+    @property
+    def share(self) -> float:
+        return float(self.spent / self.limit) if self.limit else 0.0
+
+
+def spend_today(*, owner_id: int | None, top: int = 5) -> tuple[Decimal, list[OwnerDaySpend]]:
+    """Today's model spend (the daily rollups, BILLING_TIME_ZONE's day) and the owners with a
+    day cost budget, nearest to it first. `owner_id` None: every owner. Two aggregate queries."""
+    today = billing_today()
+    rows = SpendDaily.objects.filter(day=today)
+    budgets = OwnerBudget.objects.filter(day_cost__isnull=False, day_cost__gt=0)
+    if owner_id is not None:
+        rows = rows.filter(owner_id=owner_id)
+        budgets = budgets.filter(owner_id=owner_id)
+    total = rows.aggregate(c=Sum("cost"))["c"] or Decimal(0)
+    money = DecimalField(max_digits=20, decimal_places=6)
+    spent = (
+        SpendDaily.objects.filter(day=today, owner_id=OuterRef("owner_id"))
+        .values("owner_id")
+        .annotate(c=Sum("cost"))
+        .values("c")
+    )
+    near = (
+        budgets.annotate(spent=Coalesce(Subquery(spent, output_field=money), Value(0, money)))
+        .annotate(share=F("spent") / F("day_cost"))
+        .values_list("owner_id", "owner__username", "spent", "day_cost")
+        .order_by("-share", "owner_id")[:top]
+    )
+    return total, [OwnerDaySpend(o, u, s, d or Decimal(0)) for o, u, s, d in near]
