@@ -59,15 +59,15 @@ def home_lines(request: HttpRequest) -> tuple[list[HomeLine], list[str]]:
     if may("agent_sessions.view_session"):
         since = timezone.localtime(figures.since).strftime("%Y-%m-%d %H:%M:%S")
         labels = {
-            "error": "Turns that failed with an error",
-            "stopped": "Turns stopped (a limit, a budget, a cancel)",
-            "tool_failures": "Turns with failed tool calls",
+            "error": "Turns failed (error)",
+            "stopped": "Turns stopped (limit, budget, cancel)",
+            "tool_failures": "Turns with tool failures",
         }
         for outcome, n in figures.not_ok.items():
             query = urlencode({"last_turn": outcome, "updated_at__gte": since})
             lines.append(
                 HomeLine(
-                    f"{labels[outcome]}, last 24 h",
+                    f"{labels[outcome]}, 24 h",
                     str(n),
                     f"{sessions_url}?{query}",
                     alarm=n > 0,

@@ -90,7 +90,7 @@ def test_a_superuser_sees_every_line_with_links(client, make_session, owner):  #
     html = client.get("/admin/").content.decode()
 
     assert "What is wrong" in html
-    assert "Turns that failed with an error, last 24 h" in html
+    assert "Turns failed (error), 24 h" in html
     assert "last_turn=error&amp;updated_at__gte=" in html
     assert "state__in=processing%2Ctool_wait%2Ctool_loop" in html
     assert "Approvals pending" in html and "oldest waits 42 min" in html
@@ -115,9 +115,9 @@ def test_a_staff_user_sees_their_tenant_and_only_what_they_may(client, make_sess
 
     html = client.get("/admin/").content.decode()
 
-    assert "Turns that failed with an error, last 24 h" in html
+    assert "Turns failed (error), 24 h" in html
     # Their one recent error, not the stranger's.
-    assert ">1</a>" in html.split("Turns that failed with an error")[1][:400]
+    assert ">1</a>" in html.split("Turns failed (error)")[1][:400]
     assert "Approvals pending" not in html
     assert "Spend today" not in html
     assert "Workers alive" not in html and "circuit breakers" not in html
