@@ -139,3 +139,13 @@ def approvals_changeable(*, approval_ids: list[Any]) -> set[Any]:
         .filter(Q(session__lease_owner__isnull=True) | Q(session__lease_owner=""))
         .values_list("pk", flat=True)
     )
+
+
+def approvals_pending_oldest(*, owner_id: int | None) -> tuple[int, Any]:
+    """(how many approvals wait, when the oldest was asked for): the admin home's line.
+    `owner_id` None: the whole platform, else that tenant's sessions only."""
+    rows = Approval.objects.filter(status=ApprovalStatus.PENDING)
+    if owner_id is not None:
+        rows = rows.filter(session__owner_id=owner_id)
+    row = rows.aggregate(n=Count("id"), oldest=Min("requested_at"))
+    return row["n"], row["oldest"]

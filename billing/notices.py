@@ -96,8 +96,14 @@ def notice_candidates(
                     period_start=start,
                     period_end=end,
                     owner_id=owner_id,
-                    message=f"{budget.label} budget of {who} {who_id}: {threshold} % reached "
-                    f"({_spent_text(budget, spent)})",
+                    message=budget_notice_text(
+                        period=budget.period,
+                        who=who,
+                        name=str(who_id),
+                        threshold=threshold,
+                        share=share,
+                        spent=_spent_text(budget, spent),
+                    ),
                     data={
                         "who": who,
                         "id": who_id,
@@ -127,6 +133,28 @@ def notice_candidates(
                 )
             )
     return found
+
+
+def budget_notice_text(
+    *, period: str, who: str, name: str, threshold: int, share: float, spent: str
+) -> str:
+    """ "day budget of owner alice: 80 % used (...)" while under the limit; at or past it
+    "reached", since the budget gate refuses the owner's turns from then on."""
+    where = "reached" if threshold >= 100 or share >= 1 else f"{threshold} % used"
+    return f"{period} budget of {who} {name}: {where} ({spent})"
+
+
+def notice_spent_text(data: dict[str, Any]) -> str:
+    """The spent-of-limit text from a budget notice's stored `data`."""
+    limit_cost = data.get("limit_cost")
+    budget = Budget(
+        who=str(data.get("who", "")),
+        period=str(data.get("period", "")),
+        tokens=data.get("limit_tokens"),
+        cost=None if limit_cost is None else Decimal(str(limit_cost)),
+    )
+    spent = Spent(int(data.get("spent_tokens") or 0), Decimal(str(data.get("spent_cost") or 0)))
+    return _spent_text(budget, spent)
 
 
 def _spent_text(budget: Budget, spent: Spent) -> str:

@@ -1,16 +1,30 @@
 """Named reads of credits and usage."""
 
+import contextlib
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
+from django.apps import apps
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import DecimalField, F, OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 
 from observability.readings import Gauge
 
-from .models import CreditAccount, CreditReservation, ReservationStatus, SpendNotice, UsageDaily
-from .notices import billing_today
+from .models import (
+    CreditAccount,
+    CreditReservation,
+    NoticeKind,
+    OwnerBudget,
+    ReservationStatus,
+    SpendDaily,
+    SpendNotice,
+    UsageDaily,
+)
+from .notices import billing_today, budget_notice_text, notice_spent_text
 
 
 @dataclass(frozen=True)
@@ -120,3 +134,118 @@ def notices_open(*, limit: int = 10) -> list[SpendNotice]:
             dismissed_at__isnull=True, period_end__gt=billing_today()
         ).order_by("-created_at")[:limit]
     )
+
+
+@dataclass(frozen=True)
+class BannerNotice:
+    notice: SpendNotice
+    text: str
+
+
+def notices_banner(*, limit: int) -> tuple[list[BannerNotice], int]:
+    """The open notices for the admin's banner, and how many more there are: of a budget's
+    thresholds in one period only the highest (an "80 %" beside "reached" says nothing),
+    each naming the user, key or agent rather than its id (three small queries, by id)."""
+    rows = notices_open(limit=limit * 4 + 1)
+    top: dict[tuple[str, Any], SpendNotice] = {}
+    for notice in rows:
+        key = (notice.subject, notice.period_start)
+        if key not in top or notice.threshold > top[key].threshold:
+            top[key] = notice
+    kept = sorted(top.values(), key=lambda n: n.created_at, reverse=True)
+    budget = [
+        n
+        for n in kept[:limit]
+        if n.kind == NoticeKind.BUDGET
+        and isinstance(n.data, dict)
+        and {"who", "id"} <= n.data.keys()
+    ]
+    ids: dict[str, set[int]] = {"owner": set(), "key": set(), "agent": set()}
+    for notice in budget:
+        with contextlib.suppress(TypeError, ValueError):
+            ids.setdefault(str(notice.data.get("who")), set()).add(int(notice.data["id"]))
+    names: dict[str, dict[int, str]] = {}
+    user = get_user_model()
+    names["owner"] = (
+        dict(user.objects.filter(pk__in=ids["owner"]).values_list("pk", user.USERNAME_FIELD))
+        if ids["owner"]
+        else {}
+    )
+    # Looked up by name: billing never imports accounts or sessions.
+    names["key"] = (
+        {
+            pk: f"{name or prefix + '…'} of {owner}"
+            for pk, prefix, name, owner in apps.get_model("accounts", "ApiKey")
+            .objects.filter(pk__in=ids["key"])
+            .values_list("pk", "prefix", "name", "owner__username")
+        }
+        if ids["key"]
+        else {}
+    )
+    names["agent"] = (
+        dict(
+            apps.get_model("agent_sessions", "Agent")
+            .objects.filter(pk__in=ids["agent"])
+            .values_list("pk", "slug")
+        )
+        if ids["agent"]
+        else {}
+    )
+    found = []
+    for notice in kept[:limit]:
+        text = notice.message
+        if notice in budget:
+            data = notice.data
+            who = str(data.get("who"))
+            try:
+                name = names.get(who, {}).get(int(data["id"]), str(data["id"]))
+            except (KeyError, TypeError, ValueError):
+                name = "?"
+            text = budget_notice_text(
+                period=str(data.get("period", "")),
+                who=who,
+                name=str(name),
+                threshold=notice.threshold,
+                share=float(data.get("share") or 0),
+                spent=notice_spent_text(data),
+            )
+        found.append(BannerNotice(notice, text))
+    return found, max(len(kept) - limit, 0)
+
+
+@dataclass(frozen=True)
+class OwnerDaySpend:
+    owner_id: int
+    username: str
+    spent: Decimal
+    limit: Decimal
+
+    @property
+    def share(self) -> float:
+        return float(self.spent / self.limit) if self.limit else 0.0
+
+
+def spend_today(*, owner_id: int | None, top: int = 5) -> tuple[Decimal, list[OwnerDaySpend]]:
+    """Today's model spend (the daily rollups, BILLING_TIME_ZONE's day) and the owners with a
+    day cost budget, nearest to it first. `owner_id` None: every owner. Two aggregate queries."""
+    today = billing_today()
+    rows = SpendDaily.objects.filter(day=today)
+    budgets = OwnerBudget.objects.filter(day_cost__isnull=False, day_cost__gt=0)
+    if owner_id is not None:
+        rows = rows.filter(owner_id=owner_id)
+        budgets = budgets.filter(owner_id=owner_id)
+    total = rows.aggregate(c=Sum("cost"))["c"] or Decimal(0)
+    money = DecimalField(max_digits=20, decimal_places=6)
+    spent = (
+        SpendDaily.objects.filter(day=today, owner_id=OuterRef("owner_id"))
+        .values("owner_id")
+        .annotate(c=Sum("cost"))
+        .values("c")
+    )
+    near = (
+        budgets.annotate(spent=Coalesce(Subquery(spent, output_field=money), Value(0, money)))
+        .annotate(share=F("spent") / F("day_cost"))
+        .values_list("owner_id", "owner__username", "spent", "day_cost")
+        .order_by("-share", "owner_id")[:top]
+    )
+    return total, [OwnerDaySpend(o, u, s, d or Decimal(0)) for o, u, s, d in near]

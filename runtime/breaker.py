@@ -133,3 +133,30 @@ def model_breaker() -> CircuitBreaker:
         threshold=settings.MODEL_BREAKER_THRESHOLD,
         cooldown_s=settings.MODEL_BREAKER_COOLDOWN_S,
     )
+
+
+@dataclass(frozen=True)
+class OpenBreaker:
+    kind: str  # model | tool
+    name: str
+    open_until: float
+
+
+def breakers_open(*, limit: int = 50) -> list[OpenBreaker]:
+    """Every breaker open now (or half-open), of any kind: one SCAN over the breaker keys
+    and one pipelined read, for the admin home (not the hot path). Raises RedisError."""
+    prefix = f"{settings.REDIS_KEY_PREFIX}:breaker:"
+    keys = [
+        k for k in _redis().scan_iter(match=prefix + "*", count=500) if not k.endswith(b":trial")
+    ][: limit * 4]
+    pipe = _redis().pipeline()
+    for key in keys:
+        pipe.hget(key, "open_until")
+    found = []
+    for key, value in zip(keys, pipe.execute(), strict=True):
+        if not value:
+            continue
+        kind, _, name = key.decode()[len(prefix) :].partition(":")
+        found.append(OpenBreaker(kind, name, float(value)))
+    found.sort(key=lambda b: (b.kind, b.name))
+    return found[:limit]

@@ -13,6 +13,8 @@ from django.db.models import Count, F, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
+from approvals.selectors import approvals_pending_oldest
+from billing.selectors import OwnerDaySpend, spend_today
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
 from workflows.selectors import run_graph_svg
@@ -29,7 +31,9 @@ from .models import (
     Session,
     ToolCall,
     Transition,
+    TurnOutcomeChoice,
 )
+from .states import State
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
@@ -461,4 +465,57 @@ def agent_routing_figures(*, agent: Agent, days: int = 30) -> RoutingFigures:
         cost_main_only=(cost - (totals["c"] or Decimal(0)) + main_price).quantize(
             Decimal("0.000001")
         ),
+    )
+
+
+# The states of a run in flight: a step running or about to (DESIGN.md's state machine).
+RUNNING_STATES = (State.PROCESSING, State.TOOL_WAIT, State.TOOL_LOOP)
+
+
+@dataclass(frozen=True)
+class HomeFigures:
+    """What is wrong right now, for the admin home (sessions/admin/home.py)."""
+
+    since: datetime
+    # Sessions whose last ended turn did not go well and that moved in the window, by outcome.
+    not_ok: dict[str, int]
+    running: int
+    awaiting_approval: int
+    approvals_pending: int
+    approvals_oldest: datetime | None
+    spend_today: Decimal
+    budgets: list[OwnerDaySpend]
+
+
+def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
+    """Three aggregate queries (sessions, approvals, spend) plus one for the budgets.
+    `owner_id` None: the whole platform (a superuser), else one tenant's figures.
+
+    "In the last 24 h" is the session's `updated_at` (a turn's end writes the session),
+    so a session whose last turn failed long ago and that nobody touched since is not counted."""
+    since = timezone.now() - timedelta(hours=hours)
+    rows = Session.objects.filter(ephemeral=False)
+    if owner_id is not None:
+        rows = rows.filter(owner_id=owner_id)
+    bad = [TurnOutcomeChoice.ERROR, TurnOutcomeChoice.STOPPED, TurnOutcomeChoice.TOOL_FAILURES]
+    recent = Q(updated_at__gte=since)
+    figures = rows.aggregate(
+        running=Count("id", filter=Q(state__in=RUNNING_STATES)),
+        awaiting=Count("id", filter=Q(state=State.AWAITING_APPROVAL)),
+        **{
+            f"o_{outcome.value}": Count("id", filter=recent & Q(last_turn_outcome=outcome))
+            for outcome in bad
+        },
+    )
+    pending, oldest = approvals_pending_oldest(owner_id=owner_id)
+    spent, budgets = spend_today(owner_id=owner_id)
+    return HomeFigures(
+        since=since,
+        not_ok={o.value: figures[f"o_{o.value}"] for o in bad},
+        running=figures["running"],
+        awaiting_approval=figures["awaiting"],
+        approvals_pending=pending,
+        approvals_oldest=oldest,
+        spend_today=spent,
+        budgets=budgets,
     )

@@ -7,7 +7,7 @@ import yaml
 from django import forms
 from django.contrib import admin
 from django.db import transaction
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
@@ -21,7 +21,7 @@ from configuration.documents import DocumentInvalid, document_load
 
 from .definition import Definition, WorkflowInvalid
 from .models import Workflow, WorkflowVersion
-from .selectors import definition_check, version_svg
+from .selectors import definition_check, version_svg, workflows_with_run_figures
 from .services import workflow_apply
 
 YAML_HELP = (
@@ -83,13 +83,22 @@ class WorkflowForm(forms.ModelForm):
 @admin.register(Workflow)
 class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
     form = WorkflowForm
-    list_display = ("slug", "name", "role", "current_version", "enabled", "runs_link")
+    list_display = (
+        "slug",
+        "name",
+        "role",
+        "current_version",
+        "enabled",
+        "runs_link",
+        "failed_link",
+        "median_duration",
+    )
     list_filter = ("enabled", "role")
     search_fields = ("slug", "name")
     readonly_fields = ("graph", "versions")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
-        return super().get_queryset(request).annotate(run_count=Count("versions__runs"))
+        return workflows_with_run_figures(super().get_queryset(request))
 
     def get_fields(self, request: HttpRequest, obj: Workflow | None = None) -> list[Any]:
         if obj is None:
@@ -120,6 +129,21 @@ class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
             + f"?agent__id__exact={obj.runtime_agent_id}"
         )
         return format_html('<a href="{}">{}</a>', url, getattr(obj, "run_count", 0))
+
+    @admin.display(description="Failed", ordering="failed_count")
+    def failed_link(self, obj: Workflow) -> str:
+        url = (
+            reverse("admin:agent_sessions_session_changelist")
+            + f"?agent__id__exact={obj.runtime_agent_id}&last_turn=error"
+        )
+        return format_html('<a href="{}">{}</a>', url, getattr(obj, "failed_count", 0))
+
+    @admin.display(description="Median duration", ordering="median_s")
+    def median_duration(self, obj: Workflow) -> str:
+        seconds = getattr(obj, "median_s", None)
+        if seconds is None:
+            return "-"
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     def save_model(self, request: HttpRequest, obj: Workflow, form: Any, change: bool) -> None:
         """The definition is stored by the service (a new version, the runtime agent kept in

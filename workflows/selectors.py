@@ -5,7 +5,8 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, QuerySet
+from django.db.models import Aggregate, Count, F, FloatField, Q, QuerySet
+from django.db.models.functions import Extract
 
 from sessions.models import Agent, Event, ModelEndpoint, Session
 from tools.execution import BUILTIN_TOOLS, ToolSnapshot
@@ -179,4 +180,26 @@ def workflow_definition_current(*, slug: str) -> dict[str, Any] | None:
         WorkflowVersion.objects.filter(workflow__slug=slug, number=F("workflow__current_version"))
         .values_list("definition", flat=True)
         .first()
+    )
+
+
+class _Median(Aggregate):
+    """PostgreSQL's median of an expression (no such aggregate in Django)."""
+
+    template = "percentile_cont(0.5) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+
+def workflows_with_run_figures(queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
+    """Each workflow with its runs, failed runs (its last turn ended in error) and the median
+    duration of its ended runs in seconds (created to last update), over all its versions:
+    aggregates in the list's own query, no query per row."""
+    runs = "versions__runs"
+    failed = Q(**{f"{runs}__last_turn_outcome": "error"})
+    ended = Q(**{f"{runs}__state__in": ["finished", "error", "cancelled"]})
+    seconds = Extract(F(f"{runs}__updated_at") - F(f"{runs}__created_at"), "epoch")
+    return queryset.annotate(
+        run_count=Count(runs),
+        failed_count=Count(runs, filter=failed),
+        median_s=_Median(seconds, filter=ended),
     )

@@ -4,7 +4,7 @@ from typing import Any
 
 from django import template
 
-from billing.selectors import notices_open
+from billing.selectors import notices_banner
 
 register = template.Library()
 
@@ -20,9 +20,9 @@ def cost_notice_banner(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not getattr(user, "is_superuser", False):
         return {"notices": [], "more": 0}
-    notices = notices_open(limit=BANNER_LIMIT + 1)
+    notices, more = notices_banner(limit=BANNER_LIMIT)
     return {
-        "notices": notices[:BANNER_LIMIT],
-        "more": max(len(notices) - BANNER_LIMIT, 0),
+        "notices": notices,
+        "more": more,
         "next": request.get_full_path() if request is not None else "",
     }

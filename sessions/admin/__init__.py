@@ -9,7 +9,7 @@ One module per page family; importing them registers their pages.
 
 from django.contrib import admin
 
-from . import agents, endpoints, records, sessions, workers
+from . import agents, endpoints, home, records, sessions, workers
 
 admin.site.site_header = "Agent platform"
 admin.site.site_title = "Agent platform"
@@ -18,4 +18,4 @@ admin.site.index_title = "Operations"
 # 1400 px screen; the breadcrumbs and the index page lead everywhere.
 admin.site.enable_nav_sidebar = False
 
-__all__ = ["agents", "endpoints", "records", "sessions", "workers"]
+__all__ = ["agents", "endpoints", "home", "records", "sessions", "workers"]

@@ -117,6 +117,40 @@ def test_a_dismiss_never_redirects_off_site(admin_client) -> None:  # type: igno
     assert response["Location"] == "/admin/billing/spendnotice/"
 
 
+def _budget_notice(who: str, who_id: int, threshold: int, share: float, **fields):  # type: ignore[no-untyped-def]
+    data = {
+        "who": who, "id": who_id, "period": "day", "share": share, "spent_tokens": 0,
+        "spent_cost": str(round(share * 10, 4)), "limit_tokens": None, "limit_cost": "10",
+    }  # fmt: skip
+    return _notice(
+        subject=f"{who}:{who_id}:day",
+        threshold=threshold,
+        period_start=billing_today(),
+        message=f"day budget of {who} {who_id}: {threshold} % reached",
+        data=data,
+        **fields,
+    )
+
+
+def test_the_banner_says_reached_at_the_limit_and_names_the_user_and_key(admin_client) -> None:  # type: ignore[no-untyped-def]
+    alice = UserFactory(username="alice")
+    _budget_notice("owner", alice.pk, 80, 0.85)
+    _budget_notice("owner", alice.pk, 100, 1.02)
+    api_key_for("carol")
+    key = UserFactory._meta.model.objects.get(username="carol").api_keys.get()
+    key.name = "billing-bot"
+    key.save(update_fields=["name"])
+    _budget_notice("key", key.pk, 80, 0.9)
+
+    html = admin_client.get("/admin/").content.decode()
+    banner = html[html.index('id="cost-notices"') :][:3000]
+
+    # One line per budget: the limit reached, not also "80 %" beside it.
+    assert "day budget of owner alice: reached (cost 10.2000 of 10)" in banner
+    assert f"owner {alice.pk}" not in banner and "80 % reached" not in banner
+    assert "day budget of key billing-bot of carol: 80 % used (cost 9.0000 of 10)" in banner
+
+
 def test_staff_who_are_not_operators_see_no_banner(client) -> None:  # type: ignore[no-untyped-def]
     _notice()
     client.force_login(StaffUserFactory())

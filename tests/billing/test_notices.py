@@ -42,7 +42,9 @@ def test_each_threshold_reached_is_a_candidate(settings) -> None:
     assert _subjects(found) == [("owner:5:month", 80), ("key:7:day", 80), ("key:7:day", 100)]
     month = found[0]
     assert (month.period_start, month.period_end) == (date(2026, 2, 1), date(2026, 3, 1))
-    assert "80 %" in month.message and "8.5" in month.message
+    assert "80 % used" in month.message and "8.5" in month.message
+    # At the limit the budget gate refuses turns: the notice says so, not "80 %".
+    assert [n.message.split(": ")[1].split(" (")[0] for n in found[1:]] == ["reached", "reached"]
     assert found[1].period_end == date(2026, 2, 15)
 
 

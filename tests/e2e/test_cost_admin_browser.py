@@ -86,7 +86,7 @@ def test_the_cost_page_draws_spend_per_day_at_full_width_with_its_notices(live_s
         page.wait_for_url(f"{live_stack.http}/admin/")
         # The index names the page in words, and the banner is on every page.
         assert "Cost and usage" in page.inner_text("#content-main")
-        assert "API key month budget" in page.inner_text("#cost-notices")
+        assert "month budget of key" in page.inner_text("#cost-notices")
 
         page.goto(f"{live_stack.http}/admin/billing/usagedaily/?days=30&stack=model&group=key")
         chart = page.locator("#spend-chart")

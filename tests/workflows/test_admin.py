@@ -207,3 +207,38 @@ def test_a_definition_over_the_size_limit_is_refused_with_a_form_error(
         page.content.decode()
     )
     assert not Workflow.objects.exists()
+
+
+def test_the_list_shows_runs_failures_and_the_median_duration(admin_client: Client) -> None:
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from sessions.models import Session
+
+    flow = _apply()
+    _apply(FLOW.replace("slug: look", "slug: idle-flow"))
+    owner: Any = UserFactory(username="runner")
+    runs = [
+        workflow_run_start(owner=owner, key_roles=["support"], slug="look", input={})[0]
+        for _ in range(3)
+    ]
+    for run, (seconds, outcome) in zip(runs, [(10, "ok"), (20, "error"), (60, "ok")], strict=True):
+        Session.objects.filter(pk=run.pk).update(
+            state="finished" if outcome == "ok" else "error",
+            last_turn_outcome=outcome,
+            created_at=run.created_at,
+            updated_at=run.created_at + timedelta(seconds=seconds),
+        )
+
+    with CaptureQueriesContext(connection) as queries:
+        body = admin_client.get("/admin/workflows/workflow/").content.decode()
+
+    row = body.split('href="/admin/workflows/workflow/' + str(flow.pk))[1][:1500]
+    assert ">3</a>" in row and ">1</a>" in row and "20.0 s" in row
+    assert f"agent__id__exact={flow.runtime_agent_id}&amp;last_turn=error" in row
+    # The other workflow: no runs, no median.
+    assert "-" in body.split("idle-flow")[1][:1500]
+    # The figures ride in the list's own query, not one query per workflow.
+    assert sum("percentile_cont" in q["sql"] for q in queries.captured_queries) == 1
