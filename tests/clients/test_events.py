@@ -171,27 +171,21 @@ def test_unknown_payload_keys_stay_in_data():
     assert event.risk_level == 2 and event.data["new"] == 1
 
 
-def _frame(event_seq: int, type_: str, **data: Any) -> dict[str, Any]:
-    return {
-        "seq": event_seq,
-        "type": type_,
-        "session": "s1",
-        "ts": "2026-12-07T10:00:00Z",
-        "data": data,
-    }
-
-
 def test_a_turn_without_an_answer_answers_nothing_not_the_previous_turns():
     from agentplatform_client.client import TurnResult
 
     # run_turn's events include a turn that was running when the message was sent.
     earlier = parse_event(
-        _frame(3, "message.completed", seq=2, role="assistant", content="old", turn=1)
+        _frame(
+            "message.completed", {"seq": 2, "role": "assistant", "content": "old", "turn": 1}, seq=3
+        )
     )
-    own_end = parse_event(_frame(9, "turn.finished", turn=2, outcome="stopped"))
+    own_end = parse_event(_frame("turn.finished", {"turn": 2, "outcome": "stopped"}, seq=9))
     assert TurnResult(events=[earlier, own_end], finished=own_end).answer == ""
     answered = parse_event(
-        _frame(8, "message.completed", seq=4, role="assistant", content="new", turn=2)
+        _frame(
+            "message.completed", {"seq": 4, "role": "assistant", "content": "new", "turn": 2}, seq=8
+        )
     )
     result = TurnResult(events=[earlier, answered, own_end], finished=own_end)
     assert result.answer == "new"
