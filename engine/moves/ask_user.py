@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from engine.gates.client_tools import client_result_error
 from engine.gates.questions import open_question
 from engine.moves.turn import build_step, step_commit
 from llm.types import ModelOptions
@@ -133,7 +134,10 @@ def client_results(
             content = render_failure(call.status, call.error)
             data: Any = {"error": call.error, "status": call.status}
         else:
-            call.status, call.output, call.error = ToolCallStatus.SUCCESS, {"result": text}, ""
+            # The model reads the client's text as sent; an error it reports counts as one.
+            error = client_result_error(text)
+            call.status = ToolCallStatus.SUCCESS if error is None else ToolCallStatus.FAILED
+            call.output, call.error = {"result": text}, error or ""
             content, data = text, None
         call.finished_at = now
         call.elapsed_ms = int((now - call.created_at).total_seconds() * 1000)

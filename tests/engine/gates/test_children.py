@@ -232,6 +232,10 @@ def test_a_handoff_to_an_agent_whose_tools_the_role_may_not_use_is_refused(
     assert session.agent.slug == "boss"
     assert "may not use its tools vault_open" in _answer(session)
     assert not Event.objects.filter(session=session, type="agent.changed").exists()
+    # The refused handoff counts as failed, as its tool.finished says.
+    finished = Event.objects.filter(session=session, type="turn.finished").latest("seq").data
+    assert finished["calls"] == {"ok": 0, "failed": 1, "rejected": 0, "expired": 0, "unpaid": 0}
+    assert finished["outcome"] == "tool_failures"
 
 
 def test_the_api_and_the_admin_show_the_tree(boss: Session) -> None:

@@ -234,3 +234,42 @@ def test_past_the_deadline_the_sweeper_fails_the_clients_calls_and_the_model_is_
     assert (call.status, call.error) == ("failed", CLIENT_DEADLINE_ERROR)
     assert session.state == "finished"
     assert CLIENT_DEADLINE_ERROR in _answer(session).content
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        ('{"error": "card declined"}', "card declined"),
+        ('{"ok": false, "error": "order closed"}', "order closed"),
+    ],
+)
+def test_a_result_of_the_clients_tool_that_reports_an_error_counts_as_failed(
+    result: str, error: str
+) -> None:
+    session = _client_tool_session()
+    call = ToolCall.objects.get(session=session)
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(session=locked, calls=[call], results={call.call_id: result}, by="client")
+    session = _run(session)
+
+    call.refresh_from_db()
+    assert (call.status, call.error, call.output) == ("failed", error, {"result": result})
+    # The model reads the client's text as sent.
+    assert _answer(session).content == f"Refund: {result}"
+    finished = _finished(session)
+    assert finished["calls"] == {"ok": 0, "failed": 1, "rejected": 0, "expired": 0, "unpaid": 0}
+    assert finished["outcome"] == "tool_failures"
+
+
+def test_a_plain_or_successful_result_of_the_clients_tool_counts_as_ok() -> None:
+    session = _client_tool_session()
+    call = ToolCall.objects.get(session=session)
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(
+            session=locked, calls=[call], results={call.call_id: '{"ok": true}'}, by="client"
+        )
+    session = _run(session)
+    assert _finished(session)["calls"]["ok"] == 1
+    assert _finished(session)["outcome"] == "ok"
