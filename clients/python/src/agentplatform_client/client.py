@@ -7,11 +7,13 @@ send it, so they cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -28,6 +30,7 @@ from .models import (
     Session,
     SessionRef,
     Tool,
+    WorkflowRun,
     session_ref,
 )
 from .stream import AsyncEventStream, EventStream, ReconnectPolicy
@@ -44,6 +47,25 @@ class _Call(Generic[T]):
     params: dict[str, Any] | None = None
     body: Any = None
     has_body: bool = False
+
+
+# A run's states once it ended (it runs again only if an operator resumes it).
+RUN_ENDED = frozenset({"finished", "error", "cancelled"})
+
+
+def _started_run(response: httpx.Response) -> Session:
+    """The run as POST .../runs/ describes it (`workflow` its slug, `version` the
+    workflow's): a Session whose `workflow` says which; nothing ran yet."""
+    data = response.json()
+    workflow = {"slug": data.get("workflow", ""), "version": data.get("version", 0)}
+    return Session.from_dict({**data, "version": 0, "workflow": workflow})
+
+
+def _run_outcome(session: Session) -> WorkflowRun | None:
+    """The run's workflow once the run ended (its result or error), else None."""
+    if session.state not in RUN_ENDED or session.workflow is None:
+        return None
+    return session.workflow
 
 
 def _list(cls: Any) -> Callable[[httpx.Response], list[Any]]:
@@ -144,6 +166,23 @@ class _Calls:
     def messages_page(session_id: SessionRef, params: dict[str, Any]) -> _Call[Page[Message]]:
         return _Call(
             "GET", f"sessions/{session_ref(session_id)}/messages/", _page(Message), params=params
+        )
+
+    @staticmethod
+    def start_workflow(
+        slug: str, input: Any, idempotency_key: str | None, metadata: dict[str, Any] | None
+    ) -> _Call[Session]:
+        body = {
+            "input": input,
+            **_params(idempotency_key=idempotency_key),
+            **({"metadata": metadata} if metadata else {}),
+        }
+        return _Call(
+            "POST",
+            f"workflows/{quote(slug, safe='')}/runs/",
+            _started_run,
+            body=body,
+            has_body=True,
         )
 
     @staticmethod
@@ -366,6 +405,31 @@ class Client:
         requests too)."""
         return self._run(_Calls.list_sessions(limit, ephemeral))
 
+    def start_workflow(
+        self,
+        slug: str,
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Start a run of the workflow `slug` with `input`; the run is a Session."""
+        return self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+
+    def wait_for_run(
+        self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
+    ) -> WorkflowRun:
+        """Poll the run until it ended; its `WorkflowRun` has the `result` or the `error`.
+        TimeoutError past `timeout` seconds (a run waiting on a person stays unended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = _run_outcome(self.get_session(run))
+            if ended is not None:
+                return ended
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {session_ref(run)} did not end within {timeout} s")
+            time.sleep(poll)
+
     def get_session(self, session_id: SessionRef) -> Session:
         return self._run(_Calls.get_session(session_id))
 
@@ -577,6 +641,31 @@ class AsyncClient:
         self, *, limit: int | None = None, ephemeral: bool = False
     ) -> list[Session]:
         return await self._run(_Calls.list_sessions(limit, ephemeral))
+
+    async def start_workflow(
+        self,
+        slug: str,
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Start a run of the workflow `slug` with `input`; the run is a Session."""
+        return await self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+
+    async def wait_for_run(
+        self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
+    ) -> WorkflowRun:
+        """Poll the run until it ended; its `WorkflowRun` has the `result` or the `error`.
+        TimeoutError past `timeout` seconds (a run waiting on a person stays unended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = _run_outcome(await self.get_session(run))
+            if ended is not None:
+                return ended
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {session_ref(run)} did not end within {timeout} s")
+            await asyncio.sleep(poll)
 
     async def get_session(self, session_id: SessionRef) -> Session:
         return await self._run(_Calls.get_session(session_id))
