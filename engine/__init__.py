@@ -12,7 +12,7 @@ from engine.gates.questions import open_question
 from engine.gates.summary_ahead import summary_ahead_make
 from engine.model.context import summary_through
 from engine.moves.approval import approval_changed, approval_recorded
-from engine.moves.ask_user import client_results, user_answer
+from engine.moves.ask_user import client_calls_expire, client_results, user_answer
 from engine.moves.takeover import (
     hand_back,
     operator_finish,
@@ -37,6 +37,7 @@ __all__ = [
     "agent_tool_names",
     "approval_changed",
     "approval_recorded",
+    "client_calls_expire",
     "client_results",
     "StaleSession",
     "fork_start",

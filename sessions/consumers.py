@@ -51,7 +51,7 @@ from runtime.fastpaths import daphne_frames
 from . import selectors, services
 from .api.serializers import MessageCreateSerializer
 from .errors import DomainError, NotFound
-from .event_limits import text_within_limit
+from .event_limits import events_url, text_within_limit
 from .events import EventType
 from .json_limits import JsonRejected, json_loads
 from .publisher import frame_text, group_name, make_frame, texts_of
@@ -59,6 +59,7 @@ from .publisher import frame_text, group_name, make_frame, texts_of
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_INTERNAL_ERROR = 1011
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
 # Too many failed authentications from this address, or too many open sockets for this key.
@@ -205,7 +206,8 @@ class _Feed:
                     try:
                         await consumer._on_frame(seq, frame, now)
                     except Exception:  # noqa: BLE001 - one broken socket never stops the others
-                        logger.debug("websocket send failed", exc_info=True)
+                        logger.warning("websocket send failed", exc_info=True)
+                        await consumer._unsent(frame.message["text"])
 
 
 class _LiveFrame:
@@ -509,6 +511,28 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def _fail(self, code: str, message: str, close_code: int) -> None:
         await self._send_error(code, message)
         await self.close(code=close_code)
+
+    async def _unsent(self, text: str) -> None:
+        """A frame that could not be sent (daphne refused it): the socket is told which
+        event and where to read it, then closed (its stream has a gap: a reconnect
+        with `after` resumes it), never left to miss it silently."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            frame = json.loads(text)
+            seq, type_ = frame.get("seq"), str(frame.get("type", ""))
+            details: dict[str, Any] = {"seq": seq, "type": type_, "event_bytes": len(text)}
+            where = "it is not stored (a live-only frame)"
+            if isinstance(seq, int):
+                details["url"] = events_url(self.session_id, seq)
+                where = f"read it at {details['url']}"
+            await self._send_error(
+                "event_not_sent", f"event {seq} ({type_}) could not be sent; {where}", details
+            )
+            await self.close(code=CLOSE_INTERNAL_ERROR)
+        except Exception:  # noqa: BLE001 - the connection itself is broken: nothing to tell
+            logger.debug("websocket: telling of an unsent frame failed", exc_info=True)
 
     async def _send_error(
         self, code: str, message: str, details: dict[str, Any] | None = None

@@ -56,6 +56,9 @@ class StopReason(StrEnum):
     # Tool calls the owner's credit points could not pay for, twice in a turn.
     INSUFFICIENT_CREDITS = "insufficient_credits"
     OPERATOR = "operator"  # an operator ended the turn with their own answer
+    # The client did not send its own tools' results before OPENAI_CLIENT_TOOLS_WAIT_S:
+    # nobody listens, so the turn ends without calling the model again.
+    EXPIRED = "expired"
 
 
 class TurnOutcome(StrEnum):

@@ -12,6 +12,7 @@ to run, not the platform's:
   (`OPENAI_CLIENT_TOOLS_WAIT_S`) the sweeper fails them and the model is told.
 """
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -55,3 +56,24 @@ def open_client_calls(session: Session) -> list[ToolCall]:
             session=session, turn=session.turn, status=ToolCallStatus.EXECUTING, client=True
         ).order_by("step", "position")
     )
+
+
+def client_result_error(text: str) -> str | None:
+    """What went wrong, when the client's result of its tool reports an error, else None.
+
+    The wire's `tool` message is only text, so the rule is the platform's own tools' one:
+    a JSON object with `"ok": false`, or with a non-empty `"error"` (and no `"ok": true`).
+    The model reads the text as sent either way; this decides how the call counts.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if data.get("ok") is False:
+        return str(error or "the client's tool reported a failure")[:2000]
+    if error and data.get("ok") is not True:
+        return (error if isinstance(error, str) else json.dumps(error, sort_keys=True))[:2000]
+    return None

@@ -16,14 +16,15 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from engine.gates.client_tools import client_result_error
 from engine.gates.questions import open_question
-from engine.moves.turn import build_step, step_commit
+from engine.moves.turn import build_step, step_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, ToolFinished
-from sessions.models import Message, MessageStatus, Session, ToolCall, ToolCallStatus
+from sessions.events import EventSpec, EventType, StopReason, ToolFinished
+from sessions.models import Message, MessageStatus, Refusal, Session, ToolCall, ToolCallStatus
 from sessions.states import Trigger
-from tools.rendering import render_failure, render_success
+from tools.rendering import render_success
 
 
 def user_answer(
@@ -112,8 +113,8 @@ def client_results(
     owner: str | None = None,
     turn_options: ModelOptions | None = None,
 ) -> list[Message]:
-    """Write the client's results of its tool calls (`results` by call id; a call missing
-    from it failed: the deadline passed) and continue the turn (-> tool_loop) in one step.
+    """Write the client's results of its tool calls (`results` by call id, one for each)
+    and continue the turn (-> tool_loop) in one step.
 
     A result is the client's text as the model reads it (JSON or not). The client's
     `turn_options` sent with them (its tools again, its sampling) are kept on the first
@@ -123,18 +124,11 @@ def client_results(
     messages: list[Message] = []
     events: list[EventSpec] = []
     for call in calls:
-        text = results.get(call.call_id)
-        if text is None:
-            call.status, call.output, call.error = (
-                ToolCallStatus.FAILED,
-                None,
-                CLIENT_DEADLINE_ERROR,
-            )
-            content = render_failure(call.status, call.error)
-            data: Any = {"error": call.error, "status": call.status}
-        else:
-            call.status, call.output, call.error = ToolCallStatus.SUCCESS, {"result": text}, ""
-            content, data = text, None
+        content = results[call.call_id]
+        # The model reads the client's text as sent; an error it reports counts as one.
+        error = client_result_error(content)
+        call.status = ToolCallStatus.SUCCESS if error is None else ToolCallStatus.FAILED
+        call.output, call.error = {"result": content}, error or ""
         call.finished_at = now
         call.elapsed_ms = int((now - call.created_at).total_seconds() * 1000)
         messages.append(
@@ -144,7 +138,6 @@ def client_results(
                 content=content,
                 tool_call_id=call.call_id,
                 name=call.tool_name,
-                data=data,
                 token_count=count_message_tokens(content),
                 turn_options=turn_options if not messages else None,
             )
@@ -175,3 +168,19 @@ def client_results(
         )
     )
     return messages
+
+
+def client_calls_expire(*, session: Session, actor: str) -> None:
+    """End a turn whose client did not send its tools' results before the deadline
+    (OPENAI_CLIENT_TOOLS_WAIT_S): nobody listens any more, so the model is not called
+    again; the calls count as expired and the turn ends `expired` (-> cancelled)."""
+    turn_finish(
+        session,
+        None,
+        Trigger.CANCEL,
+        CLIENT_DEADLINE_ERROR,
+        stop_reason=StopReason.EXPIRED,
+        actor=actor,
+        refusal=Refusal.EXPIRED,
+        closed_error=CLIENT_DEADLINE_ERROR,
+    )

@@ -99,7 +99,9 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         trigger = Trigger.FAILURE
         reason = f"node {node} failed: {error}"[:2000]
         set_fields["last_error"] = reason
-        summary = turn_summary(session, StopReason.ERROR, usage, calls=turn_calls_counted(session))
+        summary = turn_summary(
+            session, StopReason.ERROR, usage, calls=turn_calls_counted(session, writes.ran_calls)
+        )
         summary["reason"] = reason
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
     elif writes.finished:
@@ -116,7 +118,9 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
             )
         )
         slots.append(len(writes.events))  # the answer after the last node finished
-        summary = turn_summary(session, StopReason.ANSWER, usage, calls=turn_calls_counted(session))
+        summary = turn_summary(
+            session, StopReason.ANSWER, usage, calls=turn_calls_counted(session, writes.ran_calls)
+        )
         summary["result"] = result
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
     step = build_step(

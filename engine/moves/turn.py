@@ -682,9 +682,13 @@ def turn_finish(
     actor: str = "",
     spend: ModelSpend | None = None,
     answer: Message | None = None,
+    refusal: str = "",
+    closed_error: str = "",
 ) -> None:
     """End the turn (cancelled, error, ...) with its events, in one step; `answer`
-    (an operator's) comes after the closed calls' results.
+    (an operator's) comes after the closed calls' results. `refusal` and `closed_error`:
+    why the calls that never started did not run, when the turn's end says more than
+    "the turn ended" (the client's calls past their deadline: expired).
 
     Calls of the turn that never started are closed as rejected, so no
     ToolCall is left `executing` once its turn is over. Each closed call also
@@ -710,8 +714,10 @@ def turn_finish(
         call.status = (
             ToolCallStatus.REJECTED if call.dispatched_at is None else ToolCallStatus.FAILED
         )
+        if call.dispatched_at is None:
+            call.refusal = refusal
         call.error = (
-            f"the turn ended ({stop_reason}) before this call ran"
+            (closed_error or f"the turn ended ({stop_reason}) before this call ran")
             if call.dispatched_at is None
             else f"the turn ended ({stop_reason}) while this call was in flight; its outcome is unknown "
             f"(idempotency key {call.idempotency_key})"
@@ -726,15 +732,15 @@ def turn_finish(
         iterations=spend.iteration if spend is not None else None,
         calls=call_counts((c.status, c.refusal) for c in turn_calls),
     )
-    events[:0] = [
-        EventSpec(
-            EventType.TOOL_FINISHED,
-            ToolFinished(
-                call_id=c.call_id, tool=c.tool_name, status=c.status, error=c.error, turn=c.turn
-            ),
+    closed: list[EventSpec] = []
+    for c in open_calls:
+        finished = ToolFinished(
+            call_id=c.call_id, tool=c.tool_name, status=c.status, error=c.error, turn=c.turn
         )
-        for c in open_calls
-    ]
+        if c.refusal:
+            finished["refusal"] = c.refusal
+        closed.append(EventSpec(EventType.TOOL_FINISHED, finished))
+    events[:0] = closed
     step_commit(
         build_step(
             session,

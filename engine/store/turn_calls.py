@@ -28,8 +28,13 @@ def turn_call_states(session: Session) -> dict[int, tuple[str, str]]:
 
 def turn_calls_counted(session: Session, updating: Iterable[ToolCall] = ()) -> CallCounts:
     """The turn's calls by how they ended, counting `updating` (calls the caller's step
-    writes) as they will be once it commits."""
+    writes, updated or inserted) as they will be once it commits."""
     states = turn_call_states(session)
+    # A call the step inserts (a node step ran it itself) has no id yet.
+    inserted: list[tuple[str, str]] = []
     for call in updating:
-        states[call.pk] = (call.status, call.refusal)
-    return call_counts(states.values())
+        if call.pk is None:
+            inserted.append((call.status, call.refusal))
+        else:
+            states[call.pk] = (call.status, call.refusal)
+    return call_counts([*states.values(), *inserted])

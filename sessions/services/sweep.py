@@ -19,7 +19,7 @@ from billing.selectors import reservations_open
 from billing.services import budget_holds_sweep, credits_close, waiting_expire
 from engine import (
     StaleSession,
-    client_results,
+    client_calls_expire,
     open_client_calls,
     open_question,
     timer_fire,
@@ -190,7 +190,7 @@ def timers_fire_due(*, limit: int = 100) -> list[str]:
 
 def questions_expire_due(*, limit: int = 100) -> list[str]:
     """Answer overdue `ask_user` questions with their default answer (the system answers);
-    fail overdue calls of the client's own tools (the model is told they did not come back)."""
+    end the turns whose client did not send its own tools' results in time (`expired`)."""
     woken: list[str] = []
     due = Session.objects.filter(
         state=State.PAUSED_FOR_USER.value, timer_due_at__lte=timezone.now()
@@ -205,8 +205,8 @@ def questions_expire_due(*, limit: int = 100) -> list[str]:
             question = open_question(locked) if locked is not None else None
             waiting = open_client_calls(locked) if locked is not None and question is None else []
             if locked is not None and waiting:
-                client_results(session=locked, calls=waiting, results={}, by=SYSTEM_ACTOR)
-                dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+                # Nobody listens for the answer: no worker, no model call.
+                client_calls_expire(session=locked, actor=SYSTEM_ACTOR)
                 woken.append(str(session.pk))
                 continue
             if locked is None or question is None:

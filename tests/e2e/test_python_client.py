@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 
+import httpx
 import pytest
 from agentplatform_client import (
     ApprovalRequested,
@@ -36,7 +37,7 @@ from accounts.services import api_key_create, approver_grant
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import set_model_options, stack_logs
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
-from tests.stack import ROOT, Stack
+from tests.stack import ROOT, Stack, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -430,3 +431,37 @@ def test_the_manual_examples_run_against_the_live_stack(live_stack: Stack):
         assert [e.tool for e in client.iter_events(waiting.id) if isinstance(e, ToolFinished)] == [
             "stamp"
         ]
+
+
+def test_a_workflow_run_is_started_and_its_result_waited_for_through_the_client(
+    live_stack: Stack, monkeypatch: pytest.MonkeyPatch
+):
+    # The demo's business API (get_order, issue_coupon), on a port of its own.
+    port = free_port()
+    monkeypatch.setenv("DEMO_API_URL", f"http://127.0.0.1:{port}")
+    api = live_stack.start(
+        "demoapi",
+        [sys.executable, "manage.py", "demo_business_api", "--port", str(port)],
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        assert api.poll() is None, live_stack.log_tail("demoapi")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "demo_business_api did not start"
+        time.sleep(0.1)
+    demo_install()
+    with Client(live_stack.http, api_key_for("alice")) as client:
+        run = client.start_workflow("refund", {"order_number": "SO-1001"}, metadata={"t": "1"})
+        assert run.workflow is not None and run.workflow.slug == "refund"
+
+        ended = client.wait_for_run(run, timeout=90)
+
+        assert ended.error is None and ended.result is not None, ended
+        # The Session itself where an id is asked for: the run's whole state, typed.
+        session = client.get_session(run)
+        assert (session.id, session.state, session.metadata) == (run.id, "finished", {"t": "1"})
+        assert session.workflow == ended and session.workflow.active == []

@@ -339,3 +339,42 @@ async def test_after_past_the_last_event_is_refused_with_4400_and_the_last_seq()
     assert connected
     assert await at_end.receive_nothing(timeout=0.5)
     await at_end.disconnect()
+
+
+async def test_a_frame_daphne_refuses_to_send_is_answered_with_an_error_frame_and_a_close(
+    monkeypatch,
+):
+    """A frame the server cannot send (daphne refuses a message over 1 MiB) is never
+    dropped silently: the socket gets an error frame naming the event and the REST page
+    that holds it, then a close (a reconnect with `after` resumes the stream)."""
+    session, key = await sync_to_async(_session_and_key)()
+    sockets = await _open(session, key, 2)
+    refusing = list(consumers._watchers().feeds[str(session.pk)].sockets)[0]
+    real_send = refusing.base_send
+
+    async def refuse_big(message: dict[str, Any]) -> None:
+        if len(message.get("text") or "") > 2000:
+            raise ValueError("message too big")  # as autobahn refuses one over its limit
+        await real_send(message)
+
+    monkeypatch.setattr(refusing, "base_send", refuse_big)
+    monkeypatch.setattr(refusing, "_protocol", None)  # through ASGI, as daphne's slow path
+    try:
+        await _publish(session, 1, "x" * 3000)
+        got = [json.loads(await ws.receive_from(timeout=10)) for ws in sockets]
+        told = sockets[[f["type"] for f in got].index("error")]
+        closed = await told.receive_output(timeout=10)
+    finally:
+        await _close(sockets)
+    error = next(f for f in got if f["type"] == "error")
+    assert [f["type"] for f in got].count("progress") == 1  # the other socket got it whole
+    url = f"/api/v1/sessions/{session.pk}/events/?after=0&limit=1"
+    assert error["data"]["code"] == "event_not_sent"
+    assert error["data"]["details"] == {
+        "seq": 1,
+        "type": "progress",
+        "event_bytes": error["data"]["details"]["event_bytes"],
+        "url": url,
+    }
+    assert "event 1 (progress)" in error["data"]["message"] and url in error["data"]["message"]
+    assert closed == {"type": "websocket.close", "code": 1011}

@@ -318,6 +318,10 @@ def test_a_handoff_the_model_was_not_offered_is_refused(boss: Session) -> None:
     assert session.agent.slug == "boss"
     assert "may not use its tools vault_open" in _answer(session)
     assert not Event.objects.filter(session=session, type="agent.changed").exists()
+    # The refused handoff counts as failed, as its tool.finished says.
+    finished = Event.objects.filter(session=session, type="turn.finished").latest("seq").data
+    assert finished["calls"] == {"ok": 0, "failed": 1, "rejected": 0, "expired": 0, "unpaid": 0}
+    assert finished["outcome"] == "tool_failures"
 
     Agent.objects.filter(slug="boss").update(handoffs=["billing"])
     message_post(session=session, content="go to vault")

@@ -442,6 +442,10 @@ def test_a_business_error_is_not_tried_again(owner: Any) -> None:
     assert session.state == "error"
     assert RAN["refuse"] == 1
     assert "order 3 is closed" in session.workflow_state["error"]["message"]
+    # The failed call (run in the node step itself) counts as failed, as its tool.finished says.
+    finished = Event.objects.get(session=session, type="turn.finished").data
+    assert finished["calls"] == {"ok": 0, "failed": 1, "rejected": 0, "expired": 0, "unpaid": 0}
+    assert finished["outcome"] == "error"
 
 
 def test_resuming_a_failed_run_sends_the_failed_call_again_with_its_key(owner: Any) -> None:

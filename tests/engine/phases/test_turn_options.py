@@ -4,6 +4,7 @@ steps included; a JSON answer is checked and repaired once, or the turn ends inv
 The client's own tools: a call of one never runs here, the turn waits for its result.
 """
 
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -226,15 +227,73 @@ def test_a_call_of_the_clients_tool_never_runs_here_and_the_turn_waits_without_a
     )
 
 
-def test_past_the_deadline_the_sweeper_fails_the_clients_calls_and_the_model_is_told() -> None:
+def test_an_abandoned_turn_ends_expired_past_the_deadline_without_calling_the_model(
+    settings: Any,
+) -> None:
+    settings.OPENAI_CLIENT_TOOLS_WAIT_S = 0.2
     session = _client_tool_session()
-    Session.objects.filter(pk=session.pk).update(timer_due_at=timezone.now() - timedelta(seconds=1))
+    models_before = ModelCall.objects.filter(session=session).count()
+    assert questions_expire_due() == []  # not yet due
+    time.sleep(0.3)
+
     assert questions_expire_due() == [str(session.pk)]
-    session = _run(session)
+
+    session = Session.objects.get(pk=session.pk)
+    assert (session.state, session.timer_due_at) == ("cancelled", None)
+    # Nobody listens: no run is woken and the model is not called again.
+    assert ModelCall.objects.filter(session=session).count() == models_before
+    assert Message.objects.filter(session=session).order_by("-seq")[0].role == "tool"
     call = ToolCall.objects.get(session=session)
-    assert (call.status, call.error) == ("failed", CLIENT_DEADLINE_ERROR)
-    assert session.state == "finished"
-    assert CLIENT_DEADLINE_ERROR in _answer(session).content
+    assert (call.status, call.refusal, call.error) == ("rejected", "expired", CLIENT_DEADLINE_ERROR)
+    finished = Event.objects.get(session=session, type="tool.finished").data
+    assert (finished["status"], finished["refusal"]) == ("rejected", "expired")
+    summary = _finished(session)
+    assert (summary["stop_reason"], summary["outcome"]) == ("expired", "stopped")
+    assert summary["calls"] == {"ok": 0, "failed": 0, "rejected": 0, "expired": 1, "unpaid": 0}
+    assert session.last_turn_calls == summary["calls"]
+    # The history stays well formed: the call has its result, and a new turn can start.
+    assert Message.objects.get(session=session, role="tool").tool_call_id == call.call_id
+    message_post(session=session, content="hello again")
+    assert Session.objects.get(pk=session.pk).state == "processing"
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        ('{"error": "card declined"}', "card declined"),
+        ('{"ok": false, "error": "order closed"}', "order closed"),
+    ],
+)
+def test_a_result_of_the_clients_tool_that_reports_an_error_counts_as_failed(
+    result: str, error: str
+) -> None:
+    session = _client_tool_session()
+    call = ToolCall.objects.get(session=session)
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(session=locked, calls=[call], results={call.call_id: result}, by="client")
+    session = _run(session)
+
+    call.refresh_from_db()
+    assert (call.status, call.error, call.output) == ("failed", error, {"result": result})
+    # The model reads the client's text as sent.
+    assert _answer(session).content == f"Refund: {result}"
+    finished = _finished(session)
+    assert finished["calls"] == {"ok": 0, "failed": 1, "rejected": 0, "expired": 0, "unpaid": 0}
+    assert finished["outcome"] == "tool_failures"
+
+
+def test_a_plain_or_successful_result_of_the_clients_tool_counts_as_ok() -> None:
+    session = _client_tool_session()
+    call = ToolCall.objects.get(session=session)
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        client_results(
+            session=locked, calls=[call], results={call.call_id: '{"ok": true}'}, by="client"
+        )
+    session = _run(session)
+    assert _finished(session)["calls"]["ok"] == 1
+    assert _finished(session)["outcome"] == "ok"
 
 
 # tool_choice and parallel_tool_calls --------------------------------------------------

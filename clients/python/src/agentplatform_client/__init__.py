@@ -61,6 +61,7 @@ from .models import (
     Tool,
     TurnCalls,
     Usage,
+    WorkflowRun,
 )
 from .stream import AsyncEventStream, EventStream, ReconnectPolicy
 
@@ -119,6 +120,7 @@ __all__ = [
     "TurnUsage",
     "UnsupportedMediaTypeError",
     "Usage",
+    "WorkflowRun",
     "ValidationError",
     "parse_event",
 ]

@@ -7,11 +7,13 @@ send it, so they cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -26,7 +28,10 @@ from .models import (
     OwnerUsage,
     PostedMessage,
     Session,
+    SessionRef,
     Tool,
+    WorkflowRun,
+    session_ref,
 )
 from .stream import AsyncEventStream, EventStream, ReconnectPolicy
 
@@ -42,6 +47,25 @@ class _Call(Generic[T]):
     params: dict[str, Any] | None = None
     body: Any = None
     has_body: bool = False
+
+
+# A run's states once it ended (it runs again only if an operator resumes it).
+RUN_ENDED = frozenset({"finished", "error", "cancelled"})
+
+
+def _started_run(response: httpx.Response) -> Session:
+    """The run as POST .../runs/ describes it (`workflow` its slug, `version` the
+    workflow's): a Session whose `workflow` says which; nothing ran yet."""
+    data = response.json()
+    workflow = {"slug": data.get("workflow", ""), "version": data.get("version", 0)}
+    return Session.from_dict({**data, "version": 0, "workflow": workflow})
+
+
+def _run_outcome(session: Session) -> WorkflowRun | None:
+    """The run's workflow once the run ended (its result or error), else None."""
+    if session.state not in RUN_ENDED or session.workflow is None:
+        return None
+    return session.workflow
 
 
 def _list(cls: Any) -> Callable[[httpx.Response], list[Any]]:
@@ -139,58 +163,86 @@ class _Calls:
         return _Call("GET", "sessions/", _page(Session), params=params)
 
     @staticmethod
-    def messages_page(session_id: str, params: dict[str, Any]) -> _Call[Page[Message]]:
-        return _Call("GET", f"sessions/{session_id}/messages/", _page(Message), params=params)
-
-    @staticmethod
-    def get_session(session_id: str) -> _Call[Session]:
-        return _Call("GET", f"sessions/{session_id}/", _one(Session))
-
-    @staticmethod
-    def send_message(
-        session_id: str, content: str, idempotency_key: str | None
-    ) -> _Call[PostedMessage]:
-        body = {"content": content, **_params(idempotency_key=idempotency_key)}
-        return _Call("POST", f"sessions/{session_id}/messages/", _posted, body=body, has_body=True)
-
-    @staticmethod
-    def list_messages(session_id: str, limit: int | None) -> _Call[list[Message]]:
+    def messages_page(session_id: SessionRef, params: dict[str, Any]) -> _Call[Page[Message]]:
         return _Call(
-            "GET", f"sessions/{session_id}/messages/", _list(Message), params=_params(limit=limit)
+            "GET", f"sessions/{session_ref(session_id)}/messages/", _page(Message), params=params
         )
 
     @staticmethod
-    def list_events(session_id: str, after: int, limit: int | None) -> _Call[EventPage]:
+    def start_workflow(
+        slug: str, input: Any, idempotency_key: str | None, metadata: dict[str, Any] | None
+    ) -> _Call[Session]:
+        body = {
+            "input": input,
+            **_params(idempotency_key=idempotency_key),
+            **({"metadata": metadata} if metadata else {}),
+        }
+        return _Call(
+            "POST",
+            f"workflows/{quote(slug, safe='')}/runs/",
+            _started_run,
+            body=body,
+            has_body=True,
+        )
+
+    @staticmethod
+    def get_session(session_id: SessionRef) -> _Call[Session]:
+        return _Call("GET", f"sessions/{session_ref(session_id)}/", _one(Session))
+
+    @staticmethod
+    def send_message(
+        session_id: SessionRef, content: str, idempotency_key: str | None
+    ) -> _Call[PostedMessage]:
+        body = {"content": content, **_params(idempotency_key=idempotency_key)}
+        return _Call(
+            "POST",
+            f"sessions/{session_ref(session_id)}/messages/",
+            _posted,
+            body=body,
+            has_body=True,
+        )
+
+    @staticmethod
+    def list_messages(session_id: SessionRef, limit: int | None) -> _Call[list[Message]]:
         return _Call(
             "GET",
-            f"sessions/{session_id}/events/",
+            f"sessions/{session_ref(session_id)}/messages/",
+            _list(Message),
+            params=_params(limit=limit),
+        )
+
+    @staticmethod
+    def list_events(session_id: SessionRef, after: int, limit: int | None) -> _Call[EventPage]:
+        return _Call(
+            "GET",
+            f"sessions/{session_ref(session_id)}/events/",
             _events,
             params=_params(after=after, limit=limit),
         )
 
     @staticmethod
-    def cancel(session_id: str) -> _Call[CancelResult]:
-        return _Call("POST", f"sessions/{session_id}/cancel/", _one(CancelResult))
+    def cancel(session_id: SessionRef) -> _Call[CancelResult]:
+        return _Call("POST", f"sessions/{session_ref(session_id)}/cancel/", _one(CancelResult))
 
     @staticmethod
-    def fork(session_id: str, checkpoint: int, role: str | None = None) -> _Call[Session]:
+    def fork(session_id: SessionRef, checkpoint: int, role: str | None = None) -> _Call[Session]:
         return _Call(
             "POST",
-            f"sessions/{session_id}/fork/",
+            f"sessions/{session_ref(session_id)}/fork/",
             _one(Session),
             body={"checkpoint": checkpoint, **_params(role=role)},
             has_body=True,
         )
 
     @staticmethod
-    def resume(session_id: str) -> _Call[Session]:
-        return _Call("POST", f"sessions/{session_id}/resume/", _one(Session))
+    def resume(session_id: SessionRef) -> _Call[Session]:
+        return _Call("POST", f"sessions/{session_ref(session_id)}/resume/", _one(Session))
 
     @staticmethod
-    def checkpoints(session_id: str, limit: int | None) -> _Call[list[Checkpoint]]:
+    def checkpoints(session_id: SessionRef, limit: int | None) -> _Call[list[Checkpoint]]:
         return _Call(
             "GET",
-            f"sessions/{session_id}/checkpoints/",
+            f"sessions/{session_ref(session_id)}/checkpoints/",
             _list(Checkpoint),
             params=_params(limit=limit),
         )
@@ -353,32 +405,57 @@ class Client:
         requests too)."""
         return self._run(_Calls.list_sessions(limit, ephemeral))
 
-    def get_session(self, session_id: str) -> Session:
+    def start_workflow(
+        self,
+        slug: str,
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Start a run of the workflow `slug` with `input`; the run is a Session."""
+        return self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+
+    def wait_for_run(
+        self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
+    ) -> WorkflowRun:
+        """Poll the run until it ended; its `WorkflowRun` has the `result` or the `error`.
+        TimeoutError past `timeout` seconds (a run waiting on a person stays unended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = _run_outcome(self.get_session(run))
+            if ended is not None:
+                return ended
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {session_ref(run)} did not end within {timeout} s")
+            time.sleep(poll)
+
+    def get_session(self, session_id: SessionRef) -> Session:
         return self._run(_Calls.get_session(session_id))
 
-    def cancel(self, session_id: str) -> CancelResult:
+    def cancel(self, session_id: SessionRef) -> CancelResult:
         return self._run(_Calls.cancel(session_id))
 
-    def fork(self, session_id: str, *, checkpoint: int, role: str | None = None) -> Session:
+    def fork(self, session_id: SessionRef, *, checkpoint: int, role: str | None = None) -> Session:
         """A new session from checkpoint step `checkpoint` (see `checkpoints`), with the
         session's role or `role`; the key must hold it (PermissionDeniedError otherwise)."""
         return self._run(_Calls.fork(session_id, checkpoint, role))
 
-    def resume(self, session_id: str) -> Session:
+    def resume(self, session_id: SessionRef) -> Session:
         """Continue a run that stopped in `error` (ConflictError otherwise)."""
         return self._run(_Calls.resume(session_id))
 
-    def checkpoints(self, session_id: str, *, limit: int | None = None) -> list[Checkpoint]:
+    def checkpoints(self, session_id: SessionRef, *, limit: int | None = None) -> list[Checkpoint]:
         return self._run(_Calls.checkpoints(session_id, limit))
 
     # Messages and events ----------------------------------------------------------
 
     def send_message(
-        self, session_id: str, content: str, *, idempotency_key: str | None = None
+        self, session_id: SessionRef, content: str, *, idempotency_key: str | None = None
     ) -> PostedMessage:
         return self._run(_Calls.send_message(session_id, content, idempotency_key))
 
-    def list_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+    def list_messages(self, session_id: SessionRef, *, limit: int | None = None) -> list[Message]:
         """History, oldest first (the last `limit`, server default 20)."""
         return self._run(_Calls.list_messages(session_id, limit))
 
@@ -390,7 +467,7 @@ class Client:
             yield from found
             params = found.next_params
 
-    def iter_messages(self, session_id: str, *, page: int = 1000) -> Iterator[Message]:
+    def iter_messages(self, session_id: SessionRef, *, page: int = 1000) -> Iterator[Message]:
         """A session's whole history, newest first, page by page (older pages as asked for)."""
         params: dict[str, Any] | None = {"limit": page}
         while params is not None:
@@ -399,13 +476,13 @@ class Client:
             params = found.next_params
 
     def list_events(
-        self, session_id: str, *, after: int = 0, limit: int | None = None
+        self, session_id: SessionRef, *, after: int = 0, limit: int | None = None
     ) -> EventPage:
         """One page of persisted events after `after` (server default 500, at most 1000,
         fewer when they are large); `page.more` says whether more follow."""
         return self._run(_Calls.list_events(session_id, after, limit))
 
-    def iter_events(self, session_id: str, *, after: int = 0) -> Iterator[Event]:
+    def iter_events(self, session_id: SessionRef, *, after: int = 0) -> Iterator[Event]:
         """Every persisted event after `after`, page by page."""
         while True:
             page = self.list_events(session_id, after=after, limit=EVENTS_PAGE)
@@ -414,7 +491,7 @@ class Client:
                 return
             after = page[-1].seq or after
 
-    def stream(self, session_id: str, *, after: int = 0) -> EventStream:
+    def stream(self, session_id: SessionRef, *, after: int = 0) -> EventStream:
         """The session's events over the websocket from `after` on, reconnecting as needed."""
         return EventStream(
             ws_base=self._ws_root,
@@ -425,7 +502,7 @@ class Client:
             fetch_after=lambda seq: list(self.iter_events(session_id, after=seq)),
         )
 
-    def last_seq(self, session_id: str) -> int:
+    def last_seq(self, session_id: SessionRef) -> int:
         """The seq of the session's newest persisted event (0 for none)."""
         last = 0
         for event in self.iter_events(session_id):
@@ -434,7 +511,7 @@ class Client:
 
     def run_turn(
         self,
-        session_id: str,
+        session_id: SessionRef,
         content: str,
         *,
         idempotency_key: str | None = None,
@@ -565,27 +642,58 @@ class AsyncClient:
     ) -> list[Session]:
         return await self._run(_Calls.list_sessions(limit, ephemeral))
 
-    async def get_session(self, session_id: str) -> Session:
+    async def start_workflow(
+        self,
+        slug: str,
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Start a run of the workflow `slug` with `input`; the run is a Session."""
+        return await self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+
+    async def wait_for_run(
+        self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
+    ) -> WorkflowRun:
+        """Poll the run until it ended; its `WorkflowRun` has the `result` or the `error`.
+        TimeoutError past `timeout` seconds (a run waiting on a person stays unended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = _run_outcome(await self.get_session(run))
+            if ended is not None:
+                return ended
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {session_ref(run)} did not end within {timeout} s")
+            await asyncio.sleep(poll)
+
+    async def get_session(self, session_id: SessionRef) -> Session:
         return await self._run(_Calls.get_session(session_id))
 
-    async def cancel(self, session_id: str) -> CancelResult:
+    async def cancel(self, session_id: SessionRef) -> CancelResult:
         return await self._run(_Calls.cancel(session_id))
 
-    async def fork(self, session_id: str, *, checkpoint: int, role: str | None = None) -> Session:
+    async def fork(
+        self, session_id: SessionRef, *, checkpoint: int, role: str | None = None
+    ) -> Session:
         return await self._run(_Calls.fork(session_id, checkpoint, role))
 
-    async def resume(self, session_id: str) -> Session:
+    async def resume(self, session_id: SessionRef) -> Session:
         return await self._run(_Calls.resume(session_id))
 
-    async def checkpoints(self, session_id: str, *, limit: int | None = None) -> list[Checkpoint]:
+    async def checkpoints(
+        self, session_id: SessionRef, *, limit: int | None = None
+    ) -> list[Checkpoint]:
         return await self._run(_Calls.checkpoints(session_id, limit))
 
     async def send_message(
-        self, session_id: str, content: str, *, idempotency_key: str | None = None
+        self, session_id: SessionRef, content: str, *, idempotency_key: str | None = None
     ) -> PostedMessage:
         return await self._run(_Calls.send_message(session_id, content, idempotency_key))
 
-    async def list_messages(self, session_id: str, *, limit: int | None = None) -> list[Message]:
+    async def list_messages(
+        self, session_id: SessionRef, *, limit: int | None = None
+    ) -> list[Message]:
         return await self._run(_Calls.list_messages(session_id, limit))
 
     async def iter_sessions(
@@ -599,7 +707,9 @@ class AsyncClient:
                 yield session
             params = found.next_params
 
-    async def iter_messages(self, session_id: str, *, page: int = 1000) -> AsyncIterator[Message]:
+    async def iter_messages(
+        self, session_id: SessionRef, *, page: int = 1000
+    ) -> AsyncIterator[Message]:
         """See `Client.iter_messages`."""
         params: dict[str, Any] | None = {"limit": page}
         while params is not None:
@@ -609,11 +719,11 @@ class AsyncClient:
             params = found.next_params
 
     async def list_events(
-        self, session_id: str, *, after: int = 0, limit: int | None = None
+        self, session_id: SessionRef, *, after: int = 0, limit: int | None = None
     ) -> EventPage:
         return await self._run(_Calls.list_events(session_id, after, limit))
 
-    async def iter_events(self, session_id: str, *, after: int = 0) -> AsyncIterator[Event]:
+    async def iter_events(self, session_id: SessionRef, *, after: int = 0) -> AsyncIterator[Event]:
         while True:
             page = await self.list_events(session_id, after=after, limit=EVENTS_PAGE)
             for event in page:
@@ -622,10 +732,10 @@ class AsyncClient:
                 return
             after = page[-1].seq or after
 
-    async def _all_after(self, session_id: str, after: int) -> list[Event]:
+    async def _all_after(self, session_id: SessionRef, after: int) -> list[Event]:
         return [event async for event in self.iter_events(session_id, after=after)]
 
-    def stream(self, session_id: str, *, after: int = 0) -> AsyncEventStream:
+    def stream(self, session_id: SessionRef, *, after: int = 0) -> AsyncEventStream:
         return AsyncEventStream(
             ws_base=self._ws_root,
             session_id=session_id,
@@ -635,7 +745,7 @@ class AsyncClient:
             fetch_after=lambda seq: self._all_after(session_id, seq),
         )
 
-    async def last_seq(self, session_id: str) -> int:
+    async def last_seq(self, session_id: SessionRef) -> int:
         last = 0
         async for event in self.iter_events(session_id):
             last = event.seq or last
@@ -643,7 +753,7 @@ class AsyncClient:
 
     async def run_turn(
         self,
-        session_id: str,
+        session_id: SessionRef,
         content: str,
         *,
         idempotency_key: str | None = None,

@@ -56,6 +56,27 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class WorkflowRun:
+    """A workflow run's version and where it stands (`Session.workflow`)."""
+
+    slug: str
+    version: int
+    active: list[str]
+    result: Any = None  # the run's result once it reached `end`
+    error: Any = None  # {"node", "message"} once a node failed for good
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkflowRun:
+        return cls(
+            slug=str(data.get("slug", "")),
+            version=int(data.get("version", 0)),
+            active=list(data.get("active") or []),
+            result=data.get("result"),
+            error=data.get("error"),
+        )
+
+
+@dataclass(frozen=True)
 class Session:
     id: str
     agent: str
@@ -74,6 +95,8 @@ class Session:
     ephemeral: bool = False
     # How the last turn that ended went; None before any turn ended.
     last_turn: LastTurn | None = None
+    # A workflow run's version and where it stands; None for a conversation.
+    workflow: WorkflowRun | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -94,6 +117,7 @@ class Session:
             updated_at=parse_time(data.get("updated_at")),
             ephemeral=bool(data.get("ephemeral")),
             last_turn=LastTurn.from_dict(data["last_turn"]) if data.get("last_turn") else None,
+            workflow=WorkflowRun.from_dict(data["workflow"]) if data.get("workflow") else None,
             raw=data,
         )
 
@@ -329,3 +353,12 @@ class Approval:
             comment=data.get("comment") or "",
             raw=data,
         )
+
+
+# Where a session's id is asked for, the Session itself will do.
+SessionRef = str | Session
+
+
+def session_ref(session: SessionRef) -> str:
+    """The id of `session`, given as an id or as the Session."""
+    return session.id if isinstance(session, Session) else str(session)

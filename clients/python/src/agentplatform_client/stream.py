@@ -39,6 +39,7 @@ from websockets.sync.client import connect as sync_connect
 
 from .errors import WS_CLOSE_STATUS, APIConnectionError, APIError, error_from_shape
 from .events import Event, parse_event
+from .models import SessionRef, session_ref
 
 # An error frame with one of these codes comes right before the server closes the socket:
 # it becomes the exception, not an event.
@@ -143,13 +144,13 @@ class AsyncEventStream:
         self,
         *,
         ws_base: str,
-        session_id: str,
+        session_id: SessionRef,
         api_key: str,
         after: int,
         policy: ReconnectPolicy,
         fetch_after: Callable[[int], Awaitable[list[Event]]],
     ) -> None:
-        self.session_id = str(session_id)
+        self.session_id = session_ref(session_id)
         self._ws_base = ws_base
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._policy = policy
@@ -272,13 +273,13 @@ class EventStream:
         self,
         *,
         ws_base: str,
-        session_id: str,
+        session_id: SessionRef,
         api_key: str,
         after: int,
         policy: ReconnectPolicy,
         fetch_after: Callable[[int], list[Event]],
     ) -> None:
-        self.session_id = str(session_id)
+        self.session_id = session_ref(session_id)
         self._ws_base = ws_base
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._policy = policy
