@@ -149,8 +149,10 @@ class Stack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        # A loaded machine (several test runs on 2 cores) starts the daphnes slower.
-        timeout = timeout or float(os.environ.get("STACK_READY_TIMEOUT_S") or 30.0)
+        # A loaded machine (several test runs on 2 cores) starts the daphnes slower: with
+        # both lanes running, a crash test's fresh stack missed 30 s in CI (ready in ~5 s
+        # idle); waiting longer costs nothing when it is up sooner.
+        timeout = timeout or float(os.environ.get("STACK_READY_TIMEOUT_S") or 90.0)
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:

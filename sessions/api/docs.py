@@ -217,10 +217,9 @@ Errors: 400 `invalid_input` (empty `content`, an unknown field, a NUL character)
     examples=[
         OpenApiExample(
             "Ask about an order",
-            value={
-                "content": "Where is order SO-1001?",
-                "idempotency_key": "order-SO-1001-question",
-            },
+            # No idempotency_key: a key is its owner's across sessions for a day, so "Try
+            # it out" on a second session would meet the first's key (409).
+            value={"content": "Where is order SO-1001?"},
             request_only=True,
         ),
         OpenApiExample(
