@@ -834,12 +834,10 @@ def test_a_when_too_costly_for_its_input_fails_the_node_with_expression_limit_at
     small = _run(_start(owner, "nested", {"items": [1, 2, 3]}))
     assert small.state == "finished"
 
-    started = time.monotonic()
+    # Unbounded, cel took ~0.8 s over these 100 items (and 27 s a level deeper), holding the
+    # GIL; the error's cost figure shows it was refused before it ran (no wall-clock bound
+    # here: a loaded CI machine is no measure, the bench is).
     session = _run(_start(owner, "nested", {"items": list(range(100))}))
-    elapsed = time.monotonic() - started
-
-    # Unbounded, cel took ~0.8 s over these 100 items (and 27 s a level deeper), holding the GIL.
-    assert elapsed < 0.5, elapsed
     assert session.state == "error"
     failed = [d for t, d in _events(session) if t == "node.failed"]
     assert failed[0]["node"] == "check"
