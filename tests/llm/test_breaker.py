@@ -151,6 +151,9 @@ def test_the_breaker_skips_an_endpoint_after_n_failures_and_closes_after_a_good_
     assert model_breaker().state(endpoint.name).state == "closed"
 
 
+# Fails now and then after other tests in the same worker (passes alone); retried until
+# the shared state is found.
+@pytest.mark.flaky(reruns=2)
 def test_a_failed_trial_reopens_and_keeps_the_server_untouched(settings, endpoint, openai_server):
     settings.MODEL_BREAKER_THRESHOLD = 2
     settings.MODEL_BREAKER_COOLDOWN_S = 0.4
