@@ -206,20 +206,32 @@ def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, Non
     No worker takes them in the in-process lane (each xdist worker has a queue of its own,
     tests/pytest_env.py), so left behind they add up and read as queue pressure
     (billing/pressure.py): a later test's steps would be degraded to the cheaper model.
-    The e2e lane's queues belong to its live workers and are left alone.
+    Worker heartbeats and pacing a test published go too: a "sick" worker's report lives
+    30 s and reads as worker pressure, which degrades the steps of the tests after it.
+    The e2e lane's queues and heartbeats belong to its live workers and are left alone.
     """
     yield
     if request.node.get_closest_marker("e2e") is not None:
         return
     from billing import pressure
+    from runtime import health
     from sessions import dispatch
 
     try:
         dispatch._sender.submit(lambda: None).result(timeout=10)  # what it still had to send
         pressure._broker().delete(*pressure.queue_list_names())
+        beats = health._redis()
+        names = [
+            n.decode() if isinstance(n, bytes) else str(n)
+            for n in beats.smembers(health._index_key())
+        ]
+        beats.delete(
+            health._index_key(), health._pacing_key(), *(health._worker_key(n) for n in names)
+        )
     except redis.RedisError:
         pass  # a test that stopped the broker on purpose: nothing was queued since
     pressure._queue_seen[:] = [0.0, 0.0]
+    health.cache_reset()
 
 
 @pytest.hookimpl(wrapper=True)
