@@ -21,9 +21,9 @@ from engine.gates.questions import open_question
 from engine.moves.turn import build_step, step_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason, ToolFinished
-from sessions.models import Message, MessageStatus, Refusal, Session, ToolCall, ToolCallStatus
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, StopReason, ToolFinished
+from record.models import Message, MessageStatus, Refusal, Session, ToolCall, ToolCallStatus
+from record.states import Trigger
 from tools.rendering import render_success
 
 
