@@ -37,8 +37,8 @@ ROUNDS_PER_SESSION = 5
 
 def _executor(reps: int, calls: int) -> dict[str, list[float]]:
     from engine.run_cache import agent_runtime
+    from record.models import Agent
     from runtime import io_loop
-    from sessions.models import Agent
     from tools.execution import ToolInvocation, execute_all
 
     agent = Agent.objects.get(slug="bench-noop")

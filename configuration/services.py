@@ -24,7 +24,7 @@ from audit.models import AuditAction
 from audit.selectors import admin_changed_fields
 from audit.services import SYSTEM, audit_record
 from memory.models import EmbeddingEndpoint
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable

@@ -29,6 +29,8 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
+from record.errors import DomainError, InvalidInput, NotFound
+from record.json_limits import JsonRejected
 from restapi.errors import SHOULD_RETRY, retry_advice
 from restapi.schema import (
     ERROR_DESCRIPTIONS,
@@ -37,8 +39,6 @@ from restapi.schema import (
     operation_text_trim,
 )
 from runtime.deferred_response import DeferredResponse
-from sessions.errors import DomainError, InvalidInput, NotFound
-from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 from sessions.services import (
     IDEMPOTENCY_DERIVED_PREFIX,

@@ -14,10 +14,11 @@ from engine import agent_tool_names, client_results, handoff_barred, open_client
 from llm.types import ClientToolJson, ModelOptions
 from llm.wire_names import wire_name
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
-from sessions.events import StopReason
-from sessions.models import Agent, Event, Message, MessageStatus, Session, ToolCall
+from record import dispatch
+from record.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
+from record.events import StopReason
+from record.models import Agent, Event, Message, MessageStatus, Session, ToolCall
+from record.states import STARTS_TURN, State
 from sessions.selectors import session_id_parse
 from sessions.services import (
     KeyedRequest,
@@ -27,7 +28,6 @@ from sessions.services import (
     session_create,
     session_role_check,
 )
-from sessions.states import STARTS_TURN, State
 
 from .wire import HistoryItem, ToolResult
 

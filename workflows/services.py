@@ -18,9 +18,9 @@ from audit.models import AuditAction
 from audit.services import audit_record
 from engine import turn_start
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.errors import Conflict, InvalidInput, NotFound
-from sessions.models import Agent, Message, ModelEndpoint, Session
+from record import dispatch
+from record.errors import Conflict, InvalidInput, NotFound
+from record.models import Agent, Message, ModelEndpoint, Session
 from sessions.services.grants import session_role_check
 
 from .definition import Definition, WorkflowInvalid

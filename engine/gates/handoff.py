@@ -10,7 +10,7 @@ commit then switches the session's agent (a `handoff` transition and `agent.chan
 
 from dataclasses import dataclass, field
 
-from sessions.models import Agent, Session, ToolCall, ToolCallStatus
+from record.models import Agent, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, tools_for_agent
 from tools.rendering import render_failure, render_success
 

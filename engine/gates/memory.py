@@ -50,7 +50,7 @@ from memory.selectors import (
     vector_literal,
 )
 from memory.services import Remembered, memory_forget, memory_remember, memory_touch
-from sessions.models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
+from record.models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
 from tools.builtin import MEMORY_HANDLERS, RECALL, RECALL_HANDLER, REMEMBER
 from tools.execution import ToolOutcome, ToolSnapshot, validator_for
 from tools.rendering import render_failure, render_success

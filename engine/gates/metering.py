@@ -52,10 +52,10 @@ from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
 from engine.model.calls import endpoint_tokenizer
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
-from sessions.events import EventSpec, EventType, Progress, StopReason
-from sessions.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
-from sessions.rows import execute_batch
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, Progress, StopReason
+from record.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
+from record.rows import execute_batch
+from record.states import Trigger
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 

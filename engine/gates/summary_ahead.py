@@ -24,7 +24,7 @@ from engine.model.summaries import (
     summary_endpoint,
 )
 from llm.types import ChatMessage, ChatRequest
-from sessions.models import Message, MessageStatus, ModelCall, Session
+from record.models import Message, MessageStatus, ModelCall, Session
 from tools.execution import tools_for_agent
 
 logger = logging.getLogger(__name__)

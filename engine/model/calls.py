@@ -48,14 +48,14 @@ from memory.tokens import (
 )
 from observability import metrics, tracing
 from observability.redaction import scrub
+from record.events import EventType, Progress
+from record.models import Agent, ModelCall, ModelEndpoint, Session
+from record.publisher import publish_ephemeral
 from runtime import health, io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
 from runtime.faults import fault_point
 from runtime.retry import MODEL_DEFAULT, retry_policy
-from sessions.events import EventType, Progress
-from sessions.models import Agent, ModelCall, ModelEndpoint, Session
-from sessions.publisher import publish_ephemeral
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from typing import Any
 from llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from memory.budget import ContextBudget, context_budget
 from memory.tokens import Tokenizer, count_message_tokens, default_tokenizer
-from sessions.models import Agent, Message
+from record.models import Agent, Message
 from tools.execution import ToolSnapshot
 from tools.rendering import FAILURE_MARKER
 

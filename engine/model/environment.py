@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypedDict
 
-from sessions.models import Agent
+from record.models import Agent
 from tools.execution import ToolSnapshot
 
 

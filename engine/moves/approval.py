@@ -20,9 +20,9 @@ from approvals.services import approval_request, approvals_insert
 from approvals.states import Outcome
 from engine.gates.approval import requested_event
 from engine.moves.turn import build_step, step_commit
-from sessions.events import ApprovalResolved, EventSpec, EventType
-from sessions.models import Session, ToolCall
-from sessions.states import State, Trigger
+from record.events import ApprovalResolved, EventSpec, EventType
+from record.models import Session, ToolCall
+from record.states import State, Trigger
 from tools.execution import ToolSnapshot
 
 

@@ -21,8 +21,8 @@ from engine.gates.questions import open_question
 from engine.moves.turn import build_step, step_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
-from sessions.events import AgentChanged, EventSpec, EventType, StopReason, ToolFinished
-from sessions.models import (
+from record.events import AgentChanged, EventSpec, EventType, StopReason, ToolFinished
+from record.models import (
     Agent,
     Message,
     MessageStatus,
@@ -31,7 +31,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.states import Trigger
+from record.states import Trigger
 from tools.rendering import render_success
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from engine.gates.risk import CHECKPOINT_LEVEL, probe_of
 from engine.moves.turn import build_step, step_commit
 from engine.store.commit import StaleSession
-from sessions.models import Session, ToolCall, ToolCallStatus
+from record.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
 
 

@@ -7,9 +7,9 @@ from django.db import IntegrityError, transaction
 from engine.gates.children import agent_of, child_started
 from engine.moves.turn import build_step, step_commit, turn_start
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.events import EventSpec, EventType
-from sessions.models import Agent, Message, Session, ToolCall
+from record import dispatch
+from record.events import EventSpec, EventType
+from record.models import Agent, Message, Session, ToolCall
 
 
 def children_started(session: Session, owner: str, started: list[tuple[ToolCall, Session]]) -> None:

@@ -21,9 +21,9 @@ from engine.store.open_calls import (
 )
 from engine.store.turn_calls import turn_calls_counted
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason
-from sessions.models import Message, ModelCall, Session, ToolCall
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, StopReason
+from record.models import Message, ModelCall, Session, ToolCall
+from record.states import Trigger
 
 
 @dataclass

@@ -16,9 +16,9 @@ from engine.model.context import tool_calls_json
 from engine.moves.turn import OPERATOR_CALL_PREFIX, build_step, step_commit, turn_finish
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason, ToolStarted
-from sessions.models import Message, Session, ToolCall
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, StopReason, ToolStarted
+from record.models import Message, Session, ToolCall
+from record.states import Trigger
 
 
 def operator_message(session: Session, content: str, actor: str) -> Message:

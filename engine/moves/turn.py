@@ -27,8 +27,8 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import metrics, tracing
 from observability.redaction import scrub
-from sessions.dispatch import run_enqueue_on_commit
-from sessions.events import (
+from record.dispatch import run_enqueue_on_commit
+from record.events import (
     AgentChanged,
     CallCounts,
     EventSpec,
@@ -41,8 +41,8 @@ from sessions.events import (
     call_counts,
     turn_outcome,
 )
-from sessions.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
-from sessions.states import RUNNABLE, TURN_ENDED, State, Trigger
+from record.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
+from record.states import RUNNABLE, TURN_ENDED, State, Trigger
 from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 

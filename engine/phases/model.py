@@ -61,12 +61,12 @@ from llm.types import ChatRequest
 from memory.tokens import Tokenizer
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
+from record.dispatch import memory_enqueue_on_commit, summary_ahead_enqueue_on_commit
+from record.events import CallCounts, EventType, Progress, StopReason
+from record.models import Agent, Message, ModelCall, ModelEndpoint, Session
+from record.publisher import publish_ephemeral
+from record.states import Trigger
 from runtime.faults import fault_point
-from sessions.dispatch import memory_enqueue_on_commit, summary_ahead_enqueue_on_commit
-from sessions.events import CallCounts, EventType, Progress, StopReason
-from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
-from sessions.publisher import publish_ephemeral
-from sessions.states import Trigger
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
 BUSY_ANSWER = "The service is busy right now. Please try again in a moment."

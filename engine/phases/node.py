@@ -43,8 +43,8 @@ from engine.phases.tools import runs_in_step, tool_run_in_step
 from engine.run_cache import RunContext, WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import calls_by_id
 from llm.types import ChatMessage, ChatRequest, ResponseFormat
-from sessions.events import EventSpec, EventType, NodeFailed, NodeFinished, NodeStarted
-from sessions.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
+from record.events import EventSpec, EventType, NodeFailed, NodeFinished, NodeStarted
+from record.models import ModelEndpoint, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
 from workflows.definition import END, Node
 from workflows.expressions import EvaluationError, Expression, ExpressionLimitError, Template

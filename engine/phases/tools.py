@@ -41,10 +41,10 @@ from engine.store.open_calls import cached_output_read, open_calls
 from observability import metrics, tracing
 from observability.redaction import digest
 from observability.turns import tool_calls_count
+from record.models import Session, ToolCall, ToolCallStatus
+from record.rows import json_value
 from runtime import io_loop
 from runtime.faults import fault_point
-from sessions.models import Session, ToolCall, ToolCallStatus
-from sessions.rows import json_value
 from tools.builtin import ASK_USER_HANDLER, MEMORY_HANDLERS, WORKFLOW_REVIEW_HANDLER
 from tools.execution import (
     ToolInvocation,

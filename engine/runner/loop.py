@@ -27,10 +27,10 @@ from engine.run_cache import RunContext
 from engine.runner.lease import heartbeat, lease_drop, lease_release, lease_take, worker_identity
 from engine.store.commit import StaleSession
 from observability import logs, metrics, tracing
+from record.dispatch import run_enqueue, run_enqueue_later
+from record.models import Session
+from record.states import RUNNABLE, STARTS_TURN, State
 from runtime import health
-from sessions.dispatch import run_enqueue, run_enqueue_later
-from sessions.models import Session
-from sessions.states import RUNNABLE, STARTS_TURN, State
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,9 @@ from psycopg.types.json import Jsonb
 
 from observability.tracing import trace_id_of
 from observability.turns import turn_ended
-from runtime.faults import fault_point
-from sessions.event_limits import payload_capped, payload_max_bytes
-from sessions.events import EventSpec, EventType, MessageCompleted, StateChanged
-from sessions.models import (
+from record.event_limits import payload_capped, payload_max_bytes
+from record.events import EventSpec, EventType, MessageCompleted, StateChanged
+from record.models import (
     Checkpoint,
     Event,
     Message,
@@ -33,8 +32,8 @@ from sessions.models import (
     ToolCallStatus,
     Transition,
 )
-from sessions.publisher import Frame, make_frame, publish
-from sessions.rows import (
+from record.publisher import Frame, make_frame, publish
+from record.rows import (
     JsonbText,
     Statement,
     execute_batch,
@@ -43,7 +42,8 @@ from sessions.rows import (
     one_round_trip,
     update_statement,
 )
-from sessions.states import RUNNABLE, STARTS_TURN, State, Trigger, next_state
+from record.states import RUNNABLE, STARTS_TURN, State, Trigger, next_state
+from runtime.faults import fault_point
 
 MESSAGE_COLUMNS = (
     "session",
@@ -509,7 +509,7 @@ def step_commit(step: Step) -> Committed:
     limit = payload_max_bytes()
     for i, text in enumerate(texts):
         if len(text) > limit:
-            # No event may break the websocket (sessions/event_limits.py): cut it here.
+            # No event may break the websocket (record/event_limits.py): cut it here.
             ordered[i], texts[i] = payload_capped(ordered[i], text)
     events = [
         (session.pk, first + i + 1, type_, JsonbText(text))

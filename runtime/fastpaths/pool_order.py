@@ -3,7 +3,7 @@
 psycopg's pool lends its connections in turn (first returned, first lent), so
 one thread stepping a run lands each step on the backend that has waited
 longest: its catalog and plan caches, its prepared step statements
-(`sessions.rows`) and the CPU's own caches have gone cold since its last turn,
+(`record.rows`) and the CPU's own caches have gone cold since its last turn,
 and every backend in the pool has to prepare every statement. Lending the last
 returned keeps the busy set as small as the concurrency, which is why
 PgBouncer lends its server connections the same way by default

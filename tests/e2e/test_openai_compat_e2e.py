@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from pydantic import BaseModel
 
 from billing.services import account_ensure
-from sessions.models import Message, ModelEndpoint, Session
+from record.models import Message, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

@@ -19,7 +19,7 @@ import openai
 import pytest
 from django.conf import settings
 
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

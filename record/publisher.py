@@ -39,7 +39,7 @@ class Frame(TypedDict):
     type: str  # an EventType (or, read back from the database, its value)
     session: str
     ts: str
-    data: Mapping[str, Any]  # the type's payload (sessions/events.py)
+    data: Mapping[str, Any]  # the type's payload (record/events.py)
 
 
 def group_name(session_id: UUID | str) -> str:

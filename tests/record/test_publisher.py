@@ -1,4 +1,4 @@
-"""sessions/publisher.py: a step's frames reach the group's listeners in order,
+"""record/publisher.py: a step's frames reach the group's listeners in order,
 written straight to Redis on the Pub/Sub layer (runtime/redis_publisher.py)."""
 
 import asyncio
@@ -13,10 +13,10 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
+from record import publisher
+from record.events import EventType
 from runtime import io_loop, redis_publisher
 from runtime.fastpaths import redis_pubsub
-from sessions import publisher
-from sessions.events import EventType
 
 
 async def _frames_of(layer: Any, channel: str, count: int) -> tuple[list[dict[str, Any]], int]:

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from sessions.states import (
+from record.states import (
     RUNNABLE,
     TRANSITIONS,
     TURN_ENDED,
