@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from engine.gates.client_tools import client_result_error
 from engine.gates.questions import open_question
-from engine.moves.turn import build_step, step_commit, turn_finish
+from engine.moves.turn import build_step, metered_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from sessions.events import EventSpec, EventType, StopReason, ToolFinished
@@ -59,7 +59,7 @@ def user_answer(
         extra_context=extra_context,
         turn_options=turn_options,
     )
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,
@@ -152,7 +152,7 @@ def client_results(
             turn=call.turn,
         )
         events.append(EventSpec(EventType.TOOL_FINISHED, finished))
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.usage import ModelSpend
-from engine.moves.turn import build_step, step_commit, turn_summary
+from engine.moves.turn import build_step, metered_commit, turn_summary
 from engine.store.open_calls import (
     cached_output_keep,
     cached_output_statement,
@@ -147,7 +147,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         step.then_read = open_calls_statement(session, session.turn)
     elif cached_read is not None:
         step.then_read = cached_output_statement(session, *cached_read)
-    committed = step_commit(step)
+    committed = metered_commit(step)
     if trigger == Trigger.TOOL_CALLS:
         prefetched_keep(session, committed.version, session.turn, committed.read or [])
     elif cached_read is not None:
