@@ -137,10 +137,6 @@ def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
     )
 
 
-def is_insufficient(outcome: ToolOutcome) -> bool:
-    return bool(outcome.output) and outcome.output.get("code") == INSUFFICIENT  # type: ignore[union-attr]
-
-
 def insufficient_before(session: Session, step: int) -> bool:
     """Did an earlier step of this turn already get `insufficient_credits`?"""
     return ToolCall.objects.filter(
