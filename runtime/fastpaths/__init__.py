@@ -50,11 +50,6 @@ FAST_PATHS: dict[str, FastPath] = {
             {"channels-redis": ">=4.2,<4.4"},
         ),
         FastPath(
-            "pool_order",
-            "the connection pool lends the connection returned last (warm caches)",
-            {"psycopg-pool": ">=3.2,<3.4"},
-        ),
-        FastPath(
             "prepared_queries",
             "hot querysets compiled to SQL once per process",
             {"django": ">=5.2,<5.3"},

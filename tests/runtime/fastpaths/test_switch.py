@@ -2,8 +2,6 @@
 was not written for turns that one off, with a warning in the log and in `manage.py check`."""
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +10,7 @@ from django.core.handlers.asgi import ASGIHandler
 
 from runtime import fastpaths
 from runtime.deferred_response import DeferringASGIHandler
-from runtime.fastpaths import asgi_threads, pool_order
+from runtime.fastpaths import asgi_threads
 
 
 @pytest.fixture(autouse=True)
@@ -65,21 +63,6 @@ def test_a_library_not_installed_turns_its_fast_path_off(monkeypatch: pytest.Mon
     monkeypatch.setattr(fastpaths.metadata, "version", version)
     assert "daphne not installed" in (fastpaths.version_mismatch("daphne_frames") or "")
     assert not fastpaths.enabled("daphne_frames")
-
-
-def test_off_the_pool_keeps_its_own_order(settings: Any) -> None:
-    class Pool:
-        _pool: deque[Any] = deque([1, 2])
-        _lock = threading.Lock()
-
-    settings.FAST_PATHS = False
-    pool_order.lend_last_returned(Pool)
-    assert type(Pool._pool) is deque and Pool._pool.popleft() == 1
-
-    settings.FAST_PATHS = True
-    Pool._pool = deque([1, 2])
-    pool_order.lend_last_returned(Pool)
-    assert type(Pool._pool) is pool_order.LastReturnedFirst and Pool._pool.popleft() == 2
 
 
 def test_off_daphne_serves_djangos_own_asgi_handler(settings: Any) -> None:
