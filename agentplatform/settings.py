@@ -88,9 +88,6 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")
 }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # The same backend, with a pool that lends the connection returned last.
-    DATABASES["default"]["ENGINE"] = "agentplatform.postgresql"
 # Each test run may name its own test database, so parallel runs never share one.
 if env.str("TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME")}

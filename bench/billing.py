@@ -144,7 +144,7 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
 
     from billing.models import CreditAccount
     from engine.moves import turn as commit_module
-    from engine.moves.turn import step_commit
+    from engine.moves.turn import metered_commit as step_commit
     from record.models import ModelCall
 
     from . import stepkit

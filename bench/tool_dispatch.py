@@ -120,7 +120,7 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
     undo = [
         _patch(tool_phase, "execute_all", timing("execute_all")),
         # The tool phase commits through its move (engine/moves/turn.py).
-        _patch(moves, "step_commit", timing("step_commit")),
+        _patch(moves, "metered_commit", timing("step_commit")),
     ]
     try:
         for index in range(sessions):

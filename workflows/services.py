@@ -27,6 +27,7 @@ from .definition import Definition, WorkflowInvalid
 from .graph_svg import REVISION, workflow_picture
 from .models import Workflow, WorkflowPicture, WorkflowVersion
 from .selectors import version_definition
+from .state import RunState
 
 RUNTIME_AGENT_PREFIX = "workflow-"
 DEFAULT_STEP_TIMEOUT_S = 60.0
@@ -196,16 +197,8 @@ def _input_check(definition: Definition, value: Any) -> None:
 
 
 def _initial_state(definition: Definition, value: dict[str, Any]) -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "values": {"input": value},
-        "active": [definition.start],
-        "visits": {definition.start: 1},
-        "progress": {},
-        "status": {definition.start: "active"},
-    }
-    if definition.deadline_s:
-        state["deadline_at"] = time.time() + float(definition.deadline_s)
-    return state
+    deadline = time.time() + float(definition.deadline_s) if definition.deadline_s else None
+    return RunState.start(definition.start, value, deadline_at=deadline).to_json()
 
 
 def _earlier_run(owner: User, workflow: Workflow, key: str) -> Session | None:

@@ -119,10 +119,6 @@ class Drift:
         return [text for text, _ in self.changes]
 
 
-def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    return [text for text, _ in _environment_changes(before, now)]
-
-
 def _environment_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, float]]:
     changes: list[tuple[str, float]] = []
     if before.get("agent") != now.get("agent"):

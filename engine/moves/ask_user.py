@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from engine.gates.client_tools import client_result_error
 from engine.gates.questions import open_question
-from engine.moves.turn import build_step, step_commit, turn_finish
+from engine.moves.turn import build_step, metered_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from record.events import AgentChanged, EventSpec, EventType, StopReason, ToolFinished
@@ -67,7 +67,7 @@ def user_answer(
         extra_context=extra_context,
         turn_options=turn_options,
     )
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,
@@ -173,7 +173,7 @@ def client_results(
             "reason": f"handed over by the {by}",
         }
         events.append(EventSpec(EventType.AGENT_CHANGED, changed))
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,

@@ -170,8 +170,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/execution.py", "from celery import current_app"),
     ],
     "Only the fast paths import the libraries whose internals they read": [
-        Plant("record/publisher.py", "from channels_redis.pubsub import RedisPubSubLoopLayer"),
-        Plant("runtime/redis_publisher.py", "import channels_redis.core"),
+        Plant("record/publisher.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
         Plant("sessions/consumers.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
     ],
     "No app imports agentplatform": [

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import UsageDaily
-from engine.moves.turn import step_commit as metered_commit
+from engine.moves.turn import metered_commit
 from engine.store import commit as commit_module
 from engine.store.commit import Committed, StaleSession, Step, step_commit
 from record import publisher
