@@ -23,6 +23,7 @@ from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper, StepDeferred
 from engine.gates.children import ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
+from engine.gates.credit_pool import pool_gate
 from engine.gates.environment import drift_hold
 from engine.gates.handoff import handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
@@ -35,6 +36,7 @@ from engine.gates.tool_limits import tool_gates
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
 from engine.moves.children import children_start, children_started
+from engine.moves.credits import credits_park, pool_wake
 from engine.moves.turn import TIMER_HANDLER, tool_results
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import cached_output_read, open_calls
@@ -198,6 +200,14 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         )
     )
     to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
+    pool = pool_gate(session, to_run, tools)
+    if pool.waiting:
+        # No room in the credit pool: park (no worker held); a release wakes the run.
+        credits_park(session, owner, pool)
+        pool_wake(pool_id=pool.grant.pool_id)  # type: ignore[union-attr]
+        return
+    outcomes.update(pool.refused)
+    to_run = [c for c in to_run if c.pk not in pool.refused]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
     if credits.refused:
         metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
@@ -235,6 +245,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
             call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
     stop = tool_credits_stop(session, credits, calls[0].step)
+    session.pool_held = pool.granted  # type: ignore[attr-defined]  # released by the results' commit
     tool_results(
         session,
         owner,
@@ -251,6 +262,8 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         client=client,
         revalidated=rechecked.checked,
     )
+    if pool.granted:
+        pool_wake(pool_id=pool.grant.pool_id)  # type: ignore[union-attr]  # its points are back
 
 
 def _retry_due(calls: list[ToolCall]) -> None:
@@ -302,7 +315,7 @@ def _rerun_harmless(call: ToolCall, to_run: list[ToolCall], tools: dict[str, Too
     side effects, wrote memory, costs credits or is not the executor's (another agent, a
     handoff): a gate's refusal or a read-only result is simply found again."""
     tool = tools.get(call.tool_name)
-    if tool is None or tool.kind not in _EXECUTED or tool.credit_cost > 0:
+    if tool is None or tool.kind not in _EXECUTED or tool.paid:
         return False
     if is_memory_call(call, tools):
         return False
@@ -346,7 +359,7 @@ def runs_in_step(tool: ToolSnapshot | None) -> bool:
         and not tool.side_effects
         and not tool.requires_approval
         and not tool.approval_when
-        and tool.credit_cost <= 0
+        and not tool.paid
         and (tool.risk_level or 0) < CHECKPOINT_LEVEL
         and tool.handler not in _APART
     )
