@@ -824,7 +824,7 @@ def pool_requests_close(*, session_table: str, parked: str, holding: Sequence[st
         cursor.execute(
             # SQL names from model metadata (constants); every value is a bound parameter.
             f"""UPDATE {_POOL_REQUEST} r SET status = 'refused', finished_at = now()
-                 WHERE r.status = 'waiting' AND r.created_at < now() - interval '2 seconds'
+                 WHERE r.status = 'waiting'
                    AND NOT EXISTS (SELECT 1 FROM "{session_table}" s
                                     WHERE s.id = r.session_id AND s.state = ANY(%s))""",  # nosec B608
             [[parked, *holding]],

@@ -57,6 +57,10 @@ class PoolGate:
     def granted(self) -> bool:
         return self.grant is not None and self.grant.outcome == "granted"
 
+    @property
+    def pool_id(self) -> int | None:
+        return self.grant.pool_id if self.grant is not None else None
+
 
 def _scope(session: Session, call: ToolCall) -> dict[str, Any]:
     return {

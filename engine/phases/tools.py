@@ -204,7 +204,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     if pool.waiting:
         # No room in the credit pool: park (no worker held); a release wakes the run.
         credits_park(session, owner, pool)
-        pool_wake(pool_id=pool.grant.pool_id)  # type: ignore[union-attr]
+        pool_wake(pool_id=pool.pool_id)
         return
     outcomes.update(pool.refused)
     to_run = [c for c in to_run if c.pk not in pool.refused]
@@ -263,7 +263,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         revalidated=rechecked.checked,
     )
     if pool.granted:
-        pool_wake(pool_id=pool.grant.pool_id)  # type: ignore[union-attr]  # its points are back
+        pool_wake(pool_id=pool.pool_id)  # its points are back: the queue's next ones go
 
 
 def _retry_due(calls: list[ToolCall]) -> None:

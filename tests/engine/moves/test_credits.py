@@ -96,8 +96,6 @@ def test_a_cancelled_waiting_run_leaves_the_queue_and_a_lost_wake_up_is_found(
         session_run(session_id=session.pk)
     assert session_cancel(session=Session.objects.get(pk=first.pk), reason="no longer needed")
     assert _state(first) == "cancelled"
-    # The sweeper drops the cancelled turn's request (once it is a few seconds old).
-    PoolRequest.objects.update(created_at="2000-01-01T00:00:00Z")
     with connection.cursor() as cursor:
         cursor.execute(*pool_release_statement(session_id=holder))
     # The release's own wake-up was lost (no pool_wake): the sweeper's reconciliation wakes.
