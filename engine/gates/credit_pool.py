@@ -172,7 +172,7 @@ def _too_big(ask: PoolAsk, grant: PoolGrant) -> ToolOutcome:
     if grant.outcome == "too_big":
         why = f"its estimated cost, {ask.cost} points, is more than the credit pool holds ({grant.size})"
     else:
-        why = "its turn ended while it waited for credit points"
+        why = f"the credit pool can no longer hold its estimated cost, {ask.cost} points"
     message = f"{INSUFFICIENT}: {why}. It did not run. Choose a cheaper way, or answer with what you have."
     return ToolOutcome(
         status=ToolCallStatus.REJECTED,

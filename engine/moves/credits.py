@@ -78,16 +78,21 @@ def pool_wake(*, pool_id: int | None = None) -> list[str]:
     waker found it still in tool_wait). The sessions woken."""
     for pool in [pool_id] if pool_id is not None else pools_waiting():
         pool_dispatch(pool_id=pool)
-    granted = PoolRequest.objects.filter(
-        status=PoolRequestStatus.GRANTED,
-        session_id__in=Session.objects.filter(state=State.WAITING_CREDITS.value).values("pk"),
-    )
+    parked = Session.objects.filter(state=State.WAITING_CREDITS.value)
     if pool_id is not None:
-        granted = granted.filter(pool_id=pool_id)
+        parked = parked.filter(
+            pk__in=PoolRequest.objects.filter(
+                pool_id=pool_id, status=PoolRequestStatus.GRANTED
+            ).values("session_id")
+        )
+    else:
+        # The sweeper: every parked run whose request no longer waits (granted; refused by a
+        # smaller size; gone with its pool) goes back to its step, which asks again.
+        parked = parked.exclude(
+            pk__in=PoolRequest.objects.filter(status=PoolRequestStatus.WAITING).values("session_id")
+        )
     woken = []
-    for session in Session.objects.filter(
-        pk__in=granted.values("session_id"), state=State.WAITING_CREDITS.value
-    ):
+    for session in parked:
         if credits_wake(session):
             woken.append(str(session.pk))
     if woken:

@@ -10,7 +10,7 @@ from django.db import connection
 from billing.models import CreditPool, PoolRequest
 from billing.services import pool_grant_of, pool_grant_statement, pool_release_statement
 from engine import pool_wake, session_run
-from sessions.models import Event, Session, Transition
+from sessions.models import Event, Session, ToolCall, Transition
 from sessions.services import message_post, session_cancel
 from sessions.services.sweep import credit_pools_reconcile
 from tests.factories import ToolFactory
@@ -103,3 +103,32 @@ def test_a_cancelled_waiting_run_leaves_the_queue_and_a_lost_wake_up_is_found(
     assert PoolRequest.objects.get(session_id=first.pk).status == "refused"
     assert session_run(session_id=second.pk).stopped == "idle"
     assert _state(second) == "finished"
+
+
+def test_a_pool_that_shrinks_or_goes_lets_its_parked_runs_go_on(pool, make_session) -> None:  # type: ignore[no-untyped-def]
+    pool_row, _, agent = pool
+    shrunk, dropped = make_session(agent=agent), make_session(agent=agent)
+    for session in (shrunk, dropped):
+        message_post(session=session, content="a coupon please")
+        session_run(session_id=session.pk)
+    pool_row.size = 5  # 10 points can never fit now: refused, and told so
+    pool_row.save()
+    assert set(credit_pools_reconcile()) == {str(shrunk.pk), str(dropped.pk)}
+    session_run(session_id=shrunk.pk)
+    call = ToolCall.objects.get(session=shrunk)
+    assert (call.status, call.output["code"]) == ("rejected", "insufficient_credits")
+    assert "can no longer hold its estimated cost, 10 points" in call.error
+    assert _state(shrunk) == "finished"
+
+    # Its pool deleted while another run was parked: the step asks again and runs unpooled.
+    third = make_session(agent=agent)
+    # (The sweeper gave the holder's points back: its session does not exist. Full again.)
+    CreditPool.objects.filter(pk=pool_row.pk).update(size=10, in_use=10)
+    message_post(session=third, content="a coupon please")
+    session_run(session_id=third.pk)
+    assert _state(third) == "waiting_credits"
+    CreditPool.objects.all().delete()
+    assert credit_pools_reconcile() == [str(third.pk)]
+    session_run(session_id=third.pk)
+    assert ToolCall.objects.get(session=third).status == "success"
+    assert _state(third) == "finished"
