@@ -1,6 +1,7 @@
 """The billing pages of the admin: the cost page (spend per day as a stacked chart by
 model or agent, and rankings as a table, a chart and CSV), credit accounts with their
-ledger and grant/adjust actions, owner and API key budgets, and cost notices.
+ledger and grant/adjust actions, owner and API key budgets, cost notices, and credit pools
+with their queue of waiting requests.
 
 Pages read through billing/rankings.py and write through billing/services.py only.
 """
@@ -17,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
@@ -28,8 +30,11 @@ from .charts import spend_chart
 from .models import (
     CreditAccount,
     CreditLedger,
+    CreditPool,
     KeyBudget,
     OwnerBudget,
+    PoolRequest,
+    PoolRequestStatus,
     SpendNotice,
     UsageDaily,
 )
@@ -523,3 +528,115 @@ class SpendNoticeAdmin(TenantScopedAdmin, admin.ModelAdmin):
         if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
             back = reverse("admin:billing_spendnotice_changelist")
         return HttpResponseRedirect(back)
+
+
+def _level(pool: CreditPool) -> str:
+    return f"{pool.in_use} / {pool.size} ({100 * pool.in_use // max(pool.size, 1)} %)"
+
+
+@admin.register(CreditPool)
+class CreditPoolAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    """Credit pools: their size and level (points granted to calls in flight), and a link to
+    each one's queue. `in_use` is the grants' own: never edited here."""
+
+    list_display = ("name", "owner", "size", "level", "queue", "enabled", "updated_at")
+    list_filter = ("enabled",)
+    search_fields = ("name", "owner__username")
+    fields = ("name", "owner", "size", "enabled", "in_use")
+    readonly_fields = ("in_use",)
+    autocomplete_fields = ("owner",)
+
+    @admin.display(description="level")
+    def level(self, obj: CreditPool) -> str:
+        return _level(obj)
+
+    @admin.display(description="waiting")
+    def queue(self, obj: CreditPool) -> SafeString:
+        waiting = obj.requests.filter(status=PoolRequestStatus.WAITING).count()
+        url = reverse("admin:billing_poolrequest_changelist")
+        return format_html(
+            '<a href="{}?pool__id__exact={}&status=waiting">{} waiting</a>', url, obj.pk, waiting
+        )
+
+
+class QueueStatusFilter(admin.SimpleListFilter):
+    """The queue by default: the waiting requests (the others are its history)."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*PoolRequestStatus.choices, ("all", "All")]
+
+    def choices(self, changelist: Any) -> Any:
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": (self.value() or PoolRequestStatus.WAITING) == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value() or PoolRequestStatus.WAITING
+        if value == "all":
+            return queryset
+        if value not in PoolRequestStatus.values:
+            return queryset.none()
+        return queryset.filter(status=value)
+
+
+@admin.register(PoolRequest)
+class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    """The credit pools' queue: each waiting request with its ROI (value / cost), value,
+    cost and age, in the order it will be granted, and its pool's level. Read-only: the
+    grants alone move it."""
+
+    list_display = (
+        "action",
+        "roi_shown",
+        "value",
+        "cost",
+        "age",
+        "status",
+        "pool_level",
+        "session_link",
+        "note",
+    )
+    list_filter = (QueueStatusFilter, "pool")
+    list_select_related = ("pool",)
+    search_fields = ("action", "=session_id")
+    # The grant order: highest ROI first, ties in arrival order.
+    ordering = ("pool", "-roi", "id")
+    readonly_fields = [f.name for f in PoolRequest._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="ROI", ordering="roi")
+    def roi_shown(self, obj: PoolRequest) -> str:
+        return f"{obj.roi:.3g}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: PoolRequest) -> str:
+        end = obj.granted_at or timezone.now()
+        seconds = max(int((end - obj.created_at).total_seconds()), 0)
+        if seconds < 120:
+            return f"{seconds} s"
+        if seconds < 7200:
+            return f"{seconds // 60} min"
+        return f"{seconds // 3600} h"
+
+    @admin.display(description="pool level")
+    def pool_level(self, obj: PoolRequest) -> str:
+        return f"{obj.pool.name}: {_level(obj.pool)}"
+
+    @admin.display(description="session")
+    def session_link(self, obj: PoolRequest) -> SafeString:
+        url = reverse("admin:agent_sessions_session_change", args=[obj.session_id])
+        return format_html('<a href="{}">{}</a>', url, str(obj.session_id)[:8])

@@ -10,9 +10,12 @@ Sessions are referenced by plain id columns: billing never imports sessions
 (import-linter), and a ledger outlives the sessions it charged.
 """
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 
 class CreditAccount(models.Model):
@@ -400,3 +403,108 @@ class BudgetHold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}: {self.tokens} tokens, {self.cost}"
+
+
+class CreditPool(models.Model):
+    """Points that paid tool calls borrow while they run (docs/cost-and-budgets.md "Credit
+    pools"): a call's estimated cost is granted from its pool before it runs and comes back
+    when its results commit. One global pool (no owner) and/or one per tenant (an owner);
+    a tenant's own pool is used before the global one. Requests that do not fit wait
+    (`PoolRequest`) and are granted highest `value / cost` first, ties in arrival order.
+
+    `in_use` changes only in `billing_pool_grant` / `billing_pool_dispatch` (migration
+    0011) and the release statement, each under the row's lock: concurrent workers cannot
+    grant past `size`. It may exceed a size an operator lowered; nothing more is granted
+    until it is back under."""
+
+    name = models.CharField(max_length=100, unique=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="+",
+        null=True,
+        blank=True,
+        help_text="The tenant whose calls use it; empty: the global pool.",
+    )
+    size = models.BigIntegerField(help_text="Points that may be granted at once.")
+    in_use = models.BigIntegerField(default=0, help_text="Points granted to calls in flight.")
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "credit pool"
+        constraints = [
+            models.CheckConstraint(condition=Q(size__gt=0), name="credit_pool_size_gt_0"),
+            models.CheckConstraint(condition=Q(in_use__gte=0), name="credit_pool_in_use_gte_0"),
+            # One pool per tenant and one global pool (owner 0): the grant takes "the" one.
+            models.UniqueConstraint(
+                Coalesce("owner", models.Value(0)), name="credit_pool_one_per_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # An edit (the admin's, a config file's) never writes `in_use` back: grants and
+        # releases change it under the row's lock meanwhile, and a stale copy would hand
+        # out points twice.
+        if self.pk is not None and not kwargs.get("force_insert") and "update_fields" not in kwargs:
+            kwargs["update_fields"] = ["name", "owner", "size", "enabled", "updated_at"]
+        super().save(*args, **kwargs)
+
+
+class PoolRequestStatus(models.TextChoices):
+    WAITING = "waiting"  # no room yet: its session is parked (waiting_credits)
+    GRANTED = "granted"  # its points are in the pool's in_use while the call runs
+    RELEASED = "released"  # the call's results committed: the points came back
+    REFUSED = "refused"  # its turn ended while it waited, or it can never fit
+
+
+class PoolRequest(models.Model):
+    """One tool step's request for pool points: its action (the paid tools), estimated
+    value and cost, and their ratio, by which waiting requests are granted."""
+
+    key = models.CharField(max_length=200, unique=True)
+    pool = models.ForeignKey(CreditPool, on_delete=models.CASCADE, related_name="requests")
+    # The session's owner (the tenant): the admin's queue shows a tenant only its own.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_id = models.UUIDField()
+    action = models.CharField(max_length=200)
+    value = models.FloatField()
+    cost = models.BigIntegerField()
+    roi = models.FloatField(help_text="value / cost: waiting requests are granted highest first.")
+    status = models.CharField(max_length=10, choices=PoolRequestStatus.choices)
+    note = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Why the value or cost is not the tool's estimate (its expression failed).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    granted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "credit pool request"
+        indexes = [
+            # The queue, in grant order.
+            models.Index(
+                "pool",
+                models.F("roi").desc(),
+                "id",
+                condition=Q(status="waiting"),
+                name="pool_request_queue",
+            ),
+            models.Index(fields=["session_id"], name="pool_request_session"),
+            # The sweeper's look for points a dead or cancelled turn still holds.
+            models.Index(
+                fields=["session_id"], condition=Q(status="granted"), name="pool_request_granted"
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(cost__gt=0), name="pool_request_cost_gt_0"),
+            models.CheckConstraint(condition=Q(value__gte=0), name="pool_request_value_gte_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.cost} points, ROI {self.roi:.3g}"

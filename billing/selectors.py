@@ -19,6 +19,8 @@ from .models import (
     CreditReservation,
     NoticeKind,
     OwnerBudget,
+    PoolRequest,
+    PoolRequestStatus,
     ReservationStatus,
     SpendDaily,
     SpendNotice,
@@ -249,3 +251,12 @@ def spend_today(*, owner_id: int | None, top: int = 5) -> tuple[Decimal, list[Ow
         .order_by("-share", "owner_id")[:top]
     )
     return total, [OwnerDaySpend(o, u, s, d or Decimal(0)) for o, u, s, d in near]
+
+
+def pools_waiting() -> list[int]:
+    """The pools with a waiting request (the sweeper dispatches them)."""
+    return list(
+        PoolRequest.objects.filter(status=PoolRequestStatus.WAITING)
+        .values_list("pool_id", flat=True)
+        .distinct()
+    )

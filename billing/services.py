@@ -36,8 +36,10 @@ from .models import (
     BudgetHold,
     CreditAccount,
     CreditLedger,
+    CreditPool,
     CreditReservation,
     LedgerKind,
+    PoolRequest,
     ReservationStatus,
     SpendDaily,
     SpendNotice,
@@ -56,6 +58,8 @@ _USAGE = UsageDaily._meta.db_table
 _TOOL_USAGE = ToolUsageDaily._meta.db_table
 _SPEND = SpendDaily._meta.db_table
 _HOLD = BudgetHold._meta.db_table
+_POOL = CreditPool._meta.db_table
+_POOL_REQUEST = PoolRequest._meta.db_table
 
 # The owner's day, on the database clock: the same for every process.
 _TODAY = "(now() AT TIME ZONE %s)::date"
@@ -744,6 +748,102 @@ def budget_holds_sweep(*, session_table: str, lease_grace_s: float) -> int:
             [lease_grace_s, lease_grace_s],
         )
         return cursor.rowcount
+
+
+# --- Credit pools: points borrowed by calls in flight, granted by value / cost --------------
+
+
+@dataclass(frozen=True)
+class PoolGrant:
+    """What `billing_pool_grant` decided for a request.
+
+    `granted`: its points are the pool's until its results commit (now, or earlier: a step
+    run again); `wait`: queued, its session parks until `pool_dispatch` grants it;
+    `unpooled`: no enabled pool applies to the owner; `too_big`: its cost is more than the
+    pool's size, it can never be granted; `refused`: it waited and its turn ended."""
+
+    outcome: Literal["granted", "wait", "unpooled", "too_big", "refused"]
+    pool_id: int | None
+    roi: float
+    size: int = 0
+    in_use: int = 0
+
+
+def pool_grant_statement(
+    *,
+    owner_id: int,
+    key: str,
+    session_id: UUID | str,
+    action: str,
+    value: float,
+    cost: int,
+    note: str = "",
+) -> Statement:
+    """One statement deciding one request (migration 0011, `billing_pool_grant`): idempotent
+    per `key`; `value` >= 0 and `cost` > 0 (the gate's estimates, checked there)."""
+    return (
+        "SELECT * FROM billing_pool_grant(%s, %s, %s, %s, %s, %s, %s)",
+        [owner_id, key[:200], session_id, action[:200], float(value), int(cost), note[:500]],
+    )
+
+
+def pool_grant_of(row: Sequence[Any]) -> PoolGrant:
+    outcome, pool_id, roi, size, in_use = row
+    return PoolGrant(outcome, pool_id, roi, size, in_use)
+
+
+def pool_release_statement(*, session_id: UUID | str, guard: str = "") -> Statement:
+    """Give back the points of the session's granted requests (its step's results commit:
+    one step at a time per session, so those are the calls that just ran)."""
+    where_guard = f" AND {guard}" if guard else ""
+    # SQL names from model metadata (constants); every value is a bound parameter.
+    sql = f"""WITH r AS (
+        UPDATE {_POOL_REQUEST} SET status = 'released', finished_at = now()
+         WHERE session_id = %s AND status = 'granted'{where_guard}
+     RETURNING pool_id, cost)
+    UPDATE {_POOL} p SET in_use = GREATEST(p.in_use - t.c, 0), updated_at = now()
+      FROM (SELECT pool_id, sum(cost)::bigint AS c FROM r GROUP BY pool_id) t
+     WHERE p.id = t.pool_id"""  # nosec B608
+    return sql, [session_id]
+
+
+def pool_dispatch(*, pool_id: int) -> list[str]:
+    """Grant the pool's waiting requests, highest value / cost first, while they fit; the
+    sessions granted (to wake). Its own short transaction."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT session_id FROM billing_pool_dispatch(%s)", [pool_id])
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+def pool_requests_close(*, session_table: str, parked: str, holding: Sequence[str]) -> int:
+    """The sweeper's reconciliation: refuse waiting requests whose session no longer waits
+    for them (its turn ended or moved on), and release granted ones whose session is in none
+    of the `holding` states (its turn ended before its results' commit: a cancel, a crash).
+    `session_table` and the states are the engine's (billing never imports sessions)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""UPDATE {_POOL_REQUEST} r SET status = 'refused', finished_at = now()
+                 WHERE r.status = 'waiting'
+                   AND NOT EXISTS (SELECT 1 FROM "{session_table}" s
+                                    WHERE s.id = r.session_id AND s.state = ANY(%s))""",  # nosec B608
+            [[parked, *holding]],
+        )
+        refused = cursor.rowcount
+        cursor.execute(
+            # SQL names from model metadata (constants); every value is a bound parameter.
+            f"""WITH r AS (
+                UPDATE {_POOL_REQUEST} r SET status = 'released', finished_at = now()
+                 WHERE r.status = 'granted'
+                   AND NOT EXISTS (SELECT 1 FROM "{session_table}" s
+                                    WHERE s.id = r.session_id AND s.state = ANY(%s))
+             RETURNING pool_id, cost)
+            UPDATE {_POOL} p SET in_use = GREATEST(p.in_use - t.c, 0), updated_at = now()
+              FROM (SELECT pool_id, sum(cost)::bigint AS c FROM r GROUP BY pool_id) t
+             WHERE p.id = t.pool_id""",  # nosec B608
+            [[parked, *holding]],
+        )
+        return refused + cursor.rowcount
 
 
 # --- Cost notices (billing/notices.py) ------------------------------------------------------

@@ -16,6 +16,7 @@ from django.db.models import NOT_PROVIDED, Model
 from django.db.models import fields as model_fields
 
 from accounts.models import Role
+from billing.models import CreditPool
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
 from tools.models import McpServer, Tool
@@ -83,6 +84,17 @@ SECTIONS = (
             "candidate_model": "a `models` entry for a gradual rollout (`candidate_percent`)",
         },
         "Agents: a system prompt, a model, tools, limits and budgets.",
+    ),
+    Section(
+        "credit_pools",
+        CreditPool,
+        ("size", "enabled"),
+        {
+            "name": "the pool's unique name",
+            "owner": "the username of the tenant whose calls use it; without: the global pool",
+        },
+        "Credit pools: points lent to paid tool calls in flight, granted highest value / cost "
+        "first (see [Cost, credits and budgets](cost-and-budgets.md)).",
     ),
     Section(
         "workflows",

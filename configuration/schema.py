@@ -17,6 +17,7 @@ from memory.tokens import TOKENIZER_NAMES
 from record.models import DoubleTexting
 from runtime.retry import retry_policy_problems
 from tools.env_access import header_env_allowed, header_env_rule
+from tools.estimates import estimate_problems
 from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS
 from tools.stdio_policy import command_problem, env_problems
@@ -181,6 +182,9 @@ TOOL_ENTRY = {
         "approval_escalate_to": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,50}$"},
         "roles": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "credit_cost": {"type": "integer", "minimum": 0},
+        # Its credit pool request (docs/cost-and-budgets.md): CEL over `args` and `session`.
+        "value": {"type": "string", "minLength": 1, "maxLength": 1000},
+        "cost": {"type": "string", "minLength": 1, "maxLength": 1000},
         "critical": {"type": "boolean"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
@@ -279,6 +283,19 @@ AGENT_ENTRY = {
     },
 }
 
+# A credit pool (billing.CreditPool): global without an owner, else the tenant's.
+CREDIT_POOL_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "size"],
+    "properties": {
+        "name": NAME,
+        "owner": {"type": "string", "minLength": 1, "maxLength": 150},
+        "size": {"type": "integer", "minimum": 1, "maximum": 10**12},
+        "enabled": {"type": "boolean"},
+    },
+}
+
 ROLE_ENTRY = {
     "type": "object",
     "additionalProperties": False,
@@ -296,6 +313,7 @@ DOCUMENT = {
         "mcp_servers": {"type": "array", "items": MCP_SERVER_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
         "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
+        "credit_pools": {"type": "array", "items": CREDIT_POOL_ENTRY},
         # The rest of a workflow is checked by its own parser (workflows/definition.py),
         # which names workflow, node and field.
         "workflows": {
@@ -440,8 +458,12 @@ def config_errors(
     check_urls: bool = False,
     known_tool_roles: Mapping[str, Collection[str]] | None = None,
     known_agents: set[str] | None = None,
+    known_users: set[str] | None = None,
+    known_pools: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Every problem in the file, each naming its entry and field; empty if it is valid."""
+    """Every problem in the file, each naming its entry and field; empty if it is valid.
+    `known_pools`: the pools in the database, each tenant's (its owner's username, "" for
+    the global one) by name."""
     if not isinstance(document, dict):
         return ["file: the top level must be a mapping with models, tools and agents"]
     errors = [
@@ -460,6 +482,7 @@ def config_errors(
         ("mcp_servers", "name"),
         ("agents", "slug"),
         ("embeddings", "name"),
+        ("credit_pools", "name"),
     ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):
@@ -529,6 +552,9 @@ def config_errors(
                     problem = url_problem(urls[("tools", i, field)].value)
                     if problem:
                         errors.append(f"{where}.{field}: unreachable: {problem}")
+        for field in ("value", "cost"):
+            if entry.get(field):
+                errors.extend(f"{where}.{field}: {p}" for p in estimate_problems(entry[field]))
         params = entry.get("parameters")
         if params is not None:
             try:
@@ -587,6 +613,7 @@ def config_errors(
                 errors.append(
                     f"{where}.tools[{j}]: unknown tool '{name}' (known: {', '.join(sorted(tools)) or 'none'})"
                 )
+    errors.extend(_credit_pool_errors(document, known_users, known_pools))
     errors.extend(
         _workflow_errors(
             document,
@@ -678,3 +705,23 @@ def routing_rule_problems(rule: str) -> list[str]:
             f"{', '.join(sorted(ROUTING_NAMES))}"
         ]
     return []
+
+
+def _credit_pool_errors(
+    document: dict[str, Any], known_users: set[str] | None, known_pools: Mapping[str, str] | None
+) -> list[str]:
+    """One pool per tenant and one global pool, in the file and with those in the database;
+    a tenant is a user that exists."""
+    errors = []
+    taken = {owner: name for name, owner in (known_pools or {}).items()}
+    for i, entry in enumerate(document.get("credit_pools") or []):
+        where = f"credit_pools[{i}] ({entry['name']})"
+        owner = entry.get("owner", "")
+        if owner and known_users is not None and owner not in known_users:
+            errors.append(f"{where}.owner: unknown user '{owner}'")
+        holder = taken.get(owner)
+        if holder is not None and holder != entry["name"]:
+            whose = f"user '{owner}'" if owner else "the platform (no owner)"
+            errors.append(f"{where}.owner: {whose} already has the credit pool '{holder}'")
+        taken[owner] = entry["name"]
+    return errors

@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -23,6 +24,7 @@ from audit.diff import changes
 from audit.models import AuditAction
 from audit.selectors import admin_changed_fields
 from audit.services import SYSTEM, audit_record
+from billing.models import CreditPool
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
@@ -87,6 +89,8 @@ TOOL_FIELDS = (
     "approval_escalate_to",
     "roles",
     "credit_cost",
+    "value",
+    "cost",
     "critical",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",
@@ -355,6 +359,25 @@ def _mcp_reference_errors(
     return errors
 
 
+def _pool_owners(document: Any) -> set[str]:
+    """The users the file's credit pools name that exist (one query, only when there are)."""
+    if not isinstance(document, dict) or not isinstance(document.get("credit_pools"), list):
+        return set()
+    names = {
+        str(p["owner"]) for p in document["credit_pools"] if isinstance(p, dict) and p.get("owner")
+    }
+    if not names:
+        return set()
+    field = get_user_model().USERNAME_FIELD
+    return set(
+        get_user_model().objects.filter(**{f"{field}__in": names}).values_list(field, flat=True)
+    )
+
+
+def _user(username: str) -> Any:
+    return get_user_model().objects.get(**{get_user_model().USERNAME_FIELD: username})
+
+
 def config_apply(
     *,
     document: Any,
@@ -364,7 +387,8 @@ def config_apply(
     actor: str = SYSTEM,
     source: str = "",
 ) -> list[str]:
-    """Create or update roles, models, tools, MCP servers and agents by name, all or nothing.
+    """Create or update roles, models, tools, MCP servers, agents and credit pools by name, all
+    or nothing.
 
     1. Check the whole file first (structure, references, tool schemas,
        handlers, URLs from the environment) and each tool's description
@@ -396,6 +420,13 @@ def config_apply(
         known_agents=set(
             Agent.objects.filter(workflow__isnull=True).values_list("slug", flat=True)
         ),
+        known_users=_pool_owners(document),
+        known_pools={
+            name: owner or ""
+            for name, owner in CreditPool.objects.values_list(
+                "name", f"owner__{get_user_model().USERNAME_FIELD}"
+            )
+        },
     )
     if errors:
         raise ConfigInvalid(errors)
@@ -541,6 +572,22 @@ def config_apply(
                 entry=f"agent {entry['slug']}",
             )
             report.append(f"agent {entry['slug']}: {done}")
+        for entry in document.get("credit_pools") or []:
+            owner = entry.get("owner")
+            values = {
+                "size": entry["size"],
+                "enabled": entry.get("enabled", True),
+                "owner": _user(owner) if owner else None,
+            }
+            done = _upsert(
+                CreditPool,
+                {"name": entry["name"]},
+                values,
+                ("size", "enabled"),
+                trail=trail,
+                entry=f"credit pool {entry['name']}",
+            )
+            report.append(f"credit pool {entry['name']}: {done}")
         default_model = (document.get("models") or [{}])[0].get("name")
         for i, entry in enumerate(document.get("workflows") or []):
             where = f"workflows[{i}] ({entry['slug']})"

@@ -14,6 +14,7 @@ from engine.gates.summary_ahead import summary_ahead_make
 from engine.model.context import summary_through
 from engine.moves.approval import approval_changed, approval_recorded
 from engine.moves.ask_user import client_calls_expire, client_results, user_answer
+from engine.moves.credits import pool_wake
 from engine.moves.takeover import (
     hand_back,
     operator_finish,
@@ -50,6 +51,7 @@ __all__ = [
     "operator_tool_result",
     "open_client_calls",
     "open_question",
+    "pool_wake",
     "run_resume",
     "session_run",
     "summary_ahead_make",

@@ -161,6 +161,7 @@ class ClientCall(TypedDict):
 
 class Progress(TypedDict):
     # preparing_tool | answer_discarded | credits_low | degradation | question | client_tools
+    # | credits_wait
     stage: str
     turn: int
     tool: NotRequired[str]
@@ -177,6 +178,13 @@ class Progress(TypedDict):
     # stage "client_tools": the calls the client runs (the OpenAI-compatible request's tools);
     # its next request brings their results.
     calls: NotRequired[list[ClientCall]]
+    # stage "credits_wait": the step's paid calls wait for their credit pool (`tool`: their
+    # tools); granted highest value / cost (`roi`) first. `note`: an estimate that failed.
+    value: NotRequired[float]
+    cost: NotRequired[int]
+    roi: NotRequired[float]
+    pool_free: NotRequired[int]
+    note: NotRequired[str]
     truncated: NotRequired[dict[str, int]]  # fields cut to fit EVENT_MAX_BYTES
 
 

@@ -15,6 +15,8 @@ class State(StrEnum):
     PAUSED_FOR_USER = "paused_for_user"
     AWAITING_APPROVAL = "awaiting_approval"
     WAITING_TIMER = "waiting_timer"
+    # A paid call waits for points of its credit pool (billing CreditPool); no worker held.
+    WAITING_CREDITS = "waiting_credits"
     ERROR = "error"
     FINISHED = "finished"
     CANCELLED = "cancelled"
@@ -43,6 +45,8 @@ class Trigger(StrEnum):
     OPERATOR_DONE = "operator_done"
     FORK = "fork"
     HANDOFF = "handoff"
+    CREDITS_WAIT = "credits_wait"
+    CREDITS_GRANTED = "credits_granted"
 
 
 S, T = State, Trigger
@@ -84,6 +88,11 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.AWAITING_APPROVAL, T.CANCEL): S.CANCELLED,
     (S.WAITING_TIMER, T.TIMER_FIRED): S.TOOL_LOOP,
     (S.WAITING_TIMER, T.CANCEL): S.CANCELLED,
+    # A paid call's pool has no room: parked until its points are granted (ROI order).
+    (S.TOOL_WAIT, T.CREDITS_WAIT): S.WAITING_CREDITS,
+    (S.WAITING_CREDITS, T.CREDITS_GRANTED): S.TOOL_WAIT,
+    (S.WAITING_CREDITS, T.CANCEL): S.CANCELLED,
+    (S.WAITING_CREDITS, T.OPERATOR_ANSWER): S.FINISHED,
     (S.PAUSED_FOR_USER, T.CANCEL): S.CANCELLED,
     # The user's next message answers the open question; the same turn goes on.
     (S.PAUSED_FOR_USER, T.USER_ANSWER): S.TOOL_LOOP,

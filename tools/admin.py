@@ -17,6 +17,7 @@ from accounts.admin_access import holds
 from audit.edits import AuditedAdmin, admin_actor, breaker_reset_audit
 
 from .descriptions import description_problems
+from .estimates import estimate_problems
 from .execution import tool_breaker
 from .forms import JSON_FIELD, breaker_badge, optional_count_field
 from .models import McpServer, RefreshState, Tool, ToolKind
@@ -68,6 +69,8 @@ class ToolAdminForm(forms.ModelForm):
             "approval_escalate_to",
             "roles",
             "credit_cost",
+            "value",
+            "cost",
             "critical",
             "rate_limit_calls_per_min",
             "rate_limit_tokens_per_min",
@@ -118,6 +121,19 @@ class ToolAdminForm(forms.ModelForm):
                 'or to {"env": "NAME"} for a secret read from an environment variable.'
             )
         return headers
+
+    def clean_value(self) -> str:
+        return self._estimate("value")
+
+    def clean_cost(self) -> str:
+        return self._estimate("cost")
+
+    def _estimate(self, field: str) -> str:
+        source: str = (self.cleaned_data.get(field) or "").strip()
+        problems = estimate_problems(source) if source else []
+        if problems:
+            raise forms.ValidationError(problems[0])
+        return source
 
     def clean_risk_level(self) -> int | None:
         level: int | None = self.cleaned_data["risk_level"]
@@ -232,6 +248,15 @@ class ToolAdmin(AuditedAdmin, admin.ModelAdmin):
         (
             "Safety and cost",
             {"fields": ("side_effects", "requires_approval", "risk_level", "roles", "credit_cost")},
+        ),
+        (
+            "Credit pool request",
+            {
+                "fields": ("value", "cost"),
+                "description": "CEL over the call's args and the session: its estimated value "
+                "(empty: the session's) and cost in points (empty: credit_cost). A credit pool "
+                "grants waiting calls highest value / cost first.",
+            },
         ),
         (
             "Degradation and rate limits",

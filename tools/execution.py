@@ -85,6 +85,10 @@ class ToolSnapshot:
     approval_on_timeout: str = "reject"
     approval_escalate_to: str = ""
     credit_cost: int = 0
+    # CEL estimates for its credit pool request ('' : the session's value, credit_cost),
+    # (tools/estimates.py; evaluated in engine/gates/credit_pool.py).
+    value: str = ""
+    cost: str = ""
     # A workflow's human node (workflows/node_tools.py): the approvers group asked, and the
     # argument whose text is the approval's reason (the node's rendered summary).
     approval_group: str = ""
@@ -128,6 +132,8 @@ class ToolSnapshot:
             approval_on_timeout=tool.approval_on_timeout,
             approval_escalate_to=tool.approval_escalate_to,
             credit_cost=tool.credit_cost,
+            value=tool.value,
+            cost=tool.cost,
             critical=tool.critical,
             rate_limit_calls_per_min=tool.rate_limit_calls_per_min,
             rate_limit_tokens_per_min=tool.rate_limit_tokens_per_min,
@@ -150,6 +156,11 @@ class ToolSnapshot:
         description = self.description.rstrip()
         joint = " " if description.endswith((".", "!", "?", ":")) else ". "
         return f"{description}{joint}Returns: {result}"
+
+    @property
+    def paid(self) -> bool:
+        """Its calls cost points: the owner's account (credit_cost) or a pool's (cost)."""
+        return self.credit_cost > 0 or bool(self.cost)
 
     def allows(self, role: str) -> bool:
         return not self.roles or role in self.roles

@@ -177,6 +177,18 @@ class Tool(models.Model):
     )
     roles = ArrayField(models.CharField(max_length=50), default=list, blank=True)
     credit_cost = models.PositiveIntegerField(default=0)
+    # A credit pool's request (billing CreditPool): CEL over `args` and `session`
+    # (engine/gates/credit_pool.py); empty: the session's value, and credit_cost.
+    value = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="CEL: a call's estimated value (default: the session's).",
+    )
+    cost = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="CEL: a call's estimated cost in points (default: credit_cost).",
+    )
     critical = models.BooleanField(
         default=False, help_text="Still runs at degradation level 3 (only critical tools do)."
     )

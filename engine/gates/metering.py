@@ -18,6 +18,8 @@
   runs (its estimated tokens must fit the free balance and today's cap, else the
   turn ends with `insufficient_credits`) and charged for the tokens it used in the
   step's commit, keyed by session, step and position: a re-run never charges twice.
+- The points a credit pool granted a step's paid calls (engine/gates/credit_pool.py) come
+  back in the commit of their results, in the same batch.
 """
 
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from billing.services import (
     credit_reserve_statement,
     credits_close_statement,
     model_charge_statement,
+    pool_release_statement,
     reservation_of,
     spend_statement,
     tool_usage_statement,
@@ -174,6 +177,10 @@ def step_metering(
     if getattr(session, "budget_held", False):
         session.budget_held = False  # type: ignore[attr-defined]
         held.append(budget_release_statement(session_id=session.pk, guard=guard))
+    if getattr(session, "pool_held", False):
+        # The calls its credit pool granted have run: their points come back with the results.
+        session.pool_held = False  # type: ignore[attr-defined]
+        held.append(pool_release_statement(session_id=session.pk, guard=guard))
     if not model_calls and not finished:
         return held
     usage = UsageFigures(

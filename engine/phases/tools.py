@@ -24,6 +24,7 @@ from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper, StepDeferred
 from engine.gates.children import Children, ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
+from engine.gates.credit_pool import PoolGate, pool_gate
 from engine.gates.environment import drift_hold
 from engine.gates.handoff import Handoffs, handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
@@ -37,6 +38,7 @@ from engine.model.environment import Environment
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
 from engine.moves.children import children_start, children_started
+from engine.moves.credits import credits_park, pool_wake
 from engine.moves.turn import TIMER_HANDLER, tool_results
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import cached_output_read, open_calls
@@ -100,6 +102,7 @@ class _Settled:
     rechecked: Rechecked | None = None
     questions: list[Question] = field(default_factory=list)
     credits: Credits = field(default_factory=Credits)
+    pool: PoolGate | None = None
 
 
 def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -> None:
@@ -141,7 +144,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         session, owner, calls, tools, env, runtime.agent, settled
     ):
         return  # the step waits (a person, another agent)
-    to_run = _settled_last(session, calls, tools, settled, keep)
+    to_run = _settled_last(session, owner, calls, tools, settled, keep)
+    if to_run is None:
+        return  # parked for the credit pool's points; a release wakes the run
     _run(session, owner, calls, to_run, tools, workflow, runtime.agent, settled.outcomes)
     for call in calls:
         # Settled or released by the results' commit (a call never reserved is left alone).
@@ -149,6 +154,9 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
             call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
     stop = tool_credits_stop(session, settled.credits, calls[0].step)
     asked = {q.call.pk for q in settled.questions}
+    pool = settled.pool
+    # The pool's points this step holds: released by the results' commit.
+    session.pool_held = bool(pool and pool.granted)  # type: ignore[attr-defined]
     tool_results(
         session,
         owner,
@@ -165,6 +173,8 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         client=client,
         revalidated=settled.rechecked.checked if settled.rechecked else False,
     )
+    if pool is not None and pool.granted:
+        pool_wake(pool_id=pool.pool_id)  # its points are back: the queue's next ones go
 
 
 def _settled_early(
@@ -252,13 +262,15 @@ def _settled_unless_stale(
 
 def _settled_last(
     session: Session,
+    owner: str,
     calls: list[ToolCall],
     tools: dict[str, ToolSnapshot],
     settled: _Settled,
     keep: FiguresKeeper | None,
-) -> list[ToolCall]:
+) -> list[ToolCall] | None:
     """Degradation and rate limits, questions to the user (left open), memory tools (run
-    here) and credits (reserved, or refused); the calls left to send."""
+    here), the credit pool (granted, refused, or None: the run is parked until points come
+    back) and credits (reserved, or refused); the calls left to send."""
     outcomes = settled.outcomes
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
     # A question to the user stays open: their next message is its result.
@@ -271,6 +283,15 @@ def _settled_last(
         )
     )
     to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
+    pool = pool_gate(session, to_run, tools)
+    if pool.waiting:
+        # No room in the credit pool: park (no worker held); a release wakes the run.
+        credits_park(session, owner, pool)
+        pool_wake(pool_id=pool.pool_id)
+        return None
+    settled.pool = pool
+    outcomes.update(pool.refused)
+    to_run = [c for c in to_run if c.pk not in pool.refused]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
     if credits.refused:
         metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
@@ -369,7 +390,7 @@ def _rerun_harmless(call: ToolCall, to_run: list[ToolCall], tools: dict[str, Too
     side effects, wrote memory, costs credits or is not the executor's (another agent, a
     handoff): a gate's refusal or a read-only result is simply found again."""
     tool = tools.get(call.tool_name)
-    if tool is None or tool.kind not in _EXECUTED or tool.credit_cost > 0:
+    if tool is None or tool.kind not in _EXECUTED or tool.paid:
         return False
     if is_memory_call(call, tools):
         return False
@@ -413,7 +434,7 @@ def runs_in_step(tool: ToolSnapshot | None) -> bool:
         and not tool.side_effects
         and not tool.requires_approval
         and not tool.approval_when
-        and tool.credit_cost <= 0
+        and not tool.paid
         and (tool.risk_level or 0) < CHECKPOINT_LEVEL
         and tool.handler not in _APART
     )

@@ -19,6 +19,7 @@ STATE_COLOURS = {
     "paused_for_user": "#b45309",
     "awaiting_approval": "#c2410c",
     "waiting_timer": "#0f766e",
+    "waiting_credits": "#0f766e",
     "error": "#dc2626",
     "finished": "#15803d",
     "cancelled": "#374151",

@@ -153,8 +153,8 @@ stands and, at the end, its result) and `children` (sessions its agent started).
 
 Poll this, or better follow the events, to see where a turn stands: `processing`,
 `tool_wait` and `tool_loop` while it runs; `awaiting_approval` (a person must decide a
-tool call), `paused_for_user` (the agent asked the user something) or `waiting_timer`
-while it waits; `finished` once it answered, `cancelled` or `error` when it stopped. A new
+tool call), `paused_for_user` (the agent asked the user something), `waiting_timer` or
+`waiting_credits` (a paid call waits for its credit pool's points) while it waits; `finished` once it answered, `cancelled` or `error` when it stopped. A new
 message starts the next turn from `idle`, `finished`, `cancelled` or `error`.
 
 Errors: 404 `not_found` when no session of yours has this id.

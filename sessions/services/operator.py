@@ -34,7 +34,13 @@ logger = logging.getLogger(__name__)
 # --- Human takeover: an operator answers, runs a tool by hand, hands back ------------
 
 WAITING: frozenset[State] = frozenset(
-    {State.AWAITING_APPROVAL, State.PAUSED_FOR_USER, State.WAITING_TIMER, State.ERROR}
+    {
+        State.AWAITING_APPROVAL,
+        State.PAUSED_FOR_USER,
+        State.WAITING_TIMER,
+        State.WAITING_CREDITS,
+        State.ERROR,
+    }
 )
 
 

@@ -16,12 +16,13 @@ from approvals.services import (
     SYSTEM_ACTOR,
 )
 from billing.selectors import reservations_open
-from billing.services import budget_holds_sweep, credits_close, waiting_expire
+from billing.services import budget_holds_sweep, credits_close, pool_requests_close, waiting_expire
 from engine import (
     StaleSession,
     client_calls_expire,
     open_client_calls,
     open_question,
+    pool_wake,
     timer_fire,
     user_answer,
 )
@@ -59,6 +60,7 @@ def sessions_sweep() -> list[str]:
     """
     woken = timers_fire_due() + approvals_expire_due() + questions_expire_due()
     credits_reconcile()
+    woken += credit_pools_reconcile()
     budget_holds_reconcile()
     runnable = [s.value for s in RUNNABLE]
     starts = [s.value for s in STARTS_TURN]
@@ -158,6 +160,20 @@ def credits_reconcile(*, older_than_s: float | None = None) -> int:
             "sweeper: settled %d and released %d orphaned reservation(s)", len(settle), len(release)
         )
     return len(settle) + len(release)
+
+
+def credit_pools_reconcile() -> list[str]:
+    """Give back pool points a turn that ended (a cancel, a crash) still holds, drop the
+    waiting requests of turns that moved on, then grant what fits of each queue and wake the
+    parked runs granted (a wake-up lost with a worker, or points given back here)."""
+    closed = pool_requests_close(
+        session_table=Session._meta.db_table,
+        parked=State.WAITING_CREDITS.value,
+        holding=[State.TOOL_WAIT.value],
+    )
+    if closed:
+        logger.info("sweeper: closed %d credit pool request(s) of ended turns", closed)
+    return pool_wake()
 
 
 def budget_holds_reconcile(*, lease_grace_s: float | None = None) -> int:

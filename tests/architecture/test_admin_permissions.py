@@ -29,7 +29,7 @@ from accounts.models import Role
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from audit.models import AuditEntry
-from billing.models import KeyBudget, OwnerBudget, SpendNotice
+from billing.models import CreditPool, KeyBudget, OwnerBudget, PoolRequest, SpendNotice
 from billing.notices import billing_today
 from billing.services import credits_grant
 from demo.models import Customer, Notification, Order, Report
@@ -153,6 +153,11 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
         kind="budget", subject=f"owner:{viewer.pk}:day", threshold=80, owner=viewer,
         period_start=billing_today(), period_end=billing_today() + timedelta(days=1),
         message=f"owner day budget of owner {viewer.pk}: 80 % reached",
+    )  # fmt: skip
+    pool = CreditPool.objects.create(name="walk", owner=viewer, size=10)
+    PoolRequest.objects.create(
+        key="pool:walk", pool=pool, owner=viewer, session_id=waiting.pk, action="gate",
+        value=2.0, cost=5, roi=0.4, status="waiting",
     )  # fmt: skip
     customer = Customer.objects.create(name="Ann", email="ann@example.com")
     order = Order.objects.create(

@@ -2,6 +2,7 @@
 banner on every admin page and its dismissal, and API key budgets."""
 
 import re
+import uuid
 from datetime import timedelta
 from decimal import Decimal
 
@@ -183,3 +184,82 @@ def test_a_staff_user_cannot_budget_another_tenants_key(client) -> None:  # type
     assert response.status_code == 200  # the form again, with an error on the key
     assert "api_key" in response.context["adminform"].form.errors
     assert not KeyBudget.objects.exists()
+
+
+# --- Credit pools and their queue --------------------------------------------------------
+
+
+def _queue(owner, pool, **fields):  # type: ignore[no-untyped-def]
+    from billing.models import PoolRequest
+
+    defaults = {"action": "issue_coupon", "value": 1.0, "cost": 10, "roi": 0.1, "status": "waiting"}
+    defaults.update(fields)
+    return PoolRequest.objects.create(
+        key=f"pool:{uuid.uuid4()}", pool=pool, owner=owner, session_id=uuid.uuid4(), **defaults
+    )
+
+
+def test_the_queue_shows_waiting_requests_in_grant_order_with_roi_value_cost_age_and_level(
+    admin_client,
+) -> None:  # type: ignore[no-untyped-def]
+    from billing.models import CreditPool
+
+    owner = UserFactory()
+    pool = CreditPool.objects.create(name="global", size=100, in_use=90)
+    _queue(owner, pool, action="low", value=8.0, cost=10, roi=0.8)
+    _queue(owner, pool, action="high", value=12.0, cost=10, roi=1.2)
+    _queue(owner, pool, action="done", status="released")
+    html = admin_client.get("/admin/billing/poolrequest/").content.decode()
+    assert html.index(">high<") < html.index(">low<")  # the order they will be granted in
+    assert ">done<" not in html  # the queue: waiting ones only, unless the filter says
+    assert ">1.2<" in html and ">12.0<" in html and "global: 90 / 100 (90 %)" in html
+    assert re.search(r'class="field-age">\d+ s<', html)
+    every = admin_client.get("/admin/billing/poolrequest/", {"status": "all"}).content.decode()
+    assert ">done<" in every
+    pools = admin_client.get("/admin/billing/creditpool/").content.decode()
+    assert "90 / 100 (90 %)" in pools and "2 waiting" in pools
+
+
+def test_a_view_only_staff_user_sees_their_tenants_queue_and_changes_nothing(client) -> None:  # type: ignore[no-untyped-def]
+    from billing.models import CreditPool, PoolRequest
+
+    staff = StaffUserFactory(username="viewer-pool")
+    staff.user_permissions.set(permissions("billing.view_poolrequest", "billing.view_creditpool"))
+    pool = CreditPool.objects.create(name="global", size=10)
+    mine = _queue(staff, pool, action="mine")
+    _queue(UserFactory(), pool, action="theirs")
+    client.force_login(staff)
+    html = client.get("/admin/billing/poolrequest/").content.decode()
+    assert ">mine<" in html and ">theirs<" not in html
+    assert client.get(f"/admin/billing/poolrequest/{mine.pk}/change/").status_code == 200
+    response = client.post(
+        f"/admin/billing/poolrequest/{mine.pk}/change/", {"status": "granted", "roi": "99"}
+    )
+    assert response.status_code == 403
+    assert client.post(f"/admin/billing/poolrequest/{mine.pk}/delete/").status_code == 403
+    assert PoolRequest.objects.get(pk=mine.pk).status == "waiting"
+    # A hostile filter value lists nothing; it is not a 500.
+    assert client.get("/admin/billing/poolrequest/", {"status": "x' OR 1=1"}).status_code == 200
+
+
+def test_an_operator_edits_a_pool_but_never_its_level(admin_client) -> None:  # type: ignore[no-untyped-def]
+    from billing.models import CreditPool
+
+    pool = CreditPool.objects.create(name="global", size=10, in_use=4)
+    response = admin_client.post(
+        f"/admin/billing/creditpool/{pool.pk}/change/",
+        {"name": "global", "owner": "", "size": "20", "enabled": "on", "in_use": "0"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    pool.refresh_from_db()
+    assert (pool.size, pool.in_use) == (20, 4)
+    assert AuditEntry.objects.filter(
+        object_type="billing.creditpool", action="admin.change"
+    ).exists()
+    bad = admin_client.post(
+        f"/admin/billing/creditpool/{pool.pk}/change/",
+        {"name": "global", "owner": "", "size": "-1", "enabled": "on"},
+    )
+    assert bad.status_code == 200  # the form again: a size must be at least 1
+    pool.refresh_from_db()
+    assert pool.size == 20

@@ -214,6 +214,10 @@ def test_the_admin_saves_an_http_tool_whose_secret_header_comes_from_the_environ
         ({"method": "FETCH"}, "method"),
         ({"risk_level": "4"}, "risk_level"),
         ({"headers": '{"X-Env-Leak": {"env": "DATABASE_URL"}}'}, "headers"),
+        ({"value": "double(args.amount) *"}, "value"),
+        ({"cost": "order.total"}, "cost"),
+        ({"cost": "[1].map(a, [1].map(b, [1].map(c, [1].map(d, a))))"}, "cost"),
+        ({"value": "x" * 1001}, "value"),
     ],
 )
 def test_the_admin_refuses_a_wrong_http_tool(client, operator, overrides, field):
@@ -230,4 +234,20 @@ def test_the_admin_says_which_variable_a_header_may_not_read(client, operator):
     )
     assert response.context["adminform"].form.errors["headers"] == [
         "X-Env-Leak reads DATABASE_URL, but tool headers may read only names starting with TOOL_SECRET_"
+    ]
+
+
+def test_the_admin_saves_a_tools_credit_pool_estimates_and_names_a_wrong_one(client, operator):
+    response = client.post(
+        reverse("admin:tools_tool_add"),
+        _http_post(value="double(args.amount) * 3.0", cost="  double(args.amount)  "),
+    )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    tool = Tool.objects.get(name="issue_coupon")
+    assert (tool.value, tool.cost) == ("double(args.amount) * 3.0", "double(args.amount)")
+    response = client.post(
+        reverse("admin:tools_tool_change", args=[tool.pk]), _http_post(cost="session.owner + x")
+    )
+    assert response.context["adminform"].form.errors["cost"] == [
+        "names x; it may read args, session"
     ]

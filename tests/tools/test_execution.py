@@ -590,6 +590,8 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         approval_on_timeout = "reject"
         approval_escalate_to = ""
         credit_cost = 25
+        value = "double(args.amount)"
+        cost = ""
         critical = False
         rate_limit_calls_per_min = 0
         rate_limit_tokens_per_min = 0
@@ -600,6 +602,7 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
     assert snap.result_description == "The things."
     assert (snap.retry.attempts, snap.retry.on) == (4, frozenset({"429"}))
     assert snap.credit_cost == 25
+    assert (snap.value, snap.cost, snap.paid) == ("double(args.amount)", "", True)
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
