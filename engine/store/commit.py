@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from hooks.outbox import outbox_statement, outbox_wake
 from observability.tracing import trace_id_of
 from observability.turns import turn_ended
 from runtime.faults import fault_point
@@ -554,6 +555,10 @@ def step_commit(step: Step) -> Committed:
     # session of the owner, and a row lock is held until the commit, so each step
     # holds them only for its commit, not while the rest of the batch runs.
     writes += step.charges
+    # A run webhook's delivery (hooks/outbox.py) commits with the turn's end, or not at all.
+    finished = next((s for s in step.after_events if s.type == EventType.TURN_FINISHED), None)
+    if finished is not None:
+        writes.append(outbox_statement(session.pk, turn, dict(finished.data), GUARD))
     if step.then_read is not None:
         writes.append(step.then_read)  # last: its rows are the batch's last result
 
@@ -582,6 +587,8 @@ def step_commit(step: Step) -> Committed:
     if row is None:
         raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
     now, cancel_requested, queued_count, lease_owner, _, stamp = row
+    if finished is not None:
+        outbox_wake(results[-2 if step.then_read is not None else -1])
     for spec in step.after_events:
         if spec.type == EventType.TURN_FINISHED:
             turn_ended(session.pk, str(spec.data.get("stop_reason", "")))
