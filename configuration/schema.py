@@ -286,6 +286,31 @@ ROLE_ENTRY = {
     "properties": {"name": SLUG, "description": {"type": "string"}},
 }
 
+SCHEDULE_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "cron", "owner"],
+    "properties": {
+        "name": NAME,
+        "cron": {"type": "string", "minLength": 1, "maxLength": 120},
+        "timezone": {"type": "string", "minLength": 1, "maxLength": 64},
+        "workflow": SLUG,
+        "input": {"type": "object"},
+        "agent": SLUG,
+        "message": {"type": "string", "minLength": 1},
+        "owner": {"type": "string", "minLength": 1, "maxLength": 150},
+        "api_key": {"type": "string", "minLength": 1, "maxLength": 12},
+        "overlap": {"enum": ["skip", "queue", "allow"]},
+        "enabled": {"type": "boolean"},
+        "webhook": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["url"],
+            "properties": {"url": {"type": "string", "minLength": 1, "maxLength": 500}},
+        },
+    },
+}
+
 DOCUMENT = {
     "type": "object",
     "additionalProperties": False,
@@ -296,6 +321,7 @@ DOCUMENT = {
         "mcp_servers": {"type": "array", "items": MCP_SERVER_ENTRY},
         "agents": {"type": "array", "items": AGENT_ENTRY},
         "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
+        "schedules": {"type": "array", "items": SCHEDULE_ENTRY},
         # The rest of a workflow is checked by its own parser (workflows/definition.py),
         # which names workflow, node and field.
         "workflows": {
@@ -460,6 +486,7 @@ def config_errors(
         ("mcp_servers", "name"),
         ("agents", "slug"),
         ("embeddings", "name"),
+        ("schedules", "name"),
     ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):

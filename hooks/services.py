@@ -125,7 +125,7 @@ def schedule_fire(*, schedule_id: int, now: datetime | None = None) -> int:
     now = now or timezone.now()
     with transaction.atomic():
         schedule = (
-            Schedule.objects.select_for_update(skip_locked=True)
+            Schedule.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk=schedule_id, enabled=True)
             .select_related("owner", "api_key")
             .first()
