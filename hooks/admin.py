@@ -39,7 +39,7 @@ class ScheduleForm(forms.ModelForm):
         ]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         problems = schedule_problems(
             cron=data.get("cron") or "",
             zone=data.get("timezone") or "",

@@ -4,6 +4,7 @@ outbox row the turn's final commit writes (engine/store/commit.py holds the one 
 On the record's floor: the store may import it, and it imports nothing above the record.
 """
 
+import functools
 import json
 import logging
 from typing import Any
@@ -101,7 +102,7 @@ def outbox_wake(delivered: list[tuple[Any, ...]] | None) -> None:
     """After the commit, a task for each delivery the turn's end wrote (the sweep sends any
     whose message is lost)."""
     for (delivery_id,) in delivered or ():
-        transaction.on_commit(lambda d=delivery_id: _send(d))
+        transaction.on_commit(functools.partial(_send, int(delivery_id)))
 
 
 def _send(delivery_id: int) -> None:
