@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
+from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin
 
 from .models import Schedule, ScheduleFire, WebhookDelivery
@@ -71,7 +72,7 @@ class FireInline(admin.TabularInline):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
+class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     form = ScheduleForm
     list_display = ("name", "what", "cron", "timezone", "overlap", "enabled", "next_times")
     list_filter = ("enabled", "overlap")
@@ -101,7 +102,8 @@ class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    tenant_owner_path = "session__owner"
     list_display = (
         "__str__",
         "url",

@@ -82,7 +82,10 @@ class FireStatus(models.TextChoices):
 class ScheduleFire(models.Model):
     """One due time of a schedule and what it did: the key that makes it fire once."""
 
-    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="fires")
+    # No index of its own: schedule_fire_once leads with it.
+    schedule = models.ForeignKey(
+        Schedule, on_delete=models.CASCADE, related_name="fires", db_index=False
+    )
     due = models.DateTimeField()
     status = models.CharField(max_length=8, choices=FireStatus.choices)
     session = models.ForeignKey(
@@ -91,7 +94,6 @@ class ScheduleFire(models.Model):
         null=True,
         blank=True,
         related_name="+",
-        db_index=False,
     )
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -118,7 +120,6 @@ class RunWebhook(models.Model):
         null=True,
         blank=True,
         related_name="+",
-        db_index=False,
     )
     url = models.CharField(max_length=500)
     created_at = models.DateTimeField(default=timezone.now)
