@@ -113,3 +113,22 @@ def test_a_turn_without_any_webhook_writes_nothing():
     message_post(session=session, content="hi")
     assert session_run(session_id=session.pk).stopped == "idle"
     assert not WebhookDelivery.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_messages_webhook_waits_for_its_own_turn():
+    owner = UserFactory()
+    session = session_create(owner=owner, agent_slug=_agent(), key_roles=[])
+    message_post(session=session, content="first")  # turn 1 starts; no worker ran it yet
+    message_post_for_owner(
+        session_id=session.pk,
+        owner_id=owner.pk,
+        key_roles=[],
+        content="second",
+        webhook={"url": "http://127.0.0.1:9/second"},
+    )  # queued behind turn 1
+    while session_run(session_id=session.pk).stopped != "idle":
+        pass
+    assert list(WebhookDelivery.objects.filter(session=session).values_list("turn", "url")) == [
+        (2, "http://127.0.0.1:9/second")
+    ]
