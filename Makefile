@@ -170,7 +170,7 @@ browser:
 # bandit covers the shipped packages (tests/ and bench/ are developer tools that assert and
 # start processes by design); each accepted finding carries an inline `# nosec <id>` with
 # its reason. Its warnings about those comments go to a log, shown only on failure.
-BANDIT_PATHS := accounts agentplatform approvals audit billing configuration demo devstack llm memory observability openai_compat runtime sessions tools manage.py clients/python/src
+BANDIT_PATHS := accounts agentplatform approvals audit billing configuration demo devstack llm memory observability openai_compat record runtime sessions tools manage.py clients/python/src
 PIP_AUDIT_ARGS ?=
 
 lint: $(DEV_STAMP)

@@ -36,7 +36,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "accounts",
-    "sessions.apps.AgentSessionsConfig",
+    "record.apps.RecordConfig",
+    "sessions.apps.SessionsConfig",
     "configuration",
     "tools",
     "memory",
@@ -88,9 +89,6 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default="postgresql://postgres@127.0.0.1:5432/agentplatform")
 }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # The same backend, with a pool that lends the connection returned last.
-    DATABASES["default"]["ENGINE"] = "agentplatform.postgresql"
 # Each test run may name its own test database, so parallel runs never share one.
 if env.str("TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME")}
@@ -103,7 +101,7 @@ if env.bool("DB_POOL", default=True):
         "max_size": env.int("DB_POOL_MAX", default=20),
         "timeout": env.float("DB_POOL_TIMEOUT", default=30.0),
     }
-# A step's batch prepared on the server once per connection (sessions/rows.py);
+# A step's batch prepared on the server once per connection (record/rows.py);
 # off behind a pooler that does not keep sessions (PgBouncer transaction mode).
 DB_PREPARED_STATEMENTS = env.bool("DB_PREPARED_STATEMENTS", default=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -143,7 +141,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
     # One Redis list per priority (`<queue>\x06\x16<n>`, 0 taken first): session runs
-    # are sent with a priority from the session's value (sessions/dispatch.py).
+    # are sent with a priority from the session's value (record/dispatch.py).
     "priority_steps": list(range(10)),
     "queue_order_strategy": "priority",
 }
@@ -250,7 +248,7 @@ SESSION_LEASE_S = env.float("SESSION_LEASE_S", default=2.0)
 # assumes its broker message was lost and enqueues it again.
 SESSION_PICKUP_GRACE_S = env.float("SESSION_PICKUP_GRACE_S", default=10.0)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=32000)
-# Bounds on caller JSON (sessions/json_limits.py): nesting of any body, frame or
+# Bounds on caller JSON (record/json_limits.py): nesting of any body, frame or
 # metadata, and the compact UTF-8 size of a session's metadata.
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=32)
 METADATA_MAX_BYTES = env.int("METADATA_MAX_BYTES", default=16384)

@@ -24,9 +24,9 @@ from django.utils import timezone
 from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.selectors import approver_groups
 from accounts.tenancy import TenantScopedAdmin
+from record.errors import DomainError, InvalidInput
+from record.models import Message
 from sessions import services
-from sessions.errors import DomainError, InvalidInput
-from sessions.models import Message
 from sessions.selectors import messages_recent
 
 from .models import Approval, ApprovalKind, ApprovalTransition, ReviewAnswer

@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.selectors import approver_groups
+from record.errors import InvalidInput
 from sessions import services
-from sessions.errors import InvalidInput
 
 from . import api_docs
 from .models import Approval, ReviewAnswer

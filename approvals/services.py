@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from sessions.errors import InvalidInput
+from record.errors import InvalidInput
 from tools.execution import ToolSnapshot, validator_for
 from tools.validation import check_arguments
 

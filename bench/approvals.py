@@ -40,7 +40,7 @@ POLL_S = 0.005
 
 def _install() -> None:
     from accounts.services import approver_grant
-    from sessions.models import Agent, ModelEndpoint
+    from record.models import Agent, ModelEndpoint
     from tools.models import Tool
 
     Tool.objects.update_or_create(

@@ -61,7 +61,7 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     from engine.gates.metering import model_credits_check
     from engine.run_cache import agent_runtime
     from llm.types import ChatMessage, ChatRequest
-    from sessions.models import Agent, Session
+    from record.models import Agent, Session
 
     session = fixtures.sessions_create("bench-echo", 1, username="bench-billing")[0]
     Agent.objects.filter(slug="bench-echo").update(
@@ -144,8 +144,8 @@ def _metering_ab(cycles: int) -> dict[str, dict[str, list[float]]]:
 
     from billing.models import CreditAccount
     from engine.moves import turn as commit_module
-    from engine.moves.turn import step_commit
-    from sessions.models import ModelCall
+    from engine.moves.turn import metered_commit as step_commit
+    from record.models import ModelCall
 
     from . import stepkit
 
@@ -203,7 +203,7 @@ def _rollups() -> dict[str, Any]:
     from django.db import connection
 
     from billing.models import UsageDaily
-    from sessions.models import Agent
+    from record.models import Agent
 
     user_table = get_user_model()._meta.db_table
     agents = list(

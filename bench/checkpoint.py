@@ -34,7 +34,7 @@ from .stats import percentile, summary
 
 def _demo_checkpoints(sessions: int, turns: int) -> list[dict[str, Any]]:
     from engine import session_run
-    from sessions.models import Checkpoint, Session
+    from record.models import Checkpoint, Session
     from sessions.services import message_post
 
     targets = fixtures.sessions_create("bench-demo", sessions)
@@ -89,8 +89,8 @@ def _insert_alone(contexts: list[dict[str, Any]], reps: int) -> dict[str, list[f
     from django.utils import timezone
 
     from engine.store.commit import CHECKPOINT_COLUMNS
-    from sessions.models import Checkpoint
-    from sessions.rows import insert_statement
+    from record.models import Checkpoint
+    from record.rows import insert_statement
 
     ((session, _owner),) = stepkit.leased_sessions("bench-noop", 1)
     wall: list[float] = []

@@ -39,7 +39,7 @@ WORDS = "the parcel left the depot on Monday and the courier expects to deliver 
 
 
 def _install() -> Any:
-    from sessions.models import Agent, ModelEndpoint
+    from record.models import Agent, ModelEndpoint
 
     agent, _ = Agent.objects.update_or_create(
         slug=AGENT,
@@ -57,7 +57,7 @@ def _install() -> Any:
 
 def _message(seq: int, turn: int, role: str, **fields: Any) -> Any:
     from memory.tokens import count_message_tokens
-    from sessions.models import Message
+    from record.models import Message
 
     content = fields.pop("content", "")
     calls = fields.get("tool_calls") or []
@@ -110,7 +110,7 @@ def _seed(count: int) -> Any:
 
     from engine.model.context import SUMMARY_HEADING, SUMMARY_NAME
     from memory.budget import context_budget
-    from sessions.models import Message, Session
+    from record.models import Message, Session
 
     session = fixtures.sessions_create(AGENT, 1, username=f"bench-context-{count}")[0]
     messages = _conversation(count)
@@ -147,7 +147,7 @@ def _seed(count: int) -> Any:
 def _measure(count: int, steps: int) -> dict[str, Any]:
     from engine.model.context import assemble
     from engine.run_cache import RunContext, agent_runtime
-    from sessions.models import Message, Session
+    from record.models import Message, Session
 
     session, through = _seed(count)
     agent = agent_runtime(session.agent_id).agent

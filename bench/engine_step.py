@@ -155,7 +155,7 @@ class Probe:
 
         found = False
         for name, module in list(sys.modules.items()):
-            if not name.startswith(("engine", "sessions", "tools")) or module is None:
+            if not name.startswith(("engine", "record", "sessions", "tools")) or module is None:
                 continue
             for attr, value in list(vars(module).items()):
                 if value is original:
@@ -243,7 +243,7 @@ def run(
 ) -> Result:
     from django.db import connection
 
-    from sessions.models import Checkpoint, Session
+    from record.models import Checkpoint, Session
 
     from .environment import BENCH_DB
 

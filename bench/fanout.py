@@ -100,8 +100,8 @@ def run(
 ) -> Result:
     from django.db import connection
 
+    from record.models import Session
     from sessions import services
-    from sessions.models import Session
 
     result = Result(
         name="fanout",

@@ -11,7 +11,7 @@ process (httpx, asyncio, one connection per client):
 - POST latency, one post at a time, without and then with a broadcast: 500
   websockets watch one session (`bench/http_watchers.py`, a process of its
   own) while this process publishes a `progress` frame to that session every
-  `BROADCAST_EVERY_S` (`sessions.publisher.publish_ephemeral`, the path the
+  `BROADCAST_EVERY_S` (`record.publisher.publish_ephemeral`, the path the
   engine's frames take); the watchers record each frame's arrival time.
 """
 
@@ -105,8 +105,8 @@ async def _sequential_posts(base: str, key: str, ids: list[str], seconds: float)
 
 
 async def _broadcast(session_id: str, seconds: float) -> int:
-    from sessions.events import EventType
-    from sessions.publisher import publish_ephemeral
+    from record.events import EventType
+    from record.publisher import publish_ephemeral
 
     sent = 0
     deadline = time.perf_counter() + seconds

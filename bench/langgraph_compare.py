@@ -176,7 +176,7 @@ def _platform_run(session: Any) -> int:
 def run(*, runs: int, warmup: int = 3) -> Result:
     from django.db import connection
 
-    from sessions.models import Message, ToolCall
+    from record.models import Message, ToolCall
 
     result = Result(
         name="langgraph",

@@ -80,7 +80,7 @@ def move_sql() -> tuple[str, dict[str, list[Any]]]:
     """MOVE_SQL, plus any columns added to the three tables since it was written, at their defaults."""
     from django.db import connection
 
-    from sessions.models import Checkpoint, Event, Transition
+    from record.models import Checkpoint, Event, Transition
 
     parts: dict[str, str] = {}
     extra: dict[str, list[Any]] = {}
@@ -127,7 +127,7 @@ def _run(n: int, rows: list[dict[str, Any]]) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from sessions.models import Agent, Message, Session, ToolCall
+    from record.models import Agent, Message, Session, ToolCall
     from tools.execution import tools_for_agent
 
     session = fixtures.sessions_create("bench-demo", 1)[0]
@@ -243,7 +243,7 @@ def _run(n: int, rows: list[dict[str, Any]]) -> None:
 
     print("a tool-loop move (state, 1 event, transition, checkpoint), committed")
     from engine.store.commit import Step, step_commit
-    from sessions.states import Trigger
+    from record.states import Trigger
 
     Session.objects.filter(pk=session.pk).update(state="tool_loop")
     live = Session.objects.get(pk=session.pk)

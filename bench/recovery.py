@@ -181,7 +181,7 @@ def _one_kill(
     mode: str,
     lease_s: float,
 ) -> Sample | None:
-    from sessions.models import Session
+    from record.models import Session
     from sessions.services import message_post
 
     session_id = str(session.pk)
@@ -305,7 +305,7 @@ def run(procs: Processes, *, kills: int, standby_kills: int, concurrency: int = 
     load.start()
     with _conn() as conn:
         # One turn without a kill: imports, pools and caches of the worker are warm.
-        from sessions.models import Session
+        from record.models import Session
         from sessions.services import message_post
 
         message_post(session=Session.objects.get(pk=session.pk), content="warm up")

@@ -10,10 +10,10 @@ several statements, and the driver's `rowcount` only covers the last one):
   one round trip; so is each COMMIT / ROLLBACK, and the BEGIN psycopg sends
   before a transaction's first statement (`tx_round_trips`).
 - Statements: each statement of an `execute` (a batch from
-  `sessions.rows.execute_batch` is several, joined by ";\n"; one result set
+  `record.rows.execute_batch` is several, joined by ";\n"; one result set
   each); `executemany` counts one per parameter set. A prepared batch's
   `EXECUTE name(values)` is counted as the statement it runs (its text from
-  `sessions.rows.prepared_text`); its `PREPARE`s are counted apart (`prepares`).
+  `record.rows.prepared_text`); its `PREPARE`s are counted apart (`prepares`).
 - Rows written: the affected-row count of every result of the execute (each
   statement of a batch, read from psycopg's results), by table.
 - Commits: explicit ones are counted by wrapping `DatabaseWrapper.commit`,
@@ -57,7 +57,7 @@ class Tally:
     autocommit_writes: int = 0
     rollbacks: int = 0
     savepoints: int = 0
-    prepares: int = 0  # PREPAREs (a text once per connection) and DEALLOCATEs (sessions/rows.py)
+    prepares: int = 0  # PREPAREs (a text once per connection) and DEALLOCATEs (record/rows.py)
     db_seconds: float = 0.0
     by_verb: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     rows_by_table: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -170,11 +170,11 @@ def server_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int
 
 def _behind_execute(part: str) -> str:
     """A prepared step batch's `EXECUTE name(values)` read as the statement it runs
-    (its text from `sessions.rows`; the values are not needed to count it)."""
+    (its text from `record.rows`; the values are not needed to count it)."""
     words = part.lstrip().split(None, 1)
     if len(words) < 2 or words[0].upper() != "EXECUTE":
         return part
-    from sessions.rows import prepared_text
+    from record.rows import prepared_text
 
     return prepared_text(words[1].split("(", 1)[0].strip()) or part
 

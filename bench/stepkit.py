@@ -23,7 +23,7 @@ _steps = itertools.count(10_000)
 def leased_sessions(agent: str, count: int) -> list[tuple[Any, str]]:
     """`count` new sessions of `agent`, each in a running turn (processing) under a lease held here."""
     from engine.runner.lease import lease_acquire, worker_identity
-    from sessions.models import Session
+    from record.models import Session
     from sessions.services import message_post
 
     out = []
@@ -52,9 +52,9 @@ def intents_step(session: Any, owner: str, calls: int, tag: str) -> tuple[Any, l
     from engine.moves.turn import build_step
     from llm.types import ToolCallRequest
     from memory.tokens import count_message_tokens
-    from sessions.events import EventSpec, EventType
-    from sessions.models import Message, ToolCall
-    from sessions.states import Trigger
+    from record.events import EventSpec, EventType
+    from record.models import Message, ToolCall
+    from record.states import Trigger
 
     agent, _tools, env = _runtime(session)
     # Unique per logical call, as the engine's session:turn:step:position key is; the
@@ -124,9 +124,9 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
 
     from engine.moves.turn import build_step
     from memory.tokens import count_message_tokens
-    from sessions.events import EventSpec, EventType
-    from sessions.models import Message
-    from sessions.states import Trigger
+    from record.events import EventSpec, EventType
+    from record.models import Message
+    from record.states import Trigger
     from tools.rendering import render_success
 
     _agent, _tools, env = _runtime(session)
@@ -184,6 +184,6 @@ def results_step(session: Any, owner: str, rows: list[Any]) -> Any:
 def loop_step(session: Any, owner: str) -> Any:
     """The tool-loop move back to the model (the runner's own one-liner)."""
     from engine.moves.turn import build_step
-    from sessions.states import Trigger
+    from record.states import Trigger
 
     return build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model")

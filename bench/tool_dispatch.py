@@ -37,8 +37,8 @@ ROUNDS_PER_SESSION = 5
 
 def _executor(reps: int, calls: int) -> dict[str, list[float]]:
     from engine.run_cache import agent_runtime
+    from record.models import Agent
     from runtime import io_loop
-    from sessions.models import Agent
     from tools.execution import ToolInvocation, execute_all
 
     agent = Agent.objects.get(slug="bench-noop")
@@ -120,7 +120,7 @@ def _tool_steps(sessions: int, calls_options: tuple[int, ...]) -> dict[int, dict
     undo = [
         _patch(tool_phase, "execute_all", timing("execute_all")),
         # The tool phase commits through its move (engine/moves/turn.py).
-        _patch(moves, "step_commit", timing("step_commit")),
+        _patch(moves, "metered_commit", timing("step_commit")),
     ]
     try:
         for index in range(sessions):

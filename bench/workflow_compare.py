@@ -197,7 +197,7 @@ def _platform_run(owner: Any) -> Run:
 
 
 def _check_runs(ids: list[Any]) -> None:
-    from sessions.models import Session
+    from record.models import Session
 
     wrong = [
         (str(pk), state, (wf or {}).get("result"))
@@ -241,7 +241,7 @@ class NodePass:
 def _node_pass(owner: Any, runs: int, profile_path: str | None) -> NodePass:
     from engine import session_run
     from engine.runner import loop as runner
-    from sessions.models import Session
+    from record.models import Session
     from workflows.services import workflow_run_start
 
     from .engine_step import Probe, _turn

@@ -319,7 +319,7 @@ def credit_reserve(
 
 def _array_of(values: Sequence[Any], sql_type: str) -> tuple[str, list[Any]]:
     """An array parameter written as `ARRAY[%s, ...]::type[]`: each element is then a
-    scalar, which a step's batch quotes in Python (`sessions.rows`), where a list
+    scalar, which a step's batch quotes in Python (`record.rows`), where a list
     takes psycopg's array dumper (~13 µs a list, a third of a paid model step's
     binding)."""
     return f"ARRAY[{', '.join(['%s'] * len(values))}]::{sql_type}[]", list(values)
@@ -610,7 +610,7 @@ def model_charge_statement(
 
     The work is the PL/pgSQL function `billing_model_charge` (migrations 0004, 0005): the
     server keeps its plans per connection (the statement around it is prepared with the
-    step's batch, `sessions.rows.execute_batch`). Its steps:
+    step's batch, `record.rows.execute_batch`). Its steps:
     1. Lock the owner's account row and read the balance (a concurrent charge is waited
        for, then re-read).
     2. Take the least of the balance and the points: one ledger row per call, in order,

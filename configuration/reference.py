@@ -18,7 +18,7 @@ from django.db.models import fields as model_fields
 from accounts.models import Role
 from hooks.models import Schedule
 from memory.models import EmbeddingEndpoint
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tools.models import McpServer, Tool
 
 from . import services

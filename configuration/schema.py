@@ -14,8 +14,8 @@ from approvals.conditions import validate as validate_condition
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from memory.tokens import TOKENIZER_NAMES
+from record.models import DoubleTexting
 from runtime.retry import retry_policy_problems
-from sessions.models import DoubleTexting
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.execution import BUILTIN_TOOLS
 from tools.registry import HANDLERS

@@ -28,7 +28,7 @@ from hooks.models import Schedule
 from hooks.selectors import schedule_next_times
 from hooks.services import schedule_next_due, schedule_problems
 from memory.models import EmbeddingEndpoint
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable

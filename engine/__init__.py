@@ -7,6 +7,7 @@ change, and `commit` that writes a step atomically.
 """
 
 from engine.gates.client_tools import open_client_calls
+from engine.gates.handoff import handoff_barred
 from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
 from engine.gates.summary_ahead import summary_ahead_make
@@ -39,6 +40,7 @@ __all__ = [
     "approval_recorded",
     "client_calls_expire",
     "client_results",
+    "handoff_barred",
     "StaleSession",
     "fork_start",
     "hand_back",

@@ -21,9 +21,9 @@ from engine.gates.memory import turn_memory_block
 from engine.model.context import SUMMARY_NAME
 from engine.model.environment import Environment, environment
 from engine.store.commit import CallsCommitted
-from sessions.events import CallCounts, call_counts
-from sessions.models import Agent, Message, MessageStatus, Session, ToolCall
-from sessions.rows import json_value, jsonb_value, row_reader
+from record.events import CallCounts, call_counts
+from record.models import Agent, Message, MessageStatus, Session, ToolCall
+from record.rows import json_value, jsonb_value, row_reader
 from tools.execution import ToolSnapshot, tools_for_agent
 from tools.models import Tool
 from workflows.definition import Definition

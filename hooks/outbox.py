@@ -13,10 +13,10 @@ from uuid import UUID
 
 from django.db import transaction
 
+from record.errors import InvalidInput
+from record.models import Message
 from runtime import egress
 from runtime.tasks import task_send
-from sessions.errors import InvalidInput
-from sessions.models import Message
 
 from .models import DeliveryStatus, RunWebhook, WebhookDelivery
 

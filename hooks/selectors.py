@@ -6,7 +6,7 @@ from zoneinfo import ZoneInfo
 
 from django.utils import timezone
 
-from sessions.models import Message, Session
+from record.models import Message, Session
 
 from .cron import fire_times
 from .models import Schedule, WebhookDelivery

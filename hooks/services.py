@@ -25,12 +25,12 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import ApiKey
+from record.errors import DomainError, InvalidInput
+from record.models import Agent, Session
+from record.states import State
 from runtime.tasks import task_send
 from runtime.webhooks import EgressRefused, WebhookFailed, signed_post
-from sessions.errors import DomainError, InvalidInput
-from sessions.models import Agent, Session
 from sessions.services import message_post, session_create
-from sessions.states import State
 from workflows.models import Workflow
 from workflows.services import workflow_run_start
 

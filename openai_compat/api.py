@@ -29,6 +29,8 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 from billing.selectors import credits_cover
+from record.errors import DomainError, InvalidInput, NotFound
+from record.json_limits import JsonRejected
 from restapi.errors import SHOULD_RETRY, retry_advice
 from restapi.schema import (
     ERROR_DESCRIPTIONS,
@@ -37,8 +39,6 @@ from restapi.schema import (
     operation_text_trim,
 )
 from runtime.deferred_response import DeferredResponse
-from sessions.errors import DomainError, InvalidInput, NotFound
-from sessions.json_limits import JsonRejected
 from sessions.selectors import session_get_for_owner
 from sessions.services import (
     IDEMPOTENCY_DERIVED_PREFIX,
@@ -461,8 +461,10 @@ class ChatCompletionView(OpenAIView):
         made them goes on.
 
         1. Read the body (400), find the agent named by `model` (404) and, with
-           X-Session-Id, the caller's session (404; 400 when it runs another agent);
-           tool results without it find the session whose turn waits for those calls.
+           X-Session-Id, the caller's session (404; 400 when it runs another agent,
+           unless the request brings the results of its open calls to another agent: the
+           client's own handoff); tool results without it find the session whose turn
+           waits for those calls.
            The client's own tools may not take the name of one of the agent's (400).
         2. Refuse when the owner's credits cannot pay for a model call (429).
         3. Without X-Session-Id, open a session seeded with the earlier messages.
@@ -478,6 +480,7 @@ class ChatCompletionView(OpenAIView):
         key_roles = list(getattr(request.auth, "roles", None) or [])
         session_id = request.headers.get(SESSION_HEADER, "").strip()
         keyed = _chat_keyed(request, session_id)
+        handoff_to = ""
         if not session_id and chat.tool_results:
             waiting = selectors.session_waiting_for(
                 owner_id=owner.pk, call_ids=[r.call_id for r in chat.tool_results]
@@ -500,13 +503,18 @@ class ChatCompletionView(OpenAIView):
             if session.agent_id != agent.pk:
                 # After a handoff the client may name any agent the conversation went through.
                 chain = selectors.session_agent_chain(session=session)
-                if chat.model not in chain:
+                if chat.model in chain:
+                    agent = session.agent  # the agent that answers now
+                elif chat.tool_results:
+                    # The client's own handoff (the Agents SDK's between two platform
+                    # agents): its results go to the turn, and the agent it names goes on.
+                    handoff_to = agent.slug
+                else:
                     raise InvalidInput(
                         f"session {session.pk} runs the model '{session.agent.slug}' (its "
                         f"handoffs: {', '.join(sorted(chain))}), not '{chat.model}'",
                         details={"field": "model"},
                     )
-                agent = session.agent  # the agent that answers now
         choice = services.client_tools_check(
             agent_id=agent.pk,
             tools=chat.options.get("tools", []),
@@ -543,6 +551,7 @@ class ChatCompletionView(OpenAIView):
                     key_roles=key_roles,
                     results=chat.tool_results,
                     options=chat.options,
+                    handoff_to=handoff_to,
                 )
             return services.chat_turn_post(
                 session_id=target,

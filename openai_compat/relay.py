@@ -21,10 +21,10 @@ from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.conf import settings
 
+from record.publisher import frames_of, group_name
 from restapi.errors import SHOULD_RETRY
 from runtime.deferred_response import DeferredResponse
 from sessions import selectors as session_selectors
-from sessions.publisher import frames_of, group_name
 from sessions.services import session_cancel
 
 from . import selectors

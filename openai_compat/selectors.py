@@ -6,10 +6,9 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
-from runtime.breaker import model_breaker
-from sessions.errors import NotFound
-from sessions.events import EventType
-from sessions.models import (
+from record.errors import NotFound
+from record.events import EventType
+from record.models import (
     Agent,
     Event,
     ModelCall,
@@ -18,6 +17,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
+from runtime.breaker import model_breaker
 from sessions.selectors import agents_enabled
 
 from .turns import FailureFacts

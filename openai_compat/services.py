@@ -10,14 +10,15 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from engine import agent_tool_names, client_results, open_client_calls
+from engine import agent_tool_names, client_results, handoff_barred, open_client_calls
 from llm.types import ClientToolJson, ModelOptions
 from llm.wire_names import wire_name
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
-from sessions.events import StopReason
-from sessions.models import Event, Message, MessageStatus, Session, ToolCall
+from record import dispatch
+from record.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
+from record.events import StopReason
+from record.models import Agent, Event, Message, MessageStatus, Session, ToolCall
+from record.states import STARTS_TURN, State
 from sessions.selectors import session_id_parse
 from sessions.services import (
     KeyedRequest,
@@ -27,7 +28,6 @@ from sessions.services import (
     session_create,
     session_role_check,
 )
-from sessions.states import STARTS_TURN, State
 
 from .wire import HistoryItem, ToolResult
 
@@ -199,8 +199,11 @@ def chat_tool_results_post(
     key_roles: Sequence[str],
     results: Sequence[ToolResult],
     options: ModelOptions | None = None,
+    handoff_to: str = "",
 ) -> TurnPosted:
-    """The client's results of its own tools' calls: the turn that made them goes on.
+    """The client's results of its own tools' calls: the turn that made them goes on;
+    `handoff_to` (an agent's slug): the client sent them to that agent (its own handoff,
+    as the Agents SDK makes one between two platform agents), which answers from now on.
 
     1. Lock the owner's session (NotFound); a key without its role is refused (403).
     2. Its turn must wait for the client's calls: one still running is busy (503); a
@@ -246,16 +249,34 @@ def chat_tool_results_post(
                 details={"field": "messages"},
                 code="invalid_request",
             )
+        successor = _handoff_target(locked, handoff_to) if handoff_to else None
         posted = TurnPosted(
             session_id=locked.pk,
             after_seq=locked.event_seq,
             tokens_before=(locked.input_tokens, locked.output_tokens),
         )
         client_results(
-            session=locked, calls=waiting, results=given, by="client", turn_options=options or None
+            session=locked,
+            calls=waiting,
+            results=given,
+            by="client",
+            turn_options=options or None,
+            handoff_to=successor,
         )
         dispatch.run_enqueue_on_commit(locked.pk, locked.value)
     return posted
+
+
+def _handoff_target(session: Session, slug: str) -> Agent:
+    """The agent a client hands `session` to: an enabled agent (not a workflow's) whose
+    tools the session's role may use (engine/gates/handoff.handoff_barred), else 400."""
+    agent = Agent.objects.filter(slug=slug, enabled=True, workflow__isnull=True).first()
+    barred = (
+        f"no agent '{slug}' to hand over to" if agent is None else handoff_barred(session, agent)
+    )
+    if barred or agent is None:
+        raise InvalidInput(barred, details={"field": "model"}, code="invalid_request")
+    return agent
 
 
 # How a turn may end that a retry of its request runs again (when it sent no side effect):

@@ -1,6 +1,6 @@
 """Reading one turn from its session's frames: the text to send, and how the turn ended.
 
-Pure Python: a fold over the frames of `sessions.publisher` (persisted ones in
+Pure Python: a fold over the frames of `record.publisher` (persisted ones in
 `seq` order, ephemeral text deltas as they came). The edge feeds it every frame
 of the request's turn and writes what it returns; tests feed it lists. A turn
 that ended in a failure (no model could answer, an answer that is not the JSON
@@ -14,7 +14,7 @@ from typing import Any
 
 from .wire import ErrorBody, Extension, FinishReason, WireToolCall, error_body, wire_tool_call
 
-# Stop reasons (sessions.events.StopReason values) that are an answer; any other ended the
+# Stop reasons (record.events.StopReason values) that are an answer; any other ended the
 # turn early: the text says why, unless it is a failure (FAILED), which is an HTTP error.
 ANSWERED = frozenset({"answer", "operator"})
 FAILED = frozenset(

@@ -124,7 +124,7 @@ class ChatRequest:
 
 
 def _no_nul(text: str, param: str) -> str:
-    # PostgreSQL stores no NUL in text; refused here, the field named (sessions/json_limits.py).
+    # PostgreSQL stores no NUL in text; refused here, the field named (record/json_limits.py).
     if "\x00" in text:
         raise RequestInvalid("text must not contain a NUL (\\u0000) character", param)
     return text

@@ -11,9 +11,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from sessions.errors import DomainError
-from sessions.json_limits import JsonRejected
-from sessions.states import IllegalTransition
+from record.errors import DomainError
+from record.json_limits import JsonRejected
+from record.states import IllegalTransition
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""The API's only body parser: JSON, decoded within the bounds of sessions/json_limits.py."""
+"""The API's only body parser: JSON, decoded within the bounds of record/json_limits.py."""
 
 from typing import IO, Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser, get_encoding
 
-from sessions.json_limits import JsonRejected, json_loads
+from record.json_limits import JsonRejected, json_loads
 
 
 class BoundedJSONParser(JSONParser):

@@ -3,8 +3,8 @@
 Celery runs the engine on worker threads. Model streams and HTTP tools are
 async; handing them to one long-lived loop lets many runs share one HTTP
 connection pool, instead of each thread spinning up (and tearing down) a loop
-and sockets of its own. (Frames are not published from here: any thread writes
-them itself, runtime/redis_publisher.py.)
+and sockets of its own; session frames are published from here too
+(record/publisher.py).
 """
 
 import asyncio

@@ -46,15 +46,15 @@ from accounts.origins import websocket_origin_allowed
 from accounts.selectors import api_key_is_active, api_key_roles
 from accounts.services import api_key_authenticate, key_group_name
 from observability import metrics
+from record.errors import DomainError, NotFound
+from record.event_limits import events_url, text_within_limit
+from record.events import EventType
+from record.json_limits import JsonRejected, json_loads
+from record.publisher import frame_text, group_name, make_frame, texts_of
 from runtime.fastpaths import daphne_frames
 
 from . import selectors, services
 from .api.serializers import MessageCreateSerializer
-from .errors import DomainError, NotFound
-from .event_limits import events_url, text_within_limit
-from .events import EventType
-from .json_limits import JsonRejected, json_loads
-from .publisher import frame_text, group_name, make_frame, texts_of
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,12 @@ from django.db.models import Q
 
 from approvals.policy import approval_reason
 from billing.selectors import CreditsCheck, credits_cover
+from record.errors import NotFound
+from record.models import Checkpoint, Message, MessageStatus, Session, ToolCall
 from tools.execution import ToolSnapshot, tools_for_agent, validator_for
 from tools.models import Tool
 from tools.risk import assess_risk
 from tools.validation import check_arguments
-
-from .errors import NotFound
-from .models import Checkpoint, Message, MessageStatus, Session, ToolCall
 
 PREVIEW_CHARS = 140
 

@@ -16,12 +16,9 @@ from django.utils import timezone
 from approvals.selectors import approvals_pending_oldest
 from billing.selectors import OwnerDaySpend, spend_today
 from observability.readings import Gauge
-from runtime.fastpaths.prepared import PreparedQuery
-from workflows.selectors import run_graph_svg
-
-from .errors import InvalidInput, NotFound
-from .events import EventType
-from .models import (
+from record.errors import InvalidInput, NotFound
+from record.events import EventType
+from record.models import (
     Agent,
     Checkpoint,
     Event,
@@ -33,7 +30,9 @@ from .models import (
     Transition,
     TurnOutcomeChoice,
 )
-from .states import State
+from record.states import State
+from runtime.fastpaths.prepared import PreparedQuery
+from workflows.selectors import run_graph_svg
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(

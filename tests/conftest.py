@@ -214,8 +214,8 @@ def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, Non
     if request.node.get_closest_marker("e2e") is not None:
         return
     from billing import pressure
+    from record import dispatch
     from runtime import health
-    from sessions import dispatch
 
     try:
         dispatch._sender.submit(lambda: None).result(timeout=10)  # what it still had to send
@@ -236,14 +236,14 @@ def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, Non
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """Every event a test wrote matches its payload type (sessions/events.py).
+    """Every event a test wrote matches its payload type (record/events.py).
 
     Checked after the test body, while its database is still there; the engine
     itself never validates payloads (the step path stays cheap).
     """
     result = yield
     if "_django_db_helper" in getattr(item, "fixturenames", ()):
-        from sessions.models import Event
+        from record.models import Event
 
         try:
             rows = list(Event.objects.values_list("session_id", "seq", "type", "data"))
@@ -255,7 +255,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
             for session, seq, type_, data in rows
             for problem in payload_problems(type_, data)
         ]
-        assert not problems, "events that do not match sessions/events.py:\n" + "\n".join(
+        assert not problems, "events that do not match record/events.py:\n" + "\n".join(
             problems[:20]
         )
     return result

@@ -80,7 +80,7 @@ def event_order_problems(events: Iterable[tuple[int, str, Any]]) -> list[str]:
 
 def assert_events_in_order(session_id: Any = None) -> None:
     """Every session's events (or one session's) are in order; the failure lists what is not."""
-    from sessions.models import Event
+    from record.models import Event
 
     rows = Event.objects.order_by("session_id", "seq")
     if session_id is not None:

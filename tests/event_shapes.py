@@ -1,4 +1,4 @@
-"""Checks an event's payload against its TypedDict in sessions/events.py (tests only).
+"""Checks an event's payload against its TypedDict in record/events.py (tests only).
 
 The engine never validates payloads at run time (the step path stays cheap);
 the suite checks every event it writes instead (see tests/conftest.py).
@@ -8,7 +8,7 @@ import types
 import typing
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from sessions.events import PAYLOADS, EventType
+from record.events import PAYLOADS, EventType
 
 
 def payload_problems(type_: str, data: Any) -> list[str]:

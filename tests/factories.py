@@ -6,7 +6,7 @@ from django.contrib.auth.models import Permission
 
 from accounts.services import api_key_create
 from billing.models import SpendDaily, UsageDaily
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tools.models import Tool
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import F
 
-from sessions.models import Session
+from record.models import Session
 
 
 @contextmanager

@@ -729,6 +729,17 @@ class _Layout:
         self.backs: list[_Back] = []
         out_count: dict[str, int] = {}
         in_count: dict[str, int] = {}
+        self._route_self_loops(out_count, in_count)
+        others = [
+            self._back_detour(edge, out_count, in_count)
+            for edge in self.back_edges
+            if edge.source != edge.target
+        ]
+        self.backs += [back for back, _ in others]
+        self._place_lanes(others)
+        self._fit_lanes()
+
+    def _route_self_loops(self, out_count: dict[str, int], in_count: dict[str, int]) -> None:
         for key, loops in self.self_loops.items():
             vertex = self.vertices[key]
             label_x = vertex.right + LOOP_OUT + LOOP_STEP * (len(loops) - 1) + 6
@@ -745,40 +756,41 @@ class _Layout:
                 self.backs.append(back)
             out_count[key] = in_count[key] = len(loops)
 
-        others: list[tuple[_Back, bool]] = []
-        for edge in self.back_edges:
-            if edge.source == edge.target:
-                continue
-            source, target = self.vertices[edge.source], self.vertices[edge.target]
-            blocked_right = (not self._free(source, True)) + (not self._free(target, True))
-            blocked_left = (not self._free(source, False)) + (not self._free(target, False))
-            right = blocked_right <= blocked_left
-            sign = 1.0 if right else -1.0
-            i_out = out_count.get(source.key, 0)
-            i_in = in_count.get(target.key, 0)
-            out_count[source.key] = i_out + 1
-            in_count[target.key] = i_in + 1
-            # Out below the middle, in above it: a node with both keeps them apart.
-            y_out = min(source.y + 8 + 7 * i_out, source.bottom - 5)
-            y_in = max(target.y - 8 - 7 * i_in, target.top + 5)
-            out_x = source.outer_right if right else source.left
-            in_x = target.right if right else target.left
-            back = _Back(edge, source, target)
-            back.start = [(out_x, y_out)]
-            if not self._free(source, right):
-                x_side = out_x + sign * (8 + 5 * i_out)
-                y_gap = self.row_bottom[source.row] + 7 + 5 * i_out
-                back.start += [(x_side, y_out), (x_side, y_gap)]
-            back.finish = [(in_x, y_in)]
-            if not self._free(target, right):
-                x_side = (target.outer_right if right else in_x) + sign * (8 + 5 * i_in)
-                y_gap = self.row_top[target.row] - 7 - 5 * i_in
-                back.finish = [(x_side, y_gap), (x_side, y_in)] + back.finish
-            others.append((back, right))
-            self.backs.append(back)
+    def _back_detour(
+        self, edge: _Edge, out_count: dict[str, int], in_count: dict[str, int]
+    ) -> tuple[_Back, bool]:
+        """A back edge's way out of its source and into its target (its lane comes later),
+        and whether it runs on the right."""
+        source, target = self.vertices[edge.source], self.vertices[edge.target]
+        blocked_right = (not self._free(source, True)) + (not self._free(target, True))
+        blocked_left = (not self._free(source, False)) + (not self._free(target, False))
+        right = blocked_right <= blocked_left
+        sign = 1.0 if right else -1.0
+        i_out = out_count.get(source.key, 0)
+        i_in = in_count.get(target.key, 0)
+        out_count[source.key] = i_out + 1
+        in_count[target.key] = i_in + 1
+        # Out below the middle, in above it: a node with both keeps them apart.
+        y_out = min(source.y + 8 + 7 * i_out, source.bottom - 5)
+        y_in = max(target.y - 8 - 7 * i_in, target.top + 5)
+        out_x = source.outer_right if right else source.left
+        in_x = target.right if right else target.left
+        back = _Back(edge, source, target)
+        back.start = [(out_x, y_out)]
+        if not self._free(source, right):
+            x_side = out_x + sign * (8 + 5 * i_out)
+            y_gap = self.row_bottom[source.row] + 7 + 5 * i_out
+            back.start += [(x_side, y_out), (x_side, y_gap)]
+        back.finish = [(in_x, y_in)]
+        if not self._free(target, right):
+            x_side = (target.outer_right if right else in_x) + sign * (8 + 5 * i_in)
+            y_gap = self.row_top[target.row] - 7 - 5 * i_in
+            back.finish = [(x_side, y_gap), (x_side, y_in)] + back.finish
+        return back, right
 
-        # Lanes: short detours hug the graph, longer ones go round them. A lane reserves its
-        # label's width on its outer side, over the rows it spans.
+    def _place_lanes(self, others: list[tuple[_Back, bool]]) -> None:
+        """Lanes: short detours hug the graph, longer ones go round them. A lane reserves its
+        label's width on its outer side, over the rows it spans."""
         placed: list[tuple[float, float, float, float]] = []  # y0, y1, x_low, x_high
         row_left = [min((v.left for v in row), default=math.inf) for row in self.rows]
         row_right = [max((v.outer_right for v in row), default=-math.inf) for row in self.rows]
@@ -812,7 +824,9 @@ class _Layout:
                 label_x = x + 8 if right else x - 8 - label_w
                 back.label_box = (label_x, mid - LABEL_H / 2, label_w, LABEL_H)
 
-        # Lanes on the left may reach past the margin: move the whole picture right.
+    def _fit_lanes(self) -> None:
+        """Lanes on the left may reach past the margin: move the whole picture right; the
+        width takes in the lanes on the right."""
         low = min(
             [v.left for v in self.vertices.values()]
             + [b.lane for b in self.backs]

@@ -1,6 +1,6 @@
 """Workflows as stored: the definition by slug, and each validated version of it.
 
-A run is a session (sessions.models.Session) that points at the version it started
+A run is a session (record.models.Session) that points at the version it started
 with; editing a workflow writes a new version, so a run never changes under its feet.
 """
 

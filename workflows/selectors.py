@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Aggregate, Count, F, FloatField, Q, QuerySet
 from django.db.models.functions import Extract
 
-from sessions.models import Agent, Event, ModelEndpoint, Session
+from record.models import Agent, Event, ModelEndpoint, Session
 from tools.execution import BUILTIN_TOOLS, ToolSnapshot
 from tools.models import Tool
 

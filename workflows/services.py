@@ -19,15 +19,16 @@ from audit.services import audit_record
 from engine import turn_start
 from hooks.outbox import webhook_target_add, webhook_url_check
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.errors import Conflict, InvalidInput, NotFound
-from sessions.models import Agent, Message, ModelEndpoint, Session
+from record import dispatch
+from record.errors import Conflict, InvalidInput, NotFound
+from record.models import Agent, Message, ModelEndpoint, Session
 from sessions.services.grants import session_role_check
 
 from .definition import Definition, WorkflowInvalid
 from .graph_svg import REVISION, workflow_picture
 from .models import Workflow, WorkflowPicture, WorkflowVersion
 from .selectors import version_definition
+from .state import RunState
 
 RUNTIME_AGENT_PREFIX = "workflow-"
 DEFAULT_STEP_TIMEOUT_S = 60.0
@@ -197,16 +198,8 @@ def _input_check(definition: Definition, value: Any) -> None:
 
 
 def _initial_state(definition: Definition, value: dict[str, Any]) -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "values": {"input": value},
-        "active": [definition.start],
-        "visits": {definition.start: 1},
-        "progress": {},
-        "status": {definition.start: "active"},
-    }
-    if definition.deadline_s:
-        state["deadline_at"] = time.time() + float(definition.deadline_s)
-    return state
+    deadline = time.time() + float(definition.deadline_s) if definition.deadline_s else None
+    return RunState.start(definition.start, value, deadline_at=deadline).to_json()
 
 
 def _earlier_run(owner: User, workflow: Workflow, key: str) -> Session | None:

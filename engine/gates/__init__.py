@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.environment import Seen
-from sessions.events import StopReason
-from sessions.models import Message, ModelCall
-from sessions.states import Trigger
+from record.events import StopReason
+from record.models import Message, ModelCall
+from record.states import Trigger
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from approvals.services import approval_request
 from approvals.states import ApprovalStatus
 from engine.gates.revalidation import SEND_ANYWAY
 from engine.gates.risk import calls_assess
-from sessions.events import ApprovalRequested, EventSpec, EventType
-from sessions.models import Refusal, Session, ToolCall, ToolCallStatus
+from record.events import ApprovalRequested, EventSpec, EventType
+from record.models import Refusal, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
 

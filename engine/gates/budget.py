@@ -47,10 +47,10 @@ from engine.model.calls import (
 )
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
+from record.events import StopReason
+from record.models import Agent, ModelCall, ModelEndpoint, Session
+from record.states import Trigger
 from runtime.breaker import model_breaker
-from sessions.events import StopReason
-from sessions.models import Agent, ModelCall, ModelEndpoint, Session
-from sessions.states import Trigger
 
 BREAKER_TTL_S = 1.0
 # Kept figures are read again once a budget is this much spent (other sessions of the

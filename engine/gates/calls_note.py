@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from engine.gates import Contribution
 from engine.gates.guards import CallRecord
 from memory.tokens import count_message_tokens
-from sessions.events import call_kind
-from sessions.models import Message, MessageRole, Session
+from record.events import call_kind
+from record.models import Message, MessageRole, Session
 
 NOTE_NAME = "calls_not_done"
 

@@ -19,9 +19,9 @@ from django.db.models import Q
 
 from engine.model.context import HANDOFF_PREFIX
 from engine.model.usage import Usage
-from sessions.events import ChildFinished, ChildStarted, EventSpec, EventType
-from sessions.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
-from sessions.states import TURN_ENDED, State
+from record.events import ChildFinished, ChildStarted, EventSpec, EventType
+from record.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
+from record.states import TURN_ENDED, State
 from tools.execution import ToolOutcome, ToolSnapshot, tools_for_agent
 from tools.rendering import render_failure, render_success
 

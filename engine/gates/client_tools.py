@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from sessions.events import ClientCall, EventSpec, EventType, Progress
-from sessions.models import Session, ToolCall, ToolCallStatus
+from record.events import ClientCall, EventSpec, EventType, Progress
+from record.models import Session, ToolCall, ToolCallStatus
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from memory.layers import (
     environment_facts,
     extra_context_block,
 )
+from record.models import Agent, Message, ModelCall, ModelEndpoint, Session
 from runtime.breaker import model_breaker
-from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
 from tools.execution import ToolSnapshot, tool_breaker
 
 logger = logging.getLogger(__name__)

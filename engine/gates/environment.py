@@ -24,7 +24,7 @@ from engine.gates import Contribution
 from engine.gates.context_layers import seen_in_tool_step
 from engine.model.environment import Drift, Seen, drift
 from memory.tokens import count_message_tokens
-from sessions.models import Agent, Checkpoint, Message, Session, ToolCall, ToolCallStatus
+from record.models import Agent, Checkpoint, Message, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sessions.events import StopReason
+from record.events import StopReason
 
 NEAR_SAME_RATIO = 0.9
 

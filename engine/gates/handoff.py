@@ -10,7 +10,7 @@ commit then switches the session's agent (a `handoff` transition and `agent.chan
 
 from dataclasses import dataclass, field
 
-from sessions.models import Agent, Session, ToolCall, ToolCallStatus
+from record.models import Agent, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, tools_for_agent
 from tools.rendering import render_failure, render_success
 
@@ -39,6 +39,21 @@ def _refused(message: str) -> ToolOutcome:
     )
 
 
+def handoff_barred(session: Session, agent: Agent) -> str:
+    """Why `session` may not be handed to `agent` ("" when it may): its role stays the
+    session's, and an agent whose tools it could not use would only fail later. The
+    model's handoffs and a client's (an Agents SDK handoff between two platform agents,
+    openai_compat) are held to it alike."""
+    own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
+    barred = sorted(n for n, t in tools_for_agent(own).items() if not t.allows(session.role))
+    if not barred:
+        return ""
+    return (
+        f"handoff to {agent.slug} refused: this conversation's role '{session.role}' may not "
+        f"use its tools {', '.join(barred)}"
+    )
+
+
 def handoff_gate(session: Session, calls: list[ToolCall], handoffs: list[str]) -> Handoffs:
     """`handoffs`: the slugs the session's current agent may hand over to."""
     found = Handoffs()
@@ -59,14 +74,9 @@ def handoff_gate(session: Session, calls: list[ToolCall], handoffs: list[str]) -
         if agent is None:
             found.outcomes[call.pk] = _refused(f"no agent '{slug}' to hand over to")
             continue
-        own = [n for n in agent.tools if not n.startswith(AGENT_TOOL_PREFIX)]
-        usable = tools_for_agent(own)
-        barred = sorted(n for n, t in usable.items() if not t.allows(session.role))
+        barred = handoff_barred(session, agent)
         if barred:
-            found.outcomes[call.pk] = _refused(
-                f"handoff to {slug} refused: this conversation's role '{session.role}' may not "
-                f"use its tools {', '.join(barred)}; go on yourself or tell the user"
-            )
+            found.outcomes[call.pk] = _refused(f"{barred}; go on yourself or tell the user")
             continue
         arguments = call.input if isinstance(call.input, dict) else {}
         reason = str(arguments.get("reason") or "")[:500]

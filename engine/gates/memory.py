@@ -26,8 +26,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from engine.gates.metering import model_credits_check, side_call_commit
+from engine.gates.metering import model_credits_check, side_call_charges
 from engine.model.calls import cheap_endpoint, side_call
+from engine.store.side_calls import side_call_commit
 from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from memory import extraction
 from memory.decision import (
@@ -50,7 +51,7 @@ from memory.selectors import (
     vector_literal,
 )
 from memory.services import Remembered, memory_forget, memory_remember, memory_touch
-from sessions.models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
+from record.models import Agent, Message, ModelCall, Session, ToolCall, ToolCallStatus
 from tools.builtin import MEMORY_HANDLERS, RECALL, RECALL_HANDLER, REMEMBER
 from tools.execution import ToolOutcome, ToolSnapshot, validator_for
 from tools.rendering import render_failure, render_success
@@ -397,12 +398,18 @@ def _extract_and_apply(session: Session, turn: int, agent: Agent, messages: list
             embed_texts([c.content for _, c, _ in writes], current_embedder())
     except EmbeddingError:
         if decided.record is not None:  # the call was made: metered, whatever comes of it
-            side_call_commit(session=session, record=decided.record)
+            side_call_commit(
+                session=session,
+                record=decided.record,
+                charges=side_call_charges(session, decided.record),
+            )
         raise
     written = 0
     with transaction.atomic():
         if decided.record is not None and not side_call_commit(
-            session=session, record=decided.record
+            session=session,
+            record=decided.record,
+            charges=side_call_charges(session, decided.record),
         ):
             return 0  # a concurrent run of the task recorded (and keeps) this turn's
         for key, d in deletes:

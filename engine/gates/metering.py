@@ -12,8 +12,8 @@
 - Reservations a crash or an ended turn left open are reconciled by the sweeper
   from the calls' final status (sessions/services/).
 - A model call made outside a step (the memory extraction after a turn) is committed
-  by `side_call_commit` in a short transaction of its own, with the same rollup and
-  charge statements as a step's.
+  by the store's `side_call_commit` in a short transaction of its own, with the same
+  rollup and charge statements as a step's (`side_call_charges`).
 - A model call on an endpoint with `credits_per_1k_tokens` is checked before it
   runs (its estimated tokens must fit the free balance and today's cap, else the
   turn ends with `insufficient_credits`) and charged for the tokens it used in the
@@ -25,8 +25,6 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F
 
 from billing.pressure import OwnerFigures
 from billing.pricing import model_call_points
@@ -52,10 +50,10 @@ from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
 from engine.model.calls import endpoint_tokenizer
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
-from sessions.events import EventSpec, EventType, Progress, StopReason
-from sessions.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
-from sessions.rows import execute_batch
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, Progress, StopReason
+from record.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
+from record.rows import execute_batch
+from record.states import Trigger
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 
@@ -137,10 +135,6 @@ def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
         content=render_failure(ToolCallStatus.REJECTED, message),
         extra={"refusal": Refusal.UNPAID},
     )
-
-
-def is_insufficient(outcome: ToolOutcome) -> bool:
-    return bool(outcome.output) and outcome.output.get("code") == INSUFFICIENT  # type: ignore[union-attr]
 
 
 def insufficient_before(session: Session, step: int) -> bool:
@@ -374,45 +368,18 @@ def model_charges(
     )
 
 
-def side_call_commit(*, session: Session, record: ModelCall) -> bool:
-    """Commit a model call made outside a step (the memory extraction after a turn), metered
-    as a step's: the ModelCall row, the session's totals, the usage rollup and, on a paid
-    endpoint, its charge. False (nothing written) if this turn's call of this purpose is
-    already recorded: a task run twice is metered and charged once.
-
-    1. Lock the session row (a short, key-share-free `FOR NO KEY UPDATE`: a step commit
-       waits the few statements this takes) and check no call of this purpose and turn
-       is recorded yet.
-    2. Insert the row; add its tokens and cost to the session (F(): the step commits
-       add theirs the same way, nothing is lost).
-    3. The rollup upsert and the charge statement of `step_metering`, keyed by purpose,
-       session and turn (never a step's key).
-    """
-    record.session_id = session.pk
-    with transaction.atomic():
-        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).values("pk").get()
-        if ModelCall.objects.filter(
-            session_id=session.pk, turn=record.turn, purpose=record.purpose
-        ).exists():
-            return False
-        record.save()
-        Session.objects.filter(pk=session.pk).update(
-            input_tokens=F("input_tokens") + record.input_tokens,
-            output_tokens=F("output_tokens") + record.output_tokens,
-            cost=F("cost") + record.cost,
-        )
-        usage = UsageFigures(
-            input_tokens=record.input_tokens,
-            output_tokens=record.output_tokens,
-            cost=record.cost,
-            model_calls=1,
-        )
-        statement = rollup_and_charges(
+def side_call_charges(session: Session, record: ModelCall) -> list[Statement | None]:
+    """The rollup upsert and the charge statement of a model call made outside a step (for
+    the store's `side_call_commit`), keyed by purpose, session and turn (never a step's)."""
+    usage = UsageFigures(
+        input_tokens=record.input_tokens,
+        output_tokens=record.output_tokens,
+        cost=record.cost,
+        model_calls=1,
+    )
+    return [
+        rollup_and_charges(
             session, [record], usage, guard="", key_prefix=f"{record.purpose}:turn{record.turn}"
-        )
-        spend = model_spend(session, [record], guard="")
-        with connection.cursor() as cursor:
-            for write in (statement, spend):
-                if write is not None:
-                    cursor.execute(*write)
-    return True
+        ),
+        model_spend(session, [record], guard=""),
+    ]

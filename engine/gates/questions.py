@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from sessions.events import EventSpec, EventType, Progress
-from sessions.models import Session, ToolCall, ToolCallStatus
+from record.events import EventSpec, EventType, Progress
+from record.models import Session, ToolCall, ToolCallStatus
 from tools.builtin import ASK_USER_HANDLER
 from tools.execution import ToolSnapshot
 

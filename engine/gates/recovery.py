@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import F
 
+from record.models import ToolCall, ToolCallStatus
 from runtime import io_loop
-from sessions.models import ToolCall, ToolCallStatus
 from tools.execution import NO_PROBE, ProbeResult, ToolOutcome, ToolSnapshot, probe
 from tools.rendering import render_success
 

@@ -24,8 +24,8 @@ from django.utils import timezone
 from engine.gates import Contribution
 from engine.gates.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
+from record.models import Message, Session, ToolCall, ToolCallStatus
 from runtime import io_loop
-from sessions.models import Message, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.prechecks import PrecheckResult, has_precheck, prechecks_run
 from tools.rendering import render_failure

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connection
 
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tools.execution import ToolSnapshot
 from tools.risk import FailureCount, assess_risk
 

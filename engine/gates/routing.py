@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.model.structured import answer_check
 from llm.types import ChatRequest, ChatResponse
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from workflows.expressions import (
     EvaluationError,
     ExpressionError,

@@ -11,7 +11,7 @@ keeps it as the session's `SummaryDraft`; that step uses it without a model call
 import logging
 from datetime import datetime
 
-from engine.gates.metering import model_credits_check, side_call_commit
+from engine.gates.metering import model_credits_check, side_call_charges
 from engine.model.calls import request_tokenizer, request_window
 from engine.model.context import assemble
 from engine.model.summaries import (
@@ -23,8 +23,9 @@ from engine.model.summaries import (
     summary_draft_store,
     summary_endpoint,
 )
+from engine.store.side_calls import side_call_commit
 from llm.types import ChatMessage, ChatRequest
-from sessions.models import Message, MessageStatus, ModelCall, Session
+from record.models import Message, MessageStatus, ModelCall, Session
 from tools.execution import tools_for_agent
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ def _make(
     )
     for record in outcome.calls:
         record.turn = session.turn
-        if not side_call_commit(session=session, record=record):
+        if not side_call_commit(
+            session=session, record=record, charges=side_call_charges(session, record)
+        ):
             return False  # a concurrent run of the task recorded (and keeps) this turn's
     if outcome.message is None:
         return False

@@ -14,7 +14,7 @@ import math
 from billing.degradation import CACHED, CRITICAL_ONLY
 from billing.ratelimit import RateLimit, rate_limit_take
 from memory.tokens import count_tokens
-from sessions.models import Session, ToolCall, ToolCallStatus
+from record.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
 

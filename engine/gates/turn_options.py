@@ -26,7 +26,7 @@ from typing import Any
 from engine.gates import Contribution
 from engine.model.structured import answer_instruction
 from llm.types import ChatRequest, ResponseFormat, ToolSpec
-from sessions.models import Message, ModelEndpoint
+from record.models import Message, ModelEndpoint
 
 
 @dataclass(frozen=True)

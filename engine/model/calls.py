@@ -48,14 +48,14 @@ from memory.tokens import (
 )
 from observability import metrics, tracing
 from observability.redaction import scrub
+from record.events import EventType, Progress
+from record.models import Agent, ModelCall, ModelEndpoint, Session
+from record.publisher import publish_ephemeral
 from runtime import health, io_loop
 from runtime.breaker import model_breaker
 from runtime.cancellation import cancel_watch
 from runtime.faults import fault_point
 from runtime.retry import MODEL_DEFAULT, retry_policy
-from sessions.events import EventType, Progress
-from sessions.models import Agent, ModelCall, ModelEndpoint, Session
-from sessions.publisher import publish_ephemeral
 
 logger = logging.getLogger(__name__)
 
@@ -325,21 +325,9 @@ def _attempt_call(
     )
     counter = endpoint_tokenizer(endpoint)
     estimated_in = estimate_request_tokens(request, counter)
-    breaker = model_breaker()
     timing = _Timing()
     try:
-        if estimated_in > endpoint.context_window:
-            raise ModelRequestTooLarge(
-                f"request of about {estimated_in} tokens does not fit the {endpoint.context_window}-token window of '{endpoint.name}'"
-            )
-        if endpoint.missing_key_env:
-            # Sent without its key, the request would only be refused (or worse, answered
-            # by a proxy that does not check): say which variable is missing instead.
-            raise ModelKeyMissing(
-                f"'{endpoint.name}' has no API key: environment variable {endpoint.missing_key_env} is not set"
-            )
-        if endpoint.api != "rules" and not breaker.allow(endpoint.name):
-            raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
+        _may_call(endpoint, estimated_in)
         timing.started = time.perf_counter()
         response = (
             _quiet(config, request, timing)
@@ -356,20 +344,61 @@ def _attempt_call(
         cancelled.calls.append(record)
         raise
     except ModelError as exc:
-        _scrub(exc, config)
-        _log_failure(endpoint, exc)
-        record.outcome = exc.outcome
-        record.error = str(exc)[:1000]
-        record.input_tokens = 0
-        record.first_token_ms = timing.first_ms()
-        record.total_ms = timing.total_ms()
-        if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
-            # A slow failure (a timeout) is model latency too, for the sweeper's pacing.
-            health.figures.model_call_done(record.total_ms / 1000)
-        if record_failure:
-            _breaker_failure(endpoint, exc)
+        _failed(endpoint, config, record, exc, timing, record_failure=record_failure)
         return None, record, exc
-    breaker.record_success(endpoint.name)
+    _succeeded(endpoint, record, response, timing, estimated_in, counter)
+    return response, record, None
+
+
+def _may_call(endpoint: ModelEndpoint, estimated_in: int) -> None:
+    """Refuse a call that cannot succeed before sending it (the ModelError it would end in)."""
+    if estimated_in > endpoint.context_window:
+        raise ModelRequestTooLarge(
+            f"request of about {estimated_in} tokens does not fit the {endpoint.context_window}-token window of '{endpoint.name}'"
+        )
+    if endpoint.missing_key_env:
+        # Sent without its key, the request would only be refused (or worse, answered
+        # by a proxy that does not check): say which variable is missing instead.
+        raise ModelKeyMissing(
+            f"'{endpoint.name}' has no API key: environment variable {endpoint.missing_key_env} is not set"
+        )
+    if endpoint.api != "rules" and not model_breaker().allow(endpoint.name):
+        raise ModelCircuitOpen(f"'{endpoint.name}' is cooling down after repeated failures")
+
+
+def _failed(
+    endpoint: ModelEndpoint,
+    config: EndpointConfig,
+    record: ModelCall,
+    exc: ModelError,
+    timing: _Timing,
+    *,
+    record_failure: bool,
+) -> None:
+    _scrub(exc, config)
+    _log_failure(endpoint, exc)
+    record.outcome = exc.outcome
+    record.error = str(exc)[:1000]
+    record.input_tokens = 0
+    record.first_token_ms = timing.first_ms()
+    record.total_ms = timing.total_ms()
+    if exc.outcome not in ("breaker_open", "too_large", "bad_request"):
+        # A slow failure (a timeout) is model latency too, for the sweeper's pacing.
+        health.figures.model_call_done(record.total_ms / 1000)
+    if record_failure:
+        _breaker_failure(endpoint, exc)
+
+
+def _succeeded(
+    endpoint: ModelEndpoint,
+    record: ModelCall,
+    response: ChatResponse,
+    timing: _Timing,
+    estimated_in: int,
+    counter: Tokenizer,
+) -> None:
+    """The call's times, tokens (the provider's, else estimated) and cost on its record."""
+    model_breaker().record_success(endpoint.name)
     record.first_token_ms = timing.first_ms()
     record.total_ms = timing.total_ms()
     health.figures.model_call_done(record.total_ms / 1000)
@@ -390,7 +419,6 @@ def _attempt_call(
         price_input_per_1k=endpoint.price_input_per_1k,
         price_output_per_1k=endpoint.price_output_per_1k,
     )
-    return response, record, None
 
 
 def _log_failure(endpoint: ModelEndpoint, exc: ModelError) -> None:
@@ -552,36 +580,31 @@ def call_model(
     """Primary (or `tier`, the cheaper model of a degraded session), then one retry on the
     fallback; never raises ModelError (RunCancelled ends the turn)."""
     primary, rollout = (tier, False) if tier is not None else primary_endpoint(agent, session)
-    routed = Routed(response=None, endpoint=None)
-    try:
-        response, error = _attempts(
-            session, primary, request, fallback=False, rollout=rollout, calls=routed.calls
-        )
-    except RunCancelled as cancelled:
-        cancelled.calls[:0] = routed.calls
-        raise
-    routed.response, routed.endpoint, routed.error = (
-        response,
-        primary if response else None,
-        error,
-    )
-    if error is None or not error.retryable:
-        return routed
     fallback = agent.fallback_model
-    if fallback is None or fallback.pk == primary.pk or not fallback.enabled:
-        return routed
-    try:
-        response, error = _attempts(
-            session, fallback, request, fallback=True, rollout=False, calls=routed.calls
+    candidates = [(primary, False, rollout)]
+    if fallback is not None and fallback.pk != primary.pk and fallback.enabled:
+        candidates.append((fallback, True, False))
+    routed = Routed(response=None, endpoint=None)
+    for endpoint, is_fallback, rolled_out in candidates:
+        try:
+            response, error = _attempts(
+                session,
+                endpoint,
+                request,
+                fallback=is_fallback,
+                rollout=rolled_out,
+                calls=routed.calls,
+            )
+        except RunCancelled as cancelled:
+            cancelled.calls[:0] = routed.calls
+            raise
+        routed.response, routed.endpoint, routed.error = (
+            response,
+            endpoint if response else None,
+            error,
         )
-    except RunCancelled as cancelled:
-        cancelled.calls[:0] = routed.calls
-        raise
-    routed.response, routed.endpoint, routed.error = (
-        response,
-        (fallback if response else None),
-        error,
-    )
+        if error is None or not error.retryable:
+            break
     return routed
 
 

@@ -42,7 +42,7 @@ from typing import Any
 from llm.types import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from memory.budget import ContextBudget, context_budget
 from memory.tokens import Tokenizer, count_message_tokens, default_tokenizer
-from sessions.models import Agent, Message
+from record.models import Agent, Message
 from tools.execution import ToolSnapshot
 from tools.rendering import FAILURE_MARKER
 
@@ -381,6 +381,78 @@ def _hard_fit(past: list[_Item], current: list[_Item], excess: int) -> int:
     return saved
 
 
+def _system_partition(
+    agent: Agent,
+    tools: dict[str, ToolSnapshot],
+    *,
+    final: bool,
+    note: str,
+    context_blocks: Sequence[str],
+    counter: Tokenizer,
+) -> tuple[list[ChatMessage], list[ChatMessage], tuple[ToolSpec, ...], int]:
+    """The messages before the history (prompt, context blocks) and after it (the final
+    note), the tool specs, and the tokens they all take."""
+    head: list[ChatMessage] = []
+    if agent.system_prompt:
+        head.append(ChatMessage(role="system", content=agent.system_prompt))
+    head += [ChatMessage(role="system", content=b) for b in context_blocks if b.strip()]
+    specs: tuple[ToolSpec, ...] = ()
+    tail: list[ChatMessage] = []
+    if final:
+        tail.append(ChatMessage(role="system", content=f"{note} {FINAL_INSTRUCTION}"))
+    else:
+        # Its own tools and agents (`tools`), and a transfer per handoff: what `tools` holds
+        # beyond those (a workflow's node tools) is the engine's, never the model's.
+        offered = {*agent.tools, *(f"{HANDOFF_PREFIX}{slug}" for slug in agent.handoffs)}
+        specs = tuple(
+            ToolSpec(name=t.name, description=t.model_description, parameters=t.parameters)
+            for name, t in sorted(tools.items())
+            if name in offered
+        )
+    used = sum(count_message_tokens(m.content, "", counter) for m in head + tail) + sum(
+        counter.count(s.name)
+        + counter.count(s.description)
+        + counter.count(json.dumps(s.parameters))
+        for s in specs
+    )
+    return head, tail, specs, used
+
+
+def _memory_partition(memory_block: str, limit: int, counter: Tokenizer) -> list[ChatMessage]:
+    if not memory_block.strip():
+        return []
+    text = cap_text(
+        memory_block, limit - count_message_tokens(MEMORY_HEADING, "", counter) - 1, counter
+    )
+    return [ChatMessage(role="system", content=f"{MEMORY_HEADING}\n{text}")] if text else []
+
+
+def _history_units(
+    history: Iterable[Message], counter: Tokenizer
+) -> tuple[Message | None, list["_Item"], list["_Item"], list["_Item"]]:
+    """The latest summary, and what it did not replace cut into units: those before the
+    current user input, that input, and those after it."""
+    messages = list(history)
+    summary: Message | None = None
+    for m in reversed(messages):
+        if is_summary(m):
+            summary = m
+            break
+    through = (summary_through(summary) or 0) if summary is not None else 0
+    kept = [
+        m
+        for m in messages
+        if m is not summary
+        and not is_summary(m)
+        and m.archived_at is None
+        and (m.seq is None or m.seq > through)
+    ]
+    items = _items(kept, counter)
+    users = [i for i, item in enumerate(items) if item.kind == "user"]
+    split = users[-1] if users else len(items)
+    return summary, items[:split], items[split : split + 1], items[split + 1 :]
+
+
 def assemble(
     *,
     agent: Agent,
@@ -405,66 +477,14 @@ def assemble(
     budget = context_budget(limit_window, agent.context_budget)
 
     # 1. The system partition: prompt, context blocks, tool specs, the final note.
-    head: list[ChatMessage] = []
-    if agent.system_prompt:
-        head.append(ChatMessage(role="system", content=agent.system_prompt))
-    head += [ChatMessage(role="system", content=b) for b in context_blocks if b.strip()]
-    specs: tuple[ToolSpec, ...] = ()
-    tail: list[ChatMessage] = []
-    if final:
-        tail.append(ChatMessage(role="system", content=f"{note} {FINAL_INSTRUCTION}"))
-    else:
-        # Its own tools and agents (`tools`), and a transfer per handoff: what `tools` holds
-        # beyond those (a workflow's node tools) is the engine's, never the model's.
-        offered = {*agent.tools, *(f"{HANDOFF_PREFIX}{slug}" for slug in agent.handoffs)}
-        specs = tuple(
-            ToolSpec(name=t.name, description=t.model_description, parameters=t.parameters)
-            for name, t in sorted(tools.items())
-            if name in offered
-        )
-    system_used = sum(count_message_tokens(m.content, "", counter) for m in head + tail) + sum(
-        counter.count(s.name)
-        + counter.count(s.description)
-        + counter.count(json.dumps(s.parameters))
-        for s in specs
+    head, tail, specs, system_used = _system_partition(
+        agent, tools, final=final, note=note, context_blocks=context_blocks, counter=counter
     )
-
     # 2. The memory partition, capped.
-    memory: list[ChatMessage] = []
-    if memory_block.strip():
-        text = cap_text(
-            memory_block,
-            budget.memory - count_message_tokens(MEMORY_HEADING, "", counter) - 1,
-            counter,
-        )
-        if text:
-            memory.append(ChatMessage(role="system", content=f"{MEMORY_HEADING}\n{text}"))
+    memory = _memory_partition(memory_block, budget.memory, counter)
     memory_used = sum(count_message_tokens(m.content, "", counter) for m in memory)
-
     # 3. The history: what the latest summary did not replace, cut into units.
-    messages = list(history)
-    summary: Message | None = None
-    for m in reversed(messages):
-        if is_summary(m):
-            summary = m
-            break
-    through = (summary_through(summary) or 0) if summary is not None else 0
-    kept = [
-        m
-        for m in messages
-        if m is not summary
-        and not is_summary(m)
-        and m.archived_at is None
-        and (m.seq is None or m.seq > through)
-    ]
-    items = _items(kept, counter)
-    users = [i for i, item in enumerate(items) if item.kind == "user"]
-    split = users[-1] if users else len(items)
-    past, current_input, current = (
-        items[:split],
-        items[split : split + 1],
-        items[split + 1 :],
-    )
+    summary, past, current_input, current = _history_units(history, counter)
     input_used = sum(i.tokens for i in current_input)
     summary_used = message_tokens(summary, counter) if summary is not None else 0
 

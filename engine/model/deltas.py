@@ -10,8 +10,8 @@ import time
 from uuid import UUID
 
 from llm.types import StreamEvent, TextDelta, ToolCallStarted
-from sessions.events import EventType, MessageDelta, Progress
-from sessions.publisher import publish_ephemeral
+from record.events import EventType, MessageDelta, Progress
+from record.publisher import publish_ephemeral
 
 
 class DeltaBatcher:

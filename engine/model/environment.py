@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypedDict
 
-from sessions.models import Agent
+from record.models import Agent
 from tools.execution import ToolSnapshot
 
 
@@ -117,10 +117,6 @@ class Drift:
     @property
     def texts(self) -> list[str]:
         return [text for text, _ in self.changes]
-
-
-def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    return [text for text, _ in _environment_changes(before, now)]
 
 
 def _environment_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, float]]:

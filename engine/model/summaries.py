@@ -47,7 +47,7 @@ from engine.model.context import (
 )
 from llm.types import ChatMessage, ChatRequest
 from memory.tokens import Tokenizer, count_message_tokens, count_tokens
-from sessions.models import (
+from record.models import (
     Agent,
     Message,
     ModelCall,

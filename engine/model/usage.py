@@ -4,8 +4,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from sessions.events import UsageTotals
-from sessions.models import ModelCall, Session
+from record.events import UsageTotals
+from record.models import ModelCall, Session
 
 
 @dataclass(frozen=True)

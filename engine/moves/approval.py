@@ -19,10 +19,10 @@ from approvals.models import Approval, ApprovalKind
 from approvals.services import approval_request, approvals_insert
 from approvals.states import Outcome
 from engine.gates.approval import requested_event
-from engine.moves.turn import build_step, step_commit
-from sessions.events import ApprovalResolved, EventSpec, EventType
-from sessions.models import Session, ToolCall
-from sessions.states import State, Trigger
+from engine.moves.turn import build_step, metered_commit
+from record.events import ApprovalResolved, EventSpec, EventType
+from record.models import Session, ToolCall
+from record.states import State, Trigger
 from tools.execution import ToolSnapshot
 
 
@@ -30,7 +30,7 @@ def approvals_wait(session: Session, owner: str, requests: list[Approval]) -> No
     """Store the approvals asked for and pause the session (-> awaiting_approval), in one commit."""
     with transaction.atomic():
         approvals_insert(approvals=requests)
-        step_commit(
+        metered_commit(
             build_step(
                 session,
                 owner,
@@ -60,7 +60,7 @@ def approval_recorded(
     trigger = None
     if resume:
         trigger = Trigger.APPROVED if outcome == Outcome.APPROVED else Trigger.REJECTED
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -96,7 +96,7 @@ def approval_changed(
         events.append(requested_event(approval))
         if State(session.state) == State.TOOL_WAIT:
             trigger = Trigger.APPROVAL_NEEDED
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -142,7 +142,7 @@ def recovery_reviews_open(
     ]
     with transaction.atomic():
         approvals_insert(approvals=reviews)
-        step_commit(
+        metered_commit(
             build_step(
                 session,
                 owner,

@@ -18,12 +18,20 @@ from django.utils import timezone
 
 from engine.gates.client_tools import client_result_error
 from engine.gates.questions import open_question
-from engine.moves.turn import build_step, step_commit, turn_finish
+from engine.moves.turn import build_step, metered_commit, turn_finish
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason, ToolFinished
-from sessions.models import Message, MessageStatus, Refusal, Session, ToolCall, ToolCallStatus
-from sessions.states import Trigger
+from record.events import AgentChanged, EventSpec, EventType, StopReason, ToolFinished
+from record.models import (
+    Agent,
+    Message,
+    MessageStatus,
+    Refusal,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
+from record.states import Trigger
 from tools.rendering import render_success
 
 
@@ -59,7 +67,7 @@ def user_answer(
         extra_context=extra_context,
         turn_options=turn_options,
     )
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,
@@ -112,13 +120,16 @@ def client_results(
     by: str,
     owner: str | None = None,
     turn_options: ModelOptions | None = None,
+    handoff_to: Agent | None = None,
 ) -> list[Message]:
     """Write the client's results of its tool calls (`results` by call id, one for each)
     and continue the turn (-> tool_loop) in one step.
 
     A result is the client's text as the model reads it (JSON or not). The client's
     `turn_options` sent with them (its tools again, its sampling) are kept on the first
-    result's message, where the turn's next steps read them.
+    result's message, where the turn's next steps read them. `handoff_to`: the client
+    sent them to another agent (its own handoff), which decides from the next step on,
+    as after a model's handoff (a `handoff` transition and `agent.changed`).
     """
     now = timezone.now()
     messages: list[Message] = []
@@ -152,18 +163,28 @@ def client_results(
             turn=call.turn,
         )
         events.append(EventSpec(EventType.TOOL_FINISHED, finished))
-    step_commit(
+    set_fields: dict[str, Any] = {"timer_due_at": None, "turn_started_at": now}
+    trigger = Trigger.USER_ANSWER
+    if handoff_to is not None and handoff_to.pk != session.agent_id:
+        trigger, set_fields["agent_id"] = Trigger.HANDOFF, handoff_to.pk
+        changed: AgentChanged = {
+            "from": session.agent.slug,
+            "to": handoff_to.slug,
+            "reason": f"handed over by the {by}",
+        }
+        events.append(EventSpec(EventType.AGENT_CHANGED, changed))
+    metered_commit(
         build_step(
             session,
             owner,
-            trigger=Trigger.USER_ANSWER,
+            trigger=trigger,
             phase="client_results",
             reason=f"results by {by}",
             actor=by if by not in ("user", "client") else "",
             messages=messages,
             updated_tool_calls=calls,
             events=events,
-            set_fields={"timer_due_at": None, "turn_started_at": now},
+            set_fields=set_fields,
             checkpoint={"answered": [c.call_id for c in calls]},
         )
     )

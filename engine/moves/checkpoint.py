@@ -10,9 +10,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from engine.gates.risk import CHECKPOINT_LEVEL, probe_of
-from engine.moves.turn import build_step, step_commit
+from engine.moves.turn import build_step, metered_commit
 from engine.store.commit import StaleSession
-from sessions.models import Session, ToolCall, ToolCallStatus
+from record.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolSnapshot
 
 
@@ -30,7 +30,7 @@ def pre_run_checkpoint(
     if not risky:
         return
     with transaction.atomic():
-        step_commit(
+        metered_commit(
             build_step(
                 session,
                 owner,

@@ -5,18 +5,18 @@ import json
 from django.db import IntegrityError, transaction
 
 from engine.gates.children import agent_of, child_started
-from engine.moves.turn import build_step, step_commit, turn_start
+from engine.moves.turn import build_step, metered_commit, turn_start
 from memory.tokens import count_message_tokens
-from sessions import dispatch
-from sessions.events import EventSpec, EventType
-from sessions.models import Agent, Message, Session, ToolCall
+from record import dispatch
+from record.events import EventSpec, EventType
+from record.models import Agent, Message, Session, ToolCall
 
 
 def children_started(session: Session, owner: str, started: list[tuple[ToolCall, Session]]) -> None:
     """A `child.started` on the parent's stream for each child just started (no state move):
     a client following the parent finds each child's own stream by its id."""
     events = [EventSpec(EventType.CHILD_STARTED, child_started(c, s)) for c, s in started]
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.model.usage import ModelSpend
-from engine.moves.turn import build_step, step_commit, turn_summary
+from engine.moves.turn import build_step, metered_commit, turn_summary
 from engine.store.open_calls import (
     cached_output_keep,
     cached_output_statement,
@@ -21,16 +21,17 @@ from engine.store.open_calls import (
 )
 from engine.store.turn_calls import turn_calls_counted
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason
-from sessions.models import Message, ModelCall, Session, ToolCall
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, StopReason
+from record.models import Message, ModelCall, Session, ToolCall
+from record.states import Trigger
+from workflows.state import RunState
 
 
 @dataclass
 class NodeWrites:
     """What one node step produced, for its one commit."""
 
-    state: dict[str, Any]
+    state: RunState
     events: list[EventSpec] = field(default_factory=list)
     new_calls: list[ToolCall] = field(default_factory=list)
     # Read-only calls the step ran itself (engine/phases/node.py): inserted with their
@@ -52,11 +53,11 @@ class NodeWrites:
     cancelled: bool = False
 
 
-def _checkpoint(writes: NodeWrites) -> dict[str, Any]:
+def _checkpoint(writes: NodeWrites, state: dict[str, Any]) -> dict[str, Any]:
     # The whole run state: a fork from this node's checkpoint starts from exactly here.
     checkpoint: dict[str, Any] = {
         "nodes": writes.settled,
-        "workflow": writes.state,
+        "workflow": state,
         "pending": [[c.call_id, c.idempotency_key] for c in writes.new_calls + writes.reopened],
     }
     if writes.ran_calls:
@@ -85,7 +86,8 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
     """
     spend = ModelSpend(calls=writes.model_calls, iteration=session.iteration)
     usage = spend.usage
-    set_fields: dict[str, Any] = {"workflow_state": writes.state}
+    state = writes.state.to_json()
+    set_fields: dict[str, Any] = {"workflow_state": state}
     messages: list[Message] = list(writes.messages)
     slots = list(writes.message_slots)
     after: list[EventSpec] = []
@@ -106,7 +108,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         after.append(EventSpec(EventType.TURN_FINISHED, summary))
     elif writes.finished:
         trigger = Trigger.ANSWER
-        result = writes.state.get("result")
+        result = state.get("result")
         text = _result_text(result)
         messages.append(
             Message(
@@ -135,7 +137,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         model_calls=writes.model_calls,
         events=writes.events,
         after_events=after,
-        checkpoint=_checkpoint(writes),
+        checkpoint=_checkpoint(writes, state),
         message_slots=slots,
         add_fields=usage.add_fields(),
         set_fields=set_fields,
@@ -147,7 +149,7 @@ def nodes_commit(session: Session, owner: str, writes: NodeWrites) -> None:
         step.then_read = open_calls_statement(session, session.turn)
     elif cached_read is not None:
         step.then_read = cached_output_statement(session, *cached_read)
-    committed = step_commit(step)
+    committed = metered_commit(step)
     if trigger == Trigger.TOOL_CALLS:
         prefetched_keep(session, committed.version, session.turn, committed.read or [])
     elif cached_read is not None:

@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from engine.gates.guards import canonical_json
 from engine.model.context import tool_calls_json
-from engine.moves.turn import OPERATOR_CALL_PREFIX, build_step, step_commit, turn_finish
+from engine.moves.turn import OPERATOR_CALL_PREFIX, build_step, metered_commit, turn_finish
 from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
-from sessions.events import EventSpec, EventType, StopReason, ToolStarted
-from sessions.models import Message, Session, ToolCall
-from sessions.states import Trigger
+from record.events import EventSpec, EventType, StopReason, ToolStarted
+from record.models import Message, Session, ToolCall
+from record.states import Trigger
 
 
 def operator_message(session: Session, content: str, actor: str) -> Message:
@@ -47,7 +47,7 @@ def operator_finish(*, session: Session, content: str, actor: str) -> None:
 def operator_reply(*, session: Session, content: str, actor: str) -> Message:
     """The operator's reply to the user in a turn that is over; the state does not move."""
     message = operator_message(session, content, actor)
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -90,7 +90,7 @@ def operator_tool_intent(
         data={"from": "operator", "by": actor},
         token_count=count_message_tokens("", canonical_json(requested)),
     )
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -116,7 +116,7 @@ def operator_tool_intent(
 
 def hand_back(*, session: Session, actor: str) -> None:
     """The agent takes over again: the model decides from the history as it stands (-> tool_loop)."""
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,

@@ -3,8 +3,8 @@
 The phases (model, tools) and the run loop decide which move to make; the
 services call the ones an edge may trigger (start a turn, cancel, wake a timer,
 resume, fork) through the engine's public surface. Each move builds one `Step`
-and hands it to `step_commit`; nothing else in the code base writes a
-session's state.
+and hands it to `metered_commit` (the store's `step_commit` with its charges);
+nothing else in the code base writes a session's state.
 """
 
 from dataclasses import dataclass
@@ -27,8 +27,8 @@ from llm.types import ToolCallRequest
 from memory.tokens import count_message_tokens
 from observability import metrics, tracing
 from observability.redaction import scrub
-from sessions.dispatch import run_enqueue_on_commit
-from sessions.events import (
+from record.dispatch import run_enqueue_on_commit
+from record.events import (
     AgentChanged,
     CallCounts,
     EventSpec,
@@ -41,8 +41,8 @@ from sessions.events import (
     call_counts,
     turn_outcome,
 )
-from sessions.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
-from sessions.states import RUNNABLE, TURN_ENDED, State, Trigger
+from record.models import Message, MessageStatus, ModelCall, Session, ToolCall, ToolCallStatus
+from record.states import RUNNABLE, TURN_ENDED, State, Trigger
 from tools.execution import ToolOutcome, ToolSnapshot, outcome_within_limit
 from tools.rendering import render_failure
 
@@ -62,7 +62,7 @@ def operator_call(call: ToolCall) -> bool:
     return call.call_id.startswith(OPERATOR_CALL_PREFIX)
 
 
-def step_commit(step: Step) -> Committed:
+def metered_commit(step: Step) -> Committed:
     """Commit a move's step, with its usage rollups and credit settlements riding on it.
 
     The store knows no billing: the statements are worked out here from the calls the step
@@ -183,7 +183,7 @@ def turn_start(
             agent=session.agent.slug if session.agent_id else "",
             turn=turn,
         )
-    step_commit(
+    metered_commit(
         build_step(
             session,
             lease_owner,
@@ -319,7 +319,7 @@ def tool_intents(
     # The tool step that follows reads these calls first: this commit reads them
     # back in its own round trip, so that step sends none.
     step.then_read = open_calls_statement(session, session.turn)
-    committed = step_commit(step)
+    committed = metered_commit(step)
     prefetched_keep(session, committed.version, session.turn, committed.read or [])
 
 
@@ -358,7 +358,7 @@ def answer(
     )
     level_fields, level_events = context.degradation_change(session)
     try:
-        step_commit(
+        metered_commit(
             build_step(
                 session,
                 owner,
@@ -494,6 +494,66 @@ def tool_results(
             and call.output
         ):
             timer = (int(call.output.get("after_seconds", 0)), str(call.output.get("note", "")))
+    trigger, set_fields = _results_move(session, timer, ask, client, handoff, events)
+    if revalidated:
+        set_fields["resume_check"] = False
+    fold = trigger in (Trigger.TOOL_RESULTS, Trigger.HANDOFF) and not session.cancel_requested
+    events += extra_events or []
+    by_hand = bool(calls) and all(operator_call(c) for c in calls)
+    # What the turn's end adds (the agent's partial answer), only if this commit ends it.
+    closing, finish = (
+        _results_turn_end(session, calls, stop, stop_note, by_hand=by_hand) if fold else ([], [])
+    )
+    checkpoint = {
+        "done": [[c.call_id, c.status, c.attempts] for c in calls],
+        **({"timer_due": set_fields["timer_due_at"].isoformat()} if timer and not ask else {}),
+        **({"question": ask.call.call_id} if ask is not None else {}),
+        **({"client_calls": [c.call_id for c in client.calls]} if client else {}),
+    }
+
+    def commit(fold: bool) -> None:
+        step = build_step(
+            session,
+            owner,
+            trigger=trigger,
+            phase="tool_results",
+            reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
+            messages=messages + closing if fold else messages,
+            updated_tool_calls=calls,
+            events=events,
+            after_events=finish if fold else [],
+            env=env,
+            set_fields=dict(set_fields),
+            add_fields=usage.add_fields() if usage is not None and usage != NO_USAGE else None,
+            checkpoint=checkpoint,
+            unless_cancel_requested=fold,
+        )
+        then = Trigger.OPERATOR_DONE if by_hand else Trigger.LIMIT_REACHED
+        step.then = (then if finish else Trigger.MODEL_CALL) if fold else None
+        metered_commit(step)
+        # A workflow's node step reads these calls next (engine/phases/node.py).
+        finished_keep(session, calls)
+
+    try:
+        commit(fold)
+    except StaleSession:
+        if not fold or not _cancel_came(session, owner):
+            raise
+        # Refused for a cancel that came while the tools ran: keep the results and stop
+        # at tool_loop; anything else goes to the run loop.
+        commit(False)
+
+
+def _results_move(
+    session: Session,
+    timer: tuple[int, str] | None,
+    ask: "Question | None",
+    client: "ClientWait | None",
+    handoff: "HandoffTo | None",
+    events: list[EventSpec],
+) -> tuple[Trigger, dict[str, Any]]:
+    """Where the results take the session (the model, a timer, the user's or the client's
+    answer, another agent) and the fields that go with it; adds the events it calls for."""
     set_fields: dict[str, Any] = {}
     trigger = Trigger.TOOL_RESULTS
     if timer is not None:
@@ -510,8 +570,6 @@ def tool_results(
         # The client runs them: the turn waits for its results, as for the user's answer.
         trigger, set_fields = Trigger.ASK_USER, {"timer_due_at": client.due_at, "timer_note": ""}
         events.append(client.event(session.turn))
-    if revalidated:
-        set_fields["resume_check"] = False
     if handoff is not None and trigger == Trigger.TOOL_RESULTS:
         # Another agent decides from the next step on, with the history as it is.
         trigger = Trigger.HANDOFF
@@ -522,86 +580,57 @@ def tool_results(
             "reason": handoff.reason,
         }
         events.append(EventSpec(EventType.AGENT_CHANGED, changed))
-    fold = trigger in (Trigger.TOOL_RESULTS, Trigger.HANDOFF) and not session.cancel_requested
-    events += extra_events or []
-    finish: list[EventSpec] = []
-    # What the turn's end adds (the agent's partial answer), only if this commit ends it.
-    closing: list[Message] = []
-    by_hand = bool(calls) and all(operator_call(c) for c in calls)
-    if by_hand and fold:
+    return trigger, set_fields
+
+
+def _results_turn_end(
+    session: Session,
+    calls: list[ToolCall],
+    stop: StopReason | None,
+    stop_note: str,
+    *,
+    by_hand: bool,
+) -> tuple[list[Message], list[EventSpec]]:
+    """The turn's end the results bring, when they bring one: calls an operator ran by hand,
+    or a stop (with `stop_note` as the agent's partial answer)."""
+    if by_hand:
         summary = turn_summary(
             session, StopReason.OPERATOR, calls=turn_calls_counted(session, calls)
         )
-        finish = [EventSpec(EventType.TURN_FINISHED, summary)]
-    elif stop is not None and fold:
-        closing.append(
-            Message(
-                turn=session.turn,
-                role="assistant",
-                content=stop_note,
-                token_count=count_message_tokens(stop_note),
-            )
-        )
-        # A rare end (the credits refused twice): the turn's earlier calls are read.
-        summary = turn_summary(session, stop, calls=turn_calls_counted(session, calls))
-        finish = [EventSpec(EventType.TURN_FINISHED, summary)]
+        return [], [EventSpec(EventType.TURN_FINISHED, summary)]
+    if stop is None:
+        return [], []
+    closing = Message(
+        turn=session.turn,
+        role="assistant",
+        content=stop_note,
+        token_count=count_message_tokens(stop_note),
+    )
+    # A rare end (the credits refused twice): the turn's earlier calls are read.
+    summary = turn_summary(session, stop, calls=turn_calls_counted(session, calls))
+    return [closing], [EventSpec(EventType.TURN_FINISHED, summary)]
 
-    def commit(fold: bool) -> None:
-        step = build_step(
-            session,
-            owner,
-            trigger=trigger,
-            phase="tool_results",
-            reason=", ".join(f"{c.tool_name}={c.status}" for c in calls),
-            messages=messages + closing if fold else messages,
-            updated_tool_calls=calls,
-            events=events,
-            after_events=finish if fold else [],
-            env=env,
-            set_fields=dict(set_fields),
-            add_fields=usage.add_fields() if usage is not None and usage != NO_USAGE else None,
-            checkpoint={
-                "done": [[c.call_id, c.status, c.attempts] for c in calls],
-                **(
-                    {"timer_due": set_fields["timer_due_at"].isoformat()}
-                    if timer and not ask
-                    else {}
-                ),
-                **({"question": ask.call.call_id} if ask is not None else {}),
-                **({"client_calls": [c.call_id for c in client.calls]} if client else {}),
-            },
-            unless_cancel_requested=fold,
-        )
-        then = Trigger.OPERATOR_DONE if by_hand else Trigger.LIMIT_REACHED
-        step.then = (then if finish else Trigger.MODEL_CALL) if fold else None
-        step_commit(step)
-        # A workflow's node step reads these calls next (engine/phases/node.py).
-        finished_keep(session, calls)
 
-    try:
-        commit(fold)
-    except StaleSession:
-        if not fold:
-            raise
-        # Refused for a cancel that came while the tools ran? Then keep the
-        # results and stop at tool_loop; anything else goes to the run loop.
-        fresh = (
-            Session.objects.filter(
-                pk=session.pk, version=session.version, lease_owner=owner, cancel_requested=True
-            )
-            .values_list("cancel_reason", "cancel_actor")
-            .first()
+def _cancel_came(session: Session, owner: str) -> bool:
+    """A cancel was requested meanwhile (still our lease and version): the session's copy
+    takes it."""
+    fresh = (
+        Session.objects.filter(
+            pk=session.pk, version=session.version, lease_owner=owner, cancel_requested=True
         )
-        if fresh is None:
-            raise
-        session.cancel_requested = True
-        session.cancel_reason, session.cancel_actor = fresh
-        commit(False)
+        .values_list("cancel_reason", "cancel_actor")
+        .first()
+    )
+    if fresh is None:
+        return False
+    session.cancel_requested = True
+    session.cancel_reason, session.cancel_actor = fresh
+    return True
 
 
 def tool_loop_next(session: Session, owner: str) -> None:
     """Results are back: the model decides again (-> processing)."""
-    step_commit(build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model"))
+    metered_commit(build_step(session, owner, trigger=Trigger.MODEL_CALL, phase="model"))
 
 
 def timer_fire(*, session: Session) -> None:
@@ -612,7 +641,7 @@ def timer_fire(*, session: Session) -> None:
     """
     note = session.timer_note or "(no note)"
     text = f"The follow-up you scheduled is due now. Your note: {note}"
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -741,7 +770,7 @@ def turn_finish(
             finished["refusal"] = c.refusal
         closed.append(EventSpec(EventType.TOOL_FINISHED, finished))
     events[:0] = closed
-    step_commit(
+    metered_commit(
         build_step(
             session,
             owner,
@@ -822,7 +851,7 @@ def turn_cancel(
 
 def run_resume(*, session: Session, actor: str = "") -> None:
     """Continue a run that stopped in `error`, from where it stopped (-> tool_loop)."""
-    step_commit(
+    metered_commit(
         build_step(
             session,
             None,
@@ -856,7 +885,7 @@ def fork_start(
     `env` is the environment recorded at the fork point: the next model step
     compares it with today's and tells the model what changed.
     """
-    step_commit(
+    metered_commit(
         build_step(
             fork,
             None,

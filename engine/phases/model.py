@@ -38,6 +38,7 @@ from engine.gates.turn_options import (
     with_turn_options,
 )
 from engine.model.calls import (
+    Routed,
     RunCancelled,
     call_model,
     request_tokenizer,
@@ -57,16 +58,16 @@ from engine.model.usage import ModelSpend
 from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError, ModelError
-from llm.types import ChatRequest
+from llm.types import ChatRequest, ChatResponse
 from memory.tokens import Tokenizer
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
+from record.dispatch import memory_enqueue_on_commit, summary_ahead_enqueue_on_commit
+from record.events import CallCounts, EventType, Progress, StopReason
+from record.models import Agent, Message, ModelCall, ModelEndpoint, Session
+from record.publisher import publish_ephemeral
+from record.states import Trigger
 from runtime.faults import fault_point
-from sessions.dispatch import memory_enqueue_on_commit, summary_ahead_enqueue_on_commit
-from sessions.events import CallCounts, EventType, Progress, StopReason
-from sessions.models import Agent, Message, ModelCall, ModelEndpoint, Session
-from sessions.publisher import publish_ephemeral
-from sessions.states import Trigger
 
 LIMIT_ANSWER = "I stopped after the maximum number of tool rounds for one request."
 BUSY_ANSWER = "The service is busy right now. Please try again in a moment."
@@ -313,7 +314,50 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
     """
     run = run or RunContext()
     plan = model_plan(session, run)
-    agent, history, request = plan.agent, plan.history, plan.request
+    request = _request_unless_stopped(session, owner, plan, run)
+    if request is None:
+        return
+    fault_point("before_model_call")
+    iteration = session.iteration + 1
+    routed = _routed_call(session, owner, plan, run, request, iteration)
+    if routed is None:
+        return  # cancelled
+    spend = ModelSpend(calls=plan.side_calls + routed.calls, iteration=iteration)
+    context = plan.context(session, routed.endpoint.name if routed.endpoint else None)
+    if routed.response is None:
+        _unanswered(
+            session, owner, plan.agent, routed.error, spend, context, run.turn_call_counts(session)
+        )
+        return
+    response = routed.response
+    if sampled():
+        _prompt_sample(session, iteration, routed.calls[-1], request, response)
+    tool_calls = [] if plan.final else response.tool_calls
+    if request.parallel_tool_calls is False:
+        tool_calls = tool_calls[:1]  # a model that ignored it: the client asked for one call
+    if not tool_calls:
+        _answered(session, owner, plan, run, request, response.text, spend, context)
+        return
+    tool_intents(
+        session,
+        owner,
+        text=response.text,
+        tool_calls=list(tool_calls),
+        spend=spend,
+        context=context,
+        client_tools=plan.client_tools,
+    )
+    if plan.summary_ahead:
+        summary_ahead_enqueue_on_commit(session.pk)
+
+
+def _request_unless_stopped(
+    session: Session, owner: str, plan: ModelPlan, run: RunContext
+) -> ChatRequest | None:
+    """The request as the gates that may stop the turn leave it (the budget, the credits,
+    the endpoint's rate limit, the budget's hold); None when one stopped it (the turn ended
+    with what the agent has so far)."""
+    history, request = plan.history, plan.request
     stop = budget_stop(plan.gate, history, session.turn) or credits_stop(
         model_credits_check(
             session,
@@ -332,30 +376,40 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         gate = budget_hold(session, plan.gate)
         request = gate.request
         stop = budget_stop(gate, history, session.turn)
-    if stop is not None:
-        metrics.BUDGET_REFUSALS.labels(stop.refused).inc()
-        answer(
-            session,
-            owner,
-            content=stop.content,
-            trigger=stop.trigger,
-            stop_reason=stop.stop_reason,
-            spend=ModelSpend(calls=plan.side_calls, iteration=session.iteration),
-            context=plan.context(session, None),
-            reason=stop.reason,
-            calls=run.turn_call_counts(session),
-        )
-        return
+    if stop is None:
+        return request
+    metrics.BUDGET_REFUSALS.labels(stop.refused).inc()
+    answer(
+        session,
+        owner,
+        content=stop.content,
+        trigger=stop.trigger,
+        stop_reason=stop.stop_reason,
+        spend=ModelSpend(calls=plan.side_calls, iteration=session.iteration),
+        context=plan.context(session, None),
+        reason=stop.reason,
+        calls=run.turn_call_counts(session),
+    )
+    return None
 
-    fault_point("before_model_call")
-    iteration = session.iteration + 1
-    tier, way = plan.gate.tier, plan.way
+
+def _routed_call(
+    session: Session,
+    owner: str,
+    plan: ModelPlan,
+    run: RunContext,
+    request: ChatRequest,
+    iteration: int,
+) -> Routed | None:
+    """The model's answer, from the routed small model or the agent's own (escalated in this
+    same step when the small one faltered); None when a cancel closed the stream (the turn
+    ended cancelled, keeping what the call used)."""
+    agent, tier, way = plan.agent, plan.gate.tier, plan.way
     try:
         routed = call_model(session, agent, request, tier=way.endpoint or tier)
         tiers_record(routed.calls, way.tier, way.reason)
         why = escalation(agent, request, routed.response) if way.tier == SMALL else ""
         if why:
-            # The small model faltered: the agent's own model answers, in this same step.
             again = call_model(session, agent, request, tier=tier)
             tiers_record(again.calls, MAIN, f"escalated: {why}")
             again.calls[:0] = routed.calls
@@ -363,92 +417,85 @@ def model_step(session: Session, owner: str, run: RunContext | None = None) -> N
         # Taken by this step's commit: the run's kept credit figures count them from now.
         run.figures.spent_points(model_points(plan.summary.calls + routed.calls))
     except RunCancelled as cancelled:
-        # The stream was closed by a cancel: the turn ends cancelled, keeping what the call used.
-        fresh = hold_carried(Session.objects.get(pk=session.pk), session)
         spent = ModelSpend(
             calls=plan.side_calls + cancelled.calls, iteration=iteration, answered=False
         )
-        turn_cancel(session=fresh, owner=owner, spend=spent)
-        return
-    spend = ModelSpend(calls=plan.side_calls + routed.calls, iteration=iteration)
-    context = plan.context(session, routed.endpoint.name if routed.endpoint else None)
-    if routed.response is None:
-        _unanswered(
-            session, owner, agent, routed.error, spend, context, run.turn_call_counts(session)
-        )
-        return
+        _cancelled(session, owner, spent)
+        return None
+    return routed
 
-    response = routed.response
-    if sampled():
-        call = routed.calls[-1]
-        prompt_sample_record(
-            session_id=session.pk,
-            owner_id=session.owner_id,
-            turn=session.turn,
-            iteration=iteration,
-            endpoint=call.endpoint_name,
-            model=call.model,
-            trace_id=tracing.trace_id_of(session.trace_parent),
-            request=request,
-            response=response,
-            input_tokens=call.input_tokens or 0,
-            output_tokens=call.output_tokens or 0,
-        )
-    tool_calls = [] if plan.final else response.tool_calls
-    if request.parallel_tool_calls is False:
-        tool_calls = tool_calls[:1]  # a model that ignored it: the client asked for one call
-    if not tool_calls:
-        content = response.text
-        if plan.final and not content.strip():
-            content = LIMIT_ANSWER
-        turn = session.turn
-        stop_reason: StopReason = plan.stop.stop_reason if plan.stop else StopReason.ANSWER
-        problem = ""
-        if request.response_format is not None:
-            try:
-                conformed = answer_conform(session, agent, request, content, tier=tier)
-            except RunCancelled as cancelled:
-                fresh = hold_carried(Session.objects.get(pk=session.pk), session)
-                spent = dataclasses.replace(spend, calls=spend.calls + cancelled.calls)
-                turn_cancel(
-                    session=fresh, owner=owner, spend=dataclasses.replace(spent, answered=False)
-                )
-                return
-            spend = dataclasses.replace(spend, calls=spend.calls + conformed.calls)
-            run.figures.spent_points(model_points(conformed.calls))
-            if conformed.failed is not None:
-                _unanswered(session, owner, agent, conformed.failed, spend, context)
-                return
-            content, problem = conformed.text, conformed.problem
-            if problem:
-                stop_reason = StopReason.INVALID_OUTPUT
-        answer(
-            session,
-            owner,
-            content=content,
-            trigger=Trigger.LIMIT_REACHED if plan.final else Trigger.ANSWER,
-            stop_reason=stop_reason,
-            spend=spend,
-            context=context,
-            last_error=f"invalid_json: {problem}" if problem else "",
-            reason=f"{stop_reason}: {problem}" if problem else "",
-            calls=run.turn_call_counts(session),
-        )
-        user_text = "\n".join(m.content for m in history if m.role == "user" and m.turn == turn)
-        if wants_turn_memory(agent, user_text):
-            memory_enqueue_on_commit(session.pk, turn)
-        if plan.summary_ahead:
-            summary_ahead_enqueue_on_commit(session.pk)
-        return
-    tool_intents(
+
+def _cancelled(session: Session, owner: str, spend: ModelSpend) -> None:
+    fresh = hold_carried(Session.objects.get(pk=session.pk), session)
+    turn_cancel(session=fresh, owner=owner, spend=spend)
+
+
+def _prompt_sample(
+    session: Session, iteration: int, call: ModelCall, request: ChatRequest, response: ChatResponse
+) -> None:
+    prompt_sample_record(
+        session_id=session.pk,
+        owner_id=session.owner_id,
+        turn=session.turn,
+        iteration=iteration,
+        endpoint=call.endpoint_name,
+        model=call.model,
+        trace_id=tracing.trace_id_of(session.trace_parent),
+        request=request,
+        response=response,
+        input_tokens=call.input_tokens or 0,
+        output_tokens=call.output_tokens or 0,
+    )
+
+
+def _answered(
+    session: Session,
+    owner: str,
+    plan: ModelPlan,
+    run: RunContext,
+    request: ChatRequest,
+    content: str,
+    spend: ModelSpend,
+    context: ModelContext,
+) -> None:
+    """The model answered without tools: the answer move (conformed first when the client
+    asked for JSON), then the turn's memory and the summary made ahead."""
+    agent = plan.agent
+    if plan.final and not content.strip():
+        content = LIMIT_ANSWER
+    turn = session.turn
+    stop_reason: StopReason = plan.stop.stop_reason if plan.stop else StopReason.ANSWER
+    problem = ""
+    if request.response_format is not None:
+        try:
+            conformed = answer_conform(session, agent, request, content, tier=plan.gate.tier)
+        except RunCancelled as cancelled:
+            calls = spend.calls + cancelled.calls
+            _cancelled(session, owner, dataclasses.replace(spend, calls=calls, answered=False))
+            return
+        spend = dataclasses.replace(spend, calls=spend.calls + conformed.calls)
+        run.figures.spent_points(model_points(conformed.calls))
+        if conformed.failed is not None:
+            _unanswered(session, owner, agent, conformed.failed, spend, context)
+            return
+        content, problem = conformed.text, conformed.problem
+        if problem:
+            stop_reason = StopReason.INVALID_OUTPUT
+    answer(
         session,
         owner,
-        text=response.text,
-        tool_calls=list(tool_calls),
+        content=content,
+        trigger=Trigger.LIMIT_REACHED if plan.final else Trigger.ANSWER,
+        stop_reason=stop_reason,
         spend=spend,
         context=context,
-        client_tools=plan.client_tools,
+        last_error=f"invalid_json: {problem}" if problem else "",
+        reason=f"{stop_reason}: {problem}" if problem else "",
+        calls=run.turn_call_counts(session),
     )
+    user_text = "\n".join(m.content for m in plan.history if m.role == "user" and m.turn == turn)
+    if wants_turn_memory(agent, user_text):
+        memory_enqueue_on_commit(session.pk, turn)
     if plan.summary_ahead:
         summary_ahead_enqueue_on_commit(session.pk)
 

@@ -15,23 +15,25 @@ precheck fails goes to a person (engine/gates/environment.py, revalidation.py).
 """
 
 import logging
+from dataclasses import dataclass, field
 
 from django.db import connection
 from django.utils import timezone
 
 from engine.gates.approval import approval_gate, review_outcomes
 from engine.gates.budget import FiguresKeeper, StepDeferred
-from engine.gates.children import ChildrenWait, children_gate
+from engine.gates.children import Children, ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
 from engine.gates.environment import drift_hold
-from engine.gates.handoff import handoff_gate
+from engine.gates.handoff import Handoffs, handoff_gate
 from engine.gates.memory import is_memory_call, memory_tool_outcomes
-from engine.gates.metering import credits_reserve, tool_credits_stop
-from engine.gates.questions import questions_of
+from engine.gates.metering import Credits, credits_reserve, tool_credits_stop
+from engine.gates.questions import Question, questions_of
 from engine.gates.recovery import recovery_probe
-from engine.gates.revalidation import pending_prechecks
+from engine.gates.revalidation import Rechecked, pending_prechecks
 from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
+from engine.model.environment import Environment
 from engine.moves.approval import approvals_wait, recovery_reviews_open
 from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
 from engine.moves.children import children_start, children_started
@@ -41,10 +43,10 @@ from engine.store.open_calls import cached_output_read, open_calls
 from observability import metrics, tracing
 from observability.redaction import digest
 from observability.turns import tool_calls_count
+from record.models import Agent, Session, ToolCall, ToolCallStatus
+from record.rows import json_value
 from runtime import io_loop
 from runtime.faults import fault_point
-from sessions.models import Session, ToolCall, ToolCallStatus
-from sessions.rows import json_value
 from tools.builtin import ASK_USER_HANDLER, MEMORY_HANDLERS, WORKFLOW_REVIEW_HANDLER
 from tools.execution import (
     ToolInvocation,
@@ -87,6 +89,19 @@ def _cached_outcomes(
     return outcomes
 
 
+@dataclass
+class _Settled:
+    """What the tool step's gates settled before anything runs: each settled call's outcome
+    (it does not run), and what the results' commit carries besides."""
+
+    outcomes: dict[int, ToolOutcome]
+    kids: Children
+    handoffs: Handoffs
+    rechecked: Rechecked | None = None
+    questions: list[Question] = field(default_factory=list)
+    credits: Credits = field(default_factory=Credits)
+
+
 def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -> None:
     """Run the pending tool calls of this turn and commit their results.
 
@@ -108,7 +123,6 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
        never sent here: engine/gates/client_tools.py) wait for its results.
     """
     runtime = agent_runtime(session.agent_id, session)
-    agent = runtime.agent
     calls = open_calls(session)
     _retry_due(calls)  # StepDeferred: a parked retry's wait is not over
     # The client's own tools' calls are its to run: they never reach a gate or the executor.
@@ -118,21 +132,54 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     workflow = workflow_runtime(session)
     if workflow is not None:
         tools = workflow.tools_with(tools)
+    env = runtime.environment(session.role)
     if not calls and client is not None:
-        tool_results(
-            session,
-            owner,
-            calls=[],
-            outcomes={},
-            tools=tools,
-            env=runtime.environment(session.role),
-            client=client,
-        )
+        tool_results(session, owner, calls=[], outcomes={}, tools=tools, env=env, client=client)
         return
+    settled = _settled_early(session, owner, calls, tools, runtime.agent)
+    if settled is None or not _settled_unless_stale(
+        session, owner, calls, tools, env, runtime.agent, settled
+    ):
+        return  # the step waits (a person, another agent)
+    to_run = _settled_last(session, calls, tools, settled, keep)
+    _run(session, owner, calls, to_run, tools, workflow, runtime.agent, settled.outcomes)
+    for call in calls:
+        # Settled or released by the results' commit (a call never reserved is left alone).
+        if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
+            call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
+    stop = tool_credits_stop(session, settled.credits, calls[0].step)
+    asked = {q.call.pk for q in settled.questions}
+    tool_results(
+        session,
+        owner,
+        calls=[c for c in calls if c.pk not in asked],
+        outcomes=settled.outcomes,
+        tools=tools,
+        env=env,
+        extra_events=settled.credits.events + settled.kids.announcements + settled.kids.events,
+        usage=settled.kids.usage,
+        handoff=settled.handoffs.chosen,
+        stop=stop.stop_reason if stop else None,
+        stop_note=stop.content if stop else "",
+        ask=settled.questions[0] if settled.questions else None,
+        client=client,
+        revalidated=settled.rechecked.checked if settled.rechecked else False,
+    )
+
+
+def _settled_early(
+    session: Session,
+    owner: str,
+    calls: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    agent: Agent,
+) -> _Settled | None:
+    """Approvals, other agents' calls, handoffs and cached results; None when the step
+    waits (for a person, or raises ChildrenWait for its children)."""
     gate = approval_gate(session, calls, tools)
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
-        return
+        return None
     # Calls another agent answers: their children run first; this step waits without a worker.
     kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes], agent.max_depth)
     if kids.waits:
@@ -153,10 +200,24 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         tools,
     )
     outcomes.update(gate.outcomes)
+    return _Settled(outcomes=outcomes, kids=kids, handoffs=handoffs)
 
+
+def _settled_unless_stale(
+    session: Session,
+    owner: str,
+    calls: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    env: Environment,
+    agent: Agent,
+    settled: _Settled,
+) -> bool:
+    """Reviews of and probes for calls dispatched before a crash, then the drift and the
+    business prechecks of calls that may be stale; False when the step waits for a person."""
+    outcomes = settled.outcomes
     reviewed = review_outcomes([c for c in calls if c.pk not in outcomes])
     if reviewed.pending:
-        return  # a person is still looking at it; their answer wakes the run
+        return False  # a person is still looking at it; their answer wakes the run
     outcomes.update(reviewed.outcomes)
     recovered = recovery_probe(
         [c for c in calls if c.pk not in outcomes and c.pk not in reviewed.resend], tools
@@ -166,7 +227,6 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         # expiry (the sweeper's), no worker holds it.
         raise StepDeferred(recovered.retry_after_s)
     outcomes.update(recovered.outcomes)
-    env = runtime.environment(session.role)
     # What a person already decided to send is sent; the rest may be stale after a
     # crash recovery or a long pause: the drift, then the business prechecks.
     reviewing = {c.pk for c, _ in recovered.to_review}
@@ -179,18 +239,31 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     outcomes.update(held)
     rechecked = pending_prechecks(session, [c for c in unsettled if c.pk not in outcomes], tools)
     outcomes.update(rechecked.outcomes)
+    settled.rechecked = rechecked
     to_review = recovered.to_review + rechecked.to_review
     if to_review:
         # The calls held for the drift are only settled by the results' commit: until
         # then the recovery's resume_check must keep holding them.
         spent = rechecked.checked and not held
         recovery_reviews_open(session, owner, to_review, tools, revalidated=spent)
-        return
+        return False
+    return True
 
+
+def _settled_last(
+    session: Session,
+    calls: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    settled: _Settled,
+    keep: FiguresKeeper | None,
+) -> list[ToolCall]:
+    """Degradation and rate limits, questions to the user (left open), memory tools (run
+    here) and credits (reserved, or refused); the calls left to send."""
+    outcomes = settled.outcomes
     outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
     # A question to the user stays open: their next message is its result.
-    questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
-    asked = {q.call.pk for q in questions}
+    settled.questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
+    asked = {q.call.pk for q in settled.questions}
     # remember/recall need the session's owner and id: run here, recorded like any tool.
     outcomes.update(
         memory_tool_outcomes(
@@ -202,12 +275,28 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     if credits.refused:
         metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
     outcomes.update(credits.refused)
+    settled.credits = credits
     to_run = [c for c in to_run if c.pk not in credits.refused]
     reserved = sum(getattr(c, "credit_points", 0) for c in to_run)
     if reserved:
         if keep is not None:
             keep.spent_points(reserved)  # the run's kept credit figures count them from now
         fault_point("after_credits_reserved")
+    return to_run
+
+
+def _run(
+    session: Session,
+    owner: str,
+    calls: list[ToolCall],
+    to_run: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    workflow: WorkflowRuntime | None,
+    agent: Agent,
+    outcomes: dict[int, ToolOutcome],
+) -> None:
+    """Checkpoint and mark what is sent, send it without a connection held, and add its
+    outcomes (StepDeferred: retries parked for a while)."""
     pre_run_checkpoint(session, owner, to_run, tools)
     # Fresh calls and uncertain ones sent again after their probe alike.
     calls_dispatched(
@@ -216,7 +305,6 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         [c for c in to_run if c.tool_name in tools and tools[c.tool_name].side_effects],
     )
     connection.close()
-
     invocations = [_invocation(c, workflow) for c in to_run]
     started_ns = tracing.now_ns()
     ran = io_loop.run(
@@ -230,27 +318,6 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
             raise StepDeferred(parked)
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
-    for call in calls:
-        # Settled or released by the results' commit (a call never reserved is left alone).
-        if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
-            call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
-    stop = tool_credits_stop(session, credits, calls[0].step)
-    tool_results(
-        session,
-        owner,
-        calls=[c for c in calls if c.pk not in asked],
-        outcomes=outcomes,
-        tools=tools,
-        env=env,
-        extra_events=credits.events + kids.announcements + kids.events,
-        usage=kids.usage,
-        handoff=handoffs.chosen,
-        stop=stop.stop_reason if stop else None,
-        stop_note=stop.content if stop else "",
-        ask=questions[0] if questions else None,
-        client=client,
-        revalidated=rechecked.checked,
-    )
 
 
 def _retry_due(calls: list[ToolCall]) -> None:

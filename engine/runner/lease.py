@@ -20,9 +20,9 @@ from django.db import connection
 from billing.pressure import owner_watch_note, owner_watch_sql
 from engine.store.commit import GUARD, MARK_SET, STAMP_RETURNING
 from memory.selectors import memory_owner_items_sql
-from sessions.models import Message, MessageStatus, Session, ToolCall
-from sessions.rows import execute_batch, row_reader
-from sessions.states import RUNNABLE, STARTS_TURN
+from record.models import Message, MessageStatus, Session, ToolCall
+from record.rows import execute_batch, row_reader
+from record.states import RUNNABLE, STARTS_TURN
 
 logger = logging.getLogger(__name__)
 

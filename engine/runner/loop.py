@@ -27,10 +27,10 @@ from engine.run_cache import RunContext
 from engine.runner.lease import heartbeat, lease_drop, lease_release, lease_take, worker_identity
 from engine.store.commit import StaleSession
 from observability import logs, metrics, tracing
+from record.dispatch import run_enqueue, run_enqueue_later
+from record.models import Session
+from record.states import RUNNABLE, STARTS_TURN, State
 from runtime import health
-from sessions.dispatch import run_enqueue, run_enqueue_later
-from sessions.models import Session
-from sessions.states import RUNNABLE, STARTS_TURN, State
 
 logger = logging.getLogger(__name__)
 
@@ -86,50 +86,15 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
                 _pace()
             started = health.figures.step_begin()
             try:
-                with (
-                    logs.bound(session=str(session_id), turn=session.turn, step=session.step),
-                    tracing.step_span(
-                        # A step that may start a turn runs under the caller's context
-                        # (the REST request's): the new turn's trace starts there.
-                        "" if State(state) in STARTS_TURN else session.trace_parent,
-                        session_id=str(session_id),
-                        state=state,
-                        turn=session.turn,
-                    ),
-                ):
-                    progressed = run_step(session, owner, run)
+                progressed = _traced_step(session, owner, run)
                 if progressed:
                     metrics.step_observe(state, time.perf_counter() - started)
             except StaleSession:
                 logger.info("session %s moved under us; reloading", session_id)
                 session = None
                 continue
-            except StepDeferred as deferred:
-                # A rate limit: hold no worker while the window turns; the run is
-                # enqueued for then, and the sweeper stays away until then.
-                heartbeat.release(session_id)
-                lease_drop(session_id=session_id, owner=owner, after_s=deferred.seconds)
-                run_enqueue_later(session_id, deferred.seconds, session.value)
-                return RunResult(steps, "deferred")
-            except ChildrenWait:
-                # Other agents' runs answer this step: no worker waits for them; each one's
-                # end wakes this run, the sweeper only covers a lost wake-up.
-                heartbeat.release(session_id)
-                lease_drop(session_id=session_id, owner=owner, after_s=settings.CHILDREN_RECHECK_S)
-                if not children_running(session_id):
-                    # The last one ended while we held the lease: its wake-up was refused.
-                    try:
-                        run_enqueue(session_id, session.value)
-                    except Exception:  # noqa: BLE001 - the sweeper looks again after the recheck
-                        logger.warning("could not wake session %s", session_id, exc_info=True)
-                return RunResult(steps, "waiting")
-            except CreditsWait:
-                # Points held by in-flight calls: no worker waits for them; the
-                # sweeper picks the run up again once the short lease runs out.
-                lease_drop(
-                    session_id=session_id, owner=owner, after_s=settings.CREDITS_WAIT_RETRY_S
-                )
-                return RunResult(steps, "waiting")
+            except (StepDeferred, ChildrenWait, CreditsWait) as aside:
+                return RunResult(steps, _step_aside(aside, session, owner))
             except Exception:
                 health.figures.step_end(started, ok=False)
                 logger.exception("step of session %s crashed", session_id)
@@ -152,6 +117,53 @@ def _session_run(*, session_id: UUID | str, owner: str | None = None) -> RunResu
         health.figures.run_end()
         heartbeat.release(session_id)
         connection.close()
+
+
+def _traced_step(session: Session, owner: str, run: RunContext) -> bool:
+    state = session.state
+    with (
+        logs.bound(session=str(session.pk), turn=session.turn, step=session.step),
+        tracing.step_span(
+            # A step that may start a turn runs under the caller's context
+            # (the REST request's): the new turn's trace starts there.
+            "" if State(state) in STARTS_TURN else session.trace_parent,
+            session_id=str(session.pk),
+            state=state,
+            turn=session.turn,
+        ),
+    ):
+        return run_step(session, owner, run)
+
+
+def _step_aside(
+    aside: StepDeferred | ChildrenWait | CreditsWait, session: Session, owner: str
+) -> Literal["deferred", "waiting"]:
+    """The step waits for something no worker should hold a run for: the lease is dropped
+    until it may have come, and the run is woken then."""
+    session_id = session.pk
+    if isinstance(aside, StepDeferred):
+        # A rate limit: hold no worker while the window turns; the run is
+        # enqueued for then, and the sweeper stays away until then.
+        heartbeat.release(session_id)
+        lease_drop(session_id=session_id, owner=owner, after_s=aside.seconds)
+        run_enqueue_later(session_id, aside.seconds, session.value)
+        return "deferred"
+    if isinstance(aside, ChildrenWait):
+        # Other agents' runs answer this step: no worker waits for them; each one's
+        # end wakes this run, the sweeper only covers a lost wake-up.
+        heartbeat.release(session_id)
+        lease_drop(session_id=session_id, owner=owner, after_s=settings.CHILDREN_RECHECK_S)
+        if not children_running(session_id):
+            # The last one ended while we held the lease: its wake-up was refused.
+            try:
+                run_enqueue(session_id, session.value)
+            except Exception:  # noqa: BLE001 - the sweeper looks again after the recheck
+                logger.warning("could not wake session %s", session_id, exc_info=True)
+        return "waiting"
+    # Points held by in-flight calls: no worker waits for them; the
+    # sweeper picks the run up again once the short lease runs out.
+    lease_drop(session_id=session_id, owner=owner, after_s=settings.CREDITS_WAIT_RETRY_S)
+    return "waiting"
 
 
 def _work_left(session: Session) -> bool:

@@ -20,10 +20,9 @@ from psycopg.types.json import Jsonb
 from hooks.outbox import outbox_statement, outbox_wake
 from observability.tracing import trace_id_of
 from observability.turns import turn_ended
-from runtime.faults import fault_point
-from sessions.event_limits import payload_capped, payload_max_bytes
-from sessions.events import EventSpec, EventType, MessageCompleted, StateChanged
-from sessions.models import (
+from record.event_limits import payload_capped, payload_max_bytes
+from record.events import EventSpec, EventType, MessageCompleted, StateChanged
+from record.models import (
     Checkpoint,
     Event,
     Message,
@@ -34,8 +33,8 @@ from sessions.models import (
     ToolCallStatus,
     Transition,
 )
-from sessions.publisher import Frame, make_frame, publish
-from sessions.rows import (
+from record.publisher import Frame, make_frame, publish
+from record.rows import (
     JsonbText,
     Statement,
     execute_batch,
@@ -44,7 +43,8 @@ from sessions.rows import (
     one_round_trip,
     update_statement,
 )
-from sessions.states import RUNNABLE, STARTS_TURN, State, Trigger, next_state
+from record.states import RUNNABLE, STARTS_TURN, State, Trigger, next_state
+from runtime.faults import fault_point
 
 MESSAGE_COLUMNS = (
     "session",
@@ -331,30 +331,62 @@ def model_calls_number(step: Step) -> int:
     return number
 
 
-def step_commit(step: Step) -> Committed:
-    """Commit one step, or raise StaleSession (or IllegalTransition) having changed nothing.
+@dataclass(frozen=True)
+class _Plan:
+    """The step worked out before its one round trip: its moves and what the row's
+    counters become if the UPDATE matches (its WHERE pins their current values, so every
+    number is known up front and no write has to wait for RETURNING)."""
 
-    1. Work out the move from the in-memory state (valid because the UPDATE
-       below only matches that exact version).
-    2. One UPDATE moves state and version, renews the lease and allocates the
-       message, event and step numbers; RETURNING gives them back.
-    3. Insert messages, tool calls, events, the transition and the checkpoint.
-    4. After commit, publish the frames.
-    """
+    moves: list[tuple[State, State, Trigger]]
+    to_state: State
+    activated: list[Message]
+    new_messages: list[Message]
+    version: int
+    message_seq: int
+    event_seq: int
+    step_no: int
+    turn: int
+
+    @property
+    def first_message_seq(self) -> int:
+        """The seq before the step's first message (activated ones come first)."""
+        return self.message_seq - len(self.activated) - len(self.new_messages)
+
+
+def _plan(
+    step: Step, moves: list[tuple[State, State, Trigger]], to_state: State, n_events: int
+) -> _Plan:
     session = step.session
-    from_state = State(session.state)
-    to_state = next_state(from_state, step.trigger) if step.trigger else from_state
-    moves: list[tuple[State, State, Trigger]] = []
-    if step.trigger:
-        moves.append((from_state, to_state, step.trigger))
-        if step.then:
-            moves.append((to_state, next_state(to_state, step.then), step.then))
-            to_state = moves[-1][1]
-    new_messages = list(step.messages)
     activated = [step.activate_message] if step.activate_message is not None else []
-    n_messages = len(activated) + len(new_messages)
-    state_events: list[EventSpec] = []
-    trace_id = trace_id_of(step.set_fields.get("trace_parent", session.trace_parent))
+    new_messages = list(step.messages)
+    return _Plan(
+        moves=moves,
+        to_state=to_state,
+        activated=activated,
+        new_messages=new_messages,
+        version=session.version + max(len(moves), 1),
+        message_seq=session.message_seq + len(activated) + len(new_messages),
+        event_seq=session.event_seq + n_events,
+        step_no=model_calls_number(step),
+        turn=step.set_fields.get("turn", session.turn),
+    )
+
+
+def _moves(step: Step) -> tuple[list[tuple[State, State, Trigger]], State]:
+    """The step's moves (none, its trigger, or its trigger and `then`) and where they end."""
+    from_state = State(step.session.state)
+    if not step.trigger:
+        return [], from_state
+    moves = [(from_state, next_state(from_state, step.trigger), step.trigger)]
+    if step.then:
+        after = moves[-1][1]
+        moves.append((after, next_state(after, step.then), step.then))
+    return moves, moves[-1][1]
+
+
+def _state_events(step: Step, moves: list[tuple[State, State, Trigger]]) -> list[EventSpec]:
+    trace_id = trace_id_of(step.set_fields.get("trace_parent", step.session.trace_parent))
+    events: list[EventSpec] = []
     for i, (before, after, trigger) in enumerate(moves):
         moved: StateChanged = {
             "from": before.value,
@@ -364,38 +396,12 @@ def step_commit(step: Step) -> Committed:
         }
         if trace_id:
             moved["trace_id"] = trace_id
-        state_events.append(EventSpec(EventType.STATE_CHANGED, moved))
-    n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
+        events.append(EventSpec(EventType.STATE_CHANGED, moved))
+    return events
 
-    # What the row's counters become if the UPDATE matches: the WHERE below
-    # pins their current values, so every number is known before the one
-    # round trip and no write has to wait for RETURNING.
-    n_moves = max(len(moves), 1)
-    version = session.version + n_moves
-    message_seq = session.message_seq + n_messages
-    event_seq = session.event_seq + n_events
-    step_no = model_calls_number(step)
-    turn = step.set_fields.get("turn", session.turn)
-    assignments = [
-        "state = %s",
-        "version = %s",
-        "message_seq = %s",
-        "event_seq = %s",
-        "step = %s",
-        "updated_at = now()",
-    ]
-    params: list[Any] = [to_state.value, version, message_seq, event_seq, step_no]
-    for name, value in step.set_fields.items():
-        if name not in SETTABLE:
-            raise ValueError(f"step may not set {name}")
-        assignments.append(f"{name} = %s")
-        # A JSON column's value (dialogue_state) is sent as jsonb.
-        params.append(Jsonb(value) if isinstance(value, dict) else value)
-    for name, value in step.add_fields.items():
-        if name not in ADDABLE:
-            raise ValueError(f"step may not add to {name}")
-        assignments.append(f"{name} = {name} + %s")
-        params.append(value)
+
+def _lease_assignments(step: Step, to_state: State) -> tuple[list[str], list[Any]]:
+    """The lease's columns: renewed, or given back by the run's last commit."""
     if (
         step.lease_owner is not None
         and to_state not in RUNNABLE
@@ -409,19 +415,51 @@ def step_commit(step: Step) -> Committed:
             held = [int(step.add_fields.get("queued_count", 0))]
         else:
             hold, held = "false", []
-        assignments.append(f"lease_owner = CASE WHEN {hold} THEN lease_owner END")
-        params += held
+        owner = f"lease_owner = CASE WHEN {hold} THEN lease_owner END"
         if step.lease_seconds is not None:
-            assignments.append(
+            expiry = (
                 f"lease_expires_at = CASE WHEN {hold} THEN now() + make_interval(secs => %s) END"
             )
-            params += [*held, step.lease_seconds]
-        else:
-            assignments.append(f"lease_expires_at = CASE WHEN {hold} THEN lease_expires_at END")
-            params += held
-    elif step.lease_seconds is not None:
-        assignments.append("lease_expires_at = now() + make_interval(secs => %s)")
-        params.append(step.lease_seconds)
+            return [owner, expiry], [*held, *held, step.lease_seconds]
+        expiry = f"lease_expires_at = CASE WHEN {hold} THEN lease_expires_at END"
+        return [owner, expiry], [*held, *held]
+    if step.lease_seconds is not None:
+        return ["lease_expires_at = now() + make_interval(secs => %s)"], [step.lease_seconds]
+    return [], []
+
+
+def _session_update(step: Step, plan: _Plan) -> Statement:
+    """The one UPDATE that moves the row, guarded on its version (and the lease)."""
+    session = step.session
+    assignments = [
+        "state = %s",
+        "version = %s",
+        "message_seq = %s",
+        "event_seq = %s",
+        "step = %s",
+        "updated_at = now()",
+    ]
+    params: list[Any] = [
+        plan.to_state.value,
+        plan.version,
+        plan.message_seq,
+        plan.event_seq,
+        plan.step_no,
+    ]
+    for name, value in step.set_fields.items():
+        if name not in SETTABLE:
+            raise ValueError(f"step may not set {name}")
+        assignments.append(f"{name} = %s")
+        # A JSON column's value (dialogue_state) is sent as jsonb.
+        params.append(Jsonb(value) if isinstance(value, dict) else value)
+    for name, value in step.add_fields.items():
+        if name not in ADDABLE:
+            raise ValueError(f"step may not add to {name}")
+        assignments.append(f"{name} = {name} + %s")
+        params.append(value)
+    lease, lease_params = _lease_assignments(step, plan.to_state)
+    assignments += lease
+    params += lease_params
     where = "id = %s AND version = %s AND message_seq = %s AND event_seq = %s AND step = %s"
     params += [session.pk, session.version, session.message_seq, session.event_seq, session.step]
     if step.lease_owner is not None:
@@ -429,7 +467,7 @@ def step_commit(step: Step) -> Committed:
         params.append(step.lease_owner)
     if step.unless_cancel_requested:
         where += " AND NOT cancel_requested"
-    update = (
+    return (
         # SQL names from model metadata (constants); every value is a bound parameter.
         f"UPDATE {Session._meta.db_table} SET {', '.join(assignments)} WHERE {where} "
         "RETURNING now(), cancel_requested, queued_count, lease_owner, "
@@ -437,25 +475,27 @@ def step_commit(step: Step) -> Committed:
         params,
     )
 
-    for seq, message in enumerate(new_messages, start=message_seq - len(new_messages) + 1):
+
+def _message_writes(step: Step, plan: _Plan) -> list[Statement | None]:
+    """The new messages (numbered; right after the UPDATE, their ids come back from that
+    result), the activated ones and the archive mark."""
+    session = step.session
+    first_new = plan.first_message_seq + len(plan.activated) + 1
+    for seq, message in enumerate(plan.new_messages, start=first_new):
         message.seq = seq
         message.session_id = session.pk
-    # New messages right after the UPDATE: their ids come back from that result.
     writes: list[Statement | None] = [
-        update,
         insert_statement(
-            Message, new_messages, MESSAGE_COLUMNS, returning=True, guard=GUARD, now=NOW
-        ),
+            Message, plan.new_messages, MESSAGE_COLUMNS, returning=True, guard=GUARD, now=NOW
+        )
     ]
-    seq = message_seq - n_messages
-    for message in activated:
-        seq += 1
+    for seq, message in enumerate(plan.activated, start=plan.first_message_seq + 1):
         writes.append(
             (
                 # SQL names from model metadata (constants); every value is a bound parameter.
                 f'UPDATE "{Message._meta.db_table}" SET seq = %s, status = %s, turn = %s '
                 f"WHERE id = %s AND {GUARD}",  # nosec B608
-                [seq, MessageStatus.FINAL.value, turn, message.pk],
+                [seq, MessageStatus.FINAL.value, plan.turn, message.pk],
             )
         )
     if step.archive_through is not None:
@@ -467,26 +507,37 @@ def step_commit(step: Step) -> Committed:
                 [session.pk, step.archive_through],
             )
         )
+    return writes
+
+
+def _call_writes(step: Step) -> list[Statement | None]:
+    """The tool calls it opens, runs or finishes and the model calls it made."""
     for call in step.new_tool_calls:
-        call.session_id = session.pk
+        call.session_id = step.session.pk
     intents = [c for c in step.new_tool_calls if c.status == ToolCallStatus.EXECUTING]
     ran = [c for c in step.new_tool_calls if c.status != ToolCallStatus.EXECUTING]
-    writes.append(insert_statement(ToolCall, intents, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW))
-    writes.append(insert_statement(ToolCall, ran, TOOL_CALL_RAN_COLUMNS, guard=GUARD, now=NOW))
-    writes.append(
-        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD)
-    )
     edited = [c for c in step.updated_tool_calls if c.proposed_input is not None]
-    writes.append(update_statement(ToolCall, edited, TOOL_CALL_EDITED_COLUMNS, guard=GUARD))
-    writes.append(
-        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW)
-    )
+    return [
+        insert_statement(ToolCall, intents, TOOL_CALL_COLUMNS, guard=GUARD, now=NOW),
+        insert_statement(ToolCall, ran, TOOL_CALL_RAN_COLUMNS, guard=GUARD, now=NOW),
+        update_statement(ToolCall, step.updated_tool_calls, TOOL_CALL_RESULT_COLUMNS, guard=GUARD),
+        update_statement(ToolCall, edited, TOOL_CALL_EDITED_COLUMNS, guard=GUARD),
+        insert_statement(ModelCall, step.model_calls, MODEL_CALL_COLUMNS, guard=GUARD, now=NOW),
+    ]
+
+
+def _ordered_events(
+    step: Step, plan: _Plan, state_events: list[EventSpec]
+) -> tuple[list[EventSpec], list[str]]:
+    """The step's events in the order they happened, and each one's payload dumped once:
+    the same text is the row's jsonb parameter and the published frame's `data`."""
+    n_activated = len(plan.activated)
     message_events = [
         # An activated (queued) message joins the step's turn; the object itself
         # changes only once the commit went through.
-        _message_event(m, s, turn if i < len(activated) else m.turn)
+        _message_event(m, s, plan.turn if i < n_activated else m.turn)
         for i, (s, m) in enumerate(
-            enumerate(activated + new_messages, start=message_seq - n_messages + 1)
+            enumerate(plan.activated + plan.new_messages, start=plan.first_message_seq + 1)
         )
     ]
     if step.message_slots is None:
@@ -495,28 +546,32 @@ def step_commit(step: Step) -> Committed:
         ordered = state_events + message_events + step.events + step.after_events
     else:
         ordered = _in_slots(
-            message_events[len(activated) :],
+            message_events[n_activated:],
             step.message_slots,
             step.events,
-            activated=message_events[: len(activated)],
+            activated=message_events[:n_activated],
         )
         ordered += state_events + step.after_events
-    # Events, transitions and the checkpoint are only written: rows of values
-    # in their columns' order (no model instances).
-    first = event_seq - n_events
-    # Each payload dumped once: the same text is the row's jsonb parameter and
-    # the published frame's `data` (as json.dumps gives it for either).
     texts = [json.dumps(data) for _, data in ordered]
     limit = payload_max_bytes()
     for i, text in enumerate(texts):
         if len(text) > limit:
-            # No event may break the websocket (sessions/event_limits.py): cut it here.
+            # No event may break the websocket (record/event_limits.py): cut it here.
             ordered[i], texts[i] = payload_capped(ordered[i], text)
+    return ordered, texts
+
+
+def _record_writes(
+    step: Step, plan: _Plan, ordered: list[EventSpec], texts: list[str]
+) -> list[Statement | None]:
+    """Events, transitions and the checkpoint: only written, as rows of values in their
+    columns' order (no model instances)."""
+    session = step.session
+    first = plan.event_seq - len(ordered)
     events = [
         (session.pk, first + i + 1, type_, JsonbText(text))
         for i, ((type_, _), text) in enumerate(zip(ordered, texts, strict=True))
     ]
-    writes.append(insert_rows(Event, events, EVENT_COLUMNS, guard=GUARD, now=NOW))
     transitions = [
         (
             session.pk,
@@ -525,24 +580,27 @@ def step_commit(step: Step) -> Committed:
             trigger.value,
             step.reason[:2000] if i == 0 else "",
             # Each move its own version: the last one is the row's.
-            version - len(moves) + 1 + i,
-            turn,
+            plan.version - len(plan.moves) + 1 + i,
+            plan.turn,
             step.actor[:150] if i == 0 else "",
         )
-        for i, (before, after, trigger) in enumerate(moves)
+        for i, (before, after, trigger) in enumerate(plan.moves)
     ]
-    writes.append(
-        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=GUARD, now=("at",))
-    )
+    writes = [
+        insert_rows(Event, events, EVENT_COLUMNS, guard=GUARD, now=NOW),
+        insert_rows(Transition, transitions, TRANSITION_COLUMNS, guard=GUARD, now=("at",)),
+    ]
     if step.checkpoint is not None:
         # Dumped once: its text is both the jsonb parameter and the recorded size.
-        context = json.dumps({**step.checkpoint, "state": to_state.value}, separators=(",", ":"))
+        context = json.dumps(
+            {**step.checkpoint, "state": plan.to_state.value}, separators=(",", ":")
+        )
         checkpoint = (
             session.pk,
-            step_no,
-            turn,
-            to_state.value,
-            message_seq,
+            plan.step_no,
+            plan.turn,
+            plan.to_state.value,
+            plan.message_seq,
             JsonbText(context),
             len(context),
             step.fingerprint,
@@ -550,21 +608,22 @@ def step_commit(step: Step) -> Committed:
         writes.append(
             insert_rows(Checkpoint, [checkpoint], CHECKPOINT_COLUMNS, guard=GUARD, now=NOW)
         )
-    # Usage rollups and credit settlements ride in the same transaction, last: their
-    # rows (the owner's day, agent and tools; the credit account) are shared by every
-    # session of the owner, and a row lock is held until the commit, so each step
-    # holds them only for its commit, not while the rest of the batch runs.
-    writes += step.charges
-    # A run webhook's delivery (hooks/outbox.py) commits with the turn's end, or not at all.
-    finished = next((s for s in step.after_events if s.type == EventType.TURN_FINISHED), None)
-    if finished is not None:
-        writes.append(outbox_statement(session.pk, turn, dict(finished.data), GUARD))
-    if step.then_read is not None:
-        writes.append(step.then_read)  # last: its rows are the batch's last result
+    return writes
 
-    # One round trip. Outside a transaction the server runs the batch as one
-    # implicit transaction (all of it commits, or none); nested (message_post,
-    # fork), the step is all of the caller's transaction or none of it.
+
+def _run_batch(
+    session: Session, writes: list[Statement | None], ordered: list[EventSpec], texts: list[str]
+) -> tuple[list[list[tuple[Any, ...]] | None], list[Frame]]:
+    """Send the batch in one round trip and publish its frames once it committed; raise
+    StaleSession when its UPDATE matched nothing (then nothing was written).
+
+    Outside a transaction the server runs the batch as one implicit transaction (all of it
+    commits, or none); nested (message_post, fork), the step is all of the caller's
+    transaction or none of it.
+    """
+    session_id = session.pk
+    first = session.event_seq  # the row's before this step
+    frames: list[Frame] = []
     if connection.in_atomic_block or not one_round_trip():
         nested = connection.in_atomic_block
         with transaction.atomic(savepoint=False):
@@ -573,32 +632,52 @@ def step_commit(step: Step) -> Committed:
                 results = results[1:]
             row = results[0][0] if results[0] else None
             if row is not None:
-                frames = _frames(session.pk, first, ordered, row[0])
-                session_id = session.pk
+                frames = _frames(session_id, first, ordered, row[0])
                 transaction.on_commit(lambda: _publish_after_commit(session_id, frames, texts))
     else:
         results = execute_batch(writes, prepare=True)
         row = results[0][0] if results[0] else None
         if row is not None:
-            frames = _frames(session.pk, first, ordered, row[0])
-            _publish_after_commit(session.pk, frames, texts)
+            frames = _frames(session_id, first, ordered, row[0])
+            _publish_after_commit(session_id, frames, texts)
     # A refused move wrote nothing, and a caller's own transaction stays
     # usable after it catches StaleSession.
     if row is None:
-        raise StaleSession(f"session {session.pk} is no longer at version {session.version}")
-    now, cancel_requested, queued_count, lease_owner, _, stamp = row
-    if finished is not None:
-        outbox_wake(results[-2 if step.then_read is not None else -1])
-    for spec in step.after_events:
-        if spec.type == EventType.TURN_FINISHED:
-            turn_ended(session.pk, str(spec.data.get("stop_reason", "")))
+        raise StaleSession(f"session {session_id} is no longer at version {session.version}")
+    return results, frames
 
-    seq = message_seq - n_messages
-    for message in activated:
-        seq += 1
-        message.seq, message.status, message.turn = seq, MessageStatus.FINAL, turn
-    if new_messages:
-        for message, (pk,) in zip(new_messages, results[1] or [], strict=True):
+
+def _calls_committed(step: Step, plan: _Plan) -> CallsCommitted:
+    return CallsCommitted(
+        before=step.session.version,
+        after=plan.version,
+        turn=plan.turn,
+        new_turn=plan.turn != step.session.turn,
+        calls=tuple(
+            (
+                c.step,
+                c.position,
+                c.idempotency_key,
+                c.tool_name,
+                c.input,
+                c.output,
+                c.status,
+                c.refusal,
+            )
+            for c in (*step.new_tool_calls, *step.updated_tool_calls)
+            if c.turn == plan.turn
+        ),
+    )
+
+
+def _caught_up(step: Step, plan: _Plan, results: list[list[tuple[Any, ...]] | None]) -> None:
+    """Keep the caller's objects in step with the rows they now match."""
+    session = step.session
+    now, cancel_requested, queued_count, lease_owner, _, stamp = results[0][0]  # type: ignore[index]
+    for seq, message in enumerate(plan.activated, start=plan.first_message_seq + 1):
+        message.seq, message.status, message.turn = seq, MessageStatus.FINAL, plan.turn
+    if plan.new_messages:
+        for message, (pk,) in zip(plan.new_messages, results[1] or [], strict=True):
             message.pk = pk
             message.created_at = now
     for call in step.new_tool_calls:
@@ -608,51 +687,73 @@ def step_commit(step: Step) -> Committed:
     # For the run's history (runtime_cache.RunContext): no re-read of what it just wrote.
     session.committed_messages = [  # type: ignore[attr-defined]
         *getattr(session, "committed_messages", ())[-100:],
-        *activated,
-        *new_messages,
+        *plan.activated,
+        *plan.new_messages,
     ]
-
     # For the run's loop guards: every commit is logged (a gap in the versions
     # sends the run back to the database), with the calls it wrote.
     session.committed_calls = [  # type: ignore[attr-defined]
         *getattr(session, "committed_calls", ())[-100:],
-        CallsCommitted(
-            before=session.version,
-            after=version,
-            turn=turn,
-            new_turn=turn != session.turn,
-            calls=tuple(
-                (
-                    c.step,
-                    c.position,
-                    c.idempotency_key,
-                    c.tool_name,
-                    c.input,
-                    c.output,
-                    c.status,
-                    c.refusal,
-                )
-                for c in (*step.new_tool_calls, *step.updated_tool_calls)
-                if c.turn == turn
-            ),
-        ),
+        _calls_committed(step, plan),
     ]
-
-    # Keep the caller's copy in step with the row it now matches.
-    session.version = version
-    session.state = to_state.value
+    session.version = plan.version
+    session.state = plan.to_state.value
     session.cancel_requested = cancel_requested
     session.queued_count = queued_count
     session.lease_owner = lease_owner
-    session.message_seq = message_seq
-    session.event_seq = event_seq
-    session.step = step_no
+    session.message_seq = plan.message_seq
+    session.event_seq = plan.event_seq
+    session.step = plan.step_no
     for name, value in step.set_fields.items():
         setattr(session, name, value)
     for name, value in step.add_fields.items():
         if name != "queued_count":  # already the committed value, from RETURNING
             setattr(session, name, getattr(session, name) + value)
     session.updated_at = now or timezone.now()
-    session.config_stamp = (version, stamp)  # type: ignore[attr-defined]
+    session.config_stamp = (plan.version, stamp)  # type: ignore[attr-defined]
+
+
+def step_commit(step: Step) -> Committed:
+    """Commit one step, or raise StaleSession (or IllegalTransition) having changed nothing.
+
+    1. Work out the move from the in-memory state (valid because the UPDATE
+       below only matches that exact version).
+    2. One UPDATE moves state and version, renews the lease and allocates the
+       message, event and step numbers; RETURNING gives them back.
+    3. Insert messages, tool calls, events, the transition and the checkpoint.
+    4. After commit, publish the frames.
+    """
+    moves, to_state = _moves(step)
+    state_events = _state_events(step, moves)
+    n_messages = len(step.messages) + (step.activate_message is not None)
+    n_events = n_messages + len(step.events) + len(state_events) + len(step.after_events)
+    plan = _plan(step, moves, to_state, n_events)
+    ordered, texts = _ordered_events(step, plan, state_events)
+    writes = [
+        _session_update(step, plan),
+        *_message_writes(step, plan),
+        *_call_writes(step),
+        *_record_writes(step, plan, ordered, texts),
+        # Usage rollups and credit settlements ride in the same transaction, last: their
+        # rows (the owner's day, agent and tools; the credit account) are shared by every
+        # session of the owner, and a row lock is held until the commit, so each step
+        # holds them only for its commit, not while the rest of the batch runs.
+        *step.charges,
+    ]
+    # A run webhook's delivery (hooks/outbox.py) commits with the turn's end, or not at all.
+    finished = next((s for s in step.after_events if s.type == EventType.TURN_FINISHED), None)
+    if finished is not None:
+        writes.append(outbox_statement(step.session.pk, plan.turn, dict(finished.data), GUARD))
+    if step.then_read is not None:
+        writes.append(step.then_read)  # last: its rows are the batch's last result
+    results, frames = _run_batch(step.session, writes, ordered, texts)
+    if finished is not None:
+        outbox_wake(results[-2 if step.then_read is not None else -1])
+    for spec in step.after_events:
+        if spec.type == EventType.TURN_FINISHED:
+            turn_ended(step.session.pk, str(spec.data.get("stop_reason", "")))
+    _caught_up(step, plan, results)
     read = results[-1] if step.then_read is not None else None
-    return Committed(version=version, state=to_state, step=step_no, frames=frames, read=read)
+    return Committed(
+        version=plan.version, state=plan.to_state, step=plan.step_no, frames=frames, read=read
+    )

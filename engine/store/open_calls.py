@@ -23,8 +23,8 @@ from django.db import connection
 from psycopg.types.json import Jsonb
 
 from approvals.models import Approval
-from sessions.models import Session, ToolCall, ToolCallStatus
-from sessions.rows import Statement, row_reader
+from record.models import Session, ToolCall, ToolCallStatus
+from record.rows import Statement, row_reader
 
 
 @lru_cache(maxsize=1)

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from django.db import connection
 
-from sessions.events import CallCounts, call_counts
-from sessions.models import Session, ToolCall
+from record.events import CallCounts, call_counts
+from record.models import Session, ToolCall
 
 
 def turn_call_states(session: Session) -> dict[int, tuple[str, str]]:

@@ -45,16 +45,6 @@ FAST_PATHS: dict[str, FastPath] = {
             {"daphne": ">=4.1,<4.3", "autobahn": ">=23.1,<27", "twisted": ">=23.8,<27"},
         ),
         FastPath(
-            "redis_pubsub",
-            "frames published from the committing thread, with no hop to the event loop",
-            {"channels-redis": ">=4.2,<4.4"},
-        ),
-        FastPath(
-            "pool_order",
-            "the connection pool lends the connection returned last (warm caches)",
-            {"psycopg-pool": ">=3.2,<3.4"},
-        ),
-        FastPath(
             "prepared_queries",
             "hot querysets compiled to SQL once per process",
             {"django": ">=5.2,<5.3"},

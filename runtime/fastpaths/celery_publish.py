@@ -6,7 +6,7 @@ acquiring a producer from the pool, re-binding (deep-copying) the queue to
 "maybe declare" it again on every message, the publish signals, the retry
 policy's closures. Here the process keeps one broker connection and its channel
 (publishes take turns under a lock: the web's come from one sender thread,
-sessions/dispatch.py, and a lock is cheaper than a connection per thread) and writes the message Celery would write (protocol 2: the same
+record/dispatch.py, and a lock is cheaper than a connection per thread) and writes the message Celery would write (protocol 2: the same
 headers, properties and body) with the channel's `basic_publish`, which puts it
 on the queue's list for its priority exactly as Celery's publish does. The
 queue needs no declaring: the anonymous exchange routes by the queue's name,

@@ -15,12 +15,12 @@ from audit.edits import AuditedAdmin
 from configuration.schema import RULE, routing_rule_problems
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
+from record.models import Agent
 from tools.execution import BUILTIN_TOOLS
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
 from .. import selectors
-from ..models import Agent
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
 # Another agent as a tool (engine/gates/children.py names it the same way).

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from sessions.events import EventType
+from record.events import EventType
 
 DETAIL_CHARS = 4000
 

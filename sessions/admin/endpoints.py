@@ -13,10 +13,10 @@ from django.utils.html import format_html
 from accounts.admin_access import holds
 from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin, breaker_reset_audit
+from record.models import ModelCall, ModelEndpoint
 from runtime.breaker import model_breaker
 from tools.forms import JSON_FIELD, breaker_badge, optional_count_field
 
-from ..models import ModelCall, ModelEndpoint
 from .base import ReadOnlyAdmin
 from .display import format_cost, short
 

@@ -11,8 +11,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from accounts.admin_access import MESSAGE_CONTENT, holds
+from record.models import Session
 
-from ..models import Session
 from ..previews import fork_preview, tool_run_preview
 
 

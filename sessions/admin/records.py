@@ -17,9 +17,9 @@ from django.utils.html import format_html
 
 from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.tenancy import TenantScopedAdmin
+from record.errors import DomainError
+from record.models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
 
-from ..errors import DomainError
-from ..models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
 from ..previews import CheckpointStory, checkpoints_described
 from .base import ReadOnlyAdmin
 from .display import arguments_diff, event_summary, pre, short

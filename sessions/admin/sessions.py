@@ -37,12 +37,12 @@ from accounts.admin_access import (
 )
 from accounts.tenancy import TenantScopedAdmin, tenant_scope
 from observability.tracing import trace_id_of
+from record.errors import Conflict, DomainError, InvalidInput
+from record.models import Session, TurnOutcomeChoice
+from record.states import TURN_ENDED, State
 from tools.execution import tools_for_agent
 
 from .. import selectors, services
-from ..errors import Conflict, DomainError, InvalidInput
-from ..models import Session, TurnOutcomeChoice
-from ..states import TURN_ENDED, State
 from .base import SessionIdSearch
 from .display import (
     calls_line,

@@ -8,10 +8,10 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from record.events import EventType
 from tools.rendering import FAILURE_MARKER
 
 from .. import selectors
-from ..events import EventType
 from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500

@@ -12,9 +12,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from record.models import WorkerHealth
 from runtime import health
-
-from ..models import WorkerHealth
 
 
 @admin.register(WorkerHealth)

@@ -7,9 +7,8 @@ from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
+from record.models import Checkpoint, Event, Session, ToolCall
 from workflows.selectors import run_graph_svg
-
-from ..models import Checkpoint, Event, Session, ToolCall
 
 OUTPUT_PREVIEW_CHARS = 4000
 

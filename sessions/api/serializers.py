@@ -4,10 +4,10 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..errors import PayloadTooLarge
-from ..events import CALL_KINDS, TurnOutcome
-from ..json_limits import JsonRejected, json_check
-from ..models import Agent, Checkpoint, Event, Message, Session
+from record.errors import PayloadTooLarge
+from record.events import CALL_KINDS, TurnOutcome
+from record.json_limits import JsonRejected, json_check
+from record.models import Agent, Checkpoint, Event, Message, Session
 
 
 class _StringsOnly:

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle, SessionCreateThrottle
+from record.errors import InvalidInput
 from restapi.renderers import SvgRenderer
 
 from .. import selectors, services
-from ..errors import InvalidInput
 from . import docs
 from .serializers import (
     AgentSerializer,

@@ -31,14 +31,14 @@ from engine import (
     approval_changed,
     approval_recorded,
 )
-from sessions import dispatch
-from sessions.errors import Conflict, Forbidden, InvalidInput, NotFound
-from sessions.models import (
+from record import dispatch
+from record.errors import Conflict, Forbidden, InvalidInput, NotFound
+from record.models import (
     Session,
     ToolCall,
     ToolCallStatus,
 )
-from sessions.states import State
+from record.states import State
 from tools.execution import tools_for_agent
 from workflows.node_tools import REVIEW_PREFIX
 

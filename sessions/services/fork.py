@@ -13,9 +13,9 @@ from engine import (
     fork_start,
     summary_through,
 )
-from sessions import dispatch
-from sessions.errors import NotFound
-from sessions.models import (
+from record import dispatch
+from record.errors import NotFound
+from record.models import (
     Checkpoint,
     Message,
     MessageStatus,

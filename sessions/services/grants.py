@@ -3,7 +3,7 @@ roles"). Every entry that lets a key drive a session asks here."""
 
 from collections.abc import Sequence
 
-from sessions.errors import Forbidden
+from record.errors import Forbidden
 
 
 def session_value_check(*, value: float, agent_value: float, value_max: float | None) -> None:

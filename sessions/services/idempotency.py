@@ -21,8 +21,8 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from sessions.errors import Conflict, InvalidInput
-from sessions.models import RequestKey
+from record.errors import Conflict, InvalidInput
+from record.models import RequestKey
 
 # The header's name, as Stripe, OpenAI and the IETF draft spell it.
 HEADER = "Idempotency-Key"

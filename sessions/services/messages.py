@@ -24,21 +24,21 @@ from engine import (
 from hooks.outbox import webhook_target_add, webhook_url_check
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
-from runtime.fastpaths.prepared import PreparedQuery
-from sessions import dispatch
-from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from sessions.json_limits import JsonRejected, json_check
-from sessions.models import (
+from record import dispatch
+from record.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from record.json_limits import JsonRejected, json_check
+from record.models import (
     Agent,
     DoubleTexting,
     Message,
     MessageStatus,
     Session,
 )
+from record.states import STARTS_TURN, State
+from runtime.fastpaths.prepared import PreparedQuery
 from sessions.selectors import session_id_parse
 from sessions.services.grants import session_role_check, session_value_check
 from sessions.services.runs import turn_interrupt
-from sessions.states import STARTS_TURN, State
 
 logger = logging.getLogger(__name__)
 

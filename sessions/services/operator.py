@@ -17,15 +17,15 @@ from engine import (
     operator_tool_intent,
     run_resume,
 )
-from sessions import dispatch
-from sessions.errors import Conflict, Forbidden, InvalidInput, PayloadTooLarge
-from sessions.models import (
+from record import dispatch
+from record.errors import Conflict, Forbidden, InvalidInput, PayloadTooLarge
+from record.models import (
     Message,
     Session,
     ToolCall,
 )
+from record.states import RUNNABLE, TURN_ENDED, State
 from sessions.services.trail import session_audit
-from sessions.states import RUNNABLE, TURN_ENDED, State
 from tools.execution import tools_for_agent
 
 logger = logging.getLogger(__name__)

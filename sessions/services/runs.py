@@ -22,16 +22,16 @@ from engine import (
     turn_cancel,
     turn_memory_keep,
 )
-from runtime import health
-from runtime.cancellation import cancel_signal
-from sessions import dispatch
-from sessions.errors import Conflict
-from sessions.models import (
+from record import dispatch
+from record.errors import Conflict
+from record.models import (
     Session,
 )
+from record.states import RUNNABLE, TURN_ENDED, State
+from runtime import health
+from runtime.cancellation import cancel_signal
 from sessions.services.grants import session_role_check
 from sessions.services.trail import session_audit
-from sessions.states import RUNNABLE, TURN_ENDED, State
 
 logger = logging.getLogger(__name__)
 

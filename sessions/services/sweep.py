@@ -25,16 +25,16 @@ from engine import (
     timer_fire,
     user_answer,
 )
-from runtime import health
-from sessions import dispatch
-from sessions.models import (
+from record import dispatch
+from record.models import (
     Checkpoint,
     Session,
     ToolCall,
     ToolCallStatus,
 )
+from record.states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
+from runtime import health
 from sessions.services.approvals import approvals_expire_due
-from sessions.states import RUNNABLE, STARTS_TURN, TURN_ENDED, IllegalTransition, State
 from sessions.sweep_status import sweep_mark_completed, sweep_slot_take
 
 logger = logging.getLogger(__name__)

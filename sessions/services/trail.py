@@ -6,7 +6,7 @@ from typing import Any
 
 from audit.models import AuditAction
 from audit.services import audit_record
-from sessions.models import Session
+from record.models import Session
 
 
 def session_audit(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from accounts.services import api_key_create, approver_grant
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tests.factories import (
     AgentFactory,
     ModelEndpointFactory,

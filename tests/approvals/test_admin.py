@@ -11,7 +11,7 @@ from accounts.services import approver_grant
 from approvals.admin import arguments_diff, time_left
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Session
+from record.models import Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS
 
@@ -21,7 +21,7 @@ QUEUE = "/admin/approvals/approval/queue/"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _pending(make_session, content: str = "refund A1 80", **fields) -> Session:  # type: ignore[no-untyped-def]

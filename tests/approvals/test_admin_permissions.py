@@ -7,7 +7,7 @@ from django.urls import reverse
 from accounts.services import approver_grant
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Session
+from record.models import Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS
 from tests.factories import StaffUserFactory, UserFactory, permissions
@@ -24,7 +24,7 @@ ORDER = "order_under_review"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

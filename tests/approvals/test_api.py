@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Message, Session
+from record.models import Message, Session
 from sessions.services import message_post
 from tests.approvals.conftest import EFFECTS
 
@@ -137,7 +137,7 @@ def review(approver, pending) -> Approval:  # type: ignore[no-untyped-def]
     """A recovery review: the approved refund was sent, then the worker died (no result)."""
     from django.utils import timezone
 
-    from sessions.models import ToolCall
+    from record.models import ToolCall
     from tools.models import Tool
 
     _, key = approver

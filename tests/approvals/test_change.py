@@ -11,8 +11,8 @@ from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval, ApprovalTransition
 from audit.models import AuditEntry
 from engine import session_run
-from sessions.errors import Conflict, Forbidden, InvalidInput
-from sessions.models import Event, Session, ToolCall
+from record.errors import Conflict, Forbidden, InvalidInput
+from record.models import Event, Session, ToolCall
 from sessions.services import approval_change, approval_decide, message_post
 from tests.approvals.conftest import EFFECTS
 from tests.factories import AgentFactory
@@ -29,7 +29,7 @@ TWO_REFUNDS = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _pending(make_session: Any, content: str = "refund A1 80", **fields: Any) -> Session:

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 
 from approvals.models import Approval, ApprovalTransition
 from engine import session_run
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from record.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
@@ -323,7 +323,7 @@ def test_the_deadline_escalates_once_then_expires(make_session, refund_tool, app
         ("approval.requested", None),
     ]
     # The default group may no longer decide it.
-    from sessions.errors import Forbidden
+    from record.errors import Forbidden
 
     with pytest.raises(Forbidden):
         approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
@@ -346,7 +346,7 @@ def test_cancel_closes_pending_approvals(make_session, approver):
     assert session.state == "cancelled"
     approval = Approval.objects.get(session=session)
     assert approval.status == "cancelled"
-    from sessions.errors import Conflict
+    from record.errors import Conflict
 
     with pytest.raises(Conflict) as refused:
         approval_decide(approval_id=approval.pk, approve=True, user=user, groups=["approvers"])
@@ -367,7 +367,7 @@ def _failures(session: Session, tool: str, count: int) -> None:
 
 
 def test_an_assessed_level_2_call_runs_after_a_pre_run_checkpoint(make_session, refund_tool):
-    from sessions.models import Checkpoint
+    from record.models import Checkpoint
 
     refund_tool.approval_when = None
     refund_tool.save()

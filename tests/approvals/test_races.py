@@ -13,8 +13,8 @@ from django.utils import timezone
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval, ApprovalTransition
 from engine import session_run
-from sessions.errors import Conflict
-from sessions.models import Event, Session
+from record.errors import Conflict
+from record.models import Event, Session
 from sessions.services import (
     approval_change,
     approval_decide,

@@ -39,8 +39,8 @@ from hooks.models import Schedule, ScheduleFire, WebhookDelivery
 from llm.types import ChatMessage, ChatRequest, ChatResponse
 from memory.models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from observability.prompts import prompt_sample_record
+from record.models import Session
 from runtime.breaker import model_breaker
-from sessions.models import Session
 from sessions.services import approval_decide, message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, StaffUserFactory, ToolFactory
 from tests.fakes.mcp_fixtures import free_port
@@ -88,7 +88,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _ran(agent: Any, owner: Any, content: str) -> Session:

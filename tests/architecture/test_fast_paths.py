@@ -91,7 +91,7 @@ def test_only_the_fast_paths_read_a_librarys_private_attributes() -> None:
 def test_a_planted_private_read_outside_the_fence_is_found() -> None:
     trees = {path: ast.parse(path.read_text()) for path in _product_files()}
     own = _own_names(trees)
-    publisher = (ROOT / "sessions" / "publisher.py").read_text()
+    publisher = (ROOT / "record" / "publisher.py").read_text()
     planted = (
         publisher + "\n\ndef _peek(layer):\n    return layer._shards, getattr(layer, '_kwargs')\n"
     )

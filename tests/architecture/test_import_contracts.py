@@ -45,11 +45,11 @@ class Plant:
 
 PLANTS: dict[str, list[Plant]] = {
     LAYERS: [
-        # A port calling up into the services (what went unnoticed before rows was a layer).
-        Plant("sessions/rows.py", "from sessions import services"),
+        # The sweeper's status (below the front door) calling up into the services.
+        Plant("sessions/sweep_status.py", "from sessions import services"),
         # Edges are independent of each other.
         Plant("sessions/tasks.py", "from sessions import consumers"),
-        Plant("sessions/models.py", "from sessions import publisher"),
+        Plant("sessions/selectors.py", "from sessions import consumers"),
         # A module no layer names.
         Plant("sessions/stray.py", "STRAY = 1", new=True),
     ],
@@ -57,8 +57,8 @@ PLANTS: dict[str, list[Plant]] = {
         # The engine calling up into the front door; the record into the engine.
         Plant("engine/moves/turn.py", "import sessions.services"),
         Plant("engine/runner/loop.py", "from sessions.selectors import session_get_for_owner"),
-        Plant("sessions/rows.py", "import engine"),
-        Plant("sessions/publisher.py", "from engine import session_run"),
+        Plant("record/rows.py", "import engine"),
+        Plant("record/publisher.py", "from engine import session_run"),
         Plant("approvals/services.py", "from sessions import services"),
     ],
     "The engine's floors: runner, phases, run cache, moves, gates, model, store": [
@@ -87,18 +87,18 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("memory/services.py", "from engine import session_run"),
         Plant("tools/execution.py", "import sessions.services"),
         Plant("memory/tokens.py", "from sessions import models"),
-        Plant("llm/base.py", "from sessions.states import State"),
-        Plant("billing/apps.py", "import sessions.models"),
-        Plant("runtime/faults.py", "import sessions.errors"),
-        Plant("accounts/models.py", "from sessions.models import Session"),
-        Plant("observability/tracing.py", "from sessions.models import Session"),
+        Plant("llm/base.py", "from record.states import State"),
+        Plant("billing/apps.py", "import record.models"),
+        Plant("runtime/faults.py", "import record.errors"),
+        Plant("accounts/models.py", "from record.models import Session"),
+        Plant("observability/tracing.py", "from record.models import Session"),
     ],
     "The approvals port knows no engine, services or edges of sessions": [
         Plant("approvals/services.py", "import sessions.services"),
         Plant("approvals/policy.py", "from engine import session_run"),
     ],
     "The audit trail's record imports no app": [
-        Plant("audit/services.py", "from sessions.models import Session"),
+        Plant("audit/services.py", "from record.models import Session"),
         Plant("audit/selectors.py", "from billing.services import credits_grant"),
     ],
     "runtime imports no app": [
@@ -118,15 +118,15 @@ PLANTS: dict[str, list[Plant]] = {
     ],
     "The workflow definitions are pure Python": [
         Plant("workflows/definition.py", "from django.conf import settings"),
-        Plant("workflows/expressions.py", "import sessions.models"),
+        Plant("workflows/expressions.py", "import record.models"),
     ],
     "The state table and the event types are pure Python": [
-        Plant("sessions/states.py", "from django.db import models"),
-        Plant("sessions/events.py", "from django.utils import timezone"),
+        Plant("record/states.py", "from django.db import models"),
+        Plant("record/events.py", "from django.utils import timezone"),
     ],
     "Session models know no ports": [
-        Plant("sessions/models.py", "from tools.models import Tool"),
-        Plant("sessions/errors.py", "import llm.types"),
+        Plant("record/models.py", "from tools.models import Tool"),
+        Plant("record/errors.py", "import llm.types"),
     ],
     "The engine and services know no edges": [
         Plant("engine/moves/turn.py", "from rest_framework import serializers"),
@@ -137,7 +137,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("sessions/selectors.py", "from openai_compat import api"),
         Plant("llm/base.py", "import drf_spectacular"),
         # Indirectly: the engine imports rows, which would import the consumer.
-        Plant("sessions/rows.py", "from sessions import consumers"),
+        Plant("record/rows.py", "from sessions import consumers"),
     ],
     "The engine reaches Channels only through the publisher": [
         Plant("engine/model/deltas.py", "from channels.layers import get_channel_layer"),
@@ -170,8 +170,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/execution.py", "from celery import current_app"),
     ],
     "Only the fast paths import the libraries whose internals they read": [
-        Plant("sessions/publisher.py", "from channels_redis.pubsub import RedisPubSubLoopLayer"),
-        Plant("runtime/redis_publisher.py", "import channels_redis.core"),
+        Plant("record/publisher.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
         Plant("sessions/consumers.py", "from autobahn.websocket.protocol import WebSocketProtocol"),
     ],
     "No app imports agentplatform": [

@@ -16,8 +16,8 @@ from approvals.models import Approval
 from audit.models import AuditEntry
 from billing.services import account_settings_update, credits_adjust, credits_grant
 from engine import session_run
+from record.models import Agent, ModelEndpoint, Session
 from runtime.breaker import model_breaker
-from sessions.models import Agent, ModelEndpoint, Session
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _pending(make_session: Any, content: str = "refund A1 80") -> Approval:

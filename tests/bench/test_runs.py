@@ -8,7 +8,7 @@ from django.db import connection
 from django.db.models import F
 
 from bench.runs import DatabaseWaits
-from sessions.models import Session
+from record.models import Session
 
 from ..factories import SessionFactory
 from ..row_locks import session_row_locked

@@ -4,7 +4,7 @@ import pytest
 
 from bench.sqlcount import SqlCounter
 from engine.store.commit import Step, step_commit
-from sessions.states import Trigger
+from record.states import Trigger
 
 from ..factories import SessionFactory
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.model_servers import Call, FakeModelServer, Recorded, Reply

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 from accounts.models import ApiKey
 from billing.models import UsageDaily
 from billing.services import credit_reserve, credits_grant
-from sessions.models import Session
+from record.models import Session
 from tests.factories import AgentFactory, api_key_for
 
 pytestmark = pytest.mark.django_db

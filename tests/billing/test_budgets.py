@@ -19,7 +19,7 @@ from billing.notices import billing_today
 from billing.pressure import owner_watch_reset, owner_watched
 from engine import session_run
 from engine.gates.budget import BUDGET_NOTE, partial_answer
-from sessions.models import Event, Message, ModelCall, Session
+from record.models import Event, Message, ModelCall, Session
 from sessions.services import message_post
 from tests.factories import ToolFactory, api_key_for
 from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401

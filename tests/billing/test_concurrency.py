@@ -20,7 +20,7 @@ from django.test import override_settings
 from billing.models import BudgetHold, CreditAccount, CreditLedger, CreditReservation, OwnerBudget
 from billing.services import credits_grant, usage_statement
 from engine.runner import loop as runner
-from sessions.models import Session, ToolCall, Transition
+from record.models import Session, ToolCall, Transition
 from sessions.services import message_post
 from tests.billing.conftest import call_then_answer
 from tests.factories import AgentFactory, SessionFactory, UserFactory

@@ -6,7 +6,7 @@ import pytest
 
 from billing.degradation import Pressure, degradation_level
 from engine import session_run
-from sessions.models import Event, ModelCall, Session, ToolCall
+from record.models import Event, ModelCall, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ModelEndpointFactory, ToolFactory
 from tests.fakes.model_servers import FakeModelServer, Reply

@@ -10,7 +10,7 @@ from billing.budgets import Budget, Spent
 from billing.models import KeyBudget, OwnerBudget
 from billing.notices import billing_today
 from billing.pressure import owner_figures, owner_watch_reset, owner_watched
-from sessions.models import ModelCall
+from record.models import ModelCall
 from tests.factories import (
     SessionFactory,
     SpendDailyFactory,

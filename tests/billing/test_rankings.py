@@ -16,7 +16,7 @@ from django.utils import timezone
 from billing.models import CreditAccount, CreditLedger, SpendDaily, UsageDaily
 from billing.rankings import METRICS, SPEND_METRICS, cost_rankings
 from engine import session_run
-from sessions.models import ModelCall, ModelEndpoint, Session
+from record.models import ModelCall, ModelEndpoint, Session
 from sessions.services import message_post
 from tests.factories import AgentFactory, SessionFactory, UserFactory, api_key_for
 

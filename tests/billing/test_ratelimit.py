@@ -9,7 +9,7 @@ import pytest
 from billing.ratelimit import RateLimit, rate_limit_take, seconds_until_window_turns
 from engine import session_run
 from engine.gates.tool_limits import retry_after_whole_s
-from sessions.models import Session, ToolCall
+from record.models import Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ToolFactory
 from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401

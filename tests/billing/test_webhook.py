@@ -22,8 +22,8 @@ from billing.services import notices_raise, notices_seen_reset
 from billing.tasks import notice_webhook_send
 from billing.webhook import SIGNATURE_HEADER, notice_post
 from engine import session_run
+from record.models import ModelCall
 from runtime.webhooks import WebhookFailed, signature_valid
-from sessions.models import ModelCall
 from sessions.services import message_post
 from tests.factories import UserFactory
 from tests.sessions.conftest import make_agent, make_session, owner, rules_model  # noqa: F401

@@ -1,4 +1,4 @@
-"""The client's typed events mirror the server's event contract (sessions/events.py)."""
+"""The client's typed events mirror the server's event contract (record/events.py)."""
 
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -21,7 +21,7 @@ from agentplatform_client import (
     parse_event,
 )
 
-from sessions.events import PAYLOADS, EventType
+from record.events import PAYLOADS, EventType
 
 
 @pytest.mark.parametrize("event_type", list(EventType))

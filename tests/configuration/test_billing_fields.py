@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 
 from configuration.services import ConfigInvalid, config_apply
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tools.models import Tool
 
 pytestmark = pytest.mark.django_db

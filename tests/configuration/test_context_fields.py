@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from configuration.services import ConfigInvalid, config_apply
-from sessions.models import Agent
+from record.models import Agent
 
 pytestmark = pytest.mark.django_db
 

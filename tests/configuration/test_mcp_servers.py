@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from configuration.services import ConfigInvalid, config_apply
-from sessions.models import Agent
+from record.models import Agent
 from tests.fakes.mcp_fixtures import free_port
 from tools.models import McpServer, Tool
 

@@ -5,7 +5,7 @@ from django.db import connection
 
 from configuration.services import ConfigInvalid, config_apply
 from memory.models import EmbeddingEndpoint
-from sessions.models import Agent
+from record.models import Agent
 
 pytestmark = pytest.mark.django_db
 

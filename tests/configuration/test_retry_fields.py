@@ -4,7 +4,7 @@ and says which entry and field."""
 import pytest
 
 from configuration.services import ConfigInvalid, config_apply
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 from tools.execution import ToolSnapshot
 from tools.models import Tool
 

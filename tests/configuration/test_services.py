@@ -16,7 +16,7 @@ from accounts.models import Role
 from accounts.services import api_key_create
 from configuration.documents import DocumentInvalid, document_load
 from configuration.services import ConfigInvalid, config_apply
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tests.demo_setup import DEMO_CONFIG
 from tests.stack import free_port
 from tools.models import Tool

@@ -6,7 +6,7 @@ import pytest
 
 from configuration.services import ConfigInvalid, config_apply
 from engine.model.calls import endpoint_tokenizer
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 
 pytestmark = pytest.mark.django_db
 

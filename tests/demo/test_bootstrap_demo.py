@@ -38,7 +38,7 @@ def test_without_a_file_the_secrets_are_printed_once():
 
 
 def test_migrate_and_config_in_the_same_start_with_no_description_warnings(tmp_path):
-    from sessions.models import Agent
+    from record.models import Agent
     from tests.stack import ROOT
 
     out, err = io.StringIO(), io.StringIO()

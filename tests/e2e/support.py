@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import websockets
 
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 from tests.stack import Stack
 
 Frame = dict[str, Any]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from demo.handlers import query_orders
-from sessions.models import Agent, ModelCall, ModelEndpoint
+from record.models import Agent, ModelCall, ModelEndpoint
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import (
     api,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from record.models import Agent, ModelEndpoint, Session
 from runtime.breaker import model_breaker
-from sessions.models import Agent, ModelEndpoint, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import api, create_session, post_message, wait_events
 from tests.factories import api_key_for

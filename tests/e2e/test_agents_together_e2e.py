@@ -22,7 +22,7 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
-from sessions.models import Event, Message, Session, ToolCall
+from record.models import Event, Message, Session, ToolCall
 from tests.e2e.support import (
     Frame,
     api,

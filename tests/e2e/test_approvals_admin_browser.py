@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 
 from accounts.services import approver_grant
 from approvals.models import Approval
-from sessions.models import Session
+from record.models import Session
 from tests.e2e.support import api, create_session, post_message, turns_finished, wait_events
 from tests.e2e.test_admin_pages import CHROMIUM, HAVE_BROWSER, WIDTH, _shot, chromium
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for

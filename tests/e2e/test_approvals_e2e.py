@@ -13,7 +13,7 @@ import websockets
 
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
-from sessions.models import Session, ToolCall
+from record.models import Session, ToolCall
 from tests.e2e.support import (
     api,
     async_api,

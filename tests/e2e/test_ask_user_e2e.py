@@ -8,7 +8,7 @@ import uuid
 import pytest
 import websockets
 
-from sessions.models import Session
+from record.models import Session
 from tests.e2e.support import api, create_session, post_message, wait_events
 from tests.factories import AgentFactory, ModelEndpointFactory, api_key_for
 

@@ -15,7 +15,7 @@ from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from audit.models import AuditEntry
 from billing.services import credits_grant
-from sessions.models import Checkpoint, Session
+from record.models import Checkpoint, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import api, create_session, post_message, turns_finished, wait_events
 from tests.e2e.test_admin_pages import CHROMIUM, HAVE_BROWSER, WIDTH, _shot, chromium

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from sessions.models import Session
+from record.models import Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.stack import ROOT
 

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from accounts.models import ApiKey
 from billing.models import KeyBudget, SpendDaily, SpendNotice
 from billing.notices import billing_today
-from sessions.models import Agent, Session
+from record.models import Agent, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import api, create_session, post_message, turns_finished, wait_events
 from tests.e2e.test_admin_pages import CHROMIUM, HAVE_BROWSER, WIDTH, _shot, chromium

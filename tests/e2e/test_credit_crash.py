@@ -18,7 +18,7 @@ from django.db.models import Sum
 
 from billing.models import CreditAccount, CreditLedger, CreditReservation
 from billing.services import credits_grant
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tests.e2e.support import api, create_session, post_message, stack_logs, wait_events
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.stack import Stack, running_stack

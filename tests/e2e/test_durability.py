@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sessions.models import (
+from record.models import (
     Agent,
     Checkpoint,
     Message,

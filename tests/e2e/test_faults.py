@@ -46,8 +46,7 @@ from django.db import connection
 from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from demo.models import ApiRequestLog, Coupon, Customer
-from runtime.faults import POINTS
-from sessions.models import (
+from record.models import (
     Agent,
     Checkpoint,
     Event,
@@ -58,7 +57,8 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
-from sessions.states import RUNNABLE
+from record.states import RUNNABLE
+from runtime.faults import POINTS
 from tests.demo_setup import demo_install
 from tests.e2e.support import Frame, api, collect_until, create_session, persisted, ws_connect
 from tests.factories import api_key_for

@@ -23,9 +23,9 @@ from tests.stack import ROOT, free_port
 
 pytestmark = [pytest.mark.e2e]
 
-READY_TIMEOUT_S = 90
+READY_TIMEOUT_S = 180  # generous: CI runs this beside the in-process lane on 2 cores
 TURN_TIMEOUT_S = 60
-STOP_TIMEOUT_S = 15
+STOP_TIMEOUT_S = 30
 
 
 def _descendants(root: int) -> set[int]:
@@ -220,7 +220,7 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c():
             proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pytest.fail(f"make run still running {STOP_TIMEOUT_S} s after SIGINT:\n{tail()}")
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 10
         while _alive(running) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(running), f"left running after Ctrl-C: {_alive(running)}\n{tail()}"

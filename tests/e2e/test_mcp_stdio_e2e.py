@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from audit.models import AuditEntry
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 from tests.e2e.support import (
     api,
     create_session,

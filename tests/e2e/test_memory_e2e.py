@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from memory.models import MemoryItem
-from sessions.models import Session
+from record.models import Session
 from tests.e2e.support import (
     api,
     create_session,

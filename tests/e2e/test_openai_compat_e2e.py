@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from pydantic import BaseModel
 
 from billing.services import account_ensure
-from sessions.models import Message, ModelEndpoint, Session
+from record.models import Message, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
@@ -903,3 +903,78 @@ def test_an_agents_sdk_agent_with_its_own_function_tool_and_the_platforms_tool(
     assert session.turn == 1 and session.state == "finished"
     statuses = dict(session.tool_calls.values_list("tool_name", "client"))
     assert statuses == {"stamp_time": False, "get_weather": True}
+
+
+def test_an_agents_sdk_handoff_between_two_platform_agents_goes_on_in_one_session(
+    live_stack,
+    key,
+    openai_server,  # noqa: F811
+):
+    """The SDK's `handoffs` between two platform agents: the first agent's model calls the
+    SDK's `transfer_to_billing` (a client tool), the SDK sends the conversation to the
+    second agent with that call's result; the platform hands its session over (one session,
+    an `agent.changed` event) and the second agent answers, named as the response's model.
+    A handoff to an agent whose tools the session's role may not use is a 400 that leaves
+    the turn waiting."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+
+    endpoint = ModelEndpoint.objects.create(
+        name=f"oa-handoff-{uuid.uuid4().hex[:8]}",
+        api="openai",
+        base_url=openai_server.base_url,
+        model="fake-model",
+        first_token_timeout_s=5,
+        total_timeout_s=20,
+    )
+    front, billing = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("front", "billing"))
+    AgentFactory(slug=front, model=endpoint)
+    AgentFactory(slug=billing, model=endpoint, system_prompt="You handle refunds.")
+    openai_server.script(
+        Reply(calls=[Call("transfer_to_billing", {})]),
+        Reply(text="Your refund is on its way."),
+    )
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{live_stack.http}/openai/v1", api_key=key)  # retries on
+
+    def model(slug: str) -> OpenAIChatCompletionsModel:
+        return OpenAIChatCompletionsModel(model=slug, openai_client=client)
+
+    billing_agent = Agent(name="billing", model=model(billing))
+    triage = Agent(name="triage", model=model(front), handoffs=[billing_agent])
+    result = Runner.run_sync(triage, "I want my money back")
+
+    assert result.final_output == "Your refund is on its way."
+    assert result.last_agent.name == "billing"
+    first, second = openai_server.requests
+    assert {t["function"]["name"] for t in first.body["tools"]} == {"transfer_to_billing"}
+    assert second.messages[0]["content"] == "You handle refunds."  # billing's own prompt
+    session = Session.objects.get(agent__slug=billing)
+    assert (session.state, session.turn) == ("finished", 1)
+    changed = list(session.events.filter(type="agent.changed").values_list("data", flat=True))
+    assert [(c["from"], c["to"]) for c in changed] == [(front, billing)]
+    assert not Session.objects.filter(agent__slug=front).exists()  # no second session
+
+    # Refused: the role may not use the target's tools; the turn still waits, unchanged.
+    locked = f"locked-{uuid.uuid4().hex[:8]}"
+    ToolFactory(name=f"wire_{locked}".replace("-", "_"), roles=["finance"])
+    AgentFactory(slug=locked, model=endpoint, tools=[f"wire_{locked}".replace("-", "_")])
+    openai_server.script(Reply(calls=[Call("transfer_to_locked", {})]))
+    plain = _client(live_stack, key)
+    hand: Any = {"type": "function", "function": {"name": "transfer_to_locked", "parameters": {}}}
+    paused = plain.chat.completions.create(model=front, messages=HI, tools=[hand])
+    call = paused.choices[0].message.tool_calls[0]
+    waiting = Session.objects.get(pk=paused.model_extra["agentplatform"]["session_id"])
+    seq = waiting.event_seq
+    with pytest.raises(openai.BadRequestError) as refused:
+        plain.chat.completions.create(
+            model=locked,
+            messages=[
+                *HI,
+                {"role": "assistant", "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "{}"},
+            ],
+        )
+    assert _error(refused.value)["param"] == "model"
+    assert "may not use its tools" in _error(refused.value)["message"]
+    waiting.refresh_from_db()
+    assert (waiting.state, waiting.agent.slug, waiting.event_seq) == ("paused_for_user", front, seq)

@@ -24,8 +24,8 @@ import redis
 from django.conf import settings
 
 from demo.models import Notification, Report
-from sessions.models import Session
-from sessions.states import RUNNABLE
+from record.models import Session
+from record.states import RUNNABLE
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import (
     api,

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from billing.ratelimit import WINDOW_S
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tests.e2e.support import api, create_session, post_message, turns_finished, wait_events
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.stack import Stack

@@ -5,6 +5,8 @@ request sends its side effect once, when the model dies after the tool ran (a fi
 the running turn); an `Idempotency-Key` returns the first answer without a new turn."""
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -17,11 +19,11 @@ import openai
 import pytest
 from django.conf import settings
 
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ToolFactory, api_key_for
 from tests.fakes.fixtures import fake_servers, openai_server  # noqa: F401 - fixtures
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
-from tests.stack import Stack
+from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -112,6 +114,51 @@ def _base(stack: Stack) -> str:
 
 def _turns(slug: str) -> int:
     return Session.objects.filter(agent__slug=slug).count()
+
+
+# The worker is killed mid-turn, after the tool ran ------------------------------------------
+
+
+def test_the_openai_sdk_at_its_defaults_notifies_once_when_the_worker_is_killed_mid_turn(
+    key,
+    notifying_agent,
+    notifier,
+    openai_server,  # noqa: F811
+):
+    """The worker dies in the model call after the side effect: the request stays open on
+    the web process, the sweeper hands the run to another worker once its lease lapses, the
+    recorded call is not sent again, and the one request gets the answer."""
+    _script_tool_then(
+        openai_server, notifying_agent, Reply(hang=True), Reply(text="Customer 7 is notified.")
+    )
+    # A stack of its own (and a queue of its own), so the shared live stack keeps its worker.
+    extra = {"SESSION_LEASE_S": "3", "CELERY_QUEUE": f"agentplatform-rt-kill-{os.getpid()}"}
+    with running_stack(extra_env=extra) as stack:
+        client = openai.OpenAI(base_url=_base(stack), api_key=key)  # the default retries
+        answered: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                answered["completion"] = client.chat.completions.create(
+                    model=notifying_agent,
+                    messages=[{"role": "user", "content": "notify customer 7"}],
+                )
+            except openai.APIError as exc:  # shown by the assertion below
+                answered["error"] = exc
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        deadline = time.monotonic() + 60
+        while len(openai_server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the second model call hangs: the worker is inside it
+        assert len(notifier.sent) == 1, stack.log_tail("worker")
+        stack.stop("worker", signal.SIGKILL)
+        stack.start_worker("worker2")
+        asking.join(120)
+        assert "completion" in answered, (answered, stack.log_tail("worker2"))
+        assert answered["completion"].choices[0].message.content == "Customer 7 is notified."
+    assert (len(notifier.sent), _turns(notifying_agent)) == (1, 1)
+    assert len(openai_server.requests) == 3  # the lost model call, asked again; no tool again
 
 
 # The model dies after the tool ran: a final 502, not retried --------------------------------

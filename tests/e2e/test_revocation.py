@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from sessions.models import Message, Session
+from record.models import Message, Session
 from tests.e2e.support import api, create_session, expect_silence, ws_connect, ws_url
 from tests.factories import AgentFactory, UserFactory, api_key_for
 from tests.stack import Stack, running_stack

@@ -45,7 +45,7 @@ import httpx
 import psycopg
 import pytest
 
-from sessions.models import Session
+from record.models import Session
 from tests import netns
 from tests.stack import BIN, ROOT
 from tests.stack import test_database_url as database_url_of_this_run

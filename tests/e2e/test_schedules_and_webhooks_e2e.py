@@ -27,8 +27,8 @@ from django.utils import timezone
 from accounts.services import api_key_create
 from configuration.services import config_apply
 from hooks.models import Schedule, ScheduleFire, WebhookDelivery
+from record.models import Session
 from runtime.webhooks import signature_valid
-from sessions.models import Session
 from tests.factories import AgentFactory, ModelEndpointFactory
 from tests.stack import Stack, running_stack
 

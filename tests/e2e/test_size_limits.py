@@ -10,7 +10,7 @@ import pytest
 from agentplatform_client import Client, ToolFinished
 from django.contrib.auth import get_user_model
 
-from sessions.models import Event, Session, ToolCall
+from record.models import Event, Session, ToolCall
 from tests.e2e.support import api, get_events, persisted, recv_frame, stack_logs, ws_connect
 from tests.factories import (
     AgentFactory,

@@ -20,7 +20,7 @@ from django.test import Client
 
 from approvals.models import Approval
 from billing.models import CreditAccount, OwnerBudget
-from sessions.models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
+from record.models import Checkpoint, Event, Message, ModelCall, Session, ToolCall, Transition
 from tests.e2e.support import api, create_session, post_message
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.stack import Stack

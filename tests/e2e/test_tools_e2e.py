@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from demo.models import ApiRequestLog, Coupon, Customer
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tests.demo_setup import demo_install
 from tests.e2e.support import (
     api,

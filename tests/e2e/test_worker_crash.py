@@ -7,8 +7,8 @@ import time
 import pytest
 
 from demo.models import Notification, Report
-from sessions.models import Session, ToolCall
-from sessions.states import RUNNABLE
+from record.models import Session, ToolCall
+from record.states import RUNNABLE
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.e2e.support import (
     api,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from record.models import ModelCall, Session
 from runtime import health
-from sessions.models import ModelCall, Session
 from tests.demo_setup import demo_install
 from tests.e2e.support import api, create_session, post_message, set_model_options
 from tests.factories import api_key_for

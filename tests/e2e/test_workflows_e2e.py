@@ -24,7 +24,7 @@ import yaml
 from django.utils import timezone
 
 from approvals.models import Approval
-from sessions.models import Message, Session, ToolCall
+from record.models import Message, Session, ToolCall
 from tests.e2e.support import (
     Frame,
     api,

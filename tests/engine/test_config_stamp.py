@@ -11,9 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from engine.model.environment import environment, fingerprint
 from engine.run_cache import agent_runtime
 from engine.store.commit import Step, step_commit
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
+from record.states import Trigger
 from sessions.services import message_post
-from sessions.states import Trigger
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
 from tools.models import Tool
 

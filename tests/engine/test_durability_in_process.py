@@ -26,9 +26,8 @@ from engine.moves.turn import turn_fail
 from engine.phases.model import model_step
 from engine.phases.tools import tool_step
 from engine.runner.lease import Heartbeat, lease_acquire, lease_take, leases_renew
-from sessions import tasks
-from sessions.errors import Conflict
-from sessions.models import (
+from record.errors import Conflict
+from record.models import (
     Agent,
     Checkpoint,
     Event,
@@ -39,6 +38,7 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
+from sessions import tasks
 from sessions.services import (
     checkpoints_prune,
     message_post,
@@ -106,8 +106,8 @@ def _clean_effects() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests drive the run here: no broker message may wake a worker of a live stack."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
-    monkeypatch.setattr("sessions.dispatch.run_enqueue", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue", lambda *args: None)
 
 
 # Helpers ------------------------------------------------------------------------------------

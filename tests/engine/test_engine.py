@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 
 from demo.models import Notification, Report
 from engine import session_run
-from sessions.models import (
+from record.models import (
     Agent,
     Checkpoint,
     Event,

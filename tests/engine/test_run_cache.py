@@ -15,7 +15,7 @@ from engine.gates.guards import CallRecord, canonical_json
 from engine.run_cache import RunContext
 from engine.runner.lease import lease_acquire, lease_drop
 from engine.runner.loop import run_step
-from sessions.models import ModelEndpoint, Session, ToolCall, Transition
+from record.models import ModelEndpoint, Session, ToolCall, Transition
 from sessions.services import message_post
 from tests.factories import AgentFactory, ToolFactory
 from tools.registry import tool_handler

@@ -6,7 +6,7 @@ import pytest
 from engine import session_run
 from hooks.models import WebhookDelivery
 from hooks.outbox import webhook_url_check
-from sessions.errors import InvalidInput
+from record.errors import InvalidInput
 from sessions.services import message_post, message_post_for_owner, session_create
 from tests.factories import AgentFactory, ModelEndpointFactory, UserFactory
 

@@ -24,8 +24,8 @@ from hooks.services import (
     webhook_deliver,
     webhooks_due,
 )
+from record.models import Session
 from runtime.webhooks import signature_valid
-from sessions.models import Session
 from sessions.services import message_post, session_create
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, UserFactory
 from workflows.selectors import definition_check

@@ -6,8 +6,8 @@ import pytest
 
 from engine.model.calls import call_model
 from llm.types import ChatMessage, ChatRequest
+from record.models import ModelEndpoint
 from runtime.breaker import CircuitBreaker, model_breaker
-from sessions.models import ModelEndpoint
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.model_servers import FakeModelServer, Reply
 

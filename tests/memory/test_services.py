@@ -176,7 +176,7 @@ def test_crossing_the_exact_scan_limit_queues_one_index_build(
 def test_the_models_context_names_the_memory_once(embeddings):
     """The block had a heading of its own under the context's heading: printed twice."""
     from engine.model.context import MEMORY_HEADING, build_request
-    from sessions.models import Agent
+    from record.models import Agent
 
     owner = UserFactory()
     memory_remember(owner_id=owner.pk, content="I prefer tea to coffee", tag="preference")

@@ -137,11 +137,11 @@ def test_a_sample_without_an_owner_is_a_superusers_only() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_engine_keeps_the_sessions_owner_on_its_samples(settings, monkeypatch) -> None:
     from engine import session_run
-    from sessions.models import Session
+    from record.models import Session
     from sessions.services import message_post
     from tests.factories import AgentFactory, ModelEndpointFactory
 
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
     settings.PROMPT_SAMPLE_RATE = 1
     agent = AgentFactory(
         slug="sampled", model=ModelEndpointFactory(name="rules", api="rules", options={}),

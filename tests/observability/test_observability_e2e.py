@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from observability.models import PromptSample
-from sessions.models import Agent, ModelEndpoint
+from record.models import Agent, ModelEndpoint
 from tests.e2e.support import api, create_session, recv_frame, wait_events, ws_connect
 from tests.factories import api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

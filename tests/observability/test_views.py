@@ -5,7 +5,7 @@ from django.test import Client
 
 from approvals.models import Approval
 from observability import metrics
-from sessions.models import Session
+from record.models import Session
 from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db

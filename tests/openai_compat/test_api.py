@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from billing.services import account_ensure
-from sessions.models import Event, Session
+from record.models import Event, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, api_key_for
 
 pytestmark = pytest.mark.django_db

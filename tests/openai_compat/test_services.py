@@ -16,8 +16,8 @@ from openai_compat.services import (
     chat_turn_post,
 )
 from openai_compat.wire import HistoryItem
-from sessions.errors import Conflict, Forbidden, NotFound, PayloadTooLarge
-from sessions.models import Event, Message, RequestKey, Session, ToolCall
+from record.errors import Conflict, Forbidden, NotFound, PayloadTooLarge
+from record.models import Event, Message, RequestKey, Session, ToolCall
 from sessions.services import KeyedRequest
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 

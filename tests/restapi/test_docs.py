@@ -16,8 +16,8 @@ import pytest
 
 import approvals.consumers
 import sessions.consumers
+from record.events import EventType
 from restapi.docs import WEBSOCKET_PAGE
-from sessions.events import EventType
 
 pytestmark = pytest.mark.django_db
 

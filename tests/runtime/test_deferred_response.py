@@ -13,9 +13,9 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
 from agentplatform.request_gate import bounded
+from record.models import Agent
 from runtime.deferred_response import DeferredResponse, DeferringASGIHandler
 from runtime.fastpaths.asgi_threads import SyncChainASGIHandler
-from sessions.models import Agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

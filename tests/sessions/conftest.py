@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 
 

@@ -10,9 +10,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from engine import session_run
+from record.models import Event, Message, ModelCall, Session, ToolCall
 from sessions import services
 from sessions.admin.timeline import session_timeline
-from sessions.models import Event, Message, ModelCall, Session, ToolCall
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
 

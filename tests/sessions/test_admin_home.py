@@ -14,9 +14,9 @@ from django.utils import timezone
 from approvals.models import Approval
 from billing.models import OwnerBudget
 from billing.notices import billing_today
+from record.models import Session
 from runtime import health
 from runtime.breaker import model_breaker
-from sessions.models import Session
 from sessions.selectors import home_figures
 from tests.factories import SpendDailyFactory, StaffUserFactory, UserFactory
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from sessions.models import Session, Transition
+from record.models import Session, Transition
 from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -6,9 +6,9 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from engine import session_run
+from record.models import Checkpoint, ModelCall, ModelEndpoint, Session, ToolCall, Transition
 from runtime.breaker import model_breaker
 from sessions import services
-from sessions.models import Checkpoint, ModelCall, ModelEndpoint, Session, ToolCall, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory
 from tools.models import Tool

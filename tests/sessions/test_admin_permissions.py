@@ -10,8 +10,8 @@ from django.test import Client
 from django.urls import reverse
 
 from engine import session_run
+from record.models import Checkpoint, Message, Session, ToolCall
 from runtime.breaker import model_breaker
-from sessions.models import Checkpoint, Message, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import StaffUserFactory, ToolFactory, permissions
 
@@ -30,7 +30,7 @@ VIEW = ["agent_sessions.view_session"]
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

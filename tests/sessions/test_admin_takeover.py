@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from approvals.models import Approval
 from engine import session_run
-from sessions.models import Message, Session, ToolCall
+from record.models import Message, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import ToolFactory
 
@@ -26,7 +26,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

@@ -17,9 +17,10 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 
 from agentplatform.asgi import application
-from sessions import consumers, publisher, selectors
-from sessions.events import EventType
-from sessions.models import Event, Session
+from record import publisher
+from record.events import EventType
+from record.models import Event, Session
+from sessions import consumers, selectors
 from tests.factories import AgentFactory, SessionFactory, api_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

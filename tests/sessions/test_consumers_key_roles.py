@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from sessions.models import Message, Session
+from record.models import Message, Session
 from tests.factories import AgentFactory, SessionFactory, ToolFactory
 from tests.sessions.test_consumers import _open
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """A posted turn must not wake a worker of a live stack: the test only looks at the rows."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 def _alice_keys_and_admin_session() -> tuple[str, str, Session]:

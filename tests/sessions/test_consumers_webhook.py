@@ -6,7 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from hooks.models import RunWebhook
-from sessions.models import Message
+from record.models import Message
 from tests.sessions.test_consumers_key_roles import (
     _alice_keys_and_admin_session,
     _connect,
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 async def test_a_frames_webhook_obeys_the_egress_policy(settings):

@@ -11,8 +11,8 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.utils import timezone
 
-from sessions.errors import Conflict, InvalidInput
-from sessions.models import RequestKey
+from record.errors import Conflict, InvalidInput
+from record.models import RequestKey
 from sessions.services import (
     KeyedRequest,
     request_fingerprint,

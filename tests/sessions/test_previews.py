@@ -4,9 +4,9 @@ import pytest
 
 from billing.services import credits_grant
 from engine import session_run
+from record.errors import NotFound
+from record.models import Checkpoint, Session
 from sessions import services
-from sessions.errors import NotFound
-from sessions.models import Checkpoint, Session
 from sessions.previews import checkpoints_described, fork_preview, tool_run_preview
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 
 from engine.runner.loop import session_run
+from record.models import Checkpoint, Event, Message, ModelCall, ToolCall, Transition
 from sessions import selectors, services
-from sessions.models import Checkpoint, Event, Message, ModelCall, ToolCall, Transition
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, UserFactory
 

@@ -10,10 +10,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from record.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from record.models import Agent, Event, Message, Session, Transition
+from record.states import RUNNABLE, State
 from sessions import selectors, services
-from sessions.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from sessions.models import Agent, Event, Message, Session, Transition
-from sessions.states import RUNNABLE, State
 from sessions.sweep_status import _client, _slot_key, sweep_age_s, sweep_mark_completed
 
 pytestmark = pytest.mark.django_db

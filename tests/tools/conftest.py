@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessions.models import Agent, ModelEndpoint, Session
+from record.models import Agent, ModelEndpoint, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
 from tests.fakes.mcp_fixtures import mcp_files, mcp_server  # noqa: F401

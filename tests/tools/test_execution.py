@@ -929,7 +929,7 @@ def test_every_tool_failure_logs_one_line_with_tool_url_status_and_reason_never_
 
 def test_the_model_reads_the_result_description_with_the_tool_description():
     from engine.model.context import build_request
-    from sessions.models import Agent
+    from record.models import Agent
 
     described = snapshot(
         "lookup", description="Find an order.", result_description="The order's\nstatus."
@@ -1180,7 +1180,7 @@ def test_a_turn_whose_tool_is_refused_goes_on_and_the_model_answers(
     make_agent, make_session, openai_server
 ):
     from engine.runner import loop as runner
-    from sessions.models import Session, ToolCall
+    from record.models import Session, ToolCall
     from sessions.services import message_post
     from tests.fakes.model_servers import Call, Reply
 

@@ -13,8 +13,8 @@ import pytest
 from django.test import override_settings
 
 from engine.runner import loop as runner
+from record.models import Event, Message, Session, ToolCall
 from runtime import io_loop
-from sessions.models import Event, Message, Session, ToolCall
 from sessions.services import message_post
 from tests.fakes.mcp_fixtures import free_port
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

@@ -147,7 +147,7 @@ def test_a_runs_page_draws_the_graph_with_what_the_run_did(admin_client: Client)
 
 
 def test_a_nodes_fork_here_button_shows_the_preview_before_it_forks(admin_client: Client) -> None:
-    from sessions.models import Checkpoint, Session
+    from record.models import Checkpoint, Session
 
     _apply()
     owner: Any = UserFactory(username="runner")
@@ -212,7 +212,7 @@ def test_the_list_shows_runs_failures_and_the_median_duration(admin_client: Clie
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from sessions.models import Session
+    from record.models import Session
 
     flow = _apply()
     _apply(FLOW.replace("slug: look", "slug: idle-flow"))

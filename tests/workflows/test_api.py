@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sessions.models import Message, Session
+from record.models import Message, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.sessions.api.conftest import Api, assert_error
 from workflows.models import Workflow

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sessions.models import Event
+from record.models import Event
 from tests.factories import ModelEndpointFactory, ToolFactory, UserFactory, api_key_for
 from tests.sessions.api.conftest import Api
 from workflows import graph_svg, selectors

@@ -10,11 +10,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import Truncator
 
+from record.errors import DomainError
+from record.events import EventType
+from record.models import Agent, Session
+from record.publisher import frames_of, group_name
 from sessions import selectors, services
-from sessions.errors import DomainError
-from sessions.events import EventType
-from sessions.models import Agent, Session
-from sessions.publisher import frames_of, group_name
 from tools.models import Tool
 
 DEFAULT_USER = "cli"

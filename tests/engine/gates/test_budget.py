@@ -16,7 +16,7 @@ from billing.services import usage_statement
 from engine.gates.budget import FiguresKeeper, called_endpoint, gate_read, model_gate
 from llm.types import ChatMessage, ChatRequest
 from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, tokenizer_get
-from sessions.models import ModelEndpoint, Session
+from record.models import ModelEndpoint, Session
 from tests.factories import ModelEndpointFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

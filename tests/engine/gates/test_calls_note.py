@@ -13,7 +13,7 @@ from billing.services import credits_grant
 from engine import session_run
 from engine.gates.calls_note import NOTE_NAME, calls_note, note_text
 from engine.gates.guards import CallRecord
-from sessions.models import Agent, Message, ModelEndpoint, Session, ToolCall
+from record.models import Agent, Message, ModelEndpoint, Session, ToolCall
 from sessions.services import approval_decide, message_post
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import AgentFactory, SessionFactory, ToolFactory, UserFactory

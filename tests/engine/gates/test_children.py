@@ -17,8 +17,8 @@ from engine import session_run
 from engine.phases.model import model_plan
 from engine.run_cache import RunContext
 from engine.runner import loop
+from record.models import Agent, Event, Message, ModelEndpoint, Session, ToolCall, Transition
 from sessions.admin.display import HIDDEN, event_summary
-from sessions.models import Agent, Event, Message, ModelEndpoint, Session, ToolCall, Transition
 from sessions.services import message_post, session_cancel
 from tests.factories import (
     AgentFactory,
@@ -131,12 +131,8 @@ def test_a_child_that_ends_while_its_parent_still_holds_the_lease_wakes_it_all_t
     looks again once the lease is given back and wakes itself; it used to wait for the
     sweeper, CHILDREN_RECHECK_S (300 s) later."""
     woken: list[str] = []
-    monkeypatch.setattr(
-        "sessions.dispatch._submit", lambda session_id, *_: woken.append(session_id)
-    )
-    monkeypatch.setattr(
-        "sessions.dispatch.task_send", lambda _name, args, **_: woken.append(args[0])
-    )
+    monkeypatch.setattr("record.dispatch._submit", lambda session_id, *_: woken.append(session_id))
+    monkeypatch.setattr("record.dispatch.task_send", lambda _name, args, **_: woken.append(args[0]))
     message_post(session=boss, content="ask both about tides")
     parent = _run(boss, stopped="waiting")
     researcher = Session.objects.get(parent=parent, agent__slug="researcher")

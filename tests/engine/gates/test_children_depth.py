@@ -8,7 +8,7 @@ call at the bottom of it: started, or refused with the `max_depth` tool error.
 import pytest
 
 from engine.gates.children import children_gate
-from sessions.models import Agent, Session, ToolCall
+from record.models import Agent, Session, ToolCall
 from tests.factories import AgentFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -28,8 +28,7 @@ from engine.phases import model as model_phase
 from engine.runner import loop as runner
 from llm.types import ChatRequest
 from memory.layers import EXTRA_CONTEXT_HEAD
-from runtime.breaker import model_breaker
-from sessions.models import (
+from record.models import (
     Agent,
     Checkpoint,
     Message,
@@ -38,6 +37,7 @@ from sessions.models import (
     Session,
     ToolCall,
 )
+from runtime.breaker import model_breaker
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.fakes.model_servers import Call, FakeModelServer, Reply

@@ -17,7 +17,7 @@ from django.utils import timezone
 from engine import session_run
 from engine.phases.model import model_step
 from engine.runner.lease import lease_acquire
-from sessions.models import Agent, Checkpoint, Message, ModelEndpoint, Session, ToolCall
+from record.models import Agent, Checkpoint, Message, ModelEndpoint, Session, ToolCall
 from sessions.services import message_post
 from tests.factories import AgentFactory, SessionFactory, ToolFactory, UserFactory
 from tests.fakes.fixtures import fake_servers, openai_server, unique  # noqa: F401
@@ -49,8 +49,8 @@ def _ship(order: str) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tests drive the run: no broker message may wake a worker of a live stack."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
-    monkeypatch.setattr("sessions.dispatch.run_enqueue", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue", lambda *args: None)
     SHIPPED.clear()
 
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 from engine.gates import guards
 from engine.gates.guards import CallRecord, GuardLimits, check, nearly_same
 from engine.phases.model import loop_stop
-from sessions.models import ToolCall
+from record.models import ToolCall
 
 
 def step(*calls: tuple[str, dict, object], status: str = "success") -> list[CallRecord]:

@@ -15,7 +15,7 @@ from billing.services import credits_grant
 from engine import session_run
 from memory.models import EmbeddingEndpoint, MemoryItem
 from memory.services import memory_remember
-from sessions.models import Message, ModelCall, ModelEndpoint, Session, ToolCall
+from record.models import Message, ModelCall, ModelEndpoint, Session, ToolCall
 from sessions.services import memory_turn_keep, message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.embedding_server import FakeEmbeddingServer
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, int]]:
     """The test drives the run itself; the end-of-turn memory task is recorded, not sent."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
     sent: list[tuple[object, int]] = []
     monkeypatch.setattr(
         "engine.phases.model.memory_enqueue_on_commit",

@@ -18,7 +18,7 @@ from engine.gates.metering import (
     model_credits_check,
 )
 from llm.types import ChatMessage, ChatRequest
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tests.factories import ModelEndpointFactory, ToolFactory
 from tools.execution import tools_for_agent
 

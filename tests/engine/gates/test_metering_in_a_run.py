@@ -29,7 +29,7 @@ from engine.phases import model as model_phase
 from engine.phases import tools as tool_phase
 from engine.runner import loop as runner
 from engine.store import commit
-from sessions.models import Agent, Event, Message, ModelCall, Session, ToolCall
+from record.models import Agent, Event, Message, ModelCall, Session, ToolCall
 from sessions.services import budget_holds_reconcile, credits_reconcile, message_post
 from tests.billing.conftest import always_call, call_then_answer
 from tests.factories import AgentFactory, SessionFactory, UserFactory

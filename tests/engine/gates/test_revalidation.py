@@ -20,7 +20,7 @@ from engine.moves.turn import turn_fail
 from engine.phases.model import model_step
 from engine.phases.tools import tool_step
 from engine.runner.lease import lease_acquire
-from sessions.models import Checkpoint, Message, ModelEndpoint, Session, ToolCall
+from record.models import Checkpoint, Message, ModelEndpoint, Session, ToolCall
 from sessions.services import (
     approval_decide,
     message_post,
@@ -249,8 +249,8 @@ CRASHED = "crashed-worker:1:1:dead"
 @pytest.fixture
 def no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test drives the run: no broker message may wake a worker of a live stack."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
-    monkeypatch.setattr("sessions.dispatch.run_enqueue", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue", lambda *args: None)
 
 
 def _decided_then_crashed(session: Session, content: str) -> Session:

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from engine.gates.risk import failure_counts
-from sessions.models import ToolCall
+from record.models import ToolCall
 from tests.factories import SessionFactory
 from tools.risk import FailureCount
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine import session_run
-from sessions.models import Message, ModelCall, ModelEndpoint, Session
+from record.models import Message, ModelCall, ModelEndpoint, Session
 from sessions.selectors import agent_routing_figures
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory

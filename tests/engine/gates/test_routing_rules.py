@@ -17,7 +17,7 @@ from llm.types import (
     ToolCallRequest,
     ToolSpec,
 )
-from sessions.models import Agent
+from record.models import Agent
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory
 
 

@@ -7,7 +7,7 @@ from billing.selectors import CreditsCheck
 from engine.gates import Contribution, Stop
 from engine.gates.budget import BUDGET_NOTE, ModelGate, budget_stop
 from engine.gates.metering import credits_stop
-from sessions.models import Message, ModelCall
+from record.models import Message, ModelCall
 
 
 def _note(text: str) -> Message:

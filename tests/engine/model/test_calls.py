@@ -13,10 +13,10 @@ from django.db import connection
 from engine import session_run
 from engine.model.calls import call_model
 from llm.types import ChatMessage, ChatRequest
+from record.models import Message, ModelEndpoint
+from record.publisher import frames_of, group_name
 from runtime import io_loop
 from runtime.breaker import model_breaker
-from sessions.models import Message, ModelEndpoint
-from sessions.publisher import frames_of, group_name
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory
 from tests.fakes.model_servers import FakeModelServer, Reply

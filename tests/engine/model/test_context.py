@@ -26,7 +26,7 @@ from memory.tokens import (
     estimate_request_tokens,
     tokenizer_get,
 )
-from sessions.models import Agent, Message
+from record.models import Agent, Message
 from tests.reference_tokenizer import reference_request_tokens, reference_tokens
 from tools.rendering import FAILURE_MARKER
 

@@ -26,8 +26,7 @@ from engine.phases.model import BUSY_ANSWER
 from llm.base import ModelUnavailable
 from llm.prompt_tools import GAVE_UP_ANSWER
 from memory.tokens import count_tokens
-from runtime import health
-from sessions.models import (
+from record.models import (
     Agent,
     Checkpoint,
     Event,
@@ -38,6 +37,7 @@ from sessions.models import (
     ToolCall,
     Transition,
 )
+from runtime import health
 from sessions.services import message_post
 from tests.factories import (
     AgentFactory,

@@ -23,8 +23,8 @@ from engine.model.summaries import (
     summary_retry_at,
 )
 from memory.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
+from record.models import Agent, Checkpoint, Message, ModelCall, ModelEndpoint, Session
 from sessions.admin.timeline import session_timeline
-from sessions.models import Agent, Checkpoint, Message, ModelCall, ModelEndpoint, Session
 from sessions.services import message_post, session_fork
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 from tests.fakes.model_servers import FakeModelServer, Recorded, Reply
@@ -57,7 +57,7 @@ def _runs_dequeued(transactional_db: None) -> Iterator[None]:
     import redis
     from django.conf import settings
 
-    from sessions import dispatch
+    from record import dispatch
 
     yield
     dispatch._sender.submit(lambda: None).result(timeout=10)  # what the sender still had
@@ -425,7 +425,7 @@ def test_a_summary_in_prose_keeps_the_prose_as_its_facts(
 
 def _summaries_enqueued(session: Session) -> int:
     """`summarise_ahead` messages for this session waiting in the broker."""
-    from sessions import dispatch
+    from record import dispatch
 
     dispatch._sender.submit(lambda: None).result(timeout=10)  # the sender thread has sent
     return sum(
@@ -443,7 +443,7 @@ def test_a_summary_is_made_ahead_off_the_step_and_the_step_at_the_limit_uses_it(
     worker would) makes the summary once, whatever it is delivered twice; the step that
     reaches 90 % uses it without a model call of its own."""
     from engine import summary_ahead_make
-    from sessions.models import SummaryDraft
+    from record.models import SummaryDraft
 
     main = endpoint("main")
     agent = AgentFactory(

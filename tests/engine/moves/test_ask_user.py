@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from engine import session_run
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from record.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import message_post, questions_expire_due, session_cancel
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
 
@@ -26,7 +26,7 @@ RULES = [
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test drives the run itself: no broker message may wake a worker of a live stack."""
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
 
 
 @pytest.fixture

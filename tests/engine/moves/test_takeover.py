@@ -11,8 +11,8 @@ from billing.models import CreditAccount
 from billing.services import credits_grant
 from engine import session_run
 from engine.phases import tools as tool_phase
-from sessions.errors import Conflict, Forbidden, InvalidInput
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from record.errors import Conflict, Forbidden, InvalidInput
+from record.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import (
     approval_decide,
     message_post,
@@ -53,7 +53,7 @@ RULES = [
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
     SENT.clear()
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from engine import session_run
 from engine.model.calls import request_tokenizer, request_window, step_endpoints
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory
 from tests.fakes.model_servers import Reply

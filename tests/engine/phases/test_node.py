@@ -20,8 +20,8 @@ from accounts.services import approver_grant
 from approvals.models import Approval
 from billing.models import BudgetHold, OwnerBudget
 from engine import run_cache, session_run
-from sessions.errors import Conflict
-from sessions.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
+from record.errors import Conflict
+from record.models import Agent, Checkpoint, Event, ModelEndpoint, Session, ToolCall
 from sessions.services import (
     approval_decide,
     approvals_expire_due,
@@ -912,7 +912,7 @@ def test_a_review_without_editable_values_refuses_an_edit_and_the_card_offers_no
     owner: Any,
 ) -> None:
     from approvals.admin import QueueCard
-    from sessions.errors import InvalidInput
+    from record.errors import InvalidInput
 
     _apply(REFUND)
     approver = UserFactory(username="wf-approver")
@@ -934,7 +934,7 @@ def test_a_review_without_editable_values_refuses_an_edit_and_the_card_offers_no
 
 def test_an_approvers_edit_of_an_editable_value_reaches_the_next_node(owner: Any) -> None:
     from approvals.admin import QueueCard
-    from sessions.errors import InvalidInput
+    from record.errors import InvalidInput
 
     _apply(EDITED)
     approver = UserFactory(username="wf-approver")

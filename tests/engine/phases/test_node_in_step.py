@@ -21,8 +21,8 @@ from engine.store.open_calls import (
     calls_by_id,
     finished_keep,
 )
-from sessions.models import Checkpoint, Event, Message, Session, ToolCall, Transition
-from sessions.rows import json_value
+from record.models import Checkpoint, Event, Message, Session, ToolCall, Transition
+from record.rows import json_value
 from sessions.services import session_resume, timers_fire_due
 from tests.engine.phases.test_node import KEYS, RAN, _apply, _events, _run, _start, owner
 from tests.factories import ToolFactory

@@ -21,7 +21,7 @@ from engine.model.context import FINAL_INSTRUCTION, LIMIT_NOTE
 from engine.phases import tools as tool_phase
 from engine.runner import loop as runner
 from engine.runner.lease import lease_acquire, lease_drop
-from sessions.models import Event, Message, Session, ToolCall, Transition
+from record.models import Event, Message, Session, ToolCall, Transition
 from sessions.services import message_post
 from tests.factories import ToolFactory
 from tests.fakes.model_servers import Call, FakeModelServer, Recorded, Reply

@@ -18,8 +18,8 @@ from engine.moves.ask_user import CLIENT_DEADLINE_ERROR
 from engine.phases.model import model_step
 from engine.runner.lease import lease_acquire
 from llm.types import ModelOptions
-from sessions.errors import Conflict
-from sessions.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session, ToolCall
+from record.errors import Conflict
+from record.models import Agent, Event, Message, ModelCall, ModelEndpoint, Session, ToolCall
 from sessions.services import message_post, questions_expire_due
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
 from tests.fakes.fixtures import anthropic_server  # noqa: F401

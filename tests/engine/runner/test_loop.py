@@ -22,7 +22,7 @@ from billing import pressure
 from billing.pressure import owner_watch_reset
 from engine import session_run
 from engine.runner import loop as runner
-from sessions.models import ModelEndpoint, Session, Transition
+from record.models import ModelEndpoint, Session, Transition
 from sessions.services import message_post
 from tests.factories import AgentFactory, ToolFactory
 from tools.registry import tool_handler
@@ -30,7 +30,7 @@ from tools.registry import tool_handler
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CALLS = 3
-# A step's batch runs as prepared statements (sessions/rows.py): PREPARE (after a
+# A step's batch runs as prepared statements (record/rows.py): PREPARE (after a
 # DEALLOCATE ALL when the connection is full), then EXECUTE of its UPDATE,
 # INSERTs...; only the engine's writes are prepared.
 WRITES = ("INSERT", "UPDATE", "DELETE", "PREPARE", "EXECUTE", "DEALLOCATE")
@@ -193,7 +193,7 @@ def test_a_run_is_its_lease_its_steps_and_nothing_else(make_session, rules_model
 
 def runner_text(batch: str) -> str:
     """A batch's statements as text (a prepared one by the text this process prepared)."""
-    from sessions.rows import prepared_text
+    from record.rows import prepared_text
 
     parts = []
     for part in batch.split(";\n"):
@@ -292,8 +292,9 @@ def test_a_worker_taking_no_new_runs_requeues_the_run_it_was_handed(
 ):
     """A run prefetched by a worker over its thresholds goes back to the queue (with a
     countdown), and the session is left as it was for whoever takes it."""
+    from record import dispatch
     from runtime import health
-    from sessions import dispatch, services
+    from sessions import services
 
     session = make_session(agent=_loop_agent(rules_model))
     message_post(session=session, content="go")

@@ -10,13 +10,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import UsageDaily
-from engine.moves.turn import step_commit as metered_commit
+from engine.moves.turn import metered_commit
 from engine.store import commit as commit_module
 from engine.store.commit import Committed, StaleSession, Step, step_commit
-from sessions import publisher
-from sessions.events import EventSpec, EventType, StopReason
-from sessions.models import Checkpoint, Event, Message, ModelCall, Session, Transition
-from sessions.states import TRANSITIONS, IllegalTransition, State, Trigger
+from record import publisher
+from record.events import EventSpec, EventType, StopReason
+from record.models import Checkpoint, Event, Message, ModelCall, Session, Transition
+from record.states import TRANSITIONS, IllegalTransition, State, Trigger
 
 ALLOWED = sorted(TRANSITIONS.items())
 

@@ -15,8 +15,8 @@ from engine.run_cache import RunContext
 from engine.runner.lease import lease_acquire
 from engine.runner.loop import _refresh, run_step
 from engine.store.open_calls import open_calls
-from sessions.models import ModelEndpoint, Session, ToolCall
-from sessions.rows import json_value
+from record.models import ModelEndpoint, Session, ToolCall
+from record.rows import json_value
 from sessions.services import message_post
 from tests.factories import AgentFactory, ToolFactory
 from tools.registry import tool_handler

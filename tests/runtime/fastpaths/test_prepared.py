@@ -7,8 +7,8 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
+from record.models import Session
 from runtime.fastpaths.prepared import PreparedQuery
-from sessions.models import Session
 from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -2,8 +2,6 @@
 was not written for turns that one off, with a warning in the log and in `manage.py check`."""
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +10,7 @@ from django.core.handlers.asgi import ASGIHandler
 
 from runtime import fastpaths
 from runtime.deferred_response import DeferringASGIHandler
-from runtime.fastpaths import asgi_threads, pool_order
+from runtime.fastpaths import asgi_threads
 
 
 @pytest.fixture(autouse=True)
@@ -42,20 +40,19 @@ def test_a_version_it_was_not_written_for_turns_only_that_fast_path_off(
     installed = fastpaths.metadata.version
 
     def version(distribution: str) -> str:
-        return "9.0" if distribution == "channels-redis" else installed(distribution)
+        return "9.0" if distribution == "celery" else installed(distribution)
 
     monkeypatch.setattr(fastpaths.metadata, "version", version)
     with caplog.at_level(logging.WARNING, logger="runtime.fastpaths"):
-        assert not fastpaths.enabled("redis_pubsub")
-        assert not fastpaths.enabled("redis_pubsub")
-    assert all(fastpaths.enabled(name) for name in fastpaths.FAST_PATHS if name != "redis_pubsub")
+        assert not fastpaths.enabled("celery_publish")
+        assert not fastpaths.enabled("celery_publish")
+    assert all(fastpaths.enabled(name) for name in fastpaths.FAST_PATHS if name != "celery_publish")
     # Said once, with what is installed and what it was written for.
     assert [r.getMessage() for r in caplog.records] == [
-        "fast path redis_pubsub is off: channels-redis 9.0 is installed; "
-        "it was written for >=4.2,<4.4"
+        "fast path celery_publish is off: celery 9.0 is installed; it was written for >=5.5,<5.8"
     ]
     [warning] = fastpaths.check()
-    assert warning.id == "runtime.W001" and "'redis_pubsub' is off" in warning.msg
+    assert warning.id == "runtime.W001" and "'celery_publish' is off" in warning.msg
 
 
 def test_a_library_not_installed_turns_its_fast_path_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,21 +62,6 @@ def test_a_library_not_installed_turns_its_fast_path_off(monkeypatch: pytest.Mon
     monkeypatch.setattr(fastpaths.metadata, "version", version)
     assert "daphne not installed" in (fastpaths.version_mismatch("daphne_frames") or "")
     assert not fastpaths.enabled("daphne_frames")
-
-
-def test_off_the_pool_keeps_its_own_order(settings: Any) -> None:
-    class Pool:
-        _pool: deque[Any] = deque([1, 2])
-        _lock = threading.Lock()
-
-    settings.FAST_PATHS = False
-    pool_order.lend_last_returned(Pool)
-    assert type(Pool._pool) is deque and Pool._pool.popleft() == 1
-
-    settings.FAST_PATHS = True
-    Pool._pool = deque([1, 2])
-    pool_order.lend_last_returned(Pool)
-    assert type(Pool._pool) is pool_order.LastReturnedFirst and Pool._pool.popleft() == 2
 
 
 def test_off_daphne_serves_djangos_own_asgi_handler(settings: Any) -> None:

@@ -6,7 +6,7 @@ import uuid
 import pytest
 from django.test import override_settings
 
-from sessions.models import Message, Session
+from record.models import Message, Session
 
 from .conftest import assert_error
 

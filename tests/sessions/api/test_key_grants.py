@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from engine import session_run
-from sessions.models import Session, ToolCall
+from record.models import Session, ToolCall
 from sessions.services import message_post
 from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, ToolFactory
 
@@ -118,7 +118,7 @@ RULES = [
 
 @pytest.mark.django_db(transaction=True)
 def test_the_answer_to_the_models_question_needs_the_role_too(admin_key, support_key, monkeypatch):
-    monkeypatch.setattr("sessions.dispatch.run_enqueue_on_commit", lambda *args: None)
+    monkeypatch.setattr("record.dispatch.run_enqueue_on_commit", lambda *args: None)
     model = ModelEndpointFactory(name=f"rules-{uuid.uuid4().hex[:6]}", api="rules", options={})
     agent = AgentFactory(slug="asker", model=model, tools=["ask_user"], rules=RULES)
     alice = get_user_model().objects.get(username="alice")

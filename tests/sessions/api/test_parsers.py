@@ -6,7 +6,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from sessions.models import Event, Message, Session
+from record.models import Event, Message, Session
 
 from .conftest import assert_error
 

@@ -5,8 +5,8 @@ from decimal import Decimal
 import pytest
 from rest_framework import serializers
 
+from record.models import Message
 from sessions.api.serializers import MessageSerializer, SessionSerializer, UsageSerializer
-from sessions.models import Message
 from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import pytest
 
 from engine import session_run
 from hooks.models import RunWebhook
-from sessions.models import Event, Session
+from record.models import Event, Session
 
 from .conftest import assert_error
 
@@ -327,7 +327,7 @@ def test_the_session_list_pages_by_cursor_through_every_session(api):
 
 
 def test_the_message_list_pages_back_through_the_history(api, session_id):
-    from sessions.models import Message
+    from record.models import Message
 
     session = Session.objects.get(pk=session_id)
     for seq in range(1, 6):

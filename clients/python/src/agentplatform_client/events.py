@@ -1,5 +1,5 @@
 """Typed events of a session's stream, one dataclass per type of the server's
-`sessions/events.py` (tests/clients/test_events.py keeps the two in step).
+`record/events.py` (tests/clients/test_events.py keeps the two in step).
 
 Every event carries the frame's envelope (`seq`, `type`, `session`, `ts`, and the
 raw `data`); a type this library does not know yet arrives as a plain `Event`.

@@ -2,7 +2,7 @@
 
 import django.contrib.postgres.fields
 import django.db.models.deletion
-import sessions.models
+import record.models
 import uuid
 from django.conf import settings
 from django.db import migrations, models
@@ -68,7 +68,7 @@ class Migration(migrations.Migration):
                 ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
                 ('role', models.CharField(blank=True, max_length=50)),
                 ('metadata', models.JSONField(blank=True, default=dict)),
-                ('state', sessions.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], default='idle', max_length=20)),
+                ('state', record.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], default='idle', max_length=20)),
                 ('version', models.PositiveIntegerField(default=0)),
                 ('lease_owner', models.CharField(blank=True, max_length=100, null=True)),
                 ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
@@ -125,7 +125,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('step', models.PositiveIntegerField()),
                 ('turn', models.PositiveIntegerField()),
-                ('state', sessions.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
+                ('state', record.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
                 ('message_seq', models.PositiveIntegerField()),
                 ('context', models.JSONField(default=dict)),
                 ('size_bytes', models.PositiveIntegerField(default=0)),
@@ -157,8 +157,8 @@ class Migration(migrations.Migration):
             name='Transition',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('from_state', sessions.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
-                ('to_state', sessions.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
+                ('from_state', record.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
+                ('to_state', record.models.StateField(choices=[('idle', 'idle'), ('processing', 'processing'), ('tool_wait', 'tool wait'), ('tool_loop', 'tool loop'), ('paused_for_user', 'paused for user'), ('awaiting_approval', 'awaiting approval'), ('waiting_timer', 'waiting timer'), ('error', 'error'), ('finished', 'finished'), ('cancelled', 'cancelled')], max_length=20)),
                 ('trigger', models.CharField(max_length=30)),
                 ('reason', models.TextField(blank=True)),
                 ('version', models.PositiveIntegerField(help_text='Session version this move produced.')),

@@ -5,9 +5,9 @@ import json
 
 from django.test import override_settings
 
-from sessions.event_limits import payload_capped, payload_max_bytes, pointer_text, text_within_limit
-from sessions.events import EventSpec, EventType
-from sessions.publisher import frame_text, make_frame
+from record.event_limits import payload_capped, payload_max_bytes, pointer_text, text_within_limit
+from record.events import EventSpec, EventType
+from record.publisher import frame_text, make_frame
 
 SESSION = "0b6c7c0e-3c47-4f41-9d6a-0d8e3d5f1a2b"
 

@@ -1,4 +1,4 @@
-"""Every event the engine writes or streams has the shape sessions/events.py declares.
+"""Every event the engine writes or streams has the shape record/events.py declares.
 
 A demo turn with tools, a cancel that closes a call, and a failed turn, all on
 the real database and the real channel layer; the validator itself is checked
@@ -16,9 +16,9 @@ from engine import session_run
 from engine.moves.turn import turn_fail
 from engine.runner.lease import lease_acquire, lease_drop
 from engine.runner.loop import run_step
-from sessions.events import PAYLOADS, EventType, call_counts, call_kind, turn_outcome
-from sessions.models import Agent, Event, ModelEndpoint, Session, ToolCall
-from sessions.publisher import frames_of, group_name
+from record.events import PAYLOADS, EventType, call_counts, call_kind, turn_outcome
+from record.models import Agent, Event, ModelEndpoint, Session, ToolCall
+from record.publisher import frames_of, group_name
 from sessions.services import message_post, session_cancel
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.event_shapes import payload_problems

@@ -1,4 +1,4 @@
-"""sessions.dispatch: the run's broker publish happens after commit, off the committing thread."""
+"""record.dispatch: the run's broker publish happens after commit, off the committing thread."""
 
 import logging
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 from django.db import transaction
 
-from sessions import dispatch
+from record import dispatch
 
 
 class _Recorder:
@@ -63,7 +63,7 @@ def test_a_failed_publish_is_logged_not_raised(
 ) -> None:
     rec = _Recorder(fail=True)
     monkeypatch.setattr(dispatch, "task_send", rec)
-    with caplog.at_level(logging.WARNING, logger="sessions.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="record.dispatch"):
         with django_capture_on_commit_callbacks(execute=True):
             dispatch.run_enqueue_on_commit("s-3")
         dispatch._sender.submit(lambda: None).result(5)

@@ -87,6 +87,9 @@ TRANSITIONS: dict[tuple[State, Trigger], State] = {
     (S.PAUSED_FOR_USER, T.CANCEL): S.CANCELLED,
     # The user's next message answers the open question; the same turn goes on.
     (S.PAUSED_FOR_USER, T.USER_ANSWER): S.TOOL_LOOP,
+    # The client answered its tool calls by handing over to another agent (an Agents SDK
+    # handoff between two platform agents): that agent decides from the next step on.
+    (S.PAUSED_FOR_USER, T.HANDOFF): S.TOOL_LOOP,
     # An operator resumes a failed run where it stopped.
     (S.ERROR, T.RESUME): S.TOOL_LOOP,
     # An operator ends a waiting (or failed) turn with their own answer.

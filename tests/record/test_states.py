@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from sessions.states import (
+from record.states import (
     RUNNABLE,
     TRANSITIONS,
     TURN_ENDED,
@@ -26,7 +26,7 @@ def test_the_table_only_names_known_states_and_triggers():
         )
     # The pairs split cleanly into allowed and illegal.
     assert len(ALLOWED) + len(ILLEGAL) == len(State) * len(Trigger)
-    assert len(ALLOWED) == 43  # and a handoff (tool_wait -> tool_loop)
+    assert len(ALLOWED) == 44  # and the handoffs (tool_wait or a client's paused turn -> tool_loop)
 
 
 @pytest.mark.parametrize(("pair", "target"), ALLOWED, ids=[f"{s}-{t}" for (s, t), _ in ALLOWED])

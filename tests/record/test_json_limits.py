@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sessions.json_limits import JsonRejected, json_check, json_loads
+from record.json_limits import JsonRejected, json_check, json_loads
 
 
 def _rejected(value, **kwargs) -> JsonRejected:  # type: ignore[no-untyped-def]

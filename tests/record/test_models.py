@@ -3,7 +3,7 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from sessions.models import ModelEndpoint
+from record.models import ModelEndpoint
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,7 @@ def turn_outcome(stop_reason: str, calls: CallCounts) -> TurnOutcome:
 
 
 # Every payload may carry `truncated`: the fields cut so the event fits EVENT_MAX_BYTES,
-# with their original sizes (sessions/event_limits.py).
+# with their original sizes (record/event_limits.py).
 # "from" is a keyword: the functional form keeps the wire key.
 # trace_id: the turn's OpenTelemetry trace, when traces are on (observability/tracing.py).
 StateChanged = TypedDict(

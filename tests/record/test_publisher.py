@@ -1,22 +1,19 @@
-"""sessions/publisher.py: a step's frames reach the group's listeners in order,
-written straight to Redis on the Pub/Sub layer (runtime/redis_publisher.py)."""
+"""record/publisher.py: a step's frames reach the group's listeners in order, in one
+group message, through the channel layer on the io loop."""
 
 import asyncio
 import json
-import threading
-import time
 import uuid
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
+from channels_redis.pubsub import RedisPubSubLoopLayer
 
-from runtime import io_loop, redis_publisher
-from runtime.fastpaths import redis_pubsub
-from sessions import publisher
-from sessions.events import EventType
+from record import publisher
+from record.events import EventType
+from runtime import io_loop
 
 
 async def _frames_of(layer: Any, channel: str, count: int) -> tuple[list[dict[str, Any]], int]:
@@ -67,9 +64,7 @@ def group_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize("count", [6, 1])
-def test_frames_arrive_in_order_written_straight_to_redis(
-    group_sends: list[str], count: int
-) -> None:
+def test_frames_arrive_in_order_in_one_group_message(group_sends: list[str], count: int) -> None:
     session_id = str(uuid.uuid4())
 
     frames, messages = _received_messages(session_id, count)
@@ -77,7 +72,7 @@ def test_frames_arrive_in_order_written_straight_to_redis(
     assert messages == 1  # a step's frames travel together: one Pub/Sub message to read
     assert [f["seq"] for f in frames] == list(range(1, count + 1))
     assert [f["data"]["stage"] for f in frames] == [f"s{n}" for n in range(1, count + 1)]
-    assert group_sends == []  # not through the channel layer's client on the io loop
+    assert group_sends == [publisher.group_name(session_id)]  # one group_send for them all
 
 
 def test_deltas_from_the_io_loop_stay_ahead_of_the_frames_a_thread_publishes_next() -> None:
@@ -104,69 +99,6 @@ def test_deltas_from_the_io_loop_stay_ahead_of_the_frames_a_thread_publishes_nex
 
     assert [f["data"].get("text") for f in frames[:30]] == [f"t{n}" for n in range(30)]
     assert [f["seq"] for f in frames[30:]] == [1, 2]
-
-
-def test_threads_publishing_first_at_once_share_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two routes would be two connections, whose frames could overtake each other."""
-    monkeypatch.setattr(redis_pubsub, "_routes", {})
-
-    class SlowToMake(redis_publisher.Publisher):  # widens the window two makers would share
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            time.sleep(0.02)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(redis_publisher, "Publisher", SlowToMake)
-    layer = get_channel_layer()
-    start = threading.Barrier(8)
-    routes: list[Any] = []
-
-    def first_publish() -> None:
-        start.wait()
-        routes.append(redis_pubsub.route(layer))
-
-    threads = [threading.Thread(target=first_publish) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert len(routes) == 8 and routes[0] is not None
-    assert all(route is routes[0] for route in routes)
-
-
-def test_a_sentinel_layer_publishes_through_the_channel_layers_client() -> None:
-    """redis-py's asyncio client follows a Sentinel's master; the direct publisher does not."""
-    layer = RedisPubSubChannelLayer(
-        hosts=[{"master_name": "main", "sentinels": [("127.0.0.1", 26379)]}]
-    )
-
-    assert redis_pubsub.route(layer) is None
-    assert redis_pubsub.route(get_channel_layer()) is not None
-
-
-def test_a_channels_redis_without_the_parts_relied_on_publishes_through_group_send(
-    group_sends: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    class OtherRelease:  # a loop layer that names channels some other way
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-    monkeypatch.setattr(redis_pubsub, "RedisPubSubLoopLayer", OtherRelease)
-    monkeypatch.setattr(redis_pubsub, "_routes", {})
-    session_id = str(uuid.uuid4())
-
-    assert [f["seq"] for f in _received(session_id, 3)] == [1, 2, 3]
-    assert group_sends == [publisher.group_name(session_id)]  # the step's frames in one
-
-
-def test_with_the_fast_path_off_frames_go_through_group_send(
-    group_sends: list[str], settings: Any
-) -> None:
-    settings.FAST_PATHS = False
-    session_id = str(uuid.uuid4())
-
-    assert [f["seq"] for f in _received(session_id, 3)] == [1, 2, 3]
-    assert group_sends == [publisher.group_name(session_id)]  # the step's frames in one
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from sessions import dispatch
-from sessions.models import Session, Transition
+from record import dispatch
+from record.models import Session, Transition
 from sessions.services import message_post, sessions_sweep
 from tests.factories import AgentFactory, SessionFactory
 from tests.stack import Stack, free_port

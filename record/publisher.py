@@ -11,10 +11,8 @@ The frames of one `publish` (a step's) travel as one group message
 one Pub/Sub message a step instead of one a frame. Listeners read either type
 with `texts_of` / `frames_of`.
 
-On the Redis Pub/Sub layer the committing thread writes the PUBLISH commands
-itself (a fast path, runtime/fastpaths/redis_pubsub.py): no hop to the io loop
-and no reply to wait for. Elsewhere, or with it off, frames go through the
-layer's `group_send` on the io loop.
+Frames go through the layer's `group_send` on the process's io loop, submitted in
+order from any thread (a model call's text deltas ahead of the frames its step commits).
 """
 
 import json
@@ -27,7 +25,6 @@ from uuid import UUID
 from channels.layers import get_channel_layer
 
 from runtime import io_loop
-from runtime.fastpaths import redis_pubsub
 
 from .events import EventType
 
@@ -39,7 +36,7 @@ class Frame(TypedDict):
     type: str  # an EventType (or, read back from the database, its value)
     session: str
     ts: str
-    data: Mapping[str, Any]  # the type's payload (sessions/events.py)
+    data: Mapping[str, Any]  # the type's payload (record/events.py)
 
 
 def group_name(session_id: UUID | str) -> str:
@@ -144,14 +141,7 @@ def publish(
         except (TypeError, ValueError):  # never fail a run over a notification
             logger.warning("unserialisable frame for session %s", session_id, exc_info=True)
             return
-        route = redis_pubsub.route(get_channel_layer())
-        if route is None:
-            io_loop.submit(_group_send(str(session_id), messages))
-            return
-        try:
-            route.publish(group_name(session_id), messages)
-        except Exception:  # noqa: BLE001 - a lost notification must never fail a run
-            logger.warning("publish failed for session %s", session_id, exc_info=True)
+        io_loop.submit(_group_send(str(session_id), messages))
 
 
 def publish_ephemeral(session_id: UUID | str, type_: EventType, data: Mapping[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""sessions/rows.py: the step's batch binds exactly what psycopg would, and the
+"""record/rows.py: the step's batch binds exactly what psycopg would, and the
 fast value conversion matches the fields' own get_db_prep_save."""
 
 import json
@@ -14,9 +14,9 @@ from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int2, Int4, Int8
 
 from engine.store.commit import MESSAGE_COLUMNS
-from sessions import rows
-from sessions.models import Event, Message, ModelCall, ToolCall
-from sessions.rows import (
+from record import rows
+from record.models import Event, Message, ModelCall, ToolCall
+from record.rows import (
     JsonbText,
     _bound,
     _Literals,
