@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "demo",
     "observability",
     "audit",
+    "hooks",
 ]
 
 MIDDLEWARE = [
@@ -177,6 +178,17 @@ CELERY_BEAT_SCHEDULE = {
         "task": "sessions.tasks.prune_request_keys",
         "schedule": 3600.0,
     },
+    # Schedules and run webhooks (hooks/): due schedules fire, due deliveries are sent.
+    "fire-schedules": {
+        "task": "hooks.tasks.schedules_fire",
+        "schedule": env.float("SCHEDULES_TICK_S", default=5.0),
+        "options": {"expires": 30},
+    },
+    "send-run-webhooks": {
+        "task": "hooks.tasks.webhooks_sweep",
+        "schedule": env.float("RUN_WEBHOOK_SWEEP_S", default=5.0),
+        "options": {"expires": 30},
+    },
 }
 
 # Engine limits and timings.
@@ -212,6 +224,15 @@ COST_NOTICE_WEBHOOK_URL = env.str("COST_NOTICE_WEBHOOK_URL", default="")
 COST_NOTICE_WEBHOOK_SECRET = env.str("COST_NOTICE_WEBHOOK_SECRET", default="")
 COST_NOTICE_WEBHOOK_RETRIES = env.int("COST_NOTICE_WEBHOOK_RETRIES", default=8)
 COST_NOTICE_WEBHOOK_TIMEOUT_S = env.float("COST_NOTICE_WEBHOOK_TIMEOUT_S", default=10.0)
+
+# Run webhooks (hooks/, docs/schedules-and-webhooks.md): a session, a message or a workflow
+# run's `webhook: {url}` is POSTed the turn's outcome when it ends, signed with HMAC-SHA256 in
+# X-Run-Signature when RUN_WEBHOOK_SECRET is set; retried with backoff (1 s doubling, at most
+# RUN_WEBHOOK_BACKOFF_MAX_S) up to RUN_WEBHOOK_RETRIES times.
+RUN_WEBHOOK_SECRET = env.str("RUN_WEBHOOK_SECRET", default="")
+RUN_WEBHOOK_TIMEOUT_S = env.float("RUN_WEBHOOK_TIMEOUT_S", default=10.0)
+RUN_WEBHOOK_RETRIES = env.int("RUN_WEBHOOK_RETRIES", default=10)
+RUN_WEBHOOK_BACKOFF_MAX_S = env.float("RUN_WEBHOOK_BACKOFF_MAX_S", default=600.0)
 
 # Egress (runtime/egress.py, docs/security.md "Egress"): outbound calls (HTTP tools, MCP,
 # webhooks, model and embeddings endpoints) never connect to loopback, private, link-local,

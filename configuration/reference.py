@@ -17,6 +17,7 @@ from django.db.models import fields as model_fields
 
 from accounts.models import Role
 from billing.models import CreditPool
+from hooks.models import Schedule
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
 from tools.models import McpServer, Tool
@@ -106,6 +107,19 @@ SECTIONS = (
         },
         "Workflows: graphs of nodes; the rest of an entry is checked by the workflow parser "
         "(see [Workflows](workflows.md)), which names workflow, node and field.",
+    ),
+    Section(
+        "schedules",
+        Schedule,
+        services.SCHEDULE_FIELDS,
+        {
+            "name": "the schedule's unique name; its runs' metadata carries it as `schedule`",
+            "owner": "the username whose runs they are (and who is billed for them)",
+            "api_key": "the prefix of one of the owner's active keys: its roles, its spend",
+            "webhook": "`{url}`: called when each run ends (`Schedule.webhook_url`)",
+        },
+        "Schedules: a workflow run, or an agent's turn in a new session, on a cron expression "
+        "in a time zone (see [Schedules and run webhooks](schedules-and-webhooks.md)).",
     ),
 )
 

@@ -303,6 +303,31 @@ ROLE_ENTRY = {
     "properties": {"name": SLUG, "description": {"type": "string"}},
 }
 
+SCHEDULE_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "cron", "owner"],
+    "properties": {
+        "name": NAME,
+        "cron": {"type": "string", "minLength": 1, "maxLength": 120},
+        "timezone": {"type": "string", "minLength": 1, "maxLength": 64},
+        "workflow": SLUG,
+        "input": {"type": "object"},
+        "agent": SLUG,
+        "message": {"type": "string", "minLength": 1},
+        "owner": {"type": "string", "minLength": 1, "maxLength": 150},
+        "api_key": {"type": "string", "minLength": 1, "maxLength": 12},
+        "overlap": {"enum": ["skip", "queue", "allow"]},
+        "enabled": {"type": "boolean"},
+        "webhook": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["url"],
+            "properties": {"url": {"type": "string", "minLength": 1, "maxLength": 500}},
+        },
+    },
+}
+
 DOCUMENT = {
     "type": "object",
     "additionalProperties": False,
@@ -314,6 +339,7 @@ DOCUMENT = {
         "agents": {"type": "array", "items": AGENT_ENTRY},
         "embeddings": {"type": "array", "items": EMBEDDINGS_ENTRY},
         "credit_pools": {"type": "array", "items": CREDIT_POOL_ENTRY},
+        "schedules": {"type": "array", "items": SCHEDULE_ENTRY},
         # The rest of a workflow is checked by its own parser (workflows/definition.py),
         # which names workflow, node and field.
         "workflows": {
@@ -483,6 +509,7 @@ def config_errors(
         ("agents", "slug"),
         ("embeddings", "name"),
         ("credit_pools", "name"),
+        ("schedules", "name"),
     ):
         seen: set[str] = set()
         for i, entry in enumerate(document.get(kind) or []):

@@ -19,12 +19,15 @@ from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from accounts.models import Role
+from accounts.models import ApiKey, Role
 from audit.diff import changes
 from audit.models import AuditAction
 from audit.selectors import admin_changed_fields
 from audit.services import SYSTEM, audit_record
 from billing.models import CreditPool
+from hooks.models import Schedule
+from hooks.selectors import schedule_next_times
+from hooks.services import schedule_next_due, schedule_problems
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
@@ -33,6 +36,7 @@ from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
 from tools.models import McpServer, Tool
 from tools.services import mcp_server_list, mcp_tools_store
 from workflows.definition import WorkflowInvalid
+from workflows.models import Workflow
 from workflows.selectors import definition_compile, tool_roles, workflow_definition_current
 from workflows.services import workflow_apply
 
@@ -134,9 +138,12 @@ CONFIG_FILE = "configuration.file"  # the audit trail's object type of an applie
 
 
 def _audited(value: Any) -> Any:
-    # A referenced row by its name (a model endpoint's), as the file names it.
+    # A referenced row by its name (a model endpoint's, a user's, a key's), as the file names it.
     if isinstance(value, Model):
-        return getattr(value, "name", None) or getattr(value, "slug", None) or str(value.pk)
+        for name in ("name", "slug", "username", "prefix"):
+            if getattr(value, name, None):
+                return getattr(value, name)
+        return str(value.pk)
     return value
 
 
@@ -378,6 +385,104 @@ def _user(username: str) -> Any:
     return get_user_model().objects.get(**{get_user_model().USERNAME_FIELD: username})
 
 
+# What a schedules: entry sets on its row (name, owner, api_key and webhook are read apart).
+SCHEDULE_FIELDS = (
+    "cron",
+    "timezone",
+    "workflow",
+    "input",
+    "agent",
+    "message",
+    "overlap",
+    "enabled",
+)
+# A change to any of these moves a schedule's next due time on from now.
+SCHEDULE_TIMING = ("cron", "timezone", "enabled")
+
+
+def _schedule_errors(
+    document: dict[str, Any],
+) -> tuple[list[str], dict[str, tuple[Any, ApiKey | None]]]:
+    """Each schedule's problems, named by entry and field, and its owner and key."""
+    entries = document.get("schedules") or []
+    if not entries:
+        return [], {}
+    roles = dict(Workflow.objects.values_list("slug", "role"))
+    roles.update({w["slug"]: w.get("role", "") for w in document.get("workflows") or []})
+    agents = set(Agent.objects.filter(workflow__isnull=True).values_list("slug", flat=True))
+    agents |= {a["slug"] for a in document.get("agents") or []}
+    errors: list[str] = []
+    refs: dict[str, tuple[Any, ApiKey | None]] = {}
+    for i, entry in enumerate(entries):
+        workflow = entry.get("workflow", "")
+        problems = schedule_problems(
+            cron=entry["cron"],
+            zone=entry.get("timezone", "UTC"),
+            workflow=workflow,
+            agent=entry.get("agent", ""),
+            message=entry.get("message", ""),
+            webhook_url=(entry.get("webhook") or {}).get("url", ""),
+            known_workflows=set(roles),
+            known_agents=agents,
+        )
+        if "input" in entry and not workflow:
+            problems.setdefault("input", "only with a workflow (an agent's turn takes a message)")
+        owner = get_user_model().objects.filter(username=entry["owner"]).first()
+        key = None
+        if owner is None:
+            problems["owner"] = f"unknown user '{entry['owner']}'"
+        elif entry.get("api_key"):
+            key = ApiKey.objects.filter(
+                owner=owner, prefix=entry["api_key"], is_active=True
+            ).first()
+            if key is None:
+                problems["api_key"] = (
+                    f"no active key of {owner.get_username()} with the prefix '{entry['api_key']}'"
+                )
+            elif workflow in roles and roles[workflow] not in key.roles:
+                problems["api_key"] = (
+                    f"the key does not hold workflow {workflow}'s role '{roles[workflow]}'"
+                )
+        errors += [f"schedules[{i}] ({entry['name']}).{f}: {p}" for f, p in problems.items()]
+        refs[entry["name"]] = (owner, key)
+    return errors, refs
+
+
+def _schedule_apply(entry: dict[str, Any], refs: tuple[Any, ApiKey | None], trail: _Trail) -> str:
+    """Create or update one schedule; a new one, or a new cron, zone or enabled, is due next
+    from now. Its report line names its next fire time."""
+    name = entry["name"]
+    values: dict[str, Any] = {
+        "cron": entry["cron"],
+        "timezone": entry.get("timezone", "UTC"),
+        "workflow": entry.get("workflow", ""),
+        "input": entry.get("input", {}),
+        "agent": entry.get("agent", ""),
+        "message": entry.get("message", ""),
+        "overlap": entry.get("overlap", "skip"),
+        "enabled": entry.get("enabled", True),
+        "owner": refs[0],
+        "api_key": refs[1],
+        "webhook_url": (entry.get("webhook") or {}).get("url", ""),
+    }
+    before = Schedule.objects.filter(name=name).values(*SCHEDULE_TIMING).first()
+    done = _upsert(
+        Schedule, {"name": name}, values, SCHEDULE_FIELDS, trail=trail, entry=f"schedule {name}"
+    )
+    row = Schedule.objects.get(name=name)
+    if before is None or any(before[f] != getattr(row, f) for f in SCHEDULE_TIMING):
+        row.next_due_at = schedule_next_due(schedule=row) if row.enabled else None
+        row.save(update_fields=["next_due_at", "updated_at"])
+    if not row.enabled:
+        return f"schedule {name}: {done}; disabled"
+    upcoming = schedule_next_times(schedule=row, count=1)
+    return (
+        f"schedule {name}: {done}; next {upcoming[0]:%Y-%m-%d %H:%M %Z}"
+        if upcoming
+        else f"schedule {name}: {done}"
+    )
+
+
 def config_apply(
     *,
     document: Any,
@@ -436,6 +541,8 @@ def config_apply(
     urls, _ = resolve_urls(document)
     discovered, errors, discovery_warnings = _discover(document, urls, check_urls)
     errors += _mcp_reference_errors(document, discovered, known_tools)
+    schedule_errors, schedule_refs = _schedule_errors(document)
+    errors += schedule_errors
     if errors:
         raise ConfigInvalid(errors)
 
@@ -600,5 +707,7 @@ def config_apply(
             except WorkflowInvalid as exc:
                 raise ConfigInvalid(exc.errors) from None
             _workflow_trail(trail, entry["slug"], before)
+        for entry in document.get("schedules") or []:
+            report.append(_schedule_apply(entry, schedule_refs[entry["name"]], trail))
         _config_audit(trail, report, document, actor, source)
     return report + warnings + discovery_warnings + description_warnings

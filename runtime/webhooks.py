@@ -1,4 +1,5 @@
-"""Signed webhook deliveries, one JSON POST each (the approvals' and the cost notices').
+"""Signed webhook deliveries, one JSON POST each (the approvals', the cost notices' and
+the run webhooks').
 
 `<header>: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` with the hook's secret;
 the receiver recomputes it and checks that t is recent, so a captured request cannot be
@@ -43,12 +44,19 @@ def signature_valid(secret: str, body: bytes, header: str, max_age_s: float = 30
 
 
 def signed_post(
-    *, url: str, payload: dict[str, Any], secret: str, header: str, timeout_s: float
+    *,
+    url: str,
+    payload: dict[str, Any],
+    secret: str,
+    header: str,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> int:
-    """POST one payload (signed when there is a secret); raise WebhookFailed when it
-    should be retried, EgressRefused (logged here) when the policy refuses its address."""
+    """POST one payload (signed when there is a secret, with any further `headers`); raise
+    WebhookFailed when it should be retried, EgressRefused (logged here) when the policy
+    refuses its address."""
     body = json.dumps(payload, separators=(",", ":"), default=str).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(headers or {})}
     if secret:
         headers[header] = signature(secret, body, int(time.time()))
     try:

@@ -698,6 +698,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     message.validated_data["content"],
                     message.validated_data.get("idempotency_key"),
                     message.validated_data.get("extra_context"),
+                    message.validated_data.get("webhook"),
                 )
             elif kind == "interrupt":
                 await database_sync_to_async(self._interrupt)()
@@ -709,7 +710,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         except DomainError as exc:
             await self._send_error(exc.code, exc.message, exc.details)
 
-    def _post(self, content: str, idempotency_key: str | None, extra_context: Any = None) -> None:
+    def _post(
+        self,
+        content: str,
+        idempotency_key: str | None,
+        extra_context: Any = None,
+        webhook: Any = None,
+    ) -> None:
         # The ownership check is the post's locking query, as for REST; the key's roles
         # are read now, so a change in the admin counts from the next frame.
         services.message_post_for_owner(
@@ -719,6 +726,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             content=content,
             idempotency_key=idempotency_key,
             extra_context=extra_context,
+            webhook=webhook,
         )
 
     def _interrupt(self) -> None:

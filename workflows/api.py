@@ -35,6 +35,12 @@ class RunCreateSerializer(serializers.Serializer):
     )
     idempotency_key = serializers.CharField(required=False, max_length=200, allow_blank=False)
     metadata = serializers.DictField(required=False)
+    webhook = serializers.JSONField(
+        required=False,
+        help_text='`{"url": str}`: POSTed the outcome, result and usage when the run ends, '
+        "signed in X-Run-Signature (docs/schedules-and-webhooks.md); the URL must pass the "
+        "egress policy (400 naming webhook.url otherwise).",
+    )
 
 
 class RunSerializer(serializers.Serializer):
@@ -100,6 +106,7 @@ class WorkflowRunsView(APIView):
                 input=data["input"],
                 idempotency_key=key,
                 metadata=data.get("metadata") or {},
+                webhook=data.get("webhook"),
             )
             code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
             return code, RunSerializer(session).data
@@ -110,7 +117,11 @@ class WorkflowRunsView(APIView):
             else KeyedRequest(
                 key=key,
                 fingerprint=request_fingerprint(
-                    request.method, request.path, data["input"], data.get("metadata") or {}
+                    request.method,
+                    request.path,
+                    data["input"],
+                    data.get("metadata") or {},
+                    *([data["webhook"]] if "webhook" in data else []),
                 ),
             )
         )

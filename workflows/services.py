@@ -17,6 +17,7 @@ from audit.diff import changes
 from audit.models import AuditAction
 from audit.services import audit_record
 from engine import turn_start
+from hooks.outbox import webhook_target_add, webhook_url_check
 from memory.tokens import count_message_tokens
 from record import dispatch
 from record.errors import Conflict, InvalidInput, NotFound
@@ -223,11 +224,13 @@ def workflow_run_start(
     input: Any,
     idempotency_key: str | None = None,
     metadata: dict[str, Any] | None = None,
+    webhook: Any = None,
 ) -> tuple[Session, bool]:
     """Start a run of the workflow's current version; (session, created).
 
     1. The workflow must exist and be enabled (404), the key must hold its role (403), and
-       the input must satisfy its `input` schema (400 `invalid_input`, naming the path).
+       the input must satisfy its `input` schema (400 `invalid_input`, naming the path), and a
+       `webhook` ({url}, called when the run ends) the egress policy (400 naming it).
     2. A repeated idempotency key returns the first run (409 if its input differs); a
        lock on the key serialises two requests that race with it.
     3. In one transaction: the session (the run) with its first state, and the turn-start
@@ -244,6 +247,7 @@ def workflow_run_start(
     version = WorkflowVersion.objects.get(workflow=workflow, number=workflow.current_version)
     definition = version_definition(version.pk)
     _input_check(definition, input)
+    url = None if webhook is None else webhook_url_check(webhook, field="webhook")
     content = json.dumps(input, ensure_ascii=False, sort_keys=True)
     with transaction.atomic():
         if idempotency_key:
@@ -280,6 +284,8 @@ def workflow_run_start(
             idempotency_key=idempotency_key or None,
             token_count=count_message_tokens(content),
         )
+        if url:
+            webhook_target_add(session_id=session.pk, url=url)
         turn_start(session=session, lease_owner=None, message=message)
         dispatch.run_enqueue_on_commit(session.pk, session.value)
     return session, True

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from hooks.outbox import outbox_statement, outbox_wake
 from observability.tracing import trace_id_of
 from observability.turns import turn_ended
 from record.event_limits import payload_capped, payload_max_bytes
@@ -739,9 +740,15 @@ def step_commit(step: Step) -> Committed:
         # holds them only for its commit, not while the rest of the batch runs.
         *step.charges,
     ]
+    # A run webhook's delivery (hooks/outbox.py) commits with the turn's end, or not at all.
+    finished = next((s for s in step.after_events if s.type == EventType.TURN_FINISHED), None)
+    if finished is not None:
+        writes.append(outbox_statement(step.session.pk, plan.turn, dict(finished.data), GUARD))
     if step.then_read is not None:
         writes.append(step.then_read)  # last: its rows are the batch's last result
     results, frames = _run_batch(step.session, writes, ordered, texts)
+    if finished is not None:
+        outbox_wake(results[-2 if step.then_read is not None else -1])
     for spec in step.after_events:
         if spec.type == EventType.TURN_FINISHED:
             turn_ended(step.session.pk, str(spec.data.get("stop_reason", "")))

@@ -202,6 +202,9 @@ goes on in the background. Follow it on the websocket (see the overview) or with
   `idempotency_key_reused`.
 - `extra_context`: data from your app for this turn (the page the user is on, their
   plan). The model reads it as data, never as instructions.
+- `webhook`: `{"url": ...}` is POSTed this turn's outcome, answer and usage when it ends,
+  signed (docs/schedules-and-webhooks.md); a URL the egress policy refuses is a 400
+  naming `webhook.url`.
 - While a turn runs, the agent's policy decides: the message waits for its turn
   (`status: queued`), interrupts the running turn, or is refused with 409
   `turn_in_progress`. When the agent asked the user a question, the message is the

@@ -39,6 +39,27 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+WEBHOOK_SCHEMA = {
+    "type": "object",
+    "properties": {"url": {"type": "string", "format": "uri", "maxLength": 500}},
+    "required": ["url"],
+    "additionalProperties": False,
+    "description": (
+        "POSTed the outcome, answer or result and usage when the turn (every turn of a "
+        "session; a message's own turn) ends, signed in X-Run-Signature, with "
+        "Idempotency-Key <session>:<turn>. The URL must pass the egress policy (400 naming "
+        "webhook.url otherwise)."
+    ),
+    "example": {"url": "https://app.example.com/hooks/runs"},
+}
+
+
+@extend_schema_field(WEBHOOK_SCHEMA)
+class WebhookField(serializers.JSONField):
+    """Any JSON here; the service checks it (an object with url, allowed by the egress
+    policy) and names the field."""
+
+
 class SessionCreateSerializer(StrictSerializer):
     agent = StrictSlugField(max_length=100)
     role = StrictCharField(max_length=50, required=False, allow_blank=True)
@@ -54,6 +75,7 @@ class SessionCreateSerializer(StrictSerializer):
         help_text="The session's value (priority for credits and workers); default the agent's. "
         "Above the agent's value only up to the key's max_value (403 value_not_allowed).",
     )
+    webhook = WebhookField(required=False)
 
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
         limit = settings.METADATA_MAX_BYTES
@@ -93,6 +115,7 @@ class MessageCreateSerializer(StrictSerializer):
     content = StrictCharField(trim_whitespace=False, allow_blank=True)
     idempotency_key = StrictCharField(max_length=200, required=False, allow_blank=False)
     extra_context = ExtraContextField(required=False, allow_null=True)
+    webhook = WebhookField(required=False)
 
 
 _built_fields: dict[type, list[serializers.Field]] = {}

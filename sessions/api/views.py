@@ -143,6 +143,7 @@ class SessionListView(APIView):
             value=data.get("value"),
             value_max=_key_value_max(request),
             api_key_id=getattr(request.auth, "pk", None),
+            webhook=data.get("webhook"),
         )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
@@ -212,11 +213,14 @@ class SessionMessagesView(APIView):
                 content=data["content"],
                 idempotency_key=key,
                 extra_context=data.get("extra_context"),
+                webhook=data.get("webhook"),
             )
             code = status.HTTP_202_ACCEPTED if posted.created else status.HTTP_200_OK
             return code, MessageSerializer(posted.message).data
 
-        keyed = _keyed(request, key, data["content"], data.get("extra_context"))
+        # A webhook is part of what is asked (the fingerprint without one is as it was).
+        hook = [data["webhook"]] if "webhook" in data else []
+        keyed = _keyed(request, key, data["content"], data.get("extra_context"), *hook)
         return _keyed_response(
             services.request_keyed_respond(owner_id=request.user.pk, keyed=keyed, run=post)
         )

@@ -21,6 +21,7 @@ from engine import (
     turn_start,
     user_answer,
 )
+from hooks.outbox import webhook_target_add, webhook_url_check
 from llm.types import ModelOptions
 from memory.tokens import count_message_tokens
 from record import dispatch
@@ -53,12 +54,14 @@ def session_create(
     value_max: float | None = None,
     ephemeral: bool = False,
     api_key_id: int | None = None,
+    webhook: Any = None,
 ) -> Session:
     """Open a session on an agent; its role is fixed now from what the caller's key allows,
     its value (priority for credits and workers) from the caller, within what the key is
     granted (`value_max`, see `session_value_check`), or else the agent's. An `ephemeral`
     one (a stateless OpenAI-compatible request) is pruned once idle for a while. The
-    `api_key_id` that opened it is charged with its model calls' cost (billing.SpendDaily)."""
+    `api_key_id` that opened it is charged with its model calls' cost (billing.SpendDaily).
+    A `webhook` ({url}, egress-checked: 400 naming it) is called when each of its turns ends."""
     # A workflow's runtime agent runs that workflow's runs only.
     agent = Agent.objects.filter(slug=agent_slug, enabled=True, workflow__isnull=True).first()
     if agent is None:
@@ -75,15 +78,20 @@ def session_create(
         role = key_roles[0] if key_roles else ""
     if value is not None:
         session_value_check(value=value, agent_value=agent.value, value_max=value_max)
-    return Session.objects.create(
-        agent=agent,
-        owner=owner,
-        role=role,
-        metadata=metadata or {},
-        value=agent.value if value is None else value,
-        ephemeral=ephemeral,
-        api_key_id=api_key_id,
-    )
+    url = None if webhook is None else webhook_url_check(webhook, field="webhook")
+    with transaction.atomic():
+        session = Session.objects.create(
+            agent=agent,
+            owner=owner,
+            role=role,
+            metadata=metadata or {},
+            value=agent.value if value is None else value,
+            ephemeral=ephemeral,
+            api_key_id=api_key_id,
+        )
+        if url:
+            webhook_target_add(session_id=session.pk, url=url)
+    return session
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,7 @@ def message_post_for_owner(
     idempotency_key: str | None = None,
     extra_context: dict[str, Any] | None = None,
     turn_options: ModelOptions | None = None,
+    webhook: Any = None,
 ) -> PostedMessage:
     """`message_post` for an API caller: the session is looked up and locked in one
     statement, and another owner's session is missing (NotFound), as in
@@ -152,13 +161,18 @@ def message_post_for_owner(
         session_role_check(role=locked.role, key_roles=key_roles)
         _content_check(content)
         extra_context_check(extra_context)
-        return _message_accept(
+        url = None if webhook is None else webhook_url_check(webhook, field="webhook")
+        posted = _message_accept(
             locked,
             content=content,
             idempotency_key=idempotency_key,
             extra_context=extra_context,
             turn_options=turn_options,
         )
+        if url and posted.created:
+            # This message's turn only (hooks/outbox.py).
+            webhook_target_add(session_id=locked.pk, url=url, message=posted.message)
+        return posted
 
 
 def _session_lock() -> QuerySet[Session]:

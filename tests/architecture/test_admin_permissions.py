@@ -24,6 +24,7 @@ from django.db import connection
 from django.db.models import Model
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, reverse
+from django.utils import timezone
 
 from accounts.models import Role
 from accounts.services import api_key_create, approver_grant
@@ -34,6 +35,7 @@ from billing.notices import billing_today
 from billing.services import credits_grant
 from demo.models import Customer, Notification, Order, Report
 from engine import session_run
+from hooks.models import Schedule, ScheduleFire, WebhookDelivery
 from llm.types import ChatMessage, ChatRequest, ChatResponse
 from memory.models import EmbeddingEndpoint, MemoryItem, MemoryOwnerIndex
 from observability.prompts import prompt_sample_record
@@ -173,6 +175,15 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     workflow_apply(
         definition=definition_check(workflow_raw, where="walk"), where="walk", default_model="rules"
     )
+
+    schedule = Schedule.objects.create(
+        name="walk", cron="0 2 * * *", agent="walk", message="hi", owner=viewer,
+        next_due_at=timezone.now() + timedelta(days=1),
+    )  # fmt: skip
+    ScheduleFire.objects.create(
+        schedule=schedule, due=timezone.now(), status="started", session=finished
+    )
+    WebhookDelivery.objects.create(session=finished, turn=1, url="https://app.example/h")
 
     # The walk reaches the viewer's own rows: the audit entries about another user (the
     # boss's approver rights) are that user's and a superuser's.

@@ -174,3 +174,22 @@ def test_waiting_for_a_run_that_failed_gives_its_error_and_one_that_never_ends_t
     client = Client("http://h:1", api_key="k", http=httpx.Client(transport=transport))
     with pytest.raises(TimeoutError, match=RUN_ID):
         client.wait_for_run(RUN_ID, timeout=0.05, poll=0.01)
+
+
+def test_a_webhook_is_sent_as_an_object_where_turns_and_runs_start_and_only_when_named():
+    from agentplatform_client.client import _Calls
+
+    hook = {"webhook": {"url": "https://app.example/runs"}}
+    assert _Calls.create_session("a", None, None, None, "https://app.example/runs").body == {
+        "agent": "a",
+        **hook,
+    }
+    assert _Calls.send_message("s-1", "hi", None, "https://app.example/runs").body == {
+        "content": "hi",
+        **hook,
+    }
+    assert _Calls.start_workflow("f", {}, None, None, "https://app.example/runs").body == {
+        "input": {},
+        **hook,
+    }
+    assert "webhook" not in (_Calls.send_message("s-1", "hi", None).body or {})

@@ -232,3 +232,24 @@ def test_the_graph_counts_against_the_keys_rate_like_every_read(
 
     assert_error(refused, 429, "rate_limited")
     assert 1 <= int(refused["Retry-After"]) <= 40
+
+
+def test_a_run_takes_a_webhook_the_egress_policy_allows_and_not_another(
+    workflow: Workflow, support: Api, settings
+) -> None:
+    from hooks.models import RunWebhook
+
+    started = support.post(
+        RUNS, {"input": {"number": "SO-1"}, "webhook": {"url": "http://127.0.0.1:9/r"}}
+    )
+    assert started.status_code == 201, started.content
+    assert list(RunWebhook.objects.values_list("session_id", "url")) == [
+        (uuid.UUID(started.json()["id"]), "http://127.0.0.1:9/r")
+    ]
+    settings.EGRESS_ALLOW = []
+    for hostile in ({"url": "http://127.0.0.1:9/r"}, {"url": "http://10.0.0.1/"}, {"uri": "x"}):
+        error = assert_error(
+            support.post(RUNS, {"input": {"number": "SO-2"}, "webhook": hostile}), 400
+        )
+        assert error["details"]["field"].startswith("webhook"), error
+    assert Session.objects.count() == 1

@@ -5,6 +5,7 @@ import uuid
 import pytest
 
 from engine import session_run
+from hooks.models import RunWebhook
 from record.models import Event, Session
 
 from .conftest import assert_error
@@ -341,4 +342,47 @@ def test_the_message_list_pages_back_through_the_history(api, session_id):
         ["m5", "queued"],
         ["m3", "m4"],
         ["m1", "m2"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "webhook",
+    [
+        {"url": "http://127.0.0.1:8000/internal"},
+        {"url": "http://169.254.169.254/latest/meta-data/"},
+        {"url": "file:///etc/passwd"},
+        {"url": ["http://x.example"]},
+        "http://x.example",
+        None,
+    ],
+)
+def test_a_webhook_the_egress_policy_or_its_shape_refuses_is_a_400_naming_it(
+    api, session_id, settings, webhook
+):
+    settings.EGRESS_ALLOW = []
+    for path, body in (
+        (BASE, {"agent": "helper"}),
+        (f"{BASE}{session_id}/messages/", {"content": "hi"}),
+    ):
+        error = assert_error(api.post(path, {**body, "webhook": webhook}), 400)
+        # Named by the service ({"field": "webhook.url"}) or, for null, by the serializer.
+        named = error["details"].get("field") or next(
+            iter(error["details"].get("fields", error["details"]))
+        )
+        assert named in ("webhook", "webhook.url"), error
+    assert not Session.objects.exclude(pk=session_id).exists()
+    assert not Session.objects.get(pk=session_id).messages.exists()
+
+
+def test_a_session_and_a_message_take_a_webhook(api, session_id):
+    created = api.post(BASE, {"agent": "helper", "webhook": {"url": "http://127.0.0.1:9/s"}})
+    assert created.status_code == 201, created.content
+    posted = api.post(
+        f"{BASE}{session_id}/messages/",
+        {"content": "hi", "webhook": {"url": "http://127.0.0.1:9/m"}},
+    )
+    assert posted.status_code == 202, posted.content
+    assert sorted(RunWebhook.objects.values_list("url", "message_id")) == [
+        ("http://127.0.0.1:9/m", posted.json()["id"]),
+        ("http://127.0.0.1:9/s", None),
     ]

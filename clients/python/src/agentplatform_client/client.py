@@ -136,6 +136,11 @@ def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _webhook(url: str | None) -> dict[str, Any]:
+    """The body's `webhook` object: POSTed the outcome when the turn or run ends."""
+    return {} if url is None else {"webhook": {"url": url}}
+
+
 class _Calls:
     """Every REST operation of `/api/v1/` (the OpenAPI schema's paths)."""
 
@@ -145,11 +150,16 @@ class _Calls:
 
     @staticmethod
     def create_session(
-        agent: str, metadata: dict[str, Any] | None, role: str | None, value: float | None
+        agent: str,
+        metadata: dict[str, Any] | None,
+        role: str | None,
+        value: float | None,
+        webhook: str | None = None,
     ) -> _Call[Session]:
         body: dict[str, Any] = {
             "agent": agent,
             **_params(metadata=metadata, role=role, value=value),
+            **_webhook(webhook),
         }
         return _Call("POST", "sessions/", _one(Session), body=body, has_body=True)
 
@@ -170,12 +180,17 @@ class _Calls:
 
     @staticmethod
     def start_workflow(
-        slug: str, input: Any, idempotency_key: str | None, metadata: dict[str, Any] | None
+        slug: str,
+        input: Any,
+        idempotency_key: str | None,
+        metadata: dict[str, Any] | None,
+        webhook: str | None = None,
     ) -> _Call[Session]:
         body = {
             "input": input,
             **_params(idempotency_key=idempotency_key),
             **({"metadata": metadata} if metadata else {}),
+            **_webhook(webhook),
         }
         return _Call(
             "POST",
@@ -191,9 +206,12 @@ class _Calls:
 
     @staticmethod
     def send_message(
-        session_id: SessionRef, content: str, idempotency_key: str | None
+        session_id: SessionRef,
+        content: str,
+        idempotency_key: str | None,
+        webhook: str | None = None,
     ) -> _Call[PostedMessage]:
-        body = {"content": content, **_params(idempotency_key=idempotency_key)}
+        body = {"content": content, **_params(idempotency_key=idempotency_key), **_webhook(webhook)}
         return _Call(
             "POST",
             f"sessions/{session_ref(session_id)}/messages/",
@@ -397,8 +415,10 @@ class Client:
         metadata: dict[str, Any] | None = None,
         role: str | None = None,
         value: float | None = None,
+        webhook: str | None = None,
     ) -> Session:
-        return self._run(_Calls.create_session(agent, metadata, role, value))
+        """Open a session; `webhook` (a URL) is POSTed each turn's outcome when it ends."""
+        return self._run(_Calls.create_session(agent, metadata, role, value, webhook))
 
     def list_sessions(self, *, limit: int | None = None, ephemeral: bool = False) -> list[Session]:
         """Your sessions, newest first (with `ephemeral`, those of stateless OpenAI-compatible
@@ -412,9 +432,11 @@ class Client:
         *,
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
+        webhook: str | None = None,
     ) -> Session:
-        """Start a run of the workflow `slug` with `input`; the run is a Session."""
-        return self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+        """Start a run of the workflow `slug` with `input`; the run is a Session. `webhook`
+        (a URL) is POSTed the run's outcome, result and usage when it ends."""
+        return self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata, webhook))
 
     def wait_for_run(
         self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
@@ -451,9 +473,15 @@ class Client:
     # Messages and events ----------------------------------------------------------
 
     def send_message(
-        self, session_id: SessionRef, content: str, *, idempotency_key: str | None = None
+        self,
+        session_id: SessionRef,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        webhook: str | None = None,
     ) -> PostedMessage:
-        return self._run(_Calls.send_message(session_id, content, idempotency_key))
+        """Post a message; `webhook` (a URL) is POSTed its turn's outcome when it ends."""
+        return self._run(_Calls.send_message(session_id, content, idempotency_key, webhook))
 
     def list_messages(self, session_id: SessionRef, *, limit: int | None = None) -> list[Message]:
         """History, oldest first (the last `limit`, server default 20)."""
@@ -517,6 +545,7 @@ class Client:
         idempotency_key: str | None = None,
         timeout: float | None = None,
         on_event: Callable[[Event], None] | None = None,
+        webhook: str | None = None,
     ) -> TurnResult:
         """Send `content` and wait for the turn that answers it to finish.
 
@@ -530,7 +559,9 @@ class Client:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.stream(session_id, after=self.last_seq(session_id)) as events:
-            own = self.send_message(session_id, content, idempotency_key=idempotency_key).message
+            own = self.send_message(
+                session_id, content, idempotency_key=idempotency_key, webhook=webhook
+            ).message
             turn = _own_turn(own)
             seen: list[Event] = []
             while True:
@@ -634,8 +665,10 @@ class AsyncClient:
         metadata: dict[str, Any] | None = None,
         role: str | None = None,
         value: float | None = None,
+        webhook: str | None = None,
     ) -> Session:
-        return await self._run(_Calls.create_session(agent, metadata, role, value))
+        """Open a session; `webhook` (a URL) is POSTed each turn's outcome when it ends."""
+        return await self._run(_Calls.create_session(agent, metadata, role, value, webhook))
 
     async def list_sessions(
         self, *, limit: int | None = None, ephemeral: bool = False
@@ -649,9 +682,13 @@ class AsyncClient:
         *,
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
+        webhook: str | None = None,
     ) -> Session:
-        """Start a run of the workflow `slug` with `input`; the run is a Session."""
-        return await self._run(_Calls.start_workflow(slug, input, idempotency_key, metadata))
+        """Start a run of the workflow `slug` with `input`; the run is a Session. `webhook`
+        (a URL) is POSTed the run's outcome, result and usage when it ends."""
+        return await self._run(
+            _Calls.start_workflow(slug, input, idempotency_key, metadata, webhook)
+        )
 
     async def wait_for_run(
         self, run: SessionRef, *, timeout: float = 60.0, poll: float = 0.5
@@ -687,9 +724,15 @@ class AsyncClient:
         return await self._run(_Calls.checkpoints(session_id, limit))
 
     async def send_message(
-        self, session_id: SessionRef, content: str, *, idempotency_key: str | None = None
+        self,
+        session_id: SessionRef,
+        content: str,
+        *,
+        idempotency_key: str | None = None,
+        webhook: str | None = None,
     ) -> PostedMessage:
-        return await self._run(_Calls.send_message(session_id, content, idempotency_key))
+        """Post a message; `webhook` (a URL) is POSTed its turn's outcome when it ends."""
+        return await self._run(_Calls.send_message(session_id, content, idempotency_key, webhook))
 
     async def list_messages(
         self, session_id: SessionRef, *, limit: int | None = None
@@ -759,11 +802,14 @@ class AsyncClient:
         idempotency_key: str | None = None,
         timeout: float | None = None,
         on_event: Callable[[Event], None] | None = None,
+        webhook: str | None = None,
     ) -> TurnResult:
         """See `Client.run_turn`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self.stream(session_id, after=await self.last_seq(session_id)) as events:
-            posted = await self.send_message(session_id, content, idempotency_key=idempotency_key)
+            posted = await self.send_message(
+                session_id, content, idempotency_key=idempotency_key, webhook=webhook
+            )
             own = posted.message
             turn = _own_turn(own)
             seen: list[Event] = []

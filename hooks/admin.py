@@ -1,0 +1,124 @@
+"""Schedules (next fire times, their last fires; every change audited) and run webhooks'
+deliveries (sent, failing, attempts, last error) in the admin."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString
+
+from accounts.tenancy import TenantScopedAdmin
+from audit.edits import AuditedAdmin
+
+from .models import Schedule, ScheduleFire, WebhookDelivery
+from .selectors import schedule_next_times
+from .services import schedule_next_due, schedule_problems
+
+# A change to any of these moves the next due time on from now.
+TIMING = frozenset({"cron", "timezone", "enabled"})
+
+
+class ScheduleForm(forms.ModelForm):
+    class Meta:
+        model = Schedule
+        fields = [
+            "name",
+            "enabled",
+            "cron",
+            "timezone",
+            "workflow",
+            "input",
+            "agent",
+            "message",
+            "owner",
+            "api_key",
+            "overlap",
+            "webhook_url",
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        problems = schedule_problems(
+            cron=data.get("cron") or "",
+            zone=data.get("timezone") or "",
+            workflow=data.get("workflow") or "",
+            agent=data.get("agent") or "",
+            message=data.get("message") or "",
+            webhook_url=data.get("webhook_url") or "",
+        )
+        key, owner = data.get("api_key"), data.get("owner")
+        if key is not None and owner is not None and key.owner_id != owner.pk:
+            problems["api_key"] = "a key of the schedule's owner"
+        for field, problem in problems.items():
+            self.add_error("webhook_url" if field == "webhook" else field, problem)
+        return data
+
+
+class FireInline(admin.TabularInline):
+    model = ScheduleFire
+    extra = 0
+    can_delete = False
+    fields = ("due", "status", "session", "error", "created_at")
+    readonly_fields = fields
+    ordering = ("-due",)
+    max_num = 0
+    verbose_name_plural = "fires (newest first)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduleFire]:
+        return super().get_queryset(request).select_related("session")
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ("name", "what", "cron", "timezone", "overlap", "enabled", "next_times")
+    list_filter = ("enabled", "overlap")
+    search_fields = ("name", "workflow", "agent")
+    readonly_fields = ("next_times",)
+    raw_id_fields = ("owner", "api_key")
+    inlines = [FireInline]
+
+    @admin.display(description="starts")
+    def what(self, obj: Schedule) -> str:
+        return f"workflow {obj.workflow}" if obj.workflow else f"agent {obj.agent}"
+
+    @admin.display(description="next fire times")
+    def next_times(self, obj: Schedule) -> SafeString | str:
+        if not obj.pk or not obj.enabled:
+            return "-"
+        return format_html_join(
+            "",
+            "<div>{}</div>",
+            ((t.strftime("%Y-%m-%d %H:%M %Z"),) for t in schedule_next_times(schedule=obj)),
+        )
+
+    def save_audited(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not change or TIMING & set(form.changed_data) or obj.next_due_at is None:
+            obj.next_due_at = schedule_next_due(schedule=obj) if obj.enabled else None
+        super().save_audited(request, obj, form, change)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    tenant_owner_path = "session__owner"
+    list_display = (
+        "__str__",
+        "url",
+        "status",
+        "attempts",
+        "last_error",
+        "next_attempt_at",
+        "sent_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("=session__id", "url")
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,108 @@
+"""Schedules and run webhooks' deliveries in the admin: a schedule added or changed in the
+admin is checked as in a config file, audited, and shows its next fire times; deliveries
+show sent, failing, attempts and the last error, and are not edited by hand."""
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import AuditEntry
+from hooks.models import Schedule, WebhookDelivery
+from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+ADD = "/admin/hooks/schedule/add/"
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    user = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _form(**values: Any) -> dict[str, Any]:
+    agent = AgentFactory(slug="support", model=ModelEndpointFactory(name="rules", api="rules"))
+    form = {
+        "name": "morning",
+        "enabled": "on",
+        "cron": "0 7 * * 1-5",
+        "timezone": "Europe/Berlin",
+        "workflow": "",
+        "input": "{}",
+        "agent": agent.slug,
+        "message": "What is due today?",
+        "owner": str(UserFactory(username="ops").pk),
+        "api_key": "",
+        "overlap": "skip",
+        "webhook_url": "",
+        "fires-TOTAL_FORMS": "0",
+        "fires-INITIAL_FORMS": "0",
+        "fires-MIN_NUM_FORMS": "0",
+        "fires-MAX_NUM_FORMS": "0",
+    }
+    form.update(values)
+    return form
+
+
+def test_an_added_schedule_is_audited_and_shows_its_next_fire_times(admin_client: Client):
+    answer = admin_client.post(ADD, _form())
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    schedule = Schedule.objects.get(name="morning")
+    assert schedule.next_due_at is not None and schedule.next_due_at > timezone.now()
+    entry = AuditEntry.objects.get(action="admin.add", object_type="hooks.schedule")
+    assert entry.actor == "admin:root" and entry.after["cron"] == "0 7 * * 1-5"
+
+    listing = admin_client.get("/admin/hooks/schedule/").content.decode()
+    local = schedule.next_due_at.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Berlin"))
+    assert (
+        local.strftime("%Y-%m-%d 07:00 CET") in listing
+        or local.strftime("%Y-%m-%d 07:00 CEST") in listing
+    )
+
+    # A new cron moves the next due time, and the change is audited with before and after.
+    Schedule.objects.filter(pk=schedule.pk).update(next_due_at=timezone.now() + timedelta(days=30))
+    changed = admin_client.post(
+        f"/admin/hooks/schedule/{schedule.pk}/change/", _form(cron="30 6 * * *")
+    )
+    assert changed.status_code == 302, changed.content.decode()[:3000]
+    schedule.refresh_from_db()
+    assert schedule.next_due_at < timezone.now() + timedelta(days=2)
+    entry = AuditEntry.objects.get(action="admin.change", object_type="hooks.schedule")
+    assert (entry.before["cron"], entry.after["cron"]) == ("0 7 * * 1-5", "30 6 * * *")
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"cron": "every day"}, "is not five fields"),
+        ({"timezone": "Mars/Base"}, "unknown time zone"),
+        ({"workflow": "nightly"}, "name a workflow, or an agent"),
+        ({"agent": "ghost"}, "unknown agent"),
+        ({"message": ""}, "required with an agent"),
+        ({"webhook_url": "http://169.254.169.254/"}, "egress refused"),
+    ],
+)
+def test_a_wrong_schedule_is_refused_inline_and_nothing_is_saved(
+    admin_client: Client, settings, values, says
+):
+    settings.EGRESS_ALLOW = []
+    answer = admin_client.post(ADD, _form(**values))
+    assert answer.status_code == 200 and says in answer.content.decode()
+    assert not Schedule.objects.exists() and not AuditEntry.objects.exists()
+
+
+def test_deliveries_show_their_state_and_cannot_be_edited(admin_client: Client):
+    session = SessionFactory()
+    WebhookDelivery.objects.create(
+        session=session, turn=3, url="https://app.example/h", status="failing", attempts=4,
+        last_error="ReadTimeout",
+    )  # fmt: skip
+    listing = admin_client.get("/admin/hooks/webhookdelivery/?status=failing").content.decode()
+    assert f"{session.pk}:3" in listing and "ReadTimeout" in listing and "failing" in listing
+    assert admin_client.get("/admin/hooks/webhookdelivery/add/").status_code == 403
