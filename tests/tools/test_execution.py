@@ -593,6 +593,8 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         critical = False
         rate_limit_calls_per_min = 0
         rate_limit_tokens_per_min = 0
+        sla_rate = 0.95
+        quota = {"calls": 5000, "per": "day"}
         retry = {"attempts": 4, "on": ["429"]}
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -600,6 +602,7 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
     assert snap.result_description == "The things."
     assert (snap.retry.attempts, snap.retry.on) == (4, frozenset({"429"}))
     assert snap.credit_cost == 25
+    assert (snap.sla_rate, snap.quota_calls, snap.quota_per) == (0.95, 5000, "day")
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (
