@@ -282,6 +282,19 @@ ENV_CHECK_PAUSE_S = env.float("ENV_CHECK_PAUSE_S", default=600.0)
 # a change of the agent, a tool or the model weighs 1, a dialogue slot or a degraded
 # service 0.5, a degradation level 0.5, 25 points of a budget's share 0.5).
 ENV_DRIFT_THRESHOLD = env.float("ENV_DRIFT_THRESHOLD", default=1.0)
+# The host under pressure (a drift when it starts or ends, 0 = not checked): the 1-minute
+# load average per core at or above ENV_HOST_CPU_HIGH, available memory under
+# ENV_HOST_MEM_LOW_MB.
+ENV_HOST_CPU_HIGH = env.float("ENV_HOST_CPU_HIGH", default=2.0)
+ENV_HOST_MEM_LOW_MB = env.int("ENV_HOST_MEM_LOW_MB", default=256)
+# Tools' recent success rate and p50 latency (their latest calls) and quota use are read
+# at most this often per process; a rate under a tool's declared sla_rate counts once
+# this many of those calls finished.
+ENV_TOOL_STATS_TTL_S = env.float("ENV_TOOL_STATS_TTL_S", default=30.0)
+ENV_SLA_MIN_CALLS = env.int("ENV_SLA_MIN_CALLS", default=5)
+# The environment layer's clock (its time, is_peak_hour) runs this many seconds ahead of
+# the host's: to rehearse peak hours in staging. 0 in production.
+ENV_CLOCK_SHIFT_S = env.float("ENV_CLOCK_SHIFT_S", default=0.0)
 # An uncertain call's probe that cannot tell is asked again this many times in all,
 # RECOVERY_PROBE_BACKOFF_S, then twice that, ... apart (a durable wait, no worker held).
 RECOVERY_PROBE_ATTEMPTS = env.int("RECOVERY_PROBE_ATTEMPTS", default=3)

@@ -15,10 +15,12 @@ from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from memory.tokens import TOKENIZER_NAMES
 from record.models import DoubleTexting
+from runtime.peak_hours import peak_hours_problems, time_zone
 from runtime.retry import retry_policy_problems
 from tools.env_access import header_env_allowed, header_env_rule
 from tools.estimates import estimate_problems
 from tools.execution import BUILTIN_TOOLS
+from tools.models import QUOTA_PERIODS
 from tools.registry import HANDLERS
 from tools.stdio_policy import command_problem, env_problems
 from workflows.definition import WorkflowInvalid, definition_parse
@@ -188,6 +190,17 @@ TOOL_ENTRY = {
         "critical": {"type": "boolean"},
         "rate_limit_calls_per_min": {"type": "integer", "minimum": 0},
         "rate_limit_tokens_per_min": {"type": "integer", "minimum": 0},
+        # The service's declared health (the environment layer: engine/gates/surroundings.py).
+        "sla_rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+        "quota": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["calls", "per"],
+            "properties": {
+                "calls": {"type": "integer", "minimum": 1},
+                "per": {"enum": list(QUOTA_PERIODS)},
+            },
+        },
         "retry": {"type": "object"},
         "enabled": {"type": "boolean"},
     },
@@ -263,6 +276,9 @@ AGENT_ENTRY = {
         "budget_day_tokens": {"type": ["integer", "null"], "minimum": 0},
         "budget_day_cost": {"type": ["number", "null"], "minimum": 0},
         "memory": AGENT_MEMORY,
+        # Busy windows "HH:MM-HH:MM" in `timezone` (runtime/peak_hours.py checks each).
+        "peak_hours": {"type": "array", "items": {"type": "string"}},
+        "timezone": {"type": "string"},
         "enabled": {"type": "boolean"},
         # Agents together (README "Agents together"): handoffs, nesting, routing.
         "handoffs": {"type": "array", "items": SLUG},
@@ -608,6 +624,14 @@ def config_errors(
         problem = dialogue_config_problem(entry.get("dialogue"))
         if problem:
             errors.append(f"{where}.{problem}")
+        errors += [
+            f"{where}.peak_hours{p}" for p in peak_hours_problems(entry.get("peak_hours", []))
+        ]
+        zone = entry.get("timezone")
+        if zone and time_zone(zone) is None:
+            errors.append(
+                f"{where}.timezone: unknown time zone {zone[:64]!r} (an IANA name, e.g. Asia/Shanghai)"
+            )
         known_agents_here = (known_agents or set()) | {
             a["slug"] for a in document.get("agents") or []
         }

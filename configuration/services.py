@@ -98,6 +98,8 @@ TOOL_FIELDS = (
     "critical",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",
+    "sla_rate",
+    "quota",
     "retry",
     "enabled",
 )
@@ -127,6 +129,8 @@ AGENT_FIELDS = (
     "budget_day_tokens",
     "context_budget",
     "memory",
+    "peak_hours",
+    "timezone",
 )
 EMBEDDINGS_FIELDS = ("base_url", "model", "dimension", "api_key_env", "timeout_s", "enabled")
 AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")

@@ -2,7 +2,8 @@
 short system blocks placed after the system prompt:
 
 - the dialogue state: intent and slots (memory/dialogue.py), one line;
-- the environment: time and time zone, budget and credits left, degraded services;
+- the environment: time and time zone, the peak hour, the host's load, the offered tools'
+  health, budget and credits left, degraded services;
 - the customer app's `extra_context` for this turn: data, never instructions.
 
 The execution context (pending calls, idempotency keys, leases, deadlines) is the
@@ -34,12 +35,32 @@ class CreditsLeft(TypedDict):
     spent_today: int
 
 
+class HostFacts(TypedDict):
+    cpu_load: float  # the 1-minute load average per core
+    mem_available_mb: int
+
+
+class ToolFacts(TypedDict, total=False):
+    """An offered tool's health; a key is there only when there is something to say."""
+
+    success_rate: float  # of its latest finished calls
+    calls: int  # how many those are
+    p50_ms: int
+    sla_rate: float  # declared
+    quota: str  # declared, "5000/day"
+    quota_left: int
+    breaker: str  # open | closed
+
+
 class EnvironmentFacts(TypedDict):
     """What `environment_block` renders; also given to policies as `agent_config["environment"]`."""
 
     time: str  # ISO 8601 in the session's time zone
     time_zone: str
     weekday: str
+    is_peak_hour: bool | None  # None: the agent declares no peak hours
+    host: HostFacts | None  # where the step runs
+    tools: dict[str, ToolFacts]
     budgets: list[BudgetLeft]  # only the budgets that have a limit
     credits: CreditsLeft | None  # None: the owner is not metered (or not read this step)
     degradation_level: int
@@ -54,11 +75,17 @@ def environment_facts(
     credits: CreditsLeft | None,
     degradation_level: int,
     degraded: list[str],
+    is_peak_hour: bool | None = None,
+    host: HostFacts | None = None,
+    tools: dict[str, ToolFacts] | None = None,
 ) -> EnvironmentFacts:
     return {
         "time": now.isoformat(timespec="minutes"),
         "time_zone": time_zone,
         "weekday": now.strftime("%A"),
+        "is_peak_hour": is_peak_hour,
+        "host": host,
+        "tools": tools or {},
         "budgets": budgets,
         "credits": credits,
         "degradation_level": degradation_level,
@@ -66,10 +93,39 @@ def environment_facts(
     }
 
 
+def _tool_text(name: str, fact: ToolFacts) -> str | None:
+    """A tool worth a word: one that failed lately, or declares an SLA or a quota (a healthy
+    tool without either is not listed: the block stays short with many tools)."""
+    parts = []
+    rate = fact.get("success_rate")
+    if rate is not None and (rate < 1 or "sla_rate" in fact):
+        parts.append(f"success_rate {rate:g} of {fact.get('calls', 0)}")
+        if "sla_rate" in fact:
+            under = " (under it)" if rate < fact["sla_rate"] else ""
+            parts[-1] += f", sla_rate {fact['sla_rate']:g}{under}"
+        if "p50_ms" in fact:
+            parts.append(f"p50_ms {fact['p50_ms']}")
+    elif "sla_rate" in fact:
+        parts.append(f"sla_rate {fact['sla_rate']:g} (no recent calls)")
+    if "quota" in fact:
+        parts.append(f"quota_left {fact.get('quota_left', 0):,} of {fact['quota']}")
+    return f"{name} {', '.join(parts)}" if parts else None
+
+
 def environment_block(facts: EnvironmentFacts) -> str:
     """One short paragraph: what the model should take into account about its surroundings."""
     when = datetime.fromisoformat(facts["time"])
     parts = [f"time {when:%Y-%m-%d %H:%M} {facts['weekday']} ({facts['time_zone']})"]
+    if facts.get("is_peak_hour") is not None:
+        parts.append(f"is_peak_hour {'true' if facts['is_peak_hour'] else 'false'}")
+    host = facts.get("host")
+    if host is not None:
+        parts.append(
+            f"host cpu_load {host['cpu_load']:g}, mem_available_mb {host['mem_available_mb']}"
+        )
+    tools = [t for n, f in (facts.get("tools") or {}).items() if (t := _tool_text(n, f))]
+    if tools:
+        parts.append("tools: " + "; ".join(tools))
     if facts["budgets"]:
         left = []
         for b in facts["budgets"]:

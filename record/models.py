@@ -229,6 +229,20 @@ class Agent(models.Model):
         help_text='Simple turns to a smaller model: {"small": endpoint, "when": CEL, '
         '"escalate_on": ["invalid_tool_call", "invalid_json"]} (see README, "Model routing").',
     )
+    # The environment layer (engine/gates/surroundings.py): is_peak_hour, in its time zone.
+    peak_hours = ArrayField(
+        models.CharField(max_length=11),
+        default=list,
+        blank=True,
+        help_text="Busy windows in its time zone, e.g. 09:00-12:00, 14:00-18:00 (22:00-02:00 "
+        "runs past midnight); the model sees is_peak_hour, and its flip after a pause is a drift.",
+    )
+    timezone = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="IANA zone of its peak hours and of its sessions' time (a session's metadata "
+        "timezone wins for the latter), e.g. Asia/Shanghai; blank: BILLING_TIME_ZONE.",
+    )
     enabled = models.BooleanField(default=True)
     value = models.FloatField(
         default=1.0,

@@ -359,6 +359,46 @@ def cache_reset() -> None:
     """Forget what this process read (tests, and a setting changed at run time)."""
     _pressure_seen[:] = [-1e9, 0.0]
     _pacing_seen[:] = [-1e9, 0.0]
+    _host_seen.clear()
+
+
+# --- The host a step runs on (the model's environment layer, runtime-mechanisms 2.3) ----
+
+HOST_TTL_S = 1.0
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    cpu_load: float  # the 1-minute load average per core (1.0: every core busy)
+    mem_available_mb: int
+
+
+_host_seen: list[tuple[float, HostLoad]] = []
+
+
+def host_load() -> HostLoad:
+    """The host's CPU load and available memory, read at most once a second per process
+    (a load average and /proc/meminfo: no sampling wait)."""
+    now = time.monotonic()
+    if _host_seen and now - _host_seen[0][0] < HOST_TTL_S:
+        return _host_seen[0][1]
+    load = HostLoad(
+        cpu_load=round(os.getloadavg()[0] / (os.cpu_count() or 1), 2),
+        mem_available_mb=int(psutil.virtual_memory().available / 2**20),
+    )
+    _host_seen[:] = [(now, load)]
+    return load
+
+
+def host_pressure(load: HostLoad) -> list[str]:
+    """What of the host is past its threshold (ENV_HOST_CPU_HIGH, ENV_HOST_MEM_LOW_MB;
+    0 turns a check off): "cpu", "memory"."""
+    pressed = []
+    if settings.ENV_HOST_CPU_HIGH and load.cpu_load >= settings.ENV_HOST_CPU_HIGH:
+        pressed.append("cpu")
+    if settings.ENV_HOST_MEM_LOW_MB and load.mem_available_mb < settings.ENV_HOST_MEM_LOW_MB:
+        pressed.append("memory")
+    return pressed
 
 
 # --- The worker's heartbeat --------------------------------------------------------

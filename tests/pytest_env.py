@@ -50,3 +50,7 @@ os.environ.setdefault("RULES_MODEL_STRICT", "1")
 # listen on loopback, which the egress policy refuses unless listed (runtime/egress.py); the
 # live stacks inherit this. The policy's own tests override it.
 os.environ.setdefault("EGRESS_ALLOW", "127.0.0.0/8,::1,localhost")
+# A loaded test machine's load average must not be a drift in tests that are not about it
+# (engine/model/environment.py); the host pressure's own tests set their thresholds.
+os.environ.setdefault("ENV_HOST_CPU_HIGH", "0")
+os.environ.setdefault("ENV_HOST_MEM_LOW_MB", "0")

@@ -261,9 +261,17 @@ class ToolAdmin(AuditedAdmin, admin.ModelAdmin):
         (
             "Degradation and rate limits",
             {
-                "fields": ("critical", "rate_limit_calls_per_min", "rate_limit_tokens_per_min"),
+                "fields": (
+                    "critical",
+                    "rate_limit_calls_per_min",
+                    "rate_limit_tokens_per_min",
+                    "sla_rate",
+                    "quota",
+                ),
                 "description": "Critical tools still run at degradation level 3. Limits are per "
-                "owner per minute, shared by all workers; 0 = no limit.",
+                "owner per minute, shared by all workers; 0 = no limit. The service's declared "
+                "sla_rate and quota are shown to the model with its recent success rate and "
+                "what is left of the quota.",
             },
         ),
         (

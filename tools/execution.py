@@ -96,6 +96,11 @@ class ToolSnapshot:
     critical: bool = False
     rate_limit_calls_per_min: int = 0
     rate_limit_tokens_per_min: int = 0
+    # The service's declared health (engine/gates/surroundings.py): a success rate it
+    # promises, and calls it allows per minute, hour or day (0: no quota).
+    sla_rate: float | None = None
+    quota_calls: int = 0
+    quota_per: str = ""
     # MCP tools: the server and the tool's name there.
     mcp: McpEndpoint | None = None
     mcp_tool: str = ""
@@ -137,6 +142,9 @@ class ToolSnapshot:
             critical=tool.critical,
             rate_limit_calls_per_min=tool.rate_limit_calls_per_min,
             rate_limit_tokens_per_min=tool.rate_limit_tokens_per_min,
+            sla_rate=tool.sla_rate,
+            quota_calls=int((tool.quota or {}).get("calls") or 0),
+            quota_per=str((tool.quota or {}).get("per") or ""),
             mcp=(
                 McpEndpoint.from_model(tool.mcp_server)
                 if getattr(tool, "mcp_server_id", None) and tool.mcp_server is not None

@@ -1,4 +1,5 @@
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -97,6 +98,23 @@ class McpServer(models.Model):
         # by apply_config; a field error here would name a field a staff user's form lacks.
 
 
+QUOTA_PERIODS = ("minute", "hour", "day")
+
+
+def quota_problem(quota: object) -> str | None:
+    """What is wrong with a tool's `quota` ({} or {"calls": 5000, "per": "day"})."""
+    if quota == {}:
+        return None
+    if not isinstance(quota, dict) or set(quota) != {"calls", "per"}:
+        return 'must be {"calls": <a whole number from 1>, "per": "minute" | "hour" | "day"}'
+    calls = quota["calls"]
+    if not isinstance(calls, int) or isinstance(calls, bool) or calls < 1:
+        return f"calls: {str(calls)[:20]!r} is not a whole number from 1"
+    if quota["per"] not in QUOTA_PERIODS:
+        return f"per: {str(quota['per'])[:20]!r} is not one of minute, hour, day"
+    return None
+
+
 class Tool(models.Model):
     """A tool as data: what the model sees and how the executor runs it."""
 
@@ -192,6 +210,20 @@ class Tool(models.Model):
     critical = models.BooleanField(
         default=False, help_text="Still runs at degradation level 3 (only critical tools do)."
     )
+    # The environment layer (engine/gates/surroundings.py): the service's declared health.
+    sla_rate = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Success rate the service promises, e.g. 0.95: a recent rate under it is "
+        "shown to the model and, after a pause, is a drift.",
+    )
+    quota = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Calls the service allows per period, e.g. {"calls": 5000, "per": "day"} '
+        "(minute, hour or day; days in BILLING_TIME_ZONE): the model sees what is left.",
+    )
     # Per owner, shared by every worker process through Redis (billing/ratelimit.py); 0 = no limit.
     rate_limit_calls_per_min = models.PositiveIntegerField(default=0)
     rate_limit_tokens_per_min = models.PositiveIntegerField(default=0)
@@ -258,6 +290,9 @@ class Tool(models.Model):
             raise ValidationError(
                 {"approval_escalate_to": "required when approval_on_timeout is escalate"}
             )
+        self.quota = self.quota or {}
+        if problem := quota_problem(self.quota):
+            raise ValidationError({"quota": problem})
         from .env_access import header_env_rule, refused_header_envs
 
         refused = refused_header_envs(self.headers)

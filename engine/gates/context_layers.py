@@ -5,7 +5,8 @@
 - Dialogue state: intent and slots from the user's new messages (memory/dialogue.py),
   written to `Session.dialogue_state` by this step's own commit.
 - Environment: time and time zone, budget and credits left, degraded services, made
-  from what the budget gate reads anyway (budget_gate.gate_read): no read of its own.
+  from what the budget gate reads anyway (budget_gate.gate_read); the peak hour, the
+  host's load and the offered tools' health (engine/gates/surroundings.py, cached).
 - The customer app's `extra_context` sent with this turn's message: data, in a fence.
 
 Each layer is one short system block after the system prompt, and the same facts go to
@@ -16,17 +17,16 @@ such as the offline rules model.
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
 from engine.gates import Contribution
 from engine.gates.budget import GateRead
 from engine.gates.metering import model_credits_check
+from engine.gates.surroundings import Surroundings, agent_time_zone, env_clock, surroundings
 from engine.model.calls import cheap_endpoint, side_call
 from engine.model.environment import BUDGET_STEP, Seen
 from llm.types import ChatMessage, ChatRequest
@@ -49,6 +49,7 @@ from memory.layers import (
 )
 from record.models import Agent, Message, ModelCall, ModelEndpoint, Session
 from runtime.breaker import model_breaker
+from runtime.peak_hours import time_zone
 from tools.execution import ToolSnapshot, tool_breaker
 
 logger = logging.getLogger(__name__)
@@ -158,23 +159,18 @@ def turn_extra_context(history: list[Message], turn: int) -> dict[str, Any] | No
     return None
 
 
-@lru_cache(maxsize=512)
-def _zone(name: str) -> ZoneInfo | None:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):  # not a zone name (or a directory)
-        return None
-
-
-def session_time_zone(session: Session) -> tuple[str, ZoneInfo]:
-    """The session's `timezone` metadata if it names a zone, else BILLING_TIME_ZONE."""
+def session_time_zone(session: Session, agent: Agent | None = None) -> tuple[str, ZoneInfo]:
+    """The session's `timezone` metadata if it names a zone, else the agent's, else
+    BILLING_TIME_ZONE."""
     wanted = (session.metadata or {}).get("timezone")
     if isinstance(wanted, str) and 0 < len(wanted) <= 64:
-        zone = _zone(wanted)
+        zone = time_zone(wanted)
         if zone is not None:
             return wanted, zone
+    if agent is not None:
+        return agent_time_zone(agent)
     name = str(getattr(settings, "BILLING_TIME_ZONE", "UTC"))
-    return name, _zone(name) or ZoneInfo("UTC")
+    return name, time_zone(name) or ZoneInfo("UTC")
 
 
 def environment_now(
@@ -182,9 +178,10 @@ def environment_now(
     agent: Agent,
     read: GateRead,
     tools: dict[str, ToolSnapshot],
+    world: Surroundings,
     now: datetime | None = None,
 ) -> EnvironmentFacts:
-    name, zone = session_time_zone(session)
+    name, zone = session_time_zone(session, agent)
     budgets: list[BudgetLeft] = []
     for budget, spent in read.budgets:
         if budget.tokens is None and budget.cost is None:
@@ -217,12 +214,15 @@ def environment_now(
         f"tool {n}: unavailable (circuit open)" for n in tool_breaker().known_open(sorted(tools))
     ]
     return environment_facts(
-        now=(now or timezone.now()).astimezone(zone),
+        now=(now or env_clock()).astimezone(zone),
         time_zone=name,
         budgets=budgets,
         credits=credits,
         degradation_level=read.level,
         degraded=degraded,
+        is_peak_hour=world.is_peak_hour,
+        host=world.host,
+        tools=world.tools,
     )
 
 
@@ -242,7 +242,11 @@ def _budgets_left(read: GateRead) -> dict[str, int]:
 
 
 def seen_of(
-    state: dict[str, Any], degradation: int, degraded: list[str], read: GateRead | None
+    state: dict[str, Any],
+    degradation: int,
+    degraded: list[str],
+    read: GateRead | None,
+    world: Surroundings,
 ) -> Seen:
     """What the model sees of its situation (recorded by every model step; compared after
     a pause: engine/gates/environment.py). `read` None: the budgets were not read."""
@@ -251,7 +255,12 @@ def seen_of(
         "slots": dict(state.get("slots") or {}),
         "degradation": degradation,
         "degraded": sorted(degraded),
+        "pressure": world.pressure,
+        "below_sla": world.below_sla,
+        "quota_out": world.quota_out,
     }
+    if world.is_peak_hour is not None:
+        seen["peak"] = world.is_peak_hour
     if read is not None:
         seen["budgets"] = _budgets_left(read)
     return seen
@@ -269,7 +278,13 @@ def seen_in_tool_step(session: Session, agent: Agent, tools: dict[str, ToolSnaps
     degraded += [
         f"tool {n}: unavailable (circuit open)" for n in tool_breaker().known_open(sorted(tools))
     ]
-    return seen_of(session.dialogue_state or {}, session.degradation_level or 0, degraded, None)
+    return seen_of(
+        session.dialogue_state or {},
+        session.degradation_level or 0,
+        degraded,
+        None,
+        surroundings(agent, tools),
+    )
 
 
 def context_layers(
@@ -283,7 +298,8 @@ def context_layers(
     what the model sees of its situation goes to `config["seen"]` for the checkpoint."""
     update = dialogue_update(session, agent, history)
     state = update.state if update.state is not None else (session.dialogue_state or {})
-    environment = environment_now(session, agent, read, tools)
+    world = surroundings(agent, tools)
+    environment = environment_now(session, agent, read, tools, world)
     extra = turn_extra_context(history, session.turn)
     blocks = [environment_block(environment)]
     said = dialogue_block(state)
@@ -297,7 +313,7 @@ def context_layers(
         "extra_context": extra,
     }
     return Contribution(
-        seen=seen_of(state, read.level, environment["degraded"], read),
+        seen=seen_of(state, read.level, environment["degraded"], read, world),
         blocks=tuple(blocks),
         config=config,
         dialogue_state=update.state,

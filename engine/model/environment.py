@@ -5,7 +5,8 @@ Two parts, both kept in checkpoints:
 - the environment (agent config, tools, model) with its fingerprint, recorded when
   it changes;
 - what the model saw besides (`Seen`): the dialogue's intent and slots, the degradation
-  level, the services whose circuit is open, the budgets left; every model step records it.
+  level, the services whose circuit is open, the budgets left, the peak hour, the host's
+  pressure, the tools under their SLA or out of quota; every model step records it.
 
 When a forked, resumed or recovered run continues, or a run continues after a long pause,
 the current values are compared with the recorded ones (`drift`). Each change weighs
@@ -80,6 +81,13 @@ class Seen(TypedDict, total=False):
     # Per budget with a limit, the share left in percent, rounded down to BUDGET_STEP
     # (a checkpoint need not follow every token).
     budgets: dict[str, int]
+    # The world around the step (engine/gates/surroundings.py): one of the agent's peak
+    # hours (only when it declares some), the host's pressure ("cpu", "memory"), the tools
+    # whose recent success rate is under their declared sla_rate, or out of quota.
+    peak: bool
+    pressure: list[str]
+    below_sla: list[str]
+    quota_out: list[str]
 
 
 BUDGET_STEP = 10
@@ -96,6 +104,11 @@ WEIGHTS: dict[str, float] = {
     "degradation": 0.5,  # per level
     "degraded": 0.5,  # per service that failed or came back
     "budget": 0.5,  # per 25 points of a budget's share left
+    # The world crossing a line an operator drew is worth a note by itself.
+    "peak": 1.0,
+    "pressure": 1.0,  # per resource under pressure, or relieved
+    "sla": 1.0,  # per tool that fell under its SLA, or came back
+    "quota": 1.0,  # per tool out of quota, or with quota again
 }
 BUDGET_POINTS = 25
 VALUE_MAX_CHARS = 60
@@ -185,6 +198,18 @@ def _seen_changes(before: Seen, now: Seen) -> list[tuple[str, float]]:
         for item in sorted(old_set - new_set):
             service = item.split(":", 1)[0]
             changes.append((f"{service}: available again", WEIGHTS["degraded"]))
+    if "peak" in before and "peak" in now and before["peak"] != now["peak"]:
+        text = "it is now peak hours" if now["peak"] else "the peak hours are over"
+        changes.append((text + f" (is_peak_hour {str(now['peak']).lower()})", WEIGHTS["peak"]))
+    for key, weight, started, ended in (
+        ("pressure", "pressure", "the host is under {} pressure", "the host's {} pressure is over"),
+        ("below_sla", "sla", "tool {}: success rate under its SLA", "tool {}: back within its SLA"),
+        ("quota_out", "quota", "tool {}: quota used up", "tool {}: quota available again"),
+    ):
+        if key in before and key in now:
+            old_set, new_set = set(before[key]), set(now[key])  # type: ignore[literal-required]
+            changes += [(started.format(n), WEIGHTS[weight]) for n in sorted(new_set - old_set)]
+            changes += [(ended.format(n), WEIGHTS[weight]) for n in sorted(old_set - new_set)]
     if "budgets" in before and "budgets" in now:
         for label in sorted(set(before["budgets"]) & set(now["budgets"])):
             earlier, left = before["budgets"][label], now["budgets"][label]

@@ -16,6 +16,7 @@ from configuration.schema import RULE, routing_rule_problems
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from record.models import Agent
+from runtime.peak_hours import peak_hours_problems, time_zone
 from tools.execution import BUILTIN_TOOLS
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
@@ -142,6 +143,21 @@ class AgentAdminForm(forms.ModelForm):
             raise forms.ValidationError(f"when: {problems[0]}")
         return routing
 
+    def clean_peak_hours(self) -> list[str]:
+        windows = [w.strip() for w in self.cleaned_data.get("peak_hours") or []]
+        problems = peak_hours_problems(windows)
+        if problems:
+            raise forms.ValidationError(f"peak_hours{'; peak_hours'.join(problems)}")
+        return windows
+
+    def clean_timezone(self) -> str:
+        zone = (self.cleaned_data.get("timezone") or "").strip()
+        if zone and time_zone(zone) is None:
+            raise forms.ValidationError(
+                f"Unknown time zone {zone!r} (an IANA name, e.g. Asia/Shanghai)."
+            )
+        return zone
+
     def clean_rules(self) -> Any:
         rules = self.cleaned_data.get("rules")
         if rules in (None, ""):
@@ -245,6 +261,15 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
                 "handoffs lets it hand the conversation over (transfer_to_<slug>); routing sends "
                 'turns whose CEL rule holds to a small model, e.g. {"small": "cheap", "when": '
                 '"length < 300", "escalate_on": ["invalid_tool_call"]} (README, "Agents together").',
+            },
+        ),
+        (
+            "Environment",
+            {
+                "fields": ("peak_hours", "timezone"),
+                "description": "Peak hours, comma-separated (09:00-12:00,14:00-18:00), in the "
+                "agent's time zone: the model sees is_peak_hour, and a flip between a pause "
+                "and the run's continuation is a drift (docs, memory-and-context).",
             },
         ),
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),

@@ -431,6 +431,81 @@ def test_parallel_any_takes_the_first_branch_to_finish_and_cancels_the_others(
     ]
 
 
+# 3b. A map whose items finish out of order ---------------------------------------------------
+
+PROBE_ALL = """
+slug: probe-all
+role: support
+input:
+  type: object
+  properties: {items: {type: array, items: {type: string}}}
+  required: [items]
+start: each
+nodes:
+  each:
+    kind: map
+    over: input.items
+    as: it
+    concurrency: 3
+    node:
+      kind: tool
+      tool: probe
+      args: {item: it}
+      retry: {max_attempts: 3, backoff_s: 1}
+    output: found
+    next: end
+"""
+
+
+class ProbeApi:
+    """A service whose first answer for `first` is lost (the connection drops), so the map
+    tries that item again after a pause; `second` and `third` answer at once."""
+
+    def __init__(self) -> None:
+        self.asked: Counter[str] = Counter()
+        self.http = RoutedApi(self._route)
+
+    def _route(self, seen: Seen) -> Answer | Drop:
+        item = seen.body["item"]
+        self.asked[item] += 1
+        if item == "first" and self.asked[item] == 1:
+            return Drop()
+        return Answer(200, {"item": item, "probed": True})
+
+
+def test_a_maps_items_that_finish_out_of_order_give_results_in_item_order(
+    live_stack: Stack,
+) -> None:
+    """The first item's call is lost and tried again after a pause: the second and third
+    items finish first, in an earlier step; the output still lists first, second, third."""
+    items = ["first", "second", "third"]
+    probes = ProbeApi()
+    with probes.http:
+        # No retry inside the call: the map node's own retry (a durable pause) tries it again.
+        _http_tool(
+            "probe", probes.http.url("/probe"), {"item": {"type": "string"}},
+            retry={"attempts": 1},
+        )  # fmt: skip
+        _apply(PROBE_ALL)
+        with api(live_stack, api_key_for("alice")) as client:
+            run = _start(client, "probe-all", {"items": items})
+            events = wait_events(client, run, turns_finished(1), 40, stack_logs(live_stack))
+            session = get_session(client, run)
+
+    # The items finished out of order: second and third in one step, first later, on its retry.
+    done = ToolCall.objects.filter(session_id=run, tool_name="probe", status="success")
+    ended = [c.input["item"] for c in done.order_by("finished_at")]
+    assert ended[-1] == "first" and sorted(ended[:2]) == ["second", "third"], ended
+    assert probes.asked == Counter({"first": 2, "second": 1, "third": 1})
+    # The output is in the items' order all the same.
+    expected = [{"item": item, "probed": True} for item in items]
+    assert session["state"] == "finished", session
+    assert session["workflow"]["result"] == expected
+    finished = [e for e in events if e["type"] == "turn.finished"]
+    assert len(finished) == 1 and finished[0]["data"]["result"] == expected
+    _gapless(events)
+
+
 # 4. A cycle stopped by max_visits --------------------------------------------------------------
 
 POLL = """

@@ -54,6 +54,54 @@ def test_the_environment_block_shows_budgets_credits_and_degradation():
     assert "degraded services: model main: unavailable (circuit open)" in text
 
 
+def test_the_environment_block_names_the_peak_hour_the_host_and_the_tools_worth_a_word():
+    facts = _facts(
+        is_peak_hour=True,
+        host={"cpu_load": 0.42, "mem_available_mb": 4200},
+        tools={
+            "track": {"success_rate": 1.0, "calls": 40, "p50_ms": 90, "breaker": "closed"},
+            "logistics": {
+                "success_rate": 0.92, "calls": 50, "p50_ms": 340, "sla_rate": 0.95,
+                "breaker": "closed",
+            },
+            "issue_coupon": {"quota": "5000/day", "quota_left": 1247, "breaker": "closed"},
+            "flaky": {"success_rate": 0.5, "calls": 4, "breaker": "open"},
+        },
+    )  # fmt: skip
+    text = environment_block(facts)
+    assert "is_peak_hour true" in text
+    assert "host cpu_load 0.42, mem_available_mb 4200" in text
+    assert (
+        "tools: logistics success_rate 0.92 of 50, sla_rate 0.95 (under it), p50_ms 340; "
+        "issue_coupon quota_left 1,247 of 5000/day; flaky success_rate 0.5 of 4"
+    ) in text
+    assert "track" not in text  # healthy, nothing declared: not worth a word
+    assert "is_peak_hour" not in environment_block(_facts())  # no peak hours declared
+    assert "is_peak_hour false" in environment_block(_facts(is_peak_hour=False))
+    json.dumps(facts)
+
+
+def test_the_environment_block_stays_compact_with_many_tools():
+    """Thirty offered tools, all healthy, five with a declared SLA and quota: the block
+    stays a short paragraph (the facts for policies keep every tool)."""
+    tools = {
+        f"tool_{i:02d}": {"success_rate": 1.0, "calls": 50, "p50_ms": 120, "breaker": "closed"}
+        for i in range(30)
+    }
+    for i in range(5):
+        tools[f"tool_{i:02d}"].update(sla_rate=0.99, quota="100000/day", quota_left=99_000)
+    facts = _facts(
+        is_peak_hour=False,
+        host={"cpu_load": 1.37, "mem_available_mb": 123456},
+        tools=tools,
+        budgets=[{"budget": "owner day", "tokens_left": 90_000, "cost_left": "4.20"}],
+        credits={"balance": 940, "reserved": 100, "daily_cap": 1000, "spent_today": 60},
+    )
+    text = environment_block(facts)
+    assert len(text) <= 900, len(text)
+    assert text.count("tool_") == 5 and len(facts["tools"]) == 30
+
+
 def test_the_dialogue_block_is_one_line_with_quoted_values():
     state = {"intent": "refund", "slots": {"order": "SO-1", "note": 'say "hi"\nignore'}}
     block = dialogue_block(state)

@@ -192,3 +192,24 @@ def test_in_flight_counts_concurrent_runs() -> None:
     for t in threads:
         t.join()
     assert figures.inflight == 0
+
+
+def test_host_pressure_past_its_thresholds(settings):
+    settings.ENV_HOST_CPU_HIGH, settings.ENV_HOST_MEM_LOW_MB = 2.0, 256
+    assert health.host_pressure(health.HostLoad(cpu_load=1.99, mem_available_mb=256)) == []
+    assert health.host_pressure(health.HostLoad(cpu_load=2.0, mem_available_mb=255)) == [
+        "cpu",
+        "memory",
+    ]
+    settings.ENV_HOST_CPU_HIGH, settings.ENV_HOST_MEM_LOW_MB = 0, 0  # off
+    assert health.host_pressure(health.HostLoad(cpu_load=50.0, mem_available_mb=0)) == []
+
+
+def test_the_host_is_read_at_most_once_a_second(monkeypatch):
+    health.cache_reset()
+    reads = []
+    monkeypatch.setattr(health.os, "getloadavg", lambda: reads.append(1) or (3.0, 0, 0))
+    monkeypatch.setattr(health.os, "cpu_count", lambda: 2)
+    first = health.host_load()
+    assert first.cpu_load == 1.5 and first.mem_available_mb > 0
+    assert health.host_load() is first and len(reads) == 1

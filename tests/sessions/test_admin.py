@@ -15,6 +15,7 @@ from sessions import services
 from sessions.admin.timeline import session_timeline
 from tests.demo_setup import DEMO_REQUEST, demo_install
 from tests.factories import SessionFactory, ToolFactory, UserFactory
+from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
 # session_run closes its database connection between steps (it never holds one
@@ -611,3 +612,50 @@ def test_an_agents_tools_are_picked_from_the_known_tools(client, operator, demo_
     assert response.status_code == 302, response.context["adminform"].form.errors
     agent.refresh_from_db()
     assert agent.tools == ["query_orders", "ask_user"]
+
+
+@runs_a_turn
+def test_agent_form_checks_peak_hours_and_time_zone(client, operator, demo_session):
+    agent = demo_session.agent
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    assert "Environment" in page.content.decode()
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug, model=agent.model_id, fallback_model="", enabled="on",
+        tools=list(agent.tools), rules=json.dumps(agent.rules), dialogue="{}",
+        context_budget="{}", peak_hours="09:00-12:00,25:00-26:00", timezone="Mars/Olympus",
+    )  # fmt: skip
+    response = client.post(url, data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert sorted(errors) == ["peak_hours", "timezone"]
+    assert "peak_hours[1]: '25:00-26:00' is not a window HH:MM-HH:MM" in errors["peak_hours"][0]
+    assert "Unknown time zone 'Mars/Olympus'" in errors["timezone"][0]
+
+    data.update(peak_hours="09:00-12:00, 22:00-02:00", timezone="Asia/Shanghai")
+    assert client.post(url, data).status_code == 302
+    agent.refresh_from_db()
+    assert agent.peak_hours == ["09:00-12:00", "22:00-02:00"]
+    assert agent.timezone == "Asia/Shanghai"
+
+
+def test_tool_form_checks_sla_rate_and_quota(client, operator):
+    url = reverse("admin:tools_tool_add")
+    response = client.post(url, _tool_post(sla_rate="1.5", quota='{"calls": 0, "per": "week"}'))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "less than or equal to 1.0" in errors["sla_rate"][0]
+
+    bad_quota = client.post(url, _tool_post(quota='{"calls": 5, "per": "week"}'))
+    assert bad_quota.status_code == 200
+    assert (
+        "per: 'week' is not one of minute, hour, day"
+        in (bad_quota.context["adminform"].form.errors["quota"][0])
+    )
+    assert client.post(url, _tool_post(quota='"lots"')).status_code == 200
+
+    created = client.post(url, _tool_post(sla_rate="0.95", quota='{"calls": 5000, "per": "day"}'))
+    assert created.status_code == 302
+    tool = Tool.objects.get(name="lookup")
+    assert tool.sla_rate == 0.95 and tool.quota == {"calls": 5000, "per": "day"}

@@ -595,6 +595,8 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
         critical = False
         rate_limit_calls_per_min = 0
         rate_limit_tokens_per_min = 0
+        sla_rate = 0.95
+        quota = {"calls": 5000, "per": "day"}
         retry = {"attempts": 4, "on": ["429"]}
         updated_at = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -603,6 +605,7 @@ def test_snapshot_version_follows_the_schema_and_it_carries_every_field():
     assert (snap.retry.attempts, snap.retry.on) == (4, frozenset({"429"}))
     assert snap.credit_cost == 25
     assert (snap.value, snap.cost, snap.paid) == ("double(args.amount)", "", True)
+    assert (snap.sla_rate, snap.quota_calls, snap.quota_per) == (0.95, 5000, "day")
     assert snap.parameters == {"type": "object", "properties": {}}
     assert snap.method == "POST" and snap.roles == () and snap.headers == {}
     assert (snap.status_url, snap.idempotent, snap.requires_approval, snap.risk_level) == (

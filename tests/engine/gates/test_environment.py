@@ -268,3 +268,137 @@ def test_a_change_a_recovered_tool_step_recorded_is_still_told_to_the_model(
         if m["role"] == "system" and NOTE in m["content"]
     ]
     assert len(notes) == 1 and "the agent's instructions or configuration were changed" in notes[0]
+
+
+def _ship_tool() -> Tool:
+    return ToolFactory.create(
+        name=f"ship_{uuid.uuid4().hex[:6]}",
+        kind="python",
+        handler="tests.drift.ship",
+        side_effects=True,
+        parameters={
+            "type": "object",
+            "properties": {"order": {"type": "string"}},
+            "required": ["order"],
+        },
+    )
+
+
+def test_the_articles_example_decided_in_peak_hours_resumed_after_them(
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    settings,
+):
+    """runtime-mechanisms 4.3: the checkpoint was made in the agent's peak hours, the run
+    continues after them. is_peak_hour flipped: the shipment the model decided in peak
+    hours is not sent; its result is the drift note, and the model re-plans from it."""
+    now = timezone.now()
+    window = f"{now - timedelta(hours=1):%H:%M}-{now + timedelta(hours=1):%H:%M}"
+    tool = _ship_tool()
+    session = _session(endpoint, tools=[tool.name], peak_hours=[window], timezone="UTC")
+    openai_server.script(Reply(calls=[Call(tool.name, {"order": "SO-9"}, id="call_ship")]))
+    message_post(session=session, content="ship SO-9")
+    assert lease_acquire(session_id=session.pk, owner=CRASHED, seconds=30)
+    model_step(Session.objects.get(pk=session.pk), CRASHED)
+    seen = Checkpoint.objects.filter(session=session, context__has_key="seen").latest("step")
+    assert seen.context["seen"]["peak"] is True
+    assert "is_peak_hour true" in _environment_block(openai_server.requests[-1])
+    Session.objects.filter(pk=session.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    settings.ENV_CLOCK_SHIFT_S = 3 * 3600  # the worker comes back three hours later
+    openai_server.script(Reply(text="Peak hours are over; I will ship SO-9 by the normal route."))
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+
+    assert SHIPPED == []
+    call = ToolCall.objects.get(session=session)
+    assert call.status == "rejected" and call.dispatched_at is None
+    request = openai_server.requests[-1]
+    told = [m["content"] for m in request.messages if m["role"] == "tool"]
+    assert len(told) == 1 and "this call was not sent" in told[0]
+    assert "the peak hours are over (is_peak_hour false)" in told[0]
+    assert "is_peak_hour false" in _environment_block(request)
+    assert Session.objects.get(pk=session.pk).state == "finished"
+
+
+def test_the_same_run_resumed_still_in_peak_hours_ships(
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+):
+    now = timezone.now()
+    window = f"{now - timedelta(hours=2):%H:%M}-{now + timedelta(hours=2):%H:%M}"
+    tool = _ship_tool()
+    session = _session(endpoint, tools=[tool.name], peak_hours=[window], timezone="UTC")
+    openai_server.script(Reply(calls=[Call(tool.name, {"order": "SO-8"}, id="call_ship")]))
+    message_post(session=session, content="ship SO-8")
+    assert lease_acquire(session_id=session.pk, owner=CRASHED, seconds=30)
+    model_step(Session.objects.get(pk=session.pk), CRASHED)
+    Session.objects.filter(pk=session.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    openai_server.script(Reply(text="Shipped."))
+
+    assert session_run(session_id=session.pk).stopped == "idle"
+    assert SHIPPED == [{"order": "SO-8"}]
+
+
+def _environment_block(request: Any) -> str:
+    return next(
+        m["content"]
+        for m in request.messages
+        if m["role"] == "system" and m["content"].startswith("Environment (from the platform")
+    )
+
+
+def _failed_calls(tool: str, count: int) -> None:
+    """Another session's calls of `tool` that failed: the platform's own record of it."""
+    other = SessionFactory.create(agent=AgentFactory.create(), owner=UserFactory())
+    ToolCall.objects.bulk_create(
+        ToolCall(
+            session=other, turn=1, step=1, position=i, call_id=f"f{i}", tool_name=tool,
+            status="failed", elapsed_ms=800, idempotency_key=uuid.uuid4().hex,
+        )
+        for i in range(count)
+    )  # fmt: skip
+
+
+def test_a_tool_falling_under_its_sla_during_a_pause_is_told(
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    settings,
+):
+    settings.ENV_TOOL_STATS_TTL_S = 0
+    settings.ENV_SLA_MIN_CALLS = 5
+    tool = _ship_tool()
+    Tool.objects.filter(pk=tool.pk).update(sla_rate=0.95)
+    session = _session(endpoint, tools=[tool.name])
+    assert _turn(openai_server, session, "hello") == []
+    assert f"{tool.name} sla_rate 0.95 (no recent calls)" in _environment_block(
+        openai_server.requests[-1]
+    )
+
+    _failed_calls(tool.name, 6)
+    _pause(session, settings.ENV_CHECK_PAUSE_S + 60)
+    notes = _turn(openai_server, session, "hello again")
+
+    assert len(notes) == 1, notes
+    assert f"tool {tool.name}: success rate under its SLA" in notes[0]
+    block = _environment_block(openai_server.requests[-1])
+    assert f"{tool.name} success_rate 0 of 6, sla_rate 0.95 (under it), p50_ms 800" in block
+
+
+def test_host_pressure_that_started_during_a_pause_is_told(
+    openai_server: FakeModelServer,  # noqa: F811
+    endpoint: ModelEndpoint,
+    settings,
+):
+    session = _session(endpoint)
+    assert _turn(openai_server, session, "hello") == []
+    assert "host cpu_load" in _environment_block(openai_server.requests[-1])
+
+    settings.ENV_HOST_MEM_LOW_MB = 10**9  # every host is short of memory now
+    _pause(session, settings.ENV_CHECK_PAUSE_S + 60)
+    notes = _turn(openai_server, session, "hello again")
+
+    assert len(notes) == 1 and "the host is under memory pressure" in notes[0], notes

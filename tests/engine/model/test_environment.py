@@ -64,3 +64,38 @@ def test_a_service_back_and_what_one_side_did_not_record():
     now: Seen = {"intent": "refund", "slots": SEEN["slots"], "degradation": 0, "degraded": []}
     found = drift(None, ENV, before, now)  # no budgets read now, no environment recorded
     assert found.texts == ["model main: available again"]
+
+
+def test_the_world_crossing_a_line_weighs_one_each():
+    """The article's example (is_peak_hour flips) and its kin: each is a drift by itself."""
+    before: Seen = {**SEEN, "peak": True, "pressure": [], "below_sla": [], "quota_out": ["sms"]}
+    now: Seen = {
+        **SEEN,
+        "peak": False,
+        "pressure": ["memory"],
+        "below_sla": ["logistics"],
+        "quota_out": [],
+    }
+    found = drift(ENV, dict(ENV), before, now)
+    assert dict(found.changes) == {
+        "the peak hours are over (is_peak_hour false)": 1.0,
+        "the host is under memory pressure": 1.0,
+        "tool logistics: success rate under its SLA": 1.0,
+        "tool sms: quota available again": 1.0,
+    }
+    back = drift(ENV, dict(ENV), now, before)
+    assert dict(back.changes) == {
+        "it is now peak hours (is_peak_hour true)": 1.0,
+        "the host's memory pressure is over": 1.0,
+        "tool logistics: back within its SLA": 1.0,
+        "tool sms: quota used up": 1.0,
+    }
+    only_peak = drift(ENV, dict(ENV), before, {**before, "peak": False})
+    assert only_peak.above(1.0)  # the default ENV_DRIFT_THRESHOLD
+
+
+def test_a_step_recorded_before_the_world_was_seen_compares_none_of_it():
+    """Checkpoints from before these fields (or an agent without peak hours) have no key:
+    nothing to compare, no drift."""
+    now: Seen = {**SEEN, "peak": False, "pressure": ["cpu"], "below_sla": ["x"], "quota_out": []}
+    assert drift(ENV, dict(ENV), SEEN, now).changes == []
