@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "billing",
     "approvals",
     "workflows",
+    "evaluations",
     "demo",
     "observability",
     "audit",
