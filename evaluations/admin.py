@@ -157,7 +157,7 @@ class EvaluationAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Evaluation]:
         return super().get_queryset(request).select_related("agent")
 
-    @admin.action(description="Cancel the selected evaluations")
+    @admin.action(description="Cancel the selected evaluations", permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
         stopped = 0
         for evaluation in queryset:
@@ -182,11 +182,21 @@ class EvaluationAdmin(admin.ModelAdmin):
         t = obj.totals or {}
         if not t.get("turns"):
             return "—"
-        return (
-            f"trajectory {t['trajectory_match']:.0%}, outcome {t['outcome_match']:.0%}, "
-            f"answer {t['answer_similarity']:.2f}, cost ×{t['cost_ratio']}, "
-            f"would have called {t['would_have_called']}"
-        )
+        shown = [
+            f"{label} {t[key]:.0%}"
+            for key, label in (("trajectory_match", "trajectory"), ("outcome_match", "outcome"))
+            if isinstance(t.get(key), (int, float))
+        ]
+        shown += [
+            f"{label} {t[key]}"
+            for key, label in (
+                ("answer_similarity", "answer"),
+                ("cost_ratio", "cost ×"),
+                ("would_have_called", "would have called"),
+            )
+            if t.get(key) is not None
+        ]
+        return ", ".join(shown)
 
     @admin.display(description="report")
     def report(self, obj: Evaluation) -> SafeString:

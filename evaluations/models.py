@@ -21,12 +21,18 @@ class Evaluation(models.Model):
         settings.AUTH_USER_MODEL,
         on_delete=models.CASCADE,
         related_name="evaluations",
+        db_index=False,  # evaluation_owner_created leads with it
         help_text="Whose sessions it replays (an operator's evaluation: the operator).",
     )
     actor = models.CharField(max_length=150, help_text="api:NAME or admin:NAME.")
     # The agent whose rollout it speaks for (the sessions' agent when they share one).
     agent = models.ForeignKey(
-        Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="evaluations"
+        Agent,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="evaluations",
+        db_index=False,  # evaluation_agent_created leads with it
     )
     # {"model": name} | {"system_prompt": str}: what the replays run on instead.
     candidate = models.JSONField()
@@ -82,7 +88,10 @@ class EvaluationTransition(models.Model):
 class EvaluationTurn(models.Model):
     """One recorded turn, its replay and their comparison."""
 
-    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="turns")
+    # No index of its own: evaluation_turn_once leads with it.
+    evaluation = models.ForeignKey(
+        Evaluation, on_delete=models.CASCADE, related_name="turns", db_index=False
+    )
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+")
     turn = models.PositiveIntegerField()
     replay = models.ForeignKey(
