@@ -7,11 +7,13 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Q, QuerySet
 
 from sessions.errors import InvalidInput, NotFound
 from sessions.events import EventType
 from sessions.models import Event, Message, ModelCall, Refusal, Session, ToolCall
+from sessions.rows import json_value
 
 from .models import Evaluation, EvaluationTurn
 from .scoring import Side
@@ -84,62 +86,86 @@ def recorded_turns(session_id: UUID | str) -> list[int]:
     )
 
 
+def recorded_turns_of(session_ids: list[UUID]) -> list[tuple[UUID, int]]:
+    """(session, turn) of every turn a user's message began, in the order of `session_ids`,
+    then by turn."""
+    rank = {pk: i for i, pk in enumerate(session_ids)}
+    return sorted(
+        set(
+            Message.objects.filter(session_id__in=session_ids, role="user", turn__gt=0).values_list(
+                "session_id", "turn"
+            )
+        ),
+        key=lambda pair: (rank[pair[0]], pair[1]),
+    )
+
+
 def turn_opening(session_id: UUID | str, turn: int) -> Message | None:
     return (
         Message.objects.filter(session_id=session_id, role="user", turn=turn).order_by("id").first()
     )
 
 
+# One round trip for a turn's figures: its calls in order (each with its step's rank in the
+# turn), its last non-empty answer, its turn.finished outcome, its model calls' sums.
+_TURN_SQL = f"""
+SELECT
+  (SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'tool', c.tool_name,
+            'arguments', coalesce(c.proposed_input, c.input),
+            'input', c.input,
+            'step', c.rank,
+            'status', c.status,
+            'refusal', c.refusal,
+            'elapsed_ms', coalesce(c.elapsed_ms, 0)) ORDER BY c.step, c.position, c.id), '[]')
+     FROM (SELECT *, dense_rank() OVER (ORDER BY step) - 1 AS rank
+             FROM "{ToolCall._meta.db_table}" WHERE session_id = %(s)s AND turn = %(t)s) c),
+  (SELECT content FROM "{Message._meta.db_table}"
+    WHERE session_id = %(s)s AND turn = %(t)s AND role = 'assistant' AND content <> ''
+    ORDER BY seq DESC NULLS LAST, id DESC LIMIT 1),
+  (SELECT data ->> 'outcome' FROM "{Event._meta.db_table}"
+    WHERE session_id = %(s)s AND type = %(finished)s AND (data ->> 'turn')::int = %(t)s
+    ORDER BY seq DESC LIMIT 1),
+  m.input_tokens, m.output_tokens, m.cost, m.model_ms
+FROM (SELECT coalesce(sum(input_tokens), 0) AS input_tokens,
+             coalesce(sum(output_tokens), 0) AS output_tokens,
+             coalesce(sum(cost), 0) AS cost, coalesce(sum(total_ms), 0) AS model_ms
+        FROM "{ModelCall._meta.db_table}" WHERE session_id = %(s)s AND turn = %(t)s) m
+"""  # nosec B608 - table names from the models, values bound
+
+
 def turn_side(session_id: UUID | str, turn: int) -> Side:
-    """A turn's calls, outcome, answer, tokens, cost and latency, as the record has them (the
-    model's own arguments, before an approver's edit; a replay's calls not sent are listed
-    too, and apart as would_have_called)."""
-    calls = list(
-        ToolCall.objects.filter(session_id=session_id, turn=turn).order_by("step", "position", "id")
-    )
-    steps = {s: i for i, s in enumerate(sorted({c.step for c in calls}))}
-    answer = (
-        Message.objects.filter(session_id=session_id, turn=turn, role="assistant")
-        .exclude(content="")
-        .order_by("-seq", "-id")
-        .values_list("content", flat=True)
-        .first()
-    )
-    finished = (
-        Event.objects.filter(
-            session_id=session_id, type=EventType.TURN_FINISHED.value, data__turn=turn
+    """A turn's calls, outcome, answer, tokens, cost and latency (model time plus tool time),
+    as the record has them: the model's own arguments, before an approver's edit; a
+    replay's calls not sent are listed too, and apart as would_have_called."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _TURN_SQL,
+            {"s": str(session_id), "t": turn, "finished": EventType.TURN_FINISHED.value},
         )
-        .order_by("-seq")
-        .values_list("data", flat=True)
-        .first()
-    )
-    figures = ModelCall.objects.filter(session_id=session_id, turn=turn).aggregate(
-        input_tokens=Sum("input_tokens"),
-        output_tokens=Sum("output_tokens"),
-        cost=Sum("cost"),
-        model_ms=Sum("total_ms"),
-    )
-    tool_ms = sum(c.elapsed_ms or 0 for c in calls)
+        row = cursor.fetchone()
+    raw_calls, answer, outcome, input_tokens, output_tokens, cost, model_ms = row
+    calls = json_value(raw_calls) or []
     side: dict[str, Any] = {
         "calls": [
             {
-                "tool": c.tool_name,
-                "arguments": c.proposed_input if c.proposed_input is not None else c.input,
-                "step": steps[c.step],
-                "status": c.status,
+                "tool": c["tool"],
+                "arguments": c["arguments"],
+                "step": c["step"],
+                "status": c["status"],
             }
             for c in calls
         ],
-        "outcome": (finished or {}).get("outcome", ""),
+        "outcome": outcome or "",
         "answer": answer or "",
-        "input_tokens": figures["input_tokens"] or 0,
-        "output_tokens": figures["output_tokens"] or 0,
-        "cost": str(figures["cost"] or Decimal(0)),
-        "latency_ms": (figures["model_ms"] or 0) + tool_ms,
+        "input_tokens": int(input_tokens),
+        "output_tokens": int(output_tokens),
+        "cost": str(Decimal(cost)),
+        "latency_ms": int(model_ms) + sum(int(c["elapsed_ms"]) for c in calls),
     }
-    not_sent = [c for c in calls if c.refusal == Refusal.NOT_SENT]
+    not_sent = [c for c in calls if c["refusal"] == Refusal.NOT_SENT]
     if not_sent:
-        side["would_have_called"] = [{"tool": c.tool_name, "arguments": c.input} for c in not_sent]
+        side["would_have_called"] = [{"tool": c["tool"], "arguments": c["input"]} for c in not_sent]
     return side  # type: ignore[return-value]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -268,33 +268,31 @@ def evaluation_run(*, evaluation_id: int) -> str:
         _move(evaluation, EvaluationState.RUNNING, reason="started")
     if evaluation.state != EvaluationState.RUNNING:
         return evaluation.state
+    replays_owner = _replays_user().pk
+    sessions = {
+        s.pk: s for s in evaluation.sessions.select_related("agent").order_by("created_at", "id")
+    }
+    done = set(evaluation.turns.values_list("session_id", "turn"))
     try:
-        for session in evaluation.sessions.order_by("created_at", "id"):
-            done = set(
-                EvaluationTurn.objects.filter(evaluation=evaluation, session=session).values_list(
-                    "turn", flat=True
-                )
-            )
-            for turn in selectors.recorded_turns(session.pk):
-                if turn in done:
-                    continue
+        for session_id, turn in selectors.recorded_turns_of(list(sessions)):
+            if (session_id, turn) in done:
+                continue
+            # Between turns: a cancel or a spent budget stops it (one small read).
+            state, spent = Evaluation.objects.values_list("state", "spent").get(pk=evaluation.pk)
+            if state != EvaluationState.RUNNING:
+                return state
+            if evaluation.budget_cost is not None and spent >= evaluation.budget_cost:
                 evaluation.refresh_from_db()
-                if evaluation.state != EvaluationState.RUNNING:
-                    return evaluation.state
-                if (
-                    evaluation.budget_cost is not None
-                    and evaluation.spent >= evaluation.budget_cost
-                ):
-                    _move(
-                        evaluation,
-                        EvaluationState.FAILED,
-                        reason="budget",
-                        error=f"its budget of {evaluation.budget_cost} was spent after "
-                        f"{evaluation.done} of {evaluation.total} turns",
-                        finished_at=timezone.now(),
-                    )
-                    return evaluation.state
-                _turn_evaluate(evaluation, session, turn)
+                _move(
+                    evaluation,
+                    EvaluationState.FAILED,
+                    reason="budget",
+                    error=f"its budget of {evaluation.budget_cost} was spent after "
+                    f"{evaluation.done} of {evaluation.total} turns",
+                    finished_at=timezone.now(),
+                )
+                return evaluation.state
+            _turn_evaluate(evaluation, sessions[session_id], turn, replays_owner)
     except Exception as exc:
         logger.exception("evaluation failed: evaluation=%s", evaluation_id)
         evaluation.refresh_from_db()
@@ -328,8 +326,8 @@ def _replays_user() -> User:
     return user
 
 
-def _turn_evaluate(evaluation: Evaluation, source: Session, turn: int) -> None:
-    replay = _replay_open(evaluation, source, turn)
+def _turn_evaluate(evaluation: Evaluation, source: Session, turn: int, owner_id: int) -> None:
+    replay = _replay_open(evaluation, source, turn, owner_id)
     _replay_wait(replay, turn, timeout_s=float(source.agent.turn_timeout_s or 0) or 600.0)
     baseline = selectors.turn_side(source.pk, turn)
     candidate = selectors.turn_side(replay.pk, turn)
@@ -366,7 +364,24 @@ def _opening_text(session_id: Any, turn: int) -> str:
     return opening.content if opening else ""
 
 
-def _replay_open(evaluation: Evaluation, source: Session, turn: int) -> Session:
+# The record's history before the turn, copied into the replay in one statement (no rows
+# through Python), renumbered from 1; the replay's message_seq set in the same statement.
+_HISTORY_COPY_SQL = f"""
+WITH copied AS (
+  INSERT INTO "{Message._meta.db_table}" (session_id, seq, turn, role, status, content,
+      tool_calls, tool_call_id, name, data, token_count, token_counter, archived_at, created_at)
+  SELECT %(replay)s, row_number() OVER (ORDER BY seq), turn, role, status, content,
+      tool_calls, tool_call_id, name, data, token_count, token_counter, archived_at, now()
+    FROM "{Message._meta.db_table}"
+   WHERE session_id = %(source)s AND turn < %(turn)s AND seq IS NOT NULL
+  RETURNING 1)
+UPDATE "{Session._meta.db_table}" SET message_seq = (SELECT count(*) FROM copied)
+ WHERE id = %(replay)s
+RETURNING message_seq
+"""  # nosec B608 - table names from the models, values bound
+
+
+def _replay_open(evaluation: Evaluation, source: Session, turn: int, owner_id: int) -> Session:
     """The replay's session: the record's history before `turn`, then its user message
     posted again (which starts the turn)."""
     opening = selectors.turn_opening(source.pk, turn)
@@ -376,7 +391,7 @@ def _replay_open(evaluation: Evaluation, source: Session, turn: int) -> Session:
     with transaction.atomic():
         replay = Session.objects.create(
             agent=evaluation.candidate_agent,
-            owner=_replays_user(),
+            owner_id=owner_id,
             role=source.role,
             value=source.value,
             evaluation_id=evaluation.pk,
@@ -389,29 +404,11 @@ def _replay_open(evaluation: Evaluation, source: Session, turn: int) -> Session:
                 }
             },
         )
-        history = list(
-            Message.objects.filter(session=source, turn__lt=turn, seq__isnull=False).order_by("seq")
-        )
-        Message.objects.bulk_create(
-            Message(
-                session=replay,
-                seq=seq,
-                turn=m.turn,
-                role=m.role,
-                status=m.status,
-                content=m.content,
-                tool_calls=m.tool_calls,
-                tool_call_id=m.tool_call_id,
-                name=m.name,
-                data=m.data,
-                token_count=m.token_count,
-                token_counter=m.token_counter,
-                archived_at=m.archived_at,
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _HISTORY_COPY_SQL, {"replay": replay.pk, "source": source.pk, "turn": turn}
             )
-            for seq, m in enumerate(history, start=1)
-        )
-        Session.objects.filter(pk=replay.pk).update(message_seq=len(history))
-        replay.message_seq = len(history)
+            (replay.message_seq,) = cursor.fetchone()
     message_post(
         session=replay,
         content=opening.content,

@@ -22,7 +22,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
+
 from sessions.models import Message, Refusal, Session, ToolCall, ToolCallStatus
+from sessions.rows import json_value
 from tools.builtin import ASK_USER_HANDLER
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
@@ -67,30 +70,71 @@ def canonical(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+# The recorded turn's calls with the tool message the model saw for each, and this replay's
+# turn's earlier calls (`mine`): one round trip.
+_RECORD_SQL = f"""
+SELECT false, c.tool_name, c.input, c.call_id, c.status, c.refusal, c.output, c.error,
+       c.elapsed_ms, m.content, c.step, c.position, c.id
+  FROM "{ToolCall._meta.db_table}" c
+  LEFT JOIN "{Message._meta.db_table}" m
+    ON m.session_id = c.session_id AND m.turn = c.turn AND m.role = 'tool'
+   AND m.tool_call_id = c.call_id
+ WHERE c.session_id = %(source)s AND c.turn = %(turn)s
+UNION ALL
+SELECT true, tool_name, input, call_id, status, refusal, NULL, '', NULL, NULL, step, position, id
+  FROM "{ToolCall._meta.db_table}"
+ WHERE session_id = %(replay)s AND turn = %(replay_turn)s AND NOT (id = ANY(%(open)s))
+ORDER BY 1, 11, 12, 13
+"""  # nosec B608 - table names from the models, values bound
+
+
 def replay_gate(
     session: Session, source: ReplaySource, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
 ) -> ReplayVerdict:
     """Settle each of the step's calls from the record, or say which may run (module doc)."""
-    recorded = list(
-        ToolCall.objects.filter(session_id=source.session_id, turn=source.turn).order_by(
-            "step", "position", "id"
-        )
-    )
-    contents = dict(
-        Message.objects.filter(
-            session_id=source.session_id, turn=source.turn, role="tool"
-        ).values_list("tool_call_id", "content")
-    )
-    # Earlier steps of this replay's turn: the n-th identical call gets the n-th recorded one.
-    earlier = list(
-        ToolCall.objects.filter(session=session, turn=session.turn)
-        .exclude(pk__in=[c.pk for c in calls])
-        .values_list("tool_name", "input")
-    )
+    recorded: list[ToolCall] = []
+    contents: dict[str, str] = {}
     seen: dict[str, int] = {}
-    for name, arguments in earlier:
-        key = _match_key(name, arguments, tools)
-        seen[key] = seen.get(key, 0) + 1
+    open_ids = [c.pk for c in calls]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_SQL,
+            {
+                "source": source.session_id,
+                "turn": source.turn,
+                "replay": session.pk,
+                "replay_turn": session.turn,
+                "open": open_ids,
+            },
+        )
+        for (
+            mine,
+            name,
+            arguments,
+            call_id,
+            status,
+            refusal,
+            output,
+            error,
+            elapsed,
+            content,
+            *_,
+        ) in cursor.fetchall():
+            arguments = json_value(arguments)
+            if mine:
+                # An earlier step of this replay's turn: the n-th identical call gets the
+                # n-th recorded one.
+                key = _match_key(name, arguments, tools)
+                seen[key] = seen.get(key, 0) + 1
+                continue
+            recorded.append(
+                ToolCall(
+                    tool_name=name, input=arguments, call_id=call_id, status=status,
+                    refusal=refusal, output=json_value(output), error=error, elapsed_ms=elapsed,
+                )
+            )  # fmt: skip
+            if content is not None:
+                contents[call_id] = content
     verdict = ReplayVerdict()
     for call in calls:
         key = _match_key(call.tool_name, call.input, tools)
