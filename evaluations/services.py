@@ -28,6 +28,7 @@ from memory.embeddings import embed_texts
 from runtime.tasks import task_send
 from sessions.errors import Conflict, InvalidInput
 from sessions.models import Agent, Message, ModelEndpoint, Session
+from sessions.rows import json_value
 from sessions.services import message_post, session_run_pending
 from sessions.states import STARTS_TURN, State
 
@@ -256,12 +257,18 @@ def evaluation_cancel(*, evaluation: Evaluation, actor: str) -> Evaluation:
     return evaluation
 
 
+# Scored turns are written this many at a time (with the progress and the spend, and the
+# cancel read back): a worker that dies replays at most these again.
+FLUSH_TURNS = 10
+
+
 def evaluation_run(*, evaluation_id: int) -> str:
     """The worker's job: replay every recorded turn not scored yet, then the totals.
 
-    Resumable: a worker that died mid-way leaves the turns scored so far; the next run
-    (the task again) takes the rest. It stops before a turn when the evaluation was
-    cancelled or its budget is spent (then it fails, saying so).
+    Resumable: a worker that died mid-way leaves the turns written so far (every
+    FLUSH_TURNS); the next run (the task again) takes the rest. A cancel stops it at the
+    next write; a spent budget (its figure kept here, turn by turn) before the next turn,
+    and it fails, saying so.
     """
     evaluation = Evaluation.objects.select_related("candidate_agent").get(pk=evaluation_id)
     if evaluation.state == EvaluationState.QUEUED:
@@ -273,15 +280,14 @@ def evaluation_run(*, evaluation_id: int) -> str:
         s.pk: s for s in evaluation.sessions.select_related("agent").order_by("created_at", "id")
     }
     done = set(evaluation.turns.values_list("session_id", "turn"))
+    pending: list[EvaluationTurn] = []
+    spent = evaluation.spent
     try:
         for session_id, turn in selectors.recorded_turns_of(list(sessions)):
             if (session_id, turn) in done:
                 continue
-            # Between turns: a cancel or a spent budget stops it (one small read).
-            state, spent = Evaluation.objects.values_list("state", "spent").get(pk=evaluation.pk)
-            if state != EvaluationState.RUNNING:
-                return state
             if evaluation.budget_cost is not None and spent >= evaluation.budget_cost:
+                _turns_write(evaluation, pending)
                 evaluation.refresh_from_db()
                 _move(
                     evaluation,
@@ -292,7 +298,16 @@ def evaluation_run(*, evaluation_id: int) -> str:
                     finished_at=timezone.now(),
                 )
                 return evaluation.state
-            _turn_evaluate(evaluation, sessions[session_id], turn, replays_owner)
+            row = _turn_evaluate(evaluation, sessions[session_id], turn, replays_owner)
+            pending.append(row)
+            spent += Decimal(row.candidate["cost"])
+            if len(pending) >= FLUSH_TURNS:
+                state = _turns_write(evaluation, pending)
+                if state != EvaluationState.RUNNING:
+                    return state
+        state = _turns_write(evaluation, pending)
+        if state != EvaluationState.RUNNING:
+            return state
     except Exception as exc:
         logger.exception("evaluation failed: evaluation=%s", evaluation_id)
         evaluation.refresh_from_db()
@@ -316,6 +331,22 @@ def evaluation_run(*, evaluation_id: int) -> str:
     return evaluation.state
 
 
+def _turns_write(evaluation: Evaluation, pending: list[EvaluationTurn]) -> str:
+    """Write the scored turns with the progress and the spend; the evaluation's state (a
+    cancel made meanwhile stops the run)."""
+    if not pending:
+        return str(Evaluation.objects.values_list("state", flat=True).get(pk=evaluation.pk))
+    cost = sum((Decimal(t.candidate["cost"]) for t in pending), Decimal(0))
+    with transaction.atomic():
+        EvaluationTurn.objects.bulk_create(pending)
+        Evaluation.objects.filter(pk=evaluation.pk).update(
+            done=F("done") + len(pending), spent=F("spent") + cost
+        )
+        state = Evaluation.objects.values_list("state", flat=True).get(pk=evaluation.pk)
+    pending.clear()
+    return str(state)
+
+
 def _replays_user() -> User:
     user, created = get_user_model().objects.get_or_create(
         username=EVALUATIONS_USER, defaults={"is_active": False}
@@ -326,7 +357,10 @@ def _replays_user() -> User:
     return user
 
 
-def _turn_evaluate(evaluation: Evaluation, source: Session, turn: int, owner_id: int) -> None:
+def _turn_evaluate(
+    evaluation: Evaluation, source: Session, turn: int, owner_id: int
+) -> EvaluationTurn:
+    """Replay one recorded turn and score it (not written yet)."""
     replay = _replay_open(evaluation, source, turn, owner_id)
     _replay_wait(replay, turn, timeout_s=float(source.agent.turn_timeout_s or 0) or 600.0)
     baseline = selectors.turn_side(source.pk, turn)
@@ -342,21 +376,16 @@ def _turn_evaluate(evaluation: Evaluation, source: Session, turn: int, owner_id:
             baseline=baseline,
             candidate=candidate,
         )
-    cost = Decimal(candidate["cost"])
-    with transaction.atomic():
-        EvaluationTurn.objects.create(
-            evaluation=evaluation,
-            session=source,
-            turn=turn,
-            replay=replay,
-            baseline=baseline,
-            candidate=candidate,
-            judge_score=judge_score,
-            **score,
-        )
-        Evaluation.objects.filter(pk=evaluation.pk).update(
-            done=F("done") + 1, spent=F("spent") + cost
-        )
+    return EvaluationTurn(
+        evaluation=evaluation,
+        session=source,
+        turn=turn,
+        replay=replay,
+        baseline=baseline,
+        candidate=candidate,
+        judge_score=judge_score,
+        **score,
+    )
 
 
 def _opening_text(session_id: Any, turn: int) -> str:
@@ -378,15 +407,17 @@ WITH copied AS (
 UPDATE "{Session._meta.db_table}" SET message_seq = (SELECT count(*) FROM copied)
  WHERE id = %(replay)s
 RETURNING message_seq
+"""
+# The turn's opening: the user's message that began it, posted again in the replay.
+_OPENING_SQL = f"""
+SELECT content, extra_context, turn_options FROM "{Message._meta.db_table}"
+ WHERE session_id = %(source)s AND role = 'user' AND turn = %(turn)s ORDER BY id LIMIT 1
 """  # nosec B608 - table names from the models, values bound
 
 
 def _replay_open(evaluation: Evaluation, source: Session, turn: int, owner_id: int) -> Session:
     """The replay's session: the record's history before `turn`, then its user message
     posted again (which starts the turn)."""
-    opening = selectors.turn_opening(source.pk, turn)
-    if opening is None:  # pragma: no cover - recorded_turns lists only turns with one
-        raise InvalidInput(f"turn {turn} of {source.pk} has no user message")
     assert evaluation.candidate_agent is not None
     with transaction.atomic():
         replay = Session.objects.create(
@@ -405,15 +436,16 @@ def _replay_open(evaluation: Evaluation, source: Session, turn: int, owner_id: i
             },
         )
         with connection.cursor() as cursor:
-            cursor.execute(
-                _HISTORY_COPY_SQL, {"replay": replay.pk, "source": source.pk, "turn": turn}
-            )
+            names: dict[str, Any] = {"replay": replay.pk, "source": source.pk, "turn": turn}
+            cursor.execute(_OPENING_SQL + ";" + _HISTORY_COPY_SQL, names)
+            content, extra_context, turn_options = cursor.fetchone()
+            cursor.nextset()
             (replay.message_seq,) = cursor.fetchone()
     message_post(
         session=replay,
-        content=opening.content,
-        extra_context=opening.extra_context,
-        turn_options=opening.turn_options,
+        content=content,
+        extra_context=json_value(extra_context),
+        turn_options=json_value(turn_options),
     )
     return replay
 
@@ -422,7 +454,9 @@ def _replay_wait(replay: Session, turn: int, *, timeout_s: float) -> None:
     """Run the replay's turn here (or let the worker that took it finish it)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        session_run_pending(session_id=replay.pk)
+        ran = session_run_pending(session_id=replay.pk)
+        if ran.stopped == "idle":
+            return  # nothing left to run: the turn has ended
         row = Session.objects.filter(pk=replay.pk).values("state", "last_turn_number").first()
         assert row is not None
         if row["last_turn_number"] == turn and State(row["state"]) in STARTS_TURN:
