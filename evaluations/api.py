@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from accounts.throttling import ApiKeyRateThrottle
 
-from . import selectors, services
+from . import api_docs, selectors, services
 
 
 class FilterSerializer(serializers.Serializer):
@@ -62,15 +62,43 @@ class EvaluationListItemSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class EvaluationCreatedSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+    progress = serializers.DictField(help_text="{done, total}: turns replayed, turns to replay.")
+
+
+class EvaluationStateSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+
+
+class EvaluationReportSerializer(EvaluationCreatedSerializer):
+    """The report (DESIGN.md "Evaluations"): read from the selectors as it is."""
+
+    agent = serializers.CharField(allow_null=True)
+    candidate = serializers.JSONField()
+    allow_read_only_calls = serializers.BooleanField()
+    totals = serializers.JSONField()
+    spent = serializers.CharField()
+    budget = serializers.CharField(allow_null=True)
+    error = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    turns = serializers.ListField(child=serializers.JSONField())
+
+
 class EvaluationListView(APIView):
     throttle_classes = [ApiKeyRateThrottle]
 
+    @api_docs.evaluation_list
     @extend_schema(responses=EvaluationListItemSerializer(many=True))
     def get(self, request: Request) -> Response:
         rows = selectors.evaluations_of_owner(owner_id=request.user.pk)
         return Response(EvaluationListItemSerializer(rows, many=True).data)
 
-    @extend_schema(request=EvaluationCreateSerializer, responses={201: dict})
+    @api_docs.evaluation_create
+    @extend_schema(request=EvaluationCreateSerializer, responses={201: EvaluationCreatedSerializer})
     def post(self, request: Request) -> Response:
         payload = EvaluationCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -103,7 +131,8 @@ class EvaluationListView(APIView):
 class EvaluationDetailView(APIView):
     throttle_classes = [ApiKeyRateThrottle]
 
-    @extend_schema(responses=dict)
+    @api_docs.evaluation_detail
+    @extend_schema(responses=EvaluationReportSerializer)
     def get(self, request: Request, evaluation_id: str) -> Response:
         evaluation = selectors.evaluation_for_owner(
             evaluation_id=evaluation_id, owner_id=request.user.pk
@@ -114,7 +143,8 @@ class EvaluationDetailView(APIView):
 class EvaluationCancelView(APIView):
     throttle_classes = [ApiKeyRateThrottle]
 
-    @extend_schema(request=None, responses=dict)
+    @api_docs.evaluation_cancel
+    @extend_schema(request=None, responses=EvaluationStateSerializer)
     def post(self, request: Request, evaluation_id: str) -> Response:
         evaluation = selectors.evaluation_for_owner(
             evaluation_id=evaluation_id, owner_id=request.user.pk
