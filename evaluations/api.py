@@ -36,6 +36,11 @@ class EvaluationCreateSerializer(serializers.Serializer):
         help_text="Recorded session ids (the key owner's); or `filter`.",
     )
     filter = FilterSerializer(required=False, help_text="Pick the owner's sessions instead.")
+    same_sessions_as = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="The saved set of an earlier evaluation of yours (its id): the same sessions.",
+    )
     candidate = serializers.JSONField(
         help_text='{"model": name} or {"system_prompt": str}; agent_version and workflow_version '
         "are refused (400 candidate_not_supported) until they can be replayed."
@@ -47,8 +52,11 @@ class EvaluationCreateSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("sessions" in attrs) == ("filter" in attrs):
-            raise serializers.ValidationError({"sessions": "give sessions or filter (one of them)"})
+        given = [k for k in ("sessions", "filter", "same_sessions_as") if k in attrs]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"sessions": "give one of sessions, filter or same_sessions_as"}
+            )
         return attrs
 
 
@@ -108,6 +116,7 @@ class EvaluationListView(APIView):
             owner_id=request.user.pk,
             ids=data.get("sessions"),
             where=selectors.SessionFilter(**where) if where is not None else None,
+            same_as=data.get("same_sessions_as"),
         )
         evaluation = services.evaluation_create(
             owner=request.user,

@@ -111,8 +111,9 @@ scores each beside the record (the manual's "Evaluations" page). Tool calls are 
 from the record; a side-effecting call the record lacks is never sent (it is listed as
 `would_have_called`); a read-only one runs only with `allow_read_only_calls`.
 
-- `sessions` (ids, all of one agent) or `filter` (`agent`, `since`, `until`, `outcome`,
-  `search`): your own sessions only; another owner's id is a 404, as a missing one.
+- `sessions` (ids, all of one agent), `filter` (`agent`, `since`, `until`, `outcome`,
+  `search`) or `same_sessions_as` (the saved set of an earlier evaluation of yours): your
+  own sessions only; another owner's id is a 404, as a missing one.
 - `candidate`: `{"model": endpoint}` or `{"system_prompt": str}`.
 - `judge` `{"model", "rubric"}` (optional) scores each answer 0 to 1 by your rubric;
   `budget` stops it once its replays' model cost reaches it.

@@ -33,11 +33,28 @@ class SessionFilter:
 
 
 def sessions_pick(
-    *, owner_id: int | None, ids: list[str] | None = None, where: SessionFilter | None = None
+    *,
+    owner_id: int | None,
+    ids: list[str] | None = None,
+    where: SessionFilter | None = None,
+    same_as: int | None = None,
 ) -> list[Session]:
     """The recorded conversations to replay: by id (another owner's is NotFound: an owner
-    sees only its own; `owner_id` None is staff, any owner) or by filter. Replays,
-    workflow runs and ephemeral sessions are never picked."""
+    sees only its own; `owner_id` None is staff, any owner), by filter, or the saved set of
+    an earlier evaluation (`same_as`, the owner's). Replays, workflow runs and ephemeral
+    sessions are never picked."""
+    if same_as is not None:
+        earlier = Evaluation.objects.filter(pk=same_as)
+        if owner_id is not None:
+            earlier = earlier.filter(owner_id=owner_id)
+        if not earlier.exists():
+            raise NotFound(f"evaluation {same_as} not found", code="evaluation_not_found")
+        ids = [
+            str(pk)
+            for pk in Evaluation.sessions.through.objects.filter(evaluation_id=same_as).values_list(
+                "session_id", flat=True
+            )
+        ]
     rows: QuerySet[Session] = Session.objects.filter(
         evaluation_id__isnull=True, workflow_version__isnull=True, ephemeral=False
     ).select_related("agent")

@@ -152,3 +152,28 @@ def test_a_cancel_of_an_ended_evaluation_is_a_409(recorded: Session, owner_api: 
     ).json()["id"]
     assert owner_api.post(f"{URL}{evaluation_id}/cancel/").json()["state"] == "cancelled"
     assert_error(owner_api.post(f"{URL}{evaluation_id}/cancel/"), 409, "illegal_transition")
+
+
+def test_a_saved_set_is_an_earlier_evaluations_sessions_and_only_its_owners(
+    recorded: Session, owner_api: Api
+) -> None:
+    first = owner_api.post(
+        URL, {"sessions": [str(recorded.pk)], "candidate": {"system_prompt": "x"}}
+    ).json()["id"]
+    again = owner_api.post(URL, {"same_sessions_as": first, "candidate": {"system_prompt": "y"}})
+    assert again.status_code == 201, again.content
+    assert list(Evaluation.objects.get(pk=again.json()["id"]).sessions.all()) == [recorded]
+    stranger = Api(api_key_for("stranger"))
+    assert_error(
+        stranger.post(URL, {"same_sessions_as": first, "candidate": {"system_prompt": "x"}}),
+        404,
+        "evaluation_not_found",
+    )
+    assert_error(
+        owner_api.post(
+            URL,
+            {"same_sessions_as": first, "filter": {}, "candidate": {"system_prompt": "x"}},
+        ),
+        400,
+        "invalid_input",
+    )
