@@ -208,3 +208,27 @@ def test_a_cancelled_evaluation_does_not_run(recorded: Session):
     assert not Session.objects.filter(evaluation_id=evaluation.pk).exists()
     with pytest.raises(services.IllegalMove):
         services.evaluation_cancel(evaluation=evaluation, actor="api:test")
+
+
+def test_a_judge_model_scores_each_answer_by_the_operators_rubric(
+    recorded: Session,
+    openai_server: FakeModelServer,
+    endpoint_on: Callable[[str], ModelEndpoint],
+):
+    judge = endpoint_on("judge")
+    openai_server.script(
+        Reply(text="Hello! How can I help?"),
+        Reply(text='{"score": 1.0, "reason": "the same greeting"}'),
+        *recorded_script(),
+        Reply(text='{"score": 0.75, "reason": "fine"}'),
+    )
+    evaluation = _evaluate(
+        recorded,
+        {"model": recorded.agent.model.name},
+        judge={"model": judge.name, "rubric": "Is the customer compensated?"},
+    )
+    assert sorted(t.judge_score for t in evaluation.turns.all()) == [0.75, 1.0]
+    assert evaluation.totals["judge_score"] == 0.875
+    asked = openai_server.requests[-1]
+    assert "Is the customer compensated?" in asked.text()
+    assert "I issued a coupon of 10 for order SO-1001." in asked.text()
