@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "billing",
     "approvals",
     "workflows",
+    "evaluations",
     "demo",
     "observability",
     "audit",

@@ -31,6 +31,7 @@ urlpatterns = [
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/approvals/", include("approvals.urls")),
     path("api/v1/workflows/", include("workflows.urls")),
+    path("api/v1/evaluations/", include("evaluations.urls")),
     path("playground/", playground, name="playground"),
     path("openai/v1/", include("openai_compat.urls")),
 ]

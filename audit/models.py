@@ -36,6 +36,7 @@ class AuditAction(models.TextChoices):
     APPROVER_GRANT = "approver.grant", "approver rights granted"
     MEMORY_ERASE = "memory.erase", "memory of a user erased"
     CONFIG_APPLY = "config.apply", "configuration file applied"
+    ROLLOUT_OVERRIDE = "rollout.override", "candidate_percent raised past the rollout gate"
 
 
 class AuditEntry(models.Model):

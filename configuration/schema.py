@@ -11,6 +11,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from approvals.conditions import ConditionError
 from approvals.conditions import validate as validate_condition
+from evaluations.gate import rule_problem
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from memory.tokens import TOKENIZER_NAMES
@@ -250,6 +251,8 @@ AGENT_ENTRY = {
         "fallback_model": {"type": ["string", "null"]},
         "candidate_model": {"type": ["string", "null"]},
         "candidate_percent": {"type": "integer", "minimum": 0, "maximum": 100},
+        # What the candidate's latest evaluation must show before candidate_percent rises.
+        "rollout_gate": {"type": "object", "additionalProperties": {"type": "string"}},
         "tools": {"type": "array", "items": TOOL_REF},
         "max_iterations": {"type": "integer", "minimum": 1, "maximum": 100},
         "repeat_call_limit": {"type": "integer", "minimum": 2, "maximum": 20},
@@ -632,6 +635,10 @@ def config_errors(
             errors.append(
                 f"{where}.timezone: unknown time zone {zone[:64]!r} (an IANA name, e.g. Asia/Shanghai)"
             )
+        for metric, rule in (entry.get("rollout_gate") or {}).items():
+            problem = rule_problem(metric, rule)
+            if problem:
+                errors.append(f"{where}.rollout_gate.{metric}: {problem}")
         known_agents_here = (known_agents or set()) | {
             a["slug"] for a in document.get("agents") or []
         }

@@ -25,6 +25,8 @@ from audit.models import AuditAction
 from audit.selectors import admin_changed_fields
 from audit.services import SYSTEM, audit_record
 from billing.models import CreditPool
+from evaluations.gate import rollout_gate_judge
+from evaluations.services import rollout_override_audit
 from hooks.models import Schedule
 from hooks.selectors import schedule_next_times
 from hooks.services import schedule_next_due, schedule_problems
@@ -119,6 +121,7 @@ AGENT_FIELDS = (
     "value",
     "enabled",
     "candidate_percent",
+    "rollout_gate",
     "repeat_call_limit",
     "same_result_limit",
     "step_timeout_s",
@@ -136,6 +139,38 @@ EMBEDDINGS_FIELDS = ("base_url", "model", "dimension", "api_key_env", "timeout_s
 AGENT_COST_FIELDS = ("budget_turn_cost", "budget_session_cost", "budget_day_cost")
 # Everything of an agent a file may set (its model, fallback and candidate are always set).
 AGENT_MANAGED = (*AGENT_FIELDS, *AGENT_COST_FIELDS, "cheap_model", "summary_model")
+
+
+def _rollout_gate_pass(
+    entry: dict[str, Any], values: dict[str, Any], *, actor: str, override: bool
+) -> None:
+    """Refuse a raise of an existing agent's candidate_percent that its rollout gate does
+    not allow (evaluations/gate.py), or record the override."""
+    agent = Agent.objects.filter(slug=entry["slug"]).select_related("candidate_model").first()
+    percent = values.get("candidate_percent")
+    if agent is None or percent is None or percent <= agent.candidate_percent:
+        return
+    agent.rollout_gate = values.get("rollout_gate", agent.rollout_gate)
+    candidate = values.get("candidate_model")
+    verdict = rollout_gate_judge(agent, candidate_model=candidate.name if candidate else None)
+    if verdict.passed:
+        return
+    if not override:
+        raise ConfigInvalid(
+            [
+                f"agents ({entry['slug']}).candidate_percent: {agent.candidate_percent} -> "
+                f"{percent}: {verdict.message()} (evaluate the candidate first, or apply "
+                "with --override-rollout-gate)"
+            ]
+        )
+    rollout_override_audit(
+        agent=agent,
+        actor=actor,
+        before=agent.candidate_percent,
+        after=percent,
+        reason=verdict.message(),
+        evaluation_id=verdict.evaluation.pk if verdict.evaluation else None,
+    )
 
 
 CONFIG_FILE = "configuration.file"  # the audit trail's object type of an applied file
@@ -495,6 +530,7 @@ def config_apply(
     each_mcp_warning: bool = False,
     actor: str = SYSTEM,
     source: str = "",
+    override_rollout_gate: bool = False,
 ) -> list[str]:
     """Create or update roles, models, tools, MCP servers, agents and credit pools by name, all
     or nothing.
@@ -674,6 +710,7 @@ def config_apply(
             values["candidate_model"] = (
                 ModelEndpoint.objects.get(name=candidate) if candidate else None
             )
+            _rollout_gate_pass(entry, values, actor=actor, override=override_rollout_gate)
             done = _upsert(
                 Agent,
                 {"slug": entry["slug"]},

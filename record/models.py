@@ -144,6 +144,9 @@ class Agent(models.Model):
         related_name="candidate_for",
     )
     candidate_percent = models.PositiveSmallIntegerField(default=0, help_text="0-100")
+    # What the candidate's latest evaluation must show before candidate_percent may be
+    # raised, e.g. {"trajectory_match": ">= 0.9", "cost_ratio": "<= 1.2"} (evaluations/gate.py).
+    rollout_gate = models.JSONField(default=dict, blank=True)
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     max_iterations = models.PositiveSmallIntegerField(default=8, help_text="Tool rounds per turn.")
     # Loop guards (see engine/gates/guards.py) and the three time limits.
@@ -362,6 +365,10 @@ class Session(models.Model):
     # its model calls' cost is written to the key's spend rollup (billing.SpendDaily) in
     # each step's own batch, and the key's budget is judged from it. Empty: no key.
     api_key_id = models.BigIntegerField(null=True, blank=True)
+    # A replay of a recorded turn for evaluations.Evaluation (by id: the record imports no
+    # app). Run as the evaluations' own user, so never in a user's usage, credits or
+    # rankings; what it replays is in metadata["replay"] (engine/gates/replay.py).
+    evaluation_id = models.BigIntegerField(null=True, blank=True)
     degradation_level = models.PositiveSmallIntegerField(
         default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
     )
@@ -566,6 +573,7 @@ class Refusal(models.TextChoices):
     REJECTED = "rejected", "rejected by an approver"
     EXPIRED = "expired", "no decision before the deadline"
     UNPAID = "unpaid", "not enough credit points"
+    NOT_SENT = "not_sent", "not sent: an evaluation's replay (would have called)"
 
 
 class ToolCall(models.Model):

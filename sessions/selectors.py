@@ -493,7 +493,8 @@ def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
     "In the last 24 h" is the session's `updated_at` (a turn's end writes the session),
     so a session whose last turn failed long ago and that nobody touched since is not counted."""
     since = timezone.now() - timedelta(hours=hours)
-    rows = Session.objects.filter(ephemeral=False)
+    # An evaluation's replays are its own (evaluations/), not the platform's turns.
+    rows = Session.objects.filter(ephemeral=False, evaluation_id__isnull=True)
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     bad = [TurnOutcomeChoice.ERROR, TurnOutcomeChoice.STOPPED, TurnOutcomeChoice.TOOL_FAILURES]

@@ -3,9 +3,11 @@ from typing import Any
 import factory
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.utils import timezone
 
 from accounts.services import api_key_create
 from billing.models import SpendDaily, UsageDaily
+from evaluations.models import Evaluation
 from record.models import Agent, ModelEndpoint, Session
 from tools.models import Tool
 
@@ -110,3 +112,20 @@ class SpendDailyFactory(factory.django.DjangoModelFactory):
     agent_id = factory.LazyAttribute(lambda _: AgentFactory().pk)
     endpoint = "rules"
     model_calls = 1
+
+
+class EvaluationFactory(factory.django.DjangoModelFactory):
+    """A finished evaluation with the totals given (the rollout gate reads them)."""
+
+    class Meta:
+        model = Evaluation
+
+    owner = factory.SubFactory(UserFactory)
+    actor = "api:test"
+    agent = factory.SubFactory(AgentFactory)
+    candidate = factory.LazyFunction(lambda: {"model": "candidate"})
+    state = "finished"
+    finished_at = factory.LazyFunction(timezone.now)
+    totals = factory.LazyFunction(
+        lambda: {"turns": 10, "trajectory_match": 1.0, "cost_ratio": 1.0, "would_have_called": 0}
+    )

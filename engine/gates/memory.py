@@ -315,6 +315,8 @@ def turn_memory_keep(*, session_id: str, turn: int) -> int:
     session = Session.objects.select_related("agent__model", "agent__cheap_model").get(
         pk=session_id
     )
+    if session.evaluation_id is not None:
+        return 0  # an evaluation's replay keeps nothing: its memory writes would be side effects
     agent = session.agent
     settings = MemorySettings.of(agent)
     messages = list(

@@ -31,6 +31,7 @@ from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import Credits, credits_reserve, tool_credits_stop
 from engine.gates.questions import Question, questions_of
 from engine.gates.recovery import recovery_probe
+from engine.gates.replay import ReplaySource, replay_gate, replay_source
 from engine.gates.revalidation import Rechecked, pending_prechecks
 from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
@@ -136,6 +137,10 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     if workflow is not None:
         tools = workflow.tools_with(tools)
     env = runtime.environment(session.role)
+    source = replay_source(session)
+    if source is not None:
+        replay_step(session, owner, source, calls, tools, env, runtime.agent.step_timeout_s)
+        return
     if not calls and client is not None:
         tool_results(session, owner, calls=[], outcomes={}, tools=tools, env=env, client=client)
         return
@@ -339,6 +344,34 @@ def _run(
             raise StepDeferred(parked)
     outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     fault_point("before_tool_results_commit")
+
+
+def replay_step(
+    session: Session,
+    owner: str,
+    source: ReplaySource,
+    calls: list[ToolCall],
+    tools: dict[str, ToolSnapshot],
+    env: Environment,
+    step_timeout_s: float | None,
+) -> None:
+    """An evaluation's replay of a recorded turn: the calls are answered from the record
+    (engine/gates/replay.py), the read-only calls it lacks run only if the evaluation allows
+    it, a side effect is never sent; no approval, question, credit or child waits."""
+    verdict = replay_gate(session, source, calls, tools)
+    outcomes = dict(verdict.outcomes)
+    if verdict.to_run:
+        connection.close()
+        ran = io_loop.run(
+            execute_all(
+                [_invocation(c, None) for c in verdict.to_run],
+                tools,
+                session.role,
+                step_timeout_s=step_timeout_s,
+            )
+        )
+        outcomes.update({c.pk: o for c, o in zip(verdict.to_run, ran, strict=True)})
+    tool_results(session, owner, calls=calls, outcomes=outcomes, tools=tools, env=env)
 
 
 def _retry_due(calls: list[ToolCall]) -> None:

@@ -11,8 +11,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 from jsonschema import Draft202012Validator
 
-from audit.edits import AuditedAdmin
+from audit.edits import AuditedAdmin, admin_actor
 from configuration.schema import RULE, routing_rule_problems
+from evaluations.gate import GateVerdict, rollout_gate_judge, rule_problem
+from evaluations.services import rollout_override_audit
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
 from record.models import Agent
@@ -57,6 +59,14 @@ class AgentAdminForm(forms.ModelForm):
         widget=FilteredSelectMultiple("tools", is_stacked=False),
         help_text="The tools the agent's model may call (each still gated by the session's role).",
     )
+    override_rollout_gate = forms.BooleanField(
+        required=False,
+        help_text="Superusers only: raise candidate_percent although the rollout gate refuses "
+        "(audited, with the reason below).",
+    )
+    override_reason = forms.CharField(required=False, max_length=500)
+    # Set by AgentAdmin.get_form: whether the user may override the rollout gate.
+    may_override = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,6 +84,7 @@ class AgentAdminForm(forms.ModelForm):
             "fallback_model",
             "candidate_model",
             "candidate_percent",
+            "rollout_gate",
             "context_window",
             "context_budget",
             "summary_model",
@@ -158,6 +169,43 @@ class AgentAdminForm(forms.ModelForm):
             )
         return zone
 
+    def clean_rollout_gate(self) -> Any:
+        rules = self.cleaned_data.get("rollout_gate")
+        if rules in (None, ""):
+            return {}
+        if not isinstance(rules, dict):
+            raise forms.ValidationError('rules like {"trajectory_match": ">= 0.9"}')
+        problems = [p for m, r in rules.items() if (p := rule_problem(m, r))]
+        if problems:
+            raise forms.ValidationError("; ".join(problems))
+        return rules
+
+    def clean(self) -> dict[str, Any]:
+        """A raise of candidate_percent needs the candidate's latest evaluation to pass the
+        agent's rollout gate (evaluations/gate.py), or a superuser's override with a reason."""
+        data = super().clean() or {}
+        self.gate_verdict: GateVerdict | None = None
+        before = self.instance.candidate_percent if self.instance.pk else 0
+        after = data.get("candidate_percent")
+        if not self.instance.pk or after is None or after <= before or "rollout_gate" not in data:
+            return data
+        probe = Agent(pk=self.instance.pk, rollout_gate=data.get("rollout_gate") or {})
+        candidate = data.get("candidate_model")
+        verdict = rollout_gate_judge(probe, candidate_model=candidate.name if candidate else None)
+        if verdict.passed:
+            return data
+        if not data.get("override_rollout_gate"):
+            self.add_error("candidate_percent", verdict.message())
+        elif not self.may_override:
+            self.add_error(
+                "override_rollout_gate", "Only a superuser may override the rollout gate."
+            )
+        elif not (data.get("override_reason") or "").strip():
+            self.add_error("override_reason", "Say why the gate is overridden.")
+        else:
+            self.gate_verdict = verdict
+        return data
+
     def clean_rules(self) -> Any:
         rules = self.cleaned_data.get("rules")
         if rules in (None, ""):
@@ -190,7 +238,7 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
     list_filter = ("enabled", "model")
     list_select_related = ("model", "fallback_model", "candidate_model")
     search_fields = ("slug", "name", "system_prompt")
-    readonly_fields = ("created_at", "updated_at", "routing_figures")
+    readonly_fields = ("created_at", "updated_at", "routing_figures", "candidate_evaluation")
     fieldsets = (
         (None, {"fields": ("slug", "name", "enabled", "system_prompt")}),
         (
@@ -200,11 +248,15 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
                     "model",
                     "fallback_model",
                     "candidate_model",
-                    "candidate_percent",
+                    ("candidate_percent", "candidate_evaluation"),
+                    "rollout_gate",
+                    ("override_rollout_gate", "override_reason"),
                     "context_window",
                 ),
                 "description": "Edits apply at the next step of every session. The candidate model gets "
-                "candidate_percent of sessions (sticky per session) for a gradual rollout.",
+                "candidate_percent of sessions (sticky per session) for a gradual rollout. The "
+                'rollout gate, e.g. {"trajectory_match": ">= 0.9", "cost_ratio": "<= 1.2"}, is '
+                "what the candidate's latest evaluation must show before the percentage rises.",
             },
         ),
         (
@@ -276,6 +328,47 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
         ("Dialogue state", {"fields": ("dialogue",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
     )
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.may_override = bool(getattr(request.user, "is_superuser", False))  # type: ignore[attr-defined] # a fresh class per request
+        return form
+
+    def save_audited(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        verdict = getattr(form, "gate_verdict", None)
+        if verdict is not None:
+            rollout_override_audit(
+                agent=obj,
+                actor=admin_actor(request),
+                before=form.initial.get("candidate_percent", 0),
+                after=obj.candidate_percent,
+                reason=form.cleaned_data["override_reason"],
+                evaluation_id=verdict.evaluation.pk if verdict.evaluation else None,
+            )
+        super().save_audited(request, obj, form, change)
+
+    @admin.display(description="candidate's latest evaluation")
+    def candidate_evaluation(self, obj: Agent) -> str:
+        if not obj.pk or obj.candidate_model_id is None:
+            return "—"
+        verdict = rollout_gate_judge(obj)
+        evaluation = verdict.evaluation
+        if evaluation is None:
+            return "no finished evaluation" + (
+                "" if verdict.passed else " (the gate refuses a raise)"
+            )
+        url = reverse("admin:evaluations_evaluation_change", args=[evaluation.pk])
+        totals = evaluation.totals or {}
+        return format_html(
+            '<a href="{}">evaluation {}</a>: trajectory {}, cost ×{}: {}',
+            url,
+            evaluation.pk,
+            totals.get("trajectory_match"),
+            totals.get("cost_ratio"),
+            "passes" if verdict.passed else verdict.message(),
+        )
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         return optional_count_field(db_field) or super().formfield_for_dbfield(

@@ -42,7 +42,13 @@ from observability.prompts import prompt_sample_record
 from record.models import Session
 from runtime.breaker import model_breaker
 from sessions.services import approval_decide, message_post
-from tests.factories import AgentFactory, ModelEndpointFactory, StaffUserFactory, ToolFactory
+from tests.factories import (
+    AgentFactory,
+    EvaluationFactory,
+    ModelEndpointFactory,
+    StaffUserFactory,
+    ToolFactory,
+)
 from tests.fakes.mcp_fixtures import free_port
 from tools.models import McpServer
 from tools.registry import tool_handler
@@ -168,6 +174,7 @@ def world(settings) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     Notification.objects.create(customer=customer, order=order, message="hi", idempotency_key="n1")
     Report.objects.create(title="t", body="b", idempotency_key="r1")
     Group.objects.create(name="ops")
+    EvaluationFactory(owner=viewer, agent=agent, candidate={"model": "rules"})
     workflow_raw = {
         "slug": "walk-flow", "role": "support", "start": "look",
         "nodes": {"look": {"kind": "tool", "tool": "gate", "args": {"code": "'x'"}, "next": "end"}},

@@ -36,6 +36,14 @@ class Command(BaseCommand):
                 "ci:release-42 (default deploy:<the OS user running the command>)."
             ),
         )
+        parser.add_argument(
+            "--override-rollout-gate",
+            action="store_true",
+            help=(
+                "Raise an agent's candidate_percent although its rollout gate finds no passing "
+                "evaluation of the candidate; each such raise is audited as an override."
+            ),
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         path = Path(str(options["file"]))
@@ -56,6 +64,7 @@ class Command(BaseCommand):
                 each_mcp_warning=int(str(options["verbosity"])) >= 2,
                 actor=command_actor(given=str(options["actor"] or ""), prefix="deploy"),
                 source=str(path),
+                override_rollout_gate=bool(options["override_rollout_gate"]),
             )
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)

@@ -202,6 +202,17 @@ def test_a_finished_turn_keeps_what_the_user_asked_and_what_extraction_found(
     assert MemoryItem.objects.filter(owner=session.owner).count() == 2
 
 
+def test_an_evaluations_replay_keeps_nothing(embeddings, _no_worker):
+    """A replay's turn (evaluations/) is not the user's: what it said is not remembered."""
+    session = _rules_session([{"answer": "Sure."}])
+    session = _turn(session, "Please remember that my favourite colour is blue.")
+    Session.objects.filter(pk=session.pk).update(evaluation_id=1)
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 0
+    assert not MemoryItem.objects.exists()
+    Session.objects.filter(pk=session.pk).update(evaluation_id=None)
+    assert memory_turn_keep(session_id=session.pk, turn=1) == 1  # the same turn, not a replay
+
+
 def test_no_task_when_there_is_nothing_to_keep(embeddings, _no_worker):
     session = _rules_session([{"answer": "Sure."}])  # extraction off by default
     _turn(session, "I prefer email over phone.")

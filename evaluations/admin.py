@@ -1,0 +1,240 @@
+"""The evaluations' admin: start one (recorded sessions by id or filter, a candidate), follow
+its progress, read its totals and the turns that differ first with their calls and answers
+side by side, cancel it. Its pages render what selectors.py reads; writes go to services."""
+
+import json
+from typing import Any, cast
+
+from django import forms
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from audit.edits import admin_actor
+from record.errors import DomainError
+from record.models import Agent, ModelEndpoint
+
+from . import selectors, services
+from .models import Evaluation
+
+
+class EvaluationAddForm(forms.ModelForm):
+    """What to replay (ids, or a filter over every owner's sessions) and on what."""
+
+    session_ids = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Recorded session ids, one per line or comma-separated; or the filter below.",
+    )
+    agent_slug = forms.ModelChoiceField(
+        queryset=Agent.objects.filter(enabled=True, workflow__isnull=True),
+        required=False,
+        to_field_name="slug",
+        label="agent",
+    )
+    since = forms.DateField(required=False, help_text="YYYY-MM-DD")
+    until = forms.DateField(required=False, help_text="YYYY-MM-DD")
+    outcome = forms.ChoiceField(
+        required=False, choices=[("", "any")] + [(o, o) for o in selectors.OUTCOMES]
+    )
+    search = forms.CharField(required=False, max_length=200, help_text="Text in a message.")
+    candidate_model = forms.ModelChoiceField(
+        queryset=ModelEndpoint.objects.all(), required=False, to_field_name="name"
+    )
+    candidate_system_prompt = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4, "cols": 80})
+    )
+    judge_model = forms.ModelChoiceField(
+        queryset=ModelEndpoint.objects.filter(enabled=True), required=False, to_field_name="name"
+    )
+    judge_rubric = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+
+    class Meta:
+        model = Evaluation
+        fields = ("allow_read_only_calls", "budget_cost")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        model, prompt = data.get("candidate_model"), (data.get("candidate_system_prompt") or "")
+        if bool(model) == bool(prompt.strip()):
+            raise forms.ValidationError(
+                "Give a candidate model or a candidate system prompt (one)."
+            )
+        data["candidate"] = {"model": model.name} if model else {"system_prompt": prompt}
+        if bool(data.get("judge_model")) != bool((data.get("judge_rubric") or "").strip()):
+            raise forms.ValidationError("A judge needs both a model and a rubric.")
+        ids = [p for p in (data.get("session_ids") or "").replace(",", " ").split() if p]
+        where = selectors.SessionFilter(
+            agent=data["agent_slug"].slug if data.get("agent_slug") else None,
+            since=data.get("since"),
+            until=data.get("until"),
+            outcome=data.get("outcome") or None,
+            search=data.get("search") or None,
+        )
+        try:
+            # Staff evaluate any owner's sessions.
+            data["picked"] = selectors.sessions_pick(
+                owner_id=None, ids=ids or None, where=None if ids else where
+            )
+            services.evaluation_check(
+                sessions=data["picked"],
+                candidate=data["candidate"],
+                judge=_judge(data),
+                budget_cost=data.get("budget_cost"),
+            )
+        except DomainError as exc:
+            raise forms.ValidationError(exc.message) from None
+        return data
+
+
+def _judge(data: dict[str, Any]) -> dict[str, str] | None:
+    model = data.get("judge_model")
+    return {"model": model.name, "rubric": data.get("judge_rubric") or ""} if model else None
+
+
+def _calls(calls: list[dict[str, Any]]) -> SafeString:
+    if not calls:
+        return format_html("<em>{}</em>", "no calls")
+    return format_html_join(
+        "",
+        "<div><code>{}({})</code></div>",
+        ((c["tool"], json.dumps(c["arguments"], ensure_ascii=False)[:300]) for c in calls),
+    )
+
+
+@admin.register(Evaluation)
+class EvaluationAdmin(admin.ModelAdmin):
+    list_display = ("id", "agent", "candidate_shown", "state", "progress", "scores", "created_at")
+    list_filter = ("state", "agent")
+    list_select_related = ("agent",)
+    actions = ("cancel",)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = EvaluationAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return (
+                "session_ids",
+                ("agent_slug", "since", "until", "outcome"),
+                "search",
+                "candidate_model",
+                "candidate_system_prompt",
+                "allow_read_only_calls",
+                "budget_cost",
+                ("judge_model", "judge_rubric"),
+            )
+        return ("state", "progress", "candidate_shown", "actor", "error", "report")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return () if obj is None else self.get_fields(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False if obj is not None else super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        # The form asked evaluation_check already: this does not refuse.
+        created = services.evaluation_create(
+            owner=cast(User, request.user),  # the admin's: a staff user
+            actor=admin_actor(request),
+            sessions=data["picked"],
+            candidate=data["candidate"],
+            allow_read_only_calls=bool(data.get("allow_read_only_calls")),
+            judge=_judge(data),
+            budget_cost=data.get("budget_cost"),
+        )
+        form.instance = created
+        obj.pk = created.pk
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Evaluation]:
+        return super().get_queryset(request).select_related("agent")
+
+    @admin.action(description="Cancel the selected evaluations", permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
+        stopped = 0
+        for evaluation in queryset:
+            try:
+                services.evaluation_cancel(evaluation=evaluation, actor=admin_actor(request))
+                stopped += 1
+            except DomainError:
+                continue
+        self.message_user(request, f"{stopped} evaluation(s) cancelled.")
+
+    @admin.display(description="candidate")
+    def candidate_shown(self, obj: Evaluation) -> str:
+        kind, value = next(iter((obj.candidate or {"?": ""}).items()))
+        return f"{kind}: {str(value)[:60]}"
+
+    @admin.display(description="progress")
+    def progress(self, obj: Evaluation) -> str:
+        return f"{obj.done}/{obj.total}"
+
+    @admin.display(description="scores")
+    def scores(self, obj: Evaluation) -> str:
+        t = obj.totals or {}
+        if not t.get("turns"):
+            return "—"
+        shown = [
+            f"{label} {t[key]:.0%}"
+            for key, label in (("trajectory_match", "trajectory"), ("outcome_match", "outcome"))
+            if isinstance(t.get(key), (int, float))
+        ]
+        shown += [
+            f"{label} {t[key]}"
+            for key, label in (
+                ("answer_similarity", "answer"),
+                ("cost_ratio", "cost ×"),
+                ("would_have_called", "would have called"),
+            )
+            if t.get(key) is not None
+        ]
+        return ", ".join(shown)
+
+    @admin.display(description="report")
+    def report(self, obj: Evaluation) -> SafeString:
+        """Totals, then every turn (those that differ first): the calls and the answers of
+        the record and of the candidate side by side."""
+        totals = format_html_join(
+            "", "<tr><th>{}</th><td>{}</td></tr>", ((k, v) for k, v in (obj.totals or {}).items())
+        )
+        rows = []
+        for turn in selectors.evaluation_turns(obj):
+            mark = "same" if turn.trajectory_match and turn.outcome_match else "differs"
+            rows.append(
+                format_html(
+                    "<tr><td>{}<br>turn {}<br><strong>{}</strong></td><td>{}<br>{}<br>{}</td>"
+                    "<td>{}<br>{}<br>{}{}</td><td>{}</td></tr>",
+                    turn.session_id,
+                    turn.turn,
+                    mark,
+                    _calls(turn.baseline.get("calls", [])),
+                    turn.baseline.get("outcome", ""),
+                    turn.baseline.get("answer", "")[:500],
+                    _calls(turn.candidate.get("calls", [])),
+                    turn.candidate.get("outcome", ""),
+                    turn.candidate.get("answer", "")[:500],
+                    format_html(
+                        "<br>would have called: {}", _calls(turn.candidate["would_have_called"])
+                    )
+                    if turn.candidate.get("would_have_called")
+                    else "",
+                    f"similarity {turn.answer_similarity}, cost {turn.baseline.get('cost')} → "
+                    f"{turn.candidate.get('cost')}, latency {turn.baseline.get('latency_ms')} → "
+                    f"{turn.candidate.get('latency_ms')} ms"
+                    + ("" if turn.judge_score is None else f", judge {turn.judge_score}"),
+                )
+            )
+        return format_html(
+            "<table>{}</table><table><tr><th>turn</th><th>baseline (the record)</th>"
+            "<th>candidate</th><th>figures</th></tr>{}</table>",
+            totals,
+            format_html_join("", "{}", ((r,) for r in rows)),
+        )

@@ -1,0 +1,158 @@
+"""The admin: an evaluation started from its add page, its report (totals, the turns that
+differ first, calls and answers side by side), cancel; and the agent page's rollout gate
+beside candidate_percent, refusing a raise without a passing evaluation unless a superuser
+overrides it with a reason (audited)."""
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+from audit.models import AuditEntry
+from evaluations import services
+from evaluations.models import Evaluation
+from record.models import Agent, Session
+from tests.factories import AgentFactory, EvaluationFactory, ModelEndpointFactory, StaffUserFactory
+from tests.fakes.model_servers import Call, FakeModelServer, Reply
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def operator(client: Client) -> Any:
+    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw-not-used")
+    client.force_login(user)
+    return user
+
+
+def test_an_operator_starts_an_evaluation_and_reads_the_turns_that_differ_first(
+    client: Client, operator: Any, recorded: Session, openai_server: FakeModelServer
+) -> None:
+    add = reverse("admin:evaluations_evaluation_add")
+    assert client.get(add).status_code == 200
+    refused = client.post(add, {"session_ids": str(recorded.pk)})
+    assert "Give a candidate model or a candidate system prompt" in refused.content.decode()
+    response = client.post(
+        add, {"session_ids": str(recorded.pk), "candidate_system_prompt": "Cancel, never refund."}
+    )
+    assert response.status_code == 302, response.content
+    evaluation = Evaluation.objects.get()
+    assert evaluation.actor == "admin:operator" and evaluation.total == 2
+    openai_server.script(
+        Reply(text="Hello! How can I help?"),
+        Reply(calls=[Call("cancel_order", {"number": "SO-1001"})]),
+        Reply(text="Cancelled."),
+    )
+    services.evaluation_run(evaluation_id=evaluation.pk)
+
+    page = client.get(reverse("admin:evaluations_evaluation_change", args=[evaluation.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert html.index("differs") < html.index("same")  # the differing turn comes first
+    assert "cancel_order({&quot;number&quot;: &quot;SO-1001&quot;})" in html
+    assert "would have called" in html
+    listed = client.get(reverse("admin:evaluations_evaluation_changelist")).content.decode()
+    assert "trajectory 50%" in listed
+
+
+def test_the_add_page_refuses_a_filter_that_matches_nothing(client: Client, operator: Any) -> None:
+    response = client.post(
+        reverse("admin:evaluations_evaluation_add"),
+        {"search": "nobody said this", "candidate_system_prompt": "x"},
+    )
+    assert response.status_code == 200
+    assert "no recorded session matches" in response.content.decode()
+    assert not Evaluation.objects.exists()
+
+
+def _agent_post(client: Client, agent: Agent, **changes: Any) -> Any:
+    url = reverse("admin:agent_sessions_agent_change", args=[agent.pk])
+    page = client.get(url)
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update(
+        slug=agent.slug,
+        model=agent.model_id,
+        fallback_model="",
+        candidate_model=agent.candidate_model_id,
+        tools=[],
+        rules="[]",
+        dialogue="{}",
+        context_budget="{}",
+        rollout_gate=json.dumps(agent.rollout_gate),
+        enabled="on",
+    )
+    data.update(changes)
+    return client.post(url, data)
+
+
+def _errors(response: Any) -> str:
+    errors = response.context["adminform"].form.errors
+    return " ".join(m for messages in errors.values() for m in messages)
+
+
+@pytest.fixture
+def gated() -> Agent:
+    main = ModelEndpointFactory(name="main", api="rules")
+    candidate = ModelEndpointFactory(name="candidate", api="rules")
+    return AgentFactory(
+        slug="gated",
+        model=main,
+        candidate_model=candidate,
+        candidate_percent=5,
+        rollout_gate={"trajectory_match": ">= 0.9"},
+    )
+
+
+def test_the_agent_page_refuses_a_raise_without_a_passing_evaluation(
+    client: Client, operator: Any, gated: Agent
+) -> None:
+    page = client.get(reverse("admin:agent_sessions_agent_change", args=[gated.pk]))
+    assert "no finished evaluation (the gate refuses a raise)" in page.content.decode()
+    refused = _agent_post(client, gated, candidate_percent=50)
+    assert refused.status_code == 200
+    assert "no finished evaluation of candidate" in _errors(refused)
+    EvaluationFactory(agent=gated, totals={"trajectory_match": 0.5})
+    refused = _agent_post(client, gated, candidate_percent=50)
+    assert "trajectory_match is 0.5 (needs >= 0.9)" in _errors(refused)
+    # Lowering is never refused.
+    assert _agent_post(client, gated, candidate_percent=1).status_code == 302
+    passing = EvaluationFactory(agent=gated, totals={"trajectory_match": 0.95})
+    page = client.get(reverse("admin:agent_sessions_agent_change", args=[gated.pk]))
+    assert f"evaluation {passing.pk}</a>: trajectory 0.95" in page.content.decode()
+    assert _agent_post(client, gated, candidate_percent=50).status_code == 302
+    gated.refresh_from_db()
+    assert gated.candidate_percent == 50
+
+
+def test_only_a_superuser_overrides_the_gate_with_a_reason_and_it_is_audited(
+    client: Client, gated: Agent
+) -> None:
+    staff = StaffUserFactory(
+        username="staffer", perms=["agent_sessions.change_agent", "agent_sessions.view_agent"]
+    )
+    client.force_login(staff)
+    refused = _agent_post(
+        client, gated, candidate_percent=50, override_rollout_gate="on", override_reason="trust me"
+    )
+    assert "Only a superuser may override" in _errors(refused)
+
+    boss = get_user_model().objects.create_superuser("boss", "b@example.com", "pw-not-used")
+    client.force_login(boss)
+    no_reason = _agent_post(client, gated, candidate_percent=50, override_rollout_gate="on")
+    assert "Say why" in _errors(no_reason)
+    done = _agent_post(
+        client,
+        gated,
+        candidate_percent=50,
+        override_rollout_gate="on",
+        override_reason="incident 42",
+    )
+    assert done.status_code == 302
+    gated.refresh_from_db()
+    assert gated.candidate_percent == 50
+    entry = AuditEntry.objects.get(action="rollout.override")
+    assert (entry.actor, entry.reason) == ("admin:boss", "incident 42")
+    assert entry.after == {"candidate_percent": 50}
