@@ -143,19 +143,22 @@ test-fast: $(DEV_STAMP)
 
 # pytest-testmon selects by what each test executed last time (its own coverage record).
 # What it cannot see (a migration, settings, the installed packages, conftest fixtures)
-# sends the change to the whole in-process lane, which also records anew.
+# sends the change to the whole in-process lane, which also records anew, on the lane's
+# xdist workers; a selection runs in one process (workers cost more than a few tests).
+# --testmon-forceselect: with -m (or -k) testmon otherwise selects nothing and runs all.
 TESTMON_DATA := .data/testmondata
 UNTRUSTED := (^|/)migrations/|^agentplatform/settings|^pyproject.toml|conftest.py$$|^tests/pytest_env.py|^tests/database_template.py
 test-changed: $(DEV_STAMP)
 	$(PY) -m devstack up
 	@since=$$(cat $(TESTMON_DATA).rev 2>/dev/null || true); \
 	changed=$$( { [ -n "$$since" ] && git diff --name-only "$$since" 2>/dev/null; git ls-files --others --exclude-standard; } || true); \
+	workers=0; \
 	if [ ! -f $(TESTMON_DATA) ] || [ -z "$$since" ] || printf '%s\n' "$$changed" | grep -qE '$(UNTRUSTED)'; then \
 		echo "test-changed: no trusted record (first run, or a migration/settings/dependency change since it): the whole in-process lane, recording"; \
-		rm -f $(TESTMON_DATA); \
+		rm -f $(TESTMON_DATA); workers=$${PYTEST_WORKERS:-3}; \
 	fi; \
 	git rev-parse HEAD > $(TESTMON_DATA).rev; \
-	status=0; TESTMON_DATAFILE=$(TESTMON_DATA) $(PY) -m pytest --testmon -m "not e2e" -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
+	status=0; TESTMON_DATAFILE=$(TESTMON_DATA) $(PY) -m pytest --testmon --testmon-forceselect -m "not e2e" -n $$workers -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "test-changed: no test is affected by the change"; status=0; fi; exit $$status
 
 # Browser tests drive Debian's chromium (never a downloaded browser). Installed where

@@ -100,6 +100,19 @@ def counts(junit: Path) -> dict[str, int]:
     return totals
 
 
+def slowest(junits: dict[str, Path], count: int = 25) -> list[str]:
+    """The `count` slowest tests of every lane (JUnit's time: setup, call and teardown)."""
+    timed = []
+    for lane, junit in junits.items():
+        if junit.exists():
+            for case in ET.parse(junit).getroot().iter("testcase"):
+                name = f"{case.get('classname', '')}::{case.get('name', '')}"
+                timed.append((float(case.get("time", 0)), lane, name))
+    return [
+        f"{s:8.2f} s  {lane:<14} {name}" for s, lane, name in sorted(timed, reverse=True)[:count]
+    ]
+
+
 def follow(path: Path, stop: threading.Event) -> None:
     """Print what is written to `path` until `stop` is set and the file is read to its end."""
     with path.open("rb") as handle:
@@ -128,6 +141,7 @@ def main() -> int:
         # subprocesses, the database): ~127 s instead of ~143 s on 2 cores.
         alone = Lane(FAST.name, FAST.marker, os.environ.get("PYTEST_WORKERS", "3"), FAST.dist)
         code = alone.start(extra, fast_junit).wait()
+        print(f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s")
         return 0 if code == NO_TESTS else code
 
     e2e_junit = LOGS / f"lane-e2e-{stamp}.xml"
@@ -138,13 +152,15 @@ def main() -> int:
     print(f"lanes: the e2e lane runs beside this one; its output follows ({e2e_log})", flush=True)
     fast = FAST.start(extra, fast_junit)
     fallback: subprocess.Popen[bytes] | None = None
+    took: dict[str, float] = {}
     try:
         # The fallback lane takes the place of whichever lane ends first.
         while fast.poll() is None and e2e.poll() is None:
             time.sleep(0.5)
         fallback = FALLBACKS.start(extra, fallback_junit, fallback_log)
         fast_code = fast.wait()
-        print(f"\nlanes: in-process lane done in {time.monotonic() - started:.0f} s", flush=True)
+        took["in-process"] = time.monotonic() - started
+        print(f"\nlanes: in-process lane done in {took['in-process']:.0f} s", flush=True)
         for name, process, log in (("e2e", e2e, e2e_log), ("fallback", fallback, fallback_log)):
             print(f"lanes: the {name} lane ({log}):", flush=True)
             stop = threading.Event()
@@ -153,7 +169,8 @@ def main() -> int:
             process.wait()
             stop.set()
             reader.join()
-            print(f"lanes: {name} lane done at {time.monotonic() - started:.0f} s", flush=True)
+            took[name] = time.monotonic() - started
+            print(f"lanes: {name} lane done at {took[name]:.0f} s", flush=True)
         e2e_code, fallback_code = e2e.returncode, fallback.returncode
     finally:
         for process in (fast, e2e, fallback):
@@ -164,7 +181,11 @@ def main() -> int:
     codes = [c for c in (fast_code, fallback_code, e2e_code) if c != NO_TESTS]
     lanes = [counts(junit) for junit in (fast_junit, fallback_junit, e2e_junit)]
     totals = {k: sum(lane[k] for lane in lanes) for k in lanes[0]}
-    print(f"\nlanes: all done in {time.monotonic() - started:.0f} s")
+    junits = {"in-process": fast_junit, "e2e": e2e_junit, "fast-paths-off": fallback_junit}
+    print("\nlanes: the 25 slowest tests of all lanes (setup + call + teardown):")
+    print("\n".join(slowest(junits)))
+    ends = ", ".join(f"{name} at {seconds:.0f} s" for name, seconds in took.items())
+    print(f"\nlanes: all done in {time.monotonic() - started:.0f} s ({ends})")
     print(
         f"total: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped"
     )

@@ -1,4 +1,4 @@
-"""The manual's YAML examples are what apply_config accepts.
+"""The manual's examples: YAML is what apply_config accepts; shell and Python run or say why not.
 
 A block that is a config document (its keys are sections of one) is checked against the
 schema apply_config validates with, its `...` lines (elisions) left out and required
@@ -8,6 +8,7 @@ so in the comment on its first line (`# fragment: ...`); it must parse.
 """
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from configuration.schema import DOCUMENT
+from tests.docs.blocks import ROOT, Block, blocks, marker_before
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```yaml\n(.*?)^```", flags=re.M | re.S)
@@ -65,3 +67,40 @@ def test_a_yaml_example_is_accepted_by_the_schema(where: str, block: str) -> Non
 def test_the_check_finds_a_field_the_schema_refuses() -> None:
     document = {"tools": [{"name": "t", "kind": "http", "colour": "red"}]}
     assert list(LENIENT.iter_errors(document))
+
+
+# The shell and Python examples (tests/docs/blocks.py): each runs in CI or says why not.
+SHELL_AND_PYTHON = blocks()
+
+
+def test_every_shell_and_python_example_runs_or_says_why_not() -> None:
+    unmarked = [b.where for b in SHELL_AND_PYTHON if not b.marker]
+    assert unmarked == [], (
+        "mark each with <!-- run -->, <!-- run by <test> --> or <!-- not run: why -->"
+    )
+    for block in SHELL_AND_PYTHON:
+        if block.runner:
+            runner = ROOT / block.runner
+            # The test that runs it names the page it reads the block from.
+            assert runner.is_file(), (block.where, block.runner)
+            assert Path(block.page).name in runner.read_text(), (block.where, block.runner)
+    # The tour (an agent turn, a workflow) is among what runs.
+    assert [b.marker for b in SHELL_AND_PYTHON if b.page == "README.md"].count("run") >= 2
+
+
+@pytest.mark.parametrize("block", SHELL_AND_PYTHON, ids=[b.where for b in SHELL_AND_PYTHON])
+def test_an_example_parses(block: Block) -> None:
+    """Those that do not run parse at least (bash -n; Python's compiler)."""
+    if block.language == "python":
+        compile(block.code, block.where, "exec")
+        return
+    done = subprocess.run(["bash", "-n"], input=block.code, text=True, capture_output=True)
+    assert done.returncode == 0, f"{block.where}: {done.stderr}"
+
+
+def test_an_unmarked_block_or_an_unreadable_marker_is_found() -> None:
+    text = "Run it:\n\n<!-- not run: needs a real OpenAI key -->\n\n```bash\nx\n```\n"
+    assert marker_before(text, text.index("```")) == "not run: needs a real OpenAI key"
+    assert marker_before("<!-- run -->\n```", 13) == "run"
+    assert marker_before("<!-- not run -->\n```", 17) == ""  # a reason is required
+    assert marker_before("<!-- run -->\ntext\n```", 18) == ""  # not right before the block

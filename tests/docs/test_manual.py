@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +76,67 @@ def test_the_architecture_layout_names_every_package() -> None:
         "docs",
         "clients",
     }, f"listed but absent: {listed - packages}"
+
+
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def test_every_make_target_the_manual_names_exists() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*)(?: [\w .-]*)?:(?!=)", makefile, flags=re.M))
+    named = {
+        (page.name, target)
+        for page in PAGES
+        # In code: `make x`, a command line's `make x`, or `VAR=value make x`.
+        for target in re.findall(r"(?:^|`|=\S+ )make ([a-z][\w-]*)", page.read_text(), flags=re.M)
+    }
+    assert named, "the check reads no `make` command"
+    assert sorted(n for n in named if n[1] not in targets) == []
+
+
+# A path the manual names, up to a space, a quote, a bracket or a query string.
+PATH = re.compile(
+    r"(?<![\w.:/-])(/(?:api/v1|admin|openai/v1|playground|readyz|healthz|metrics)\b[^\s`'\")\]?#,;*]*)"
+)
+SAMPLE_ID = "00000000-0000-0000-0000-000000000001"
+# A base URL the manual gives a client: one of its routes stands for it.
+BASES = {"/openai/v1": "/openai/v1/chat/completions"}
+
+
+def _named_paths() -> set[tuple[str, str]]:
+    found = set()
+    for page in PAGES:
+        for path in PATH.findall(page.read_text()):
+            # Placeholders ($SID, <id>, {session_id}, ...) stand for an id.
+            path = re.sub(r"\$\w+|<[^/>]*>?|\{[^/}]*\}?|:id\b", SAMPLE_ID, path)
+            path = path.rstrip(".")
+            found.add((page.name, BASES.get(path, path)))
+    return found
+
+
+def test_every_url_the_manual_names_is_routed() -> None:
+    from django.urls import Resolver404, resolve
+
+    named = _named_paths()
+    assert len(named) > 20, named
+    unrouted = []
+    for page, path in sorted(named):
+        try:
+            resolve(path)
+        except Resolver404:
+            try:  # named without its trailing slash ("/openai/v1", "/approvals/<id>")
+                resolve(path + "/")
+            except Resolver404:
+                unrouted.append(f"{page}: {path}")
+    assert unrouted == []
+
+
+def test_the_url_check_finds_a_path_nobody_routes() -> None:
+    from django.urls import Resolver404, resolve
+
+    assert PATH.findall("see `/api/v1/sessions/$SID/nonsense/` and /admin/") == [
+        "/api/v1/sessions/$SID/nonsense/",
+        "/admin/",
+    ]
+    with pytest.raises(Resolver404):
+        resolve(f"/api/v1/sessions/{SAMPLE_ID}/nonsense/")
