@@ -14,6 +14,7 @@ from django.db.models.functions import Substr
 from django.utils import timezone
 
 from approvals.selectors import approvals_pending_oldest
+from approvals.states import UNDO_HOLD
 from billing.selectors import OwnerDaySpend, spend_today
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
@@ -403,9 +404,11 @@ def sessions_gauges() -> list[Gauge]:
     """Scrape-time gauges (observability/collector.py): sessions by state (an index-only
     count on `session_state`) and runs in flight (sessions whose lease is held and current)."""
     by_state = Session.objects.values_list("state").annotate(n=Count("id")).order_by()
-    in_flight = Session.objects.filter(
-        lease_owner__isnull=False, lease_expires_at__gt=timezone.now()
-    ).count()
+    in_flight = (
+        Session.objects.filter(lease_owner__isnull=False, lease_expires_at__gt=timezone.now())
+        .exclude(lease_owner=UNDO_HOLD)  # a decision's undo window: no run in flight yet
+        .count()
+    )
     return [
         Gauge(
             "agent_sessions",
