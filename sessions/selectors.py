@@ -9,12 +9,13 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
 from django.contrib.postgres.search import SearchQuery, SearchVector
-from django.db.models import Count, F, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
+from approvals.models import Approval
 from approvals.selectors import approvals_pending_oldest
-from approvals.states import UNDO_HOLD
+from approvals.states import UNDO_HOLD, ApprovalStatus
 from billing.selectors import OwnerDaySpend, spend_today
 from observability.readings import Gauge
 from runtime.fastpaths.prepared import PreparedQuery
@@ -31,10 +32,12 @@ from .models import (
     ModelEndpoint,
     Session,
     ToolCall,
+    ToolCallStatus,
     Transition,
     TurnOutcomeChoice,
 )
 from .states import State
+from .status import call_key
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
@@ -249,8 +252,10 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
         entries.append(TimelineEntry("message", r["id"], r["created_at"], r["id"], r["seq"], "", r))
     for r in bounded(
         ToolCall.objects.filter(session_id=session_id)
+        .annotate(waiting=call_waiting())
         .order_by("-id")
         .values(
+            "waiting",
             "id",
             "created_at",
             "finished_at",
@@ -340,7 +345,8 @@ class SessionActivity:
     model_failures: int
     models: str
     tool_calls: int
-    tool_failures: int
+    # The session's calls by status (sessions/status.py CALLS keys), all turns together.
+    tool_counts: dict[str, int]
 
 
 def session_activity(*, session: Session) -> SessionActivity:
@@ -357,10 +363,16 @@ def session_activity(*, session: Session) -> SessionActivity:
         failures=Count("id", filter=~Q(outcome="success")),
         models=StringAgg("endpoint_name", delimiter=", ", distinct=True, default=""),
     )
-    tools = ToolCall.objects.filter(session=session).aggregate(
-        count=Count("id"),
-        failures=Count("id", filter=Q(status__in=("failed", "timeout", "rejected"))),
-    )
+    counts: dict[str, int] = {}
+    for status, refusal, is_waiting, n in (
+        ToolCall.objects.filter(session=session)
+        .annotate(waiting=call_waiting())
+        .values_list("status", "refusal", "waiting")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        key = call_key(status, refusal, waiting=is_waiting)
+        counts[key] = counts.get(key, 0) + n
     return SessionActivity(
         stop_reason=data.get("stop_reason"),
         stop_turn=data.get("turn"),
@@ -368,8 +380,8 @@ def session_activity(*, session: Session) -> SessionActivity:
         model_calls=calls["count"],
         model_failures=calls["failures"],
         models=calls["models"],
-        tool_calls=tools["count"],
-        tool_failures=tools["failures"],
+        tool_calls=sum(counts.values()),
+        tool_counts=counts,
     )
 
 
@@ -522,3 +534,32 @@ def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
         spend_today=spent,
         budgets=budgets,
     )
+
+
+def call_waiting() -> Exists:
+    """Whether an approval of the call (the row) is pending: sessions/status.py says
+    "waiting for approval" for such an open call, "running" for another."""
+    return Exists(
+        Approval.objects.filter(tool_call_id=OuterRef("pk"), status=ApprovalStatus.PENDING)
+    )
+
+
+def tool_calls_waiting_marked(calls: QuerySet[ToolCall]) -> QuerySet[ToolCall]:
+    """The calls, each with `waiting` (`call_waiting`)."""
+    return calls.annotate(waiting=call_waiting())
+
+
+def tool_calls_in_status(calls: QuerySet[ToolCall], key: str) -> QuerySet[ToolCall]:
+    """The calls whose status (sessions/status.py CALLS) is `key`; all for an unknown key."""
+    pending = call_waiting()
+    refused = Q(status=ToolCallStatus.REJECTED)
+    match = {
+        "waiting": Q(pending, status=ToolCallStatus.EXECUTING),
+        "running": Q(~pending, status=ToolCallStatus.EXECUTING),
+        "ok": Q(status=ToolCallStatus.SUCCESS),
+        "failed": Q(status__in=[ToolCallStatus.FAILED, ToolCallStatus.TIMEOUT]),
+        "rejected": refused & ~Q(refusal__in=["expired", "unpaid"]),
+        "expired": refused & Q(refusal="expired"),
+        "unpaid": refused & Q(refusal="unpaid"),
+    }.get(key)
+    return calls if match is None else calls.filter(match)
