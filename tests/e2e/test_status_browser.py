@@ -28,10 +28,11 @@ pytestmark = [
 ]
 
 
-def _sessions() -> dict[str, str]:
+def _sessions(owner: Any) -> dict[str, str]:
     made = {}
     for outcome, calls in OUTCOMES.items():
-        session = SessionFactory(state="finished", turn=1)
+        # The viewer's own (a staff user sees their tenant's sessions only).
+        session = SessionFactory(state="finished", turn=1, owner=owner)
         counts: dict[str, int] = {}
         for i, (status, refusal) in enumerate(calls):
             ToolCall.objects.create(
@@ -78,7 +79,7 @@ def test_the_session_list_and_pages_say_each_outcome_alike_for_operator_and_view
         page.goto(url)
         seen["empty"] = page.locator("#result_list .ap-state").count()
         _shot(page, "status-sessions-empty")
-    made = _sessions()
+    made = _sessions(viewer)
     with chromium() as browser:
         for who in ("status-operator", "status-viewer"):
             page = browser.new_page(viewport={"width": WIDTH, "height": 900})
