@@ -503,7 +503,8 @@ class HomeFigures:
 
 
 def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
-    """Three aggregate queries (sessions, approvals, spend) plus one for the budgets.
+    """Four aggregate queries (sessions by state, by outcome; approvals, spend) plus one
+    for the budgets.
     `owner_id` None: the whole platform (a superuser), else one tenant's figures.
 
     "In the last 24 h" is the session's `updated_at` (a turn's end writes the session),
@@ -513,15 +514,26 @@ def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     bad = [TurnOutcomeChoice.ERROR, TurnOutcomeChoice.STOPPED, TurnOutcomeChoice.TOOL_FAILURES]
-    recent = Q(updated_at__gte=since)
-    figures = rows.aggregate(
-        running=Count("id", filter=Q(state__in=RUNNING_STATES)),
-        awaiting=Count("id", filter=Q(state=State.AWAITING_APPROVAL)),
-        **{
-            f"o_{outcome.value}": Count("id", filter=recent & Q(last_turn_outcome=outcome))
-            for outcome in bad
-        },
+    # Two small reads instead of one pass over every session (130 ms at 100k sessions):
+    # the states in flight through `session_state`, the turns not ok of the window through
+    # `session_not_ok_updated` (bench/admin_home.py).
+    by_state = dict(
+        rows.filter(state__in=[*RUNNING_STATES, State.AWAITING_APPROVAL])
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
     )
+    by_outcome = dict(
+        rows.filter(last_turn_outcome__in=bad, updated_at__gte=since)
+        .values_list("last_turn_outcome")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    figures = {
+        "running": sum(by_state.get(s, 0) for s in RUNNING_STATES),
+        "awaiting": by_state.get(State.AWAITING_APPROVAL, 0),
+        **{f"o_{o.value}": by_outcome.get(o.value, 0) for o in bad},
+    }
     pending, oldest = approvals_pending_oldest(owner_id=owner_id)
     spent, budgets = spend_today(owner_id=owner_id)
     return HomeFigures(
