@@ -102,7 +102,17 @@ def _rows(page: Any) -> dict[str, dict[str, str]]:
         "[...document.querySelectorAll('#ap-workflow tr.wf-row')].map(tr => "
         "[...tr.querySelectorAll('td')].map(td => td.innerText.trim()))"
     )
-    names = ["node", "kind", "visits", "status", "input", "output", "checkpoint"]
+    names = [
+        "node",
+        "kind",
+        "visits",
+        "duration",
+        "cost",
+        "status",
+        "input",
+        "output",
+        "checkpoint",
+    ]
     return {cells[0].split("\n")[0]: dict(zip(names, cells, strict=True)) for cells in rows}
 
 
@@ -135,12 +145,21 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
         page.click("input[type=submit]")
         page.wait_for_url(f"{live_stack.http}/admin/")
         seen: dict[str, tuple[dict[str, str], dict[str, dict[str, str]], str, list[int]]] = {}
+        figures: dict[str, tuple[float, list[str]]] = {}
         for name, run in (("waiting", waiting), ("failed", failed), ("finished", done)):
             page.goto(f"{live_stack.http}/admin/agent_sessions/session/{run}/change/")
             section = page.locator("#ap-workflow")
             section.scroll_into_view_if_needed()
             overflow = page.evaluate("[document.body.scrollWidth, window.innerWidth]")
             seen[name] = (_node_classes(page), _rows(page), section.inner_text(), overflow)
+            # The graph at the page's full width, each node's figures drawn under it.
+            graph = page.locator("#ap-workflow .ap-wf-graph svg").bounding_box()
+            figures[name] = (
+                graph["width"] if graph else 0,
+                page.locator("#ap-workflow svg text.wf-figures").evaluate_all(
+                    "els => els.map(e => e.textContent)"
+                ),
+            )
             _shot(page, f"run-{name}")
             section.screenshot(path=str(SHOTS / f"run-{name}-graph.png"))
 
@@ -172,6 +191,10 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
     )
     assert "Offer a coupon on SO-1: 3 customers were told" in rows["review"]["input"]
     assert rows["review"]["status"] == "active"
+    width, drawn = figures["waiting"]
+    assert width > 1200, width  # not a ~450 px column
+    assert len(drawn) == len(rows) and all("×" in d for d in drawn), drawn
+    assert rows["lookup"]["duration"].endswith(("ms", " s")), rows["lookup"]
 
     # Failed in the map: its row says why, the graph marks it.
     classes, rows, text, overflow = seen["failed"]

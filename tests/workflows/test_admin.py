@@ -145,6 +145,10 @@ def test_a_runs_page_draws_the_graph_with_what_the_run_did(admin_client: Client)
     assert "Workflow look · version 1" in body
     assert body.count("wf-visited") >= 2  # both nodes, in the graph
     assert 'id="node-first"' in body and "arguments" not in body.split('id="node-second"')[1][:400]
+    # Each node's visits, duration and cost: in its row, and for the graph to draw on it.
+    rows = {r.node: r for r in page.context["workflow_run"].rows}
+    assert rows["first"].visits == 1 and rows["first"].duration.endswith(("ms", " s"))
+    assert 'data-node="first" data-figures="1× · ' in body
 
 
 def test_a_nodes_fork_here_button_shows_the_preview_before_it_forks(admin_client: Client) -> None:
