@@ -212,3 +212,56 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
     assert "order SO-2 handled" in text  # the result
     assert list(rows) == ["lookup", "check", "tell"]
     assert "Say: order SO-2 handled" not in rows["tell"]["input"]  # an llm node makes no call
+
+
+AUTHORED = """models:
+  - name: rules
+    api: rules
+workflows:
+  - slug: authored-e2e
+    name: Authored
+    role: support
+    start: zeta
+    nodes:
+      # The author's first node: not alphabetical.
+      zeta: {kind: wait, seconds: 1, next: alpha}
+      alpha:
+        kind: condition   # the branch is the point
+        cases: [{when: "true", next: end}]
+        default: end
+"""
+
+
+def test_the_yaml_editor_keeps_order_and_comments_through_an_edit_in_the_browser(
+    live_stack: Stack, tmp_path: Path
+) -> None:
+    from django.core.management import call_command
+
+    from workflows.models import Workflow, WorkflowVersion
+
+    path = tmp_path / "authored.yaml"
+    path.write_text(AUTHORED)
+    call_command("apply_config", str(path), "--no-url-check")
+    workflow = Workflow.objects.get(slug="authored-e2e")
+    get_user_model().objects.create_superuser("yaml-operator", "op@example.com", PASSWORD)
+    url = f"{live_stack.http}/admin/workflows/workflow/{workflow.pk}/change/"
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        page.goto(f"{live_stack.http}/admin/login/")
+        page.fill("#id_username", "yaml-operator")
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{live_stack.http}/admin/")
+        page.goto(url)
+        shown = page.input_value("#id_definition_yaml")
+        page.fill("#id_definition_yaml", shown.replace("name: Authored", "name: Authored, edited"))
+        page.click("input[name=_continue]")
+        page.wait_for_selector("text=was changed successfully")
+        kept = page.input_value("#id_definition_yaml")
+        page.locator("#id_definition_yaml").scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "workflow-yaml-editor.png"))
+    assert "# The author's first node: not alphabetical." in shown
+    assert shown.index("zeta:") < shown.index("alpha:")
+    assert "name: Authored, edited" in kept and "# the branch is the point" in kept
+    assert kept.index("zeta:") < kept.index("alpha:")
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 2
