@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 
 from accounts.services import approver_grant
 from approvals.models import Approval
@@ -65,7 +66,9 @@ def _decide(page: Any, stack: Stack, approval: Approval) -> Any:
 def test_undo_within_the_window_then_the_run_goes_on_after_it(undo_stack: Stack):
     slug = _agent()
     key = api_key_for("customer")
-    get_user_model().objects.create_user("bob", password=PASSWORD, is_staff=True)
+    bob = get_user_model().objects.create_user("bob", password=PASSWORD, is_staff=True)
+    # An approver who is not an operator: staff, the one permission to decide, and the group.
+    bob.user_permissions.add(Permission.objects.get(codename="decide_approval"))
     approver_grant(username="bob")
     bob_key = api_key_for("bob")
     session_id = _requested(undo_stack, key, slug)
@@ -83,7 +86,7 @@ def test_undo_within_the_window_then_the_run_goes_on_after_it(undo_stack: Stack)
         )  # it counts down with no reload
         _shot(page, "undo-window-open")
         undo.click()
-        page.wait_for_selector("text=Withdrew")
+        page.wait_for_selector("text=waiting for a decision again")
         assert page.locator(f"#approval-{approval.pk}").count() == 1  # back in the queue
 
         # Approved again: this time the window runs out and the decision stands.
