@@ -202,6 +202,9 @@ APPROVAL_WEBHOOK_TIMEOUT_S = env.float("APPROVAL_WEBHOOK_TIMEOUT_S", default=10.
 # Four eyes: no one decides an approval of a session they own (superusers included);
 # false lets the session's owner decide it too, if they are an approver.
 APPROVAL_FOUR_EYES = env.bool("APPROVAL_FOUR_EYES", default=True)
+# A person's decision may be undone (withdrawn or changed) for this many seconds before the
+# run goes on: the run's continuation is scheduled after the window (0: at once).
+APPROVAL_UNDO_S = env.float("APPROVAL_UNDO_S", default=10.0)
 # Open approvers' websockets (/ws/approvals/) per API key; 0 switches the limit off.
 APPROVAL_WS_MAX_SOCKETS_PER_KEY = env.int("APPROVAL_WS_MAX_SOCKETS_PER_KEY", default=20)
 

@@ -332,7 +332,11 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                 else:
                     self.message_user(request, f"{approval}: {exc.message}", messages.WARNING)
         if done:
-            self.message_user(request, f"Decided {done} approval(s).", messages.SUCCESS)
+            said = {
+                "withdraw": f"Undone: {done} decision(s) waiting for a decision again.",
+                "change": f"Changed {done} decision(s).",
+            }.get(action, f"Decided {done} approval(s).")
+            self.message_user(request, said, messages.SUCCESS)
         return kept
 
     @staticmethod

@@ -26,6 +26,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
     # A workflow's review: which workflow, run and node, its title, summary and the values
     # its node shows and lets the approver edit (null for an ordinary tool call).
     review = serializers.JSONField(read_only=True)
+    # Until when the decision may be withdrawn or changed (its undo window); null otherwise.
+    undo_until = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Approval
@@ -48,6 +50,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "answer",
             "answer_result",
             "review",
+            "undo_until",
         ]
         read_only_fields = fields
 

@@ -1,11 +1,12 @@
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .states import ApprovalStatus, Outcome
+from .states import CHANGEABLE, ApprovalStatus, Outcome
 
 DEFAULT_GROUP = "approvers"
 
@@ -145,6 +146,21 @@ class Approval(models.Model):
             "show": show if isinstance(show, dict) else {},
             "editable": editable if isinstance(editable, dict) else {},
         }
+
+    @property
+    def undo_until(self) -> datetime | None:
+        """Until when a person's decision on a call may be undone (APPROVAL_UNDO_S from the
+        decision; the service judges by the session's lease); None for anything else."""
+        if (
+            self.status not in CHANGEABLE
+            or self.kind != ApprovalKind.TOOL_CALL
+            or self.decided_by_id is None
+            or self.decided_at is None
+            or self.answer
+            or not settings.APPROVAL_UNDO_S
+        ):
+            return None
+        return self.decided_at + timedelta(seconds=settings.APPROVAL_UNDO_S)
 
     @property
     def editable_arguments(self) -> Any:

@@ -5,12 +5,13 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from observability.readings import Gauge
 
 from .models import Approval, ApprovalKind
-from .states import CHANGEABLE, ApprovalStatus
+from .states import CHANGEABLE, UNDO_HOLD, ApprovalStatus
 
 
 def approval_get(*, approval_id: UUID | str) -> Approval | None:
@@ -122,7 +123,8 @@ def approvals_pending_gauges() -> list[Gauge]:
 def approvals_changeable(*, approval_ids: list[Any]) -> set[Any]:
     """Which of these decisions may still be withdrawn or changed: an approved or rejected
     call of the session's current turn, the session waiting (for a person, or for a worker
-    nobody has taken yet), the call neither sent nor finished. The service checks the same
+    nobody has taken yet, or its decision's undo window open), the call neither sent nor
+    finished. The service checks the same
     under the session's row lock (sessions/services/approvals.py `call_started`)."""
     if not approval_ids:
         return set()
@@ -136,7 +138,11 @@ def approvals_changeable(*, approval_ids: list[Any]) -> set[Any]:
             tool_call__status="executing",
             tool_call__dispatched_at__isnull=True,
         )
-        .filter(Q(session__lease_owner__isnull=True) | Q(session__lease_owner=""))
+        .filter(
+            Q(session__lease_owner__isnull=True)
+            | Q(session__lease_owner="")
+            | Q(session__lease_owner=UNDO_HOLD, session__lease_expires_at__gt=Now())
+        )
         .values_list("pk", flat=True)
     )
 

@@ -48,6 +48,11 @@ MOVES: dict[tuple[ApprovalStatus, Outcome], ApprovalStatus] = {
 # The decisions a person may still withdraw or change (their call not started yet).
 CHANGEABLE: frozenset[ApprovalStatus] = frozenset({A.APPROVED, A.REJECTED})
 
+# The lease owner a person's decision leaves on its session while it may still be undone
+# (APPROVAL_UNDO_S): no worker takes the run up before the lease runs out, and a lease that
+# lapses in this name is a window that closed, not a worker that died (no recovery check).
+UNDO_HOLD = "undo-window"
+
 RESOLVED: frozenset[ApprovalStatus] = frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.CANCELLED})
 
 

@@ -40,6 +40,7 @@ from .models import (
 )
 from .notices import billing_today
 from .rankings import GROUPS, METRICS, SPEND_GROUPS, RankRow, cost_rankings, degradation_levels
+from .selectors import day_budgets_total
 from .series import RANGES, STACKS, spend_series
 from .services import (
     CreditError,
@@ -175,6 +176,8 @@ class CostRankingsAdmin(admin.ModelAdmin):
         series = spend_series(
             stack=stack, start=max(start, end - timedelta(days=SERIES_MAX_DAYS - 1)), end=end
         )
+        # The chart adds up every owner's spend, so its line adds up their day budgets.
+        budget, budgets = day_budgets_total()
         query = {"group": group, "start": start.isoformat(), "end": end.isoformat()}
         columns = [
             (
@@ -194,7 +197,11 @@ class CostRankingsAdmin(admin.ModelAdmin):
             "form": PeriodForm(initial={**query, "o": order}),
             "rows": [(row, levels.get(row.key), ranked_link(group, row.key)) for row in rows],
             "spend_groups": group in SPEND_GROUPS,
-            "series_chart": spend_chart(series),
+            "series_chart": spend_chart(
+                series,
+                budget,
+                f"day budget{'s' if budgets != 1 else ''} of {budgets} owner{'s' if budgets != 1 else ''}",
+            ),
             "series": series,
             "stack": stack,
             "stacks": STACKS,

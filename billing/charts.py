@@ -2,8 +2,8 @@
 
 `spend_chart` draws spend per day as stacked columns over the page's full width (the
 SVG scales to its container through its viewBox; at 1,400 px it is drawn about 1:1):
-amounts on the left axis, dates below, a legend with each series' total, and the
-period's total in the heading.
+amounts on the left axis, dates below, a legend with each series' total, the
+period's total in the heading, and the day budget as a dashed line.
 """
 
 import math
@@ -60,11 +60,14 @@ def _date_label(day: date, days: int) -> str:
     return day.strftime("%b %d") if days > 7 else day.strftime("%a %b %d")
 
 
-def spend_chart(data: SpendSeries) -> SafeString:
-    """Stacked columns of cost per day, one colour per series, zero days drawn empty."""
+def spend_chart(
+    data: SpendSeries, budget: Decimal = Decimal(0), budget_label: str = ""
+) -> SafeString:
+    """Stacked columns of cost per day, one colour per series, zero days drawn empty; with a
+    `budget`, a dashed line at it (the axis reaches it), labelled `budget_label`."""
     days = data.days
     totals = [float(t) for t in data.day_totals]
-    ticks = nice_ticks(max(totals, default=0.0))
+    ticks = nice_ticks(max([*totals, float(budget)], default=0.0))
     top = ticks[-1] or 1.0
     colours = _colours(data)
     legend, rows = _legend(data, colours)
@@ -110,6 +113,15 @@ def spend_chart(data: SpendSeries) -> SafeString:
                 f"{days[i].isoformat()}: {escape(amount(v))}</title></rect>"
             )
         parts.append(f'<g class="series" data-series="{escape(series.label)}">{"".join(rects)}</g>')
+    if budget > 0:
+        y = TOP + plot_h - plot_h * float(budget) / top
+        text = f"{budget_label or 'budget'} {amount(budget)}"
+        parts.append(
+            f'<g class="budget-line"><line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+            f'y2="{y:.1f}" stroke="#ba2121" stroke-width="2" stroke-dasharray="8 5"/>'
+            f'<text x="{WIDTH - RIGHT - 4}" y="{y - 6:.1f}" text-anchor="end" font-size="13" '
+            f'fill="#ba2121">{escape(text)}</text></g>'
+        )
     # Axes.
     parts.append(
         f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#666"/>'

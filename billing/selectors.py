@@ -9,7 +9,7 @@ from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import DecimalField, F, OuterRef, Subquery, Sum, Value
+from django.db.models import Count, DecimalField, F, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
 from observability.readings import Gauge
@@ -225,6 +225,15 @@ class OwnerDaySpend:
     @property
     def share(self) -> float:
         return float(self.spent / self.limit) if self.limit else 0.0
+
+
+def day_budgets_total() -> tuple[Decimal, int]:
+    """The owners' day cost budgets added up, and how many there are: the line the cost
+    chart draws against the days' spend of every owner (0, 0: nobody has one)."""
+    row = OwnerBudget.objects.filter(day_cost__isnull=False, day_cost__gt=0).aggregate(
+        total=Sum("day_cost"), n=Count("id")
+    )
+    return row["total"] or Decimal(0), row["n"]
 
 
 def spend_today(*, owner_id: int | None, top: int = 5) -> tuple[Decimal, list[OwnerDaySpend]]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 from django.conf import settings
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 from yaml.nodes import Node
 
 
@@ -80,3 +82,35 @@ def document_load(text: str, *, as_json: bool = False) -> Any:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506  # nosec B506: a SafeLoader
     except yaml.YAMLError as exc:
         raise DocumentInvalid(f"not valid YAML: {exc}") from None
+
+
+def document_entries_text(text: str, key: str) -> dict[str, str]:
+    """Each entry of the document's top-level `key` list (by its `slug`) as its author wrote
+    it: its own lines of `text`, comments and order kept, unindented. A round-trip YAML
+    library says where each entry starts. Only for a document `document_load` has read (its
+    size and aliases bounded); {} where there is no such list."""
+    try:
+        document = YAML().load(text)  # round-trip: each value knows its line and column
+    except Exception:  # noqa: BLE001 - what PyYAML read, ruamel may still refuse: no text then
+        return {}
+    if not isinstance(document, CommentedMap) or not isinstance(document.get(key), list):
+        return {}
+    lines = text.splitlines(keepends=True)
+    keys = list(document)
+    after = keys.index(key) + 1
+    end = document.lc.key(keys[after])[0] if after < len(keys) else len(lines)
+    entries = [
+        e for e in document[key] if isinstance(e, CommentedMap) and isinstance(e.get("slug"), str)
+    ]
+    found: dict[str, str] = {}
+    for i, entry in enumerate(entries):
+        stop = entries[i + 1].lc.line if i + 1 < len(entries) else end
+        chunk = lines[entry.lc.line : stop]
+        while chunk and chunk[-1].strip()[:1] in ("", "#"):
+            chunk.pop()  # the blank lines and the next entry's heading comment
+        col = entry.lc.col
+        chunk[0] = " " * col + chunk[0][col:]  # the list's "- " goes
+        found[entry["slug"]] = "".join(
+            line[col:] if not line[:col].strip() else line.lstrip() for line in chunk
+        )
+    return found

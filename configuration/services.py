@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -531,9 +531,11 @@ def config_apply(
     actor: str = SYSTEM,
     source: str = "",
     override_rollout_gate: bool = False,
+    texts: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create or update roles, models, tools, MCP servers, agents and credit pools by name, all
-    or nothing.
+    or nothing. `texts`: each workflow's YAML as written in the file, by slug (the admin's
+    editor shows it).
 
     1. Check the whole file first (structure, references, tool schemas,
        handlers, URLs from the environment) and each tool's description
@@ -743,7 +745,12 @@ def config_apply(
             try:
                 definition = definition_compile(entry, where=where)
                 report.append(
-                    workflow_apply(definition=definition, where=where, default_model=default_model)
+                    workflow_apply(
+                        definition=definition,
+                        where=where,
+                        default_model=default_model,
+                        text=(texts or {}).get(entry["slug"], ""),
+                    )
                 )
             except WorkflowInvalid as exc:
                 raise ConfigInvalid(exc.errors) from None

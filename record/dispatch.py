@@ -46,21 +46,36 @@ def run_priority(value: float | None) -> int:
     return min(9, max(1, DEFAULT_RUN_PRIORITY - round(math.log2(value))))
 
 
-def _send(session_id: str, priority: int, headers: dict[str, str] | None = None) -> None:
+def _send(
+    session_id: str,
+    priority: int,
+    headers: dict[str, str] | None = None,
+    countdown: float | None = None,
+) -> None:
     try:
-        task_send(RUN_TASK, (session_id,), priority=priority, headers=headers)
+        task_send(RUN_TASK, (session_id,), priority=priority, headers=headers, countdown=countdown)
     except Exception:  # noqa: BLE001 - the sweeper re-enqueues a run nobody woke
         logger.warning("could not enqueue the run of session %s", session_id, exc_info=True)
 
 
-def _submit(session_id: str, priority: int, headers: dict[str, str] | None = None) -> None:
-    _sender.submit(_send, session_id, priority, headers)
+def _submit(
+    session_id: str,
+    priority: int,
+    headers: dict[str, str] | None = None,
+    countdown: float | None = None,
+) -> None:
+    _sender.submit(_send, session_id, priority, headers, countdown)
 
 
-def run_enqueue_on_commit(session_id: UUID | str, value: float | None = None) -> None:
+def run_enqueue_on_commit(
+    session_id: UUID | str, value: float | None = None, after_s: float = 0.0
+) -> None:
+    """`after_s`: the run is for later (a decision's undo window), not for now."""
     # The trace context (the REST request's span, when traces are on) is taken here, in
     # the caller's thread: the publish runs on the sender thread, which has none.
-    transaction.on_commit(partial(_submit, str(session_id), run_priority(value), tracing.carrier()))
+    transaction.on_commit(
+        partial(_submit, str(session_id), run_priority(value), tracing.carrier(), after_s or None)
+    )
 
 
 def run_enqueue(session_id: UUID | str, value: float | None = None) -> None:

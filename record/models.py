@@ -421,6 +421,16 @@ class Session(models.Model):
                 condition=Q(queued_count__gt=0),
             ),
             models.Index(fields=["state"], name="session_state"),
+            # The admin home's "turns not ok in the last 24 h" (sessions/selectors.py): an
+            # index-only scan of the few such sessions, not a pass over all of them.
+            models.Index(
+                fields=["updated_at"],
+                include=["last_turn_outcome"],
+                name="session_not_ok_updated",
+                condition=Q(
+                    last_turn_outcome__in=["error", "stopped", "tool_failures"], ephemeral=False
+                ),
+            ),
             models.Index(
                 fields=["timer_due_at"],
                 name="session_timer_due",

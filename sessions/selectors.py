@@ -9,11 +9,13 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
 from django.contrib.postgres.search import SearchQuery, SearchVector
-from django.db.models import Count, F, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
+from approvals.models import Approval
 from approvals.selectors import approvals_pending_oldest
+from approvals.states import UNDO_HOLD, ApprovalStatus
 from billing.selectors import OwnerDaySpend, spend_today
 from observability.readings import Gauge
 from record.errors import InvalidInput, NotFound
@@ -27,12 +29,15 @@ from record.models import (
     ModelEndpoint,
     Session,
     ToolCall,
+    ToolCallStatus,
     Transition,
     TurnOutcomeChoice,
 )
 from record.states import State
 from runtime.fastpaths.prepared import PreparedQuery
 from workflows.selectors import run_graph_svg
+
+from .status import call_key
 
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
@@ -247,8 +252,10 @@ def session_timeline(*, session_id: UUID | str, limit: int) -> SessionTimeline:
         entries.append(TimelineEntry("message", r["id"], r["created_at"], r["id"], r["seq"], "", r))
     for r in bounded(
         ToolCall.objects.filter(session_id=session_id)
+        .annotate(waiting=call_waiting())
         .order_by("-id")
         .values(
+            "waiting",
             "id",
             "created_at",
             "finished_at",
@@ -338,7 +345,8 @@ class SessionActivity:
     model_failures: int
     models: str
     tool_calls: int
-    tool_failures: int
+    # The session's calls by status (sessions/status.py CALLS keys), all turns together.
+    tool_counts: dict[str, int]
 
 
 def session_activity(*, session: Session) -> SessionActivity:
@@ -355,10 +363,16 @@ def session_activity(*, session: Session) -> SessionActivity:
         failures=Count("id", filter=~Q(outcome="success")),
         models=StringAgg("endpoint_name", delimiter=", ", distinct=True, default=""),
     )
-    tools = ToolCall.objects.filter(session=session).aggregate(
-        count=Count("id"),
-        failures=Count("id", filter=Q(status__in=("failed", "timeout", "rejected"))),
-    )
+    counts: dict[str, int] = {}
+    for status, refusal, is_waiting, n in (
+        ToolCall.objects.filter(session=session)
+        .annotate(waiting=call_waiting())
+        .values_list("status", "refusal", "waiting")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        key = call_key(status, refusal, waiting=is_waiting)
+        counts[key] = counts.get(key, 0) + n
     return SessionActivity(
         stop_reason=data.get("stop_reason"),
         stop_turn=data.get("turn"),
@@ -366,8 +380,8 @@ def session_activity(*, session: Session) -> SessionActivity:
         model_calls=calls["count"],
         model_failures=calls["failures"],
         models=calls["models"],
-        tool_calls=tools["count"],
-        tool_failures=tools["failures"],
+        tool_calls=sum(counts.values()),
+        tool_counts=counts,
     )
 
 
@@ -402,9 +416,11 @@ def sessions_gauges() -> list[Gauge]:
     """Scrape-time gauges (observability/collector.py): sessions by state (an index-only
     count on `session_state`) and runs in flight (sessions whose lease is held and current)."""
     by_state = Session.objects.values_list("state").annotate(n=Count("id")).order_by()
-    in_flight = Session.objects.filter(
-        lease_owner__isnull=False, lease_expires_at__gt=timezone.now()
-    ).count()
+    in_flight = (
+        Session.objects.filter(lease_owner__isnull=False, lease_expires_at__gt=timezone.now())
+        .exclude(lease_owner=UNDO_HOLD)  # a decision's undo window: no run in flight yet
+        .count()
+    )
     return [
         Gauge(
             "agent_sessions",
@@ -487,7 +503,8 @@ class HomeFigures:
 
 
 def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
-    """Three aggregate queries (sessions, approvals, spend) plus one for the budgets.
+    """Four aggregate queries (sessions by state, by outcome; approvals, spend) plus one
+    for the budgets.
     `owner_id` None: the whole platform (a superuser), else one tenant's figures.
 
     "In the last 24 h" is the session's `updated_at` (a turn's end writes the session),
@@ -498,15 +515,26 @@ def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     bad = [TurnOutcomeChoice.ERROR, TurnOutcomeChoice.STOPPED, TurnOutcomeChoice.TOOL_FAILURES]
-    recent = Q(updated_at__gte=since)
-    figures = rows.aggregate(
-        running=Count("id", filter=Q(state__in=RUNNING_STATES)),
-        awaiting=Count("id", filter=Q(state=State.AWAITING_APPROVAL)),
-        **{
-            f"o_{outcome.value}": Count("id", filter=recent & Q(last_turn_outcome=outcome))
-            for outcome in bad
-        },
+    # Two small reads instead of one pass over every session (130 ms at 100k sessions):
+    # the states in flight through `session_state`, the turns not ok of the window through
+    # `session_not_ok_updated` (bench/admin_home.py).
+    by_state = dict(
+        rows.filter(state__in=[*RUNNING_STATES, State.AWAITING_APPROVAL])
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
     )
+    by_outcome = dict(
+        rows.filter(last_turn_outcome__in=bad, updated_at__gte=since)
+        .values_list("last_turn_outcome")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    figures = {
+        "running": sum(by_state.get(s, 0) for s in RUNNING_STATES),
+        "awaiting": by_state.get(State.AWAITING_APPROVAL, 0),
+        **{f"o_{o.value}": by_outcome.get(o.value, 0) for o in bad},
+    }
     pending, oldest = approvals_pending_oldest(owner_id=owner_id)
     spent, budgets = spend_today(owner_id=owner_id)
     return HomeFigures(
@@ -519,3 +547,32 @@ def home_figures(*, owner_id: int | None, hours: int = 24) -> HomeFigures:
         spend_today=spent,
         budgets=budgets,
     )
+
+
+def call_waiting() -> Exists:
+    """Whether an approval of the call (the row) is pending: sessions/status.py says
+    "waiting for approval" for such an open call, "running" for another."""
+    return Exists(
+        Approval.objects.filter(tool_call_id=OuterRef("pk"), status=ApprovalStatus.PENDING)
+    )
+
+
+def tool_calls_waiting_marked(calls: QuerySet[ToolCall]) -> QuerySet[ToolCall]:
+    """The calls, each with `waiting` (`call_waiting`)."""
+    return calls.annotate(waiting=call_waiting())
+
+
+def tool_calls_in_status(calls: QuerySet[ToolCall], key: str) -> QuerySet[ToolCall]:
+    """The calls whose status (sessions/status.py CALLS) is `key`; all for an unknown key."""
+    pending = call_waiting()
+    refused = Q(status=ToolCallStatus.REJECTED)
+    match = {
+        "waiting": Q(pending, status=ToolCallStatus.EXECUTING),
+        "running": Q(~pending, status=ToolCallStatus.EXECUTING),
+        "ok": Q(status=ToolCallStatus.SUCCESS),
+        "failed": Q(status__in=[ToolCallStatus.FAILED, ToolCallStatus.TIMEOUT]),
+        "rejected": refused & ~Q(refusal__in=["expired", "unpaid"]),
+        "expired": refused & Q(refusal="expired"),
+        "unpaid": refused & Q(refusal="unpaid"),
+    }.get(key)
+    return calls if match is None else calls.filter(match)

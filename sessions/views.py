@@ -2,6 +2,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
+from sessions.status import vocabulary
+
 
 @require_safe
 def playground(request: HttpRequest) -> HttpResponse:
@@ -11,4 +13,4 @@ def playground(request: HttpRequest) -> HttpResponse:
     person pastes, and everything it shows (the agents included) comes from
     calls authorised by that key, sent in a header, never in a URL.
     """
-    return render(request, "playground/index.html")
+    return render(request, "playground/index.html", {"status_vocabulary": vocabulary()})

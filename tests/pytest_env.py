@@ -43,6 +43,8 @@ os.environ.setdefault(
     "MCP_STDIO_COMMANDS",
     ",".join([sys.executable, os.path.join(os.path.dirname(sys.executable), "mcp-server-time")]),
 )
+# A decision goes on at once, as most tests expect; the undo window's own tests set one.
+os.environ.setdefault("APPROVAL_UNDO_S", "0")
 # The offline `rules` model is strict, as a real provider is: a rule calling a tool the
 # request did not offer fails (llm/rules.py; tests/conftest.py asserts none did).
 os.environ.setdefault("RULES_MODEL_STRICT", "1")

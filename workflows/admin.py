@@ -55,7 +55,8 @@ class WorkflowForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         version = _current(self.instance)
         if version is not None:
-            self.fields["definition_yaml"].initial = yaml.safe_dump(
+            # As its author wrote it; a version stored before the text was kept is dumped.
+            self.fields["definition_yaml"].initial = version.text or yaml.safe_dump(
                 version.definition, sort_keys=False, allow_unicode=True, width=100
             )
         self.definition: Definition | None = None
@@ -77,7 +78,7 @@ class WorkflowForm(forms.ModelForm):
             self.definition = definition_check(raw, where=f"workflow {slug}")
         except WorkflowInvalid as exc:
             raise forms.ValidationError(exc.errors) from None
-        return text
+        return text.replace("\r\n", "\n")  # a browser's textarea sends CRLF
 
 
 @admin.register(Workflow)
@@ -162,6 +163,7 @@ class WorkflowAdmin(AuditedAdmin, admin.ModelAdmin):
                 where=f"workflow {definition.slug}",
                 source="admin",
                 user=request.user,  # type: ignore[arg-type]
+                text=form.cleaned_data["definition_yaml"],
             )
             saved = Workflow.objects.get(slug=definition.slug)
             if change and saved.enabled != enabled:

@@ -47,6 +47,9 @@ class WorkflowVersion(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     source = models.CharField(max_length=20, default="config", help_text="config | admin")
+    # The YAML as its author wrote it (order and comments kept): what the admin's editor
+    # shows. `definition` is its meaning; jsonb keeps neither order nor comments.
+    text = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["workflow", "-number"]

@@ -91,15 +91,18 @@ def workflow_apply(
     default_model: str | None = None,
     source: str = "config",
     user: User | None = None,
+    text: str = "",
 ) -> str:
     """Store a validated workflow: its runtime agent kept in step, and a new version when
     the definition changed (runs keep the version they started with). Returns what changed.
+    `text`: the YAML as its author wrote it, which the admin's editor shows again (a change
+    of comments or layout alone is kept on the current version, not a new one).
 
     Inside the caller's transaction when there is one (apply_config applies a whole file at
     once), else in its own.
     """
     with transaction.atomic():
-        return _workflow_store(definition, where, default_model, source, user)
+        return _workflow_store(definition, where, default_model, source, user, text)
 
 
 def _workflow_store(
@@ -108,6 +111,7 @@ def _workflow_store(
     default_model: str | None,
     source: str,
     user: User | None,
+    text: str,
 ) -> str:
     raw = definition.raw
     endpoint = _endpoint(definition, default_model, where)
@@ -146,10 +150,17 @@ def _workflow_store(
         else None
     )
     if latest is not None and latest.definition == raw:
+        if text and latest.text != text:
+            WorkflowVersion.objects.filter(pk=latest.pk).update(text=text)
         return f"workflow {definition.slug}: unchanged (version {latest.number})"
     number = workflow.current_version + 1
     version = WorkflowVersion.objects.create(
-        workflow=workflow, number=number, definition=raw, source=source, created_by=user
+        workflow=workflow,
+        number=number,
+        definition=raw,
+        source=source,
+        created_by=user,
+        text=text,
     )
     # Drawn once, here: every page and request that shows the version reads this picture.
     WorkflowPicture.objects.create(

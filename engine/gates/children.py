@@ -251,7 +251,15 @@ def _failed(message: str) -> ToolOutcome:
     )
 
 
-def _ended(child: Session) -> ToolOutcome:
+def _ended(child: Session, call: ToolCall) -> ToolOutcome:
+    """The child's answer (or why it has none) as the call's outcome; the call took from its
+    start to the child's end (the child's run, not the moment its result is read)."""
+    outcome = _child_outcome(child)
+    outcome.elapsed_ms = max(0, int((child.updated_at - call.created_at).total_seconds() * 1000))
+    return outcome
+
+
+def _child_outcome(child: Session) -> ToolOutcome:
     answer = (
         Message.objects.filter(session=child, role="assistant", seq__isnull=False)
         .order_by("-seq")
@@ -319,7 +327,7 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
             if str(child.pk) not in announced:
                 found.unannounced.append((call, child))
             if State(child.state) in TURN_ENDED and child.turn > 0 and child.queued_count == 0:
-                found.outcomes[call.pk] = _ended(child)
+                found.outcomes[call.pk] = _ended(child, call)
                 found.usage = found.usage.plus(
                     Usage(child.input_tokens, child.output_tokens, child.cost)
                 )

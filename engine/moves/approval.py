@@ -12,12 +12,14 @@ effect. The gate that decides which calls wait is engine/gates/approval.py.
   business precheck failed after a recovery or a pause, goes to a person.
 """
 
+from dataclasses import replace
+
 from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalKind
 from approvals.services import approval_request, approvals_insert
-from approvals.states import Outcome
+from approvals.states import UNDO_HOLD, Outcome
 from engine.gates.approval import requested_event
 from engine.moves.turn import build_step, metered_commit
 from record.events import ApprovalResolved, EventSpec, EventType
@@ -44,10 +46,19 @@ def approvals_wait(session: Session, owner: str, requests: list[Approval]) -> No
 
 
 def approval_recorded(
-    *, session: Session, approval: Approval, outcome: Outcome, by: str, resume: bool
+    *,
+    session: Session,
+    approval: Approval,
+    outcome: Outcome,
+    by: str,
+    resume: bool,
+    undo_s: float = 0.0,
 ) -> None:
     """Record a decision (or a deadline's) on the session's stream; with `resume`, nothing
-    of the step is pending any more and the calls go back to the tool phase (-> tool_wait)."""
+    of the step is pending any more and the calls go back to the tool phase (-> tool_wait).
+
+    `undo_s`: the decision may be undone for that long; the session's lease is held in
+    UNDO_HOLD's name until then (database clock), so no worker takes the run up sooner."""
     resolved: ApprovalResolved = {
         "approval_id": str(approval.pk),
         "outcome": outcome.value,
@@ -60,20 +71,23 @@ def approval_recorded(
     trigger = None
     if resume:
         trigger = Trigger.APPROVED if outcome == Outcome.APPROVED else Trigger.REJECTED
-    metered_commit(
-        build_step(
-            session,
-            None,
-            trigger=trigger,
-            phase="approval_decision",
-            reason=f"{approval.tool_name}: {outcome.value} by {by}",
-            actor=by,
-            events=events,
-            checkpoint={"approval": [str(approval.pk), outcome.value]},
-            # Waiting for a person was not running: the resumed turn gets its full time.
-            set_fields={"turn_started_at": timezone.now()} if resume else None,
-        )
+    # Waiting for a person was not running: the resumed turn gets its full time.
+    fields: dict[str, object] = {"turn_started_at": timezone.now()} if resume else {}
+    step = build_step(
+        session,
+        None,
+        trigger=trigger,
+        phase="approval_decision",
+        reason=f"{approval.tool_name}: {outcome.value} by {by}",
+        actor=by,
+        events=events,
+        checkpoint={"approval": [str(approval.pk), outcome.value]},
+        set_fields=fields,
     )
+    if resume and undo_s > 0:
+        fields["lease_owner"] = UNDO_HOLD
+        step = replace(step, lease_seconds=undo_s)
+    metered_commit(step)
 
 
 def approval_changed(
@@ -92,10 +106,14 @@ def approval_changed(
     }
     events = [EventSpec(EventType.APPROVAL_RESOLVED, resolved)]
     trigger = None
+    fields: dict[str, object] = {}
     if outcome == Outcome.WITHDRAWN:
         events.append(requested_event(approval))
         if State(session.state) == State.TOOL_WAIT:
             trigger = Trigger.APPROVAL_NEEDED
+        if session.lease_owner == UNDO_HOLD:
+            # Waiting for a person again: nothing to hold the run back from.
+            fields["lease_owner"] = None
     metered_commit(
         build_step(
             session,
@@ -106,6 +124,7 @@ def approval_changed(
             actor=by,
             events=events,
             checkpoint={"approval": [str(approval.pk), outcome.value, previous]},
+            set_fields=fields,
         )
     )
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils import timezone
 
+from approvals.models import WORKFLOW_REVIEW_PREFIX
 from engine.gates.guards import canonical_json
 from engine.gates.metering import step_metering
 from engine.model.context import tool_calls_json
@@ -407,6 +408,9 @@ def call_result(
     call.status = outcome.status
     call.output = outcome.output
     call.error = outcome.error
+    if call.tool_name.startswith(WORKFLOW_REVIEW_PREFIX) and call.created_at is not None:
+        # A review's work is the person's: from the card's opening to its decision's result.
+        outcome.elapsed_ms = max(0, int((finished_at - call.created_at).total_seconds() * 1000))
     call.elapsed_ms = outcome.elapsed_ms
     call.finished_at = finished_at
     call.coercions = outcome.coercions

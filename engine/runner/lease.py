@@ -17,6 +17,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
+from approvals.states import UNDO_HOLD
 from billing.pressure import owner_watch_note, owner_watch_sql
 from engine.store.commit import GUARD, MARK_SET, STAMP_RETURNING
 from memory.selectors import memory_owner_items_sql
@@ -48,10 +49,12 @@ def worker_identity() -> str:
 
 # SQL names from model metadata (constants); every value is a bound parameter.
 # Taking over a lease that lapsed in another owner's hands (a worker that died before the
-# sweeper came by) is a crash recovery, as the sweeper's requeue is: `resume_check`.
+# sweeper came by) is a crash recovery, as the sweeper's requeue is: `resume_check`. A
+# decision's undo window (UNDO_HOLD) that closed is not.
 _ACQUIRE = f"""UPDATE {_TABLE}
        SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s),
-           resume_check = resume_check OR (lease_owner IS NOT NULL AND lease_owner <> %s)
+           resume_check = resume_check
+               OR (lease_owner IS NOT NULL AND lease_owner <> %s AND lease_owner <> '{UNDO_HOLD}')
      WHERE id = %s
        AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at < now())
        AND (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))"""  # nosec B608

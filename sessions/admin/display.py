@@ -8,32 +8,35 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from record.events import EventType
+from sessions.status import (
+    Status,
+    call_status,
+    calls_line,
+    outcome_status,
+    session_status,
+)
 
 DETAIL_CHARS = 4000
 
-STATE_COLOURS = {
-    "idle": "#6b7280",
-    "processing": "#2563eb",
-    "tool_wait": "#7c3aed",
-    "tool_loop": "#4f46e5",
-    "paused_for_user": "#b45309",
-    "awaiting_approval": "#c2410c",
-    "waiting_timer": "#0f766e",
-    "waiting_credits": "#0f766e",
-    "error": "#dc2626",
-    "finished": "#15803d",
-    "cancelled": "#374151",
-}
 
-
-def state_badge(state: str) -> str:
-    colour = STATE_COLOURS.get(state, "#6b7280")
+def status_badge(status: Status, css: str = "ap-state") -> str:
+    """A status (sessions/status.py) as a coloured pill, in the one vocabulary."""
     return format_html(
-        '<span class="ap-state" style="background:{};color:#fff;padding:1px 7px;border-radius:9px;'
+        '<span class="{}" style="background:{};color:#fff;padding:1px 7px;border-radius:9px;'
         'font-size:11px;white-space:nowrap">{}</span>',
-        colour,
-        state.replace("_", " "),
+        css,
+        status.colour,
+        status.label,
     )
+
+
+def state_badge(state: str, last_turn_outcome: str = "") -> str:
+    """A session's state; once its turn ended, how it ended (a stopped turn is never green)."""
+    return status_badge(session_status(state, last_turn_outcome))
+
+
+def call_badge(status: str, refusal: str = "", *, waiting: bool = False) -> str:
+    return status_badge(call_status(status, refusal, waiting=waiting), "ap-call")
 
 
 def short(value: Any, length: int = 120) -> str:
@@ -93,35 +96,11 @@ def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
     )
 
 
-# A turn's outcome (DESIGN.md "A turn's outcome"): green only when every call succeeded.
-TURN_OUTCOME_COLOURS = {
-    "ok": "#15803d",
-    "tool_failures": "#dc2626",
-    "stopped": "#b45309",
-    "error": "#991b1b",
-}
-CALL_KIND_LABELS = {
-    "ok": "ok",
-    "failed": "failed",
-    "rejected": "rejected",
-    "expired": "expired",
-    "unpaid": "unpaid",
-}
-
-
-def calls_line(calls: Any) -> str:
-    """A turn's tool calls by how they ended, e.g. `1 ok · 3 rejected`; zeros left out."""
-    if not isinstance(calls, dict):
-        return ""
-    parts = [f"{calls[k]} {label}" for k, label in CALL_KIND_LABELS.items() if calls.get(k)]
-    return " · ".join(parts) or "no tool calls"
-
-
 def turn_outcome_badge(outcome: str, calls: Any = None, stop_reason: str | None = None) -> str:
     """The last turn's outcome as a coloured badge, its calls and stop reason beside it."""
     if not outcome:
         return "—"
-    colour = TURN_OUTCOME_COLOURS.get(outcome, GUARD_COLOUR)
+    status = outcome_status(outcome)
     parts = []
     if stop_reason and stop_reason != "answer":
         parts.append(stop_reason.replace("_", " "))
@@ -134,8 +113,8 @@ def turn_outcome_badge(outcome: str, calls: Any = None, stop_reason: str | None 
         'padding:1px 7px;border-radius:9px;font-size:11px;white-space:nowrap">{}</span>'
         "{}",
         outcome,
-        colour,
-        outcome.replace("_", " "),
+        status.colour,
+        status.label,
         format_html(' <span class="ap-turn-detail" style="font-size:11px">{}</span>', detail)
         if detail
         else "",
@@ -178,9 +157,7 @@ def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> 
         return f"{data.get('tool')}({short(data.get('input'), 100) if content else '…'})"
     if type_ == EventType.TOOL_FINISHED:
         error = data.get("error") if content else None
-        status = str(data.get("status"))
-        if data.get("refusal"):
-            status += f" ({data['refusal']})"
+        status = call_status(str(data.get("status")), str(data.get("refusal") or "")).label
         line = f"{data.get('tool')} {status}"
         if data.get("elapsed_ms") is not None:
             line += f" in {data.get('elapsed_ms')} ms"
@@ -194,7 +171,7 @@ def event_summary(type_: str, data: dict[str, Any], *, content: bool = True) -> 
         return (
             f"turn {data.get('turn')} {data.get('stop_reason')}"
             + (
-                f" · {str(outcome).replace('_', ' ')} ({calls_line(data.get('calls'))})"
+                f" · {outcome_status(str(outcome)).label} ({calls_line(data.get('calls'))})"
                 if outcome
                 else ""
             )

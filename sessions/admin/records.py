@@ -18,12 +18,28 @@ from django.utils.html import format_html
 from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, holds, masked
 from accounts.tenancy import TenantScopedAdmin
 from record.errors import DomainError
-from record.models import Checkpoint, Event, Message, ToolCall, ToolCallStatus, Transition
+from record.models import Checkpoint, Event, Message, ToolCall, Transition
 
 from ..previews import CheckpointStory, checkpoints_described
+from ..selectors import tool_calls_in_status, tool_calls_waiting_marked
+from ..status import CALLS
 from .base import ReadOnlyAdmin
-from .display import arguments_diff, event_summary, pre, short
+from .display import arguments_diff, call_badge, event_summary, pre, short
 from .previews import fork_preview_page
+
+
+class CallStatusFilter(admin.SimpleListFilter):
+    """A call's status in the words its badge uses (sessions/status.py CALLS)."""
+
+    title = "status"
+    parameter_name = "call_status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(key, status.label) for key, status in CALLS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ToolCall]) -> QuerySet[ToolCall]:
+        value = self.value()
+        return tool_calls_in_status(queryset, value) if value else queryset
 
 
 class MessageContentAdmin(ContentMaskedAdmin):
@@ -120,7 +136,7 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "refusal", EditedFilter, "risk_level", "tool_name")
+    list_filter = (CallStatusFilter, EditedFilter, "risk_level", "tool_name")
     search_fields = ("tool_name", "call_id", "idempotency_key")
     ordering = ("-id",)
     fields = (
@@ -170,13 +186,13 @@ class ToolCallAdmin(MessageContentAdmin, TenantScopedAdmin, ReadOnlyAdmin):
             return "–"
         return format_html('<span title="{}">{}</span>', obj.risk_reason, obj.risk_level)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ToolCall]:
+        return tool_calls_waiting_marked(super().get_queryset(request))
+
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: ToolCall) -> str:
-        # Red for a call that did not run or did not succeed, with why it did not run.
-        label = obj.status + (f" ({obj.refusal})" if obj.refusal else "")
-        if obj.status in (ToolCallStatus.SUCCESS, ToolCallStatus.EXECUTING):
-            return label
-        return format_html('<span style="color:#dc2626;font-weight:600">{}</span>', label)
+        # The one vocabulary (sessions/status.py): waiting for approval, running, ok, ...
+        return call_badge(obj.status, obj.refusal, waiting=bool(getattr(obj, "waiting", False)))
 
     @admin.display(description="approver's edit")
     def edited(self, obj: ToolCall) -> str:

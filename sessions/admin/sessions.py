@@ -43,6 +43,7 @@ from record.states import TURN_ENDED, State
 from tools.execution import tools_for_agent
 
 from .. import selectors, services
+from ..status import STATES, outcome_status
 from .base import SessionIdSearch
 from .display import (
     calls_line,
@@ -79,7 +80,7 @@ class LastTurnOutcomeFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [
             (self.NOT_OK, "not ok (failures, stops, errors)"),
-            *((choice.value, choice.label) for choice in TurnOutcomeChoice),
+            *((choice.value, outcome_status(choice.value).label) for choice in TurnOutcomeChoice),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
@@ -89,6 +90,20 @@ class LastTurnOutcomeFilter(admin.SimpleListFilter):
         if value in TurnOutcomeChoice.values:
             return queryset.filter(last_turn_outcome=value)
         return queryset
+
+
+class StateFilter(admin.SimpleListFilter):
+    """The session's state, in the words its badge uses (sessions/status.py)."""
+
+    title = "state"
+    parameter_name = "state__exact"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state, status.label) for state, status in STATES.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
+        value = self.value()
+        return queryset.filter(state=value) if value in STATES else queryset
 
 
 @dataclass
@@ -103,11 +118,11 @@ class SessionSummary:
     model_failures: int
     models: str
     tool_calls: int
-    tool_failures: int
+    tool_counts: dict[str, int]
 
     @property
     def state_badge(self) -> str:
-        return state_badge(self.session.state)
+        return state_badge(self.session.state, self.session.last_turn_outcome)
 
     @property
     def outcome(self) -> str:
@@ -129,6 +144,11 @@ class SessionSummary:
     @property
     def last_turn_calls(self) -> str:
         return calls_line(self.session.last_turn_calls)
+
+    @property
+    def tool_calls_line(self) -> str:
+        """Every call of the session by status, in the words the last turn's line uses."""
+        return calls_line(self.tool_counts)
 
     @property
     def model_calls_url(self) -> str:
@@ -187,7 +207,7 @@ def session_summary(session: Session) -> SessionSummary:
         model_failures=activity.model_failures,
         models=activity.models,
         tool_calls=activity.tool_calls,
-        tool_failures=activity.tool_failures,
+        tool_counts=activity.tool_counts,
     )
 
 
@@ -274,7 +294,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
         "updated",
     )
     list_filter = (
-        "state",
+        StateFilter,
         LastTurnOutcomeFilter,
         "degradation_level",
         "agent",
@@ -421,7 +441,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
 
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: Session) -> str:
-        return state_badge(obj.state)
+        return state_badge(obj.state, obj.last_turn_outcome)
 
     @admin.display(description="turns", ordering="turn")
     def turns(self, obj: Session) -> int:

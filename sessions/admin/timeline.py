@@ -12,6 +12,7 @@ from record.events import EventType
 from tools.rendering import FAILURE_MARKER
 
 from .. import selectors
+from ..status import call_status
 from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
@@ -80,8 +81,8 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
             summary += " [archived: a summary replaced it]"
         return summary
     if entry.kind == "toolcall":
-        status = r["status"] + (f" ({r['refusal']})" if r.get("refusal") else "")
-        summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {status}"
+        said = call_status(r["status"], r.get("refusal") or "", waiting=bool(r.get("waiting")))
+        summary = f"{r['tool_name']}({short(r['input'], 100) if content else '…'}) {said.label}"
         if r.get("proposed_input") is not None:
             edit = arguments_diff(r["proposed_input"], r["input"]) if content else "…"
             summary += f" · ran with an approver's edit: {edit}"
@@ -104,14 +105,11 @@ def _summary(entry: selectors.TimelineEntry, content: bool) -> str:
     return summary
 
 
-FAILED_CALLS = ("failed", "timeout", "rejected")
-
-
 def _tone(entry: selectors.TimelineEntry) -> str:
     """Whether the row tells of something that did not run or did not succeed."""
     r = entry.row
     if entry.kind == "toolcall":
-        return "failed" if r["status"] in FAILED_CALLS else ""
+        return "failed" if call_status(r["status"], r.get("refusal") or "").tone == "failed" else ""
     if entry.kind == "transition":
         return "failed" if r["to_state"] == "error" else ""
     if entry.kind == "message":
@@ -120,7 +118,8 @@ def _tone(entry: selectors.TimelineEntry) -> str:
     if entry.kind == "event":
         data = r["data"] if isinstance(r["data"], dict) else {}
         if r["type"] == EventType.TOOL_FINISHED:
-            return "failed" if data.get("status") in FAILED_CALLS else ""
+            status = call_status(str(data.get("status")), str(data.get("refusal") or ""))
+            return "failed" if status.tone == "failed" else ""
         if r["type"] == EventType.TURN_FINISHED:
             outcome = data.get("outcome")
             return {"tool_failures": "failed", "error": "failed", "stopped": "warn"}.get(

@@ -3,11 +3,13 @@ coloured, and per node what went in and what came out, with the checkpoint to fo
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
-from record.models import Checkpoint, Event, Session, ToolCall
+from record.models import Checkpoint, Event, ModelCall, Session, ToolCall
 from workflows.selectors import run_graph_svg
 
 OUTPUT_PREVIEW_CHARS = 4000
@@ -24,6 +26,26 @@ class NodeRow:
     error: str = ""
     step: int | None = None  # the checkpoint of the step that settled it (fork from there)
     next: str = ""
+    # From its first start to its last end (its visits and the waits between them), and the
+    # model calls of the steps that settled it: what the graph shows on the node.
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    cost: Decimal = Decimal(0)
+    # Its longest call's own time: a read-only call the node step ran itself starts and ends the
+    # node in one commit, so the events alone would say 0 ms.
+    calls_ms: int = 0
+
+    @property
+    def duration(self) -> str:
+        if self.started_at is None or self.ended_at is None:
+            return ""
+        span = (self.ended_at - self.started_at).total_seconds() * 1000
+        ms = max(span, self.calls_ms)
+        return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+    @property
+    def cost_label(self) -> str:
+        return f"{self.cost:.6f}".rstrip("0").rstrip(".") if self.cost else ""
 
 
 @dataclass
@@ -75,14 +97,18 @@ def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
     assert version is not None
     state = session.workflow_state or {}
     rows: dict[str, NodeRow] = {}
-    for kind, data in (
+    for kind, data, at in (
         Event.objects.filter(
             session=session, type__in=["node.started", "node.finished", "node.failed"]
         )
         .order_by("seq")
-        .values_list("type", "data")
+        .values_list("type", "data", "created_at")
     ):
         row = rows.setdefault(str(data.get("node")), NodeRow(node=str(data.get("node"))))
+        if kind == "node.started":
+            row.started_at = row.started_at or at
+        else:
+            row.ended_at = at
         if kind == "node.started":
             row.kind = str(data.get("kind", ""))
             row.visits = max(row.visits, int(data.get("visit") or 1))
@@ -96,14 +122,25 @@ def workflow_run_view(session: Session, *, content: bool) -> WorkflowRunView:
         else:
             row.status = "failed"
             row.error = str(data.get("error", ""))
+    costs: dict[int, Decimal] = {}
+    for step, cost in ModelCall.objects.filter(session=session).values_list("step", "cost"):
+        costs[step] = costs.get(step, Decimal(0)) + cost
     for step, context in (
         Checkpoint.objects.filter(session=session, context__has_key="workflow")
         .order_by("step")
         .values_list("step", "context")
     ):
-        for node_id in context.get("nodes") or []:
-            if node_id in rows:
-                rows[node_id].step = step
+        settled = [n for n in context.get("nodes") or [] if n in rows]
+        for node_id in settled:
+            rows[node_id].step = step
+            # The step's model calls, shared by the nodes it settled.
+            rows[node_id].cost += costs.get(step, Decimal(0)) / len(settled)
+    for call_id, elapsed in ToolCall.objects.filter(session=session).values_list(
+        "call_id", "elapsed_ms"
+    ):
+        row = rows.get(call_id.partition("#")[0].partition(".")[0])
+        if row is not None and "~" not in call_id:
+            row.calls_ms = max(row.calls_ms, elapsed or 0)
     if content:
         _inputs(session, rows)
     error = state.get("error")

@@ -4,12 +4,14 @@ changed while its call has not started.
 """
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalKind, ReviewAnswer
@@ -23,7 +25,7 @@ from approvals.services import (
 from approvals.services import (
     approval_change as approval_change_row,
 )
-from approvals.states import CHANGEABLE, Outcome
+from approvals.states import CHANGEABLE, UNDO_HOLD, Outcome
 from audit.diff import changes
 from audit.models import AuditAction
 from audit.services import audit_record
@@ -100,11 +102,23 @@ def _approval_apply(
         )
         if State(locked.state) == State.AWAITING_APPROVAL:
             resume = not approval_pending_exists(session_id=locked.pk)
+            # A person's decision on a call (not the deadline's, not a recovery review's
+            # answer) may be undone for a while: the run goes on after that.
+            undo_s = (
+                settings.APPROVAL_UNDO_S
+                if user is not None and not answer and approval.kind == ApprovalKind.TOOL_CALL
+                else 0.0
+            )
             approval_recorded(
-                session=locked, approval=resolved, outcome=outcome, by=actor, resume=resume
+                session=locked,
+                approval=resolved,
+                outcome=outcome,
+                by=actor,
+                resume=resume,
+                undo_s=undo_s,
             )
             if resume:
-                dispatch.run_enqueue_on_commit(locked.pk, locked.value)
+                dispatch.run_enqueue_on_commit(locked.pk, locked.value, undo_s)
     return resolved
 
 
@@ -256,20 +270,27 @@ def approval_change(
         edited = _edited_arguments(approval, arguments)
     actor = user.get_username()
     with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
-            pk=approval.session_id
+        # The database's clock, as the undo window's lease was set by it.
+        locked = (
+            Session.objects.select_for_update(of=("self",), no_key=True)
+            .annotate(db_now=Now())
+            .get(pk=approval.session_id)
         )
         call = (
             ToolCall.objects.select_for_update().filter(pk=approval.tool_call_id).first()
             if approval.tool_call_id
             else None
         )
-        started = call_started(session=locked, approval=approval, call=call)
+        started = call_started(session=locked, approval=approval, call=call, now=locked.db_now)
         if started is not None:
+            ran_at = _ran_at(session=locked, approval=approval, call=call)
             raise Conflict(
-                f"the call of approval {approval.pk} has started ({started}); its decision stands",
+                f"the call of approval {approval.pk} has started ({started}"
+                + (f", at {ran_at.isoformat()}" if ran_at else "")
+                + "); its decision stands",
                 details={
                     "reason": started,
+                    "ran_at": ran_at.isoformat() if ran_at else None,
                     "state": locked.state,
                     "call_status": call.status if call is not None else None,
                 },
@@ -308,12 +329,16 @@ def approval_change(
     return changed
 
 
-def call_started(*, session: Session, approval: Approval, call: ToolCall | None) -> str | None:
+def call_started(
+    *, session: Session, approval: Approval, call: ToolCall | None, now: datetime
+) -> str | None:
     """Why the approval's call can no longer be held back (None: it has not started).
 
     Read under the session's row lock: a worker takes the run by a conditional UPDATE of
     that row, so a run nobody holds now cannot start before the change commits, and the
     change moves the version, so a step that read the old decision cannot commit on it.
+    The decision's undo window (a lease held in UNDO_HOLD's name) is open until its lease
+    runs out by `now`, the database's clock: a worker takes the run from then on.
     """
     if session.turn != approval.turn:
         return "the session has gone on to another turn"
@@ -325,9 +350,24 @@ def call_started(*, session: Session, approval: Approval, call: ToolCall | None)
         return f"the call has finished ({call.status})"
     if call.dispatched_at is not None:
         return "the call was sent"
+    if session.lease_owner == UNDO_HOLD:
+        expires = session.lease_expires_at
+        return None if expires is not None and expires > now else "the undo window has closed"
     if session.lease_owner:
         return "a worker has picked the run up"
     return None
+
+
+def _ran_at(*, session: Session, approval: Approval, call: ToolCall | None) -> datetime | None:
+    """When the decided step went on: the call sent, or else the decision's undo window
+    closing (the run's continuation was due then)."""
+    if call is not None and call.dispatched_at is not None:
+        return call.dispatched_at
+    if session.lease_owner == UNDO_HOLD and session.lease_expires_at is not None:
+        return session.lease_expires_at
+    if approval.decided_at is not None:
+        return approval.decided_at + timedelta(seconds=settings.APPROVAL_UNDO_S)
+    return call.finished_at if call is not None else None
 
 
 def _changeable_check(approval: Approval) -> None:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from approvals.services import (
     SYSTEM_ACTOR,
 )
+from approvals.states import UNDO_HOLD
 from billing.selectors import reservations_open
 from billing.services import budget_holds_sweep, credits_close, pool_requests_close, waiting_expire
 from engine import (
@@ -70,14 +71,15 @@ def sessions_sweep() -> list[str]:
             # A lease that lapsed with its owner still named is a run that died (or
             # stalled past its lease) mid-step: its successor checks the business rules
             # and the drift again before going on (`resume_check`). A run that stepped
-            # aside gave its lease back (owner NULL) and is not a recovery.
+            # aside gave its lease back (owner NULL) and is not a recovery, nor is a
+            # decision's undo window that closed (UNDO_HOLD).
             f"""UPDATE {Session._meta.db_table}
                    SET lease_owner = NULL, lease_expires_at = now() + make_interval(secs => %s),
-                       resume_check = resume_check OR lease_owner IS NOT NULL
+                       resume_check = resume_check OR (lease_owner IS NOT NULL AND lease_owner <> %s)
                  WHERE (state = ANY(%s) OR (state = ANY(%s) AND queued_count > 0))
                    AND (lease_expires_at IS NULL OR lease_expires_at < now())
              RETURNING id, value""",  # nosec B608
-            [settings.SESSION_PICKUP_GRACE_S, runnable, starts],
+            [settings.SESSION_PICKUP_GRACE_S, UNDO_HOLD, runnable, starts],
         )
         # Highest value first: with a worker free, the first sent is the first taken.
         found = sorted(cursor.fetchall(), key=lambda row: -row[1])

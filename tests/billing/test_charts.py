@@ -72,3 +72,16 @@ def test_labels_are_escaped() -> None:
 def test_no_spend_says_so() -> None:
     svg = str(spend_chart(_data()))
     assert "No spend in this period" in svg and ">total 0<" in svg
+
+
+def test_the_budget_is_a_dashed_line_the_axis_reaches() -> None:
+    svg = str(spend_chart(_data(("gpt", [1, 0, 3])), Decimal(5), "day budgets of 2 owners"))
+
+    [line] = re.findall(r'<g class="budget-line">(.*?)</g>', svg)
+    assert "stroke-dasharray" in line and ">day budgets of 2 owners 5.00<" in line
+    amounts = re.findall(r'class="y-label"[^>]*>([^<]+)<', svg)
+    assert amounts[-1] == "5"  # above the highest day (3), up to the budget
+    y_budget = float(re.search(r'y1="([\d.]+)"', line).group(1))
+    y_five = float(re.findall(r'y1="([\d.]+)" y2="[\d.]+" stroke="#ddd"', svg)[-1])
+    assert abs(y_budget - y_five) < 0.2
+    assert "budget-line" not in str(spend_chart(_data(("gpt", [1]))))  # none: no line

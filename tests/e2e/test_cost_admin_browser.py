@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from accounts.models import ApiKey
-from billing.models import KeyBudget, SpendDaily, SpendNotice
+from billing.models import KeyBudget, OwnerBudget, SpendDaily, SpendNotice
 from billing.notices import billing_today
 from record.models import Agent, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
@@ -63,6 +63,7 @@ def test_the_cost_page_draws_spend_per_day_at_full_width_with_its_notices(live_s
     SpendDailyFactory(owner=demo, agent_id=agent.pk, api_key_id=api_key.pk, shard=7,
                       day=billing_today().replace(day=1), cost=Decimal("0.85"))  # fmt: skip
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
+    OwnerBudget.objects.create(owner=demo, day_cost=Decimal("0.1"))  # above every day's spend
 
     with api(live_stack, key) as client:
         session_id = create_session(client, "order-support")
@@ -102,6 +103,8 @@ def test_the_cost_page_draws_spend_per_day_at_full_width_with_its_notices(live_s
         labels = chart.locator("text.x-label").all_text_contents()
         assert 5 <= len(labels) <= 15
         assert "total" in chart.locator("text.chart-total").text_content()
+        # The owners' day budget, drawn where the spend can be read against it.
+        assert chart.locator("g.budget-line text").text_content() == "day budget of 1 owner 0.1"
         width = page.evaluate("[document.body.scrollWidth, window.innerWidth]")
         assert width[0] <= width[1], width
         # The key's row links to its sessions.

@@ -102,7 +102,17 @@ def _rows(page: Any) -> dict[str, dict[str, str]]:
         "[...document.querySelectorAll('#ap-workflow tr.wf-row')].map(tr => "
         "[...tr.querySelectorAll('td')].map(td => td.innerText.trim()))"
     )
-    names = ["node", "kind", "visits", "status", "input", "output", "checkpoint"]
+    names = [
+        "node",
+        "kind",
+        "visits",
+        "duration",
+        "cost",
+        "status",
+        "input",
+        "output",
+        "checkpoint",
+    ]
     return {cells[0].split("\n")[0]: dict(zip(names, cells, strict=True)) for cells in rows}
 
 
@@ -135,12 +145,21 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
         page.click("input[type=submit]")
         page.wait_for_url(f"{live_stack.http}/admin/")
         seen: dict[str, tuple[dict[str, str], dict[str, dict[str, str]], str, list[int]]] = {}
+        figures: dict[str, tuple[float, list[str]]] = {}
         for name, run in (("waiting", waiting), ("failed", failed), ("finished", done)):
             page.goto(f"{live_stack.http}/admin/agent_sessions/session/{run}/change/")
             section = page.locator("#ap-workflow")
             section.scroll_into_view_if_needed()
             overflow = page.evaluate("[document.body.scrollWidth, window.innerWidth]")
             seen[name] = (_node_classes(page), _rows(page), section.inner_text(), overflow)
+            # The graph at the page's full width, each node's figures drawn under it.
+            graph = page.locator("#ap-workflow .ap-wf-graph svg").bounding_box()
+            figures[name] = (
+                graph["width"] if graph else 0,
+                page.locator("#ap-workflow svg text.wf-figures").evaluate_all(
+                    "els => els.map(e => e.textContent)"
+                ),
+            )
             _shot(page, f"run-{name}")
             section.screenshot(path=str(SHOTS / f"run-{name}-graph.png"))
 
@@ -172,6 +191,10 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
     )
     assert "Offer a coupon on SO-1: 3 customers were told" in rows["review"]["input"]
     assert rows["review"]["status"] == "active"
+    width, drawn = figures["waiting"]
+    assert width > 1200, width  # not a ~450 px column
+    assert len(drawn) == len(rows) and all("×" in d for d in drawn), drawn
+    assert rows["lookup"]["duration"].endswith(("ms", " s")), rows["lookup"]
 
     # Failed in the map: its row says why, the graph marks it.
     classes, rows, text, overflow = seen["failed"]
@@ -189,3 +212,56 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
     assert "order SO-2 handled" in text  # the result
     assert list(rows) == ["lookup", "check", "tell"]
     assert "Say: order SO-2 handled" not in rows["tell"]["input"]  # an llm node makes no call
+
+
+AUTHORED = """models:
+  - name: rules
+    api: rules
+workflows:
+  - slug: authored-e2e
+    name: Authored
+    role: support
+    start: zeta
+    nodes:
+      # The author's first node: not alphabetical.
+      zeta: {kind: wait, seconds: 1, next: alpha}
+      alpha:
+        kind: condition   # the branch is the point
+        cases: [{when: "true", next: end}]
+        default: end
+"""
+
+
+def test_the_yaml_editor_keeps_order_and_comments_through_an_edit_in_the_browser(
+    live_stack: Stack, tmp_path: Path
+) -> None:
+    from django.core.management import call_command
+
+    from workflows.models import Workflow, WorkflowVersion
+
+    path = tmp_path / "authored.yaml"
+    path.write_text(AUTHORED)
+    call_command("apply_config", str(path), "--no-url-check")
+    workflow = Workflow.objects.get(slug="authored-e2e")
+    get_user_model().objects.create_superuser("yaml-operator", "op@example.com", PASSWORD)
+    url = f"{live_stack.http}/admin/workflows/workflow/{workflow.pk}/change/"
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        page.goto(f"{live_stack.http}/admin/login/")
+        page.fill("#id_username", "yaml-operator")
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{live_stack.http}/admin/")
+        page.goto(url)
+        shown = page.input_value("#id_definition_yaml")
+        page.fill("#id_definition_yaml", shown.replace("name: Authored", "name: Authored, edited"))
+        page.click("input[name=_continue]")
+        page.wait_for_selector("text=was changed successfully")
+        kept = page.input_value("#id_definition_yaml")
+        page.locator("#id_definition_yaml").scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "workflow-yaml-editor.png"))
+    assert "# The author's first node: not alphabetical." in shown
+    assert shown.index("zeta:") < shown.index("alpha:")
+    assert "name: Authored, edited" in kept and "# the branch is the point" in kept
+    assert kept.index("zeta:") < kept.index("alpha:")
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 2

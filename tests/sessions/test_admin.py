@@ -106,7 +106,8 @@ def test_session_page_opens_with_the_summary_and_offers_no_save_or_delete(
     page = response.content.decode()
     summary = response.context["summary"]
     assert summary.stop_reason == "answer" and summary.stop_turn == 1
-    assert summary.tool_calls == 5 and summary.tool_failures == 0
+    assert summary.tool_calls == 5 and summary.tool_counts == {"ok": 5}
+    assert summary.tool_calls_line == "5 ok"
     assert summary.model_calls == 4 and summary.models == "rules"
     # The summary comes first, then the timeline, then the raw fields.
     assert page.index('id="ap-summary"') < page.index('id="ap-timeline"') < page.index("Details")
@@ -581,12 +582,12 @@ def test_the_timeline_colours_what_did_not_run_and_shows_an_approvers_edit(clien
     items, _ = session_timeline(session.pk)
     coupon, notification = (i for i in items if i.kind == "toolcall")
     assert coupon.tone == "" and "ran with an approver's edit: amount: 60 → 20" in coupon.summary
-    assert notification.tone == "failed" and "rejected (expired)" in notification.summary
+    assert notification.tone == "failed" and ") expired: no one approved" in notification.summary
     page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
     assert 'class="toolcall ap-failed"' in page.content.decode()
 
     calls = client.get(reverse("admin:agent_sessions_toolcall_changelist")).content.decode()
-    assert "amount: 60 → 20" in calls and "rejected (expired)" in calls
+    assert "amount: 60 → 20" in calls and ">expired<" in calls
     edited = client.get(reverse("admin:agent_sessions_toolcall_changelist"), {"edited": "yes"})
     assert [c.call_id for c in edited.context["cl"].result_list] == ["a"]
 

@@ -77,7 +77,8 @@ def test_the_activity_tells_how_the_last_turn_ended_and_counts_the_calls(demo_se
     assert activity.finished_at is not None
     assert activity.model_calls == ModelCall.objects.filter(session=demo_session).count() > 0
     assert activity.tool_calls == ToolCall.objects.filter(session=demo_session).count() > 0
-    assert (activity.model_failures, activity.tool_failures, activity.models) == (0, 0, "rules")
+    assert (activity.model_failures, activity.models) == (0, "rules")
+    assert activity.tool_counts == {"ok": activity.tool_calls}
 
 
 def test_a_session_without_a_finished_turn_has_no_stop_reason():
@@ -94,7 +95,7 @@ def test_a_session_without_a_finished_turn_has_no_stop_reason():
         model_failures=0,
         models="",
         tool_calls=0,
-        tool_failures=0,
+        tool_counts={},
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
+from django.core.management import call_command
 from django.test import Client
 
 from engine import session_run
@@ -144,6 +145,10 @@ def test_a_runs_page_draws_the_graph_with_what_the_run_did(admin_client: Client)
     assert "Workflow look · version 1" in body
     assert body.count("wf-visited") >= 2  # both nodes, in the graph
     assert 'id="node-first"' in body and "arguments" not in body.split('id="node-second"')[1][:400]
+    # Each node's visits, duration and cost: in its row, and for the graph to draw on it.
+    rows = {r.node: r for r in page.context["workflow_run"].rows}
+    assert rows["first"].visits == 1 and rows["first"].duration.endswith(("ms", " s"))
+    assert 'data-node="first" data-figures="1× · ' in body
 
 
 def test_a_nodes_fork_here_button_shows_the_preview_before_it_forks(admin_client: Client) -> None:
@@ -239,3 +244,63 @@ def test_the_list_shows_runs_failures_and_the_median_duration(admin_client: Clie
     assert "-" in body.split("idle-flow")[1][:1500]
     # The figures ride in the list's own query, not one query per workflow.
     assert sum("percentile_cont" in q["sql"] for q in queries.captured_queries) == 1
+
+
+AUTHORED = """# A config file as its author keeps it.
+models:
+  - name: rules
+    api: rules
+workflows:
+  # Looks the time up, then decides.
+  - slug: authored
+    name: Authored
+    role: support
+    start: zeta
+    nodes:
+      # The first node as the author ordered them (not alphabetically).
+      zeta: {kind: tool, tool: clock, args: {}, output: now, next: alpha}
+      alpha:
+        kind: condition   # why: the branch is the point
+        cases: [{when: "now.now != ''", next: end}]
+        default: end
+  # A second entry: its heading comment is not the first's.
+  - slug: second
+    name: Second
+    role: support
+    start: only
+    nodes:
+      only: {kind: tool, tool: clock, args: {}, output: now, next: end}
+"""
+
+
+def test_the_editor_keeps_the_authors_order_and_comments_through_an_edit(
+    admin_client: Client, tmp_path: Any
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(AUTHORED)
+    call_command("apply_config", str(path), "--no-url-check")
+    workflow = Workflow.objects.get(slug="authored")
+    page = admin_client.get(f"/admin/workflows/workflow/{workflow.pk}/change/")
+    shown = page.context["adminform"].form.fields["definition_yaml"].initial
+    assert shown.startswith("slug: authored\n") and "A second entry" not in shown
+    assert "# The first node as the author ordered them" in shown
+    assert "# why: the branch is the point" in shown
+    assert shown.index("zeta:") < shown.index("alpha:")
+
+    # One field edited in the editor: the rest stays as written.
+    edited = shown.replace("name: Authored", "name: Authored, edited")
+    page = admin_client.post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/",
+        {"definition_yaml": edited, "enabled": "on"},
+    )
+    assert page.status_code == 302, page.content.decode()[:2000]
+    body = admin_client.get(f"/admin/workflows/workflow/{workflow.pk}/change/").content.decode()
+    assert "name: Authored, edited" in body
+    assert "# why: the branch is the point" in body
+    assert body.index("zeta: {kind: tool") < body.index("alpha:\n")
+    assert WorkflowVersion.objects.get(workflow=workflow, number=2).text == edited.rstrip()
+    # The stored meaning is the same as before but for the edit.
+    first, second = (
+        WorkflowVersion.objects.get(workflow=workflow, number=n).definition for n in (1, 2)
+    )
+    assert {**first, "name": "Authored, edited"} == second

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import command_actor
-from configuration.documents import DocumentInvalid, document_load
+from configuration.documents import DocumentInvalid, document_entries_text, document_load
 from configuration.services import ConfigInvalid, config_apply
 
 
@@ -65,6 +65,7 @@ class Command(BaseCommand):
                 actor=command_actor(given=str(options["actor"] or ""), prefix="deploy"),
                 source=str(path),
                 override_rollout_gate=bool(options["override_rollout_gate"]),
+                texts={} if path.suffix == ".json" else document_entries_text(text, "workflows"),
             )
         except ConfigInvalid as exc:
             lines = "\n".join(f"  - {e}" for e in exc.errors)

@@ -5,6 +5,7 @@ parallel, the parent holding no worker), and a handoff of the conversation to an
 """
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -97,9 +98,14 @@ def test_another_agent_answers_as_a_tool_in_a_child_session(boss: Session) -> No
         "call_id": child.parent_call.call_id, "session": str(child.pk), "agent": "researcher"
     }  # fmt: skip
     Session.objects.filter(pk=child.pk).update(cost=Decimal("0.5"))
+    # The call opened a minute ago: its duration is the child's run, not its result's read.
+    ToolCall.objects.filter(pk=child.parent_call_id).update(
+        created_at=timezone.now() - timedelta(seconds=60)
+    )
 
     assert _run(child).state == "finished"
     parent = _run(parent)
+    assert ToolCall.objects.get(pk=child.parent_call_id).elapsed_ms >= 60_000
 
     assert parent.state == "finished"
     assert _answer(parent) == "Researcher said: found: research parcels"

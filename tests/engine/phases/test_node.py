@@ -256,6 +256,28 @@ def test_a_human_node_waits_in_the_approvers_queue_and_its_decision_picks_the_ed
     assert RAN["notify"] == 0
 
 
+@pytest.mark.parametrize("approve", [True, False])
+def test_a_review_call_lasts_from_the_cards_opening_to_its_result(
+    owner: Any, approve: bool
+) -> None:
+    """Not the ~1 ms its tool takes to record the decision: the person's time is the call's."""
+    _apply(REFUND)
+    approver = UserFactory(username="wf-approver")
+    approver_grant(username=approver.username, groups=["approvers"])
+    session = _run(_start(owner, "refund", {"number": "SO-1"}))
+    approval = Approval.objects.get(session=session)
+    ToolCall.objects.filter(pk=approval.tool_call_id).update(
+        created_at=timezone.now() - timedelta(seconds=90)
+    )
+    approval_decide(
+        approval_id=approval.pk, approve=approve, user=approver, groups=["approvers"], comment="x"
+    )
+    _run(session)
+
+    call = ToolCall.objects.get(pk=approval.tool_call_id)
+    assert call.finished_at is not None and call.elapsed_ms >= 90_000
+
+
 def test_a_review_whose_deadline_passes_takes_the_nodes_default_policy(owner: Any) -> None:
     _apply(REFUND)
     session = _run(_start(owner, "refund", {"number": "SO-1"}))
