@@ -13,6 +13,7 @@ from django.db.models import DecimalField, F, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
 from observability.readings import Gauge
+from record.models import Agent
 
 from .models import (
     CreditAccount,
@@ -171,7 +172,7 @@ def notices_banner(*, limit: int) -> tuple[list[BannerNotice], int]:
         if ids["owner"]
         else {}
     )
-    # Looked up by name: billing never imports accounts or sessions.
+    # Looked up by name: billing never imports accounts.
     names["key"] = (
         {
             pk: f"{name or prefix + '…'} of {owner}"
@@ -183,11 +184,7 @@ def notices_banner(*, limit: int) -> tuple[list[BannerNotice], int]:
         else {}
     )
     names["agent"] = (
-        dict(
-            apps.get_model("agent_sessions", "Agent")
-            .objects.filter(pk__in=ids["agent"])
-            .values_list("pk", "slug")
-        )
+        dict(Agent.objects.filter(pk__in=ids["agent"]).values_list("pk", "slug"))
         if ids["agent"]
         else {}
     )
