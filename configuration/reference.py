@@ -18,7 +18,7 @@ from django.db.models import fields as model_fields
 from accounts.models import Role
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
-from tools.models import McpServer, Tool
+from tools.models import TOOL_SETTINGS, McpServer, Tool
 
 from . import services
 from .schema import DOCUMENT
@@ -61,7 +61,7 @@ SECTIONS = (
     Section(
         "tools",
         Tool,
-        services.TOOL_FIELDS,
+        TOOL_SETTINGS,
         {"name": "the tool's unique name, as the model sees it"},
         "Tools the model may call: HTTP or Python, gated by role, validated by schema.",
     ),

@@ -390,7 +390,7 @@ def side_call_commit(*, session: Session, record: ModelCall) -> bool:
     """
     record.session_id = session.pk
     with transaction.atomic():
-        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).values("pk").get()
+        Session.objects.locked().filter(pk=session.pk).values("pk").get()
         if ModelCall.objects.filter(
             session_id=session.pk, turn=record.turn, purpose=record.purpose
         ).exists():
