@@ -5,6 +5,7 @@ page's layout names the packages that exist."""
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -75,3 +76,13 @@ def test_the_architecture_layout_names_every_package() -> None:
         "docs",
         "clients",
     }, f"listed but absent: {listed - packages}"
+
+
+def test_the_architecture_page_names_every_import_contract() -> None:
+    """The contracts listed (in bold) under "Import direction" are pyproject's, by name."""
+    page = (DOCS / "ARCHITECTURE.md").read_text()
+    section = page.split("## Import direction", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^- \*\*(.+?)\*\*", section, flags=re.M)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+    assert sorted(named) == sorted(contracts)
