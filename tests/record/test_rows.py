@@ -205,8 +205,9 @@ HOSTILE: list[Any] = [
 ]
 
 
-def test_the_fast_literals_are_what_psycopg_binds() -> None:
+def test_the_fast_literals_are_what_psycopg_binds(settings: Any) -> None:
     """The Python quoting of the common types gives psycopg's bytes for hostile values."""
+    settings.FAST_PATHS = True
     with connection.cursor() as cursor:
         raw = connection.connection
         assert sql_literals.Literals(raw).fast is not None  # this connection takes the fast path
@@ -239,8 +240,9 @@ def test_what_psycopg_refuses_or_cuts_short_is_left_to_it(value: Any) -> None:
 
 
 def test_a_connection_that_quotes_otherwise_takes_psycopgs_path(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
+    settings.FAST_PATHS = True
     with connection.cursor() as cursor:
         raw = connection.connection
         literals = sql_literals.Literals(raw)
