@@ -52,6 +52,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a response whose status is decided on the loop settles there, after every
+    # other middleware saw it (runtime/deferred_response.py).
+    "runtime.deferred_response.DeferredResponseMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # The REST request's span (a turn's trace starts there); not even loaded when traces are off.
     "observability.middleware.TraceRequestMiddleware",

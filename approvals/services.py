@@ -5,6 +5,7 @@ engine's; these functions run inside the caller's transaction, and announce
 to approvers (websocket, webhook) only after it commits.
 """
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -15,6 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from record.errors import InvalidInput
+from record.models import ToolCall
 from tools.execution import ToolSnapshot, validator_for
 from tools.validation import check_arguments
 
@@ -27,36 +29,29 @@ SYSTEM_ACTOR = "system"
 
 def approval_request(
     *,
-    session_id: UUID | str,
-    turn: int,
-    step: int,
-    tool_call_id: int,
-    call_position: int,
+    call: ToolCall,
     tool: ToolSnapshot,
-    arguments: Any,
     reason: str,
-    now: datetime | None = None,
-    risk_level: int | None = None,
+    now: datetime,
     kind: str = ApprovalKind.TOOL_CALL,
 ) -> Approval:
     """An approval for one gated call (or a review of an uncertain one), not yet saved
     (`approvals_insert` saves the step's)."""
-    now = now or timezone.now()
     return Approval(
-        session_id=session_id,
-        tool_call_id=tool_call_id,
+        session_id=call.session_id,
+        tool_call_id=call.pk,
         kind=kind,
-        turn=turn,
-        step=step,
+        turn=call.turn,
+        step=call.step,
         tool_name=tool.name,
-        arguments=arguments if isinstance(arguments, dict) else {},
-        risk_level=tool.risk_level if risk_level is None else risk_level,
+        arguments=call.input if isinstance(call.input, dict) else {},
+        risk_level=tool.risk_level if call.risk_level is None else call.risk_level,
         reason=reason,
         on_timeout=tool.approval_on_timeout,
         group=tool.approval_group or DEFAULT_GROUP,
         escalate_to=tool.approval_escalate_to,
         timeout_s=tool.approval_timeout_s,
-        requested_at=now + timedelta(microseconds=call_position),  # keeps the model's order
+        requested_at=now + timedelta(microseconds=call.position),  # keeps the model's order
         deadline=now + timedelta(seconds=tool.approval_timeout_s),
     )
 
@@ -88,21 +83,24 @@ def approval_arguments_check(
     return dict(checked.arguments)
 
 
-def approval_resolve(
-    *,
-    approval: Approval,
-    outcome: Outcome,
-    actor: str,
-    user: User | None = None,
-    comment: str = "",
-    edited_arguments: dict[str, Any] | None = None,
-    remember: bool = False,
-    escalate_to: str = "",
-    deadline: datetime | None = None,
-    answer: str = "",
-    answer_result: Any = None,
-    within_deadline: bool = False,
-) -> Approval | None:
+@dataclass(frozen=True)
+class Decision:
+    """What moves a pending approval: the outcome, who decides, and what comes with it."""
+
+    outcome: Outcome
+    actor: str
+    user: User | None = None
+    comment: str = ""
+    edited_arguments: dict[str, Any] | None = None
+    remember: bool = False
+    escalate_to: str = ""  # ESCALATED: the group, with a fresh `deadline`
+    deadline: datetime | None = None
+    answer: str = ""  # a recovery review's answer, and the result a took_effect carries
+    answer_result: Any = None
+    within_deadline: bool = False  # a person's decision: not once the deadline has passed
+
+
+def approval_resolve(*, approval: Approval, decision: Decision) -> Approval | None:
     """Move a pending approval, or return None if someone (or the deadline) got there first.
 
     One conditional UPDATE on (id, status pending, version): of two racing
@@ -110,20 +108,23 @@ def approval_resolve(
     person's decision (`within_deadline`) also needs the deadline not passed: the
     sweeper's expiry must not be the only thing that enforces it.
     """
-    to_status = approval_next(ApprovalStatus.PENDING, outcome)
+    d = decision
+    to_status = approval_next(ApprovalStatus.PENDING, d.outcome)
     now = timezone.now()
-    in_time = Q(deadline__isnull=True) | Q(deadline__gt=now) if within_deadline else Q()
+    in_time = Q(deadline__isnull=True) | Q(deadline__gt=now) if d.within_deadline else Q()
     fields: dict[str, Any] = {"status": to_status.value, "version": F("version") + 1}
-    if outcome == Outcome.ESCALATED:
-        fields.update(group=escalate_to, deadline=deadline, escalations=F("escalations") + 1)
+    if d.outcome == Outcome.ESCALATED:
+        fields.update(group=d.escalate_to, deadline=d.deadline, escalations=F("escalations") + 1)
     else:
-        fields.update(decided_by=user, decided_by_name=actor[:150], decided_at=now, comment=comment)
-        if edited_arguments is not None:
-            fields["edited_arguments"] = edited_arguments
-        if remember:
+        fields.update(
+            decided_by=d.user, decided_by_name=d.actor[:150], decided_at=now, comment=d.comment
+        )
+        if d.edited_arguments is not None:
+            fields["edited_arguments"] = d.edited_arguments
+        if d.remember:
             fields["remember"] = True
-        if answer:
-            fields.update(answer=answer, answer_result=answer_result)
+        if d.answer:
+            fields.update(answer=d.answer, answer_result=d.answer_result)
     changed = Approval.objects.filter(
         in_time, pk=approval.pk, status=ApprovalStatus.PENDING, version=approval.version
     ).update(**fields)
@@ -134,16 +135,16 @@ def approval_resolve(
         approval=fresh,
         from_status=ApprovalStatus.PENDING.value,
         to_status=to_status.value,
-        outcome=outcome.value,
-        actor=actor[:150],
-        user=user,
-        comment=comment,
-        arguments=edited_arguments,
+        outcome=d.outcome.value,
+        actor=d.actor[:150],
+        user=d.user,
+        comment=d.comment,
+        arguments=d.edited_arguments,
         group=fresh.group,
         version=fresh.version,
     )
-    announce_on_commit([("approval.resolved", fresh)], outcome=outcome.value, by=actor)
-    if outcome == Outcome.ESCALATED:
+    announce_on_commit([("approval.resolved", fresh)], outcome=d.outcome.value, by=d.actor)
+    if d.outcome == Outcome.ESCALATED:
         announce_on_commit([("approval.requested", fresh)])
     return fresh
 
@@ -219,9 +220,7 @@ def approvals_cancel(*, session_id: UUID | str, actor: str, reason: str) -> list
         ):
             done = approval_resolve(
                 approval=approval,
-                outcome=Outcome.CANCELLED,
-                actor=actor or SYSTEM_ACTOR,
-                comment=reason,
+                decision=Decision(Outcome.CANCELLED, actor or SYSTEM_ACTOR, comment=reason),
             )
             if done is not None:
                 closed.append(done)

@@ -7,20 +7,19 @@ their health thresholds, each read at most once a second per process)."""
 import time
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache
 from uuid import UUID
 
 import redis
 from django.conf import settings
 from django.db import connection
+from kombu.exceptions import KombuError
 
-from runtime import health
+from runtime import health, tasks
 
 from .budgets import Budget, Spent
 from .models import CreditAccount, KeyBudget, OwnerBudget, SpendDaily, UsageDaily
 
 QUEUE_DEPTH_TTL_S = 1.0
-PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: `<queue><sep><priority>`
 _queue_seen: list[float] = [0.0, 0.0]  # read at, depth
 # Whether an owner has budgets or a watched credit account, remembered per process this
 # long: an owner with neither costs a model step no query (a new budget applies within it).
@@ -185,37 +184,14 @@ def owner_figures(
     )
 
 
-@lru_cache(maxsize=1)
-def _broker() -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
-    )
-
-
-def queue_list_names() -> list[str]:
-    """The worker queue's priority lists in the broker (one per step, `<queue><sep><n>`)."""
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    sep = options.get("sep", PRIORITY_SEP)
-    return [queue if p == 0 else f"{queue}{sep}{p}" for p in options.get("priority_steps", [0])]
-
-
-def _broker_lengths() -> list[int]:
-    """The lengths of the worker queue's priority lists."""
-    with _broker().pipeline(transaction=False) as pipe:
-        for name in queue_list_names():
-            pipe.llen(name)
-        return pipe.execute()
-
-
 def queue_depth() -> int:
-    """Runs waiting in the worker queue (Redis broker), at most one read a second per process."""
+    """Runs waiting in the worker queue, at most one read a second per process."""
     now = time.monotonic()
     if now - _queue_seen[0] < QUEUE_DEPTH_TTL_S:
         return int(_queue_seen[1])
     try:
-        depth = sum(int(n) for n in _broker_lengths())
-    except (redis.RedisError, ValueError):
+        depth = tasks.queue_depth()
+    except (KombuError, redis.RedisError, OSError):
         depth = 0
     _queue_seen[:] = [now, float(depth)]
     return depth

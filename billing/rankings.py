@@ -20,6 +20,8 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
+from record.models import Agent, Session
+
 from .models import SpendDaily, UsageDaily
 
 GROUPS = ("user", "agent", "model", "key", "session", "day")
@@ -163,10 +165,9 @@ def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[
     if group not in ("user", "agent") or not keys:
         return {}
     column = "owner_id" if group == "user" else "agent_id"
-    session = apps.get_model("agent_sessions", "Session")
     since = timezone.now() - timedelta(hours=hours)
     rows = (
-        session.objects.filter(**{f"{column}__in": keys}, updated_at__gte=since)
+        Session.objects.filter(**{f"{column}__in": keys}, updated_at__gte=since)
         .values(column)
         .annotate(level=Max("degradation_level"))
     )
@@ -175,8 +176,7 @@ def degradation_levels(*, group: str, keys: list[str], hours: int = 24) -> dict[
 
 def _labels(group: str, keys: list[Any]) -> dict[Any, str]:
     if group == "agent":
-        agent = apps.get_model("agent_sessions", "Agent")
-        return dict(agent.objects.filter(pk__in=keys).values_list("pk", "slug"))
+        return dict(Agent.objects.filter(pk__in=keys).values_list("pk", "slug"))
     if group == "day":
         return {k: k.isoformat() for k in keys}
     if group == "model":
@@ -201,11 +201,9 @@ def _labels(group: str, keys: list[Any]) -> dict[Any, str]:
 def _session_rankings(
     start: date, end: date, metric: str, descending: bool, limit: int
 ) -> list[RankRow]:
-    # Looked up by name: billing never imports sessions.
-    session = apps.get_model("agent_sessions", "Session")
     field = metric if metric in ("cost", "input_tokens", "output_tokens") else "cost"
     rows = (
-        session.objects.filter(created_at__date__gte=start, created_at__date__lte=end)
+        Session.objects.filter(created_at__date__gte=start, created_at__date__lte=end)
         .order_by(f"-{field}" if descending else field, "pk")
         .values_list(
             "pk", "owner__username", "agent__slug", "input_tokens", "output_tokens", "cost"

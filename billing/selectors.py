@@ -13,6 +13,7 @@ from django.db.models import Count, DecimalField, F, OuterRef, Subquery, Sum, Va
 from django.db.models.functions import Coalesce
 
 from observability.readings import Gauge
+from record.models import Agent
 
 from .models import (
     CreditAccount,
@@ -173,7 +174,7 @@ def notices_banner(*, limit: int) -> tuple[list[BannerNotice], int]:
         if ids["owner"]
         else {}
     )
-    # Looked up by name: billing never imports accounts or sessions.
+    # Looked up by name: billing never imports accounts.
     names["key"] = (
         {
             pk: f"{name or prefix + '…'} of {owner}"
@@ -185,11 +186,7 @@ def notices_banner(*, limit: int) -> tuple[list[BannerNotice], int]:
         else {}
     )
     names["agent"] = (
-        dict(
-            apps.get_model("agent_sessions", "Agent")
-            .objects.filter(pk__in=ids["agent"])
-            .values_list("pk", "slug")
-        )
+        dict(Agent.objects.filter(pk__in=ids["agent"]).values_list("pk", "slug"))
         if ids["agent"]
         else {}
     )

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 
-from django.apps import apps
 from django.db import connection
+
+from record.models import Agent
 
 from .models import SpendDaily, UsageDaily
 
@@ -93,7 +94,5 @@ def spend_series(
 def _labels(stack: str, keys: list[object]) -> dict[object, str]:
     if stack != "agent":
         return {k: str(k) for k in keys}
-    # Looked up by name: billing never imports sessions.
-    agent = apps.get_model("agent_sessions", "Agent")
     ids = [k for k in keys if isinstance(k, int)]
-    return dict(agent.objects.filter(pk__in=ids).values_list("pk", "slug"))
+    return dict(Agent.objects.filter(pk__in=ids).values_list("pk", "slug"))

@@ -20,7 +20,7 @@ from billing.models import CreditPool
 from hooks.models import Schedule
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
-from tools.models import McpServer, Tool
+from tools.models import TOOL_SETTINGS, McpServer, Tool
 
 from . import services
 from .schema import DOCUMENT
@@ -63,7 +63,7 @@ SECTIONS = (
     Section(
         "tools",
         Tool,
-        services.TOOL_FIELDS,
+        TOOL_SETTINGS,
         {"name": "the tool's unique name, as the model sees it"},
         "Tools the model may call: HTTP or Python, gated by role, validated by schema.",
     ),

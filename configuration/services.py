@@ -35,7 +35,7 @@ from record.models import Agent, ModelEndpoint
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
-from tools.models import McpServer, Tool
+from tools.models import TOOL_SETTINGS, McpServer, Tool
 from tools.services import mcp_server_list, mcp_tools_store
 from workflows.definition import WorkflowInvalid
 from workflows.models import Workflow
@@ -68,40 +68,6 @@ MODEL_FIELDS = (
     "options",
     "rate_limit_calls_per_min",
     "rate_limit_tokens_per_min",
-    "retry",
-    "enabled",
-)
-TOOL_FIELDS = (
-    "description",
-    "result_description",
-    "kind",
-    "handler",
-    "url",
-    "method",
-    "headers",
-    "parameters",
-    "status_url",
-    "probe_handler",
-    "precheck_url",
-    "precheck_handler",
-    "idempotent",
-    "timeout_s",
-    "side_effects",
-    "requires_approval",
-    "risk_level",
-    "approval_when",
-    "approval_timeout_s",
-    "approval_on_timeout",
-    "approval_escalate_to",
-    "roles",
-    "credit_cost",
-    "value",
-    "cost",
-    "critical",
-    "rate_limit_calls_per_min",
-    "rate_limit_tokens_per_min",
-    "sla_rate",
-    "quota",
     "retry",
     "enabled",
 )
@@ -653,14 +619,14 @@ def config_apply(
                     "this environment; memory falls back to no vectors until it is"
                 )
         for i, entry in enumerate(document.get("tools") or []):
-            values = {k: entry[k] for k in TOOL_FIELDS if k in entry}
+            values = {k: entry[k] for k in TOOL_SETTINGS if k in entry}
             values.setdefault("parameters", {"type": "object", "properties": {}})
             notes = resolved("tools", i, values)
             done = _upsert(
                 Tool,
                 {"name": entry["name"]},
                 values,
-                TOOL_FIELDS,
+                TOOL_SETTINGS,
                 trail=trail,
                 entry=f"tool {entry['name']}",
             )

@@ -1,9 +1,12 @@
 """The engine: runs a session's steps and makes every change of its state.
 
-This is its whole public surface; the services (and only they, among the
-edges' callers) use it. Inside: `runner` (the run loop and lease), the phases
-(`model_phase`, `tool_phase`) that decide, `moves` that make every state
-change, and `commit` that writes a step atomically.
+This is its whole public surface (a contract forbids naming a module inside); its callers
+are the front doors' services: sessions/services/, openai_compat/services.py and
+workflows/services.py. Inside, top to bottom (docs/ARCHITECTURE.md): `runner/` (the run
+loop and its lease), `phases/` (the model step, the tool step, the workflow nodes),
+`run_cache.py`, `moves/` (every change of a session's state, built as a step), `gates/`
+(read and judge, never move), `model/` (the request assembled, the call) and `store/`
+(the one writer: a step committed atomically, importing only the record).
 """
 
 from engine.gates.client_tools import open_client_calls
@@ -48,7 +51,6 @@ __all__ = [
     "operator_finish",
     "operator_reply",
     "operator_tool_intent",
-    "operator_tool_result",
     "open_client_calls",
     "open_question",
     "pool_wake",

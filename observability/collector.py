@@ -18,12 +18,12 @@ from django.utils.module_loading import import_string
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runtime import tasks
+
 from .readings import Gauge
 
 logger = logging.getLogger(__name__)
 
-# Celery's Redis transport keeps one list per priority: "<queue>" and "<queue>\x06\x16<p>".
-PRIORITY_SEP = "\x06\x16"
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
@@ -35,12 +35,7 @@ def _redis() -> redis.Redis:
 def queue_gauges() -> list[Gauge]:
     """Runs waiting in the broker, per queue (all priorities together)."""
     queue = settings.CELERY_TASK_DEFAULT_QUEUE
-    client = _redis()
-    pipe = client.pipeline(transaction=False)
-    pipe.llen(queue)
-    for priority in range(1, 10):
-        pipe.llen(f"{queue}{PRIORITY_SEP}{priority}")
-    depth = sum(int(n) for n in pipe.execute())
+    depth = tasks.queue_depth()
     return [
         Gauge(
             "agent_queue_depth",

@@ -133,9 +133,7 @@ def chat_turn_post(
         locked = (
             None
             if pk is None
-            else Session.objects.select_for_update(of=("self",), no_key=True)
-            .filter(pk=pk, owner_id=owner_id)
-            .first()
+            else Session.objects.locked().filter(pk=pk, owner_id=owner_id).first()
         )
         if locked is None:
             raise NotFound(f"session {session_id} not found", code="session_not_found")
@@ -219,9 +217,7 @@ def chat_tool_results_post(
         locked = (
             None
             if pk is None
-            else Session.objects.select_for_update(of=("self",), no_key=True)
-            .filter(pk=pk, owner_id=owner_id)
-            .first()
+            else Session.objects.locked().filter(pk=pk, owner_id=owner_id).first()
         )
         if locked is None:
             raise NotFound(f"session {session_id} not found", code="session_not_found")

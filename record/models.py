@@ -268,6 +268,15 @@ class TurnOutcomeChoice(models.TextChoices):
     ERROR = TurnOutcome.ERROR.value, "error"
 
 
+class SessionQuerySet(models.QuerySet["Session"]):
+    def locked(self) -> "SessionQuerySet":
+        """The session rows locked until the transaction ends, the one idiom for it: only
+        the session's own row (a joined agent stays free: posts to the agent's other
+        sessions and an admin edit of the agent do not wait), FOR NO KEY UPDATE (rows that
+        reference the session may still be inserted meanwhile)."""
+        return self.select_for_update(of=("self",), no_key=True)
+
+
 class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of their own: session_agent_created and session_owner_created lead with them.
@@ -384,6 +393,8 @@ class Session(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SessionQuerySet.as_manager()
 
     class Meta:
         # The operator's controls beyond "change session" (cancel, resume): each can make

@@ -32,9 +32,9 @@ from uuid import UUID
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from psycopg import pq
-from psycopg.adapt import Transformer
-from psycopg.types.json import Jsonb
-from psycopg.types.numeric import Int2, Int4, Int8
+
+from runtime.fastpaths import sql_literals
+from runtime.fastpaths.sql_literals import JsonbText as JsonbText  # the step's jsonb values
 
 Statement = tuple[str, list[Any]]
 
@@ -91,25 +91,6 @@ def jsonb_value(value: Any) -> Any:
     digits, but not its sign at zero nor its exponent.
     """
     return json.loads(json.dumps(value), parse_float=_jsonb_float)
-
-
-def _as_is(text: str) -> str:
-    return text
-
-
-class JsonbText(Jsonb):
-    """A jsonb parameter given as its JSON text, made once by the caller and sent as is.
-
-    For a value whose text is needed elsewhere too (an event's payload is
-    also the published frame's): psycopg's own jsonb dumper, with a `dumps`
-    that returns the text it is handed, so the statement is byte for byte
-    what the value itself would have given, without a second json.dumps.
-    """
-
-    __slots__ = ()
-
-    def __init__(self, text: str):
-        super().__init__(text, dumps=_as_is)
 
 
 @lru_cache(maxsize=64)
@@ -284,84 +265,9 @@ def one_round_trip() -> bool:
     return not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
 
 
-def _quoted(text: str) -> bytes:
-    """libpq's PQescapeLiteral of UTF-8 text without NUL: quotes doubled; with a
-    backslash, an E'' literal (preceded by a space) with backslashes doubled too.
-    A multibyte UTF-8 sequence never holds either byte, so bytes are replaced as is."""
-    data = text.encode()
-    if b"\\" in data:
-        return b" E'" + data.replace(b"\\", b"\\\\").replace(b"'", b"''") + b"'"
-    return b"'" + data.replace(b"'", b"''") + b"'"
-
-
-_SIZED_INTS = frozenset((int, Int2, Int4, Int8))
-
-
-def _literal_of(slow: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    """psycopg's `as_literal`, with the step's common values quoted in Python.
-
-    Text (Django's str dumper: no type cast), integers (the field's sized int
-    types or plain: unquoted, a negative one after a space), finite decimals
-    (the same), booleans, UUIDs and `JsonbText` are what a step's batch is
-    made of: psycopg spends ~3 µs
-    a value on them (a dumper look-up and libpq's escaping through its
-    Python layer). Anything else, and text holding NUL (which psycopg refuses
-    with its own error), goes to psycopg.
-    """
-
-    def literal(value: Any) -> bytes:
-        kind = type(value)
-        if kind is str:
-            return slow(value) if "\x00" in value else _quoted(value)
-        if kind is bool:
-            return b"true" if value else b"false"
-        if kind in _SIZED_INTS:
-            return b"%d" % value if value >= 0 else b" %d" % value
-        if kind is UUID:
-            return b"'%s'::uuid" % value.hex.encode()
-        if kind is Decimal and value.is_finite():
-            text = str(value).encode()
-            return b" " + text if text[0] == 45 else text  # 45: "-"
-        if kind is JsonbText:
-            text = value.obj
-            return slow(value) if "\x00" in text else _quoted(text) + b"::jsonb"
-        return slow(value)
-
-    return literal
-
-
-# Values whose literal the fast path must give exactly as psycopg does on a
-# connection before it is used there (see _literals).
-_PROBES: tuple[Any, ...] = (
-    "plain",
-    "",
-    "it's",
-    "back\\slash and 'quote' \\'",
-    "ünïcødé ✓ \u2028 😀",
-    0,
-    7,
-    -7,
-    2**70,
-    -(2**70),
-    Int2(-3),
-    Int4(2**31 - 1),
-    Int8(-(2**40)),
-    Decimal("0.0012"),
-    Decimal("-1.5"),
-    Decimal("-0"),
-    Decimal("1E+3"),
-    Decimal("0E-10"),
-    True,
-    False,
-    UUID("12345678-1234-5678-1234-567812345678"),
-    JsonbText('{"a": "b\\n", "q": "it\'s"}'),
-    JsonbText('["\\u00e9", 1.5e+20, null]'),
-)
-
-
 class _Literals:
-    """How one driver connection turns values into SQL literals, and which of our
-    statements it has prepared."""
+    """How one driver connection turns values into SQL literals (the fast path's, or
+    psycopg's), and which of our statements it has prepared."""
 
     def __init__(self, raw: Any):
         # Names of the statements prepared on this connection. After a failed batch
@@ -369,22 +275,7 @@ class _Literals:
         # generation in the names moves on, so no name is ever prepared twice.
         self.prepared: set[str] = set()
         self.generation = 0
-        tx = Transformer.from_context(raw)  # one per connection: it caches its dumpers
-        self.slow: Callable[[Any], bytes] = tx.as_literal
-        fast = _literal_of(self.slow)
-        # The fast path reproduces libpq's escaping for UTF-8 and the dumpers psycopg
-        # registers by default: proven on this connection's own adapters before use.
-        self.fast: Callable[[Any], bytes] | None = (
-            fast
-            if raw.info.encoding == "utf-8" and all(fast(p) == self.slow(p) for p in _PROBES)
-            else None
-        )
-
-    def for_batch(self, raw: Any) -> Callable[[Any], bytes]:
-        # Literals do not depend on the setting (PQescapeLiteral writes E'' for a
-        # backslash either way); checked anyway, so nothing unusual takes the fast path.
-        on = raw.info.parameter_status("standard_conforming_strings") == "on"
-        return self.fast if self.fast is not None and on else self.slow
+        self.literals = sql_literals.Literals(raw)
 
 
 _literals: "weakref.WeakKeyDictionary[Any, _Literals]" = weakref.WeakKeyDictionary()
@@ -400,9 +291,9 @@ def _literals_of(raw: Any) -> _Literals:
 def _bound(raw: Any, statements: Sequence[Statement]) -> str:
     """The statements joined, with their parameters bound as SQL literals.
 
-    Exactly what psycopg's client-side binding sends (`as_literal` of each
-    value, NULL for None; the common types quoted in Python, see
-    `_literal_of`), but the placeholders are filled by `bytes % tuple`:
+    Exactly what psycopg's client-side binding sends (each value's literal, NULL
+    for None; the common types quoted in Python by runtime/fastpaths/sql_literals.py),
+    but the placeholders are filled by `bytes % tuple`:
     psycopg parses a query's placeholders in Python and caches that only for
     statements under 4 KB and 50 parameters, which a step's batch never is
     (~0.4 ms a step). The text is ours, so `%s` are its only placeholders and
@@ -416,7 +307,7 @@ def _filled(
 ) -> str:
     """`texts` joined into one batch, their `%s` filled with the statements' values."""
     encoding = raw.info.encoding
-    literal = literals.for_batch(raw)
+    literal = literals.literals.for_batch(raw)
     values = tuple(b"NULL" if p is None else literal(p) for _, params in statements for p in params)
     template = ";\n".join(texts).encode(encoding)
     return (template % values).decode(encoding)

@@ -7,8 +7,9 @@ answer, or 502 when no model could answer) cannot be an ordinary response, and
 must not wait on the request's thread either: a thread and a pooled database
 connection per waiting request would cap the platform at a few dozen of them.
 
-So the view returns a `DeferredResponse` at once, carrying an `Answer`: the
-handler (`DeferringASGIHandler`) then
+So the view returns a `DeferredResponse` at once, carrying an `Answer`: the first
+middleware (`DeferredResponseMiddleware`, or the fast path's handler in
+runtime/fastpaths/asgi_threads.py) then
 
 1. gives the request thread's database connection back to the pool (the view's
    thread is otherwise parked with it until the response ends) and leaves the
@@ -23,12 +24,15 @@ A server that does not know this protocol (WSGI, Django's test client) still get
 body: the response settles when its content is first read, too late for its status.
 """
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from asgiref.sync import markcoroutinefunction, sync_to_async
+from django.core.exceptions import MiddlewareNotUsed
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import (
     HttpRequest,
@@ -73,7 +77,7 @@ class DeferredResponse(StreamingHttpResponse):
 
     async def _content(self) -> AsyncIterator[bytes]:
         try:
-            await self.settle()  # already done under DeferringASGIHandler
+            await self.settle()  # already done by the middleware or the fast path's handler
             assert self._body is not None
             async for part in self._body:
                 yield part
@@ -86,30 +90,46 @@ def _give_back_connection() -> None:
         connection.close()
 
 
-class DeferringASGIHandler(ASGIHandler):
-    """Django's ASGI handler, settling a `DeferredResponse` before its head is sent."""
+# Set while a handler that settles deferred responses itself builds its middleware chain
+# (runtime/fastpaths/asgi_threads.py): the middleware stays out of that chain.
+handler_settles: ContextVar[bool] = ContextVar("handler_settles", default=False)
 
-    async def run_get_response(self, request: HttpRequest) -> HttpResponseBase:
-        response = await super().run_get_response(request)
-        if isinstance(response, DeferredResponse):
-            # On the request's own thread (thread-sensitive): that is where its connection is.
-            await sync_to_async(_give_back_connection, thread_sensitive=True)()
-            leave = getattr(request, "scope", {}).get(GATE_LEAVE)
-            if leave is not None:
-                leave()
+
+class DeferredResponseMiddleware:
+    """The first middleware: it settles a `DeferredResponse` on the event loop (async only:
+    Django runs the rest of the chain on the request's thread) before the handler sends
+    its head, having given the request thread's connection back and left the request gate."""
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Awaitable[Any]]) -> None:
+        if handler_settles.get():
+            raise MiddlewareNotUsed
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        response = await self.get_response(request)
+        if not isinstance(response, DeferredResponse) or not isinstance(request, ASGIRequest):
+            return response
+        await deferred_released(request)
+        try:
+            await response.settle()
+        except asyncio.CancelledError:  # the client went away
+            await response.aclose()
+            raise
+        except Exception:
+            logger.exception("a deferred response failed to settle")
+            await response.aclose()
+            return HttpResponseServerError()
         return response
 
-    async def send_response(self, response: HttpResponseBase, send: Any) -> None:
-        if not isinstance(response, DeferredResponse):
-            await super().send_response(response, send)
-            return
-        try:
-            try:
-                await response.settle()
-            except Exception:
-                logger.exception("a deferred response failed to settle")
-                await super().send_response(HttpResponseServerError(), send)
-                return
-            await super().send_response(response, send)
-        finally:
-            await response.aclose()
+
+async def deferred_released(request: HttpRequest) -> None:
+    """What a deferred response holds no longer: the connection of the request's thread
+    (on that thread: thread-sensitive) and its slot in the request gate."""
+    await sync_to_async(_give_back_connection, thread_sensitive=True)()
+    leave = getattr(request, "scope", {}).get(GATE_LEAVE)
+    if leave is not None:
+        leave()

@@ -216,10 +216,12 @@ def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, Non
     from billing import pressure
     from record import dispatch
     from runtime import health
+    from tests.stack import broker_queue_lists
 
     try:
         dispatch._sender.submit(lambda: None).result(timeout=10)  # what it still had to send
-        pressure._broker().delete(*pressure.queue_list_names())
+        broker, lists = broker_queue_lists()
+        broker.delete(*lists)
         beats = health._redis()
         names = [
             n.decode() if isinstance(n, bytes) else str(n)

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import redis
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,3 +275,13 @@ def _started_stack(
             stack.stop(name)
         for path in schedule.parent.glob(schedule.name + "*"):
             path.unlink(missing_ok=True)
+
+
+def broker_queue_lists() -> tuple[redis.Redis, list[str]]:
+    """The broker's client and the worker queue's lists, one per priority, for the tests that
+    read or empty it (kombu's Redis layout: `<queue>`, `<queue>\x06\x16<n>`; the product
+    counts the queue through kombu and knows no layout)."""
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0])
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+    return client, [queue if p == 0 else f"{queue}\x06\x16{p}" for p in steps]

@@ -20,7 +20,7 @@ from .descriptions import description_problems
 from .estimates import estimate_problems
 from .execution import tool_breaker
 from .forms import JSON_FIELD, breaker_badge, optional_count_field
-from .models import McpServer, RefreshState, Tool, ToolKind
+from .models import TOOL_SETTINGS, McpServer, RefreshState, Tool, ToolKind
 from .registry import HANDLERS
 from .services import RefreshNotQueued, mcp_server_refresh_queue
 from .stdio_policy import command_problem, env_problems
@@ -42,39 +42,7 @@ class ToolAdminForm(forms.ModelForm):
 
     class Meta:
         model = Tool
-        fields = (
-            "name",
-            "enabled",
-            "description",
-            "result_description",
-            "parameters",
-            "kind",
-            "handler",
-            "url",
-            "method",
-            "headers",
-            "timeout_s",
-            "retry",
-            "status_url",
-            "probe_handler",
-            "precheck_url",
-            "precheck_handler",
-            "idempotent",
-            "side_effects",
-            "requires_approval",
-            "risk_level",
-            "approval_when",
-            "approval_timeout_s",
-            "approval_on_timeout",
-            "approval_escalate_to",
-            "roles",
-            "credit_cost",
-            "value",
-            "cost",
-            "critical",
-            "rate_limit_calls_per_min",
-            "rate_limit_tokens_per_min",
-        )
+        fields = ("name", *TOOL_SETTINGS)
         widgets = {
             "description": forms.Textarea(attrs={"rows": 4, "cols": 100}),
             "result_description": forms.Textarea(attrs={"rows": 2, "cols": 100}),

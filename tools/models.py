@@ -115,6 +115,44 @@ def quota_problem(quota: object) -> str | None:
     return None
 
 
+# What an operator sets on a tool, by config file (configuration/) or in the admin's form,
+# in this order; `name` is its key.
+TOOL_SETTINGS = (
+    "description",
+    "result_description",
+    "kind",
+    "handler",
+    "url",
+    "method",
+    "headers",
+    "parameters",
+    "status_url",
+    "probe_handler",
+    "precheck_url",
+    "precheck_handler",
+    "idempotent",
+    "timeout_s",
+    "side_effects",
+    "requires_approval",
+    "risk_level",
+    "approval_when",
+    "approval_timeout_s",
+    "approval_on_timeout",
+    "approval_escalate_to",
+    "roles",
+    "credit_cost",
+    "value",
+    "cost",
+    "critical",
+    "rate_limit_calls_per_min",
+    "rate_limit_tokens_per_min",
+    "sla_rate",
+    "quota",
+    "retry",
+    "enabled",
+)
+
+
 class Tool(models.Model):
     """A tool as data: what the model sees and how the executor runs it."""
 

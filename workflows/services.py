@@ -22,7 +22,7 @@ from memory.tokens import count_message_tokens
 from record import dispatch
 from record.errors import Conflict, InvalidInput, NotFound
 from record.models import Agent, Message, ModelEndpoint, Session
-from sessions.services.grants import session_role_check
+from sessions.services import session_role_check
 
 from .definition import Definition, WorkflowInvalid
 from .graph_svg import REVISION, workflow_picture

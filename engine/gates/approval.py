@@ -111,20 +111,7 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
             session_id=session.pk, tool_name=tool.name, arguments=call.input
         ):
             continue
-        fresh.append(
-            approval_request(
-                session_id=session.pk,
-                turn=session.turn,
-                step=call.step,
-                tool_call_id=call.pk,
-                call_position=call.position,
-                tool=tool,
-                arguments=call.input,
-                reason=reason,
-                now=now,
-                risk_level=call.risk_level,
-            )
-        )
+        fresh.append(approval_request(call=call, tool=tool, reason=reason, now=now))
     gate.requests, gate.pending = fresh, pending
     return gate
 

@@ -145,16 +145,10 @@ def recovery_reviews_open(
     now = timezone.now()
     reviews = [
         approval_request(
-            session_id=session.pk,
-            turn=session.turn,
-            step=call.step,
-            tool_call_id=call.pk,
-            call_position=call.position,
+            call=call,
             tool=tools[call.tool_name],
-            arguments=call.input,
             reason=reason,
             now=now,
-            risk_level=call.risk_level,
             kind=ApprovalKind.RECOVERY_REVIEW,
         )
         for call, reason in uncertain

@@ -55,6 +55,16 @@ FAST_PATHS: dict[str, FastPath] = {
             {"celery": ">=5.5,<5.8", "kombu": ">=5.5,<5.8"},
         ),
         FastPath(
+            "sql_literals",
+            "a step's common values quoted in Python, not by psycopg's dumpers",
+            {"psycopg": ">=3.2,<3.4"},
+        ),
+        FastPath(
+            "drf_fields",
+            "a read-only serializer's fields built once per class, not per response",
+            {"djangorestframework": ">=3.15,<3.19"},
+        ),
+        FastPath(
             "asgi_threads",
             "an HTTP request's middleware chain and view run in one thread hop, on a kept thread",
             {"django": ">=5.2,<5.3", "asgiref": ">=3.8,<3.14"},

@@ -21,12 +21,14 @@ sync code still runs on one thread, so it keeps one database connection from
 have their own thread, as before.
 
 It relies on Django's handler internals (`load_middleware(is_async=...)`,
-`handle`, `get_response_async`) and asgiref's `ThreadSensitiveContext`
+`handle`, `get_response_async`, `run_get_response` and `send_response`, where a
+`DeferredResponse` settles) and asgiref's `ThreadSensitiveContext`
 executor; the versions it was written for are in runtime/fastpaths/__init__.py.
-Off, `http_application()` is Django's own ASGIHandler (both settle a
-`DeferredResponse` before its head: runtime/deferred_response.py).
+Off, `http_application()` is Django's own ASGIHandler (a `DeferredResponse`
+settles in its first middleware then: runtime/deferred_response.py).
 """
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -35,10 +37,12 @@ from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase, HttpResponseServerError
 
 from runtime import fastpaths
-from runtime.deferred_response import DeferringASGIHandler
+from runtime.deferred_response import DeferredResponse, deferred_released, handler_settles
+
+logger = logging.getLogger(__name__)
 
 # Idle threads kept for the next requests. The request gate lets
 # WEB_MAX_CONCURRENT_REQUESTS (16) requests into Django at once, so a process
@@ -113,10 +117,18 @@ request_threads = RequestThreads()
 os.register_at_fork(after_in_child=lambda: request_threads.after_fork())
 
 
-class SyncChainASGIHandler(DeferringASGIHandler):
+class SyncChainASGIHandler(ASGIHandler):
+    """Django's handler with the sync chain, settling a `DeferredResponse` on the loop
+    between the view and the head (the sync chain's DeferredResponseMiddleware cannot)."""
+
     def __init__(self) -> None:
-        # Not ASGIHandler.__init__: that builds the async chain.
-        self.load_middleware(is_async=False)
+        # Not ASGIHandler.__init__: that builds the async chain. This handler settles a
+        # deferred response itself, on the loop: DeferredResponseMiddleware stays out.
+        token = handler_settles.set(True)
+        try:
+            self.load_middleware(is_async=False)
+        finally:
+            handler_settles.reset(token)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -133,10 +145,31 @@ class SyncChainASGIHandler(DeferringASGIHandler):
         response: Any = await sync_to_async(self.get_response, thread_sensitive=True)(request)
         return response
 
+    async def run_get_response(self, request: HttpRequest) -> HttpResponseBase:
+        response = await super().run_get_response(request)
+        if isinstance(response, DeferredResponse):
+            await deferred_released(request)
+        return response
+
+    async def send_response(self, response: HttpResponseBase, send: Any) -> None:
+        if not isinstance(response, DeferredResponse):
+            await super().send_response(response, send)
+            return
+        try:
+            try:
+                await response.settle()
+            except Exception:
+                logger.exception("a deferred response failed to settle")
+                await super().send_response(HttpResponseServerError(), send)
+                return
+            await super().send_response(response, send)
+        finally:
+            await response.aclose()
+
 
 def http_application() -> ASGIHandler:
     """The HTTP application daphne serves: this one, or Django's with the fast path off
-    (either settles a DeferredResponse before sending its head)."""
+    (there runtime.deferred_response.DeferredResponseMiddleware settles a DeferredResponse)."""
     if fastpaths.enabled("asgi_threads"):
         return SyncChainASGIHandler()
-    return DeferringASGIHandler()
+    return ASGIHandler()

@@ -8,6 +8,7 @@ from record.errors import PayloadTooLarge
 from record.events import CALL_KINDS, TurnOutcome
 from record.json_limits import JsonRejected, json_check
 from record.models import Agent, Checkpoint, Event, Message, Session
+from runtime.fastpaths.drf_fields import FieldsBuiltOnce
 
 
 class _StringsOnly:
@@ -118,35 +119,14 @@ class MessageCreateSerializer(StrictSerializer):
     webhook = WebhookField(required=False)
 
 
-_built_fields: dict[type, list[serializers.Field]] = {}
-
-
-# For read-only serializers: the readable fields are built once per class.
-#
-# DRF builds a ModelSerializer's fields, and deep-copies them, for every instance: a third
-# of a millisecond of CPU per response here, more than the representation itself. The
-# fields hold no state of a response; they are bound once to an instance of the class,
-# whose methods they may call (a SerializerMethodField's), and that instance takes no
-# context. The output is the same dict DRF builds (tests/sessions/api/test_serializers.py).
-# (A comment, not a docstring: the API schema would show a docstring as each serializer's
-# description.)
-class _FieldsBuiltOnce:
-    @property
-    def _readable_fields(self) -> list[serializers.Field]:
-        cls = type(self)
-        fields = _built_fields.get(cls)
-        if fields is None:
-            fields = _built_fields[cls] = list(super(_FieldsBuiltOnce, cls())._readable_fields)  # type: ignore[misc]
-        return fields
-
-
-class UsageSerializer(_FieldsBuiltOnce, serializers.Serializer):
+# Read-only serializers build their fields once per class (runtime/fastpaths/drf_fields.py).
+class UsageSerializer(FieldsBuiltOnce, serializers.Serializer):
     input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
     cost = serializers.DecimalField(max_digits=14, decimal_places=6)
 
 
-class WorkflowRunSerializer(_FieldsBuiltOnce, serializers.Serializer):
+class WorkflowRunSerializer(FieldsBuiltOnce, serializers.Serializer):
     slug = serializers.CharField()
     version = serializers.IntegerField()
     active = serializers.ListField(child=serializers.CharField())
@@ -156,7 +136,7 @@ class WorkflowRunSerializer(_FieldsBuiltOnce, serializers.Serializer):
     )
 
 
-class CallCountsSerializer(_FieldsBuiltOnce, serializers.Serializer):
+class CallCountsSerializer(FieldsBuiltOnce, serializers.Serializer):
     ok = serializers.IntegerField(help_text="Ran and succeeded.")
     failed = serializers.IntegerField(help_text="Ran and failed or timed out, or was held back.")
     rejected = serializers.IntegerField(
@@ -166,7 +146,7 @@ class CallCountsSerializer(_FieldsBuiltOnce, serializers.Serializer):
     unpaid = serializers.IntegerField(help_text="The owner's credit points could not pay for it.")
 
 
-class LastTurnSerializer(_FieldsBuiltOnce, serializers.Serializer):
+class LastTurnSerializer(FieldsBuiltOnce, serializers.Serializer):
     turn = serializers.IntegerField()
     outcome = serializers.ChoiceField(
         choices=[o.value for o in TurnOutcome],
@@ -177,7 +157,7 @@ class LastTurnSerializer(_FieldsBuiltOnce, serializers.Serializer):
     calls = CallCountsSerializer(help_text="The turn's tool calls by how they ended.")
 
 
-class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
+class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     usage = serializers.SerializerMethodField()
     workflow = serializers.SerializerMethodField()
@@ -249,7 +229,7 @@ class SessionSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
         return dict(UsageSerializer(usage).data)
 
 
-class MessageSerializer(_FieldsBuiltOnce, serializers.ModelSerializer):
+class MessageSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     class Meta:
         model = Message
         fields = [

@@ -19,6 +19,7 @@ from approvals.policy import four_eyes_forbids
 from approvals.selectors import approval_get, approval_pending_exists, approvals_due
 from approvals.services import (
     SYSTEM_ACTOR,
+    Decision,
     approval_arguments_check,
     approval_resolve,
 )
@@ -48,20 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 def _approval_apply(
-    *,
-    approval: Approval,
-    outcome: Outcome,
-    actor: str,
-    user: User | None = None,
-    comment: str = "",
-    edited_arguments: dict[str, Any] | None = None,
-    remember: bool = False,
-    escalate_to: str = "",
-    deadline: Any = None,
-    answer: str = "",
-    answer_result: Any = None,
-    within_deadline: bool = False,
-    key_prefix: str = "",
+    *, approval: Approval, decision: Decision, key_prefix: str = ""
 ) -> Approval | None:
     """Resolve one approval and record it on its session, in one short transaction.
 
@@ -72,33 +60,18 @@ def _approval_apply(
     and a worker is woken after commit. The decision's audit entry commits with it.
     """
     with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(
-            pk=approval.session_id
-        )
-        resolved = approval_resolve(
-            approval=approval,
-            outcome=outcome,
-            actor=actor,
-            user=user,
-            comment=comment,
-            edited_arguments=edited_arguments,
-            remember=remember,
-            escalate_to=escalate_to,
-            deadline=deadline,
-            answer=answer,
-            answer_result=answer_result,
-            within_deadline=within_deadline,
-        )
+        locked = Session.objects.locked().get(pk=approval.session_id)
+        resolved = approval_resolve(approval=approval, decision=decision)
         if resolved is None:
             return None
         _decision_audit(
             approval=resolved,
-            outcome=outcome,
-            actor=actor,
-            user=user,
+            outcome=decision.outcome,
+            actor=decision.actor,
+            user=decision.user,
             owner_id=locked.owner_id,
             key_prefix=key_prefix,
-            reason=comment,
+            reason=decision.comment,
         )
         if State(locked.state) == State.AWAITING_APPROVAL:
             resume = not approval_pending_exists(session_id=locked.pk)
@@ -106,14 +79,16 @@ def _approval_apply(
             # answer) may be undone for a while: the run goes on after that.
             undo_s = (
                 settings.APPROVAL_UNDO_S
-                if user is not None and not answer and approval.kind == ApprovalKind.TOOL_CALL
+                if decision.user is not None
+                and not decision.answer
+                and approval.kind == ApprovalKind.TOOL_CALL
                 else 0.0
             )
             approval_recorded(
                 session=locked,
                 approval=resolved,
-                outcome=outcome,
-                by=actor,
+                outcome=decision.outcome,
+                by=decision.actor,
                 resume=resume,
                 undo_s=undo_s,
             )
@@ -212,13 +187,15 @@ def approval_decide(
         edited = _edited_arguments(approval, arguments)
     resolved = _approval_apply(
         approval=approval,
-        outcome=Outcome.APPROVED if approve else Outcome.REJECTED,
-        actor=user.get_username(),
-        user=user,
-        comment=comment,
-        edited_arguments=edited,
-        remember=remember and approve,
-        within_deadline=True,
+        decision=Decision(
+            Outcome.APPROVED if approve else Outcome.REJECTED,
+            user.get_username(),
+            user=user,
+            comment=comment,
+            edited_arguments=edited,
+            remember=remember and approve,
+            within_deadline=True,
+        ),
         key_prefix=key_prefix,
     )
     if resolved is None:
@@ -271,11 +248,7 @@ def approval_change(
     actor = user.get_username()
     with transaction.atomic():
         # The database's clock, as the undo window's lease was set by it.
-        locked = (
-            Session.objects.select_for_update(of=("self",), no_key=True)
-            .annotate(db_now=Now())
-            .get(pk=approval.session_id)
-        )
+        locked = Session.objects.locked().annotate(db_now=Now()).get(pk=approval.session_id)
         call = (
             ToolCall.objects.select_for_update().filter(pk=approval.tool_call_id).first()
             if approval.tool_call_id
@@ -456,13 +429,15 @@ def review_answer(
         raise _resolved_conflict(approval)
     resolved = _approval_apply(
         approval=approval,
-        # The call goes on (as it was, or sent again) or is closed as not having happened.
-        outcome=Outcome.REJECTED if answer == ReviewAnswer.NOT_TAKEN else Outcome.APPROVED,
-        actor=user.get_username(),
-        user=user,
-        comment=comment,
-        answer=answer,
-        answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
+        decision=Decision(
+            # The call goes on (as it was, or sent again) or is closed as not having happened.
+            Outcome.REJECTED if answer == ReviewAnswer.NOT_TAKEN else Outcome.APPROVED,
+            user.get_username(),
+            user=user,
+            comment=comment,
+            answer=answer,
+            answer_result=result if answer == ReviewAnswer.TOOK_EFFECT else None,
+        ),
         key_prefix=key_prefix,
     )
     if resolved is None:
@@ -563,13 +538,15 @@ def approvals_expire_due(*, limit: int = 100) -> list[str]:
             outcome, comment = Outcome.EXPIRED, "no decision before the deadline"
         resolved = _approval_apply(
             approval=approval,
-            outcome=outcome,
-            actor=SYSTEM_ACTOR,
-            comment=comment,
-            escalate_to=approval.escalate_to,
-            deadline=timezone.now() + timedelta(seconds=approval.timeout_s)
-            if outcome == Outcome.ESCALATED
-            else None,
+            decision=Decision(
+                outcome,
+                SYSTEM_ACTOR,
+                comment=comment,
+                escalate_to=approval.escalate_to,
+                deadline=timezone.now() + timedelta(seconds=approval.timeout_s)
+                if outcome == Outcome.ESCALATED
+                else None,
+            ),
         )
         if resolved is not None:
             done.append(str(approval.pk))

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import F
 
 from engine import (
     INTERRUPT_REASON,
@@ -175,18 +175,14 @@ def message_post_for_owner(
         return posted
 
 
-def _session_lock() -> QuerySet[Session]:
-    # Only the session row: posts to other sessions of the agent and an
-    # admin edit of the agent must not wait for this one.
-    return Session.objects.select_for_update(of=("self",), no_key=True).select_related("agent")
-
-
 # Every posted message (REST, websocket): compiled once (runtime/fastpaths/prepared.py).
 _session_locked: PreparedQuery[Session] = PreparedQuery(
-    lambda pk: _session_lock().filter(pk=pk), example=[UUID(int=0)]
+    lambda pk: Session.objects.locked().select_related("agent").filter(pk=pk), example=[UUID(int=0)]
 )
 _session_of_owner_locked: PreparedQuery[Session] = PreparedQuery(
-    lambda pk, owner_id: _session_lock().filter(pk=pk, owner_id=owner_id),
+    lambda pk, owner_id: (
+        Session.objects.locked().select_related("agent").filter(pk=pk, owner_id=owner_id)
+    ),
     example=[UUID(int=0), 0],
 )
 

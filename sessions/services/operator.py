@@ -73,9 +73,7 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
     message as the answer. A running step must be cancelled first (409)."""
     content = _operator_content(content)
     with transaction.atomic():
-        locked = _conversation(
-            Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
-        )
+        locked = _conversation(Session.objects.locked().get(pk=session.pk))
         state = State(locked.state)
         if state not in WAITING:
             raise Conflict(
@@ -107,9 +105,7 @@ def session_force_finish(*, session: Session, content: str, actor: str) -> Sessi
 
 def _taken_over(session: Session) -> Session:
     """The locked session, if no turn runs or waits (takeover happens between turns)."""
-    locked = _conversation(
-        Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
-    )
+    locked = _conversation(Session.objects.locked().get(pk=session.pk))
     if State(locked.state) not in TURN_ENDED:
         raise Conflict(
             f"the session is {locked.state}: cancel or force-finish its turn before taking over",

@@ -81,7 +81,7 @@ def session_cancel(
     trail (its children's cascade is not: it follows from this one).
     """
     with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        locked = Session.objects.locked().get(pk=session.pk)
         state = locked.state
         interrupted = turn_interrupt(locked, reason=reason, actor=actor)
         if interrupted and audited:
@@ -135,7 +135,7 @@ def session_resume(
     """Continue a run that stopped in `error`, from where it stopped. A key's request
     (`key_roles` given) needs the session's role; an operator's (None) does not."""
     with transaction.atomic():
-        locked = Session.objects.select_for_update(of=("self",), no_key=True).get(pk=session.pk)
+        locked = Session.objects.locked().get(pk=session.pk)
         if key_roles is not None:
             session_role_check(role=locked.role, key_roles=key_roles)
         if State(locked.state) != State.ERROR:

@@ -216,7 +216,7 @@ def questions_expire_due(*, limit: int = 100) -> list[str]:
     for session in due:
         with transaction.atomic():
             locked = (
-                Session.objects.select_for_update(of=("self",), no_key=True)
+                Session.objects.locked()
                 .filter(pk=session.pk, state=State.PAUSED_FOR_USER.value)
                 .first()
             )

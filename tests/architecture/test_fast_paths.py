@@ -9,6 +9,8 @@ on anything but `self`/`cls` is private to a library unless the product itself d
 """
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
 
 from tests.architecture.test_import_contracts import ROOT, ROOT_PACKAGES
@@ -101,4 +103,73 @@ def test_a_planted_private_read_outside_the_fence_is_found() -> None:
     assert foreign_private_reads(ast.parse(planted), own) == [
         (lines + 4, "_shards"),
         (lines + 4, "_kwargs"),
+    ]
+
+
+# A private method overridden is a private attribute read too (the library calls ours in its
+# place): DRF's `_readable_fields` was, outside the fence. Read from the classes themselves.
+
+
+def _library_privates_overridden(classes: list[type]) -> list[tuple[str, str, str]]:
+    """(class, name, library module) for each private method or property a product class in
+    `classes` (or a product class it inherits) defines over a library class's."""
+    found = []
+    for cls in classes:
+        mro = cls.__mro__
+        for i, own in enumerate(mro):
+            if own.__module__.split(".")[0] not in ROOT_PACKAGES or own.__module__.startswith(
+                "runtime.fastpaths"
+            ):
+                continue
+            for name, value in vars(own).items():
+                if not _private(name) or name.endswith("_"):  # _sunder_: enum's own
+                    continue
+                if not (inspect.isfunction(value) or isinstance(value, property | classmethod)):
+                    continue
+                library = next(
+                    (
+                        base.__module__
+                        for base in mro[i + 1 :]
+                        if base.__module__.split(".")[0] not in ROOT_PACKAGES and name in vars(base)
+                    ),
+                    None,
+                )
+                if library is not None:
+                    found.append((f"{own.__module__}.{own.__qualname__}", name, library))
+    return found
+
+
+def _product_classes() -> list[type]:
+    classes: list[type] = []
+    for path in _product_files():
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if module.startswith("agentplatform.") or FENCE in path.parents:
+            continue  # the wiring (asgi, wsgi build applications on import); the fence
+        classes += [
+            value
+            for value in vars(importlib.import_module(module)).values()
+            if inspect.isclass(value) and value.__module__ == module
+        ]
+    return classes
+
+
+def test_no_product_class_overrides_a_librarys_private_method_outside_the_fence() -> None:
+    assert _library_privates_overridden(_product_classes()) == []
+
+
+def test_an_overridden_private_method_is_found() -> None:
+    from rest_framework import serializers
+
+    class Planted(serializers.Serializer):
+        @property
+        def _readable_fields(self):  # type: ignore[no-untyped-def]
+            return []
+
+    Planted.__module__ = "sessions.api.serializers"
+    assert _library_privates_overridden([Planted]) == [
+        (
+            "sessions.api.serializers." + Planted.__qualname__,
+            "_readable_fields",
+            "rest_framework.serializers",
+        )
     ]

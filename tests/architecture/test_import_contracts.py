@@ -32,6 +32,11 @@ NOT_PRODUCT = {"tests", "bench", "devstack"}
 ENGINE_PATHS = ["engine"]
 
 LAYERS = "sessions layers follow the import direction"
+FLOORS = "The product's floors: edges, front door, engine, ports, record, runtime"
+RECORD = "The record imports only runtime and observability"
+# What import-linter cannot see (it draws modules, not names or strings): read from the source.
+PRIVATE_NAMES = "A private name stays in its package"
+RECORD_BY_LABEL = "No app looks the record's models up by label"
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ PLANTS: dict[str, list[Plant]] = {
         # A module no layer names.
         Plant("sessions/stray.py", "STRAY = 1", new=True),
     ],
-    "The product's floors: edges, front door, engine, ports, record, runtime": [
+    FLOORS: [
         # The engine calling up into the front door; the record into the engine.
         Plant("engine/moves/turn.py", "import sessions.services"),
         Plant("engine/runner/loop.py", "from sessions.selectors import session_get_for_owner"),
@@ -86,10 +91,11 @@ PLANTS: dict[str, list[Plant]] = {
     "Ports, runtime and accounts never import sessions or the engine": [
         Plant("memory/services.py", "from engine import session_run"),
         Plant("tools/execution.py", "import sessions.services"),
-        Plant("memory/tokens.py", "from sessions import models"),
+        Plant("memory/tokens.py", "from sessions import selectors"),
+        Plant("billing/apps.py", "import sessions.services"),
+    ],
+    "Observability, accounts and llm never import the record": [
         Plant("llm/base.py", "from record.states import State"),
-        Plant("billing/apps.py", "import record.models"),
-        Plant("runtime/faults.py", "import record.errors"),
         Plant("accounts/models.py", "from record.models import Session"),
         Plant("observability/tracing.py", "from record.models import Session"),
     ],
@@ -106,6 +112,7 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("runtime/breaker.py", "from accounts import models"),
         Plant("runtime/faults.py", "import configuration.schema"),
         Plant("runtime/breaker.py", "import observability.metrics"),
+        Plant("runtime/faults.py", "import record.errors"),
     ],
     "llm imports no other port but the token counter": [
         Plant("llm/base.py", "import tools.registry"),
@@ -124,9 +131,12 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("record/states.py", "from django.db import models"),
         Plant("record/events.py", "from django.utils import timezone"),
     ],
-    "Session models know no ports": [
+    RECORD: [
         Plant("record/models.py", "from tools.models import Tool"),
         Plant("record/errors.py", "import llm.types"),
+        Plant("record/rows.py", "from sessions import services"),
+        Plant("record/dispatch.py", "from accounts.models import ApiKey"),
+        Plant("record/states.py", "import workflows.definition"),
     ],
     "The engine and services know no edges": [
         Plant("engine/moves/turn.py", "from rest_framework import serializers"),
@@ -158,11 +168,23 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("approvals/api.py", "from sessions import consumers"),
         Plant("tools/admin.py", "from sessions.admin import display"),
         Plant("sessions/admin/records.py", "from audit import admin"),
+        # The OpenAI endpoint's streaming half is an edge too.
+        Plant("openai_compat/relay.py", "from sessions.api import views"),
     ],
     "The engine is entered through its public surface only": [
         Plant("sessions/services/runs.py", "from engine.store.commit import step_commit"),
         Plant("sessions/admin/sessions.py", "from engine import moves"),
         Plant("approvals/services.py", "import engine.runner.loop"),
+        # The two that used to pass: the REST edges' shared module, the admin's previews.
+        Plant("restapi/errors.py", "from engine.store.commit import step_commit"),
+        Plant("sessions/previews.py", "from engine.gates.risk import calls_assess"),
+        Plant("record/rows.py", "import engine.store.open_calls"),
+    ],
+    "The front door is entered through sessions.services only": [
+        # Another app reaching into one concern module (here for a private function).
+        Plant("workflows/services.py", "from sessions.services.messages import _content_check"),
+        Plant("openai_compat/services.py", "from sessions.services.runs import turn_interrupt"),
+        Plant("engine/moves/turn.py", "import sessions.services.grants"),
     ],
     "Only the edges and the dispatch port import Celery": [
         Plant("llm/base.py", "import celery"),
@@ -178,6 +200,124 @@ PLANTS: dict[str, list[Plant]] = {
         Plant("tools/execution.py", "import agentplatform.celery"),
     ],
 }
+
+
+# The source checks' planted cases (each must be found by its check below).
+SOURCE_PLANTS: dict[str, list[Plant]] = {
+    PRIVATE_NAMES: [
+        Plant("workflows/services.py", "from sessions.services.messages import _content_check"),
+        Plant("billing/rankings.py", "from record.rows import _prepared_form as prepared"),
+        Plant("tools/execution.py", "from memory.tokens import (\n    count,\n    _cache,\n)"),
+    ],
+    RECORD_BY_LABEL: [
+        Plant("billing/rankings.py", 'session = apps.get_model("agent_sessions", "Session")'),
+        Plant("billing/series.py", 'agent = django_apps.get_model("agent_sessions.Agent")'),
+        Plant(
+            "memory/services.py", "Message = get_model(label, 'Message')\nlabel = 'agent_sessions'"
+        ),
+    ],
+}
+
+# The 20 kinds of wrong import of the architecture review (issue 45), each caught: the plant
+# named here is one of a contract's (above) or of a source check's.
+KINDS: dict[str, tuple[str, Plant]] = {
+    "the engine calls up into the front door": (
+        FLOORS,
+        Plant("engine/moves/turn.py", "import sessions.services"),
+    ),
+    "the record calls up into the engine": (FLOORS, Plant("record/rows.py", "import engine")),
+    "the record reaches the front door": (
+        RECORD,
+        Plant("record/rows.py", "from sessions import services"),
+    ),
+    "a port reaches the engine": (
+        "Ports, runtime and accounts never import sessions or the engine",
+        Plant("memory/services.py", "from engine import session_run"),
+    ),
+    "process infrastructure reaches an app": (
+        "runtime imports no app",
+        Plant("runtime/faults.py", "import tools.registry"),
+    ),
+    "what the record stands on reaches the record": (
+        "Observability, accounts and llm never import the record",
+        Plant("observability/tracing.py", "from record.models import Session"),
+    ),
+    "the front door reaches an engine internal": (
+        "The engine is entered through its public surface only",
+        Plant("sessions/services/runs.py", "from engine.store.commit import step_commit"),
+    ),
+    "restapi reaches an engine internal": (
+        "The engine is entered through its public surface only",
+        Plant("restapi/errors.py", "from engine.store.commit import step_commit"),
+    ),
+    "the admin's previews reach an engine internal": (
+        "The engine is entered through its public surface only",
+        Plant("sessions/previews.py", "from engine.gates.risk import calls_assess"),
+    ),
+    "another app reaches a front-door concern module": (
+        "The front door is entered through sessions.services only",
+        Plant("workflows/services.py", "from sessions.services.messages import _content_check"),
+    ),
+    "another package's private function": (
+        PRIVATE_NAMES,
+        Plant("workflows/services.py", "from sessions.services.messages import _content_check"),
+    ),
+    "a port reads the record's tables by app label": (
+        RECORD_BY_LABEL,
+        Plant("billing/rankings.py", 'session = apps.get_model("agent_sessions", "Session")'),
+    ),
+    "an edge calls another app's edge": (
+        "No edge imports another app's edge",
+        Plant("openai_compat/api.py", "from sessions.api import views"),
+    ),
+    "the OpenAI relay calls the sessions' REST views": (
+        "No edge imports another app's edge",
+        Plant("openai_compat/relay.py", "from sessions.api import views"),
+    ),
+    "a core reaches its own app's edge": (
+        "Nothing below the edges imports an edge, of its own app or another",
+        Plant("tools/execution.py", "import tools.admin"),
+    ),
+    "the engine reaches DRF": (
+        "The engine and services know no edges",
+        Plant("engine/moves/turn.py", "from rest_framework import serializers"),
+    ),
+    "an engine floor reaches a floor above it": (
+        "The engine's floors: runner, phases, run cache, moves, gates, model, store",
+        Plant("engine/store/commit.py", "from engine.moves import turn"),
+    ),
+    "the store reaches a port": (
+        "The engine's store imports only the record",
+        Plant("engine/store/commit.py", "from billing.services import credits_grant"),
+    ),
+    "the pure-Python state table reaches Django": (
+        "The state table and the event types are pure Python",
+        Plant("record/states.py", "from django.db import models"),
+    ),
+    "a port reaches Celery": (
+        "Only the edges and the dispatch port import Celery",
+        Plant("llm/base.py", "import celery"),
+    ),
+}
+
+
+def test_each_kind_of_wrong_import_has_its_planted_case() -> None:
+    assert len(KINDS) == 20
+    missing = {
+        kind: plant
+        for kind, (check, plant) in KINDS.items()
+        if plant not in {**PLANTS, **SOURCE_PLANTS}[check]
+    }
+    assert missing == {}
+
+
+def test_the_record_contract_names_every_package_but_its_two() -> None:
+    (record,) = [c for c in IMPORTLINTER["contracts"] if c["name"] == RECORD]
+    assert set(record["forbidden_modules"]) == set(ROOT_PACKAGES) - {
+        "record",
+        "runtime",
+        "observability",
+    }
 
 
 @dataclass(frozen=True)
@@ -342,3 +482,102 @@ def test_django_admin_check_ignores_other_contrib_imports() -> None:
     assert (
         _django_admin_imports("from django.contrib import auth\nimport django.contrib.auth\n") == []
     )
+
+
+# Names and strings import-linter cannot see. A private name (`_x`) is its module's: another
+# package importing it couples to what its owner may change freely. The record's models are
+# imported, so that the import graph (and the contracts) see who reads them.
+
+
+def _product_files() -> list[Path]:
+    return [
+        path
+        for package in ROOT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.relative_to(ROOT).parts
+    ]
+
+
+def _private_imports(source: str, package: str) -> list[str]:
+    """`module._name` for each private name `source` (a module of `package`) imports from
+    another product package."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        top = node.module.split(".")[0]
+        if top == package or top not in ROOT_PACKAGES:
+            continue
+        found += [
+            f"{node.module}.{alias.name}"
+            for alias in node.names
+            if alias.name.startswith("_") and not alias.name.startswith("__")
+        ]
+    return found
+
+
+def _record_by_label(source: str) -> list[int]:
+    """Lines of `get_model(...)` calls naming the record's app label, directly or by a
+    module-level constant."""
+    tree = ast.parse(source)
+    constants = {
+        target.id: node.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    lines: list[int] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        first = node.args[0]
+        label = (
+            first.value
+            if isinstance(first, ast.Constant)
+            else constants.get(first.id)
+            if isinstance(first, ast.Name)
+            else None
+        )
+        if name == "get_model" and isinstance(label, str) and label.startswith("agent_sessions"):
+            lines.append(node.lineno)
+    return lines
+
+
+def _source_offenders(check: str, plant: Plant | None = None) -> dict[str, list[object]]:
+    offenders: dict[str, list[object]] = {}
+    for path in _product_files():
+        relative = str(path.relative_to(ROOT))
+        source = path.read_text()
+        if plant is not None and relative == plant.path:
+            source += "\n" + plant.line + "\n"
+        package = relative.split("/")[0]
+        if check == PRIVATE_NAMES:
+            found: list[object] = list(_private_imports(source, package))
+        elif package == "record":
+            found = []
+        else:
+            found = list(_record_by_label(source))
+        if found:
+            offenders[relative] = found
+    return offenders
+
+
+@pytest.mark.parametrize("check", list(SOURCE_PLANTS))
+def test_the_product_passes_the_source_check(check: str) -> None:
+    assert _source_offenders(check) == {}
+
+
+@pytest.mark.parametrize(
+    ("check", "plant"),
+    [
+        pytest.param(check, plant, id=f"{check} <- {plant.path}: {plant.line}")
+        for check, plants in SOURCE_PLANTS.items()
+        for plant in plants
+    ],
+)
+def test_a_planted_name_breaks_its_source_check(check: str, plant: Plant) -> None:
+    assert (ROOT / plant.path).is_file(), f"{plant.path} is gone"
+
+    assert plant.path in _source_offenders(check, plant)

@@ -5,6 +5,7 @@ page's layout names the packages that exist."""
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,13 @@ def test_the_url_check_finds_a_path_nobody_routes() -> None:
     ]
     with pytest.raises(Resolver404):
         resolve(f"/api/v1/sessions/{SAMPLE_ID}/nonsense/")
+
+
+def test_the_architecture_page_names_every_import_contract() -> None:
+    """The contracts listed (in bold) under "Import direction" are pyproject's, by name."""
+    page = (DOCS / "ARCHITECTURE.md").read_text()
+    section = page.split("## Import direction", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^- \*\*(.+?)\*\*", section, flags=re.M)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+    assert sorted(named) == sorted(contracts)

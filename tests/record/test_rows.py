@@ -19,13 +19,13 @@ from record.models import Event, Message, ModelCall, ToolCall
 from record.rows import (
     JsonbText,
     _bound,
-    _Literals,
     _savers,
     execute_batch,
     insert_statement,
     json_value,
     jsonb_value,
 )
+from runtime.fastpaths import sql_literals
 
 from ..factories import SessionFactory
 
@@ -205,11 +205,12 @@ HOSTILE: list[Any] = [
 ]
 
 
-def test_the_fast_literals_are_what_psycopg_binds() -> None:
+def test_the_fast_literals_are_what_psycopg_binds(settings: Any) -> None:
     """The Python quoting of the common types gives psycopg's bytes for hostile values."""
+    settings.FAST_PATHS = True
     with connection.cursor() as cursor:
         raw = connection.connection
-        assert _Literals(raw).fast is not None  # this connection takes the fast path
+        assert sql_literals.Literals(raw).fast is not None  # this connection takes the fast path
         for value in HOSTILE:
             statement = ("SELECT %s", [value])
             assert _bound(raw, [statement]) == cursor.cursor.mogrify(*statement), value
@@ -239,11 +240,12 @@ def test_what_psycopg_refuses_or_cuts_short_is_left_to_it(value: Any) -> None:
 
 
 def test_a_connection_that_quotes_otherwise_takes_psycopgs_path(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
+    settings.FAST_PATHS = True
     with connection.cursor() as cursor:
         raw = connection.connection
-        literals = _Literals(raw)
+        literals = sql_literals.Literals(raw)
         assert literals.for_batch(raw) is literals.fast
         cursor.execute("SET standard_conforming_strings = off")
         try:
@@ -251,8 +253,20 @@ def test_a_connection_that_quotes_otherwise_takes_psycopgs_path(
         finally:
             cursor.execute("SET standard_conforming_strings = on")
         # A probe the fast path would get wrong: the connection never uses it.
-        monkeypatch.setattr(rows, "_quoted", lambda text: b"'" + text.encode() + b"'")
-        assert _Literals(raw).fast is None
+        monkeypatch.setattr(sql_literals, "_quoted", lambda text: b"'" + text.encode() + b"'")
+        assert sql_literals.Literals(raw).fast is None
+
+
+def test_off_every_value_is_psycopgs_own_literal(settings: Any) -> None:
+    """FAST_PATHS=off: psycopg's public sql.Literal binds each value, the same bytes."""
+    settings.FAST_PATHS = False
+    with connection.cursor() as cursor:
+        raw = connection.connection
+        literals = sql_literals.Literals(raw)
+        assert literals.fast is None and literals.for_batch(raw) is literals.slow
+        for value in HOSTILE:
+            if value is not None:
+                assert literals.slow(value) == cursor.cursor.mogrify("%s", [value]).encode()
 
 
 # --- Prepared batches -------------------------------------------------------------------

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from django.core.handlers.asgi import ASGIHandler
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
 from agentplatform.request_gate import bounded
 from record.models import Agent
-from runtime.deferred_response import DeferredResponse, DeferringASGIHandler
+from runtime.deferred_response import DeferredResponse
 from runtime.fastpaths.asgi_threads import SyncChainASGIHandler
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,7 +104,7 @@ async def _call(app: Any, path_: str, disconnect: asyncio.Event | None = None) -
 def handler(request, settings):  # type: ignore[no-untyped-def]
     settings.ROOT_URLCONF = __name__
     _answers.clear()
-    return SyncChainASGIHandler() if request.param == "fast_path" else DeferringASGIHandler()
+    return SyncChainASGIHandler() if request.param == "fast_path" else ASGIHandler()
 
 
 def test_the_status_is_the_settled_one_and_the_wait_holds_no_connection_nor_gate_slot(

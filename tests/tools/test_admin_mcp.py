@@ -17,7 +17,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from audit.models import AuditEntry
-from billing import pressure
+from tests.stack import broker_queue_lists
 from tools import services
 from tools.models import McpServer, Tool
 from tools.tasks import mcp_server_refresh_run
@@ -44,9 +44,9 @@ def _refresh(client, *servers: McpServer) -> list[tuple[str, str]]:  # type: ign
 
 def _queued() -> list[tuple[str, list[Any]]]:
     """(task name, args) of each message waiting in this run's worker queue (the real broker)."""
-    broker = pressure._broker()
+    broker, lists = broker_queue_lists()
     found = []
-    for name in pressure.queue_list_names():
+    for name in lists:
         for raw in broker.lrange(name, 0, -1):
             message = json.loads(raw)
             args = json.loads(base64.b64decode(message["body"]))[0]

@@ -45,7 +45,7 @@ def test_the_row_is_the_orms_with_its_related_object_and_converted_values():
 def test_select_for_update_is_refused_outside_a_transaction_as_the_orm_does():
     session = SessionFactory()
     locking: PreparedQuery[Session] = PreparedQuery(
-        lambda pk: Session.objects.select_for_update(of=("self",), no_key=True).filter(pk=pk),
+        lambda pk: Session.objects.locked().filter(pk=pk),
         example=[UUID(int=0)],
     )
     with transaction.atomic():
@@ -85,7 +85,7 @@ def test_off_each_call_runs_the_queryset_through_the_orm(settings):
     assert fresh.first(session.pk, session.owner_id + 1) is None
 
     locking: PreparedQuery[Session] = PreparedQuery(
-        lambda pk: Session.objects.select_for_update(of=("self",), no_key=True).filter(pk=pk),
+        lambda pk: Session.objects.locked().filter(pk=pk),
         example=[UUID(int=0)],
     )
     with transaction.atomic():
