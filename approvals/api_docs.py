@@ -194,8 +194,8 @@ Errors: 400 `invalid_input` (an unknown `answer`), 403, 404, 409 `approval_resol
 )
 
 CHANGE_ERRORS = """
-Only while the call has not started: within the decision's undo window (`undo_until`,
-APPROVAL_UNDO_S). Errors: 403, 404, 409 `call_started` (the undo window closed, the call
+Only while the call has not started: within the decision's undo window (until
+`undo_until`, a few seconds after the decision). Errors: 403, 404, 409 `call_started` (the undo window closed, the call
 was sent or finished, a worker picked the run up, or the session moved on; `details.ran_at`
 says when the step ran), 409
 `approval_not_changeable` (a pending, expired or cancelled approval, or a recovery

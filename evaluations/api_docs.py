@@ -124,10 +124,10 @@ Follow it with `GET /api/v1/evaluations/{id}/`. Errors: 400 `invalid_input`,
 """,
     examples=[
         OpenApiExample(
-            "A candidate model on two sessions",
+            "A candidate system prompt on a session",
             value={
                 "sessions": [SESSION],
-                "candidate": {"model": "candidate"},
+                "candidate": {"system_prompt": "Answer in one short sentence."},
                 "allow_read_only_calls": False,
             },
             request_only=True,

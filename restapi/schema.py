@@ -13,7 +13,8 @@ than in a decorator on each view:
 - 409 when it POSTs to an existing resource (its state does not allow the action);
 - 413 and 415 when it takes a request body (too large, not JSON);
 - 429 when it requires an API key (an address with repeated failed
-  authentication is slowed down before its key is read) or is throttled.
+  authentication is slowed down before its key is read) or is throttled;
+- any other status the operation gives an example of (a 404 for an id in its body).
 """
 
 from typing import Any
@@ -156,7 +157,10 @@ class ErrorDocumentingAutoSchema(AutoSchema):
             statuses += [413, 415]
         if needs_key or self.view.get_throttles():
             statuses.append(429)
-        return statuses
+        # A status the operation gives an example of is one it answers (a 404 for an id
+        # named in the body, say), wherever its path is silent about it.
+        statuses += [s for s in ERROR_DESCRIPTIONS if s not in statuses and self._error_examples(s)]
+        return sorted(statuses)
 
 
 # The header of the requests that may be retried (docs/api.md "Retried requests").

@@ -17,8 +17,9 @@ from runtime import fastpaths
 _built: dict[type, list[Any]] = {}
 
 
+# Mixed in before a read-only DRF serializer class. No docstring on purpose: the schema
+# (drf-spectacular) would show an inherited one as every such serializer's description.
 class FieldsBuiltOnce:
-    """Mixed in before a read-only DRF serializer class."""
 
     @property
     def _readable_fields(self) -> Any:

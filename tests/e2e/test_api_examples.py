@@ -30,6 +30,7 @@ NOT_SENT = {
     ("post", "/api/v1/approvals/{approval_id}/withdraw/"): "needs a decided approval",
     ("post", "/api/v1/approvals/{approval_id}/change/"): "needs a decided approval",
     ("post", "/api/v1/sessions/{session_id}/resume/"): "needs a session in error",
+    ("post", "/api/v1/evaluations/{evaluation_id}/cancel/"): "needs an evaluation still running",
 }
 
 
@@ -106,6 +107,7 @@ def test_every_documented_request_example_works_on_the_demo(demo: Demo) -> None:
 
     examples_sent = 0
     operations_sent = set()
+    made: dict[str, str] = {}  # ids the examples made on the way (an evaluation's)
     for path, item in paths.items():
         for method, operation in item.items():
             if (method, path) in NOT_SENT:
@@ -116,7 +118,17 @@ def test_every_documented_request_example_works_on_the_demo(demo: Demo) -> None:
                 "session_id": run if path.endswith("/graph/") else conversation,
                 "slug": _path_example(operation, "slug"),
                 "model": _path_example(operation, "model"),
+                **made,
             }
+            if path == "/api/v1/evaluations/" and method == "post":
+                # The examples' session stands for one of yours: the conversation.
+                for body in _request_examples(operation):
+                    evaluation = demo.send(
+                        method, path, operation, {**body, "sessions": [conversation]}
+                    )
+                    made["evaluation_id"] = str(evaluation["id"])
+                    examples_sent += 1
+                continue
             if path == messages and method == "post":
                 # Each message example on a fresh session, as a client would send it.
                 for body in _request_examples(operation):

@@ -90,6 +90,13 @@ class Progress(Event):
     deadline: str | None = None
     # stage "client_tools": the calls of the client's own tools the turn waits on.
     calls: list[dict[str, Any]] = field(default_factory=list)
+    # stage "credits_wait": the paid calls wait for their credit pool, granted highest
+    # value / cost (`roi`) first; `note`: an estimate that failed and what stood in for it.
+    value: float | None = None
+    cost: int | None = None
+    roi: float | None = None
+    pool_free: int | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
