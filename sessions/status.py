@@ -73,6 +73,8 @@ _ENDED = {
     "error": OUTCOMES["error"],
 }
 UNKNOWN = Status("unknown", GREY, "quiet")
+# A workflow node's visit, in a call's words: it ran (ok), runs or waits (running), failed.
+NODES = {"visited": CALLS["ok"], "active": CALLS["running"], "failed": CALLS["failed"]}
 
 
 def call_key(status: str, refusal: str = "", *, waiting: bool = False) -> str:

@@ -12,6 +12,8 @@ from django.utils.safestring import SafeString, mark_safe
 from record.models import Checkpoint, Event, ModelCall, Session, ToolCall
 from workflows.selectors import run_graph_svg
 
+from ..status import NODES, UNKNOWN
+
 OUTPUT_PREVIEW_CHARS = 4000
 
 
@@ -57,6 +59,27 @@ class WorkflowRunView:
     active: list[str] = field(default_factory=list)
     result: str = ""
     error: str = ""
+
+    @property
+    def panel(self) -> dict[str, dict[str, Any]]:
+        """Per node what the panel beside the graph shows on a click, embedded in the page
+        as JSON (json_script) and written into the panel as text, never as markup."""
+        return {
+            r.node: {
+                "node": r.node,
+                "kind": r.kind,
+                "status": NODES.get(r.status, UNKNOWN).label,
+                "visits": r.visits,
+                "duration": r.duration,
+                "cost": r.cost_label,
+                "input": r.input,
+                "output": r.output,
+                "error": r.error,
+                "next": r.next,
+                "step": r.step,
+            }
+            for r in self.rows
+        }
 
 
 def _text(value: Any) -> str:
