@@ -69,6 +69,7 @@ class WorkflowRunView:
                 "node": r.node,
                 "kind": r.kind,
                 "status": NODES.get(r.status, UNKNOWN).label,
+                "colour": NODES.get(r.status, UNKNOWN).colour,
                 "visits": r.visits,
                 "duration": r.duration,
                 "cost": r.cost_label,
@@ -76,7 +77,7 @@ class WorkflowRunView:
                 "output": r.output,
                 "error": r.error,
                 "next": r.next,
-                "step": r.step,
+                "step": f"step {r.step}" if r.step else "",
             }
             for r in self.rows
         }
