@@ -12,7 +12,7 @@ from record.events import EventType
 from tools.rendering import FAILURE_MARKER
 
 from .. import selectors
-from ..status import NODES, UNKNOWN, Status, call_status
+from ..status import Status, call_status, node_status
 from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
@@ -48,6 +48,7 @@ class TimelineItem:
     node: str = ""
     mark: str = ""
     visit: int = 0
+    node_kind: str = ""
 
     @property
     def time_label(self) -> str:
@@ -148,22 +149,23 @@ def _call_node(call_id: Any) -> str:
     return str(call_id or "").partition("#")[0].partition(".")[0].partition("~")[0]
 
 
-def _node_of(entry: selectors.TimelineEntry) -> tuple[str, str, int]:
-    """(node, mark, visit) of a stored row, as TimelineItem keeps them."""
+def _node_of(entry: selectors.TimelineEntry) -> tuple[str, str, int, str]:
+    """(node, mark, visit, node kind) of a stored row, as TimelineItem keeps them."""
     r = entry.row
     data: dict[str, Any] = r["data"] if isinstance(r.get("data"), dict) else {}
     if entry.kind == "event":
         if r["type"] in NODE_MARKS:
-            return str(data.get("node", "")), NODE_MARKS[r["type"]], int(data.get("visit") or 1)
-        return _call_node(data.get("call_id")), "", 0
+            mark, visit = NODE_MARKS[r["type"]], int(data.get("visit") or 1)
+            return str(data.get("node", "")), mark, visit, str(data.get("kind", ""))
+        return _call_node(data.get("call_id")), "", 0, ""
     if entry.kind == "toolcall":
-        return _call_node(r.get("call_id")), "", 0
+        return _call_node(r.get("call_id")), "", 0, ""
     if entry.kind == "message":
-        return _call_node(r.get("tool_call_id")), "", 0
+        return _call_node(r.get("tool_call_id")), "", 0, ""
     if entry.kind == "checkpoint" and isinstance(r.get("context"), dict):
         settled = r["context"].get("nodes")  # the nodes the step settled
-        return (str(settled[0]) if isinstance(settled, list) and settled else ""), "", 0
-    return "", "", 0
+        return (str(settled[0]) if isinstance(settled, list) and settled else ""), "", 0, ""
+    return "", "", 0, ""
 
 
 @dataclass
@@ -173,12 +175,13 @@ class TimelineGroup:
 
     node: str
     visit: int = 0
-    state: str = ""  # NODES' keys: visited, active, failed
+    state: str = ""  # visited, active, failed (node_status)
+    kind: str = ""
     items: list[TimelineItem] = field(default_factory=list)
 
     @property
     def status(self) -> Status:
-        return NODES.get(self.state, UNKNOWN)
+        return node_status(self.state, self.kind)
 
 
 def group_by_node(items: list[TimelineItem]) -> list[TimelineGroup]:
@@ -196,7 +199,9 @@ def group_by_node(items: list[TimelineItem]) -> list[TimelineGroup]:
     for item in items:
         node = item.node
         if item.mark == "started" and node not in open_:
-            group = TimelineGroup(node=node, visit=item.visit, state="active", items=[item])
+            group = TimelineGroup(
+                node=node, visit=item.visit, state="active", kind=item.node_kind, items=[item]
+            )
             group.items += waiting.pop(node, [])
             groups.append(group)
             open_[node] = last[node] = group
@@ -268,7 +273,7 @@ def session_timeline(
             state=entry.state,
             tone=_tone(entry),
         )
-        item.node, item.mark, item.visit = _node_of(entry)
+        item.node, item.mark, item.visit, item.node_kind = _node_of(entry)
         if entry.kind == "event" and isinstance(entry.row.get("data"), dict):
             item.trace_id = str(entry.row["data"].get("trace_id") or "")
             item.trace_url = trace_url(item.trace_id)

@@ -12,7 +12,7 @@ from django.utils.safestring import SafeString, mark_safe
 from record.models import Checkpoint, Event, ModelCall, Session, ToolCall
 from workflows.selectors import run_graph_svg
 
-from ..status import NODES, UNKNOWN
+from ..status import Status, node_status
 
 OUTPUT_PREVIEW_CHARS = 4000
 
@@ -46,6 +46,10 @@ class NodeRow:
         return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
     @property
+    def status_word(self) -> Status:
+        return node_status(self.status, self.kind)
+
+    @property
     def cost_label(self) -> str:
         return f"{self.cost:.6f}".rstrip("0").rstrip(".") if self.cost else ""
 
@@ -68,8 +72,8 @@ class WorkflowRunView:
             r.node: {
                 "node": r.node,
                 "kind": r.kind,
-                "status": NODES.get(r.status, UNKNOWN).label,
-                "colour": NODES.get(r.status, UNKNOWN).colour,
+                "status": r.status_word.label,
+                "colour": r.status_word.colour,
                 "visits": r.visits,
                 "duration": r.duration,
                 "cost": r.cost_label,

@@ -211,7 +211,7 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
         < output.index('"customer": 9')
     )
     assert "Offer a coupon on SO-1: 3 customers were told" in rows["review"]["input"]
-    assert rows["review"]["status"] == "active"
+    assert rows["review"]["status"] == "waiting for approval"  # a person, not a run
     width, drawn = figures["waiting"]
     assert width > 1200, width  # not a ~450 px column
     assert len(drawn) == len(rows) and all("×" in d for d in drawn), drawn

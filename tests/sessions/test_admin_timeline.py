@@ -100,3 +100,12 @@ def test_a_session_of_no_workflow_is_one_group_of_the_run() -> None:
 
     assert len(groups) == 1 and groups[0].node == "" and len(groups[0].items) == 3
     assert group_by_node([]) == []
+
+
+def test_a_human_node_still_open_waits_for_a_person_not_runs() -> None:
+    items = [_row(0, "event", "node.started review", "review", "started", 1)]
+    items[0].node_kind = "human"
+
+    (group,) = group_by_node(items)
+
+    assert group.status == CALLS["waiting"] and group.status.label == "waiting for approval"
