@@ -73,6 +73,15 @@ _ENDED = {
     "error": OUTCOMES["error"],
 }
 UNKNOWN = Status("unknown", GREY, "quiet")
+# A workflow node's visit, in a call's words: it ran (ok), runs (running), failed.
+NODES = {"visited": CALLS["ok"], "active": CALLS["running"], "failed": CALLS["failed"]}
+
+
+def node_status(state: str, kind: str = "") -> Status:
+    """A node's visit (visited, active, failed); an active human node waits for a person."""
+    if state == "active" and kind == "human":
+        return CALLS["waiting"]
+    return NODES.get(state, UNKNOWN)
 
 
 def call_key(status: str, refusal: str = "", *, waiting: bool = False) -> str:

@@ -55,7 +55,7 @@ from .display import (
     turn_outcome_badge,
 )
 from .previews import fork_preview_page, tool_run_preview_page
-from .timeline import KINDS, TIMELINE_LIMIT, session_timeline, trace_url
+from .timeline import KINDS, TIMELINE_LIMIT, group_by_node, session_timeline, trace_url
 from .workflow_run import workflow_run_view
 
 FIRST_MESSAGE_CHARS = 60
@@ -740,6 +740,8 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
             extra_context["timeline_kinds"].append(("approval", "Approval"))
             if session.workflow_version_id is not None:
                 extra_context["workflow_run"] = workflow_run_view(session, content=content)
+                # A run's timeline reads node by node, each group collapsible.
+                extra_context["timeline_groups"] = group_by_node(items)
             # The tree: who started this session, and the sessions its agent calls started.
             extra_context["children"] = list(
                 Session.objects.filter(parent=session)

@@ -1,6 +1,6 @@
 """A session's timeline as the operator reads it: one line per stored row, merged by time."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,7 @@ from record.events import EventType
 from tools.rendering import FAILURE_MARKER
 
 from .. import selectors
-from ..status import call_status
+from ..status import Status, call_status, node_status
 from .display import HIDDEN, arguments_diff, event_summary, pretty_json, short
 
 TIMELINE_LIMIT = 500
@@ -43,6 +43,12 @@ class TimelineItem:
     # "failed": something did not run or did not succeed (the row is drawn red); "warn": a
     # turn stopped short, an approval refused (amber); "": as usual.
     tone: str = ""
+    # The workflow node the row belongs to (its event's node, its call's), "" if none; on a
+    # node's own event, which one (started, finished, failed) and the visit it starts.
+    node: str = ""
+    mark: str = ""
+    visit: int = 0
+    node_kind: str = ""
 
     @property
     def time_label(self) -> str:
@@ -130,6 +136,94 @@ def _tone(entry: selectors.TimelineEntry) -> str:
     return ""
 
 
+NODE_MARKS = {
+    EventType.NODE_STARTED: "started",
+    EventType.NODE_FINISHED: "finished",
+    EventType.NODE_FAILED: "failed",
+}
+
+
+def _call_node(call_id: Any) -> str:
+    """The node a workflow call belongs to: `notify#1[2]` (a map's item), `fan.fast#1` (a
+    parallel branch), `lookup#1~retry1` (a retry's pause) all belong to their node."""
+    return str(call_id or "").partition("#")[0].partition(".")[0].partition("~")[0]
+
+
+def _node_of(entry: selectors.TimelineEntry) -> tuple[str, str, int, str]:
+    """(node, mark, visit, node kind) of a stored row, as TimelineItem keeps them."""
+    r = entry.row
+    data: dict[str, Any] = r["data"] if isinstance(r.get("data"), dict) else {}
+    if entry.kind == "event":
+        if r["type"] in NODE_MARKS:
+            mark, visit = NODE_MARKS[r["type"]], int(data.get("visit") or 1)
+            return str(data.get("node", "")), mark, visit, str(data.get("kind", ""))
+        return _call_node(data.get("call_id")), "", 0, ""
+    if entry.kind == "toolcall":
+        return _call_node(r.get("call_id")), "", 0, ""
+    if entry.kind == "message":
+        return _call_node(r.get("tool_call_id")), "", 0, ""
+    if entry.kind == "checkpoint" and isinstance(r.get("context"), dict):
+        settled = r["context"].get("nodes")  # the nodes the step settled
+        return (str(settled[0]) if isinstance(settled, list) and settled else ""), "", 0, ""
+    return "", "", 0, ""
+
+
+@dataclass
+class TimelineGroup:
+    """A node's visit on the timeline (node.started … node.finished and the rows between),
+    or (node "") the run's own rows outside any node."""
+
+    node: str
+    visit: int = 0
+    state: str = ""  # visited, active, failed (node_status)
+    kind: str = ""
+    items: list[TimelineItem] = field(default_factory=list)
+
+    @property
+    def status(self) -> Status:
+        return node_status(self.state, self.kind)
+
+
+def group_by_node(items: list[TimelineItem]) -> list[TimelineGroup]:
+    """The timeline (sorted) grouped under the node each row belongs to, in the order the
+    path was taken: a node visited again is a new group; a retry or a map's items stay in
+    their node's. A row of no node goes to the node most recently started and still open
+    (an approval, a transition), else to a group of the run's own rows."""
+    started = {i.node for i in items if i.mark == "started"}
+    groups: list[TimelineGroup] = []
+    open_: dict[str, TimelineGroup] = {}
+    last: dict[str, TimelineGroup] = {}
+    # Rows of one commit share a time and sort by kind: a node's call can come before the
+    # node.started of the same step. They wait for it.
+    waiting: dict[str, list[TimelineItem]] = {}
+    for item in items:
+        node = item.node
+        if item.mark == "started" and node not in open_:
+            group = TimelineGroup(
+                node=node, visit=item.visit, state="active", kind=item.node_kind, items=[item]
+            )
+            group.items += waiting.pop(node, [])
+            groups.append(group)
+            open_[node] = last[node] = group
+            continue
+        if node in open_ or node in last:
+            group = open_.get(node) or last[node]
+        elif node in started:
+            waiting.setdefault(node, []).append(item)
+            continue
+        elif open_:
+            group = list(open_.values())[-1]
+        else:
+            if not groups or groups[-1].node:
+                groups.append(TimelineGroup(node=""))
+            group = groups[-1]
+        group.items.append(item)
+        if item.mark in ("finished", "failed") and open_.get(node) is group:
+            group.state = "visited" if item.mark == "finished" else "failed"
+            del open_[node]
+    return groups
+
+
 def context_tokens(tokens: dict[str, Any]) -> str:
     """The partitions a model step's request used, e.g. `tokens: system 120 · memory 0 · ...`."""
     parts = [
@@ -179,6 +273,7 @@ def session_timeline(
             state=entry.state,
             tone=_tone(entry),
         )
+        item.node, item.mark, item.visit, item.node_kind = _node_of(entry)
         if entry.kind == "event" and isinstance(entry.row.get("data"), dict):
             item.trace_id = str(entry.row["data"].get("trace_id") or "")
             item.trace_url = trace_url(item.trace_id)

@@ -12,6 +12,8 @@ from django.utils.safestring import SafeString, mark_safe
 from record.models import Checkpoint, Event, ModelCall, Session, ToolCall
 from workflows.selectors import run_graph_svg
 
+from ..status import Status, node_status
+
 OUTPUT_PREVIEW_CHARS = 4000
 
 
@@ -44,6 +46,10 @@ class NodeRow:
         return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
     @property
+    def status_word(self) -> Status:
+        return node_status(self.status, self.kind)
+
+    @property
     def cost_label(self) -> str:
         return f"{self.cost:.6f}".rstrip("0").rstrip(".") if self.cost else ""
 
@@ -57,6 +63,28 @@ class WorkflowRunView:
     active: list[str] = field(default_factory=list)
     result: str = ""
     error: str = ""
+
+    @property
+    def panel(self) -> dict[str, dict[str, Any]]:
+        """Per node what the panel beside the graph shows on a click, embedded in the page
+        as JSON (json_script) and written into the panel as text, never as markup."""
+        return {
+            r.node: {
+                "node": r.node,
+                "kind": r.kind,
+                "status": r.status_word.label,
+                "colour": r.status_word.colour,
+                "visits": r.visits,
+                "duration": r.duration,
+                "cost": r.cost_label,
+                "input": r.input,
+                "output": r.output,
+                "error": r.error,
+                "next": r.next,
+                "step": f"step {r.step}" if r.step else "",
+            }
+            for r in self.rows
+        }
 
 
 def _text(value: Any) -> str:

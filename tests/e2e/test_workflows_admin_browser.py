@@ -162,6 +162,27 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
             )
             _shot(page, f"run-{name}")
             section.screenshot(path=str(SHOTS / f"run-{name}-graph.png"))
+        # The failed run: a node clicked on the graph shows what went in and came out beside
+        # it, with no reload; one from the table replaces it; a node group of the timeline folds.
+        page.goto(f"{live_stack.http}/admin/agent_sessions/session/{failed}/change/")
+        page.evaluate("window.notReloaded = true")
+        assert page.locator("#ap-wf-panel").is_hidden()
+        page.click('#ap-workflow svg g.wf-node[data-node="lookup"]')
+        panel = page.locator("#ap-wf-panel")
+        panel.wait_for(state="visible")
+        beside = (page.locator("#ap-workflow .ap-wf-graph").bounding_box(), panel.bounding_box())
+        picked = panel.inner_text()
+        _shot(page, "run-failed-node-panel")
+        page.locator("#ap-workflow").screenshot(path=str(SHOTS / "run-failed-node-panel-graph.png"))
+        page.click('#ap-workflow tr.wf-row[data-node="notify"] td:nth-child(3)')
+        picked_from_table = panel.inner_text()
+        group = page.locator('#ap-timeline details.ap-tl-group[data-node="lookup"]')
+        rows_before = group.locator("tr").count()
+        group.locator("> summary").click()
+        folded = (group.evaluate("d => d.open"), group.locator("table").is_visible())
+        summaries = page.locator("#ap-timeline details.ap-tl-group > summary").all_inner_texts()
+        kept = page.evaluate("window.notReloaded === true")
+        page.locator("#ap-timeline").screenshot(path=str(SHOTS / "run-failed-timeline.png"))
 
     def has(classes: str, *wanted: str) -> bool:
         return set(wanted) <= set(classes.split())
@@ -190,7 +211,7 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
         < output.index('"customer": 9')
     )
     assert "Offer a coupon on SO-1: 3 customers were told" in rows["review"]["input"]
-    assert rows["review"]["status"] == "active"
+    assert rows["review"]["status"] == "waiting for approval"  # a person, not a run
     width, drawn = figures["waiting"]
     assert width > 1200, width  # not a ~450 px column
     assert len(drawn) == len(rows) and all("×" in d for d in drawn), drawn
@@ -204,6 +225,22 @@ def test_a_runs_page_draws_its_graph_and_lists_each_nodes_input_and_output(
     assert "failed at notify: item 1" in text and "active now" not in text
     assert rows["notify"]["status"] == "failed"
     assert "customer 0 has no address on file" in rows["notify"]["output"]
+
+    # The panel beside the graph (not under it), the node's own figures and output, as text.
+    graph_box, panel_box = beside
+    assert graph_box and panel_box and panel_box["x"] >= graph_box["x"] + graph_box["width"]
+    assert panel_box["y"] < graph_box["y"] + graph_box["height"], beside
+    assert picked.split("\n")[:2] == ["lookup", "ok"] and "Visits\n1\n" in picked, picked
+    assert '"number": "SO-3"' in picked and '"delayed": true' in picked, picked
+    assert picked_from_table.split("\n")[:2] == ["notify", "failed"], picked_from_table
+    assert "customer 0 has no address on file" in picked_from_table and kept
+    # The timeline by node, in the path's order, each with its status word; lookup folded.
+    assert rows_before > 1 and folded == (False, False), (rows_before, folded)
+    nodes = [s.split(" ")[0] for s in summaries if not s.startswith("the run")]
+    assert nodes == ["lookup", "check", "notify"], summaries
+    assert summaries[[s.split(" ")[0] for s in summaries].index("notify")].startswith(
+        "notify · failed"
+    ), summaries
 
     # Finished by the short path: the map and the review never ran.
     classes, rows, text, overflow = seen["finished"]

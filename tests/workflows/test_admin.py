@@ -1,6 +1,7 @@
 """Workflows in the admin: drawn, edited as YAML with apply_config's validation inline, each save
 a new version; a run's page draws its graph with what the run did."""
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -304,3 +305,45 @@ def test_the_editor_keeps_the_authors_order_and_comments_through_an_edit(
         WorkflowVersion.objects.get(workflow=workflow, number=n).definition for n in (1, 2)
     )
     assert {**first, "name": "Authored, edited"} == second
+
+
+HOSTILE = """slug: hostile
+name: Says what it is told
+role: support
+input: {type: object, properties: {text: {type: string}}, required: [text]}
+start: first
+result: answer
+nodes:
+  first: {kind: tool, tool: clock, args: {}, output: now, next: tell}
+  tell: {kind: llm, prompt: "Say: {{ input.text }}", output: answer, next: end}
+rules:
+  - {when: {user: "^Say: (.*)$"}, answer: "{{ match.1 }}"}
+"""
+SCRIPT = '</script><script>alert(1)</script><img src=x onerror="alert(2)">'
+
+
+def test_a_runs_page_embeds_each_nodes_inputs_and_outputs_as_json_never_as_markup(
+    admin_client: Client,
+) -> None:
+    _apply(HOSTILE)
+    owner: Any = UserFactory(username="runner")
+    session, _ = workflow_run_start(
+        owner=owner, key_roles=["support"], slug="hostile", input={"text": SCRIPT}
+    )
+    session_run(session_id=session.pk)
+
+    page = admin_client.get(f"/admin/agent_sessions/session/{session.pk}/change/")
+
+    body = page.content.decode()
+    assert page.status_code == 200
+    assert "<script>alert(1)" not in body and "<img src=x" not in body
+    # The panel's data: the node's output as it was said, read back by the page's script.
+    data = body.split('id="ap-wf-panel-data" type="application/json">')[1].split("</script>")[0]
+    panel = json.loads(data)
+    assert SCRIPT in panel["tell"]["output"] and panel["tell"]["status"] == "ok"
+    assert panel["first"]["kind"] == "tool" and panel["first"]["visits"] == 1
+    # The timeline node by node, in the path's order, each group collapsible.
+    groups = page.context["timeline_groups"]
+    assert [g.node for g in groups if g.node] == ["first", "tell"]
+    assert body.count('<details class="ap-tl-group') == len(groups)
+    assert '<details class="ap-tl-group ap-tl-ok" open data-node="tell">' in body
