@@ -20,7 +20,6 @@ _built: dict[type, list[Any]] = {}
 # Mixed in before a read-only DRF serializer class. No docstring on purpose: the schema
 # (drf-spectacular) would show an inherited one as every such serializer's description.
 class FieldsBuiltOnce:
-
     @property
     def _readable_fields(self) -> Any:
         if not fastpaths.enabled("drf_fields"):
