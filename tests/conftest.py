@@ -200,6 +200,18 @@ def live_stack(django_db_setup, django_db_blocker) -> Stack:  # type: ignore[no-
 
 
 @pytest.fixture(autouse=True)
+def _settings_not_leaked() -> Generator[None, None, None]:
+    """A test leaves Django's settings as it found them. An `@override_settings` beside the
+    `settings` fixture in one test is undone out of order and leaves its values to every
+    later test of the process (a budget test failed far away from the one that leaked)."""
+    from django.conf import settings as django_settings
+
+    before = django_settings._wrapped
+    yield
+    assert django_settings._wrapped is before, "this test left Django's settings overridden"
+
+
+@pytest.fixture(autouse=True)
 def _worker_queue_emptied(request: pytest.FixtureRequest) -> Generator[None, None, None]:
     """An in-process test's queued runs are taken out of its lane's worker queue after it.
 

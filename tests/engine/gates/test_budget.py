@@ -186,15 +186,12 @@ def test_the_estimate_counts_with_the_called_endpoints_tokenizer(two_prices):  #
     dear.price_input_per_1k = dear.price_output_per_1k = cheap.price_input_per_1k
     agent.budget_turn_cost = Decimal("0.015")  # 1,500 tokens at either price
     text = PROMPT.messages[0].content
-    # Undegraded: a loaded machine's queue depth raises the level, and a degraded call's
-    # output cap (not the budget) would then set its limit.
-    calm = dataclasses.replace(gate_read(session, agent), level=0)
-    gate = model_gate(session, agent, PROMPT, calm)
+    gate = model_gate(session, agent, PROMPT)
     assert gate.endpoint == dear
     # What is left for the answer: the budget less the input as the candidate counts it.
     assert gate.verdict.max_tokens == 1500 - (MESSAGE_OVERHEAD_TOKENS + len(text))
     agent.candidate_percent = 0
-    gate = model_gate(session, agent, PROMPT, calm)
+    gate = model_gate(session, agent, PROMPT)
     room = 1500 - (MESSAGE_OVERHEAD_TOKENS + count_tokens(text, tokenizer_get("o200k_base")))
     assert gate.endpoint == cheap and gate.verdict.max_tokens in (None, room)
     assert room > 1500 - (MESSAGE_OVERHEAD_TOKENS + len(text))
