@@ -198,6 +198,8 @@ def _run_start(
             input=schedule.input,
             idempotency_key=idempotency_key,
             metadata=metadata,
+            # Charged to the schedule's key, as a scheduled agent turn is.
+            api_key_id=key.pk if key else None,
         )
         return session
     session = session_create(

@@ -107,6 +107,7 @@ class WorkflowRunsView(APIView):
                 idempotency_key=key,
                 metadata=data.get("metadata") or {},
                 webhook=data.get("webhook"),
+                api_key_id=getattr(request.auth, "pk", None),
             )
             code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
             return code, RunSerializer(session).data

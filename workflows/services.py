@@ -71,6 +71,24 @@ def _endpoint(definition: Definition, default_model: str | None, where: str) -> 
     return endpoint
 
 
+def runtime_agent_values(definition: Definition, endpoint: ModelEndpoint) -> dict[str, Any]:
+    """What a version asks of the agent its runs run as: the endpoint serving its llm and
+    choice nodes, the tools its nodes name, its rules, the step time limit. The runtime
+    agent is kept in step with the current version; an evaluation's candidate agent is
+    set to a candidate version's (evaluations/workflow_replay.py)."""
+    return {
+        "model": endpoint,
+        "tools": _node_tools(definition),
+        "rules": list(definition.raw.get("rules") or []),
+        "step_timeout_s": _step_timeout(definition),
+    }
+
+
+def version_endpoint(definition: Definition, default_model: str | None) -> ModelEndpoint:
+    """The endpoint serving a version's llm and choice nodes (its `model`, else the default)."""
+    return _endpoint(definition, default_model, f"workflow {definition.slug}")
+
+
 def _kept(model: Any, lookup: dict[str, Any], values: dict[str, Any]) -> Any:
     """The row by `lookup` with `values`, written only when something differs (a file
     applied again changes nothing, not even a timestamp)."""
@@ -125,10 +143,7 @@ def _workflow_store(
         )
     agent_values: dict[str, Any] = {
         "name": f"Workflow {definition.name or definition.slug}",
-        "model": endpoint,
-        "tools": _node_tools(definition),
-        "rules": list(raw.get("rules") or []),
-        "step_timeout_s": _step_timeout(definition),
+        **runtime_agent_values(definition, endpoint),
         "enabled": True,
     }
     agent = _kept(Agent, {"slug": agent_slug}, agent_values)
@@ -236,8 +251,11 @@ def workflow_run_start(
     idempotency_key: str | None = None,
     metadata: dict[str, Any] | None = None,
     webhook: Any = None,
+    api_key_id: int | None = None,
 ) -> tuple[Session, bool]:
-    """Start a run of the workflow's current version; (session, created).
+    """Start a run of the workflow's current version; (session, created). `api_key_id`: the
+    key that started it (a request's, a schedule's), charged with its model calls' cost
+    (billing.SpendDaily) and held to its budget, as a session it opens is.
 
     1. The workflow must exist and be enabled (404), the key must hold its role (403), and
        the input must satisfy its `input` schema (400 `invalid_input`, naming the path), and a
@@ -286,6 +304,7 @@ def workflow_run_start(
             value=agent.value,
             workflow_version=version,
             workflow_state=_initial_state(definition, input),
+            api_key_id=api_key_id,
         )
         message = Message(
             session=session,

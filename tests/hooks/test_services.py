@@ -8,6 +8,8 @@ import pytest
 import yaml
 from django.utils import timezone
 
+from accounts.services import api_key_create
+from billing.models import SpendDaily
 from engine import session_run
 from hooks.models import (
     FireStatus,
@@ -249,6 +251,36 @@ def test_an_agent_turn_schedule_opens_a_session_with_its_message_and_webhook():
     assert session_run(session_id=run.pk).stopped == "idle"
     assert run.messages.filter(role="assistant").get().content == "Echo: daily report"
     assert _delivery(run).url == "http://127.0.0.1:9/h"
+
+
+TOLD = """
+slug: told
+role: ops
+input: {type: object, properties: {days: {type: integer}}, required: [days]}
+start: tell
+result: answer
+nodes:
+  tell: {kind: llm, prompt: "Tell: {{ input.days }} days", output: answer, next: end}
+rules:
+  - {when: {user: "^Tell: (.*)$"}, answer: "Told {{ match.1 }}"}
+"""
+
+
+def test_a_scheduled_workflow_run_is_charged_to_the_schedules_key():
+    ModelEndpointFactory(name="rules", api="rules", options={})
+    raw = yaml.safe_load(TOLD)
+    workflow_apply(definition=definition_check(raw, where="t"), where="t", default_model="rules")
+    key = api_key_create(username="ops", roles=["ops"], name="nightly").api_key
+    _schedule(workflow="told", owner=key.owner, api_key=key)
+    assert schedules_fire_due() == 1
+    [run] = Session.objects.filter(metadata__schedule="nightly")
+    assert run.api_key_id == key.pk
+    assert session_run(session_id=run.pk).stopped == "idle"
+    run.refresh_from_db()
+    assert run.state == "finished" and run.workflow_state["result"] == "Told 1 days"
+    # The llm node's model call is in the key's spend, as a scheduled agent turn's is.
+    spent = SpendDaily.objects.filter(owner=key.owner, api_key_id=key.pk)
+    assert sum(row.model_calls for row in spent) == 1
 
 
 def test_a_run_that_cannot_start_is_recorded_as_failed_and_the_schedule_moves_on():
