@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 from audit.edits import admin_actor
 from record.errors import DomainError
 from record.models import Agent, ModelEndpoint
+from workflows.models import WorkflowVersion
 
 from . import selectors, services
 from .models import Evaluation
@@ -38,7 +39,10 @@ class EvaluationAddForm(forms.ModelForm):
     since = forms.DateField(required=False, help_text="YYYY-MM-DD")
     until = forms.DateField(required=False, help_text="YYYY-MM-DD")
     outcome = forms.ChoiceField(
-        required=False, choices=[("", "any")] + [(o, o) for o in selectors.OUTCOMES]
+        required=False,
+        choices=[("", "any")]
+        + [(o, o) for o in selectors.OUTCOMES]
+        + [(o, f"{o} (a workflow run)") for o in selectors.RUN_OUTCOMES],
     )
     search = forms.CharField(required=False, max_length=200, help_text="Text in a message.")
     candidate_model = forms.ModelChoiceField(
@@ -46,6 +50,15 @@ class EvaluationAddForm(forms.ModelForm):
     )
     candidate_system_prompt = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4, "cols": 80})
+    )
+    candidate_workflow_version = forms.ModelChoiceField(
+        queryset=WorkflowVersion.objects.select_related("workflow").order_by(
+            "workflow__slug", "-number"
+        ),
+        required=False,
+        label="candidate workflow version",
+        help_text="Replays recorded runs of its workflow (by id, or the dates and outcome "
+        "below) on this version instead of conversations.",
     )
     judge_model = forms.ModelChoiceField(
         queryset=ModelEndpoint.objects.filter(enabled=True), required=False, to_field_name="name"
@@ -59,11 +72,18 @@ class EvaluationAddForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         model, prompt = data.get("candidate_model"), (data.get("candidate_system_prompt") or "")
-        if bool(model) == bool(prompt.strip()):
+        version = data.get("candidate_workflow_version")
+        if sum((bool(model), bool(prompt.strip()), bool(version))) != 1:
             raise forms.ValidationError(
-                "Give a candidate model or a candidate system prompt (one)."
+                "Give a candidate model, a candidate system prompt or a candidate workflow "
+                "version (one)."
             )
-        data["candidate"] = {"model": model.name} if model else {"system_prompt": prompt}
+        if version is not None:
+            data["candidate"] = {
+                selectors.WORKFLOW_VERSION: f"{version.workflow.slug}@{version.number}"
+            }
+        else:
+            data["candidate"] = {"model": model.name} if model else {"system_prompt": prompt}
         if bool(data.get("judge_model")) != bool((data.get("judge_rubric") or "").strip()):
             raise forms.ValidationError("A judge needs both a model and a rubric.")
         ids = [p for p in (data.get("session_ids") or "").replace(",", " ").split() if p]
@@ -77,7 +97,10 @@ class EvaluationAddForm(forms.ModelForm):
         try:
             # Staff evaluate any owner's sessions.
             data["picked"] = selectors.sessions_pick(
-                owner_id=None, ids=ids or None, where=None if ids else where
+                owner_id=None,
+                ids=ids or None,
+                where=None if ids else where,
+                workflow=selectors.candidate_workflow(data["candidate"]),
             )
             services.evaluation_check(
                 sessions=data["picked"],
@@ -105,6 +128,14 @@ def _calls(calls: list[dict[str, Any]]) -> SafeString:
     )
 
 
+def _path_and_calls(side: dict[str, Any]) -> SafeString:
+    """A workflow run's path (the nodes it visited, in order) above its calls."""
+    calls = _calls(side.get("calls", []))
+    if "path" not in side:
+        return calls
+    return format_html("<div>path: <code>{}</code></div>{}", " → ".join(side["path"]), calls)
+
+
 @admin.register(Evaluation)
 class EvaluationAdmin(admin.ModelAdmin):
     list_display = ("id", "agent", "candidate_shown", "state", "progress", "scores", "created_at")
@@ -127,6 +158,7 @@ class EvaluationAdmin(admin.ModelAdmin):
                 "search",
                 "candidate_model",
                 "candidate_system_prompt",
+                "candidate_workflow_version",
                 "allow_read_only_calls",
                 "budget_cost",
                 ("judge_model", "judge_rubric"),
@@ -215,10 +247,10 @@ class EvaluationAdmin(admin.ModelAdmin):
                     turn.session_id,
                     turn.turn,
                     mark,
-                    _calls(turn.baseline.get("calls", [])),
+                    _path_and_calls(turn.baseline),
                     turn.baseline.get("outcome", ""),
                     turn.baseline.get("answer", "")[:500],
-                    _calls(turn.candidate.get("calls", [])),
+                    _path_and_calls(turn.candidate),
                     turn.candidate.get("outcome", ""),
                     turn.candidate.get("answer", "")[:500],
                     format_html(

@@ -18,7 +18,12 @@ class FilterSerializer(serializers.Serializer):
     agent = serializers.SlugField(required=False, max_length=100)
     since = serializers.DateField(required=False)
     until = serializers.DateField(required=False)
-    outcome = serializers.ChoiceField(choices=selectors.OUTCOMES, required=False)
+    outcome = serializers.ChoiceField(
+        choices=[*selectors.OUTCOMES, *selectors.RUN_OUTCOMES],
+        required=False,
+        help_text="A conversation's last turn: ok, tool_failures, stopped, error; a workflow "
+        "run (a workflow_version candidate): finished, failed, cancelled.",
+    )
     search = serializers.CharField(required=False, max_length=200, allow_blank=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -42,8 +47,9 @@ class EvaluationCreateSerializer(serializers.Serializer):
         help_text="The saved set of an earlier evaluation of yours (its id): the same sessions.",
     )
     candidate = serializers.JSONField(
-        help_text='{"model": name} or {"system_prompt": str}; agent_version and workflow_version '
-        "are refused (400 candidate_not_supported) until they can be replayed."
+        help_text='{"model": name}, {"system_prompt": str} or {"workflow_version": '
+        '"<workflow>@<n>"} (the sessions are then recorded runs of that workflow); '
+        "agent_version is refused (400 candidate_not_supported) until agents keep versions."
     )
     allow_read_only_calls = serializers.BooleanField(default=False)
     judge = serializers.JSONField(required=False, help_text='{"model": name, "rubric": str}')
@@ -117,6 +123,8 @@ class EvaluationListView(APIView):
             ids=data.get("sessions"),
             where=selectors.SessionFilter(**where) if where is not None else None,
             same_as=data.get("same_sessions_as"),
+            # A workflow version's candidate replays recorded runs of its workflow.
+            workflow=selectors.candidate_workflow(data["candidate"]),
         )
         evaluation = services.evaluation_create(
             owner=request.user,

@@ -21,6 +21,10 @@ from .scoring import Side
 MAX_SESSIONS = 200
 MAX_TURNS = 1000
 OUTCOMES = ("ok", "tool_failures", "stopped", "error")
+# The candidate that replays workflow runs: {"workflow_version": "<slug>@<number>"}.
+WORKFLOW_VERSION = "workflow_version"
+# A workflow run's outcome as the filter names it, and the run states it means.
+RUN_OUTCOMES = {"finished": ("finished",), "failed": ("error",), "cancelled": ("cancelled",)}
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,15 @@ def sessions_pick(
     ids: list[str] | None = None,
     where: SessionFilter | None = None,
     same_as: int | None = None,
+    workflow: str | None = None,
 ) -> list[Session]:
     """The recorded conversations to replay: by id (another owner's is NotFound: an owner
     sees only its own; `owner_id` None is staff, any owner), by filter, or the saved set of
     an earlier evaluation (`same_as`, the owner's). Replays, workflow runs and ephemeral
-    sessions are never picked."""
+    sessions are never picked. `workflow`: its recorded runs that ended instead of
+    conversations (a workflow version's evaluation; `where.outcome` is then finished,
+    failed or cancelled)."""
+
     if same_as is not None:
         earlier = Evaluation.objects.filter(pk=same_as)
         if owner_id is not None:
@@ -56,8 +64,12 @@ def sessions_pick(
             )
         ]
     rows: QuerySet[Session] = Session.objects.filter(
-        evaluation_id__isnull=True, workflow_version__isnull=True, ephemeral=False
+        evaluation_id__isnull=True, ephemeral=False
     ).select_related("agent")
+    if workflow is None:
+        rows = rows.filter(workflow_version__isnull=True)
+    else:
+        rows = _runs_filter(rows, workflow, where.outcome if where else None)
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     if ids is not None:
@@ -79,7 +91,7 @@ def sessions_pick(
         rows = rows.filter(created_at__date__gte=where.since)
     if where.until:
         rows = rows.filter(created_at__date__lte=where.until)
-    if where.outcome:
+    if where.outcome and workflow is None:
         if where.outcome not in OUTCOMES:
             raise InvalidInput(
                 f"outcome must be one of {', '.join(OUTCOMES)}", details={"field": "outcome"}
@@ -90,6 +102,40 @@ def sessions_pick(
             Q(pk__in=Message.objects.filter(content__icontains=where.search).values("session_id"))
         )
     return list(rows.order_by("-created_at")[: MAX_SESSIONS + 1])
+
+
+def _runs_filter(rows: QuerySet[Session], workflow: str, outcome: str | None) -> QuerySet[Session]:
+    """Recorded runs of `workflow` (instead of conversations) that have ended, by their
+    outcome: a run still going has no whole record to replay."""
+    ended = [state for states in RUN_OUTCOMES.values() for state in states]
+    rows = rows.filter(workflow_version__workflow__slug=workflow, state__in=ended)
+    if outcome:
+        if outcome not in RUN_OUTCOMES:
+            raise InvalidInput(
+                f"a run's outcome is one of {', '.join(RUN_OUTCOMES)}",
+                details={"field": "outcome"},
+            )
+        rows = rows.filter(state__in=RUN_OUTCOMES[outcome])
+    return rows
+
+
+def workflow_version_parse(value: Any) -> tuple[str, int] | None:
+    """`"<slug>@<number>"` as (slug, number); None when it is not that."""
+    if not isinstance(value, str) or "@" not in value:
+        return None
+    slug, _, number = value.rpartition("@")
+    if not slug or not number.isdigit() or int(number) < 1:
+        return None
+    return slug, int(number)
+
+
+def candidate_workflow(candidate: Any) -> str | None:
+    """The workflow whose runs a candidate replays (its slug), None for any other candidate:
+    which recorded sessions to pick (runs of it, not conversations)."""
+    if isinstance(candidate, dict) and len(candidate) == 1 and WORKFLOW_VERSION in candidate:
+        parsed = workflow_version_parse(candidate[WORKFLOW_VERSION])
+        return parsed[0] if parsed else None
+    return None
 
 
 def recorded_turns(session_id: UUID | str) -> list[int]:
@@ -220,6 +266,12 @@ def turn_report(row: EvaluationTurn) -> dict[str, Any]:
             "cost": data.get("cost", "0"),
             "latency_ms": data.get("latency_ms", 0),
         }
+        if "path" in data:
+            # A workflow run's: the nodes it visited in order, how it ended, its output.
+            shown["path"] = data["path"]
+            shown["output"] = data.get("output")
+            if data.get("error"):
+                shown["error"] = data["error"]
         if candidate:
             shown["would_have_called"] = data.get("would_have_called", [])
         return shown

@@ -32,7 +32,7 @@ from record.states import STARTS_TURN, State
 from runtime.tasks import task_send
 from sessions.services import message_post, session_run_pending
 
-from . import scoring, selectors
+from . import scoring, selectors, workflow_replay
 from .models import Evaluation, EvaluationTransition, EvaluationTurn
 from .states import EvaluationState, move_allowed
 
@@ -71,10 +71,13 @@ def _candidate_check(candidate: Any) -> dict[str, Any]:
                 f"system_prompt must be a non-empty string of at most {MAX_PROMPT_CHARS} characters",
                 details={"field": "candidate.system_prompt"},
             )
-    elif kind in ("agent_version", "workflow_version"):
-        # Agents keep no versions yet, and workflow runs are not replayed yet.
+    elif kind == workflow_replay.KIND:
+        workflow_replay.candidate_version(value)
+    elif kind == "agent_version":
+        # Agents keep no versions yet.
         raise InvalidInput(
-            f"a candidate {kind} cannot be evaluated yet; use model or system_prompt",
+            f"a candidate {kind} cannot be evaluated yet; use model, system_prompt or "
+            "workflow_version",
             details={"field": f"candidate.{kind}"},
             code="candidate_not_supported",
         )
@@ -134,6 +137,10 @@ def evaluation_check(
         raise InvalidInput(
             f"at most {selectors.MAX_SESSIONS} sessions per evaluation",
             details={"field": "sessions", "limit": selectors.MAX_SESSIONS},
+        )
+    if workflow_replay.KIND in spec:
+        workflow_replay.runs_check(
+            sessions, workflow_replay.candidate_version(spec[workflow_replay.KIND])
         )
     if len({s.agent_id for s in sessions}) != 1:
         raise InvalidInput(
@@ -209,6 +216,8 @@ def _candidate_agent(agent: Agent, spec: dict[str, Any], evaluation_id: int) -> 
         copy.model = ModelEndpoint.objects.get(name=spec["model"])
     if "system_prompt" in spec:
         copy.system_prompt = spec["system_prompt"]
+    if workflow_replay.KIND in spec:
+        workflow_replay.candidate_agent_apply(copy, spec)
     copy.save()
     return copy
 
@@ -360,12 +369,30 @@ def _replays_user() -> User:
 def _turn_evaluate(
     evaluation: Evaluation, source: Session, turn: int, owner_id: int
 ) -> EvaluationTurn:
-    """Replay one recorded turn and score it (not written yet)."""
-    replay = _replay_open(evaluation, source, turn, owner_id)
+    """Replay one recorded turn (a workflow run's: workflow_replay.py) and score it (not
+    written yet)."""
+    if workflow_replay.KIND in evaluation.candidate:
+        assert evaluation.candidate_agent is not None
+        replay = workflow_replay.run_replay_open(
+            evaluation_id=evaluation.pk,
+            candidate=evaluation.candidate,
+            read_only_calls=evaluation.allow_read_only_calls,
+            agent=evaluation.candidate_agent,
+            source=source,
+            turn=turn,
+            owner_id=owner_id,
+        )
+    else:
+        replay = _replay_open(evaluation, source, turn, owner_id)
     _replay_wait(replay, turn, timeout_s=float(source.agent.turn_timeout_s or 0) or 600.0)
-    baseline = selectors.turn_side(source.pk, turn)
-    candidate = selectors.turn_side(replay.pk, turn)
-    score = scoring.turn_score(baseline, candidate, embed_texts)
+    if workflow_replay.KIND in evaluation.candidate:
+        baseline = workflow_replay.run_side(source.pk, turn)
+        candidate = workflow_replay.run_side(replay.pk, turn)
+        score = workflow_replay.run_score(baseline, candidate, embed_texts)
+    else:
+        baseline = selectors.turn_side(source.pk, turn)
+        candidate = selectors.turn_side(replay.pk, turn)
+        score = scoring.turn_score(baseline, candidate, embed_texts)
     judge_score = None
     if evaluation.judge:
         from .judge import judge_turn  # noqa: PLC0415 - only evaluations with a judge need it

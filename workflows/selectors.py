@@ -195,11 +195,13 @@ def workflows_with_run_figures(queryset: QuerySet[Workflow]) -> QuerySet[Workflo
     duration of its ended runs in seconds (created to last update), over all its versions:
     aggregates in the list's own query, no query per row."""
     runs = "versions__runs"
-    failed = Q(**{f"{runs}__last_turn_outcome": "error"})
-    ended = Q(**{f"{runs}__state__in": ["finished", "error", "cancelled"]})
+    # An evaluation's replays of its runs (evaluations/workflow_replay.py) are not its runs.
+    real = Q(**{f"{runs}__evaluation_id__isnull": True})
+    failed = real & Q(**{f"{runs}__last_turn_outcome": "error"})
+    ended = real & Q(**{f"{runs}__state__in": ["finished", "error", "cancelled"]})
     seconds = Extract(F(f"{runs}__updated_at") - F(f"{runs}__created_at"), "epoch")
     return queryset.annotate(
-        run_count=Count(runs),
+        run_count=Count(runs, filter=real),
         failed_count=Count(runs, filter=failed),
         median_s=_Median(seconds, filter=ended),
     )

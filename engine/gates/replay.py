@@ -10,12 +10,14 @@ any other in its tool step (engine/phases/tools.py `replay_step`):
   saw then: a result, a failure, an approver's rejection or the user's answer to
   `ask_user` alike (the n-th identical call gets the n-th recorded one, then the last);
 - `ask_user` is matched by name only: the question's wording may differ, the answer is
-  the user's;
+  the user's; so is a workflow's human node (its review tool is named after the node):
+  the card's summary may differ, the decision is the approver's;
 - a call the record lacks is never sent when it has side effects (or is not the
   executor's: another agent, a handoff, a question, memory): it is settled as `rejected`
   with the refusal `not_sent`, its arguments kept: a "would have called";
 - a read-only call the record lacks runs for real only when the evaluation allows it
-  (it is left unsettled, for the caller to run), else it is refused the same way.
+  (it is left unsettled, for the caller to run), else it is refused the same way;
+- a workflow's wait (a wait node, a retry's pause) is over at once: a replay never waits.
 """
 
 import json
@@ -26,9 +28,10 @@ from django.db import connection
 
 from record.models import Message, Refusal, Session, ToolCall, ToolCallStatus
 from record.rows import json_value
-from tools.builtin import ASK_USER_HANDLER
+from tools.builtin import ASK_USER_HANDLER, WORKFLOW_REVIEW_HANDLER
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure, render_success
+from workflows.node_tools import WAIT_TOOL
 
 NOT_SENT_NOTE = (
     "Not sent: this is an evaluation's replay of a recorded conversation, and the record "
@@ -37,6 +40,9 @@ NOT_SENT_NOTE = (
 # The kinds the executor runs itself (tools/execution.py `_invoke`); any other is never run
 # for real in a replay.
 _EXECUTED = frozenset({"python", "http", "mcp"})
+_NOT_WAITED = {"waited": False, "note": "an evaluation's replay does not wait"}
+# A person answers these: matched by the tool's name alone (module doc).
+_BY_NAME = frozenset({ASK_USER_HANDLER, WORKFLOW_REVIEW_HANDLER})
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,13 @@ def replay_gate(
                 contents[call_id] = content
     verdict = ReplayVerdict()
     for call in calls:
+        if call.tool_name == WAIT_TOOL:
+            # A workflow's wait (a wait node, a retry's pause) is over at once, recorded or
+            # not: no output, so the results' move sets no timer (a replay never waits).
+            verdict.outcomes[call.pk] = ToolOutcome(
+                status=ToolCallStatus.SUCCESS, output=None, content=render_success(_NOT_WAITED)
+            )
+            continue
         key = _match_key(call.tool_name, call.input, tools)
         same = [r for r in recorded if _match_key(r.tool_name, r.input, tools) == key]
         nth = seen.get(key, 0)
@@ -152,7 +165,7 @@ def replay_gate(
             source.read_only_calls
             and not tool.side_effects
             and tool.kind in _EXECUTED
-            and tool.handler != ASK_USER_HANDLER
+            and tool.handler not in _BY_NAME
         ):
             verdict.to_run.append(call)
         else:
@@ -168,8 +181,8 @@ def replay_gate(
 
 def _match_key(name: str, arguments: Any, tools: dict[str, ToolSnapshot]) -> str:
     tool = tools.get(name)
-    if tool is not None and tool.handler == ASK_USER_HANDLER:
-        return name  # the user's answer, whatever the question's wording
+    if tool is not None and tool.handler in _BY_NAME:
+        return name  # the person's answer, whatever the question's or the card's wording
     return f"{name}\x00{canonical(arguments)}"
 
 

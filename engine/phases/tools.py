@@ -500,6 +500,8 @@ def tool_run_in_step(
     """
     if (
         not runs_in_step(tools.get(call.tool_name))
+        # An evaluation's replay answers every call from the record (replay_step).
+        or replay_source(session) is not None
         or is_memory_call(call, tools)
         or questions_of([call], tools)
     ):
