@@ -29,8 +29,9 @@ from evaluations.models import Evaluation
 from record.errors import InvalidInput
 from record.models import ModelEndpoint, Session, ToolCall
 from sessions.services import approval_decide
-from tests.factories import ToolFactory, UserFactory
+from tests.factories import SessionFactory, ToolFactory, UserFactory, api_key_for
 from tests.fakes.model_servers import FakeModelServer, Reply
+from tests.sessions.api.conftest import Api, assert_error
 from tools.registry import tool_handler
 from workflows.models import Workflow, WorkflowVersion
 from workflows.selectors import definition_check, workflows_with_run_figures
@@ -38,6 +39,7 @@ from workflows.services import workflow_apply, workflow_run_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+URL = "/api/v1/evaluations/"
 RAN: Counter[str] = Counter()
 _lock = threading.Lock()
 
@@ -286,3 +288,50 @@ def test_an_operator_evaluates_a_workflow_version_in_the_admin_and_reads_the_pat
     assert "path: <code>lookup → check → review → notify</code>" in html
     assert "eval_notify({&quot;customer&quot;: 8})" in html
     assert Counter(lookup=2, notify=1) == RAN  # only the recording's: the replay sent nothing
+
+
+def test_over_rest_a_key_evaluates_only_its_owners_runs_and_bad_input_is_a_400(
+    flow: Callable[..., str], openai_server: FakeModelServer
+) -> None:
+    slug = flow()
+    owner, runs = _recorded_runs(slug, openai_server)
+    mine = Api(api_key_for(owner.username))
+    stranger = Api(api_key_for("stranger"))
+    candidate = {"workflow_version": f"{slug}@1"}
+
+    # Another owner's run is not found, as a missing one; a conversation is no run.
+    assert_error(
+        stranger.post(URL, {"sessions": [str(runs[0].pk)], "candidate": candidate}),
+        404,
+        "session_not_found",
+    )
+    conversation = SessionFactory(owner=owner)
+    assert_error(
+        mine.post(URL, {"sessions": [str(conversation.pk)], "candidate": candidate}),
+        404,
+        "session_not_found",
+    )
+    assert_error(
+        mine.post(URL, {"filter": {"outcome": "ok"}, "candidate": candidate}),
+        400,
+        "invalid_input",
+    )
+    assert_error(
+        mine.post(URL, {"filter": {}, "candidate": {"workflow_version": f"{slug}@9"}}),
+        400,
+        "unknown_workflow_version",
+    )
+    assert not Evaluation.objects.exists()
+
+    created = mine.post(URL, {"filter": {"outcome": "finished"}, "candidate": candidate})
+    assert created.status_code == 201, created.content
+    assert created.json()["progress"] == {"done": 0, "total": 2}
+    openai_server.script(Reply(text="Refund on SO-2 done."), Reply(text="Refund on SO-1 done."))
+    services.evaluation_run(evaluation_id=created.json()["id"])  # what the worker's task does
+    report = mine.get(f"{URL}{created.json()['id']}/").json()
+    assert report["state"] == "finished" and report["candidate"] == candidate
+    assert {tuple(t["candidate"]["path"]) for t in report["turns"]} == {
+        ("lookup", "check", "tell"),
+        ("lookup", "check", "review", "notify", "tell"),
+    }
+    assert all(t["baseline"]["output"] == t["candidate"]["output"] for t in report["turns"])
