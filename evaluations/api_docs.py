@@ -114,13 +114,18 @@ from the record; a side-effecting call the record lacks is never sent (it is lis
 - `sessions` (ids, all of one agent), `filter` (`agent`, `since`, `until`, `outcome`,
   `search`) or `same_sessions_as` (the saved set of an earlier evaluation of yours): your
   own sessions only; another owner's id is a 404, as a missing one.
-- `candidate`: `{"model": endpoint}` or `{"system_prompt": str}`.
+- `candidate`: `{"model": endpoint}`, `{"system_prompt": str}` or `{"workflow_version":
+  "<workflow slug>@<n>"}`: the last replays your ended runs of that workflow (picked by
+  `sessions`, `filter` `since`/`until`/`outcome` (`finished`, `failed`, `cancelled`), or
+  `same_sessions_as`) on that version; each run's report has its `path`, `output` and
+  `error` beside the record's.
 - `judge` `{"model", "rubric"}` (optional) scores each answer 0 to 1 by your rubric;
   `budget` stops it once its replays' model cost reaches it.
 
 Follow it with `GET /api/v1/evaluations/{id}/`. Errors: 400 `invalid_input`,
-`unknown_model`, `candidate_not_supported` (agent or workflow versions), `mixed_agents`,
-`no_sessions`; 404 `session_not_found`.
+`unknown_model`, `unknown_workflow_version`, `not_runs_of_workflow`,
+`candidate_not_supported` (agent versions), `mixed_agents`, `no_sessions`; 404
+`session_not_found` (a conversation's id with a workflow version, too).
 """,
     examples=[
         OpenApiExample(
@@ -153,7 +158,8 @@ Its `state` (`queued`, `running`, `finished`, `failed`, `cancelled`), `progress`
 `totals` (shares of matching turns, the mean answer similarity, candidate ÷ baseline
 ratios of tokens, cost and latency, the count of calls it would have made), and `turns`:
 those that differ first, each with the record's (`baseline`) and the candidate's calls,
-outcome and answer.
+outcome and answer (a workflow run's: also its `path`, the nodes it started in order, its
+`output` and `error`).
 """,
     examples=[OpenApiExample("Finished", value=REPORT, response_only=True), _NOT_FOUND],
 )

@@ -79,7 +79,9 @@ the end, the result. A run takes no messages.
   another, 409 `idempotency_key_reused`.
 - `metadata`: your own JSON, returned as is.
 
-Only a key holding the workflow's role may start it (403 `role_not_held`).
+Only a key holding the workflow's role may start it (403 `role_not_held`). The run's
+model calls (its llm and choice nodes) are charged to the key that started it: its
+spend per day and its budget, as a session it opens.
 
 Errors: 400 `invalid_input` (`details.path` says where the input is wrong), 403
 `role_not_held`, 404 `not_found` (no enabled workflow with this slug), 409
