@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
+from accounts.models import ApiKey
 from record.models import Message, Session
 from tests.factories import AgentFactory, ModelEndpointFactory, ToolFactory, api_key_for
 from tests.sessions.api.conftest import Api, assert_error
@@ -79,6 +80,9 @@ def test_a_run_starts_as_a_session_of_the_workflow(workflow: Workflow, support: 
         "error": None,
     }
     assert session["role"] == "support"
+    # Its model calls are charged to the key that started it (its spend and budget).
+    key = ApiKey.objects.get(owner__username="alice")
+    assert Session.objects.get(pk=body["id"]).api_key_id == key.pk
 
 
 @pytest.mark.parametrize(
