@@ -68,15 +68,10 @@ def candidate_version(value: Any) -> WorkflowVersion:
 
 def runs_check(sessions: list[Session], version: WorkflowVersion) -> None:
     """Every session must be a recorded run of the candidate's workflow (any version)."""
-    wrong = [
-        s
-        for s in sessions
-        if s.workflow_version_id is None
-        or WorkflowVersion.objects.filter(
-            pk=s.workflow_version_id, workflow_id=version.workflow_id
-        ).count()
-        == 0
-    ]
+    versions = set(
+        WorkflowVersion.objects.filter(workflow_id=version.workflow_id).values_list("pk", flat=True)
+    )
+    wrong = [s for s in sessions if s.workflow_version_id not in versions]
     if wrong:
         raise InvalidInput(
             f"session {wrong[0].pk} is not a run of workflow {version.workflow.slug}",
@@ -115,8 +110,6 @@ def run_replay_open(
             value = json.loads(opening.content)
         except ValueError:
             value = {}
-    recorded_state = source.workflow_state or {}
-    deadline = recorded_state.get("deadline_at")
     with transaction.atomic():
         replay = Session.objects.create(
             agent=agent,
@@ -126,11 +119,9 @@ def run_replay_open(
             evaluation_id=evaluation_id,
             turn=turn - 1,
             workflow_version=version,
-            # The recorded run's deadline is long past: the replay has the version's own.
+            # The version's own deadline from now, as a run it starts has.
             workflow_state=RunState.start(
-                definition.start,
-                value,
-                deadline_at=None if deadline is None else _deadline(definition),
+                definition.start, value, deadline_at=_deadline(definition)
             ).to_json(),
             metadata={
                 "replay": {"session": str(source.pk), "turn": turn, "read_only_calls": read_only_calls}

@@ -243,6 +243,15 @@ def test_a_bad_workflow_version_is_refused_naming_it(
         )
     assert refused.value.code == code
     assert refused.value.details["field"] == "candidate.workflow_version"
+    # A conversation is no run of the workflow.
+    with pytest.raises(InvalidInput) as refused:
+        services.evaluation_create(
+            owner=owner,
+            actor="api:test",
+            sessions=[SessionFactory(owner=owner)],
+            candidate={"workflow_version": f"{slug}@1"},
+        )
+    assert refused.value.code == "not_runs_of_workflow"
     assert not Evaluation.objects.exists()
 
 
