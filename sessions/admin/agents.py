@@ -17,13 +17,15 @@ from evaluations.gate import GateVerdict, rollout_gate_judge, rule_problem
 from evaluations.services import rollout_override_audit
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
-from record.models import Agent
+from record.models import Agent, AgentVersion
 from runtime.peak_hours import peak_hours_problems, time_zone
 from tools.execution import BUILTIN_TOOLS
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
 from .. import selectors
+from ..services.agent_versions import agent_version_record
+from .display import pre
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
 # Another agent as a tool (engine/gates/children.py names it the same way).
@@ -221,8 +223,49 @@ class AgentAdminForm(forms.ModelForm):
 
 
 @admin.register(Agent)
+class AgentVersionInline(admin.TabularInline):
+    """The agent's configuration versions, newest first, read-only: what an evaluation's
+    candidate `{"agent_version": "<slug>@<number>"}` names."""
+
+    model = AgentVersion
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("-number",)
+    fields = ("number", "created_at", "actor", "source", "changes", "config_shown")
+    readonly_fields = fields
+    classes = ("collapse",)
+    verbose_name = "configuration version"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="changed since the one before")
+    def changes(self, obj: AgentVersion) -> str:
+        before = (
+            AgentVersion.objects.filter(agent_id=obj.agent_id, number__lt=obj.number)
+            .order_by("-number")
+            .values_list("config", flat=True)
+            .first()
+        )
+        if before is None:
+            return "—"
+        changed = sorted(
+            k for k in obj.config.keys() | before.keys() if obj.config.get(k) != before.get(k)
+        )
+        return ", ".join(changed) or "—"
+
+    @admin.display(description="configuration")
+    def config_shown(self, obj: AgentVersion) -> str:
+        return pre(obj.config)
+
+
 class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
     form = AgentAdminForm
+    inlines = (AgentVersionInline,)
     formfield_overrides = JSON_FIELD
     list_display = (
         "slug",
@@ -348,6 +391,7 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
                 evaluation_id=verdict.evaluation.pk if verdict.evaluation else None,
             )
         super().save_audited(request, obj, form, change)
+        agent_version_record(agent=obj, actor=admin_actor(request), source="admin")
 
     @admin.display(description="candidate's latest evaluation")
     def candidate_evaluation(self, obj: Agent) -> str:
