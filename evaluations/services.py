@@ -32,7 +32,7 @@ from record.states import STARTS_TURN, State
 from runtime.tasks import task_send
 from sessions.services import message_post, session_run_pending
 
-from . import scoring, selectors
+from . import candidates, scoring, selectors
 from .models import Evaluation, EvaluationTransition, EvaluationTurn
 from .states import EvaluationState, move_allowed
 
@@ -71,10 +71,12 @@ def _candidate_check(candidate: Any) -> dict[str, Any]:
                 f"system_prompt must be a non-empty string of at most {MAX_PROMPT_CHARS} characters",
                 details={"field": "candidate.system_prompt"},
             )
-    elif kind in ("agent_version", "workflow_version"):
-        # Agents keep no versions yet, and workflow runs are not replayed yet.
+    elif kind == "agent_version":
+        candidates.agent_version_find(value)  # whose agent it is: evaluation_check
+    elif kind == "workflow_version":
+        # Workflow runs are not replayed yet.
         raise InvalidInput(
-            f"a candidate {kind} cannot be evaluated yet; use model or system_prompt",
+            f"a candidate {kind} cannot be evaluated yet; use model, system_prompt or agent_version",
             details={"field": f"candidate.{kind}"},
             code="candidate_not_supported",
         )
@@ -141,6 +143,8 @@ def evaluation_check(
             details={"field": "sessions"},
             code="mixed_agents",
         )
+    if "agent_version" in spec:
+        candidates.agent_version_of_agent(spec["agent_version"], sessions[0].agent)
     total = sum(len(selectors.recorded_turns(s.pk)) for s in sessions)
     if not total:
         raise InvalidInput(
@@ -209,6 +213,8 @@ def _candidate_agent(agent: Agent, spec: dict[str, Any], evaluation_id: int) -> 
         copy.model = ModelEndpoint.objects.get(name=spec["model"])
     if "system_prompt" in spec:
         copy.system_prompt = spec["system_prompt"]
+    if "agent_version" in spec:
+        candidates.agent_version_apply(copy, spec["agent_version"])
     copy.save()
     return copy
 
