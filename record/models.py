@@ -483,6 +483,12 @@ class Session(models.Model):
                 name="session_children",
                 condition=Q(parent__isnull=False),
             ),
+            # An evaluation's replays: a resumed run finds those its dead worker opened.
+            models.Index(
+                fields=["evaluation_id"],
+                name="session_evaluation_replays",
+                condition=Q(evaluation_id__isnull=False),
+            ),
             models.Index(
                 fields=["forked_from"],
                 name="session_forked_from",
