@@ -47,6 +47,12 @@ class EvaluationAddForm(forms.ModelForm):
     candidate_system_prompt = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4, "cols": 80})
     )
+    candidate_agent_version = forms.CharField(
+        required=False,
+        max_length=120,
+        help_text="One of the agent's configuration versions, <slug>@<number> (the agent's "
+        "page lists them), e.g. support@3.",
+    )
     judge_model = forms.ModelChoiceField(
         queryset=ModelEndpoint.objects.filter(enabled=True), required=False, to_field_name="name"
     )
@@ -59,11 +65,19 @@ class EvaluationAddForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         model, prompt = data.get("candidate_model"), (data.get("candidate_system_prompt") or "")
-        if bool(model) == bool(prompt.strip()):
+        version = (data.get("candidate_agent_version") or "").strip()
+        if [bool(model), bool(prompt.strip()), bool(version)].count(True) != 1:
             raise forms.ValidationError(
-                "Give a candidate model or a candidate system prompt (one)."
+                "Give a candidate model, a candidate system prompt or a candidate agent "
+                "version (one)."
             )
-        data["candidate"] = {"model": model.name} if model else {"system_prompt": prompt}
+        data["candidate"] = (
+            {"model": model.name}
+            if model
+            else {"agent_version": version}
+            if version
+            else {"system_prompt": prompt}
+        )
         if bool(data.get("judge_model")) != bool((data.get("judge_rubric") or "").strip()):
             raise forms.ValidationError("A judge needs both a model and a rubric.")
         ids = [p for p in (data.get("session_ids") or "").replace(",", " ").split() if p]
@@ -127,11 +141,12 @@ class EvaluationAdmin(admin.ModelAdmin):
                 "search",
                 "candidate_model",
                 "candidate_system_prompt",
+                "candidate_agent_version",
                 "allow_read_only_calls",
                 "budget_cost",
                 ("judge_model", "judge_rubric"),
             )
-        return ("state", "progress", "candidate_shown", "actor", "error", "report")
+        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", "report")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.get_fields(request, obj)

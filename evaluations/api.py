@@ -42,8 +42,9 @@ class EvaluationCreateSerializer(serializers.Serializer):
         help_text="The saved set of an earlier evaluation of yours (its id): the same sessions.",
     )
     candidate = serializers.JSONField(
-        help_text='{"model": name} or {"system_prompt": str}; agent_version and workflow_version '
-        "are refused (400 candidate_not_supported) until they can be replayed."
+        help_text='{"model": name}, {"system_prompt": str} or {"agent_version": "<agent slug>@<n>"} '
+        "(one of the sessions' agent's configuration versions); workflow_version is refused "
+        "(400 candidate_not_supported) until workflow runs can be replayed."
     )
     allow_read_only_calls = serializers.BooleanField(default=False)
     judge = serializers.JSONField(required=False, help_text='{"model": name, "rubric": str}')

@@ -114,12 +114,15 @@ from the record; a side-effecting call the record lacks is never sent (it is lis
 - `sessions` (ids, all of one agent), `filter` (`agent`, `since`, `until`, `outcome`,
   `search`) or `same_sessions_as` (the saved set of an earlier evaluation of yours): your
   own sessions only; another owner's id is a 404, as a missing one.
-- `candidate`: `{"model": endpoint}` or `{"system_prompt": str}`.
+- `candidate`: `{"model": endpoint}`, `{"system_prompt": str}` or
+  `{"agent_version": "<agent slug>@<number>"}` (one of the sessions' agent's configuration
+  versions; `GET /api/v1/agents/` gives each agent's latest `version`).
 - `judge` `{"model", "rubric"}` (optional) scores each answer 0 to 1 by your rubric;
   `budget` stops it once its replays' model cost reaches it.
 
 Follow it with `GET /api/v1/evaluations/{id}/`. Errors: 400 `invalid_input`,
-`unknown_model`, `candidate_not_supported` (agent or workflow versions), `mixed_agents`,
+`unknown_model`, `unknown_agent_version`, `agent_version_mismatch` (a version of another
+agent), `candidate_not_supported` (workflow versions), `mixed_agents`,
 `no_sessions`; 404 `session_not_found`.
 """,
     examples=[

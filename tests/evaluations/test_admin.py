@@ -34,7 +34,9 @@ def test_an_operator_starts_an_evaluation_and_reads_the_turns_that_differ_first(
     add = reverse("admin:evaluations_evaluation_add")
     assert client.get(add).status_code == 200
     refused = client.post(add, {"session_ids": str(recorded.pk)})
-    assert "Give a candidate model or a candidate system prompt" in refused.content.decode()
+    assert "Give a candidate model, a candidate system prompt or a candidate agent version" in (
+        refused.content.decode()
+    )
     response = client.post(
         add, {"session_ids": str(recorded.pk), "candidate_system_prompt": "Cancel, never refund."}
     )

@@ -200,3 +200,20 @@ def test_a_version_of_another_agent_or_an_unknown_one_is_refused_naming_the_fiel
             "candidate.agent_version",
         ), value
     assert not Evaluation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admins_add_form_takes_an_agent_version(recorded: Session, client: Client) -> None:
+    client.force_login(get_user_model().objects.create_superuser("op", "op@example.com", "pw"))
+    agent_version_record(agent=recorded.agent, actor="t", source="config")
+    add = reverse("admin:evaluations_evaluation_add")
+    slug = recorded.agent.slug
+    refused = client.post(
+        add, {"session_ids": str(recorded.pk), "candidate_agent_version": f"{slug}@7"}
+    )
+    assert "has no configuration version 7" in refused.content.decode()
+    created = client.post(
+        add, {"session_ids": str(recorded.pk), "candidate_agent_version": f"{slug}@1"}
+    )
+    assert created.status_code == 302, created.content
+    assert Evaluation.objects.get().candidate == {"agent_version": f"{slug}@1"}
