@@ -32,7 +32,7 @@ from hooks.selectors import schedule_next_times
 from hooks.services import schedule_next_due, schedule_problems
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
-from sessions.services.agent_versions import agent_version_record
+from sessions.services import agent_version_record
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
