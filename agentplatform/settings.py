@@ -193,7 +193,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env.float("RUN_WEBHOOK_SWEEP_S", default=5.0),
         "options": {"expires": 30},
     },
+    # Evaluations whose worker died (lease lapsed) or whose task was lost: sent again.
+    "resume-evaluations": {
+        "task": "evaluations.tasks.evaluations_sweep",
+        "schedule": env.float("EVALUATIONS_SWEEP_S", default=5.0),
+        "options": {"expires": 30},
+    },
 }
+# An evaluation's lease (evaluations/lease.py): renewed every third of it while a worker
+# runs it; a dead worker's evaluation is resumed by another about this long after.
+EVALUATION_LEASE_S = env.float("EVALUATION_LEASE_S", default=30.0)
 
 # Engine limits and timings.
 # Approvals (approvals/): an optional webhook told of every requested and resolved

@@ -32,6 +32,7 @@ from hooks.selectors import schedule_next_times
 from hooks.services import schedule_next_due, schedule_problems
 from memory.models import EmbeddingEndpoint
 from record.models import Agent, ModelEndpoint
+from sessions.services import agent_version_record
 from tools.descriptions import description_problems
 from tools.env_access import HeaderEnvRefused
 from tools.mcp import ListedTool, McpEndpoint, McpUnreachable
@@ -686,6 +687,11 @@ def config_apply(
                 AGENT_MANAGED,
                 trail=trail,
                 entry=f"agent {entry['slug']}",
+            )
+            # A new version when its configuration differs from the latest (an agent
+            # that has none yet gets its first even when the file changes nothing).
+            agent_version_record(
+                agent=Agent.objects.get(slug=entry["slug"]), actor=actor, source="config"
             )
             report.append(f"agent {entry['slug']}: {done}")
         for entry in document.get("credit_pools") or []:

@@ -60,6 +60,12 @@ class EvaluationAddForm(forms.ModelForm):
         help_text="Replays recorded runs of its workflow (by id, or the dates and outcome "
         "below) on this version instead of conversations.",
     )
+    candidate_agent_version = forms.CharField(
+        required=False,
+        max_length=120,
+        help_text="One of the agent's configuration versions, <slug>@<number> (the agent's "
+        "page lists them), e.g. support@3.",
+    )
     judge_model = forms.ModelChoiceField(
         queryset=ModelEndpoint.objects.filter(enabled=True), required=False, to_field_name="name"
     )
@@ -72,16 +78,22 @@ class EvaluationAddForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         model, prompt = data.get("candidate_model"), (data.get("candidate_system_prompt") or "")
-        version = data.get("candidate_workflow_version")
-        if sum((bool(model), bool(prompt.strip()), bool(version))) != 1:
+        workflow_version = data.get("candidate_workflow_version")
+        agent_version = (data.get("candidate_agent_version") or "").strip()
+        given = [bool(model), bool(prompt.strip()), bool(workflow_version), bool(agent_version)]
+        if given.count(True) != 1:
             raise forms.ValidationError(
-                "Give a candidate model, a candidate system prompt or a candidate workflow "
-                "version (one)."
+                "Give a candidate model, a candidate system prompt, a candidate agent version "
+                "or a candidate workflow version (one)."
             )
-        if version is not None:
+        if workflow_version is not None:
             data["candidate"] = {
-                selectors.WORKFLOW_VERSION: f"{version.workflow.slug}@{version.number}"
+                selectors.WORKFLOW_VERSION: (
+                    f"{workflow_version.workflow.slug}@{workflow_version.number}"
+                )
             }
+        elif agent_version:
+            data["candidate"] = {"agent_version": agent_version}
         else:
             data["candidate"] = {"model": model.name} if model else {"system_prompt": prompt}
         if bool(data.get("judge_model")) != bool((data.get("judge_rubric") or "").strip()):
@@ -158,12 +170,13 @@ class EvaluationAdmin(admin.ModelAdmin):
                 "search",
                 "candidate_model",
                 "candidate_system_prompt",
+                "candidate_agent_version",
                 "candidate_workflow_version",
                 "allow_read_only_calls",
                 "budget_cost",
                 ("judge_model", "judge_rubric"),
             )
-        return ("state", "progress", "candidate_shown", "actor", "error", "report")
+        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", "report")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.get_fields(request, obj)

@@ -47,9 +47,10 @@ class EvaluationCreateSerializer(serializers.Serializer):
         help_text="The saved set of an earlier evaluation of yours (its id): the same sessions.",
     )
     candidate = serializers.JSONField(
-        help_text='{"model": name}, {"system_prompt": str} or {"workflow_version": '
-        '"<workflow>@<n>"} (the sessions are then recorded runs of that workflow); '
-        "agent_version is refused (400 candidate_not_supported) until agents keep versions."
+        help_text='{"model": name}, {"system_prompt": str}, {"agent_version": '
+        "\"<agent slug>@<n>\"} (one of the sessions' agent's configuration versions) or "
+        '{"workflow_version": "<workflow>@<n>"} (the sessions are then recorded runs of that '
+        "workflow)."
     )
     allow_read_only_calls = serializers.BooleanField(default=False)
     judge = serializers.JSONField(required=False, help_text='{"model": name, "rubric": str}')

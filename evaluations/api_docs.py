@@ -114,18 +114,20 @@ from the record; a side-effecting call the record lacks is never sent (it is lis
 - `sessions` (ids, all of one agent), `filter` (`agent`, `since`, `until`, `outcome`,
   `search`) or `same_sessions_as` (the saved set of an earlier evaluation of yours): your
   own sessions only; another owner's id is a 404, as a missing one.
-- `candidate`: `{"model": endpoint}`, `{"system_prompt": str}` or `{"workflow_version":
-  "<workflow slug>@<n>"}`: the last replays your ended runs of that workflow (picked by
-  `sessions`, `filter` `since`/`until`/`outcome` (`finished`, `failed`, `cancelled`), or
-  `same_sessions_as`) on that version; each run's report has its `path`, `output` and
-  `error` beside the record's.
+- `candidate`: `{"model": endpoint}`, `{"system_prompt": str}`,
+  `{"agent_version": "<agent slug>@<number>"}` (one of the sessions' agent's configuration
+  versions; `GET /api/v1/agents/` gives each agent's latest `version`) or
+  `{"workflow_version": "<workflow slug>@<n>"}`: the last replays your ended runs of that
+  workflow (picked by `sessions`, `filter` `since`/`until`/`outcome` (`finished`, `failed`,
+  `cancelled`), or `same_sessions_as`) on that version; each run's report has its `path`,
+  `output` and `error` beside the record's.
 - `judge` `{"model", "rubric"}` (optional) scores each answer 0 to 1 by your rubric;
   `budget` stops it once its replays' model cost reaches it.
 
 Follow it with `GET /api/v1/evaluations/{id}/`. Errors: 400 `invalid_input`,
-`unknown_model`, `unknown_workflow_version`, `not_runs_of_workflow`,
-`candidate_not_supported` (agent versions), `mixed_agents`, `no_sessions`; 404
-`session_not_found` (a conversation's id with a workflow version, too).
+`unknown_model`, `unknown_agent_version`, `agent_version_mismatch` (a version of another
+agent), `unknown_workflow_version`, `not_runs_of_workflow`, `mixed_agents`, `no_sessions`;
+404 `session_not_found` (a conversation's id with a workflow version, too).
 """,
     examples=[
         OpenApiExample(

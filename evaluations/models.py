@@ -34,7 +34,8 @@ class Evaluation(models.Model):
         related_name="evaluations",
         db_index=False,  # evaluation_agent_created leads with it
     )
-    # {"model": name} | {"system_prompt": str}: what the replays run on instead.
+    # {"model": name} | {"system_prompt": str} | {"agent_version": "<slug>@<n>"}: what the
+    # replays run on instead.
     candidate = models.JSONField()
     # The candidate agent (a disabled copy of the sessions' agent with the candidate applied).
     candidate_agent = models.ForeignKey(
@@ -59,6 +60,12 @@ class Evaluation(models.Model):
     totals = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     spent = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    # The worker running it and until when (evaluations/lease.py): "" when nobody holds
+    # it; a lease that lapsed (a dead worker) is handed back by the sweeper.
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    leased_until = models.DateTimeField(null=True, blank=True)
+    # How many times the sweeper sent it again after its worker's lease lapsed.
+    resumes = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -66,6 +73,12 @@ class Evaluation(models.Model):
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="evaluation_owner_created"),
             models.Index(fields=["agent", "-created_at"], name="evaluation_agent_created"),
+            # The sweeper's question: which unfinished ones nobody runs.
+            models.Index(
+                fields=["leased_until"],
+                name="evaluation_unfinished_lease",
+                condition=models.Q(state__in=["queued", "running"]),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -322,3 +322,21 @@ def latest_candidate_evaluation(agent_id: int, candidate: dict[str, Any]) -> Eva
         .order_by("-finished_at", "-id")
         .first()
     )
+
+
+def replays_unscored(evaluation_id: int) -> dict[tuple[str, int], Session]:
+    """The replays of an evaluation no scored turn names yet, by (recorded session, turn):
+    those a worker that died had opened (the earliest of each)."""
+    scored = EvaluationTurn.objects.filter(
+        evaluation_id=evaluation_id, replay_id__isnull=False
+    ).values("replay_id")
+    found: dict[tuple[str, int], Session] = {}
+    for replay in (
+        Session.objects.filter(evaluation_id=evaluation_id)
+        .exclude(pk__in=scored)
+        .order_by("-created_at")
+    ):
+        named = (replay.metadata or {}).get("replay") or {}
+        if "session" in named and "turn" in named:
+            found[(str(named["session"]), int(named["turn"]))] = replay
+    return found

@@ -13,13 +13,17 @@ or rankings; its cost is the evaluation's (`spent`, within `budget_cost`).
 import logging
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q, Value
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from audit.models import AuditAction
@@ -32,7 +36,7 @@ from record.states import STARTS_TURN, State
 from runtime.tasks import task_send
 from sessions.services import message_post, session_run_pending
 
-from . import scoring, selectors, workflow_replay
+from . import candidates, lease, scoring, selectors, workflow_replay
 from .models import Evaluation, EvaluationTransition, EvaluationTurn
 from .states import EvaluationState, move_allowed
 
@@ -74,13 +78,7 @@ def _candidate_check(candidate: Any) -> dict[str, Any]:
     elif kind == workflow_replay.KIND:
         workflow_replay.candidate_version(value)
     elif kind == "agent_version":
-        # Agents keep no versions yet.
-        raise InvalidInput(
-            f"a candidate {kind} cannot be evaluated yet; use model, system_prompt or "
-            "workflow_version",
-            details={"field": f"candidate.{kind}"},
-            code="candidate_not_supported",
-        )
+        candidates.agent_version_find(value)  # whose agent it is: evaluation_check
     else:
         raise InvalidInput(
             f"unknown candidate {kind!r}; one of: " + ", ".join(CANDIDATE_KINDS),
@@ -148,6 +146,8 @@ def evaluation_check(
             details={"field": "sessions"},
             code="mixed_agents",
         )
+    if "agent_version" in spec:
+        candidates.agent_version_of_agent(spec["agent_version"], sessions[0].agent)
     total = sum(len(selectors.recorded_turns(s.pk)) for s in sessions)
     if not total:
         raise InvalidInput(
@@ -218,6 +218,8 @@ def _candidate_agent(agent: Agent, spec: dict[str, Any], evaluation_id: int) -> 
         copy.system_prompt = spec["system_prompt"]
     if workflow_replay.KIND in spec:
         workflow_replay.candidate_agent_apply(copy, spec)
+    if "agent_version" in spec:
+        candidates.agent_version_apply(copy, spec["agent_version"])
     copy.save()
     return copy
 
@@ -275,16 +277,33 @@ def evaluation_run(*, evaluation_id: int) -> str:
     """The worker's job: replay every recorded turn not scored yet, then the totals.
 
     Resumable: a worker that died mid-way leaves the turns written so far (every
-    FLUSH_TURNS); the next run (the task again) takes the rest. A cancel stops it at the
-    next write; a spent budget (its figure kept here, turn by turn) before the next turn,
-    and it fails, saying so.
+    FLUSH_TURNS) and its lease lapses; the sweeper sends the task again and the next
+    worker takes the rest, reusing the replays the dead one opened (no model call made
+    twice for a turn whose replay ended). Only the lease's holder runs it and writes
+    (evaluations/lease.py). A cancel stops it at the next write; a spent budget (its
+    figure kept here, turn by turn) before the next turn, and it fails, saying so.
     """
     evaluation = Evaluation.objects.select_related("candidate_agent").get(pk=evaluation_id)
+    holder = lease.lease_owner_new()
+    if not lease.lease_take(evaluation_id=evaluation.pk, owner=holder):
+        return evaluation.state  # ended, or another worker runs it
+    evaluation.refresh_from_db()
+    with lease.lease_kept(evaluation_id=evaluation.pk, owner=holder):
+        try:
+            return _evaluation_run_leased(evaluation, holder)
+        except lease.LeaseLost:
+            logger.warning("evaluation lease lost, stopping: evaluation=%s", evaluation_id)
+            return str(Evaluation.objects.values_list("state", flat=True).get(pk=evaluation.pk))
+
+
+def _evaluation_run_leased(evaluation: Evaluation, holder: str) -> str:
+    evaluation_id = evaluation.pk
     if evaluation.state == EvaluationState.QUEUED:
         _move(evaluation, EvaluationState.RUNNING, reason="started")
     if evaluation.state != EvaluationState.RUNNING:
         return evaluation.state
     replays_owner = _replays_user().pk
+    opened = selectors.replays_unscored(evaluation.pk)
     sessions = {
         s.pk: s for s in evaluation.sessions.select_related("agent").order_by("created_at", "id")
     }
@@ -296,7 +315,7 @@ def evaluation_run(*, evaluation_id: int) -> str:
             if (session_id, turn) in done:
                 continue
             if evaluation.budget_cost is not None and spent >= evaluation.budget_cost:
-                _turns_write(evaluation, pending)
+                _turns_write(evaluation, pending, holder)
                 evaluation.refresh_from_db()
                 _move(
                     evaluation,
@@ -307,16 +326,24 @@ def evaluation_run(*, evaluation_id: int) -> str:
                     finished_at=timezone.now(),
                 )
                 return evaluation.state
-            row = _turn_evaluate(evaluation, sessions[session_id], turn, replays_owner)
+            row = _turn_evaluate(
+                evaluation,
+                sessions[session_id],
+                turn,
+                replays_owner,
+                opened.get((str(session_id), turn)),
+            )
             pending.append(row)
             spent += Decimal(row.candidate["cost"])
             if len(pending) >= FLUSH_TURNS:
-                state = _turns_write(evaluation, pending)
+                state = _turns_write(evaluation, pending, holder)
                 if state != EvaluationState.RUNNING:
                     return state
-        state = _turns_write(evaluation, pending)
+        state = _turns_write(evaluation, pending, holder)
         if state != EvaluationState.RUNNING:
             return state
+    except lease.LeaseLost:
+        raise
     except Exception as exc:
         logger.exception("evaluation failed: evaluation=%s", evaluation_id)
         evaluation.refresh_from_db()
@@ -340,17 +367,19 @@ def evaluation_run(*, evaluation_id: int) -> str:
     return evaluation.state
 
 
-def _turns_write(evaluation: Evaluation, pending: list[EvaluationTurn]) -> str:
-    """Write the scored turns with the progress and the spend; the evaluation's state (a
-    cancel made meanwhile stops the run)."""
-    if not pending:
-        return str(Evaluation.objects.values_list("state", flat=True).get(pk=evaluation.pk))
+def _turns_write(evaluation: Evaluation, pending: list[EvaluationTurn], holder: str) -> str:
+    """Write the scored turns with the progress and the spend, renewing the lease; the
+    evaluation's state (a cancel made meanwhile stops the run). Fenced by the lease: a
+    worker that lost it (taken over after it was thought dead) writes nothing and stops
+    (LeaseLost), so no turn is scored and no cost charged twice."""
     cost = sum((Decimal(t.candidate["cost"]) for t in pending), Decimal(0))
     with transaction.atomic():
-        EvaluationTurn.objects.bulk_create(pending)
-        Evaluation.objects.filter(pk=evaluation.pk).update(
-            done=F("done") + len(pending), spent=F("spent") + cost
+        held = Evaluation.objects.filter(pk=evaluation.pk, lease_owner=holder).update(
+            done=F("done") + len(pending), spent=F("spent") + cost, leased_until=lease.lease_until()
         )
+        if not held:
+            raise lease.LeaseLost(evaluation.pk)
+        EvaluationTurn.objects.bulk_create(pending)
         state = Evaluation.objects.values_list("state", flat=True).get(pk=evaluation.pk)
     pending.clear()
     return str(state)
@@ -367,11 +396,18 @@ def _replays_user() -> User:
 
 
 def _turn_evaluate(
-    evaluation: Evaluation, source: Session, turn: int, owner_id: int
+    evaluation: Evaluation,
+    source: Session,
+    turn: int,
+    owner_id: int,
+    opened: Session | None = None,
 ) -> EvaluationTurn:
-    """Replay one recorded turn (a workflow run's: workflow_replay.py) and score it (not
-    written yet)."""
-    if workflow_replay.KIND in evaluation.candidate:
+    """Replay one recorded turn and score it (not written yet). `opened`: its replay as a
+    worker that died opened it (its turn finished, or run on from where it stopped); a
+    workflow run's replay is workflow_replay.py's."""
+    if opened is not None:
+        replay = opened
+    elif workflow_replay.KIND in evaluation.candidate:
         assert evaluation.candidate_agent is not None
         replay = workflow_replay.run_replay_open(
             evaluation_id=evaluation.pk,
@@ -468,12 +504,13 @@ def _replay_open(evaluation: Evaluation, source: Session, turn: int, owner_id: i
             content, extra_context, turn_options = cursor.fetchone()
             cursor.nextset()
             (replay.message_seq,) = cursor.fetchone()
-    message_post(
-        session=replay,
-        content=content,
-        extra_context=json_value(extra_context),
-        turn_options=json_value(turn_options),
-    )
+        # In the same commit: a replay a resumed run finds always has its turn to run.
+        message_post(
+            session=replay,
+            content=content,
+            extra_context=json_value(extra_context),
+            turn_options=json_value(turn_options),
+        )
     return replay
 
 
@@ -508,3 +545,51 @@ def rollout_override_audit(
         reason=reason,
         data={"evaluation": evaluation_id, "gate": agent.rollout_gate},
     )
+
+
+def evaluations_sweep() -> list[int]:
+    """The sweeper's part (beat): an unfinished evaluation nobody runs is sent again. A
+    running one whose lease lapsed (its worker died) is handed back and marked resumed
+    (a transition running → running saying so); a queued one whose task was lost too.
+    Each is given a pickup grace (one lease) before it counts as lapsed again, so a sweep
+    does not send the same one every tick."""
+    resumed: list[int] = []
+    with transaction.atomic():
+        lapsed = list(
+            Evaluation.objects.select_for_update(skip_locked=True)
+            .filter(state__in=lease.RUNS)
+            .filter(
+                Q(leased_until__lt=Now())
+                | Q(leased_until__isnull=True, created_at__lt=Now() - _pickup_grace())
+            )
+            .only("pk", "state", "version", "lease_owner")[:SWEEP_BATCH]
+        )
+        for evaluation in lapsed:
+            running = evaluation.state == EvaluationState.RUNNING
+            Evaluation.objects.filter(pk=evaluation.pk).update(
+                lease_owner="",
+                leased_until=lease.lease_until(),
+                resumes=F("resumes") + int(running),
+            )
+            if running:
+                EvaluationTransition.objects.create(
+                    evaluation=evaluation,
+                    from_state=evaluation.state,
+                    to_state=evaluation.state,
+                    reason=f"resumed: the lease of {evaluation.lease_owner or 'its worker'} lapsed",
+                    actor="sweeper",
+                    version=evaluation.version,
+                )
+            resumed.append(evaluation.pk)
+            transaction.on_commit(partial(task_send, RUN_TASK, (evaluation.pk,)))
+    if resumed:
+        logger.info("evaluations sent again: %s", resumed)
+    return resumed
+
+
+# At most this many evaluations sent again per sweep.
+SWEEP_BATCH = 100
+
+
+def _pickup_grace() -> Any:
+    return Value(timedelta(seconds=settings.EVALUATION_LEASE_S))

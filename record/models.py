@@ -261,6 +261,32 @@ class Agent(models.Model):
         return self.slug
 
 
+class AgentVersion(models.Model):
+    """One applied configuration of an agent, immutable: written by every change of it
+    (apply_config, the admin's form) whose snapshot differs from the latest version's."""
+
+    # No index of its own: agentversion_number leads with it.
+    agent = models.ForeignKey(
+        Agent, on_delete=models.CASCADE, related_name="versions", db_index=False
+    )
+    number = models.PositiveIntegerField()
+    # record/agent_config.py: every versioned field as applied (endpoints by name).
+    config = models.JSONField()
+    config_hash = models.CharField(max_length=64)
+    actor = models.CharField(max_length=150, blank=True)
+    source = models.CharField(max_length=20, help_text="config | admin | backfill")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["agent", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "number"], name="agentversion_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent.slug}@{self.number}"
+
+
 class TurnOutcomeChoice(models.TextChoices):
     OK = TurnOutcome.OK.value, "ok"
     TOOL_FAILURES = TurnOutcome.TOOL_FAILURES.value, "tool failures"
@@ -456,6 +482,12 @@ class Session(models.Model):
                 fields=["parent", "created_at"],
                 name="session_children",
                 condition=Q(parent__isnull=False),
+            ),
+            # An evaluation's replays: a resumed run finds those its dead worker opened.
+            models.Index(
+                fields=["evaluation_id"],
+                name="session_evaluation_replays",
+                condition=Q(evaluation_id__isnull=False),
             ),
             models.Index(
                 fields=["forked_from"],

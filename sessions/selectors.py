@@ -22,6 +22,7 @@ from record.errors import InvalidInput, NotFound
 from record.events import EventType
 from record.models import (
     Agent,
+    AgentVersion,
     Checkpoint,
     Event,
     Message,
@@ -170,6 +171,12 @@ def checkpoints_of(*, session: Session, limit: int) -> list[Checkpoint]:
 def agents_enabled() -> QuerySet[Agent]:
     """The agents a key may open sessions on (every enabled one; tools are gated by role)."""
     return Agent.objects.filter(enabled=True, workflow__isnull=True).order_by("slug")
+
+
+def agents_listed() -> QuerySet[Agent]:
+    """The enabled agents with their latest configuration version (`version`)."""
+    latest = AgentVersion.objects.filter(agent=OuterRef("pk")).order_by("-number")
+    return agents_enabled().annotate(version=Subquery(latest.values("number")[:1]))
 
 
 TimelineKind = Literal["transition", "message", "toolcall", "event", "checkpoint"]

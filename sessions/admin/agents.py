@@ -8,7 +8,8 @@ from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 from jsonschema import Draft202012Validator
 
 from audit.edits import AuditedAdmin, admin_actor
@@ -17,17 +18,21 @@ from evaluations.gate import GateVerdict, rollout_gate_judge, rule_problem
 from evaluations.services import rollout_override_audit
 from memory.budget import budget_problems
 from memory.dialogue import dialogue_config_problem
-from record.models import Agent
+from record.models import Agent, AgentVersion
 from runtime.peak_hours import peak_hours_problems, time_zone
 from tools.execution import BUILTIN_TOOLS
 from tools.forms import JSON_FIELD, optional_count_field
 from tools.models import Tool
 
 from .. import selectors
+from ..services.agent_versions import agent_version_record
+from .display import pre
 
 _rules_validator = Draft202012Validator({"type": "array", "items": RULE})
 # Another agent as a tool (engine/gates/children.py names it the same way).
 AGENT_TOOL_PREFIX = "agent."
+# The configuration versions the agent's page lists (the newest).
+VERSIONS_SHOWN = 20
 
 
 def tool_choices(current: list[str], own_slug: str = "") -> list[tuple[str, str]]:
@@ -238,7 +243,13 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
     list_filter = ("enabled", "model")
     list_select_related = ("model", "fallback_model", "candidate_model")
     search_fields = ("slug", "name", "system_prompt")
-    readonly_fields = ("created_at", "updated_at", "routing_figures", "candidate_evaluation")
+    readonly_fields = (
+        "created_at",
+        "updated_at",
+        "routing_figures",
+        "candidate_evaluation",
+        "configuration_versions",
+    )
     fieldsets = (
         (None, {"fields": ("slug", "name", "enabled", "system_prompt")}),
         (
@@ -327,6 +338,16 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
         ("Offline rules model", {"fields": ("rules",), "classes": ("collapse",)}),
         ("Dialogue state", {"fields": ("dialogue",), "classes": ("collapse",)}),
         ("Other", {"fields": ("busy_message", "created_at", "updated_at")}),
+        (
+            "Configuration versions",
+            {
+                "fields": ("configuration_versions",),
+                "classes": ("collapse",),
+                "description": "Every change of the configuration (apply_config, this form) "
+                "stores a version; an evaluation's candidate "
+                '{"agent_version": "<slug>@<number>"} replays one.',
+            },
+        ),
     )
 
     def get_form(
@@ -348,6 +369,45 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
                 evaluation_id=verdict.evaluation.pk if verdict.evaluation else None,
             )
         super().save_audited(request, obj, form, change)
+        agent_version_record(agent=obj, actor=admin_actor(request), source="admin")
+
+    @admin.display(description="versions, newest first")
+    def configuration_versions(self, obj: Agent) -> str:
+        if not obj.pk:
+            return "—"
+        rows = list(
+            AgentVersion.objects.filter(agent=obj).order_by("-number")[: VERSIONS_SHOWN + 1]
+        )
+        if not rows:
+            return "none stored yet"
+        items = []
+        for version, before in zip(rows, [*rows[1:], None], strict=False):
+            if len(items) == VERSIONS_SHOWN:
+                break
+            changed = (
+                ", ".join(
+                    sorted(
+                        k
+                        for k in version.config.keys() | before.config.keys()
+                        if version.config.get(k) != before.config.get(k)
+                    )
+                )
+                if before is not None
+                else "first stored"
+            )
+            items.append(
+                format_html(
+                    "<details><summary>{}@{}: {} by {} ({}), {}</summary>{}</details>",
+                    obj.slug,
+                    version.number,
+                    timezone.localtime(version.created_at).strftime("%Y-%m-%d %H:%M:%S"),
+                    version.actor or "—",
+                    version.source,
+                    changed,
+                    pre(version.config),
+                )
+            )
+        return format_html_join("", "{}", ((item,) for item in items))
 
     @admin.display(description="candidate's latest evaluation")
     def candidate_evaluation(self, obj: Agent) -> str:

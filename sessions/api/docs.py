@@ -449,13 +449,15 @@ agent_list = extend_schema(
     summary="List the agents",
     description="""
 The enabled agents a session can be opened on: their `slug` (what `POST /sessions/`
-takes as `agent`, and the OpenAI-compatible endpoint as `model`) and their name. Any key
-may list them.
+takes as `agent`, and the OpenAI-compatible endpoint as `model`), their name and their
+latest configuration `version` (what an evaluation's candidate `{"agent_version":
+"<slug>@<number>"}` names; null while none is stored). Any
+key may list them.
 """,
     examples=[
         OpenApiExample(
             "The demo agent",
-            value={"slug": "order-support", "name": "Order support (offline demo)"},
+            value={"slug": "order-support", "name": "Order support (offline demo)", "version": 1},
             response_only=True,
         )
     ],

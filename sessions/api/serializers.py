@@ -295,9 +295,16 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class AgentSerializer(serializers.ModelSerializer):
+    version = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="Its latest configuration version: an evaluation's candidate "
+        '{"agent_version": "<slug>@<number>"} names one.',
+    )
+
     class Meta:
         model = Agent
-        fields = ("slug", "name")
+        fields = ("slug", "name", "version")
 
 
 class SessionDetailSerializer(SessionSerializer):

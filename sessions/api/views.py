@@ -325,4 +325,4 @@ class AgentListView(APIView):
     @docs.agent_list
     @extend_schema(responses=AgentSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(AgentSerializer(selectors.agents_enabled(), many=True).data)
+        return Response(AgentSerializer(selectors.agents_listed(), many=True).data)

@@ -10,10 +10,12 @@ commit. One module per concern:
 - fork: a new session from a checkpoint
 - idempotency: requests that may be retried (an owner's Idempotency-Key)
 - sweep: the sweeper's work (leases, pacing, credits, timers, deadlines, pruning)
+- agent_versions: an agent's configuration versions, one per change
 
 This module only names them, so the edges import `sessions.services` as before.
 """
 
+from sessions.services.agent_versions import agent_version_record
 from sessions.services.approvals import (
     approval_change,
     approval_decide,
@@ -74,6 +76,7 @@ from sessions.services.sweep import (
 )
 
 __all__ = [
+    "agent_version_record",
     "IDEMPOTENCY_DERIVED_PREFIX",
     "IDEMPOTENCY_HEADER",
     "KeyedRequest",

@@ -4,21 +4,26 @@ key asks over REST for an evaluation of that session on a scripted candidate tha
 notifications and writes the report at once; the worker's task replays it and the report
 shows exactly that divergence, and nothing was sent: no notification, no report."""
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from demo.models import Notification, Report
-from record.models import Agent, ModelEndpoint, Session
+from evaluations.models import Evaluation, EvaluationTransition, EvaluationTurn
+from record.models import Agent, AgentVersion, ModelEndpoint, Session
 from tests.demo_setup import DEMO_REQUEST, demo_install
-from tests.e2e.support import api, create_session, post_message
+from tests.e2e.support import api, create_session, post_message, set_model_options, stack_logs
 from tests.e2e.test_adapters_e2e import demo_script
 from tests.factories import api_key_for
 from tests.fakes.fixtures import fake_servers  # noqa: F401 - the servers, started once per run
 from tests.fakes.model_servers import Call, FakeServers, Recorded, Reply
+from tests.stack import running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -111,4 +116,83 @@ def test_an_evaluation_over_rest_shows_the_candidates_divergence_and_sends_nothi
     assert report["totals"]["trajectory_match"] == 0.0
     assert report["totals"]["would_have_called"] == 1
     # Nothing was sent: no notification, no second report.
+    assert (Notification.objects.count(), Report.objects.count()) == (notified, reports)
+
+
+def test_an_evaluation_whose_worker_is_killed_is_finished_by_another_scoring_each_turn_once() -> (
+    None
+):
+    """A real Celery worker SIGKILLed in the middle of an evaluation (its first replay
+    running on the slowed rules model): its lease lapses, beat's sweep sends the task
+    again, a second worker resumes on the replay the dead one opened and finishes; each
+    turn is scored once, the cost charged once, nothing sent. The candidate is the agent's
+    own configuration version, so the scores are identical."""
+
+    demo_install()
+    (version,) = AgentVersion.objects.filter(agent__slug="order-support")
+    key = api_key_for("eval-crash")
+    extra = {
+        "SESSION_LEASE_S": "3",
+        "EVALUATION_LEASE_S": "3",
+        "EVALUATIONS_SWEEP_S": "1",
+        "CELERY_QUEUE": f"agentplatform-eval-crash-{os.getpid()}",
+    }
+    with running_stack(extra_env=extra) as stack, api(stack, key) as client:
+        logs = stack_logs(stack, "worker", "worker2", "beat")
+        recorded = []
+        for _ in range(2):
+            session_id = create_session(client, "order-support")
+            post_message(client, session_id, DEMO_REQUEST)
+            recorded.append(session_id)
+        _until(
+            lambda: Session.objects.filter(pk__in=recorded, last_turn_number=1).count() == 2,
+            "the recorded turns",
+        )
+        notified, reports = Notification.objects.count(), Report.objects.count()
+        set_model_options("rules", latency_s=1.0)  # each replayed model call takes a second
+
+        created = client.post(
+            "/api/v1/evaluations/",
+            json={
+                "sessions": recorded,
+                "candidate": {"agent_version": f"order-support@{version.number}"},
+            },
+        )
+        assert created.status_code == 201, created.text
+        evaluation_id = created.json()["id"]
+        victim = stack.procs["worker"]
+        _until(
+            lambda: (
+                Session.objects.filter(evaluation_id=evaluation_id).exists()
+                and f":{victim.pid}:" in Evaluation.objects.get(pk=evaluation_id).lease_owner
+            ),
+            f"the first replay under the first worker\n{logs()}",
+            timeout_s=60,
+        )
+        stack.stop("worker", signal.SIGKILL)
+        assert victim.poll() == -signal.SIGKILL
+        assert EvaluationTurn.objects.filter(evaluation_id=evaluation_id).count() == 0
+        stack.start_worker("worker2")
+        url = f"/api/v1/evaluations/{evaluation_id}/"
+        report = _until(
+            lambda: (r := client.get(url).json())["state"] in ("finished", "failed") and r,
+            f"the evaluation finished by the second worker\n{logs()}",
+            timeout_s=120,
+        )
+    assert report["state"] == "finished", report
+    assert report["progress"] == {"done": 2, "total": 2}
+    evaluation = Evaluation.objects.get(pk=evaluation_id)
+    assert evaluation.resumes >= 1
+    assert EvaluationTransition.objects.filter(
+        evaluation=evaluation, actor="sweeper", to_state="running"
+    ).exists()
+    # Each turn scored once, on one replay each: the second worker took the dead one's.
+    turns = list(EvaluationTurn.objects.filter(evaluation=evaluation))
+    assert sorted((str(t.session_id), t.turn) for t in turns) == sorted((s, 1) for s in recorded)
+    assert Session.objects.filter(evaluation_id=evaluation_id).count() == 2
+    costs = sum((Decimal(t.candidate["cost"]) for t in turns), Decimal(0))
+    assert evaluation.spent == costs and costs > 0
+    for share in ("trajectory_match", "outcome_match", "answer_exact"):
+        assert report["totals"][share] == 1.0, (share, report["totals"])
+    # Nothing was sent by either worker's replays.
     assert (Notification.objects.count(), Report.objects.count()) == (notified, reports)

@@ -35,8 +35,8 @@ def test_an_operator_starts_an_evaluation_and_reads_the_turns_that_differ_first(
     assert client.get(add).status_code == 200
     refused = client.post(add, {"session_ids": str(recorded.pk)})
     assert (
-        "Give a candidate model, a candidate system prompt or a candidate workflow"
-        in refused.content.decode()
+        "Give a candidate model, a candidate system prompt, a candidate agent version or a "
+        "candidate workflow version (one)" in refused.content.decode()
     )
     response = client.post(
         add, {"session_ids": str(recorded.pk), "candidate_system_prompt": "Cancel, never refund."}

@@ -124,7 +124,7 @@ def test_another_owners_session_and_evaluation_are_not_found(
         ({"filter": {"agent": "../../etc"}, "candidate": {"system_prompt": "x"}}, "invalid_input"),
         ({"filter": "all", "candidate": {"system_prompt": "x"}}, "invalid_input"),
         ({"filter": {}, "candidate": {"model": "nope"}}, "unknown_model"),
-        ({"filter": {}, "candidate": {"agent_version": 2}}, "candidate_not_supported"),
+        ({"filter": {}, "candidate": {"agent_version": 2}}, "invalid_input"),
         ({"filter": {}, "candidate": {"workflow_version": 2}}, "invalid_input"),
         ({"filter": {}, "candidate": {"workflow_version": "nope@1"}}, "unknown_workflow_version"),
         ({"filter": {}, "candidate": ["model"]}, "invalid_input"),

@@ -181,7 +181,9 @@ def test_a_spent_budget_stops_the_evaluation_and_says_so(
     [
         ({"model": "no-such-endpoint"}, "unknown_model"),
         ({"system_prompt": ""}, "invalid_input"),
-        ({"agent_version": 3}, "candidate_not_supported"),
+        ({"agent_version": 3}, "invalid_input"),
+        ({"agent_version": "nobody@1"}, "unknown_agent_version"),
+        ({"workflow_version": 3}, "invalid_input"),
         ({"model": "x", "system_prompt": "y"}, "invalid_input"),
         ("gpt", "invalid_input"),
         ({"temperature": 2}, "invalid_input"),

@@ -28,7 +28,7 @@ def test_the_agent_list_shows_enabled_agents_to_a_key(client):
     response = client.get("/api/v1/agents/", HTTP_AUTHORIZATION=f"Bearer {key}")
     assert response.status_code == 200
     # Names are data; the page puts them in with textContent.
-    assert response.json() == [{"slug": "helper", "name": "Helpful <b>bot</b>"}]
+    assert response.json() == [{"slug": "helper", "name": "Helpful <b>bot</b>", "version": None}]
 
 
 def test_playground_is_self_contained_and_keeps_the_key_out_of_urls(client):

@@ -31,10 +31,14 @@ class Agent:
     slug: str
     name: str
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Its latest configuration version (an evaluation's candidate names "<slug>@<version>").
+    version: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Agent:
-        return cls(slug=data["slug"], name=data.get("name", ""), raw=data)
+        return cls(
+            slug=data["slug"], name=data.get("name", ""), raw=data, version=data.get("version")
+        )
 
 
 @dataclass(frozen=True)
