@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 
 from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds
 from accounts.tenancy import TenantScopedAdmin
-from audit.edits import admin_actor
+from audit.edits import AuditedAdmin, admin_actor
 from record.errors import DomainError
 from record.models import Agent, ModelEndpoint
 
@@ -124,10 +124,11 @@ def _calls(calls: list[dict[str, Any]]) -> SafeString:
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     """A staff user who is not a superuser sees and starts only their own tenant's
     evaluations, over their tenant's sessions; the turns' calls and answers need
-    view_message_content, as the sessions' do."""
+    view_message_content, as the sessions' do. Starting and cancelling are audited by the
+    services; a delete by AuditedAdmin (its own save_model starts one through the service)."""
 
     list_display = ("id", "agent", "candidate_shown", "state", "progress", "scores", "created_at")
     list_filter = ("state", "agent")

@@ -103,8 +103,11 @@ class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    """Read-only; a delivery deleted by hand (its webhook is then never sent) is audited."""
+
     tenant_owner_path = "session__owner"
+    audit_withheld = frozenset({"finished"})
     # The body sent: the turn's outcome and a run's result, what the session said.
     content_permission = MESSAGE_CONTENT
     content_fields = {"finished": "finished_masked"}
