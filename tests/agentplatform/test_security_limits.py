@@ -52,3 +52,14 @@ def test_each_setting_is_in_env_example_with_its_default_and_in_security_md(name
     assert line, f"{name} missing from .env.example"
     assert line.group(1) == ("" if default == "[]" else default), line.group(0)
     assert f"`{name}`" in SECURITY, f"{name} missing from docs/security.md"
+
+
+def test_every_audited_action_is_in_the_audit_trails_table() -> None:
+    from audit.models import AuditAction
+
+    trail = SECURITY.split("### Audit trail", 1)[1].split("\n### ", 1)[0]
+    named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)?)`", trail))
+    # `.edited`-style shorthands name an action after the one before them in the cell.
+    for prefix, suffixes in re.findall(r"`([a-z_]+)\.[a-z_]+`((?:, `\.[a-z_]+`)+)", trail):
+        named |= {f"{prefix}{s}" for s in re.findall(r"`(\.[a-z_]+)`", suffixes)}
+    assert {a.value for a in AuditAction} - named == set()
