@@ -196,6 +196,11 @@ class ApprovalAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # An approval is the record of a decision (or of one awaited: its session waits on
+        # the row); it goes only with its session, never by hand (issue 43).
+        return False
+
     def has_decide_permission(self, request: HttpRequest) -> bool:
         return may_decide(request)
 

@@ -37,6 +37,8 @@ class AuditAction(models.TextChoices):
     MEMORY_ERASE = "memory.erase", "memory of a user erased"
     CONFIG_APPLY = "config.apply", "configuration file applied"
     ROLLOUT_OVERRIDE = "rollout.override", "candidate_percent raised past the rollout gate"
+    EVALUATION_CREATE = "evaluation.create", "evaluation started"
+    EVALUATION_CANCEL = "evaluation.cancel", "evaluation cancelled"
 
 
 class AuditEntry(models.Model):

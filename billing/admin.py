@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -592,6 +593,17 @@ class QueueStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status=value)
 
 
+class PoolFilter(admin.RelatedFieldListFilter):
+    """The pools a staff user's requests can be in: their tenant's and the global one
+    (another tenant's pool names are not theirs to read)."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[Any]:
+        pools = CreditPool.objects.order_by("name")
+        if not request.user.is_superuser:
+            pools = pools.filter(Q(owner__isnull=True) | Q(owner=request.user))
+        return [(pool.pk, str(pool)) for pool in pools]
+
+
 @admin.register(PoolRequest)
 class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
     """The credit pools' queue: each waiting request with its ROI (value / cost), value,
@@ -609,7 +621,7 @@ class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
         "session_link",
         "note",
     )
-    list_filter = (QueueStatusFilter, "pool")
+    list_filter = (QueueStatusFilter, ("pool", PoolFilter))
     list_select_related = ("pool",)
     search_fields = ("action", "=session_id")
     # The grant order: highest ROI first, ties in arrival order.

@@ -13,7 +13,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from audit.edits import admin_actor
+from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds
+from accounts.tenancy import TenantScopedAdmin
+from audit.edits import AuditedAdmin, admin_actor
 from record.errors import DomainError
 from record.models import Agent, ModelEndpoint
 from workflows.models import WorkflowVersion
@@ -23,7 +25,12 @@ from .models import Evaluation
 
 
 class EvaluationAddForm(forms.ModelForm):
-    """What to replay (ids, or a filter over every owner's sessions) and on what."""
+    """What to replay (ids, or a filter over the sessions the user may see) and on what."""
+
+    # Set per request by EvaluationAdmin.get_form: whose sessions may be picked (None: a
+    # superuser's, any owner's) and whether a message's text may be searched.
+    tenant_id: int | None = None
+    may_search_content = True
 
     session_ids = forms.CharField(
         required=False,
@@ -106,10 +113,15 @@ class EvaluationAddForm(forms.ModelForm):
             outcome=data.get("outcome") or None,
             search=data.get("search") or None,
         )
+        if data.get("search") and not self.may_search_content:
+            # Which sessions a text search finds would tell what they say.
+            self.add_error("search", hidden_text(MESSAGE_CONTENT))
+            return data
         try:
-            # Staff evaluate any owner's sessions.
+            # A superuser evaluates any owner's sessions; other staff only their tenant's
+            # (another owner's id is "not found", as over REST).
             data["picked"] = selectors.sessions_pick(
-                owner_id=None,
+                owner_id=self.tenant_id,
                 ids=ids or None,
                 where=None if ids else where,
                 workflow=selectors.candidate_workflow(data["candidate"]),
@@ -128,6 +140,12 @@ class EvaluationAddForm(forms.ModelForm):
 def _judge(data: dict[str, Any]) -> dict[str, str] | None:
     model = data.get("judge_model")
     return {"model": model.name, "rubric": data.get("judge_rubric") or ""} if model else None
+
+
+def _totals(obj: Evaluation) -> SafeString:
+    return format_html_join(
+        "", "<tr><th>{}</th><td>{}</td></tr>", ((k, v) for k, v in (obj.totals or {}).items())
+    )
 
 
 def _calls(calls: list[dict[str, Any]]) -> SafeString:
@@ -149,7 +167,12 @@ def _path_and_calls(side: dict[str, Any]) -> SafeString:
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(admin.ModelAdmin):
+class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    """A staff user who is not a superuser sees and starts only their own tenant's
+    evaluations, over their tenant's sessions; the turns' calls and answers need
+    view_message_content, as the sessions' do. Starting and cancelling are audited by the
+    services; a delete by AuditedAdmin (its own save_model starts one through the service)."""
+
     list_display = ("id", "agent", "candidate_shown", "state", "progress", "scores", "created_at")
     list_filter = ("state", "agent")
     list_select_related = ("agent",)
@@ -159,7 +182,14 @@ class EvaluationAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
         if obj is None:
-            kwargs["form"] = EvaluationAddForm
+            kwargs["form"] = type(
+                "EvaluationAddForm",
+                (EvaluationAddForm,),
+                {
+                    "tenant_id": None if request.user.is_superuser else request.user.pk,
+                    "may_search_content": holds(request, MESSAGE_CONTENT),
+                },
+            )
         return super().get_form(request, obj, change=change, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -176,7 +206,8 @@ class EvaluationAdmin(admin.ModelAdmin):
                 "budget_cost",
                 ("judge_model", "judge_rubric"),
             )
-        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", "report")
+        report = "report" if holds(request, MESSAGE_CONTENT) else "report_masked"
+        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", report)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.get_fields(request, obj)
@@ -244,12 +275,19 @@ class EvaluationAdmin(admin.ModelAdmin):
         return ", ".join(shown)
 
     @admin.display(description="report")
+    def report_masked(self, obj: Evaluation) -> SafeString:
+        """The totals; the turns' calls and answers are what the sessions said."""
+        return format_html(
+            "<table>{}</table><p>{}</p>",
+            _totals(obj),
+            f"The turns: {hidden_text(MESSAGE_CONTENT)}",
+        )
+
+    @admin.display(description="report")
     def report(self, obj: Evaluation) -> SafeString:
         """Totals, then every turn (those that differ first): the calls and the answers of
         the record and of the candidate side by side."""
-        totals = format_html_join(
-            "", "<tr><th>{}</th><td>{}</td></tr>", ((k, v) for k, v in (obj.totals or {}).items())
-        )
+        totals = _totals(obj)
         rows = []
         for turn in selectors.evaluation_turns(obj):
             mark = "same" if turn.trajectory_match and turn.outcome_match else "differs"

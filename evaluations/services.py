@@ -198,6 +198,25 @@ def evaluation_create(
         evaluation.sessions.set(sessions)
         evaluation.candidate_agent = _candidate_agent(agent, spec, evaluation.pk)
         evaluation.save(update_fields=["candidate_agent"])
+        # A person replays recorded conversations (another owner's, for a superuser) and
+        # spends on model calls: on the record, naming the sessions but not what they say.
+        audit_record(
+            action=AuditAction.EVALUATION_CREATE,
+            actor=actor,
+            owner_id=owner.pk,
+            object_type=Evaluation._meta.label_lower,
+            object_id=evaluation.pk,
+            object_repr=str(evaluation),
+            after={
+                "agent": agent.slug,
+                "candidate": spec,
+                "judge": judged,
+                "budget_cost": budget_cost,
+                "allow_read_only_calls": allow_read_only_calls,
+                "turns": total,
+            },
+            data={"sessions": [str(s.pk) for s in sessions]},
+        )
         transaction.on_commit(lambda: task_send(RUN_TASK, (evaluation.pk,)))
     return evaluation
 
@@ -257,14 +276,24 @@ def _move(
 def evaluation_cancel(*, evaluation: Evaluation, actor: str) -> Evaluation:
     """Stop it: a running evaluation stops before its next turn."""
     evaluation.refresh_from_db()
-    if not _move(
-        evaluation,
-        EvaluationState.CANCELLED,
-        actor=actor,
-        reason="cancelled",
-        finished_at=timezone.now(),
-    ):
-        raise IllegalMove(f"evaluation {evaluation.pk} has already ended ({evaluation.state})")
+    with transaction.atomic():  # the move and its audit entry together
+        if not _move(
+            evaluation,
+            EvaluationState.CANCELLED,
+            actor=actor,
+            reason="cancelled",
+            finished_at=timezone.now(),
+        ):
+            raise IllegalMove(f"evaluation {evaluation.pk} has already ended ({evaluation.state})")
+        audit_record(
+            action=AuditAction.EVALUATION_CANCEL,
+            actor=actor,
+            owner_id=evaluation.owner_id,
+            object_type=Evaluation._meta.label_lower,
+            object_id=evaluation.pk,
+            object_repr=str(evaluation),
+            after={"state": evaluation.state},
+        )
     return evaluation
 
 

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
+from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, masked
 from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin
 
@@ -102,8 +103,15 @@ class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+    """Read-only; a delivery deleted by hand (its webhook is then never sent) is audited."""
+
     tenant_owner_path = "session__owner"
+    audit_withheld = frozenset({"finished"})
+    # The body sent: the turn's outcome and a run's result, what the session said.
+    content_permission = MESSAGE_CONTENT
+    content_fields = {"finished": "finished_masked"}
+    finished_masked = masked("finished", MESSAGE_CONTENT)
     list_display = (
         "__str__",
         "url",

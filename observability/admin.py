@@ -12,12 +12,13 @@ from django.utils.html import format_html
 
 from accounts.admin_access import PROMPT_CONTENT, ContentMaskedAdmin, OwnerFilter, masked
 from accounts.tenancy import TenantScopedAdmin
+from audit.edits import AuditedAdmin
 
 from .models import PromptSample
 
 
 @admin.register(PromptSample)
-class PromptSampleAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+class PromptSampleAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     list_display = (
         "created_at", "owner", "session_id", "turn", "iteration", "endpoint", "model", "tokens",
     )  # fmt: skip
@@ -32,6 +33,8 @@ class PromptSampleAdmin(ContentMaskedAdmin, TenantScopedAdmin, admin.ModelAdmin)
     readonly_fields = fields
     content_permission = PROMPT_CONTENT
     content_fields = {"request_pretty": "request_hidden", "response_pretty": "response_hidden"}
+    # A deleted sample's entry says which it was, never what the prompt said.
+    audit_withheld = frozenset({"request", "response"})
     request_hidden = masked("request", PROMPT_CONTENT)
     response_hidden = masked("response", PROMPT_CONTENT)
 

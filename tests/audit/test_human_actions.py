@@ -273,3 +273,58 @@ def test_a_tenants_staff_see_the_entries_about_their_keys_and_memory_only():
     listing = client.get(reverse("admin:audit_auditentry_changelist"))
     shown = {(e.action, e.object_id) for e in listing.context["cl"].result_list}
     assert shown == {("apikey.create", str(mine.pk)), ("apikey.revoke", str(mine.pk))}
+
+
+# --- Deletes on the newer pages (issue 43) -------------------------------------------------
+
+
+def test_deletes_of_samples_deliveries_and_evaluations_are_entries_keeping_no_content(root):
+    from evaluations.models import Evaluation
+    from hooks.models import WebhookDelivery
+    from tests.factories import EvaluationFactory, SessionFactory
+    from tests.observability.test_admin import SECRET_PROMPT, _record
+
+    sample = _record()
+    delivery = WebhookDelivery.objects.create(
+        session=SessionFactory(), turn=1, url="https://app.example/h",
+        finished={"result": "DELIVERY-PLANTED"},
+    )  # fmt: skip
+    evaluation = EvaluationFactory()
+    for model, row in (
+        ("observability/promptsample", sample),
+        ("hooks/webhookdelivery", delivery),
+        ("evaluations/evaluation", evaluation),
+    ):
+        changelist = f"/admin/{model}/"
+        response = root.post(
+            changelist, {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"}
+        )
+        assert response.status_code == 302, (model, response.content.decode()[:2000])
+    assert not Evaluation.objects.exists() and not WebhookDelivery.objects.exists()
+
+    deleted = AuditEntry.objects.filter(action="admin.delete").order_by("id")
+    assert [(e.object_type, e.actor) for e in deleted] == [
+        ("observability.promptsample", "admin:root"),
+        ("hooks.webhookdelivery", "admin:root"),
+        ("evaluations.evaluation", "admin:root"),
+    ]
+    kept = str([e.before for e in deleted])
+    assert SECRET_PROMPT not in kept and "DELIVERY-PLANTED" not in kept
+    assert deleted[0].before["request"] == deleted[1].before["finished"] == WITHHELD
+
+
+def test_an_approval_is_never_deleted_in_the_admin(root):
+    from django.utils import timezone
+
+    from approvals.models import Approval
+    from tests.factories import SessionFactory
+
+    approval = Approval.objects.create(
+        session=SessionFactory(), tool_name="refund", deadline=timezone.now()
+    )
+    root.post(
+        "/admin/approvals/approval/",
+        {"action": "delete_selected", "_selected_action": [approval.pk], "post": "yes"},
+    )
+    assert root.post(f"/admin/approvals/approval/{approval.pk}/delete/").status_code == 403
+    assert Approval.objects.filter(pk=approval.pk).exists()

@@ -242,6 +242,26 @@ def test_a_view_only_staff_user_sees_their_tenants_queue_and_changes_nothing(cli
     assert client.get("/admin/billing/poolrequest/", {"status": "x' OR 1=1"}).status_code == 200
 
 
+def test_the_queues_pool_filter_names_no_other_tenants_pool(client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 43: a staff user who owns nothing reads no other tenant's pool by its name in
+    the queue's filter; their own and the global pool are offered."""
+    from billing.models import CreditPool
+
+    staff = StaffUserFactory(username="viewer-pools")
+    staff.user_permissions.set(permissions("billing.view_poolrequest", "billing.view_creditpool"))
+    CreditPool.objects.create(name="global-pool", size=10)
+    CreditPool.objects.create(name="mine-pool", size=10, owner=staff)
+    other = UserFactory()
+    CreditPool.objects.create(name="acme-secret-pool", size=10, owner=other)
+    client.force_login(staff)
+
+    html = client.get("/admin/billing/poolrequest/", {"status": "all"}).content.decode()
+    assert "global-pool" in html and "mine-pool" in html
+    assert "acme-secret-pool" not in html
+    pools = client.get("/admin/billing/creditpool/").content.decode()
+    assert "acme-secret-pool" not in pools
+
+
 def test_an_operator_edits_a_pool_but_never_its_level(admin_client) -> None:  # type: ignore[no-untyped-def]
     from billing.models import CreditPool
 

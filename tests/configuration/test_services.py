@@ -830,6 +830,31 @@ def test_wrong_agent_references_and_routing_rules_change_nothing() -> None:
     assert _state() == ([], [], [], [])
 
 
+NESTED_3_DEEP = "{0}.all(a, {0}.all(b, {0}.all(c, a == b)))"
+
+
+def test_expressions_whose_cost_cannot_be_bounded_are_refused_and_change_nothing() -> None:
+    """Comprehensions nested past EXPRESSION_MAX_NESTING cost the input's length to that
+    power whatever the input: apply_config refuses them in a routing rule and in a
+    workflow's field, naming each (issue 43)."""
+    document = _with_workflow()
+    document["models"].append({"name": "small", "api": "rules"})
+    document["agents"][0]["routing"] = {
+        "small": "small",
+        "when": NESTED_3_DEEP.format("dialogue.slots"),
+    }
+    document["workflows"][0]["nodes"]["read"]["args"] = {"x": NESTED_3_DEEP.format("input.items")}
+    with pytest.raises(ConfigInvalid) as info:
+        config_apply(document=document)
+    deep = "nests comprehensions 3 deep, more than EXPRESSION_MAX_NESTING (2)"
+    assert [e.split(":", 1)[0] for e in info.value.errors if deep in e] == [
+        "agents[0] (support).routing.when",
+        "workflows[0] (tick).nodes.read.args.x",
+    ], info.value.errors
+    assert _state() == ([], [], [], [])
+    assert not Workflow.objects.exists()
+
+
 def test_an_entry_the_admin_changed_beyond_the_file_is_not_just_unchanged(tmp_path):
     from django.contrib.auth import get_user_model
     from django.test import Client

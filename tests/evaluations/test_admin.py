@@ -15,7 +15,13 @@ from audit.models import AuditEntry
 from evaluations import services
 from evaluations.models import Evaluation
 from record.models import Agent, Session
-from tests.factories import AgentFactory, EvaluationFactory, ModelEndpointFactory, StaffUserFactory
+from tests.factories import (
+    AgentFactory,
+    EvaluationFactory,
+    ModelEndpointFactory,
+    StaffUserFactory,
+    permissions,
+)
 from tests.fakes.model_servers import Call, FakeModelServer, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,3 +165,96 @@ def test_only_a_superuser_overrides_the_gate_with_a_reason_and_it_is_audited(
     entry = AuditEntry.objects.get(action="rollout.override")
     assert (entry.actor, entry.reason) == ("admin:boss", "incident 42")
     assert entry.after == {"candidate_percent": 50}
+
+
+# Tenancy (issue 43): a staff user who is not a superuser reaches their own tenant's
+# evaluations only, evaluates only their tenant's sessions, and reads the turns' calls and
+# answers only with view_message_content, as on the sessions' own pages.
+
+EVALUATION_PERMS = [
+    "evaluations.view_evaluation",
+    "evaluations.add_evaluation",
+    "evaluations.change_evaluation",
+]
+
+
+def _evaluation_with_a_turn(owner: Any, session: Session) -> Evaluation:
+    evaluation: Evaluation = EvaluationFactory(owner=owner, agent=session.agent)
+    evaluation.turns.create(
+        session=session,
+        turn=1,
+        baseline={"calls": [], "outcome": "answered", "answer": "RECORDED-ANSWER-PLANTED"},
+        candidate={"calls": [], "outcome": "answered", "answer": "CANDIDATE-ANSWER-PLANTED"},
+    )
+    return evaluation
+
+
+def test_a_staff_user_who_owns_nothing_reaches_no_other_tenants_evaluation_or_session(
+    client: Client, recorded: Session
+) -> None:
+    staff = StaffUserFactory(perms=[*EVALUATION_PERMS, "agent_sessions.view_message_content"])
+    client.force_login(staff)
+    theirs = _evaluation_with_a_turn(recorded.owner, recorded)
+
+    listed = client.get(reverse("admin:evaluations_evaluation_changelist"))
+    assert listed.status_code == 200 and f"evaluation {theirs.pk}" not in listed.content.decode()
+    page = client.get(reverse("admin:evaluations_evaluation_change", args=[theirs.pk]))
+    assert page.status_code == 302  # the admin's "does not exist", back to the index
+    assert "PLANTED" not in client.get(page.url).content.decode()
+    # Replaying another tenant's conversation would show its turns: refused by id and by
+    # filter (the filter finds none of the staff user's own), nothing created.
+    add = reverse("admin:evaluations_evaluation_add")
+    for picked in ({"session_ids": str(recorded.pk)}, {"agent_slug": recorded.agent.slug}):
+        response = client.post(add, {**picked, "candidate_system_prompt": "Be brief."})
+        assert response.status_code == 200, picked
+        assert response.context["adminform"].form.errors, picked
+    assert Evaluation.objects.filter(owner=staff).count() == 0
+
+
+def test_the_turns_of_an_own_evaluation_need_view_message_content(
+    client: Client, recorded: Session
+) -> None:
+    staff = StaffUserFactory(perms=EVALUATION_PERMS)
+    client.force_login(staff)
+    own = _evaluation_with_a_turn(staff, recorded)
+
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
+    assert b"PLANTED" not in html
+    assert b"hidden: needs the view_message_content permission" in html
+    assert b"trajectory_match" in html  # the totals stay
+    # Which sessions a text search finds would tell what they said.
+    response = client.post(
+        reverse("admin:evaluations_evaluation_add"),
+        {"search": "compensate", "candidate_system_prompt": "Be brief."},
+    )
+    assert "view_message_content" in str(response.context["adminform"].form.errors["search"])
+
+    staff.user_permissions.add(*permissions("agent_sessions.view_message_content"))
+    client.force_login(get_user_model().objects.get(pk=staff.pk))  # permissions read afresh
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
+    assert b"RECORDED-ANSWER-PLANTED" in html and b"CANDIDATE-ANSWER-PLANTED" in html
+
+
+def test_starting_and_cancelling_an_evaluation_in_the_admin_is_audited(
+    client: Client, operator: Any, recorded: Session
+) -> None:
+    response = client.post(
+        reverse("admin:evaluations_evaluation_add"),
+        {"session_ids": str(recorded.pk), "candidate_system_prompt": "Cancel, never refund."},
+    )
+    assert response.status_code == 302, response.content
+    evaluation = Evaluation.objects.get()
+    client.post(
+        reverse("admin:evaluations_evaluation_changelist"),
+        {"action": "cancel", "_selected_action": [evaluation.pk]},
+    )
+
+    entries = AuditEntry.objects.filter(object_type="evaluations.evaluation").order_by("id")
+    assert [(e.action, e.actor, e.object_id) for e in entries] == [
+        ("evaluation.create", "admin:operator", str(evaluation.pk)),
+        ("evaluation.cancel", "admin:operator", str(evaluation.pk)),
+    ]
+    created, cancelled = entries
+    assert created.after["candidate"] == {"system_prompt": "Cancel, never refund."}
+    assert created.data["sessions"] == [str(recorded.pk)] and created.owner_id == operator.pk
+    assert cancelled.after == {"state": "cancelled"}

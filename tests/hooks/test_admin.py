@@ -11,7 +11,14 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from hooks.models import Schedule, WebhookDelivery
-from tests.factories import AgentFactory, ModelEndpointFactory, SessionFactory, UserFactory
+from tests.factories import (
+    AgentFactory,
+    ModelEndpointFactory,
+    SessionFactory,
+    StaffUserFactory,
+    UserFactory,
+    permissions,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -106,3 +113,32 @@ def test_deliveries_show_their_state_and_cannot_be_edited(admin_client: Client):
     listing = admin_client.get("/admin/hooks/webhookdelivery/?status=failing").content.decode()
     assert f"{session.pk}:3" in listing and "ReadTimeout" in listing and "failing" in listing
     assert admin_client.get("/admin/hooks/webhookdelivery/add/").status_code == 403
+
+
+def test_a_staff_user_reads_only_their_tenants_deliveries_and_their_bodies_need_content(
+    client: Client,
+):
+    """Issue 43: a delivery's body is the turn's outcome and a run's result (what the
+    session said): another tenant's deliveries are not reached at all, and the tenant's own
+    body needs view_message_content, as the session's messages do."""
+    staff = StaffUserFactory(perms=["hooks.view_webhookdelivery"])
+    mine = WebhookDelivery.objects.create(
+        session=SessionFactory(owner=staff), turn=1, url="https://app.example/mine",
+        finished={"result": {"answer": "MINE-PLANTED"}},
+    )  # fmt: skip
+    theirs = WebhookDelivery.objects.create(
+        session=SessionFactory(), turn=1, url="https://app.example/theirs",
+        finished={"result": {"answer": "THEIRS-PLANTED"}},
+    )  # fmt: skip
+    client.force_login(staff)
+
+    listing = client.get("/admin/hooks/webhookdelivery/").content.decode()
+    assert "/mine" in listing and "/theirs" not in listing
+    assert client.get(f"/admin/hooks/webhookdelivery/{theirs.pk}/change/").status_code == 302
+    page = client.get(f"/admin/hooks/webhookdelivery/{mine.pk}/change/").content.decode()
+    assert "MINE-PLANTED" not in page and "needs the view_message_content permission" in page
+
+    staff.user_permissions.add(*permissions("agent_sessions.view_message_content"))
+    client.force_login(type(staff).objects.get(pk=staff.pk))
+    page = client.get(f"/admin/hooks/webhookdelivery/{mine.pk}/change/").content.decode()
+    assert "MINE-PLANTED" in page
