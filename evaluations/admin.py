@@ -10,9 +10,11 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
 
+from accounts.tenancy import TenantScopedAdmin
 from audit.edits import admin_actor
 from record.errors import DomainError
 from record.models import Agent, ModelEndpoint
@@ -47,6 +49,9 @@ class EvaluationAddForm(forms.ModelForm):
     candidate_system_prompt = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4, "cols": 80})
     )
+    # Set by EvaluationAdmin.get_form: None for a superuser (any owner's sessions), else the
+    # staff user's own id (a tenant's staff replays only its own tenant's sessions).
+    owner_id: int | None = None
     judge_model = forms.ModelChoiceField(
         queryset=ModelEndpoint.objects.filter(enabled=True), required=False, to_field_name="name"
     )
@@ -75,9 +80,8 @@ class EvaluationAddForm(forms.ModelForm):
             search=data.get("search") or None,
         )
         try:
-            # Staff evaluate any owner's sessions.
             data["picked"] = selectors.sessions_pick(
-                owner_id=None, ids=ids or None, where=None if ids else where
+                owner_id=self.owner_id, ids=ids or None, where=None if ids else where
             )
             services.evaluation_check(
                 sessions=data["picked"],
@@ -95,18 +99,29 @@ def _judge(data: dict[str, Any]) -> dict[str, str] | None:
     return {"model": model.name, "rubric": data.get("judge_rubric") or ""} if model else None
 
 
-def _calls(calls: list[dict[str, Any]]) -> SafeString:
-    if not calls:
-        return format_html("<em>{}</em>", "no calls")
-    return format_html_join(
-        "",
-        "<div><code>{}({})</code></div>",
-        ((c["tool"], json.dumps(c["arguments"], ensure_ascii=False)[:300]) for c in calls),
-    )
+def _call_text(call: dict[str, Any]) -> str:
+    return f"{call['tool']}({json.dumps(call['arguments'], ensure_ascii=False, sort_keys=True)})"
+
+
+def _side(data: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """One side of a turn as the report shows it: each call marked when the other side did
+    not make it (by tool and arguments), the answer whole (the page wraps it)."""
+    theirs = {_call_text(c) for c in other.get("calls", [])}
+    return {
+        "calls": [
+            {"text": _call_text(c), "differs": _call_text(c) not in theirs}
+            for c in data.get("calls", [])
+        ],
+        "outcome": data.get("outcome", ""),
+        "answer": data.get("answer", ""),
+        "cost": data.get("cost"),
+        "latency_ms": data.get("latency_ms"),
+        "would_have_called": [_call_text(c) for c in data.get("would_have_called") or []],
+    }
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(admin.ModelAdmin):
+class EvaluationAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ("id", "agent", "candidate_shown", "state", "progress", "scores", "created_at")
     list_filter = ("state", "agent")
     list_select_related = ("agent",)
@@ -117,7 +132,10 @@ class EvaluationAdmin(admin.ModelAdmin):
     ) -> Any:
         if obj is None:
             kwargs["form"] = EvaluationAddForm
-        return super().get_form(request, obj, change=change, **kwargs)
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None:  # a fresh class per request
+            form.owner_id = None if request.user.is_superuser else request.user.pk
+        return form
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
@@ -201,40 +219,31 @@ class EvaluationAdmin(admin.ModelAdmin):
     @admin.display(description="report")
     def report(self, obj: Evaluation) -> SafeString:
         """Totals, then every turn (those that differ first): the calls and the answers of
-        the record and of the candidate side by side."""
-        totals = format_html_join(
-            "", "<tr><th>{}</th><td>{}</td></tr>", ((k, v) for k, v in (obj.totals or {}).items())
-        )
-        rows = []
+        the record and of the candidate side by side, each turn linked to its session and
+        its replay."""
+        turns = []
         for turn in selectors.evaluation_turns(obj):
-            mark = "same" if turn.trajectory_match and turn.outcome_match else "differs"
-            rows.append(
-                format_html(
-                    "<tr><td>{}<br>turn {}<br><strong>{}</strong></td><td>{}<br>{}<br>{}</td>"
-                    "<td>{}<br>{}<br>{}{}</td><td>{}</td></tr>",
-                    turn.session_id,
-                    turn.turn,
-                    mark,
-                    _calls(turn.baseline.get("calls", [])),
-                    turn.baseline.get("outcome", ""),
-                    turn.baseline.get("answer", "")[:500],
-                    _calls(turn.candidate.get("calls", [])),
-                    turn.candidate.get("outcome", ""),
-                    turn.candidate.get("answer", "")[:500],
-                    format_html(
-                        "<br>would have called: {}", _calls(turn.candidate["would_have_called"])
+            same = turn.trajectory_match and turn.outcome_match
+            turns.append(
+                {
+                    "row": turn,
+                    "same": same,
+                    "session_url": reverse(
+                        "admin:agent_sessions_session_change", args=[turn.session_id]
+                    ),
+                    "replay_url": reverse(
+                        "admin:agent_sessions_session_change", args=[turn.replay_id]
                     )
-                    if turn.candidate.get("would_have_called")
+                    if turn.replay_id
                     else "",
-                    f"similarity {turn.answer_similarity}, cost {turn.baseline.get('cost')} → "
-                    f"{turn.candidate.get('cost')}, latency {turn.baseline.get('latency_ms')} → "
-                    f"{turn.candidate.get('latency_ms')} ms"
-                    + ("" if turn.judge_score is None else f", judge {turn.judge_score}"),
-                )
+                    "baseline": _side(turn.baseline, turn.candidate),
+                    "candidate": _side(turn.candidate, turn.baseline),
+                    "answers_differ": turn.baseline.get("answer") != turn.candidate.get("answer"),
+                }
             )
-        return format_html(
-            "<table>{}</table><table><tr><th>turn</th><th>baseline (the record)</th>"
-            "<th>candidate</th><th>figures</th></tr>{}</table>",
-            totals,
-            format_html_join("", "{}", ((r,) for r in rows)),
+        return mark_safe(  # noqa: S308 - the template escapes every value
+            render_to_string(
+                "admin/evaluations/report.html",
+                {"totals": sorted((obj.totals or {}).items()), "turns": turns},
+            )
         )
