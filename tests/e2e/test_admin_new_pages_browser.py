@@ -25,7 +25,7 @@ from tests.factories import AgentFactory, EvaluationFactory, ModelEndpointFactor
 
 PASSWORD = "new-pages-pw"
 VIEWS = ("view_evaluation", "view_schedule", "view_webhookdelivery", "view_creditpool",
-         "view_poolrequest", "view_session", "view_agent")  # fmt: skip
+         "view_poolrequest", "view_session", "view_agent", "view_approval")  # fmt: skip
 
 pytestmark = [
     pytest.mark.e2e,
@@ -88,11 +88,13 @@ def _busy_tenant() -> dict[str, Any]:
             finished={"outcome": "ok", "result": LONG_ARGS}, status="failing", attempts=3,
             last_error=("HTTP 503 from https://hooks.example.com/services: unavailable; " * 5)[:300],
         )  # fmt: skip
-    pool = CreditPool.objects.create(name="paid-tools-pool-of-alice", owner=alice, size=1000)
+    pool = CreditPool.objects.create(
+        name="shared-paid-tools-pool-for-the-logistics-department", owner=alice, size=1000
+    )
     for n, session in enumerate(sessions):
         PoolRequest.objects.create(
-            key=f"k{n}", pool=pool, owner=alice, session_id=session.pk, action="query_orders",
-            value=10 + n, cost=50, roi=(10 + n) / 50, status="waiting",
+            key=f"k{n}", pool=pool, owner=alice, session_id=session.pk, action="query_orders+notify_customer+write_report+send_long_named_tool_for_the_report",
+            value=10 + n, cost=50, roi=(10 + n) / 50, status="waiting", note="waiting for room " * 5,
         )  # fmt: skip
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
     viewer = users.objects.create_user("viewer", password=PASSWORD, is_staff=True)
@@ -179,6 +181,17 @@ def test_the_new_pages_fit_link_both_ways_and_show_each_role_only_its_own(live_s
         assert page.locator("#result_list td.field-last_fire a").count() == 1
         _fits(page)
 
+        # The credit pools' queue: every column on screen beside long actions and names.
+        page.goto(f"{base}/admin/billing/poolrequest/?status=all")
+        _fits(page)
+        for cell in ("td.field-status", "td.field-session_link", "tr > :last-child"):
+            box = page.locator(f"#result_list tbody {cell}").first.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= WIDTH, (cell, box)
+        # Long names wrap to a line or two, not into a narrow column many lines tall.
+        row = page.locator("#result_list tbody tr").first.bounding_box()
+        assert row is not None and row["height"] <= 100, row
+        _shot(page, "pool-queue")
+
         # The operator may override the rollout gate: the field is there.
         page.goto(f"{base}/admin/agent_sessions/agent/{data['agent']}/change/")
         assert page.locator("#id_override_rollout_gate").count() == 1
@@ -190,6 +203,11 @@ def test_the_new_pages_fit_link_both_ways_and_show_each_role_only_its_own(live_s
             response = page.goto(f"{base}/admin/{path}/")
             assert response is not None and response.status == 200, path
             _fits(page)
+        # The home's approvals line leads to a page it may read, not the approvers' queue.
+        page.goto(f"{base}/admin/")
+        with page.expect_navigation() as went:
+            page.click("text=Approvals pending")
+        assert went.value is not None and went.value.status == 200, page.url
         page.goto(f"{base}/admin/agent_sessions/agent/{data['agent']}/change/")
         assert "Override rollout gate" not in page.inner_text("#content")
         _shot(page, "agent-viewer")
