@@ -201,10 +201,13 @@ def dialogue_line(state: Any) -> str:
 def session_related(session: Session, user: Any) -> list[tuple[str, str, str]]:
     """What else names this session, as (what, link, text): the evaluations that replayed
     it (those the user may see) or the one it is a replay of, the schedule fire that
-    started it, its run webhooks' deliveries. Each one's own page links back here."""
+    started it, its run webhooks' deliveries. Each one's own page links back here. Only
+    the kinds the user may view are listed: no link leads to a 403."""
     found: list[tuple[str, str, str]] = []
     evaluations = tenant_scope(Evaluation.objects.filter(sessions=session), user, "owner")
-    if session.evaluation_id:
+    if not user.has_perm("evaluations.view_evaluation"):
+        evaluations = evaluations.none()
+    elif session.evaluation_id:
         evaluations = evaluations | tenant_scope(
             Evaluation.objects.filter(pk=session.evaluation_id), user, "owner"
         )
@@ -217,7 +220,10 @@ def session_related(session: Session, user: Any) -> list[tuple[str, str, str]]:
                 f"{what} evaluation {evaluation.pk} ({evaluation.state})",
             )
         )
-    for fire in ScheduleFire.objects.filter(session=session).select_related("schedule")[:5]:
+    fires = ScheduleFire.objects.filter(session=session).select_related("schedule")
+    if not user.has_perm("hooks.view_schedule"):
+        fires = fires.none()
+    for fire in fires[:5]:
         found.append(
             (
                 "schedule",
@@ -225,7 +231,10 @@ def session_related(session: Session, user: Any) -> list[tuple[str, str, str]]:
                 f"started by schedule {fire.schedule.name}, due {fire.due:%Y-%m-%d %H:%M}",
             )
         )
-    for delivery in WebhookDelivery.objects.filter(session=session).order_by("turn")[:20]:
+    deliveries = WebhookDelivery.objects.filter(session=session).order_by("turn")
+    if not user.has_perm("hooks.view_webhookdelivery"):
+        deliveries = deliveries.none()
+    for delivery in deliveries[:20]:
         found.append(
             (
                 "webhook",
