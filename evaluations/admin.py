@@ -134,7 +134,7 @@ class EvaluationAdmin(TenantScopedAdmin, admin.ModelAdmin):
             kwargs["form"] = EvaluationAddForm
         form = super().get_form(request, obj, change=change, **kwargs)
         if obj is None:  # a fresh class per request
-            form.owner_id = None if request.user.is_superuser else request.user.pk
+            form.owner_id = None if request.user.is_superuser else request.user.pk  # type: ignore[attr-defined]
         return form
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:

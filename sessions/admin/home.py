@@ -83,7 +83,9 @@ def home_lines(request: HttpRequest) -> tuple[list[HomeLine], list[str]]:
             detail = f"oldest waits {_ago(age)}"
         # The queue is a superuser's or an approver's (anyone else gets a 403 there): a
         # staff user who may only read approvals gets the pending ones' list instead.
-        if user.is_superuser or approver_groups(user_id=user.pk) is not None:
+        if user.is_superuser or (
+            user.pk is not None and approver_groups(user_id=user.pk) is not None
+        ):
             approvals_url = reverse("admin:approvals_approval_queue")
         else:
             approvals_url = (
