@@ -133,8 +133,14 @@ def test_the_new_pages_fit_link_both_ways_and_show_each_role_only_its_own(live_s
     with chromium() as browser:
         page = browser.new_page(viewport={"width": WIDTH, "height": 900})
 
-        # The operator: the report fits the screen, the differing turns first, linked.
+        # The operator: the evaluations' list gives the scores room beside a long slug.
         _login(page, base, "operator")
+        page.goto(f"{base}/admin/evaluations/evaluation/")
+        _fits(page)
+        scores = page.locator("#result_list td.field-scores").first.bounding_box()
+        assert scores is not None and scores["width"] >= 200, scores
+        _shot(page, "evaluations")
+        # The report fits the screen, the differing turns first, linked.
         page.goto(f"{base}/admin/evaluations/evaluation/{data['evaluation']}/change/")
         _fits(page)
         report = page.locator(".eval-turns")
