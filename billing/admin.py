@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 
 from accounts.tenancy import TenantScopedAdmin, tenant_scope
 from audit.edits import AuditedAdmin, admin_actor
@@ -610,8 +611,10 @@ class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
     cost and age, in the order it will be granted, and its pool's level. Read-only: the
     grants alone move it."""
 
+    # Long actions, pool names and notes are shortened (whole in a tooltip and on the
+    # request's page) so that every column stays on a 1,400 px screen.
     list_display = (
-        "action",
+        "action_shown",
         "roi_shown",
         "value",
         "cost",
@@ -619,8 +622,9 @@ class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
         "status",
         "pool_level",
         "session_link",
-        "note",
+        "note_shown",
     )
+    list_display_links = ("action_shown",)
     list_filter = (QueueStatusFilter, ("pool", PoolFilter))
     list_select_related = ("pool",)
     search_fields = ("action", "=session_id")
@@ -651,9 +655,26 @@ class PoolRequestAdmin(TenantScopedAdmin, admin.ModelAdmin):
             return f"{seconds // 60} min"
         return f"{seconds // 3600} h"
 
+    @admin.display(description="action", ordering="action")
+    def action_shown(self, obj: PoolRequest) -> SafeString:
+        return format_html(
+            '<span title="{}" style="overflow-wrap: anywhere">{}</span>',
+            obj.action,
+            Truncator(obj.action).chars(48),
+        )
+
+    @admin.display(description="note")
+    def note_shown(self, obj: PoolRequest) -> SafeString:
+        return format_html('<span title="{}">{}</span>', obj.note, Truncator(obj.note).chars(60))
+
     @admin.display(description="pool level")
-    def pool_level(self, obj: PoolRequest) -> str:
-        return f"{obj.pool.name}: {_level(obj.pool)}"
+    def pool_level(self, obj: PoolRequest) -> SafeString:
+        return format_html(
+            '<span title="{}">{}: {}</span>',
+            obj.pool.name,
+            Truncator(obj.pool.name).chars(28),
+            _level(obj.pool),
+        )
 
     @admin.display(description="session")
     def session_link(self, obj: PoolRequest) -> SafeString:

@@ -10,8 +10,10 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds
 from accounts.tenancy import TenantScopedAdmin
@@ -148,22 +150,27 @@ def _totals(obj: Evaluation) -> SafeString:
     )
 
 
-def _calls(calls: list[dict[str, Any]]) -> SafeString:
-    if not calls:
-        return format_html("<em>{}</em>", "no calls")
-    return format_html_join(
-        "",
-        "<div><code>{}({})</code></div>",
-        ((c["tool"], json.dumps(c["arguments"], ensure_ascii=False)[:300]) for c in calls),
-    )
+def _call_text(call: dict[str, Any]) -> str:
+    return f"{call['tool']}({json.dumps(call['arguments'], ensure_ascii=False, sort_keys=True)})"
 
 
-def _path_and_calls(side: dict[str, Any]) -> SafeString:
-    """A workflow run's path (the nodes it visited, in order) above its calls."""
-    calls = _calls(side.get("calls", []))
-    if "path" not in side:
-        return calls
-    return format_html("<div>path: <code>{}</code></div>{}", " → ".join(side["path"]), calls)
+def _side(data: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """One side of a turn as the report shows it: each call marked when the other side did
+    not make it (by tool and arguments), the answer whole (the page wraps it)."""
+    theirs = {_call_text(c) for c in other.get("calls", [])}
+    return {
+        "calls": [
+            {"text": _call_text(c), "differs": _call_text(c) not in theirs}
+            for c in data.get("calls", [])
+        ],
+        "outcome": data.get("outcome", ""),
+        "answer": data.get("answer", ""),
+        "cost": data.get("cost"),
+        "latency_ms": data.get("latency_ms"),
+        "would_have_called": [_call_text(c) for c in data.get("would_have_called") or []],
+        # A workflow run's side: the nodes it visited, in order.
+        "path": " → ".join(data.get("path") or []),
+    }
 
 
 @admin.register(Evaluation)
@@ -286,38 +293,31 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     @admin.display(description="report")
     def report(self, obj: Evaluation) -> SafeString:
         """Totals, then every turn (those that differ first): the calls and the answers of
-        the record and of the candidate side by side."""
-        totals = _totals(obj)
-        rows = []
+        the record and of the candidate side by side, each turn linked to its session and
+        its replay."""
+        turns = []
         for turn in selectors.evaluation_turns(obj):
-            mark = "same" if turn.trajectory_match and turn.outcome_match else "differs"
-            rows.append(
-                format_html(
-                    "<tr><td>{}<br>turn {}<br><strong>{}</strong></td><td>{}<br>{}<br>{}</td>"
-                    "<td>{}<br>{}<br>{}{}</td><td>{}</td></tr>",
-                    turn.session_id,
-                    turn.turn,
-                    mark,
-                    _path_and_calls(turn.baseline),
-                    turn.baseline.get("outcome", ""),
-                    turn.baseline.get("answer", "")[:500],
-                    _path_and_calls(turn.candidate),
-                    turn.candidate.get("outcome", ""),
-                    turn.candidate.get("answer", "")[:500],
-                    format_html(
-                        "<br>would have called: {}", _calls(turn.candidate["would_have_called"])
+            same = turn.trajectory_match and turn.outcome_match
+            turns.append(
+                {
+                    "row": turn,
+                    "same": same,
+                    "session_url": reverse(
+                        "admin:agent_sessions_session_change", args=[turn.session_id]
+                    ),
+                    "replay_url": reverse(
+                        "admin:agent_sessions_session_change", args=[turn.replay_id]
                     )
-                    if turn.candidate.get("would_have_called")
+                    if turn.replay_id
                     else "",
-                    f"similarity {turn.answer_similarity}, cost {turn.baseline.get('cost')} → "
-                    f"{turn.candidate.get('cost')}, latency {turn.baseline.get('latency_ms')} → "
-                    f"{turn.candidate.get('latency_ms')} ms"
-                    + ("" if turn.judge_score is None else f", judge {turn.judge_score}"),
-                )
+                    "baseline": _side(turn.baseline, turn.candidate),
+                    "candidate": _side(turn.candidate, turn.baseline),
+                    "answers_differ": turn.baseline.get("answer") != turn.candidate.get("answer"),
+                }
             )
-        return format_html(
-            "<table>{}</table><table><tr><th>turn</th><th>baseline (the record)</th>"
-            "<th>candidate</th><th>figures</th></tr>{}</table>",
-            totals,
-            format_html_join("", "{}", ((r,) for r in rows)),
+        return mark_safe(  # noqa: S308 - the template escapes every value
+            render_to_string(
+                "admin/evaluations/report.html",
+                {"totals": sorted((obj.totals or {}).items()), "turns": turns},
+            )
         )

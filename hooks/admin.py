@@ -1,14 +1,17 @@
 """Schedules (next fire times, their last fires; every change audited) and run webhooks'
 deliveries (sent, failing, attempts, last error) in the admin."""
 
+import json
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 
 from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, masked
 from accounts.tenancy import TenantScopedAdmin
@@ -62,7 +65,7 @@ class FireInline(admin.TabularInline):
     model = ScheduleFire
     extra = 0
     can_delete = False
-    fields = ("due", "status", "session", "error", "created_at")
+    fields = ("due", "status", "session", "delivery", "error", "created_at")
     readonly_fields = fields
     ordering = ("-due",)
     max_num = 0
@@ -71,11 +74,37 @@ class FireInline(admin.TabularInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduleFire]:
         return super().get_queryset(request).select_related("session")
 
+    @admin.display(description="webhook")
+    def delivery(self, obj: ScheduleFire) -> SafeString | str:
+        """The run's webhook deliveries (schedule → run → delivery), each linked."""
+        if obj.session_id is None:
+            return "-"
+        return (
+            format_html_join(
+                " ",
+                '<a href="{}">{}</a>',
+                (
+                    (reverse("admin:hooks_webhookdelivery_change", args=[d.pk]), d.status)
+                    for d in WebhookDelivery.objects.filter(session_id=obj.session_id)[:5]
+                ),
+            )
+            or "-"
+        )
+
 
 @admin.register(Schedule)
 class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ("name", "what", "cron", "timezone", "overlap", "enabled", "next_times")
+    list_display = (
+        "name",
+        "what",
+        "cron",
+        "timezone",
+        "overlap",
+        "enabled",
+        "next_times",
+        "last_fire",
+    )
     list_filter = ("enabled", "overlap")
     search_fields = ("name", "workflow", "agent")
     readonly_fields = ("next_times",)
@@ -92,9 +121,20 @@ class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             return "-"
         return format_html_join(
             "",
-            "<div>{}</div>",
+            '<div style="white-space: nowrap">{}</div>',
             ((t.strftime("%Y-%m-%d %H:%M %Z"),) for t in schedule_next_times(schedule=obj)),
         )
+
+    @admin.display(description="last fire")
+    def last_fire(self, obj: Schedule) -> SafeString | str:
+        """The newest fire's outcome, linked to the run it started (schedule → run)."""
+        fire = obj.fires.order_by("-due").first()
+        if fire is None:
+            return "-"
+        if fire.session_id is None:
+            return format_html("{}: {}", fire.get_status_display(), Truncator(fire.error).chars(60))
+        url = reverse("admin:agent_sessions_session_change", args=[fire.session_id])
+        return format_html('{} <a href="{}">{}</a>', fire.status, url, str(fire.session_id)[:8])
 
     def save_audited(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not change or TIMING & set(form.changed_data) or obj.next_due_at is None:
@@ -112,18 +152,63 @@ class WebhookDeliveryAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, 
     content_permission = MESSAGE_CONTENT
     content_fields = {"finished": "finished_masked"}
     finished_masked = masked("finished", MESSAGE_CONTENT)
+    # The URL and the error are long: shortened here (whole on the delivery's page), so
+    # that the status and attempts stay on screen.
     list_display = (
         "__str__",
-        "url",
         "status",
         "attempts",
-        "last_error",
+        "error_short",
         "next_attempt_at",
         "sent_at",
+        "url_short",
     )
     list_filter = ("status",)
     search_fields = ("=session__id", "url")
-    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+    fields = (
+        "session",
+        "schedule",
+        "turn",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_until",
+        "sent_at",
+        "created_at",
+        "url",
+        "last_error",
+        "finished_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="url")
+    def url_short(self, obj: WebhookDelivery) -> SafeString:
+        return format_html(
+            '<span title="{}" style="overflow-wrap: anywhere">{}</span>',
+            obj.url,
+            Truncator(obj.url).chars(48),
+        )
+
+    @admin.display(description="last error")
+    def error_short(self, obj: WebhookDelivery) -> SafeString:
+        return format_html(
+            '<span title="{}">{}</span>', obj.last_error, Truncator(obj.last_error).chars(80)
+        )
+
+    @admin.display(description="schedule")
+    def schedule(self, obj: WebhookDelivery) -> SafeString | str:
+        """The schedule whose fire started this run, if one did (delivery → schedule)."""
+        fire = ScheduleFire.objects.filter(session_id=obj.session_id).select_related("schedule")
+        found = fire.first()
+        if found is None:
+            return "-"
+        url = reverse("admin:hooks_schedule_change", args=[found.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, found.schedule.name)
+
+    @admin.display(description="finished (the payload sent)")
+    def finished_pretty(self, obj: WebhookDelivery) -> SafeString:
+        text = json.dumps(obj.finished, indent=2, ensure_ascii=False, sort_keys=True)
+        return format_html('<pre class="ap-json">{}</pre>', text)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -350,6 +350,18 @@ class AgentAdmin(AuditedAdmin, admin.ModelAdmin):
         ),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The rollout gate's override is a superuser's alone: not shown to anyone else (to a
+        view-only user it would read "None")."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if getattr(request.user, "is_superuser", False):
+            return fieldsets
+        override = ("override_rollout_gate", "override_reason")
+        return [
+            (name, {**opts, "fields": tuple(f for f in opts["fields"] if f != override)})
+            for name, opts in fieldsets
+        ]
+
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:

@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.selectors import approver_groups
 from runtime import health
 from runtime.breaker import breakers_open
 
@@ -80,11 +81,21 @@ def home_lines(request: HttpRequest) -> tuple[list[HomeLine], list[str]]:
         if figures.approvals_oldest is not None:
             age = (timezone.now() - figures.approvals_oldest).total_seconds()
             detail = f"oldest waits {_ago(age)}"
+        # The queue is a superuser's or an approver's (anyone else gets a 403 there): a
+        # staff user who may only read approvals gets the pending ones' list instead.
+        if user.is_superuser or (
+            user.pk is not None and approver_groups(user_id=user.pk) is not None
+        ):
+            approvals_url = reverse("admin:approvals_approval_queue")
+        else:
+            approvals_url = (
+                reverse("admin:approvals_approval_changelist") + "?status__exact=pending"
+            )
         lines.append(
             HomeLine(
                 "Approvals pending",
                 str(figures.approvals_pending),
-                reverse("admin:approvals_approval_queue"),
+                approvals_url,
                 alarm=figures.approvals_pending > 0,
                 detail=detail,
             )

@@ -36,6 +36,8 @@ from accounts.admin_access import (
     masked,
 )
 from accounts.tenancy import TenantScopedAdmin, tenant_scope
+from evaluations.models import Evaluation
+from hooks.models import ScheduleFire, WebhookDelivery
 from observability.tracing import trace_id_of
 from record.errors import Conflict, DomainError, InvalidInput
 from record.models import Session, TurnOutcomeChoice
@@ -194,6 +196,53 @@ def dialogue_line(state: Any) -> str:
         for name, value in sorted((state.get("slots") or {}).items())
     ]
     return "; ".join(parts)
+
+
+def session_related(session: Session, user: Any) -> list[tuple[str, str, str]]:
+    """What else names this session, as (what, link, text): the evaluations that replayed
+    it (those the user may see) or the one it is a replay of, the schedule fire that
+    started it, its run webhooks' deliveries. Each one's own page links back here. Only
+    the kinds the user may view are listed: no link leads to a 403."""
+    found: list[tuple[str, str, str]] = []
+    evaluations = tenant_scope(Evaluation.objects.filter(sessions=session), user, "owner")
+    if not user.has_perm("evaluations.view_evaluation"):
+        evaluations = evaluations.none()
+    elif session.evaluation_id:
+        evaluations = evaluations | tenant_scope(
+            Evaluation.objects.filter(pk=session.evaluation_id), user, "owner"
+        )
+    for evaluation in evaluations.distinct().order_by("-pk")[:20]:
+        what = "replay of" if evaluation.pk == session.evaluation_id else "replayed by"
+        found.append(
+            (
+                "evaluation",
+                reverse("admin:evaluations_evaluation_change", args=[evaluation.pk]),
+                f"{what} evaluation {evaluation.pk} ({evaluation.state})",
+            )
+        )
+    fires = ScheduleFire.objects.filter(session=session).select_related("schedule")
+    if not user.has_perm("hooks.view_schedule"):
+        fires = fires.none()
+    for fire in fires[:5]:
+        found.append(
+            (
+                "schedule",
+                reverse("admin:hooks_schedule_change", args=[fire.schedule_id]),
+                f"started by schedule {fire.schedule.name}, due {fire.due:%Y-%m-%d %H:%M}",
+            )
+        )
+    deliveries = WebhookDelivery.objects.filter(session=session).order_by("turn")
+    if not user.has_perm("hooks.view_webhookdelivery"):
+        deliveries = deliveries.none()
+    for delivery in deliveries[:20]:
+        found.append(
+            (
+                "webhook",
+                reverse("admin:hooks_webhookdelivery_change", args=[delivery.pk]),
+                f"turn {delivery.turn} webhook: {delivery.status}, {delivery.attempts} attempt(s)",
+            )
+        )
+    return found
 
 
 def session_summary(session: Session) -> SessionSummary:
@@ -742,6 +791,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 extra_context["workflow_run"] = workflow_run_view(session, content=content)
                 # A run's timeline reads node by node, each group collapsible.
                 extra_context["timeline_groups"] = group_by_node(items)
+            extra_context["related"] = session_related(session, request.user)
             # The tree: who started this session, and the sessions its agent calls started.
             extra_context["children"] = list(
                 Session.objects.filter(parent=session)

@@ -127,3 +127,19 @@ def test_a_staff_user_with_no_permission_gets_the_stock_index(client):  # type: 
     client.force_login(StaffUserFactory(username="nobody"))
     html = client.get("/admin/").content.decode()
     assert "What is wrong" not in html
+
+
+def test_a_reader_of_approvals_who_is_not_an_approver_is_sent_to_their_list_not_the_queue(
+    client,  # type: ignore[no-untyped-def]
+) -> None:
+    """The queue answers 403 to anyone but a superuser or an approver: the home's line links
+    a staff user who may only read approvals to the pending ones' list, which reads."""
+    reader = StaffUserFactory(username="reader", perms=["approvals.view_approval"])
+    client.force_login(reader)
+
+    html = client.get("/admin/").content.decode()
+
+    line = html.split("Approvals pending")[0].rsplit("<a ", 1)[1]
+    assert 'href="/admin/approvals/approval/?status__exact=pending"' in line
+    assert client.get("/admin/approvals/approval/?status__exact=pending").status_code == 200
+    assert client.get("/admin/approvals/approval/queue/").status_code == 403
