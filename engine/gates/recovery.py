@@ -14,7 +14,6 @@ import asyncio
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import F
 
 from record.models import ToolCall, ToolCallStatus
 from runtime import io_loop
@@ -30,6 +29,9 @@ class Recovered:
     to_review: list[tuple[ToolCall, str]] = field(default_factory=list)
     # A probe could not tell and may be asked again: the step waits this long first.
     retry_after_s: float | None = None
+    # Every call probed, and whether its probe could not tell (its count goes up): the
+    # tool phase records them (engine/moves/checkpoint.py `calls_probed`).
+    probed: list[tuple[ToolCall, bool]] = field(default_factory=list)
 
 
 def review_reason(call: ToolCall, said: str) -> str:
@@ -47,8 +49,8 @@ def probe_backoff_s(probes: int) -> float:
 
 def recovery_probe(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Recovered:
     """Probe the side-effecting calls among `calls` that were dispatched; each probe's
-    verdict (and the count of those that could not tell) is kept on its call (the admin
-    shows it).
+    verdict (and the count of those that could not tell) is set on its call and listed in
+    `probed` for the tool phase to record (the admin shows it).
 
     1. Probe them all at once.
     2. Done: settled with the result read back. Not done: sent again (same key).
@@ -68,12 +70,10 @@ def recovery_probe(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Rec
     probes = io_loop.run(_probe_all(uncertain, tools))
     for call, result in zip(uncertain, probes, strict=True):
         call.probe_outcome = result.verdict
-        updates: dict[str, object] = {"probe_outcome": result.verdict}
         unsure = result.verdict == "unknown" and result.detail != NO_PROBE
         if unsure:
             call.probes += 1
-            updates["probes"] = F("probes") + 1
-        ToolCall.objects.filter(pk=call.pk).update(**updates)
+        recovered.probed.append((call, unsure))
         if result.verdict == "done":
             output = result.output or {}
             recovered.outcomes[call.pk] = ToolOutcome(

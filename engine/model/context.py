@@ -504,7 +504,7 @@ def assemble(
         to_summarise = _oldest_third(past, used)
     elif summarise and past and history_limit and used > budget.summarise_ahead_at * history_limit:
         # Trimming no longer keeps the history under its watermark: prepare the summary the
-        # step at `summarise_at` will need, while there is time (engine/gates/summary_ahead.py).
+        # step at `summarise_at` will need, while there is time (engine/phases/after_turn.py).
         to_prepare = _oldest_third(past, used)
     if used > history_limit:
         used -= _hard_fit(past, current, used - history_limit)

@@ -27,7 +27,6 @@ from engine.gates.client_tools import client_wait
 from engine.gates.credit_pool import PoolGate, pool_gate
 from engine.gates.environment import drift_hold
 from engine.gates.handoff import Handoffs, handoff_gate
-from engine.gates.memory import is_memory_call, memory_tool_outcomes
 from engine.gates.metering import Credits, credits_reserve, tool_credits_stop
 from engine.gates.questions import Question, questions_of
 from engine.gates.recovery import recovery_probe
@@ -37,10 +36,16 @@ from engine.gates.risk import CHECKPOINT_LEVEL
 from engine.gates.tool_limits import tool_gates
 from engine.model.environment import Environment
 from engine.moves.approval import approvals_wait, recovery_reviews_open
-from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
+from engine.moves.checkpoint import (
+    calls_dispatched,
+    calls_probed,
+    calls_retry_later,
+    pre_run_checkpoint,
+)
 from engine.moves.children import children_start, children_started
 from engine.moves.credits import credits_park, pool_wake
 from engine.moves.turn import TIMER_HANDLER, tool_results
+from engine.phases.memory_tools import is_memory_call, memory_tool_outcomes
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import cached_output_read, open_calls
 from observability import metrics, tracing
@@ -237,6 +242,7 @@ def _settled_unless_stale(
     recovered = recovery_probe(
         [c for c in calls if c.pk not in outcomes and c.pk not in reviewed.resend], tools
     )
+    calls_probed(recovered.probed)
     if recovered.retry_after_s is not None:
         # A probe could not tell yet: ask again later; the wait lives in the lease's
         # expiry (the sweeper's), no worker holds it.
