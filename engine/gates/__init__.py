@@ -70,3 +70,16 @@ class Contribution:
             dialogue_state=state,
             seen=seen,
         )
+
+
+BUDGET_NOTE = "I had to stop here: the budget for this request is used up."
+
+
+def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
+    """What the agent has so far this turn: its last words to the user, or a short note."""
+    for message in reversed(history):
+        if message.turn != turn:
+            break
+        if message.role == "assistant" and message.content.strip():
+            return f"{message.content.strip()}\n\n({note})"
+    return note

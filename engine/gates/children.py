@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from engine.model.context import HANDOFF_PREFIX
+from engine.model.context import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 from engine.model.usage import Usage
 from record.events import ChildFinished, ChildStarted, EventSpec, EventType
 from record.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
@@ -25,8 +25,6 @@ from record.states import TURN_ENDED, State
 from tools.execution import ToolOutcome, ToolSnapshot, tools_for_agent
 from tools.rendering import render_failure, render_success
 
-AGENT_TOOL_PREFIX = "agent."
-__all__ = ["AGENT_TOOL_PREFIX", "HANDOFF_PREFIX"]
 AGENT_TOOL_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from billing.services import PoolGrant, pool_grant_of, pool_grant_statement
-from engine.gates.metering import INSUFFICIENT
+from engine.model.credits import INSUFFICIENT
 from record.models import Refusal, Session, ToolCall, ToolCallStatus
 from record.rows import execute_batch
 from tools.execution import ToolOutcome, ToolSnapshot

@@ -14,36 +14,23 @@ what the model saw (`Seen`: recorded by every model step).
 """
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
-from django.utils import timezone
 
 from engine.gates import Contribution
-from engine.gates.context_layers import seen_in_tool_step
-from engine.model.environment import Drift, Seen, drift
+from engine.model.environment import (
+    Drift,
+    Seen,
+    drift,
+    model_paused,
+    past_pause,
+    seen_in_tool_step,
+)
 from memory.tokens import count_message_tokens
 from record.models import Agent, Checkpoint, Message, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
-
-
-def model_paused(history: Sequence[Message], now: datetime | None = None) -> bool:
-    """Has the model been silent longer than `ENV_CHECK_PAUSE_S`? Measured from its latest
-    message in the history (the session row's `updated_at` cannot tell: the commit that
-    starts a turn or records a decision moves it)."""
-    latest = max(
-        (m.created_at for m in history if m.role == "assistant" and m.created_at is not None),
-        default=None,
-    )
-    return past_pause(latest, now)
-
-
-def past_pause(since: datetime | None, now: datetime | None = None) -> bool:
-    if since is None:
-        return False
-    return (now or timezone.now()) - since > timedelta(seconds=settings.ENV_CHECK_PAUSE_S)
 
 
 def recorded_drift(session: Session, env: dict[str, Any], seen: Seen | None) -> Drift:

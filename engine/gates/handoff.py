@@ -10,11 +10,10 @@ commit then switches the session's agent (a `handoff` transition and `agent.chan
 
 from dataclasses import dataclass, field
 
+from engine.model.context import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 from record.models import Agent, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, tools_for_agent
 from tools.rendering import render_failure, render_success
-
-from .children import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 
 
 @dataclass(frozen=True)

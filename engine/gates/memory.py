@@ -27,8 +27,8 @@ from typing import Any
 
 from django.db import connection
 
-from engine.gates.metering import model_credits_check
 from engine.model.calls import cheap_endpoint, side_call
+from engine.model.credits import model_credits_check
 from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from memory import extraction
 from memory.decision import (

@@ -26,11 +26,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
-
-from billing.pressure import OwnerFigures
 from billing.pricing import model_call_points
-from billing.selectors import CreditsCheck, credits_cover
+from billing.selectors import CreditsCheck
 from billing.services import (
     EndpointSpend,
     ModelCharge,
@@ -48,19 +45,14 @@ from billing.services import (
     tool_usage_statement,
     usage_statement,
 )
-from engine.gates import Stop
-from engine.gates.budget import FIGURES_NEAR_CREDITS, partial_answer
-from engine.model.calls import endpoint_tokenizer
-from llm.types import ChatRequest
-from memory.tokens import estimate_request_tokens
+from engine.gates import Stop, partial_answer
+from engine.model.credits import INSUFFICIENT
 from record.events import EventSpec, EventType, Progress, StopReason
-from record.models import ModelCall, ModelEndpoint, Refusal, Session, ToolCall, ToolCallStatus
+from record.models import ModelCall, Refusal, Session, ToolCall, ToolCallStatus
 from record.rows import execute_batch
 from record.states import Trigger
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
-
-INSUFFICIENT = "insufficient_credits"
 
 
 class CreditsWait(Exception):
@@ -212,38 +204,6 @@ def step_metering(
     writes.append(credits_close_statement(keys=settled, settle=True, guard=guard))
     writes.append(credits_close_statement(keys=released, settle=False, guard=guard))
     return writes + held
-
-
-def model_credits_check(
-    session: Session,
-    endpoint: ModelEndpoint,
-    request: ChatRequest,
-    output_estimate: int,
-    figures: OwnerFigures | None = None,
-    points_since: int = 0,
-) -> CreditsCheck | None:
-    """Before a model call on a paid endpoint: can the owner pay for its estimated tokens?
-    None when the endpoint costs no points (no query).
-
-    With the gate's `figures` (read this turn) and the points this run took since that
-    read: no query when they show no account (unmetered, or refused if credits are
-    required), or a free balance and cap room of FIGURES_NEAR_CREDITS times the points
-    and more; anything closer is asked of the account row itself."""
-    if not endpoint.credits_per_1k_tokens:
-        return None
-    tokens = estimate_request_tokens(request, endpoint_tokenizer(endpoint)) + (
-        request.max_tokens or output_estimate
-    )
-    points = model_call_points(tokens=tokens, credits_per_1k_tokens=endpoint.credits_per_1k_tokens)
-    if figures is not None and figures.credits is None and not settings.CREDITS_REQUIRED:
-        return CreditsCheck("unmetered", points)
-    if figures is not None and figures.credits is not None:
-        balance, _reserved, cap, spent_today = figures.credits
-        balance -= points_since
-        room = FIGURES_NEAR_CREDITS * points
-        if balance >= room and (cap is None or cap - spent_today - points_since >= room):
-            return CreditsCheck("ok", points, balance)
-    return credits_cover(owner_id=session.owner_id, points=points)
 
 
 def credits_note(check: CreditsCheck) -> str:

@@ -21,14 +21,17 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from approvals.models import ReviewAnswer
+from approvals.selectors import reviews_for_calls
+from approvals.states import ApprovalStatus
 from engine.gates import Contribution
-from engine.gates.environment import model_paused, past_pause
+from engine.model.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from record.models import Message, Session, ToolCall, ToolCallStatus
 from runtime import io_loop
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.prechecks import PrecheckResult, has_precheck, prechecks_run
-from tools.rendering import render_failure
+from tools.rendering import render_failure, render_success
 
 ARGS_MAX_CHARS = 200
 
@@ -176,3 +179,69 @@ def pending_prechecks(
                 extra={"precheck": True},
             )
     return rechecked
+
+
+# --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
+
+
+@dataclass
+class Reviewed:
+    # Calls a person settled (took effect / did not / nobody could tell): they are not sent.
+    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    # Calls a person said to send again with the same key, without another probe.
+    resend: set[int] = field(default_factory=set)
+    pending: bool = False
+
+
+def review_outcomes(calls: list[ToolCall]) -> Reviewed:
+    """What the people asked about this step's calls answered: uncertain calls (dispatched
+    before a crash), and calls never sent whose business precheck failed (those a person
+    was asked about: `has_approval`)."""
+    reviewed = Reviewed()
+    asked = [c for c in calls if c.dispatched_at is not None or getattr(c, "has_approval", True)]
+    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in asked]).items():
+        call = next(c for c in asked if c.pk == call_id)
+        if review.status == ApprovalStatus.PENDING:
+            reviewed.pending = True
+        elif review.answer == ReviewAnswer.SEND_AGAIN:
+            # Sent again after the answer and uncertain once more: probe (and ask) anew.
+            if call.dispatched_at is None or (
+                review.decided_at is not None and call.dispatched_at <= review.decided_at
+            ):
+                reviewed.resend.add(call_id)
+        elif review.answer == ReviewAnswer.TOOK_EFFECT:
+            output = review.answer_result if review.answer_result is not None else {}
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.SUCCESS,
+                output=output,
+                content=render_success(output),
+                extra={"reviewed": str(review.pk)},
+            )
+        else:
+            by = review.decided_by_name or "an operator"
+            if review.answer == ReviewAnswer.NOT_TAKEN and call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = f"{by} decided not to send this call. {why}"
+            elif call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = (
+                    f"no one decided whether to send this call (review {review.status}); "
+                    f"it was not sent. {why}"
+                )
+            elif review.answer == ReviewAnswer.NOT_TAKEN:
+                message = f"{by} checked: this call did not take effect, and it was not sent again."
+            else:
+                message = (
+                    "no one could tell whether this call took effect before a crash "
+                    f"(review {review.status}); it was not sent again."
+                )
+            if review.comment:
+                message += f' Comment: "{review.comment}"'
+            reviewed.outcomes[call_id] = ToolOutcome(
+                status=ToolCallStatus.FAILED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.FAILED, message),
+                extra={"reviewed": str(review.pk)},
+            )
+    return reviewed

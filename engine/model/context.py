@@ -48,6 +48,8 @@ from tools.rendering import FAILURE_MARKER
 
 # A handoff's tool: `transfer_to_<slug>` for each of the agent's `handoffs` (engine/gates/handoff.py).
 HANDOFF_PREFIX = "transfer_to_"
+# A sub-agent offered as a tool: `agent.<slug>` (engine/gates/children.py).
+AGENT_TOOL_PREFIX = "agent."
 LIMIT_NOTE = "You have used all the tool rounds allowed for this request."
 FINAL_INSTRUCTION = "Do not call tools; answer the user now with what you have found so far."
 

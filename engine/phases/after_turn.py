@@ -24,9 +24,10 @@ from engine.gates.memory import (
     extraction_changes,
     extraction_decide,
 )
-from engine.gates.metering import model_credits_check, side_call_charges
+from engine.gates.metering import side_call_charges
 from engine.model.calls import request_tokenizer, request_window
 from engine.model.context import assemble
+from engine.model.credits import model_credits_check
 from engine.model.summaries import (
     SUMMARY_OUTPUT_TOKENS,
     summarise,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.utils import timezone
 
-from engine.gates.approval import approval_gate, review_outcomes
+from engine.gates.approval import approval_gate
 from engine.gates.budget import FiguresKeeper, StepDeferred
 from engine.gates.children import Children, ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
@@ -31,8 +31,8 @@ from engine.gates.metering import Credits, credits_reserve, tool_credits_stop
 from engine.gates.questions import Question, questions_of
 from engine.gates.recovery import recovery_probe
 from engine.gates.replay import ReplaySource, replay_gate, replay_source
-from engine.gates.revalidation import Rechecked, pending_prechecks
-from engine.gates.risk import CHECKPOINT_LEVEL
+from engine.gates.revalidation import Rechecked, pending_prechecks, review_outcomes
+from engine.gates.risk import CHECKPOINT_LEVEL, calls_assess
 from engine.gates.tool_limits import tool_gates
 from engine.model.environment import Environment
 from engine.moves.approval import approvals_wait, recovery_reviews_open
@@ -196,6 +196,7 @@ def _settled_early(
 ) -> _Settled | None:
     """Approvals, other agents' calls, handoffs and cached results; None when the step
     waits (for a person, or raises ChildrenWait for its children)."""
+    calls_assess(calls, tools)  # the risk levels the approval gate and the checkpoint read
     gate = approval_gate(session, calls, tools)
     if gate.waits:
         approvals_wait(session, owner, gate.requests)
@@ -511,6 +512,7 @@ def tool_run_in_step(
     ):
         return None
     call.has_approval = False  # type: ignore[attr-defined] # not stored: never asked about
+    calls_assess([call], tools)
     gate = approval_gate(session, [call], tools)
     if gate.waits or gate.outcomes or (call.risk_level or 0) >= CHECKPOINT_LEVEL:
         return None

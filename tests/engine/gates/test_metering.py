@@ -11,12 +11,8 @@ from billing.budgets import Spent
 from billing.models import CreditAccount, CreditLedger, CreditReservation
 from billing.pressure import OwnerFigures
 from billing.services import credits_grant
-from engine.gates.metering import (
-    INSUFFICIENT,
-    CreditsWait,
-    credits_reserve,
-    model_credits_check,
-)
+from engine.gates.metering import CreditsWait, credits_reserve
+from engine.model.credits import INSUFFICIENT, model_credits_check
 from llm.types import ChatMessage, ChatRequest
 from record.models import ToolCall
 from tests.factories import ModelEndpointFactory, ToolFactory

@@ -1,4 +1,5 @@
-"""The gates read and judge; none writes the record (docs/ARCHITECTURE.md, engine floors).
+"""The gates read and judge; none writes the record, and none imports another
+(docs/ARCHITECTURE.md, engine floors).
 
 A gate that decides something should be written returns it (an intent on its verdict: the
 approvals to ask for, the probes to record, the memory to keep) and a phase or a move
@@ -130,3 +131,50 @@ def test_a_write_planted_in_a_gate_fails_the_scan(tmp_path, monkeypatch) -> None
         assert "engine/gates/risk.py" in str(failed)
     else:
         raise AssertionError("the planted write was not found")
+
+
+def gate_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import of another gate: `engine.gates.<x>` (the protocol,
+    `engine.gates` itself, is every gate's) or a relative `.x`."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level > 0:
+                found.append((node.lineno, "." * node.level + (node.module or "")))
+            elif node.module and node.module.startswith("engine.gates."):
+                found.append((node.lineno, node.module))
+            elif node.module == "engine.gates":
+                found += [
+                    (node.lineno, f"engine.gates.{a.name}")
+                    for a in node.names
+                    if (GATES / f"{a.name}.py").exists()
+                ]
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, a.name) for a in node.names if a.name.startswith("engine.gates.")
+            ]
+    return found
+
+
+def test_no_gate_imports_another() -> None:
+    """Each gate judges on its own: what several need (the credits check, what the model
+    sees, the world around a step) lives on the model floor below, the result shapes in the
+    protocol (engine/gates/__init__.py); a chain of gates is not rebuilt."""
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted(GATES.glob("*.py"))
+        if path.name != "__init__.py" and (hits := gate_imports(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_each_planted_gate_import_is_found() -> None:
+    planted = {
+        "from engine.gates.budget import GateRead": ["engine.gates.budget"],
+        "from engine.gates import budget": ["engine.gates.budget"],
+        "import engine.gates.metering": ["engine.gates.metering"],
+        "from .children import AGENT_TOOL_PREFIX": [".children"],
+    }
+    for source, modules in planted.items():
+        assert [m for _, m in gate_imports(source)] == modules, source
+    assert gate_imports("from engine.gates import Contribution, Stop") == []
