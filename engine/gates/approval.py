@@ -9,10 +9,7 @@ Here, at the start of a tool step:
   edited arguments, if any) and rejected or expired ones become a tool result
   that says so. The step's other calls wait with them, so results keep the
   model's order.
-- `review_outcomes`: what people answered about the step's uncertain calls.
 """
-
-from dataclasses import dataclass, field
 
 from django.utils import timezone
 
@@ -21,25 +18,11 @@ from approvals.policy import approval_reason
 from approvals.selectors import approval_remembered, approvals_for_calls
 from approvals.services import approval_request
 from approvals.states import ApprovalStatus
+from engine.gates import Verdict, Wait
 from record.events import ApprovalRequested, EventSpec, EventType
 from record.models import Refusal, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
-
-
-@dataclass
-class Gate:
-    # Calls a person refused (or the deadline expired): they never run.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Approvals to ask for now, one per call that needs a person (not yet stored).
-    requests: list[Approval] = field(default_factory=list)
-    # An approval asked for earlier is still waiting for its decision.
-    pending: bool = False
-
-    @property
-    def waits(self) -> bool:
-        """The step waits for a person: the session pauses (moves.approval.approvals_wait)."""
-        return bool(self.requests) or self.pending
 
 
 def requested_event(approval: Approval) -> EventSpec:
@@ -74,16 +57,20 @@ def refused_outcome(approval: Approval) -> ToolOutcome:
     )
 
 
-def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Gate:
-    """Decide which of the step's calls wait for a person (the approvals to ask for), and
-    which a person refused; the tool phase pauses the session when the step waits. The
-    calls' risk levels are assessed first, by the phase (engine/gates/risk.py)."""
+def approval_gate(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Verdict[list[Approval]]:
+    """Which of the step's calls a person refused (settled: they never run), and which wait
+    for a person: the step waits for an approval asked earlier, or for those in its intent
+    (one per call, not yet stored: the tool phase asks for them and pauses the session,
+    moves.approval.approvals_wait). The calls' risk levels are assessed first, by the phase
+    (engine/gates/risk.py)."""
     # Only calls a person was asked about have an approval to read (the tool
     # step's one query says which), so an ungated step pays no extra round trip.
     decided = approvals_for_calls(
         call_ids=[c.pk for c in calls if getattr(c, "has_approval", True)]
     )
-    gate = Gate()
+    refused: dict[int, ToolOutcome] = {}
     pending = False
     fresh: list[Approval] = []
     now = timezone.now()
@@ -99,7 +86,7 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
                     # the approval too).
                     call.proposed_input, call.input = call.input, approval.edited_arguments
             else:
-                gate.outcomes[call.pk] = refused_outcome(approval)
+                refused[call.pk] = refused_outcome(approval)
             continue
         tool = tools.get(call.tool_name)
         if tool is None or call.error or not isinstance(call.input, dict):
@@ -110,5 +97,5 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
         ):
             continue
         fresh.append(approval_request(call=call, tool=tool, reason=reason, now=now))
-    gate.requests, gate.pending = fresh, pending
-    return gate
+    wait = Wait("approval") if fresh or pending else None
+    return Verdict(settled=refused, wait=wait, intent=fresh)

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from django.conf import settings
 
-from engine.gates import Contribution
+from engine.gates import Contribution, Verdict
 from engine.model.environment import (
     Drift,
     Seen,
@@ -92,8 +92,8 @@ def drift_hold(
     calls: list[ToolCall],
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
-) -> dict[int, ToolOutcome]:
-    """The outcomes of side-effecting calls not to send because the world moved since the
+) -> Verdict[None]:
+    """The side-effecting calls not to send (settled) because the world moved since the
     model decided them (after a resume, a crash recovery, or a pause longer than
     `ENV_CHECK_PAUSE_S` since the calls were decided).
 
@@ -108,23 +108,25 @@ def drift_hold(
         and tool.side_effects
     ]
     if not held:
-        return {}
+        return Verdict()
     decided = min((c.created_at for c in held if c.created_at is not None), default=None)
     if not (session.resume_check or past_pause(decided)):
-        return {}
+        return Verdict()
     found = recorded_drift(session, env, seen_in_tool_step(session, agent, tools))
     if not found.above(settings.ENV_DRIFT_THRESHOLD):
-        return {}
+        return Verdict()
     message = "this call was not sent: " + drift_text(found).removeprefix(
         "Note from the platform: "
     )
-    return {
-        c.pk: ToolOutcome(
-            status=ToolCallStatus.REJECTED,
-            output=None,
-            error=message,
-            content=render_failure(ToolCallStatus.REJECTED, message),
-            extra={"drift": True},
-        )
-        for c in held
-    }
+    return Verdict(
+        settled={
+            c.pk: ToolOutcome(
+                status=ToolCallStatus.REJECTED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.REJECTED, message),
+                extra={"drift": True},
+            )
+            for c in held
+        }
+    )

@@ -22,7 +22,6 @@
   back in the commit of their results, in the same batch.
 """
 
-from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -45,7 +44,7 @@ from billing.services import (
     tool_usage_statement,
     usage_statement,
 )
-from engine.gates import Stop, partial_answer
+from engine.gates import Stop, Verdict, partial_answer
 from engine.model.credits import INSUFFICIENT
 from record.events import EventSpec, EventType, Progress, StopReason
 from record.models import ModelCall, Refusal, Session, ToolCall, ToolCallStatus
@@ -59,19 +58,15 @@ class CreditsWait(Exception):
     """A call waits for points held by in-flight calls: try the step again shortly."""
 
 
-@dataclass
-class Credits:
-    refused: dict[int, ToolOutcome] = field(default_factory=dict)
-    events: list[EventSpec] = field(default_factory=list)
-
-
 def credits_reserve(
     session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
-) -> Credits:
+) -> Verdict[None]:
     """Reserve the points of the calls about to run (each call marks itself
     `credit_points` for the commit that settles it); raise CreditsWait if one
-    has to wait. Calls already refused stay refused on the next try."""
-    result = Credits()
+    has to wait. Settled: the calls the account cannot pay for (they stay refused on the
+    next try); events: a low-water mark crossed."""
+    refused: dict[int, ToolOutcome] = {}
+    events: list[EventSpec] = []
     waiting = False
     paid: list[tuple[ToolCall, int]] = []
     for call in calls:
@@ -100,14 +95,14 @@ def credits_reserve(
         if reservation.outcome == "reserved":
             call.credit_points = points  # type: ignore[attr-defined]
             if reservation.low_water_crossed:
-                result.events.append(_low_water_event(session, reservation))
+                events.append(_low_water_event(session, reservation))
         elif reservation.outcome == "insufficient":
-            result.refused[call.pk] = insufficient_outcome(reservation)
+            refused[call.pk] = insufficient_outcome(reservation)
         elif reservation.outcome == "wait":
             waiting = True
     if waiting:
         raise CreditsWait(f"session {session.pk} waits for points held by in-flight calls")
-    return result
+    return Verdict(settled=refused, events=tuple(events))
 
 
 def insufficient_outcome(reservation: Reservation) -> ToolOutcome:
@@ -230,12 +225,12 @@ def credits_stop(check: CreditsCheck | None, history: list[Any], turn: int) -> S
     )
 
 
-def tool_credits_stop(session: Session, credits: Credits, step: int) -> Stop | None:
+def tool_credits_stop(session: Session, credits: Verdict[None], step: int) -> Stop | None:
     """A tool step's credits verdict: the model was told once that a call could not be paid
     for and tried again, so the turn ends with what it has (`credits`: credits_reserve's)."""
-    if not credits.refused or not insufficient_before(session, step):
+    if not credits.settled or not insufficient_before(session, step):
         return None
-    refused = next(iter(credits.refused.values())).output or {}
+    refused = next(iter(credits.settled.values())).output or {}
     return Stop(
         trigger=Trigger.LIMIT_REACHED,
         stop_reason=StopReason.INSUFFICIENT_CREDITS,

@@ -24,7 +24,7 @@ from django.utils import timezone
 from approvals.models import ReviewAnswer
 from approvals.selectors import reviews_for_calls
 from approvals.states import ApprovalStatus
-from engine.gates import Contribution
+from engine.gates import Contribution, Verdict, Wait
 from engine.model.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from record.models import Message, Session, ToolCall, ToolCallStatus
@@ -105,8 +105,9 @@ SEND_ANYWAY = " Send this call anyway (send_again), or not (not_taken: the model
 
 @dataclass
 class Rechecked:
-    # Read-only calls whose precondition no longer holds: not run, the model reads why.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    """A precheck verdict's intent (its settled calls: read-only calls whose precondition
+    no longer holds, not run; the model reads why)."""
+
     # Side-effecting calls whose check failed or could not answer, with what a person reads.
     to_review: list[tuple[ToolCall, str]] = field(default_factory=list)
     # Some check ran: this recovery's revalidation is done (the results' commit clears
@@ -129,7 +130,7 @@ def _wants_check(session: Session, call: ToolCall) -> bool:
 
 def pending_prechecks(
     session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
-) -> Rechecked:
+) -> Verdict[Rechecked]:
     """Check again the preconditions of the calls about to be sent, when they may be stale.
 
     1. The calls whose tool declares a precheck and that were decided before a crash
@@ -149,8 +150,9 @@ def pending_prechecks(
         and _wants_check(session, c)
     ]
     rechecked = Rechecked()
+    settled: dict[int, ToolOutcome] = {}
     if not wanted:
-        return rechecked
+        return Verdict(intent=rechecked)
     connection.close()
     results = io_loop.run(prechecks_run([(tools[c.tool_name], dict(c.input)) for c in wanted]))
     rechecked.checked = True
@@ -171,47 +173,43 @@ def pending_prechecks(
             rechecked.to_review.append((call, reason))
         elif result.holds is False:
             message = f"this call was not run: {what}. Work from the current state."
-            rechecked.outcomes[call.pk] = ToolOutcome(
+            settled[call.pk] = ToolOutcome(
                 status=ToolCallStatus.REJECTED,
                 output=None,
                 error=message,
                 content=render_failure(ToolCallStatus.REJECTED, message),
                 extra={"precheck": True},
             )
-    return rechecked
+    wait = Wait("review") if rechecked.to_review else None
+    return Verdict(settled=settled, wait=wait, intent=rechecked)
 
 
 # --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
 
 
-@dataclass
-class Reviewed:
-    # Calls a person settled (took effect / did not / nobody could tell): they are not sent.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Calls a person said to send again with the same key, without another probe.
-    resend: set[int] = field(default_factory=set)
-    pending: bool = False
-
-
-def review_outcomes(calls: list[ToolCall]) -> Reviewed:
+def review_outcomes(calls: list[ToolCall]) -> Verdict[set[int]]:
     """What the people asked about this step's calls answered: uncertain calls (dispatched
     before a crash), and calls never sent whose business precheck failed (those a person
-    was asked about: `has_approval`)."""
-    reviewed = Reviewed()
+    was asked about: `has_approval`). Settled: the calls a person settled (took effect /
+    did not / nobody could tell), not sent; the intent: those a person said to send again
+    with the same key, without another probe; a review still open: the step waits."""
+    settled: dict[int, ToolOutcome] = {}
+    resend: set[int] = set()
+    pending = False
     asked = [c for c in calls if c.dispatched_at is not None or getattr(c, "has_approval", True)]
     for call_id, review in reviews_for_calls(call_ids=[c.pk for c in asked]).items():
         call = next(c for c in asked if c.pk == call_id)
         if review.status == ApprovalStatus.PENDING:
-            reviewed.pending = True
+            pending = True
         elif review.answer == ReviewAnswer.SEND_AGAIN:
             # Sent again after the answer and uncertain once more: probe (and ask) anew.
             if call.dispatched_at is None or (
                 review.decided_at is not None and call.dispatched_at <= review.decided_at
             ):
-                reviewed.resend.add(call_id)
+                resend.add(call_id)
         elif review.answer == ReviewAnswer.TOOK_EFFECT:
             output = review.answer_result if review.answer_result is not None else {}
-            reviewed.outcomes[call_id] = ToolOutcome(
+            settled[call_id] = ToolOutcome(
                 status=ToolCallStatus.SUCCESS,
                 output=output,
                 content=render_success(output),
@@ -237,11 +235,11 @@ def review_outcomes(calls: list[ToolCall]) -> Reviewed:
                 )
             if review.comment:
                 message += f' Comment: "{review.comment}"'
-            reviewed.outcomes[call_id] = ToolOutcome(
+            settled[call_id] = ToolOutcome(
                 status=ToolCallStatus.FAILED,
                 output=None,
                 error=message,
                 content=render_failure(ToolCallStatus.FAILED, message),
                 extra={"reviewed": str(review.pk)},
             )
-    return reviewed
+    return Verdict(settled=settled, wait=Wait("review") if pending else None, intent=resend)

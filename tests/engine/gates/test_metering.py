@@ -111,8 +111,8 @@ def test_a_steps_paid_calls_are_reserved_in_one_round_trip(make_session) -> None
         call.credit_points = 0  # type: ignore[attr-defined]
     credits = credits_reserve(session, calls, tools)
     assert [getattr(c, "credit_points", 0) for c in calls] == [10, 0, 10, 0]
-    assert list(credits.refused) == [calls[3].pk]
-    refusal = credits.refused[calls[3].pk].output
+    assert list(credits.settled) == [calls[3].pk]
+    refusal = credits.settled[calls[3].pk].output
     assert (refusal["code"], refusal["points_needed"], refusal["points_left"]) == (
         INSUFFICIENT,
         10,
