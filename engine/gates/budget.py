@@ -16,7 +16,7 @@
    (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
 4. Last before the call (`budget_hold`): its worst case is held against the owner's day,
    month, agent-day and key budgets, which the owner's other sessions spend at the same
-   time; the step's commit gives it back (engine/gates/metering.step_metering).
+   time; the step's commit gives it back (engine/moves/metering.step_metering).
 """
 
 import dataclasses
@@ -324,7 +324,7 @@ def budget_hold(session: Session, gate: ModelGate) -> ModelGate:
             budgets=[b for b, _ in gate.budgets],
         )
         if held.held:
-            # The step's commit releases it (engine/gates/metering.step_metering).
+            # The step's commit releases it (engine/moves/metering.step_metering).
             session.budget_held = True  # type: ignore[attr-defined]
             request = dataclasses.replace(gate.request, max_tokens=call.output_tokens)
             return dataclasses.replace(gate, request=request, call=call)

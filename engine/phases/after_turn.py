@@ -24,7 +24,6 @@ from engine.gates.memory import (
     extraction_changes,
     extraction_decide,
 )
-from engine.gates.metering import side_call_charges
 from engine.model.calls import request_tokenizer, request_window
 from engine.model.context import assemble
 from engine.model.credits import model_credits_check
@@ -37,6 +36,7 @@ from engine.model.summaries import (
     summary_draft_store,
     summary_endpoint,
 )
+from engine.moves.metering import side_call_charges
 from engine.store.side_calls import side_call_commit
 from llm.types import ChatMessage, ChatRequest
 from memory import extraction
