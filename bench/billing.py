@@ -58,7 +58,7 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     from billing.models import CreditAccount, OwnerBudget
     from billing.services import usage_statement
     from engine.gates.budget import FiguresKeeper, gate_read, model_gate
-    from engine.gates.metering import model_credits_check
+    from engine.model.credits import model_credits_check
     from engine.run_cache import agent_runtime
     from llm.types import ChatMessage, ChatRequest
     from record.models import Agent, Session

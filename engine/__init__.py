@@ -11,9 +11,7 @@ loop and its lease), `phases/` (the model step, the tool step, the workflow node
 
 from engine.gates.client_tools import open_client_calls
 from engine.gates.handoff import handoff_barred
-from engine.gates.memory import turn_memory_keep
 from engine.gates.questions import open_question
-from engine.gates.summary_ahead import summary_ahead_make
 from engine.model.context import summary_through
 from engine.moves.approval import approval_changed, approval_recorded
 from engine.moves.ask_user import client_calls_expire, client_results, user_answer
@@ -32,6 +30,7 @@ from engine.moves.turn import (
     turn_cancel,
     turn_start,
 )
+from engine.phases.after_turn import summary_ahead_make, turn_memory_keep
 from engine.run_cache import agent_tool_names
 from engine.runner.loop import RunResult, session_run
 from engine.store.commit import StaleSession

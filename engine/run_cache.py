@@ -15,10 +15,10 @@ from typing import Any
 from django.db import connection
 
 from engine.gates.budget import FiguresKeeper
-from engine.gates.children import AGENT_TOOL_PREFIX, agent_tools
+from engine.gates.children import agent_tools
 from engine.gates.guards import CallRecord
 from engine.gates.memory import turn_memory_block
-from engine.model.context import SUMMARY_NAME
+from engine.model.context import AGENT_TOOL_PREFIX, SUMMARY_NAME
 from engine.model.environment import Environment, environment
 from engine.store.commit import CallsCommitted
 from record.events import CallCounts, call_counts

@@ -1,20 +1,57 @@
-"""Gates: each reads what it needs and returns one of two shapes, and makes no move of its
-own (the phase that consults it does):
+"""Gates: each reads what it needs and judges; none makes a move or writes the record (the
+phase that consults it does, from what the gate returns). No gate imports another: what
+several need lives on the model floor below (tests/architecture/test_gates.py).
 
-- a verdict: `Stop` (the turn ends here, with this answer) for a model step; for a tool
-  step, the outcomes of the calls it settles (they do not run) or that the step waits;
-- a `Contribution` to the step: notes the model reads, context blocks, request
+A gate answers in the shape of the step that asks it:
+
+- a tool step's gates answer a `Verdict` on the step's calls: the calls it settles (their
+  outcomes: they do not run), whether the step waits (`Wait`: for a person, the children,
+  the credit pool, a probe), the events the step's commit announces, and its `intent`:
+  what the phase writes for it (the approvals to ask for, the children to start, the
+  probes to record, the handoff chosen);
+- a model step's gates answer `Stop` (the turn ends here, with this answer) or a
+  `Contribution` to the request: notes the model reads, context blocks, request
   configuration, the engine's own model calls, a new dialogue state. Contributions add up
   (`Contribution.join`) and ride on the step's one commit.
+
+Waits that unwind the run (the runner catches them) stay exceptions: `StepDeferred`,
+`CreditsWait`, `ChildrenWait`.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from engine.model.environment import Seen
-from record.events import StopReason
+from record.events import EventSpec, StopReason
 from record.models import Message, ModelCall
 from record.states import Trigger
+from tools.execution import ToolOutcome
+
+Intent = TypeVar("Intent")
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The tool step waits: `on` whom or what (a person, the children, the credit pool, a
+    probe), and at most `after_s` seconds (None: until something wakes the run)."""
+
+    on: str
+    after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict(Generic[Intent]):
+    """A tool-step gate's answer on the step's calls (every tool-step gate's one shape)."""
+
+    # The calls it settles, by id: they do not run; the model reads these outcomes.
+    settled: Mapping[int, ToolOutcome] = field(default_factory=dict)
+    # The step waits (the phase pauses or parks the session); None: it goes on.
+    wait: Wait | None = None
+    # Announced by the step's commit (a child finished, credits ran low).
+    events: tuple[EventSpec, ...] = ()
+    # What the phase writes for it: the approvals to ask for, the children to start...
+    intent: Intent | None = None
 
 
 @dataclass(frozen=True)
@@ -70,3 +107,16 @@ class Contribution:
             dialogue_state=state,
             seen=seen,
         )
+
+
+BUDGET_NOTE = "I had to stop here: the budget for this request is used up."
+
+
+def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
+    """What the agent has so far this turn: its last words to the user, or a short note."""
+    for message in reversed(history):
+        if message.turn != turn:
+            break
+        if message.role == "assistant" and message.content.strip():
+            return f"{message.content.strip()}\n\n({note})"
+    return note

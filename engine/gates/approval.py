@@ -9,39 +9,20 @@ Here, at the start of a tool step:
   edited arguments, if any) and rejected or expired ones become a tool result
   that says so. The step's other calls wait with them, so results keep the
   model's order.
-- `review_outcomes`: what people answered about the step's uncertain calls.
 """
-
-from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from approvals.models import Approval, ReviewAnswer
+from approvals.models import Approval
 from approvals.policy import approval_reason
-from approvals.selectors import approval_remembered, approvals_for_calls, reviews_for_calls
+from approvals.selectors import approval_remembered, approvals_for_calls
 from approvals.services import approval_request
 from approvals.states import ApprovalStatus
-from engine.gates.revalidation import SEND_ANYWAY
-from engine.gates.risk import calls_assess
+from engine.gates import Verdict, Wait
 from record.events import ApprovalRequested, EventSpec, EventType
 from record.models import Refusal, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
-from tools.rendering import render_failure, render_success
-
-
-@dataclass
-class Gate:
-    # Calls a person refused (or the deadline expired): they never run.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Approvals to ask for now, one per call that needs a person (not yet stored).
-    requests: list[Approval] = field(default_factory=list)
-    # An approval asked for earlier is still waiting for its decision.
-    pending: bool = False
-
-    @property
-    def waits(self) -> bool:
-        """The step waits for a person: the session pauses (moves.approval.approvals_wait)."""
-        return bool(self.requests) or self.pending
+from tools.rendering import render_failure
 
 
 def requested_event(approval: Approval) -> EventSpec:
@@ -76,16 +57,20 @@ def refused_outcome(approval: Approval) -> ToolOutcome:
     )
 
 
-def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Gate:
-    """Decide which of the step's calls wait for a person (the approvals to ask for), and
-    which a person refused; the tool phase pauses the session when the step waits."""
-    calls_assess(calls, tools)
+def approval_gate(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Verdict[list[Approval]]:
+    """Which of the step's calls a person refused (settled: they never run), and which wait
+    for a person: the step waits for an approval asked earlier, or for those in its intent
+    (one per call, not yet stored: the tool phase asks for them and pauses the session,
+    moves.approval.approvals_wait). The calls' risk levels are assessed first, by the phase
+    (engine/gates/risk.py)."""
     # Only calls a person was asked about have an approval to read (the tool
     # step's one query says which), so an ungated step pays no extra round trip.
     decided = approvals_for_calls(
         call_ids=[c.pk for c in calls if getattr(c, "has_approval", True)]
     )
-    gate = Gate()
+    refused: dict[int, ToolOutcome] = {}
     pending = False
     fresh: list[Approval] = []
     now = timezone.now()
@@ -101,7 +86,7 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
                     # the approval too).
                     call.proposed_input, call.input = call.input, approval.edited_arguments
             else:
-                gate.outcomes[call.pk] = refused_outcome(approval)
+                refused[call.pk] = refused_outcome(approval)
             continue
         tool = tools.get(call.tool_name)
         if tool is None or call.error or not isinstance(call.input, dict):
@@ -112,71 +97,5 @@ def approval_gate(session: Session, calls: list[ToolCall], tools: dict[str, Tool
         ):
             continue
         fresh.append(approval_request(call=call, tool=tool, reason=reason, now=now))
-    gate.requests, gate.pending = fresh, pending
-    return gate
-
-
-# --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
-
-
-@dataclass
-class Reviewed:
-    # Calls a person settled (took effect / did not / nobody could tell): they are not sent.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Calls a person said to send again with the same key, without another probe.
-    resend: set[int] = field(default_factory=set)
-    pending: bool = False
-
-
-def review_outcomes(calls: list[ToolCall]) -> Reviewed:
-    """What the people asked about this step's calls answered: uncertain calls (dispatched
-    before a crash), and calls never sent whose business precheck failed (those a person
-    was asked about: `has_approval`)."""
-    reviewed = Reviewed()
-    asked = [c for c in calls if c.dispatched_at is not None or getattr(c, "has_approval", True)]
-    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in asked]).items():
-        call = next(c for c in asked if c.pk == call_id)
-        if review.status == ApprovalStatus.PENDING:
-            reviewed.pending = True
-        elif review.answer == ReviewAnswer.SEND_AGAIN:
-            # Sent again after the answer and uncertain once more: probe (and ask) anew.
-            if call.dispatched_at is None or (
-                review.decided_at is not None and call.dispatched_at <= review.decided_at
-            ):
-                reviewed.resend.add(call_id)
-        elif review.answer == ReviewAnswer.TOOK_EFFECT:
-            output = review.answer_result if review.answer_result is not None else {}
-            reviewed.outcomes[call_id] = ToolOutcome(
-                status=ToolCallStatus.SUCCESS,
-                output=output,
-                content=render_success(output),
-                extra={"reviewed": str(review.pk)},
-            )
-        else:
-            by = review.decided_by_name or "an operator"
-            if review.answer == ReviewAnswer.NOT_TAKEN and call.dispatched_at is None:
-                why = review.reason.removesuffix(SEND_ANYWAY)
-                message = f"{by} decided not to send this call. {why}"
-            elif call.dispatched_at is None:
-                why = review.reason.removesuffix(SEND_ANYWAY)
-                message = (
-                    f"no one decided whether to send this call (review {review.status}); "
-                    f"it was not sent. {why}"
-                )
-            elif review.answer == ReviewAnswer.NOT_TAKEN:
-                message = f"{by} checked: this call did not take effect, and it was not sent again."
-            else:
-                message = (
-                    "no one could tell whether this call took effect before a crash "
-                    f"(review {review.status}); it was not sent again."
-                )
-            if review.comment:
-                message += f' Comment: "{review.comment}"'
-            reviewed.outcomes[call_id] = ToolOutcome(
-                status=ToolCallStatus.FAILED,
-                output=None,
-                error=message,
-                content=render_failure(ToolCallStatus.FAILED, message),
-                extra={"reviewed": str(review.pk)},
-            )
-    return reviewed
+    wait = Wait("approval") if fresh or pending else None
+    return Verdict(settled=refused, wait=wait, intent=fresh)

@@ -16,7 +16,7 @@
    (StepDeferred) and re-enqueues it for when the window turns, holding no worker.
 4. Last before the call (`budget_hold`): its worst case is held against the owner's day,
    month, agent-day and key budgets, which the owner's other sessions spend at the same
-   time; the step's commit gives it back (engine/gates/metering.step_metering).
+   time; the step's commit gives it back (engine/moves/metering.step_metering).
 """
 
 import dataclasses
@@ -38,13 +38,15 @@ from billing.pressure import (
 )
 from billing.ratelimit import RateLimit, rate_limit_take
 from billing.services import budget_reserve, notices_raise
-from engine.gates import Stop
+from engine.gates import BUDGET_NOTE, Stop, partial_answer  # noqa: F401 (BUDGET_NOTE: tests/billing)
 from engine.model.calls import (
     endpoint_tokenizer,
     first_enabled_endpoint,
     give_back_connection,
     primary_endpoint,
 )
+from engine.model.credits import FIGURES_NEAR_CREDITS
+from engine.model.environment import GateRead
 from llm.types import ChatRequest
 from memory.tokens import estimate_request_tokens
 from record.events import StopReason
@@ -54,14 +56,11 @@ from runtime.breaker import model_breaker
 
 BREAKER_TTL_S = 1.0
 # Kept figures are read again once a budget is this much spent (other sessions of the
-# owner spend meanwhile, unseen here), once the balance is within this many low-water
-# marks, or once they are this old.
+# owner spend meanwhile, unseen here), once the balance is within FIGURES_NEAR_CREDITS
+# low-water marks (engine/model/credits.py), or once they are this old.
 FIGURES_NEAR_SHARE = 0.8
-FIGURES_NEAR_CREDITS = 2.0
 FIGURES_MAX_AGE_S = 30.0
 _breakers: dict[str, tuple[float, bool]] = {}
-
-BUDGET_NOTE = "I had to stop here: the budget for this request is used up."
 
 
 class StepDeferred(Exception):
@@ -133,18 +132,6 @@ AGENT_BUDGETS = (
     "budget_day_tokens",
     "budget_day_cost",
 )
-
-
-@dataclass(frozen=True)
-class GateRead:
-    """What the gate reads before a model call, before the request exists: the budgets
-    with their spend, the owner's figures (credits too) and the degradation level.
-    The environment block is made from it, so it costs the step no read of its own."""
-
-    budgets: list[tuple[Budget, Spent]]
-    figures: OwnerFigures
-    level: int
-    model_failing: bool
 
 
 @dataclass(frozen=True)
@@ -337,7 +324,7 @@ def budget_hold(session: Session, gate: ModelGate) -> ModelGate:
             budgets=[b for b, _ in gate.budgets],
         )
         if held.held:
-            # The step's commit releases it (engine/gates/metering.step_metering).
+            # The step's commit releases it (engine/moves/metering.step_metering).
             session.budget_held = True  # type: ignore[attr-defined]
             request = dataclasses.replace(gate.request, max_tokens=call.output_tokens)
             return dataclasses.replace(gate, request=request, call=call)
@@ -376,16 +363,6 @@ def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatReq
             raise StepDeferred(wait)
         give_back_connection()
         time.sleep(wait)
-
-
-def partial_answer(history: list, turn: int, note: str = BUDGET_NOTE) -> str:
-    """What the agent has so far this turn: its last words to the user, or a short note."""
-    for message in reversed(history):
-        if message.turn != turn:
-            break
-        if message.role == "assistant" and message.content.strip():
-            return f"{message.content.strip()}\n\n({note})"
-    return note
 
 
 def budget_stop(gate: ModelGate, history: list[Any], turn: int) -> Stop | None:

@@ -17,7 +17,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from engine.model.context import HANDOFF_PREFIX
+from engine.gates import Verdict, Wait
+from engine.model.context import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 from engine.model.usage import Usage
 from record.events import ChildFinished, ChildStarted, EventSpec, EventType
 from record.models import Agent, Event, Message, Session, ToolCall, ToolCallStatus, Transition
@@ -25,8 +26,6 @@ from record.states import TURN_ENDED, State
 from tools.execution import ToolOutcome, ToolSnapshot, tools_for_agent
 from tools.rendering import render_failure, render_success
 
-AGENT_TOOL_PREFIX = "agent."
-__all__ = ["AGENT_TOOL_PREFIX", "HANDOFF_PREFIX"]
 AGENT_TOOL_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -148,7 +147,9 @@ def agent_of(call: ToolCall) -> str:
 
 @dataclass
 class Children:
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    """A children verdict's intent: the agent calls with no child yet (the tool phase starts
+    them), and what the children already found tell the results' commit."""
+
     to_start: list[ToolCall] = field(default_factory=list)
     running: int = 0
     # Children whose `child.started` is not on the parent's stream (a crash came between
@@ -157,7 +158,6 @@ class Children:
     # What the children that ended used: counted into the parent's usage when their calls'
     # results commit (once, with them); and a `child.finished` for each.
     usage: Usage = Usage()
-    events: list[EventSpec] = field(default_factory=list)
 
     @property
     def waits(self) -> bool:
@@ -286,19 +286,22 @@ def _child_outcome(child: Session) -> ToolOutcome:
     return _failed(f"the agent's run ended {state.value}: {why} (session {child.pk})")
 
 
-def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Children:
-    """Which agent calls have a child that ended (their outcomes), which still run, and
-    which have none yet (to start), or may not start (deeper than the agent's max_depth)."""
+def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Verdict[Children]:
+    """Which agent calls have a child that ended (settled, with a `child.finished` each),
+    which still run, and which have none yet (to start) or may not start (deeper than the
+    agent's max_depth, too many); the step waits while any runs or is to start."""
     found = Children()
+    settled: dict[int, ToolOutcome] = {}
+    events: list[EventSpec] = []
     agent_calls = sorted((c for c in calls if is_agent_call(c)), key=lambda c: c.position)
     if not agent_calls:
-        return found
+        return Verdict(intent=found)
     most = settings.AGENT_MAX_CHILDREN_PER_STEP
     if len(agent_calls) > most and session.workflow_version_id is None:
         # A model's fan-out: the first calls run, the rest are told why they did not. (A
         # workflow's map of agent nodes is held by its concurrency and the tree's limit.)
         for call in agent_calls[most:]:
-            found.outcomes[call.pk] = _too_many_children(len(agent_calls), most)
+            settled[call.pk] = _too_many_children(len(agent_calls), most)
         agent_calls = agent_calls[:most]
     children = {
         s.parent_call_id: s
@@ -327,7 +330,7 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
             if str(child.pk) not in announced:
                 found.unannounced.append((call, child))
             if State(child.state) in TURN_ENDED and child.turn > 0 and child.queued_count == 0:
-                found.outcomes[call.pk] = _ended(child, call)
+                settled[call.pk] = _ended(child, call)
                 found.usage = found.usage.plus(
                     Usage(child.input_tokens, child.output_tokens, child.cost)
                 )
@@ -337,19 +340,19 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
                     "agent": agent_of(call),
                     "state": child.state,
                 }
-                found.events.append(EventSpec(EventType.CHILD_FINISHED, finished))
+                events.append(EventSpec(EventType.CHILD_FINISHED, finished))
             else:
                 found.running += 1
             continue
         if agent_of(call) not in known:
-            found.outcomes[call.pk] = _failed(
+            settled[call.pk] = _failed(
                 f"unknown agent '{agent_of(call)}' (not enabled, or not an agent)"
             )
             continue
         if ancestry is None:
             ancestry = ancestry_of(session)
         if ancestry.depth + 1 > max_depth:
-            found.outcomes[call.pk] = _failed(
+            settled[call.pk] = _failed(
                 f"max_depth: agents may nest {max_depth} deep here; answer without this agent"
             )
         else:
@@ -358,6 +361,7 @@ def children_gate(session: Session, calls: list[ToolCall], max_depth: int) -> Ch
         made = tree_sessions(ancestry)
         room = max(0, (most_sessions := settings.AGENT_MAX_TREE_SESSIONS) - made)
         for call in found.to_start[room:]:
-            found.outcomes[call.pk] = _too_many_sessions(most_sessions)
+            settled[call.pk] = _too_many_sessions(most_sessions)
         found.to_start = found.to_start[:room]
-    return found
+    wait = Wait("children") if found.waits else None
+    return Verdict(settled=settled, wait=wait, events=tuple(events), intent=found)

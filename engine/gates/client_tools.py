@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from engine.gates import Verdict, Wait
 from record.events import ClientCall, EventSpec, EventType, Progress
 from record.models import Session, ToolCall, ToolCallStatus
 
@@ -39,14 +40,15 @@ class ClientWait:
         return EventSpec(EventType.PROGRESS, data)
 
 
-def client_wait(calls: list[ToolCall]) -> ClientWait | None:
-    """The step's calls the client runs, if any, with when the turn stops waiting for them."""
+def client_wait(calls: list[ToolCall]) -> Verdict[ClientWait]:
+    """The step's calls the client runs, if any: the turn waits for their results until the
+    intent's `due_at` (they never reach another gate or the executor)."""
     mine = [c for c in calls if c.client]
     if not mine:
-        return None
-    return ClientWait(
-        calls=mine, due_at=timezone.now() + timedelta(seconds=settings.OPENAI_CLIENT_TOOLS_WAIT_S)
-    )
+        return Verdict()
+    wait_s = float(settings.OPENAI_CLIENT_TOOLS_WAIT_S)
+    waits = ClientWait(calls=mine, due_at=timezone.now() + timedelta(seconds=wait_s))
+    return Verdict(wait=Wait("client", wait_s), intent=waits)
 
 
 def open_client_calls(session: Session) -> list[ToolCall]:

@@ -6,7 +6,7 @@
   written to `Session.dialogue_state` by this step's own commit.
 - Environment: time and time zone, budget and credits left, degraded services, made
   from what the budget gate reads anyway (budget_gate.gate_read); the peak hour, the
-  host's load and the offered tools' health (engine/gates/surroundings.py, cached).
+  host's load and the offered tools' health (engine/model/surroundings.py, cached).
 - The customer app's `extra_context` sent with this turn's message: data, in a fence.
 
 Each layer is one short system block after the system prompt, and the same facts go to
@@ -24,11 +24,10 @@ from django.conf import settings
 from django.db import connection
 
 from engine.gates import Contribution
-from engine.gates.budget import GateRead
-from engine.gates.metering import model_credits_check
-from engine.gates.surroundings import Surroundings, agent_time_zone, env_clock, surroundings
 from engine.model.calls import cheap_endpoint, side_call
-from engine.model.environment import BUDGET_STEP, Seen
+from engine.model.credits import model_credits_check
+from engine.model.environment import GateRead, seen_of
+from engine.model.surroundings import Surroundings, agent_time_zone, env_clock, surroundings
 from llm.types import ChatMessage, ChatRequest
 from memory.dialogue import (
     Extractor,
@@ -223,67 +222,6 @@ def environment_now(
         is_peak_hour=world.is_peak_hour,
         host=world.host,
         tools=world.tools,
-    )
-
-
-def _budgets_left(read: GateRead) -> dict[str, int]:
-    """Each limited budget's share left, in percent rounded down to BUDGET_STEP."""
-    left: dict[str, int] = {}
-    for budget, spent in read.budgets:
-        shares = []
-        if budget.tokens:
-            shares.append(1 - spent.tokens / budget.tokens)
-        if budget.cost:
-            shares.append(float(1 - spent.cost / budget.cost))
-        if shares:
-            percent = int(max(0.0, min(shares)) * 100)
-            left[budget.label] = percent - percent % BUDGET_STEP
-    return left
-
-
-def seen_of(
-    state: dict[str, Any],
-    degradation: int,
-    degraded: list[str],
-    read: GateRead | None,
-    world: Surroundings,
-) -> Seen:
-    """What the model sees of its situation (recorded by every model step; compared after
-    a pause: engine/gates/environment.py). `read` None: the budgets were not read."""
-    seen: Seen = {
-        "intent": state.get("intent"),
-        "slots": dict(state.get("slots") or {}),
-        "degradation": degradation,
-        "degraded": sorted(degraded),
-        "pressure": world.pressure,
-        "below_sla": world.below_sla,
-        "quota_out": world.quota_out,
-    }
-    if world.is_peak_hour is not None:
-        seen["peak"] = world.is_peak_hour
-    if read is not None:
-        seen["budgets"] = _budgets_left(read)
-    return seen
-
-
-def seen_in_tool_step(session: Session, agent: Agent, tools: dict[str, ToolSnapshot]) -> Seen:
-    """`seen_of` from what a tool step has at hand: the session's dialogue state and level,
-    the circuit breakers this process knows open (no budget read)."""
-    models = [agent.model.name]
-    if agent.fallback_model is not None:
-        models.append(agent.fallback_model.name)
-    degraded = [
-        f"model {n}: unavailable (circuit open)" for n in model_breaker().known_open(models)
-    ]
-    degraded += [
-        f"tool {n}: unavailable (circuit open)" for n in tool_breaker().known_open(sorted(tools))
-    ]
-    return seen_of(
-        session.dialogue_state or {},
-        session.degradation_level or 0,
-        degraded,
-        None,
-        surroundings(agent, tools),
     )
 
 

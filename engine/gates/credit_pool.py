@@ -12,11 +12,12 @@ admin's queue shows it) and in the log: the failure is visible, the call still r
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from billing.services import PoolGrant, pool_grant_of, pool_grant_statement
-from engine.gates.metering import INSUFFICIENT
+from engine.gates import Verdict, Wait
+from engine.model.credits import INSUFFICIENT
 from record.models import Refusal, Session, ToolCall, ToolCallStatus
 from record.rows import execute_batch
 from tools.execution import ToolOutcome, ToolSnapshot
@@ -40,14 +41,14 @@ class PoolAsk:
     note: str = ""
 
 
-@dataclass
-class PoolGate:
-    """The gate's verdict: `waiting` (the session parks), refusals (a request that can
-    never fit), or `granted` (the results' commit gives the points back)."""
+@dataclass(frozen=True)
+class PoolAnswer:
+    """A pool verdict's intent: the step's ask and the pool's grant: `waiting` (the session
+    parks: moves.credits.credits_park), or `granted` (the results' commit gives the points
+    back). A request that can never fit is refused: its paid calls are settled."""
 
     ask: PoolAsk | None = None
     grant: PoolGrant | None = None
-    refused: dict[int, ToolOutcome] = field(default_factory=dict)
 
     @property
     def waiting(self) -> bool:
@@ -139,11 +140,13 @@ def pool_ask(
     )
 
 
-def pool_gate(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> PoolGate:
+def pool_gate(
+    session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
+) -> Verdict[PoolAnswer]:
     """Ask the pool for the step's paid calls: one statement, one round trip."""
     ask = pool_ask(session, calls, tools)
     if ask is None:
-        return PoolGate()
+        return Verdict(intent=PoolAnswer())
     rows = execute_batch(
         [
             pool_grant_statement(
@@ -158,14 +161,16 @@ def pool_gate(session: Session, calls: list[ToolCall], tools: dict[str, ToolSnap
         ]
     )
     grant = pool_grant_of(rows[0][0])  # type: ignore[index]
-    gate = PoolGate(ask=ask, grant=grant)
+    answer = PoolAnswer(ask=ask, grant=grant)
+    refused: dict[int, ToolOutcome] = {}
     if grant.outcome in ("too_big", "refused"):
-        gate.refused = {
+        refused = {
             call.pk: _too_big(ask, grant)
             for call in calls
             if (tool := tools.get(call.tool_name)) is not None and tool.paid
         }
-    return gate
+    wait = Wait("pool") if answer.waiting else None
+    return Verdict(settled=refused, wait=wait, intent=answer)
 
 
 def _too_big(ask: PoolAsk, grant: PoolGrant) -> ToolOutcome:

@@ -14,36 +14,23 @@ what the model saw (`Seen`: recorded by every model step).
 """
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
-from django.utils import timezone
 
-from engine.gates import Contribution
-from engine.gates.context_layers import seen_in_tool_step
-from engine.model.environment import Drift, Seen, drift
+from engine.gates import Contribution, Verdict
+from engine.model.environment import (
+    Drift,
+    Seen,
+    drift,
+    model_paused,
+    past_pause,
+    seen_in_tool_step,
+)
 from memory.tokens import count_message_tokens
 from record.models import Agent, Checkpoint, Message, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.rendering import render_failure
-
-
-def model_paused(history: Sequence[Message], now: datetime | None = None) -> bool:
-    """Has the model been silent longer than `ENV_CHECK_PAUSE_S`? Measured from its latest
-    message in the history (the session row's `updated_at` cannot tell: the commit that
-    starts a turn or records a decision moves it)."""
-    latest = max(
-        (m.created_at for m in history if m.role == "assistant" and m.created_at is not None),
-        default=None,
-    )
-    return past_pause(latest, now)
-
-
-def past_pause(since: datetime | None, now: datetime | None = None) -> bool:
-    if since is None:
-        return False
-    return (now or timezone.now()) - since > timedelta(seconds=settings.ENV_CHECK_PAUSE_S)
 
 
 def recorded_drift(session: Session, env: dict[str, Any], seen: Seen | None) -> Drift:
@@ -105,8 +92,8 @@ def drift_hold(
     calls: list[ToolCall],
     tools: dict[str, ToolSnapshot],
     env: dict[str, Any],
-) -> dict[int, ToolOutcome]:
-    """The outcomes of side-effecting calls not to send because the world moved since the
+) -> Verdict[None]:
+    """The side-effecting calls not to send (settled) because the world moved since the
     model decided them (after a resume, a crash recovery, or a pause longer than
     `ENV_CHECK_PAUSE_S` since the calls were decided).
 
@@ -121,23 +108,25 @@ def drift_hold(
         and tool.side_effects
     ]
     if not held:
-        return {}
+        return Verdict()
     decided = min((c.created_at for c in held if c.created_at is not None), default=None)
     if not (session.resume_check or past_pause(decided)):
-        return {}
+        return Verdict()
     found = recorded_drift(session, env, seen_in_tool_step(session, agent, tools))
     if not found.above(settings.ENV_DRIFT_THRESHOLD):
-        return {}
+        return Verdict()
     message = "this call was not sent: " + drift_text(found).removeprefix(
         "Note from the platform: "
     )
-    return {
-        c.pk: ToolOutcome(
-            status=ToolCallStatus.REJECTED,
-            output=None,
-            error=message,
-            content=render_failure(ToolCallStatus.REJECTED, message),
-            extra={"drift": True},
-        )
-        for c in held
-    }
+    return Verdict(
+        settled={
+            c.pk: ToolOutcome(
+                status=ToolCallStatus.REJECTED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.REJECTED, message),
+                extra={"drift": True},
+            )
+            for c in held
+        }
+    )

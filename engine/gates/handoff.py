@@ -8,13 +8,13 @@ whose tools it could not use would only fail later); accepted otherwise, and the
 commit then switches the session's agent (a `handoff` transition and `agent.changed`).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from engine.gates import Verdict
+from engine.model.context import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 from record.models import Agent, Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, tools_for_agent
 from tools.rendering import render_failure, render_success
-
-from .children import AGENT_TOOL_PREFIX, HANDOFF_PREFIX
 
 
 @dataclass(frozen=True)
@@ -22,12 +22,6 @@ class HandoffTo:
     call: ToolCall
     agent: Agent
     reason: str
-
-
-@dataclass
-class Handoffs:
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    chosen: HandoffTo | None = None
 
 
 def _refused(message: str) -> ToolOutcome:
@@ -54,16 +48,21 @@ def handoff_barred(session: Session, agent: Agent) -> str:
     )
 
 
-def handoff_gate(session: Session, calls: list[ToolCall], handoffs: list[str]) -> Handoffs:
-    """`handoffs`: the slugs the session's current agent may hand over to."""
-    found = Handoffs()
+def handoff_gate(
+    session: Session, calls: list[ToolCall], handoffs: list[str]
+) -> Verdict[HandoffTo]:
+    """The step's `transfer_to_<slug>` calls settled (`handoffs`: the slugs the session's
+    current agent may hand over to); the intent: the one chosen, which the results' commit
+    switches the session to."""
+    settled: dict[int, ToolOutcome] = {}
+    chosen: HandoffTo | None = None
     for call in calls:
         if not call.tool_name.startswith(HANDOFF_PREFIX):
             continue
         slug = call.tool_name.removeprefix(HANDOFF_PREFIX)
-        if found.chosen is not None:
-            found.outcomes[call.pk] = _refused(
-                f"the conversation is already handed to {found.chosen.agent.slug} in this step"
+        if chosen is not None:
+            settled[call.pk] = _refused(
+                f"the conversation is already handed to {chosen.agent.slug} in this step"
             )
             continue
         agent = (
@@ -72,17 +71,17 @@ def handoff_gate(session: Session, calls: list[ToolCall], handoffs: list[str]) -
             else None
         )
         if agent is None:
-            found.outcomes[call.pk] = _refused(f"no agent '{slug}' to hand over to")
+            settled[call.pk] = _refused(f"no agent '{slug}' to hand over to")
             continue
         barred = handoff_barred(session, agent)
         if barred:
-            found.outcomes[call.pk] = _refused(f"{barred}; go on yourself or tell the user")
+            settled[call.pk] = _refused(f"{barred}; go on yourself or tell the user")
             continue
         arguments = call.input if isinstance(call.input, dict) else {}
         reason = str(arguments.get("reason") or "")[:500]
         output = {"transferred_to": slug}
-        found.outcomes[call.pk] = ToolOutcome(
+        settled[call.pk] = ToolOutcome(
             status=ToolCallStatus.SUCCESS, output=output, content=render_success(output)
         )
-        found.chosen = HandoffTo(call=call, agent=agent, reason=reason)
-    return found
+        chosen = HandoffTo(call=call, agent=agent, reason=reason)
+    return Verdict(settled=settled, intent=chosen)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from engine.gates import Verdict, Wait
 from record.events import EventSpec, EventType, Progress
 from record.models import Session, ToolCall, ToolCallStatus
 from tools.builtin import ASK_USER_HANDLER
@@ -40,10 +41,11 @@ class Question:
         return EventSpec(EventType.PROGRESS, data)
 
 
-def questions_of(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[Question]:
-    """The step's well-formed `ask_user` calls (a malformed one runs, and its error goes back)."""
+def questions_of(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> Verdict[Question]:
+    """The step's first well-formed `ask_user` call (a malformed one runs, and its error goes
+    back): the step waits for the user's answer, its intent (left open: the next message
+    is its result)."""
     now = timezone.now()
-    found: list[Question] = []
     for call in calls:
         tool = tools.get(call.tool_name)
         if tool is None or tool.handler != ASK_USER_HANDLER or call.error:
@@ -57,8 +59,8 @@ def questions_of(calls: list[ToolCall], tools: dict[str, ToolSnapshot]) -> list[
             if isinstance(deadline, int) and deadline > 0
             else None
         )
-        found.append(Question(call=call, due_at=due))
-    return found
+        return Verdict(wait=Wait("user", deadline if due else None), intent=Question(call, due))
+    return Verdict()
 
 
 def open_question(session: Session) -> ToolCall | None:

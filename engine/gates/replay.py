@@ -21,11 +21,12 @@ any other in its tool step (engine/phases/tools.py `replay_step`):
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
 
+from engine.gates import Verdict
 from record.models import Message, Refusal, Session, ToolCall, ToolCallStatus
 from record.rows import json_value
 from tools.builtin import ASK_USER_HANDLER, WORKFLOW_REVIEW_HANDLER
@@ -50,13 +51,6 @@ class ReplaySource:
     session_id: str
     turn: int
     read_only_calls: bool
-
-
-@dataclass
-class ReplayVerdict:
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
-    # Read-only calls the record lacks that the evaluation allows to run for real.
-    to_run: list[ToolCall] = field(default_factory=list)
 
 
 def replay_source(session: Session) -> ReplaySource | None:
@@ -96,8 +90,9 @@ ORDER BY 1, 11, 12, 13
 
 def replay_gate(
     session: Session, source: ReplaySource, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
-) -> ReplayVerdict:
-    """Settle each of the step's calls from the record, or say which may run (module doc)."""
+) -> Verdict[list[ToolCall]]:
+    """Settle each of the step's calls from the record; the intent: the calls that may run
+    (module doc)."""
     recorded: list[ToolCall] = []
     contents: dict[str, str] = {}
     seen: dict[str, int] = {}
@@ -141,7 +136,8 @@ def replay_gate(
             )  # fmt: skip
             if content is not None:
                 contents[call_id] = content
-    verdict = ReplayVerdict()
+    settled: dict[int, ToolOutcome] = {}
+    to_run: list[ToolCall] = []
     for call in calls:
         if call.tool_name == WAIT_TOOL:
             # A workflow's wait (a wait node, a retry's pause) is over at once, recorded or
@@ -155,28 +151,28 @@ def replay_gate(
         nth = seen.get(key, 0)
         seen[key] = nth + 1
         if same:
-            verdict.outcomes[call.pk] = _recorded_outcome(same[min(nth, len(same) - 1)], contents)
+            settled[call.pk] = _recorded_outcome(same[min(nth, len(same) - 1)], contents)
             continue
         tool = tools.get(call.tool_name)
         if tool is None:
             # An unknown or forbidden tool: the executor's own refusal, which sends nothing.
-            verdict.to_run.append(call)
+            to_run.append(call)
         elif (
             source.read_only_calls
             and not tool.side_effects
             and tool.kind in _EXECUTED
             and tool.handler not in _BY_NAME
         ):
-            verdict.to_run.append(call)
+            to_run.append(call)
         else:
-            verdict.outcomes[call.pk] = ToolOutcome(
+            settled[call.pk] = ToolOutcome(
                 status=ToolCallStatus.REJECTED,
                 output=None,
                 error="not sent (evaluation replay)",
                 content=render_failure(Refusal.NOT_SENT.value, NOT_SENT_NOTE),
                 extra={"refusal": Refusal.NOT_SENT},
             )
-    return verdict
+    return Verdict(settled=settled, intent=to_run)
 
 
 def _match_key(name: str, arguments: Any, tools: dict[str, ToolSnapshot]) -> str:

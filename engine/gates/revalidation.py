@@ -21,14 +21,17 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from engine.gates import Contribution
-from engine.gates.environment import model_paused, past_pause
+from approvals.models import ReviewAnswer
+from approvals.selectors import reviews_for_calls
+from approvals.states import ApprovalStatus
+from engine.gates import Contribution, Verdict, Wait
+from engine.model.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from record.models import Message, Session, ToolCall, ToolCallStatus
 from runtime import io_loop
 from tools.execution import ToolOutcome, ToolSnapshot
 from tools.prechecks import PrecheckResult, has_precheck, prechecks_run
-from tools.rendering import render_failure
+from tools.rendering import render_failure, render_success
 
 ARGS_MAX_CHARS = 200
 
@@ -102,8 +105,9 @@ SEND_ANYWAY = " Send this call anyway (send_again), or not (not_taken: the model
 
 @dataclass
 class Rechecked:
-    # Read-only calls whose precondition no longer holds: not run, the model reads why.
-    outcomes: dict[int, ToolOutcome] = field(default_factory=dict)
+    """A precheck verdict's intent (its settled calls: read-only calls whose precondition
+    no longer holds, not run; the model reads why)."""
+
     # Side-effecting calls whose check failed or could not answer, with what a person reads.
     to_review: list[tuple[ToolCall, str]] = field(default_factory=list)
     # Some check ran: this recovery's revalidation is done (the results' commit clears
@@ -126,7 +130,7 @@ def _wants_check(session: Session, call: ToolCall) -> bool:
 
 def pending_prechecks(
     session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
-) -> Rechecked:
+) -> Verdict[Rechecked]:
     """Check again the preconditions of the calls about to be sent, when they may be stale.
 
     1. The calls whose tool declares a precheck and that were decided before a crash
@@ -146,8 +150,9 @@ def pending_prechecks(
         and _wants_check(session, c)
     ]
     rechecked = Rechecked()
+    settled: dict[int, ToolOutcome] = {}
     if not wanted:
-        return rechecked
+        return Verdict(intent=rechecked)
     connection.close()
     results = io_loop.run(prechecks_run([(tools[c.tool_name], dict(c.input)) for c in wanted]))
     rechecked.checked = True
@@ -168,11 +173,73 @@ def pending_prechecks(
             rechecked.to_review.append((call, reason))
         elif result.holds is False:
             message = f"this call was not run: {what}. Work from the current state."
-            rechecked.outcomes[call.pk] = ToolOutcome(
+            settled[call.pk] = ToolOutcome(
                 status=ToolCallStatus.REJECTED,
                 output=None,
                 error=message,
                 content=render_failure(ToolCallStatus.REJECTED, message),
                 extra={"precheck": True},
             )
-    return rechecked
+    wait = Wait("review") if rechecked.to_review else None
+    return Verdict(settled=settled, wait=wait, intent=rechecked)
+
+
+# --- Recovery reviews: an uncertain call no probe could settle goes to a person ---
+
+
+def review_outcomes(calls: list[ToolCall]) -> Verdict[set[int]]:
+    """What the people asked about this step's calls answered: uncertain calls (dispatched
+    before a crash), and calls never sent whose business precheck failed (those a person
+    was asked about: `has_approval`). Settled: the calls a person settled (took effect /
+    did not / nobody could tell), not sent; the intent: those a person said to send again
+    with the same key, without another probe; a review still open: the step waits."""
+    settled: dict[int, ToolOutcome] = {}
+    resend: set[int] = set()
+    pending = False
+    asked = [c for c in calls if c.dispatched_at is not None or getattr(c, "has_approval", True)]
+    for call_id, review in reviews_for_calls(call_ids=[c.pk for c in asked]).items():
+        call = next(c for c in asked if c.pk == call_id)
+        if review.status == ApprovalStatus.PENDING:
+            pending = True
+        elif review.answer == ReviewAnswer.SEND_AGAIN:
+            # Sent again after the answer and uncertain once more: probe (and ask) anew.
+            if call.dispatched_at is None or (
+                review.decided_at is not None and call.dispatched_at <= review.decided_at
+            ):
+                resend.add(call_id)
+        elif review.answer == ReviewAnswer.TOOK_EFFECT:
+            output = review.answer_result if review.answer_result is not None else {}
+            settled[call_id] = ToolOutcome(
+                status=ToolCallStatus.SUCCESS,
+                output=output,
+                content=render_success(output),
+                extra={"reviewed": str(review.pk)},
+            )
+        else:
+            by = review.decided_by_name or "an operator"
+            if review.answer == ReviewAnswer.NOT_TAKEN and call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = f"{by} decided not to send this call. {why}"
+            elif call.dispatched_at is None:
+                why = review.reason.removesuffix(SEND_ANYWAY)
+                message = (
+                    f"no one decided whether to send this call (review {review.status}); "
+                    f"it was not sent. {why}"
+                )
+            elif review.answer == ReviewAnswer.NOT_TAKEN:
+                message = f"{by} checked: this call did not take effect, and it was not sent again."
+            else:
+                message = (
+                    "no one could tell whether this call took effect before a crash "
+                    f"(review {review.status}); it was not sent again."
+                )
+            if review.comment:
+                message += f' Comment: "{review.comment}"'
+            settled[call_id] = ToolOutcome(
+                status=ToolCallStatus.FAILED,
+                output=None,
+                error=message,
+                content=render_failure(ToolCallStatus.FAILED, message),
+                extra={"reviewed": str(review.pk)},
+            )
+    return Verdict(settled=settled, wait=Wait("review") if pending else None, intent=resend)

@@ -13,6 +13,7 @@ import math
 
 from billing.degradation import CACHED, CRITICAL_ONLY
 from billing.ratelimit import RateLimit, rate_limit_take
+from engine.gates import Verdict
 from memory.tokens import count_tokens
 from record.models import Session, ToolCall, ToolCallStatus
 from tools.execution import ToolOutcome, ToolSnapshot
@@ -49,8 +50,8 @@ def _deferred(session: Session, tool: ToolSnapshot) -> ToolOutcome | None:
 
 def tool_gates(
     session: Session, calls: list[ToolCall], tools: dict[str, ToolSnapshot]
-) -> dict[int, ToolOutcome]:
-    """Outcomes for the calls that must not run now (the others are left out)."""
+) -> Verdict[None]:
+    """The calls that must not run now, settled with why (the others are left out)."""
     held: dict[int, ToolOutcome] = {}
     for call in calls:
         tool = tools.get(call.tool_name)
@@ -80,4 +81,4 @@ def tool_gates(
                 f"{after_s} s. Do something else meanwhile or tell the user.",
                 retry_after_s=after_s,
             )
-    return held
+    return Verdict(settled=held)

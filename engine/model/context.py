@@ -48,6 +48,8 @@ from tools.rendering import FAILURE_MARKER
 
 # A handoff's tool: `transfer_to_<slug>` for each of the agent's `handoffs` (engine/gates/handoff.py).
 HANDOFF_PREFIX = "transfer_to_"
+# A sub-agent offered as a tool: `agent.<slug>` (engine/gates/children.py).
+AGENT_TOOL_PREFIX = "agent."
 LIMIT_NOTE = "You have used all the tool rounds allowed for this request."
 FINAL_INSTRUCTION = "Do not call tools; answer the user now with what you have found so far."
 
@@ -504,7 +506,7 @@ def assemble(
         to_summarise = _oldest_third(past, used)
     elif summarise and past and history_limit and used > budget.summarise_ahead_at * history_limit:
         # Trimming no longer keeps the history under its watermark: prepare the summary the
-        # step at `summarise_at` will need, while there is time (engine/gates/summary_ahead.py).
+        # step at `summarise_at` will need, while there is time (engine/phases/after_turn.py).
         to_prepare = _oldest_third(past, used)
     if used > history_limit:
         used -= _hard_fit(past, current, used - history_limit)

@@ -17,12 +17,21 @@ went from 81 % to 79 % left, or one slot the user just filled, is no reason to r
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, TypedDict
 
-from record.models import Agent
-from tools.execution import ToolSnapshot
+from django.conf import settings
+from django.utils import timezone
+
+from billing.budgets import Budget, Spent
+from billing.pressure import OwnerFigures
+from engine.model.surroundings import Surroundings, surroundings
+from record.models import Agent, Message, Session
+from runtime.breaker import model_breaker
+from tools.execution import ToolSnapshot, tool_breaker
 
 
 def agent_config_hash(agent: Agent) -> str:
@@ -81,7 +90,7 @@ class Seen(TypedDict, total=False):
     # Per budget with a limit, the share left in percent, rounded down to BUDGET_STEP
     # (a checkpoint need not follow every token).
     budgets: dict[str, int]
-    # The world around the step (engine/gates/surroundings.py): one of the agent's peak
+    # The world around the step (engine/model/surroundings.py): one of the agent's peak
     # hours (only when it declares some), the host's pressure ("cpu", "memory"), the tools
     # whose recent success rate is under their declared sla_rate, or out of quota.
     peak: bool
@@ -232,3 +241,93 @@ def drift(
     if before_seen is not None and now_seen is not None:
         changes += _seen_changes(before_seen, now_seen)
     return Drift(changes)
+
+
+@dataclass(frozen=True)
+class GateRead:
+    """What the gate reads before a model call, before the request exists: the budgets
+    with their spend, the owner's figures (credits too) and the degradation level.
+    The environment block is made from it, so it costs the step no read of its own."""
+
+    budgets: list[tuple[Budget, Spent]]
+    figures: OwnerFigures
+    level: int
+    model_failing: bool
+
+
+def _budgets_left(read: GateRead) -> dict[str, int]:
+    """Each limited budget's share left, in percent rounded down to BUDGET_STEP."""
+    left: dict[str, int] = {}
+    for budget, spent in read.budgets:
+        shares = []
+        if budget.tokens:
+            shares.append(1 - spent.tokens / budget.tokens)
+        if budget.cost:
+            shares.append(float(1 - spent.cost / budget.cost))
+        if shares:
+            percent = int(max(0.0, min(shares)) * 100)
+            left[budget.label] = percent - percent % BUDGET_STEP
+    return left
+
+
+def seen_of(
+    state: dict[str, Any],
+    degradation: int,
+    degraded: list[str],
+    read: GateRead | None,
+    world: Surroundings,
+) -> Seen:
+    """What the model sees of its situation (recorded by every model step; compared after
+    a pause: engine/gates/environment.py). `read` None: the budgets were not read."""
+    seen: Seen = {
+        "intent": state.get("intent"),
+        "slots": dict(state.get("slots") or {}),
+        "degradation": degradation,
+        "degraded": sorted(degraded),
+        "pressure": world.pressure,
+        "below_sla": world.below_sla,
+        "quota_out": world.quota_out,
+    }
+    if world.is_peak_hour is not None:
+        seen["peak"] = world.is_peak_hour
+    if read is not None:
+        seen["budgets"] = _budgets_left(read)
+    return seen
+
+
+def seen_in_tool_step(session: Session, agent: Agent, tools: dict[str, ToolSnapshot]) -> Seen:
+    """`seen_of` from what a tool step has at hand: the session's dialogue state and level,
+    the circuit breakers this process knows open (no budget read)."""
+    models = [agent.model.name]
+    if agent.fallback_model is not None:
+        models.append(agent.fallback_model.name)
+    degraded = [
+        f"model {n}: unavailable (circuit open)" for n in model_breaker().known_open(models)
+    ]
+    degraded += [
+        f"tool {n}: unavailable (circuit open)" for n in tool_breaker().known_open(sorted(tools))
+    ]
+    return seen_of(
+        session.dialogue_state or {},
+        session.degradation_level or 0,
+        degraded,
+        None,
+        surroundings(agent, tools),
+    )
+
+
+def model_paused(history: Sequence[Message], now: datetime | None = None) -> bool:
+    """Has the model been silent longer than `ENV_CHECK_PAUSE_S`? Measured from its latest
+    message in the history (the session row's `updated_at` cannot tell: the commit that
+    starts a turn or records a decision moves it)."""
+    latest = max(
+        (m.created_at for m in history if m.role == "assistant" and m.created_at is not None),
+        default=None,
+    )
+    return past_pause(latest, now)
+
+
+def past_pause(since: datetime | None, now: datetime | None = None) -> bool:
+    if since is None:
+        return False
+    return (now or timezone.now()) - since > timedelta(seconds=settings.ENV_CHECK_PAUSE_S)

@@ -14,7 +14,7 @@ on with a trimmed history, and the next attempt waits (`summary_retry_at`):
 a broken summary model is not paid for (or waited on) at every step.
 
 Ahead of need: past the 60% watermark (`summarise_ahead_at`), the step that
-commits enqueues a task (engine/gates/summary_ahead.py) that makes the summary in
+commits enqueues a task (engine/phases/after_turn.py) that makes the summary in
 the background and keeps it as the session's `SummaryDraft`; the step that
 reaches 90% turns a ready draft into its summary message without a model call
 (`summary_draft_use`), and only summarises inline when there is none.

@@ -7,6 +7,7 @@ whose wait is too long to sleep in the worker, when each call may go again
 """
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from engine.gates.risk import CHECKPOINT_LEVEL, probe_of
@@ -126,3 +127,13 @@ def calls_retry_later(
         claimed = cursor.rowcount
     if claimed != len(retries):
         raise StaleSession(f"session {session.pk} was taken over before its retries were set")
+
+
+def calls_probed(probed: list[tuple[ToolCall, bool]]) -> None:
+    """Record each probe's verdict on its call (engine/gates/recovery.py), and count the
+    probes that could not tell (F(): a count never lost to a concurrent reader)."""
+    for call, unsure in probed:
+        updates: dict[str, object] = {"probe_outcome": call.probe_outcome}
+        if unsure:
+            updates["probes"] = F("probes") + 1
+        ToolCall.objects.filter(pk=call.pk).update(**updates)

@@ -14,7 +14,7 @@ from django.db import transaction
 from billing.models import PoolRequest, PoolRequestStatus
 from billing.selectors import pools_waiting
 from billing.services import pool_dispatch
-from engine.gates.credit_pool import PoolGate
+from engine.gates.credit_pool import PoolAnswer
 from engine.moves.turn import build_step, metered_commit
 from engine.store.commit import StaleSession
 from record.dispatch import run_enqueue_on_commit
@@ -25,7 +25,7 @@ from record.states import IllegalTransition, State, Trigger
 logger = logging.getLogger(__name__)
 
 
-def credits_park(session: Session, owner: str, gate: PoolGate) -> None:
+def credits_park(session: Session, owner: str, gate: PoolAnswer) -> None:
     """The step's request waits for points: park the session (no worker, no lease)."""
     ask, grant = gate.ask, gate.grant
     assert ask is not None and grant is not None  # noqa: S101 - only a waiting gate parks

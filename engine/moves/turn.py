@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from approvals.models import WORKFLOW_REVIEW_PREFIX
 from engine.gates.guards import canonical_json
-from engine.gates.metering import step_metering
 from engine.model.context import tool_calls_json
 from engine.model.environment import fingerprint as env_fingerprint
 from engine.model.usage import ModelSpend, Usage
+from engine.moves.metering import step_metering
 from engine.store import commit as store
 from engine.store.commit import GUARD, Committed, StaleSession, Step
 from engine.store.open_calls import finished_keep, open_calls_statement, prefetched_keep

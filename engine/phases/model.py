@@ -23,12 +23,11 @@ from engine.gates.budget import (
     model_gate,
     model_rate_limit,
 )
-from engine.gates.calls_note import calls_note
 from engine.gates.context_layers import context_layers
 from engine.gates.environment import environment_note
-from engine.gates.guards import GuardLimits, GuardVerdict
+from engine.gates.guards import GuardLimits, GuardVerdict, calls_note
 from engine.gates.memory import wants_turn_memory
-from engine.gates.metering import credits_stop, model_credits_check, model_points
+from engine.gates.metering import credits_stop, model_points
 from engine.gates.revalidation import revalidation
 from engine.gates.routing import MAIN, SMALL, Route, escalation, route
 from engine.gates.turn_options import (
@@ -46,6 +45,7 @@ from engine.model.calls import (
     tiers_record,
 )
 from engine.model.context import LIMIT_NOTE, Assembly, assemble
+from engine.model.credits import model_credits_check
 from engine.model.structured import answer_check, repair_messages
 from engine.model.summaries import (
     SummaryOutcome,

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from engine.gates.budget import budget_hold, model_gate, model_rate_limit
-from engine.gates.children import AGENT_TOOL_PREFIX
-from engine.gates.metering import model_credits_check
 from engine.model.calls import call_model
+from engine.model.context import AGENT_TOOL_PREFIX
+from engine.model.credits import model_credits_check
 from engine.model.structured import answer_check, answer_instruction, repair_messages
 from llm.types import ChatMessage, ChatRequest, ResponseFormat
 from record.models import ModelEndpoint, ToolCall, ToolCallStatus

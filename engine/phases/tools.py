@@ -20,27 +20,33 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.utils import timezone
 
-from engine.gates.approval import approval_gate, review_outcomes
+from engine.gates import Verdict
+from engine.gates.approval import approval_gate
 from engine.gates.budget import FiguresKeeper, StepDeferred
 from engine.gates.children import Children, ChildrenWait, children_gate
 from engine.gates.client_tools import client_wait
-from engine.gates.credit_pool import PoolGate, pool_gate
+from engine.gates.credit_pool import PoolAnswer, pool_gate
 from engine.gates.environment import drift_hold
-from engine.gates.handoff import Handoffs, handoff_gate
-from engine.gates.memory import is_memory_call, memory_tool_outcomes
-from engine.gates.metering import Credits, credits_reserve, tool_credits_stop
+from engine.gates.handoff import HandoffTo, handoff_gate
+from engine.gates.metering import credits_reserve, tool_credits_stop
 from engine.gates.questions import Question, questions_of
-from engine.gates.recovery import recovery_probe
+from engine.gates.recovery import Recovered, recovery_probe
 from engine.gates.replay import ReplaySource, replay_gate, replay_source
-from engine.gates.revalidation import Rechecked, pending_prechecks
-from engine.gates.risk import CHECKPOINT_LEVEL
+from engine.gates.revalidation import Rechecked, pending_prechecks, review_outcomes
+from engine.gates.risk import CHECKPOINT_LEVEL, calls_assess
 from engine.gates.tool_limits import tool_gates
 from engine.model.environment import Environment
 from engine.moves.approval import approvals_wait, recovery_reviews_open
-from engine.moves.checkpoint import calls_dispatched, calls_retry_later, pre_run_checkpoint
+from engine.moves.checkpoint import (
+    calls_dispatched,
+    calls_probed,
+    calls_retry_later,
+    pre_run_checkpoint,
+)
 from engine.moves.children import children_start, children_started
 from engine.moves.credits import credits_park, pool_wake
 from engine.moves.turn import TIMER_HANDLER, tool_results
+from engine.phases.memory_tools import is_memory_call, memory_tool_outcomes
 from engine.run_cache import WorkflowRuntime, agent_runtime, workflow_runtime
 from engine.store.open_calls import cached_output_read, open_calls
 from observability import metrics, tracing
@@ -98,12 +104,12 @@ class _Settled:
     (it does not run), and what the results' commit carries besides."""
 
     outcomes: dict[int, ToolOutcome]
-    kids: Children
-    handoffs: Handoffs
+    kids: Verdict[Children]
+    handoffs: Verdict[HandoffTo]
     rechecked: Rechecked | None = None
-    questions: list[Question] = field(default_factory=list)
-    credits: Credits = field(default_factory=Credits)
-    pool: PoolGate | None = None
+    question: Question | None = None
+    credits: Verdict[None] = field(default_factory=Verdict)
+    pool: PoolAnswer | None = None
 
 
 def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -> None:
@@ -130,7 +136,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
     calls = open_calls(session)
     _retry_due(calls)  # StepDeferred: a parked retry's wait is not over
     # The client's own tools' calls are its to run: they never reach a gate or the executor.
-    client = client_wait(calls)
+    client = client_wait(calls).intent
     calls = [c for c in calls if not c.client]
     tools = runtime.tools_for(session.role)
     workflow = workflow_runtime(session)
@@ -158,7 +164,8 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
             call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
     stop = tool_credits_stop(session, settled.credits, calls[0].step)
-    asked = {q.call.pk for q in settled.questions}
+    kids = settled.kids.intent or Children()
+    asked = {settled.question.call.pk} if settled.question else set()
     pool = settled.pool
     # The pool's points this step holds: released by the results' commit.
     session.pool_held = bool(pool and pool.granted)  # type: ignore[attr-defined]
@@ -169,12 +176,12 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         outcomes=settled.outcomes,
         tools=tools,
         env=env,
-        extra_events=settled.credits.events + settled.kids.announcements + settled.kids.events,
-        usage=settled.kids.usage,
-        handoff=settled.handoffs.chosen,
+        extra_events=[*settled.credits.events, *kids.announcements, *settled.kids.events],
+        usage=kids.usage,
+        handoff=settled.handoffs.intent,
         stop=stop.stop_reason if stop else None,
         stop_note=stop.content if stop else "",
-        ask=settled.questions[0] if settled.questions else None,
+        ask=settled.question,
         client=client,
         revalidated=settled.rechecked.checked if settled.rechecked else False,
     )
@@ -191,30 +198,32 @@ def _settled_early(
 ) -> _Settled | None:
     """Approvals, other agents' calls, handoffs and cached results; None when the step
     waits (for a person, or raises ChildrenWait for its children)."""
+    calls_assess(calls, tools)  # the risk levels the approval gate and the checkpoint read
     gate = approval_gate(session, calls, tools)
-    if gate.waits:
-        approvals_wait(session, owner, gate.requests)
+    if gate.wait:
+        approvals_wait(session, owner, gate.intent or [])
         return None
+    settled = dict(gate.settled)
     # Calls another agent answers: their children run first; this step waits without a worker.
-    kids = children_gate(session, [c for c in calls if c.pk not in gate.outcomes], agent.max_depth)
-    if kids.waits:
-        started = kids.unannounced + children_start(session, kids.to_start)
+    kids = children_gate(session, [c for c in calls if c.pk not in settled], agent.max_depth)
+    if kids.wait and kids.intent is not None:
+        started = kids.intent.unannounced + children_start(session, kids.intent.to_start)
         if started:
             children_started(session, owner, started)
         raise ChildrenWait
-    gate.outcomes.update(kids.outcomes)
+    settled.update(kids.settled)
     # A transfer_to_<slug> call: settled here; the results' commit switches the agent.
     handoffs = handoff_gate(
-        session, [c for c in calls if c.pk not in gate.outcomes], list(agent.handoffs)
+        session, [c for c in calls if c.pk not in settled], list(agent.handoffs)
     )
-    gate.outcomes.update(handoffs.outcomes)
+    settled.update(handoffs.settled)
     # A recall must see memory as it is now, not an earlier identical call's answer.
     outcomes = _cached_outcomes(
         session,
-        [c for c in calls if c.pk not in gate.outcomes and not is_memory_call(c, tools)],
+        [c for c in calls if c.pk not in settled and not is_memory_call(c, tools)],
         tools,
     )
-    outcomes.update(gate.outcomes)
+    outcomes.update(settled)
     return _Settled(outcomes=outcomes, kids=kids, handoffs=handoffs)
 
 
@@ -231,29 +240,31 @@ def _settled_unless_stale(
     business prechecks of calls that may be stale; False when the step waits for a person."""
     outcomes = settled.outcomes
     reviewed = review_outcomes([c for c in calls if c.pk not in outcomes])
-    if reviewed.pending:
+    if reviewed.wait:
         return False  # a person is still looking at it; their answer wakes the run
-    outcomes.update(reviewed.outcomes)
-    recovered = recovery_probe(
-        [c for c in calls if c.pk not in outcomes and c.pk not in reviewed.resend], tools
+    outcomes.update(reviewed.settled)
+    resend = reviewed.intent or set()
+    probed = recovery_probe(
+        [c for c in calls if c.pk not in outcomes and c.pk not in resend], tools
     )
-    if recovered.retry_after_s is not None:
+    recovered = probed.intent or Recovered()
+    calls_probed(recovered.probed)
+    if probed.wait:
         # A probe could not tell yet: ask again later; the wait lives in the lease's
         # expiry (the sweeper's), no worker holds it.
-        raise StepDeferred(recovered.retry_after_s)
-    outcomes.update(recovered.outcomes)
+        raise StepDeferred(probed.wait.after_s or 0.0)
+    outcomes.update(probed.settled)
     # What a person already decided to send is sent; the rest may be stale after a
     # crash recovery or a long pause: the drift, then the business prechecks.
     reviewing = {c.pk for c, _ in recovered.to_review}
     unsettled = [
-        c
-        for c in calls
-        if c.pk not in outcomes and c.pk not in reviewed.resend and c.pk not in reviewing
+        c for c in calls if c.pk not in outcomes and c.pk not in resend and c.pk not in reviewing
     ]
-    held = drift_hold(session, agent, unsettled, tools, env)
+    held = drift_hold(session, agent, unsettled, tools, env).settled
     outcomes.update(held)
-    rechecked = pending_prechecks(session, [c for c in unsettled if c.pk not in outcomes], tools)
-    outcomes.update(rechecked.outcomes)
+    prechecks = pending_prechecks(session, [c for c in unsettled if c.pk not in outcomes], tools)
+    outcomes.update(prechecks.settled)
+    rechecked = prechecks.intent or Rechecked()
     settled.rechecked = rechecked
     to_review = recovered.to_review + rechecked.to_review
     if to_review:
@@ -277,10 +288,10 @@ def _settled_last(
     here), the credit pool (granted, refused, or None: the run is parked until points come
     back) and credits (reserved, or refused); the calls left to send."""
     outcomes = settled.outcomes
-    outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools))
+    outcomes.update(tool_gates(session, [c for c in calls if c.pk not in outcomes], tools).settled)
     # A question to the user stays open: their next message is its result.
-    settled.questions = questions_of([c for c in calls if c.pk not in outcomes], tools)[:1]
-    asked = {q.call.pk for q in settled.questions}
+    settled.question = questions_of([c for c in calls if c.pk not in outcomes], tools).intent
+    asked = {settled.question.call.pk} if settled.question else set()
     # remember/recall need the session's owner and id: run here, recorded like any tool.
     outcomes.update(
         memory_tool_outcomes(
@@ -289,20 +300,21 @@ def _settled_last(
     )
     to_run = [c for c in calls if c.pk not in outcomes and c.pk not in asked]
     pool = pool_gate(session, to_run, tools)
-    if pool.waiting:
+    answer = pool.intent or PoolAnswer()
+    if pool.wait:
         # No room in the credit pool: park (no worker held); a release wakes the run.
-        credits_park(session, owner, pool)
-        pool_wake(pool_id=pool.pool_id)
+        credits_park(session, owner, answer)
+        pool_wake(pool_id=answer.pool_id)
         return None
-    settled.pool = pool
-    outcomes.update(pool.refused)
-    to_run = [c for c in to_run if c.pk not in pool.refused]
+    settled.pool = answer
+    outcomes.update(pool.settled)
+    to_run = [c for c in to_run if c.pk not in pool.settled]
     credits = credits_reserve(session, to_run, tools)  # CreditsWait: the run steps aside
-    if credits.refused:
-        metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.refused))
-    outcomes.update(credits.refused)
+    if credits.settled:
+        metrics.BUDGET_REFUSALS.labels("tool_credits").inc(len(credits.settled))
+    outcomes.update(credits.settled)
     settled.credits = credits
-    to_run = [c for c in to_run if c.pk not in credits.refused]
+    to_run = [c for c in to_run if c.pk not in credits.settled]
     reserved = sum(getattr(c, "credit_points", 0) for c in to_run)
     if reserved:
         if keep is not None:
@@ -359,18 +371,19 @@ def replay_step(
     (engine/gates/replay.py), the read-only calls it lacks run only if the evaluation allows
     it, a side effect is never sent; no approval, question, credit or child waits."""
     verdict = replay_gate(session, source, calls, tools)
-    outcomes = dict(verdict.outcomes)
-    if verdict.to_run:
+    outcomes = dict(verdict.settled)
+    to_run = verdict.intent or []
+    if to_run:
         connection.close()
         ran = io_loop.run(
             execute_all(
-                [_invocation(c, None) for c in verdict.to_run],
+                [_invocation(c, None) for c in to_run],
                 tools,
                 session.role,
                 step_timeout_s=step_timeout_s,
             )
         )
-        outcomes.update({c.pk: o for c, o in zip(verdict.to_run, ran, strict=True)})
+        outcomes.update({c.pk: o for c, o in zip(to_run, ran, strict=True)})
     tool_results(session, owner, calls=calls, outcomes=outcomes, tools=tools, env=env)
 
 
@@ -503,19 +516,20 @@ def tool_run_in_step(
         # An evaluation's replay answers every call from the record (replay_step).
         or replay_source(session) is not None
         or is_memory_call(call, tools)
-        or questions_of([call], tools)
+        or questions_of([call], tools).wait
     ):
         return None
     call.has_approval = False  # type: ignore[attr-defined] # not stored: never asked about
+    calls_assess([call], tools)
     gate = approval_gate(session, [call], tools)
-    if gate.waits or gate.outcomes or (call.risk_level or 0) >= CHECKPOINT_LEVEL:
+    if gate.wait or gate.settled or (call.risk_level or 0) >= CHECKPOINT_LEVEL:
         return None
     if isinstance(call.input, dict) and not call.error:
         call.cached_output = cached_output_read(session, call.tool_name, call.input)  # type: ignore[attr-defined]
     # The gates key their outcomes by the call's id: this one has none yet (None).
     settled = _cached_outcomes(session, [call], tools)
-    settled = settled or tool_gates(session, [call], tools)
-    settled = settled or credits_reserve(session, [call], tools).refused
+    settled = settled or dict(tool_gates(session, [call], tools).settled)
+    settled = settled or dict(credits_reserve(session, [call], tools).settled)
     if settled:
         return settled[call.pk]
     connection.close()

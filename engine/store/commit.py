@@ -254,7 +254,7 @@ class Step:
     # rows come back in `Committed.read`.
     then_read: Statement | None = None
     # Usage rollups and credit settlements, worked out by the move from the calls the
-    # step records (engine/gates/metering.py): the store writes them, knowing no billing.
+    # step records (engine/moves/metering.py): the store writes them, knowing no billing.
     charges: list[Statement | None] = field(default_factory=list)
     # Where each of `messages`' message.completed goes among `events` (an index into
     # `events`, one per message, in order): a step whose events tell a story of their own

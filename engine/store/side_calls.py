@@ -2,7 +2,7 @@
 ahead), committed in a short transaction of its own with the charges a step would carry.
 
 The store knows no billing: the caller works the rollup and charge statements out
-(engine/gates/metering.py `side_call_charges`), as a move does for a step's.
+(engine/moves/metering.py `side_call_charges`), as a move does for a step's.
 """
 
 from django.db import connection, transaction

@@ -1,5 +1,5 @@
 """The model is told plainly when calls did not run: one platform note right after tool
-results where calls were rejected, expired, unpaid or failed (engine/gates/calls_note.py),
+results where calls were rejected, expired, unpaid or failed (engine/gates/guards.py `calls_note`),
 checked on the note's text and in the request a scripted model receives."""
 
 import threading
@@ -11,8 +11,7 @@ from accounts.services import api_key_create, approver_grant
 from approvals.models import Approval
 from billing.services import credits_grant
 from engine import session_run
-from engine.gates.calls_note import NOTE_NAME, calls_note, note_text
-from engine.gates.guards import CallRecord
+from engine.gates.guards import NOTE_NAME, CallRecord, calls_note, note_text
 from record.models import Agent, Message, ModelEndpoint, Session, ToolCall
 from sessions.services import approval_decide, message_post
 from tests.demo_setup import DEMO_REQUEST, demo_install

@@ -56,10 +56,11 @@ def test_agents_nest_exactly_max_depth_levels(
     found = children_gate(session, [call], max_depth)
 
     if starts:
-        assert found.to_start == [call] and call.pk not in found.outcomes
+        assert found.intent is not None and found.intent.to_start == [call]
+        assert call.pk not in found.settled and found.wait is not None
     else:
-        assert found.to_start == []
-        assert "max_depth" in str(found.outcomes[call.pk])
+        assert found.intent is not None and found.intent.to_start == []
+        assert "max_depth" in str(found.settled[call.pk])
 
 
 def test_the_default_max_depth_is_two() -> None:

@@ -93,7 +93,7 @@ def test_the_failure_is_on_the_request_the_admin_shows(make_session) -> None:  #
     session = make_session(value=1.5)
     ToolFactory(name="coupon", value="args.missing", credit_cost=2)
     gate = pool_gate(session, _calls(session, {}), tools_for_agent(["coupon"]))
-    assert gate.granted
+    assert gate.intent is not None and gate.intent.granted
     request = PoolRequest.objects.get()
     assert (request.value, request.cost, request.roi) == (1.5, 2, 0.75)
     assert "coupon.value:" in request.note
@@ -107,7 +107,7 @@ def test_a_cost_larger_than_the_pool_refuses_the_calls_with_insufficient_credits
     ToolFactory(name="coupon", credit_cost=11)
     calls = _calls(session, {})
     gate = pool_gate(session, calls, tools_for_agent(["coupon"]))
-    refusal = gate.refused[calls[0].pk]
+    refusal = gate.settled[calls[0].pk]
     assert refusal.output == {
         "code": "insufficient_credits",
         "points_needed": 11,

@@ -498,7 +498,7 @@ def test_a_task_that_dies_before_its_writes_commit_keeps_the_turn_on_retry(
     session = _turn(_decided_session(openai_server, unique, owner=owner), "I work at Acme now.")
     add = {"action": "add", "target": None, "content": "Works at Acme", "subject": "employer"}
     openai_server.script(_answer(add), _answer(add))
-    import engine.gates.memory as gate
+    import engine.phases.after_turn as gate
 
     real = gate.memory_remember
 

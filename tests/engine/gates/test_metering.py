@@ -11,12 +11,8 @@ from billing.budgets import Spent
 from billing.models import CreditAccount, CreditLedger, CreditReservation
 from billing.pressure import OwnerFigures
 from billing.services import credits_grant
-from engine.gates.metering import (
-    INSUFFICIENT,
-    CreditsWait,
-    credits_reserve,
-    model_credits_check,
-)
+from engine.gates.metering import CreditsWait, credits_reserve
+from engine.model.credits import INSUFFICIENT, model_credits_check
 from llm.types import ChatMessage, ChatRequest
 from record.models import ToolCall
 from tests.factories import ModelEndpointFactory, ToolFactory
@@ -115,8 +111,8 @@ def test_a_steps_paid_calls_are_reserved_in_one_round_trip(make_session) -> None
         call.credit_points = 0  # type: ignore[attr-defined]
     credits = credits_reserve(session, calls, tools)
     assert [getattr(c, "credit_points", 0) for c in calls] == [10, 0, 10, 0]
-    assert list(credits.refused) == [calls[3].pk]
-    refusal = credits.refused[calls[3].pk].output
+    assert list(credits.settled) == [calls[3].pk]
+    refusal = credits.settled[calls[3].pk].output
     assert (refusal["code"], refusal["points_needed"], refusal["points_left"]) == (
         INSUFFICIENT,
         10,

@@ -1,4 +1,4 @@
-"""The world around a step (engine/gates/surroundings.py): the peak hour in the agent's
+"""The world around a step (engine/model/surroundings.py): the peak hour in the agent's
 time zone, the tools' recent health from the platform's own ToolCall rows (one query,
 cached), their quota left, and the host's pressure."""
 
@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from engine.gates.surroundings import (
+from engine.model.surroundings import (
     cache_reset,
     peak_hour,
     surroundings,
