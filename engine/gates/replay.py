@@ -142,7 +142,7 @@ def replay_gate(
         if call.tool_name == WAIT_TOOL:
             # A workflow's wait (a wait node, a retry's pause) is over at once, recorded or
             # not: no output, so the results' move sets no timer (a replay never waits).
-            verdict.outcomes[call.pk] = ToolOutcome(
+            settled[call.pk] = ToolOutcome(
                 status=ToolCallStatus.SUCCESS, output=None, content=render_success(_NOT_WAITED)
             )
             continue
