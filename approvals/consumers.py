@@ -130,16 +130,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
                 CLOSE_FORBIDDEN,
             )
             return
-        slot_id = uuid.uuid4().hex
-        pool = limits.APPROVAL_SOCKETS
-        if not await limits.socket_slots.acquire(key_id=key.pk, socket_id=slot_id, pool=pool):
-            limit = limits.socket_limit(pool)
-            await self._fail(
-                "too_many_sockets",
-                f"this API key already has {limit} approvals websockets open",
-                CLOSE_RATE_LIMITED,
-                {"limit": limit},
-            )
+        slot_id = await self._slot(key.pk, limits.APPROVAL_SOCKETS, "this API key")
+        if slot_id is None:
             return
         self.key_id, self.slot_id = key.pk, slot_id
         self.key_group = key_group_name(key.pk)
@@ -148,6 +140,20 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         self.joined = True
         for frame in await database_sync_to_async(_pending_frames)(groups):
             await self.send(text_data=json.dumps(frame))
+
+    async def _slot(self, holder_id: int, pool: str, holder: str) -> str | None:
+        """A socket slot of `pool` for the key or user; None (refused, closed) past its limit."""
+        slot_id = uuid.uuid4().hex
+        if await limits.socket_slots.acquire(key_id=holder_id, socket_id=slot_id, pool=pool):
+            return slot_id
+        limit = limits.socket_limit(pool)
+        await self._fail(
+            "too_many_sockets",
+            f"{holder} already has {limit} approvals websockets open",
+            CLOSE_RATE_LIMITED,
+            {"limit": limit},
+        )
+        return None
 
     async def _connect_signed_in(self, user: Any) -> None:
         """The admin's queue page: the signed-in user, if they may see the queue."""
@@ -159,16 +165,9 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
                 CLOSE_FORBIDDEN,
             )
             return
-        slot_id = uuid.uuid4().hex
         pool = limits.ADMIN_APPROVAL_SOCKETS
-        if not await limits.socket_slots.acquire(key_id=user.pk, socket_id=slot_id, pool=pool):
-            limit = limits.socket_limit(pool)
-            await self._fail(
-                "too_many_sockets",
-                f"this user already has {limit} approvals websockets open",
-                CLOSE_RATE_LIMITED,
-                {"limit": limit},
-            )
+        slot_id = await self._slot(user.pk, pool, "this user")
+        if slot_id is None:
             return
         self.user_id, self.slot_id, self.pool = user.pk, slot_id, pool
         await self.channel_layer.group_add(APPROVERS_GROUP, self.channel_name)

@@ -414,13 +414,6 @@ def credits_close(*, keys: Sequence[str], settle: bool, actor: str = "") -> None
         cursor.execute(*statement)
 
 
-def waiting_refuse(*, session_id: UUID | str) -> int:
-    """Drop a session's waiting calls (its turn ended): they no longer hold up others."""
-    return CreditReservation.objects.filter(
-        session_id=session_id, status=ReservationStatus.WAITING
-    ).update(status=ReservationStatus.REFUSED, finished_at=timezone.now())
-
-
 def waiting_expire() -> int:
     """Waiting rows past their deadline whose run never came back for them."""
     with connection.cursor() as cursor:

@@ -662,23 +662,13 @@ def config_apply(
                 if budget in entry:
                     cost = entry[budget]
                     values[budget] = None if cost is None else Decimal(str(cost))
-            if "cheap_model" in entry:
-                cheap = entry["cheap_model"]
-                values["cheap_model"] = ModelEndpoint.objects.get(name=cheap) if cheap else None
-            if "summary_model" in entry:
-                summary = entry["summary_model"]
-                values["summary_model"] = (
-                    ModelEndpoint.objects.get(name=summary) if summary else None
-                )
             values["model"] = ModelEndpoint.objects.get(name=entry["model"])
-            fallback = entry.get("fallback_model")
-            values["fallback_model"] = (
-                ModelEndpoint.objects.get(name=fallback) if fallback else None
-            )
-            candidate = entry.get("candidate_model")
-            values["candidate_model"] = (
-                ModelEndpoint.objects.get(name=candidate) if candidate else None
-            )
+            # The fallback and the candidate are the file's: left out, there is none; the
+            # cheap and summary models are changed only where the entry names them.
+            for role in ("cheap_model", "summary_model", "fallback_model", "candidate_model"):
+                if role in entry or role in ("fallback_model", "candidate_model"):
+                    name = entry.get(role)
+                    values[role] = ModelEndpoint.objects.get(name=name) if name else None
             _rollout_gate_pass(entry, values, actor=actor, override=override_rollout_gate)
             done = _upsert(
                 Agent,

@@ -289,13 +289,6 @@ async def sse_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[tuple[
         yield batch
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
-    """Yield (event, data) per Server-Sent Event from raw bytes (see `sse_batches`)."""
-    async for batch in sse_batches(chunks):
-        for item in batch:
-            yield item
-
-
 class HttpAdapter(ModelAdapter):
     """Base for adapters that speak HTTP: the key comes from the environment only."""
 

@@ -128,16 +128,8 @@ def chat_turn_post(
        (sampling, response_format) are stored with the message: every step of the
        turn reads them there, after a worker crash too.
     """
-    pk = session_id_parse(session_id)
     with transaction.atomic():
-        locked = (
-            None
-            if pk is None
-            else Session.objects.locked().filter(pk=pk, owner_id=owner_id).first()
-        )
-        if locked is None:
-            raise NotFound(f"session {session_id} not found", code="session_not_found")
-        session_role_check(role=locked.role, key_roles=key_roles)
+        locked = _owned_locked(session_id, owner_id, key_roles)
         state = State(locked.state)
         if state not in STARTS_TURN or locked.queued_count:
             raise SessionBusy(
@@ -157,6 +149,19 @@ def chat_turn_post(
             turn_options=options or None,
         )
     return posted
+
+
+def _owned_locked(session_id: UUID | str, owner_id: int, key_roles: Sequence[str]) -> Session:
+    """The owner's session, its row locked to the end of the caller's transaction (another
+    owner's is NotFound); a key without the session's role is refused (403)."""
+    pk = session_id_parse(session_id)
+    locked = (
+        None if pk is None else Session.objects.locked().filter(pk=pk, owner_id=owner_id).first()
+    )
+    if locked is None:
+        raise NotFound(f"session {session_id} not found", code="session_not_found")
+    session_role_check(role=locked.role, key_roles=key_roles)
+    return locked
 
 
 def client_tools_check(
@@ -212,16 +217,8 @@ def chat_tool_results_post(
        `client_results`: the same turn goes on, with the request's `options`), and
        wake a worker once committed.
     """
-    pk = session_id_parse(session_id)
     with transaction.atomic():
-        locked = (
-            None
-            if pk is None
-            else Session.objects.locked().filter(pk=pk, owner_id=owner_id).first()
-        )
-        if locked is None:
-            raise NotFound(f"session {session_id} not found", code="session_not_found")
-        session_role_check(role=locked.role, key_roles=key_roles)
+        locked = _owned_locked(session_id, owner_id, key_roles)
         state = State(locked.state)
         waiting = open_client_calls(locked) if state == State.PAUSED_FOR_USER else []
         if not waiting and state not in STARTS_TURN:

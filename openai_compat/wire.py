@@ -11,7 +11,6 @@ import json
 import math
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -538,10 +537,6 @@ def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
 
 
 def completion(

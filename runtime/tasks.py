@@ -14,8 +14,6 @@ from typing import Any
 
 from celery import current_app
 
-from runtime.fastpaths import celery_publish
-
 
 def task_send(
     name: str,
@@ -26,10 +24,6 @@ def task_send(
     headers: dict[str, str] | None = None,
 ) -> None:
     """Publish task `name` with `args` on the default queue; broker errors propagate."""
-    if countdown is None and celery_publish.send(
-        current_app, name, args, priority=priority, headers=headers
-    ):
-        return
     options: dict[str, Any] = {}
     if priority is not None:
         options["priority"] = priority

@@ -50,11 +50,6 @@ FAST_PATHS: dict[str, FastPath] = {
             {"django": ">=5.2,<5.3"},
         ),
         FastPath(
-            "celery_publish",
-            "a task message put on its queue by a kept channel, without Celery's send_task",
-            {"celery": ">=5.5,<5.8", "kombu": ">=5.5,<5.8"},
-        ),
-        FastPath(
             "sql_literals",
             "a step's common values quoted in Python, not by psycopg's dumpers",
             {"psycopg": ">=3.2,<3.4"},

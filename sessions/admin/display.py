@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from record.events import EventType
+from record.events import EventType, call_counts, turn_outcome
 from sessions.status import (
     Status,
     call_status,
@@ -19,13 +19,14 @@ from sessions.status import (
 DETAIL_CHARS = 4000
 
 
-def status_badge(status: Status, css: str = "ap-state") -> str:
+def status_badge(status: Status, css: str = "ap-state", title: str = "") -> str:
     """A status (sessions/status.py) as a coloured pill, in the one vocabulary."""
     return format_html(
         '<span class="{}" style="background:{};color:#fff;padding:1px 7px;border-radius:9px;'
-        'font-size:11px;white-space:nowrap">{}</span>',
+        'font-size:11px;white-space:nowrap" title="{}">{}</span>',
         css,
         status.colour,
+        title,
         status.label,
     )
 
@@ -72,35 +73,21 @@ def session_link(session_id: object) -> str:
     )
 
 
-OUTCOME_COLOURS = {
-    "answer": "#15803d",
-    "cancelled": "#374151",
-    "interrupted": "#374151",
-    "error": "#dc2626",
-    "model_unavailable": "#dc2626",
-    "invalid_output": "#dc2626",
-}
-# Any other stop reason is a guard that ended the turn (max_iterations, cycle, ...).
-GUARD_COLOUR = "#b45309"
-
-
 def outcome_badge(stop_reason: str | None, last_error: str = "") -> str:
+    """A turn known by its stop reason only (it ended before outcomes were recorded): the
+    outcome that stop reason gives, in the one vocabulary, the error as its title."""
     if not stop_reason:
         return "—"
-    colour = OUTCOME_COLOURS.get(stop_reason, GUARD_COLOUR)
-    return format_html(
-        '<span class="ap-outcome" style="color:{};font-weight:600" title="{}">{}</span>',
-        colour,
-        short(last_error, 300) if OUTCOME_COLOURS.get(stop_reason) == "#dc2626" else "",
-        stop_reason.replace("_", " "),
-    )
+    outcome = turn_outcome(stop_reason, call_counts(()))
+    return turn_outcome_badge(outcome, stop_reason=stop_reason, title=short(last_error, 300))
 
 
-def turn_outcome_badge(outcome: str, calls: Any = None, stop_reason: str | None = None) -> str:
+def turn_outcome_badge(
+    outcome: str, calls: Any = None, stop_reason: str | None = None, title: str = ""
+) -> str:
     """The last turn's outcome as a coloured badge, its calls and stop reason beside it."""
     if not outcome:
         return "—"
-    status = outcome_status(outcome)
     parts = []
     if stop_reason and stop_reason != "answer":
         parts.append(stop_reason.replace("_", " "))
@@ -109,12 +96,8 @@ def turn_outcome_badge(outcome: str, calls: Any = None, stop_reason: str | None 
         parts.append(line)
     detail = " · ".join(parts)
     return format_html(
-        '<span class="ap-turn-outcome ap-turn-{}" style="background:{};color:#fff;'
-        'padding:1px 7px;border-radius:9px;font-size:11px;white-space:nowrap">{}</span>'
-        "{}",
-        outcome,
-        status.colour,
-        status.label,
+        "{}{}",
+        status_badge(outcome_status(outcome), f"ap-turn-outcome ap-turn-{outcome}", title),
         format_html(' <span class="ap-turn-detail" style="font-size:11px">{}</span>', detail)
         if detail
         else "",

@@ -44,6 +44,20 @@ DOCUMENT = {
 }
 
 
+def test_an_agents_other_models_left_out_of_the_file() -> None:
+    """The cheap and summary models stay as they are unless named; the fallback and the
+    candidate are the file's: left out, there is none."""
+    named = {**DOCUMENT["agents"][0], "fallback_model": "small", "candidate_model": "small"}
+    config_apply(document={**DOCUMENT, "agents": [named]})
+    agent = Agent.objects.get(slug="support")
+    assert agent.fallback_model.name == agent.candidate_model.name == "small"
+    left_out = {k: v for k, v in DOCUMENT["agents"][0].items() if k != "cheap_model"}
+    config_apply(document={**DOCUMENT, "agents": [left_out]})
+    agent = Agent.objects.get(slug="support")
+    assert agent.cheap_model.name == "small"
+    assert agent.fallback_model is None and agent.candidate_model is None
+
+
 def test_billing_fields_apply() -> None:
     config_apply(document=DOCUMENT)
     assert ModelEndpoint.objects.get(name="main").rate_limit_calls_per_min == 30

@@ -14,7 +14,6 @@ from llm.http import (
     parse_retry_after,
     redact,
     sse_batches,
-    sse_events,
 )
 from llm.types import ChatMessage, ChatRequest
 from tests.fakes.model_servers import Reply
@@ -28,7 +27,7 @@ async def chunks_of(*parts: bytes) -> AsyncIterator[bytes]:
 
 
 async def parse(*parts: bytes) -> list[tuple[str, str]]:
-    return [event async for event in sse_events(chunks_of(*parts))]
+    return [event async for batch in sse_batches(chunks_of(*parts)) for event in batch]
 
 
 async def test_events_split_anywhere_across_chunks():

@@ -147,6 +147,31 @@ def test_no_template_has_status_labels_or_colours_of_its_own():
     assert offenders == []
 
 
+def test_no_admin_module_has_a_colour_map_of_status_words():
+    """The admin's badges are drawn from the vocabulary too: no palette of its own."""
+    offenders = []
+    for path in sorted((ROOT / "sessions" / "admin").rglob("*.py")):
+        text = path.read_text()
+        offenders += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in COLOUR_MAP.finditer(text)]
+    assert offenders == []
+
+
+def test_a_turn_known_by_its_stop_reason_only_wears_the_vocabularys_badge():
+    """A turn that ended before outcomes were recorded: its stop reason gives the outcome
+    (a cancel is an amber "stopped", as in every other list), the error is the title."""
+    from sessions.admin.display import outcome_badge
+
+    cancelled = outcome_badge("cancelled")
+    stopped = OUTCOMES["stopped"]
+    assert f">{stopped.label}<" in cancelled and stopped.colour in cancelled
+    assert ">cancelled<" in cancelled  # the stop reason beside it
+    failed = outcome_badge("error", "the model endpoint refused the key")
+    assert OUTCOMES["error"].colour in failed
+    assert 'title="the model endpoint refused the key"' in failed
+    assert f">{OUTCOMES['ok'].label}<" in outcome_badge("answer")
+    assert outcome_badge(None) == "—"
+
+
 def test_the_grep_test_would_catch_one():
     assert COLOUR_MAP.search('var C = {finished: "#15803d"};')
     assert RAW_WORDS.search("<td>executing</td>")

@@ -39,19 +39,20 @@ def test_a_version_it_was_not_written_for_turns_only_that_fast_path_off(
     installed = fastpaths.metadata.version
 
     def version(distribution: str) -> str:
-        return "9.0" if distribution == "celery" else installed(distribution)
+        return "9.0" if distribution == "djangorestframework" else installed(distribution)
 
     monkeypatch.setattr(fastpaths.metadata, "version", version)
     with caplog.at_level(logging.WARNING, logger="runtime.fastpaths"):
-        assert not fastpaths.enabled("celery_publish")
-        assert not fastpaths.enabled("celery_publish")
-    assert all(fastpaths.enabled(name) for name in fastpaths.FAST_PATHS if name != "celery_publish")
+        assert not fastpaths.enabled("drf_fields")
+        assert not fastpaths.enabled("drf_fields")
+    assert all(fastpaths.enabled(name) for name in fastpaths.FAST_PATHS if name != "drf_fields")
     # Said once, with what is installed and what it was written for.
     assert [r.getMessage() for r in caplog.records] == [
-        "fast path celery_publish is off: celery 9.0 is installed; it was written for >=5.5,<5.8"
+        "fast path drf_fields is off: djangorestframework 9.0 is installed; it was written for "
+        ">=3.15,<3.19"
     ]
     [warning] = fastpaths.check()
-    assert warning.id == "runtime.W001" and "'celery_publish' is off" in warning.msg
+    assert warning.id == "runtime.W001" and "'drf_fields' is off" in warning.msg
 
 
 def test_a_library_not_installed_turns_its_fast_path_off(monkeypatch: pytest.MonkeyPatch) -> None:
