@@ -588,7 +588,7 @@ class Message(models.Model):
 
 class SummaryDraft(models.Model):
     """A summary of a session's oldest history made ahead of need, off the step's critical
-    path (engine/gates/summary_ahead.py): at most one per session, in flight or ready.
+    path (engine/phases/after_turn.py): at most one per session, in flight or ready.
 
     A cache of paid work, not a record: the step that reaches the summary watermark turns
     it into the summary message (engine/model/summaries.py `summary_draft_use`); once a newer

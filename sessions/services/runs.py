@@ -158,7 +158,7 @@ def session_resume(
 
 def summary_ahead_run(*, session_id: UUID | str) -> bool:
     """After a step past the ahead watermark: make the session's next summary, ready for
-    the step that needs it (engine/gates/summary_ahead.py)."""
+    the step that needs it (engine/phases/after_turn.py)."""
     return summary_ahead_make(session_id=str(session_id))
 
 
