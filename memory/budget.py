@@ -32,7 +32,7 @@ DEFAULT_SHARES: dict[str, float] = {
 TRIM_AT = 0.6
 SUMMARISE_AT = 0.9
 # Past this share (after trimming) a summary is prepared in the background, ready for
-# the step that reaches `summarise_at` (engine/gates/summary_ahead.py).
+# the step that reaches `summarise_at` (engine/phases/after_turn.py).
 SUMMARISE_AHEAD_AT = 0.6
 WATERMARKS = ("trim_at", "summarise_ahead_at", "summarise_at")
 
