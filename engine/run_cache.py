@@ -17,7 +17,7 @@ from django.db import connection
 from engine.gates.budget import FiguresKeeper
 from engine.gates.children import agent_tools
 from engine.gates.guards import CallRecord
-from engine.gates.memory import turn_memory_block
+from engine.gates.memory import MemoryBlock, turn_memory_block
 from engine.model.context import AGENT_TOOL_PREFIX, SUMMARY_NAME
 from engine.model.environment import Environment, environment
 from engine.store.commit import CallsCommitted
@@ -248,15 +248,19 @@ class RunContext:
             (record.status, record.refusal) for step in self.turn_calls(session) for record in step
         )
 
-    def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> str:
+    def memory_block(self, session: Session, agent: Agent, history: list[Message]) -> MemoryBlock:
+        """The turn's memory block, made at its first step; later steps get its text with
+        no items `used` (the first step's phase marked them already)."""
         key = (str(session.pk), session.turn)
         if self.memory_turn != key:
             # Whether the owner has memory items, as the lease's round trip read it.
             known = getattr(session, "memory_known", None)
             has_items = known[1] if known is not None and known[0] == session.turn else None
-            self.memory_text = turn_memory_block(session, agent, history, has_items)
+            block = turn_memory_block(session, agent, history, has_items)
+            self.memory_text = block.text
             self.memory_turn = key
-        return self.memory_text
+            return block
+        return MemoryBlock(text=self.memory_text)
 
     def history(self, session: Session) -> list[Message]:
         """The session's history, read incrementally: messages never change once in it.

@@ -1,6 +1,10 @@
-"""Gates: each reads what it needs and judges; none makes a move or writes the record (the
-phase that consults it does, from what the gate returns). No gate imports another: what
-several need lives on the model floor below (tests/architecture/test_gates.py).
+"""Gates: each reads what it needs and judges; none makes a move, writes the record or
+calls a port's writer (the phase that consults it does, from what the gate returns: the
+cost notices a budget read crossed, the memory items a block placed). A port's atomic
+check-and-take (a budget hold, a credit reservation, a pool grant, a rate limit's token)
+is a gate's: the check and the take are one statement (`TAKES` in
+tests/architecture/test_gates.py). No gate imports another: what several need lives on
+the model floor below.
 
 A gate answers in the shape of the step that asks it:
 

@@ -37,7 +37,7 @@ from billing.pressure import (
     worker_pressure,
 )
 from billing.ratelimit import RateLimit, rate_limit_take
-from billing.services import budget_reserve, notices_raise
+from billing.services import budget_reserve
 from engine.gates import BUDGET_NOTE, Stop, partial_answer  # noqa: F401 (BUDGET_NOTE: tests/billing)
 from engine.model.calls import (
     endpoint_tokenizer,
@@ -235,9 +235,9 @@ def gate_read(session: Session, agent: Agent, keep: FiguresKeeper | None = None)
     `keep` (the run's) lets later steps of a turn use the figures of an earlier read."""
     figures = _figures(session, agent, keep)
     budgets = agent_budgets(agent, session, figures.turn, figures.agent_day) + figures.budgets
-    # Operators hear of a day or month budget nearing its limit, or a low balance (an
-    # insert only at a new crossing; nothing while none is new to this process).
-    notices_raise(
+    # Operators hear of a day or month budget nearing its limit, or a low balance: the
+    # crossings are returned, and the model phase raises them (billing.services.notices_raise).
+    notices = tuple(
         notice_candidates(
             budgets=budgets,
             owner_id=session.owner_id,
@@ -258,7 +258,9 @@ def gate_read(session: Session, agent: Agent, keep: FiguresKeeper | None = None)
             workers_unhealthy=worker_pressure(),
         )
     )
-    return GateRead(budgets=budgets, figures=figures, level=level, model_failing=failing)
+    return GateRead(
+        budgets=budgets, figures=figures, level=level, model_failing=failing, notices=notices
+    )
 
 
 def model_gate(

@@ -2,7 +2,8 @@
 `recall` tools, and what is kept at the end of a turn.
 
 The memory port knows nothing of sessions; this module reads the session (owner,
-turn) and asks it; it writes nothing of the record: the `remember` and `recall` tools run
+turn) and asks it; it writes nothing, of the record or of memory: the items a turn's
+block uses are marked by the model phase (`MemoryBlock.used`), the `remember` and `recall` tools run
 in the tool phase (engine/phases/memory_tools.py), and what a turn decided to keep is
 written by engine/phases/after_turn.py `turn_memory_keep`. Memory never fails a turn: an embeddings
 endpoint that is down leaves the block empty, and `recall` falls back to full text.
@@ -47,7 +48,6 @@ from memory.selectors import (
     memory_ranked,
     memory_written_since,
 )
-from memory.services import memory_touch
 from record.models import Agent, Message, ModelCall, Session
 from tools.builtin import RECALL, REMEMBER
 
@@ -93,24 +93,33 @@ class MemorySettings:
 # --- Before a turn -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class MemoryBlock:
+    """The memory placed before a turn: the system block, and the items in it, which the
+    model phase marks as used (memory.services.memory_touch; a gate writes nothing)."""
+
+    text: str = ""
+    used: tuple[int, ...] = ()
+
+
 def turn_memory_block(
     session: Session, agent: Agent, history: list[Message], has_items: bool | None = None
-) -> str:
+) -> MemoryBlock:
     """The owner's most relevant memory for this turn's user message, as a system block.
 
     `has_items`: whether the owner has live items, if the run read it already (the lease's
     round trip); else asked here."""
     settings = MemorySettings.of(agent)
     if not settings.enabled or settings.top_k == 0:
-        return ""
+        return MemoryBlock()
     query = next(
         (m.content for m in reversed(history) if m.role == "user" and m.turn == session.turn),
         "",
     )
     if not query.strip():
-        return ""
+        return MemoryBlock()
     if not (has_items if has_items is not None else memory_owner_has_items(session.owner_id)):
-        return ""
+        return MemoryBlock()
     try:
         embedder = current_embedder()
         vector = embed_texts([query[:4000]], embedder)[0]
@@ -125,9 +134,8 @@ def turn_memory_block(
         )
     except EmbeddingError as exc:
         logger.warning("memory left out of session %s's turn: %s", session.pk, exc)
-        return ""
-    memory_touch(item_ids=[r.item.pk for r in ranked])
-    return memory_block(ranked)
+        return MemoryBlock()
+    return MemoryBlock(text=memory_block(ranked), used=tuple(r.item.pk for r in ranked))
 
 
 # --- After a turn --------------------------------------------------------------

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing.budgets import Budget, Spent
+from billing.notices import NoticeCandidate
 from billing.pressure import OwnerFigures
 from engine.model.surroundings import Surroundings, surroundings
 from record.models import Agent, Message, Session
@@ -253,6 +254,9 @@ class GateRead:
     figures: OwnerFigures
     level: int
     model_failing: bool
+    # The cost notices these figures cross (a budget nearing its limit, a low balance):
+    # the gate returns them, the model phase raises them (a gate writes nothing).
+    notices: tuple[NoticeCandidate, ...] = ()
 
 
 def _budgets_left(read: GateRead) -> dict[str, int]:

@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from billing.services import notices_raise
 from engine.gates import Contribution, guards
 from engine.gates.budget import (
     GateRead,
@@ -59,6 +60,7 @@ from engine.moves.turn import ModelContext, answer, tool_intents, turn_cancel
 from engine.run_cache import RunContext, agent_runtime, turn_calls_read
 from llm.base import ModelConfigError, ModelError
 from llm.types import ChatRequest, ChatResponse
+from memory.services import memory_touch
 from memory.tokens import Tokenizer
 from observability import metrics, tracing
 from observability.prompts import prompt_sample_record, sampled
@@ -239,8 +241,12 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     tools = runtime.tools_for(session.role)
     env = runtime.environment(session.role)
     history = run.history(session)
-    memory_block = run.memory_block(session, agent, history)
+    memory = run.memory_block(session, agent, history)
+    memory_touch(item_ids=list(memory.used))  # the items placed (the admin's "last used")
     read = gate_read(session, agent, run.figures)
+    # The crossings the gate found: an insert only at a new one (none while none is new
+    # to this process), outside the step's commit so a refused step still tells operators.
+    notices_raise(read.notices)
     # The layers first: the drift check compares what the model is about to see.
     layers = context_layers(session, agent, history, read, tools)
     notes = Contribution.join(
@@ -261,7 +267,7 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
         final=final,
         note=stop.note if stop else "",
         window=request_window(agent, session, called),
-        memory_block=memory_block,
+        memory_block=memory.text,
         context_blocks=added.blocks,
         tokenizer=request_tokenizer(agent, session, called),
     )

@@ -10,7 +10,9 @@ updates or deletes.
 
 A port's own check-and-take stays the gate's (a credit reservation, a budget hold, a rate
 limit's token: the check and the take are one atomic statement of the port's, and the
-verdict is its answer); it writes the port's tables, never the record's.
+verdict is its answer); it writes the port's tables, never the record's. Any other writer
+of a port (a billing or memory service, a `*_raise`, a `*_touch`) is the phase's to call
+(`port_writes`; the takes allowed are named in `TAKES`, each with why).
 """
 
 import ast
@@ -178,3 +180,96 @@ def test_each_planted_gate_import_is_found() -> None:
     for source, modules in planted.items():
         assert [m for _, m in gate_imports(source)] == modules, source
     assert gate_imports("from engine.gates import Contribution, Stop") == []
+
+
+# The ports' writers a gate may not call: a gate returns what should be written (the
+# notices a read crossed, the memory items a block used) and the phase writes it.
+PORT_WRITERS = frozenset({"billing.services", "memory.services", "billing.ratelimit"})
+WRITER_NAME = re.compile(r"_(raise|touch)$")
+# What a gate may still take from those modules, by name, and why: a check-and-take is one
+# atomic statement of the port's (the check and the take cannot be split between a gate
+# and a phase without a race), and the gate's verdict is its answer.
+TAKES = {
+    "budget_reserve": "budget.py `budget_hold`: holds a call's worst case against the "
+    "owner's shared budgets, refused in the same statement if they are spent",
+    "rate_limit_take": "budget.py, tool_limits.py: counts a call in the rate window or "
+    "answers the wait, in one statement",
+    "credit_reserve_statement": "metering.py: reserves a paid call's credits, refused "
+    "in the same statement if the balance is short",
+    "pool_grant_statement": "credit_pool.py: takes points of the credit pool or queues "
+    "the request, in one statement",
+    # Not writes: the take's answer read back, and the shapes it comes in.
+    "reservation_of": "metering.py: the reservation statement's row, as a Reservation",
+    "pool_grant_of": "credit_pool.py: the pool statement's row, as a PoolGrant",
+    "Reservation": "the shape of a credit reservation",
+    "PoolGrant": "the shape of a pool grant",
+    "RateLimit": "the shape of a rate limit",
+}
+
+
+def port_writes(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each writer of a port a module imports: a name from billing.services,
+    memory.services or billing.ratelimit not in TAKES, the module itself (its functions
+    would be called through it), or any `*_raise`/`*_touch` wherever it comes from."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if (
+                    full in PORT_WRITERS
+                    or node.module in PORT_WRITERS
+                    and alias.name not in TAKES
+                    or WRITER_NAME.search(alias.name)
+                ):
+                    found.append((node.lineno, full))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name in PORT_WRITERS]
+    return found
+
+
+def test_no_gate_calls_a_ports_writer() -> None:
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted(GATES.rglob("*.py"))
+        if (hits := port_writes(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_each_planted_port_writer_is_found() -> None:
+    planted = {
+        "from billing.services import budget_reserve, notices_raise": [
+            "billing.services.notices_raise"
+        ],
+        "from memory.services import memory_touch": ["memory.services.memory_touch"],
+        "from memory.services import memory_remember": ["memory.services.memory_remember"],
+        "from billing import services": ["billing.services"],
+        "import memory.services": ["memory.services"],
+        "from billing.notices import notices_raise": ["billing.notices.notices_raise"],
+        "from memory.elsewhere import items_touch": ["memory.elsewhere.items_touch"],
+    }
+    for source, names in planted.items():
+        assert [n for _, n in port_writes(source)] == names, source
+    takes = "from billing.services import PoolGrant, pool_grant_of, pool_grant_statement"
+    assert port_writes(takes) == []
+    assert port_writes("from billing.notices import notice_candidates") == []
+
+
+def test_a_port_writer_planted_in_a_gate_fails_the_scan(tmp_path, monkeypatch) -> None:
+    """Before this check the budget gate raised the cost notices and the memory gate
+    marked the items it placed; either call put back in a copy of the gates fails."""
+    copy = tmp_path / "engine" / "gates"
+    copy.mkdir(parents=True)
+    for path in GATES.glob("*.py"):
+        (copy / path.name).write_text(path.read_text())
+    memory = copy / "memory.py"
+    memory.write_text("from memory.services import memory_touch\n" + memory.read_text())
+    monkeypatch.setattr(__import__(__name__, fromlist=["GATES"]), "GATES", copy)
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    try:
+        test_no_gate_calls_a_ports_writer()
+    except AssertionError as failed:
+        assert "engine/gates/memory.py" in str(failed)
+    else:
+        raise AssertionError("the planted writer was not found")

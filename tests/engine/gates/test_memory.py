@@ -133,6 +133,11 @@ def test_the_next_session_sees_the_latest_value_in_its_context(
         )
         assert "green" not in " ".join(system)  # another owner's memory never appears
     assert len(blocks) == 1  # computed once for the turn, not per step
+    # The items the block placed are marked used (the model phase writes what the gate
+    # returned); another owner's are not.
+    used = dict(MemoryItem.objects.values_list("content", "last_used_at"))
+    assert used["My favourite colour is red"] is not None
+    assert used["My favourite colour is green"] is None
     recalled = ToolCall.objects.get(session=session).output
     assert [m["content"] for m in recalled["memories"]] == ["My favourite colour is red"]
     assert [b["content"] for b in recalled["memories"][0]["before"]] == [
@@ -415,7 +420,7 @@ def turn_memory_block_for(session: Session, text: str) -> str:
 
     message_post(session=session, content=text)
     history = list(Message.objects.filter(session=session))
-    return turn_memory_block(Session.objects.get(pk=session.pk), session.agent, history)
+    return turn_memory_block(Session.objects.get(pk=session.pk), session.agent, history).text
 
 
 @pytest.mark.parametrize(
