@@ -6,17 +6,30 @@ is a gate's: the check and the take are one statement (`TAKES` in
 tests/architecture/test_gates.py). No gate imports another: what several need lives on
 the model floor below.
 
-A gate answers in the shape of the step that asks it:
+Every gate answers a `Verdict`, filled as the step that asks it reads it:
 
-- a tool step's gates answer a `Verdict` on the step's calls: the calls it settles (their
+- a tool step's gates answer on the step's calls: the calls it settles (their
   outcomes: they do not run), whether the step waits (`Wait`: for a person, the children,
   the credit pool, a probe), the events the step's commit announces, and its `intent`:
   what the phase writes for it (the approvals to ask for, the children to start, the
   probes to record, the handoff chosen);
-- a model step's gates answer `Stop` (the turn ends here, with this answer) or a
-  `Contribution` to the request: notes the model reads, context blocks, request
-  configuration, the engine's own model calls, a new dialogue state. Contributions add up
-  (`Contribution.join`) and ride on the step's one commit.
+- a model step's gates answer on the request: its `stop` (a `Stop`: the
+  turn ends here, with this answer) or its `contribution` (a `Contribution`: notes the
+  model reads, context blocks, request configuration, the engine's own model calls, a new
+  dialogue state). Contributions add up (`Verdict.joined`) and ride on the step's one
+  commit.
+
+A loop guard's verdict (guards.check) carries its `intent`, a `GuardVerdict`: the step is
+made final (no tools, this note).
+
+Not gates, and so not verdicts: the reads and helpers a phase calls beside them, each in
+its own shape: the budget gate's read (`gate_read` → `GateRead`), the call priced and
+held (`model_gate`, `budget_hold` → `ModelGate`, judged by `budget_stop`'s verdict), the
+endpoint's rate limit (`model_rate_limit`, waits or raises), the memory block
+(`turn_memory_block` → `MemoryBlock`) and the end-of-turn memory decision
+(`extraction_decide` → `Decided`), the routing (`route` → `Route`, `escalation`), the
+turn's options (`turn_options` → `TurnOptions`, `with_turn_options`), the guards' limits
+(`GuardLimits`) and their notes' texts.
 
 Waits that unwind the run (the runner catches them) stay exceptions: `StepDeferred`,
 `CreditsWait`, `ChildrenWait`.
@@ -42,20 +55,6 @@ class Wait:
 
     on: str
     after_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Verdict(Generic[Intent]):
-    """A tool-step gate's answer on the step's calls (every tool-step gate's one shape)."""
-
-    # The calls it settles, by id: they do not run; the model reads these outcomes.
-    settled: Mapping[int, ToolOutcome] = field(default_factory=dict)
-    # The step waits (the phase pauses or parks the session); None: it goes on.
-    wait: Wait | None = None
-    # Announced by the step's commit (a child finished, credits ran low).
-    events: tuple[EventSpec, ...] = ()
-    # What the phase writes for it: the approvals to ask for, the children to start...
-    intent: Intent | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,37 @@ class Contribution:
             dialogue_state=state,
             seen=seen,
         )
+
+
+@dataclass(frozen=True)
+class Verdict(Generic[Intent]):
+    """Every gate's one answer: a tool step's on its calls (what it settles, a wait, the
+    events, the intent the phase writes), a model step's on its request (a stop, or what
+    it adds). A field a step does not read stays empty."""
+
+    # The calls it settles, by id: they do not run; the model reads these outcomes.
+    settled: Mapping[int, ToolOutcome] = field(default_factory=dict)
+    # The step waits (the phase pauses or parks the session); None: it goes on.
+    wait: Wait | None = None
+    # Announced by the step's commit (a child finished, credits ran low).
+    events: tuple[EventSpec, ...] = ()
+    # What the phase writes for it: the approvals to ask for, the children to start...
+    intent: Intent | None = None
+    # A model step's: the turn ends here, with this answer (no model call).
+    stop: Stop | None = None
+    # A model step's: what the gate adds to the request; the phase joins them
+    # (`Verdict.joined`) and they ride on the step's one commit.
+    contribution: Contribution = field(default_factory=Contribution)
+
+    @classmethod
+    def note(cls, message: Message | None) -> "Verdict[Any]":
+        """A model-step verdict that adds one note the model reads (none: adds nothing)."""
+        return cls(contribution=Contribution.note(message))
+
+    @staticmethod
+    def joined(*verdicts: "Verdict[Any]") -> Contribution:
+        """What these model-step verdicts add, in order (`Contribution.join`)."""
+        return Contribution.join(*(v.contribution for v in verdicts))
 
 
 BUDGET_NOTE = "I had to stop here: the budget for this request is used up."

@@ -38,7 +38,7 @@ from billing.pressure import (
 )
 from billing.ratelimit import RateLimit, rate_limit_take
 from billing.services import budget_reserve
-from engine.gates import BUDGET_NOTE, Stop, partial_answer  # noqa: F401 (BUDGET_NOTE: tests/billing)
+from engine.gates import BUDGET_NOTE, Stop, Verdict, partial_answer  # noqa: F401 (BUDGET_NOTE: tests/billing)
 from engine.model.calls import (
     endpoint_tokenizer,
     first_enabled_endpoint,
@@ -367,14 +367,15 @@ def model_rate_limit(session: Session, endpoint: ModelEndpoint, request: ChatReq
         time.sleep(wait)
 
 
-def budget_stop(gate: ModelGate, history: list[Any], turn: int) -> Stop | None:
+def budget_stop(gate: ModelGate, history: list[Any], turn: int) -> Verdict[None]:
     """The budget's verdict: a spent budget ends the turn with what the agent has so far."""
     if gate.verdict.allowed:
-        return None
-    return Stop(
+        return Verdict()
+    stop = Stop(
         trigger=Trigger.LIMIT_REACHED,
         stop_reason=StopReason.BUDGET_EXCEEDED,
         content=partial_answer(history, turn),
         reason=f"{StopReason.BUDGET_EXCEEDED}: {gate.verdict.message}",
         refused="budget",
     )
+    return Verdict(stop=stop)

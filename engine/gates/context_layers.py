@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.db import connection
 
-from engine.gates import Contribution
+from engine.gates import Contribution, Verdict
 from engine.model.calls import cheap_endpoint, side_call
 from engine.model.credits import model_credits_check
 from engine.model.environment import GateRead, seen_of
@@ -231,7 +231,7 @@ def context_layers(
     history: list[Message],
     read: GateRead,
     tools: dict[str, ToolSnapshot],
-) -> Contribution:
+) -> Verdict[None]:
     """The blocks (environment, dialogue state, extra context) and their facts for one step;
     what the model sees of its situation goes to `config["seen"]` for the checkpoint."""
     update = dialogue_update(session, agent, history)
@@ -250,10 +250,12 @@ def context_layers(
         "dialogue": {"intent": state.get("intent"), "slots": dict(state.get("slots") or {})},
         "extra_context": extra,
     }
-    return Contribution(
-        seen=seen_of(state, read.level, environment["degraded"], read, world),
-        blocks=tuple(blocks),
-        config=config,
-        dialogue_state=update.state,
-        calls=tuple(update.calls),
+    return Verdict(
+        contribution=Contribution(
+            seen=seen_of(state, read.level, environment["degraded"], read, world),
+            blocks=tuple(blocks),
+            config=config,
+            dialogue_state=update.state,
+            calls=tuple(update.calls),
+        )
     )

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from django.conf import settings
 
-from engine.gates import Contribution, Verdict
+from engine.gates import Verdict
 from engine.model.environment import (
     Drift,
     Seen,
@@ -70,16 +70,16 @@ def drift_text(found: Drift) -> str:
 
 def environment_note(
     session: Session, env: dict[str, Any], seen: Seen | None, history: Sequence[Message]
-) -> Contribution:
+) -> Verdict[None]:
     """After a fork, a resume, a crash recovery or a long pause, say what changed, when it
     changed enough (`ENV_DRIFT_THRESHOLD`)."""
     if not (session.resume_check or model_paused(history)):
-        return Contribution()
+        return Verdict()
     found = recorded_drift(session, env, seen)
     if not found.above(settings.ENV_DRIFT_THRESHOLD):
-        return Contribution()
+        return Verdict()
     text = drift_text(found)
-    return Contribution.note(
+    return Verdict.note(
         Message(
             turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
         )

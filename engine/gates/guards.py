@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from engine.gates import Contribution
+from engine.gates import Verdict
 from memory.tokens import count_message_tokens
 from record.events import StopReason, call_kind
 from record.models import Message, MessageRole, Session
@@ -44,6 +44,10 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class GuardVerdict:
+    """A loop guard's intent: the step is the turn's last, the model asked for an answer
+    without tools and told why (also the iteration and time limits', engine/phases/model.py
+    `loop_stop`)."""
+
     stop_reason: StopReason
     note: str  # told to the model when it is asked for a final answer
 
@@ -94,12 +98,17 @@ def _steps_nearly_same(a: Sequence[CallRecord], b: Sequence[CallRecord]) -> bool
 
 def check(
     steps: Sequence[Sequence[CallRecord]], limits: GuardLimits = GuardLimits()
-) -> GuardVerdict | None:
-    """Judge the turn's tool steps so far (each the calls of one model response), oldest first.
+) -> Verdict[GuardVerdict]:
+    """Judge the turn's tool steps so far (each the calls of one model response), oldest
+    first; the verdict's intent, if any: the step is made final (no tools, this note).
 
     Steps, not single calls, are compared: notifying five customers in one
     response is a fan-out, not a loop.
     """
+    return Verdict(intent=_loop(steps, limits))
+
+
+def _loop(steps: Sequence[Sequence[CallRecord]], limits: GuardLimits) -> GuardVerdict | None:
     steps = [s for s in steps if s]
     n = limits.repeat_limit
     if len(steps) >= n:
@@ -216,18 +225,18 @@ def calls_note(
     session: Session,
     history: Sequence[Message],
     turn_calls: Callable[[], Sequence[Sequence[CallRecord]]],
-) -> Contribution:
+) -> Verdict[None]:
     """Right after tool results where calls did not run or failed, the note saying so.
 
     `turn_calls`: the turn's calls per model step (the run keeps them); the history's
     latest results are the last step's, read only when the history ends with results."""
     if not _latest_results(history):
-        return Contribution()
+        return Verdict()
     steps = turn_calls()
     text = note_text(steps[-1]) if steps else None
     if text is None:
-        return Contribution()
-    return Contribution.note(
+        return Verdict()
+    return Verdict.note(
         Message(
             turn=session.turn,
             role=MessageRole.SYSTEM,

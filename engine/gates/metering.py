@@ -136,35 +136,39 @@ def credits_note(check: CreditsCheck) -> str:
     return f"I had to stop here: {why} ({check.points} needed, {check.points_left} left)."
 
 
-def credits_stop(check: CreditsCheck | None, history: list[Any], turn: int) -> Stop | None:
+def credits_stop(check: CreditsCheck | None, history: list[Any], turn: int) -> Verdict[None]:
     """The credits' verdict: a model call the owner cannot pay for ends the turn, with what
     the agent has so far and why."""
     if check is None or check.outcome != "insufficient":
-        return None
-    return Stop(
-        trigger=Trigger.LIMIT_REACHED,
-        stop_reason=StopReason.INSUFFICIENT_CREDITS,
-        content=partial_answer(history, turn, note=credits_note(check)),
-        reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
-        f"{check.points} points, {check.points_left} left ({check.reason})",
-        refused="credits",
+        return Verdict()
+    return Verdict(
+        stop=Stop(
+            trigger=Trigger.LIMIT_REACHED,
+            stop_reason=StopReason.INSUFFICIENT_CREDITS,
+            content=partial_answer(history, turn, note=credits_note(check)),
+            reason=f"{StopReason.INSUFFICIENT_CREDITS}: the model call needs "
+            f"{check.points} points, {check.points_left} left ({check.reason})",
+            refused="credits",
+        )
     )
 
 
-def tool_credits_stop(session: Session, credits: Verdict[None], step: int) -> Stop | None:
+def tool_credits_stop(session: Session, credits: Verdict[None], step: int) -> Verdict[None]:
     """A tool step's credits verdict: the model was told once that a call could not be paid
     for and tried again, so the turn ends with what it has (`credits`: credits_reserve's)."""
     if not credits.settled or not insufficient_before(session, step):
-        return None
+        return Verdict()
     refused = next(iter(credits.settled.values())).output or {}
-    return Stop(
-        trigger=Trigger.LIMIT_REACHED,
-        stop_reason=StopReason.INSUFFICIENT_CREDITS,
-        content="I could not finish this: the next step needs "
-        f"{refused.get('points_needed')} credit points and only "
-        f"{refused.get('points_left')} are left.",
-        reason="",
-        refused="tool_credits",
+    return Verdict(
+        stop=Stop(
+            trigger=Trigger.LIMIT_REACHED,
+            stop_reason=StopReason.INSUFFICIENT_CREDITS,
+            content="I could not finish this: the next step needs "
+            f"{refused.get('points_needed')} credit points and only "
+            f"{refused.get('points_left')} are left.",
+            reason="",
+            refused="tool_credits",
+        )
     )
 
 

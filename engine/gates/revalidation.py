@@ -24,7 +24,7 @@ from django.utils import timezone
 from approvals.models import ReviewAnswer
 from approvals.selectors import reviews_for_calls
 from approvals.states import ApprovalStatus
-from engine.gates import Contribution, Verdict, Wait
+from engine.gates import Verdict, Wait
 from engine.model.environment import model_paused, past_pause
 from memory.tokens import count_message_tokens
 from record.models import Message, Session, ToolCall, ToolCallStatus
@@ -78,20 +78,20 @@ def note_text(results: list[PrecheckResult]) -> str | None:
 
 def revalidation(
     session: Session, history: list[Message], tools: dict[str, ToolSnapshot]
-) -> Contribution:
+) -> Verdict[None]:
     """After a resume, a fork or a crash recovery (`session.resume_check`), or when the
     model last spoke longer than `ENV_CHECK_PAUSE_S` ago, run the prechecks; a note if
     any precondition changed. No database connection is held across the checks."""
     if not (session.resume_check or model_paused(history)):
-        return Contribution()
+        return Verdict()
     calls = last_calls(history, tools)
     if not calls:
-        return Contribution()
+        return Verdict()
     connection.close()
     text = note_text(io_loop.run(prechecks_run(calls)))
     if text is None:
-        return Contribution()
-    return Contribution.note(
+        return Verdict()
+    return Verdict.note(
         Message(
             turn=session.turn, role="system", content=text, token_count=count_message_tokens(text)
         )

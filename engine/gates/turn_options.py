@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine.gates import Contribution
+from engine.gates import Contribution, Verdict
 from engine.model.structured import answer_instruction
 from llm.types import ChatRequest, ResponseFormat, ToolSpec
 from record.models import Message, ModelEndpoint
@@ -115,11 +115,12 @@ def turn_options(history: list[Message], turn: int) -> TurnOptions | None:
     return None
 
 
-def answer_format_block(options: TurnOptions | None) -> Contribution:
+def answer_format_block(options: TurnOptions | None) -> Verdict[None]:
     """The answer's form, told to the model (the tool calls before it stay free)."""
     if options is None or options.response_format is None:
-        return Contribution()
-    return Contribution(blocks=(answer_instruction(options.response_format, final_only=True),))
+        return Verdict()
+    block = answer_instruction(options.response_format, final_only=True)
+    return Verdict(contribution=Contribution(blocks=(block,)))
 
 
 def turn_called_tools(history: list[Message], turn: int) -> bool:

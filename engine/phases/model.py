@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing.services import notices_raise
-from engine.gates import Contribution, guards
+from engine.gates import Contribution, Verdict, guards
 from engine.gates.budget import (
     GateRead,
     ModelGate,
@@ -97,7 +97,7 @@ def loop_stop(session: Session, agent: Agent, run: RunContext | None = None) -> 
     limits = GuardLimits(
         repeat_limit=agent.repeat_call_limit, same_result_limit=agent.same_result_limit
     )
-    return guards.check(steps, limits)
+    return guards.check(steps, limits).intent
 
 
 def fitted_context(
@@ -249,14 +249,14 @@ def model_plan(session: Session, run: RunContext) -> ModelPlan:
     notices_raise(read.notices)
     # The layers first: the drift check compares what the model is about to see.
     layers = context_layers(session, agent, history, read, tools)
-    notes = Contribution.join(
-        environment_note(session, env, layers.seen, history),
+    notes = Verdict.joined(
+        environment_note(session, env, layers.contribution.seen, history),
         revalidation(session, history, tools),
         calls_note(session, history, lambda: run.turn_calls(session)),
     )
     history.extend(notes.notes)
     options = turn_options(history, session.turn)
-    added = Contribution.join(notes, layers, answer_format_block(options))
+    added = Contribution.join(notes, layers.contribution, answer_format_block(options).contribution)
     way = route(session, agent, history, degraded_tier(agent, read.level) is not None)
     called, _tier = called_endpoint(session, agent, read.level, way.endpoint)
     assembly, summary = fitted_context(
@@ -364,24 +364,27 @@ def _request_unless_stopped(
     the endpoint's rate limit, the budget's hold); None when one stopped it (the turn ended
     with what the agent has so far)."""
     history, request = plan.history, plan.request
-    stop = budget_stop(plan.gate, history, session.turn) or credits_stop(
-        model_credits_check(
-            session,
-            plan.gate.endpoint,
-            request,
-            settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
-            plan.read.figures,
-            run.figures.points_since,
-        ),
-        history,
-        session.turn,
+    stop = (
+        budget_stop(plan.gate, history, session.turn).stop
+        or credits_stop(
+            model_credits_check(
+                session,
+                plan.gate.endpoint,
+                request,
+                settings.BUDGET_OUTPUT_ESTIMATE_TOKENS,
+                plan.read.figures,
+                run.figures.points_since,
+            ),
+            history,
+            session.turn,
+        ).stop
     )
     if stop is None:
         model_rate_limit(session, plan.gate.endpoint, request)
         # Last before the call: the other sessions of the owner hold theirs meanwhile.
         gate = budget_hold(session, plan.gate)
         request = gate.request
-        stop = budget_stop(gate, history, session.turn)
+        stop = budget_stop(gate, history, session.turn).stop
     if stop is None:
         return request
     metrics.BUDGET_REFUSALS.labels(stop.refused).inc()

@@ -163,7 +163,7 @@ def tool_step(session: Session, owner: str, keep: FiguresKeeper | None = None) -
         # Settled or released by the results' commit (a call never reserved is left alone).
         if (tool := tools.get(call.tool_name)) is not None and tool.credit_cost > 0:
             call.credit_points = tool.credit_cost  # type: ignore[attr-defined]
-    stop = tool_credits_stop(session, settled.credits, calls[0].step)
+    stop = tool_credits_stop(session, settled.credits, calls[0].step).stop
     kids = settled.kids.intent or Children()
     asked = {settled.question.call.pk} if settled.question else set()
     pool = settled.pool

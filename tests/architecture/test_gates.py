@@ -273,3 +273,67 @@ def test_a_port_writer_planted_in_a_gate_fails_the_scan(tmp_path, monkeypatch) -
         assert "engine/gates/memory.py" in str(failed)
     else:
         raise AssertionError("the planted writer was not found")
+
+
+# The answers a gate gave before the one protocol: a model step's now come in a Verdict
+# (its `stop`, its `contribution`, a loop guard's `intent`), never on their own.
+OWN_SHAPES = frozenset({"Stop", "Contribution", "GuardVerdict"})
+
+
+def own_shapes(source: str) -> list[tuple[int, str]]:
+    """(line, function) of each public module-level function (a gate; a `_helper` is its
+    own) answering a Stop, a Contribution or a GuardVerdict outside a `Verdict[...]`."""
+    found: list[tuple[int, str]] = []
+    for node in ast.parse(source).body:
+        if (
+            not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            or node.returns is None
+            or node.name.startswith("_")
+        ):
+            continue
+        inside = {
+            id(n)
+            for sub in ast.walk(node.returns)
+            if isinstance(sub, ast.Subscript)
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id == "Verdict"
+            for n in ast.walk(sub.slice)
+        }
+        words: set[str] = set()
+        for n in ast.walk(node.returns):
+            if id(n) in inside:
+                continue
+            if isinstance(n, ast.Name):
+                words.add(n.id)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):  # "Stop | None"
+                words |= set(re.findall(r"\w+", n.value))
+        if words & OWN_SHAPES:
+            found.append((node.lineno, node.name))
+    return found
+
+
+def test_every_gate_answers_a_verdict() -> None:
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted(GATES.glob("*.py"))
+        if path.name != "__init__.py" and (hits := own_shapes(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_each_planted_own_shape_is_found() -> None:
+    planted = {
+        "def budget_stop(gate) -> Stop | None:\n    return None": ["budget_stop"],
+        "def layers(s) -> Contribution:\n    return Contribution()": ["layers"],
+        "def check(steps) -> GuardVerdict | None:\n    return None": ["check"],
+        "def note(s) -> 'Contribution':\n    return Contribution()": ["note"],
+    }
+    for source, names in planted.items():
+        assert [n for _, n in own_shapes(source)] == names, source
+    fine = """
+def budget_stop(gate) -> Verdict[None]: ...
+def check(steps) -> Verdict[GuardVerdict]: ...
+def _loop(steps) -> GuardVerdict | None: ...
+def route(session) -> Route: ...
+"""
+    assert own_shapes(fine) == []

@@ -76,14 +76,18 @@ def test_the_note_comes_once_right_after_the_results():
     results = [_message("user"), _message("assistant"), _message("tool"), _message("tool")]
     session = Session(turn=1)
 
-    note = calls_note(session, results, lambda: calls).notes
+    note = calls_note(session, results, lambda: calls).contribution.notes
     assert [n.name for n in note] == [NOTE_NAME]
     # Given once: the history that holds it (or the model's next words) gets none.
-    assert not calls_note(session, [*results, *note], lambda: calls).notes
-    assert not calls_note(session, [*results, _message("assistant")], lambda: calls).notes
+    assert not calls_note(session, [*results, *note], lambda: calls).contribution.notes
+    assert not calls_note(
+        session, [*results, _message("assistant")], lambda: calls
+    ).contribution.notes
     # Not after a user message, and the turn's calls are not even read then.
     asked: list[bool] = []
-    assert not calls_note(session, [_message("user")], lambda: asked.append(True) or calls).notes
+    assert not calls_note(
+        session, [_message("user")], lambda: asked.append(True) or calls
+    ).contribution.notes
     assert asked == []
 
 

@@ -25,14 +25,14 @@ def search(query: str, output: object = None) -> list[CallRecord]:
 
 def test_the_same_call_three_times_in_a_row_is_a_repeated_call():
     steps = [search("red shoes size 42")] * 3
-    verdict = check(steps)
+    verdict = check(steps).intent
     assert verdict is not None and verdict.stop_reason == "repeated_call"
     assert "search 3 times in a row" in verdict.note
     assert "do not call it again" in verdict.note
 
 
 def test_two_identical_calls_are_not_yet_a_loop():
-    assert check([search("red shoes size 42")] * 2) is None
+    assert check([search("red shoes size 42")] * 2).intent is None
 
 
 def test_nearly_the_same_arguments_count_as_the_same_call():
@@ -41,13 +41,13 @@ def test_nearly_the_same_arguments_count_as_the_same_call():
         search("red shoes, size 42", {"hits": [2]}),
         search("Red shoes size 42", {"hits": [3]}),
     ]
-    verdict = check(steps)
+    verdict = check(steps).intent
     assert verdict is not None and verdict.stop_reason == "repeated_call"
 
 
 def test_clearly_different_arguments_are_progress():
     steps = [search("red shoes"), search("blue umbrella for two"), search("a warm winter coat")]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_looking_up_one_record_after_another_is_progress():
@@ -55,14 +55,14 @@ def test_looking_up_one_record_after_another_is_progress():
     orders = [
         step(("get_order", {"number": f"SO-100{i}"}, {"number": f"SO-100{i}"})) for i in range(1, 5)
     ]
-    assert check(orders) is None
+    assert check(orders).intent is None
     coupons = [
         step(("issue_coupon", {"customer_id": c, "amount": 10}, {"code": f"C{c}"}))
         for c in (17, 18, 19)
     ]
-    assert check(coupons) is None
+    assert check(coupons).intent is None
     pages = [step(("search", {"query": "shoes", "page": p}, {"hits": [p]})) for p in (1, 2, 3)]
-    assert check(pages) is None
+    assert check(pages).intent is None
 
 
 def test_a_repeat_that_is_not_consecutive_is_not_a_repeated_call():
@@ -72,7 +72,7 @@ def test_a_repeat_that_is_not_consecutive_is_not_a_repeated_call():
         search("red shoes size 42"),
         search("a warm coat"),
     ]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_the_same_arguments_to_a_different_tool_are_a_different_call():
@@ -81,16 +81,16 @@ def test_the_same_arguments_to_a_different_tool_are_a_different_call():
         step(("lookup", {"query": "x"}, {"n": 2})),
         step(("search", {"query": "x"}, {"n": 3})),
     ]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_the_repeat_limit_is_per_agent():
     steps = [search("red shoes size 42", {"hits": [i]}) for i in range(4)]
-    assert check(steps[:2], GuardLimits(repeat_limit=2)).stop_reason == "repeated_call"  # type: ignore[union-attr]
-    assert check(steps[:4], GuardLimits(repeat_limit=5)) is None
+    assert check(steps[:2], GuardLimits(repeat_limit=2)).intent.stop_reason == "repeated_call"  # type: ignore[union-attr]
+    assert check(steps[:4], GuardLimits(repeat_limit=5)).intent is None
     verdict = check(
         [*steps, search("red shoes size 42", {"hits": [9]})], GuardLimits(repeat_limit=5)
-    )
+    ).intent
     assert verdict is not None and verdict.stop_reason == "repeated_call"
     assert "5 times in a row" in verdict.note
 
@@ -107,7 +107,7 @@ def test_the_same_result_three_times_in_a_row_brings_no_new_information():
             ("query_orders", {"days": 90, "logistics_status": "delayed", "region": "north"}, same)
         ),
     ]
-    verdict = check(steps)
+    verdict = check(steps).intent
     assert verdict is not None and verdict.stop_reason == "no_new_information"
     assert "last 3 results of query_orders were identical" in verdict.note
 
@@ -119,7 +119,7 @@ def test_a_result_repeated_once_is_still_fine():
         step(("query_orders", {"days": 30, "region": "all"}, same)),
         step(("query_orders", {"days": 90, "logistics_status": "ok"}, same)),
     ]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_identical_failures_are_not_no_new_information():
@@ -128,7 +128,7 @@ def test_identical_failures_are_not_no_new_information():
         step(("query_orders", {"since": "last week", "x": 1}, None), status="failed"),
         step(("query_orders", {"period": {"from": "2025-01-01"}}, None), status="failed"),
     ]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_the_same_result_limit_is_per_agent():
@@ -137,8 +137,8 @@ def test_the_same_result_limit_is_per_agent():
         step(("query_orders", {"days": 7}, same)),
         step(("query_orders", {"days": 30, "logistics_status": "exception"}, same)),
     ]
-    assert check(steps) is None
-    verdict = check(steps, GuardLimits(same_result_limit=1))
+    assert check(steps).intent is None
+    verdict = check(steps, GuardLimits(same_result_limit=1)).intent
     assert verdict is not None and verdict.stop_reason == "no_new_information"
 
 
@@ -148,8 +148,8 @@ def test_the_same_result_limit_is_per_agent():
 def test_two_calls_taking_turns_are_a_cycle():
     a = step(("get_order", {"number": "SO-1001"}, {"status": "exception"}))
     b = step(("get_customer", {"customer_id": 17}, {"name": "Ada Lovelace"}))
-    assert check([a, b, a]) is None
-    verdict = check([a, b, a, b])
+    assert check([a, b, a]).intent is None
+    verdict = check([a, b, a, b]).intent
     assert verdict is not None and verdict.stop_reason == "cycle"
     assert "get_order -> get_customer" in verdict.note
 
@@ -158,8 +158,8 @@ def test_a_longer_cycle_is_found_too():
     a = step(("get_order", {"number": "SO-1001"}, {"status": "exception"}))
     b = step(("get_customer", {"customer_id": 17}, {"name": "Ada"}))
     c = step(("get_carrier", {"tracking": "ZX-99-ABC"}, {"carrier": "DHL"}))
-    assert check([a, b, c, a, b]) is None
-    verdict = check([a, b, c, a, b, c])
+    assert check([a, b, c, a, b]).intent is None
+    verdict = check([a, b, c, a, b, c]).intent
     assert verdict is not None and verdict.stop_reason == "cycle"
     assert "get_order -> get_customer -> get_carrier" in verdict.note
 
@@ -168,7 +168,7 @@ def test_a_pattern_seen_once_is_not_a_cycle():
     a = step(("get_order", {"number": "SO-1001"}, {"s": 1}))
     b = step(("get_customer", {"customer_id": 17}, {"n": 2}))
     c = step(("get_carrier", {"tracking": "ZX-99-ABC"}, {"c": 3}))
-    assert check([a, b, c, b, a, c]) is None
+    assert check([a, b, c, b, a, c]).intent is None
 
 
 # fan-out --------------------------------------------------------------------------------------
@@ -184,34 +184,36 @@ def _notify(customer: int) -> tuple[str, dict, object]:
 
 def test_a_fan_out_in_one_step_is_not_a_loop():
     fan_out = step(*[_notify(c) for c in range(1, 6)])
-    assert check([fan_out]) is None
+    assert check([fan_out]).intent is None
     steps = [
         step(("query_orders", {"days": 7}, {"count": 5})),
         fan_out,
         step(("generate_report", {"title": "Late parcels", "lines": ["a"]}, {"report_id": 1})),
     ]
-    assert check(steps) is None
+    assert check(steps).intent is None
 
 
 def test_many_identical_calls_in_one_step_are_not_a_loop_either():
-    assert check([step(*[_notify(1)] * 8)]) is None
+    assert check([step(*[_notify(1)] * 8)]).intent is None
     assert (
-        check([step(("query_orders", {"days": 7}, {"count": 0}))] + [step(*[_notify(1)] * 8)])
+        check(
+            [step(("query_orders", {"days": 7}, {"count": 0}))] + [step(*[_notify(1)] * 8)]
+        ).intent
         is None
     )
 
 
 def test_the_same_fan_out_repeated_three_times_is_a_loop():
     fan_out = step(*[_notify(c) for c in range(1, 4)])
-    verdict = check([fan_out, fan_out, fan_out])
+    verdict = check([fan_out, fan_out, fan_out]).intent
     assert verdict is not None and verdict.stop_reason == "repeated_call"
     assert "send_notification" in verdict.note
 
 
 def test_empty_steps_are_ignored():
     a = search("red shoes size 42")
-    assert check([a, [], a, [], a]).stop_reason == "repeated_call"  # type: ignore[union-attr]
-    assert check([]) is None
+    assert check([a, [], a, [], a]).intent.stop_reason == "repeated_call"  # type: ignore[union-attr]
+    assert check([]).intent is None
 
 
 def test_nearly_same():
@@ -310,12 +312,12 @@ def test_a_turns_records_are_hashed_once_however_often_they_are_judged(monkeypat
     monkeypatch.setattr(guards, "canonical_json", canonical_json)
     steps = [search(f"query {i}", {"hits": [i]}) for i in range(6)]
     for n in range(1, len(steps) + 1):
-        assert check(steps[:n]) is None
+        assert check(steps[:n]).intent is None
     # Each record: its arguments once and its result once (for the digest), at most.
     arguments = [c.arguments for s in steps for c in s]
     outputs = [c.output for s in steps for c in s]
     assert all(sum(m is a for m in made) == 1 for a in arguments), made
     assert all(sum(m is o for m in made) <= 1 for o in outputs), made
-    assert check(steps) is None and len(made) == len(arguments) + sum(
+    assert check(steps).intent is None and len(made) == len(arguments) + sum(
         any(m is o for m in made) for o in outputs
     )
