@@ -56,7 +56,7 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
     from django.db import connection, transaction
 
     from billing.models import CreditAccount, OwnerBudget
-    from billing.services import usage_statement
+    from billing.services import notices_raise, usage_statement
     from engine.gates.budget import FiguresKeeper, gate_read, model_gate
     from engine.model.credits import model_credits_check
     from engine.run_cache import agent_runtime
@@ -91,7 +91,8 @@ def _gate_and_upsert(reps: int) -> dict[str, list[float]]:
         if i % TURN_MODEL_STEPS == 0:
             session.turn += 1  # in memory only: the kept figures are of the last turn
         started = time.perf_counter()
-        read = gate_read(session, agent, keep)  # as model_phase calls it
+        read = gate_read(session, agent, keep)  # as model_phase calls it, with its notices
+        notices_raise(read.notices)
         model_gate(session, agent, request, read)
         gate = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
