@@ -170,7 +170,8 @@ def warm_bytecode(extra: list[str]) -> None:
     would rewrite everything itself and none would find the others' cache: one collection
     first writes it (and the project's own bytecode, which the live stacks' processes read).
     Skipped where nothing would be written (PYTHONDONTWRITEBYTECODE), where it is written
-    already, and for a run of a few paths or a -k (it would collect more than they run)."""
+    already, and for a run given pytest arguments (paths or a -k: it would collect more than
+    they run)."""
     cached = any((ROOT / "tests" / "__pycache__").glob("conftest.*-pytest-*.pyc"))
     if sys.dont_write_bytecode or cached or extra:
         return
