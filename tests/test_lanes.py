@@ -37,14 +37,21 @@ def test_a_lane_ends_when_its_process_ends_with_the_cpu_it_used() -> None:
     """The lanes are waited on in printing order; the end recorded is the process's own."""
     started = time.monotonic()
     ends: dict[str, Ended] = {}
-    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    # The slow lane ends when its input is closed, which happens once the busy one has ended.
+    slow = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     busy = subprocess.Popen([sys.executable, "-c", "sum(range(20_000_000)); raise SystemExit(3)"])
     watch(slow, started, ends, "slow")
     watch(busy, started, ends, "busy")
     deadline = time.monotonic() + 60
-    while len(ends) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    for name in ("busy", "slow"):
+        while name not in ends:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        if name == "busy":
+            assert slow.stdin is not None
+            slow.stdin.close()
 
     assert ends["busy"].at < ends["slow"].at
     assert ends["busy"].cpu_s > ends["slow"].cpu_s
