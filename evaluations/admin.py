@@ -214,7 +214,16 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                 ("judge_model", "judge_rubric"),
             )
         report = "report" if holds(request, MESSAGE_CONTENT) else "report_masked"
-        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", report)
+        return (
+            "state",
+            "progress",
+            "resumes",
+            "candidate_shown",
+            "recorded_on",
+            "actor",
+            "error",
+            report,
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.get_fields(request, obj)
@@ -255,6 +264,11 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     def candidate_shown(self, obj: Evaluation) -> str:
         kind, value = next(iter((obj.candidate or {"?": ""}).items()))
         return f"{kind}: {str(value)[:60]}"
+
+    @admin.display(description="baseline recorded on")
+    def recorded_on(self, obj: Evaluation) -> str:
+        """The agent versions the recorded turns ran on, beside the candidate."""
+        return ", ".join(selectors.evaluation_recorded_on(obj)) or "—"
 
     @admin.display(description="progress")
     def progress(self, obj: Evaluation) -> str:

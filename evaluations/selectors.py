@@ -290,6 +290,19 @@ def turn_report(row: EvaluationTurn) -> dict[str, Any]:
     }
 
 
+def evaluation_recorded_on(evaluation: Evaluation) -> list[str]:
+    """The agent configuration versions its sessions' turns ran on ("support@5"), in
+    order: what the baseline is, beside the candidate. A session records the version of
+    its last turn (Session.agent_version); sessions older than versions name none."""
+    rows = (
+        evaluation.sessions.filter(agent_version__isnull=False)
+        .values_list("agent_version__agent__slug", "agent_version__number")
+        .distinct()
+        .order_by("agent_version__agent__slug", "agent_version__number")
+    )
+    return [f"{slug}@{number}" for slug, number in rows]
+
+
 def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     """The contract's view (DESIGN.md "Evaluations"): state, progress, totals, turns."""
     return {
@@ -297,6 +310,7 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
         "state": evaluation.state,
         "agent": evaluation.agent.slug if evaluation.agent else None,
         "candidate": evaluation.candidate,
+        "recorded_on": evaluation_recorded_on(evaluation),
         "allow_read_only_calls": evaluation.allow_read_only_calls,
         "progress": {"done": evaluation.done, "total": evaluation.total},
         "totals": evaluation.totals,
