@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds
+from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds, may_view
 from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin, admin_actor
 from record.errors import DomainError
@@ -214,6 +214,9 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                 ("judge_model", "judge_rubric"),
             )
         report = "report" if holds(request, MESSAGE_CONTENT) else "report_masked"
+        if report == "report" and not may_view(request, "agent_sessions.session"):
+            # The sessions' pages would answer 403: their ids as text, no links.
+            report = "report_unlinked"
         return (
             "state",
             "progress",
@@ -230,6 +233,14 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is not None else super().has_change_permission(request, obj)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        # An evaluation is never edited (its page is read-only): no "Save and continue
+        # editing", which would lead there as if it could be.
+        context = {**(extra_context or {}), "show_save_and_continue": False}
+        return super().add_view(request, form_url, context)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         data = form.cleaned_data
@@ -305,10 +316,15 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         )
 
     @admin.display(description="report")
-    def report(self, obj: Evaluation) -> SafeString:
+    def report_unlinked(self, obj: Evaluation) -> SafeString:
+        """The report for who may not view sessions: no links to their pages."""
+        return self.report(obj, linked=False)
+
+    @admin.display(description="report")
+    def report(self, obj: Evaluation, linked: bool = True) -> SafeString:
         """Totals, then every turn (those that differ first): the calls and the answers of
         the record and of the candidate side by side, each turn linked to its session and
-        its replay."""
+        its replay (`linked`)."""
         turns = []
         for turn in selectors.evaluation_turns(obj):
             same = turn.trajectory_match and turn.outcome_match
@@ -318,11 +334,13 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                     "same": same,
                     "session_url": reverse(
                         "admin:agent_sessions_session_change", args=[turn.session_id]
-                    ),
+                    )
+                    if linked
+                    else "",
                     "replay_url": reverse(
                         "admin:agent_sessions_session_change", args=[turn.replay_id]
                     )
-                    if turn.replay_id
+                    if turn.replay_id and linked
                     else "",
                     "baseline": _side(turn.baseline, turn.candidate),
                     "candidate": _side(turn.candidate, turn.baseline),

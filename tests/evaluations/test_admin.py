@@ -38,7 +38,11 @@ def test_an_operator_starts_an_evaluation_and_reads_the_turns_that_differ_first(
     client: Client, operator: Any, recorded: Session, openai_server: FakeModelServer
 ) -> None:
     add = reverse("admin:evaluations_evaluation_add")
-    assert client.get(add).status_code == 200
+    blank = client.get(add)
+    assert blank.status_code == 200
+    # Its page is read-only: "Save and continue editing" would lead there as if editable.
+    assert 'name="_continue"' not in blank.content.decode()
+    assert 'name="_save"' in blank.content.decode()
     refused = client.post(add, {"session_ids": str(recorded.pk)})
     assert (
         "Give a candidate model, a candidate system prompt, a candidate agent version or a "
@@ -233,6 +237,15 @@ def test_the_turns_of_an_own_evaluation_need_view_message_content(
     client.force_login(get_user_model().objects.get(pk=staff.pk))  # permissions read afresh
     html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
     assert b"RECORDED-ANSWER-PLANTED" in html and b"CANDIDATE-ANSWER-PLANTED" in html
+    # No view permission on sessions: their pages would answer 403, so no links to them.
+    session_page = reverse("admin:agent_sessions_session_change", args=[recorded.pk])
+    assert client.get(session_page).status_code == 403
+    assert session_page.encode() not in html and str(recorded.pk)[:8].encode() in html
+
+    staff.user_permissions.add(*permissions("agent_sessions.view_session"))
+    client.force_login(get_user_model().objects.get(pk=staff.pk))
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
+    assert session_page.encode() in html
 
 
 def test_starting_and_cancelling_an_evaluation_in_the_admin_is_audited(
