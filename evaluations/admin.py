@@ -154,14 +154,18 @@ def _call_text(call: dict[str, Any]) -> str:
     return f"{call['tool']}({json.dumps(call['arguments'], ensure_ascii=False, sort_keys=True)})"
 
 
-def _side(data: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+def _side(data: dict[str, Any], other: dict[str, Any], candidate: bool = False) -> dict[str, Any]:
     """One side of a turn as the report shows it: each call marked when the other side did
-    not make it (by tool and arguments), the answer whole (the page wraps it)."""
+    not make it (by tool and arguments), the candidate's calls of another agent marked
+    "from the record" (a replay never runs that agent's model), the answer whole (the page
+    wraps it)."""
     theirs = {_call_text(c) for c in other.get("calls", [])}
+    calls = data.get("calls", [])
+    recorded = selectors.replay_calls_from_record(data) if candidate else [False] * len(calls)
     return {
         "calls": [
-            {"text": _call_text(c), "differs": _call_text(c) not in theirs}
-            for c in data.get("calls", [])
+            {"text": _call_text(c), "differs": _call_text(c) not in theirs, "from_record": r}
+            for c, r in zip(calls, recorded, strict=True)
         ],
         "outcome": data.get("outcome", ""),
         "answer": data.get("answer", ""),
@@ -343,7 +347,7 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                     if turn.replay_id and linked
                     else "",
                     "baseline": _side(turn.baseline, turn.candidate),
-                    "candidate": _side(turn.candidate, turn.baseline),
+                    "candidate": _side(turn.candidate, turn.baseline, candidate=True),
                     "answers_differ": turn.baseline.get("answer") != turn.candidate.get("answer"),
                 }
             )

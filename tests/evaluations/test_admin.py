@@ -271,3 +271,33 @@ def test_starting_and_cancelling_an_evaluation_in_the_admin_is_audited(
     assert created.after["candidate"] == {"system_prompt": "Cancel, never refund."}
     assert created.data["sessions"] == [str(recorded.pk)] and created.owner_id == operator.pk
     assert cancelled.after == {"state": "cancelled"}
+
+
+def test_another_agents_call_in_a_replay_is_marked_from_the_record(
+    client: Client, operator: Any
+) -> None:
+    """A workflow's agent node (an `agent.<slug>` call) is answered from the record in a
+    replay, its model not run again: the report says so, in the admin and over REST; a
+    call that was not sent is a "would have called", not "from the record"."""
+    from evaluations.selectors import evaluation_report
+    from tests.factories import SessionFactory
+
+    session = SessionFactory()
+    evaluation: Evaluation = EvaluationFactory(owner=operator, agent=session.agent)
+    triage = {"tool": "agent.triage", "arguments": {"input": "late order"}}
+    other = {"tool": "agent.refunds", "arguments": {"input": "late order"}}
+    lookup = {"tool": "get_order", "arguments": {"number": "SO-1"}}
+    evaluation.turns.create(
+        session=session, turn=1,
+        baseline={"calls": [triage, lookup], "outcome": "finished", "answer": "{}", "path": ["a"]},
+        candidate={
+            "calls": [triage, lookup, other], "outcome": "finished", "answer": "{}",
+            "path": ["a"], "would_have_called": [other],
+        },
+    )  # fmt: skip
+    turn = evaluation_report(evaluation)["turns"][0]
+    assert [c.get("from_record") for c in turn["candidate"]["calls"]] == [True, None, None]
+    assert all("from_record" not in c for c in turn["baseline"]["calls"])
+
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[evaluation.pk]))
+    assert html.content.decode().count(">from the record</small>") == 1
