@@ -99,6 +99,47 @@ class ContentMaskedAdmin:
         return [f for f in fields if f not in self.content_search_fields]
 
 
+def may_view(request: HttpRequest, model: str) -> bool:
+    """What the admin itself asks before it opens a change page of `model`
+    ("app_label.model"): its view or change permission."""
+    app, name = model.split(".", 1)
+    return holds(request, f"{app}.view_{name}") or holds(request, f"{app}.change_{name}")
+
+
+class ViewableLinksAdmin:
+    """A ModelAdmin (or inline) mixin: each field named in `link_fields` (field ->
+    (the "app_label.model" it links to, its stand-in)) is replaced by its stand-in, a
+    method showing the same as plain text, for a user who may not view that model's pages:
+    a link there would lead to a 403."""
+
+    link_fields: Mapping[str, tuple[str, str]] = {}
+
+    def _link_swaps(self, request: HttpRequest) -> dict[str, str]:
+        return {
+            field: stand_in
+            for field, (model, stand_in) in self.link_fields.items()
+            if not may_view(request, model)
+        }
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return _swap(super().get_list_display(request), self._link_swaps(request))  # type: ignore[misc]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return _swap(super().get_fields(request, obj), self._link_swaps(request))  # type: ignore[misc]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        swaps = self._link_swaps(request)
+        fields = super().get_readonly_fields(request, obj)  # type: ignore[misc]
+        return list(dict.fromkeys([*_swap(fields, swaps), *swaps.values()]))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        swaps = self._link_swaps(request)
+        return [
+            (name, {**options, "fields": _swap(options["fields"], swaps)})
+            for name, options in super().get_fieldsets(request, obj)  # type: ignore[misc]
+        ]
+
+
 class OwnerFilter(admin.RelatedFieldListFilter):
     """The owner filter names owners only to who may view users (auth.view_user), and then
     only owners of rows they can see. For anyone else it lists nobody; a link that filters

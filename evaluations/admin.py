@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds
+from accounts.admin_access import MESSAGE_CONTENT, hidden_text, holds, may_view
 from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin, admin_actor
 from record.errors import DomainError
@@ -154,14 +154,18 @@ def _call_text(call: dict[str, Any]) -> str:
     return f"{call['tool']}({json.dumps(call['arguments'], ensure_ascii=False, sort_keys=True)})"
 
 
-def _side(data: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+def _side(data: dict[str, Any], other: dict[str, Any], candidate: bool = False) -> dict[str, Any]:
     """One side of a turn as the report shows it: each call marked when the other side did
-    not make it (by tool and arguments), the answer whole (the page wraps it)."""
+    not make it (by tool and arguments), the candidate's calls of another agent marked
+    "from the record" (a replay never runs that agent's model), the answer whole (the page
+    wraps it)."""
     theirs = {_call_text(c) for c in other.get("calls", [])}
+    calls = data.get("calls", [])
+    recorded = selectors.replay_calls_from_record(data) if candidate else [False] * len(calls)
     return {
         "calls": [
-            {"text": _call_text(c), "differs": _call_text(c) not in theirs}
-            for c in data.get("calls", [])
+            {"text": _call_text(c), "differs": _call_text(c) not in theirs, "from_record": r}
+            for c, r in zip(calls, recorded, strict=True)
         ],
         "outcome": data.get("outcome", ""),
         "answer": data.get("answer", ""),
@@ -214,13 +218,33 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                 ("judge_model", "judge_rubric"),
             )
         report = "report" if holds(request, MESSAGE_CONTENT) else "report_masked"
-        return ("state", "progress", "resumes", "candidate_shown", "actor", "error", report)
+        if report == "report" and not may_view(request, "agent_sessions.session"):
+            # The sessions' pages would answer 403: their ids as text, no links.
+            report = "report_unlinked"
+        return (
+            "state",
+            "progress",
+            "resumes",
+            "candidate_shown",
+            "recorded_on",
+            "actor",
+            "error",
+            report,
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.get_fields(request, obj)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is not None else super().has_change_permission(request, obj)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        # An evaluation is never edited (its page is read-only): no "Save and continue
+        # editing", which would lead there as if it could be.
+        context = {**(extra_context or {}), "show_save_and_continue": False}
+        return super().add_view(request, form_url, context)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         data = form.cleaned_data
@@ -255,6 +279,11 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     def candidate_shown(self, obj: Evaluation) -> str:
         kind, value = next(iter((obj.candidate or {"?": ""}).items()))
         return f"{kind}: {str(value)[:60]}"
+
+    @admin.display(description="baseline recorded on")
+    def recorded_on(self, obj: Evaluation) -> str:
+        """The agent versions the recorded turns ran on, beside the candidate."""
+        return ", ".join(selectors.evaluation_recorded_on(obj)) or "—"
 
     @admin.display(description="progress")
     def progress(self, obj: Evaluation) -> str:
@@ -291,10 +320,15 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
         )
 
     @admin.display(description="report")
-    def report(self, obj: Evaluation) -> SafeString:
+    def report_unlinked(self, obj: Evaluation) -> SafeString:
+        """The report for who may not view sessions: no links to their pages."""
+        return self.report(obj, linked=False)
+
+    @admin.display(description="report")
+    def report(self, obj: Evaluation, linked: bool = True) -> SafeString:
         """Totals, then every turn (those that differ first): the calls and the answers of
         the record and of the candidate side by side, each turn linked to its session and
-        its replay."""
+        its replay (`linked`)."""
         turns = []
         for turn in selectors.evaluation_turns(obj):
             same = turn.trajectory_match and turn.outcome_match
@@ -304,14 +338,16 @@ class EvaluationAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
                     "same": same,
                     "session_url": reverse(
                         "admin:agent_sessions_session_change", args=[turn.session_id]
-                    ),
+                    )
+                    if linked
+                    else "",
                     "replay_url": reverse(
                         "admin:agent_sessions_session_change", args=[turn.replay_id]
                     )
-                    if turn.replay_id
+                    if turn.replay_id and linked
                     else "",
                     "baseline": _side(turn.baseline, turn.candidate),
-                    "candidate": _side(turn.candidate, turn.baseline),
+                    "candidate": _side(turn.candidate, turn.baseline, candidate=True),
                     "answers_differ": turn.baseline.get("answer") != turn.candidate.get("answer"),
                 }
             )

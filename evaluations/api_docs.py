@@ -17,6 +17,7 @@ REPORT = {
     "state": "finished",
     "agent": "order-support",
     "candidate": {"model": "candidate"},
+    "recorded_on": ["order-support@5"],
     "allow_read_only_calls": False,
     "progress": {"done": 2, "total": 2},
     "totals": {

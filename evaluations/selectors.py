@@ -1,6 +1,7 @@
 """Reads of evaluations: the recorded sessions an owner may evaluate, a recorded turn's
 figures (the baseline, and a replay's alike), an evaluation's report."""
 
+import json
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
@@ -253,12 +254,35 @@ def evaluation_turns(evaluation: Evaluation) -> list[EvaluationTurn]:
     )
 
 
+# A call of another agent (engine/model/context.py AGENT_TOOL_PREFIX; the engine is not
+# imported here): a workflow's agent node, an agent's `agent.<slug>` tool.
+AGENT_CALL_PREFIX = "agent."
+
+
+def _call_key(call: dict[str, Any]) -> str:
+    return json.dumps([call.get("tool"), call.get("arguments")], sort_keys=True, default=str)
+
+
+def replay_calls_from_record(data: dict[str, Any]) -> list[bool]:
+    """Per call of a replay's side: answered from the record without running anything.
+    A replay never runs another agent's loop (engine/gates/replay.py): an agent call it
+    made was answered by the recorded one, unless it was not sent ("would have called")."""
+    not_sent = {_call_key(c) for c in data.get("would_have_called") or []}
+    return [
+        str(c.get("tool", "")).startswith(AGENT_CALL_PREFIX) and _call_key(c) not in not_sent
+        for c in data.get("calls", [])
+    ]
+
+
 def turn_report(row: EvaluationTurn) -> dict[str, Any]:
     def side(data: dict[str, Any], candidate: bool) -> dict[str, Any]:
+        calls = [{"tool": c["tool"], "arguments": c["arguments"]} for c in data.get("calls", [])]
+        if candidate:
+            for call, recorded in zip(calls, replay_calls_from_record(data), strict=True):
+                if recorded:  # only on such calls: every other one is as before
+                    call["from_record"] = True
         shown = {
-            "calls": [
-                {"tool": c["tool"], "arguments": c["arguments"]} for c in data.get("calls", [])
-            ],
+            "calls": calls,
             "outcome": data.get("outcome", ""),
             "answer": data.get("answer", ""),
             "input_tokens": data.get("input_tokens", 0),
@@ -290,6 +314,19 @@ def turn_report(row: EvaluationTurn) -> dict[str, Any]:
     }
 
 
+def evaluation_recorded_on(evaluation: Evaluation) -> list[str]:
+    """The agent configuration versions its sessions' turns ran on ("support@5"), in
+    order: what the baseline is, beside the candidate. A session records the version of
+    its last turn (Session.agent_version); sessions older than versions name none."""
+    rows = (
+        evaluation.sessions.filter(agent_version__isnull=False)
+        .values_list("agent_version__agent__slug", "agent_version__number")
+        .distinct()
+        .order_by("agent_version__agent__slug", "agent_version__number")
+    )
+    return [f"{slug}@{number}" for slug, number in rows]
+
+
 def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     """The contract's view (DESIGN.md "Evaluations"): state, progress, totals, turns."""
     return {
@@ -297,6 +334,7 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
         "state": evaluation.state,
         "agent": evaluation.agent.slug if evaluation.agent else None,
         "candidate": evaluation.candidate,
+        "recorded_on": evaluation_recorded_on(evaluation),
         "allow_read_only_calls": evaluation.allow_read_only_calls,
         "progress": {"done": evaluation.done, "total": evaluation.total},
         "totals": evaluation.totals,

@@ -6,14 +6,19 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from accounts.admin_access import MESSAGE_CONTENT, ContentMaskedAdmin, masked
+from accounts.admin_access import (
+    MESSAGE_CONTENT,
+    ContentMaskedAdmin,
+    ViewableLinksAdmin,
+    masked,
+)
 from accounts.tenancy import TenantScopedAdmin
 from audit.edits import AuditedAdmin
 
@@ -61,7 +66,16 @@ class ScheduleForm(forms.ModelForm):
         return data
 
 
-class FireInline(admin.TabularInline):
+SESSION = "agent_sessions.session"
+
+
+@admin.display(description="session")
+def _session_text(model_admin: Any, obj: Any) -> str:
+    """The session's id as text, for who may not open its page."""
+    return str(obj.session_id) if obj.session_id else "-"
+
+
+class FireInline(ViewableLinksAdmin, admin.TabularInline):
     model = ScheduleFire
     extra = 0
     can_delete = False
@@ -70,6 +84,11 @@ class FireInline(admin.TabularInline):
     ordering = ("-due",)
     max_num = 0
     verbose_name_plural = "fires (newest first)"
+    link_fields = {
+        "session": (SESSION, "session_text"),
+        "delivery": ("hooks.webhookdelivery", "delivery_text"),
+    }
+    session_text = _session_text
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduleFire]:
         return super().get_queryset(request).select_related("session")
@@ -91,10 +110,20 @@ class FireInline(admin.TabularInline):
             or "-"
         )
 
+    @admin.display(description="webhook")
+    def delivery_text(self, obj: ScheduleFire) -> str:
+        if obj.session_id is None:
+            return "-"
+        statuses = WebhookDelivery.objects.filter(session_id=obj.session_id).values_list(
+            "status", flat=True
+        )
+        return " ".join(statuses[:5]) or "-"
+
 
 @admin.register(Schedule)
-class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+class ScheduleAdmin(ViewableLinksAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
     form = ScheduleForm
+    link_fields = {"last_fire": (SESSION, "last_fire_text")}
     list_display = (
         "name",
         "what",
@@ -125,16 +154,48 @@ class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
             ((t.strftime("%Y-%m-%d %H:%M %Z"),) for t in schedule_next_times(schedule=obj)),
         )
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # The list's "last fire": every schedule's newest fire in one query (a window per
+        # schedule over schedule_fire_once), not one query per row.
+        return (
+            super()
+            .get_queryset(request)
+            .prefetch_related(
+                Prefetch(
+                    "fires",
+                    queryset=ScheduleFire.objects.order_by("-due")[:1],
+                    to_attr="newest_fires",
+                )
+            )
+        )
+
+    @staticmethod
+    def _newest_fire(obj: Schedule) -> ScheduleFire | None:
+        fires = getattr(obj, "newest_fires", None)
+        if fires is None:  # a row not from get_queryset (a fresh save)
+            return obj.fires.order_by("-due").first()
+        return fires[0] if fires else None
+
     @admin.display(description="last fire")
     def last_fire(self, obj: Schedule) -> SafeString | str:
         """The newest fire's outcome, linked to the run it started (schedule → run)."""
-        fire = obj.fires.order_by("-due").first()
+        fire = self._newest_fire(obj)
         if fire is None:
             return "-"
         if fire.session_id is None:
             return format_html("{}: {}", fire.get_status_display(), Truncator(fire.error).chars(60))
         url = reverse("admin:agent_sessions_session_change", args=[fire.session_id])
         return format_html('{} <a href="{}">{}</a>', fire.status, url, str(fire.session_id)[:8])
+
+    @admin.display(description="last fire")
+    def last_fire_text(self, obj: Schedule) -> SafeString | str:
+        """The same, for who may not open the session's page: its id as text."""
+        fire = self._newest_fire(obj)
+        if fire is None:
+            return "-"
+        if fire.session_id is None:
+            return format_html("{}: {}", fire.get_status_display(), Truncator(fire.error).chars(60))
+        return f"{fire.status} {str(fire.session_id)[:8]}"
 
     def save_audited(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not change or TIMING & set(form.changed_data) or obj.next_due_at is None:
@@ -143,14 +204,22 @@ class ScheduleAdmin(AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(
+    ViewableLinksAdmin, ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, admin.ModelAdmin
+):
     """Read-only; a delivery deleted by hand (its webhook is then never sent) is audited."""
+
+    link_fields = {
+        "session": (SESSION, "session_text"),
+        "schedule": ("hooks.schedule", "schedule_text"),
+    }
+    session_text = _session_text
 
     tenant_owner_path = "session__owner"
     audit_withheld = frozenset({"finished"})
     # The body sent: the turn's outcome and a run's result, what the session said.
     content_permission = MESSAGE_CONTENT
-    content_fields = {"finished": "finished_masked"}
+    content_fields = {"finished_pretty": "finished_masked"}
     finished_masked = masked("finished", MESSAGE_CONTENT)
     # The URL and the error are long: shortened here (whole on the delivery's page), so
     # that the status and attempts stay on screen.
@@ -204,6 +273,12 @@ class WebhookDeliveryAdmin(ContentMaskedAdmin, AuditedAdmin, TenantScopedAdmin, 
             return "-"
         url = reverse("admin:hooks_schedule_change", args=[found.schedule_id])
         return format_html('<a href="{}">{}</a>', url, found.schedule.name)
+
+    @admin.display(description="schedule")
+    def schedule_text(self, obj: WebhookDelivery) -> str:
+        found = ScheduleFire.objects.filter(session_id=obj.session_id).select_related("schedule")
+        fire = found.first()
+        return "-" if fire is None else fire.schedule.name
 
     @admin.display(description="finished (the payload sent)")
     def finished_pretty(self, obj: WebhookDelivery) -> SafeString:

@@ -404,6 +404,21 @@ class Session(models.Model):
     # app). Run as the evaluations' own user, so never in a user's usage, credits or
     # rankings; what it replays is in metadata["replay"] (engine/gates/replay.py).
     evaluation_id = models.BigIntegerField(null=True, blank=True)
+    # The agent's configuration version (AgentVersion) the current or last turn ran on:
+    # stamped by the turn's first step and by a handoff, in the step's own UPDATE
+    # (engine/store/commit.py). NULL: a workflow's agent (versioned by its workflow), or
+    # a turn older than versions. No index and no constraint: it is only read through the
+    # session, and an index would be one more insertion on every step's UPDATE. A version is
+    # immutable and goes only with its agent, which its sessions PROTECT: never dangling.
+    agent_version = models.ForeignKey(
+        AgentVersion,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
+    )
     degradation_level = models.PositiveSmallIntegerField(
         default=0, help_text="0 normal .. 3 critical tools only, set at each model step."
     )

@@ -43,7 +43,7 @@ from .status import call_key
 # The API's session read (every GET of a session): compiled once (runtime/fastpaths/prepared.py).
 _session_of_owner: PreparedQuery[Session] = PreparedQuery(
     lambda pk, owner_id: Session.objects.select_related(
-        "agent", "workflow_version__workflow"
+        "agent", "workflow_version__workflow", "agent_version__agent"
     ).filter(pk=pk, owner_id=owner_id),
     example=[UUID(int=0), 0],
 )
@@ -94,9 +94,9 @@ def session_list_for_owner(
 ) -> QuerySet[Session]:
     """The owner's sessions, newest first; ephemeral ones (stateless OpenAI-compatible
     requests) only with `ephemeral`; with `before` (a cursor), those after it in that order."""
-    rows = Session.objects.select_related("agent", "workflow_version__workflow").filter(
-        owner_id=owner_id
-    )
+    rows = Session.objects.select_related(
+        "agent", "workflow_version__workflow", "agent_version__agent"
+    ).filter(owner_id=owner_id)
     if not ephemeral:
         rows = rows.filter(ephemeral=False)
     if before:

@@ -23,6 +23,7 @@ from observability.turns import turn_ended
 from record.event_limits import payload_capped, payload_max_bytes
 from record.events import EventSpec, EventType, MessageCompleted, StateChanged
 from record.models import (
+    AgentVersion,
     Checkpoint,
     Event,
     Message,
@@ -199,6 +200,15 @@ ADDABLE = {"input_tokens", "output_tokens", "cost", "queued_count"}
 # The agent's configuration stamp, returned by every commit's UPDATE: the run cache
 # (engine/run_cache.py) validates its copy of the agent for the next step without a query.
 STAMP_RETURNING = f'agent_config_stamp("{Session._meta.db_table}"."agent_id")'
+
+# The agent's latest configuration version (the unique agentversion_number serves it):
+# a turn's first step and a handoff record what the turn runs on, in the same UPDATE, so
+# the record names "support@5" with no write of its own. The agent is the row's own
+# (SET reads the old row) or, for a handoff, the new agent's id as a parameter.
+_VERSION_OF = (
+    f"agent_version_id = (SELECT v.id FROM {AgentVersion._meta.db_table} v "  # nosec B608
+    "WHERE v.agent_id = {agent} ORDER BY v.number DESC LIMIT 1)"
+)
 
 
 @dataclass(frozen=True)
@@ -452,6 +462,11 @@ def _session_update(step: Step, plan: _Plan) -> Statement:
         assignments.append(f"{name} = %s")
         # A JSON column's value (dialogue_state) is sent as jsonb.
         params.append(Jsonb(value) if isinstance(value, dict) else value)
+    if "agent_id" in step.set_fields:
+        assignments.append(_VERSION_OF.format(agent="%s"))
+        params.append(step.set_fields["agent_id"])
+    elif "turn" in step.set_fields:
+        assignments.append(_VERSION_OF.format(agent=f'"{Session._meta.db_table}"."agent_id"'))
     for name, value in step.add_fields.items():
         if name not in ADDABLE:
             raise ValueError(f"step may not add to {name}")

@@ -371,6 +371,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     readonly_fields = (
         "id",
         "agent",
+        "agent_version_shown",
         "owner",
         "role",
         "state_display",
@@ -410,6 +411,7 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
                 "fields": (
                     "id",
                     "agent",
+                    "agent_version_shown",
                     "owner",
                     "role",
                     "state_display",
@@ -528,6 +530,12 @@ class SessionAdmin(ContentMaskedAdmin, TenantScopedAdmin, SessionIdSearch):
     @admin.display(description="dialogue state")
     def dialogue_pretty(self, obj: Session) -> str:
         return pre(obj.dialogue_state)
+
+    @admin.display(description="agent version")
+    def agent_version_shown(self, obj: Session) -> str:
+        """The configuration version its current or last turn ran on ("support@5")."""
+        version = obj.agent_version
+        return "—" if version is None else f"{version.agent.slug}@{version.number}"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
         # One aggregate and indexed subqueries for the list instead of queries per row.

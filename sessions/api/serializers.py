@@ -168,6 +168,7 @@ class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
         help_text="The session whose agent.<slug> call (or workflow agent node) started this one.",
     )
     last_turn = serializers.SerializerMethodField()
+    agent_version = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -185,6 +186,7 @@ class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
             "usage",
             "last_error",
             "last_turn",
+            "agent_version",
             "workflow",
             "parent",
             "created_at",
@@ -202,6 +204,13 @@ class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
             "outcome": obj.last_turn_outcome,
             "calls": {**dict.fromkeys(CALL_KINDS, 0), **(obj.last_turn_calls or {})},
         }
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_agent_version(self, obj: Session) -> str | None:
+        """The agent configuration version its current or last turn ran on ("support@5");
+        null for a workflow's agent or a session older than versions."""
+        version = obj.agent_version
+        return None if version is None else f"{version.agent.slug}@{version.number}"
 
     @extend_schema_field(WorkflowRunSerializer(allow_null=True))
     def get_workflow(self, obj: Session) -> dict[str, object] | None:

@@ -38,7 +38,11 @@ def test_an_operator_starts_an_evaluation_and_reads_the_turns_that_differ_first(
     client: Client, operator: Any, recorded: Session, openai_server: FakeModelServer
 ) -> None:
     add = reverse("admin:evaluations_evaluation_add")
-    assert client.get(add).status_code == 200
+    blank = client.get(add)
+    assert blank.status_code == 200
+    # Its page is read-only: "Save and continue editing" would lead there as if editable.
+    assert 'name="_continue"' not in blank.content.decode()
+    assert 'name="_save"' in blank.content.decode()
     refused = client.post(add, {"session_ids": str(recorded.pk)})
     assert (
         "Give a candidate model, a candidate system prompt, a candidate agent version or a "
@@ -233,6 +237,15 @@ def test_the_turns_of_an_own_evaluation_need_view_message_content(
     client.force_login(get_user_model().objects.get(pk=staff.pk))  # permissions read afresh
     html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
     assert b"RECORDED-ANSWER-PLANTED" in html and b"CANDIDATE-ANSWER-PLANTED" in html
+    # No view permission on sessions: their pages would answer 403, so no links to them.
+    session_page = reverse("admin:agent_sessions_session_change", args=[recorded.pk])
+    assert client.get(session_page).status_code == 403
+    assert session_page.encode() not in html and str(recorded.pk)[:8].encode() in html
+
+    staff.user_permissions.add(*permissions("agent_sessions.view_session"))
+    client.force_login(get_user_model().objects.get(pk=staff.pk))
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[own.pk])).content
+    assert session_page.encode() in html
 
 
 def test_starting_and_cancelling_an_evaluation_in_the_admin_is_audited(
@@ -258,3 +271,33 @@ def test_starting_and_cancelling_an_evaluation_in_the_admin_is_audited(
     assert created.after["candidate"] == {"system_prompt": "Cancel, never refund."}
     assert created.data["sessions"] == [str(recorded.pk)] and created.owner_id == operator.pk
     assert cancelled.after == {"state": "cancelled"}
+
+
+def test_another_agents_call_in_a_replay_is_marked_from_the_record(
+    client: Client, operator: Any
+) -> None:
+    """A workflow's agent node (an `agent.<slug>` call) is answered from the record in a
+    replay, its model not run again: the report says so, in the admin and over REST; a
+    call that was not sent is a "would have called", not "from the record"."""
+    from evaluations.selectors import evaluation_report
+    from tests.factories import SessionFactory
+
+    session = SessionFactory()
+    evaluation: Evaluation = EvaluationFactory(owner=operator, agent=session.agent)
+    triage = {"tool": "agent.triage", "arguments": {"input": "late order"}}
+    other = {"tool": "agent.refunds", "arguments": {"input": "late order"}}
+    lookup = {"tool": "get_order", "arguments": {"number": "SO-1"}}
+    evaluation.turns.create(
+        session=session, turn=1,
+        baseline={"calls": [triage, lookup], "outcome": "finished", "answer": "{}", "path": ["a"]},
+        candidate={
+            "calls": [triage, lookup, other], "outcome": "finished", "answer": "{}",
+            "path": ["a"], "would_have_called": [other],
+        },
+    )  # fmt: skip
+    turn = evaluation_report(evaluation)["turns"][0]
+    assert [c.get("from_record") for c in turn["candidate"]["calls"]] == [True, None, None]
+    assert all("from_record" not in c for c in turn["baseline"]["calls"])
+
+    html = client.get(reverse("admin:evaluations_evaluation_change", args=[evaluation.pk]))
+    assert html.content.decode().count(">from the record</small>") == 1

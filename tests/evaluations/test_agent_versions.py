@@ -217,3 +217,43 @@ def test_the_admins_add_form_takes_an_agent_version(recorded: Session, client: C
     )
     assert created.status_code == 302, created.content
     assert Evaluation.objects.get().candidate == {"agent_version": f"{slug}@1"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_records_the_version_it_ran_on_and_the_baseline_names_it(
+    recorded: Session, openai_server: FakeModelServer, client: Client
+) -> None:
+    from .conftest import run_turn
+
+    agent = recorded.agent
+    assert recorded.agent_version_id is None  # its turns ran before any version
+    first = agent_version_record(agent=agent, actor="t", source="config")
+    openai_server.script(Reply(text="Anything else?"))
+    session = run_turn(recorded, "thanks")
+    assert session.agent_version == first
+
+    Agent.objects.filter(pk=agent.pk).update(system_prompt="Be brief.")
+    second = agent_version_record(agent=agent, actor="t", source="config")
+    assert second is not None and second.number == 2
+    openai_server.script(Reply(text="Bye."))
+    session = run_turn(session, "bye")
+    assert session.agent_version == second
+
+    key = api_key_for(session.owner.username)
+    read = client.get(f"/api/v1/sessions/{session.pk}/", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert read.json()["agent_version"] == f"{agent.slug}@2"
+
+    evaluation = services.evaluation_create(
+        owner=session.owner,
+        actor="api:test",
+        sessions=selectors.sessions_pick(owner_id=session.owner_id, ids=[str(session.pk)]),
+        candidate={"agent_version": f"{agent.slug}@1"},
+    )
+    assert selectors.evaluation_report(evaluation)["recorded_on"] == [f"{agent.slug}@2"]
+
+    client.force_login(get_user_model().objects.create_superuser("op", "op@example.com", "pw"))
+    page = client.get(reverse("admin:evaluations_evaluation_change", args=[evaluation.pk]))
+    assert "baseline recorded on" in page.content.decode().lower()
+    assert f"{agent.slug}@2" in page.content.decode()
+    page = client.get(reverse("admin:agent_sessions_session_change", args=[session.pk]))
+    assert f"{agent.slug}@2" in page.content.decode()

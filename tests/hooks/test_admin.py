@@ -6,11 +6,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from hooks.models import Schedule, WebhookDelivery
+from hooks.models import Schedule, ScheduleFire, WebhookDelivery
 from tests.factories import (
     AgentFactory,
     ModelEndpointFactory,
@@ -142,3 +144,71 @@ def test_a_staff_user_reads_only_their_tenants_deliveries_and_their_bodies_need_
     client.force_login(type(staff).objects.get(pk=staff.pk))
     page = client.get(f"/admin/hooks/webhookdelivery/{mine.pk}/change/").content.decode()
     assert "MINE-PLANTED" in page
+
+
+def _fired(name: str, session: Any) -> Schedule:
+    schedule = Schedule.objects.create(
+        name=name, cron="0 7 * * *", timezone="UTC", agent="support", message="hi",
+        owner=session.owner,
+    )  # fmt: skip
+    for days, status in ((2, "skipped"), (1, "started")):
+        ScheduleFire.objects.create(
+            schedule=schedule, due=timezone.now() - timedelta(days=days), status=status,
+            session=session if status == "started" else None,
+        )  # fmt: skip
+    return schedule
+
+
+def test_the_schedule_lists_last_fire_costs_no_query_per_row(admin_client: Client) -> None:
+    """Found in a browser walk: the "last fire" column ran a query per schedule."""
+    session = SessionFactory()
+    _fired("one", session)
+
+    def listed() -> tuple[str, int]:
+        with CaptureQueriesContext(connection) as queries:
+            page = admin_client.get("/admin/hooks/schedule/")
+        assert page.status_code == 200
+        return page.content.decode(), len(queries)
+
+    html, few = listed()
+    assert f'started <a href="/admin/agent_sessions/session/{session.pk}/change/">' in html
+    for n in range(5):
+        _fired(f"more-{n}", SessionFactory())
+    html, many = listed()
+    assert html.count("started <a href=") == 6
+    assert many == few, (few, many)
+
+
+def test_links_to_pages_the_user_may_not_view_are_plain_text(client: Client) -> None:
+    """A staff user who may see schedules and deliveries but not sessions gets the session
+    ids as text, not links that end in a 403."""
+    staff = StaffUserFactory(
+        perms=["hooks.view_schedule", "hooks.view_schedulefire", "hooks.view_webhookdelivery"]
+    )
+    session = SessionFactory(owner=staff)
+    schedule = _fired("mine", session)
+    delivery = WebhookDelivery.objects.create(
+        session=session, turn=1, url="https://app.example/h", status="sent"
+    )
+    client.force_login(staff)
+    session_url = f"/admin/agent_sessions/session/{session.pk}/change/"
+    assert client.get(session_url).status_code == 403
+
+    pages = [
+        client.get("/admin/hooks/schedule/"),
+        client.get(f"/admin/hooks/schedule/{schedule.pk}/change/"),
+        client.get(f"/admin/hooks/webhookdelivery/{delivery.pk}/change/"),
+    ]
+    for page in pages:
+        assert page.status_code == 200
+        html = page.content.decode()
+        assert session_url not in html, page.request["PATH_INFO"]
+        assert str(session.pk)[:8] in html
+    # The schedule's page links its fire's delivery (viewable), the delivery its schedule.
+    assert f"/admin/hooks/webhookdelivery/{delivery.pk}/change/" in pages[1].content.decode()
+    assert f"/admin/hooks/schedule/{schedule.pk}/change/" in pages[2].content.decode()
+
+    staff.user_permissions.add(*permissions("agent_sessions.view_session"))
+    client.force_login(type(staff).objects.get(pk=staff.pk))
+    for url in ("/admin/hooks/schedule/", f"/admin/hooks/webhookdelivery/{delivery.pk}/change/"):
+        assert session_url in client.get(url).content.decode()

@@ -20,7 +20,7 @@ from engine.run_cache import RunContext
 from engine.runner import loop
 from record.models import Agent, Event, Message, ModelEndpoint, Session, ToolCall, Transition
 from sessions.admin.display import HIDDEN, event_summary
-from sessions.services import message_post, session_cancel
+from sessions.services import agent_version_record, message_post, session_cancel
 from tests.factories import (
     AgentFactory,
     ModelEndpointFactory,
@@ -217,10 +217,17 @@ def test_a_child_that_fails_is_a_tool_error_the_parent_can_act_on(boss: Session)
 
 
 def test_a_handoff_switches_the_agent_with_the_history_kept(boss: Session) -> None:
+    billing_version = agent_version_record(
+        agent=Agent.objects.get(slug="billing"), actor="t", source="config"
+    )
+    boss_version = agent_version_record(agent=boss.agent, actor="t", source="config")
     message_post(session=boss, content="hello")
     boss = _run(boss)
+    assert boss.agent_version == boss_version  # stamped by the turn's first step
     message_post(session=boss, content="bill me")
     session = _run(boss)
+    # The handoff's step stamps the version of the agent handed to.
+    assert session.agent_version == billing_version is not None
 
     assert session.agent.slug == "billing"
     assert _answer(session) == "billing speaking (bill me)"
