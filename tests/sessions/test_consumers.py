@@ -7,6 +7,7 @@ real functions; they only count calls made inside this module's units.
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,8 +125,10 @@ async def test_idle_sockets_of_a_session_share_one_resync_read(monkeypatch, sett
         await asyncio.sleep(0.5)
         connect_reads = calls.count("events")
         calls.clear()
+        idle_from = time.monotonic()
         await asyncio.sleep(1.0)  # about three resync periods, nothing new
         idle = list(calls)
+        periods = (time.monotonic() - idle_from) / settings.WS_RESYNC_S
         calls.clear()
 
         # An event committed whose notification never went out (a crash between
@@ -139,9 +142,10 @@ async def test_idle_sockets_of_a_session_share_one_resync_read(monkeypatch, sett
     finally:
         await _close(sockets)
     assert connect_reads in range(1, SOCKETS + 1), connect_reads
-    # One read of the sessions' heads per period for all the sockets, no per-socket poll.
+    # One read of the sessions' heads per period for all the sockets, no per-socket poll
+    # (a loaded machine may stretch the sleep or skip a beat: the bound follows the clock).
     assert "events" not in idle
-    assert 2 <= idle.count("heads") <= 4, idle
+    assert 1 <= idle.count("heads") <= int(periods) + 1, (idle, periods)
     assert [(f["seq"], f["data"]) for f in received] == [(1, {"note": "lost"})] * SOCKETS
     # The sockets that were behind shared one read of the missing events.
     assert calls.count("events") == 1, calls
