@@ -40,12 +40,8 @@ def memory_tool_outcomes(
         checked = check_arguments(validator_for(tool), call.input)
         if call.error or checked.errors:
             problems = call.error or "; ".join(checked.errors)
-            message = f"invalid arguments for {tool.name}: {problems}. Fix them and call again."
-            outcomes[call.pk] = ToolOutcome(
-                status=ToolCallStatus.FAILED,
-                output=None,
-                error=message,
-                content=render_failure("failed", message),
+            outcomes[call.pk] = _failed(
+                f"invalid arguments for {tool.name}: {problems}. Fix them and call again."
             )
             continue
         try:
@@ -54,12 +50,8 @@ def memory_tool_outcomes(
             else:
                 output = remember(session, call, checked.arguments)
         except EmbeddingError as exc:
-            message = f"{tool.name} could not reach the embeddings service ({exc}); try later."
-            outcomes[call.pk] = ToolOutcome(
-                status=ToolCallStatus.FAILED,
-                output=None,
-                error=message,
-                content=render_failure("failed", message),
+            outcomes[call.pk] = _failed(
+                f"{tool.name} could not reach the embeddings service ({exc}); try later."
             )
             continue
         outcomes[call.pk] = ToolOutcome(
@@ -169,3 +161,13 @@ def archived_matches(session: Session, query: str, vector: list[float]) -> list[
         for pk in best
         if (m := messages.get(pk)) is not None
     ]
+
+
+def _failed(message: str) -> ToolOutcome:
+    """A call the model can correct: the message says what to do."""
+    return ToolOutcome(
+        status=ToolCallStatus.FAILED,
+        output=None,
+        error=message,
+        content=render_failure("failed", message),
+    )
