@@ -32,7 +32,7 @@ class EvaluationAddForm(forms.ModelForm):
     # Set per request by EvaluationAdmin.get_form: whose sessions may be picked (None: a
     # superuser's, any owner's) and whether a message's text may be searched.
     tenant_id: int | None = None
-    may_search_content = True
+    may_search_content = False  # closed unless get_form says the user holds the permission
 
     session_ids = forms.CharField(
         required=False,
